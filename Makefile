@@ -1,0 +1,37 @@
+# The README's two commands are `make demo` and `make test`; CI runs `.ci/run`, which
+# calls `make lint` and `make test`. Everything installs from pyproject.toml, pinned by
+# requirements.lock (regenerate with `make lock`).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup demo dev test test-parallel test-serial lint lock clean
+
+$(BIN)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/jobcore migrate --create-database
+
+test: setup
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial" -p no:cacheprovider
+	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
+	$(BIN)/pytest -m serial -p no:cacheprovider || [ $$? -eq 5 ]
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+lock: setup
+	$(BIN)/pip freeze --exclude-editable | grep -vi '^jobcore' > requirements.lock
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,1 @@
+"""RabbitMQ: topology names, declaration, and connections. Only jobcore imports aio-pika."""

@@ -1,0 +1,57 @@
+"""Opening broker connections with settings applied and errors translated."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractRobustConnection
+
+from jobcore.errors import BrokerUnavailable
+from jobcore.settings import Settings
+
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ConnectionError,
+    asyncio.TimeoutError,
+    aiormq.exceptions.AMQPError,
+    aio_pika.exceptions.AMQPException,
+)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def connection_url(settings: Settings) -> str:
+    parts = urlsplit(settings.amqp_url)
+    query = parts.query
+    if "heartbeat=" not in query:
+        query = f"{query}&heartbeat={settings.amqp_heartbeat}".lstrip("&")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+async def connect(settings: Settings, *, timeout: float = 5.0) -> aio_pika.abc.AbstractConnection:
+    """One plain connection; the caller owns reconnecting (and logging it once)."""
+    try:
+        return await aio_pika.connect(connection_url(settings), timeout=timeout)
+    except BROKER_ERRORS as exc:
+        raise BrokerUnavailable(
+            f"JOBCORE_AMQP_URL: cannot connect to {redact(settings.amqp_url)}: {exc}"
+        ) from exc
+
+
+async def connect_robust(settings: Settings, *, timeout: float = 5.0) -> AbstractRobustConnection:
+    try:
+        return await aio_pika.connect_robust(connection_url(settings), timeout=timeout)
+    except BROKER_ERRORS as exc:
+        raise BrokerUnavailable(
+            f"JOBCORE_AMQP_URL: cannot connect to {redact(settings.amqp_url)}: {exc}"
+        ) from exc

@@ -1,0 +1,195 @@
+"""PostgreSQL access: an explicitly opened pool and a unit of work over psycopg 3.
+
+Driver errors are translated here, at the adapter boundary: callers see
+:class:`~jobcore.errors.DatabaseUnavailable` / :class:`~jobcore.errors.DatabaseMissing`,
+never a psycopg exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
+from typing import Any, Self
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from jobcore.errors import DatabaseMissing, DatabaseUnavailable, ServiceStateError
+from jobcore.settings import Settings
+from jobcore.sql import Query
+
+AsyncConn = psycopg.AsyncConnection[DictRow]
+
+_MISSING_DATABASE = re.compile(r'FATAL:\s+database ".*" does not exist')
+
+
+@contextlib.contextmanager
+def translate_errors(settings: Settings | None = None) -> Iterator[None]:
+    """Turn connection-level driver errors into jobcore errors (one line, no traceback)."""
+    try:
+        yield
+    except pg_errors.InvalidCatalogName as exc:
+        name = settings.database_name if settings else "the database"
+        raise DatabaseMissing(
+            f"JOBCORE_DATABASE_URL: database {name!r} does not exist "
+            "(create it with `jobcore migrate --create-database`)"
+        ) from exc
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        first_line = (str(exc).strip().splitlines() or ["connection failed"])[0]
+        # A refused connection carries no SQLSTATE, so the server's words are all we have.
+        if _MISSING_DATABASE.search(first_line):
+            name = settings.database_name if settings else "the database"
+            raise DatabaseMissing(
+                f"JOBCORE_DATABASE_URL: database {name!r} does not exist "
+                "(create it with `jobcore migrate --create-database`)"
+            ) from exc
+        raise DatabaseUnavailable(f"JOBCORE_DATABASE_URL: {first_line}") from exc
+
+
+class Database:
+    """Owns one connection pool. Opened and closed explicitly; using it closed fails fast."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        name: str = "jobcore",
+    ) -> None:
+        self.settings = settings
+        self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            settings.database_url,
+            min_size=settings.db_pool_min if min_size is None else min_size,
+            max_size=settings.db_pool_max if max_size is None else max_size,
+            kwargs={
+                "row_factory": dict_row,
+                # Transactions are explicit (UnitOfWork); single statements commit alone.
+                "autocommit": True,
+                "connect_timeout": max(1, int(settings.db_connect_timeout)),
+                "application_name": name,
+            },
+            timeout=settings.db_connect_timeout,
+            open=False,
+            name=name,
+            # A connection that broke while idle (PostgreSQL restarted) is replaced
+            # before it is handed out, not discovered by the caller's first query.
+            check=AsyncConnectionPool.check_connection,
+            reconnect_timeout=0,
+        )
+        self._opened = False
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConn]:
+        if not self._opened:
+            raise ServiceStateError("the database pool is not open")
+        return self._pool
+
+    async def open(self, *, wait: bool = False) -> None:
+        """Open the pool. With ``wait``, fail now (translated) if the database is not there."""
+        with translate_errors(self.settings):
+            await self._pool.open(wait=wait, timeout=self.settings.db_connect_timeout)
+        self._opened = True
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConn]:
+        """A pooled connection in autocommit mode, for single statements and LISTEN."""
+        with translate_errors(self.settings):
+            async with self.pool.connection() as conn:
+                yield conn
+
+    def unit_of_work(self) -> UnitOfWork:
+        return UnitOfWork(self)
+
+    async def ping(self) -> None:
+        async with self.connection() as conn:
+            await conn.execute("SELECT 1")
+
+
+class UnitOfWork:
+    """One transaction on one pooled connection. Rolls back unless :meth:`commit` was called.
+
+    ``async with db.unit_of_work() as uow: ...; await uow.commit()``
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._conn_cm: contextlib.AbstractAsyncContextManager[AsyncConn] | None = None
+        self._conn: AsyncConn | None = None
+        self._committed = False
+
+    @property
+    def connection(self) -> AsyncConn:
+        if self._conn is None:
+            raise ServiceStateError("the unit of work is not active")
+        return self._conn
+
+    async def __aenter__(self) -> Self:
+        self._conn_cm = self._db.connection()
+        conn = await self._conn_cm.__aenter__()
+        try:
+            with translate_errors(self._db.settings):
+                await conn.execute("BEGIN")
+        except BaseException:
+            await self._conn_cm.__aexit__(None, None, None)
+            raise
+        self._conn = conn
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._conn_cm is not None
+        assert self._conn is not None
+        conn, self._conn = self._conn, None
+        try:
+            if not self._committed and not conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+        finally:
+            await self._conn_cm.__aexit__(exc_type, exc, tb)
+
+    async def commit(self) -> None:
+        with translate_errors(self._db.settings):
+            await self.connection.execute("COMMIT")
+        self._committed = True
+
+    async def rollback(self) -> None:
+        with translate_errors(self._db.settings):
+            await self.connection.execute("ROLLBACK")
+        self._committed = True  # nothing left to roll back on exit
+
+    async def fetch_one(self, query: Query, params: dict[str, Any] | None = None) -> DictRow | None:
+        with translate_errors(self._db.settings):
+            cur = await self.connection.execute(query.sql, params or {})
+            return await cur.fetchone()
+
+    async def fetch_all(self, query: Query, params: dict[str, Any] | None = None) -> list[DictRow]:
+        with translate_errors(self._db.settings):
+            cur = await self.connection.execute(query.sql, params or {})
+            return await cur.fetchall()
+
+    async def execute(self, query: Query, params: dict[str, Any] | None = None) -> int:
+        """Run a statement; return the number of rows it touched."""
+        with translate_errors(self._db.settings):
+            cur = await self.connection.execute(query.sql, params or {})
+            return cur.rowcount

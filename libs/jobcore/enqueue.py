@@ -1,0 +1,122 @@
+"""Enqueueing a job: the job row and its outbox message, written together.
+
+This is invariant 1 of DESIGN.md in code: nothing here talks to the broker. The relay
+publishes the outbox row later; the NOTIFY in the same statement wakes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import UnitOfWork
+from jobcore.envelope import JobMessage
+from jobcore.errors import IdempotencyConflict
+from jobcore.registry import JobType
+from jobcore.sql import jobs as q
+from jobcore.states import JobStatus
+from jobcore.telemetry import capture_trace_headers
+
+OUTBOX_CHANNEL = "jobcore_outbox"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    job_id: uuid.UUID
+    status: JobStatus
+    created_at: datetime
+    # True when an idempotency key matched an existing job with the same payload.
+    replayed: bool
+
+
+def payload_fingerprint(payload: BaseModel) -> str:
+    """A stable hash of the validated payload (key order and whitespace do not matter)."""
+    canonical = orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def job_message_row(
+    topology: Topology,
+    *,
+    job_id: uuid.UUID,
+    job_type: JobType[Any],
+    attempt: int,
+    trace_headers: dict[str, str],
+) -> dict[str, Any]:
+    """The outbox columns for one job message (used by enqueue, retries and the reaper)."""
+    return {
+        "message_id": uuid.uuid4(),
+        "exchange": topology.jobs_exchange,
+        "routing_key": topology.routing_key(job_type.queue),
+        "message_type": job_type.name,
+        "headers": Jsonb(trace_headers),
+        "body": JobMessage(job_id=job_id, attempt=attempt, type=job_type.name).encode(),
+    }
+
+
+async def enqueue(
+    uow: UnitOfWork,
+    topology: Topology,
+    *,
+    tenant: str,
+    job_type: JobType[Any],
+    payload: BaseModel,
+    idempotency_key: str | None = None,
+    entity_id: str | None = None,
+    max_attempts: int | None = None,
+    run_at: datetime | None = None,
+) -> EnqueueResult:
+    """Write a pending job and its outbox message through ``uow`` (the caller commits).
+
+    With an idempotency key already used for this tenant and type, returns the existing
+    job (``replayed``) when the payload is the same, and raises
+    :class:`IdempotencyConflict` when it differs.
+    """
+    job_id = uuid.uuid4()
+    trace = capture_trace_headers()
+    fingerprint = payload_fingerprint(payload)
+    params = {
+        "id": job_id,
+        "tenant": tenant,
+        "type": job_type.name,
+        "queue": job_type.queue,
+        "idempotency_key": idempotency_key,
+        "payload_fingerprint": fingerprint,
+        "payload": Jsonb(payload.model_dump(mode="json")),
+        "entity_id": entity_id,
+        "max_attempts": max_attempts or job_type.max_attempts,
+        "run_at": run_at,
+        "traceparent": trace.get("traceparent"),
+        "tracestate": trace.get("tracestate"),
+        "channel": OUTBOX_CHANNEL,
+        **job_message_row(
+            topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
+        ),
+    }
+    row = await uow.fetch_one(q.INSERT_JOB_WITH_OUTBOX, params)
+    if row is not None:
+        return EnqueueResult(row["id"], JobStatus(row["status"]), row["created_at"], False)
+
+    # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
+    # statement (a new snapshot under READ COMMITTED) sees its job.
+    existing = await uow.fetch_one(
+        q.GET_JOB_BY_IDEMPOTENCY_KEY,
+        {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key},
+    )
+    if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
+        raise IdempotencyConflict("the idempotency key's job disappeared; retry")
+    if existing["payload_fingerprint"] != fingerprint:
+        raise IdempotencyConflict(
+            f"idempotency key already used for job {existing['id']} with a different payload"
+        )
+    return EnqueueResult(
+        existing["id"], JobStatus(existing["status"]), existing["created_at"], True
+    )

@@ -1,0 +1,69 @@
+"""One error base class for jobcore; each subclass's docstring is its default message.
+
+HTTP status mapping happens once, in the API; the CLI prints ``str(error)`` on one line.
+"""
+
+from __future__ import annotations
+
+
+class JobcoreError(Exception):
+    """jobcore failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigurationError(JobcoreError):
+    """The configuration is invalid."""
+
+
+class DatabaseUnavailable(JobcoreError):
+    """The database cannot be reached."""
+
+
+class DatabaseMissing(ConfigurationError):
+    """The configured database does not exist."""
+
+
+class BrokerUnavailable(JobcoreError):
+    """The message broker cannot be reached."""
+
+
+class IllegalTransition(JobcoreError):
+    """That job status change is not allowed."""
+
+
+class UnknownJobType(JobcoreError):
+    """No job type is registered under that name."""
+
+
+class InvalidPayload(JobcoreError):
+    """The payload does not validate against the job type's model."""
+
+
+class IdempotencyConflict(JobcoreError):
+    """That idempotency key was already used with a different payload."""
+
+
+class JobNotFound(JobcoreError):
+    """No such job."""
+
+
+class PoisonMessage(JobcoreError):
+    """The message can never be processed."""
+
+
+class PermanentError(JobcoreError):
+    """The job failed and retrying cannot help."""
+
+
+class DuplicateRegistration(JobcoreError):
+    """A job type with that name is already registered."""
+
+
+class ServiceStateError(JobcoreError):
+    """The service is not in a state that allows that."""

@@ -1,0 +1,154 @@
+"""The handler registry: what a job type is, and where the services look it up.
+
+A job type has a name, a queue, a pydantic payload model, max attempts, a timeout and a
+lease length. The API uses the registry to validate payloads and route jobs to queues;
+the worker uses it to run handlers. Modules listed in ``JOBCORE_JOB_MODULES`` are
+imported at start-up and register their types on :data:`default_registry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from jobcore.errors import DuplicateRegistration, InvalidPayload, UnknownJobType
+
+P = TypeVar("P", bound=BaseModel)
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+MAX_ATTEMPTS_LIMIT = 100
+
+
+@dataclass(slots=True)
+class JobContext(Generic[P]):
+    """What a handler gets: the job, its validated payload, and hooks into the worker."""
+
+    job_id: uuid.UUID
+    job_type: str
+    payload: P
+    attempt: int
+    max_attempts: int
+    # Stable across retries of the same job: pass it to external APIs that deduplicate.
+    idempotency_key: str
+    heartbeat: Callable[[], Awaitable[None]]
+    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[JobContext[Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class JobType(Generic[P]):
+    name: str
+    queue: str
+    payload_model: type[P]
+    handler: Handler
+    max_attempts: int = 5
+    timeout: float = 300.0
+    lease: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"job type name {self.name!r} must match {_NAME_RE.pattern}")
+        if not _NAME_RE.match(self.queue):
+            raise ValueError(f"queue name {self.queue!r} must match {_NAME_RE.pattern}")
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be within 1..{MAX_ATTEMPTS_LIMIT}")
+        if self.timeout <= 0 or self.lease <= 0:
+            raise ValueError("timeout and lease must be positive")
+
+    def validate_payload(self, raw: object) -> P:
+        try:
+            return self.payload_model.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidPayloadError(self.name, exc) from None
+
+
+class InvalidPayloadError(InvalidPayload):
+    """The payload does not validate against the job type's model."""
+
+    def __init__(self, job_type: str, error: ValidationError) -> None:
+        self.job_type = job_type
+        self.errors: list[dict[str, Any]] = [
+            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+            for e in error.errors(include_url=False, include_input=False)
+        ]
+        super().__init__(f"payload for {job_type!r} is invalid ({len(self.errors)} errors)")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._types: dict[str, JobType[Any]] = {}
+
+    def register(self, job_type: JobType[Any]) -> JobType[Any]:
+        existing = self._types.get(job_type.name)
+        if existing is not None and existing != job_type:
+            raise DuplicateRegistration(f"job type {job_type.name!r} is already registered")
+        self._types[job_type.name] = job_type
+        return job_type
+
+    def job(
+        self,
+        name: str,
+        *,
+        payload: type[BaseModel],
+        queue: str = "default",
+        max_attempts: int = 5,
+        timeout: float = 300.0,
+        lease: float = 60.0,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``."""
+
+        def decorate(handler: Handler) -> Handler:
+            self.register(
+                JobType(
+                    name=name,
+                    queue=queue,
+                    payload_model=payload,
+                    handler=handler,
+                    max_attempts=max_attempts,
+                    timeout=timeout,
+                    lease=lease,
+                )
+            )
+            return handler
+
+        return decorate
+
+    def get(self, name: str) -> JobType[Any]:
+        try:
+            return self._types[name]
+        except KeyError:
+            raise UnknownJobType(f"unknown job type {name!r}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types
+
+    def __iter__(self) -> Iterator[JobType[Any]]:
+        return iter(sorted(self._types.values(), key=lambda t: t.name))
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def queues(self) -> set[str]:
+        return {t.queue for t in self._types.values()}
+
+
+default_registry = Registry()
+job = default_registry.job
+
+
+def load_job_modules(modules: Iterable[str]) -> Registry:
+    """Import each module so its job types register; return the default registry."""
+    for module in modules:
+        importlib.import_module(module)
+    return default_registry

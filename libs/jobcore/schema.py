@@ -1,0 +1,169 @@
+"""SQLAlchemy Core metadata: the contract of every table jobcore owns.
+
+Alembic targets this metadata and a test checks the migrated schema has no drift from it.
+Runtime SQL lives in :mod:`jobcore.sql`, written out as named statements.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+from jobcore.states import JobStatus
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+        "uq": "%(table_name)s_%(column_0_N_name)s_key",
+        "ck": "%(table_name)s_%(constraint_name)s_check",
+        "fk": "%(table_name)s_%(column_0_name)s_fkey",
+        "pk": "%(table_name)s_pkey",
+    }
+)
+
+_STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
+
+
+def _timestamp(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
+    return Column(
+        name,
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=func.now() if default_now else None,
+    )
+
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=JobStatus.PENDING.value),
+    Column("idempotency_key", Text),
+    Column("payload_fingerprint", Text),
+    # Small inputs inline; large ones live in object storage and payload_ref holds the key.
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("payload_ref", Text),
+    Column("result", JSONB),
+    Column("result_ref", Text),
+    Column("entity_id", Text),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("5")),
+    Column("last_error", Text),
+    # The fence: every write after the claim names the lease token it holds.
+    Column("lease_token", UUID(as_uuid=True)),
+    _timestamp("lease_expires_at"),
+    Column("worker_id", Text),
+    _timestamp("cancel_requested_at"),
+    _timestamp("next_attempt_at"),
+    Column("traceparent", Text),
+    Column("tracestate", Text),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("updated_at", nullable=False, default_now=True),
+    _timestamp("started_at"),
+    _timestamp("finished_at"),
+    CheckConstraint(f"status IN ({_STATUSES})", name="status"),
+    CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+    Index(
+        "jobs_idempotency_uidx",
+        "tenant",
+        "type",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+    Index("jobs_status_created_idx", "status", "created_at"),
+    Index(
+        "jobs_tenant_entity_created_idx",
+        "tenant",
+        "entity_id",
+        text("created_at DESC"),
+    ),
+    # Keyset pagination of a tenant's jobs, newest first.
+    Index("jobs_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    Index(
+        "jobs_lease_expiry_idx",
+        "lease_expires_at",
+        postgresql_where=text("status = 'running'"),
+    ),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("message_id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("exchange", Text, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("message_type", Text, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("body", LargeBinary, nullable=False),
+    Column("ordering_key", Text),
+    Column("job_id", UUID(as_uuid=True)),
+    _timestamp("available_at", nullable=False, default_now=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+    # A row that kept failing to publish stops being retried; an operator requeues or
+    # discards it (`jobcore outbox ...`).
+    _timestamp("quarantined_at"),
+    _timestamp("created_at", nullable=False, default_now=True),
+    Index(
+        "outbox_due_idx",
+        "available_at",
+        "id",
+        postgresql_where=text("quarantined_at IS NULL"),
+    ),
+)
+
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("consumer", Text, nullable=False),
+    Column("message_id", UUID(as_uuid=True), nullable=False),
+    _timestamp("received_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("consumer", "message_id"),
+    Index("inbox_received_idx", "received_at"),
+)
+
+# Leases for singleton maintenance work (reaper, pruners). Rows, not advisory locks, so
+# they work behind PgBouncer in transaction mode.
+maintenance_leases = Table(
+    "maintenance_leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("token", UUID(as_uuid=True), nullable=False),
+    _timestamp("expires_at", nullable=False),
+    _timestamp("acquired_at", nullable=False, default_now=True),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    # Only a hash is stored; the key itself is shown once, at creation.
+    Column("key_hash", Text, nullable=False, unique=True),
+    Column("prefix", Text, nullable=False),
+    Column("label", Text),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("revoked_at"),
+    Index("api_keys_tenant_idx", "tenant"),
+)

@@ -1,0 +1,142 @@
+"""Typed settings, read from ``JOBCORE_*`` environment variables and validated at start-up."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from jobcore.errors import ConfigurationError
+
+ENV_PREFIX = "JOBCORE_"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Settings(BaseSettings):
+    """Every setting has a default that reaches PostgreSQL and RabbitMQ on localhost."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    environment: Literal["development", "test", "production"] = "development"
+
+    # PostgreSQL. Runtime code uses psycopg with this URL; Alembic gets the SQLAlchemy form.
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/jobcore"
+    db_pool_min: int = Field(default=1, ge=0, le=100)
+    db_pool_max: int = Field(default=8, ge=1, le=200)
+    db_connect_timeout: float = Field(default=5.0, gt=0, le=120)
+
+    # RabbitMQ.
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    amqp_heartbeat: int = Field(default=15, ge=0, le=600)
+    # Prefix of every exchange and queue name, so test runs and tenants of one broker
+    # never see each other's topology.
+    amqp_prefix: str = "jobcore"
+    amqp_delivery_limit: int = Field(default=20, ge=1, le=1000)
+
+    # Modules imported at start-up so that their job types are registered
+    # (comma-separated in the environment).
+    job_modules: Annotated[tuple[str, ...], NoDecode] = ("jobcore.jobtypes",)
+
+    # API.
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+
+    # Relay.
+    relay_batch_size: int = Field(default=500, ge=1, le=10_000)
+    relay_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    relay_max_publish_attempts: int = Field(default=10, ge=1, le=1000)
+    relay_health_port: int = Field(default=8001, ge=0, le=65535)
+
+    # Worker.
+    worker_prefetch: int = Field(default=32, ge=1, le=10_000)
+    worker_concurrency: int = Field(default=16, ge=1, le=10_000)
+    worker_health_port: int = Field(default=8002, ge=0, le=65535)
+    result_dir: Path = Path("var/results")
+    # Results whose JSON is larger than this go to the result store, not the job row.
+    inline_result_max_bytes: int = Field(default=16 * 1024, ge=0, le=1024 * 1024)
+
+    # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
+    shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_database_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        scheme = parts.scheme.split("+", 1)[0]
+        if scheme not in {"postgresql", "postgres"}:
+            raise ValueError("must be a postgresql:// URL")
+        if not parts.hostname and "host=" not in parts.query:
+            raise ValueError("must name a host")
+        if not parts.path.strip("/"):
+            raise ValueError("must name a database")
+        return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _check_amqp_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in {"amqp", "amqps"}:
+            raise ValueError("must be an amqp:// or amqps:// URL")
+        if not parts.hostname:
+            raise ValueError("must name a host")
+        try:
+            _ = parts.port  # urlsplit checks the port only when asked
+        except ValueError as exc:
+            raise ValueError(f"has a bad port: {exc}") from None
+        return value.strip()
+
+    @field_validator("job_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(m.strip() for m in value.split(",") if m.strip())
+        return value
+
+    @field_validator("amqp_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError("must be 1-64 letters, digits, '.', '_' or '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _refuse_default_credentials_in_production(self) -> Settings:
+        if self.environment == "production" and "guest:guest@" in self.amqp_url:
+            raise ValueError("amqp_url uses the guest/guest placeholder in production")
+        if self.db_pool_min > self.db_pool_max:
+            raise ValueError("db_pool_min is larger than db_pool_max")
+        return self
+
+    @cached_property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+    @cached_property
+    def database_name(self) -> str:
+        return urlsplit(self.database_url).path.lstrip("/")
+
+    def maintenance_database_url(self) -> str:
+        """The same server's ``postgres`` database, used to create a missing database."""
+        parts = urlsplit(self.database_url)
+        return urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, turning a validation error into one line.
+
+    The line names the environment variable, never the value (which may hold a password).
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigurationError(f"{name}: {message}") from None

@@ -1,0 +1,39 @@
+"""Alembic environment: targets jobcore's metadata; the URL comes from jobcore's settings."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool, text
+
+from jobcore.schema import metadata
+from jobcore.settings import load_settings
+
+config = context.config
+
+
+def _url() -> str:
+    url = config.attributes.get("sqlalchemy_url")
+    return str(url) if url else load_settings().sqlalchemy_url
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=_url(), target_metadata=metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    engine = create_engine(_url(), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=metadata, compare_type=True)
+        with context.begin_transaction():
+            # Two `jobcore migrate` at once (a deploy racing a developer) take turns.
+            connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('jobcore.migrate'))"))
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

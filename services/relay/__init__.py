@@ -1,0 +1,1 @@
+"""The jobcore relay service."""

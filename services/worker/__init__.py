@@ -1,0 +1,1 @@
+"""The jobcore worker service."""

@@ -1,0 +1,94 @@
+"""Test harness on the real PostgreSQL and RabbitMQ.
+
+Each test that asks for ``settings`` gets its own database (cloned from a migrated
+template) and its own broker name prefix, so the suite runs twice in a row and in
+parallel (pytest-xdist) without interference. A test that needs a service it cannot
+reach fails with one clear message; it never skips.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.registry import default_registry, load_job_modules
+from jobcore.settings import Settings
+from tests.support import databases
+from tests.support.services import ServiceUrls, locate_services
+
+TEST_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
+
+load_job_modules(TEST_JOB_MODULES)
+
+
+@pytest.fixture(scope="session")
+def service_urls() -> Iterator[ServiceUrls]:
+    try:
+        with locate_services() as urls:
+            yield urls
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def template_database(service_urls: ServiceUrls) -> str:
+    return databases.ensure_template(service_urls.pg_admin_url)
+
+
+@pytest.fixture
+def database_url(service_urls: ServiceUrls, template_database: str) -> Iterator[str]:
+    name = databases.create_database(service_urls.pg_admin_url, template=template_database)
+    try:
+        yield databases.with_database(service_urls.pg_admin_url, name)
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+@pytest.fixture
+def settings(database_url: str, service_urls: ServiceUrls, tmp_path: Path) -> Settings:
+    return Settings(
+        environment="test",
+        database_url=database_url,
+        amqp_url=service_urls.amqp_url,
+        amqp_prefix=f"jct.{uuid.uuid4().hex[:10]}",
+        job_modules=TEST_JOB_MODULES,
+        result_dir=tmp_path / "results",
+        db_pool_max=8,
+        shutdown_grace=5.0,
+    )
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[Database]:
+    database = Database(settings)
+    await database.open(wait=True)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@pytest.fixture
+def topology(settings: Settings) -> Topology:
+    return Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+
+
+@pytest.fixture
+async def amqp_channel(
+    settings: Settings, topology: Topology
+) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+    """A channel on the real broker; the test's topology is deleted afterwards."""
+    connection = await aio_pika.connect(settings.amqp_url, timeout=5)
+    try:
+        channel = await connection.channel()
+        yield channel
+        cleanup = await connection.channel()
+        await topology.delete(cleanup, default_registry.queues())
+    finally:
+        await connection.close()

@@ -1,0 +1,120 @@
+"""The unit of work and the enqueue statement, against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.enqueue import OUTBOX_CHANNEL, enqueue
+from jobcore.envelope import decode
+from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
+from jobcore.jobtypes import NoopPayload
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql import jobs as q
+from tests.support.jobtypes import EchoPayload
+
+COUNT = Query("count", "Count jobs and outbox rows.", """
+    SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM outbox) AS outbox
+""")
+
+
+async def counts(db: Database) -> tuple[int, int]:
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(COUNT)
+    assert row is not None
+    return row["jobs"], row["outbox"]
+
+
+async def test_unit_of_work_rolls_back_unless_committed(db: Database, topology: Topology) -> None:
+    noop = default_registry.get("noop")
+    async with db.unit_of_work() as uow:
+        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+    assert await counts(db) == (0, 0)
+
+    with pytest.raises(RuntimeError):
+        async with db.unit_of_work() as uow:
+            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+            raise RuntimeError("boom")
+    assert await counts(db) == (0, 0)
+
+    async with db.unit_of_work() as uow:
+        result = await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await uow.commit()
+    assert await counts(db) == (1, 1)
+    async with db.unit_of_work() as uow:
+        job = await uow.fetch_one(q.GET_JOB, {"id": result.job_id, "tenant": "t"})
+        other_tenant = await uow.fetch_one(q.GET_JOB, {"id": result.job_id, "tenant": "u"})
+    assert job is not None
+    assert job["status"] == "pending"
+    assert other_tenant is None
+
+
+async def test_enqueue_writes_a_job_message_and_notifies(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    echo = default_registry.get("echo")
+    listener = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+    await listener.execute(f"LISTEN {OUTBOX_CHANNEL}")
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="hi"),
+            entity_id="order-1",
+        )
+        await uow.commit()
+    notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    await listener.close()
+    assert notify.channel == OUTBOX_CHANNEL
+
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT * FROM outbox")
+        rows = await cur.fetchall()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["exchange"] == topology.jobs_exchange
+    assert row["routing_key"] == "testq"
+    assert row["job_id"] == result.job_id
+    message = decode(bytes(row["body"]))
+    assert (message.job_id, message.attempt, message.type) == (result.job_id, 1, "echo")
+
+
+async def test_idempotency_key_replays_and_conflicts(db: Database, topology: Topology) -> None:
+    echo = default_registry.get("echo")
+
+    async def submit(text: str, key: str = "k1") -> uuid.UUID:
+        async with db.unit_of_work() as uow:
+            result = await enqueue(
+                uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text=text),
+                idempotency_key=key,
+            )
+            await uow.commit()
+        return result.job_id
+
+    first = await submit("a")
+    assert await submit("a") == first
+    assert await submit("a", key="k2") != first
+    with pytest.raises(IdempotencyConflict):
+        await submit("b")
+    assert await counts(db) == (2, 2)
+
+
+async def test_closed_pool_fails_fast_and_unreachable_database_translates(
+    settings: Settings,
+) -> None:
+    database = Database(settings)
+    with pytest.raises(ServiceStateError):
+        database.unit_of_work().connection  # noqa: B018
+    with pytest.raises(ServiceStateError):
+        async with database.connection():
+            pass
+    unreachable = Database(settings.model_copy(update={
+        "database_url": "postgresql://postgres@127.0.0.1:1/x", "db_connect_timeout": 1.0,
+    }))
+    with pytest.raises(DatabaseUnavailable, match="JOBCORE_DATABASE_URL"):
+        await unreachable.open(wait=True)

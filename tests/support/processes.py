@@ -1,0 +1,61 @@
+"""Running jobcore commands as separate OS processes, configured like the test's settings."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from jobcore.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """Environment variables that make a child process use ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBCORE_")}
+    env.update(
+        {
+            "JOBCORE_ENVIRONMENT": settings.environment,
+            "JOBCORE_DATABASE_URL": settings.database_url,
+            "JOBCORE_AMQP_URL": settings.amqp_url,
+            "JOBCORE_AMQP_PREFIX": settings.amqp_prefix,
+            "JOBCORE_JOB_MODULES": ",".join(settings.job_modules),
+            "JOBCORE_RESULT_DIR": str(settings.result_dir),
+            "JOBCORE_SHUTDOWN_GRACE": str(settings.shutdown_grace),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def jobcore_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", *args]
+
+
+@contextmanager
+def jobcore_process(
+    settings: Settings, *args: str, log_path: Path | None = None, **extra_env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start ``jobcore ARGS`` in its own process; SIGKILL it on exit if it still runs."""
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        jobcore_command(*args),
+        env=settings_env(settings, **extra_env),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        if log_path and not isinstance(log, int):
+            log.close()

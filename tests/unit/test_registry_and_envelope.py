@@ -1,0 +1,77 @@
+import uuid
+
+import pytest
+from pydantic import BaseModel
+
+from jobcore.envelope import JobMessage, decode
+from jobcore.errors import DuplicateRegistration, InvalidPayload, PoisonMessage, UnknownJobType
+from jobcore.registry import JobContext, JobType, Registry
+
+
+class Payload(BaseModel):
+    n: int
+
+
+async def handler(ctx: JobContext[Payload]) -> int:
+    return ctx.payload.n
+
+
+def test_registry_registers_validates_and_routes() -> None:
+    registry = Registry()
+    registry.job("double", payload=Payload, queue="math", max_attempts=7, timeout=2, lease=3)(
+        handler
+    )
+    job_type = registry.get("double")
+    assert (job_type.queue, job_type.max_attempts, job_type.timeout, job_type.lease) == (
+        "math",
+        7,
+        2,
+        3,
+    )
+    assert registry.queues() == {"math"}
+    assert job_type.validate_payload({"n": "4"}).n == 4
+    with pytest.raises(InvalidPayload) as info:
+        job_type.validate_payload({"n": "four"})
+    assert info.value.errors[0]["loc"] == ["n"]  # type: ignore[attr-defined]
+    with pytest.raises(UnknownJobType):
+        registry.get("triple")
+
+
+def test_registering_a_different_type_under_a_taken_name_fails() -> None:
+    registry = Registry()
+    registry.job("a", payload=Payload)(handler)
+    registry.job("a", payload=Payload)(handler)  # the same definition again is harmless
+    with pytest.raises(DuplicateRegistration):
+        registry.job("a", payload=Payload, queue="other")(handler)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"name": "Bad-Name"}, {"queue": "has space"}, {"max_attempts": 0}, {"timeout": 0}],
+)
+def test_job_type_rejects_bad_definitions(kwargs: dict[str, object]) -> None:
+    base: dict[str, object] = {"name": "ok", "queue": "q", "payload_model": Payload}
+    with pytest.raises(ValueError):  # noqa: PT011
+        JobType(handler=handler, **{**base, **kwargs})  # type: ignore[arg-type]
+
+
+def test_envelope_round_trips() -> None:
+    message = JobMessage(job_id=uuid.uuid4(), attempt=2, type="noop")
+    assert decode(message.encode()) == message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\xff\xfe",
+        b"[]",
+        b'{"v": 2, "job_id": "00000000-0000-0000-0000-000000000000", "attempt": 1, "type": "x"}',
+        b'{"v": 1, "job_id": "nope", "attempt": 1, "type": "x"}',
+        b'{"v": 1, "job_id": "00000000-0000-0000-0000-000000000000", "attempt": 1}',
+        b"{" * 100_000,
+    ],
+)
+def test_malformed_envelopes_are_poison(body: bytes) -> None:
+    with pytest.raises(PoisonMessage):
+        decode(body)

@@ -1,0 +1,60 @@
+import pytest
+
+from jobcore.errors import ConfigurationError
+from jobcore.settings import Settings, load_settings
+
+
+def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("JOBCORE_DATABASE_URL", "JOBCORE_AMQP_URL"):
+        monkeypatch.delenv(name, raising=False)
+    settings = load_settings()
+    assert settings.database_url == "postgresql://postgres@127.0.0.1:5432/jobcore"
+    assert settings.amqp_url.startswith("amqp://guest:guest@127.0.0.1:5672")
+    assert settings.sqlalchemy_url.startswith("postgresql+psycopg://")
+
+
+def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBCORE_DATABASE_URL", "postgres+psycopg://u@db.example:6543/x?sslmode=require")
+    monkeypatch.setenv("JOBCORE_RELAY_BATCH_SIZE", "250")
+    monkeypatch.setenv("JOBCORE_JOB_MODULES", "a.b, c.d")
+    settings = load_settings()
+    # Normalised: one scheme for psycopg, the driver suffix dropped.
+    assert settings.database_url == "postgresql://u@db.example:6543/x?sslmode=require"
+    assert settings.database_name == "x"
+    assert settings.relay_batch_size == 250
+    assert settings.job_modules == ("a.b", "c.d")
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [
+        ("JOBCORE_DATABASE_URL", "mysql://localhost/x", "JOBCORE_DATABASE_URL: must be a postgresql"),
+        ("JOBCORE_DATABASE_URL", "postgresql://localhost", "JOBCORE_DATABASE_URL: must name a database"),
+        ("JOBCORE_AMQP_URL", "http://localhost", "JOBCORE_AMQP_URL: must be an amqp"),
+        ("JOBCORE_AMQP_URL", "amqp://localhost:99999/", "JOBCORE_AMQP_URL: has a bad port"),
+        ("JOBCORE_RELAY_BATCH_SIZE", "0", "JOBCORE_RELAY_BATCH_SIZE:"),
+        ("JOBCORE_AMQP_PREFIX", "has space", "JOBCORE_AMQP_PREFIX:"),
+    ],
+)
+def test_bad_values_give_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    text = str(info.value)
+    assert text.startswith(message)
+    assert "\n" not in text
+
+
+def test_password_never_appears_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBCORE_DATABASE_URL", "mysql://user:s3cret@localhost/x")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert "s3cret" not in str(info.value)
+
+
+def test_production_refuses_placeholder_broker_credentials() -> None:
+    with pytest.raises(ConfigurationError, match="placeholder"):
+        load_settings(environment="production")
+    assert Settings(environment="production", amqp_url="amqp://app:pw@mq:5672/").amqp_url
