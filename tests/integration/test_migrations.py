@@ -56,7 +56,9 @@ def test_migrate_creates_a_missing_database_only_when_asked(service_urls: Servic
     settings = Settings(database_url=databases.with_database(service_urls.pg_admin_url, name))
     env = settings_env(settings)
     try:
-        refused = subprocess.run(jobcore_command("migrate"), env=env, capture_output=True, text=True)
+        refused = subprocess.run(
+            jobcore_command("migrate"), env=env, capture_output=True, text=True
+        )
         assert refused.returncode == 1
         assert refused.stderr.count("\n") == 1
         assert "JOBCORE_DATABASE_URL" in refused.stderr

@@ -20,9 +20,13 @@ from jobcore.sql import Query
 from jobcore.sql import jobs as q
 from tests.support.jobtypes import EchoPayload
 
-COUNT = Query("count", "Count jobs and outbox rows.", """
+COUNT = Query(
+    "count",
+    "Count jobs and outbox rows.",
+    """
     SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM outbox) AS outbox
-""")
+""",
+)
 
 
 async def counts(db: Database) -> tuple[int, int]:
@@ -64,7 +68,11 @@ async def test_enqueue_writes_a_job_message_and_notifies(
     await listener.execute(f"LISTEN {OUTBOX_CHANNEL}")
     async with db.unit_of_work() as uow:
         result = await enqueue(
-            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="hi"),
+            uow,
+            topology,
+            tenant="t",
+            job_type=echo,
+            payload=EchoPayload(text="hi"),
             entity_id="order-1",
         )
         await uow.commit()
@@ -90,7 +98,11 @@ async def test_idempotency_key_replays_and_conflicts(db: Database, topology: Top
     async def submit(text: str, key: str = "k1") -> uuid.UUID:
         async with db.unit_of_work() as uow:
             result = await enqueue(
-                uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text=text),
+                uow,
+                topology,
+                tenant="t",
+                job_type=echo,
+                payload=EchoPayload(text=text),
                 idempotency_key=key,
             )
             await uow.commit()
@@ -113,8 +125,13 @@ async def test_closed_pool_fails_fast_and_unreachable_database_translates(
     with pytest.raises(ServiceStateError):
         async with database.connection():
             pass
-    unreachable = Database(settings.model_copy(update={
-        "database_url": "postgresql://postgres@127.0.0.1:1/x", "db_connect_timeout": 1.0,
-    }))
+    unreachable = Database(
+        settings.model_copy(
+            update={
+                "database_url": "postgresql://postgres@127.0.0.1:1/x",
+                "db_connect_timeout": 1.0,
+            }
+        )
+    )
     with pytest.raises(DatabaseUnavailable, match="JOBCORE_DATABASE_URL"):
         await unreachable.open(wait=True)

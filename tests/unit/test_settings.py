@@ -14,7 +14,9 @@ def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JOBCORE_DATABASE_URL", "postgres+psycopg://u@db.example:6543/x?sslmode=require")
+    monkeypatch.setenv(
+        "JOBCORE_DATABASE_URL", "postgres+psycopg://u@db.example:6543/x?sslmode=require"
+    )
     monkeypatch.setenv("JOBCORE_RELAY_BATCH_SIZE", "250")
     monkeypatch.setenv("JOBCORE_JOB_MODULES", "a.b, c.d")
     settings = load_settings()
@@ -28,8 +30,16 @@ def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize(
     ("env", "value", "message"),
     [
-        ("JOBCORE_DATABASE_URL", "mysql://localhost/x", "JOBCORE_DATABASE_URL: must be a postgresql"),
-        ("JOBCORE_DATABASE_URL", "postgresql://localhost", "JOBCORE_DATABASE_URL: must name a database"),
+        (
+            "JOBCORE_DATABASE_URL",
+            "mysql://localhost/x",
+            "JOBCORE_DATABASE_URL: must be a postgresql",
+        ),
+        (
+            "JOBCORE_DATABASE_URL",
+            "postgresql://localhost",
+            "JOBCORE_DATABASE_URL: must name a database",
+        ),
         ("JOBCORE_AMQP_URL", "http://localhost", "JOBCORE_AMQP_URL: must be an amqp"),
         ("JOBCORE_AMQP_URL", "amqp://localhost:99999/", "JOBCORE_AMQP_URL: has a bad port"),
         ("JOBCORE_RELAY_BATCH_SIZE", "0", "JOBCORE_RELAY_BATCH_SIZE:"),
