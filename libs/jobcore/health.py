@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -33,7 +33,7 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
 
 
 def health_app(name: str, probe: StateProbe, metrics: MetricsText | None = None) -> Starlette:
-    async def healthz(_: Request) -> Response:
+    async def healthz(request: Request) -> Response:
         _, details = await probe()
         return _json({"status": "alive", "service": name, **details})
 
@@ -54,6 +54,14 @@ def health_app(name: str, probe: StateProbe, metrics: MetricsText | None = None)
     )
 
 
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals to the process's own handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class HealthServer(Service):
     """Serves :func:`health_app` on ``host:port`` (port 0 picks a free one)."""
 
@@ -70,9 +78,7 @@ class HealthServer(Service):
             access_log=False,
             lifespan="off",
         )
-        self._server = uvicorn.Server(config)
-        # The server's own signal handlers would fight the process's; ours stop it.
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server = EmbeddedServer(config)
 
     @property
     def port(self) -> int | None:
