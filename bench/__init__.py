@@ -1,0 +1,1 @@
+"""Benchmarks: each module measures a scenario next to its baseline in the same run."""
