@@ -1,0 +1,53 @@
+"""The TCP proxy the demo and the fault tests use, against a local echo server."""
+
+from __future__ import annotations
+
+import asyncio
+
+from jobcore.tcpproxy import Mode, TcpProxy
+
+
+async def _echo_server() -> asyncio.Server:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, "127.0.0.1", 0)
+
+
+async def test_forward_refuse_and_blackhole() -> None:
+    server = await _echo_server()
+    proxy = TcpProxy("127.0.0.1", server.sockets[0].getsockname()[1])
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.read(4), 2) == b"ping"
+
+        proxy.set_mode(Mode.BLACKHOLE)
+        writer.write(b"lost")
+        # Silence, not a close: the read times out instead of returning b"".
+        try:
+            await asyncio.wait_for(reader.read(4), 0.3)
+            raise AssertionError("blackholed data came back")
+        except TimeoutError:
+            pass
+
+        proxy.set_mode(Mode.REFUSE)
+        assert await asyncio.wait_for(reader.read(4), 2) == b""  # the open connection is cut
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy.port)
+        assert await asyncio.wait_for(r2.read(4), 2) == b""  # new ones are refused
+        w2.close()
+
+        proxy.set_mode(Mode.FORWARD)
+        r3, w3 = await asyncio.open_connection("127.0.0.1", proxy.port)
+        w3.write(b"back")
+        assert await asyncio.wait_for(r3.read(4), 2) == b"back"
+        w3.close()
+        writer.close()
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
