@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
 
+    # Where the relay's and the worker's health servers listen (0.0.0.0 in containers).
+    health_host: str = "127.0.0.1"
+
     # Relay.
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0, le=60)
