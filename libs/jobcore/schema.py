@@ -11,6 +11,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -152,6 +153,21 @@ maintenance_leases = Table(
     Column("token", UUID(as_uuid=True), nullable=False),
     _timestamp("expires_at", nullable=False),
     _timestamp("acquired_at", nullable=False, default_now=True),
+)
+
+# What handlers did, written by the worker in the same transaction as a successful
+# outcome (``ctx.record_effect``). No unique constraint on purpose: a duplicate here is
+# evidence that a job's effects were committed twice, and the fault tests look for it.
+job_effects = Table(
+    "job_effects",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _timestamp("recorded_at", nullable=False, default_now=True),
+    Index("job_effects_job_id_idx", "job_id"),
 )
 
 api_keys = Table(
