@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     result_dir: Path = Path("var/results")
     # Results whose JSON is larger than this go to the result store, not the job row.
     inline_result_max_bytes: int = Field(default=16 * 1024, ge=0, le=1024 * 1024)
+    # A failed attempt waits a random time in [0, min(cap, base * 2**(attempt-1))] seconds.
+    retry_backoff_base: float = Field(default=2.0, gt=0, le=3600)
+    retry_backoff_cap: float = Field(default=600.0, gt=0, le=86_400)
+    # How often the reaper looks for expired leases; its own lease lasts three intervals.
+    worker_reaper_interval: float = Field(default=5.0, gt=0, le=3600)
 
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
