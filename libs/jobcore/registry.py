@@ -14,11 +14,15 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from jobcore.errors import DuplicateRegistration, InvalidPayload, UnknownJobType
+from jobcore.errors import DuplicateRegistration, InvalidPayload, ServiceStateError, UnknownJobType
+
+if TYPE_CHECKING:
+    from jobcore.results import LocalResultStore
+    from jobcore.settings import Settings
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -41,6 +45,34 @@ class JobContext(Generic[P]):
     heartbeat: Callable[[], Awaitable[None]]
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     extras: dict[str, Any] = field(default_factory=dict)
+    # Set by the worker. Effects are buffered here and written to ``job_effects`` in the
+    # transaction that records success, so a failed or abandoned attempt leaves none.
+    effects: list[Effect] = field(default_factory=list)
+    result_store: LocalResultStore | None = None
+    result_ref: str | None = None
+    settings: Settings | None = None
+
+    def record_effect(self, kind: str, detail: dict[str, Any] | None = None) -> None:
+        """Note a side effect; it is committed only if this attempt succeeds."""
+        self.effects.append(Effect(kind, dict(detail or {})))
+
+    async def put_result(self, data: bytes, *, suffix: str) -> str:
+        """Store a result file for this job; the job's ``result_ref`` will name it.
+
+        The key depends only on the job id, so a retry overwrites (atomically) rather
+        than adding a second file.
+        """
+        if self.result_store is None:
+            raise ServiceStateError("this context has no result store")
+        key = await asyncio.to_thread(self.result_store.put, self.job_id, data, suffix=suffix)
+        self.result_ref = key
+        return key
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    kind: str
+    detail: dict[str, Any]
 
 
 Handler = Callable[[JobContext[Any]], Awaitable[Any]]

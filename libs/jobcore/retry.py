@@ -20,7 +20,7 @@ def backoff_ceiling(attempt: int, *, base: float, cap: float) -> float:
         raise ValueError("attempt numbers start at 1")
     if base <= 0 or cap <= 0:
         raise ValueError("base and cap must be positive")
-    return min(cap, base * 2 ** min(attempt - 1, _MAX_EXPONENT))
+    return min(cap, base * 2.0 ** min(attempt - 1, _MAX_EXPONENT))
 
 
 def backoff_delay(

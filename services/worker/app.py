@@ -1,0 +1,120 @@
+"""The worker's composition root: one database pool, the consumer, reaper, cancel listener
+and health server, wired from settings. ``jobcore worker`` and the tests both build it here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.health import HealthServer
+from jobcore.registry import Registry, load_job_modules
+from jobcore.service import Service, run_until_signalled
+from jobcore.settings import Settings
+from services.worker.cancel import CancelListener
+from services.worker.consumer import RELEASE_TIMEOUT, Consumer
+from services.worker.metrics import WorkerMetrics
+from services.worker.reaper import Reaper
+from services.worker.runner import JobRunner
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Everything one worker process runs. Services start in order and stop in reverse."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queues: Iterable[str] | None = None,
+        concurrency: int | None = None,
+        registry: Registry | None = None,
+        health: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else load_job_modules(settings.job_modules)
+        self.queues = sorted(set(queues) if queues else self.registry.queues())
+        self.worker_id = new_worker_id()
+        self.metrics = WorkerMetrics()
+        self.db = Database(settings, name="jobcore-worker")
+        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.runner = JobRunner(settings, self.db, topology, self.metrics)
+        self.consumer = Consumer(
+            settings,
+            self.db,
+            self.runner,
+            registry=self.registry,
+            queues=self.queues,
+            concurrency=concurrency or settings.worker_concurrency,
+            worker_id=self.worker_id,
+            metrics=self.metrics,
+        )
+        self.reaper = Reaper(
+            settings, self.db, registry=self.registry, owner=self.worker_id, metrics=self.metrics
+        )
+        self.cancels = CancelListener(self.db, self.runner.request_cancel)
+        self.health: HealthServer | None = None
+        if health:
+            self.health = HealthServer(
+                "worker",
+                settings.health_host,
+                settings.worker_health_port,
+                self.probe,
+                self.render_metrics,
+            )
+
+    @property
+    def services(self) -> list[Service]:
+        # Stopped in reverse: the consumer first (it may wait out the grace period), while
+        # the cancel listener and health server keep working until it is done.
+        head: list[Service] = [self.health] if self.health else []
+        return [*head, self.cancels, self.reaper, self.consumer]
+
+    @property
+    def stop_grace(self) -> float:
+        """How long stopping may take: the handlers' grace plus giving back leases."""
+        return self.settings.shutdown_grace + RELEASE_TIMEOUT + 1.0
+
+    async def probe(self) -> tuple[bool, dict[str, Any]]:
+        ready = self.consumer.consuming and self.consumer.broker_connected
+        return ready, {
+            "worker_id": self.worker_id,
+            "queues": self.queues,
+            "broker_connected": self.consumer.broker_connected,
+            "consuming": self.consumer.consuming,
+            "running_handlers": len(self.runner.running),
+            "reaper_leader": self.reaper.is_leader,
+            "cancel_listener": self.cancels.listening,
+            "counters": self.metrics.snapshot(),
+        }
+
+    async def render_metrics(self) -> str:
+        return self.metrics.render()
+
+    async def start(self) -> None:
+        await self.db.open()
+        for service in self.services:
+            await service.start()
+
+    async def stop(self) -> None:
+        try:
+            for service in reversed(self.services):
+                await service.stop(self.stop_grace)
+        finally:
+            await self.db.close()
+
+    async def serve(self) -> int:
+        """Run until SIGTERM/SIGINT; return the exit code."""
+        await self.db.open()
+        try:
+            return await run_until_signalled(self.services, self.stop_grace)
+        finally:
+            await self.db.close()

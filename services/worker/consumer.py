@@ -1,0 +1,257 @@
+"""The consumer: deliveries in, one claim transaction each, acknowledged after it commits.
+
+Why the acknowledgement comes after the claim commits, and why the lease protects the job:
+
+- The inbox row and the claim commit together, *then* the delivery is acknowledged. A
+  crash before the commit leaves the job pending and the delivery unacknowledged, so
+  RabbitMQ redelivers it and the next worker claims it. A crash after the commit but
+  before the ack makes RabbitMQ redeliver a message the inbox already holds: it is
+  acknowledged with no effect. Either way nothing is lost and nothing runs twice.
+- Acknowledging right after the claim, not after the handler, means no delivery stays
+  unacknowledged while a long job runs (RabbitMQ closes channels whose deliveries outlive
+  ``consumer_timeout``), and prefetch bounds waiting deliveries, not running jobs.
+- From then on the *lease* protects the job: a worker that dies stops heartbeating, the
+  lease expires, and the reaper returns the job to pending with a new message. Every
+  write the old worker might still attempt is fenced by its lease token and is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
+from jobcore.db import Database
+from jobcore.envelope import JobMessage, decode
+from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage, UnknownJobType
+from jobcore.registry import InvalidPayloadError, JobType, Registry
+from jobcore.service import Service
+from jobcore.settings import Settings
+from jobcore.sql import worker as q
+from services.worker.metrics import WorkerMetrics
+from services.worker.runner import Claim, JobRunner
+
+log = logging.getLogger(__name__)
+
+# After the handlers' grace period, how long giving back the remaining leases may take.
+RELEASE_TIMEOUT = 5.0
+
+
+class Consumer(Service):
+    name = "worker-consumer"
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        runner: JobRunner,
+        *,
+        registry: Registry,
+        queues: Iterable[str],
+        concurrency: int,
+        worker_id: str,
+        metrics: WorkerMetrics,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.db = db
+        self.runner = runner
+        self.registry = registry
+        self.queues = sorted(set(queues))
+        self.worker_id = worker_id
+        self.metrics = metrics
+        self.broker = JobQueueConsumer(settings, self.queues)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self.consuming = False
+
+    @property
+    def broker_connected(self) -> bool:
+        return self.broker.connected
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._deliveries)
+
+    async def run(self) -> None:
+        if not await self._start_consuming():
+            return
+        try:
+            self.consuming = True
+            log.info("worker consuming", extra={"queues": self.queues, "worker_id": self.worker_id})
+            await self.stopping.wait()
+            log.info("worker stopping: no new deliveries", extra={"in_flight": self.in_flight})
+            self.consuming = False
+            await self.broker.stop_consuming()
+            await self._drain()
+        finally:
+            self.consuming = False
+            await self.broker.close()
+
+    async def _start_consuming(self) -> bool:
+        logged = False
+        while not self.stopping.is_set():
+            try:
+                await self.broker.start(self._on_delivery, prefetch=self.settings.worker_prefetch)
+                return True
+            except BrokerUnavailable as exc:
+                if not logged:
+                    log.warning("broker unavailable; retrying", extra={"error": str(exc)})
+                    logged = True
+            if await self.sleep(1.0):
+                break
+        return False
+
+    async def _drain(self) -> None:
+        """Let running handlers finish within the grace period, then give back the rest."""
+        if self._deliveries:
+            await asyncio.wait(set(self._deliveries), timeout=self.settings.shutdown_grace)
+        if self._deliveries:
+            log.info(
+                "grace period over; giving back the leases of running jobs",
+                extra={"running": len(self.runner.running)},
+            )
+            self.runner.release_all()
+            await asyncio.wait(set(self._deliveries), timeout=RELEASE_TIMEOUT)
+        for task in set(self._deliveries):
+            task.cancel()
+
+    # --- one delivery ----------------------------------------------------------------------
+
+    async def _on_delivery(self, message: Delivery) -> None:
+        if self.stopping.is_set():
+            return  # left unacknowledged: the broker requeues it when the channel closes
+        task = asyncio.create_task(self._handle(message), name="delivery")
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _handle(self, message: Delivery) -> None:
+        # Claim only once a handler slot is free: a claimed job's lease is already running.
+        async with self._slots:
+            if self.stopping.is_set():
+                return
+            try:
+                received = await self._receive(message)
+                if received is not None:
+                    await self.runner.run(*received)
+            except Exception:
+                log.exception("unexpected error handling a delivery; it will be redelivered")
+
+    async def _receive(self, message: Delivery) -> tuple[Claim, Any] | None:
+        """Decode, dedupe and claim. Returns the claim to run, or None when done with it."""
+        try:
+            envelope = decode(message.body)
+            message_id = uuid.UUID(str(message.message_id))
+            if message.message_type is not None and message.message_type != envelope.type:
+                raise PoisonMessage(
+                    f"message type {message.message_type!r} disagrees with its body "
+                    f"({envelope.type!r})"
+                )
+        except (PoisonMessage, ValueError) as exc:
+            await self._dead_letter(message, "bad_envelope", str(exc))
+            return None
+        try:
+            job_type = self.registry.get(envelope.type)
+        except UnknownJobType as exc:
+            await self._dead_letter(message, "unknown_type", str(exc), envelope)
+            return None
+
+        row = await self._claim(message_id, envelope, job_type)
+        if row is None:
+            return None  # stopping while the database was away: the broker redelivers
+        if not row["fresh"]:
+            self.metrics.duplicate()
+            log.debug("duplicate message acknowledged", extra=_fields(message, envelope))
+            await self._ack(message)
+            return None
+        if row["id"] is None:
+            self.metrics.skipped()
+            log.info(
+                "job not claimable; message acknowledged with no effect",
+                extra={**_fields(message, envelope), "status": row["status_before"]},
+            )
+            await self._ack(message)
+            return None
+
+        claim = Claim(
+            job_id=row["id"],
+            job_type=job_type,
+            raw_payload=row["payload"],
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            lease_token=row["lease_token"],
+            cancel_requested=row["cancel_requested_at"] is not None,
+            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
+        )
+        try:
+            payload = job_type.validate_payload(row["payload"])
+        except InvalidPayloadError as exc:
+            await self.runner.fail_invalid_payload(claim, exc)
+            await self._dead_letter(message, "invalid_payload", str(exc), envelope)
+            return None
+        await self._ack(message)
+        return claim, payload
+
+    async def _claim(
+        self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
+    ) -> dict[str, Any] | None:
+        params = {
+            "consumer": q.JOBS_CONSUMER,
+            "message_id": message_id,
+            "job_id": envelope.job_id,
+            "type": envelope.type,
+            "attempt": envelope.attempt,
+            "lease_token": uuid.uuid4(),
+            "lease": job_type.lease,
+            "worker_id": self.worker_id,
+        }
+        logged = False
+        while True:
+            try:
+                async with self.db.connection() as conn:
+                    cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
+                    row = await cur.fetchone()
+                assert row is not None  # the statement always returns one row
+                return {**row, "lease_token": params["lease_token"]}
+            except DatabaseUnavailable as exc:
+                # Hold the delivery (unacknowledged) rather than requeue it: requeues count
+                # towards the quorum queue's delivery limit and would dead-letter good jobs.
+                if not logged:
+                    log.warning(
+                        "database unavailable; holding the delivery until it is back",
+                        extra={"message_id": str(message_id), "error": str(exc)},
+                    )
+                    logged = True
+                if await self.sleep(1.0):
+                    return None
+
+    async def _ack(self, message: Delivery) -> None:
+        if not await message.ack():
+            # The claim is committed; the redelivery this causes hits the inbox.
+            log.debug("ack failed; the redelivery will be deduplicated")
+
+    async def _dead_letter(
+        self,
+        message: Delivery,
+        reason: str,
+        error: str,
+        envelope: JobMessage | None = None,
+    ) -> None:
+        self.metrics.dead_lettered(reason)
+        log.warning(
+            "poison message sent to the dead-letter queue",
+            extra={**_fields(message, envelope), "reason": reason, "error": error},
+        )
+        if not await message.dead_letter():
+            log.debug("reject failed; the message will be redelivered and rejected again")
+
+
+def _fields(message: Delivery, envelope: JobMessage | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"message_id": message.message_id}
+    if envelope is not None:
+        fields.update(job_id=str(envelope.job_id), job_type=envelope.type)
+        fields["attempt"] = envelope.attempt
+    return fields

@@ -1,0 +1,364 @@
+"""Running one claimed job: the handler under a lease, and its outcome, fenced.
+
+The claim handed this worker a lease token. While the handler runs, heartbeats extend
+the lease (every third of its length) and notice a cancel request or a lost lease; the
+outcome — success with its result and effects, a retry through the outbox, failure,
+cancellation, or a lease given back at shutdown — is one statement that only applies if
+the job is still ``running`` under that token. A worker that lost its lease (the reaper
+gave the job to someone else) therefore writes nothing, whatever its handler did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
+from jobcore.errors import DatabaseUnavailable, JobcoreError, PermanentError
+from jobcore.registry import InvalidPayloadError, JobContext, JobType
+from jobcore.results import LocalResultStore
+from jobcore.retry import backoff_delay
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql import worker as q
+from jobcore.telemetry import context_from_headers, tracer
+from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+ERROR_MAX_CHARS = 2000
+
+
+class JobTimedOut(JobcoreError):
+    """The handler ran longer than its job type's timeout."""
+
+
+class StopReason(StrEnum):
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job this worker holds the lease of (what the claim statement returned)."""
+
+    job_id: uuid.UUID
+    job_type: JobType[Any]
+    raw_payload: Any
+    attempt: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    cancel_requested: bool
+    trace_headers: dict[str, str]
+
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        return {"job_id": str(self.job_id), "job_type": self.job_type.name, "attempt": self.attempt}
+
+
+@dataclass(slots=True)
+class RunningJob:
+    claim: Claim
+    context: JobContext[Any]
+    task: asyncio.Task[Any] | None = None
+    stop_reason: StopReason | None = None
+    db_trouble_logged: bool = field(default=False)
+
+    def stop(self, reason: StopReason) -> None:
+        """Interrupt the handler; the first reason wins (it decides what gets written)."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        if reason is StopReason.CANCELLED:
+            self.context.cancel_requested.set()
+        if self.task is not None:
+            self.task.cancel()
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:ERROR_MAX_CHARS]
+
+
+class JobRunner:
+    """Runs claimed jobs and writes their outcomes. One per worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        topology: Topology,
+        metrics: WorkerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.topology = topology
+        self.metrics = metrics
+        self.result_store = LocalResultStore(settings.result_dir)
+        self.running: dict[uuid.UUID, RunningJob] = {}
+        self._shutting_down = False
+
+    # --- requests from outside (cancel listener, shutdown) -------------------------------
+
+    def request_cancel(self, job_id: uuid.UUID) -> bool:
+        running = self.running.get(job_id)
+        if running is None:
+            return False
+        log.info("cancelling running job on request", extra=running.claim.log_fields)
+        running.stop(StopReason.CANCELLED)
+        return True
+
+    def release_all(self) -> None:
+        """Shutdown: interrupt every handler still running; their leases are given back."""
+        self._shutting_down = True
+        for running in list(self.running.values()):
+            running.stop(StopReason.SHUTDOWN)
+
+    # --- one job ---------------------------------------------------------------------------
+
+    async def fail_invalid_payload(self, claim: Claim, error: InvalidPayloadError) -> None:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
+        )
+        await self._write_outcome(
+            claim, q.FAIL, {"error": f"payload no longer validates: {detail}"[:ERROR_MAX_CHARS]}
+        )
+        self.metrics.processed("failed")
+
+    async def run(self, claim: Claim, payload: Any) -> None:
+        context: JobContext[Any] = JobContext(
+            job_id=claim.job_id,
+            job_type=claim.job_type.name,
+            payload=payload,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            idempotency_key=str(claim.job_id),
+            heartbeat=lambda: self._heartbeat(running),
+            result_store=self.result_store,
+            settings=self.settings,
+        )
+        running = RunningJob(claim, context)
+        self.running[claim.job_id] = running
+        self.metrics.running_handlers.inc()
+        heartbeats = asyncio.create_task(self._heartbeat_loop(running), name="heartbeat")
+        running.task = asyncio.create_task(self._call_handler(claim, context), name="handler")
+        if claim.cancel_requested:
+            running.stop(StopReason.CANCELLED)
+        elif self._shutting_down:
+            running.stop(StopReason.SHUTDOWN)
+        try:
+            await self._finish(running)
+        finally:
+            heartbeats.cancel()
+            await asyncio.gather(heartbeats, return_exceptions=True)
+            del self.running[claim.job_id]
+            self.metrics.running_handlers.dec()
+
+    async def _call_handler(self, claim: Claim, context: JobContext[Any]) -> Any:
+        span_context = context_from_headers(claim.trace_headers)
+        with tracer().start_as_current_span(
+            f"run {claim.job_type.name}",
+            context=span_context,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "jobcore.job_id": str(claim.job_id),
+                "jobcore.job_type": claim.job_type.name,
+                "jobcore.attempt": claim.attempt,
+            },
+        ):
+            timeout = asyncio.timeout(claim.job_type.timeout)
+            try:
+                async with timeout:
+                    return await claim.job_type.handler(context)
+            except TimeoutError:
+                if timeout.expired():
+                    raise JobTimedOut(f"timed out after {claim.job_type.timeout:g}s") from None
+                raise
+
+    async def _finish(self, running: RunningJob) -> None:
+        claim = running.claim
+        assert running.task is not None
+        try:
+            result = await running.task
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                running.task.cancel()
+                raise
+            if running.stop_reason is None:  # the handler cancelled itself
+                await self._attempt_failed(claim, exc)
+            else:
+                await self._stopped(running)
+        except Exception as exc:
+            # A handler that turned our interruption into an error was still interrupted.
+            if running.stop_reason is not None:
+                await self._stopped(running)
+            elif isinstance(exc, PermanentError):
+                await self._fail(claim, error_text(exc))
+            else:
+                await self._attempt_failed(claim, exc)
+        else:
+            await self._succeed(running, result)
+
+    async def _stopped(self, running: RunningJob) -> None:
+        claim = running.claim
+        if running.stop_reason is StopReason.CANCELLED:
+            if await self._write_outcome(claim, q.CANCEL_RUNNING, {"error": "cancelled"}):
+                self.metrics.processed("cancelled")
+                log.info("job cancelled while running", extra=claim.log_fields)
+        elif running.stop_reason is StopReason.SHUTDOWN:
+            message = self._message(claim, attempt=claim.attempt)
+            if await self._write_outcome(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL}):
+                self.metrics.processed("released")
+                log.info("gave the job's lease back at shutdown", extra=claim.log_fields)
+        else:
+            self.metrics.processed("lease_lost")
+            log.warning(
+                "lease lost while the handler ran; its outcome is discarded",
+                extra=claim.log_fields,
+            )
+
+    async def _succeed(self, running: RunningJob, result: Any) -> None:
+        claim, context = running.claim, running.context
+        try:
+            encoded = None if result is None else orjson.dumps(result)
+        except TypeError as exc:
+            await self._fail(claim, f"the handler's result is not JSON: {exc}")
+            return
+        result_ref = context.result_ref
+        if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
+            if result_ref is not None:
+                await self._fail(
+                    claim, "the handler stored a result file and returned a too large result"
+                )
+                return
+            result_ref = await asyncio.to_thread(
+                self.result_store.put, claim.job_id, encoded, suffix="json"
+            )
+            encoded = None
+        effects = orjson.dumps([{"kind": e.kind, "detail": e.detail} for e in context.effects])
+        params = {
+            "result": encoded.decode() if encoded is not None else None,
+            "result_ref": result_ref,
+            "effects": effects.decode(),
+        }
+        if await self._write_outcome(claim, q.SUCCEED, params):
+            self.metrics.processed("succeeded")
+
+    async def _attempt_failed(self, claim: Claim, exc: BaseException) -> None:
+        error = error_text(exc)
+        if claim.attempt >= claim.max_attempts:
+            await self._fail(claim, error)
+            return
+        delay = backoff_delay(
+            claim.attempt,
+            base=self.settings.retry_backoff_base,
+            cap=self.settings.retry_backoff_cap,
+        )
+        message = self._message(claim, attempt=claim.attempt + 1)
+        params = {**message, "error": error, "delay": delay, "channel": OUTBOX_CHANNEL}
+        if await self._write_outcome(claim, q.RETRY, params):
+            self.metrics.processed("retried")
+            self.metrics.retry_scheduled()
+            log.info(
+                "attempt failed; retry scheduled",
+                extra={**claim.log_fields, "error": error, "delay": round(delay, 3)},
+            )
+
+    async def _fail(self, claim: Claim, error: str) -> None:
+        if await self._write_outcome(claim, q.FAIL, {"error": error}):
+            self.metrics.processed("failed")
+            log.warning("job failed", extra={**claim.log_fields, "error": error})
+
+    def _message(self, claim: Claim, *, attempt: int) -> dict[str, Any]:
+        return job_message_row(
+            self.topology,
+            job_id=claim.job_id,
+            job_type=claim.job_type,
+            attempt=attempt,
+            trace_headers=claim.trace_headers,
+        )
+
+    async def _write_outcome(self, claim: Claim, query: Query, params: Mapping[str, Any]) -> bool:
+        """Run a fenced outcome statement; False when the lease was lost (nothing written).
+
+        While the database is unreachable, keep trying for about one lease length: past
+        that the reaper has most likely handed the job to another worker anyway.
+        """
+        full = {**params, "id": claim.job_id, "lease_token": claim.lease_token}
+        deadline = time.monotonic() + claim.job_type.lease
+        logged = False
+        while True:
+            try:
+                async with self.db.connection() as conn:
+                    cur = await conn.execute(query.sql, full)
+                    row = await cur.fetchone()
+                break
+            except DatabaseUnavailable as exc:
+                if time.monotonic() > deadline:
+                    log.error(
+                        "could not record the job's outcome; its lease will expire",
+                        extra={**claim.log_fields, "error": str(exc)},
+                    )
+                    return False
+                if not logged:
+                    log.warning(
+                        "database unavailable while recording an outcome; retrying",
+                        extra={**claim.log_fields, "error": str(exc)},
+                    )
+                    logged = True
+                await asyncio.sleep(0.5)  # retry pacing while the database is away
+        # Every outcome statement returns a row exactly when its fence let it write.
+        won = row is not None
+        if not won:
+            self.metrics.processed("lease_lost")
+            log.warning(
+                "lease lost before the outcome was written; nothing recorded",
+                extra={**claim.log_fields, "outcome": query.name},
+            )
+        return won
+
+    # --- the lease ---------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self, running: RunningJob) -> None:
+        interval = running.claim.job_type.lease / 3
+        while running.stop_reason is None:
+            await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
+            await self._heartbeat(running)
+
+    async def _heartbeat(self, running: RunningJob) -> None:
+        """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
+        claim = running.claim
+        params = {
+            "id": claim.job_id,
+            "lease_token": claim.lease_token,
+            "lease": claim.job_type.lease,
+        }
+        try:
+            async with self.db.connection() as conn:
+                cur = await conn.execute(q.HEARTBEAT.sql, params)
+                row = await cur.fetchone()
+        except DatabaseUnavailable as exc:
+            if not running.db_trouble_logged:
+                running.db_trouble_logged = True
+                log.warning(
+                    "heartbeat failed: database unavailable",
+                    extra={**claim.log_fields, "error": str(exc)},
+                )
+            return
+        if row is None:
+            running.stop(StopReason.LEASE_LOST)
+        elif row["cancel_requested_at"] is not None:
+            running.stop(StopReason.CANCELLED)

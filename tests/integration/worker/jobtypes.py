@@ -1,0 +1,54 @@
+"""Job types for the worker tests (loaded in-process by the conftest, and by worker
+processes through JOBCORE_JOB_MODULES)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobcore.errors import PermanentError
+from jobcore.registry import JobContext, job
+
+MODULE = __name__
+
+
+class GatePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The handler waits until this file exists (none: it does not wait).
+    gate: str | None = None
+    # Attempts up to this number raise (a transient failure each time).
+    fail_times: int = Field(default=0, ge=0)
+    permanent: bool = False
+    # Size of the "blob" field of the result (to exercise the result store).
+    result_size: int = Field(default=0, ge=0)
+    effect: str = "completed"
+
+
+@job("wt_gate", payload=GatePayload, queue="testq", max_attempts=3, timeout=60, lease=2)
+async def wt_gate(ctx: JobContext[GatePayload]) -> dict[str, object]:
+    """Fails as told, then waits for its gate file, records an effect and returns."""
+    if ctx.payload.permanent:
+        raise PermanentError("this job can never work")
+    if ctx.attempt <= ctx.payload.fail_times:
+        raise RuntimeError(f"planned failure on attempt {ctx.attempt}")
+    if ctx.payload.gate is not None:
+        gate = Path(ctx.payload.gate)
+        while not gate.exists():
+            await asyncio.sleep(0.02)  # polling a file the test creates
+    ctx.record_effect(ctx.payload.effect, {"attempt": ctx.attempt})
+    return {"attempt": ctx.attempt, "blob": "x" * ctx.payload.result_size}
+
+
+class SlowPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = 30.0
+
+
+@job("wt_slow", payload=SlowPayload, queue="testq", max_attempts=2, timeout=0.3, lease=2)
+async def wt_slow(ctx: JobContext[SlowPayload]) -> None:
+    """Sleeps past its own timeout."""
+    await asyncio.sleep(ctx.payload.seconds)

@@ -1,0 +1,208 @@
+"""Helpers for the worker tests: a stand-in relay, job helpers, worker settings.
+
+The real relay lives in ``services/relay`` (another engineer's work); these tests must not
+depend on it, so :class:`OutboxPump` publishes outbox rows per the wire contract itself:
+due rows, mandatory, persistent, with publisher confirms, deleted once confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+from pydantic import BaseModel
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.enqueue import enqueue
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from tests.conftest import TEST_JOB_MODULES
+from tests.integration.worker import jobtypes
+
+WORKER_TEST_MODULES = (*TEST_JOB_MODULES, jobtypes.MODULE)
+
+DUE_ROWS = Query(
+    "test_due_outbox_rows",
+    "Lock the outbox rows that are due (the stand-in relay).",
+    """
+    SELECT * FROM outbox
+    WHERE available_at <= now() AND quarantined_at IS NULL
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+    """,
+)
+DELETE_ROWS = Query(
+    "test_delete_outbox_rows",
+    "Forget published rows.",
+    "DELETE FROM outbox WHERE id = ANY(%(ids)s)",
+)
+
+
+def worker_settings(settings: Settings, **overrides: Any) -> Settings:
+    """The test's settings, tuned so that leases, backoff and the reaper act within seconds."""
+    values: dict[str, Any] = {
+        "job_modules": WORKER_TEST_MODULES,
+        "worker_health_port": 0,
+        "worker_reaper_interval": 0.2,
+        "retry_backoff_base": 0.2,
+        "retry_backoff_cap": 0.8,
+        "shutdown_grace": 2.0,
+        **overrides,
+    }
+    return settings.model_copy(update=values)
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    message_id: uuid.UUID
+    job_id: uuid.UUID | None
+    body: bytes
+    available_at: datetime
+    created_at: datetime
+
+
+def amqp_message(row: dict[str, Any]) -> aio_pika.Message:
+    """An outbox row as the AMQP message the wire contract describes."""
+    return aio_pika.Message(
+        bytes(row["body"]),
+        message_id=str(row["message_id"]),
+        type=row["message_type"],
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers={**(row["headers"] or {}), "x-envelope-version": 1},
+    )
+
+
+class OutboxPump:
+    """Publishes due outbox rows to the broker (a minimal relay for the worker tests)."""
+
+    def __init__(self, settings: Settings, db: Database) -> None:
+        self.settings = settings
+        self.db = db
+        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.published: list[PublishedRow] = []
+        self.paused = asyncio.Event()
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+
+    async def channel(self) -> aio_pika.abc.AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            await self.close()
+            self._connection = await aio_pika.connect(self.settings.amqp_url, timeout=5)
+            self._channel = await self._connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            await self.topology.declare(self._channel, default_registry.queues())
+        return self._channel
+
+    async def publish(self, row: dict[str, Any]) -> None:
+        channel = await self.channel()
+        exchange = await channel.get_exchange(row["exchange"], ensure=False)
+        await exchange.publish(amqp_message(row), routing_key=row["routing_key"], mandatory=True)
+
+    async def drain(self, *, delete: bool = True) -> int:
+        """Publish every due row once (confirmed); delete them unless told to keep them."""
+        async with self.db.unit_of_work() as uow:
+            rows = await uow.fetch_all(DUE_ROWS)
+            for row in rows:
+                await self.publish(row)
+                self.published.append(
+                    PublishedRow(
+                        row["message_id"],
+                        row["job_id"],
+                        bytes(row["body"]),
+                        row["available_at"],
+                        row["created_at"],
+                    )
+                )
+            if delete and rows:
+                await uow.execute(DELETE_ROWS, {"ids": [row["id"] for row in rows]})
+            await uow.commit()
+        return len(rows)
+
+    async def run(self) -> None:
+        while True:
+            if not self.paused.is_set():
+                try:
+                    await self.drain()
+                except Exception:  # the broker is away (a chaos test): like a relay, retry
+                    await self.close()
+            await asyncio.sleep(0.05)  # the stand-in relay's poll interval
+
+    async def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def running_pump(pump: OutboxPump) -> AsyncIterator[OutboxPump]:
+    task = asyncio.create_task(pump.run())
+    try:
+        yield pump
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await pump.close()
+
+
+async def submit(
+    db: Database,
+    topology: Topology,
+    job_type: str,
+    payload: BaseModel,
+    **kwargs: Any,
+) -> uuid.UUID:
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=default_registry.get(job_type),
+            payload=payload,
+            **kwargs,
+        )
+        await uow.commit()
+    return result.job_id
+
+
+async def job_row(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT * FROM jobs WHERE id = %s", (job_id,))
+        row = await cur.fetchone()
+    assert row is not None
+    return dict(row)
+
+
+async def job_status(db: Database, job_id: uuid.UUID) -> str:
+    return str((await job_row(db, job_id))["status"])
+
+
+async def effects(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT * FROM job_effects WHERE job_id = %s ORDER BY id", (job_id,)
+        )
+        return [dict(r) for r in await cur.fetchall()]
+
+
+async def outbox_rows(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT * FROM outbox WHERE job_id = %s ORDER BY id", (job_id,))
+        return [dict(r) for r in await cur.fetchall()]
+
+
+async def status_is(db: Database, job_id: uuid.UUID, *statuses: str) -> dict[str, Any] | None:
+    """A probe for ``eventually``: the job row once its status is one of ``statuses``."""
+    row = await job_row(db, job_id)
+    return row if row["status"] in statuses else None
