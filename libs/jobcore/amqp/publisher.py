@@ -1,0 +1,491 @@
+"""Confirmed, pipelined publishing over one broker connection whose state this module owns.
+
+A batch is written to the socket in one go and its publisher confirms are awaited
+together: one round trip per batch, not per message (DESIGN.md measured 8–11x). The
+channel is opened with confirms on and returns raising, so a ``mandatory`` message that no
+queue takes fails instead of being confirmed silently.
+
+Each message of a batch ends in exactly one of three states: confirmed (the broker has
+it), failed (the broker refused *this* message: nacked, returned, or its exchange does not
+exist), or unconfirmed (the connection broke or timed out first: nothing is known, the
+message is not to blame, and the caller publishes it again later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from aiormq.abc import ChannelFrame
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.frame import marshal as marshal_frame
+from pamqp.header import ContentHeader
+
+from jobcore.amqp.connection import BROKER_ERRORS, connect, redact
+from jobcore.amqp.topology import Topology
+from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
+from jobcore.errors import BrokerUnavailable, ConfigurationError
+from jobcore.retry import backoff_delay
+from jobcore.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# What a broken connection or channel raises into a publish; anything else a publish
+# raises is the message's own fault.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *BROKER_ERRORS,
+    aiormq.exceptions.ChannelInvalidStateError,
+)
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (BrokerUnavailable, *BROKER_ERRORS)
+
+PERSISTENT = 2
+# Marshalled Basic.Publish frames are reused per (exchange, routing key); rows name a few.
+MAX_CACHED_ROUTES = 1024
+ENVELOPE_HEADER = "x-envelope-version"
+
+
+class Failure(enum.StrEnum):
+    """Why the broker refused one message."""
+
+    NACKED = "nacked"
+    RETURNED = "returned"
+    NO_EXCHANGE = "no_exchange"
+    # The message cannot be put on the wire (a header AMQP cannot encode, a name too long).
+    UNPUBLISHABLE = "unpublishable"
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    exchange: str
+    routing_key: str
+    message_id: str
+    message_type: str
+    # W3C trace context (traceparent / tracestate) captured when the row was written.
+    headers: Mapping[str, Any]
+    body: bytes
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Indexes into the published batch, by outcome."""
+
+    confirmed: list[int] = field(default_factory=list)
+    failed: list[tuple[int, Failure, str]] = field(default_factory=list)
+    unconfirmed: list[int] = field(default_factory=list)
+    # Set when the connection failed during the batch; the publisher is then disconnected.
+    broker_error: str | None = None
+    confirm_seconds: float = 0.0
+
+
+def describe_topology(topology: Topology, queues: Iterable[str]) -> dict[str, Any]:
+    return {
+        "exchange": topology.jobs_exchange,
+        "queues": [
+            {"queue": topology.queue_name(q), "routing_key": topology.routing_key(q)}
+            for q in sorted(set(queues))
+        ],
+        "dead_letter_exchange": topology.dead_letter_exchange,
+        "dead_letter_queue": topology.dead_letter_queue,
+        "delivery_limit": topology.delivery_limit,
+    }
+
+
+async def _declare(
+    connection: AbstractConnection, topology: Topology, queues: Collection[str]
+) -> None:
+    # Its own channel: a failed declaration closes the channel it ran on.
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await topology.declare(channel, queues)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise ConfigurationError(
+            f"the broker already has this topology with other arguments: {exc}"
+        ) from exc
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def declare_topology(settings: Settings, queues: Collection[str]) -> dict[str, Any]:
+    """Declare the topology on demand (`jobcore topology`); return what was declared."""
+    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    connection = await connect(settings, timeout=settings.db_connect_timeout)
+    try:
+        try:
+            await _declare(connection, topology, queues)
+        except BROKER_ERRORS as exc:
+            raise BrokerUnavailable(f"declaring the topology failed: {exc}") from exc
+    finally:
+        await connection.close()
+    return describe_topology(topology, queues)
+
+
+class ConfirmedPublisher:
+    """One connection and one confirming channel; reconnects on demand with backoff.
+
+    State changes are logged once each: connected, lost (or unreachable), connected again.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queues: Collection[str],
+        publish_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        reconnect_base: float = 0.2,
+        reconnect_cap: float = 30.0,
+        on_reconnect: Callable[[], None] | None = None,
+        batched_writes: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.queues = frozenset(queues)
+        self.publish_timeout = publish_timeout
+        self.connect_timeout = connect_timeout
+        self.reconnect_base = reconnect_base
+        self.reconnect_cap = reconnect_cap
+        self._on_reconnect = on_reconnect
+        self._want_batched_writes = batched_writes
+        self._batched_writes = False
+        self._method_frames: dict[tuple[str, str], bytes] = {}
+        # Set whenever the connection is lost, so an idle caller can reconnect promptly.
+        self.lost = asyncio.Event()
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._raw: aiormq.Channel | None = None
+        # Exchanges known to exist on this connection. Publishing to a missing exchange
+        # closes the channel (404) and with it every publish in flight, so an unknown
+        # exchange is checked first, on a throwaway channel.
+        self._exchanges: set[str] = set()
+        self._ever_connected = False
+        self._down_since: float | None = None
+        self._down_reported = False
+
+    @property
+    def connected(self) -> bool:
+        return self._raw is not None and not self._raw.is_closed
+
+    async def connect(self) -> None:
+        """Open the connection and channel and declare the topology (idempotent)."""
+        if self.connected:
+            return
+        await self._discard_connection()
+        connection = await connect(self.settings, timeout=self.connect_timeout)
+        try:
+            await _declare(connection, self.topology, self.queues)
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            # aiormq's own channel: its publish can skip waiting for each socket write.
+            raw = cast(aiormq.Channel, await channel.get_underlay_channel())
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
+        connection.close_callbacks.add(self._on_close)
+        channel.close_callbacks.add(self._on_close)
+        self._connection, self._channel, self._raw = connection, channel, raw
+        self._exchanges = {"", self.topology.jobs_exchange}
+        self._method_frames.clear()  # they carry the channel number
+        self._batched_writes = self._want_batched_writes and supports_batched_writes(raw)
+        if self._want_batched_writes and not self._batched_writes:
+            log.warning("aiormq internals differ; publishing one message at a time")
+        self.lost.clear()
+        if self._down_since is not None:
+            log.info(
+                "broker connected again",
+                extra={"down_seconds": round(time.monotonic() - self._down_since, 3)},
+            )
+            if self._on_reconnect is not None:
+                self._on_reconnect()
+        elif not self._ever_connected:
+            log.info("broker connected", extra={"broker": redact(self.settings.amqp_url)})
+        self._ever_connected = True
+        self._down_since = None
+        self._down_reported = False
+
+    async def ensure_connected(self, stopping: asyncio.Event) -> bool:
+        """Connect, retrying with backoff; False if ``stopping`` was set first."""
+        failures = 0
+        while not self.connected:
+            if stopping.is_set():
+                return False
+            try:
+                await self.connect()
+            except _CONNECT_ERRORS as exc:
+                self._mark_down(f"{type(exc).__name__}: {exc}")
+                failures += 1
+                delay = backoff_delay(failures, base=self.reconnect_base, cap=self.reconnect_cap)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), timeout=delay)
+        return True
+
+    def _mark_down(self, reason: str) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        if not self._down_reported:
+            self._down_reported = True
+            message = "broker connection lost" if self._ever_connected else "broker unreachable"
+            log.warning(message, extra={"error": reason, "broker": redact(self.settings.amqp_url)})
+        self.lost.set()
+
+    def _on_close(self, sender: object, exc: BaseException | None = None) -> None:
+        if sender is not self._connection and sender is not self._channel:
+            return  # a callback of a connection we already replaced
+        self._raw = None
+        self._mark_down(f"{type(exc).__name__}: {exc}" if exc else "closed")
+
+    async def _discard_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = self._raw = None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=self.connect_timeout)
+
+    async def close(self) -> None:
+        await self._discard_connection()
+
+    async def _disconnect(self, reason: str) -> None:
+        self._mark_down(reason)
+        await self._discard_connection()
+
+    async def _missing_exchanges(self, names: set[str]) -> set[str]:
+        unknown = names - self._exchanges
+        missing: set[str] = set()
+        if not unknown or self._connection is None:
+            return missing
+        for name in unknown:
+            probe = await self._connection.channel(publisher_confirms=False)
+            try:
+                await probe.get_exchange(name, ensure=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                missing.add(name)
+                continue
+            finally:
+                if not probe.is_closed:
+                    await probe.close()
+            self._exchanges.add(name)
+        return missing
+
+    async def publish_batch(self, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        """Publish every message, then wait (bounded) for all their confirms together."""
+        result = BatchResult()
+        raw = self._raw
+        if raw is None or raw.is_closed:
+            result.unconfirmed = list(range(len(messages)))
+            result.broker_error = "not connected"
+            return result
+        try:
+            missing = await self._missing_exchanges({m.exchange for m in messages})
+        except CONNECTION_ERRORS as exc:
+            result.unconfirmed = list(range(len(messages)))
+            result.broker_error = f"{type(exc).__name__}: {exc}"
+            await self._disconnect(result.broker_error)
+            return result
+        sendable: list[int] = []
+        for index, message in enumerate(messages):
+            if message.exchange in missing:
+                reason = f"no exchange {message.exchange!r} on the broker"
+                result.failed.append((index, Failure.NO_EXCHANGE, reason))
+            else:
+                sendable.append(index)
+
+        started = time.monotonic()
+        pending: list[tuple[int, asyncio.Future[Any]]]
+        try:
+            if self._batched_writes:
+                pending = await self._write_batch(raw, messages, sendable, result)
+            else:
+                pending = self._publish_each(raw, messages, sendable, result)
+        except CONNECTION_ERRORS as exc:
+            result.unconfirmed.extend(sendable)
+            result.broker_error = f"{type(exc).__name__}: {exc}"
+            await self._disconnect(result.broker_error)
+            return result
+        if pending:
+            _, late = await asyncio.wait([f for _, f in pending], timeout=self.publish_timeout)
+            for future in late:
+                future.cancel()
+            if late:
+                await asyncio.wait(late)
+        result.confirm_seconds = time.monotonic() - started
+        self._settle(pending, result)
+        if result.broker_error is not None:
+            await self._disconnect(result.broker_error)
+        return result
+
+    async def _write_batch(
+        self,
+        raw: aiormq.Channel,
+        messages: Sequence[OutgoingMessage],
+        sendable: list[int],
+        result: BatchResult,
+    ) -> list[tuple[int, asyncio.Future[Any]]]:
+        """Write the whole batch with one socket write, registering each confirm as aiormq's
+        own ``basic_publish`` does (delivery tag, confirmation future, message id for
+        returns), so aiormq's reader settles them. Per message this skips a task, a lock
+        round and a socket write: the relay's cost per message drops to the encoding."""
+        encoded: list[tuple[int, str, bytes]] = []
+        for index in sendable:
+            message = messages[index]
+            try:
+                encoded.append((index, message.message_id, self._encode(message, raw)))
+            except Exception as exc:  # whatever the encoder rejects is this message's fault
+                result.failed.append((index, Failure.UNPUBLISHABLE, f"cannot encode: {exc}"))
+        if not encoded:
+            return []
+        futures: list[asyncio.Future[Any]] = []
+        async with raw.lock:
+            first = raw.delivery_tag + 1
+            for offset, (_, message_id, _) in enumerate(encoded):
+                future = raw.create_future()
+                raw.confirmations[first + offset] = future
+                raw.message_id_delivery_tag[message_id] = first + offset
+                futures.append(future)
+            raw.delivery_tag += len(encoded)
+            payload = b"".join(frames for _, _, frames in encoded)
+            try:
+                await raw.write_queue.put(ChannelFrame(payload=payload, should_close=False))
+            except BaseException:
+                # Not written: give the delivery tags back, as aiormq does for one publish.
+                raw.delivery_tag = first - 1
+                for offset, (_, message_id, _) in enumerate(encoded):
+                    raw.confirmations.pop(first + offset, None)
+                    raw.message_id_delivery_tag.pop(message_id, None)
+                for future in futures:
+                    future.cancel()
+                raise
+        for offset, future in enumerate(futures):
+            future.add_done_callback(_forget_message_id(raw, encoded[offset][1], first + offset))
+        return [(index, future) for (index, _, _), future in zip(encoded, futures, strict=True)]
+
+    def _encode(self, message: OutgoingMessage, raw: aiormq.Channel) -> bytes:
+        route = (message.exchange, message.routing_key)
+        method = self._method_frames.get(route)
+        if method is None:
+            if len(self._method_frames) > MAX_CACHED_ROUTES:
+                self._method_frames.clear()
+            method = marshal_frame(
+                Basic.Publish(exchange=route[0], routing_key=route[1], mandatory=True), raw.number
+            )
+            self._method_frames[route] = method
+        body = message.body
+        properties = Basic.Properties(
+            content_type=CONTENT_TYPE,
+            delivery_mode=PERSISTENT,
+            message_id=message.message_id,
+            message_type=message.message_type,
+            headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
+        )
+        parts = [
+            method,
+            marshal_frame(ContentHeader(properties=properties, body_size=len(body)), raw.number),
+        ]
+        step = raw.max_content_size
+        parts.extend(
+            marshal_frame(ContentBody(body[i : i + step]), raw.number)
+            for i in range(0, len(body), step)
+        )
+        return b"".join(parts)
+
+    def _publish_each(
+        self,
+        raw: aiormq.Channel,
+        messages: Sequence[OutgoingMessage],
+        sendable: list[int],
+        result: BatchResult,
+    ) -> list[tuple[int, asyncio.Future[Any]]]:
+        """aiormq's public publish, one task per message: the path when its internals are
+        not the ones :meth:`_write_batch` was written against."""
+        create_task = asyncio.get_running_loop().create_task
+        pending: list[tuple[int, asyncio.Future[Any]]] = []
+        for index in sendable:
+            message = messages[index]
+            try:
+                properties = Basic.Properties(
+                    content_type=CONTENT_TYPE,
+                    delivery_mode=PERSISTENT,
+                    message_id=message.message_id,
+                    message_type=message.message_type,
+                    headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
+                )
+            except (TypeError, ValueError) as exc:
+                result.failed.append((index, Failure.UNPUBLISHABLE, f"bad properties: {exc}"))
+                continue
+            publish = raw.basic_publish(
+                message.body,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                properties=properties,
+                mandatory=True,
+                # The confirm is what we wait for; it comes after the socket write anyway.
+                wait=False,
+            )
+            pending.append((index, create_task(publish)))
+        return pending
+
+    def _settle(self, pending: list[tuple[int, asyncio.Future[Any]]], result: BatchResult) -> None:
+        for index, future in pending:
+            if future.cancelled():
+                result.unconfirmed.append(index)
+                result.broker_error = result.broker_error or (
+                    f"no confirm within {self.publish_timeout}s"
+                )
+                continue
+            error = future.exception()
+            if error is None:
+                result.confirmed.append(index)
+            elif isinstance(error, aiormq.exceptions.PublishError):
+                result.failed.append((index, Failure.RETURNED, _returned_reason(error)))
+            elif isinstance(error, aiormq.exceptions.DeliveryError):
+                result.failed.append((index, Failure.NACKED, "nacked by the broker"))
+            elif isinstance(error, CONNECTION_ERRORS) or self._batched_writes:
+                # Batched writes encode before sending: any later error is the connection's.
+                result.unconfirmed.append(index)
+                result.broker_error = result.broker_error or f"{type(error).__name__}: {error}"
+            else:
+                reason = f"cannot publish: {type(error).__name__}: {error}"
+                result.failed.append((index, Failure.UNPUBLISHABLE, reason))
+
+
+def _forget_message_id(
+    raw: aiormq.Channel, message_id: str, delivery_tag: int
+) -> Callable[[asyncio.Future[Any]], None]:
+    # The message id -> delivery tag map is how aiormq matches a return to its publish.
+    def forget(_: asyncio.Future[Any]) -> None:
+        if raw.message_id_delivery_tag.get(message_id) == delivery_tag:
+            del raw.message_id_delivery_tag[message_id]
+
+    return forget
+
+
+def supports_batched_writes(raw: object) -> bool:
+    """Whether this aiormq channel has the internals :meth:`_write_batch` relies on."""
+    return (
+        isinstance(getattr(raw, "confirmations", None), dict)
+        and isinstance(getattr(raw, "message_id_delivery_tag", None), dict)
+        and isinstance(getattr(raw, "delivery_tag", None), int)
+        and isinstance(getattr(raw, "write_queue", None), asyncio.Queue)
+        and isinstance(getattr(raw, "max_content_size", None), int)
+        and callable(getattr(raw, "create_future", None))
+        and getattr(raw, "publisher_confirms", False) is True
+        and getattr(raw, "on_return_raises", False) is True
+    )
+
+
+def _returned_reason(exc: aiormq.exceptions.PublishError) -> str:
+    frame = exc.frame
+    if isinstance(frame, Basic.Return):
+        return (
+            f"returned by the broker: {frame.reply_code} {frame.reply_text} "
+            f"(exchange {frame.exchange!r}, routing key {frame.routing_key!r})"
+        )
+    return f"returned by the broker: {exc}"

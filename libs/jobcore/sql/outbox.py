@@ -1,0 +1,138 @@
+"""Statements on ``outbox``: the relay's claim / done / failed cycle and the operator verbs.
+
+A row is *due* when ``available_at <= now()`` and it is not quarantined; the partial
+index ``outbox_due_idx (available_at, id) WHERE quarantined_at IS NULL`` serves the claim,
+the next-due lookup and the oldest-due age.
+"""
+
+from __future__ import annotations
+
+from jobcore.enqueue import OUTBOX_CHANNEL
+from jobcore.sql import Query
+
+# Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
+LISTEN = Query(
+    "listen_outbox", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
+)
+UNLISTEN = Query(
+    "unlisten_outbox", "Stop receiving them before the connection is reused.", "UNLISTEN *"
+)
+PING = Query("ping", "A round trip, to notice a connection that died silently.", "SELECT 1")
+
+# The relay holds these row locks while it publishes and waits for the confirms; other
+# replicas skip the locked rows instead of waiting, so any number of them can run.
+CLAIM_DUE = Query(
+    "claim_due_outbox",
+    "Lock up to `limit` due, unquarantined rows, oldest first, skipping rows another relay holds.",
+    """
+    SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
+           headers, body, attempts
+    FROM outbox
+    WHERE available_at <= now() AND quarantined_at IS NULL
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+    """,
+)
+
+# Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
+# statement, never an unbounded DELETE.
+DELETE_PUBLISHED = Query(
+    "delete_published_outbox",
+    "Remove the claimed rows whose messages the broker confirmed.",
+    """
+    DELETE FROM outbox WHERE id = ANY(%(ids)s)
+    """,
+)
+
+# `delays` are computed by the caller (exponential backoff with jitter on the new attempt
+# count); the row is quarantined when this failure reaches `max_attempts`.
+RECORD_FAILURES = Query(
+    "record_outbox_failures",
+    "Count a failed publish on each row, push it back by its delay, quarantine the exhausted.",
+    """
+    UPDATE outbox AS o
+    SET attempts = o.attempts + 1,
+        last_error = f.error,
+        available_at = now() + make_interval(secs => f.delay),
+        quarantined_at = CASE WHEN o.attempts + 1 >= %(max_attempts)s THEN now() END
+    FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(delays)s::float8[])
+         AS f(id, error, delay)
+    WHERE o.id = f.id
+    RETURNING o.id, o.message_id, o.job_id, o.attempts, o.quarantined_at IS NOT NULL AS quarantined
+    """,
+)
+
+# Rows that are due but locked by another relay are deliberately not counted: waiting for
+# them would make an idle replica spin while its peer publishes them.
+SECONDS_UNTIL_NEXT_DUE = Query(
+    "seconds_until_next_due_outbox",
+    "How long until the earliest scheduled (not yet due) row becomes due; NULL when none.",
+    """
+    SELECT extract(epoch FROM min(available_at) - now())::float8 AS seconds
+    FROM outbox
+    WHERE available_at > now() AND quarantined_at IS NULL
+    """,
+)
+
+STATUS = Query(
+    "outbox_status",
+    "Backlog counts: due, scheduled and quarantined rows, and the age of the oldest due row.",
+    """
+    SELECT count(*) FILTER (WHERE quarantined_at IS NULL AND available_at <= now()) AS due,
+           count(*) FILTER (WHERE quarantined_at IS NULL AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE quarantined_at IS NOT NULL) AS quarantined,
+           coalesce(extract(epoch FROM now() - min(available_at)
+                    FILTER (WHERE quarantined_at IS NULL AND available_at <= now())), 0)::float8
+               AS oldest_due_age_seconds
+    FROM outbox
+    """,
+)
+
+LIST_QUARANTINED = Query(
+    "list_quarantined_outbox",
+    "The quarantined rows, earliest quarantined first.",
+    """
+    SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
+           last_error, quarantined_at, created_at
+    FROM outbox
+    WHERE quarantined_at IS NOT NULL
+    ORDER BY quarantined_at, id
+    LIMIT %(limit)s
+    """,
+)
+
+# Operators name a row by its numeric id or its message id; the other parameter is NULL.
+FIND = Query(
+    "find_outbox_row",
+    "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
+    """
+    SELECT id, message_id, job_id, quarantined_at
+    FROM outbox
+    WHERE id = %(id)s OR message_id = %(message_id)s
+    """,
+)
+
+REQUEUE = Query(
+    "requeue_outbox",
+    "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
+    """
+    WITH requeued AS (
+        UPDATE outbox
+        SET quarantined_at = NULL, attempts = 0, available_at = now()
+        WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
+        RETURNING id, message_id, job_id, last_error
+    )
+    SELECT requeued.*, pg_notify(%(channel)s, '') IS NULL AS notified FROM requeued
+    """,
+)
+
+DISCARD = Query(
+    "discard_outbox",
+    "Delete a quarantined row (its message is never published).",
+    """
+    DELETE FROM outbox
+    WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
+    RETURNING id, message_id, job_id, last_error
+    """,
+)

@@ -1,0 +1,382 @@
+"""The outbox relay: claim due rows, publish them with confirms, delete the confirmed ones.
+
+A batch lives in one transaction: ``FOR UPDATE SKIP LOCKED`` claims it (so replicas never
+publish the same row at once), the messages go out with many confirms in flight, and only
+the confirmed rows are deleted before the commit. A crash anywhere before the commit rolls
+the claim back and the rows are published again: at least once, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from jobcore.amqp.publisher import (
+    BatchResult,
+    ConfirmedPublisher,
+    OutgoingMessage,
+)
+from jobcore.db import Database, UnitOfWork
+from jobcore.errors import DatabaseUnavailable
+from jobcore.health import HealthServer
+from jobcore.registry import load_job_modules
+from jobcore.retry import backoff_delay
+from jobcore.service import Service, run_until_signalled
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql import outbox as q
+from services.relay.metrics import RelayMetrics
+from services.relay.options import RelayOptions
+
+log = logging.getLogger(__name__)
+
+# A LISTEN connection that hears nothing for this long is pinged, so one that died
+# without a word (a cut network) is replaced instead of waited on forever.
+LISTEN_PING_SECONDS = 30.0
+DATABASE_RETRY_BASE = 0.2
+DATABASE_RETRY_CAP = 5.0
+
+
+class Relay(Service):
+    name = "relay"
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        publisher: ConfirmedPublisher,
+        *,
+        options: RelayOptions,
+        metrics: RelayMetrics,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.db = db
+        self.publisher = publisher
+        self.options = options
+        self.metrics = metrics
+        self.last_publish_at: datetime | None = None
+        self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}
+        self._wake = asyncio.Event()
+        self._database_down = False
+        self._backlog: tuple[float, dict[str, Any]] | None = None
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        listener = (
+            asyncio.create_task(self._listen(), name="relay-listen")
+            if self.options.listen
+            else None
+        )
+        failures = 0
+        try:
+            while not self.stopping.is_set():
+                if not await self.publisher.ensure_connected(self.stopping):
+                    break
+                self.metrics.broker_connected.set(1)
+                # Cleared before claiming: a NOTIFY that arrives while we drain sets it
+                # again and the wait below returns at once.
+                self._wake.clear()
+                try:
+                    await self._drain()
+                    if self.stopping.is_set() or not self.publisher.connected:
+                        self.metrics.broker_connected.set(0)
+                        continue
+                    await self._wait_for_work()
+                except DatabaseUnavailable as exc:
+                    failures += 1
+                    self._report_database(exc)
+                    await self.sleep(
+                        backoff_delay(failures, base=DATABASE_RETRY_BASE, cap=DATABASE_RETRY_CAP)
+                    )
+                    continue
+                failures = 0
+                self._report_database(None)
+        finally:
+            if listener is not None:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+            await self.publisher.close()
+            self.metrics.broker_connected.set(0)
+            log.info("relay stopped", extra=dict(self.totals))
+
+    async def _drain(self) -> None:
+        """Run the lanes until the due rows run out, the broker goes, or we are stopping."""
+        results = await asyncio.gather(
+            *(self._lane() for _ in range(self.options.lanes)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _lane(self) -> None:
+        while not self.stopping.is_set() and self.publisher.connected:
+            if await self.relay_batch() < self.settings.relay_batch_size:
+                return
+
+    async def relay_batch(self) -> int:
+        """Claim, publish and settle one batch in one transaction; return rows claimed."""
+        async with self.db.unit_of_work() as uow:
+            rows = await uow.fetch_all(q.CLAIM_DUE, {"limit": self.settings.relay_batch_size})
+            if not rows:
+                return 0
+            messages = [
+                OutgoingMessage(
+                    row["exchange"],
+                    row["routing_key"],
+                    row["message_id"],
+                    row["message_type"],
+                    row["headers"],
+                    row["body"],
+                )
+                for row in rows
+            ]
+            result = await self.publisher.publish_batch(messages)
+            gone = 0
+            if result.confirmed:
+                ids = [rows[i]["id"] for i in result.confirmed]
+                gone = len(ids) - await uow.execute(q.DELETE_PUBLISHED, {"ids": ids})
+            quarantined = await self._record_failures(uow, rows, result) if result.failed else []
+            await uow.commit()
+        self._account(len(rows), result, gone, quarantined)
+        return len(rows)
+
+    async def _record_failures(
+        self, uow: UnitOfWork, rows: list[Any], result: BatchResult
+    ) -> list[dict[str, Any]]:
+        ids, errors, delays = [], [], []
+        for index, reason, error in result.failed:
+            row = rows[index]
+            ids.append(row["id"])
+            errors.append(f"{reason}: {error}")
+            delays.append(
+                backoff_delay(
+                    row["attempts"] + 1,
+                    base=self.options.retry_base_delay,
+                    cap=self.options.retry_max_delay,
+                )
+            )
+            self.metrics.failed.labels(reason=reason.value).inc()
+            if row["attempts"] == 0:
+                # Once per row: its later retries are visible in the row itself.
+                log.warning(
+                    "broker refused an outbox message; it will be retried",
+                    extra={"message_id": row["message_id"], "reason": reason, "error": error},
+                )
+        updated = await uow.fetch_all(
+            q.RECORD_FAILURES,
+            {
+                "ids": ids,
+                "errors": errors,
+                "delays": delays,
+                "max_attempts": self.settings.relay_max_publish_attempts,
+            },
+        )
+        return [dict(row) for row in updated if row["quarantined"]]
+
+    def _account(
+        self, claimed: int, result: BatchResult, gone: int, quarantined: list[dict[str, Any]]
+    ) -> None:
+        published = len(result.confirmed)
+        self.metrics.batch_size.observe(claimed)
+        if published:
+            self.metrics.published.inc(published)
+            self.metrics.confirm_latency.observe(result.confirm_seconds)
+            self.last_publish_at = datetime.now(UTC)
+        if gone:
+            self.metrics.already_gone.inc(gone)
+            log.warning("confirmed outbox rows were already gone", extra={"rows": gone})
+        if result.unconfirmed:
+            self.metrics.unconfirmed.inc(len(result.unconfirmed))
+        for row in quarantined:
+            self.metrics.quarantined.inc()
+            log.error(
+                "outbox message quarantined after too many failed publishes",
+                extra={
+                    "outbox_id": row["id"],
+                    "message_id": str(row["message_id"]),
+                    "job_id": str(row["job_id"]) if row["job_id"] else None,
+                    "attempts": row["attempts"],
+                },
+            )
+        self.totals["published"] += published
+        self.totals["failed"] += len(result.failed)
+        self.totals["quarantined"] += len(quarantined)
+        self.totals["unconfirmed"] += len(result.unconfirmed)
+
+    # -- waiting for work ----------------------------------------------------------------
+
+    async def _wait_for_work(self) -> None:
+        """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
+        timeout = self.settings.relay_poll_interval
+        row = await self._fetch_one(q.SECONDS_UNTIL_NEXT_DUE)
+        if row is not None and row["seconds"] is not None:
+            # A millisecond late rather than early, so the row is due when we claim.
+            timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
+        waiters = [
+            asyncio.ensure_future(event.wait())
+            for event in (self._wake, self.stopping, self.publisher.lost)
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _listen(self) -> None:
+        """Set the wake event on every NOTIFY; reconnect (with backoff) whenever it breaks."""
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                async with self.db.connection() as conn:
+                    await conn.execute(q.LISTEN.sql)
+                    if failures:
+                        log.info("listening for outbox notifications again")
+                    failures = 0
+                    # Rows committed while we were not listening sent no NOTIFY we heard.
+                    self._wake.set()
+                    try:
+                        while True:
+                            async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
+                                self._wake.set()
+                            await conn.execute(q.PING.sql)
+                    finally:
+                        if not conn.closed:
+                            # Best effort: the pool must not hand out a listening connection.
+                            with contextlib.suppress(Exception):
+                                await conn.execute(q.UNLISTEN.sql)
+            except DatabaseUnavailable as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "outbox LISTEN connection lost; polling until it is back",
+                        extra={"error": str(exc)},
+                    )
+                await self.sleep(
+                    backoff_delay(failures, base=DATABASE_RETRY_BASE, cap=DATABASE_RETRY_CAP)
+                )
+
+    def _report_database(self, error: DatabaseUnavailable | None) -> None:
+        if error is not None and not self._database_down:
+            self._database_down = True
+            log.warning("database unavailable; retrying", extra={"error": str(error)})
+        elif error is None and self._database_down:
+            self._database_down = False
+            log.info("database reachable again")
+
+    async def _fetch_one(self, query: Query) -> dict[str, Any] | None:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(query.sql)
+            return await cur.fetchone()
+
+    # -- what operators see ----------------------------------------------------------------
+
+    async def backlog(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if (
+            self._backlog is not None
+            and now - self._backlog[0] < self.options.backlog_cache_seconds
+        ):
+            return self._backlog[1]
+        row = await self._fetch_one(q.STATUS)
+        backlog = dict(row) if row else {}
+        self._backlog = (now, backlog)
+        return backlog
+
+    async def probe(self) -> tuple[bool, dict[str, Any]]:
+        details: dict[str, Any] = {
+            "broker_connected": self.publisher.connected,
+            "last_publish_at": self.last_publish_at.isoformat() if self.last_publish_at else None,
+            "seconds_since_last_publish": (
+                round((datetime.now(UTC) - self.last_publish_at).total_seconds(), 3)
+                if self.last_publish_at
+                else None
+            ),
+            "totals": dict(self.totals),
+        }
+        database_ok = True
+        try:
+            details["backlog"] = await self.backlog()
+        except DatabaseUnavailable as exc:
+            database_ok = False
+            details["database_error"] = str(exc)
+        details["database_reachable"] = database_ok
+        return self.running and self.publisher.connected and database_ok, details
+
+    async def metrics_text(self) -> str:
+        self.metrics.broker_connected.set(1 if self.publisher.connected else 0)
+        with contextlib.suppress(DatabaseUnavailable):
+            self.metrics.observe_backlog(await self.backlog())
+        return self.metrics.render()
+
+
+def build_publisher(
+    settings: Settings, options: RelayOptions, metrics: RelayMetrics | None = None
+) -> ConfirmedPublisher:
+    queues = load_job_modules(settings.job_modules).queues()
+    return ConfirmedPublisher(
+        settings,
+        queues=queues,
+        publish_timeout=options.publish_timeout,
+        connect_timeout=options.connect_timeout,
+        reconnect_base=options.reconnect_base_delay,
+        reconnect_cap=options.reconnect_max_delay,
+        on_reconnect=metrics.reconnects.inc if metrics else None,
+    )
+
+
+async def serve(settings: Settings, options: RelayOptions) -> int:
+    """`jobcore relay`: the relay and its health server until SIGTERM; the exit code."""
+    metrics = RelayMetrics()
+    db = Database(
+        settings,
+        min_size=1,
+        # A connection per lane, the LISTEN connection, and one for probes and waits.
+        max_size=max(settings.db_pool_max, options.lanes + 3),
+        name="jobcore-relay",
+    )
+    await db.open(wait=True)
+    try:
+        relay = Relay(
+            settings,
+            db,
+            build_publisher(settings, options, metrics),
+            options=options,
+            metrics=metrics,
+        )
+        health = HealthServer(
+            "relay",
+            settings.health_host,
+            settings.relay_health_port,
+            relay.probe,
+            relay.metrics_text,
+        )
+        await health.start()
+        log.info(
+            "relay starting",
+            extra={
+                "health_port": await _bound_port(health),
+                "batch_size": settings.relay_batch_size,
+                "lanes": options.lanes,
+                "listen": options.listen,
+            },
+        )
+        return await run_until_signalled([health, relay], settings.shutdown_grace)
+    finally:
+        await db.close()
+
+
+async def _bound_port(health: HealthServer, timeout: float = 5.0) -> int | None:
+    """The health server's port once it listens (port 0 picks one; operators need to know)."""
+    deadline = time.monotonic() + timeout
+    # uvicorn binds in its own task and offers no event for it: poll, bounded by the deadline.
+    while time.monotonic() < deadline:
+        if health.port is not None or not health.running:
+            break
+        await asyncio.sleep(0.01)
+    return health.port
