@@ -24,9 +24,9 @@ import yaml
 from pydantic_settings import BaseSettings
 
 try:  # typer >= 0.22 vendors click; older releases use the click package
-    from typer._click.exceptions import UsageError
+    from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError  # type: ignore[no-redef]
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from jobcore.settings import ENV_PREFIX, Settings
 from services.cli import app
@@ -220,6 +220,7 @@ def parse_jobcore(args: tuple[str, ...], *, allow_group: bool = False) -> list[s
             break
         assert rest, f"`jobcore {' '.join(path)}` needs a subcommand"
         name, command, rest = command.resolve_command(ctx, rest)
+        assert name is not None  # an unknown name raised a UsageError
         path.append(name)
         ctx = command.make_context(name, rest, parent=ctx, resilient_parsing=False)
         rest = _unparsed(ctx)
@@ -288,7 +289,7 @@ def test_the_deploy_files_run_every_role(where: str, expected: set[str]) -> None
     ids=shlex.join,
 )
 def test_the_command_line_check_rejects_bad_commands(args: tuple[str, ...]) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(click_exceptions.UsageError):
         parse_jobcore(args)
 
 
@@ -374,7 +375,7 @@ def test_every_kubernetes_object_has_kind_and_name() -> None:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_kubernetes_objects_match_the_api_schemas(version: str) -> None:
     try:
-        import kubernetes_validate
+        import kubernetes_validate  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - a missing dev dependency must fail, not skip
         pytest.fail("kubernetes-validate is not installed: it belongs in the dev extras")
     if version == "latest":
@@ -435,7 +436,8 @@ def test_deployment_selectors_match_their_pods() -> None:
 
 
 def selects(selector: dict[str, str], deployment: dict[str, Any]) -> bool:
-    return selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return selector.items() <= labels.items()
 
 
 def selects_only(selector: dict[str, str], deployment: dict[str, Any]) -> bool:
