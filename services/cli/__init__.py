@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "services.api.cli",
     "services.relay.cli",
     "services.worker.cli",
+    "services.cli.dev",
+    "services.cli.demo",
 )
 
 app = typer.Typer(
