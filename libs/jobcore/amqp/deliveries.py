@@ -62,6 +62,7 @@ class JobQueueConsumer:
         self.queues = sorted(set(queues))
         self._connection: AbstractRobustConnection | None = None
         self._consumers: list[tuple[AbstractQueue, str]] = []
+        self._lost = False
 
     @property
     def connected(self) -> bool:
@@ -95,7 +96,23 @@ class JobQueueConsumer:
         except BaseException:
             await connection.close()
             raise
+        connection.close_callbacks.add(self._on_lost)
+        connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
+
+    def _on_lost(self, _: object, exc: BaseException | None = None) -> None:
+        if self._connection is None or self._lost:
+            return  # closed by us, or already reported
+        self._lost = True
+        log.warning(
+            "broker connection lost; reconnecting (deliveries in flight will be redelivered)",
+            extra={"error": f"{type(exc).__name__}: {exc}" if exc else "closed"},
+        )
+
+    def _on_reconnected(self, _: object) -> None:
+        if self._lost:
+            self._lost = False
+            log.info("broker connected again; consuming")
 
     async def stop_consuming(self) -> None:
         """Ask the broker for no more deliveries; unsettled ones stay ours until close."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -28,6 +30,10 @@ from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
 
 WORKER_TEST_MODULES = (*TEST_JOB_MODULES, jobtypes.MODULE)
+
+# A worker process imports a lot before it consumes; on a loaded 2-core machine that has
+# taken several seconds.
+PROCESS_START = 30.0
 
 DUE_ROWS = Query(
     "test_due_outbox_rows",
@@ -206,3 +212,29 @@ async def status_is(db: Database, job_id: uuid.UUID, *statuses: str) -> dict[str
     """A probe for ``eventually``: the job row once its status is one of ``statuses``."""
     row = await job_row(db, job_id)
     return row if row["status"] in statuses else None
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The settings a worker process needs beyond what ``settings_env`` passes on."""
+    return {
+        "JOBCORE_WORKER_HEALTH_PORT": str(settings.worker_health_port),
+        "JOBCORE_WORKER_REAPER_INTERVAL": str(settings.worker_reaper_interval),
+        "JOBCORE_RETRY_BACKOFF_BASE": str(settings.retry_backoff_base),
+        "JOBCORE_RETRY_BACKOFF_CAP": str(settings.retry_backoff_cap),
+    }
+
+
+def log_has(path: Path, text: str) -> Callable[[], Awaitable[bool]]:
+    """A probe for ``eventually``: the process log at ``path`` contains ``text``."""
+
+    async def probe() -> bool:
+        return path.exists() and text in path.read_text(errors="replace")
+
+    return probe
+
+
+def exited(proc: subprocess.Popen[bytes]) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return proc.poll() is not None
+
+    return probe

@@ -16,6 +16,7 @@ from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, re
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
+from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
@@ -267,9 +268,8 @@ async def test_noop_jobs_run(
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def _count(worker: object, name: str, at_least: int) -> bool:
-    counts = worker.metrics.counts  # type: ignore[attr-defined]
-    return bool(counts[name] >= at_least)
+async def _count(worker: Worker, name: str, at_least: int) -> bool:
+    return worker.metrics.counts[name] >= at_least
 
 
 async def _drain_until(pump: OutboxPump, db: Database, job_id: uuid.UUID, status: str) -> object:

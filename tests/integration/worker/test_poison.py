@@ -1,0 +1,189 @@
+"""Poison messages go to the dead-letter queue and the worker keeps going; `jobcore dlq`."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import aio_pika
+import orjson
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.envelope import JobMessage
+from jobcore.registry import Registry, default_registry
+from jobcore.settings import Settings
+from services.worker.app import Worker
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import GatePayload
+from tests.integration.worker.support import (
+    OutboxPump,
+    effects,
+    job_row,
+    outbox_rows,
+    status_is,
+    submit,
+)
+from tests.support.processes import jobcore_command, settings_env
+from tests.support.waiting import eventually
+
+
+async def dead_letter_count(settings: Settings, topology: Topology) -> int:
+    connection = await aio_pika.connect(settings.amqp_url, timeout=5)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(topology.dead_letter_queue, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+
+
+async def publish_raw(
+    pump: OutboxPump, body: bytes, *, message_type: str | None, message_id: str | None
+) -> None:
+    channel = await pump.channel()
+    exchange = await channel.get_exchange(pump.topology.jobs_exchange)
+    await exchange.publish(
+        aio_pika.Message(body, message_id=message_id, type=message_type),
+        routing_key="testq",
+        mandatory=True,
+    )
+
+
+async def jobcore(settings: Settings, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *jobcore_command(*args),
+        env=settings_env(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_poison_messages_are_dead_lettered_and_the_next_good_one_runs(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    worker = await start_worker()
+    await publish_raw(outbox_pump, b"\x00 not json", message_type="wt_gate", message_id="m-1")
+    await publish_raw(
+        outbox_pump,
+        JobMessage(job_id=uuid.uuid4(), attempt=1, type="nope").encode(),
+        message_type="nope",
+        message_id=str(uuid.uuid4()),
+    )
+    await publish_raw(
+        outbox_pump,
+        b'{"v": 1, "job_id": "x"}',
+        message_type=None,
+        message_id=str(uuid.uuid4()),
+    )
+    # A job whose stored payload no longer validates against its model.
+    broken = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.connection() as conn:
+        await conn.execute(
+            """UPDATE jobs SET payload = '{"fail_times": "many"}' WHERE id = %s""", (broken,)
+        )
+    good = await submit(db, topology, "wt_gate", GatePayload())
+    await outbox_pump.drain()
+
+    await eventually(lambda: status_is(db, good, "succeeded"), what="the good job")
+    row = await eventually(lambda: status_is(db, broken, "failed"), what="the broken job")
+    assert row["last_error"].startswith("payload no longer validates: fail_times:")
+    assert await effects(db, broken) == []
+
+    async def four_dead() -> bool:
+        return await dead_letter_count(wsettings, topology) == 4
+
+    await eventually(four_dead, what="four messages in the dead-letter queue")
+    counts = worker.metrics.counts
+    assert counts["dead_lettered.bad_envelope"] == 2
+    assert counts["dead_lettered.unknown_type"] == 1
+    assert counts["dead_lettered.invalid_payload"] == 1
+    assert counts["processed.succeeded"] == 1
+
+
+async def test_dlq_list_peeks_without_losing_and_replay_requeues(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    # A worker deployed without the job type dead-letters its messages ...
+    partial = Registry()
+    partial.register(default_registry.get("noop"))
+    old = await start_worker(registry=partial, queues=["testq"])
+    jobs = [await submit(db, topology, "wt_gate", GatePayload()) for _ in range(3)]
+    messages = {r["message_id"] for j in jobs for r in await outbox_rows(db, j)}
+    await outbox_pump.drain()
+
+    async def three_dead() -> bool:
+        return await dead_letter_count(wsettings, topology) == 3
+
+    await eventually(three_dead, what="three dead letters")
+    await old.stop()
+
+    # ... an operator looks at them (twice: looking loses nothing) ...
+    for _ in range(2):
+        code, out, err = await jobcore(wsettings, "dlq", "list", "--json")
+        assert code == 0, err
+        listed = orjson.loads(out)
+        assert {uuid.UUID(m["message_id"]) for m in listed} == messages
+        assert {m["job_id"] for m in listed} == {str(j) for j in jobs}
+        assert {(m["reason"], m["queue"], m["routing_key"]) for m in listed} == {
+            ("rejected", topology.queue_name("testq"), "testq")
+        }
+        assert await dead_letter_count(wsettings, topology) == 3
+    code, out, _ = await jobcore(wsettings, "dlq", "list", "--limit", "1", "--json")
+    assert len(orjson.loads(out)) == 1
+    code, out, _ = await jobcore(wsettings, "dlq", "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["MESSAGE_ID", "MESSAGE_TYPE", "JOB_ID"]
+    assert await dead_letter_count(wsettings, topology) == 3
+
+    # ... and, once a worker that knows the type runs, replays two, then the rest.
+    worker = await start_worker()
+    code, out, err = await jobcore(wsettings, "dlq", "replay", "--limit", "2")
+    assert code == 0, err
+    assert out.startswith("replayed 2 message(s), skipped 0")
+    assert await dead_letter_count(wsettings, topology) == 1
+    code, out, err = await jobcore(wsettings, "dlq", "replay", "--json")
+    assert code == 0, err
+    assert len(orjson.loads(out)["replayed"]) == 1
+
+    for job_id in jobs:
+        await eventually(lambda j=job_id: status_is(db, j, "succeeded"), what="replayed job")
+        assert len(await effects(db, job_id)) == 1
+        assert (await job_row(db, job_id))["attempts"] == 1
+    assert await dead_letter_count(wsettings, topology) == 0
+    assert worker.metrics.counts["processed.succeeded"] == 3
+
+
+async def test_replaying_a_message_that_already_ran_has_no_effect(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    worker: Worker = await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.connection() as conn:
+        await conn.execute("""UPDATE jobs SET payload = '{"gate": 5}' WHERE id = %s""", (job_id,))
+    await outbox_pump.drain()
+    await eventually(lambda: status_is(db, job_id, "failed"), what="the invalid payload to fail")
+
+    code, out, err = await jobcore(wsettings, "dlq", "replay")
+    assert code == 0, err
+    assert out.startswith("replayed 1 message(s)")
+
+    async def deduplicated() -> bool:
+        return bool(worker.metrics.counts["duplicates"] == 1)
+
+    await eventually(deduplicated, what="the replayed message to hit the inbox")
+    assert await dead_letter_count(wsettings, topology) == 0
+    assert (await job_row(db, job_id))["status"] == "failed"

@@ -1,0 +1,115 @@
+"""The reaper: expired leases go back to pending (or fail); one reaper at a time, fenced."""
+
+from __future__ import annotations
+
+import uuid
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.envelope import decode
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from services.worker.metrics import WorkerMetrics
+from services.worker.reaper import LEASE_NAME, Reaper
+from tests.integration.worker.jobtypes import GatePayload
+from tests.integration.worker.support import job_row, outbox_rows, submit
+
+RUNNING_WITH_LEASE = """
+    UPDATE jobs SET status = 'running', attempts = %(attempts)s, lease_token = gen_random_uuid(),
+                    lease_expires_at = now() + make_interval(secs => %(seconds)s),
+                    worker_id = 'gone', started_at = now()
+    WHERE id = %(id)s
+"""
+
+
+def reaper(settings: Settings, db: Database, owner: str) -> Reaper:
+    return Reaper(
+        settings, db, registry=default_registry, owner=owner, metrics=WorkerMetrics(), interval=1
+    )
+
+
+async def running_job(
+    db: Database, topology: Topology, *, attempts: int, lease_seconds: float
+) -> uuid.UUID:
+    job_id = await submit(db, topology, "wt_gate", GatePayload(), max_attempts=3)
+    async with db.connection() as conn:
+        await conn.execute("DELETE FROM outbox WHERE job_id = %s", (job_id,))
+        await conn.execute(
+            RUNNING_WITH_LEASE, {"id": job_id, "attempts": attempts, "seconds": lease_seconds}
+        )
+    return job_id
+
+
+async def test_expired_leases_go_back_to_pending_or_fail_when_attempts_are_used_up(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    retry = await running_job(db, topology, attempts=1, lease_seconds=-1)
+    exhausted = await running_job(db, topology, attempts=3, lease_seconds=-1)
+    alive = await running_job(db, topology, attempts=1, lease_seconds=60)
+    the_reaper = reaper(wsettings, db, "a")
+
+    assert await the_reaper.tick() == 2
+
+    row = await job_row(db, retry)
+    assert (row["status"], row["last_error"], row["lease_token"]) == (
+        "pending",
+        "lease expired",
+        None,
+    )
+    [message] = await outbox_rows(db, retry)
+    envelope = decode(bytes(message["body"]))
+    assert (envelope.job_id, envelope.attempt, envelope.type) == (retry, 2, "wt_gate")
+    assert message["routing_key"] == "testq"
+    assert message["exchange"] == topology.jobs_exchange
+
+    row = await job_row(db, exhausted)
+    assert (row["status"], row["last_error"]) == ("failed", "lease expired")
+    assert row["finished_at"] is not None
+    assert await outbox_rows(db, exhausted) == []
+
+    assert (await job_row(db, alive))["status"] == "running"
+    assert the_reaper.metrics.counts == {"reaped.pending": 1, "reaped.failed": 1}
+    assert await the_reaper.tick() == 0
+
+
+async def test_only_one_reaper_holds_the_lease_and_a_stopped_one_hands_it_over(
+    db: Database, wsettings: Settings
+) -> None:
+    first, second = reaper(wsettings, db, "first"), reaper(wsettings, db, "second")
+    await first.tick()
+    await second.tick()
+    assert (first.is_leader, second.is_leader) == (True, False)
+    await first.tick()
+    await second.tick()
+    assert (first.is_leader, second.is_leader) == (True, False)
+
+    await first.start()
+    await first.stop(5)  # releases the lease on the way out
+    await second.tick()
+    assert second.is_leader
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT owner FROM maintenance_leases WHERE name = %s", (LEASE_NAME,)
+        )
+        assert await cur.fetchone() == {"owner": "second"}
+
+
+async def test_a_reaper_that_lost_its_lease_reaps_nothing(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    stale = reaper(wsettings, db, "stale")
+    await stale.tick()
+    assert stale.is_leader
+    # Its lease expires (it was paused, say) and another reaper takes it over.
+    async with db.connection() as conn:
+        await conn.execute("UPDATE maintenance_leases SET expires_at = now() - interval '1 s'")
+    successor = reaper(wsettings, db, "successor")
+    await successor.tick()
+    assert successor.is_leader
+
+    job_id = await running_job(db, topology, attempts=1, lease_seconds=-1)
+    assert await stale.tick() == 0
+    assert not stale.is_leader
+    assert (await job_row(db, job_id))["status"] == "running"
+    assert await successor.tick() == 1
+    assert (await job_row(db, job_id))["status"] == "pending"
