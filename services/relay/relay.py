@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 # A LISTEN connection that hears nothing for this long is pinged, so one that died
 # without a word (a cut network) is replaced instead of waited on forever.
 LISTEN_PING_SECONDS = 30.0
+PROBE_TIMEOUT = 2.0
 DATABASE_RETRY_BASE = 0.2
 DATABASE_RETRY_CAP = 5.0
 
@@ -62,6 +63,8 @@ class Relay(Service):
         self.last_publish_at: datetime | None = None
         self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}
         self._wake = asyncio.Event()
+        # True while the loop waits for work (nothing due, connected): shown on /healthz.
+        self.idle = False
         self._database_down = False
         self._backlog: tuple[float, dict[str, Any]] | None = None
 
@@ -222,9 +225,11 @@ class Relay(Service):
             asyncio.ensure_future(event.wait())
             for event in (self._wake, self.stopping, self.publisher.lost)
         ]
+        self.idle = True
         try:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self.idle = False
             for waiter in waiters:
                 waiter.cancel()
 
@@ -291,27 +296,33 @@ class Relay(Service):
     async def probe(self) -> tuple[bool, dict[str, Any]]:
         details: dict[str, Any] = {
             "broker_connected": self.publisher.connected,
+            "broker_connect_failures": self.publisher.connect_failures,
             "last_publish_at": self.last_publish_at.isoformat() if self.last_publish_at else None,
             "seconds_since_last_publish": (
                 round((datetime.now(UTC) - self.last_publish_at).total_seconds(), 3)
                 if self.last_publish_at
                 else None
             ),
+            "idle": self.idle,
             "totals": dict(self.totals),
         }
         database_ok = True
         try:
-            details["backlog"] = await self.backlog()
+            # Bounded: a probe must answer before the orchestrator's probe timeout does.
+            details["backlog"] = await asyncio.wait_for(self.backlog(), PROBE_TIMEOUT)
         except DatabaseUnavailable as exc:
             database_ok = False
             details["database_error"] = str(exc)
+        except TimeoutError:
+            database_ok = False
+            details["database_error"] = f"no answer within {PROBE_TIMEOUT}s"
         details["database_reachable"] = database_ok
         return self.running and self.publisher.connected and database_ok, details
 
     async def metrics_text(self) -> str:
         self.metrics.broker_connected.set(1 if self.publisher.connected else 0)
-        with contextlib.suppress(DatabaseUnavailable):
-            self.metrics.observe_backlog(await self.backlog())
+        with contextlib.suppress(DatabaseUnavailable, TimeoutError):
+            self.metrics.observe_backlog(await asyncio.wait_for(self.backlog(), PROBE_TIMEOUT))
         return self.metrics.render()
 
 

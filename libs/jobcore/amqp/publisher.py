@@ -45,7 +45,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     *BROKER_ERRORS,
     aiormq.exceptions.ChannelInvalidStateError,
 )
-_CONNECT_ERRORS: tuple[type[BaseException], ...] = (BrokerUnavailable, *BROKER_ERRORS)
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (BrokerUnavailable, *CONNECTION_ERRORS)
 
 PERSISTENT = 2
 # Marshalled Basic.Publish frames are reused per (exchange, routing key); rows name a few.
@@ -170,6 +170,8 @@ class ConfirmedPublisher:
         self._ever_connected = False
         self._down_since: float | None = None
         self._down_reported = False
+        # Failed connection attempts since the broker was last reachable (for /healthz).
+        self.connect_failures = 0
 
     @property
     def connected(self) -> bool:
@@ -211,10 +213,10 @@ class ConfirmedPublisher:
         self._ever_connected = True
         self._down_since = None
         self._down_reported = False
+        self.connect_failures = 0
 
     async def ensure_connected(self, stopping: asyncio.Event) -> bool:
         """Connect, retrying with backoff; False if ``stopping`` was set first."""
-        failures = 0
         while not self.connected:
             if stopping.is_set():
                 return False
@@ -222,8 +224,10 @@ class ConfirmedPublisher:
                 await self.connect()
             except _CONNECT_ERRORS as exc:
                 self._mark_down(f"{type(exc).__name__}: {exc}")
-                failures += 1
-                delay = backoff_delay(failures, base=self.reconnect_base, cap=self.reconnect_cap)
+                self.connect_failures += 1
+                delay = backoff_delay(
+                    self.connect_failures, base=self.reconnect_base, cap=self.reconnect_cap
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), timeout=delay)
         return True
