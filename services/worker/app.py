@@ -17,6 +17,7 @@ from jobcore.registry import Registry, load_job_modules
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
 from services.worker.cancel import CancelListener
+from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.metrics import WorkerMetrics
 from services.worker.reaper import Reaper
@@ -45,11 +46,13 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         self.db = Database(settings, name="jobcore-worker")
+        # The reaper and the cancel listener use the pool; claims and outcomes the rest.
+        self.connections = HeldConnections(self.db, max(1, settings.db_pool_max - 2))
         topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-        self.runner = JobRunner(settings, self.db, topology, self.metrics)
+        self.runner = JobRunner(settings, self.connections, topology, self.metrics)
         self.consumer = Consumer(
             settings,
-            self.db,
+            self.connections,
             self.runner,
             registry=self.registry,
             queues=self.queues,
@@ -109,6 +112,7 @@ class Worker:
             for service in reversed(self.services):
                 await service.stop(self.stop_grace)
         finally:
+            await self.connections.close()
             await self.db.close()
 
     async def serve(self) -> int:
@@ -117,4 +121,5 @@ class Worker:
         try:
             return await run_until_signalled(self.services, self.stop_grace)
         finally:
+            await self.connections.close()
             await self.db.close()

@@ -24,13 +24,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
-from jobcore.db import Database
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage, UnknownJobType
 from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
+from services.worker.connections import HeldConnections
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Claim, JobRunner
 
@@ -46,7 +46,7 @@ class Consumer(Service):
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        connections: HeldConnections,
         runner: JobRunner,
         *,
         registry: Registry,
@@ -57,7 +57,7 @@ class Consumer(Service):
     ) -> None:
         super().__init__()
         self.settings = settings
-        self.db = db
+        self.connections = connections
         self.runner = runner
         self.registry = registry
         self.queues = sorted(set(queues))
@@ -211,7 +211,7 @@ class Consumer(Service):
         logged = False
         while True:
             try:
-                async with self.db.connection() as conn:
+                async with self.connections.connection() as conn:
                     cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
                     row = await cur.fetchone()
                 assert row is not None  # the statement always returns one row

@@ -23,7 +23,6 @@ import orjson
 from opentelemetry import trace
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
 from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
 from jobcore.errors import DatabaseUnavailable, JobcoreError, PermanentError
 from jobcore.registry import InvalidPayloadError, JobContext, JobType
@@ -33,6 +32,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
 from jobcore.telemetry import context_from_headers, tracer
+from services.worker.connections import HeldConnections
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,12 @@ class JobRunner:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        connections: HeldConnections,
         topology: Topology,
         metrics: WorkerMetrics,
     ) -> None:
         self.settings = settings
-        self.db = db
+        self.connections = connections
         self.topology = topology
         self.metrics = metrics
         self.result_store = LocalResultStore(settings.result_dir)
@@ -302,7 +302,7 @@ class JobRunner:
         logged = False
         while True:
             try:
-                async with self.db.connection() as conn:
+                async with self.connections.connection() as conn:
                     cur = await conn.execute(query.sql, full)
                     row = await cur.fetchone()
                 break
@@ -347,7 +347,7 @@ class JobRunner:
             "lease": claim.job_type.lease,
         }
         try:
-            async with self.db.connection() as conn:
+            async with self.connections.connection() as conn:
                 cur = await conn.execute(q.HEARTBEAT.sql, params)
                 row = await cur.fetchone()
         except DatabaseUnavailable as exc:
