@@ -64,3 +64,94 @@ GET_JOB_BY_IDEMPOTENCY_KEY = Query(
     WHERE tenant = %(tenant)s AND type = %(type)s AND idempotency_key = %(idempotency_key)s
     """,
 )
+
+# --- The API: listing, cancelling, results -------------------------------------------
+
+# Keyset pagination: the page after the position (created_at, id), newest first, so
+# inserts at the head never shift a page (OFFSET would repeat rows). The first page
+# starts from (infinity, the largest uuid). The row comparison is an index condition on
+# jobs_tenant_created_idx; payload and result stay out of lists (they can be large).
+LIST_JOBS = Query(
+    "list_jobs",
+    "One page of a tenant's jobs, newest first, after a keyset position, optionally filtered.",
+    """
+    SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
+           created_at, updated_at, started_at, finished_at, cancel_requested_at
+    FROM jobs
+    WHERE tenant = %(tenant)s
+      AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
+                              coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+      AND (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+# The same page for one entity: a separate statement so jobs_tenant_entity_created_idx
+# serves it (a generic plan cannot pick that index for an optional filter).
+LIST_ENTITY_JOBS = Query(
+    "list_entity_jobs",
+    "One page of one entity's jobs, newest first, after a keyset position, optionally filtered.",
+    """
+    SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
+           created_at, updated_at, started_at, finished_at, cancel_requested_at
+    FROM jobs
+    WHERE tenant = %(tenant)s AND entity_id = %(entity_id)s
+      AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
+                              coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+      AND (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+GET_JOB_RESULT = Query(
+    "get_job_result",
+    "A tenant's job's status and where its result is (inline or in the result store).",
+    """
+    SELECT id, status, result, result_ref FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    """,
+)
+
+# Cancelling: lock the row so the status read here is the status changed below (a worker's
+# claim or outcome waits for us), then change it with a fenced UPDATE.
+LOCK_JOB_FOR_CANCEL = Query(
+    "lock_job_for_cancel",
+    "Lock a tenant's job and read its status, before cancelling it.",
+    """
+    SELECT id, status FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s FOR UPDATE
+    """,
+)
+
+CANCEL_PENDING_JOB = Query(
+    "cancel_pending_job",
+    "Cancel a job that no worker runs yet (fenced on status = 'pending').",
+    """
+    UPDATE jobs
+    SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(), updated_at = now()
+    WHERE id = %(id)s AND status = 'pending'
+    RETURNING id, status, cancel_requested_at
+    """,
+)
+
+# Workers LISTEN on this channel; the payload is the job id. The worker running the job
+# stops its handler and ends the job `cancelled` (fenced by its lease).
+CANCEL_CHANNEL = "jobcore_cancel"
+
+REQUEST_JOB_CANCEL = Query(
+    "request_job_cancel",
+    "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
+    """
+    WITH job AS (
+        UPDATE jobs
+        SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+        WHERE id = %(id)s AND status = 'running'
+        RETURNING id, status, cancel_requested_at
+    )
+    SELECT id, status, cancel_requested_at,
+           pg_notify(%(channel)s, id::text) IS NULL AS notified
+    FROM job
+    """,
+)

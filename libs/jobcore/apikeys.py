@@ -1,0 +1,143 @@
+"""API keys: random, shown once, stored only as a SHA-256 hash, revocable at once.
+
+A key is ``jc_`` followed by 43 URL-safe characters (256 random bits). That entropy is
+why a plain SHA-256 is enough: nobody can guess a key from its hash, so a slow password
+hash would only cost every request time. The first characters (``prefix``) are stored in
+clear so people can tell their keys apart in ``jobcore keys list``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobcore.db import Database, UnitOfWork
+from jobcore.errors import JobcoreError
+from jobcore.sql import api_keys as q
+
+KEY_PREFIX = "jc_"
+# What people see of a key after creation: enough to recognise it, too little to use.
+DISPLAY_PREFIX_LENGTH = len(KEY_PREFIX) + 8
+_KEY_RE = re.compile(r"^jc_[A-Za-z0-9_-]{20,128}$")
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_LABEL_LENGTH = 200
+
+
+class InvalidApiKey(JobcoreError):
+    """The API key is unknown or revoked."""
+
+
+class MissingApiKey(JobcoreError):
+    """An API key is required (Authorization: Bearer <key>)."""
+
+
+class ApiKeyNotFound(JobcoreError):
+    """No API key has that id."""
+
+
+class InvalidTenantName(JobcoreError):
+    """A tenant name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A stored key, as anyone may see it: never the key itself, never its hash."""
+
+    id: uuid.UUID
+    tenant: str
+    prefix: str
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ApiKey:
+        return cls(
+            row["id"],
+            row["tenant"],
+            row["prefix"],
+            row["label"],
+            row["created_at"],
+            row["revoked_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    record: ApiKey
+    # The only time the key exists outside the caller's hands.
+    key: str
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def looks_like_key(candidate: str) -> bool:
+    """Whether ``candidate`` has the shape of a key (saves a lookup for garbage)."""
+    return _KEY_RE.match(candidate) is not None
+
+
+def check_tenant_name(tenant: str) -> str:
+    if not _TENANT_RE.match(tenant):
+        raise InvalidTenantName(f"bad tenant name {tenant!r}: {InvalidTenantName.__doc__}")
+    return tenant
+
+
+async def tenant_for_key(uow: UnitOfWork, key: str) -> str:
+    """The tenant a key belongs to; :class:`InvalidApiKey` if it is unknown or revoked.
+
+    Looked up on every request (one index probe), so a revocation takes effect at once.
+    """
+    if not looks_like_key(key):
+        raise InvalidApiKey()
+    row = await uow.fetch_one(q.TENANT_FOR_KEY, {"key_hash": hash_key(key)})
+    if row is None:
+        raise InvalidApiKey()
+    return str(row["tenant"])
+
+
+async def create_key(db: Database, tenant: str, label: str | None = None) -> CreatedKey:
+    check_tenant_name(tenant)
+    if label is not None and (len(label) > MAX_LABEL_LENGTH or "\x00" in label):
+        raise JobcoreError(f"a label is at most {MAX_LABEL_LENGTH} characters, without NUL")
+    key = generate_key()
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(
+            q.INSERT_API_KEY,
+            {
+                "id": uuid.uuid4(),
+                "tenant": tenant,
+                "key_hash": hash_key(key),
+                "prefix": key[:DISPLAY_PREFIX_LENGTH],
+                "label": label,
+            },
+        )
+        await uow.commit()
+    assert row is not None  # INSERT ... RETURNING always returns the row
+    return CreatedKey(ApiKey.from_row(row), key)
+
+
+async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
+    async with db.unit_of_work() as uow:
+        rows = await uow.fetch_all(q.LIST_API_KEYS, {"tenant": tenant})
+    return [ApiKey.from_row(row) for row in rows]
+
+
+async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
+    """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(q.REVOKE_API_KEY, {"id": key_id})
+        await uow.commit()
+    if row is None:
+        raise ApiKeyNotFound(f"no API key with id {key_id}")
+    return ApiKey.from_row(row)

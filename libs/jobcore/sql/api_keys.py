@@ -1,0 +1,45 @@
+"""Statements on ``api_keys``: only hashes are stored, and a revoked key stops at once."""
+
+from __future__ import annotations
+
+from jobcore.sql import Query
+
+# The per-request lookup: the unique index on key_hash makes it one index probe.
+TENANT_FOR_KEY = Query(
+    "tenant_for_key",
+    "The tenant of an API key that exists and is not revoked.",
+    """
+    SELECT tenant FROM api_keys
+    WHERE key_hash = %(key_hash)s AND revoked_at IS NULL
+    """,
+)
+
+INSERT_API_KEY = Query(
+    "insert_api_key",
+    "Store a new API key (its hash and a short prefix people recognise).",
+    """
+    INSERT INTO api_keys (id, tenant, key_hash, prefix, label)
+    VALUES (%(id)s, %(tenant)s, %(key_hash)s, %(prefix)s, %(label)s)
+    RETURNING id, tenant, prefix, label, created_at, revoked_at
+    """,
+)
+
+LIST_API_KEYS = Query(
+    "list_api_keys",
+    "Every API key, or one tenant's, oldest first; never the key or its hash.",
+    """
+    SELECT id, tenant, prefix, label, created_at, revoked_at FROM api_keys
+    WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
+    ORDER BY created_at, id
+    """,
+)
+
+REVOKE_API_KEY = Query(
+    "revoke_api_key",
+    "Revoke an API key (revoking twice keeps the first time).",
+    """
+    UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+    WHERE id = %(id)s
+    RETURNING id, tenant, prefix, label, created_at, revoked_at
+    """,
+)
