@@ -1,0 +1,102 @@
+"""The API's composition root: settings, registry, pool, routes and error mapping."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.registry import load_job_modules
+from jobcore.results import LocalResultStore
+from jobcore.settings import Settings, load_settings
+from services.api import problems
+from services.api.deps import ApiState
+from services.api.metrics import ApiMetrics
+from services.api.routes import bench, health, jobs
+from services.api.views import JsonBody
+
+log = logging.getLogger(__name__)
+
+BENCH_NOOP_ENV = "JOBCORE_BENCH_NOOP"
+
+DESCRIPTION = """\
+User-visible background jobs. `POST /jobs/{type}` stores the job and its outbox message
+in one transaction and answers 202; poll `GET /jobs/{id}`. Every `/jobs` route needs
+`Authorization: Bearer <api key>`; errors are RFC 9457 problem JSON."""
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    database: Database | None = None,
+    bench_noop: bool | None = None,
+) -> FastAPI:
+    """Build the API. Without ``database`` the app opens and closes its own pool in its
+    lifespan; a database passed in must be open already and is never closed here."""
+    settings = settings or load_settings()
+    registry = load_job_modules(settings.job_modules)
+    state = ApiState(
+        settings=settings,
+        registry=registry,
+        topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
+        metrics=ApiMetrics(),
+        results=LocalResultStore(settings.result_dir),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        owned = database is None
+        db = Database(settings, name="jobcore-api") if database is None else database
+        if owned:
+            # Not waiting for a connection: the API starts while the database is down,
+            # answers 503 meanwhile, and recovers without a restart.
+            await db.open()
+        state.db = db
+        log.info("api started", extra={"job_types": [t.name for t in registry]})
+        try:
+            yield
+        finally:
+            state.db = None
+            if owned:
+                await db.close()
+
+    app = FastAPI(
+        title="jobcore",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=JsonBody,
+    )
+    app.state.api = state
+    problems.install(app)
+    app.include_router(jobs.build_router(registry))
+    app.include_router(health.router)
+    if bench_noop if bench_noop is not None else os.environ.get(BENCH_NOOP_ENV) == "1":
+        app.include_router(bench.router)
+
+    _, payload_definitions = jobs.payload_schemas(registry)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            # The payload models are referenced by the enqueue routes' request bodies.
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(payload_definitions)
+            problems.document_problem_responses(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,55 @@
+"""The API's Prometheus metrics, on a registry of its own (one per app, so tests can
+build many apps in one process). Observability (issue 6) extends this."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
+# Names of the enqueue routes start with this, so an error answer can count as rejected.
+ENQUEUE_ROUTE_PREFIX = "enqueue_"
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.jobs_enqueued = Counter(
+            "jobcore_api_jobs_enqueued",
+            "Jobs created by POST /jobs/{type} (idempotent replays not included).",
+            ["type"],
+            registry=self.registry,
+        )
+        self.enqueue_requests = Counter(
+            "jobcore_api_enqueue_requests",
+            "POST /jobs/{type} answers by outcome: accepted (new job), replayed "
+            "(idempotency key matched), rejected (answered with an error).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ENQUEUE_RESULTS:
+            self.enqueue_requests.labels(result)
+        self.internal_errors = Counter(
+            "jobcore_api_internal_errors",
+            "Requests answered 500 (a bug: every expected failure has its own answer).",
+            registry=self.registry,
+        )
+
+    def count_enqueued(self, job_type: str, *, replayed: bool) -> None:
+        if replayed:
+            self.enqueue_requests.labels("replayed").inc()
+        else:
+            self.enqueue_requests.labels("accepted").inc()
+            self.jobs_enqueued.labels(job_type).inc()
+
+    def count_error(self, route_name: str | None, status: int) -> None:
+        """Called for every error answer; counts the ones to enqueue requests."""
+        if route_name is not None and route_name.startswith(ENQUEUE_ROUTE_PREFIX):
+            self.enqueue_requests.labels("rejected").inc()
+        if status >= 500 and status != 503:
+            self.internal_errors.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,201 @@
+"""What the job routes do, on a unit of work: submit, read, list, cancel, fetch a result.
+
+Named statements from :mod:`jobcore.sql.jobs`; status changes checked with
+:mod:`jobcore.states`. Every read is scoped to the tenant, so another tenant's job is
+indistinguishable from a job that does not exist.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from psycopg.rows import DictRow
+from pydantic import BaseModel
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import UnitOfWork
+from jobcore.enqueue import EnqueueResult, enqueue
+from jobcore.errors import JobNotFound
+from jobcore.registry import JobType
+from jobcore.sql import jobs as q
+from jobcore.states import JobStatus, check_transition, is_terminal
+from services.api.body import check_storable
+from services.api.cursor import decode_cursor, encode_cursor
+from services.api.problems import (
+    InvalidIdempotencyKey,
+    InvalidRequest,
+    JobNotCancellable,
+    ResultNotReady,
+)
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+# How far ahead a job may be scheduled.
+MAX_SCHEDULE_AHEAD = timedelta(days=366)
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    """1-255 printable ASCII characters (space to tilde), or no key at all."""
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        raise InvalidIdempotencyKey()
+    return key
+
+
+def schedule(run_at: datetime | None, delay: float | None) -> datetime | None:
+    """When a job may first run: ``run_at``, or now + ``delay`` seconds, or now (None)."""
+    if run_at is not None and delay is not None:
+        raise InvalidRequest(
+            [
+                {
+                    "loc": ["query", "delay"],
+                    "msg": "give run_at or delay, not both",
+                    "type": "conflict",
+                }
+            ]
+        )
+    if delay is not None:
+        return datetime.now(UTC) + timedelta(seconds=delay)
+    if run_at is None:
+        return None
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidRequest(
+            [{"loc": ["query", "run_at"], "msg": "needs a time zone offset", "type": "timezone"}]
+        )
+    try:
+        when = run_at.astimezone(UTC)
+    except OverflowError:
+        when = None
+    if when is None or when - datetime.now(UTC) > MAX_SCHEDULE_AHEAD:
+        raise InvalidRequest(
+            [
+                {
+                    "loc": ["query", "run_at"],
+                    "msg": f"must be within {MAX_SCHEDULE_AHEAD.days} days from now",
+                    "type": "range",
+                }
+            ]
+        )
+    return when
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    idempotency_key: str | None = None
+    entity_id: str | None = None
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+
+
+def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
+    """The payload as the job type's model, and storable as it is."""
+    payload: BaseModel = job_type.validate_payload(raw_payload)
+    check_storable(payload.model_dump(mode="json"))
+    return payload
+
+
+async def submit(
+    uow: UnitOfWork,
+    topology: Topology,
+    *,
+    tenant: str,
+    job_type: JobType[Any],
+    payload: BaseModel,
+    submission: Submission,
+) -> EnqueueResult:
+    """Write the job and its outbox message (the caller commits)."""
+    return await enqueue(
+        uow,
+        topology,
+        tenant=tenant,
+        job_type=job_type,
+        payload=payload,
+        idempotency_key=submission.idempotency_key,
+        entity_id=submission.entity_id,
+        max_attempts=submission.max_attempts,
+        run_at=submission.run_at,
+    )
+
+
+async def get_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> DictRow:
+    row = await uow.fetch_one(q.GET_JOB, {"id": job_id, "tenant": tenant})
+    if row is None:
+        raise JobNotFound("no job with that id")
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    entity_id: str | None = None
+    status: JobStatus | None = None
+    type: str | None = None
+
+
+async def list_jobs(
+    uow: UnitOfWork, tenant: str, where: JobFilter, *, limit: int, cursor: str | None
+) -> tuple[list[DictRow], str | None]:
+    """One page, newest first, and the cursor of the next page (None on the last)."""
+    after_created_at, after_id = decode_cursor(cursor) if cursor else (None, None)
+    params = {
+        "tenant": tenant,
+        "entity_id": where.entity_id,
+        "status": where.status.value if where.status else None,
+        "type": where.type,
+        "after_created_at": after_created_at,
+        "after_id": after_id,
+        # One more than the page tells whether another page follows.
+        "limit": limit + 1,
+    }
+    query = q.LIST_ENTITY_JOBS if where.entity_id is not None else q.LIST_JOBS
+    rows = await uow.fetch_all(query, params)
+    if len(rows) <= limit:
+        return rows, None
+    page = rows[:limit]
+    return page, encode_cursor(page[-1]["created_at"], page[-1]["id"])
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    job_id: uuid.UUID
+    status: JobStatus
+    cancel_requested_at: datetime | None
+
+    @property
+    def requested(self) -> bool:
+        """The worker was asked to stop the job (it was running)."""
+        return self.status is JobStatus.RUNNING
+
+
+async def cancel_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> CancelOutcome:
+    """Pending → cancelled now; running → cancel requested (and the workers told).
+
+    The row is locked first, so the status decided on is the status changed; the caller
+    commits (the NOTIFY is delivered on commit).
+    """
+    locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
+    if locked is None:
+        raise JobNotFound("no job with that id")
+    status = JobStatus(locked["status"])
+    if is_terminal(status):
+        raise JobNotCancellable(status.value)
+    check_transition(status, JobStatus.CANCELLED)
+    if status is JobStatus.PENDING:
+        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {"id": job_id})
+    else:
+        row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
+    # The lock held the status still, so the fenced UPDATE found the row.
+    assert row is not None, f"job {job_id} changed status under its row lock"
+    return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
+
+
+async def job_result(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> DictRow:
+    """The result columns of a succeeded job (``result`` inline or ``result_ref``)."""
+    row = await uow.fetch_one(q.GET_JOB_RESULT, {"id": job_id, "tenant": tenant})
+    if row is None:
+        raise JobNotFound("no job with that id")
+    if row["status"] != JobStatus.SUCCEEDED:
+        raise ResultNotReady(row["status"])
+    return row

@@ -1,0 +1,281 @@
+"""Every error the API answers, as RFC 9457 problem JSON: the one place errors meet HTTP.
+
+Domain errors (``jobcore.errors``) and the API's own input errors (below) are mapped to a
+status and a stable ``type`` URI here and nowhere else; routes just raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from jobcore.apikeys import InvalidApiKey, MissingApiKey
+from jobcore.errors import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidPayload,
+    JobcoreError,
+    JobNotFound,
+    ServiceStateError,
+    UnknownJobType,
+)
+from jobcore.registry import InvalidPayloadError
+from jobcore.results import ResultNotFound
+
+log = logging.getLogger(__name__)
+
+PROBLEM_BASE = "https://jobcore.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+# How long a client should wait before retrying while the database is unreachable.
+RETRY_AFTER_SECONDS = 2
+
+
+# --- The API's own errors: bad input and states a request cannot be served in ---------
+
+
+class MalformedJson(JobcoreError):
+    """The request body is not valid JSON (UTF-8)."""
+
+
+class UnsupportedMediaType(JobcoreError):
+    """The request body must be JSON (Content-Type: application/json)."""
+
+
+class BodyTooLarge(JobcoreError):
+    """The request body is larger than allowed."""
+
+
+class InvalidIdempotencyKey(JobcoreError):
+    """An Idempotency-Key is 1 to 255 printable ASCII characters."""
+
+
+class InvalidCursor(JobcoreError):
+    """The cursor is not one this API handed out."""
+
+
+class InvalidRequest(JobcoreError):
+    """The request's parameters are invalid."""
+
+    def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
+        self.errors = errors
+        super().__init__(message)
+
+
+class UnstorablePayload(InvalidPayload):
+    """The payload holds values the database cannot store."""
+
+    def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
+        self.errors = errors
+        super().__init__(message)
+
+
+class JobNotCancellable(JobcoreError):
+    """The job already finished; it cannot be cancelled."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
+
+
+class ResultNotReady(JobcoreError):
+    """The job has not succeeded (yet); it has no result."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; a result exists once it has succeeded")
+
+
+# --- The mapping ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemType:
+    status: int
+    slug: str
+    title: str
+
+    @property
+    def uri(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+INTERNAL = ProblemType(500, "internal-error", "Internal error")
+UNAVAILABLE = ProblemType(503, "database-unavailable", "Database unavailable")
+
+# Looked up along the exception's class hierarchy: the most specific entry wins.
+PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
+    MalformedJson: ProblemType(400, "malformed-json", "Malformed JSON"),
+    InvalidIdempotencyKey: ProblemType(400, "invalid-idempotency-key", "Invalid Idempotency-Key"),
+    InvalidCursor: ProblemType(400, "invalid-cursor", "Invalid cursor"),
+    MissingApiKey: ProblemType(401, "missing-api-key", "API key required"),
+    InvalidApiKey: ProblemType(401, "invalid-api-key", "Invalid API key"),
+    UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),
+    JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
+    ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
+    JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),
+    IllegalTransition: ProblemType(409, "illegal-transition", "Illegal status change"),
+    ResultNotReady: ProblemType(409, "result-not-ready", "Result not ready"),
+    BodyTooLarge: ProblemType(413, "body-too-large", "Request body too large"),
+    UnsupportedMediaType: ProblemType(415, "unsupported-media-type", "Unsupported media type"),
+    InvalidPayload: ProblemType(422, "invalid-payload", "Invalid payload"),
+    InvalidRequest: ProblemType(422, "invalid-request", "Invalid request"),
+    IdempotencyConflict: ProblemType(
+        422, "idempotency-key-reused", "Idempotency key reused with a different payload"
+    ),
+    DatabaseUnavailable: UNAVAILABLE,
+    # The pool is closed: the app is shutting down or never started.
+    ServiceStateError: ProblemType(503, "unavailable", "Service unavailable"),
+}
+
+# Errors whose own message is not for clients (it names hosts, URLs, internals).
+_GENERIC_DETAIL: dict[str, str] = {
+    UNAVAILABLE.slug: "the database cannot be reached; retry later",
+    "unavailable": "the service cannot take requests right now; retry later",
+}
+
+_HTTP_TYPES: dict[int, ProblemType] = {
+    404: ProblemType(404, "not-found", "Not found"),
+    405: ProblemType(405, "method-not-allowed", "Method not allowed"),
+}
+
+
+class ProblemResponse(Response):
+    media_type = PROBLEM_MEDIA_TYPE
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def problem_type_for(exc: JobcoreError) -> ProblemType:
+    for cls in type(exc).__mro__:
+        found = PROBLEM_TYPES.get(cls)
+        if found is not None:
+            return found
+    return INTERNAL
+
+
+def problem(
+    kind: ProblemType,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> ProblemResponse:
+    body: dict[str, Any] = {
+        "type": kind.uri,
+        "title": kind.title,
+        "status": kind.status,
+        "detail": detail,
+        **extensions,
+    }
+    return ProblemResponse(body, status_code=kind.status, headers=headers)
+
+
+def _field_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    # Only location, message and type: the input itself may be large or sensitive.
+    return [
+        {
+            "loc": [str(p) if not isinstance(p, int) else p for p in e["loc"]],
+            "msg": e["msg"],
+            "type": e["type"],
+        }
+        for e in errors
+    ]
+
+
+_last_unavailable_log = 0.0
+UNAVAILABLE_LOG_INTERVAL = 10.0
+
+
+def _log_unavailable(exc: JobcoreError) -> None:
+    # During an outage every request fails the same way: say so now and then, not per request.
+    global _last_unavailable_log
+    now = time.monotonic()
+    if now - _last_unavailable_log >= UNAVAILABLE_LOG_INTERVAL:
+        _last_unavailable_log = now
+        log.warning("answering 503: %s", exc)
+
+
+def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
+    kind = problem_type_for(exc)
+    detail = _GENERIC_DETAIL.get(kind.slug, str(exc))
+    extensions: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    if isinstance(exc, InvalidPayloadError | InvalidRequest | UnstorablePayload):
+        extensions["errors"] = _field_errors(exc.errors)
+    if isinstance(exc, JobNotCancellable | ResultNotReady):
+        extensions["job_status"] = exc.job_status
+    if kind.status == 401:
+        challenge = 'Bearer realm="jobcore"'
+        if isinstance(exc, InvalidApiKey):
+            challenge += ', error="invalid_token"'
+        headers["WWW-Authenticate"] = challenge
+    if kind.status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        _log_unavailable(exc)
+    if kind is INTERNAL:
+        log.error("unmapped jobcore error", exc_info=exc)
+    return problem(kind, detail, headers=headers, **extensions)
+
+
+def _counted(request: Request, response: ProblemResponse) -> ProblemResponse:
+    state = getattr(request.app.state, "api", None)
+    if state is not None:
+        route = request.scope.get("route")
+        state.metrics.count_error(getattr(route, "name", None), response.status_code)
+    return response
+
+
+async def _on_jobcore_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, JobcoreError)
+    return _counted(request, jobcore_error_response(exc))
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = _field_errors(list(exc.errors()))
+    invalid = InvalidRequest(errors, f"the request is invalid ({len(errors)} errors)")
+    return _counted(request, jobcore_error_response(invalid))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = _HTTP_TYPES.get(exc.status_code) or ProblemType(
+        exc.status_code, f"http-{exc.status_code}", str(exc.detail)
+    )
+    return _counted(request, problem(kind, str(exc.detail), headers=dict(exc.headers or {})))
+
+
+async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
+    # Starlette logs the exception and re-raises it after this answer is sent.
+    return _counted(request, problem(INTERNAL, "the server failed to handle this request"))
+
+
+def document_problem_responses(schema: dict[str, Any]) -> None:
+    """Make every error response in an OpenAPI document problem JSON (FastAPI documents
+    them as application/json, and its own 422 with a shape this API never sends)."""
+    problem_ref = {"$ref": "#/components/schemas/Problem"}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                if status.isdigit() and int(status) >= 400:
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": problem_ref}}
+    components = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(JobcoreError, _on_jobcore_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected_error)

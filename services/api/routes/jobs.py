@@ -1,0 +1,261 @@
+"""The job routes. Every one needs an API key and sees only its tenant's jobs.
+
+``POST /jobs/{type}`` is one route per registered job type, so /openapi.json shows each
+type's payload schema; a catch-all answers 404 for any other type.
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the enqueue routes'
+# signatures, which refer to a dependency local to the function that builds each route,
+# and a string annotation could not be resolved from the module's globals.
+
+import mimetypes
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.responses import FileResponse, Response
+
+from jobcore.errors import UnknownJobType
+from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
+from jobcore.states import JobStatus
+from services.api import operations, views
+from services.api.body import read_json
+from services.api.deps import ApiKeyDep, StateDep, TenantDep, UowDep
+from services.api.metrics import ENQUEUE_ROUTE_PREFIX
+from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
+from services.api.views import JsonBody
+
+# A printable id, as PostgreSQL text takes it (no NUL, no control characters).
+_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+_TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
+REF_TEMPLATE = "#/components/schemas/{model}"
+MAX_DELAY_SECONDS = 366 * 24 * 3600
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    # Shown as application/problem+json by problems.document_problem_responses.
+    return {status: {"model": Problem} for status in (401, 503, *statuses)}
+
+
+EntityIdQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=255,
+        pattern=_TEXT_PATTERN,
+        description="Your id of what the job is about, for `GET /jobs?entity_id=`.",
+    ),
+]
+MaxAttemptsQuery = Annotated[
+    int | None,
+    Query(ge=1, le=MAX_ATTEMPTS_LIMIT, description="Defaults to the job type's own limit."),
+]
+RunAtQuery = Annotated[
+    datetime | None,
+    Query(description="Run no earlier than this (RFC 3339 with an offset, within a year)."),
+]
+DelayQuery = Annotated[
+    float | None,
+    Query(
+        ge=0, le=MAX_DELAY_SECONDS, description="Run no earlier than this many seconds from now."
+    ),
+]
+
+
+async def idempotency_key(
+    key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Makes retries safe: the same key (per tenant and job type) and "
+            "payload answer the same job; a different payload answers 422. A key is kept as "
+            "long as its job.",
+        ),
+    ] = None,
+) -> str | None:
+    return operations.check_idempotency_key(key)
+
+
+IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
+
+
+def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
+    async def read_payload(request: Request, state: StateDep) -> BaseModel:
+        raw = await read_json(request, state.settings.max_body_bytes)
+        return operations.validate_payload(job_type, raw)
+
+    # Parameter order is resolution order: the key's presence, the Idempotency-Key and
+    # the body are checked before the tenant lookup opens the transaction.
+    async def enqueue_job(
+        _: ApiKeyDep,
+        key: IdempotencyKeyDep,
+        payload: Annotated[BaseModel, Depends(read_payload)],
+        tenant: TenantDep,
+        uow: UowDep,
+        state: StateDep,
+        entity_id: EntityIdQuery = None,
+        max_attempts: MaxAttemptsQuery = None,
+        run_at: RunAtQuery = None,
+        delay: DelayQuery = None,
+    ) -> Response:
+        submission = operations.Submission(
+            idempotency_key=key,
+            entity_id=entity_id,
+            max_attempts=max_attempts,
+            run_at=operations.schedule(run_at, delay),
+        )
+        result = await operations.submit(
+            uow,
+            state.topology,
+            tenant=tenant,
+            job_type=job_type,
+            payload=payload,
+            submission=submission,
+        )
+        await uow.commit()
+        state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
+        headers = {"Location": views.job_path(result.job_id)}
+        if result.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return JsonBody(views.accepted(result), status_code=202, headers=headers)
+
+    return enqueue_job
+
+
+def payload_schemas(registry: Registry) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each job type's payload schema reference, and the schemas they refer to."""
+    refs, definitions = models_json_schema(
+        [(job_type.payload_model, "validation") for job_type in registry],
+        ref_template=REF_TEMPLATE,
+    )
+    by_type = {job_type.name: refs[(job_type.payload_model, "validation")] for job_type in registry}
+    return by_type, definitions.get("$defs", {})
+
+
+def _request_body(schema_ref: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema_ref}},
+        }
+    }
+
+
+async def enqueue_unknown_type(job_type: str, _: ApiKeyDep, tenant: TenantDep) -> Response:
+    raise UnknownJobType(f"unknown job type {job_type!r}")
+
+
+async def get_job(job_id: uuid.UUID, tenant: TenantDep, uow: UowDep) -> Response:
+    """Status, attempts, errors, timestamps and result, always read from the database."""
+    return JsonBody(views.job_view(await operations.get_job(uow, tenant, job_id)))
+
+
+async def list_jobs(
+    tenant: TenantDep,
+    uow: UowDep,
+    request: Request,
+    entity_id: EntityIdQuery = None,
+    status: Annotated[JobStatus | None, Query()] = None,
+    type: Annotated[str | None, Query(pattern=_TYPE_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    """The tenant's jobs, newest first, a page at a time (follow ``links.next``)."""
+    where = operations.JobFilter(entity_id=entity_id, status=status, type=type)
+    rows, next_cursor = await operations.list_jobs(uow, tenant, where, limit=limit, cursor=cursor)
+    next_link = None
+    if next_cursor is not None:
+        query = {**request.query_params, "cursor": next_cursor}
+        next_link = f"{request.url.path}?{urlencode(query)}"
+    body = {
+        "items": [views.job_summary(row) for row in rows],
+        "next_cursor": next_cursor,
+        "links": {"next": next_link},
+    }
+    return JsonBody(body)
+
+
+async def cancel_job(job_id: uuid.UUID, tenant: TenantDep, uow: UowDep) -> Response:
+    """Pending: cancelled now (200). Running: the worker is asked to stop it (202).
+    Finished: 409 with its status."""
+    outcome = await operations.cancel_job(uow, tenant, job_id)
+    await uow.commit()
+    return JsonBody(views.cancel_answer(outcome), status_code=202 if outcome.requested else 200)
+
+
+async def get_result(
+    job_id: uuid.UUID, tenant: TenantDep, uow: UowDep, state: StateDep
+) -> Response:
+    """A succeeded job's result: inline JSON, or the stored file with its content type."""
+    row = await operations.job_result(uow, tenant, job_id)
+    if row["result_ref"] is None:
+        return JsonBody(row["result"])
+    path = state.results.path(row["result_ref"])
+    media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media_type)
+
+
+def build_router(registry: Registry) -> APIRouter:
+    router = APIRouter(tags=["jobs"], default_response_class=JsonBody)
+    schema_refs, _ = payload_schemas(registry)
+    for job_type in registry:
+        router.add_api_route(
+            f"/jobs/{job_type.name}",
+            _enqueue_route(job_type),
+            name=f"{ENQUEUE_ROUTE_PREFIX}{job_type.name}",
+            methods=["POST"],
+            status_code=202,
+            response_model=Accepted,
+            summary=f"Enqueue a {job_type.name} job",
+            description=f"The body is the job's payload. Queue: `{job_type.queue}`; "
+            f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise.",
+            openapi_extra=_request_body(schema_refs[job_type.name]),
+            responses=_problems(400, 413, 415, 422),
+        )
+    router.add_api_route(
+        "/jobs/{job_type}",
+        enqueue_unknown_type,
+        name=f"{ENQUEUE_ROUTE_PREFIX}unknown_type",
+        methods=["POST"],
+        include_in_schema=False,
+    )
+    router.add_api_route(
+        "/jobs", list_jobs, methods=["GET"], response_model=JobPage, responses=_problems(400, 422)
+    )
+    router.add_api_route(
+        "/jobs/{job_id}",
+        get_job,
+        methods=["GET"],
+        response_model=JobView,
+        responses=_problems(404, 422),
+    )
+    router.add_api_route(
+        "/jobs/{job_id}/result",
+        get_result,
+        methods=["GET"],
+        responses={
+            200: {
+                "description": "The inline result as JSON, or the stored result's bytes.",
+                "content": {
+                    "application/json": {"schema": {}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                },
+            },
+            **_problems(404, 409, 422),
+        },
+    )
+    router.add_api_route(
+        "/jobs/{job_id}/cancel",
+        cancel_job,
+        methods=["POST"],
+        response_model=CancelAnswer,
+        responses={202: {"model": CancelAnswer}, **_problems(404, 409, 422)},
+    )
+    return router

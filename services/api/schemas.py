@@ -1,0 +1,103 @@
+"""Response models: what /openapi.json promises. Routes build the same shapes as dicts
+(serialised by orjson) on the hot paths; the tests validate answers against these."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobcore.states import JobStatus
+
+
+class JobLinks(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    self_: str = Field(alias="self", examples=["/jobs/0b7c4f9e-8a51-4c1e-9d0c-6f1f3f7c2a10"])
+    result: str
+    cancel: str
+
+
+class Accepted(BaseModel):
+    """The job is stored (with its outbox message); poll ``links.self`` for its status."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    links: JobLinks
+
+
+class JobSummary(BaseModel):
+    id: uuid.UUID
+    type: str
+    status: JobStatus
+    entity_id: str | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested_at: datetime | None
+    links: JobLinks
+
+
+class JobView(JobSummary):
+    idempotency_key: str | None
+    payload: dict[str, Any]
+    # When the job may run first (scheduled with run_at / delay) or next (a retry).
+    run_at: datetime | None
+    # Inline result (small results), or null while there is none or it is in the store.
+    result: Any = None
+    # Set when the result is in the result store: fetch it from ``links.result``.
+    result_ref: str | None
+
+
+class PageLinks(BaseModel):
+    next: str | None
+
+
+class JobPage(BaseModel):
+    """Newest first. ``next_cursor`` is null on the last page."""
+
+    items: list[JobSummary]
+    next_cursor: str | None
+    links: PageLinks
+
+
+class CancelAnswer(BaseModel):
+    job_id: uuid.UUID
+    # ``cancelled`` when it was pending; ``running`` with ``cancel_requested`` while the
+    # worker stops it (it then ends ``cancelled``).
+    status: JobStatus
+    cancel_requested: bool
+    cancel_requested_at: datetime | None
+    links: JobLinks
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``)."""
+
+    type: str = Field(examples=["https://jobcore.dev/problems/unknown-job-type"])
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] | None = None
+    job_status: JobStatus | None = None
+
+
+class Alive(BaseModel):
+    status: Literal["alive"]
+
+
+class Ready(BaseModel):
+    ready: bool
+    checks: dict[str, str]

@@ -1,0 +1,78 @@
+"""Rows and outcomes turned into response bodies (the shapes of :mod:`services.api.schemas`),
+serialised with orjson: on the enqueue path that is measurably cheaper than validating
+the answer through a response model."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from starlette.responses import JSONResponse
+
+from jobcore.enqueue import EnqueueResult
+from services.api.operations import CancelOutcome
+
+
+class JsonBody(JSONResponse):
+    """JSON by orjson (a JSONResponse, so FastAPI documents the response model)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def job_path(job_id: uuid.UUID) -> str:
+    return f"/jobs/{job_id}"
+
+
+def links(job_id: uuid.UUID) -> dict[str, str]:
+    path = job_path(job_id)
+    return {"self": path, "result": f"{path}/result", "cancel": f"{path}/cancel"}
+
+
+def accepted(result: EnqueueResult) -> dict[str, Any]:
+    return {"job_id": result.job_id, "status": result.status.value, "links": links(result.job_id)}
+
+
+_SUMMARY_COLUMNS = (
+    "id",
+    "type",
+    "status",
+    "entity_id",
+    "attempts",
+    "max_attempts",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "cancel_requested_at",
+)
+
+
+def job_summary(row: dict[str, Any]) -> dict[str, Any]:
+    body = {column: row[column] for column in _SUMMARY_COLUMNS}
+    body["links"] = links(row["id"])
+    return body
+
+
+def job_view(row: dict[str, Any]) -> dict[str, Any]:
+    body = job_summary(row)
+    body.update(
+        idempotency_key=row["idempotency_key"],
+        payload=row["payload"],
+        run_at=row["next_attempt_at"],
+        result=row["result"],
+        result_ref=row["result_ref"],
+    )
+    return body
+
+
+def cancel_answer(outcome: CancelOutcome) -> dict[str, Any]:
+    return {
+        "job_id": outcome.job_id,
+        "status": outcome.status.value,
+        "cancel_requested": outcome.cancel_requested_at is not None,
+        "cancel_requested_at": outcome.cancel_requested_at,
+        "links": links(outcome.job_id),
+    }
