@@ -4,8 +4,8 @@ The shared pool checks every connection it hands out with an empty query: one ro
 trip, and a fifth of the worker's CPU in a no-op job profile, for each of the two
 statements a job costs. Connections held here skip that check. One that comes back from
 a failed or interrupted statement in any state but idle goes back to the pool (which
-resets or discards it) and is replaced from the pool on next use, so a restarted
-database is survived the same way.
+resets or discards it), together with every idle held one, and slots are refilled from
+the pool (checked) on next use: a restarted database costs one failed statement.
 """
 
 from __future__ import annotations
@@ -31,19 +31,34 @@ class HeldConnections:
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConn]:
         conn = await self._free.get()
-        healthy = False
         try:
             with translate_errors(self.db.settings):
                 if conn is None:
                     conn = await self.db.pool.getconn()
                 yield conn
-            healthy = conn.pgconn.transaction_status == TransactionStatus.IDLE
         finally:
+            # A statement error leaves an autocommit connection idle and usable; a broken
+            # connection or an interrupted statement does not.
+            healthy = conn is not None and conn.pgconn.transaction_status == TransactionStatus.IDLE
             if conn is not None and not healthy:
-                with contextlib.suppress(Exception):
-                    await self.db.pool.putconn(conn)
+                await self._give_back(conn)
                 conn = None
+                if self._free.qsize():
+                    # One broken connection usually means the server restarted: the idle
+                    # ones are broken too. The pool checks what it hands out next.
+                    await self._give_back_idle()
             self._free.put_nowait(conn)
+
+    async def _give_back(self, conn: AsyncConn) -> None:
+        with contextlib.suppress(Exception):
+            await self.db.pool.putconn(conn)
+
+    async def _give_back_idle(self) -> None:
+        idle = [self._free.get_nowait() for _ in range(self._free.qsize())]
+        for conn in idle:
+            if conn is not None:
+                await self._give_back(conn)
+            self._free.put_nowait(None)
 
     async def close(self) -> None:
         """Give every held connection back to the pool (before the pool closes)."""
@@ -53,5 +68,4 @@ class HeldConnections:
             except TimeoutError:
                 return  # still in use by a statement that outlived shutdown: the pool closes it
             if conn is not None:
-                with contextlib.suppress(Exception):
-                    await self.db.pool.putconn(conn)
+                await self._give_back(conn)

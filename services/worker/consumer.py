@@ -208,7 +208,7 @@ class Consumer(Service):
             "lease": job_type.lease,
             "worker_id": self.worker_id,
         }
-        logged = False
+        failures = 0
         while True:
             try:
                 async with self.connections.connection() as conn:
@@ -217,14 +217,16 @@ class Consumer(Service):
                 assert row is not None  # the statement always returns one row
                 return {**row, "lease_token": params["lease_token"]}
             except DatabaseUnavailable as exc:
+                failures += 1
+                if failures == 1:
+                    continue  # a held connection that went stale: at once, on a fresh one
                 # Hold the delivery (unacknowledged) rather than requeue it: requeues count
                 # towards the quorum queue's delivery limit and would dead-letter good jobs.
-                if not logged:
+                if failures == 2:
                     log.warning(
                         "database unavailable; holding the delivery until it is back",
                         extra={"message_id": str(message_id), "error": str(exc)},
                     )
-                    logged = True
                 if await self.sleep(1.0):
                     return None
 

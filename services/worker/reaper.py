@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "reaper"
 LEASE_EXPIRED = "lease expired"
 BATCH_SIZE = 500
+_OUTCOME_WORDS = {
+    "pending": "returned to pending",
+    "failed": "failed: attempts used up",
+    "cancelled": "cancelled: its cancellation was requested",
+}
 
 
 async def _no_handler(_: Any) -> None:  # pragma: no cover - never called
@@ -76,7 +81,7 @@ class Reaper(Service):
                     await self.tick()
                     trouble_logged = False
                 except DatabaseUnavailable as exc:
-                    self.token = None
+                    # Keep the token: the next renewal says whether the lease survived.
                     if not trouble_logged:
                         log.warning("reaper: database unavailable", extra={"error": str(exc)})
                         trouble_logged = True
@@ -131,12 +136,12 @@ class Reaper(Service):
                 return 0
             rows = await uow.fetch_all(q.REAP, self._reap_params(expired))
             await uow.commit()
-        outcomes = {"pending": 0, "failed": 0}
+        outcomes = {"pending": 0, "failed": 0, "cancelled": 0}
         for row in rows:
             outcomes[row["status"]] += 1
             log.info(
                 "lease expired; job %s",
-                "returned to pending" if row["status"] == "pending" else "failed: attempts used up",
+                _OUTCOME_WORDS[row["status"]],
                 extra={"job_id": str(row["id"]), "status": row["status"]},
             )
         for outcome, count in outcomes.items():

@@ -299,7 +299,7 @@ class JobRunner:
         """
         full = {**params, "id": claim.job_id, "lease_token": claim.lease_token}
         deadline = time.monotonic() + claim.job_type.lease
-        logged = False
+        failures = 0
         while True:
             try:
                 async with self.connections.connection() as conn:
@@ -307,18 +307,21 @@ class JobRunner:
                     row = await cur.fetchone()
                 break
             except DatabaseUnavailable as exc:
+                # A retry is safe: the fence makes a second run of an applied outcome a no-op.
+                failures += 1
+                if failures == 1:
+                    continue  # a held connection that went stale: at once, on a fresh one
                 if time.monotonic() > deadline:
                     log.error(
                         "could not record the job's outcome; its lease will expire",
                         extra={**claim.log_fields, "error": str(exc)},
                     )
                     return False
-                if not logged:
+                if failures == 2:
                     log.warning(
                         "database unavailable while recording an outcome; retrying",
                         extra={**claim.log_fields, "error": str(exc)},
                     )
-                    logged = True
                 await asyncio.sleep(0.5)  # retry pacing while the database is away
         # Every outcome statement returns a row exactly when its fence let it write.
         won = row is not None

@@ -30,7 +30,7 @@ from tests.integration.worker.support import (
     worker_env,
     worker_settings,
 )
-from tests.support.chaos import broker_stopped
+from tests.support.chaos import broker_stopped, postgres_stopped
 from tests.support.processes import jobcore_process
 from tests.support.waiting import eventually
 
@@ -132,3 +132,46 @@ async def test_a_retry_waits_in_the_outbox_while_the_broker_is_down(
     assert row["attempts"] == 2
     assert [m.message_id for m in outbox_pump.published][-1] == retry["message_id"]
     assert [(e["kind"], e["attempt"]) for e in await effects(db, job_id)] == [("completed", 2)]
+
+
+@pytest.mark.serial
+async def test_a_delivery_that_arrives_while_postgresql_is_down_runs_once_it_is_back(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    wsettings: Settings,
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "worker.log"
+    with jobcore_process(wsettings, "worker", log_path=log, **worker_env(wsettings)) as proc:
+        await eventually(
+            log_has(log, "worker consuming"), what="the worker to consume", timeout=PROCESS_START
+        )
+        before = await submit(db, topology, "wt_gate", GatePayload())
+        await outbox_pump.drain()
+        await eventually(lambda: status_is(db, before, "succeeded"), what="a job before")
+        during = await submit(db, topology, "wt_gate", GatePayload())
+        [message] = await outbox_rows(db, during)
+
+        with postgres_stopped():
+            # The relay could not read the outbox now; publish the row it read before.
+            await outbox_pump.publish(message)
+            await eventually(
+                log_has(log, "holding the delivery until it is back"),
+                what="the worker to hold the delivery",
+            )
+            assert proc.poll() is None
+
+        row = await eventually(
+            lambda: status_is(db, during, "succeeded"),
+            what="the held delivery to run",
+            timeout=30,
+        )
+        after = await submit(db, topology, "wt_gate", GatePayload())
+        await outbox_pump.drain()  # publishes the rows of `during` (again) and `after`
+        await eventually(lambda: status_is(db, after, "succeeded"), what="a job after")
+        assert proc.poll() is None
+
+    assert row["attempts"] == 1
+    for job_id in (before, during, after):
+        assert len(await effects(db, job_id)) == 1

@@ -208,20 +208,28 @@ LOCK_EXPIRED_LEASES = Query(
     """,
 )
 
-# The caller locked the rows and prepared one message per job that gets another attempt
-# (parallel arrays); jobs whose attempts are used up fail instead and get no message.
+# The caller locked the rows and prepared one message per job that may get another
+# attempt (parallel arrays). Jobs whose attempts are used up fail instead; jobs whose
+# cancellation was requested end cancelled (their worker died before it could stop
+# them); neither gets a message.
 REAP = Query(
     "reap",
-    "Return locked jobs with expired leases to pending (with a new message) or fail them.",
+    "Return locked jobs with expired leases to pending (with a new message), or end them.",
     """
     WITH reaped AS (
         UPDATE jobs
-        SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+        SET status = CASE
+                WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN attempts >= max_attempts THEN 'failed'
+                ELSE 'pending'
+            END,
             last_error = %(error)s,
             lease_token = NULL,
             lease_expires_at = NULL,
             next_attempt_at = NULL,
-            finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+            finished_at = CASE
+                WHEN cancel_requested_at IS NOT NULL OR attempts >= max_attempts THEN now()
+            END,
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
         RETURNING id, status

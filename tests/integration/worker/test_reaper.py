@@ -46,9 +46,14 @@ async def test_expired_leases_go_back_to_pending_or_fail_when_attempts_are_used_
     retry = await running_job(db, topology, attempts=1, lease_seconds=-1)
     exhausted = await running_job(db, topology, attempts=3, lease_seconds=-1)
     alive = await running_job(db, topology, attempts=1, lease_seconds=60)
+    cancelled = await running_job(db, topology, attempts=1, lease_seconds=-1)
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET cancel_requested_at = now() WHERE id = %s", (cancelled,)
+        )
     the_reaper = reaper(wsettings, db, "a")
 
-    assert await the_reaper.tick() == 2
+    assert await the_reaper.tick() == 3
 
     row = await job_row(db, retry)
     assert (row["status"], row["last_error"], row["lease_token"]) == (
@@ -67,8 +72,16 @@ async def test_expired_leases_go_back_to_pending_or_fail_when_attempts_are_used_
     assert row["finished_at"] is not None
     assert await outbox_rows(db, exhausted) == []
 
+    row = await job_row(db, cancelled)
+    assert (row["status"], row["last_error"]) == ("cancelled", "lease expired")
+    assert await outbox_rows(db, cancelled) == []
+
     assert (await job_row(db, alive))["status"] == "running"
-    assert the_reaper.metrics.counts == {"reaped.pending": 1, "reaped.failed": 1}
+    assert the_reaper.metrics.counts == {
+        "reaped.pending": 1,
+        "reaped.failed": 1,
+        "reaped.cancelled": 1,
+    }
     assert await the_reaper.tick() == 0
 
 
