@@ -76,24 +76,30 @@ def _pids_named(name: str) -> list[int]:
 
 class CpuMeter:
     """CPU used by this process, the API and PostgreSQL between start() and stop(), as
-    a percentage of one core."""
+    a percentage of one core. PostgreSQL's backends come and go (a pool opening is one),
+    so its processes are looked up again at the end; a backend that ended in between is
+    missed, which undercounts PostgreSQL a little."""
 
     def __init__(self, api_pid: int | None = None) -> None:
-        self.groups: dict[str, list[int]] = {"loadgen": [os.getpid()]}
+        self.fixed: dict[str, int] = {"loadgen": os.getpid()}
         if api_pid is not None:
-            self.groups["api"] = [api_pid]
-        self.groups["postgres"] = _pids_named("postgres")
+            self.fixed["api"] = api_pid
 
-    def _sample(self) -> dict[str, float]:
-        return {k: sum(_cpu_seconds(p) for p in pids) for k, pids in self.groups.items()}
+    def _postgres(self) -> dict[int, float]:
+        return {pid: _cpu_seconds(pid) for pid in _pids_named("postgres")}
 
     def start(self) -> None:
-        self._start = self._sample()
+        self._start = {name: _cpu_seconds(pid) for name, pid in self.fixed.items()}
+        self._start_pg = self._postgres()
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, float]:
-        end, wall = self._sample(), time.monotonic() - self._t0
-        return {f"{k}_cpu_pct": round(100 * (end[k] - self._start[k]) / wall, 1) for k in end}
+        wall = time.monotonic() - self._t0
+        used = {name: _cpu_seconds(pid) - self._start[name] for name, pid in self.fixed.items()}
+        used["postgres"] = sum(
+            cpu - self._start_pg.get(pid, 0.0) for pid, cpu in self._postgres().items()
+        )
+        return {f"{k}_cpu_pct": round(100 * v / wall, 1) for k, v in used.items()}
 
 
 # -- a fresh database ----------------------------------------------------------------------
@@ -130,6 +136,16 @@ def bench_settings(base: Settings, pool_size: int) -> Iterator[Settings]:
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def with_cpu_per_op(result: dict[str, Any], cpu: dict[str, float]) -> dict[str, Any]:
+    """The phase's figures plus each process's CPU percentage and microseconds per op."""
+    rate = next(v for k, v in result.items() if k.endswith("_per_s"))
+    per_op = {
+        k.replace("_cpu_pct", "_cpu_us_per_op"): round(pct / 100 / rate * 1e6)
+        for k, pct in cpu.items()
+    }
+    return {**result, **cpu, **per_op}
 
 
 def summary(name: str, latencies: list[float], seconds: float, errors: int) -> dict[str, Any]:
@@ -326,7 +342,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         meter = CpuMeter()
         meter.start()
         latencies, seconds, errors = await raw_transactions(settings, args.clients, args.requests)
-        results["raw_enqueue_txn"] = {**summary("txn", latencies, seconds, errors), **meter.stop()}
+        results["raw_enqueue_txn"] = with_cpu_per_op(
+            summary("txn", latencies, seconds, errors), meter.stop()
+        )
 
         db = Database(settings, min_size=0, max_size=1, name="bench-keys")
         await db.open(wait=True)
@@ -355,7 +373,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 latencies, seconds, errors = await http_load(
                     port, request, args.clients, args.requests
                 )
-                results[name] = {**summary("req", latencies, seconds, errors), **meter.stop()}
+                results[name] = with_cpu_per_op(
+                    summary("req", latencies, seconds, errors), meter.stop()
+                )
         results["api_exit_code"] = proc.returncode
         results["rows_written"] = await count_rows(settings)
         enqueue_rate = results["enqueue"]["req_per_s"]
