@@ -255,12 +255,12 @@ class Relay(Service):
                             # Best effort: the pool must not hand out a listening connection.
                             with contextlib.suppress(Exception):
                                 await conn.execute(q.UNLISTEN.sql)
-            except DatabaseUnavailable as exc:
+            except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
                     log.warning(
                         "outbox LISTEN connection lost; polling until it is back",
-                        extra={"error": str(exc)},
+                        extra={"error": f"{type(exc).__name__}: {exc}"},
                     )
                 await self.sleep(
                     backoff_delay(failures, base=DATABASE_RETRY_BASE, cap=DATABASE_RETRY_CAP)

@@ -303,40 +303,39 @@ class ConfirmedPublisher:
                 sendable.append(index)
 
         started = time.monotonic()
-        pending: list[tuple[int, asyncio.Future[Any]]]
         try:
             if self._batched_writes:
-                pending = await self._write_batch(raw, messages, sendable, result)
+                outcomes = await self._publish_batched(raw, messages, sendable, result)
             else:
-                pending = self._publish_each(raw, messages, sendable, result)
+                outcomes = await self._publish_each(raw, messages, sendable, result)
         except CONNECTION_ERRORS as exc:
             result.unconfirmed.extend(sendable)
             result.broker_error = f"{type(exc).__name__}: {exc}"
             await self._disconnect(result.broker_error)
             return result
-        if pending:
-            _, late = await asyncio.wait([f for _, f in pending], timeout=self.publish_timeout)
-            for future in late:
-                future.cancel()
-            if late:
-                await asyncio.wait(late)
         result.confirm_seconds = time.monotonic() - started
-        self._settle(pending, result)
+        self._settle(outcomes, result)
         if result.broker_error is not None:
             await self._disconnect(result.broker_error)
         return result
 
-    async def _write_batch(
+    async def _publish_batched(
         self,
         raw: aiormq.Channel,
         messages: Sequence[OutgoingMessage],
         sendable: list[int],
         result: BatchResult,
-    ) -> list[tuple[int, asyncio.Future[Any]]]:
-        """Write the whole batch with one socket write, registering each confirm as aiormq's
-        own ``basic_publish`` does (delivery tag, confirmation future, message id for
-        returns), so aiormq's reader settles them. Per message this skips a task, a lock
-        round and a socket write: the relay's cost per message drops to the encoding."""
+    ) -> list[tuple[int, Outcome]]:
+        """Write the whole batch with one socket write and wait for its confirms together.
+
+        Each message is registered the way aiormq's own ``basic_publish`` registers one
+        (delivery tag -> confirmation, message id -> delivery tag for returns), so aiormq's
+        reader settles them; the confirmation objects count down to one future for the
+        batch instead of being a future each. Per message this saves a task, a lock round,
+        a socket write and a future with its callbacks: the relay's cost per message is
+        little more than encoding it. A closed channel rejects aiormq's own futures, so
+        one of those (``closed``) ends the wait when the channel goes.
+        """
         encoded: list[tuple[int, str, bytes]] = []
         for index in sendable:
             message = messages[index]
@@ -346,30 +345,52 @@ class ConfirmedPublisher:
                 result.failed.append((index, Failure.UNPUBLISHABLE, f"cannot encode: {exc}"))
         if not encoded:
             return []
-        futures: list[asyncio.Future[Any]] = []
+        batch = _BatchConfirms(len(encoded))
+        closed = raw.create_future()
         async with raw.lock:
             first = raw.delivery_tag + 1
             for offset, (_, message_id, _) in enumerate(encoded):
-                future = raw.create_future()
-                raw.confirmations[first + offset] = future
+                # aiormq's reader uses a confirmation only as far as _Confirmation goes.
+                confirmation = cast("asyncio.Future[Any]", _Confirmation(batch, offset))
+                raw.confirmations[first + offset] = confirmation
                 raw.message_id_delivery_tag[message_id] = first + offset
-                futures.append(future)
             raw.delivery_tag += len(encoded)
-            payload = b"".join(frames for _, _, frames in encoded)
             try:
+                payload = b"".join(frames for _, _, frames in encoded)
                 await raw.write_queue.put(ChannelFrame(payload=payload, should_close=False))
             except BaseException:
                 # Not written: give the delivery tags back, as aiormq does for one publish.
                 raw.delivery_tag = first - 1
-                for offset, (_, message_id, _) in enumerate(encoded):
-                    raw.confirmations.pop(first + offset, None)
-                    raw.message_id_delivery_tag.pop(message_id, None)
-                for future in futures:
-                    future.cancel()
+                self._forget(raw, encoded, first)
+                closed.cancel()
                 raise
-        for offset, future in enumerate(futures):
-            future.add_done_callback(_forget_message_id(raw, encoded[offset][1], first + offset))
-        return [(index, future) for (index, _, _), future in zip(encoded, futures, strict=True)]
+        try:
+            await asyncio.wait(
+                (batch.all_settled, closed),
+                timeout=self.publish_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            self._forget(raw, encoded, first)
+            batch.stop()
+            gone = closed.exception() if closed.done() and not closed.cancelled() else None
+            closed.cancel()
+        no_answer: Outcome = gone if gone is not None else NO_CONFIRM
+        return [
+            (index, no_answer if outcome is NO_CONFIRM else outcome)
+            for (index, _, _), outcome in zip(encoded, batch.outcomes, strict=True)
+        ]
+
+    @staticmethod
+    def _forget(raw: aiormq.Channel, encoded: list[tuple[int, str, bytes]], first: int) -> None:
+        """Unregister a batch: late confirms are then ignored, and the maps do not grow."""
+        confirmations, ids = raw.confirmations, raw.message_id_delivery_tag
+        for offset, (_, message_id, _) in enumerate(encoded):
+            tag = first + offset
+            if isinstance(confirmations.get(tag), _Confirmation):
+                del confirmations[tag]
+            if ids.get(message_id) == tag:
+                del ids[message_id]
 
     def _encode(self, message: OutgoingMessage, raw: aiormq.Channel) -> bytes:
         route = (message.exchange, message.routing_key)
@@ -400,17 +421,17 @@ class ConfirmedPublisher:
         )
         return b"".join(parts)
 
-    def _publish_each(
+    async def _publish_each(
         self,
         raw: aiormq.Channel,
         messages: Sequence[OutgoingMessage],
         sendable: list[int],
         result: BatchResult,
-    ) -> list[tuple[int, asyncio.Future[Any]]]:
+    ) -> list[tuple[int, Outcome]]:
         """aiormq's public publish, one task per message: the path when its internals are
-        not the ones :meth:`_write_batch` was written against."""
+        not the ones :meth:`_publish_batched` was written against."""
         create_task = asyncio.get_running_loop().create_task
-        pending: list[tuple[int, asyncio.Future[Any]]] = []
+        pending: list[tuple[int, asyncio.Task[Any]]] = []
         for index in sendable:
             message = messages[index]
             try:
@@ -434,45 +455,105 @@ class ConfirmedPublisher:
                 wait=False,
             )
             pending.append((index, create_task(publish)))
-        return pending
+        if not pending:
+            return []
+        _, late = await asyncio.wait([t for _, t in pending], timeout=self.publish_timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        return [
+            (index, NO_CONFIRM if task.cancelled() else task.exception()) for index, task in pending
+        ]
 
-    def _settle(self, pending: list[tuple[int, asyncio.Future[Any]]], result: BatchResult) -> None:
-        for index, future in pending:
-            if future.cancelled():
+    def _settle(self, outcomes: list[tuple[int, Outcome]], result: BatchResult) -> None:
+        for index, outcome in outcomes:
+            if outcome is None:
+                result.confirmed.append(index)
+            elif outcome is NO_CONFIRM:
                 result.unconfirmed.append(index)
                 result.broker_error = result.broker_error or (
                     f"no confirm within {self.publish_timeout}s"
                 )
-                continue
-            error = future.exception()
-            if error is None:
-                result.confirmed.append(index)
-            elif isinstance(error, aiormq.exceptions.PublishError):
-                result.failed.append((index, Failure.RETURNED, _returned_reason(error)))
-            elif isinstance(error, aiormq.exceptions.DeliveryError):
+            elif isinstance(outcome, aiormq.exceptions.PublishError):
+                result.failed.append((index, Failure.RETURNED, _returned_reason(outcome)))
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
                 result.failed.append((index, Failure.NACKED, "nacked by the broker"))
-            elif isinstance(error, CONNECTION_ERRORS) or self._batched_writes:
+            elif isinstance(outcome, CONNECTION_ERRORS) or self._batched_writes:
                 # Batched writes encode before sending: any later error is the connection's.
                 result.unconfirmed.append(index)
-                result.broker_error = result.broker_error or f"{type(error).__name__}: {error}"
+                result.broker_error = result.broker_error or f"{type(outcome).__name__}: {outcome}"
             else:
-                reason = f"cannot publish: {type(error).__name__}: {error}"
+                reason = f"cannot publish: {type(outcome).__name__}: {outcome}"
                 result.failed.append((index, Failure.UNPUBLISHABLE, reason))
 
 
-def _forget_message_id(
-    raw: aiormq.Channel, message_id: str, delivery_tag: int
-) -> Callable[[asyncio.Future[Any]], None]:
-    # The message id -> delivery tag map is how aiormq matches a return to its publish.
-    def forget(_: asyncio.Future[Any]) -> None:
-        if raw.message_id_delivery_tag.get(message_id) == delivery_tag:
-            del raw.message_id_delivery_tag[message_id]
+class _NoConfirm:
+    """No answer from the broker for this message (timeout, or the channel went)."""
 
-    return forget
+
+NO_CONFIRM = _NoConfirm()
+# None: confirmed; an exception: refused or failed; NO_CONFIRM: no answer.
+Outcome = BaseException | None | _NoConfirm
+
+
+class _BatchConfirms:
+    """The outcomes of one batch's messages, and a future set when all are known."""
+
+    __slots__ = ("all_settled", "outcomes", "remaining")
+
+    def __init__(self, size: int) -> None:
+        self.outcomes: list[Outcome] = [NO_CONFIRM] * size
+        self.remaining = size
+        self.all_settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if size == 0:
+            self.all_settled.set_result(None)
+
+    def settle(self, offset: int, outcome: BaseException | None) -> None:
+        self.outcomes[offset] = outcome
+        self.remaining -= 1
+        if self.remaining == 0 and not self.all_settled.done():
+            self.all_settled.set_result(None)
+
+    def stop(self) -> None:
+        if not self.all_settled.done():
+            self.all_settled.cancel()
+
+
+class _Confirmation:
+    """What aiormq's reader settles for one published message, in place of a future.
+
+    aiormq calls exactly these on a confirmation: ``done``/``cancelled`` (to skip one that
+    is already settled), ``set_result`` on an ack, ``set_exception`` on a nack or return.
+    """
+
+    __slots__ = ("_batch", "_done", "_offset")
+
+    def __init__(self, batch: _BatchConfirms, offset: int) -> None:
+        self._batch = batch
+        self._offset = offset
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, _: object) -> None:
+        self._settle(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._settle(exc)
+
+    def _settle(self, outcome: BaseException | None) -> None:
+        if not self._done:
+            self._done = True
+            self._batch.settle(self._offset, outcome)
 
 
 def supports_batched_writes(raw: object) -> bool:
-    """Whether this aiormq channel has the internals :meth:`_write_batch` relies on."""
+    """Whether this aiormq channel has the internals ``_publish_batched`` relies on."""
     return (
         isinstance(getattr(raw, "confirmations", None), dict)
         and isinstance(getattr(raw, "message_id_delivery_tag", None), dict)
