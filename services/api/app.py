@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.logs import configure_logging
 from jobcore.registry import load_job_modules
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
@@ -30,6 +31,13 @@ DESCRIPTION = """\
 User-visible background jobs. `POST /jobs/{type}` stores the job and its outbox message
 in one transaction and answers 202; poll `GET /jobs/{id}`. Every `/jobs` route needs
 `Authorization: Bearer <api key>`; errors are RFC 9457 problem JSON."""
+
+
+def app_from_environment() -> FastAPI:
+    """The uvicorn factory of `jobcore api`: each server process (there are several with
+    ``--workers``) configures its JSON logs and builds the app from JOBCORE_* variables."""
+    configure_logging("api")
+    return create_app()
 
 
 def create_app(

@@ -12,7 +12,6 @@ from typing import Any
 
 import typer
 import uvicorn
-from fastapi import FastAPI
 from uvicorn import server as uvicorn_server
 from uvicorn.supervisors import Multiprocess
 
@@ -31,14 +30,6 @@ keys_app = typer.Typer(
 )
 
 
-def serving_app() -> FastAPI:
-    """The uvicorn factory: each server process configures its logs and builds the app."""
-    from services.api.app import create_app
-
-    configure_logging("api")
-    return create_app()
-
-
 def api(
     host: str | None = typer.Option(None, help="Listen address [default: JOBCORE_API_HOST]."),
     port: int | None = typer.Option(
@@ -53,7 +44,7 @@ def api(
     config = settings()  # a bad setting stops here, with one line, before uvicorn starts
     configure_logging("api")
     server_config = uvicorn.Config(
-        "services.api.cli:serving_app",
+        "services.api.app:app_from_environment",
         factory=True,
         host=host or config.api_host,
         port=config.api_port if port is None else port,
