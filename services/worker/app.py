@@ -112,6 +112,7 @@ class Worker:
             for service in reversed(self.services):
                 await service.stop(self.stop_grace)
         finally:
+            await self.runner.close()
             await self.connections.close()
             await self.db.close()
 
@@ -121,5 +122,6 @@ class Worker:
         try:
             return await run_until_signalled(self.services, self.stop_grace)
         finally:
+            await self.runner.close()
             await self.connections.close()
             await self.db.close()

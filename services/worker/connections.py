@@ -14,9 +14,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from jobcore.db import AsyncConn, Database, translate_errors
+from jobcore.errors import JobcoreError
+
+
+class TransientConflict(JobcoreError):
+    """The statement lost a deadlock or serialization conflict; running it again works."""
 
 
 class HeldConnections:
@@ -35,7 +41,10 @@ class HeldConnections:
             with translate_errors(self.db.settings):
                 if conn is None:
                     conn = await self.db.pool.getconn()
-                yield conn
+                try:
+                    yield conn
+                except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
+                    raise TransientConflict(str(exc).strip().splitlines()[0]) from exc
         finally:
             # A statement error leaves an autocommit connection idle and usable; a broken
             # connection or an interrupted statement does not.

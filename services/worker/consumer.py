@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
@@ -30,11 +31,23 @@ from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
-from services.worker.connections import HeldConnections
+from services.worker.batching import Batcher
+from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Claim, JobRunner
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    message_id: uuid.UUID
+    job_id: uuid.UUID
+    job_type: str
+    attempt: int
+    lease_token: uuid.UUID
+    lease: float
+
 
 # After the handlers' grace period, how long giving back the remaining leases may take.
 RELEASE_TIMEOUT = 5.0
@@ -64,6 +77,7 @@ class Consumer(Service):
         self.worker_id = worker_id
         self.metrics = metrics
         self.broker = JobQueueConsumer(settings, self.queues)
+        self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
         self._slots = asyncio.Semaphore(concurrency)
         self._deliveries: set[asyncio.Task[None]] = set()
         self.consuming = False
@@ -90,6 +104,7 @@ class Consumer(Service):
         finally:
             self.consuming = False
             await self.broker.close()
+            await self.claims.close()
 
     async def _start_consuming(self) -> bool:
         logged = False
@@ -198,25 +213,19 @@ class Consumer(Service):
     async def _claim(
         self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
     ) -> dict[str, Any] | None:
-        params = {
-            "consumer": q.JOBS_CONSUMER,
-            "message_id": message_id,
-            "job_id": envelope.job_id,
-            "type": envelope.type,
-            "attempt": envelope.attempt,
-            "lease_token": uuid.uuid4(),
-            "lease": job_type.lease,
-            "worker_id": self.worker_id,
-        }
+        request = ClaimRequest(
+            message_id=message_id,
+            job_id=envelope.job_id,
+            job_type=envelope.type,
+            attempt=envelope.attempt,
+            lease_token=uuid.uuid4(),
+            lease=job_type.lease,
+        )
         failures = 0
         while True:
             try:
-                async with self.connections.connection() as conn:
-                    cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
-                    row = await cur.fetchone()
-                assert row is not None  # the statement always returns one row
-                return {**row, "lease_token": params["lease_token"]}
-            except DatabaseUnavailable as exc:
+                return await self.claims.submit(request)
+            except (DatabaseUnavailable, TransientConflict) as exc:
                 failures += 1
                 if failures == 1:
                     continue  # a held connection that went stale: at once, on a fresh one
@@ -229,6 +238,32 @@ class Consumer(Service):
                     )
                 if await self.sleep(1.0):
                     return None
+
+    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[dict[str, Any]]:
+        """One statement for the batch; a message id twice in it is a duplicate the 2nd time."""
+        unique = list({r.message_id: r for r in reversed(requests)}.values())
+        params = {
+            "consumer": q.JOBS_CONSUMER,
+            "worker_id": self.worker_id,
+            "message_ids": [r.message_id for r in unique],
+            "job_ids": [r.job_id for r in unique],
+            "types": [r.job_type for r in unique],
+            "attempts": [r.attempt for r in unique],
+            "lease_tokens": [r.lease_token for r in unique],
+            "leases": [r.lease for r in unique],
+        }
+        async with self.connections.connection() as conn:
+            cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
+            rows = {row["message_id"]: row for row in await cur.fetchall()}
+        answers: list[dict[str, Any]] = []
+        answered: set[uuid.UUID] = set()
+        for request in requests:
+            row = dict(rows[request.message_id])
+            if request.message_id in answered:
+                row.update(fresh=False, id=None)
+            answered.add(request.message_id)
+            answers.append(row)
+        return answers
 
     async def _ack(self, message: Delivery) -> None:
         if not await message.ack():

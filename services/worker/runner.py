@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -32,12 +32,14 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
 from jobcore.telemetry import context_from_headers, tracer
-from services.worker.connections import HeldConnections
+from services.worker.batching import Batcher
+from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 ERROR_MAX_CHARS = 2000
+_NUL = b"\\u0000"  # how orjson writes U+0000, which PostgreSQL's jsonb refuses
 
 
 class JobTimedOut(JobcoreError):
@@ -66,6 +68,15 @@ class Claim:
     @property
     def log_fields(self) -> dict[str, Any]:
         return {"job_id": str(self.job_id), "job_type": self.job_type.name, "attempt": self.attempt}
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    job_id: uuid.UUID
+    lease_token: uuid.UUID
+    result: str | None  # JSON text
+    result_ref: str | None
+    effects: list[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -108,7 +119,11 @@ class JobRunner:
         self.metrics = metrics
         self.result_store = LocalResultStore(settings.result_dir)
         self.running: dict[uuid.UUID, RunningJob] = {}
+        self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
         self._shutting_down = False
+
+    async def close(self) -> None:
+        await self.successes.close()
 
     # --- requests from outside (cancel listener, shutdown) -------------------------------
 
@@ -132,7 +147,7 @@ class JobRunner:
         detail = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
         )
-        await self._write_outcome(
+        await self._write_fenced(
             claim, q.FAIL, {"error": f"payload no longer validates: {detail}"[:ERROR_MAX_CHARS]}
         )
         self.metrics.processed("failed")
@@ -215,12 +230,12 @@ class JobRunner:
     async def _stopped(self, running: RunningJob) -> None:
         claim = running.claim
         if running.stop_reason is StopReason.CANCELLED:
-            if await self._write_outcome(claim, q.CANCEL_RUNNING, {"error": "cancelled"}):
+            if await self._write_fenced(claim, q.CANCEL_RUNNING, {"error": "cancelled"}):
                 self.metrics.processed("cancelled")
                 log.info("job cancelled while running", extra=claim.log_fields)
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
-            if await self._write_outcome(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL}):
+            if await self._write_fenced(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL}):
                 self.metrics.processed("released")
                 log.info("gave the job's lease back at shutdown", extra=claim.log_fields)
         else:
@@ -232,10 +247,19 @@ class JobRunner:
 
     async def _succeed(self, running: RunningJob, result: Any) -> None:
         claim, context = running.claim, running.context
+        effects = [
+            {"job_id": str(claim.job_id), "kind": e.kind, "detail": e.detail}
+            for e in context.effects
+        ]
         try:
             encoded = None if result is None else orjson.dumps(result)
+            encoded_effects = orjson.dumps(effects)
         except TypeError as exc:
-            await self._fail(claim, f"the handler's result is not JSON: {exc}")
+            await self._fail(claim, f"the handler's result or effects are not JSON: {exc}")
+            return
+        if _NUL in (encoded or b"") or _NUL in encoded_effects:
+            # Valid JSON that jsonb refuses; it would fail every batch it travels in.
+            await self._fail(claim, "the handler's result or effects contain a NUL character")
             return
         result_ref = context.result_ref
         if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
@@ -248,14 +272,28 @@ class JobRunner:
                 self.result_store.put, claim.job_id, encoded, suffix="json"
             )
             encoded = None
-        effects = orjson.dumps([{"kind": e.kind, "detail": e.detail} for e in context.effects])
-        params = {
-            "result": encoded.decode() if encoded is not None else None,
-            "result_ref": result_ref,
-            "effects": effects.decode(),
-        }
-        if await self._write_outcome(claim, q.SUCCEED, params):
+        success = Success(
+            claim.job_id,
+            claim.lease_token,
+            encoded.decode() if encoded is not None else None,
+            result_ref,
+            effects,
+        )
+        if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
             self.metrics.processed("succeeded")
+
+    async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
+        params = {
+            "ids": [s.job_id for s in batch],
+            "lease_tokens": [s.lease_token for s in batch],
+            "results": [s.result for s in batch],
+            "result_refs": [s.result_ref for s in batch],
+            "effects": orjson.dumps([e for s in batch for e in s.effects]).decode(),
+        }
+        async with self.connections.connection() as conn:
+            cur = await conn.execute(q.SUCCEED.sql, params)
+            won = {row["id"] for row in await cur.fetchall()}
+        return [s.job_id in won for s in batch]
 
     async def _attempt_failed(self, claim: Claim, exc: BaseException) -> None:
         error = error_text(exc)
@@ -269,7 +307,7 @@ class JobRunner:
         )
         message = self._message(claim, attempt=claim.attempt + 1)
         params = {**message, "error": error, "delay": delay, "channel": OUTBOX_CHANNEL}
-        if await self._write_outcome(claim, q.RETRY, params):
+        if await self._write_fenced(claim, q.RETRY, params):
             self.metrics.processed("retried")
             self.metrics.retry_scheduled()
             log.info(
@@ -278,7 +316,7 @@ class JobRunner:
             )
 
     async def _fail(self, claim: Claim, error: str) -> None:
-        if await self._write_outcome(claim, q.FAIL, {"error": error}):
+        if await self._write_fenced(claim, q.FAIL, {"error": error}):
             self.metrics.processed("failed")
             log.warning("job failed", extra={**claim.log_fields, "error": error})
 
@@ -291,22 +329,32 @@ class JobRunner:
             trace_headers=claim.trace_headers,
         )
 
-    async def _write_outcome(self, claim: Claim, query: Query, params: Mapping[str, Any]) -> bool:
-        """Run a fenced outcome statement; False when the lease was lost (nothing written).
+    async def _write_fenced(self, claim: Claim, query: Query, params: Mapping[str, Any]) -> bool:
+        full = {**params, "id": claim.job_id, "lease_token": claim.lease_token}
+
+        async def write() -> bool:
+            async with self.connections.connection() as conn:
+                cur = await conn.execute(query.sql, full)
+                # Every outcome statement returns a row exactly when its fence let it write.
+                return await cur.fetchone() is not None
+
+        return await self._write_outcome(claim, query.name, write)
+
+    async def _write_outcome(
+        self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]
+    ) -> bool:
+        """Write an outcome; False when the lease was lost (nothing written).
 
         While the database is unreachable, keep trying for about one lease length: past
         that the reaper has most likely handed the job to another worker anyway.
         """
-        full = {**params, "id": claim.job_id, "lease_token": claim.lease_token}
         deadline = time.monotonic() + claim.job_type.lease
         failures = 0
         while True:
             try:
-                async with self.connections.connection() as conn:
-                    cur = await conn.execute(query.sql, full)
-                    row = await cur.fetchone()
+                won = await write()
                 break
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, TransientConflict) as exc:
                 # A retry is safe: the fence makes a second run of an applied outcome a no-op.
                 failures += 1
                 if failures == 1:
@@ -323,13 +371,11 @@ class JobRunner:
                         extra={**claim.log_fields, "error": str(exc)},
                     )
                 await asyncio.sleep(0.5)  # retry pacing while the database is away
-        # Every outcome statement returns a row exactly when its fence let it write.
-        won = row is not None
         if not won:
             self.metrics.processed("lease_lost")
             log.warning(
                 "lease lost before the outcome was written; nothing recorded",
-                extra={**claim.log_fields, "outcome": query.name},
+                extra={**claim.log_fields, "outcome": outcome},
             )
         return won
 

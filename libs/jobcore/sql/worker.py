@@ -26,43 +26,58 @@ UNLISTEN_CANCEL = Query(
     f"UNLISTEN {CANCEL_CHANNEL}",
 )
 
-# The inbox insert decides whether this message was seen before (a conflict: a
-# redelivery or a re-published outbox row), and the claim runs only for a fresh message.
-# The fence `attempts + 1 = <the envelope's attempt>` lets exactly one message run each
-# attempt: every transition to pending writes one message numbered attempts + 1, so a
-# stale message for an older attempt (whose inbox row was pruned, or a copy of a message
-# the job has moved past) finds the job already further along and does nothing.
+# Claims arrive in batches (the deliveries that came in while the previous batch was
+# committing): one statement and one commit for all of them; the caller passes parallel
+# arrays with distinct message ids. Per message: the inbox insert decides whether it was
+# seen before (a conflict: a redelivery or a re-published outbox row), and only a fresh
+# message claims its job. The fence `attempts + 1 = <the envelope's attempt>` lets
+# exactly one message run each attempt: every transition to pending writes one message
+# numbered attempts + 1, so a stale message for an older attempt (whose inbox row was
+# pruned, or a copy of a message the job has moved past) finds the job further along and
+# does nothing. `status_before` is what the job was when the statement began.
 RECEIVE_AND_CLAIM = Query(
     "receive_and_claim",
-    "Record a message in the inbox and, if it is new, claim its pending job under a lease.",
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases.",
     """
-    WITH received AS (
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
+            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[]
+        ) AS i(message_id, job_id, type, attempt, lease_token, lease)
+    ), received AS (
         INSERT INTO inbox (consumer, message_id)
-        VALUES (%(consumer)s, %(message_id)s)
+        SELECT %(consumer)s, message_id FROM input
         ON CONFLICT DO NOTHING
         RETURNING message_id
     ), claimed AS (
         UPDATE jobs
         SET status = 'running',
-            attempts = attempts + 1,
-            lease_token = %(lease_token)s,
-            lease_expires_at = now() + make_interval(secs => %(lease)s),
+            attempts = jobs.attempts + 1,
+            lease_token = input.lease_token,
+            lease_expires_at = now() + make_interval(secs => input.lease),
             worker_id = %(worker_id)s,
-            started_at = coalesce(started_at, now()),
+            started_at = coalesce(jobs.started_at, now()),
             updated_at = now()
-        WHERE id = %(job_id)s
-          AND status = 'pending'
-          AND type = %(type)s
-          AND attempts + 1 = %(attempt)s
-          AND EXISTS (SELECT FROM received)
-        RETURNING id, type, queue, payload, attempts, max_attempts, cancel_requested_at,
-                  traceparent, tracestate
+        FROM input JOIN received USING (message_id)
+        WHERE jobs.id = input.job_id
+          AND jobs.status = 'pending'
+          AND jobs.type = input.type
+          AND jobs.attempts + 1 = input.attempt
+        RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
+                  jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
+                  jobs.tracestate
     )
-    SELECT EXISTS (SELECT FROM received) AS fresh,
-           (SELECT status FROM jobs WHERE id = %(job_id)s) AS status_before,
-           claimed.*
-    FROM (SELECT) AS one
-    LEFT JOIN claimed ON true
+    SELECT input.message_id,
+           received.message_id IS NOT NULL AS fresh,
+           before.status AS status_before,
+           claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
+           claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
+           claimed.tracestate
+    FROM input
+    LEFT JOIN received USING (message_id)
+    LEFT JOIN jobs AS before ON before.id = input.job_id
+    LEFT JOIN claimed ON claimed.message_id = input.message_id
     """,
 )
 
@@ -77,29 +92,42 @@ HEARTBEAT = Query(
     """,
 )
 
-# Effects travel as one JSON array ([{"kind": .., "detail": {..}}]) so that any number
-# of them is still one statement; they are written only if the fenced update won.
+# Successes are batched like claims. Effects travel as one JSON array
+# ([{"job_id": .., "kind": .., "detail": {..}}]) so that any number of them is still one
+# statement; a job's effects are written only if its fenced update won. Returns the jobs
+# whose update won.
 SUCCEED = Query(
     "succeed",
-    "Record success with its result and the attempt's effects, fenced by the lease token.",
+    "Record successes with their results and effects, each fenced by its lease token.",
     """
-    WITH done AS (
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ids)s::uuid[], %(lease_tokens)s::uuid[], %(results)s::text[],
+            %(result_refs)s::text[]
+        ) AS i(id, lease_token, result, result_ref)
+    ), done AS (
         UPDATE jobs
         SET status = 'succeeded',
-            result = %(result)s::jsonb,
-            result_ref = %(result_ref)s,
+            result = input.result::jsonb,
+            result_ref = input.result_ref,
             lease_expires_at = NULL,
             finished_at = now(),
             updated_at = now()
-        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id, attempts
+        FROM input
+        WHERE jobs.id = input.id
+          AND jobs.status = 'running'
+          AND jobs.lease_token = input.lease_token
+        RETURNING jobs.id, jobs.attempts
     ), effects AS (
         INSERT INTO job_effects (job_id, attempt, kind, detail)
-        SELECT done.id, done.attempts, effect.kind, effect.detail
-        FROM done, jsonb_to_recordset(%(effects)s::jsonb) AS effect(kind text, detail jsonb)
+        SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
+        FROM jsonb_array_elements(%(effects)s::jsonb) WITH ORDINALITY AS effect(item, n)
+        JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
+        ORDER BY effect.n
         RETURNING id
     )
-    SELECT done.id, (SELECT count(*) FROM effects) AS effects FROM done
+    SELECT done.id FROM done
     """,
 )
 

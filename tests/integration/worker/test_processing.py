@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import uuid
@@ -17,6 +18,7 @@ from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
 from services.worker.app import Worker
+from services.worker.consumer import ClaimRequest
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
@@ -188,13 +190,13 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
             q.RECEIVE_AND_CLAIM.sql,
             {
                 "consumer": q.JOBS_CONSUMER,
-                "message_id": message["message_id"],
-                "job_id": job_id,
-                "type": "wt_gate",
-                "attempt": 1,
-                "lease_token": uuid.uuid4(),
-                "lease": 1.0,
                 "worker_id": "died-before-ack",
+                "message_ids": [message["message_id"]],
+                "job_ids": [job_id],
+                "types": ["wt_gate"],
+                "attempts": [1],
+                "lease_tokens": [uuid.uuid4()],
+                "leases": [1.0],
             },
         )
         claimed = await cur.fetchone()
@@ -291,3 +293,32 @@ def _message_row(topology: Topology, job_id: uuid.UUID, *, attempt: int) -> dict
         "headers": {},
         "body": JobMessage(job_id=job_id, attempt=attempt, type="wt_gate").encode(),
     }
+
+
+async def test_claims_in_one_batch_dedupe_a_repeated_message_and_a_second_claim(
+    db: Database, topology: Topology, start_worker: StartWorker
+) -> None:
+    worker = await start_worker(queues=["nothing_arrives_here"])
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [row] = await outbox_rows(db, job_id)
+
+    def request(message_id: uuid.UUID) -> ClaimRequest:
+        return ClaimRequest(message_id, job_id, "wt_gate", 1, uuid.uuid4(), 2.0)
+
+    same, other = request(row["message_id"]), request(uuid.uuid4())
+    # Submitted together, they travel in one statement.
+    first, again, rival = await asyncio.gather(
+        worker.consumer.claims.submit(same),
+        worker.consumer.claims.submit(same),
+        worker.consumer.claims.submit(other),
+    )
+
+    # Two fresh messages for the same attempt: exactly one claims the job.
+    assert (first["fresh"], rival["fresh"]) == (True, True)
+    assert (again["fresh"], again["id"]) == (False, None)
+    winner, loser = (first, rival) if first["id"] is not None else (rival, first)
+    assert (winner["id"], loser["id"], loser["status_before"]) == (job_id, None, "pending")
+    job = await job_row(db, job_id)
+    assert (job["status"], job["attempts"]) == ("running", 1)
+    assert job["lease_token"] == winner["lease_token"]
+    assert winner["lease_token"] in (same.lease_token, other.lease_token)
