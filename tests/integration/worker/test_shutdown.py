@@ -37,10 +37,12 @@ async def test_sigterm_lets_a_running_handler_finish_within_the_grace_period(
 ) -> None:
     settings = wsettings.model_copy(update={"shutdown_grace": 20.0})
     gate, log = tmp_path / "gate", tmp_path / "worker.log"
-    with jobcore_process(settings, "worker", log_path=log, **worker_env(settings)) as proc:
+    args = ("worker", "--queue", "testq", "--concurrency", "2")
+    with jobcore_process(settings, *args, log_path=log, **worker_env(settings)) as proc:
         await eventually(
             log_has(log, "worker consuming"), what="the worker to consume", timeout=PROCESS_START
         )
+        assert '"queues":["testq"]' in log.read_text()
         job_id = await submit(db, topology, "wt_gate", GatePayload(gate=str(gate)))
         await eventually(lambda: status_is(db, job_id, "running"), what="the job to run")
 
