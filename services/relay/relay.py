@@ -341,8 +341,19 @@ def build_publisher(
     )
 
 
+class _WithoutConnectionNoise(logging.Filter):
+    """aiormq logs every failed connection attempt and every broker-side close as an
+    error; the publisher logs each state change once instead (with the same reason)."""
+
+    REPEATS = ("error when creating transport", "Unexpected connection close from remote")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.REPEATS)
+
+
 async def serve(settings: Settings, options: RelayOptions) -> int:
     """`jobcore relay`: the relay and its health server until SIGTERM; the exit code."""
+    logging.getLogger("aiormq.connection").addFilter(_WithoutConnectionNoise())
     metrics = RelayMetrics()
     db = Database(
         settings,

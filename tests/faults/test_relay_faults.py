@@ -21,6 +21,7 @@ from tests.integration.relay.helpers import (
     collect,
     fill_outbox,
     health_port,
+    log_records,
     messages_logged,
     outbox_count,
     outbox_message_ids,
@@ -194,6 +195,7 @@ async def test_relay_rides_out_a_broker_outage_and_drains_everything(
     # Logged once per state change, however many attempts the outage took.
     assert len(messages_logged(log, "broker connection lost")) == 1
     assert len(messages_logged(log, "broker connected again")) == 1
+    assert not [r for r in log_records(log) if r["level"] == "error"]
     expected = {r["message_id"] for r in before + during}
     async with fresh_collector(settings, topology) as collector:
         await wait_received(collector, expected, timeout=30)
