@@ -34,6 +34,7 @@ def relay(
     ),
 ) -> None:
     """Publish outbox rows to RabbitMQ with publisher confirms until SIGTERM."""
+    # Imported here: the health server's web stack would slow every other command's start.
     from services.relay.relay import serve
 
     config = settings()
@@ -46,7 +47,8 @@ def topology(as_json: bool = JSON_OPTION) -> None:
     """Declare the exchanges and queues (idempotent) and print what was declared."""
     config = settings()
     queues = load_job_modules(config.job_modules).queues()
-    declared = run(declare_topology(config, queues))
+    options = load_relay_options()
+    declared = run(declare_topology(config, queues, connect_timeout=options.connect_timeout))
     if as_json:
         emit(declared, as_json=True)
         return

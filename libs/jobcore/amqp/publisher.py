@@ -115,10 +115,12 @@ async def _declare(
             await channel.close()
 
 
-async def declare_topology(settings: Settings, queues: Collection[str]) -> dict[str, Any]:
+async def declare_topology(
+    settings: Settings, queues: Collection[str], *, connect_timeout: float = 5.0
+) -> dict[str, Any]:
     """Declare the topology on demand (`jobcore topology`); return what was declared."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-    connection = await connect(settings, timeout=settings.db_connect_timeout)
+    connection = await connect(settings, timeout=connect_timeout)
     try:
         try:
             await _declare(connection, topology, queues)
