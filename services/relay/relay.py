@@ -109,7 +109,13 @@ class Relay(Service):
             log.info("relay stopped", extra=dict(self.totals))
 
     async def _drain(self) -> None:
-        """Run the lanes until the due rows run out, the broker goes, or we are stopping."""
+        """Publish until the due rows run out, the broker goes, or we are stopping.
+
+        One batch first: a wake-up for a few rows costs one claim. Only a full batch (a
+        backlog) starts the lanes, whose claims and commits overlap each other's confirms.
+        """
+        if await self.relay_batch() < self.settings.relay_batch_size:
+            return
         results = await asyncio.gather(
             *(self._lane() for _ in range(self.options.lanes)), return_exceptions=True
         )
