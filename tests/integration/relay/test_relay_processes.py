@@ -49,8 +49,6 @@ async def test_three_relays_drain_10k_rows_each_published_and_marked_done_once(
     tmp_path: Path,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    rows = await fill_outbox(db, topology, 10_000)
-    expected = {r["message_id"] for r in rows}
     logs = [tmp_path / f"relay-{i}.log" for i in range(3)]
     with contextlib.ExitStack() as stack:
         relays = [
@@ -61,6 +59,14 @@ async def test_three_relays_drain_10k_rows_each_published_and_marked_done_once(
             )
             for log in logs
         ]
+
+        async def all_connected() -> bool:
+            return all(log.exists() and messages_logged(log, "broker connected") for log in logs)
+
+        await eventually(all_connected, timeout=30, what="three connected relays")
+        # One NOTIFY wakes all three at once: they race for the same rows.
+        rows = await fill_outbox(db, topology, 10_000)
+        expected = {r["message_id"] for r in rows}
         await wait_drained(db)
         await wait_received(collector, expected)
         for relay in relays:
@@ -73,6 +79,7 @@ async def test_three_relays_drain_10k_rows_each_published_and_marked_done_once(
     published = [s["published"] for s in stopped]
     # Each row was confirmed and deleted by exactly one relay ...
     assert sum(published) == len(rows)
+    assert all(p > 0 for p in published), f"not all three relays took part: {published}"
     assert all(s["unconfirmed"] == 0 and s["failed"] == 0 for s in stopped)
     # ... and PostgreSQL agrees: one delete per row, none repeated (its counter is
     # flushed when the relays' sessions end).
