@@ -6,9 +6,13 @@ channel is opened with confirms on and returns raising, so a ``mandatory`` messa
 queue takes fails instead of being confirmed silently.
 
 Each message of a batch ends in exactly one of three states: confirmed (the broker has
-it), failed (the broker refused *this* message: nacked, returned, or its exchange does not
-exist), or unconfirmed (the connection broke or timed out first: nothing is known, the
-message is not to blame, and the caller publishes it again later).
+it), failed (the broker refused *this* message: nacked, returned, its exchange does not
+exist, or it cannot be encoded), or unconfirmed (the connection broke or timed out first:
+nothing is known, the message is not to blame, and the caller publishes it again later).
+
+The batch goes out through aiormq's channel, one layer under aio-pika, in one socket
+write (see ``_publish_batched``); where aiormq's internals are not the expected ones the
+publisher falls back to aiormq's public per-message publish, with the same outcomes.
 """
 
 from __future__ import annotations
@@ -179,6 +183,12 @@ class ConfirmedPublisher:
     def connected(self) -> bool:
         return self._raw is not None and not self._raw.is_closed
 
+    @property
+    def connection(self) -> AbstractConnection | None:
+        """The broker connection while connected, for read-only side uses (queue depth
+        on /metrics) on channels of their own."""
+        return self._connection if self.connected else None
+
     async def connect(self) -> None:
         """Open the connection and channel and declare the topology (idempotent)."""
         if self.connected:
@@ -348,8 +358,8 @@ class ConfirmedPublisher:
         if not encoded:
             return []
         batch = _BatchConfirms(len(encoded))
-        closed = raw.create_future()
         async with raw.lock:
+            closed = raw.create_future()
             first = raw.delivery_tag + 1
             for offset, (_, message_id, _) in enumerate(encoded):
                 # aiormq's reader uses a confirmation only as far as _Confirmation goes.
