@@ -73,12 +73,14 @@ async def enqueue(
     entity_id: str | None = None,
     max_attempts: int | None = None,
     run_at: datetime | None = None,
+    callback_url: str | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow`` (the caller commits).
 
     With an idempotency key already used for this tenant and type, returns the existing
     job (``replayed``) when the payload is the same, and raises
-    :class:`IdempotencyConflict` when it differs.
+    :class:`IdempotencyConflict` when it differs. ``callback_url`` (checked by the caller)
+    receives the completion webhook; without one, the tenant's default endpoint does.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
@@ -94,6 +96,7 @@ async def enqueue(
         "entity_id": entity_id,
         "max_attempts": max_attempts or job_type.max_attempts,
         "run_at": run_at,
+        "callback_url": callback_url,
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,

@@ -76,6 +76,9 @@ jobs = Table(
     _timestamp("next_attempt_at"),
     Column("traceparent", Text),
     Column("tracestate", Text),
+    # Where the job's completion webhook goes (given at enqueue, or the tenant's default
+    # endpoint for the type); NULL: no webhook.
+    Column("callback_url", Text),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("updated_at", nullable=False, default_now=True),
     _timestamp("started_at"),
@@ -182,4 +185,59 @@ api_keys = Table(
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("revoked_at"),
     Index("api_keys_tenant_idx", "tenant"),
+)
+
+WEBHOOK_DELIVERY_STATUSES = ("pending", "delivered", "failed")
+
+# One row per completion webhook. Its id is the delivery id receivers see in
+# ``Webhook-Id``: the same on every attempt, so they can dedupe. Written in the same
+# statement as the job's terminal status; each attempt is an outbox message.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("8")),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    _timestamp("next_attempt_at"),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("delivered_at"),
+    _timestamp("updated_at", nullable=False, default_now=True),
+    CheckConstraint(
+        "status IN (" + ", ".join(f"'{v}'" for v in WEBHOOK_DELIVERY_STATUSES) + ")",
+        name="status",
+    ),
+    CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+    Index("webhook_deliveries_job_created_idx", "job_id", "created_at"),
+    Index("webhook_deliveries_status_created_idx", "status", "created_at"),
+)
+
+# The key each tenant's webhooks are signed with (HMAC-SHA256). Kept in clear: signing
+# needs it. Created on first need or by `jobcore webhooks secret`.
+tenant_webhook_secrets = Table(
+    "tenant_webhook_secrets",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("secret", Text, nullable=False),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("rotated_at"),
+)
+
+# A tenant's default webhook endpoint per job type ('*': any type), copied into a job's
+# callback_url at enqueue when the request names none.
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("tenant", Text, nullable=False),
+    Column("job_type", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("updated_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("tenant", "job_type"),
 )

@@ -72,6 +72,17 @@ class Settings(BaseSettings):
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
 
+    # Webhooks (completion notifications). Callback URLs that resolve to loopback,
+    # private, link-local or other non-public addresses are refused unless their host
+    # (or host:port) is listed here (comma-separated in the environment).
+    webhook_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    # Failed attempt n waits a random time in [0.6c, c], c = min(cap, base * 2**(n-1)) s.
+    webhook_backoff_base: float = Field(default=5.0, gt=0, le=3600)
+    webhook_backoff_cap: float = Field(default=3600.0, gt=0, le=86_400)
+    # Deliveries sent at once per worker (the webhooks queue's prefetch).
+    webhook_concurrency: int = Field(default=16, ge=1, le=1000)
+
     @field_validator("database_url")
     @classmethod
     def _normalise_database_url(cls, value: str) -> str:
@@ -104,6 +115,15 @@ class Settings(BaseSettings):
     def _split_modules(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(m.strip() for m in value.split(",") if m.strip())
+        return value
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(str(h).strip().lower() for h in value if str(h).strip())
         return value
 
     @field_validator("amqp_prefix")

@@ -20,12 +20,15 @@ from jobcore.settings import Settings, load_settings
 from services.api import problems
 from services.api.deps import ApiState
 from services.api.metrics import ApiMetrics
-from services.api.routes import bench, health, jobs
+from services.api.routes import bench, deliveries, health, jobs
 from services.api.views import JsonBody
+from services.api.waiters import JobWaiters
 
 log = logging.getLogger(__name__)
 
 BENCH_NOOP_ENV = "JOBCORE_BENCH_NOOP"
+# How long shutdown waits for the long-poll listener to let go of its connection.
+WAITERS_STOP_GRACE = 2.0
 
 DESCRIPTION = """\
 User-visible background jobs. `POST /jobs/{type}` stores the job and its outbox message
@@ -57,6 +60,8 @@ def create_app(
         metrics=ApiMetrics(),
         results=LocalResultStore(settings.result_dir),
     )
+    # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
+    waiters = JobWaiters(settings, registry=state.metrics.registry)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,10 +72,12 @@ def create_app(
             # answers 503 meanwhile, and recovers without a restart.
             await db.open()
         state.db = db
+        await waiters.start()
         log.info("api started", extra={"job_types": [t.name for t in registry]})
         try:
             yield
         finally:
+            await waiters.stop(WAITERS_STOP_GRACE)
             state.db = None
             if owned:
                 await db.close()
@@ -83,8 +90,10 @@ def create_app(
         default_response_class=JsonBody,
     )
     app.state.api = state
+    app.state.job_waiters = waiters
     problems.install(app)
     app.include_router(jobs.build_router(registry))
+    app.include_router(deliveries.router)
     app.include_router(health.router)
     if bench_noop if bench_noop is not None else os.environ.get(BENCH_NOOP_ENV) == "1":
         app.include_router(bench.router)

@@ -8,6 +8,7 @@ indistinguishable from a job that does not exist.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -88,6 +89,8 @@ class Submission:
     entity_id: str | None = None
     max_attempts: int | None = None
     run_at: datetime | None = None
+    # Checked already (services.api.callbacks).
+    callback_url: str | None = None
 
 
 def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
@@ -117,6 +120,7 @@ async def submit(
         entity_id=submission.entity_id,
         max_attempts=submission.max_attempts,
         run_at=submission.run_at,
+        callback_url=submission.callback_url,
     )
 
 
@@ -169,11 +173,14 @@ class CancelOutcome:
         return self.status is JobStatus.RUNNING
 
 
-async def cancel_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> CancelOutcome:
+async def cancel_job(
+    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: Mapping[str, Any]
+) -> CancelOutcome:
     """Pending → cancelled now; running → cancel requested (and the workers told).
 
     The row is locked first, so the status decided on is the status changed; the caller
-    commits (the NOTIFY is delivered on commit).
+    commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
+    completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
     """
     locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
     if locked is None:
@@ -183,7 +190,7 @@ async def cancel_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> CancelO
         raise JobNotCancellable(status.value)
     check_transition(status, JobStatus.CANCELLED)
     if status is JobStatus.PENDING:
-        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {"id": job_id})
+        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {**completion, "id": job_id})
     else:
         row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
     # The lock held the status still, so the fenced UPDATE found the row.

@@ -62,6 +62,10 @@ class InvalidCursor(JobcoreError):
     """The cursor is not one this API handed out."""
 
 
+class InvalidWait(JobcoreError):
+    """wait is a number of seconds (GET /jobs/{id}?wait=30)."""
+
+
 class InvalidRequest(JobcoreError):
     """The request's parameters are invalid."""
 
@@ -116,6 +120,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     MalformedJson: ProblemType(400, "malformed-json", "Malformed JSON"),
     InvalidIdempotencyKey: ProblemType(400, "invalid-idempotency-key", "Invalid Idempotency-Key"),
     InvalidCursor: ProblemType(400, "invalid-cursor", "Invalid cursor"),
+    InvalidWait: ProblemType(400, "invalid-wait", "Invalid wait"),
     MissingApiKey: ProblemType(401, "missing-api-key", "API key required"),
     InvalidApiKey: ProblemType(401, "invalid-api-key", "Invalid API key"),
     UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),

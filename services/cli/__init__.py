@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "services.api.cli",
     "services.relay.cli",
     "services.worker.cli",
+    "services.cli.webhooks",
     "services.cli.dev",
     "services.cli.demo",
 )

@@ -22,6 +22,7 @@ from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.metrics import WorkerMetrics
 from services.worker.reaper import Reaper
 from services.worker.runner import JobRunner
+from services.worker.webhooks import WebhookDeliverer
 
 
 def new_worker_id() -> str:
@@ -39,6 +40,7 @@ class Worker:
         concurrency: int | None = None,
         registry: Registry | None = None,
         health: bool = True,
+        webhooks: bool = True,
     ) -> None:
         self.settings = settings
         self.registry = registry if registry is not None else load_job_modules(settings.job_modules)
@@ -64,6 +66,8 @@ class Worker:
             settings, self.db, registry=self.registry, owner=self.worker_id, metrics=self.metrics
         )
         self.cancels = CancelListener(self.db, self.runner.request_cancel)
+        # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
+        self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
         self.health: HealthServer | None = None
         if health:
             self.health = HealthServer(
@@ -79,7 +83,8 @@ class Worker:
         # Stopped in reverse: the consumer first (it may wait out the grace period), while
         # the cancel listener and health server keep working until it is done.
         head: list[Service] = [self.health] if self.health else []
-        return [*head, self.cancels, self.reaper, self.consumer]
+        hooks: list[Service] = [self.webhooks] if self.webhooks else []
+        return [*head, self.cancels, self.reaper, *hooks, self.consumer]
 
     @property
     def stop_grace(self) -> float:
@@ -96,6 +101,7 @@ class Worker:
             "running_handlers": len(self.runner.running),
             "reaper_leader": self.reaper.is_leader,
             "cancel_listener": self.cancels.listening,
+            "webhooks_consuming": self.webhooks.consuming if self.webhooks else None,
             "counters": self.metrics.snapshot(),
         }
 

@@ -26,6 +26,7 @@ from jobcore.registry import JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
+from jobcore.webhooks import completion_params
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Reaper(Service):
         interval: float | None = None,
     ) -> None:
         super().__init__()
+        self.settings = settings
         self.db = db
         self.registry = registry
         self.owner = owner
@@ -164,6 +166,7 @@ class Reaper(Service):
             if row["attempts"] < row["max_attempts"]
         ]
         return {
+            **completion_params(self.topology, self.settings),
             "ids": [row["id"] for row in expired],
             "error": LEASE_EXPIRED,
             "channel": OUTBOX_CHANNEL,

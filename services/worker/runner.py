@@ -32,6 +32,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
 from jobcore.telemetry import context_from_headers, tracer
+from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
@@ -117,6 +118,8 @@ class JobRunner:
         self.connections = connections
         self.topology = topology
         self.metrics = metrics
+        # Every outcome statement that ends a job also records its completion webhook.
+        self.completion = completion_params(topology, settings)
         self.result_store = LocalResultStore(settings.result_dir)
         self.running: dict[uuid.UUID, RunningJob] = {}
         self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
@@ -289,6 +292,7 @@ class JobRunner:
             "results": [s.result for s in batch],
             "result_refs": [s.result_ref for s in batch],
             "effects": orjson.dumps([e for s in batch for e in s.effects]).decode(),
+            **self.completion,
         }
         async with self.connections.connection() as conn:
             cur = await conn.execute(q.SUCCEED.sql, params)
@@ -330,7 +334,7 @@ class JobRunner:
         )
 
     async def _write_fenced(self, claim: Claim, query: Query, params: Mapping[str, Any]) -> bool:
-        full = {**params, "id": claim.job_id, "lease_token": claim.lease_token}
+        full = {**self.completion, **params, "id": claim.job_id, "lease_token": claim.lease_token}
 
         async def write() -> bool:
             async with self.connections.connection() as conn:

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
+# Completion webhooks travel on the jobs exchange like job messages; the worker consumes
+# this queue. Declared with every topology, so the relay can always route them.
+WEBHOOKS_QUEUE = "webhooks"
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -68,13 +72,19 @@ class Topology:
     async def declare(
         self, channel: AbstractChannel, queues: Iterable[str]
     ) -> dict[str, AbstractQueue]:
-        """Declare everything (idempotent); return the job queues by their short name."""
+        """Declare everything (idempotent), the webhooks queue included; return the queues
+        asked for by their short name."""
         exchange = await self.declare_exchanges(channel)
-        return {q: await self.declare_queue(channel, exchange, q) for q in sorted(set(queues))}
+        wanted = set(queues)
+        declared = {
+            q: await self.declare_queue(channel, exchange, q)
+            for q in sorted(wanted | {WEBHOOKS_QUEUE})
+        }
+        return {q: declared[q] for q in sorted(wanted)}
 
     async def delete(self, channel: AbstractChannel, queues: Iterable[str]) -> None:
         """Remove everything this topology declared (tests, and `jobcore topology --delete`)."""
-        for q in queues:
+        for q in sorted(set(queues) | {WEBHOOKS_QUEUE}):
             await channel.queue_delete(self.queue_name(q))
         await channel.queue_delete(self.dead_letter_queue)
         await channel.exchange_delete(self.jobs_exchange)

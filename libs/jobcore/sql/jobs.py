@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from jobcore.sql import Query
+from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
 # per statement is the cost that matters on the enqueue path. With an idempotency key
 # that is already taken, ON CONFLICT makes the job insert (and so the outbox insert)
-# write nothing and return no row; the caller then reads the existing job.
+# write nothing and return no row; the caller then reads the existing job. Without a
+# callback URL the job takes the tenant's default endpoint for its type, if any (a
+# primary-key probe of webhook_endpoints).
 INSERT_JOB_WITH_OUTBOX = Query(
     "insert_job_with_outbox",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
@@ -15,11 +18,18 @@ INSERT_JOB_WITH_OUTBOX = Query(
     WITH job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
-            payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate
+            payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
+            callback_url
         ) VALUES (
             %(id)s, %(tenant)s, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
-            %(run_at)s, %(traceparent)s, %(tracestate)s
+            %(run_at)s, %(traceparent)s, %(tracestate)s,
+            coalesce(%(callback_url)s, (
+                SELECT url FROM webhook_endpoints
+                WHERE tenant = %(tenant)s AND job_type IN (%(type)s, '*')
+                ORDER BY job_type = '*'
+                LIMIT 1
+            ))
         )
         ON CONFLICT (tenant, type, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO NOTHING
@@ -125,14 +135,25 @@ LOCK_JOB_FOR_CANCEL = Query(
     """,
 )
 
+# Ends the job, so it records the completion webhook and wakes waiters (jobcore.sql.webhooks).
 CANCEL_PENDING_JOB = Query(
     "cancel_pending_job",
     "Cancel a job that no worker runs yet (fenced on status = 'pending').",
     """
-    UPDATE jobs
-    SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(), updated_at = now()
-    WHERE id = %(id)s AND status = 'pending'
-    RETURNING id, status, cancel_requested_at
+    WITH done AS (
+        UPDATE jobs
+        SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'pending'
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate,
+                  cancel_requested_at
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, done.status, done.cancel_requested_at, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
     """,
 )
 

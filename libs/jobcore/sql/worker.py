@@ -10,6 +10,7 @@ row of a retry, commit together or not at all. Every write after the claim is fe
 from __future__ import annotations
 
 from jobcore.sql import Query
+from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # The API sends the job id here when a running job's cancellation is requested (after
 # setting cancel_requested_at, which heartbeats also check: a NOTIFY can be missed).
@@ -95,7 +96,8 @@ HEARTBEAT = Query(
 # Successes are batched like claims. Effects travel as one JSON array
 # ([{"job_id": .., "kind": .., "detail": {..}}]) so that any number of them is still one
 # statement; a job's effects are written only if its fenced update won. Returns the jobs
-# whose update won.
+# whose update won. Like every statement that ends a job, it records the job's completion
+# webhook (if it has a callback) and wakes long-poll waiters (jobcore.sql.webhooks).
 SUCCEED = Query(
     "succeed",
     "Record successes with their results and effects, each fenced by its lease token.",
@@ -118,7 +120,8 @@ SUCCEED = Query(
         WHERE jobs.id = input.id
           AND jobs.status = 'running'
           AND jobs.lease_token = input.lease_token
-        RETURNING jobs.id, jobs.attempts
+        RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
+                  jobs.traceparent, jobs.tracestate
     ), effects AS (
         INSERT INTO job_effects (job_id, attempt, kind, detail)
         SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
@@ -126,8 +129,13 @@ SUCCEED = Query(
         JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
         ORDER BY effect.n
         RETURNING id
-    )
-    SELECT done.id FROM done
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
     """,
 )
 
@@ -167,14 +175,22 @@ FAIL = Query(
     "fail",
     "Record that a job failed for good, fenced by the lease token.",
     """
-    UPDATE jobs
-    SET status = 'failed',
-        last_error = %(error)s,
-        lease_expires_at = NULL,
-        finished_at = now(),
-        updated_at = now()
-    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-    RETURNING id
+    WITH done AS (
+        UPDATE jobs
+        SET status = 'failed',
+            last_error = %(error)s,
+            lease_expires_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
     """,
 )
 
@@ -182,14 +198,22 @@ CANCEL_RUNNING = Query(
     "cancel_running",
     "Record that a running job stopped because its cancellation was requested (fenced).",
     """
-    UPDATE jobs
-    SET status = 'cancelled',
-        last_error = %(error)s,
-        lease_expires_at = NULL,
-        finished_at = now(),
-        updated_at = now()
-    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-    RETURNING id
+    WITH done AS (
+        UPDATE jobs
+        SET status = 'cancelled',
+            last_error = %(error)s,
+            lease_expires_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
     """,
 )
 
@@ -239,7 +263,7 @@ LOCK_EXPIRED_LEASES = Query(
 # The caller locked the rows and prepared one message per job that may get another
 # attempt (parallel arrays). Jobs whose attempts are used up fail instead; jobs whose
 # cancellation was requested end cancelled (their worker died before it could stop
-# them); neither gets a message.
+# them); neither gets a job message, but both get their completion webhook.
 REAP = Query(
     "reap",
     "Return locked jobs with expired leases to pending (with a new message), or end them.",
@@ -260,8 +284,12 @@ REAP = Query(
             END,
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
-        RETURNING id, status
-    ), messages AS (
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate
+    ), done AS (
+        SELECT * FROM reaped WHERE status <> 'pending'
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """, messages AS (
         INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
         SELECT m.message_id, m.exchange, m.routing_key, m.message_type, m.headers, m.body,
                m.job_id
@@ -274,7 +302,13 @@ REAP = Query(
         RETURNING id
     )
     SELECT reaped.id, reaped.status,
-           (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified
+           (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified,
+           (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM hook_messages LIMIT 1)
+               IS NULL AS webhook_notified,
+           CASE WHEN reaped.status <> 'pending'
+                THEN pg_notify('"""
+    + JOB_DONE_CHANNEL
+    + """', reaped.id::text) END IS NULL AS done_notified
     FROM reaped
     """,
 )

@@ -23,10 +23,13 @@ from starlette.responses import FileResponse, Response
 from jobcore.errors import UnknownJobType
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
+from jobcore.webhooks import completion_params
 from services.api import operations, views
 from services.api.body import read_json
+from services.api.callbacks import CallbackUrlDep
 from services.api.deps import ApiKeyDep, StateDep, TenantDep, UowDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
+from services.api.routes import waiting
 from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
 from services.api.views import JsonBody
 
@@ -91,12 +94,13 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         raw = await read_json(request, state.settings.max_body_bytes)
         return operations.validate_payload(job_type, raw)
 
-    # Parameter order is resolution order: the key's presence, the Idempotency-Key and
-    # the body are checked before the tenant lookup opens the transaction.
+    # Parameter order is resolution order: the key's presence, the Idempotency-Key, the
+    # body and the callback URL are checked before the tenant lookup opens the transaction.
     async def enqueue_job(
         _: ApiKeyDep,
         key: IdempotencyKeyDep,
         payload: Annotated[BaseModel, Depends(read_payload)],
+        callback_url: CallbackUrlDep,
         tenant: TenantDep,
         uow: UowDep,
         state: StateDep,
@@ -110,6 +114,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             entity_id=entity_id,
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
+            callback_url=callback_url,
         )
         result = await operations.submit(
             uow,
@@ -152,11 +157,6 @@ async def enqueue_unknown_type(job_type: str, _: ApiKeyDep, tenant: TenantDep) -
     raise UnknownJobType(f"unknown job type {job_type!r}")
 
 
-async def get_job(job_id: uuid.UUID, tenant: TenantDep, uow: UowDep) -> Response:
-    """Status, attempts, errors, timestamps and result, always read from the database."""
-    return JsonBody(views.job_view(await operations.get_job(uow, tenant, job_id)))
-
-
 async def list_jobs(
     tenant: TenantDep,
     uow: UowDep,
@@ -182,10 +182,13 @@ async def list_jobs(
     return JsonBody(body)
 
 
-async def cancel_job(job_id: uuid.UUID, tenant: TenantDep, uow: UowDep) -> Response:
+async def cancel_job(
+    job_id: uuid.UUID, tenant: TenantDep, uow: UowDep, state: StateDep
+) -> Response:
     """Pending: cancelled now (200). Running: the worker is asked to stop it (202).
     Finished: 409 with its status."""
-    outcome = await operations.cancel_job(uow, tenant, job_id)
+    completion = completion_params(state.topology, state.settings)
+    outcome = await operations.cancel_job(uow, tenant, job_id, completion=completion)
     await uow.commit()
     return JsonBody(views.cancel_answer(outcome), status_code=202 if outcome.requested else 200)
 
@@ -231,10 +234,10 @@ def build_router(registry: Registry) -> APIRouter:
     )
     router.add_api_route(
         "/jobs/{job_id}",
-        get_job,
+        waiting.get_job,
         methods=["GET"],
         response_model=JobView,
-        responses=_problems(404, 422),
+        responses=_problems(400, 404, 422),
     )
     router.add_api_route(
         "/jobs/{job_id}/result",

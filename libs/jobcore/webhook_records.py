@@ -1,0 +1,105 @@
+"""Stored webhook state: tenants' signing secrets, deliveries (list, redeliver) and default
+endpoints — what the worker and the `jobcore webhooks` commands do on the database."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.rows import DictRow
+
+from jobcore.amqp.topology import Topology
+from jobcore.apikeys import check_tenant_name
+from jobcore.db import Database, UnitOfWork
+from jobcore.errors import JobcoreError
+from jobcore.registry import Registry
+from jobcore.settings import Settings
+from jobcore.sql import webhooks as q
+from jobcore.webhooks import check_callback_url, completion_params, new_secret
+
+ANY_JOB_TYPE = "*"
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+
+
+class DeliveryNotFound(JobcoreError):
+    """No webhook delivery has that id."""
+
+
+class EndpointNotFound(JobcoreError):
+    """That tenant has no default endpoint for that job type."""
+
+
+async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
+    """The tenant's signing secret row (``secret``, ``created_at``, ``rotated_at``,
+    ``created``), created on first need."""
+    for _ in range(2):
+        row = await uow.fetch_one(q.ENSURE_SECRET, {"tenant": tenant, "secret": new_secret()})
+        if row is not None:
+            return row
+    # pragma: no cover - only a concurrent creation that then vanished gets here
+    raise JobcoreError(f"could not read or create the signing secret of tenant {tenant!r}")
+
+
+async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool) -> DictRow:
+    check_tenant_name(tenant)
+    async with db.unit_of_work() as uow:
+        if rotate:
+            row = await uow.fetch_one(q.ROTATE_SECRET, {"tenant": tenant, "secret": new_secret()})
+            assert row is not None  # an upsert with RETURNING always returns the row
+        else:
+            row = await tenant_secret(uow, tenant)
+        await uow.commit()
+    return row
+
+
+async def list_deliveries(
+    db: Database, *, job_id: uuid.UUID | None, status: str | None, limit: int
+) -> list[DictRow]:
+    if status is not None and status not in DELIVERY_STATUSES:
+        raise JobcoreError(f"status is one of {', '.join(DELIVERY_STATUSES)}")
+    async with db.unit_of_work() as uow:
+        return await uow.fetch_all(
+            q.LIST_DELIVERIES, {"job_id": job_id, "status": status, "limit": limit}
+        )
+
+
+async def redeliver(db: Database, settings: Settings, delivery_id: uuid.UUID) -> DictRow:
+    """A new attempt of a delivery, now, through the outbox (a failed one too)."""
+    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(
+            q.REDELIVER, {**completion_params(topology, settings), "id": delivery_id}
+        )
+        await uow.commit()
+    if row is None:
+        raise DeliveryNotFound(f"no webhook delivery with id {delivery_id}")
+    return row
+
+
+async def set_endpoint(
+    db: Database, settings: Settings, registry: Registry, tenant: str, job_type: str, url: str
+) -> DictRow:
+    """Make ``url`` the tenant's default endpoint for a job type (``*``: every type)."""
+    check_tenant_name(tenant)
+    if job_type != ANY_JOB_TYPE:
+        registry.get(job_type)  # UnknownJobType for a typo
+    await check_callback_url(url, settings.webhook_allowed_hosts)
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(q.SET_ENDPOINT, {"tenant": tenant, "type": job_type, "url": url})
+        await uow.commit()
+    assert row is not None  # an upsert with RETURNING always returns the row
+    return row
+
+
+async def list_endpoints(db: Database, tenant: str | None) -> list[DictRow]:
+    async with db.unit_of_work() as uow:
+        return await uow.fetch_all(q.LIST_ENDPOINTS, {"tenant": tenant})
+
+
+async def remove_endpoint(db: Database, tenant: str, job_type: str) -> dict[str, Any]:
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(q.DELETE_ENDPOINT, {"tenant": tenant, "type": job_type})
+        await uow.commit()
+    if row is None:
+        raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")
+    return dict(row)

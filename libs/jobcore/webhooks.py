@@ -1,0 +1,338 @@
+"""Completion webhooks as plain code: the message envelope, the request body and its
+signature, which addresses a callback may reach, and when an attempt is retried.
+
+The worker sends (``services/worker/webhooks.py``); the API checks callback URLs at
+enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhooks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import random
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from enum import StrEnum
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
+from jobcore.enqueue import OUTBOX_CHANNEL
+from jobcore.errors import JobcoreError, PoisonMessage
+from jobcore.retry import backoff_delay
+from jobcore.settings import Settings
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, so people recognise a secret
+SIGNATURE_SCHEME = "v1"
+MAX_URL_LENGTH = 2048
+# Receivers should refuse a timestamp further than this from their clock (the README's
+# verification snippet uses it): a captured request cannot be replayed later.
+REPLAY_TOLERANCE_SECONDS = 300
+# The share of a retry's backoff ceiling that is random: the wait is in [0.6c, c].
+JITTER_SHARE = 0.4
+# How long resolving a callback's host may take before the URL is refused.
+RESOLVE_TIMEOUT = 3.0
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Cloud instance-metadata endpoints (AWS, GCP, Azure, ...: 169.254.169.254; AWS over IPv6).
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+
+
+class UnsafeCallbackUrl(JobcoreError):
+    """The callback URL is not allowed."""
+
+
+class CallbackHostUnresolved(UnsafeCallbackUrl):
+    """The callback URL's host does not resolve (at delivery: worth another attempt)."""
+
+
+class WebhookMessage(BaseModel):
+    """The outbox/AMQP body of one delivery attempt (no job data: the row holds it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    delivery_id: uuid.UUID
+    attempt: int = Field(ge=1)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+
+def decode_message(body: bytes) -> WebhookMessage:
+    """Parse a webhook message body; :class:`PoisonMessage` for anything malformed."""
+    try:
+        raw = orjson.loads(body)
+        return WebhookMessage.model_validate(raw)
+    except (orjson.JSONDecodeError, ValidationError) as exc:
+        raise PoisonMessage(f"bad webhook message: {str(exc).splitlines()[0]}") from None
+
+
+def completion_params(topology: Topology, settings: Settings) -> dict[str, Any]:
+    """The parameters of the webhook CTEs every terminal-status statement carries."""
+    return {
+        "webhook_exchange": topology.jobs_exchange,
+        "webhook_routing_key": topology.routing_key(WEBHOOKS_QUEUE),
+        "webhook_max_attempts": settings.webhook_max_attempts,
+        "webhook_outbox_channel": OUTBOX_CHANNEL,
+    }
+
+
+# --- the request receivers get -------------------------------------------------------------
+
+_JOB_FIELDS = (
+    "type",
+    "entity_id",
+    "last_error",
+    "result_ref",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+)
+
+
+def webhook_body(delivery: Mapping[str, Any]) -> bytes:
+    """The body of a delivery: the event and the job's view — never its payload or result.
+
+    ``delivery`` is a row of ``GET_DELIVERY_FOR_ATTEMPT``. The same delivery gives the same
+    bytes on every attempt (a terminal job no longer changes).
+    """
+    job_id = delivery["job_id"]
+    path = f"/jobs/{job_id}"
+    job: dict[str, Any] = {"id": job_id}
+    job.update({field: delivery[field] for field in _JOB_FIELDS})
+    job["status"] = delivery["job_status"]
+    job["attempts"] = delivery["job_attempts"]
+    job["max_attempts"] = delivery["job_max_attempts"]
+    job["links"] = {"self": path, "result": f"{path}/result"}
+    body = {"id": delivery["id"], "event": delivery["event"], "job": job}
+    return orjson.dumps(body, option=orjson.OPT_UTC_Z)
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """``v1=`` and the hex HMAC-SHA256 of ``f"{timestamp}.{body}"`` under the secret."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"{SIGNATURE_SCHEME}={mac.hexdigest()}"
+
+
+def signed_headers(
+    delivery_id: uuid.UUID, secret: str, body: bytes, *, timestamp: int | None = None
+) -> dict[str, str]:
+    stamp = int(time.time()) if timestamp is None else timestamp
+    return {
+        "Content-Type": "application/json",
+        "Webhook-Id": str(delivery_id),
+        "Webhook-Timestamp": str(stamp),
+        "Webhook-Signature": signature(secret, stamp, body),
+    }
+
+
+def verify(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance: float = REPLAY_TOLERANCE_SECONDS,
+    now: float | None = None,
+) -> bool:
+    """What a receiver does (the README shows the same in a few lines): the timestamp is
+    recent and one of the signatures matches."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    try:
+        stamp = int(lowered["webhook-timestamp"])
+        offered = lowered["webhook-signature"].split()
+    except (KeyError, ValueError):
+        return False
+    current = time.time() if now is None else now
+    if abs(current - stamp) > tolerance:
+        return False
+    expected = signature(secret, stamp, body)
+    return any(hmac.compare_digest(expected, candidate) for candidate in offered)
+
+
+# --- where a callback may go ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackTarget:
+    url: str
+    scheme: str
+    host: str  # lower case; an IPv6 address without brackets
+    port: int
+    explicit_port: bool
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}" if self.explicit_port else host
+
+    def literal_address(self) -> IPAddress | None:
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+
+def parse_callback_url(url: str) -> CallbackTarget:
+    """An absolute http(s) URL with a host and no credentials, else :class:`UnsafeCallbackUrl`."""
+    if len(url) > MAX_URL_LENGTH:
+        raise UnsafeCallbackUrl(f"a callback URL is at most {MAX_URL_LENGTH} characters")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise UnsafeCallbackUrl("a callback URL has no whitespace or control characters")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in {"http", "https"}:
+        raise UnsafeCallbackUrl("a callback URL must be http:// or https://")
+    if parts.username is not None or parts.password is not None:
+        raise UnsafeCallbackUrl("a callback URL must not carry credentials")
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise UnsafeCallbackUrl("a callback URL must name a host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise UnsafeCallbackUrl("the callback URL's port is not a number from 0 to 65535") from None
+    if port == 0:
+        raise UnsafeCallbackUrl("the callback URL's port cannot be 0")
+    default_port = 443 if scheme == "https" else 80
+    return CallbackTarget(url, scheme, host, port or default_port, port is not None)
+
+
+def is_allowed_host(target: CallbackTarget, allowed: Iterable[str]) -> bool:
+    """Listed in JOBCORE_WEBHOOK_ALLOWED_HOSTS as ``host`` (any port) or ``host:port``."""
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    return any(entry in (target.host, host, f"{host}:{target.port}") for entry in allowed)
+
+
+def address_refusal(address: IPAddress) -> str | None:
+    """Why a webhook may not be sent to this address, or None if it may."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is not None:
+            return address_refusal(embedded)
+    checks: tuple[tuple[bool, str], ...] = (
+        (address in METADATA_ADDRESSES, "a cloud metadata address"),
+        (address.is_unspecified, "an unspecified address"),
+        (address.is_loopback, "a loopback address"),
+        (address.is_link_local, "a link-local address"),
+        (address.is_multicast, "a multicast address"),
+        (address.is_private, "a private address"),
+        (address.is_reserved, "a reserved address"),
+        (not address.is_global, "not a public address"),
+    )
+    for refused, why in checks:
+        if refused:
+            return why
+    return None
+
+
+async def resolve(target: CallbackTarget, *, timeout: float = RESOLVE_TIMEOUT) -> list[IPAddress]:
+    """The host's addresses (the literal itself for an IP), without duplicates, in order."""
+    literal = target.literal_address()
+    if literal is not None:
+        return [literal]
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await loop.getaddrinfo(
+                target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
+    except (OSError, TimeoutError, UnicodeError) as exc:
+        raise CallbackHostUnresolved(f"the callback host {target.host!r} does not resolve") from exc
+    found: dict[IPAddress, None] = {}
+    for _family, _type, _proto, _name, sockaddr in infos:
+        # A scoped IPv6 address comes back as "fe80::1%eth0": the scope is not an address.
+        found[ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])] = None
+    if not found:
+        raise CallbackHostUnresolved(f"the callback host {target.host!r} does not resolve")
+    return list(found)
+
+
+async def check_callback_url(
+    url: str, allowed_hosts: Iterable[str], *, timeout: float = RESOLVE_TIMEOUT
+) -> tuple[CallbackTarget, list[IPAddress]]:
+    """Parse and resolve a callback URL; refuse it if any address it resolves to is not
+    public, unless its host is allowed. Returns the addresses to connect to: connecting
+    to one of these (not resolving again) is what makes the check hold."""
+    target = parse_callback_url(url)
+    addresses = await resolve(target, timeout=timeout)
+    if not is_allowed_host(target, allowed_hosts):
+        for address in addresses:
+            why = address_refusal(address)
+            if why is not None:
+                raise UnsafeCallbackUrl(
+                    f"the callback host {target.host!r} resolves to {address}, {why}"
+                )
+    return target, addresses
+
+
+# --- retries -----------------------------------------------------------------------------
+
+
+class Outcome(StrEnum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    FAILED = "failed"
+
+
+def classify_status(status_code: int) -> Outcome:
+    """2xx delivered; 408, 429 and 5xx worth another attempt; anything else is final
+    (a 3xx too: redirects are not followed)."""
+    if 200 <= status_code < 300:
+        return Outcome.DELIVERED
+    if status_code in (408, 429) or status_code >= 500:
+        return Outcome.RETRY
+    return Outcome.FAILED
+
+
+def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delta-seconds or an HTTP date."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def retry_delay(
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    retry_after: float | None = None,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """Seconds before the attempt after ``attempt``: the receiver's ``Retry-After`` if it
+    sent one (capped), else exponential backoff drawn from the top 40% of its ceiling —
+    jittered, so receivers that failed together are not retried together, yet below the
+    cap each wait is at least 1.2 times the one before."""
+    if retry_after is not None:
+        return min(cap, max(0.0, retry_after))
+    low = 1.0 - JITTER_SHARE
+    return backoff_delay(attempt, base=base, cap=cap, rng=lambda: low + JITTER_SHARE * rng())

@@ -1,0 +1,111 @@
+"""``GET /jobs/{id}`` with an optional long-poll: ``?wait=30`` answers as soon as the job is
+terminal, or when the wait ends, whichever comes first.
+
+Unlike the other job routes this one does not take ``UowDep``: that transaction would
+hold a pooled connection for the whole wait. It checks out a connection for each read
+instead: before waiting, the key's tenant and the job in one short transaction (as every
+job route does); after waking, the job alone, one statement. While it waits it holds only
+an asyncio event (:mod:`services.api.waiters`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from typing import Annotated
+
+from fastapi import Query, Request
+from psycopg.rows import DictRow
+from starlette.responses import Response
+
+from jobcore import apikeys
+from jobcore.db import Database
+from jobcore.errors import JobNotFound, ServiceStateError
+from jobcore.sql import jobs as jobs_sql
+from jobcore.states import is_terminal
+from services.api import operations, views
+from services.api.deps import ApiKeyDep, DbDep
+from services.api.problems import InvalidWait
+from services.api.views import JsonBody
+from services.api.waiters import JobWaiters
+
+# Longer waits are shortened to this: clients and proxies time out idle requests.
+MAX_WAIT_SECONDS = 60.0
+
+WaitQuery = Annotated[
+    str | None,
+    Query(
+        description="Seconds to wait for the job to finish (succeeded, failed or cancelled) "
+        f"before answering; at most {MAX_WAIT_SECONDS:g} (longer waits are shortened). "
+        "The answer comes as soon as the job is terminal.",
+        examples=["30"],
+        max_length=32,
+    ),
+]
+
+
+def parse_wait(value: str | None) -> float:
+    """Seconds to wait: 0 without the parameter; a non-negative number, capped."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InvalidWait(f"wait must be a number of seconds, not {value[:32]!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidWait(f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
+    return min(seconds, MAX_WAIT_SECONDS)
+
+
+def job_waiters(request: Request) -> JobWaiters:
+    waiters: JobWaiters | None = getattr(request.app.state, "job_waiters", None)
+    if waiters is None:
+        raise ServiceStateError("the long-poll listener is not running")
+    return waiters
+
+
+async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, DictRow]:
+    """The key's tenant and its job, in one short transaction."""
+    async with db.unit_of_work() as uow:
+        tenant = await apikeys.tenant_for_key(uow, key)
+        return tenant, await operations.get_job(uow, tenant, job_id)
+
+
+async def reread_job(db: Database, tenant: str, job_id: uuid.UUID) -> DictRow:
+    """The job again, after a wake-up: one statement, one short checkout. Many waiters
+    wake together when jobs finish in a burst; this is what each of them costs."""
+    async with db.connection() as conn:
+        cur = await conn.execute(jobs_sql.GET_JOB.sql, {"id": job_id, "tenant": tenant})
+        row = await cur.fetchone()
+    if row is None:  # pragma: no cover - jobs are not deleted while they are waited on
+        raise JobNotFound("no job with that id")
+    return row
+
+
+async def get_job(
+    job_id: uuid.UUID,
+    key: ApiKeyDep,
+    db: DbDep,
+    request: Request,
+    wait: WaitQuery = None,
+) -> Response:
+    """Status, attempts, errors, timestamps and result, always read from the database.
+    With ``wait``, answers once the job is terminal or the wait is over."""
+    seconds = parse_wait(wait)
+    if seconds <= 0:
+        _, row = await read_job(db, key, job_id)
+        return JsonBody(views.job_view(row))
+    waiters = job_waiters(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    # Subscribed before the first read: a NOTIFY sent after that read sets the event.
+    with waiters.subscribe(job_id) as woken:
+        tenant, row = await read_job(db, key, job_id)
+        while not is_terminal(row["status"]):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await waiters.park(woken, remaining)
+            row = await reread_job(db, tenant, job_id)
+    return JsonBody(views.job_view(row))

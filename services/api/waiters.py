@@ -1,0 +1,172 @@
+"""Long-poll waiters: ``GET /jobs/{id}?wait=`` parks on an asyncio event, not on a
+database connection.
+
+One LISTEN connection per API process (its own, outside the pool: it is held for the
+process's life) hears ``jobcore_job_done`` — sent in the same statement that makes a job
+terminal — and sets the events of that job's waiters. A waiter holds no connection while
+it waits: it reads the job once (a short pooled checkout) after registering, so a NOTIFY
+that arrives after that read wakes it, and once more after waking or when its wait ends.
+
+A NOTIFY can be missed (the listener was reconnecting, or a PgBouncer in transaction mode
+drops LISTEN): every waiter is woken to re-read when the listener (re)connects, waiters
+re-read every :data:`FALLBACK_POLL_SECONDS` while it is down, and each wait ends with a
+read, so a missed notification costs at most the rest of one wait, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+from prometheus_client import CollectorRegistry, Gauge
+
+from jobcore.service import Service
+from jobcore.settings import Settings
+from jobcore.sql.webhooks import LISTEN_JOB_DONE
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME = "jobcore-api-listener"
+# How often the listener loop looks up from its notifications (to stop, or to ping).
+NOTIFY_TIMEOUT = 1.0
+# A listener that heard nothing for this long checks its connection is still alive.
+PING_SECONDS = 30.0
+PING_TIMEOUT = 5.0
+RECONNECT_BASE = 0.2
+RECONNECT_CAP = 5.0
+# While the listener is down, waiters re-read their job this often.
+FALLBACK_POLL_SECONDS = 1.0
+
+
+class JobWaiters(Service):
+    name = "api-job-waiters"
+
+    def __init__(self, settings: Settings, *, registry: CollectorRegistry | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self._events: dict[uuid.UUID, set[asyncio.Event]] = {}
+        self.listening = False
+        self._gauge = (
+            Gauge(
+                "jobcore_api_long_poll_waiters",
+                "GET /jobs/{id}?wait= requests waiting for their job to finish now.",
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+        self._count = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting now."""
+        return self._count
+
+    @contextlib.contextmanager
+    def subscribe(self, job_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        """An event set when the job may have become terminal (re-read it to know)."""
+        event = asyncio.Event()
+        self._events.setdefault(job_id, set()).add(event)
+        self._count += 1
+        if self._gauge is not None:
+            self._gauge.inc()
+        try:
+            yield event
+        finally:
+            self._count -= 1
+            if self._gauge is not None:
+                self._gauge.dec()
+            events = self._events.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._events[job_id]
+
+    async def park(self, event: asyncio.Event, timeout: float) -> bool:
+        """Wait for ``event`` at most ``timeout`` seconds (less while the listener is down);
+        True if it was set. The caller re-reads the job either way."""
+        if not self.listening:
+            timeout = min(timeout, FALLBACK_POLL_SECONDS)
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                await event.wait()
+        except TimeoutError:
+            return False
+        event.clear()
+        return True
+
+    def notify(self, job_id: uuid.UUID) -> None:
+        for event in self._events.get(job_id, ()):
+            event.set()
+
+    def wake_all(self) -> None:
+        for events in self._events.values():
+            for event in events:
+                event.set()
+
+    # --- the listener ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        try:
+            while not self.stopping.is_set():
+                try:
+                    await self._listen()
+                    failures = 0
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    failures += 1
+                    if failures == 1:
+                        log.warning(
+                            "long-poll listener disconnected; waiters poll until it is back",
+                            extra={"error": str(exc).strip().splitlines()[0] if str(exc) else ""},
+                        )
+                if self.listening:
+                    self.listening = False
+                    self.wake_all()
+                delay = min(RECONNECT_CAP, RECONNECT_BASE * 2 ** min(failures, 10))
+                if await self.sleep(delay):
+                    break
+        finally:
+            self.listening = False
+            self.wake_all()
+
+    async def _listen(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self.settings.database_url,
+            autocommit=True,
+            application_name=APPLICATION_NAME,
+            connect_timeout=max(1, int(self.settings.db_connect_timeout)),
+        )
+        try:
+            await conn.execute(LISTEN_JOB_DONE.sql)
+            self.listening = True
+            log.info("long-poll listener connected")
+            # A job may have finished while nobody listened: everyone re-reads.
+            self.wake_all()
+            heard_at = time.monotonic()
+            while not self.stopping.is_set():
+                async for notify in conn.notifies(timeout=NOTIFY_TIMEOUT):
+                    heard_at = time.monotonic()
+                    self._dispatch(notify.payload)
+                if time.monotonic() - heard_at > PING_SECONDS:
+                    # Silence may be a dead connection (a cut network): find out.
+                    async with asyncio.timeout(PING_TIMEOUT):
+                        await conn.execute("SELECT 1")
+                    heard_at = time.monotonic()
+        finally:
+            self.listening = False
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _dispatch(self, payload: str) -> None:
+        try:
+            job_id = uuid.UUID(payload.strip())
+        except ValueError:
+            log.warning("ignoring a job-done notification that is not a job id")
+            return
+        self.notify(job_id)

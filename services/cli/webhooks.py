@@ -1,0 +1,166 @@
+"""`jobcore webhooks`: list and redeliver completion webhooks, show or rotate a tenant's
+signing secret, and manage tenants' default endpoints."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import typer
+
+from jobcore import webhook_records as records
+from jobcore.db import Database
+from jobcore.registry import load_job_modules
+from jobcore.settings import Settings
+from services.cli.common import emit, fail, run, settings
+
+T = TypeVar("T")
+
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
+LIST_COLUMNS = (
+    "id",
+    "job_id",
+    "tenant",
+    "event",
+    "status",
+    "attempts",
+    "max_attempts",
+    "last_status_code",
+    "next_attempt_at",
+    "url",
+)
+
+webhooks_app = typer.Typer(
+    name="webhooks",
+    help="Completion webhooks: deliveries, signing secrets, default endpoints.",
+    no_args_is_help=True,
+)
+endpoint_app = typer.Typer(
+    name="endpoint",
+    help="Tenants' default webhook endpoints (used when a job names no callback_url).",
+    no_args_is_help=True,
+)
+
+
+async def _with_db(config: Settings, action: Callable[[Database], Awaitable[T]]) -> T:
+    # The pool logs each failed connection attempt; the one line the CLI prints says it.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    db = Database(config, min_size=0, max_size=1, name="jobcore-cli")
+    await db.open(wait=True)
+    try:
+        return await action(db)
+    finally:
+        await db.close()
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        fail(f"{value!r} is not a {what} (a UUID)", code=2)
+
+
+@webhooks_app.command("list")
+def list_(
+    job: str | None = typer.Option(None, "--job", help="Only this job's deliveries."),
+    status: str | None = typer.Option(
+        None, "--status", help="Only deliveries in this status: pending, delivered or failed."
+    ),
+    limit: int = typer.Option(100, min=1, max=100_000, help="At most this many, newest first."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Webhook deliveries, newest first: status, attempts, last answer, next attempt."""
+    if status is not None and status not in records.DELIVERY_STATUSES:
+        fail(f"--status is one of {', '.join(records.DELIVERY_STATUSES)}", code=2)
+    job_id = _uuid(job, "job id") if job is not None else None
+    rows = run(
+        _with_db(
+            settings(),
+            lambda db: records.list_deliveries(db, job_id=job_id, status=status, limit=limit),
+        )
+    )
+    shown: list[dict[str, Any]] = [dict(row) for row in rows]
+    emit(shown, as_json=as_json, columns=None if as_json else LIST_COLUMNS)
+
+
+@webhooks_app.command("redeliver")
+def redeliver(
+    delivery_id: str = typer.Argument(..., metavar="DELIVERY_ID", help="From `webhooks list`."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Send a delivery again, now (a failed one too), as a new attempt with the same id."""
+    ident = _uuid(delivery_id, "delivery id")
+    config = settings()
+    row = run(_with_db(config, lambda db: records.redeliver(db, config, ident)))
+    if as_json:
+        emit(dict(row), as_json=True)
+    else:
+        typer.echo(f"delivery {row['id']}: attempt {row['attempt']} queued")
+
+
+@webhooks_app.command("secret")
+def secret(
+    tenant: str = typer.Option(..., "--tenant", help="The tenant whose webhooks it signs."),
+    rotate: bool = typer.Option(
+        False, "--rotate", help="Replace it: signatures use the new secret from now on."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print the tenant's signing secret (created if it has none), or rotate it."""
+    row = run(
+        _with_db(settings(), lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate))
+    )
+    shown = {"tenant": tenant, **{k: row[k] for k in ("secret", "created_at", "rotated_at")}}
+    emit(shown, as_json=as_json)
+
+
+@endpoint_app.command("set")
+def endpoint_set(
+    tenant: str = typer.Option(..., "--tenant", help="The tenant."),
+    url: str = typer.Option(..., "--url", help="Where its jobs' webhooks go (http or https)."),
+    job_type: str = typer.Option(
+        records.ANY_JOB_TYPE, "--type", help="Only jobs of this type ('*': every type)."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Set the default endpoint for the tenant's jobs of a type (checked like callback_url)."""
+    config = settings()
+    registry = load_job_modules(config.job_modules)
+    row = run(
+        _with_db(
+            config, lambda db: records.set_endpoint(db, config, registry, tenant, job_type, url)
+        )
+    )
+    emit(dict(row), as_json=as_json)
+
+
+@endpoint_app.command("list")
+def endpoint_list(
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Default endpoints by tenant and job type."""
+    rows = run(_with_db(settings(), lambda db: records.list_endpoints(db, tenant)))
+    emit(
+        [dict(r) for r in rows],
+        as_json=as_json,
+        columns=["tenant", "job_type", "url", "updated_at"],
+    )
+
+
+@endpoint_app.command("remove")
+def endpoint_remove(
+    tenant: str = typer.Option(..., "--tenant", help="The tenant."),
+    job_type: str = typer.Option(records.ANY_JOB_TYPE, "--type", help="The job type ('*')."),
+) -> None:
+    """Remove a default endpoint (jobs already enqueued keep the URL they got)."""
+    removed = run(_with_db(settings(), lambda db: records.remove_endpoint(db, tenant, job_type)))
+    typer.echo(f"removed {removed['tenant']}/{removed['job_type']} → {removed['url']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `webhooks` commands to the `jobcore` program."""
+    webhooks_app.add_typer(endpoint_app)
+    app.add_typer(webhooks_app)

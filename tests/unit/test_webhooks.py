@@ -1,0 +1,185 @@
+"""Completion webhooks as plain code: signing, the address policy, retry rules, envelopes."""
+
+from __future__ import annotations
+
+import ipaddress
+import uuid
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+
+from jobcore.errors import PoisonMessage
+from jobcore.webhooks import (
+    Outcome,
+    UnsafeCallbackUrl,
+    WebhookMessage,
+    address_refusal,
+    check_callback_url,
+    classify_status,
+    decode_message,
+    is_allowed_host,
+    parse_callback_url,
+    retry_after_seconds,
+    retry_delay,
+    signature,
+    signed_headers,
+    verify,
+)
+
+SECRET = "whsec_test"
+
+
+def test_the_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
+    import hashlib
+    import hmac
+
+    body = b'{"id":"x"}'
+    expected = hmac.new(SECRET.encode(), b"1700000000." + body, hashlib.sha256).hexdigest()
+    assert signature(SECRET, 1_700_000_000, body) == f"v1={expected}"
+
+
+def test_verify_accepts_a_fresh_signature_and_refuses_tampering_and_replays() -> None:
+    body = b'{"event":"job.succeeded"}'
+    delivery = uuid.uuid4()
+    headers = signed_headers(delivery, SECRET, body, timestamp=1_700_000_000)
+    assert headers["Webhook-Id"] == str(delivery)
+    assert verify(SECRET, headers, body, now=1_700_000_010)
+    assert not verify(SECRET, headers, body + b" ", now=1_700_000_010)
+    assert not verify("whsec_other", headers, body, now=1_700_000_010)
+    assert not verify(SECRET, headers, body, now=1_700_000_000 + 301)  # a replay, later
+    forged = {**headers, "Webhook-Timestamp": "1700000300"}
+    assert not verify(SECRET, forged, body, now=1_700_000_300)
+    assert not verify(SECRET, {}, body)
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        ("93.184.216.34", False),
+        ("2606:2800:220:1:248:1893:25c8:1946", False),
+        ("127.0.0.1", True),
+        ("10.0.0.1", True),
+        ("172.16.5.4", True),
+        ("192.168.1.1", True),
+        ("169.254.169.254", True),
+        ("169.254.1.1", True),
+        ("100.64.0.1", True),
+        ("0.0.0.0", True),
+        ("224.0.0.251", True),
+        ("240.0.0.1", True),
+        ("::1", True),
+        ("::", True),
+        ("fe80::1", True),
+        ("fc00::1", True),
+        ("fd00:ec2::254", True),
+        ("::ffff:127.0.0.1", True),
+        ("::ffff:10.0.0.1", True),
+        ("2002:7f00:1::", True),  # 6to4 of 127.0.0.1
+        ("ff02::1", True),
+    ],
+)
+def test_only_public_addresses_may_receive_webhooks(address: str, refused: bool) -> None:
+    assert (address_refusal(ipaddress.ip_address(address)) is not None) is refused
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.com/",
+        "javascript:alert(1)",
+        "http://user:pw@example.com/",
+        "http://:80/",
+        "https://example.com:0/",
+        "https://example.com:70000/",
+        "http://example.com/a b",
+        "http://example.com/\x00",
+        "http://example.com/" + "a" * 3000,
+    ],
+)
+def test_malformed_callback_urls_are_refused(url: str) -> None:
+    with pytest.raises(UnsafeCallbackUrl):
+        parse_callback_url(url)
+
+
+def test_a_callback_url_is_parsed_with_its_effective_port() -> None:
+    target = parse_callback_url("HTTPS://Example.COM/hooks?x=1")
+    assert (target.scheme, target.host, target.port, target.host_header) == (
+        "https",
+        "example.com",
+        443,
+        "example.com",
+    )
+    v6 = parse_callback_url("http://[2001:db8::1]:8080/")
+    assert (v6.host, v6.port, v6.host_header) == ("2001:db8::1", 8080, "[2001:db8::1]:8080")
+
+
+def test_allowed_hosts_match_by_host_or_host_and_port() -> None:
+    target = parse_callback_url("http://127.0.0.1:9000/x")
+    assert is_allowed_host(target, ["127.0.0.1"])
+    assert is_allowed_host(target, ["127.0.0.1:9000"])
+    assert not is_allowed_host(target, ["127.0.0.1:9001"])
+    assert not is_allowed_host(target, ["127.0.0.2"])
+    assert is_allowed_host(parse_callback_url("http://[::1]:8/"), ["[::1]:8"])
+
+
+async def test_checking_resolves_literals_and_refuses_unless_allowed() -> None:
+    with pytest.raises(UnsafeCallbackUrl, match="loopback"):
+        await check_callback_url("http://127.0.0.1:9/x", [])
+    target, addresses = await check_callback_url("http://127.0.0.1:9/x", ["127.0.0.1"])
+    assert addresses == [ipaddress.ip_address("127.0.0.1")]
+    assert target.port == 9
+    with pytest.raises(UnsafeCallbackUrl):
+        await check_callback_url("http://localhost/x", [])  # resolves to loopback
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (200, Outcome.DELIVERED),
+        (204, Outcome.DELIVERED),
+        (301, Outcome.FAILED),
+        (400, Outcome.FAILED),
+        (404, Outcome.FAILED),
+        (408, Outcome.RETRY),
+        (410, Outcome.FAILED),
+        (429, Outcome.RETRY),
+        (500, Outcome.RETRY),
+        (503, Outcome.RETRY),
+    ],
+)
+def test_which_answers_are_retried(status: int, outcome: Outcome) -> None:
+    assert classify_status(status) is outcome
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert retry_after_seconds("120", now=now) == 120
+    later = format_datetime(now + timedelta(seconds=90), usegmt=True)
+    assert retry_after_seconds(later, now=now) == 90
+    assert retry_after_seconds(format_datetime(now - timedelta(days=1), usegmt=True), now=now) == 0
+    assert retry_after_seconds("soon", now=now) is None
+    assert retry_after_seconds(None) is None
+
+
+def test_retry_delays_grow_are_jittered_and_honour_retry_after_capped() -> None:
+    low = [retry_delay(n, base=1, cap=1000, rng=lambda: 0.0) for n in range(1, 6)]
+    high = [retry_delay(n, base=1, cap=1000, rng=lambda: 0.999999) for n in range(1, 6)]
+    assert low == pytest.approx([0.6, 1.2, 2.4, 4.8, 9.6])
+    assert high == pytest.approx([1, 2, 4, 8, 16], rel=1e-5)
+    # The longest wait after attempt n is shorter than the shortest after attempt n + 1.
+    assert all(h < lo for h, lo in zip(high, low[1:], strict=False))
+    assert retry_delay(30, base=1, cap=50, rng=lambda: 0.999999) <= 50
+    assert retry_delay(1, base=1, cap=50, retry_after=20) == 20
+    assert retry_delay(1, base=1, cap=50, retry_after=5000) == 50
+
+
+def test_webhook_messages_round_trip_and_garbage_is_poison() -> None:
+    message = WebhookMessage(delivery_id=uuid.uuid4(), attempt=2)
+    assert decode_message(message.encode()) == message
+    # What the SQL writes (jsonb text, other key order, spaces) decodes the same.
+    sql_written = f'{{"v": 1, "attempt": 2, "delivery_id": "{message.delivery_id}"}}'.encode()
+    assert decode_message(sql_written) == message
+    for bad in (b"", b"[]", b'{"v":1}', b'{"v":2,"delivery_id":"x","attempt":1}', b"\xff"):
+        with pytest.raises(PoisonMessage):
+            decode_message(bad)
