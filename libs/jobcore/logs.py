@@ -1,4 +1,8 @@
-"""Structured JSON logs on stderr, one object a line."""
+"""Structured JSON logs on stderr, one object a line.
+
+A line written inside a span carries its ``trace_id`` and ``span_id`` (so a log line
+leads to its trace and back); ``job_id`` and ``message_id`` come from ``extra=``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+
+from jobcore.telemetry import current_ids
 
 # Attributes a LogRecord has by itself; anything else came in through ``extra=`` and is
 # a structured field (job_id, message_id, ...).
@@ -27,6 +33,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if ids := current_ids():
+            entry["trace_id"], entry["span_id"] = ids
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value

@@ -12,9 +12,10 @@ no-op spans: tracing then costs next to nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -33,8 +34,49 @@ TRACER_NAME = "jobcore"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 
+# Once an SDK provider is installed it stays (OpenTelemetry refuses to replace it).
+_recording = False
+
+
 def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
+
+
+def tracing_enabled() -> bool:
+    """Whether spans are recorded: an SDK tracer provider is installed in this process.
+
+    The cheap check hot paths make before doing any per-message tracing work.
+    """
+    global _recording
+    if not _recording:
+        _recording = isinstance(trace.get_tracer_provider(), TracerProvider)
+    return _recording
+
+
+@contextlib.contextmanager
+def span_if_enabled(
+    name: str,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    context: otel_context.Context | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Iterator[trace.Span | None]:
+    """A current span when tracing is on; nothing at all (``None``) when it is off."""
+    if not tracing_enabled():
+        yield None
+        return
+    with tracer().start_as_current_span(
+        name, context=context, kind=kind, attributes=attributes
+    ) as span:
+        yield span
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The current span's (trace id, span id) in hex, or None outside a valid span."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
 
 
 def capture_trace_headers() -> dict[str, str]:

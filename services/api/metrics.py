@@ -3,6 +3,8 @@ build many apps in one process). Observability (issue 6) extends this."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -11,10 +13,17 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
 # Names of the enqueue routes start with this, so an error answer can count as rejected.
 ENQUEUE_ROUTE_PREFIX = "enqueue_"
+# The catch-all route for types that are not registered is named enqueue_unknown_type.
+UNKNOWN_TYPE_ROUTE = "unknown_type"
+
+
+# The type label of requests to an unregistered job type (job type names start with a
+# letter, so it cannot be one; and a caller's made-up names never become label values).
+UNKNOWN_TYPE = "_unknown"
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, job_types: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.jobs_enqueued = Counter(
             "jobcore_api_jobs_enqueued",
@@ -24,13 +33,16 @@ class ApiMetrics:
         )
         self.enqueue_requests = Counter(
             "jobcore_api_enqueue_requests",
-            "POST /jobs/{type} answers by outcome: accepted (new job), replayed "
-            "(idempotency key matched), rejected (answered with an error).",
-            ["result"],
+            "POST /jobs/{type} answers by job type and outcome: accepted (new job), "
+            "replayed (idempotency key matched), rejected (answered with an error).",
+            ["type", "result"],
             registry=self.registry,
         )
-        for result in ENQUEUE_RESULTS:
-            self.enqueue_requests.labels(result)
+        # Every series exists from the start, so rate() and absent-alerts see zeros.
+        for job_type in job_types:
+            self.jobs_enqueued.labels(job_type)
+            for result in ENQUEUE_RESULTS:
+                self.enqueue_requests.labels(job_type, result)
         self.internal_errors = Counter(
             "jobcore_api_internal_errors",
             "Requests answered 500 (a bug: every expected failure has its own answer).",
@@ -39,15 +51,18 @@ class ApiMetrics:
 
     def count_enqueued(self, job_type: str, *, replayed: bool) -> None:
         if replayed:
-            self.enqueue_requests.labels("replayed").inc()
+            self.enqueue_requests.labels(job_type, "replayed").inc()
         else:
-            self.enqueue_requests.labels("accepted").inc()
+            self.enqueue_requests.labels(job_type, "accepted").inc()
             self.jobs_enqueued.labels(job_type).inc()
 
     def count_error(self, route_name: str | None, status: int) -> None:
         """Called for every error answer; counts the ones to enqueue requests."""
         if route_name is not None and route_name.startswith(ENQUEUE_ROUTE_PREFIX):
-            self.enqueue_requests.labels("rejected").inc()
+            job_type = route_name.removeprefix(ENQUEUE_ROUTE_PREFIX)
+            if job_type == UNKNOWN_TYPE_ROUTE:
+                job_type = UNKNOWN_TYPE
+            self.enqueue_requests.labels(job_type, "rejected").inc()
         if status >= 500 and status != 503:
             self.internal_errors.inc()
 

@@ -11,6 +11,7 @@ from jobcore.amqp.publisher import declare_topology
 from jobcore.db import Database
 from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.logs import configure_logging
+from jobcore.telemetry import setup_tracing
 from jobcore.registry import load_job_modules
 from jobcore.sql import Query
 from jobcore.sql import outbox as q
@@ -40,6 +41,7 @@ def relay(
     config = settings()
     options = load_relay_options(**({} if listen else {"listen": False}))
     configure_logging("relay")
+    setup_tracing("jobcore-relay")
     raise typer.Exit(run(serve(config, options)))
 
 

@@ -20,6 +20,7 @@ from jobcore.amqp.publisher import (
     ConfirmedPublisher,
     OutgoingMessage,
 )
+from jobcore.backlog import BacklogGauges
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable
 from jobcore.health import HealthServer
@@ -29,8 +30,10 @@ from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import outbox as q
+from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
 from services.relay.options import RelayOptions
+from services.relay.tracing import PublishSpans
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +148,12 @@ class Relay(Service):
                 )
                 for row in rows
             ]
+            spans = PublishSpans(messages) if tracing_enabled() else None
+            if spans is not None:
+                messages = spans.messages
             result = await self.publisher.publish_batch(messages)
+            if spans is not None:
+                spans.end(result)
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
@@ -377,12 +385,25 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
             options=options,
             metrics=metrics,
         )
+        # Open jobs per queue and RabbitMQ queue depths, read when /metrics is scraped.
+        backlog = BacklogGauges(
+            metrics.registry,
+            db,
+            relay.publisher.topology,
+            relay.publisher.queues,
+            lambda: relay.publisher.connection,
+        )
+
+        async def metrics_text() -> str:
+            await backlog.refresh()
+            return await relay.metrics_text()
+
         health = HealthServer(
             "relay",
             settings.health_host,
             settings.relay_health_port,
             relay.probe,
-            relay.metrics_text,
+            metrics_text,
         )
         await health.start()
         log.info(

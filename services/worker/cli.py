@@ -6,6 +6,7 @@ import typer
 
 from jobcore.amqp.deadletters import DeadLetterQueue
 from jobcore.logs import configure_logging
+from jobcore.telemetry import setup_tracing
 from services.cli.common import emit, run, settings
 
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
@@ -47,6 +48,7 @@ def worker(
 
     config = settings()  # a bad setting stops here with one line
     configure_logging("worker")
+    setup_tracing("jobcore-worker")
     app = Worker(config, queues=queue or None, concurrency=concurrency)
     raise typer.Exit(run(app.serve()))
 

@@ -1,15 +1,68 @@
-"""The worker's counters, for /metrics (Prometheus) and /healthz (a JSON snapshot).
+"""The worker's counters and histograms, for /metrics (Prometheus) and /healthz (a JSON
+snapshot of the counters).
 
 Each worker gets its own collector registry, so several workers in one process (tests)
-never collide on metric names. The observability issue adds histograms here.
+never collide on metric names. Job timings are measured on the worker's clock against the
+database's ``created_at`` (clocks are assumed NTP-synchronised).
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from services.worker.runner import Claim
+
+# The statuses that end a job; `processed` outcomes other than these are not the end.
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
+# Handlers take milliseconds to many minutes; waiting covers up to hours (backoff, backlog).
+RUNTIME_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+)
+WAIT_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+    7200,
+    21600,
+)
 
 
 class WorkerMetrics:
@@ -53,11 +106,62 @@ class WorkerMetrics:
             "Handlers running now.",
             registry=self.registry,
         )
+        self._completed = Counter(
+            "jobcore_worker_jobs_completed",
+            "Jobs this worker ended, by type and final status (succeeded, failed, cancelled).",
+            ["type", "status"],
+            registry=self.registry,
+        )
+        self._attempts = Histogram(
+            "jobcore_worker_job_attempts",
+            "Attempts a job took, observed when a worker ends it.",
+            ["type"],
+            buckets=ATTEMPT_BUCKETS,
+            registry=self.registry,
+        )
+        self._handler_seconds = Histogram(
+            "jobcore_worker_handler_seconds",
+            "How long a handler ran (one attempt), whatever its outcome.",
+            ["type"],
+            buckets=RUNTIME_BUCKETS,
+            registry=self.registry,
+        )
+        self._time_to_start = Histogram(
+            "jobcore_worker_time_to_start_seconds",
+            "From a job's creation (or the time it was scheduled for) to its first claim.",
+            ["type"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self._time_to_complete = Histogram(
+            "jobcore_worker_time_to_complete_seconds",
+            "From a job's creation to the worker recording its final status.",
+            ["type"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
         self.counts: collections.Counter[str] = collections.Counter()
 
-    def processed(self, outcome: str) -> None:
+    def processed(self, outcome: str, claim: Claim | None = None) -> None:
+        """An attempt ended with ``outcome``; a final status also completes the job."""
         self._processed.labels(outcome).inc()
         self.counts[f"processed.{outcome}"] += 1
+        if claim is not None and outcome in FINAL_STATUSES:
+            job_type = claim.job_type.name
+            self._completed.labels(job_type, outcome).inc()
+            self._attempts.labels(job_type).observe(claim.attempt)
+            if claim.created_at is not None:
+                age = (datetime.now(UTC) - claim.created_at).total_seconds()
+                self._time_to_complete.labels(job_type).observe(max(age, 0.0))
+
+    def started(self, claim: Claim) -> None:
+        """A job's first attempt was claimed."""
+        if claim.attempt == 1 and claim.due_at is not None:
+            waited = (datetime.now(UTC) - claim.due_at).total_seconds()
+            self._time_to_start.labels(claim.job_type.name).observe(max(waited, 0.0))
+
+    def handler_ran(self, job_type: str, seconds: float) -> None:
+        self._handler_seconds.labels(job_type).observe(seconds)
 
     def duplicate(self) -> None:
         self._duplicates.inc()
