@@ -17,7 +17,8 @@ from jobcore.logs import configure_logging
 from jobcore.registry import load_job_modules
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
-from services.api import problems
+from jobcore.telemetry import setup_tracing
+from services.api import problems, tracing
 from services.api.deps import ApiState
 from services.api.metrics import ApiMetrics
 from services.api.routes import bench, deliveries, health, jobs
@@ -40,6 +41,7 @@ def app_from_environment() -> FastAPI:
     """The uvicorn factory of `jobcore api`: each server process (there are several with
     ``--workers``) configures its JSON logs and builds the app from JOBCORE_* variables."""
     configure_logging("api")
+    setup_tracing("jobcore-api")
     return create_app()
 
 
@@ -57,7 +59,7 @@ def create_app(
         settings=settings,
         registry=registry,
         topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
-        metrics=ApiMetrics(),
+        metrics=ApiMetrics(t.name for t in registry),
         results=LocalResultStore(settings.result_dir),
     )
     # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
@@ -92,6 +94,7 @@ def create_app(
     app.state.api = state
     app.state.job_waiters = waiters
     problems.install(app)
+    tracing.install(app)
     app.include_router(jobs.build_router(registry))
     app.include_router(deliveries.router)
     app.include_router(health.router)

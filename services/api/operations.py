@@ -31,6 +31,7 @@ from services.api.problems import (
     JobNotCancellable,
     ResultNotReady,
 )
+from services.api.tracing import enqueue_span
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 # How far ahead a job may be scheduled.
@@ -109,19 +110,26 @@ async def submit(
     payload: BaseModel,
     submission: Submission,
 ) -> EnqueueResult:
-    """Write the job and its outbox message (the caller commits)."""
-    return await enqueue(
-        uow,
-        topology,
-        tenant=tenant,
-        job_type=job_type,
-        payload=payload,
-        idempotency_key=submission.idempotency_key,
-        entity_id=submission.entity_id,
-        max_attempts=submission.max_attempts,
-        run_at=submission.run_at,
-        callback_url=submission.callback_url,
-    )
+    """Write the job and its outbox message (the caller commits).
+
+    Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
+    """
+    with enqueue_span(tenant, job_type.name) as span:
+        result = await enqueue(
+            uow,
+            topology,
+            tenant=tenant,
+            job_type=job_type,
+            payload=payload,
+            idempotency_key=submission.idempotency_key,
+            entity_id=submission.entity_id,
+            max_attempts=submission.max_attempts,
+            run_at=submission.run_at,
+            callback_url=submission.callback_url,
+        )
+        if span is not None:
+            span.set_attributes({"job.id": str(result.job_id), "job.replayed": result.replayed})
+    return result
 
 
 async def get_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> DictRow:

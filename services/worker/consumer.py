@@ -35,6 +35,7 @@ from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 from services.worker.runner import Claim, JobRunner
+from services.worker.tracing import consume_span
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +149,13 @@ class Consumer(Service):
         async with self._slots:
             if self.stopping.is_set():
                 return
-            try:
-                received = await self._receive(message)
-                if received is not None:
-                    await self.runner.run(*received)
-            except Exception:
-                log.exception("unexpected error handling a delivery; it will be redelivered")
+            with consume_span(message):
+                try:
+                    received = await self._receive(message)
+                    if received is not None:
+                        await self.runner.run(*received)
+                except Exception:
+                    log.exception("unexpected error handling a delivery; it will be redelivered")
 
     async def _receive(self, message: Delivery) -> tuple[Claim, Any] | None:
         """Decode, dedupe and claim. Returns the claim to run, or None when done with it."""
@@ -200,6 +202,9 @@ class Consumer(Service):
             lease_token=row["lease_token"],
             cancel_requested=row["cancel_requested_at"] is not None,
             trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
+            message_id=message_id,
+            created_at=row["created_at"],
+            due_at=row["due_at"],
         )
         try:
             payload = job_type.validate_payload(row["payload"])

@@ -16,11 +16,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import orjson
-from opentelemetry import trace
 
 from jobcore.amqp.topology import Topology
 from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
@@ -31,11 +31,11 @@ from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
-from jobcore.telemetry import context_from_headers, tracer
 from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
+from services.worker.tracing import handler_span
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,11 @@ class Claim:
     lease_token: uuid.UUID
     cancel_requested: bool
     trace_headers: dict[str, str]
+    # For the tracing and the time-to-start / time-to-complete metrics.
+    message_id: uuid.UUID | None = None
+    created_at: datetime | None = None
+    # When the job became due: created_at, or the run_at it was scheduled for.
+    due_at: datetime | None = None
 
     @property
     def log_fields(self) -> dict[str, Any]:
@@ -153,7 +158,7 @@ class JobRunner:
         await self._write_fenced(
             claim, q.FAIL, {"error": f"payload no longer validates: {detail}"[:ERROR_MAX_CHARS]}
         )
-        self.metrics.processed("failed")
+        self.metrics.processed("failed", claim)
 
     async def run(self, claim: Claim, payload: Any) -> None:
         context: JobContext[Any] = JobContext(
@@ -170,6 +175,7 @@ class JobRunner:
         running = RunningJob(claim, context)
         self.running[claim.job_id] = running
         self.metrics.running_handlers.inc()
+        self.metrics.started(claim)
         heartbeats = asyncio.create_task(self._heartbeat_loop(running), name="heartbeat")
         running.task = asyncio.create_task(self._call_handler(claim, context), name="handler")
         if claim.cancel_requested:
@@ -185,18 +191,10 @@ class JobRunner:
             self.metrics.running_handlers.dec()
 
     async def _call_handler(self, claim: Claim, context: JobContext[Any]) -> Any:
-        span_context = context_from_headers(claim.trace_headers)
-        with tracer().start_as_current_span(
-            f"run {claim.job_type.name}",
-            context=span_context,
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "jobcore.job_id": str(claim.job_id),
-                "jobcore.job_type": claim.job_type.name,
-                "jobcore.attempt": claim.attempt,
-            },
-        ):
+        # A child of the delivery's consume span (this task copied its context).
+        with handler_span(claim):
             timeout = asyncio.timeout(claim.job_type.timeout)
+            started = time.monotonic()
             try:
                 async with timeout:
                     return await claim.job_type.handler(context)
@@ -204,6 +202,8 @@ class JobRunner:
                 if timeout.expired():
                     raise JobTimedOut(f"timed out after {claim.job_type.timeout:g}s") from None
                 raise
+            finally:
+                self.metrics.handler_ran(claim.job_type.name, time.monotonic() - started)
 
     async def _finish(self, running: RunningJob) -> None:
         claim = running.claim
@@ -234,7 +234,7 @@ class JobRunner:
         claim = running.claim
         if running.stop_reason is StopReason.CANCELLED:
             if await self._write_fenced(claim, q.CANCEL_RUNNING, {"error": "cancelled"}):
-                self.metrics.processed("cancelled")
+                self.metrics.processed("cancelled", claim)
                 log.info("job cancelled while running", extra=claim.log_fields)
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
@@ -283,7 +283,7 @@ class JobRunner:
             effects,
         )
         if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
-            self.metrics.processed("succeeded")
+            self.metrics.processed("succeeded", claim)
 
     async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
         params = {
@@ -321,7 +321,7 @@ class JobRunner:
 
     async def _fail(self, claim: Claim, error: str) -> None:
         if await self._write_fenced(claim, q.FAIL, {"error": error}):
-            self.metrics.processed("failed")
+            self.metrics.processed("failed", claim)
             log.warning("job failed", extra={**claim.log_fields, "error": error})
 
     def _message(self, claim: Claim, *, attempt: int) -> dict[str, Any]:

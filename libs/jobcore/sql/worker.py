@@ -67,14 +67,15 @@ RECEIVE_AND_CLAIM = Query(
           AND jobs.attempts + 1 = input.attempt
         RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
                   jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
-                  jobs.tracestate
+                  jobs.tracestate, jobs.created_at,
+                  greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     )
     SELECT input.message_id,
            received.message_id IS NOT NULL AS fresh,
            before.status AS status_before,
            claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
            claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
-           claimed.tracestate
+           claimed.tracestate, claimed.created_at, claimed.due_at
     FROM input
     LEFT JOIN received USING (message_id)
     LEFT JOIN jobs AS before ON before.id = input.job_id
