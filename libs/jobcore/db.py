@@ -18,6 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from jobcore.dbtracing import cursor_options
 from jobcore.errors import DatabaseMissing, DatabaseUnavailable, ServiceStateError
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -72,6 +73,8 @@ class Database:
                 "autocommit": True,
                 "connect_timeout": max(1, int(settings.db_connect_timeout)),
                 "application_name": name,
+                # Statements as spans when tracing is on (jobcore.dbtracing).
+                **cursor_options(),
             },
             timeout=settings.db_connect_timeout,
             open=False,
