@@ -11,10 +11,13 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.abc import PQGen
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -24,6 +27,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
+RV = TypeVar("RV")
 
 _MISSING_DATABASE = re.compile(r'FATAL:\s+database ".*" does not exist')
 
@@ -49,6 +53,28 @@ def translate_errors(settings: Settings | None = None) -> Iterator[None]:
                 "(create it with `jobcore migrate --create-database`)"
             ) from exc
         raise DatabaseUnavailable(f"JOBCORE_DATABASE_URL: {first_line}") from exc
+
+
+class BoundedConnection(psycopg.AsyncConnection[DictRow]):
+    """A connection on which no wait for the server lasts longer than ``operation_timeout``.
+
+    Across a silently cut network (no FIN, no RST) a statement otherwise waits forever:
+    TCP keepalives stay quiet while data is in flight, and PostgreSQL's statement_timeout
+    runs on a server that never got the statement. Past the timeout the operation raises
+    ``OperationalError`` (so callers see :class:`DatabaseUnavailable`) and the connection,
+    left mid-statement, is discarded by the pool when it comes back.
+    """
+
+    operation_timeout: float | None = None
+
+    async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        bound = self.operation_timeout if timeout is None else timeout
+        try:
+            return await super().wait(gen, interval, bound)
+        except psycopg.OperationalError:
+            if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
+                self.pgconn.finish()  # abandoned mid-statement: unusable, say so at once
+            raise
 
 
 class Database:
@@ -83,8 +109,21 @@ class Database:
             # before it is handed out, not discovered by the caller's first query.
             check=AsyncConnectionPool.check_connection,
             reconnect_timeout=0,
+            connection_class=BoundedConnection,
+            configure=self._configure,
         )
         self._opened = False
+
+    async def _configure(self, conn: AsyncConn) -> None:
+        if isinstance(conn, BoundedConnection):
+            conn.operation_timeout = self.settings.db_operation_timeout
+        # A transaction whose client vanished (a cut network) would hold its locks until
+        # the server's TCP keepalive gives up, hours later. Set per session, not as a
+        # startup option, which PgBouncer refuses.
+        idle_ms = int(self.settings.db_operation_timeout * 2000)
+        await conn.execute(
+            sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle_ms))
+        )
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConn]:

@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     db_pool_min: int = Field(default=1, ge=0, le=100)
     db_pool_max: int = Field(default=8, ge=1, le=200)
     db_connect_timeout: float = Field(default=5.0, gt=0, le=120)
+    # How long one database operation (a statement, a commit) may wait for the server
+    # before its connection counts as dead and is dropped: across a silently cut network
+    # (no FIN, no RST) it would otherwise wait forever. The server ends a transaction left
+    # idle twice as long, so one whose client vanished does not keep its locks.
+    db_operation_timeout: float = Field(default=30.0, gt=0, le=3600)
 
     # RabbitMQ.
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
