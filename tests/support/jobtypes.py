@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobcore.registry import JobContext, job
@@ -17,3 +19,23 @@ class EchoPayload(BaseModel):
 @job("echo", payload=EchoPayload, queue="testq", max_attempts=3, timeout=10, lease=5)
 async def echo(ctx: JobContext[EchoPayload]) -> dict[str, object]:
     return {"text": ctx.payload.text * ctx.payload.count}
+
+
+class EffectPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Which submission this is (the fault tests' own numbering; shows in the ledger).
+    n: int = Field(default=0, ge=0)
+    # How long the handler works before it records its effect (a kill can land mid-handler).
+    seconds: float = Field(default=0.0, ge=0, le=10)
+
+
+# A short lease, so a job whose worker was killed is reaped within seconds; many attempts,
+# so the faults a test throws at it do not use them up.
+@job("effect", payload=EffectPayload, queue="testq", max_attempts=25, timeout=30, lease=2)
+async def effect(ctx: JobContext[EffectPayload]) -> dict[str, object]:
+    """Records one effect in the ledger (``job_effects``), committed only with its success."""
+    if ctx.payload.seconds:
+        await asyncio.sleep(ctx.payload.seconds)
+    ctx.record_effect("effect", {"n": ctx.payload.n})
+    return {"n": ctx.payload.n, "attempt": ctx.attempt}

@@ -1,0 +1,783 @@
+"""The whole pipeline as separate OS processes, driven over HTTP and checked in the database.
+
+Shared by the fault tests (``tests/faults/test_pipeline_faults.py``) and ``jobcore chaos``:
+
+- :class:`Stack` runs one API, N relays and M workers as child processes (``jobcore api``,
+  ``jobcore relay``, ``jobcore worker``), optionally reaching RabbitMQ and/or PostgreSQL
+  through a :class:`~jobcore.tcpproxy.TcpProxy` the caller controls, and kills, restarts
+  and stops them.
+- :class:`Submitter` enqueues ``effect`` jobs over HTTP with an API key, each with its own
+  Idempotency-Key, retrying a 503 or a lost connection with the same key (the way a client
+  should), and counts every answer it got.
+- :func:`wait_quiescent` waits (with a deadline) until no job is open and the outbox is
+  empty; :func:`check` returns the :class:`Report` of the invariants: every accepted job
+  terminal, each succeeded job's effect in ``job_effects`` exactly once, no effect on a job
+  that did not succeed.
+- :class:`LeaseWatch` samples how long any job stayed ``running`` past its lease.
+- :func:`broker_down` / :func:`postgres_down` stop a shared service (taking the disruption
+  lock unless the caller already holds it) without blocking the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import orjson
+
+from jobcore import apikeys
+from jobcore.db import Database
+from jobcore.errors import DatabaseUnavailable
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.tcpproxy import TcpProxy
+from tests.support import chaos
+from tests.support.processes import ROOT, jobcore_command, settings_env
+
+PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
+JOB_TYPE = "effect"  # tests/support/jobtypes.py: records one effect, lease 2 s
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+# Everything reconnects and retries within a second or two, so a fault test spends its
+# time on the fault, not on backoff. Silent cuts are found by heartbeats (2 s) and timeouts.
+FAST_ENV: dict[str, str] = {
+    "JOBCORE_AMQP_HEARTBEAT": "2",
+    "JOBCORE_DB_CONNECT_TIMEOUT": "2",
+    "JOBCORE_DB_OPERATION_TIMEOUT": "4",
+    "JOBCORE_DB_POOL_MAX": "6",
+    "JOBCORE_SHUTDOWN_GRACE": "2",
+    "JOBCORE_RETRY_BACKOFF_BASE": "0.2",
+    "JOBCORE_RETRY_BACKOFF_CAP": "1",
+    "JOBCORE_WORKER_REAPER_INTERVAL": "0.5",
+    "JOBCORE_RELAY_HEALTH_PORT": "0",
+    "JOBCORE_RELAY_POLL_INTERVAL": "0.2",
+    "JOBCORE_RELAY_PUBLISH_TIMEOUT": "5",
+    "JOBCORE_RELAY_CONNECT_TIMEOUT": "2",
+    "JOBCORE_RELAY_RECONNECT_BASE_DELAY": "0.05",
+    "JOBCORE_RELAY_RECONNECT_MAX_DELAY": "1",
+    "JOBCORE_RELAY_RETRY_BASE_DELAY": "0.05",
+    "JOBCORE_RELAY_RETRY_MAX_DELAY": "0.5",
+}
+
+# A process imports a lot before it serves; on a loaded 2-core machine that takes seconds.
+PROCESS_START = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def via_port(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by 127.0.0.1:``port`` (credentials kept)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _target(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def log_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON log lines a process wrote (other lines are skipped)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_bytes().splitlines():
+        with contextlib.suppress(orjson.JSONDecodeError):
+            record = orjson.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    """One ``jobcore`` child process; each (re)start writes its own log file."""
+
+    name: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    log_dir: Path
+    incarnation: int = 0
+    popen: subprocess.Popen[bytes] | None = None
+    # The environment this incarnation got on top of ``env`` (its health port, say).
+    extra_env: dict[str, str] = field(default_factory=dict)
+    _log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}.{self.incarnation}.log"
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self, **extra_env: str) -> None:
+        self.incarnation += 1
+        self._close_log()
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed when the process ends
+        self.extra_env = dict(extra_env)
+        self.popen = subprocess.Popen(
+            jobcore_command(*self.args),
+            env={**self.env, **extra_env},
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C meant for `jobcore chaos` does not reach it first.
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(timeout=10)
+
+    async def stop(self, grace: float) -> int | None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; the exit code."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while self.popen.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # the poll interval, bounded by the deadline
+        code = self.popen.poll()
+        if code is None:
+            self.kill()
+        self._close_log()
+        return code
+
+    def records(self) -> list[dict[str, Any]]:
+        return log_records(self.log_path)
+
+    def logged(self, msg: str) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("msg") == msg]
+
+    def all_logs(self) -> str:
+        return "\n".join(
+            (self.log_dir / f"{self.name}.{i}.log").read_text(errors="replace")
+            for i in range(1, self.incarnation + 1)
+            if (self.log_dir / f"{self.name}.{i}.log").exists()
+        )
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class Stack:
+    """An API, relays and workers as separate processes, with optional proxies in front of
+    the broker (for the relays and workers) and of PostgreSQL (for all three)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_dir: Path,
+        *,
+        tenant: str = "pipeline",
+        relays: int = 1,
+        workers: int = 1,
+        broker_proxy: bool = False,
+        database_proxy: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.tenant = tenant
+        self.env = {**FAST_ENV, **(env or {})}
+        self.grace = float(self.env["JOBCORE_SHUTDOWN_GRACE"]) + 8.0
+        self.broker_proxy = TcpProxy(*_target(settings.amqp_url, 5672)) if broker_proxy else None
+        self.database_proxy = (
+            TcpProxy(*_target(settings.database_url, 5432)) if database_proxy else None
+        )
+        self.db = Database(settings, min_size=0, max_size=3, name="jobcore-pipeline")
+        self.api_port = 0
+        self.api_key = ""
+        self.api: Process | None = None
+        self.relays: list[Process] = []
+        self.workers: list[Process] = []
+        self._relay_count = relays
+        self._worker_count = workers
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def processes(self) -> list[Process]:
+        return [p for p in (self.api, *self.relays, *self.workers) if p is not None]
+
+    async def __aenter__(self) -> Stack:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _env(self, *, broker: bool) -> dict[str, str]:
+        extra = dict(self.env)
+        if self.database_proxy is not None:
+            extra["JOBCORE_DATABASE_URL"] = via_port(
+                self.settings.database_url, self.database_proxy.port
+            )
+        if broker and self.broker_proxy is not None:
+            extra["JOBCORE_AMQP_URL"] = via_port(self.settings.amqp_url, self.broker_proxy.port)
+        return settings_env(self.settings, **extra)
+
+    async def start(self, *, wait_consuming: bool = True) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for proxy in (self.broker_proxy, self.database_proxy):
+            if proxy is not None:
+                await proxy.start()
+        await self.db.open(wait=True)
+        self.api_key = (await apikeys.create_key(self.db, self.tenant, "pipeline")).key
+        self.api_port = free_port()
+        self.api = Process(
+            "api", ("api", "--port", str(self.api_port)), self._env(broker=False), self.log_dir
+        )
+        self.relays = [
+            Process(f"relay-{i}", ("relay",), self._env(broker=True), self.log_dir)
+            for i in range(self._relay_count)
+        ]
+        self.workers = [
+            Process(f"worker-{i}", ("worker",), self._env(broker=True), self.log_dir)
+            for i in range(self._worker_count)
+        ]
+        for process in self.processes:
+            self._start(process)
+        await self.wait_api_ready()
+        if wait_consuming:
+            for worker in self.workers:
+                await self.wait_consuming(worker)
+
+    def _start(self, process: Process) -> None:
+        extra = {}
+        if process in self.workers:
+            # Each incarnation its own port: the old one may still be in TIME_WAIT.
+            extra["JOBCORE_WORKER_HEALTH_PORT"] = str(free_port())
+        process.start(**extra)
+
+    async def stop(self) -> dict[str, int | None]:
+        """Stop every process (SIGTERM, then SIGKILL), the proxies and the harness pool."""
+        codes: dict[str, int | None] = {}
+        try:
+            stops = [p.stop(self.grace) for p in self.processes]
+            results = await asyncio.gather(*stops, return_exceptions=True)
+            for process, result in zip(self.processes, results, strict=True):
+                codes[process.name] = result if isinstance(result, int) else None
+        finally:
+            for proxy in (self.broker_proxy, self.database_proxy):
+                if proxy is not None:
+                    with contextlib.suppress(Exception):
+                        await proxy.stop()
+            await self.db.close()
+        return codes
+
+    async def wait_api_ready(self, timeout: float = PROCESS_START) -> None:
+        assert self.api is not None
+        api = self.api
+
+        async def ready() -> bool:
+            if not api.alive:
+                raise AssertionError(f"the API exited:\n{api.all_logs()[-3000:]}")
+            try:
+                async with httpx.AsyncClient(timeout=2) as client:
+                    return (await client.get(f"{self.api_url}/readyz")).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        await until(ready, timeout=timeout, interval=0.1, what="the API to be ready")
+
+    async def wait_consuming(self, worker: Process, timeout: float = PROCESS_START) -> None:
+        """Until this incarnation of ``worker`` consumes (its log says so)."""
+
+        async def consuming() -> bool:
+            if not worker.alive:
+                raise AssertionError(f"{worker.name} exited:\n{worker.all_logs()[-3000:]}")
+            return bool(worker.logged("worker consuming"))
+
+        await until(consuming, timeout=timeout, interval=0.05, what=f"{worker.name} to consume")
+
+    async def relay_health_port(self, relay: Process, timeout: float = PROCESS_START) -> int:
+        async def port() -> int | None:
+            if not relay.alive:
+                raise AssertionError(f"{relay.name} exited:\n{relay.all_logs()[-3000:]}")
+            starting = relay.logged("relay starting")
+            return int(starting[0]["health_port"]) if starting else None
+
+        return await until(port, timeout=timeout, interval=0.05, what=f"{relay.name} to start")
+
+    async def restart(self, process: Process, *, wait: bool = True) -> None:
+        """Start ``process`` again (it must have ended); wait until it serves."""
+        assert not process.alive, f"{process.name} is still running"
+        self._start(process)
+        if wait and process in self.workers:
+            await self.wait_consuming(process)
+        elif wait and process in self.relays:
+            await self.relay_health_port(process)
+        elif wait and process is self.api:
+            await self.wait_api_ready()
+
+    async def worker_metric(self, worker: Process, name: str) -> float:
+        """The sum of a metric's samples on ``worker``'s /metrics (this incarnation's)."""
+        port = worker.extra_env["JOBCORE_WORKER_HEALTH_PORT"]
+        async with httpx.AsyncClient(timeout=5) as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+    def submitter(self, **kwargs: Any) -> Submitter:
+        return Submitter(self.api_url, self.api_key, **kwargs)
+
+
+async def until(
+    probe: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = "condition"
+) -> Any:
+    """Await ``probe()`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
+            )
+        await asyncio.sleep(interval)  # the poll interval, bounded by the deadline above
+
+
+# --- load ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Submitter:
+    """Enqueues ``effect`` jobs over HTTP, one Idempotency-Key each, retrying a 503 or a lost
+    connection with the same key until ``give_up`` seconds passed; counts every answer."""
+
+    base_url: str
+    api_key: str
+    timeout: float = 10.0
+    give_up: float = 120.0
+    accepted: dict[str, str] = field(default_factory=dict)  # idempotency key -> job id
+    answers: Counter[int] = field(default_factory=Counter)  # HTTP status -> count
+    transport_errors: int = 0
+    replays: int = 0
+    missing_retry_after: int = 0
+    abandoned: list[str] = field(default_factory=list)  # keys never answered 202
+    unexpected: list[str] = field(default_factory=list)  # answers other than 202 / 503
+    _client: httpx.AsyncClient | None = None
+    _sequence: int = 0
+
+    async def __aenter__(self) -> Submitter:
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=self.timeout,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def job_ids(self) -> list[str]:
+        return list(self.accepted.values())
+
+    async def submit(self, *, seconds: float = 0.0, n: int | None = None) -> str | None:
+        """One job; its id once the API answered 202, None if it never did."""
+        assert self._client is not None, "use `async with submitter`"
+        self._sequence += 1
+        number = self._sequence if n is None else n
+        key = f"pipeline-{uuid.uuid4()}"
+        payload = {"n": number, "seconds": seconds}
+        deadline = time.monotonic() + self.give_up
+        while True:
+            try:
+                response = await self._client.post(
+                    f"/jobs/{JOB_TYPE}", json=payload, headers={"Idempotency-Key": key}
+                )
+            except httpx.TransportError:
+                # The request may or may not have been written: the same key tells, next time.
+                self.transport_errors += 1
+                response = None
+            if response is not None:
+                self.answers[response.status_code] += 1
+                if response.status_code == 202:
+                    job_id = str(response.json()["job_id"])
+                    self.accepted[key] = job_id
+                    if response.headers.get("idempotent-replayed") == "true":
+                        self.replays += 1
+                    return job_id
+                if response.status_code != 503:
+                    self.unexpected.append(f"{response.status_code} {response.text[:300]}")
+                    return None
+                if not response.headers.get("retry-after"):
+                    self.missing_retry_after += 1
+            if time.monotonic() >= deadline:
+                self.abandoned.append(key)
+                return None
+            await asyncio.sleep(0.2)  # retry pacing while the API cannot take the job
+
+    async def submit_many(
+        self, count: int, *, concurrency: int = 16, seconds: float = 0.0
+    ) -> list[str]:
+        """``count`` jobs, ``concurrency`` requests at a time; the ids of the accepted ones."""
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one() -> str | None:
+            async with limit:
+                return await self.submit(seconds=seconds)
+
+        ids = await asyncio.gather(*(one() for _ in range(count)))
+        return [i for i in ids if i is not None]
+
+    async def steady(
+        self,
+        rate: float,
+        stop: asyncio.Event,
+        *,
+        limit: int | None = None,
+        seconds: float = 0.0,
+        concurrency: int = 32,
+    ) -> int:
+        """Submit ``rate`` jobs a second until ``stop`` is set (or ``limit`` were started);
+        return how many were started. Waits for the requests in flight before returning."""
+        slots = asyncio.Semaphore(concurrency)
+        tasks: set[asyncio.Task[str | None]] = set()
+        started = 0
+        begun = time.monotonic()
+
+        async def one() -> str | None:
+            try:
+                return await self.submit(seconds=seconds)
+            finally:
+                slots.release()
+
+        while not stop.is_set() and (limit is None or started < limit):
+            due = begun + started / rate
+            if (wait := due - time.monotonic()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)  # the load's pacing
+                continue
+            await slots.acquire()
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            started += 1
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return started
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "accepted": len(self.accepted),
+            "answers": {str(k): v for k, v in sorted(self.answers.items())},
+            "transport_errors": self.transport_errors,
+            "replayed": self.replays,
+            "missing_retry_after": self.missing_retry_after,
+            "abandoned": len(self.abandoned),
+            "unexpected": self.unexpected[:10],
+        }
+
+
+# --- the invariants -------------------------------------------------------------------------
+
+JOBS_WITH_EFFECTS = Query(
+    "pipeline_jobs_with_effects",
+    "Every job of a tenant with its status, attempts and how many effects it recorded.",
+    """
+    SELECT j.id::text AS id, j.status, j.attempts, j.last_error,
+           count(e.id) AS effects
+    FROM jobs j LEFT JOIN job_effects e ON e.job_id = j.id
+    WHERE j.tenant = %(tenant)s
+    GROUP BY j.id
+    """,
+)
+OPEN_WORK = Query(
+    "pipeline_open_work",
+    "A tenant's jobs not finished yet, and outbox rows still to publish or quarantined.",
+    """
+    SELECT (SELECT count(*) FROM jobs
+            WHERE tenant = %(tenant)s AND status IN ('pending', 'running')) AS open,
+           (SELECT count(*) FROM jobs WHERE tenant = %(tenant)s) AS jobs,
+           (SELECT count(*) FROM outbox WHERE quarantined_at IS NULL) AS outbox,
+           (SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL) AS quarantined
+    """,
+)
+STATUS_COUNTS = Query(
+    "pipeline_status_counts",
+    "A tenant's jobs counted by status.",
+    "SELECT status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY status",
+)
+OVERDUE_LEASES = Query(
+    "pipeline_overdue_leases",
+    "Running jobs whose lease has expired, and the longest overdue (seconds).",
+    """
+    SELECT count(*) AS n,
+           coalesce(max(extract(epoch FROM now() - lease_expires_at)), 0)::float AS overdue
+    FROM jobs WHERE status = 'running' AND lease_expires_at < now()
+    """,
+)
+JOB_STATUS = Query(
+    "pipeline_job_status", "One job's status.", "SELECT status FROM jobs WHERE id = %(id)s"
+)
+
+
+@dataclass
+class Report:
+    accepted: int
+    jobs: int
+    statuses: dict[str, int]
+    lost: int  # accepted jobs missing, or jobs not terminal when the wait ended
+    lost_examples: list[str]
+    duplicate_effects: int  # jobs whose effect is in the ledger more than once
+    missing_effects: int  # succeeded jobs without their effect
+    stray_effects: int  # effects of jobs that did not succeed
+    retried: int  # jobs that took more than one attempt
+    most_attempts: int
+    reaped: int  # jobs whose last error says a lease expired
+    outbox_left: int
+    quarantined: int
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.lost
+            or self.duplicate_effects
+            or self.missing_effects
+            or self.stray_effects
+            or self.quarantined
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "jobs": self.jobs,
+            "succeeded": self.statuses.get("succeeded", 0),
+            "failed": self.statuses.get("failed", 0),
+            "cancelled": self.statuses.get("cancelled", 0),
+            "lost": self.lost,
+            "lost_examples": self.lost_examples,
+            "duplicate_effects": self.duplicate_effects,
+            "missing_effects": self.missing_effects,
+            "stray_effects": self.stray_effects,
+            "retried": self.retried,
+            "most_attempts": self.most_attempts,
+            "reaped": self.reaped,
+            "outbox_left": self.outbox_left,
+            "quarantined": self.quarantined,
+        }
+
+
+async def _fetch_all(db: Database, query: Query, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with db.unit_of_work() as uow:
+        return [dict(row) for row in await uow.fetch_all(query, params)]
+
+
+async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
+    """The invariants, read from the database (the truth)."""
+    rows = await _fetch_all(db, JOBS_WITH_EFFECTS, {"tenant": tenant})
+    [work] = await _fetch_all(db, OPEN_WORK, {"tenant": tenant})
+    by_id = {row["id"]: row for row in rows}
+    missing = [job_id for job_id in accepted if job_id not in by_id]
+    open_jobs = [row["id"] for row in rows if row["status"] not in TERMINAL]
+    statuses = Counter(str(row["status"]) for row in rows)
+    return Report(
+        accepted=len(set(accepted)),
+        jobs=len(rows),
+        statuses=dict(statuses),
+        lost=len(missing) + len(open_jobs),
+        lost_examples=(missing + open_jobs)[:10],
+        duplicate_effects=sum(1 for row in rows if row["effects"] > 1),
+        missing_effects=sum(
+            1 for row in rows if row["status"] == "succeeded" and row["effects"] == 0
+        ),
+        stray_effects=sum(1 for row in rows if row["status"] != "succeeded" and row["effects"]),
+        retried=sum(1 for row in rows if row["attempts"] > 1),
+        most_attempts=max((int(row["attempts"]) for row in rows), default=0),
+        reaped=sum(1 for row in rows if row["last_error"] == "lease expired"),
+        outbox_left=int(work["outbox"]),
+        quarantined=int(work["quarantined"]),
+    )
+
+
+async def status_counts(db: Database, tenant: str) -> dict[str, int]:
+    rows = await _fetch_all(db, STATUS_COUNTS, {"tenant": tenant})
+    return {str(row["status"]): int(row["n"]) for row in rows}
+
+
+async def wait_quiescent(db: Database, tenant: str, *, timeout: float) -> float:
+    """Until no job of ``tenant`` is open and the outbox is empty (or ``timeout`` passed);
+    return the seconds waited. Survives the database being away meanwhile."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        try:
+            [work] = await _fetch_all(db, OPEN_WORK, {"tenant": tenant})
+            if work["open"] == 0 and work["outbox"] == 0:
+                break
+        except DatabaseUnavailable:
+            pass
+        await asyncio.sleep(0.2)  # the poll interval, bounded by the deadline
+    return time.monotonic() - started
+
+
+async def job_succeeded(db: Database, job_id: str) -> bool:
+    try:
+        rows = await _fetch_all(db, JOB_STATUS, {"id": uuid.UUID(job_id)})
+    except DatabaseUnavailable:
+        return False
+    return bool(rows) and rows[0]["status"] == "succeeded"
+
+
+async def time_to_recover(
+    db: Database, submitter: Submitter, *, timeout: float = 120.0
+) -> float | None:
+    """Seconds until a job submitted now has succeeded end to end (None: not within
+    ``timeout``). Includes waiting for the API to accept it and for any backlog ahead."""
+    started = time.monotonic()
+    job_id = await submitter.submit()
+    if job_id is None:
+        return None
+    while time.monotonic() - started < timeout:
+        if await job_succeeded(db, job_id):
+            return time.monotonic() - started
+        await asyncio.sleep(0.1)  # the poll interval, bounded by the timeout
+    return None
+
+
+class LeaseWatch:
+    """Samples, every ``interval`` seconds, how long any job has been ``running`` past its
+    lease; :attr:`worst` is the longest seen (the reaper should keep it near its interval)."""
+
+    def __init__(self, db: Database, interval: float = 0.5) -> None:
+        self.db = db
+        self.interval = interval
+        self.worst = 0.0
+        self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LeaseWatch:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(DatabaseUnavailable):
+                [row] = await _fetch_all(self.db, OVERDUE_LEASES, {})
+                self.samples += 1
+                self.worst = max(self.worst, float(row["overdue"]))
+            await asyncio.sleep(self.interval)  # the sampling period
+
+
+# --- stopping the shared services ---------------------------------------------------------------
+
+
+def _run(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def _broker_stopped_unlocked() -> Iterator[None]:
+    try:
+        _run("rabbitmqctl", "-q", "stop_app")
+        chaos.wait_for_port(5672, up=False)
+        yield
+    finally:
+        chaos.start_broker()
+
+
+@contextlib.contextmanager
+def _postgres_stopped_unlocked() -> Iterator[None]:
+    try:
+        _run(
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            chaos.pg_cluster(),
+            "main",
+            "stop",
+            "--",
+            "-m",
+            "fast",
+        )
+        chaos.wait_for_port(5432, up=False)
+        yield
+    finally:
+        chaos.start_postgres()
+
+
+@contextlib.asynccontextmanager
+async def _in_thread(manager: contextlib.AbstractContextManager[None]) -> AsyncIterator[None]:
+    # Stopping and starting take seconds; the event loop keeps submitting meanwhile.
+    await asyncio.to_thread(manager.__enter__)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(manager.__exit__, None, None, None)
+
+
+def broker_down(*, locked: bool = False) -> contextlib.AbstractAsyncContextManager[None]:
+    """RabbitMQ stopped (``rabbitmqctl stop_app``) for the block, started again whatever
+    happens. ``locked``: the caller already holds the disruption lock."""
+    return _in_thread(_broker_stopped_unlocked() if locked else chaos.broker_stopped())
+
+
+def postgres_down(*, locked: bool = False) -> contextlib.AbstractAsyncContextManager[None]:
+    """PostgreSQL stopped for the block, started again whatever happens."""
+    return _in_thread(_postgres_stopped_unlocked() if locked else chaos.postgres_stopped())
+
+
+def services_restored() -> None:
+    """Start RabbitMQ and PostgreSQL if they are not running (idempotent; for `finally`)."""
+    chaos.start_postgres()
+    chaos.start_broker()
+
+
+def environment_for_children() -> dict[str, str]:
+    """This process's environment without JOBCORE_* (the stack sets its own)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOBCORE_")}
