@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.logs import configure_logging
+from jobcore.otel_metrics import MetricsText, metrics_pusher
 from jobcore.registry import load_job_modules
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
@@ -45,6 +46,13 @@ def app_from_environment() -> FastAPI:
     return create_app()
 
 
+def _rendered(metrics: ApiMetrics) -> MetricsText:
+    async def text() -> str:
+        return metrics.render().decode()
+
+    return text
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -64,6 +72,8 @@ def create_app(
     )
     # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
     waiters = JobWaiters(settings, registry=state.metrics.registry)
+    # Metrics over OTLP too when the environment asks (jobcore.otel_metrics).
+    export = metrics_pusher("jobcore-api", _rendered(state.metrics))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,11 +85,15 @@ def create_app(
             await db.open()
         state.db = db
         await waiters.start()
+        if export is not None:
+            await export.start()
         log.info("api started", extra={"job_types": [t.name for t in registry]})
         try:
             yield
         finally:
             await waiters.stop(WAITERS_STOP_GRACE)
+            if export is not None:
+                await export.stop(WAITERS_STOP_GRACE)
             state.db = None
             if owned:
                 await db.close()

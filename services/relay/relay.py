@@ -24,6 +24,7 @@ from jobcore.backlog import BacklogGauges
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable
 from jobcore.health import HealthServer
+from jobcore.otel_metrics import metrics_pusher
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
@@ -415,7 +416,10 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
                 "listen": options.listen,
             },
         )
-        return await run_until_signalled([health, relay], settings.shutdown_grace)
+        # Metrics over OTLP too when the environment asks; stopped after the relay.
+        export = metrics_pusher("jobcore-relay", metrics_text)
+        services = [health, *([export] if export else []), relay]
+        return await run_until_signalled(services, settings.shutdown_grace)
     finally:
         await db.close()
 

@@ -13,6 +13,7 @@ from typing import Any
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.health import HealthServer
+from jobcore.otel_metrics import metrics_pusher
 from jobcore.registry import Registry, load_job_modules
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
@@ -69,6 +70,8 @@ class Worker:
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
         self.health: HealthServer | None = None
+        # Metrics over OTLP too when the environment asks (jobcore.otel_metrics).
+        self.metrics_export = metrics_pusher("jobcore-worker", self.render_metrics)
         if health:
             self.health = HealthServer(
                 "worker",
@@ -83,6 +86,8 @@ class Worker:
         # Stopped in reverse: the consumer first (it may wait out the grace period), while
         # the cancel listener and health server keep working until it is done.
         head: list[Service] = [self.health] if self.health else []
+        if self.metrics_export is not None:
+            head.append(self.metrics_export)
         hooks: list[Service] = [self.webhooks] if self.webhooks else []
         return [*head, self.cancels, self.reaper, *hooks, self.consumer]
 
