@@ -106,21 +106,27 @@ class WebhookSender:
             return AttemptResult(Outcome.RETRY, error=str(exc))
         except UnsafeCallbackUrl as exc:
             return AttemptResult(Outcome.FAILED, error=f"refused: {exc}")
-        request_url = httpx.URL(url).copy_with(host=str(addresses[0]))
         extensions: dict[str, Any] = {}
         if target.scheme == "https" and target.literal_address() is None:
             extensions["sni_hostname"] = target.host
         request_headers = {**headers, "Host": target.host_header, "User-Agent": USER_AGENT}
         try:
             async with asyncio.timeout(TOTAL_TIMEOUT):
-                async with self.client.stream(
-                    "POST",
-                    request_url,
-                    content=body,
-                    headers=request_headers,
-                    extensions=extensions,
-                ) as response:
-                    head = await _read_at_most(response, MAX_RESPONSE_BYTES)
+                for index, address in enumerate(addresses):
+                    try:
+                        async with self.client.stream(
+                            "POST",
+                            httpx.URL(url).copy_with(host=str(address)),
+                            content=body,
+                            headers=request_headers,
+                            extensions=extensions,
+                        ) as response:
+                            head = await _read_at_most(response, MAX_RESPONSE_BYTES)
+                        break
+                    except httpx.ConnectError:
+                        # The host's next address (an IPv6 and an IPv4 one, say), if any.
+                        if index == len(addresses) - 1:
+                            raise
         except TimeoutError:
             return AttemptResult(Outcome.RETRY, error=f"no answer within {TOTAL_TIMEOUT:g}s")
         except httpx.HTTPError as exc:

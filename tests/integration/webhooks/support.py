@@ -104,19 +104,22 @@ class Receiver:
         self.script = list(answers)
         self.requests: list[Received] = []
         self.arrived = asyncio.Event()
+        self.bytes_sent = 0
         self._server: asyncio.Server | None = None
+        self._port: int | None = None
         self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._port is not None, "the receiver is not started"
+        return self._port
 
     def url(self, path: str = HOOK_PATH) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._port = int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         if self._server is not None:
@@ -170,8 +173,12 @@ class Receiver:
         writer.write(
             f"HTTP/1.1 {answer.status} {reason}\r\nContent-Length: {len(answer.body)}\r\n"
             f"Connection: close\r\n{extra}\r\n".encode()
-            + answer.body
         )
+        # In pieces, so a client that stops reading leaves the rest unsent.
+        for start in range(0, len(answer.body), 16 * 1024):
+            writer.write(answer.body[start : start + 16 * 1024])
+            await writer.drain()
+            self.bytes_sent += min(16 * 1024, len(answer.body) - start)
         await writer.drain()
 
 

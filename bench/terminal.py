@@ -1,0 +1,197 @@
+"""What completion webhooks and long-poll wake-ups cost the worker's success statement.
+
+Every statement that ends a job now also carries two CTEs (the delivery row and its
+outbox message, for jobs with a callback URL) and a ``pg_notify`` per job (long-poll
+waiters). This measures the worker's batched success statement three ways, in
+interleaved rounds on one connection, in autocommit as the worker runs it:
+
+1. ``before``: the statement as it was before webhooks (the baseline, copied here);
+2. ``no_callback``: today's statement on jobs without a callback URL (the common case);
+3. ``callback``: today's statement on jobs with one (a delivery + an outbox row each).
+
+A connection LISTENs on ``jobcore_job_done`` throughout (as an API process does) and
+drains what it hears. Figures are jobs/s per phase and the ratio to ``before``; each
+round prepares fresh running jobs, untimed. A fresh database is dropped afterwards.
+
+    .venv/bin/python -m bench.terminal --batch 50 --jobs 5000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from jobcore import migrate
+from jobcore.amqp.topology import Topology
+from jobcore.settings import Settings, load_settings
+from jobcore.sql import worker as wq
+from jobcore.sql.webhooks import LISTEN_JOB_DONE
+from jobcore.webhooks import completion_params
+
+# The success statement before completion webhooks (commit daa214d^), the baseline.
+SUCCEED_BEFORE_WEBHOOKS = """
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ids)s::uuid[], %(lease_tokens)s::uuid[], %(results)s::text[],
+            %(result_refs)s::text[]
+        ) AS i(id, lease_token, result, result_ref)
+    ), done AS (
+        UPDATE jobs
+        SET status = 'succeeded',
+            result = input.result::jsonb,
+            result_ref = input.result_ref,
+            lease_expires_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        FROM input
+        WHERE jobs.id = input.id
+          AND jobs.status = 'running'
+          AND jobs.lease_token = input.lease_token
+        RETURNING jobs.id, jobs.attempts
+    ), effects AS (
+        INSERT INTO job_effects (job_id, attempt, kind, detail)
+        SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
+        FROM jsonb_array_elements(%(effects)s::jsonb) WITH ORDINALITY AS effect(item, n)
+        JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
+        ORDER BY effect.n
+        RETURNING id
+    )
+    SELECT done.id FROM done
+"""
+
+PREPARE_JOBS = """
+INSERT INTO jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at,
+                  started_at, callback_url)
+SELECT id, 'bench', 'noop', 'default', 'running', 1, id, now() + interval '1 hour', now(),
+       %(callback_url)s
+FROM unnest(%(ids)s::uuid[]) AS id
+"""
+
+PHASES = ("before", "no_callback", "callback")
+
+
+@contextlib.contextmanager
+def scratch_database(base: Settings) -> Iterator[Settings]:
+    suffix = uuid.uuid4().hex[:10]
+    url = base.database_url.rsplit("/", 1)[0] + f"/jobcore_bench_terminal_{suffix}"
+    settings = base.model_copy(update={"database_url": url, "amqp_prefix": f"bench.{suffix}"})
+    migrate.create_database(settings)
+    try:
+        migrate.upgrade(settings)
+        yield settings
+    finally:
+        with psycopg.connect(settings.maintenance_database_url(), autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(settings.database_name)
+                )
+            )
+
+
+async def listen(settings: Settings, heard: list[int], stop: asyncio.Event) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(LISTEN_JOB_DONE.sql)
+        while not stop.is_set():
+            async for _ in conn.notifies(timeout=0.2):
+                heard[0] += 1
+
+
+async def phase(
+    conn: psycopg.AsyncConnection[Any], name: str, jobs: int, batch: int, extra: dict[str, Any]
+) -> float:
+    """Seconds to succeed ``jobs`` fresh running jobs, ``batch`` per statement."""
+    ids = [uuid.uuid4() for _ in range(jobs)]
+    callback = "https://example.com/hook" if name == "callback" else None
+    await conn.execute(PREPARE_JOBS, {"ids": ids, "callback_url": callback})
+    statement = SUCCEED_BEFORE_WEBHOOKS if name == "before" else wq.SUCCEED.sql
+    started = time.perf_counter()
+    for i in range(0, jobs, batch):
+        chunk = ids[i : i + batch]
+        await conn.execute(
+            statement,
+            {
+                **extra,
+                "ids": chunk,
+                "lease_tokens": chunk,
+                "results": [None] * len(chunk),
+                "result_refs": [None] * len(chunk),
+                "effects": "[]",
+            },
+        )
+    return time.perf_counter() - started
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with scratch_database(load_settings()) as settings:
+        extra = completion_params(
+            Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
+        )
+        heard = [0]
+        stop = asyncio.Event()
+        listener = asyncio.create_task(listen(settings, heard, stop))
+        seconds: dict[str, list[float]] = {name: [] for name in PHASES}
+        async with await psycopg.AsyncConnection.connect(
+            settings.database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+            await phase(conn, "before", min(args.jobs, 500), args.batch, extra)  # warm-up
+            for _ in range(args.rounds):
+                for name in PHASES:
+                    seconds[name].append(await phase(conn, name, args.jobs, args.batch, extra))
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM webhook_deliveries) AS deliveries,"
+                " (SELECT count(*) FROM outbox WHERE message_type = 'webhook') AS messages"
+            )
+            written = await cur.fetchone()
+        stop.set()
+        await listener
+    rates = {name: args.jobs / statistics.median(values) for name, values in seconds.items()}
+    return {
+        "batch": args.batch,
+        "jobs_per_round": args.jobs,
+        "rounds": args.rounds,
+        **{f"{name}_jobs_per_s": round(rate) for name, rate in rates.items()},
+        **{
+            f"{name}_vs_before": round(rates[name] / rates["before"], 3)
+            for name in PHASES
+            if name != "before"
+        },
+        "notifications_heard": heard[0],
+        "deliveries_written": written["deliveries"] if written else None,
+        "webhook_messages_written": written["messages"] if written else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.terminal", description=__doc__.split("\n\n")[0] if __doc__ else ""
+    )
+    parser.add_argument("--jobs", type=int, default=3000, help="jobs per phase per round")
+    parser.add_argument("--batch", type=int, default=50, help="jobs per success statement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(args))
+    print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+    print(
+        f"terminal statement, batch {results['batch']}: before "
+        f"{results['before_jobs_per_s']} jobs/s; no callback {results['no_callback_jobs_per_s']}"
+        f" ({results['no_callback_vs_before']}x); with callback "
+        f"{results['callback_jobs_per_s']} ({results['callback_vs_before']}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
