@@ -17,14 +17,17 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from jobcore.amqp.publisher import BatchResult, OutgoingMessage
-from jobcore.telemetry import TRACE_HEADERS, context_from_headers, tracer
+from jobcore.telemetry import TRACE_HEADERS, context_from_headers
+from jobcore.telemetry import tracer as default_tracer
 
 
 class PublishSpans:
     """The spans of one batch, and the batch's messages carrying them."""
 
-    def __init__(self, messages: Sequence[OutgoingMessage]) -> None:
-        t = tracer()
+    def __init__(
+        self, messages: Sequence[OutgoingMessage], *, tracer: trace.Tracer | None = None
+    ) -> None:
+        t = tracer or default_tracer()
         self.spans: list[Span] = []
         self.messages: list[OutgoingMessage] = []
         for message in messages:

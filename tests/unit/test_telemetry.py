@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import orjson
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from jobcore.amqp.publisher import BatchResult, Failure, OutgoingMessage
+from jobcore.dbtracing import statement_name
+from jobcore.logs import JsonFormatter
+from jobcore.sql import jobs as jobs_sql
+from jobcore.sql import worker as worker_sql
 from jobcore.telemetry import (
     JsonLinesSpanExporter,
     capture_trace_headers,
     context_from_headers,
+    setup_tracing,
 )
+from services.relay.tracing import PublishSpans
 
 
 def test_headers_carry_the_trace_across_a_boundary(tmp_path: Path) -> None:
@@ -48,3 +57,79 @@ def test_no_context_means_no_headers_and_an_empty_extract() -> None:
     assert capture_trace_headers() == {}
     ctx = context_from_headers({"other": b"x"})
     assert trace.get_current_span(ctx).get_span_context().is_valid is False
+
+
+def sdk_tracer() -> tuple[trace.Tracer, InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    return provider.get_tracer("test"), memory
+
+
+def test_log_lines_inside_a_span_carry_its_ids() -> None:
+    tracer, _ = sdk_tracer()
+    formatter = JsonFormatter("test")
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", (), None)
+    record.job_id = "j1"
+    outside = orjson.loads(formatter.format(record))
+    assert "trace_id" not in outside
+    assert outside["job_id"] == "j1"
+    with tracer.start_as_current_span("work") as span:
+        inside = orjson.loads(formatter.format(record))
+    ctx = span.get_span_context()
+    assert inside["trace_id"] == f"{ctx.trace_id:032x}"
+    assert inside["span_id"] == f"{ctx.span_id:016x}"
+
+
+def test_statements_are_named_after_their_query() -> None:
+    assert statement_name(jobs_sql.INSERT_JOB_WITH_OUTBOX.sql) == "insert_job_with_outbox"
+    assert statement_name(worker_sql.RECEIVE_AND_CLAIM.sql) == "receive_and_claim"
+    assert statement_name("COMMIT") == "COMMIT"
+    assert statement_name("  select 1") == "SELECT"
+
+
+def test_publish_spans_continue_each_row_and_replace_its_context() -> None:
+    tracer, memory = sdk_tracer()
+    with tracer.start_as_current_span("enqueue") as enqueue:
+        row_headers = capture_trace_headers()
+    messages = [
+        OutgoingMessage("x.jobs", "q", f"m{i}", "echo", {**row_headers, "other": "kept"}, b"{}")
+        for i in range(2)
+    ] + [OutgoingMessage("x.jobs", "q", "m-untraced", "echo", {}, b"{}")]
+    spans = PublishSpans(messages, tracer=tracer)
+    result = BatchResult(confirmed=[0], failed=[(1, Failure.RETURNED, "no route")], unconfirmed=[2])
+    spans.end(result)
+
+    published = {
+        s.attributes["messaging.message.id"]: s
+        for s in memory.get_finished_spans()
+        if s.name == "publish" and s.attributes is not None
+    }
+    first, second, third = (published[m] for m in ("m0", "m1", "m-untraced"))
+    for span in (first, second):
+        assert span.kind is trace.SpanKind.PRODUCER
+        assert span.parent is not None
+        assert span.parent.span_id == enqueue.get_span_context().span_id
+        assert span.context.trace_id == enqueue.get_span_context().trace_id
+    assert third.parent is None  # a row written without a trace starts one
+    assert first.status.status_code is trace.StatusCode.UNSET
+    assert second.status.status_code is trace.StatusCode.ERROR
+    assert third.status.status_code is trace.StatusCode.ERROR
+
+    # The message now carries the publish span's context, and its other headers.
+    outgoing = spans.messages[0]
+    assert outgoing.headers["other"] == "kept"
+    consumer_parent = trace.get_current_span(context_from_headers(outgoing.headers))
+    assert consumer_parent.get_span_context().span_id == first.context.span_id
+
+
+def test_tracing_stays_off_without_an_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "JOBCORE_TRACE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    assert setup_tracing("test") is None
+    monkeypatch.setenv("JOBCORE_TRACE_FILE", "/dev/null")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert setup_tracing("test") is None
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert setup_tracing("test") is None
