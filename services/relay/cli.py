@@ -11,10 +11,10 @@ from jobcore.amqp.publisher import declare_topology
 from jobcore.db import Database
 from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.logs import configure_logging
-from jobcore.telemetry import setup_tracing
 from jobcore.registry import load_job_modules
 from jobcore.sql import Query
 from jobcore.sql import outbox as q
+from jobcore.telemetry import setup_tracing
 from services.cli.common import emit, fail, run, settings
 from services.relay.options import load_relay_options
 
