@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "services.relay.cli",
     "services.worker.cli",
     "services.cli.webhooks",
+    "services.cli.jobs",
     "services.cli.dev",
     "services.cli.demo",
 )

@@ -1,0 +1,113 @@
+"""`jobcore jobs list|show|cancel|retry` against the real PostgreSQL, as a separate process."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from typing import Any
+
+import orjson
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.enqueue import enqueue
+from jobcore.jobtypes import NoopPayload
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from tests.support.jobtypes import EchoPayload
+from tests.support.processes import jobcore_command, settings_env
+
+
+def jobs_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobcore_command("jobs", *args),
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def jobs_json(settings: Settings, *args: str) -> Any:
+    result = jobs_cli(settings, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return orjson.loads(result.stdout)
+
+
+async def submit(db: Database, topology: Topology, tenant: str, text: str) -> uuid.UUID:
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            topology,
+            tenant=tenant,
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text=text),
+            entity_id=f"e-{text}",
+        )
+        await uow.commit()
+    return result.job_id
+
+
+async def test_list_and_show(db: Database, topology: Topology, settings: Settings) -> None:
+    a = await submit(db, topology, "alpha", "a")
+    b = await submit(db, topology, "beta", "b")
+    listed = jobs_json(settings, "list")
+    assert [row["id"] for row in listed] == [str(b), str(a)]  # newest first, all tenants
+    only_alpha = jobs_json(settings, "list", "--tenant", "alpha")
+    assert [row["id"] for row in only_alpha] == [str(a)]
+    assert jobs_json(settings, "list", "--status", "running") == []
+    table = jobs_cli(settings, "list")
+    assert table.returncode == 0
+    assert table.stdout.splitlines()[0].split()[:4] == ["ID", "TENANT", "TYPE", "STATUS"]
+
+    shown = jobs_json(settings, "show", str(a))
+    assert shown["tenant"] == "alpha"
+    assert shown["payload"] == {"text": "a", "count": 1}
+    assert shown["status"] == "pending"
+
+
+async def test_cancel_pending_then_retry_the_copy(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    job = await submit(db, topology, "alpha", "x")
+    cancelled = jobs_json(settings, "cancel", str(job))
+    assert cancelled["status"] == "cancelled"
+
+    again = jobs_cli(settings, "cancel", str(job))
+    assert again.returncode == 1
+    assert again.stderr.count("\n") == 1
+    assert "cancelled" in again.stderr
+
+    retried = jobs_json(settings, "retry", str(job))
+    copy = uuid.UUID(retried["job_id"])
+    assert copy != job
+    shown = jobs_json(settings, "show", str(copy))
+    assert (shown["tenant"], shown["type"], shown["status"]) == ("alpha", "echo", "pending")
+    assert shown["payload"] == {"text": "x", "count": 1}
+    assert shown["entity_id"] == "e-x"
+    assert jobs_json(settings, "show", str(job))["status"] == "cancelled"  # the original stays
+
+
+async def test_retry_refuses_a_job_that_is_not_finished_badly(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow, topology, tenant="t", job_type=default_registry.get("noop"), payload=NoopPayload()
+        )
+        await uow.commit()
+    refused = jobs_cli(settings, "retry", str(result.job_id))
+    assert refused.returncode == 1
+    assert "only failed or cancelled" in refused.stderr
+
+
+def test_bad_arguments_give_one_line_and_a_non_zero_exit(settings: Settings) -> None:
+    bad_id = jobs_cli(settings, "show", "not-a-uuid")
+    assert bad_id.returncode == 2
+    assert bad_id.stderr.strip() == "jobcore: not a job id: 'not-a-uuid'"
+    unknown = jobs_cli(settings, "show", str(uuid.uuid4()))
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("jobcore: no job ")
+    bad_status = jobs_cli(settings, "list", "--status", "exploded")
+    assert bad_status.returncode == 2
+    assert bad_status.stderr.count("\n") == 1
