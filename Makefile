@@ -18,7 +18,10 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 setup: $(BIN)/.installed
 
 demo: setup
-	$(BIN)/jobcore migrate --create-database
+	$(BIN)/jobcore demo
+
+dev: setup
+	$(BIN)/jobcore dev
 
 test: setup
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial" -p no:cacheprovider
