@@ -6,6 +6,8 @@ process's life) hears ``jobcore_job_done`` — sent in the same statement that m
 terminal — and sets the events of that job's waiters. A waiter holds no connection while
 it waits: it reads the job once (a short pooled checkout) after registering, so a NOTIFY
 that arrives after that read wakes it, and once more after waking or when its wait ends.
+Re-reads are batched (:class:`JobReads`): waiters woken together — jobs finishing in a
+burst — share one checkout and one statement instead of queueing for the pool one by one.
 
 A NOTIFY can be missed (the listener was reconnecting, or a PgBouncer in transaction mode
 drops LISTEN): every waiter is woken to re-read when the listener (re)connects, waiters
@@ -24,10 +26,12 @@ from collections.abc import Iterator
 
 import psycopg
 from prometheus_client import CollectorRegistry, Gauge
+from psycopg.rows import DictRow
 
+from jobcore.db import Database
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.webhooks import LISTEN_JOB_DONE
+from jobcore.sql.webhooks import GET_WAITED_JOBS, LISTEN_JOB_DONE
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,47 @@ RECONNECT_BASE = 0.2
 RECONNECT_CAP = 5.0
 # While the listener is down, waiters re-read their job this often.
 FALLBACK_POLL_SECONDS = 1.0
+# Most jobs one re-read statement asks for.
+MAX_READ_BATCH = 500
+
+WaitedJob = tuple[str, uuid.UUID]  # (tenant, job id)
+
+
+class JobReads:
+    """Re-reads of waited-for jobs, batched: whatever is asked while one statement runs
+    goes out together in the next (one at a time, so a lone wake-up is read at once)."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[WaitedJob, asyncio.Future[DictRow | None]]] = []
+        self._draining: asyncio.Task[None] | None = None
+
+    async def read(self, db: Database, tenant: str, job_id: uuid.UUID) -> DictRow | None:
+        """The tenant's job as it is now (None if the tenant has no such job)."""
+        future: asyncio.Future[DictRow | None] = asyncio.get_running_loop().create_future()
+        self._queue.append(((tenant, job_id), future))
+        if self._draining is None or self._draining.done():
+            self._draining = asyncio.create_task(self._drain(db), name="long-poll-reads")
+        return await future
+
+    async def _drain(self, db: Database) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[:MAX_READ_BATCH], self._queue[MAX_READ_BATCH:]
+            wanted = list({key for key, _ in batch})
+            try:
+                async with db.connection() as conn:
+                    cur = await conn.execute(
+                        GET_WAITED_JOBS.sql,
+                        {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]},
+                    )
+                    rows = {(row["tenant"], row["id"]): row for row in await cur.fetchall()}
+            except Exception as exc:  # each waiter answers it (a 503 for DatabaseUnavailable)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for key, future in batch:
+                if not future.done():
+                    future.set_result(rows.get(key))
 
 
 class JobWaiters(Service):
@@ -61,6 +106,7 @@ class JobWaiters(Service):
             else None
         )
         self._count = 0
+        self.reads = JobReads()
 
     @property
     def waiting(self) -> int:

@@ -269,3 +269,17 @@ DELETE_ENDPOINT = Query(
     RETURNING tenant, job_type, url
     """,
 )
+
+# --- long-poll waiters ------------------------------------------------------------------------
+
+# Waiters woken together (jobs finishing in a burst) re-read their jobs in one statement:
+# one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
+GET_WAITED_JOBS = Query(
+    "get_waited_jobs",
+    "Read many tenants' jobs at once, each only for its own tenant.",
+    """
+    SELECT jobs.*
+    FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
+    JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
+    """,
+)

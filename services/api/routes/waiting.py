@@ -4,8 +4,9 @@ terminal, or when the wait ends, whichever comes first.
 Unlike the other job routes this one does not take ``UowDep``: that transaction would
 hold a pooled connection for the whole wait. It checks out a connection for each read
 instead: before waiting, the key's tenant and the job in one short transaction (as every
-job route does); after waking, the job alone, one statement. While it waits it holds only
-an asyncio event (:mod:`services.api.waiters`).
+job route does); after waking, the job alone, in one statement shared with the other
+waiters woken meanwhile. While it waits it holds only an asyncio event
+(:mod:`services.api.waiters`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from starlette.responses import Response
 from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.errors import JobNotFound, ServiceStateError
-from jobcore.sql import jobs as jobs_sql
 from jobcore.states import is_terminal
 from services.api import operations, views
 from services.api.deps import ApiKeyDep, DbDep
@@ -72,17 +72,6 @@ async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, Dict
         return tenant, await operations.get_job(uow, tenant, job_id)
 
 
-async def reread_job(db: Database, tenant: str, job_id: uuid.UUID) -> DictRow:
-    """The job again, after a wake-up: one statement, one short checkout. Many waiters
-    wake together when jobs finish in a burst; this is what each of them costs."""
-    async with db.connection() as conn:
-        cur = await conn.execute(jobs_sql.GET_JOB.sql, {"id": job_id, "tenant": tenant})
-        row = await cur.fetchone()
-    if row is None:  # pragma: no cover - jobs are not deleted while they are waited on
-        raise JobNotFound("no job with that id")
-    return row
-
-
 async def get_job(
     job_id: uuid.UUID,
     key: ApiKeyDep,
@@ -107,5 +96,9 @@ async def get_job(
             if remaining <= 0:
                 break
             await waiters.park(woken, remaining)
-            row = await reread_job(db, tenant, job_id)
+            # Batched with the other waiters woken meanwhile (one short checkout).
+            reread = await waiters.reads.read(db, tenant, job_id)
+            if reread is None:  # pragma: no cover - jobs are not deleted while waited on
+                raise JobNotFound("no job with that id")
+            row = reread
     return JsonBody(views.job_view(row))

