@@ -37,6 +37,9 @@ REFUSED = [
     "http://100.64.0.1/hook",
     "http://224.0.0.1/hook",
     "http://localhost:8080/hook",
+    "http://2130706433/hook",  # 127.0.0.1 as one number
+    "http://0x7f.0.0.1/hook",
+    "http://127.1/hook",
     "ftp://example.com/hook",
     "file:///etc/passwd",
     "http://user:pass@127.0.0.1/hook",
