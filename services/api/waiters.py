@@ -99,7 +99,8 @@ class JobWaiters(Service):
         self._gauge = (
             Gauge(
                 "jobcore_api_long_poll_waiters",
-                "GET /jobs/{id}?wait= requests waiting for their job to finish now.",
+                "GET /jobs/{id}?wait= requests parked now, waiting for their job to end "
+                "(holding no database connection).",
                 registry=registry,
             )
             if registry is not None
@@ -110,7 +111,7 @@ class JobWaiters(Service):
 
     @property
     def waiting(self) -> int:
-        """Requests waiting now."""
+        """Requests parked now (between their reads, holding no connection)."""
         return self._count
 
     @contextlib.contextmanager
@@ -118,15 +119,9 @@ class JobWaiters(Service):
         """An event set when the job may have become terminal (re-read it to know)."""
         event = asyncio.Event()
         self._events.setdefault(job_id, set()).add(event)
-        self._count += 1
-        if self._gauge is not None:
-            self._gauge.inc()
         try:
             yield event
         finally:
-            self._count -= 1
-            if self._gauge is not None:
-                self._gauge.dec()
             events = self._events.get(job_id)
             if events is not None:
                 events.discard(event)
@@ -138,11 +133,18 @@ class JobWaiters(Service):
         True if it was set. The caller re-reads the job either way."""
         if not self.listening:
             timeout = min(timeout, FALLBACK_POLL_SECONDS)
+        self._count += 1
+        if self._gauge is not None:
+            self._gauge.inc()
         try:
             async with asyncio.timeout(max(0.0, timeout)):
                 await event.wait()
         except TimeoutError:
             return False
+        finally:
+            self._count -= 1
+            if self._gauge is not None:
+                self._gauge.dec()
         event.clear()
         return True
 
