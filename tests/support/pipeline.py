@@ -209,8 +209,10 @@ class Stack:
         broker_proxy: bool = False,
         database_proxy: bool = False,
         env: Mapping[str, str] | None = None,
+        api_args: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
+        self.api_args = api_args
         self.log_dir = log_dir
         self.tenant = tenant
         self.env = {**FAST_ENV, **(env or {})}
@@ -266,7 +268,10 @@ class Stack:
         self.api_key = (await apikeys.create_key(self.db, self.tenant, "pipeline")).key
         self.api_port = free_port()
         self.api = Process(
-            "api", ("api", "--port", str(self.api_port)), self._env(broker=False), self.log_dir
+            "api",
+            ("api", "--port", str(self.api_port), *self.api_args),
+            self._env(broker=False),
+            self.log_dir,
         )
         self.relays = [
             Process(f"relay-{i}", ("relay",), self._env(broker=True), self.log_dir)
