@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "services.cli.jobs",
     "services.cli.dev",
     "services.cli.demo",
+    "services.cli.chaos",
 )
 
 app = typer.Typer(

@@ -1,0 +1,417 @@
+"""`jobcore chaos`: a seeded random schedule of faults against a steady load, then a report.
+
+It runs the whole stack (an API, relays and workers as child processes) on a database and
+a broker prefix of its own, created for the run and removed after it; the relays and
+workers reach RabbitMQ, and every process reaches PostgreSQL, through proxies it controls.
+While jobs arrive at a steady rate it throws one fault at a time — a relay or a worker
+killed with SIGKILL (and restarted), RabbitMQ stopped and started, PostgreSQL restarted,
+the broker or the database connections cut silently — and after each measures how long
+a new job then takes to succeed end to end. When the time is up it stops the load, waits
+(bounded) for quiescence and checks in the database that no accepted job was lost and no
+effect was recorded twice. Exit 0 only when both hold.
+
+It stops the machine's shared RabbitMQ and PostgreSQL, so for its whole run it holds the
+lock the disruptive tests take (tests/support/chaos.py). The stack machinery and the job
+type it submits live with the tests: it needs a source checkout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import random
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import psycopg
+import typer
+from psycopg import sql
+
+from jobcore import migrate
+from jobcore.amqp.topology import Topology
+from jobcore.registry import load_job_modules
+from jobcore.settings import Settings, load_settings
+from jobcore.tcpproxy import Mode
+from services.cli.common import emit, fail, settings
+
+if TYPE_CHECKING:
+    from tests.support.pipeline import Stack, Submitter
+
+FAULTS = (
+    "kill_relay",
+    "kill_worker",
+    "broker_restart",
+    "postgres_restart",
+    "broker_cut",
+    "database_cut",
+)
+# How long one fault lasts (an outage, a cut, the wait before a killed process restarts).
+FAULT_SECONDS = (2.0, 6.0)
+# The quiet time between one recovery and the next fault.
+GAP_SECONDS = (1.0, 5.0)
+RECOVERY_TIMEOUT = 120.0
+LOCK_TIMEOUT = 900.0
+
+
+def _say(message: str) -> None:
+    typer.echo(f"chaos: {message}", err=True)
+
+
+@contextlib.contextmanager
+def disruption_lock(path: str, timeout: float) -> Iterator[None]:
+    """The lock the disruptive tests take; waits (bounded) while someone else holds it."""
+    with open(path, "w") as handle:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    _say(f"waiting for {path}: another run is disrupting the shared services")
+                    told = True
+                if time.monotonic() > deadline:
+                    fail(f"{path} still held after {timeout:.0f}s; try again later")
+                time.sleep(1.0)  # the lock's poll interval, bounded by the deadline
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _database_url(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+
+
+def run_settings(config: Settings, run_id: str, log_dir: Path) -> Settings:
+    """The developer's settings pointed at a database and a broker prefix of this run."""
+    from tests.support.pipeline import PIPELINE_JOB_MODULES
+
+    return load_settings(
+        database_url=_database_url(config.database_url, f"jobcore_chaos_{run_id}"),
+        amqp_prefix=f"jobcore-chaos-{run_id}",
+        job_modules=PIPELINE_JOB_MODULES,
+        result_dir=log_dir / "results",
+    )
+
+
+def create_database(config: Settings) -> None:
+    migrate.create_database(config)
+    migrate.upgrade(config)
+
+
+def drop_database(config: Settings) -> None:
+    with psycopg.connect(config.maintenance_database_url(), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(config.database_name)
+            )
+        )
+
+
+async def delete_topology(config: Settings) -> None:
+    connection = await aio_pika.connect(config.amqp_url, timeout=10)
+    async with connection:
+        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        queues = load_job_modules(config.job_modules).queues()
+        await topology.delete(await connection.channel(), queues)
+
+
+@dataclass
+class FaultRecord:
+    number: int
+    kind: str
+    target: str
+    seconds: float
+    recovery: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.number,
+            "fault": self.kind,
+            "target": self.target,
+            "seconds": round(self.seconds, 2),
+            "recovered_in": None if self.recovery is None else round(self.recovery, 2),
+            "error": self.error,
+        }
+
+
+@dataclass
+class Chaos:
+    stack: Stack
+    rng: random.Random
+    faults: tuple[str, ...] = FAULTS
+    records: list[FaultRecord] = field(default_factory=list)
+    _round: list[str] = field(default_factory=list)
+
+    def next_fault(self) -> str:
+        """Rounds of every fault in a shuffled order: random, yet each kind comes up once
+        in every round, so even a short run throws all of them."""
+        if not self._round:
+            self._round = list(self.faults)
+            self.rng.shuffle(self._round)
+        return self._round.pop()
+
+    async def run(self, submitter: Submitter, until: float) -> None:
+        """Faults one after another until the monotonic time ``until``."""
+        while time.monotonic() < until:
+            gap = self.rng.uniform(*GAP_SECONDS)
+            if time.monotonic() + gap >= until:
+                break
+            await asyncio.sleep(gap)  # quiet time between faults (part of the schedule)
+            kind = self.next_fault()
+            seconds = self.rng.uniform(*FAULT_SECONDS)
+            record = FaultRecord(len(self.records) + 1, kind, "", seconds)
+            self.records.append(record)
+            try:
+                record.target = await self.apply(kind, seconds)
+            except Exception as exc:  # a fault that could not be thrown or lifted: go on
+                record.error = f"{type(exc).__name__}: {exc}"[:500]
+                _say(f"fault {record.number}: {kind} failed: {record.error}")
+            from tests.support.pipeline import time_to_recover
+
+            record.recovery = await time_to_recover(
+                self.stack.db, submitter, timeout=RECOVERY_TIMEOUT
+            )
+            shown = "did not recover" if record.recovery is None else f"{record.recovery:.1f}s"
+            _say(f"fault {record.number}: {kind} {record.target} {seconds:.1f}s; recovery {shown}")
+
+    async def apply(self, kind: str, seconds: float) -> str:
+        """Throw one fault at the stack for ``seconds`` and lift it; return its target."""
+        from tests.support.pipeline import broker_down, postgres_down
+
+        stack = self.stack
+        if kind in ("kill_relay", "kill_worker"):
+            process = self.rng.choice(stack.relays if kind == "kill_relay" else stack.workers)
+            process.kill()
+            await asyncio.sleep(seconds)  # the process stays dead a while (the fault)
+            await stack.restart(process)
+            return process.name
+        if kind == "broker_restart":
+            async with broker_down(locked=True):
+                await asyncio.sleep(seconds)  # the outage
+            return "rabbitmq"
+        if kind == "postgres_restart":
+            async with postgres_down(locked=True):
+                await asyncio.sleep(seconds)  # the outage
+            return "postgresql"
+        proxy = stack.broker_proxy if kind == "broker_cut" else stack.database_proxy
+        assert proxy is not None
+        proxy.set_mode(Mode.BLACKHOLE)
+        try:
+            await asyncio.sleep(seconds)  # the silent cut
+        finally:
+            proxy.set_mode(Mode.FORWARD)
+        return "broker proxy" if kind == "broker_cut" else "database proxy"
+
+
+@contextlib.asynccontextmanager
+async def _steady_load(
+    submitter: Submitter, rate: float, limit: int, handler_seconds: float
+) -> AsyncIterator[asyncio.Event]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(submitter.steady(rate, stop, limit=limit, seconds=handler_seconds))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await task
+
+
+async def _soak(
+    config: Settings,
+    log_dir: Path,
+    *,
+    duration: float,
+    seed: int,
+    rate: float,
+    relays: int,
+    workers: int,
+    settle: float,
+    handler_seconds: float,
+    faults: tuple[str, ...],
+) -> dict[str, Any]:
+    from tests.support.pipeline import LeaseWatch, Stack, check, wait_quiescent
+
+    started = time.monotonic()
+    stack = Stack(
+        config,
+        log_dir,
+        tenant="chaos",
+        relays=relays,
+        workers=workers,
+        broker_proxy=True,
+        database_proxy=True,
+    )
+    async with stack, stack.submitter(give_up=RECOVERY_TIMEOUT) as submitter:
+        _say(f"stack up in {time.monotonic() - started:.1f}s; logs in {log_dir}")
+        chaos = Chaos(stack, random.Random(seed), faults)
+        async with LeaseWatch(stack.db) as leases:
+            async with _steady_load(submitter, rate, int(rate * duration), handler_seconds):
+                await chaos.run(submitter, time.monotonic() + duration)
+            _say(f"load stopped after {len(submitter.accepted)} accepted jobs; settling")
+            settled = await wait_quiescent(stack.db, stack.tenant, timeout=settle)
+            report = await check(stack.db, stack.tenant, submitter.job_ids)
+        recoveries = [r.recovery for r in chaos.records if r.recovery is not None]
+        unrecovered = sum(1 for r in chaos.records if r.recovery is None)
+        return {
+            "database": config.database_name,
+            "amqp_prefix": config.amqp_prefix,
+            "seed": seed,
+            "duration": duration,
+            "rate": rate,
+            "relays": relays,
+            "workers": workers,
+            **report.as_dict(),
+            "faults": len(chaos.records),
+            "faults_by_kind": {k: sum(1 for r in chaos.records if r.kind == k) for k in faults},
+            "longest_recovery_seconds": round(max(recoveries, default=0.0), 2),
+            "unrecovered_faults": unrecovered,
+            "fault_errors": sum(1 for r in chaos.records if r.error),
+            "settle_seconds": round(settled, 2),
+            "longest_overdue_lease_seconds": round(leases.worst, 2),
+            "http": submitter.summary(),
+            "processes_alive": {p.name: p.alive for p in stack.processes},
+            "schedule": [r.as_dict() for r in chaos.records],
+            "elapsed_seconds": round(time.monotonic() - started, 1),
+            "ok": not (
+                report.lost
+                or report.duplicate_effects
+                or report.missing_effects
+                or report.stray_effects
+            ),
+        }
+
+
+SUMMARY_KEYS = (
+    "accepted",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "lost",
+    "duplicate_effects",
+    "missing_effects",
+    "stray_effects",
+    "faults",
+    "longest_recovery_seconds",
+    "unrecovered_faults",
+    "fault_errors",
+    "retried",
+    "reaped",
+    "most_attempts",
+    "longest_overdue_lease_seconds",
+    "settle_seconds",
+    "elapsed_seconds",
+    "ok",
+)
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit(result, as_json=True)
+        return
+    emit({k: result[k] for k in SUMMARY_KEYS}, as_json=False)
+    typer.echo("")
+    emit(
+        result["schedule"],
+        as_json=False,
+        columns=["n", "fault", "target", "seconds", "recovered_in", "error"],
+    )
+    typer.echo("")
+    typer.echo(f"http answers: {result['http']['answers']}")
+
+
+def _with_cleanup(
+    config: Settings, action: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    from tests.support.pipeline import services_restored
+
+    async def run() -> dict[str, Any]:
+        try:
+            await asyncio.to_thread(create_database, config)
+            return await action()
+        finally:
+            # Whatever happened, the shared services run again and this run leaves nothing.
+            await asyncio.to_thread(services_restored)
+            with contextlib.suppress(Exception):
+                await delete_topology(config)
+            await asyncio.to_thread(drop_database, config)
+
+    return asyncio.run(run())
+
+
+def chaos(
+    duration: float = typer.Option(
+        60.0, min=5, max=24 * 3600, help="Seconds of faults under load."
+    ),
+    seed: int = typer.Option(1, help="Seeds the fault schedule (same seed, same schedule)."),
+    rate: float = typer.Option(50.0, min=1, max=2000, help="Jobs submitted per second."),
+    relays: int = typer.Option(2, min=1, max=8, help="Relay processes."),
+    workers: int = typer.Option(2, min=1, max=8, help="Worker processes."),
+    settle: float = typer.Option(
+        300.0, min=10, max=3600, help="At most this many seconds to wait for quiescence."
+    ),
+    handler_seconds: float = typer.Option(
+        0.05, min=0, max=5, help="How long each job's handler works (kills land mid-handler)."
+    ),
+    fault: list[str] | None = typer.Option(
+        None, "--fault", help="Only these faults (repeatable; default all of them)."
+    ),
+    log_dir: Path | None = typer.Option(None, help="Where the processes' logs go."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Throw a seeded random schedule of faults at the whole stack under load; report
+    lost jobs and duplicated effects (exit 0 only when there are none)."""
+    try:
+        from tests.support import chaos as chaos_support
+    except ImportError:
+        fail("jobcore chaos needs a source checkout (it uses tests/support)")
+    chosen = tuple(fault or FAULTS)
+    unknown = sorted(set(chosen) - set(FAULTS))
+    if unknown:
+        fail(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}", code=2)
+    # The harness's own pool reconnects through every outage; the report says what matters.
+    for noisy in ("psycopg", "psycopg.pool"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    run_id = uuid.uuid4().hex[:10]
+    logs = (log_dir or Path("var/chaos")) / run_id
+    logs.mkdir(parents=True, exist_ok=True)
+    config = run_settings(settings(), run_id, logs)
+    with disruption_lock(chaos_support.LOCK_PATH, LOCK_TIMEOUT):
+        _say(
+            f"run {run_id}: database {config.database_name}, broker prefix {config.amqp_prefix}, "
+            f"{duration:.0f}s at {rate:g} jobs/s, seed {seed}"
+        )
+        result = _with_cleanup(
+            config,
+            lambda: _soak(
+                config,
+                logs,
+                duration=duration,
+                seed=seed,
+                rate=rate,
+                relays=relays,
+                workers=workers,
+                settle=settle,
+                handler_seconds=handler_seconds,
+                faults=chosen,
+            ),
+        )
+    _print(result, as_json)
+    sys.exit(0 if result["ok"] else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("chaos")(chaos)

@@ -1,0 +1,61 @@
+"""A minute of `jobcore chaos` (the CI version of the 10-minute soak): every kind of fault
+under load, then nothing lost and no effect twice."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+
+from services.cli.chaos import FAULTS
+from tests.support.databases import with_database
+from tests.support.pipeline import environment_for_children
+from tests.support.processes import ROOT, jobcore_command
+from tests.support.services import ServiceUrls
+
+
+@pytest.mark.serial
+@pytest.mark.timeout(600)
+def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
+    service_urls: ServiceUrls, tmp_path: Path
+) -> None:
+    env = {
+        **environment_for_children(),
+        # The command makes a database and a broker prefix of its own on these servers.
+        "JOBCORE_DATABASE_URL": with_database(service_urls.pg_admin_url, "jobcore"),
+        "JOBCORE_AMQP_URL": service_urls.amqp_url,
+        "JOBCORE_ENVIRONMENT": "test",
+        "PYTHONPATH": str(ROOT),
+    }
+    args = ("chaos", "--duration", "60", "--seed", "11", "--rate", "20", "--json")
+    done = subprocess.run(
+        jobcore_command(*args, "--log-dir", str(tmp_path)),
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=540,
+        check=False,
+    )
+    print(done.stderr.decode(errors="replace")[-4000:])
+    report = orjson.loads(done.stdout)
+    summary = {k: v for k, v in report.items() if k not in ("schedule", "lost_examples")}
+    assert done.returncode == 0, summary
+    assert report["ok"] is True
+    assert report["lost"] == 0, summary
+    assert report["duplicate_effects"] == 0, summary
+    assert report["accepted"] >= 500, summary
+    assert report["accepted"] == report["succeeded"] + report["failed"], summary
+    # Shuffled rounds of every fault: a minute holds at least one of each.
+    assert set(report["faults_by_kind"]) == set(FAULTS)
+    assert all(report["faults_by_kind"][kind] >= 1 for kind in FAULTS), report["schedule"]
+    assert report["unrecovered_faults"] == 0, report["schedule"]
+    assert report["fault_errors"] == 0, report["schedule"]
+    # It cleaned up after itself.
+    with psycopg.connect(service_urls.pg_admin_url) as conn:
+        left = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (report["database"],)
+        ).fetchone()
+    assert left is None
