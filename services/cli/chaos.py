@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import logging
 import random
+import signal
 import sys
 import time
 import uuid
@@ -382,6 +383,9 @@ def chaos(
     unknown = sorted(set(chosen) - set(FAULTS))
     if unknown:
         fail(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}", code=2)
+    # SIGTERM ends the run like Ctrl-C does: the stack stops, the shared services are
+    # started again, this run's database and queues are removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     # The harness's own pool reconnects through every outage; the report says what matters.
     for noisy in ("psycopg", "psycopg.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
@@ -394,21 +398,25 @@ def chaos(
             f"run {run_id}: database {config.database_name}, broker prefix {config.amqp_prefix}, "
             f"{duration:.0f}s at {rate:g} jobs/s, seed {seed}"
         )
-        result = _with_cleanup(
-            config,
-            lambda: _soak(
+        try:
+            result = _with_cleanup(
                 config,
-                logs,
-                duration=duration,
-                seed=seed,
-                rate=rate,
-                relays=relays,
-                workers=workers,
-                settle=settle,
-                handler_seconds=handler_seconds,
-                faults=chosen,
-            ),
-        )
+                lambda: _soak(
+                    config,
+                    logs,
+                    duration=duration,
+                    seed=seed,
+                    rate=rate,
+                    relays=relays,
+                    workers=workers,
+                    settle=settle,
+                    handler_seconds=handler_seconds,
+                    faults=chosen,
+                ),
+            )
+        except KeyboardInterrupt:
+            _say("interrupted: the stack is stopped, the services run, the run's data is gone")
+            sys.exit(130)
     _print(result, as_json)
     sys.exit(0 if result["ok"] else 1)
 

@@ -3,6 +3,8 @@ under load, then nothing lost and no effect twice."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from services.cli.chaos import FAULTS
 from tests.support.databases import with_database
-from tests.support.pipeline import environment_for_children
+from tests.support.pipeline import environment_for_children, services_restored
 from tests.support.processes import ROOT, jobcore_command
 from tests.support.services import ServiceUrls
 
@@ -31,18 +33,30 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
         "PYTHONPATH": str(ROOT),
     }
     args = ("chaos", "--duration", "60", "--seed", "11", "--rate", "20", "--json")
-    done = subprocess.run(
+    proc = subprocess.Popen(
         jobcore_command(*args, "--log-dir", str(tmp_path)),
         env=env,
         cwd=ROOT,
-        capture_output=True,
-        timeout=540,
-        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # so that it and its children can be stopped together
     )
-    print(done.stderr.decode(errors="replace")[-4000:])
-    report = orjson.loads(done.stdout)
+    try:
+        stdout, stderr = proc.communicate(timeout=480)
+    finally:
+        if proc.poll() is None:
+            # SIGTERM makes it clean up (stack, shared services, its database), bounded.
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+            services_restored()
+    print(stderr.decode(errors="replace")[-4000:])
+    report = orjson.loads(stdout)
     summary = {k: v for k, v in report.items() if k not in ("schedule", "lost_examples")}
-    assert done.returncode == 0, summary
+    assert proc.returncode == 0, summary
     assert report["ok"] is True
     assert report["lost"] == 0, summary
     assert report["duplicate_effects"] == 0, summary

@@ -149,8 +149,6 @@ class Process:
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C meant for `jobcore chaos` does not reach it first.
-            start_new_session=True,
         )
 
     def kill(self) -> None:
