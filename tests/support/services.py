@@ -50,9 +50,15 @@ def _docker_available() -> bool:
     try:
         import docker
 
-        docker.from_env(timeout=2).ping()
+        client = docker.from_env(timeout=2)
     except Exception:
         return False
+    try:
+        client.ping()
+    except Exception:
+        return False
+    finally:
+        client.close()  # an unclosed client leaks its socket (a ResourceWarning = error here)
     return True
 
 
