@@ -10,13 +10,14 @@ import uuid
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobcore.errors import PoisonMessage
 
 ENVELOPE_VERSION: Literal[1] = 1
 CONTENT_TYPE = "application/json"
 MAX_BODY_BYTES = 64 * 1024
+MAX_ATTEMPT = 10_000
 
 
 class JobMessage(BaseModel):
@@ -24,8 +25,10 @@ class JobMessage(BaseModel):
 
     v: Literal[1] = ENVELOPE_VERSION
     job_id: uuid.UUID
-    attempt: int
-    type: str
+    # Bounded so that a hostile number is poison here, not an out-of-range error in the
+    # worker's claim statement (which would fail every message claimed with it).
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
+    type: str = Field(min_length=1, max_length=200)
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from jobcore.errors import DuplicateRegistration, InvalidPayload, ServiceStateError, UnknownJobType
@@ -53,8 +54,21 @@ class JobContext(Generic[P]):
     settings: Settings | None = None
 
     def record_effect(self, kind: str, detail: dict[str, Any] | None = None) -> None:
-        """Note a side effect; it is committed only if this attempt succeeds."""
-        self.effects.append(Effect(kind, dict(detail or {})))
+        """Note a side effect; it is committed only if this attempt succeeds.
+
+        Checked here, so a bad effect fails this handler's attempt instead of the
+        statement that records a whole batch of successes.
+        """
+        if not isinstance(kind, str) or not 1 <= len(kind) <= 200 or "\x00" in kind:
+            raise TypeError("an effect kind is a string of 1-200 characters without NUL")
+        detail = dict(detail or {})
+        try:
+            encoded = orjson.dumps(detail)
+        except TypeError as exc:
+            raise TypeError(f"an effect's detail must be JSON: {exc}") from None
+        if b"\\u0000" in encoded:
+            raise TypeError("an effect's detail cannot contain NUL characters (PostgreSQL jsonb)")
+        self.effects.append(Effect(kind, detail))
 
     async def put_result(self, data: bytes, *, suffix: str) -> str:
         """Store a result file for this job; the job's ``result_ref`` will name it.

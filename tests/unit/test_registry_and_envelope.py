@@ -75,3 +75,47 @@ def test_envelope_round_trips() -> None:
 def test_malformed_envelopes_are_poison(body: bytes) -> None:
     with pytest.raises(PoisonMessage):
         decode(body)
+
+
+@pytest.mark.parametrize("attempt", [0, -1, 10_001, 2**40])
+def test_an_out_of_range_attempt_is_poison(attempt: int) -> None:
+    body = (
+        b'{"v": 1, "job_id": "00000000-0000-0000-0000-000000000000", "attempt": '
+        + str(attempt).encode()
+        + b', "type": "noop"}'
+    )
+    with pytest.raises(PoisonMessage):
+        decode(body)
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail"),
+    [
+        (None, {}),
+        ("", {}),
+        ("k\x00", {}),
+        ("sent", {"when": object()}),
+        ("sent", {"text": "nul\x00inside"}),
+    ],
+)
+def test_a_bad_effect_fails_the_handler_that_records_it(
+    kind: object, detail: dict[str, object]
+) -> None:
+    ctx: JobContext[Payload] = JobContext(
+        job_id=uuid.uuid4(),
+        job_type="double",
+        payload=Payload(n=1),
+        attempt=1,
+        max_attempts=1,
+        idempotency_key="k",
+        heartbeat=_no_heartbeat,
+    )
+    with pytest.raises(TypeError):
+        ctx.record_effect(kind, detail)  # type: ignore[arg-type]
+    assert ctx.effects == []
+    ctx.record_effect("sent", {"to": "a@example.com"})
+    assert [e.kind for e in ctx.effects] == ["sent"]
+
+
+async def _no_heartbeat() -> None:
+    return None
