@@ -51,9 +51,7 @@ def test_delay_never_exceeds_cap_or_ceiling(
     assert 0.0 <= delay <= backoff_ceiling(attempt, base=base, cap=cap) <= cap
 
 
-@pytest.mark.parametrize(
-    ("attempt", "base", "cap"), [(0, 1.0, 1.0), (1, 0.0, 1.0), (1, 1.0, -1.0)]
-)
+@pytest.mark.parametrize(("attempt", "base", "cap"), [(0, 1.0, 1.0), (1, 0.0, 1.0), (1, 1.0, -1.0)])
 def test_bad_arguments_are_refused(attempt: int, base: float, cap: float) -> None:
     with pytest.raises(ValueError, match=r"start at 1|must be positive"):
         backoff_ceiling(attempt, base=base, cap=cap)
