@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -154,7 +153,8 @@ async def test_arbitrary_authorization_headers_are_401(
 
 
 def _cursor(raw: object) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(raw)).rstrip(b"=").decode()
+    # json, not orjson: the generated values include integers beyond 64 bits.
+    return base64.urlsafe_b64encode(json.dumps(raw).encode()).rstrip(b"=").decode()
 
 
 # Cursors that decode: a version, a timestamp and an id, each possibly wrong.
@@ -208,6 +208,7 @@ async def test_reading_and_cancelling_arbitrary_job_ids(
     response = await api_client.request(
         method, f"/jobs/{quote(job_id, safe='')}{suffix}", headers=auth
     )
-    assert response.status_code in (200, 404, 405, 422), response.text
+    # 307: an id that decodes to a path ending in "/" is redirected (FastAPI's redirect_slashes).
+    assert response.status_code in (200, 307, 404, 405, 422), response.text
     assert_no_server_error(response)
     await no_internal_errors(api_client)
