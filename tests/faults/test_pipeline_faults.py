@@ -38,9 +38,9 @@ from tests.support.pipeline import (
     check,
     postgres_down,
     status_counts,
-    until,
     wait_quiescent,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,7 +168,7 @@ async def test_jobs_accepted_while_the_broker_is_unreachable_all_succeed_once_it
     ):
         assert stack.broker_proxy is not None
         warm = await client.submit_many(20)
-        await until(succeeded_at_least(stack, len(warm)), timeout=60, what="the first jobs")
+        await eventually(succeeded_at_least(stack, len(warm)), timeout=60, what="the first jobs")
 
         stack.broker_proxy.set_mode(Mode.REFUSE)
         during = await client.submit_many(1000)
@@ -197,7 +197,7 @@ async def test_a_broker_restart_in_the_middle_of_2000_jobs_loses_nothing(
     ):
         first = asyncio.create_task(client.submit_many(1000, seconds=0.01))
         try:
-            await until(succeeded_at_least(stack, 100), timeout=90, what="100 jobs done")
+            await eventually(succeeded_at_least(stack, 100), timeout=90, what="100 jobs done")
             async with broker_down():
                 # The second half is enqueued while RabbitMQ is stopped: still 202.
                 second = await client.submit_many(1000)
@@ -243,7 +243,7 @@ async def test_the_relay_killed_mid_batch_again_and_again_loses_and_repeats_noth
                 # messages are on the broker already: the commit that deletes them is next.
                 return await count(stack.db, RELAY_BATCH_OPEN) > 0 and await depth() > before
 
-            await until(mid_batch, timeout=60, interval=0.001, what="the relay mid-batch")
+            await eventually(mid_batch, timeout=60, interval=0.001, what="the relay mid-batch")
             relay.kill()
         published = await depth()
         assert published >= 3, "each killed relay had published part of its batch"
@@ -277,7 +277,7 @@ async def test_a_worker_killed_mid_handler_again_and_again_runs_every_job_once(
                 async def handlers_running(pattern: str = f"%:{victim.pid}:%") -> int:
                     return await count(stack.db, RUNNING_ON, pattern=pattern)
 
-                killed_running += await until(
+                killed_running += await eventually(
                     handlers_running, timeout=60, interval=0.01, what="jobs running in the victim"
                 )
                 victim.kill()
@@ -303,7 +303,7 @@ async def test_a_postgres_restart_mid_run_is_503_meanwhile_and_recovers_by_itsel
         LeaseWatch(stack.db) as leases,
     ):
         async with steady_load(client, 30, seconds=0.05):
-            await until(succeeded_at_least(stack, 50), timeout=90, what="50 jobs done")
+            await eventually(succeeded_at_least(stack, 50), timeout=90, what="50 jobs done")
             async with postgres_down(), httpx.AsyncClient(timeout=10) as http:
                 headers = {"Authorization": f"Bearer {stack.api_key}"}
 
@@ -313,7 +313,7 @@ async def test_a_postgres_restart_mid_run_is_503_meanwhile_and_recovers_by_itsel
                     )
                     return response if response.status_code == 503 else None
 
-                refused = await until(answers_503, timeout=30, what="the API to answer 503")
+                refused = await eventually(answers_503, timeout=30, what="the API to answer 503")
                 assert refused.headers["content-type"] == "application/problem+json"
                 assert int(refused.headers["retry-after"]) > 0
                 await asyncio.sleep(3)  # let the outage last while the load keeps coming
@@ -341,7 +341,7 @@ async def test_a_silently_cut_broker_connection_is_detected_and_replaced(
         relay, worker = stack.relays[0], stack.workers[0]
         port = await stack.relay_health_port(relay)
         async with steady_load(client, 30, seconds=0.05):
-            await until(succeeded_at_least(stack, 30), timeout=90, what="30 jobs done")
+            await eventually(succeeded_at_least(stack, 30), timeout=90, what="30 jobs done")
             stack.broker_proxy.set_mode(Mode.BLACKHOLE)
 
             async def relay_noticed() -> bool:
@@ -349,8 +349,8 @@ async def test_a_silently_cut_broker_connection_is_detected_and_replaced(
                 return state["status_code"] == 503 and state.get("broker_connected") is False
 
             # Heartbeats every 2 s (JOBCORE_AMQP_HEARTBEAT) are what can tell.
-            await until(relay_noticed, timeout=30, what="the relay to notice the cut")
-            await until(
+            await eventually(relay_noticed, timeout=30, what="the relay to notice the cut")
+            await eventually(
                 logged(
                     worker,
                     "broker connection lost; reconnecting (deliveries in flight will be "
@@ -360,8 +360,8 @@ async def test_a_silently_cut_broker_connection_is_detected_and_replaced(
                 what="the worker to notice the cut",
             )
             stack.broker_proxy.set_mode(Mode.FORWARD)
-            await until(logged(relay, "broker connected again"), timeout=60, what="relay back")
-            await until(
+            await eventually(logged(relay, "broker connected again"), timeout=60, what="relay back")
+            await eventually(
                 logged(worker, "broker connected again; consuming"), timeout=60, what="worker back"
             )
         report = await settle(stack, client, leases, timeout=120)
@@ -382,10 +382,10 @@ async def test_a_silently_cut_database_connection_is_detected_and_replaced(
         assert stack.database_proxy is not None
         relay = stack.relays[0]
         async with steady_load(client, 30, seconds=0.2):
-            await until(succeeded_at_least(stack, 30), timeout=90, what="30 jobs done")
+            await eventually(succeeded_at_least(stack, 30), timeout=90, what="30 jobs done")
             refused_before = client.answers[503]
             stack.database_proxy.set_mode(Mode.BLACKHOLE)
-            await until(
+            await eventually(
                 logged(relay, "database unavailable; retrying"),
                 timeout=30,
                 what="the relay to notice the cut",
@@ -394,8 +394,10 @@ async def test_a_silently_cut_database_connection_is_detected_and_replaced(
             async def api_refused() -> bool:
                 return client.answers[503] > refused_before
 
-            await until(api_refused, timeout=30, what="the API to answer 503")
+            await eventually(api_refused, timeout=30, what="the API to answer 503")
             stack.database_proxy.set_mode(Mode.FORWARD)
-            await until(logged(relay, "database reachable again"), timeout=60, what="relay back")
+            await eventually(
+                logged(relay, "database reachable again"), timeout=60, what="relay back"
+            )
         report = await settle(stack, client, leases, timeout=120)
     assert report.accepted == len(client.accepted) > 30

@@ -29,7 +29,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +46,7 @@ from jobcore.sql import Query
 from jobcore.tcpproxy import TcpProxy
 from tests.support import chaos
 from tests.support.processes import ROOT, jobcore_command, settings_env
+from tests.support.waiting import eventually
 
 PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
 JOB_TYPE = "effect"  # tests/support/jobtypes.py: records one effect, lease 2 s
@@ -322,7 +323,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        await until(ready, timeout=timeout, interval=0.1, what="the API to be ready")
+        await eventually(ready, timeout=timeout, interval=0.1, what="the API to be ready")
 
     async def wait_consuming(self, worker: Process, timeout: float = PROCESS_START) -> None:
         """Until this incarnation of ``worker`` consumes (its log says so)."""
@@ -332,7 +333,9 @@ class Stack:
                 raise AssertionError(f"{worker.name} exited:\n{worker.all_logs()[-3000:]}")
             return bool(worker.logged("worker consuming"))
 
-        await until(consuming, timeout=timeout, interval=0.05, what=f"{worker.name} to consume")
+        await eventually(
+            consuming, timeout=timeout, interval=0.05, what=f"{worker.name} to consume"
+        )
 
     async def relay_health_port(self, relay: Process, timeout: float = PROCESS_START) -> int:
         async def port() -> int | None:
@@ -341,7 +344,11 @@ class Stack:
             starting = relay.logged("relay starting")
             return int(starting[0]["health_port"]) if starting else None
 
-        return await until(port, timeout=timeout, interval=0.05, what=f"{relay.name} to start")
+        found = await eventually(
+            port, timeout=timeout, interval=0.05, what=f"{relay.name} to start"
+        )
+        assert found is not None
+        return found
 
     async def restart(self, process: Process, *, wait: bool = True) -> None:
         """Start ``process`` again (it must have ended); wait until it serves."""
@@ -367,22 +374,6 @@ class Stack:
 
     def submitter(self, **kwargs: Any) -> Submitter:
         return Submitter(self.api_url, self.api_key, **kwargs)
-
-
-async def until(
-    probe: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = "condition"
-) -> Any:
-    """Await ``probe()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        last = await probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
-            )
-        await asyncio.sleep(interval)  # the poll interval, bounded by the deadline above
 
 
 # --- load ----------------------------------------------------------------------------------
