@@ -61,7 +61,8 @@ def names(kind: str) -> list[str]:
 
 async def clear_leftovers() -> int:
     queues, exchanges = names("queues"), names("exchanges")
-    connection = await aio_pika.connect(URL, timeout=10)
+    # A node that just restarted recovers every quorum queue first and answers slowly.
+    connection = await aio_pika.connect(URL, timeout=60)
     try:
         channel = await connection.channel()
         for queue in queues:
@@ -81,10 +82,15 @@ def main() -> int:
             print("ci: RabbitMQ still does not answer after restarts", file=sys.stderr)
             return 1
         restart_node()
-    try:
-        removed = asyncio.run(clear_leftovers())
-    except Exception as exc:  # the cleanup only saves time; it must not fail CI by itself
-        print(f"ci: RabbitMQ answers; leftover cleanup skipped ({type(exc).__name__}: {exc})")
+    for attempt in range(3):
+        try:
+            removed = asyncio.run(clear_leftovers())
+            break
+        except Exception as exc:  # the cleanup only saves time; it must not fail CI by itself
+            print(
+                f"ci: leftover cleanup failed ({type(exc).__name__}: {exc}); attempt {attempt + 1}"
+            )
+    else:
         return 0
     print(f"ci: RabbitMQ answers; removed {removed} leftover test queues and exchanges")
     return 0

@@ -36,7 +36,8 @@ def _pg_error(url: str) -> str | None:
 
 def _amqp_error(url: str) -> str | None:
     async def probe() -> None:
-        connection = await aio_pika.connect(url, timeout=3)
+        # Generous: a node that just restarted answers slowly while it recovers its queues.
+        connection = await aio_pika.connect(url, timeout=20)
         await connection.close()
 
     try:
