@@ -19,7 +19,7 @@ URL = "amqp://guest:guest@127.0.0.1:5672/"
 PREFIXES = ("jct.", "bench.")
 
 
-async def handshake_ok(wait: float = 30) -> bool:
+async def handshake_ok(wait: float = 90) -> bool:
     deadline = time.monotonic() + wait
     while True:
         try:
