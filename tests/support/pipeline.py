@@ -681,13 +681,19 @@ async def time_to_recover(
 
 class LeaseWatch:
     """Samples, every ``interval`` seconds, how long any job has been ``running`` past its
-    lease; :attr:`worst` is the longest seen (the reaper should keep it near its interval)."""
+    lease; :attr:`worst` is the longest seen (the reaper should keep it near its interval).
+
+    It stops on an event, not by cancellation: on Python 3.11 a cancellation that lands as
+    an ``asyncio.wait_for`` inside the pool completes can be lost, and a task awaited after
+    ``cancel()`` would then be waited for forever.
+    """
 
     def __init__(self, db: Database, interval: float = 0.5) -> None:
         self.db = db
         self.interval = interval
         self.worst = 0.0
         self.samples = 0
+        self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LeaseWatch:
@@ -695,18 +701,21 @@ class LeaseWatch:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # One sample is bounded by the pool's and the statement's timeouts.
+            _, late = await asyncio.wait({self._task}, timeout=self.interval + 60)
+            for task in late:
+                task.cancel()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stop.is_set():
             with contextlib.suppress(DatabaseUnavailable):
                 [row] = await _fetch_all(self.db, OVERDUE_LEASES, {})
                 self.samples += 1
                 self.worst = max(self.worst, float(row["overdue"]))
-            await asyncio.sleep(self.interval)  # the sampling period
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.interval)  # the sampling period
 
 
 # --- stopping the shared services ---------------------------------------------------------------
