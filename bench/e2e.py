@@ -143,7 +143,7 @@ def process_env(settings: Settings) -> dict[str, str]:
             "JOBCORE_JOB_MODULES": ",".join(settings.job_modules),
             "JOBCORE_RELAY_HEALTH_PORT": "0",
             "JOBCORE_WORKER_HEALTH_PORT": "0",
-            "JOBCORE_WORKER_PREFETCH": str(settings.worker_prefetch),
+            "JOBCORE_WORKER_PREFETCH": str(settings.job_prefetch()),
             "JOBCORE_WORKER_CONCURRENCY": str(settings.worker_concurrency),
             "JOBCORE_DB_POOL_MAX": str(settings.db_pool_max),
             "PYTHONPATH": str(ROOT),
@@ -180,7 +180,7 @@ async def raw_consume_ack(settings: Settings, n: int, window: int = 1000) -> dic
                 )
             )
         consumer_channel = await connection.channel()
-        await consumer_channel.set_qos(prefetch_count=settings.worker_prefetch)
+        await consumer_channel.set_qos(prefetch_count=settings.job_prefetch())
         scratch = await consumer_channel.declare_queue(name, passive=True)
         done = asyncio.Event()
         acked = 0
@@ -420,7 +420,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         backlog = await drain_backlog(settings, args) if args.backlog else None
     return {
         "jobs": args.jobs,
-        "prefetch": settings.worker_prefetch,
+        "prefetch": settings.job_prefetch(),
         "concurrency": settings.worker_concurrency,
         "enqueue_connections": args.connections,
         "db_pool_max": settings.db_pool_max,
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=5000, help="no-op jobs (default 5000)")
     parser.add_argument("--connections", type=int, default=8, help="enqueue connections")
     parser.add_argument(
-        "--prefetch", type=int, default=0, help="worker prefetch (default: setting)"
+        "--prefetch", type=int, default=0, help="worker prefetch (at most the concurrency)"
     )
     parser.add_argument(
         "--concurrency", type=int, default=0, help="worker concurrency (default: setting)"

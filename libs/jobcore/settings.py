@@ -62,8 +62,14 @@ class Settings(BaseSettings):
     relay_health_port: int = Field(default=8001, ge=0, le=65535)
 
     # Worker.
-    worker_prefetch: int = Field(default=32, ge=1, le=10_000)
     worker_concurrency: int = Field(default=16, ge=1, le=10_000)
+    # Unacknowledged job deliveries per worker (default: its concurrency, and never more).
+    # A delivery is acknowledged when its claim commits, so prefetch counts deliveries
+    # waiting for a handler slot, not running jobs. More waiting than there are slots to
+    # free gains nothing, and costs: when a worker stops or dies the broker requeues them,
+    # and each requeue counts toward the quorum queue's delivery limit
+    # (amqp_delivery_limit), so restarts alone could dead-letter a healthy job.
+    worker_prefetch: int | None = Field(default=None, ge=1, le=10_000)
     worker_health_port: int = Field(default=8002, ge=0, le=65535)
     result_dir: Path = Path("var/results")
     # Results whose JSON is larger than this go to the result store, not the job row.
@@ -145,6 +151,21 @@ class Settings(BaseSettings):
         if self.db_pool_min > self.db_pool_max:
             raise ValueError("db_pool_min is larger than db_pool_max")
         return self
+
+    @model_validator(mode="after")
+    def _check_worker_prefetch(self) -> Settings:
+        if self.worker_prefetch is not None and self.worker_prefetch > self.worker_concurrency:
+            raise ValueError(
+                "worker_prefetch is larger than worker_concurrency: the extra deliveries "
+                "would only wait, and every worker restart counts toward their delivery limit"
+            )
+        return self
+
+    def job_prefetch(self, concurrency: int | None = None) -> int:
+        """The prefetch of a worker running ``concurrency`` handlers at once (default: the
+        setting): ``worker_prefetch`` if set, but never more than the handler slots."""
+        slots = concurrency or self.worker_concurrency
+        return min(self.worker_prefetch or slots, slots)
 
     @cached_property
     def sqlalchemy_url(self) -> str:

@@ -9,7 +9,10 @@ Why the acknowledgement comes after the claim commits, and why the lease protect
   acknowledged with no effect. Either way nothing is lost and nothing runs twice.
 - Acknowledging right after the claim, not after the handler, means no delivery stays
   unacknowledged while a long job runs (RabbitMQ closes channels whose deliveries outlive
-  ``consumer_timeout``), and prefetch bounds waiting deliveries, not running jobs.
+  ``consumer_timeout``), and prefetch bounds waiting deliveries, not running jobs. It is
+  kept at most the concurrency (:meth:`~jobcore.settings.Settings.job_prefetch`): a
+  waiting delivery is requeued when the worker stops, and every requeue counts toward
+  the queue's delivery limit.
 - From then on the *lease* protects the job: a worker that dies stops heartbeating, the
   lease expires, and the reaper returns the job to pending with a new message. Every
   write the old worker might still attempt is fenced by its lease token and is dropped.
@@ -80,6 +83,7 @@ class Consumer(Service):
         self.broker = JobQueueConsumer(settings, self.queues)
         self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
         self._slots = asyncio.Semaphore(concurrency)
+        self.prefetch = settings.job_prefetch(concurrency)
         self._deliveries: set[asyncio.Task[None]] = set()
         self.consuming = False
 
@@ -111,7 +115,7 @@ class Consumer(Service):
         logged = False
         while not self.stopping.is_set():
             try:
-                await self.broker.start(self._on_delivery, prefetch=self.settings.worker_prefetch)
+                await self.broker.start(self._on_delivery, prefetch=self.prefetch)
                 return True
             except BrokerUnavailable as exc:
                 if not logged:

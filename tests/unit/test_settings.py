@@ -68,3 +68,20 @@ def test_production_refuses_placeholder_broker_credentials() -> None:
     with pytest.raises(ConfigurationError, match="placeholder"):
         load_settings(environment="production")
     assert Settings(environment="production", amqp_url="amqp://app:pw@mq:5672/").amqp_url
+
+
+def test_worker_prefetch_follows_the_concurrency_and_never_exceeds_it() -> None:
+    settings = Settings(worker_concurrency=6)
+    assert settings.worker_prefetch is None
+    assert settings.job_prefetch() == 6
+    assert settings.job_prefetch(concurrency=2) == 2  # `jobcore worker --concurrency 2`
+    lower = Settings(worker_concurrency=6, worker_prefetch=4)
+    assert lower.job_prefetch() == 4
+    assert lower.job_prefetch(concurrency=2) == 2
+
+
+def test_a_prefetch_above_the_concurrency_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBCORE_WORKER_CONCURRENCY", "16")
+    monkeypatch.setenv("JOBCORE_WORKER_PREFETCH", "32")
+    with pytest.raises(ConfigurationError, match="worker_prefetch is larger than worker_conc"):
+        load_settings()
