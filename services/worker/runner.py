@@ -233,12 +233,19 @@ class JobRunner:
     async def _stopped(self, running: RunningJob) -> None:
         claim = running.claim
         if running.stop_reason is StopReason.CANCELLED:
-            if await self._write_fenced(claim, q.CANCEL_RUNNING, {"error": "cancelled"}):
-                self.metrics.processed("cancelled", claim)
-                log.info("job cancelled while running", extra=claim.log_fields)
+            if (
+                await self._write_fenced(claim, q.CANCEL_RUNNING, {"error": "cancelled"})
+                is not None
+            ):
+                self._cancelled(claim)
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
-            if await self._write_fenced(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL}):
+            row = await self._write_fenced(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL})
+            if row is None:
+                return
+            if row["status"] == "cancelled":
+                self._cancelled(claim)
+            else:
                 self.metrics.processed("released")
                 log.info("gave the job's lease back at shutdown", extra=claim.log_fields)
         else:
@@ -311,7 +318,12 @@ class JobRunner:
         )
         message = self._message(claim, attempt=claim.attempt + 1)
         params = {**message, "error": error, "delay": delay, "channel": OUTBOX_CHANNEL}
-        if await self._write_fenced(claim, q.RETRY, params):
+        row = await self._write_fenced(claim, q.RETRY, params)
+        if row is None:
+            return
+        if row["status"] == "cancelled":
+            self._cancelled(claim)
+        else:
             self.metrics.processed("retried")
             self.metrics.retry_scheduled()
             log.info(
@@ -319,8 +331,12 @@ class JobRunner:
                 extra={**claim.log_fields, "error": error, "delay": round(delay, 3)},
             )
 
+    def _cancelled(self, claim: Claim) -> None:
+        self.metrics.processed("cancelled", claim)
+        log.info("job cancelled while running", extra=claim.log_fields)
+
     async def _fail(self, claim: Claim, error: str) -> None:
-        if await self._write_fenced(claim, q.FAIL, {"error": error}):
+        if await self._write_fenced(claim, q.FAIL, {"error": error}) is not None:
             self.metrics.processed("failed", claim)
             log.warning("job failed", extra={**claim.log_fields, "error": error})
 
@@ -333,16 +349,23 @@ class JobRunner:
             trace_headers=claim.trace_headers,
         )
 
-    async def _write_fenced(self, claim: Claim, query: Query, params: Mapping[str, Any]) -> bool:
+    async def _write_fenced(
+        self, claim: Claim, query: Query, params: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Run an outcome statement; its row, or None when the lease was lost."""
         full = {**self.completion, **params, "id": claim.job_id, "lease_token": claim.lease_token}
+        written: dict[str, Any] | None = None
 
         async def write() -> bool:
+            nonlocal written
             async with self.connections.connection() as conn:
                 cur = await conn.execute(query.sql, full)
                 # Every outcome statement returns a row exactly when its fence let it write.
-                return await cur.fetchone() is not None
+                row = await cur.fetchone()
+            written = None if row is None else dict(row)
+            return written is not None
 
-        return await self._write_outcome(claim, query.name, write)
+        return written if await self._write_outcome(claim, query.name, write) else None
 
     async def _write_outcome(
         self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]

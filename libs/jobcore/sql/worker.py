@@ -140,36 +140,70 @@ SUCCEED = Query(
     """,
 )
 
+# A retry and a shutdown's release put the job back to pending with a new message, unless
+# its cancellation was requested while it ran: the handler failed, or was interrupted,
+# before the worker heard of the request (a NOTIFY can be missed, heartbeats are
+# periodic), and the job ends `cancelled` with its completion webhook instead. These
+# fragments are shared by both statements; the statement's first CTE is `back`, and only
+# its `pending` rows get the job message.
+_PENDING_UNLESS_CANCEL_REQUESTED = """
+            status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+            finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
+_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate"
+_CANCELLED_ARE_DONE = (
+    """done AS (
+        SELECT * FROM back WHERE status = 'cancelled'
+    ), """
+    + COMPLETION_WEBHOOKS
+)
+_NOTIFY_BACK = (
+    """
+    (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM back LEFT JOIN done ON done.id = back.id
+    """
+)
+
 # The retry's message goes through the outbox like any other, due when the backoff ends,
 # so it survives a broker outage and shows in the database while it waits.
 RETRY = Query(
     "retry",
-    "Put a failed attempt back to pending with a delay, and write its next message.",
+    "Put a failed attempt back to pending with a delay and its next message (or end it "
+    "cancelled if that was requested).",
     """
-    WITH retried AS (
+    WITH back AS (
         UPDATE jobs
-        SET status = 'pending',
+        SET"""
+    + _PENDING_UNLESS_CANCEL_REQUESTED
+    + """
             last_error = %(error)s,
-            next_attempt_at = now() + make_interval(secs => %(delay)s),
+            next_attempt_at = CASE
+                WHEN cancel_requested_at IS NULL THEN now() + make_interval(secs => %(delay)s)
+                ELSE next_attempt_at
+            END,
             lease_token = NULL,
             lease_expires_at = NULL,
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id, next_attempt_at
-    ), message AS (
+        """
+    + _BACK_RETURNING
+    + """, next_attempt_at
+    ), """
+    + _CANCELLED_ARE_DONE
+    + """, message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             available_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, retried.id, retried.next_attempt_at
-        FROM retried
+               %(headers)s, %(body)s, back.id, back.next_attempt_at
+        FROM back
+        WHERE back.status = 'pending'
         RETURNING id
     )
-    SELECT retried.id, retried.next_attempt_at,
-           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified
-    FROM retried
-    """,
+    SELECT back.id, back.status, back.next_attempt_at,"""
+    + _NOTIFY_BACK,
 )
 
 FAIL = Query(
@@ -222,28 +256,35 @@ CANCEL_RUNNING = Query(
 # the new message carries the same attempt number, due at once.
 RELEASE = Query(
     "release",
-    "Give back a running job's lease on shutdown: pending again, with a new message due now.",
+    "Give back a running job's lease on shutdown: pending again, with a new message due now "
+    "(or end it cancelled if that was requested).",
     """
-    WITH released AS (
+    WITH back AS (
         UPDATE jobs
-        SET status = 'pending',
-            attempts = attempts - 1,
+        SET"""
+    + _PENDING_UNLESS_CANCEL_REQUESTED
+    + """
+            attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
             lease_token = NULL,
             lease_expires_at = NULL,
             next_attempt_at = NULL,
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id
-    ), message AS (
+        """
+    + _BACK_RETURNING
+    + """
+    ), """
+    + _CANCELLED_ARE_DONE
+    + """, message AS (
         INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, released.id
-        FROM released
+               %(headers)s, %(body)s, back.id
+        FROM back
+        WHERE back.status = 'pending'
         RETURNING id
     )
-    SELECT released.id, (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified
-    FROM released
-    """,
+    SELECT back.id, back.status,"""
+    + _NOTIFY_BACK,
 )
 
 # --- the reaper -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobcore.errors import PermanentError
@@ -52,3 +53,26 @@ class SlowPayload(BaseModel):
 async def wt_slow(ctx: JobContext[SlowPayload]) -> None:
     """Sleeps past its own timeout."""
     await asyncio.sleep(ctx.payload.seconds)
+
+
+# What the API writes when a running job's cancellation is requested (without the NOTIFY).
+REQUEST_CANCEL = """
+    UPDATE jobs SET cancel_requested_at = now(), updated_at = now()
+    WHERE id = %s AND status = 'running'
+"""
+
+
+class NoPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@job("wt_cancel_then_fail", payload=NoPayload, queue="testq", max_attempts=3, timeout=60, lease=2)
+async def wt_cancel_then_fail(ctx: JobContext[NoPayload]) -> None:
+    """Has its cancellation requested, then fails with a retryable error at once: before a
+    heartbeat could notice the request, as when the cancel NOTIFY is missed."""
+    assert ctx.settings is not None
+    async with await psycopg.AsyncConnection.connect(
+        ctx.settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(REQUEST_CANCEL, (ctx.job_id,))
+    raise RuntimeError("failed after its cancellation was requested")

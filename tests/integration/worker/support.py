@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import orjson
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
+from jobcore.enqueue import OUTBOX_CHANNEL, enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.sql import worker as q
+from jobcore.webhooks import completion_params
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
 
@@ -49,6 +52,17 @@ DELETE_ROWS = Query(
     "test_delete_outbox_rows",
     "Forget published rows.",
     "DELETE FROM outbox WHERE id = ANY(%(ids)s)",
+)
+
+
+TAKE_OVER = Query(
+    "test_take_over",
+    "Make a job running under a given lease token, as another worker's claim would.",
+    """
+    UPDATE jobs SET status = 'running', attempts = 1, lease_token = %(token)s,
+                    lease_expires_at = now() + interval '1 minute', started_at = now()
+    WHERE id = %(id)s
+    """,
 )
 
 
@@ -238,3 +252,37 @@ def exited(proc: subprocess.Popen[bytes]) -> Callable[[], Awaitable[bool]]:
         return proc.poll() is not None
 
     return probe
+
+
+def outcome_params(
+    statement: Query, job_id: uuid.UUID, token: uuid.UUID, topology: Topology, settings: Settings
+) -> dict[str, Any]:
+    """Parameters of a worker outcome statement for ``job_id`` under lease ``token``."""
+    completion = completion_params(topology, settings)
+    if statement is q.SUCCEED:
+        return {
+            **completion,
+            "ids": [job_id],
+            "lease_tokens": [token],
+            "results": ['{"ok": true}'],
+            "result_refs": [None],
+            "effects": orjson.dumps(
+                [{"job_id": str(job_id), "kind": "charged", "detail": {"cents": 100}}]
+            ).decode(),
+        }
+    message = job_message_row(
+        topology,
+        job_id=job_id,
+        job_type=default_registry.get("echo"),
+        attempt=2,
+        trace_headers={},
+    )
+    return {
+        **completion,
+        **message,
+        "id": job_id,
+        "lease_token": token,
+        "error": "boom",
+        "delay": 0.0,
+        "channel": OUTBOX_CHANNEL,
+    }

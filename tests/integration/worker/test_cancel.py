@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
+import psycopg
+import pytest
+
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.enqueue import enqueue
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql import worker as q
+from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.sql.worker import CANCEL_CHANNEL
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
-from tests.integration.worker.jobtypes import GatePayload
+from tests.integration.worker.jobtypes import REQUEST_CANCEL, GatePayload, NoPayload
 from tests.integration.worker.support import (
+    TAKE_OVER,
     OutboxPump,
     effects,
     job_row,
     outbox_rows,
+    outcome_params,
     status_is,
     submit,
 )
+from tests.support.jobtypes import EchoPayload
 from tests.support.waiting import eventually
 
 # What the API does (its own statements live with the API; these mirror them).
@@ -26,10 +39,6 @@ CANCEL_PENDING = """
     UPDATE jobs SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
                     updated_at = now()
     WHERE id = %s AND status = 'pending'
-"""
-REQUEST_CANCEL = """
-    UPDATE jobs SET cancel_requested_at = now(), updated_at = now()
-    WHERE id = %s AND status = 'running'
 """
 
 
@@ -110,6 +119,86 @@ async def test_a_cancel_notify_for_an_unknown_job_is_ignored(
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
     assert worker.cancels.running
+
+
+async def test_a_retryable_failure_after_a_cancel_request_ends_the_job_cancelled(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    worker = await start_worker()
+    job_id = await submit(db, topology, "wt_cancel_then_fail", NoPayload())
+
+    row = await eventually(lambda: _attempt_over(db, job_id), what="the attempt's outcome")
+    assert row["status"] == "cancelled"
+    assert row["attempts"] == 1  # attempts were left, but a cancelled job gets no retry
+    assert row["finished_at"] is not None
+    assert row["lease_token"] is None
+    assert row["last_error"] == "RuntimeError: failed after its cancellation was requested"
+    assert await outbox_rows(db, job_id) == []  # no message for another attempt
+    await eventually(lambda: _no_handlers(worker), what="the handler to be gone")
+    assert worker.metrics.counts["processed.cancelled"] == 1
+    assert worker.metrics.counts["processed.retried"] == 0
+
+
+CANCEL_REQUESTED = Query(
+    "test_cancel_requested",
+    "Request a running job's cancellation and give it a callback, as the API would; forget "
+    "its first message (published long ago).",
+    """
+    WITH published AS (DELETE FROM outbox WHERE job_id = %(id)s)
+    UPDATE jobs SET cancel_requested_at = now(), callback_url = %(url)s WHERE id = %(id)s
+    """,
+)
+
+
+@pytest.mark.parametrize("statement", [q.RETRY, q.RELEASE], ids=lambda s: s.name)
+async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_cancelled(
+    statement: Query, db: Database, topology: Topology, settings: Settings
+) -> None:
+    token = uuid.uuid4()
+    async with db.unit_of_work() as uow:
+        job = await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text="x"),
+        )
+        await uow.execute(TAKE_OVER, {"id": job.job_id, "token": token})
+        await uow.execute(CANCEL_REQUESTED, {"id": job.job_id, "url": "https://hooks.test/done"})
+        await uow.commit()
+
+    listener = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+    try:
+        await listener.execute(f"LISTEN {JOB_DONE_CHANNEL}")
+        async with db.unit_of_work() as uow:
+            written = await uow.fetch_all(
+                statement, outcome_params(statement, job.job_id, token, topology, settings)
+            )
+            await uow.commit()
+        notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    finally:
+        await listener.close()
+
+    assert [(r["id"], r["status"]) for r in written] == [(job.job_id, "cancelled")]
+    row = await job_row(db, job.job_id)
+    assert row["status"] == "cancelled"
+    assert row["attempts"] == 1  # a release does not give the attempt back to a cancelled job
+    assert row["finished_at"] is not None
+    assert row["lease_token"] is None
+    assert row["lease_expires_at"] is None
+    # Its completion webhook, and no message for another attempt.
+    assert [m["message_type"] for m in await outbox_rows(db, job.job_id)] == [WEBHOOK_MESSAGE_TYPE]
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT event FROM webhook_deliveries WHERE job_id = %s", (job.job_id,)
+        )
+        assert [r["event"] for r in await cur.fetchall()] == ["job.cancelled"]
+    assert (notify.channel, notify.payload) == (JOB_DONE_CHANNEL, str(job.job_id))
+
+
+async def _attempt_over(db: Database, job_id: uuid.UUID) -> dict[str, object] | None:
+    row = await job_row(db, job_id)
+    return row if row["attempts"] >= 1 and row["status"] != "running" else None
 
 
 async def _skipped(worker: Worker) -> bool:

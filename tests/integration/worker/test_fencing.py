@@ -9,30 +9,19 @@ current token to show the same call would have written.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, enqueue, job_message_row
+from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
-from jobcore.webhooks import completion_params
+from tests.integration.worker.support import TAKE_OVER, outcome_params
 from tests.support.jobtypes import EchoPayload
 
-TAKE_OVER = Query(
-    "test_take_over",
-    "Make a job running under a given lease token, as another worker's claim would.",
-    """
-    UPDATE jobs SET status = 'running', attempts = 1, lease_token = %(token)s,
-                    lease_expires_at = now() + interval '1 minute', started_at = now()
-    WHERE id = %(id)s
-    """,
-)
 SNAPSHOT = Query(
     "test_snapshot",
     "A job's status and lease, with its outbox messages and effects counted.",
@@ -43,39 +32,6 @@ SNAPSHOT = Query(
     FROM jobs WHERE id = %(id)s
     """,
 )
-
-
-def outcome_params(
-    statement: Query, job_id: uuid.UUID, token: uuid.UUID, topology: Topology, settings: Settings
-) -> dict[str, Any]:
-    completion = completion_params(topology, settings)
-    if statement is q.SUCCEED:
-        return {
-            **completion,
-            "ids": [job_id],
-            "lease_tokens": [token],
-            "results": ['{"ok": true}'],
-            "result_refs": [None],
-            "effects": orjson.dumps(
-                [{"job_id": str(job_id), "kind": "charged", "detail": {"cents": 100}}]
-            ).decode(),
-        }
-    message = job_message_row(
-        topology,
-        job_id=job_id,
-        job_type=default_registry.get("echo"),
-        attempt=2,
-        trace_headers={},
-    )
-    return {
-        **completion,
-        **message,
-        "id": job_id,
-        "lease_token": token,
-        "error": "boom",
-        "delay": 0.0,
-        "channel": OUTBOX_CHANNEL,
-    }
 
 
 @pytest.mark.parametrize(
