@@ -30,19 +30,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
-import psycopg
 import typer
-from psycopg import sql
 
-from jobcore import migrate
-from jobcore.amqp.topology import Topology
-from jobcore.registry import load_job_modules
 from jobcore.settings import Settings, load_settings
 from jobcore.tcpproxy import Mode
 from services.cli.common import emit, fail, settings
+from services.cli.scratch import database_url, scratch
 
 if TYPE_CHECKING:
     from tests.support.pipeline import Stack, Submitter
@@ -90,43 +84,16 @@ def disruption_lock(path: str, timeout: float) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _database_url(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
-
-
 def run_settings(config: Settings, run_id: str, log_dir: Path) -> Settings:
     """The developer's settings pointed at a database and a broker prefix of this run."""
     from tests.support.pipeline import PIPELINE_JOB_MODULES
 
     return load_settings(
-        database_url=_database_url(config.database_url, f"jobcore_chaos_{run_id}"),
+        database_url=database_url(config.database_url, f"jobcore_chaos_{run_id}"),
         amqp_prefix=f"jobcore-chaos-{run_id}",
         job_modules=PIPELINE_JOB_MODULES,
         result_dir=log_dir / "results",
     )
-
-
-def create_database(config: Settings) -> None:
-    migrate.create_database(config)
-    migrate.upgrade(config)
-
-
-def drop_database(config: Settings) -> None:
-    with psycopg.connect(config.maintenance_database_url(), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(config.database_name)
-            )
-        )
-
-
-async def delete_topology(config: Settings) -> None:
-    connection = await aio_pika.connect(config.amqp_url, timeout=10)
-    async with connection:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
-        queues = load_job_modules(config.job_modules).queues()
-        await topology.delete(await connection.channel(), queues)
 
 
 @dataclass
@@ -340,15 +307,13 @@ def _with_cleanup(
     from tests.support.pipeline import services_restored
 
     async def run() -> dict[str, Any]:
-        try:
-            await asyncio.to_thread(create_database, config)
-            return await action()
-        finally:
-            # Whatever happened, the shared services run again and this run leaves nothing.
-            await asyncio.to_thread(services_restored)
-            with contextlib.suppress(Exception):
-                await delete_topology(config)
-            await asyncio.to_thread(drop_database, config)
+        async with scratch(config):
+            try:
+                return await action()
+            finally:
+                # Whatever happened, the shared services run again before the run's
+                # database and topology go.
+                await asyncio.to_thread(services_restored)
 
     return asyncio.run(run())
 
