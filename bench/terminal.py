@@ -20,24 +20,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
-from jobcore import migrate
 from jobcore.amqp.topology import Topology
 from jobcore.settings import Settings, load_settings
 from jobcore.sql import worker as wq
 from jobcore.sql.webhooks import LISTEN_JOB_DONE
 from jobcore.webhooks import completion_params
+from services.cli.scratch import database_url, scratch
 
 # The success statement before completion webhooks (commit daa214d^), the baseline.
 SUCCEED_BEFORE_WEBHOOKS = """
@@ -82,24 +79,6 @@ FROM unnest(%(ids)s::uuid[]) AS id
 PHASES = ("before", "no_callback", "callback")
 
 
-@contextlib.contextmanager
-def scratch_database(base: Settings) -> Iterator[Settings]:
-    suffix = uuid.uuid4().hex[:10]
-    url = base.database_url.rsplit("/", 1)[0] + f"/jobcore_bench_terminal_{suffix}"
-    settings = base.model_copy(update={"database_url": url, "amqp_prefix": f"bench.{suffix}"})
-    migrate.create_database(settings)
-    try:
-        migrate.upgrade(settings)
-        yield settings
-    finally:
-        with psycopg.connect(settings.maintenance_database_url(), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(settings.database_name)
-                )
-            )
-
-
 async def listen(settings: Settings, heard: list[int], stop: asyncio.Event) -> None:
     async with await psycopg.AsyncConnection.connect(
         settings.database_url, autocommit=True
@@ -136,7 +115,14 @@ async def phase(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    with scratch_database(load_settings()) as settings:
+    base = load_settings()
+    run_id = uuid.uuid4().hex[:10]
+    async with scratch(
+        load_settings(
+            database_url=database_url(base.database_url, f"jobcore_bench_terminal_{run_id}"),
+            amqp_prefix=f"bench.terminal.{run_id}",
+        )
+    ) as settings:
         extra = completion_params(
             Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
         )

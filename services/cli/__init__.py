@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",
+    "services.cli.bench",
 )
 
 app = typer.Typer(

@@ -1,0 +1,180 @@
+"""`jobcore bench`: runs the chosen scenarios, each next to its baseline, and writes the
+report (report.json, report.md, one PNG per scenario) to the output directory.
+
+Each scenario gets a database and a broker prefix of its own (created for it, removed
+after it) and starts the jobcore processes it needs as separate OS processes, with the
+machinery the fault tests use (tests/support/pipeline.py): it needs a source checkout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bench import machine, report
+from bench.measure import Profiler
+from jobcore.settings import Settings, load_settings
+from services.cli.scratch import database_url, scratch
+
+if TYPE_CHECKING:
+    from tests.support.pipeline import Stack
+
+SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog")  # run when none is named
+EXTRA_SCENARIOS = ("tracing",)  # run when named
+BENCH_JOB_MODULES = ("jobcore.jobtypes",)
+
+
+@dataclass(frozen=True)
+class Options:
+    jobs: int = 5000
+    relay_rows: int = 100_000
+    backlog_rows: int = 1_000_000
+    runs: int = 3
+    clients: tuple[int, ...] = (1, 16, 64)
+    scale: tuple[int, ...] = (1, 2, 4)
+    profile: bool = False
+
+
+class Scenario(Protocol):
+    TITLE: str
+
+    def steps(self, options: Options) -> int: ...
+
+    async def run(self, bench: Bench) -> report.Section: ...
+
+
+def scenario(name: str) -> Scenario:
+    module: Any = importlib.import_module(f"bench.scenarios.{name}")
+    return module  # type: ignore[no-any-return]
+
+
+@dataclass
+class Bench:
+    """What a scenario runs with: options, settings, where logs and profiles go, progress."""
+
+    options: Options
+    config: Settings
+    out: Path
+    advance: Callable[[str], None] = lambda description: None
+    log_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_dir = self.out / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def step(self, description: str) -> None:
+        self.advance(description)
+
+    @contextlib.asynccontextmanager
+    async def scratch(self, name: str, **overrides: Any) -> AsyncIterator[Settings]:
+        """Settings on a database and a broker prefix of their own, removed afterwards."""
+        run_id = uuid.uuid4().hex[:10]
+        config = load_settings(
+            database_url=database_url(self.config.database_url, f"jobcore_bench_{run_id}"),
+            amqp_prefix=f"bench.{name}.{run_id}",
+            job_modules=BENCH_JOB_MODULES,
+            result_dir=self.out / "results",
+            **overrides,
+        )
+        async with scratch(config):
+            yield config
+
+    @contextlib.asynccontextmanager
+    async def stack(
+        self, config: Settings, name: str, *, relays: int, workers: int, **env: str
+    ) -> AsyncIterator[Stack]:
+        """An API, relays and workers as OS processes on ``config``, with production
+        defaults for what the fault harness turns down (the pool size) and the no-op route
+        the enqueue baseline uses."""
+        from tests.support.pipeline import Stack
+
+        environment = {
+            "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
+            "JOBCORE_BENCH_NOOP": "1",
+            **env,
+        }
+        stack = Stack(
+            config,
+            self.log_dir / name,
+            tenant="bench",
+            relays=relays,
+            workers=workers,
+            env=environment,
+        )
+        async with stack:
+            yield stack
+
+    @contextlib.asynccontextmanager
+    async def profiled(
+        self, section: report.Section, label: str, processes: dict[str, int]
+    ) -> AsyncIterator[None]:
+        """py-spy on ``processes`` for the block when --profile is on; else nothing."""
+        if not self.options.profile:
+            yield
+            return
+        profiler = Profiler(self.out / "profiles", f"{section.scenario}-{label}", processes)
+        profiler.start()
+        try:
+            yield
+        finally:
+            for name, summary in (await asyncio.to_thread(profiler.stop)).items():
+                section.profiles[f"{label}/{name}"] = summary
+
+
+async def relays_ready(stack: Stack) -> None:
+    """Until every relay answers /readyz (database and broker connected)."""
+    import httpx
+
+    from tests.support.waiting import eventually
+
+    for relay in stack.relays:
+        port = await stack.relay_health_port(relay)
+
+        async def ready(port: int = port) -> bool:
+            try:
+                async with httpx.AsyncClient(timeout=2) as client:
+                    return (await client.get(f"http://127.0.0.1:{port}/readyz")).is_success
+            except httpx.HTTPError:
+                return False
+
+        await eventually(ready, timeout=60, interval=0.05, what=f"{relay.name} to be ready")
+
+
+def pids(stack: Stack) -> dict[str, int]:
+    return {p.name: p.pid for p in stack.processes if p.alive}
+
+
+async def run(
+    names: list[str],
+    options: Options,
+    out: Path,
+    advance: Callable[[str], None],
+    config: Settings | None = None,
+) -> list[report.Section]:
+    config = config or load_settings()
+    bench = Bench(options, config, out, advance)
+    facts = await machine.facts(config)
+    sections = []
+    for name in names:
+        started = time.monotonic()
+        section = await scenario(name).run(bench)
+        section.seconds = time.monotonic() - started
+        sections.append(section)
+        # Written after every scenario: an interrupted run still leaves what it measured.
+        report.write(out, facts, sections, options_dict(options))
+    return sections
+
+
+def options_dict(options: Options) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
+
+
+def total_steps(names: list[str], options: Options) -> int:
+    return sum(scenario(name).steps(options) for name in names)

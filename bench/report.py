@@ -1,0 +1,232 @@
+"""The report of one `jobcore bench` invocation: report.json, report.md and PNG plots.
+
+A :class:`Figure` is one quantity measured over several runs, next to the runs of its
+baseline from the same invocation; the table shows medians, min–max and the ratio of the
+medians. A :class:`Section` is one scenario: its figures, what the processes' CPU was, the
+profiles if any, and the series its plot draws.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+@dataclass
+class Figure:
+    case: str
+    metric: str
+    runs: list[float]
+    baseline: str | None = None
+    baseline_runs: list[float] = field(default_factory=list)
+    # "higher" for rates, "lower" for latencies and times: says which way the ratio is good.
+    better: str = "higher"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline_runs or not self.runs:
+            return None
+        base = statistics.median(self.baseline_runs)
+        return round(self.median / base, 3) if base else None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            median=round(self.median, 3),
+            min=min(self.runs),
+            max=max(self.runs),
+            ratio=self.ratio,
+        )
+        if self.baseline_runs:
+            data.update(
+                baseline_median=round(statistics.median(self.baseline_runs), 3),
+                baseline_min=min(self.baseline_runs),
+                baseline_max=max(self.baseline_runs),
+            )
+        return data
+
+
+@dataclass
+class Series:
+    """A line on the scenario's plot: x and y values with their axis labels."""
+
+    label: str
+    x: list[float]
+    y: list[float]
+    x_label: str
+    y_label: str
+
+
+@dataclass
+class Section:
+    scenario: str
+    title: str
+    method: str
+    figures: list[Figure] = field(default_factory=list)
+    cpu_pct: dict[str, dict[str, float]] = field(default_factory=dict)
+    profiles: dict[str, dict[str, object]] = field(default_factory=dict)
+    series: list[Series] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures.append(figure)
+        return figure
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "title": self.title,
+            "method": self.method,
+            "seconds": round(self.seconds, 1),
+            "figures": [f.as_dict() for f in self.figures],
+            "cpu_pct": self.cpu_pct,
+            "profiles": self.profiles,
+            "series": [asdict(s) for s in self.series],
+            "details": self.details,
+        }
+
+
+def _number(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _spread(runs: list[float]) -> str:
+    if len(runs) == 1:
+        return "1 run"
+    return f"{_number(min(runs))}–{_number(max(runs))}"
+
+
+def table_rows(sections: list[Section]) -> list[str]:
+    rows = [
+        "| scenario | case | metric | jobcore (median) | min–max | baseline | baseline"
+        " (median, min–max) | ratio |",
+        "|---|---|---|---:|---|---|---|---:|",
+    ]
+    for section in sections:
+        for f in section.figures:
+            base = _number(statistics.median(f.baseline_runs)) if f.baseline_runs else ""
+            if len(f.baseline_runs) > 1:
+                base += f" ({_spread(f.baseline_runs)})"
+            ratio = f"{f.ratio:.2f}×" if f.ratio is not None else ""
+            rows.append(
+                f"| {section.scenario} | {f.case} | {f.metric} | {_number(f.median)} |"
+                f" {_spread(f.runs)} | {f.baseline or ''} | {base} | {ratio} |"
+            )
+    return rows
+
+
+def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str, Any]) -> str:
+    lines = ["# jobcore bench report", ""]
+    lines.append(
+        f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
+        f"{machine['memory_gib']} GiB; PostgreSQL {machine['postgresql']}, "
+        f"RabbitMQ {machine['rabbitmq']}, Python {machine['python']}; "
+        f"load average at start {machine['load_average_at_start']}."
+    )
+    lines.append(f"Run at {machine['started_at']} with {options}.")
+    lines.append("")
+    lines.append(
+        "Every figure is the median of the runs shown, with min–max; its baseline was "
+        "measured in the same invocation, interleaved with it; the ratio is median over "
+        "median. The load generator, the jobcore processes, PostgreSQL and RabbitMQ all "
+        "share the same cores."
+    )
+    lines.append("")
+    lines.extend(table_rows(sections))
+    lines.append("")
+    for section in sections:
+        lines += [f"## {section.scenario}: {section.title}", "", section.method, ""]
+        if section.cpu_pct:
+            lines.append("CPU, % of one core (median over runs):")
+            lines.append("")
+            for case, cpu in section.cpu_pct.items():
+                busy = ", ".join(f"{k} {v:g}" for k, v in cpu.items())
+                lines.append(f"- {case}: {busy}")
+            lines.append("")
+        for name, profile in section.profiles.items():
+            self_time = profile.get("self", [])
+            assert isinstance(self_time, list)
+            top = "; ".join(f"{frame} {pct}%" for frame, pct in self_time[:5])
+            lines.append(f"- profile {name}: Python busy {profile.get('busy_pct')}%; top: {top}")
+        if section.profiles:
+            lines.append("")
+        lines.append(f"![{section.scenario}]({section.scenario}.png)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(section: Section, path: Path) -> None:
+    """Rates next to their baselines (median bars, min–max whiskers), and any series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    rates = [f for f in section.figures if f.metric.endswith("/s")]
+    panels = int(bool(rates)) + int(bool(section.series))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    ax_iter = iter(axes[0])
+    if rates:
+        ax = next(ax_iter)
+        width = 0.38
+        xs = range(len(rates))
+        for offset, label, values in (
+            (-width / 2, "jobcore", [f.runs for f in rates]),
+            (width / 2, "baseline", [f.baseline_runs for f in rates]),
+        ):
+            medians = [statistics.median(v) if v else 0 for v in values]
+            low = [m - min(v) if v else 0 for m, v in zip(medians, values, strict=True)]
+            high = [max(v) - m if v else 0 for m, v in zip(medians, values, strict=True)]
+            ax.bar(
+                [x + offset for x in xs], medians, width, yerr=[low, high], capsize=3, label=label
+            )
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(
+            [f"{f.case}\n{f.metric}\nvs {f.baseline or '-'}" for f in rates], fontsize=7
+        )
+        ax.set_ylabel("per second (median, min–max)")
+        ax.legend(fontsize=8)
+        ax.set_title(f"{section.scenario}: jobcore vs baseline", fontsize=10)
+    if section.series:
+        ax = next(ax_iter)
+        for series in section.series:
+            ax.plot(
+                series.x, series.y, marker="." if len(series.x) < 50 else None, label=series.label
+            )
+        ax.set_xlabel(section.series[0].x_label)
+        ax.set_ylabel(section.series[0].y_label)
+        ax.legend(fontsize=8)
+        ax.set_title(section.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(
+    out: Path, machine: dict[str, Any], sections: list[Section], options: dict[str, Any]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": machine,
+        "options": options,
+        "scenarios": [s.as_dict() for s in sections],
+    }
+    (out / "report.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    (out / "report.md").write_text(markdown(machine, sections, options))
+    for section in sections:
+        plot(section, out / f"{section.scenario}.png")

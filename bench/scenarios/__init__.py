@@ -1,0 +1,1 @@
+"""One module per `jobcore bench` scenario: TITLE, steps(options) and run(bench)."""

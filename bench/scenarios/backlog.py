@@ -1,0 +1,168 @@
+"""backlog: a relay draining 1,000,000 pending outbox rows; does the cost grow with it?
+
+The outbox is filled with ``backlog_rows`` rows (in chunks, untimed) before a relay runs.
+The claim statement the relay runs (claim_due_outbox, batch-sized, FOR UPDATE SKIP LOCKED)
+is timed from a separate connection, in a transaction rolled back at once: 10 times on the
+full backlog, then every second while one relay drains it (it then skips the relay's
+locked rows, as a second replica would). The drained rows are read from PostgreSQL's
+statistics (n_tup_del of the outbox, which lags commits by up to a second) every second,
+and the queue is purged as it goes so
+the broker holds only a little. Figures: the drain rate over the last 10 % of the rows
+against the first 10 %, and the claim time near the end against near the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import statistics
+import time
+from typing import Any
+
+import aio_pika
+import psycopg
+
+from bench.harness import Bench, Options, pids, relays_ready
+from bench.measure import cpu_of, merge_cpu
+from bench.report import Figure, Section, Series
+from bench.scenarios.relay import QUEUE, fill_outbox, purge
+from jobcore.amqp.topology import Topology
+from jobcore.sql.outbox import CLAIM_DUE
+
+TITLE = "Draining a large outbox backlog"
+FILL_CHUNK = 100_000
+EDGE = 0.10  # the share of rows at each end whose drain rate is compared
+
+
+def steps(options: Options) -> int:
+    return -(-options.backlog_rows // FILL_CHUNK) + 1
+
+
+async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
+    """One claim on its own transaction, rolled back: its time in milliseconds."""
+    started = time.perf_counter()
+    async with conn.transaction(force_rollback=True):
+        cur = await conn.execute(CLAIM_DUE.sql, {"limit": limit})
+        await cur.fetchall()
+    return 1000 * (time.perf_counter() - started)
+
+
+async def deleted(conn: psycopg.AsyncConnection[Any]) -> int:
+    cur = await conn.execute("SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'outbox'")
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def crossing(points: list[tuple[float, int]], target: float) -> float:
+    """The time at which the drained count reached ``target`` (linear between samples)."""
+    if target <= points[0][1]:
+        return points[0][0]
+    for (t0, d0), (t1, d1) in itertools.pairwise(points):
+        if d0 <= target <= d1:
+            return t0 if d1 == d0 else t0 + (t1 - t0) * (target - d0) / (d1 - d0)
+    return points[-1][0]
+
+
+def edge_rates(points: list[tuple[float, int]], total: int) -> tuple[float, float]:
+    """Rows/s over the first and the last ``EDGE`` of the rows. The relay starts draining
+    before the first sample, so the first window starts at the first sample."""
+    edge = EDGE * total
+    first = points[0][1]
+    start = edge / max(1e-9, crossing(points, first + edge) - crossing(points, first))
+    end = edge / max(1e-9, crossing(points, total) - crossing(points, total - edge))
+    return start, end
+
+
+async def run(bench: Bench) -> Section:
+    rows = bench.options.backlog_rows
+    async with bench.scratch("backlog") as config:
+        limit = config.relay_batch_size
+        section = Section(
+            "backlog",
+            TITLE,
+            f"{rows:,} outbox rows drained by one relay; the claim statement (limit {limit}) "
+            f"timed from another connection on the full backlog and every second during the "
+            f"drain; the drain rate over the first and the last {EDGE:.0%} of the rows. One "
+            f"drain (the min–max are over the claim samples).",
+        )
+        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        async with await psycopg.AsyncConnection.connect(
+            config.database_url, autocommit=True
+        ) as conn:
+            for start in range(0, rows, FILL_CHUNK):
+                bench.step(f"backlog: filling {start + FILL_CHUNK:,} of {rows:,}")
+                await fill_outbox(conn, topology, min(FILL_CHUNK, rows - start))
+            await conn.execute("ANALYZE outbox")
+            full = [await claim_ms(conn, limit) for _ in range(10)]
+            before = await deleted(conn)
+            bench.step(f"backlog: draining {rows:,} rows")
+            async with bench.stack(config, "backlog", relays=1, workers=0) as stack:
+                await relays_ready(stack)
+                relay_pids = pids(stack)
+                relay_pids.pop("api", None)
+                points: list[tuple[float, int]] = []
+                claims: list[tuple[int, float]] = []
+                used: dict[str, float] = {}
+                started = time.monotonic()
+                connection = await aio_pika.connect(config.amqp_url)
+                try:
+                    channel = await connection.channel()
+                    async with bench.profiled(section, "drain", relay_pids):
+                        with cpu_of(relay_pids, used):
+                            while True:
+                                drained = await deleted(conn) - before
+                                points.append((time.monotonic() - started, drained))
+                                if drained >= rows:
+                                    break
+                                if time.monotonic() - started > 1800:
+                                    raise RuntimeError(f"{drained:,} of {rows:,} drained in 30 min")
+                                claims.append((rows - drained, await claim_ms(conn, limit)))
+                                with contextlib.suppress(aio_pika.exceptions.AMQPError):
+                                    await purge(channel, topology)
+                                await asyncio.sleep(1.0)  # the sampling period
+                finally:
+                    await connection.close()
+    start_rate, end_rate = edge_rates(points, rows)
+    near_start = [ms for left, ms in claims if left >= (1 - EDGE) * rows] or full
+    near_end = [ms for left, ms in claims if left <= EDGE * rows] or near_start
+    section.add(
+        Figure(
+            f"{rows:,} rows",
+            "rows/s, last 10 %",
+            [round(end_rate, 1)],
+            "first 10 %",
+            [round(start_rate, 1)],
+        )
+    )
+    section.add(Figure(f"{rows:,} rows", "rows/s, whole drain", [round(rows / points[-1][0], 1)]))
+    section.add(
+        Figure(
+            "claim, relay draining",
+            "ms, last 10 %",
+            [round(x, 2) for x in near_end],
+            "first 10 %",
+            [round(x, 2) for x in near_start],
+            better="lower",
+        )
+    )
+    section.add(
+        Figure("claim, full backlog idle", "ms", [round(x, 2) for x in full], better="lower")
+    )
+    section.cpu_pct = {"drain": merge_cpu([used])}
+    section.series.append(
+        Series(
+            "rows left",
+            [t for t, _ in points],
+            [rows - d for _, d in points],
+            "seconds",
+            "outbox rows left",
+        )
+    )
+    section.details.update(
+        queue=QUEUE,
+        claim_samples=[{"rows_left": left, "ms": round(ms, 2)} for left, ms in claims],
+        drain_seconds=round(points[-1][0], 1),
+        claim_ms_full_median=round(statistics.median(full), 2),
+    )
+    return section

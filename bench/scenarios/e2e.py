@@ -1,0 +1,200 @@
+"""e2e: no-op jobs from `POST /jobs/noop` to `succeeded`, next to the broker's raw
+consume+ack rate.
+
+One API, one relay and one worker run as separate processes. Each run POSTs ``jobs``
+no-op jobs over 16 keep-alive connections and waits until all have succeeded; jobs/s is
+jobs / (last finished_at − first created_at), and the latencies come from the job rows
+(PostgreSQL's clock): enqueue→start = started_at − created_at, enqueue→done =
+finished_at − created_at. The baseline publishes the same number of persistent messages
+to a scratch quorum queue (untimed) and times consuming and acknowledging them here with
+the worker's prefetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import aio_pika
+
+from bench.harness import Bench, Options, pids
+from bench.http import http_load, post
+from bench.measure import cpu_of, merge_cpu
+from bench.report import Figure, Section
+from jobcore.db import Database
+from jobcore.settings import Settings
+
+TITLE = "POST to succeeded vs the broker's raw consume+ack"
+HTTP_CLIENTS = 16
+
+RUN_STATS = """
+SELECT count(*) AS jobs,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       extract(epoch FROM max(finished_at) - min(created_at)) AS seconds,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           AS start_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           AS start_p99,
+       extract(epoch FROM max(started_at - created_at)) AS start_max,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))
+           AS done_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))
+           AS done_p99,
+       extract(epoch FROM max(finished_at - created_at)) AS done_max
+FROM jobs WHERE created_at >= %(since)s
+"""
+
+
+def steps(options: Options) -> int:
+    return options.runs
+
+
+async def db_now(db: Database) -> Any:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT clock_timestamp() AS now")
+        row = await cur.fetchone()
+    assert row is not None
+    return row["now"]
+
+
+async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout: float) -> None:
+    """Until ``n`` jobs created since ``since`` are terminal; fail if a process died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+                " AND status IN ('succeeded', 'failed', 'cancelled')",
+                {"since": since},
+            )
+            row = await cur.fetchone()
+        if row is not None and row["n"] >= n:
+            return
+        dead = [p.name for p in alive if not p.alive]
+        if dead:
+            raise RuntimeError(f"{', '.join(dead)} exited during the run; see the logs")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {row['n'] if row else 0} of {n} jobs done in {timeout}s")
+        await asyncio.sleep(0.05)  # the poll interval, bounded by the deadline
+
+
+async def run_stats(db: Database, since: Any) -> dict[str, Any]:
+    async with db.connection() as conn:
+        cur = await conn.execute(RUN_STATS, {"since": since})
+        row = await cur.fetchone()
+    assert row is not None
+    if row["succeeded"] != row["jobs"]:
+        raise RuntimeError(f"{row['jobs'] - row['succeeded']} jobs did not succeed")
+    return dict(row)
+
+
+async def raw_consume_ack(config: Settings, n: int, window: int = 1000) -> float:
+    """Messages acknowledged per second by a plain aio-pika consumer, prefetch as the
+    worker's; the messages are published first, untimed."""
+    connection = await aio_pika.connect(config.amqp_url)
+    name = f"{config.amqp_prefix}.scratch"
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+        body = b'{"v":1,"job_id":"00000000-0000-0000-0000-000000000000","attempt":1,"type":"noop"}'
+        for start in range(0, n, window):
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(
+                            body,
+                            message_id=str(uuid.uuid4()),
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        ),
+                        routing_key=name,
+                    )
+                    for _ in range(min(window, n - start))
+                )
+            )
+        consumer = await connection.channel()
+        await consumer.set_qos(prefetch_count=config.job_prefetch())
+        queue = await consumer.declare_queue(name, passive=True)
+        done = asyncio.Event()
+        acked = 0
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            nonlocal acked
+            await message.ack()
+            acked += 1
+            if acked == n:
+                done.set()
+
+        started = time.perf_counter()
+        tag = await queue.consume(on_message)
+        await asyncio.wait_for(done.wait(), timeout=300)
+        seconds = time.perf_counter() - started
+        await queue.cancel(tag)
+        return n / seconds
+    finally:
+        cleanup = await connection.channel()
+        await cleanup.queue_delete(name)
+        await connection.close()
+
+
+async def run(bench: Bench) -> Section:
+    options = bench.options
+    n = options.jobs
+    section = Section(
+        "e2e",
+        TITLE,
+        f"{n:,} no-op jobs per run POSTed over {HTTP_CLIENTS} keep-alive connections to one "
+        f"API, published by one relay, run by one worker (separate processes); jobs/s from "
+        f"the first created_at to the last finished_at; baseline: the same number of "
+        f"messages consumed and acknowledged by aio-pika with the worker's prefetch; "
+        f"{options.runs} interleaved runs.",
+    )
+    rates: dict[str, list[float]] = {"e2e": [], "raw": []}
+    lat: dict[str, list[float]] = defaultdict(list)
+    cpu: list[dict[str, float]] = []
+    async with (
+        bench.scratch("e2e") as config,
+        bench.stack(config, "e2e", relays=1, workers=1) as stack,
+    ):
+        db = Database(config, min_size=1, max_size=2, name="bench-e2e")
+        await db.open(wait=True)
+        port = stack.api_port
+        request = post(port, "/jobs/noop", b"{}", {"Authorization": f"Bearer {stack.api_key}"})
+        try:
+            since = await db_now(db)
+            await http_load(port, request, HTTP_CLIENTS, 100)  # warm-up, whole path
+            await wait_done(db, since, 100, stack.processes, 120)
+            for run_number in range(options.runs):
+                bench.step(f"e2e: run {run_number + 1} of {options.runs}")
+                rates["raw"].append(round(await raw_consume_ack(config, n), 1))
+                since = await db_now(db)
+                used: dict[str, float] = {}
+                last = run_number == options.runs - 1
+                async with bench.profiled(section, "e2e", pids(stack) if last else {}):
+                    with cpu_of(pids(stack), used):
+                        _, _, errors = await http_load(port, request, HTTP_CLIENTS, n)
+                        if errors:
+                            raise RuntimeError(f"{errors} of {n} POSTs were not accepted")
+                        await wait_done(db, since, n, stack.processes, 600)
+                cpu.append(used)
+                stats = await run_stats(db, since)
+                rates["e2e"].append(round(stats["jobs"] / float(stats["seconds"]), 1))
+                for key in (
+                    "start_p50",
+                    "start_p99",
+                    "start_max",
+                    "done_p50",
+                    "done_p99",
+                    "done_max",
+                ):
+                    lat[key].append(round(1000 * float(stats[key]), 1))
+        finally:
+            await db.close()
+    section.add(Figure(f"{n:,} jobs", "jobs/s", rates["e2e"], "raw consume+ack", rates["raw"]))
+    for what, label in (("start", "enqueue→start"), ("done", "enqueue→done")):
+        for q in ("p50", "p99", "max"):
+            section.add(Figure(label, f"{q} ms", lat[f"{what}_{q}"], better="lower"))
+    section.cpu_pct = {"e2e run": merge_cpu(cpu)}
+    return section

@@ -1,0 +1,91 @@
+"""`jobcore bench`: every scenario next to its baseline in the same run, and a report.
+
+The harness lives in the source checkout's ``bench/`` package (it starts the processes
+with the fault tests' machinery); this module is its command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from services.cli.common import fail, settings
+
+
+def _positive_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f"--{what} takes comma-separated whole numbers, got {text!r}", code=2)
+    if not values or min(values) < 1 or max(values) > 256:
+        fail(f"--{what} takes numbers from 1 to 256, got {text!r}", code=2)
+    return values
+
+
+def bench(
+    scenarios: list[str] = typer.Argument(
+        None,
+        help="Scenarios to run, in order: enqueue relay e2e scale backlog (the default), "
+        "and tracing.",
+    ),
+    jobs: int = typer.Option(
+        5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
+    ),
+    relay_rows: int = typer.Option(
+        100_000, min=10, max=10_000_000, help="Outbox rows the relay scenario drains per run."
+    ),
+    backlog_rows: int = typer.Option(
+        1_000_000, min=100, max=10_000_000, help="Pending outbox rows in the backlog scenario."
+    ),
+    runs: int = typer.Option(3, min=1, max=20, help="Runs of each measurement (medians)."),
+    clients: str = typer.Option("1,16,64", help="Concurrent HTTP clients of the enqueue runs."),
+    scale: str = typer.Option("1,2,4", help="Relays and workers (each) of the scale runs."),
+    profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
+    out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
+) -> None:
+    """Benchmark jobcore against baselines measured in the same run; write a report."""
+    try:
+        from bench import harness
+    except ImportError:
+        fail("jobcore bench needs a source checkout (its bench/ and tests/ packages)")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    chosen = list(scenarios or harness.SCENARIOS)
+    known = (*harness.SCENARIOS, *harness.EXTRA_SCENARIOS)
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(known)}", code=2)
+    options = harness.Options(
+        jobs=jobs,
+        relay_rows=relay_rows,
+        backlog_rows=backlog_rows,
+        runs=runs,
+        clients=_positive_list(clients, "clients"),
+        scale=_positive_list(scale, "scale"),
+        profile=profile,
+    )
+    config = settings()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as progress:
+        task = progress.add_task("starting", total=harness.total_steps(chosen, options))
+
+        def advance(description: str) -> None:
+            progress.update(task, advance=1, description=description)
+
+        sections = asyncio.run(harness.run(chosen, options, out, advance, config))
+    typer.echo(f"report: {out / 'report.md'} (and report.json, {len(sections)} plots)")
+    from bench.report import table_rows
+
+    for line in table_rows(sections):
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)

@@ -1,0 +1,80 @@
+"""`jobcore bench` runs every scenario end to end (tiny sizes, one run) and writes a
+well-formed report. No timing is asserted: only that each figure was measured."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from jobcore.settings import Settings
+from tests.support.processes import ROOT, jobcore_command, settings_env
+
+ALL = ("enqueue", "relay", "e2e", "scale", "backlog", "tracing")
+
+
+def bench_cli(
+    settings: Settings, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobcore_command("bench", *args),
+        env=settings_env(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = bench_cli(
+        settings,
+        *ALL,
+        *("--jobs", "60", "--relay-rows", "400", "--backlog-rows", "3000", "--runs", "1"),
+        *("--clients", "4", "--scale", "1,2", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    report = orjson.loads((out / "report.json").read_bytes())
+    assert report["machine"]["cores"] >= 1
+    assert report["machine"]["postgresql"]
+    assert report["machine"]["rabbitmq"]
+    assert [s["scenario"] for s in report["scenarios"]] == list(ALL)
+    for section in report["scenarios"]:
+        assert section["figures"], section["scenario"]
+        for figure in section["figures"]:
+            assert figure["runs"], figure
+            assert all(v > 0 for v in figure["runs"]), figure
+            assert figure["min"] <= figure["median"] <= figure["max"]
+            if figure["baseline"]:
+                assert figure["baseline_runs"], figure
+                assert figure["ratio"] > 0, figure
+        assert (out / f"{section['scenario']}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    scenarios = {s["scenario"]: s for s in report["scenarios"]}
+    backlog = scenarios["backlog"]["series"][0]
+    assert backlog["y"][-1] == 0, "the backlog drain ends with an empty outbox"
+    scale = {f["case"]: f for f in scenarios["scale"]["figures"]}
+    assert set(scale) == {"1 relays + 1 workers", "2 relays + 2 workers"}
+
+    table = (out / "report.md").read_text()
+    assert "| scenario | case | metric |" in table
+    for name in ALL:
+        assert f"| {name} |" in table
+        assert f"![{name}]({name}.png)" in table
+
+
+def test_bad_arguments_give_one_line_and_exit_2(settings: Settings, tmp_path: Path) -> None:
+    for args, message in (
+        (("nosuch",), "unknown scenario 'nosuch'"),
+        (("--clients", "0"), "--clients takes numbers from 1 to 256"),
+        (("--scale", "two"), "--scale takes comma-separated whole numbers"),
+        (("--runs", "0"), "--runs"),
+    ):
+        result = bench_cli(settings, *args, "--out", str(tmp_path), timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "report.json").exists()
