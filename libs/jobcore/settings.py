@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     retry_backoff_cap: float = Field(default=600.0, gt=0, le=86_400)
     # How often the reaper looks for expired leases; its own lease lasts three intervals.
     worker_reaper_interval: float = Field(default=5.0, gt=0, le=3600)
+    # How often the rescuer fails pending jobs whose message was quarantined: rare, and no
+    # index serves quarantined rows (its query scans the outbox), so less often than the
+    # reaper.
+    worker_rescuer_interval: float = Field(default=30.0, gt=0, le=3600)
 
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)

@@ -119,6 +119,13 @@ def _act_on_quarantined(ident: str, query: Query, verb: str, as_json: bool) -> N
         found = run(_one(q.FIND, key))
         if not found:
             fail(f"no outbox row {ident}")
+        row = found[0]
+        if row["quarantined_at"] is not None and row["ended_job_status"] is not None:
+            fail(
+                f"outbox row {ident} is the message of job {row['job_id']}, which is "
+                f"{row['ended_job_status']}: publishing it would do nothing; run "
+                f"`jobcore jobs retry {row['job_id']}` for a new job instead"
+            )
         fail(f"outbox row {ident} is not quarantined; only quarantined rows can be {verb}")
     row = {k: v for k, v in rows[0].items() if k != "notified"}
     if as_json:

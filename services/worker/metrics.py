@@ -101,6 +101,13 @@ class WorkerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self._rescued = Counter(
+            "jobcore_worker_rescued_jobs",
+            "Pending jobs that could never run (their message was quarantined), failed by the "
+            "rescuer.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.running_handlers = Gauge(
             "jobcore_worker_running_handlers",
             "Handlers running now.",
@@ -183,6 +190,10 @@ class WorkerMetrics:
     def reaped(self, outcome: str, count: int = 1) -> None:
         self._reaped.labels(outcome).inc(count)
         self.counts[f"reaped.{outcome}"] += count
+
+    def rescued(self, reason: str, count: int = 1) -> None:
+        self._rescued.labels(reason).inc(count)
+        self.counts[f"rescued.{reason}"] += count
 
     def snapshot(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))

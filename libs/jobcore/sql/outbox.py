@@ -103,16 +103,25 @@ LIST_QUARANTINED = Query(
 )
 
 # Operators name a row by its numeric id or its message id; the other parameter is NULL.
+# `ended_job_status` is set when the row is a job's message and that job has ended.
 FIND = Query(
     "find_outbox_row",
     "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
     """
-    SELECT id, message_id, job_id, quarantined_at
+    SELECT outbox.id, outbox.message_id, outbox.job_id, outbox.quarantined_at,
+           jobs.status AS ended_job_status
     FROM outbox
-    WHERE id = %(id)s OR message_id = %(message_id)s
+    LEFT JOIN jobs ON jobs.id = outbox.job_id
+                  AND jobs.type = outbox.message_type
+                  AND jobs.status <> 'pending'
+    WHERE outbox.id = %(id)s OR outbox.message_id = %(message_id)s
     """,
 )
 
+# A job's message is requeued only while the job is pending: once it ended (the rescuer
+# failed it because this row was quarantined, or it was cancelled), the worker would
+# acknowledge the message with no effect, and the operator should retry the job instead.
+# Webhook messages (their type is not their job's) are always requeued.
 REQUEUE = Query(
     "requeue_outbox",
     "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
@@ -121,6 +130,12 @@ REQUEUE = Query(
         UPDATE outbox
         SET quarantined_at = NULL, attempts = 0, available_at = now()
         WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs
+              WHERE jobs.id = outbox.job_id
+                AND jobs.type = outbox.message_type
+                AND jobs.status <> 'pending'
+          )
         RETURNING id, message_id, job_id, last_error
     )
     SELECT requeued.*, pg_notify(%(channel)s, '') IS NULL AS notified FROM requeued

@@ -1,5 +1,5 @@
-"""Statements the worker runs: receive + claim, heartbeat, fenced outcomes, the reaper and
-the maintenance lease.
+"""Statements the worker runs: receive + claim, heartbeat, fenced outcomes, the reaper, the
+rescuer and the maintenance lease.
 
 Each hot-path statement is one round trip and one transaction (a single statement in
 autocommit mode is atomic): the inbox insert and the claim, or an outcome and the outbox
@@ -352,6 +352,57 @@ REAP = Query(
     + JOB_DONE_CHANNEL
     + """', reaped.id::text) END IS NULL AS done_notified
     FROM reaped
+    """,
+)
+
+# --- the rescuer ------------------------------------------------------------------------
+
+# A pending job waits for its message; once the relay quarantined that message (it kept
+# failing to publish), nothing would ever run the job, so it fails, with its completion
+# webhook and a wake-up for long-poll waiters like any terminal status. Only a job whose
+# every message is quarantined is stuck: another live one (after an operator's requeue,
+# say) will still run it. The quarantined row stays for operators to see; requeueing it
+# is refused once its job has ended (jobcore.sql.outbox.REQUEUE).
+RESCUE_QUARANTINED = Query(
+    "rescue_quarantined",
+    "Fail pending jobs whose message the relay quarantined, with their completion webhooks.",
+    """
+    WITH stuck AS (
+        SELECT jobs.id, outbox.last_error
+        FROM outbox JOIN jobs ON jobs.id = outbox.job_id
+        WHERE outbox.quarantined_at IS NOT NULL
+          AND outbox.message_type = jobs.type
+          AND jobs.status = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox AS live
+              WHERE live.job_id = jobs.id
+                AND live.message_type = jobs.type
+                AND live.quarantined_at IS NULL
+          )
+        ORDER BY outbox.quarantined_at
+        LIMIT %(limit)s
+        FOR UPDATE OF jobs SKIP LOCKED
+    ), done AS (
+        UPDATE jobs
+        SET status = 'failed',
+            last_error = left(
+                'outbox row quarantined: ' || coalesce(stuck.last_error, 'no error recorded'),
+                2000
+            ),
+            next_attempt_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        FROM stuck
+        WHERE jobs.id = stuck.id AND jobs.status = 'pending'
+        RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
+                  jobs.tracestate, jobs.last_error
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, done.last_error, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
     """,
 )
 

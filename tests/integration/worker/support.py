@@ -72,6 +72,7 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
         "job_modules": WORKER_TEST_MODULES,
         "worker_health_port": 0,
         "worker_reaper_interval": 0.2,
+        "worker_rescuer_interval": 0.2,
         "retry_backoff_base": 0.2,
         "retry_backoff_cap": 0.8,
         "shutdown_grace": 2.0,
@@ -233,6 +234,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
     return {
         "JOBCORE_WORKER_HEALTH_PORT": str(settings.worker_health_port),
         "JOBCORE_WORKER_REAPER_INTERVAL": str(settings.worker_reaper_interval),
+        "JOBCORE_WORKER_RESCUER_INTERVAL": str(settings.worker_rescuer_interval),
         "JOBCORE_RETRY_BACKOFF_BASE": str(settings.retry_backoff_base),
         "JOBCORE_RETRY_BACKOFF_CAP": str(settings.retry_backoff_cap),
     }

@@ -1,0 +1,137 @@
+"""Singleton maintenance work (the reaper, the rescuer): one holder at a time, by lease row.
+
+Every worker runs each maintenance service, but only the holder of the service's row in
+``maintenance_leases`` works: the lease is a row with a token and an expiry (not an
+advisory lock, so it works behind PgBouncer in transaction mode), renewed inside each
+working transaction, so a holder that lost it rolls back instead of working alongside
+the new holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from psycopg.rows import DictRow
+
+from jobcore.db import Database, UnitOfWork
+from jobcore.errors import DatabaseUnavailable
+from jobcore.service import Service
+from jobcore.sql import worker as q
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 500
+
+
+class MaintenanceService(Service):
+    """Works in rounds every ``interval`` seconds while it holds its lease.
+
+    A subclass names its lease and does one batch in :meth:`work`, inside the
+    transaction that renewed the lease; :meth:`report` runs once that batch committed.
+    """
+
+    lease_name: ClassVar[str]
+
+    def __init__(self, db: Database, *, owner: str, interval: float) -> None:
+        super().__init__()
+        self.db = db
+        self.owner = owner
+        self.interval = interval
+        # Long enough to survive a slow round or two; short enough that a dead holder's
+        # successor takes over within a few intervals.
+        self.lease_ttl = interval * 3
+        self.token: uuid.UUID | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.token is not None
+
+    async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
+        """One batch: how many candidates it took (a full batch means: look again), and
+        the rows it changed."""
+        raise NotImplementedError
+
+    def report(self, rows: Sequence[DictRow]) -> None:
+        """Log and count a committed batch."""
+
+    async def run(self) -> None:
+        trouble_logged = False
+        try:
+            while not self.stopping.is_set():
+                try:
+                    await self.tick()
+                    trouble_logged = False
+                except DatabaseUnavailable as exc:
+                    # Keep the token: the next renewal says whether the lease survived.
+                    if not trouble_logged:
+                        log.warning(
+                            "%s: database unavailable", self.lease_name, extra={"error": str(exc)}
+                        )
+                        trouble_logged = True
+                if await self.sleep(self.interval):
+                    break
+        finally:
+            await self._release()
+
+    async def tick(self) -> int:
+        """One round: hold (or take) the lease, then work until a batch is not full."""
+        if not await self._hold_lease():
+            return 0
+        total = 0
+        while True:
+            taken = await self._work_batch()
+            total += taken
+            if taken < BATCH_SIZE:
+                return total
+
+    def _lease_params(self) -> dict[str, Any]:
+        return {"name": self.lease_name, "owner": self.owner, "ttl": self.lease_ttl}
+
+    async def _hold_lease(self) -> bool:
+        params = self._lease_params()
+        async with self.db.unit_of_work() as uow:
+            if self.token is not None:
+                row = await uow.fetch_one(
+                    q.RENEW_MAINTENANCE_LEASE, {**params, "token": self.token}
+                )
+                if row is None:
+                    log.info("%s lease lost to another worker", self.lease_name)
+                    self.token = None
+            if self.token is None:
+                token = uuid.uuid4()
+                row = await uow.fetch_one(q.ACQUIRE_MAINTENANCE_LEASE, {**params, "token": token})
+                if row is not None:
+                    self.token = token
+                    log.info("%s lease acquired", self.lease_name, extra={"owner": self.owner})
+            await uow.commit()
+        return self.token is not None
+
+    async def _work_batch(self) -> int:
+        async with self.db.unit_of_work() as uow:
+            # The fence: renewing in this transaction fails if another holder took over.
+            renewed = await uow.fetch_one(
+                q.RENEW_MAINTENANCE_LEASE, {**self._lease_params(), "token": self.token}
+            )
+            if renewed is None:
+                self.token = None
+                return 0
+            taken, rows = await self.work(uow)
+            await uow.commit()
+        self.report(rows)
+        return taken
+
+    async def _release(self) -> None:
+        if self.token is None:
+            return
+        token, self.token = self.token, None
+        try:
+            async with self.db.unit_of_work() as uow:
+                await uow.execute(
+                    q.RELEASE_MAINTENANCE_LEASE, {"name": self.lease_name, "token": token}
+                )
+                await uow.commit()
+        except DatabaseUnavailable:
+            log.debug("could not release the %s lease; it expires on its own", self.lease_name)

@@ -1,0 +1,67 @@
+"""The rescuer: a pending job that can never run fails, with a reason, one rescuer at a time.
+
+A job waits in ``pending`` for its message. When the relay quarantined that message (it
+kept failing to publish), no worker will ever receive it: the rescuer fails the job with
+``outbox row quarantined: <the relay's last error>``, and its completion webhook and
+long-poll waiters fire like for any terminal status. Every worker runs a rescuer; only
+the holder of the ``rescuer`` maintenance lease works (:mod:`services.worker.maintenance`).
+
+Recovery is ``jobcore jobs retry <job>`` (a new job, same payload); ``jobcore outbox
+requeue`` refuses a quarantined row whose job has ended, since publishing it would do
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from psycopg.rows import DictRow
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, UnitOfWork
+from jobcore.settings import Settings
+from jobcore.sql import worker as q
+from jobcore.webhooks import completion_params
+from services.worker.maintenance import BATCH_SIZE, MaintenanceService
+from services.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "rescuer"
+
+
+class Rescuer(MaintenanceService):
+    name = "worker-rescuer"
+    lease_name = LEASE_NAME
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        *,
+        owner: str,
+        metrics: WorkerMetrics,
+        interval: float | None = None,
+    ) -> None:
+        super().__init__(
+            db,
+            owner=owner,
+            interval=interval if interval is not None else settings.worker_rescuer_interval,
+        )
+        self.metrics = metrics
+        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.completion = completion_params(topology, settings)
+
+    async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
+        rows = await uow.fetch_all(q.RESCUE_QUARANTINED, {**self.completion, "limit": BATCH_SIZE})
+        return len(rows), rows
+
+    def report(self, rows: Sequence[DictRow]) -> None:
+        for row in rows:
+            log.warning(
+                "pending job failed: its message can never be delivered",
+                extra={"job_id": str(row["id"]), "error": row["last_error"]},
+            )
+        if rows:
+            self.metrics.rescued("quarantined", len(rows))

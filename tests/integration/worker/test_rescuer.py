@@ -1,0 +1,150 @@
+"""The rescuer: a pending job whose message the relay quarantined fails, with its reason.
+
+Without it such a job would stay ``pending`` forever: no worker ever receives its
+message. It ends like any terminal status (completion webhook, long-poll wake-up), and
+requeueing the quarantined row is refused once the job has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+
+import psycopg
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from services.worker.metrics import WorkerMetrics
+from services.worker.rescuer import Rescuer
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import GatePayload
+from tests.integration.worker.support import (
+    TAKE_OVER,
+    job_row,
+    outbox_rows,
+    status_is,
+    submit,
+)
+from tests.support.processes import jobcore_command, settings_env
+from tests.support.waiting import eventually
+
+RELAY_ERROR = "returned: 312 NO_ROUTE"
+
+# What the relay does to a row after its last failed publish (jobcore.sql.outbox).
+QUARANTINE = Query(
+    "test_quarantine",
+    "Quarantine a job's outbox rows as the relay would after too many failed publishes.",
+    """
+    UPDATE outbox SET quarantined_at = now(), attempts = 10, last_error = %(error)s
+    WHERE job_id = %(id)s
+    """,
+)
+# Another live message for the job (as an operator's requeue or a reaper would leave).
+SECOND_MESSAGE = Query(
+    "test_second_message",
+    "Copy a job's message into a new, unquarantined outbox row.",
+    """
+    INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+    SELECT gen_random_uuid(), exchange, routing_key, message_type, headers, body, job_id
+    FROM outbox WHERE job_id = %(id)s
+    LIMIT 1
+    """,
+)
+
+
+async def test_a_pending_job_whose_message_was_quarantined_fails_with_its_webhook(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    stuck = await submit(db, topology, "wt_gate", GatePayload(), callback_url="https://h.test/")
+    with_live_message = await submit(db, topology, "wt_gate", GatePayload())
+    running = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.unit_of_work() as uow:
+        for job_id in (stuck, with_live_message, running):
+            await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
+        await uow.execute(SECOND_MESSAGE, {"id": with_live_message})
+        await uow.execute(TAKE_OVER, {"id": running, "token": uuid.uuid4()})
+        await uow.commit()
+
+    rescuer = Rescuer(wsettings, db, owner="a", metrics=WorkerMetrics())
+    other = Rescuer(wsettings, db, owner="b", metrics=WorkerMetrics())
+    listener = await psycopg.AsyncConnection.connect(wsettings.database_url, autocommit=True)
+    try:
+        await listener.execute(f"LISTEN {JOB_DONE_CHANNEL}")
+        assert await rescuer.tick() == 1
+        notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    finally:
+        await listener.close()
+    assert await other.tick() == 0  # one rescuer at a time
+    assert not other.is_leader
+    assert await rescuer.tick() == 0  # nothing left
+
+    row = await job_row(db, stuck)
+    assert row["status"] == "failed"
+    assert row["last_error"] == f"outbox row quarantined: {RELAY_ERROR}"
+    assert row["finished_at"] is not None
+    assert (notify.channel, notify.payload) == (JOB_DONE_CHANNEL, str(stuck))
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT event FROM webhook_deliveries WHERE job_id = %s", (stuck,))
+        assert [r["event"] for r in await cur.fetchall()] == ["job.failed"]
+    messages = await outbox_rows(db, stuck)
+    assert sorted(m["message_type"] for m in messages) == sorted(["wt_gate", WEBHOOK_MESSAGE_TYPE])
+    assert rescuer.metrics.counts["rescued.quarantined"] == 1
+
+    # A job that still has a live message, or that some worker already runs, is left alone.
+    assert (await job_row(db, with_live_message))["status"] == "pending"
+    assert (await job_row(db, running))["status"] == "running"
+
+    # Requeueing the quarantined message of the failed job is refused, saying what to do.
+    [quarantined] = [m for m in messages if m["message_type"] == "wt_gate"]
+    refused = _outbox_cli(wsettings, "requeue", str(quarantined["id"]))
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1
+    assert f"is the message of job {stuck}, which is failed" in refused.stderr
+    assert f"jobcore jobs retry {stuck}" in refused.stderr
+    assert [m["quarantined_at"] is not None for m in await outbox_rows(db, stuck)].count(True) == 1
+
+
+async def test_a_quarantined_pending_jobs_message_is_requeued_while_the_job_waits(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.unit_of_work() as uow:
+        await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
+        await uow.commit()
+    [row] = await outbox_rows(db, job_id)
+
+    requeued = _outbox_cli(wsettings, "requeue", str(row["id"]))
+    assert requeued.returncode == 0, requeued.stderr
+    [row] = await outbox_rows(db, job_id)
+    assert row["quarantined_at"] is None
+    assert await Rescuer(wsettings, db, owner="a", metrics=WorkerMetrics()).tick() == 0
+    assert (await job_row(db, job_id))["status"] == "pending"
+
+
+async def test_every_worker_runs_a_rescuer(
+    db: Database, topology: Topology, start_worker: StartWorker
+) -> None:
+    worker = await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.unit_of_work() as uow:
+        await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
+        await uow.commit()
+
+    row = await eventually(lambda: status_is(db, job_id, "failed"), what="the rescue")
+    assert row["last_error"] == f"outbox row quarantined: {RELAY_ERROR}"
+    assert worker.rescuer.is_leader
+
+
+def _outbox_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobcore_command("outbox", *args),
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
