@@ -193,12 +193,10 @@ def summarise_folded(text: str, possible_samples: float, top: int = 12) -> dict[
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        raw = stack.split(";")[1:]  # [0] names the thread
-        if not raw:
-            continue
+        raw = stack.split(";")  # outermost frame first (no thread names: no --threads)
         total += count
         self_time[_frame_name(raw[-1])] += count
-        ours = {_frame_name(f) for f in raw if "/services/" in f or "/jobcore/" in f}
+        ours = {_frame_name(f) for f in raw if "services/" in f or "jobcore/" in f}
         for frame in ours:
             inclusive[frame] += count
     share = (lambda n: round(100 * n / total, 1)) if total else (lambda n: 0.0)

@@ -9,6 +9,7 @@ profiles if any, and the series its plot draws.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,11 +176,17 @@ def plot(section: Section, path: Path) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    rates = [f for f in section.figures if f.metric.endswith("/s")]
-    panels = int(bool(rates)) + int(bool(section.series))
+    rates = [f for f in section.figures if "/s" in f.metric]
+    panels_of_series: dict[str, list[Series]] = {}
+    for series in section.series:
+        panels_of_series.setdefault(series.y_label, []).append(series)
+    panels = int(bool(rates)) + len(panels_of_series)
     if not panels:
         return
-    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    widths = [max(6.5, 1.3 * len(rates))] * int(bool(rates)) + [6.5] * len(panels_of_series)
+    fig, axes = plt.subplots(
+        1, panels, figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths
+    )
     ax_iter = iter(axes[0])
     if rates:
         ax = next(ax_iter)
@@ -197,21 +204,25 @@ def plot(section: Section, path: Path) -> None:
             )
         ax.set_xticks(list(xs))
         ax.set_xticklabels(
-            [f"{f.case}\n{f.metric}\nvs {f.baseline or '-'}" for f in rates], fontsize=7
+            [
+                textwrap.fill(f"{f.case}, {f.metric}", 20)
+                + (f"\nvs {textwrap.fill(f.baseline, 20)}" if f.baseline else "")
+                for f in rates
+            ],
+            fontsize=7,
         )
         ax.set_ylabel("per second (median, min–max)")
         ax.legend(fontsize=8)
         ax.set_title(f"{section.scenario}: jobcore vs baseline", fontsize=10)
-    if section.series:
+    for y_label, group in panels_of_series.items():
         ax = next(ax_iter)
-        for series in section.series:
-            ax.plot(
-                series.x, series.y, marker="." if len(series.x) < 50 else None, label=series.label
-            )
-        ax.set_xlabel(section.series[0].x_label)
-        ax.set_ylabel(section.series[0].y_label)
+        for series in group:
+            marker = "." if len(series.x) < 50 else None
+            ax.plot(series.x, series.y, marker=marker, label=series.label)
+        ax.set_xlabel(group[0].x_label)
+        ax.set_ylabel(y_label)
         ax.legend(fontsize=8)
-        ax.set_title(section.title, fontsize=10)
+        ax.set_title(f"{section.scenario}: {y_label}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

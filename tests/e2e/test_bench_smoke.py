@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
 from jobcore.settings import Settings
 from tests.support.processes import ROOT, jobcore_command, settings_env
@@ -15,7 +16,7 @@ ALL = ("enqueue", "relay", "e2e", "scale", "backlog", "tracing")
 
 
 def bench_cli(
-    settings: Settings, *args: str, timeout: float = 240
+    settings: Settings, *args: str, timeout: float = 400
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         jobcore_command("bench", *args),
@@ -28,6 +29,8 @@ def bench_cli(
     )
 
 
+# Six scenarios start eight stacks of processes: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(420)
 def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = bench_cli(
