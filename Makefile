@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo dev test test-parallel test-serial lint lock clean
+.PHONY: setup demo dev test test-parallel test-serial lint lock bench clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Every scenario at full size (about 13 minutes on 2 cores); the README shows its table.
+bench: setup
+	$(BIN)/jobcore bench --out var/bench
 
 lock: setup
 	$(BIN)/pip freeze --exclude-editable | grep -vi '^jobcore' > requirements.lock
