@@ -92,6 +92,8 @@ class RunningJob:
     task: asyncio.Task[Any] | None = None
     stop_reason: StopReason | None = None
     db_trouble_logged: bool = field(default=False)
+    # time.monotonic() by which the lease this worker last confirmed may have expired.
+    lease_deadline: float = 0.0
 
     def stop(self, reason: StopReason) -> None:
         """Interrupt the handler; the first reason wins (it decides what gets written)."""
@@ -102,6 +104,17 @@ class RunningJob:
             self.context.cancel_requested.set()
         if self.task is not None:
             self.task.cancel()
+
+
+# The lease is counted from just after the claim returned (or just before a heartbeat was
+# sent), so a tenth of it is kept back for the claim statement's own time and clock rates.
+LEASE_MARGIN = 0.1
+
+
+def lease_deadline(claim: Claim, since: float | None = None) -> float:
+    """When, on this process's monotonic clock, ``claim``'s lease may have run out."""
+    start = time.monotonic() if since is None else since
+    return start + claim.job_type.lease * (1 - LEASE_MARGIN)
 
 
 def error_text(exc: BaseException) -> str:
@@ -172,11 +185,12 @@ class JobRunner:
             result_store=self.result_store,
             settings=self.settings,
         )
-        running = RunningJob(claim, context)
+        running = RunningJob(claim, context, lease_deadline=lease_deadline(claim))
         self.running[claim.job_id] = running
         self.metrics.running_handlers.inc()
         self.metrics.started(claim)
         heartbeats = asyncio.create_task(self._heartbeat_loop(running), name="heartbeat")
+        watchdog = asyncio.create_task(self._lease_watchdog(running), name="lease-watchdog")
         running.task = asyncio.create_task(self._call_handler(claim, context), name="handler")
         if claim.cancel_requested:
             running.stop(StopReason.CANCELLED)
@@ -186,7 +200,8 @@ class JobRunner:
             await self._finish(running)
         finally:
             heartbeats.cancel()
-            await asyncio.gather(heartbeats, return_exceptions=True)
+            watchdog.cancel()
+            await asyncio.gather(heartbeats, watchdog, return_exceptions=True)
             del self.running[claim.job_id]
             self.metrics.running_handlers.dec()
 
@@ -414,6 +429,25 @@ class JobRunner:
             await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
             await self._heartbeat(running)
 
+    async def _lease_watchdog(self, running: RunningJob) -> None:
+        """Stop the handler once its lease may have expired without a renewal.
+
+        While the database is unreachable the heartbeats fail (or hang until a timeout),
+        the reaper of a worker that can reach it may reset the expired lease, and another
+        worker may start the job: this handler must not still be running then. Its outcome
+        would be fenced out anyway; stopping it keeps the handler's side effects to one run
+        at a time."""
+        while running.stop_reason is None:
+            remaining = running.lease_deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning(
+                    "lease expired without a renewal; stopping the handler",
+                    extra=running.claim.log_fields,
+                )
+                running.stop(StopReason.LEASE_LOST)
+                return
+            await asyncio.sleep(remaining)  # until the deadline, which a heartbeat may move
+
     async def _heartbeat(self, running: RunningJob) -> None:
         """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
         claim = running.claim
@@ -422,6 +456,7 @@ class JobRunner:
             "lease_token": claim.lease_token,
             "lease": claim.job_type.lease,
         }
+        sent = time.monotonic()
         try:
             async with self.connections.connection() as conn:
                 cur = await conn.execute(q.HEARTBEAT.sql, params)
@@ -436,5 +471,8 @@ class JobRunner:
             return
         if row is None:
             running.stop(StopReason.LEASE_LOST)
-        elif row["cancel_requested_at"] is not None:
+            return
+        # The database set the new expiry at or after `sent`: counting from `sent` is safe.
+        running.lease_deadline = max(running.lease_deadline, lease_deadline(claim, sent))
+        if row["cancel_requested_at"] is not None:
             running.stop(StopReason.CANCELLED)
