@@ -137,6 +137,9 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
         f"RabbitMQ {machine['rabbitmq']}, Python {machine['python']}; "
         f"load average at start {machine['load_average_at_start']}."
     )
+    packages = ", ".join(f"{k} {v}" for k, v in machine.get("packages", {}).items())
+    lines.append(f"Kernel {machine.get('kernel')}; packages: {packages}.")
+    lines.append("")
     lines.append(f"Run at {machine['started_at']} with {options}.")
     lines.append("")
     lines.append(
@@ -241,3 +244,32 @@ def write(
     (out / "report.md").write_text(markdown(machine, sections, options))
     for section in sections:
         plot(section, out / f"{section.scenario}.png")
+
+
+def load(out: Path) -> tuple[dict[str, Any], list[Section], dict[str, Any]]:
+    """A written report.json back as sections (to render it again without measuring)."""
+    document = orjson.loads((out / "report.json").read_bytes())
+    sections = []
+    for data in document["scenarios"]:
+        section = Section(data["scenario"], data["title"], data["method"])
+        section.figures = [
+            Figure(
+                f["case"], f["metric"], f["runs"], f["baseline"], f["baseline_runs"], f["better"]
+            )
+            for f in data["figures"]
+        ]
+        section.series = [Series(**s) for s in data["series"]]
+        section.cpu_pct = data["cpu_pct"]
+        section.profiles = data["profiles"]
+        section.details = data["details"]
+        section.seconds = data["seconds"]
+        sections.append(section)
+    return document["machine"], sections, document["options"]
+
+
+if __name__ == "__main__":
+    # `python -m bench.report DIR`: render DIR/report.json again (table, plots).
+    import sys
+
+    target = Path(sys.argv[1])
+    write(target, *load(target))

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import report as report_module
 from jobcore.settings import Settings
 from tests.support.processes import ROOT, jobcore_command, settings_env
 
@@ -63,6 +64,10 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
     assert set(scale) == {"1 relays + 1 workers", "2 relays + 2 workers"}
 
     table = (out / "report.md").read_text()
+    # The report renders again from its JSON alone, to the same table.
+    again = tmp_path / "again"
+    report_module.write(again, *report_module.load(out))
+    assert (again / "report.md").read_text() == table
     assert "| scenario | case | metric |" in table
     for name in ALL:
         assert f"| {name} |" in table
