@@ -62,18 +62,16 @@ class Bench:
     options: Options
     config: Settings
     out: Path
-    advance: Callable[[str], None] = lambda description: None
+    # Called once per step with what is being measured (the progress bar).
+    step: Callable[[str], None] = lambda description: None
     log_dir: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.log_dir = self.out / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-    def step(self, description: str) -> None:
-        self.advance(description)
-
     @contextlib.asynccontextmanager
-    async def scratch(self, name: str, **overrides: Any) -> AsyncIterator[Settings]:
+    async def scratch(self, name: str) -> AsyncIterator[Settings]:
         """Settings on a database and a broker prefix of their own, removed afterwards."""
         run_id = uuid.uuid4().hex[:10]
         config = load_settings(
@@ -81,25 +79,20 @@ class Bench:
             amqp_prefix=f"bench.{name}.{run_id}",
             job_modules=BENCH_JOB_MODULES,
             result_dir=self.out / "results",
-            **overrides,
         )
         async with scratch(config):
             yield config
 
     @contextlib.asynccontextmanager
     async def stack(
-        self, config: Settings, name: str, *, relays: int, workers: int, **env: str
+        self, config: Settings, name: str, *, relays: int, workers: int
     ) -> AsyncIterator[Stack]:
         """An API, relays and workers as OS processes on ``config``, with production
         defaults for what the fault harness turns down (the pool size) and the no-op route
         the enqueue baseline uses."""
         from tests.support.pipeline import Stack
 
-        environment = {
-            "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
-            "JOBCORE_BENCH_NOOP": "1",
-            **env,
-        }
+        environment = {"JOBCORE_DB_POOL_MAX": str(config.db_pool_max), "JOBCORE_BENCH_NOOP": "1"}
         stack = Stack(
             config,
             self.log_dir / name,
@@ -155,11 +148,10 @@ async def run(
     names: list[str],
     options: Options,
     out: Path,
-    advance: Callable[[str], None],
-    config: Settings | None = None,
+    step: Callable[[str], None],
+    config: Settings,
 ) -> list[report.Section]:
-    config = config or load_settings()
-    bench = Bench(options, config, out, advance)
+    bench = Bench(options, config, out, step)
     facts = await machine.facts(config)
     sections = []
     for name in names:

@@ -42,17 +42,6 @@ def pids_named(name: str) -> list[int]:
     return pids
 
 
-def _children(pid: int) -> list[int]:
-    """``pid`` and its descendants (a py-spy-wrapped or forking process counts whole)."""
-    found = [pid]
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            text = (task / "children").read_text().split()
-            for child in text:
-                found.extend(_children(int(child)))
-    return found
-
-
 class CpuMeter:
     """Percent of one core used by named groups of processes between start() and stop().
 
@@ -66,7 +55,7 @@ class CpuMeter:
             "rabbitmq": lambda: pids_named("beam.smp"),
         }
         for name, pid in (processes or {}).items():
-            self.groups[name] = lambda pid=pid: _children(pid)  # type: ignore[misc]
+            self.groups[name] = lambda pid=pid: [pid]  # type: ignore[misc]
 
     def _sample(self) -> dict[str, dict[int, float]]:
         return {

@@ -26,6 +26,7 @@ from bench.measure import cpu_of, merge_cpu
 from bench.report import Figure, Section
 from jobcore.db import Database
 from jobcore.settings import Settings
+from tests.support.waiting import eventually
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
 HTTP_CLIENTS = 16
@@ -62,8 +63,11 @@ async def db_now(db: Database) -> Any:
 
 async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout: float) -> None:
     """Until ``n`` jobs created since ``since`` are terminal; fail if a process died."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def done() -> bool:
+        dead = [p.name for p in alive if not p.alive]
+        if dead:
+            raise RuntimeError(f"{', '.join(dead)} exited during the run; see the logs")
         async with db.connection() as conn:
             cur = await conn.execute(
                 "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
@@ -71,14 +75,9 @@ async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout:
                 {"since": since},
             )
             row = await cur.fetchone()
-        if row is not None and row["n"] >= n:
-            return
-        dead = [p.name for p in alive if not p.alive]
-        if dead:
-            raise RuntimeError(f"{', '.join(dead)} exited during the run; see the logs")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {row['n'] if row else 0} of {n} jobs done in {timeout}s")
-        await asyncio.sleep(0.05)  # the poll interval, bounded by the deadline
+        return row is not None and row["n"] >= n
+
+    await eventually(done, timeout=timeout, interval=0.05, what=f"{n:,} jobs to finish")
 
 
 async def run_stats(db: Database, since: Any) -> dict[str, Any]:

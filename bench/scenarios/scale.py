@@ -11,18 +11,15 @@ is the first size's runs, so the ratio is the scaling.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 
 from bench.harness import Bench, Options, pids
 from bench.measure import cpu_of, merge_cpu
 from bench.report import Figure, Section, Series
 from bench.scenarios.e2e import db_now, run_stats, wait_done
+from bench.scenarios.enqueue import raw_transactions
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
 
 TITLE = "Throughput with more relays and workers"
 CONNECTIONS = 8
@@ -30,20 +27,6 @@ CONNECTIONS = 8
 
 def steps(options: Options) -> int:
     return len(options.scale) * options.runs
-
-
-async def enqueue_direct(db: Database, topology: Topology, n: int, connections: int) -> None:
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
-    payload = NoopPayload()
-
-    async def lane(count: int) -> None:
-        for _ in range(count):
-            async with db.unit_of_work() as uow:
-                await enqueue(uow, topology, tenant="bench", job_type=noop, payload=payload)
-                await uow.commit()
-
-    share, extra = divmod(n, connections)
-    await asyncio.gather(*(lane(share + (i < extra)) for i in range(connections)))
 
 
 async def run(bench: Bench) -> Section:
@@ -67,7 +50,7 @@ async def run(bench: Bench) -> Section:
                 cpu: list[dict[str, float]] = []
                 async with bench.stack(config, f"scale-{size}", relays=size, workers=size) as stack:
                     since = await db_now(db)
-                    await enqueue_direct(db, topology, 100, CONNECTIONS)  # warm-up
+                    await raw_transactions(db, topology, CONNECTIONS, 100)  # warm-up
                     await wait_done(db, since, 100, stack.processes, 120)
                     by_size[size] = []
                     for run_number in range(options.runs):
@@ -77,7 +60,7 @@ async def run(bench: Bench) -> Section:
                         last = run_number == options.runs - 1
                         async with bench.profiled(section, f"{size}x", pids(stack) if last else {}):
                             with cpu_of(pids(stack), used):
-                                await enqueue_direct(db, topology, n, CONNECTIONS)
+                                await raw_transactions(db, topology, CONNECTIONS, n)
                                 await wait_done(db, since, n, stack.processes, 600)
                         cpu.append(used)
                         stats = await run_stats(db, since)

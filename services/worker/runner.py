@@ -111,10 +111,10 @@ class RunningJob:
 LEASE_MARGIN = 0.1
 
 
-def lease_deadline(claim: Claim, since: float | None = None) -> float:
-    """When, on this process's monotonic clock, ``claim``'s lease may have run out."""
-    start = time.monotonic() if since is None else since
-    return start + claim.job_type.lease * (1 - LEASE_MARGIN)
+def lease_deadline(claim: Claim, since: float) -> float:
+    """When, on this process's monotonic clock, ``claim``'s lease counted from ``since``
+    may have run out."""
+    return since + claim.job_type.lease * (1 - LEASE_MARGIN)
 
 
 def error_text(exc: BaseException) -> str:
@@ -185,7 +185,7 @@ class JobRunner:
             result_store=self.result_store,
             settings=self.settings,
         )
-        running = RunningJob(claim, context, lease_deadline=lease_deadline(claim))
+        running = RunningJob(claim, context, lease_deadline=lease_deadline(claim, time.monotonic()))
         self.running[claim.job_id] = running
         self.metrics.running_handlers.inc()
         self.metrics.started(claim)
