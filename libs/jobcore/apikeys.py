@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, Session
 from jobcore.errors import JobcoreError
 from jobcore.sql import api_keys as q
 
@@ -93,7 +93,7 @@ def check_tenant_name(tenant: str) -> str:
     return tenant
 
 
-async def tenant_for_key(uow: UnitOfWork, key: str) -> str:
+async def tenant_for_key(uow: Session, key: str) -> str:
     """The tenant a key belongs to; :class:`InvalidApiKey` if it is unknown or revoked.
 
     Looked up on every request (one index probe), so a revocation takes effect at once.

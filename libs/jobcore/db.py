@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -77,6 +78,22 @@ class BoundedConnection(psycopg.AsyncConnection[DictRow]):
             raise
 
 
+async def check_if_suspect(conn: AsyncConn) -> None:
+    """The pool's check on every checkout, without a round trip for a healthy connection.
+
+    An idle connection has nothing to read: a server that shut down or restarted sent its
+    FATAL and closed the socket, which makes it readable (as does a notification, which
+    the full check then consumes harmlessly). Only then is it checked with a query, which
+    raises for a broken connection so the pool replaces it. A query per checkout was a
+    fifth of the round trips of an enqueue.
+    """
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
+
+
 class Database:
     """Owns one connection pool. Opened and closed explicitly; using it closed fails fast."""
 
@@ -107,7 +124,7 @@ class Database:
             name=name,
             # A connection that broke while idle (PostgreSQL restarted) is replaced
             # before it is handed out, not discovered by the caller's first query.
-            check=AsyncConnectionPool.check_connection,
+            check=check_if_suspect,
             reconnect_timeout=0,
             connection_class=BoundedConnection,
             configure=self._configure,
@@ -156,6 +173,9 @@ class Database:
             async with self.pool.connection() as conn:
                 yield conn
 
+    def session(self) -> Session:
+        return Session(self)
+
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self)
 
@@ -164,34 +184,30 @@ class Database:
             await conn.execute("SELECT 1")
 
 
-class UnitOfWork:
-    """One transaction on one pooled connection. Rolls back unless :meth:`commit` was called.
+class Session:
+    """One pooled connection in autocommit mode: every statement commits on its own.
 
-    ``async with db.unit_of_work() as uow: ...; await uow.commit()``
+    For work that is one statement, or reads that need no common snapshot: it saves the
+    BEGIN and COMMIT round trips a transaction costs. ``async with db.session() as s: ...``;
+    :meth:`transaction` opens a unit of work on the same connection when one is needed.
     """
+
+    _kind = "session"
 
     def __init__(self, db: Database) -> None:
         self._db = db
         self._conn_cm: contextlib.AbstractAsyncContextManager[AsyncConn] | None = None
         self._conn: AsyncConn | None = None
-        self._committed = False
 
     @property
     def connection(self) -> AsyncConn:
         if self._conn is None:
-            raise ServiceStateError("the unit of work is not active")
+            raise ServiceStateError(f"the {self._kind} is not active")
         return self._conn
 
     async def __aenter__(self) -> Self:
         self._conn_cm = self._db.connection()
-        conn = await self._conn_cm.__aenter__()
-        try:
-            with translate_errors(self._db.settings):
-                await conn.execute("BEGIN")
-        except BaseException:
-            await self._conn_cm.__aexit__(None, None, None)
-            raise
-        self._conn = conn
+        self._conn = await self._conn_cm.__aenter__()
         return self
 
     async def __aexit__(
@@ -201,24 +217,12 @@ class UnitOfWork:
         tb: TracebackType | None,
     ) -> None:
         assert self._conn_cm is not None
-        assert self._conn is not None
-        conn, self._conn = self._conn, None
-        try:
-            if not self._committed and not conn.closed:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute("ROLLBACK")
-        finally:
-            await self._conn_cm.__aexit__(exc_type, exc, tb)
+        self._conn = None
+        await self._conn_cm.__aexit__(exc_type, exc, tb)
 
-    async def commit(self) -> None:
-        with translate_errors(self._db.settings):
-            await self.connection.execute("COMMIT")
-        self._committed = True
-
-    async def rollback(self) -> None:
-        with translate_errors(self._db.settings):
-            await self.connection.execute("ROLLBACK")
-        self._committed = True  # nothing left to roll back on exit
+    def transaction(self) -> UnitOfWork:
+        """A unit of work on this session's connection (it stays checked out after)."""
+        return UnitOfWork(self._db, connection=self.connection)
 
     async def fetch_one(self, query: Query, params: dict[str, Any] | None = None) -> DictRow | None:
         with translate_errors(self._db.settings):
@@ -235,3 +239,63 @@ class UnitOfWork:
         with translate_errors(self._db.settings):
             cur = await self.connection.execute(query.sql, params or {})
             return cur.rowcount
+
+
+class UnitOfWork(Session):
+    """One transaction on one pooled connection. Rolls back unless :meth:`commit` was called.
+
+    ``async with db.unit_of_work() as uow: ...; await uow.commit()``. Given a
+    ``connection`` (:meth:`Session.transaction`), it uses that one and leaves it checked out.
+    """
+
+    _kind = "unit of work"
+
+    def __init__(self, db: Database, *, connection: AsyncConn | None = None) -> None:
+        super().__init__(db)
+        self._borrowed = connection
+        self._committed = False
+
+    async def __aenter__(self) -> Self:
+        if self._borrowed is not None:
+            conn = self._borrowed
+        else:
+            self._conn_cm = self._db.connection()
+            conn = await self._conn_cm.__aenter__()
+        try:
+            with translate_errors(self._db.settings):
+                await conn.execute("BEGIN")
+        except BaseException:
+            if self._conn_cm is not None:
+                await self._conn_cm.__aexit__(None, None, None)
+            raise
+        self._conn = conn
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._conn is not None
+        conn, self._conn = self._conn, None
+        try:
+            if not self._committed and not conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+        finally:
+            if self._conn_cm is not None:
+                await self._conn_cm.__aexit__(exc_type, exc, tb)
+
+    def transaction(self) -> UnitOfWork:
+        raise ServiceStateError("already in a transaction")
+
+    async def commit(self) -> None:
+        with translate_errors(self._db.settings):
+            await self.connection.execute("COMMIT")
+        self._committed = True
+
+    async def rollback(self) -> None:
+        with translate_errors(self._db.settings):
+            await self.connection.execute("ROLLBACK")
+        self._committed = True  # nothing left to roll back on exit

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import UnitOfWork
+from jobcore.db import Session
 from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
 from jobcore.registry import JobType
@@ -63,7 +63,7 @@ def job_message_row(
 
 
 async def enqueue(
-    uow: UnitOfWork,
+    uow: Session,
     topology: Topology,
     *,
     tenant: str,
@@ -75,7 +75,10 @@ async def enqueue(
     run_at: datetime | None = None,
     callback_url: str | None = None,
 ) -> EnqueueResult:
-    """Write a pending job and its outbox message through ``uow`` (the caller commits).
+    """Write a pending job and its outbox message through ``uow``.
+
+    The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
+    commit together on their own; in a unit of work, the caller commits.
 
     With an idempotency key already used for this tenant and type, returns the existing
     job (``replayed``) when the payload is the same, and raises

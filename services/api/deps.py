@@ -1,11 +1,13 @@
 """FastAPI dependencies as ``Annotated`` aliases: what a route asks for by its type.
 
-A request to a job route uses one pooled connection and one transaction for everything:
-the API-key lookup and the route's own statements (``UowDep`` is shared by both). Routes
-list what needs no database first (the key's presence, the body), so the transaction
-opens only after the request has arrived in full, and it ends when the route returns,
-before the response is sent: a slow client never holds a connection. It rolls back
-unless the route committed.
+A request to a job route uses one pooled connection for everything: the API-key lookup
+and the route's own statements (``SessionDep`` is shared by both). The connection is in
+autocommit mode: the enqueue is one statement (job, outbox row and NOTIFY), reads are
+single statements, so neither pays for BEGIN and COMMIT; a route that decides on what it
+read (cancel) opens a transaction on the same connection. Routes list what needs no
+database first (the key's presence, the body), so the connection is taken only after the
+request has arrived in full, and it goes back when the route returns, before the
+response is sent: a slow client never holds a connection.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from jobcore import apikeys
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, Session
 from jobcore.errors import ServiceStateError
 from jobcore.registry import Registry
 from jobcore.results import LocalResultStore
@@ -65,12 +67,12 @@ async def get_db(state: StateDep) -> Database:
 DbDep = Annotated[Database, Depends(get_db)]
 
 
-async def unit_of_work(db: DbDep) -> AsyncIterator[UnitOfWork]:
-    async with db.unit_of_work() as uow:
-        yield uow
+async def session(db: DbDep) -> AsyncIterator[Session]:
+    async with db.session() as opened:
+        yield opened
 
 
-UowDep = Annotated[UnitOfWork, Depends(unit_of_work, scope="function")]
+SessionDep = Annotated[Session, Depends(session, scope="function")]
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -91,8 +93,8 @@ async def api_key(
 ApiKeyDep = Annotated[str, Depends(api_key)]
 
 
-async def authenticated_tenant(key: ApiKeyDep, uow: UowDep) -> str:
-    return await apikeys.tenant_for_key(uow, key)
+async def authenticated_tenant(key: ApiKeyDep, db_session: SessionDep) -> str:
+    return await apikeys.tenant_for_key(db_session, key)
 
 
 TenantDep = Annotated[str, Depends(authenticated_tenant)]

@@ -17,7 +17,7 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import UnitOfWork
+from jobcore.db import Session, UnitOfWork
 from jobcore.enqueue import EnqueueResult, enqueue
 from jobcore.errors import JobNotFound
 from jobcore.registry import JobType
@@ -102,7 +102,7 @@ def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
 
 
 async def submit(
-    uow: UnitOfWork,
+    uow: Session,
     topology: Topology,
     *,
     tenant: str,
@@ -110,7 +110,7 @@ async def submit(
     payload: BaseModel,
     submission: Submission,
 ) -> EnqueueResult:
-    """Write the job and its outbox message (the caller commits).
+    """Write the job and its outbox message (one statement: committed on a session).
 
     Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
     """
@@ -132,7 +132,7 @@ async def submit(
     return result
 
 
-async def get_job(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> DictRow:
+async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
     row = await uow.fetch_one(q.GET_JOB, {"id": job_id, "tenant": tenant})
     if row is None:
         raise JobNotFound("no job with that id")
@@ -147,7 +147,7 @@ class JobFilter:
 
 
 async def list_jobs(
-    uow: UnitOfWork, tenant: str, where: JobFilter, *, limit: int, cursor: str | None
+    uow: Session, tenant: str, where: JobFilter, *, limit: int, cursor: str | None
 ) -> tuple[list[DictRow], str | None]:
     """One page, newest first, and the cursor of the next page (None on the last)."""
     after_created_at, after_id = decode_cursor(cursor) if cursor else (None, None)
@@ -206,7 +206,7 @@ async def cancel_job(
     return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
 
 
-async def job_result(uow: UnitOfWork, tenant: str, job_id: uuid.UUID) -> DictRow:
+async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
     """The result columns of a succeeded job (``result`` inline or ``result_ref``)."""
     row = await uow.fetch_one(q.GET_JOB_RESULT, {"id": job_id, "tenant": tenant})
     if row is None:

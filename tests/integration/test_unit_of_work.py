@@ -135,3 +135,60 @@ async def test_closed_pool_fails_fast_and_unreachable_database_translates(
     )
     with pytest.raises(DatabaseUnavailable, match="JOBCORE_DATABASE_URL"):
         await unreachable.open(wait=True)
+
+
+async def test_a_session_commits_each_statement_and_opens_transactions_on_its_connection(
+    db: Database, topology: Topology
+) -> None:
+    noop = default_registry.get("noop")
+    async with db.session() as session:
+        # The enqueue is one statement: on a session it is committed when it returns.
+        await enqueue(session, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        assert await counts(db) == (1, 1)
+        pid = session.connection.info.backend_pid
+        async with session.transaction() as uow:
+            assert uow.connection.info.backend_pid == pid
+            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        assert await counts(db) == (1, 1)  # not committed: rolled back
+        async with session.transaction() as uow:
+            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+            await uow.commit()
+        # The session's connection is still checked out and usable after its transactions.
+        assert session.connection.info.backend_pid == pid
+        assert session.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert await counts(db) == (2, 2)
+    with pytest.raises(ServiceStateError):
+        session.connection  # noqa: B018
+
+
+async def test_a_pooled_connection_killed_while_idle_is_replaced_before_it_is_handed_out(
+    settings: Settings,
+) -> None:
+    """The checkout check costs no round trip for a healthy connection, yet a connection
+    whose server end went away (a restart, a terminated backend) never reaches a caller."""
+    database = Database(settings, min_size=1, max_size=1)
+    await database.open(wait=True)
+    try:
+        async with database.session() as session:
+            victim = session.connection.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(
+            settings.database_url, autocommit=True
+        ) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
+            # Not a sleep: poll until the server has really ended the backend.
+            for _ in range(500):
+                cur = await admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (victim,)
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail(f"backend {victim} was not terminated")
+        async with database.session() as session:
+            row = await session.fetch_one(COUNT)
+            assert row is not None
+            assert session.connection.info.backend_pid != victim
+    finally:
+        await database.close()

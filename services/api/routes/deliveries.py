@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from jobcore.errors import JobNotFound
 from jobcore.sql import webhooks as q
-from services.api.deps import TenantDep, UowDep
+from services.api.deps import SessionDep, TenantDep
 from services.api.schemas import Problem
 from services.api.views import JsonBody
 
@@ -49,9 +49,9 @@ router = APIRouter(tags=["jobs"], default_response_class=JsonBody)
     response_model=DeliveryList,
     responses={status: {"model": Problem} for status in (401, 404, 422, 503)},
 )
-async def list_deliveries(job_id: uuid.UUID, tenant: TenantDep, uow: UowDep) -> Response:
+async def list_deliveries(job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep) -> Response:
     """The job's webhook deliveries, oldest first (none unless it has a callback URL)."""
-    rows = await uow.fetch_all(q.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": tenant})
+    rows = await db_session.fetch_all(q.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": tenant})
     if not rows:
         raise JobNotFound("no job with that id")
     items: list[dict[str, Any]] = [

@@ -27,7 +27,7 @@ from jobcore.webhooks import completion_params
 from services.api import operations, views
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
-from services.api.deps import ApiKeyDep, StateDep, TenantDep, UowDep
+from services.api.deps import ApiKeyDep, SessionDep, StateDep, TenantDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import waiting
 from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
@@ -102,7 +102,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         payload: Annotated[BaseModel, Depends(read_payload)],
         callback_url: CallbackUrlDep,
         tenant: TenantDep,
-        uow: UowDep,
+        db_session: SessionDep,
         state: StateDep,
         entity_id: EntityIdQuery = None,
         max_attempts: MaxAttemptsQuery = None,
@@ -116,15 +116,15 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
         )
+        # One statement, committed on its own: the job with its outbox row, or neither.
         result = await operations.submit(
-            uow,
+            db_session,
             state.topology,
             tenant=tenant,
             job_type=job_type,
             payload=payload,
             submission=submission,
         )
-        await uow.commit()
         state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
         headers = {"Location": views.job_path(result.job_id)}
         if result.replayed:
@@ -159,7 +159,7 @@ async def enqueue_unknown_type(job_type: str, _: ApiKeyDep, tenant: TenantDep) -
 
 async def list_jobs(
     tenant: TenantDep,
-    uow: UowDep,
+    db_session: SessionDep,
     request: Request,
     entity_id: EntityIdQuery = None,
     status: Annotated[JobStatus | None, Query()] = None,
@@ -169,7 +169,9 @@ async def list_jobs(
 ) -> Response:
     """The tenant's jobs, newest first, a page at a time (follow ``links.next``)."""
     where = operations.JobFilter(entity_id=entity_id, status=status, type=type)
-    rows, next_cursor = await operations.list_jobs(uow, tenant, where, limit=limit, cursor=cursor)
+    rows, next_cursor = await operations.list_jobs(
+        db_session, tenant, where, limit=limit, cursor=cursor
+    )
     next_link = None
     if next_cursor is not None:
         query = {**request.query_params, "cursor": next_cursor}
@@ -183,21 +185,22 @@ async def list_jobs(
 
 
 async def cancel_job(
-    job_id: uuid.UUID, tenant: TenantDep, uow: UowDep, state: StateDep
+    job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep, state: StateDep
 ) -> Response:
     """Pending: cancelled now (200). Running: the worker is asked to stop it (202).
     Finished: 409 with its status."""
     completion = completion_params(state.topology, state.settings)
-    outcome = await operations.cancel_job(uow, tenant, job_id, completion=completion)
-    await uow.commit()
+    async with db_session.transaction() as uow:
+        outcome = await operations.cancel_job(uow, tenant, job_id, completion=completion)
+        await uow.commit()
     return JsonBody(views.cancel_answer(outcome), status_code=202 if outcome.requested else 200)
 
 
 async def get_result(
-    job_id: uuid.UUID, tenant: TenantDep, uow: UowDep, state: StateDep
+    job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep, state: StateDep
 ) -> Response:
     """A succeeded job's result: inline JSON, or the stored file with its content type."""
-    row = await operations.job_result(uow, tenant, job_id)
+    row = await operations.job_result(db_session, tenant, job_id)
     if row["result_ref"] is None:
         return JsonBody(row["result"])
     path = state.results.path(row["result_ref"])

@@ -1,12 +1,11 @@
 """``GET /jobs/{id}`` with an optional long-poll: ``?wait=30`` answers as soon as the job is
 terminal, or when the wait ends, whichever comes first.
 
-Unlike the other job routes this one does not take ``UowDep``: that transaction would
-hold a pooled connection for the whole wait. It checks out a connection for each read
-instead: before waiting, the key's tenant and the job in one short transaction (as every
-job route does); after waking, the job alone, in one statement shared with the other
-waiters woken meanwhile. While it waits it holds only an asyncio event
-(:mod:`services.api.waiters`).
+Unlike the other job routes this one does not take ``SessionDep``: that would hold a
+pooled connection for the whole wait. It checks out a connection for each read instead:
+before waiting, the key's tenant and the job (as every job route does); after waking,
+the job alone, in one statement shared with the other waiters woken meanwhile. While it
+waits it holds only an asyncio event (:mod:`services.api.waiters`).
 """
 
 from __future__ import annotations
@@ -66,10 +65,10 @@ def job_waiters(request: Request) -> JobWaiters:
 
 
 async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, DictRow]:
-    """The key's tenant and its job, in one short transaction."""
-    async with db.unit_of_work() as uow:
-        tenant = await apikeys.tenant_for_key(uow, key)
-        return tenant, await operations.get_job(uow, tenant, job_id)
+    """The key's tenant and its job, on one briefly held connection."""
+    async with db.session() as db_session:
+        tenant = await apikeys.tenant_for_key(db_session, key)
+        return tenant, await operations.get_job(db_session, tenant, job_id)
 
 
 async def get_job(
