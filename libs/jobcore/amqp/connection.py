@@ -20,6 +20,11 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
     aio_pika.exceptions.AMQPException,
 )
 
+# When the peer closes the socket during the handshake, aiormq's frame reader can end with
+# StopAsyncIteration, which escapes aio_pika.connect as it is (seen with uvloop, the broker
+# cut by a proxy in `jobcore demo`): it ended the relay's loop instead of being retried.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*BROKER_ERRORS, StopAsyncIteration)
+
 
 def redact(url: str) -> str:
     """The URL without its password, for logs and error messages."""
@@ -38,20 +43,23 @@ def connection_url(settings: Settings) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
+def _unavailable(settings: Settings, exc: BaseException) -> BrokerUnavailable:
+    reason = str(exc) or f"{type(exc).__name__} (the connection closed during the handshake)"
+    return BrokerUnavailable(
+        f"JOBCORE_AMQP_URL: cannot connect to {redact(settings.amqp_url)}: {reason}"
+    )
+
+
 async def connect(settings: Settings, *, timeout: float = 5.0) -> aio_pika.abc.AbstractConnection:
     """One plain connection; the caller owns reconnecting (and logging it once)."""
     try:
         return await aio_pika.connect(connection_url(settings), timeout=timeout)
-    except BROKER_ERRORS as exc:
-        raise BrokerUnavailable(
-            f"JOBCORE_AMQP_URL: cannot connect to {redact(settings.amqp_url)}: {exc}"
-        ) from exc
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(settings, exc) from exc
 
 
 async def connect_robust(settings: Settings, *, timeout: float = 5.0) -> AbstractRobustConnection:
     try:
         return await aio_pika.connect_robust(connection_url(settings), timeout=timeout)
-    except BROKER_ERRORS as exc:
-        raise BrokerUnavailable(
-            f"JOBCORE_AMQP_URL: cannot connect to {redact(settings.amqp_url)}: {exc}"
-        ) from exc
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(settings, exc) from exc
