@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
+from jobcore.apikeys import InvalidApiKey
 from jobcore.db import Session
 from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
@@ -29,7 +30,20 @@ OUTBOX_CHANNEL = "jobcore_outbox"
 
 
 @dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """Enqueue for the tenant that owns this API key, if it exists and is not revoked.
+
+    The enqueue statement looks the key up itself, so the API's enqueue is one round trip;
+    an unknown or revoked key raises :class:`~jobcore.apikeys.InvalidApiKey` and writes
+    nothing.
+    """
+
+    key_hash: str
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
+    tenant: str
     job_id: uuid.UUID
     status: JobStatus
     created_at: datetime
@@ -66,7 +80,7 @@ async def enqueue(
     uow: Session,
     topology: Topology,
     *,
-    tenant: str,
+    tenant: str | KeyOwner,
     job_type: JobType[Any],
     payload: BaseModel,
     idempotency_key: str | None = None,
@@ -80,7 +94,8 @@ async def enqueue(
     The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
     commit together on their own; in a unit of work, the caller commits.
 
-    With an idempotency key already used for this tenant and type, returns the existing
+    ``tenant``: a tenant's name, or the :class:`KeyOwner` of an API key. With an
+    idempotency key already used for this tenant and type, returns the existing
     job (``replayed``) when the payload is the same, and raises
     :class:`IdempotencyConflict` when it differs. ``callback_url`` (checked by the caller)
     receives the completion webhook; without one, the tenant's default endpoint does.
@@ -90,7 +105,6 @@ async def enqueue(
     fingerprint = payload_fingerprint(payload)
     params = {
         "id": job_id,
-        "tenant": tenant,
         "type": job_type.name,
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
@@ -107,9 +121,17 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
-    row = await uow.fetch_one(q.INSERT_JOB_WITH_OUTBOX, params)
-    if row is not None:
-        return EnqueueResult(row["id"], JobStatus(row["status"]), row["created_at"], False)
+    if isinstance(tenant, KeyOwner):
+        row = await uow.fetch_one(
+            q.INSERT_JOB_WITH_OUTBOX_FOR_KEY, {**params, "key_hash": tenant.key_hash}
+        )
+        if row is None:
+            raise InvalidApiKey()
+        tenant = str(row["tenant"])
+    else:
+        row = await uow.fetch_one(q.INSERT_JOB_WITH_OUTBOX, {**params, "tenant": tenant})
+    if row is not None and row["id"] is not None:
+        return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
 
     # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
     # statement (a new snapshot under READ COMMITTED) sees its job.
@@ -124,5 +146,5 @@ async def enqueue(
             f"idempotency key already used for job {existing['id']} with a different payload"
         )
     return EnqueueResult(
-        existing["id"], JobStatus(existing["status"]), existing["created_at"], True
+        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True
     )

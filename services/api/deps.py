@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from jobcore import apikeys
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, Session
+from jobcore.enqueue import KeyOwner
 from jobcore.errors import ServiceStateError
 from jobcore.registry import Registry
 from jobcore.results import LocalResultStore
@@ -98,3 +99,14 @@ async def authenticated_tenant(key: ApiKeyDep, db_session: SessionDep) -> str:
 
 
 TenantDep = Annotated[str, Depends(authenticated_tenant)]
+
+
+async def key_owner(key: ApiKeyDep) -> KeyOwner:
+    """For the enqueue, which finds the key's tenant in its own statement (one round trip
+    instead of two); a string that cannot be a key is refused without a lookup."""
+    if not apikeys.looks_like_key(key):
+        raise apikeys.InvalidApiKey()
+    return KeyOwner(apikeys.hash_key(key))
+
+
+KeyOwnerDep = Annotated[KeyOwner, Depends(key_owner)]

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Session, UnitOfWork
-from jobcore.enqueue import EnqueueResult, enqueue
+from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
 from jobcore.errors import JobNotFound
 from jobcore.registry import JobType
 from jobcore.sql import jobs as q
@@ -105,7 +105,7 @@ async def submit(
     uow: Session,
     topology: Topology,
     *,
-    tenant: str,
+    tenant: str | KeyOwner,
     job_type: JobType[Any],
     payload: BaseModel,
     submission: Submission,
@@ -114,7 +114,7 @@ async def submit(
 
     Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
     """
-    with enqueue_span(tenant, job_type.name) as span:
+    with enqueue_span(job_type.name) as span:
         result = await enqueue(
             uow,
             topology,
@@ -128,7 +128,13 @@ async def submit(
             callback_url=submission.callback_url,
         )
         if span is not None:
-            span.set_attributes({"job.id": str(result.job_id), "job.replayed": result.replayed})
+            span.set_attributes(
+                {
+                    "tenant": result.tenant,
+                    "job.id": str(result.job_id),
+                    "job.replayed": result.replayed,
+                }
+            )
     return result
 
 

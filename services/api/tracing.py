@@ -14,8 +14,8 @@ from opentelemetry.trace import Span
 from jobcore.telemetry import span_if_enabled
 
 
-def enqueue_span(tenant: str, job_type: str) -> AbstractContextManager[Span | None]:
+def enqueue_span(job_type: str) -> AbstractContextManager[Span | None]:
     """The INTERNAL ``enqueue`` span (``None`` when tracing is off), current while the
-    statement runs, so the outbox row carries its context. The caller adds ``job.id``
-    once the statement returned it."""
-    return span_if_enabled("enqueue", attributes={"tenant": tenant, "job.type": job_type})
+    statement runs, so the outbox row carries its context. The caller adds ``tenant`` and
+    ``job.id`` once the statement returned them (it finds the tenant from the API key)."""
+    return span_if_enabled("enqueue", attributes={"job.type": job_type})

@@ -96,9 +96,19 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
     assert enqueue["attributes"]["job.id"] == job_id
     assert enqueue["attributes"]["job.type"] == "echo"
     assert enqueue["attributes"]["tenant"] == "e2e"
-    # The enqueue statement is a database span under it, named after its Query.
-    statements = [s for s in spans if s["parent_span_id"] == enqueue["span_id"]]
-    assert any(s["attributes"].get("db.statement") == "insert_job_with_outbox" for s in statements)
+    # The enqueue statement is a database span under it, named after its Query; it finds
+    # the key's tenant itself, so the request makes no other statement.
+    statements = [
+        s["attributes"]["db.statement"]
+        for s in spans
+        if s["parent_span_id"] == enqueue["span_id"] and "db.statement" in s["attributes"]
+    ]
+    assert statements == ["insert_job_with_outbox_for_key"]
+    assert not [
+        s
+        for s in spans
+        if s["parent_span_id"] == request["span_id"] and "db.statement" in s["attributes"]
+    ]
 
     publish = one(spans, "publish")
     assert publish["service"] == "jobcore-relay-e2e"

@@ -27,7 +27,7 @@ from jobcore.webhooks import completion_params
 from services.api import operations, views
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
-from services.api.deps import ApiKeyDep, SessionDep, StateDep, TenantDep
+from services.api.deps import ApiKeyDep, KeyOwnerDep, SessionDep, StateDep, TenantDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import waiting
 from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
@@ -94,14 +94,14 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         raw = await read_json(request, state.settings.max_body_bytes)
         return operations.validate_payload(job_type, raw)
 
-    # Parameter order is resolution order: the key's presence, the Idempotency-Key, the
-    # body and the callback URL are checked before the tenant lookup opens the transaction.
+    # Parameter order is resolution order: the key's shape, the Idempotency-Key, the body
+    # and the callback URL are checked before a pooled connection is taken. The key's
+    # tenant is found by the enqueue statement itself (401 from there when it is invalid).
     async def enqueue_job(
-        _: ApiKeyDep,
+        owner: KeyOwnerDep,
         key: IdempotencyKeyDep,
         payload: Annotated[BaseModel, Depends(read_payload)],
         callback_url: CallbackUrlDep,
-        tenant: TenantDep,
         db_session: SessionDep,
         state: StateDep,
         entity_id: EntityIdQuery = None,
@@ -120,7 +120,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         result = await operations.submit(
             db_session,
             state.topology,
-            tenant=tenant,
+            tenant=owner,
             job_type=job_type,
             payload=payload,
             submission=submission,
