@@ -1,8 +1,9 @@
 """A few pool connections held by the worker for its hot path (claim, outcome, heartbeat).
 
-The shared pool checks every connection it hands out with an empty query: one round
-trip, and a fifth of the worker's CPU in a no-op job profile, for each of the two
-statements a job costs. Connections held here skip that check. One that comes back from
+Held connections skip the pool's checkout and its check (which looks at the socket, and
+only then queries; when the check was an empty query on every checkout, it was a round
+trip and a fifth of the worker's CPU in a no-op job profile, for each of the two
+statements a job costs). One that comes back from
 a failed or interrupted statement in any state but idle goes back to the pool (which
 resets or discards it), together with every idle held one, and slots are refilled from
 the pool (checked) on next use: a restarted database costs one failed statement.

@@ -177,6 +177,7 @@ class Consumer(Service):
         try:
             job_type = self.registry.get(envelope.type)
         except UnknownJobType as exc:
+            await self._note_undeliverable(envelope, exc)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
 
@@ -218,6 +219,20 @@ class Consumer(Service):
             return None
         await self._ack(message)
         return claim, payload
+
+    async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
+        """Tell the job's pollers why it stays pending (best effort: the message is kept in
+        the dead-letter queue whether or not this is written)."""
+        error = (
+            f"{exc}: no worker here runs this job type; its message is in the dead-letter "
+            "queue until `jobcore dlq replay` once a worker that knows the type runs"
+        )
+        params = {"job_id": envelope.job_id, "attempt": envelope.attempt, "error": error}
+        try:
+            async with self.connections.connection() as conn:
+                await conn.execute(q.NOTE_UNDELIVERABLE.sql, params)
+        except (DatabaseUnavailable, TransientConflict) as exc_db:
+            log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
 
     async def _claim(
         self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]

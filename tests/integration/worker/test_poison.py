@@ -126,6 +126,12 @@ async def test_dlq_list_peeks_without_losing_and_replay_requeues(
 
     await eventually(three_dead, what="three dead letters")
     await old.stop()
+    # Their jobs wait, pending, and say why to whoever polls them.
+    for job_id in jobs:
+        waiting = await job_row(db, job_id)
+        assert waiting["status"] == "pending"
+        assert "unknown job type 'wt_gate'" in waiting["last_error"]
+        assert "jobcore dlq replay" in waiting["last_error"]
 
     # ... an operator looks at them (twice: looking loses nothing) ...
     for _ in range(2):
