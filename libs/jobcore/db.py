@@ -1,4 +1,8 @@
-"""PostgreSQL access: an explicitly opened pool and a unit of work over psycopg 3.
+"""PostgreSQL access: an explicitly opened pool, sessions and units of work over psycopg 3.
+
+A :class:`Session` holds one pooled connection in autocommit mode (each statement commits
+on its own); a :class:`UnitOfWork` is one transaction, on a connection of its own or on a
+session's.
 
 Driver errors are translated here, at the adapter boundary: callers see
 :class:`~jobcore.errors.DatabaseUnavailable` / :class:`~jobcore.errors.DatabaseMissing`,
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import select
+import time
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -67,6 +72,8 @@ class BoundedConnection(psycopg.AsyncConnection[DictRow]):
     """
 
     operation_timeout: float | None = None
+    # When the connection last went back to the pool (see check_if_suspect).
+    idle_since: float | None = None
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         bound = self.operation_timeout if timeout is None else timeout
@@ -78,20 +85,51 @@ class BoundedConnection(psycopg.AsyncConnection[DictRow]):
             raise
 
 
+# A connection that sat in the pool longer than this is checked with a query even when
+# its socket is quiet: a peer that vanished without a word (a NAT's or load balancer's
+# idle timeout, a failover) leaves a socket that never becomes readable.
+QUIET_CHECK_AFTER = 10.0
+
+
+def has_input(fd: int) -> bool:
+    """Whether the socket has something to read, or an error or hang-up, right now.
+
+    poll, not select: select refuses descriptors from 1024 up, which a busy API reaches.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
 async def check_if_suspect(conn: AsyncConn) -> None:
     """The pool's check on every checkout, without a round trip for a healthy connection.
 
     An idle connection has nothing to read: a server that shut down or restarted sent its
     FATAL and closed the socket, which makes it readable (as does a notification, which
-    the full check then consumes harmlessly). Only then is it checked with a query, which
-    raises for a broken connection so the pool replaces it. A query per checkout was a
-    fifth of the round trips of an enqueue.
+    the full check then consumes harmlessly). Only such a connection, one that was idle
+    longer than :data:`QUIET_CHECK_AFTER`, or one whose socket cannot be looked at, is
+    checked with a query, which raises for a broken connection so the pool replaces it.
+    A query per checkout was a fifth of the round trips of an enqueue.
     """
     if conn.closed:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
+    idle_since = getattr(conn, "idle_since", None)
+    try:
+        suspect = (
+            idle_since is None
+            or time.monotonic() - idle_since > QUIET_CHECK_AFTER
+            or has_input(conn.pgconn.socket)
+        )
+    except (OSError, ValueError, psycopg.Error):
+        suspect = True
+    if suspect:
         await AsyncConnectionPool.check_connection(conn)
+
+
+async def _mark_idle(conn: AsyncConn) -> None:
+    """The pool's reset callback: runs when a connection comes back, idle and usable."""
+    if isinstance(conn, BoundedConnection):
+        conn.idle_since = time.monotonic()
 
 
 class Database:
@@ -128,12 +166,14 @@ class Database:
             reconnect_timeout=0,
             connection_class=BoundedConnection,
             configure=self._configure,
+            reset=_mark_idle,
         )
         self._opened = False
 
     async def _configure(self, conn: AsyncConn) -> None:
         if isinstance(conn, BoundedConnection):
             conn.operation_timeout = self.settings.db_operation_timeout
+            conn.idle_since = time.monotonic()
         # A transaction whose client vanished (a cut network) would hold its locks until
         # the server's TCP keepalive gives up, hours later. Set per session, not as a
         # startup option, which PgBouncer refuses.
@@ -198,6 +238,7 @@ class Session:
         self._db = db
         self._conn_cm: contextlib.AbstractAsyncContextManager[AsyncConn] | None = None
         self._conn: AsyncConn | None = None
+        self._transaction: UnitOfWork | None = None
 
     @property
     def connection(self) -> AsyncConn:
@@ -221,8 +262,13 @@ class Session:
         await self._conn_cm.__aexit__(exc_type, exc, tb)
 
     def transaction(self) -> UnitOfWork:
-        """A unit of work on this session's connection (it stays checked out after)."""
-        return UnitOfWork(self._db, connection=self.connection)
+        """A unit of work on this session's connection (it stays checked out after).
+
+        One at a time: a second BEGIN would only warn, and its COMMIT end the first."""
+        if self._transaction is not None and self._transaction.active:
+            raise ServiceStateError("the session already has a transaction open")
+        self._transaction = UnitOfWork(self._db, connection=self.connection)
+        return self._transaction
 
     async def fetch_one(self, query: Query, params: dict[str, Any] | None = None) -> DictRow | None:
         with translate_errors(self._db.settings):
@@ -286,6 +332,10 @@ class UnitOfWork(Session):
         finally:
             if self._conn_cm is not None:
                 await self._conn_cm.__aexit__(exc_type, exc, tb)
+
+    @property
+    def active(self) -> bool:
+        return self._conn is not None
 
     def transaction(self) -> UnitOfWork:
         raise ServiceStateError("already in a transaction")

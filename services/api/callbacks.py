@@ -1,5 +1,5 @@
-"""The ``callback_url`` of ``POST /jobs/{type}``: checked before the request's transaction
-opens (resolving a host can take a while, and must not hold a pooled connection)."""
+"""The ``callback_url`` of ``POST /jobs/{type}``: checked before the request takes a pooled
+connection (resolving a host can take a while, and must not hold one)."""
 
 from __future__ import annotations
 

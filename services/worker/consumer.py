@@ -29,7 +29,13 @@ from typing import Any
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.envelope import JobMessage, decode
-from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage, UnknownJobType
+from jobcore.errors import (
+    BrokerUnavailable,
+    DatabaseUnavailable,
+    JobcoreError,
+    PoisonMessage,
+    UnknownJobType,
+)
 from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
@@ -223,15 +229,21 @@ class Consumer(Service):
     async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
         """Tell the job's pollers why it stays pending (best effort: the message is kept in
         the dead-letter queue whether or not this is written)."""
+        # Worded to stay true after a replay ran the job: last_error is the last error seen.
         error = (
-            f"{exc}: no worker here runs this job type; its message is in the dead-letter "
-            "queue until `jobcore dlq replay` once a worker that knows the type runs"
+            f"attempt {envelope.attempt}'s message was dead-lettered by a worker that does "
+            f"not know the job type ({exc}); `jobcore dlq replay` runs it once one does"
         )
-        params = {"job_id": envelope.job_id, "attempt": envelope.attempt, "error": error}
+        params = {
+            "job_id": envelope.job_id,
+            "type": envelope.type,
+            "attempt": envelope.attempt,
+            "error": error,
+        }
         try:
             async with self.connections.connection() as conn:
                 await conn.execute(q.NOTE_UNDELIVERABLE.sql, params)
-        except (DatabaseUnavailable, TransientConflict) as exc_db:
+        except JobcoreError as exc_db:
             log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
 
     async def _claim(

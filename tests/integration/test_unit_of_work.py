@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from jobcore import apikeys
+from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import OUTBOX_CHANNEL, KeyOwner, enqueue
@@ -236,3 +237,53 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
         with pytest.raises(apikeys.InvalidApiKey):
             await submit("c", who)
     assert await counts(db) == before == (2, 2)
+
+
+async def test_a_failed_transaction_on_a_session_rolls_back_and_leaves_it_usable(
+    db: Database, topology: Topology
+) -> None:
+    noop = default_registry.get("noop")
+    async with db.session() as session:
+        pid = session.connection.info.backend_pid
+        with pytest.raises(RuntimeError):
+            async with session.transaction() as uow:
+                await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+                raise RuntimeError("boom")
+        assert session.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        async with session.transaction():
+            # One at a time: a second BEGIN would only warn, and its COMMIT end the first.
+            with pytest.raises(ServiceStateError):
+                session.transaction()
+        row = await session.fetch_one(COUNT)
+        assert session.connection.info.backend_pid == pid
+    assert row is not None
+    assert (row["jobs"], row["outbox"]) == (0, 0)
+
+
+async def test_the_checkout_check_queries_only_a_suspect_connection(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quiet and recently used: no query. Idle longer than QUIET_CHECK_AFTER (a peer can
+    vanish without closing the socket): a query before it is handed out."""
+    queried: list[int] = []
+    full_check = db_module.AsyncConnectionPool.check_connection
+
+    async def counting_check(conn: db_module.AsyncConn) -> None:
+        queried.append(conn.info.backend_pid)
+        await full_check(conn)
+
+    monkeypatch.setattr(db_module.AsyncConnectionPool, "check_connection", counting_check)
+    database = Database(settings, min_size=1, max_size=1)
+    await database.open(wait=True)
+    try:
+        for _ in range(3):
+            async with database.session() as session:
+                await session.fetch_one(COUNT)
+        assert queried == []
+        monkeypatch.setattr(db_module, "QUIET_CHECK_AFTER", 0.0)
+        async with database.session() as session:
+            await session.fetch_one(COUNT)
+            pid = session.connection.info.backend_pid
+        assert queried == [pid]
+    finally:
+        await database.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 from jobcore.sql import Query
 
 # The per-request lookup: the unique index on key_hash makes it one index probe.
+# What makes a key usable, in one place: the enqueue statement looks keys up by itself
+# (jobcore.sql.jobs) and must refuse exactly the keys every other route refuses.
+ACTIVE_KEY = "SELECT tenant FROM api_keys WHERE key_hash = %(key_hash)s AND revoked_at IS NULL"
+
 TENANT_FOR_KEY = Query(
     "tenant_for_key",
     "The tenant of an API key that exists and is not revoked.",
-    """
-    SELECT tenant FROM api_keys
-    WHERE key_hash = %(key_hash)s AND revoked_at IS NULL
-    """,
+    ACTIVE_KEY,
 )
 
 INSERT_API_KEY = Query(

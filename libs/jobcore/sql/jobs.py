@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jobcore.sql import Query
+from jobcore.sql.api_keys import ACTIVE_KEY
 from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
@@ -19,8 +20,7 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
     then always returns one row when the key is valid (``id`` NULL: the idempotency key
     is taken) and none when it is not."""
     if by_key:
-        key = "key AS (SELECT tenant FROM api_keys WHERE key_hash = %(key_hash)s"
-        key += " AND revoked_at IS NULL),"
+        key = f"key AS ({ACTIVE_KEY}),"
         tenant, from_key, answer_from = "key.tenant", "FROM key", "key LEFT JOIN job ON true"
     else:
         key, tenant, from_key, answer_from = "", "%(tenant)s", "", "job"

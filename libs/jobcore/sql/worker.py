@@ -86,13 +86,14 @@ RECEIVE_AND_CLAIM = Query(
 # A message no worker here can run (its job type is unknown to this deployment, as during
 # a rolling deploy) goes to the dead-letter queue, where `jobcore dlq replay` recovers it;
 # meanwhile its job stays pending, and this says why to whoever polls it. Only the job's
-# current attempt, and only while it is still pending.
+# current attempt, of the type the message names, and only while it is still pending.
 NOTE_UNDELIVERABLE = Query(
     "note_undeliverable",
     "Record on a pending job why its message went to the dead-letter queue.",
     """
     UPDATE jobs SET last_error = %(error)s, updated_at = now()
-    WHERE id = %(job_id)s AND status = 'pending' AND attempts + 1 = %(attempt)s
+    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+      AND attempts + 1 = %(attempt)s
     """,
 )
 

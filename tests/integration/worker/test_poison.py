@@ -130,6 +130,7 @@ async def test_dlq_list_peeks_without_losing_and_replay_requeues(
     for job_id in jobs:
         waiting = await job_row(db, job_id)
         assert waiting["status"] == "pending"
+        assert "dead-lettered" in waiting["last_error"]
         assert "unknown job type 'wt_gate'" in waiting["last_error"]
         assert "jobcore dlq replay" in waiting["last_error"]
 
