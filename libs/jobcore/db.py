@@ -238,7 +238,6 @@ class Session:
         self._db = db
         self._conn_cm: contextlib.AbstractAsyncContextManager[AsyncConn] | None = None
         self._conn: AsyncConn | None = None
-        self._transaction: UnitOfWork | None = None
 
     @property
     def connection(self) -> AsyncConn:
@@ -257,18 +256,17 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._conn_cm is not None
         self._conn = None
-        await self._conn_cm.__aexit__(exc_type, exc, tb)
+        if self._conn_cm is not None:  # None: a unit of work on a session's connection
+            await self._conn_cm.__aexit__(exc_type, exc, tb)
 
     def transaction(self) -> UnitOfWork:
         """A unit of work on this session's connection (it stays checked out after).
 
         One at a time: a second BEGIN would only warn, and its COMMIT end the first."""
-        if self._transaction is not None and self._transaction.active:
+        if self.connection.info.transaction_status != TransactionStatus.IDLE:
             raise ServiceStateError("the session already has a transaction open")
-        self._transaction = UnitOfWork(self._db, connection=self.connection)
-        return self._transaction
+        return UnitOfWork(self._db, connection=self.connection)
 
     async def fetch_one(self, query: Query, params: dict[str, Any] | None = None) -> DictRow | None:
         with translate_errors(self._db.settings):
@@ -303,18 +301,15 @@ class UnitOfWork(Session):
 
     async def __aenter__(self) -> Self:
         if self._borrowed is not None:
-            conn = self._borrowed
+            self._conn = self._borrowed
         else:
-            self._conn_cm = self._db.connection()
-            conn = await self._conn_cm.__aenter__()
+            await super().__aenter__()
         try:
             with translate_errors(self._db.settings):
-                await conn.execute("BEGIN")
+                await self.connection.execute("BEGIN")
         except BaseException:
-            if self._conn_cm is not None:
-                await self._conn_cm.__aexit__(None, None, None)
+            await super().__aexit__(None, None, None)
             raise
-        self._conn = conn
         return self
 
     async def __aexit__(
@@ -323,19 +318,13 @@ class UnitOfWork(Session):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._conn is not None
-        conn, self._conn = self._conn, None
+        conn = self.connection
         try:
             if not self._committed and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
         finally:
-            if self._conn_cm is not None:
-                await self._conn_cm.__aexit__(exc_type, exc, tb)
-
-    @property
-    def active(self) -> bool:
-        return self._conn is not None
+            await super().__aexit__(exc_type, exc, tb)
 
     def transaction(self) -> UnitOfWork:
         raise ServiceStateError("already in a transaction")

@@ -21,6 +21,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import jobs as q
 from tests.support.jobtypes import EchoPayload
+from tests.support.waiting import eventually
 
 COUNT = Query(
     "count",
@@ -177,17 +178,15 @@ async def test_a_pooled_connection_killed_while_idle_is_replaced_before_it_is_ha
             settings.database_url, autocommit=True
         ) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
-            # Not a sleep: poll until the server has really ended the backend.
-            for _ in range(500):
+
+            async def victim_is_gone() -> bool:
                 cur = await admin.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (victim,)
                 )
                 row = await cur.fetchone()
-                if row is not None and row[0] == 0:
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                pytest.fail(f"backend {victim} was not terminated")
+                return row is not None and row[0] == 0
+
+            await eventually(victim_is_gone, what=f"backend {victim} to end")
         async with database.session() as session:
             row = await session.fetch_one(COUNT)
             assert row is not None
