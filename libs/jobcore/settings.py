@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     # never see each other's topology.
     amqp_prefix: str = "jobcore"
     amqp_delivery_limit: int = Field(default=20, ge=1, le=1000)
+    # The broker's `consumer_timeout` (RabbitMQ's default: 30 minutes): how long a delivery
+    # may stay unacknowledged before the broker closes its channel and requeues it. jobcore
+    # cannot read it from the broker, so operators who change it there say so here; the
+    # longest a message can take to be redelivered is delivery_limit times this.
+    amqp_consumer_timeout: float = Field(default=1800.0, gt=0, le=7 * 86_400)
 
     # Modules imported at start-up so that their job types are registered
     # (comma-separated in the environment).
@@ -164,6 +169,13 @@ class Settings(BaseSettings):
                 "would only wait, and every worker restart counts toward their delivery limit"
             )
         return self
+
+    @property
+    def longest_redelivery(self) -> float:
+        """Seconds within which the broker has redelivered (or dead-lettered) a message
+        for the last time after it first delivered it: each of up to ``amqp_delivery_limit``
+        deliveries can stay unacknowledged for at most ``amqp_consumer_timeout``."""
+        return self.amqp_delivery_limit * self.amqp_consumer_timeout
 
     def job_prefetch(self, concurrency: int | None = None) -> int:
         """The prefetch of a worker running ``concurrency`` handlers at once (default: the
