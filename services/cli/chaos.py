@@ -55,6 +55,27 @@ FAULT_SECONDS = (2.0, 6.0)
 GAP_SECONDS = (1.0, 5.0)
 RECOVERY_TIMEOUT = 120.0
 LOCK_TIMEOUT = 900.0
+# Only the job types the run submits: their short timeouts (at most 30 s) let it declare a
+# short broker consumer timeout, and so a short inbox window (below).
+CHAOS_JOB_MODULES = ("tests.support.jobtypes",)
+# The pruner and the sweeper work all through the faults, on a scale of seconds instead of
+# days: finished jobs (and their effects, by cascade) go 20 s after they end, inbox rows
+# after the shortest window the settings allow (delivery limit × consumer timeout = 90 s),
+# and a pending job whose message vanished is published again after 20 s. The run's own
+# consumer timeout is declared shorter than the broker's (30 min): with deliveries
+# acknowledged at the claim, an inbox row is only ever written for a claimed message, and
+# the claim's fence makes a late copy harmless anyway — which is what the run checks.
+MAINTENANCE_ENV = {
+    "JOBCORE_RETENTION_SUCCEEDED": "20",
+    "JOBCORE_RETENTION_FAILED": "20",
+    "JOBCORE_RETENTION_CANCELLED": "20",
+    "JOBCORE_PRUNER_INTERVAL": "2",
+    "JOBCORE_AMQP_DELIVERY_LIMIT": "3",
+    "JOBCORE_AMQP_CONSUMER_TIMEOUT": "30",
+    "JOBCORE_INBOX_RETENTION": "90",
+    "JOBCORE_SWEEPER_INTERVAL": "2",
+    "JOBCORE_SWEEPER_STALE_AFTER": "20",
+}
 
 
 def _say(message: str) -> None:
@@ -86,12 +107,10 @@ def disruption_lock(path: str, timeout: float) -> Iterator[None]:
 
 def run_settings(config: Settings, run_id: str, log_dir: Path) -> Settings:
     """The developer's settings pointed at a database and a broker prefix of this run."""
-    from tests.support.pipeline import PIPELINE_JOB_MODULES
-
     return load_settings(
         database_url=database_url(config.database_url, f"jobcore_chaos_{run_id}"),
         amqp_prefix=f"jobcore-chaos-{run_id}",
-        job_modules=PIPELINE_JOB_MODULES,
+        job_modules=CHAOS_JOB_MODULES,
         result_dir=log_dir / "results",
     )
 
@@ -211,7 +230,13 @@ async def _soak(
     handler_seconds: float,
     faults: tuple[str, ...],
 ) -> dict[str, Any]:
-    from tests.support.pipeline import LeaseWatch, Stack, check, wait_quiescent
+    from tests.support.pipeline import (
+        LeaseWatch,
+        Stack,
+        archive_pruned,
+        check,
+        wait_quiescent,
+    )
 
     started = time.monotonic()
     stack = Stack(
@@ -222,8 +247,11 @@ async def _soak(
         workers=workers,
         broker_proxy=True,
         database_proxy=True,
+        env=MAINTENANCE_ENV,
     )
     async with stack, stack.submitter(give_up=RECOVERY_TIMEOUT) as submitter:
+        # Before the first job: every job the pruner deletes is still checked at the end.
+        await archive_pruned(stack.db)
         _say(f"stack up in {time.monotonic() - started:.1f}s; logs in {log_dir}")
         chaos = Chaos(stack, random.Random(seed), faults)
         async with LeaseWatch(stack.db) as leases:
@@ -278,6 +306,7 @@ SUMMARY_KEYS = (
     "fault_errors",
     "retried",
     "reaped",
+    "pruned",
     "most_attempts",
     "longest_overdue_lease_seconds",
     "settle_seconds",

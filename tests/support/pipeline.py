@@ -526,6 +526,86 @@ JOBS_WITH_EFFECTS = Query(
     GROUP BY j.id
     """,
 )
+
+# A run whose pruner deletes finished jobs (and, by cascade, their effects) keeps the
+# evidence: triggers copy every deleted job and effect into archive tables of the run's
+# own database, which the check reads beside the live ones. Harness-only: never part of
+# jobcore's schema.
+PRUNE_ARCHIVE = tuple(
+    Query(f"pipeline_prune_archive_{n}", "Archive what the pruner deletes, for the check.", sql)
+    for n, sql in enumerate(
+        (
+            """
+            CREATE TABLE IF NOT EXISTS pruned_jobs (
+                id uuid PRIMARY KEY, tenant text NOT NULL, status text NOT NULL,
+                attempts int NOT NULL, last_error text,
+                pruned_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS pruned_effects (
+                id bigint PRIMARY KEY, job_id uuid NOT NULL, attempt int NOT NULL,
+                kind text NOT NULL
+            )
+            """,
+            """
+            CREATE OR REPLACE FUNCTION pipeline_archive_job() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO pruned_jobs (id, tenant, status, attempts, last_error)
+                VALUES (OLD.id, OLD.tenant, OLD.status, OLD.attempts, OLD.last_error);
+                RETURN OLD;
+            END $$
+            """,
+            """
+            CREATE OR REPLACE FUNCTION pipeline_archive_effect() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO pruned_effects (id, job_id, attempt, kind)
+                VALUES (OLD.id, OLD.job_id, OLD.attempt, OLD.kind);
+                RETURN OLD;
+            END $$
+            """,
+            """
+            CREATE OR REPLACE TRIGGER pipeline_archive_job AFTER DELETE ON jobs
+                FOR EACH ROW EXECUTE FUNCTION pipeline_archive_job()
+            """,
+            """
+            CREATE OR REPLACE TRIGGER pipeline_archive_effect AFTER DELETE ON job_effects
+                FOR EACH ROW EXECUTE FUNCTION pipeline_archive_effect()
+            """,
+        )
+    )
+)
+HAS_PRUNE_ARCHIVE = Query(
+    "pipeline_has_prune_archive",
+    "Whether this database archives pruned jobs.",
+    "SELECT to_regclass('pruned_jobs') IS NOT NULL AS archived",
+)
+PRUNED_JOBS = Query(
+    "pipeline_pruned_jobs",
+    "How many of a tenant's jobs the pruner deleted.",
+    "SELECT count(*) AS n FROM pruned_jobs WHERE tenant = %(tenant)s",
+)
+ALL_JOBS_WITH_EFFECTS = Query(
+    "pipeline_all_jobs_with_effects",
+    "Like pipeline_jobs_with_effects, with the pruned jobs and effects counted too.",
+    """
+    WITH every_job AS (
+        SELECT id, status, attempts, last_error FROM jobs WHERE tenant = %(tenant)s
+        UNION ALL
+        SELECT id, status, attempts, last_error FROM pruned_jobs WHERE tenant = %(tenant)s
+    ), every_effect AS (
+        SELECT id, job_id FROM job_effects
+        UNION ALL
+        SELECT id, job_id FROM pruned_effects
+    )
+    SELECT j.id::text AS id, j.status, j.attempts, j.last_error,
+           count(e.id) AS effects
+    FROM every_job j LEFT JOIN every_effect e ON e.job_id = j.id
+    GROUP BY j.id, j.status, j.attempts, j.last_error
+    """,
+)
 OPEN_WORK = Query(
     "pipeline_open_work",
     "A tenant's jobs not finished yet, and outbox rows still to publish or quarantined.",
@@ -571,6 +651,7 @@ class Report:
     reaped: int  # jobs whose last error says a lease expired
     outbox_left: int
     quarantined: int
+    pruned: int = 0  # finished jobs the pruner deleted during the run (archived for this check)
 
     @property
     def ok(self) -> bool:
@@ -599,6 +680,7 @@ class Report:
             "reaped": self.reaped,
             "outbox_left": self.outbox_left,
             "quarantined": self.quarantined,
+            "pruned": self.pruned,
         }
 
 
@@ -609,7 +691,9 @@ async def _fetch_all(db: Database, query: Query, params: dict[str, Any]) -> list
 
 async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
     """The invariants, read from the database (the truth)."""
-    rows = await _fetch_all(db, JOBS_WITH_EFFECTS, {"tenant": tenant})
+    [archive] = await _fetch_all(db, HAS_PRUNE_ARCHIVE, {})
+    query = ALL_JOBS_WITH_EFFECTS if archive["archived"] else JOBS_WITH_EFFECTS
+    rows = await _fetch_all(db, query, {"tenant": tenant})
     [work] = await _fetch_all(db, OPEN_WORK, {"tenant": tenant})
     by_id = {row["id"]: row for row in rows}
     missing = [job_id for job_id in accepted if job_id not in by_id]
@@ -631,7 +715,22 @@ async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
         reaped=sum(1 for row in rows if row["last_error"] == "lease expired"),
         outbox_left=int(work["outbox"]),
         quarantined=int(work["quarantined"]),
+        pruned=await _pruned_jobs(db, tenant) if archive["archived"] else 0,
     )
+
+
+async def _pruned_jobs(db: Database, tenant: str) -> int:
+    [row] = await _fetch_all(db, PRUNED_JOBS, {"tenant": tenant})
+    return int(row["n"])
+
+
+async def archive_pruned(db: Database) -> None:
+    """From now on keep a copy of every job and effect the pruner deletes (see
+    :data:`PRUNE_ARCHIVE`), so :func:`check` still sees them."""
+    async with db.unit_of_work() as uow:
+        for statement in PRUNE_ARCHIVE:
+            await uow.execute(statement)
+        await uow.commit()
 
 
 async def status_counts(db: Database, tenant: str) -> dict[str, int]:

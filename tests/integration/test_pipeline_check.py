@@ -1,0 +1,66 @@
+"""The fault harness's final check still sees jobs and effects that a pruner deleted.
+
+The chaos soak runs the pruner during faults; without the archive, a pruned job would
+count as lost and its duplicated effect would vanish with it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.sql import Query
+from tests.integration.worker.support import submit
+from tests.support.jobtypes import EffectPayload
+from tests.support.pipeline import archive_pruned, check
+
+FINISH_WITH_EFFECTS = Query(
+    "test_finish_with_effects",
+    "Mark a job succeeded and record `n` effects for it.",
+    """
+    WITH done AS (
+        UPDATE jobs SET status = 'succeeded', attempts = 1, finished_at = now()
+        WHERE id = %(id)s RETURNING id
+    )
+    INSERT INTO job_effects (job_id, attempt, kind)
+    SELECT done.id, 1, 'effect' FROM done, generate_series(1, %(n)s)
+    """,
+)
+DELETE_JOB = Query(
+    "test_delete_job", "Delete a job as the pruner would.", "DELETE FROM jobs WHERE id = %(id)s"
+)
+
+
+async def _finished_job(db: Database, topology: Topology, effects: int) -> uuid.UUID:
+    job_id = await submit(db, topology, "effect", EffectPayload())
+    async with db.unit_of_work() as uow:
+        await uow.execute(FINISH_WITH_EFFECTS, {"id": job_id, "n": effects})
+        await uow.execute(DELETE_JOB, {"id": job_id})
+        await uow.commit()
+    return job_id
+
+
+async def test_pruned_jobs_and_effects_still_count(db: Database, topology: Topology) -> None:
+    await archive_pruned(db)
+    await archive_pruned(db)  # idempotent: a restarted harness installs it again
+    once = await _finished_job(db, topology, effects=1)
+    twice = await _finished_job(db, topology, effects=2)
+
+    report = await check(db, "t", [str(once), str(twice)])
+
+    assert report.accepted == 2
+    assert report.jobs == 2
+    assert report.lost == 0
+    assert report.statuses == {"succeeded": 2}
+    assert report.missing_effects == 0
+    assert report.duplicate_effects == 1  # the doubled effect is still caught
+    assert report.pruned == 2
+
+
+async def test_without_the_archive_a_pruned_job_is_lost(db: Database, topology: Topology) -> None:
+    job_id = await _finished_job(db, topology, effects=1)
+
+    report = await check(db, "t", [str(job_id)])
+
+    assert report.lost == 1
