@@ -104,7 +104,7 @@ def list_failing(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    rows = run(_one(q.LIST_FAILING, {"limit": limit}))
+    rows = run(_one(q.OUTBOX_LIST_FAILING, {"limit": limit}))
     emit(
         rows,
         as_json=as_json,

@@ -25,6 +25,7 @@ from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.publisher import (
     BatchResult,
     ConfirmedPublisher,
+    Failure,
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
@@ -194,6 +195,7 @@ class Relay(Service):
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult
     ) -> list[dict[str, Any]]:
         ids, errors, delays, quarantine = [], [], [], []
+        first_failures: list[tuple[str, Failure, str]] = []
         for index, failure, error in result.failed:
             row = rows[index]
             attempts = row["attempts"] + 1
@@ -210,12 +212,21 @@ class Relay(Service):
                 failure.quarantines(attempts, self.settings.relay_max_publish_attempts)
             )
             self.metrics.failed.labels(reason=failure.value).inc()
-            if row["attempts"] == 0 and not quarantine[-1]:
-                # Once per row: its later retries are visible in the row itself.
-                log.warning(
-                    "the broker did not take an outbox message; retrying until it does",
-                    extra={"message_id": row["message_id"], "reason": failure, "error": error},
-                )
+            if attempts == 1 and not quarantine[-1]:
+                first_failures.append((row["message_id"], failure, error))
+        if first_failures:
+            # Once per row, one line per batch (a deleted queue returns thousands): later
+            # retries are visible in the rows themselves (`jobcore outbox list-failing`).
+            message_id, failure, error = first_failures[0]
+            log.warning(
+                "the broker did not take outbox messages; retrying them until it does",
+                extra={
+                    "messages": len(first_failures),
+                    "message_id": message_id,
+                    "reason": failure,
+                    "error": error,
+                },
+            )
         updated = await uow.fetch_all(
             q.RECORD_FAILURES,
             {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine},

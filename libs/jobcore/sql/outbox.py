@@ -124,8 +124,8 @@ STATUS = Query(
 
 # The rows the broker keeps refusing (still retried): what an operator looks at when
 # `failing` is not zero. No index: the outbox is small, and this is an operator's verb.
-LIST_FAILING = Query(
-    "list_failing_outbox",
+OUTBOX_LIST_FAILING = Query(
+    "outbox_list_failing",
     "The rows whose publish failed and that are still retried, longest failing first.",
     """
     SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
