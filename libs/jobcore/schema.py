@@ -124,8 +124,11 @@ outbox = Table(
     _timestamp("available_at", nullable=False, default_now=True),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text),
-    # A row that kept failing to publish stops being retried; an operator requeues or
-    # discards it (`jobcore outbox ...`).
+    # When the broker first refused this row's message (NULL: never): how long a row has
+    # kept failing, for operators (`jobcore outbox status`) and their alerts.
+    _timestamp("failing_since"),
+    # A row whose message can never be published stops being retried; an operator
+    # requeues or discards it (`jobcore outbox ...`).
     _timestamp("quarantined_at"),
     _timestamp("created_at", nullable=False, default_now=True),
     Index(

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     # Relay.
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # Only for a publish that fails in a way nothing classifies (an error the AMQP client
+    # raises for one message: neither the broker's refusal nor a broken connection): a
+    # row failing so this many times is quarantined. A nack, a return or a missing
+    # exchange is retried until the broker takes it; a malformed or too large message is
+    # quarantined at once (jobcore.amqp.publisher.Failure).
     relay_max_publish_attempts: int = Field(default=10, ge=1, le=1000)
     relay_health_port: int = Field(default=8001, ge=0, le=65535)
 

@@ -22,7 +22,7 @@ JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.
 
 outbox_app = typer.Typer(
     name="outbox",
-    help="Inspect the outbox; requeue or discard quarantined messages.",
+    help="Inspect the outbox (failing and quarantined rows); requeue or discard quarantined ones.",
     no_args_is_help=True,
 )
 
@@ -92,9 +92,24 @@ def _row_key(ident: str) -> dict[str, Any]:
 
 @outbox_app.command("status")
 def status(as_json: bool = JSON_OPTION) -> None:
-    """Rows due, scheduled and quarantined, and how long the oldest due row has waited."""
+    """Rows due, scheduled, failing and quarantined; how long the oldest due row has waited
+    and the longest-failing row has been refused."""
     rows = run(_one(q.STATUS))
     emit(rows[0], as_json=as_json)
+
+
+@outbox_app.command("list-failing")
+def list_failing(
+    as_json: bool = JSON_OPTION,
+    limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
+) -> None:
+    """Rows the broker refused and that the relays keep retrying, longest failing first."""
+    rows = run(_one(q.OUTBOX_LIST_FAILING, {"limit": limit}))
+    emit(
+        rows,
+        as_json=as_json,
+        columns=["id", "message_id", "routing_key", "attempts", "failing_since", "last_error"],
+    )
 
 
 @outbox_app.command("list-quarantined")
@@ -102,7 +117,7 @@ def list_quarantined(
     as_json: bool = JSON_OPTION,
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
-    """Rows that stopped being retried after too many failed publishes."""
+    """Rows that are no longer retried: their message can never be published as it is."""
     rows = run(_one(q.LIST_QUARANTINED, {"limit": limit}))
     emit(
         rows,

@@ -21,13 +21,22 @@ class RelayMetrics:
         )
         self.failed = Counter(
             "jobcore_relay_publish_failures",
-            "Messages the broker refused (nacked, returned, missing exchange); retried later.",
+            "Messages not published, by reason: refused by the broker (nacked, returned, "
+            "no_exchange: retried until taken), never publishable (malformed, too_large: "
+            "quarantined), unexpected (retried up to the max publish attempts).",
             ["reason"],
             registry=r,
         )
         self.quarantined = Counter(
             "jobcore_relay_quarantined",
-            "Outbox rows quarantined after too many failed publishes.",
+            "Outbox rows quarantined: their message can never be published as it is.",
+            registry=r,
+        )
+        self.topology_declares = Counter(
+            "jobcore_relay_topology_declares",
+            "Topology declared again after a return for a route this relay declares "
+            "(result: declared, failed); throttled to one per redeclare interval.",
+            ["result"],
             registry=r,
         )
         self.unconfirmed = Counter(
@@ -66,6 +75,16 @@ class RelayMetrics:
         self.backlog_quarantined = Gauge(
             "jobcore_relay_outbox_quarantined", "Quarantined outbox rows.", registry=r
         )
+        self.backlog_failing = Gauge(
+            "jobcore_relay_outbox_failing",
+            "Outbox rows the broker refused at least once and that are still retried.",
+            registry=r,
+        )
+        self.longest_failing = Gauge(
+            "jobcore_relay_outbox_longest_failing_seconds",
+            "How long the longest-failing outbox row has been refused (since its first refusal).",
+            registry=r,
+        )
         self.oldest_due_age = Gauge(
             "jobcore_relay_outbox_oldest_due_age_seconds",
             "How long the oldest due outbox row has been waiting.",
@@ -75,6 +94,8 @@ class RelayMetrics:
     def observe_backlog(self, backlog: dict[str, Any]) -> None:
         self.backlog_due.set(backlog["due"])
         self.backlog_quarantined.set(backlog["quarantined"])
+        self.backlog_failing.set(backlog["failing"])
+        self.longest_failing.set(backlog["longest_failing_seconds"])
         self.oldest_due_age.set(backlog["oldest_due_age_seconds"])
 
     def render(self) -> str:

@@ -4,6 +4,12 @@ A batch lives in one transaction: ``FOR UPDATE SKIP LOCKED`` claims it (so repli
 publish the same row at once), the messages go out with many confirms in flight, and only
 the confirmed rows are deleted before the commit. A crash anywhere before the commit rolls
 the claim back and the rows are published again: at least once, never lost.
+
+A message the broker refuses (nacked, returned for want of a queue, its exchange missing)
+is the broker's state, not the message: its row is retried with capped backoff until the
+broker takes it, however long that is, and a return for a route this relay declares makes
+it declare its topology again (throttled). Only a message that can never be published
+(malformed, too large) is quarantined, and then at once.
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.publisher import (
     BatchResult,
     ConfirmedPublisher,
+    Failure,
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
 from jobcore.db import Database, UnitOfWork
-from jobcore.errors import DatabaseUnavailable
+from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.registry import load_job_modules
@@ -44,6 +52,13 @@ LISTEN_PING_SECONDS = 30.0
 PROBE_TIMEOUT = 2.0
 DATABASE_RETRY_BASE = 0.2
 DATABASE_RETRY_CAP = 5.0
+# What declaring the topology again can raise: the broker holds it with other arguments,
+# or the connection is gone (the publish path notices and reconnects).
+REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigurationError,
+    BrokerUnavailable,
+    *BROKER_ERRORS,
+)
 
 
 class Relay(Service):
@@ -71,6 +86,8 @@ class Relay(Service):
         self.idle = False
         self._database_down = False
         self._backlog: tuple[float, dict[str, Any]] | None = None
+        # Monotonic time before which the topology is not declared again (throttle).
+        self._next_declare_at = 0.0
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -162,40 +179,92 @@ class Relay(Service):
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)
+        recovered = sum(1 for i in result.confirmed if rows[i]["attempts"])
+        if recovered:
+            log.info(
+                "outbox messages the broker had refused were published",
+                extra={"messages": recovered},
+            )
+        # After the commit: the claimed rows are not held while the broker declares.
+        missing = self._missing_route(messages, result)
+        if missing is not None:
+            await self._redeclare_topology(missing)
         return len(rows)
 
     async def _record_failures(
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult
     ) -> list[dict[str, Any]]:
-        ids, errors, delays = [], [], []
-        for index, reason, error in result.failed:
+        ids, errors, delays, quarantine = [], [], [], []
+        first_failures: list[tuple[str, Failure, str]] = []
+        for index, failure, error in result.failed:
             row = rows[index]
+            attempts = row["attempts"] + 1
             ids.append(row["id"])
-            errors.append(f"{reason}: {error}")
+            errors.append(f"{failure}: {error}")
             delays.append(
                 backoff_delay(
-                    row["attempts"] + 1,
+                    attempts,
                     base=self.options.retry_base_delay,
                     cap=self.options.retry_max_delay,
                 )
             )
-            self.metrics.failed.labels(reason=reason.value).inc()
-            if row["attempts"] == 0:
-                # Once per row: its later retries are visible in the row itself.
-                log.warning(
-                    "broker refused an outbox message; it will be retried",
-                    extra={"message_id": row["message_id"], "reason": reason, "error": error},
-                )
+            quarantine.append(
+                failure.quarantines(attempts, self.settings.relay_max_publish_attempts)
+            )
+            self.metrics.failed.labels(reason=failure.value).inc()
+            if attempts == 1 and not quarantine[-1]:
+                first_failures.append((row["message_id"], failure, error))
+        if first_failures:
+            # Once per row, one line per batch (a deleted queue returns thousands): later
+            # retries are visible in the rows themselves (`jobcore outbox list-failing`).
+            message_id, failure, error = first_failures[0]
+            log.warning(
+                "the broker did not take outbox messages; retrying them until it does",
+                extra={
+                    "messages": len(first_failures),
+                    "message_id": message_id,
+                    "reason": failure,
+                    "error": error,
+                },
+            )
         updated = await uow.fetch_all(
             q.RECORD_FAILURES,
-            {
-                "ids": ids,
-                "errors": errors,
-                "delays": delays,
-                "max_attempts": self.settings.relay_max_publish_attempts,
-            },
+            {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine},
         )
         return [dict(row) for row in updated if row["quarantined"]]
+
+    def _missing_route(self, messages: list[OutgoingMessage], result: BatchResult) -> str | None:
+        """The first failure that declaring this relay's topology would cure, if any."""
+        for index, failure, error in result.failed:
+            message = messages[index]
+            if failure.is_missing_route and self.publisher.declares_route(
+                message.exchange, message.routing_key
+            ):
+                return error
+        return None
+
+    async def _redeclare_topology(self, reason: str) -> None:
+        """Declare the exchanges, queues and bindings again: at most once per interval,
+        however many messages come back. A failure is logged; the rows retry anyway."""
+        now = time.monotonic()
+        if now < self._next_declare_at:
+            return
+        self._next_declare_at = now + self.options.redeclare_interval
+        try:
+            await self.publisher.redeclare()
+        except REDECLARE_ERRORS as exc:
+            self.metrics.topology_declares.labels(result="failed").inc()
+            log.warning(
+                "declaring the topology again failed; the refused messages are retried anyway",
+                extra={"error": f"{type(exc).__name__}: {exc}", "after": reason},
+            )
+            return
+        self.metrics.topology_declares.labels(result="declared").inc()
+        log.warning(
+            "the broker returned a message for a route this relay declares; "
+            "declared the topology again",
+            extra={"after": reason},
+        )
 
     def _account(
         self, claimed: int, result: BatchResult, gone: int, quarantined: list[dict[str, Any]]
@@ -214,12 +283,13 @@ class Relay(Service):
         for row in quarantined:
             self.metrics.quarantined.inc()
             log.error(
-                "outbox message quarantined after too many failed publishes",
+                "outbox message quarantined: it can never be published as it is",
                 extra={
                     "outbox_id": row["id"],
                     "message_id": str(row["message_id"]),
                     "job_id": str(row["job_id"]) if row["job_id"] else None,
                     "attempts": row["attempts"],
+                    "error": row["last_error"],
                 },
             )
         self.totals["published"] += published
@@ -348,6 +418,7 @@ def build_publisher(
     return ConfirmedPublisher(
         settings,
         queues=queues,
+        max_message_size=options.max_message_bytes,
         publish_timeout=options.publish_timeout,
         connect_timeout=options.connect_timeout,
         reconnect_base=options.reconnect_base_delay,

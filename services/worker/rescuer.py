@@ -1,10 +1,13 @@
 """The rescuer: a pending job that can never run fails, with a reason, one rescuer at a time.
 
 A job waits in ``pending`` for its message. When the relay quarantined that message (it
-kept failing to publish), no worker will ever receive it: the rescuer fails the job with
-``outbox row quarantined: <the relay's last error>``, and its completion webhook and
-long-poll waiters fire like for any terminal status. Every worker runs a rescuer; only
-the holder of the ``rescuer`` maintenance lease works (:mod:`services.worker.maintenance`).
+can never be published as it is: malformed, or too large for the broker), no worker will
+ever receive it: the rescuer fails the job with ``outbox row quarantined: <the relay's
+last error>``, and its completion webhook and long-poll waiters fire like for any terminal
+status. A message the broker only refused for now (a nack, a missing queue or exchange)
+is never quarantined: the relay retries it until the broker takes it, and its job waits.
+Every worker runs a rescuer; only the holder of the ``rescuer`` maintenance lease works
+(:mod:`services.worker.maintenance`).
 
 Recovery is ``jobcore jobs retry <job>`` (a new job, same payload); ``jobcore outbox
 requeue`` refuses a quarantined row whose job has ended, since publishing it would do

@@ -82,6 +82,7 @@ def test_the_dashboard_covers_what_an_sre_needs() -> None:
         "jobcore_relay_outbox_due",
         "jobcore_relay_outbox_oldest_due_age_seconds",
         "jobcore_relay_outbox_quarantined",
+        "jobcore_relay_outbox_failing",
         "jobcore_queue_messages",
         "jobcore_relay_published_total",
         "jobcore_relay_batch_confirm_seconds_bucket",

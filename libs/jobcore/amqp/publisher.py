@@ -6,9 +6,15 @@ channel is opened with confirms on and returns raising, so a ``mandatory`` messa
 queue takes fails instead of being confirmed silently.
 
 Each message of a batch ends in exactly one of three states: confirmed (the broker has
-it), failed (the broker refused *this* message: nacked, returned, its exchange does not
-exist, or it cannot be encoded), or unconfirmed (the connection broke or timed out first:
-nothing is known, the message is not to blame, and the caller publishes it again later).
+it), failed (*this* message was not taken, for a :class:`Failure` that says whether it is
+worth retrying), or unconfirmed (the connection broke or timed out first: nothing is
+known, the message is not to blame, and the caller publishes it again later).
+
+A message that can never be published is found before it is sent, so it fails alone:
+sent, it would cost the whole batch its channel or connection, batch after batch. The
+broker closes the connection on a frame over ``frame_max`` (501 FRAME_ERROR) and the
+channel on a body over its ``max_message_size`` (406 PRECONDITION_FAILED); pamqp refuses
+what AMQP cannot encode.
 
 The batch goes out through aiormq's channel, one layer under aio-pika, in one socket
 write (see ``_publish_batched``); where aiormq's internals are not the expected ones the
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +42,7 @@ from pamqp.frame import marshal as marshal_frame
 from pamqp.header import ContentHeader
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect, redact
-from jobcore.amqp.topology import Topology
+from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
 from jobcore.errors import BrokerUnavailable, ConfigurationError
 from jobcore.retry import backoff_delay
@@ -55,16 +62,66 @@ PERSISTENT = 2
 # Marshalled Basic.Publish frames are reused per (exchange, routing key); rows name a few.
 MAX_CACHED_ROUTES = 1024
 ENVELOPE_HEADER = "x-envelope-version"
+# A frame's type, channel, size and end octets around its payload: a content header frame
+# may be at most the negotiated frame_max long, these included.
+FRAME_OVERHEAD = len(marshal_frame(ContentBody(b""), 0))
+# RabbitMQ's `max_message_size` default (128 MiB since 3.8); its hard ceiling is 512 MiB.
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+# How RabbitMQ (3.8 to 3.13) closes a channel that published a body over its limit.
+_MESSAGE_SIZE_REFUSED = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 
 
 class Failure(enum.StrEnum):
-    """Why the broker refused one message."""
+    """Why one message was not published, which decides what becomes of its row."""
 
+    # Transient: the broker's state is to blame, not the message (a queue or binding missing
+    # during a deploy, an exchange not declared yet, a quorum queue without a leader). The
+    # row is retried, with capped backoff, until the broker takes it.
     NACKED = "nacked"
     RETURNED = "returned"
     NO_EXCHANGE = "no_exchange"
-    # The message cannot be put on the wire (a header AMQP cannot encode, a name too long).
-    UNPUBLISHABLE = "unpublishable"
+    # Permanent: the message can never be published; its row is quarantined at once.
+    # Not encodable as AMQP: headers that are not a table of AMQP values, a name (exchange,
+    # routing key, type) over 255 bytes.
+    MALFORMED = "malformed"
+    # Properties over one frame (the broker's frame_max), or a body over its max_message_size.
+    TOO_LARGE = "too_large"
+    # Ambiguous: the client library refused this one message for a reason not classified
+    # above (only aiormq's per-message path can raise one). Retried up to a limit.
+    UNEXPECTED = "unexpected"
+
+    def quarantines(self, attempts: int, max_attempts: int) -> bool:
+        """Whether a row that has now failed ``attempts`` times, this way, is quarantined."""
+        if self in _TRANSIENT:
+            return False
+        if self in _PERMANENT:
+            return True
+        return attempts >= max_attempts
+
+    @property
+    def is_missing_route(self) -> bool:
+        """Declaring the topology may cure it (a queue, binding or exchange was deleted)."""
+        return self in (Failure.RETURNED, Failure.NO_EXCHANGE)
+
+
+_TRANSIENT = frozenset({Failure.NACKED, Failure.RETURNED, Failure.NO_EXCHANGE})
+_PERMANENT = frozenset({Failure.MALFORMED, Failure.TOO_LARGE})
+
+
+class _Unpublishable(Exception):
+    """A message that can never be put on the wire as it is."""
+
+    def __init__(self, failure: Failure, reason: str) -> None:
+        super().__init__(reason)
+        self.failure = failure
+
+
+def refused_size_limit(error: BaseException) -> int | None:
+    """The broker's max_message_size, when ``error`` is its refusal of a body over it."""
+    if not isinstance(error, aiormq.exceptions.ChannelPreconditionFailed):
+        return None
+    match = _MESSAGE_SIZE_REFUSED.search(str(error))
+    return int(match.group(2)) if match else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +209,19 @@ class ConfirmedPublisher:
         reconnect_cap: float = 30.0,
         on_reconnect: Callable[[], None] | None = None,
         batched_writes: bool = True,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.settings = settings
         self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
         self.queues = frozenset(queues)
+        # The routes that declaring this topology creates: a return for one of them means a
+        # queue or binding was deleted under us, and declaring again cures it.
+        self._routes = frozenset(
+            (self.topology.jobs_exchange, self.topology.routing_key(q))
+            for q in self.queues | {WEBHOOKS_QUEUE}
+        )
+        # Bodies over this are never sent; lowered to the broker's own limit when it says so.
+        self.max_message_size = max_message_size
         self.publish_timeout = publish_timeout
         self.connect_timeout = connect_timeout
         self.reconnect_base = reconnect_base
@@ -273,6 +339,21 @@ class ConfirmedPublisher:
         self._mark_down(reason)
         await self._discard_connection()
 
+    def declares_route(self, exchange: str, routing_key: str) -> bool:
+        """Whether declaring this publisher's topology creates the route."""
+        return (exchange, routing_key) in self._routes
+
+    async def redeclare(self) -> None:
+        """Declare the topology again on the open connection (idempotent), for a queue,
+        binding or exchange deleted while connected. Raises ConfigurationError when the
+        broker holds it with other arguments, BrokerUnavailable or a broker error else."""
+        connection = self.connection
+        if connection is None:
+            raise BrokerUnavailable("not connected to the broker")
+        await asyncio.wait_for(
+            _declare(connection, self.topology, self.queues), timeout=self.publish_timeout
+        )
+
     async def _missing_exchanges(self, names: set[str]) -> set[str]:
         unknown = names - self._exchanges
         missing: set[str] = set()
@@ -299,17 +380,26 @@ class ConfirmedPublisher:
             result.unconfirmed = list(range(len(messages)))
             result.broker_error = "not connected"
             return result
+        # Encoded first: what can never be published fails alone, before anything is sent
+        # or any exchange is probed under a name AMQP cannot carry.
+        frames: dict[int, bytes] = {}
+        for index, message in enumerate(messages):
+            try:
+                frames[index] = self._encode(message, raw)
+            except _Unpublishable as exc:
+                result.failed.append((index, exc.failure, str(exc)))
         try:
-            missing = await self._missing_exchanges({m.exchange for m in messages})
+            missing = await self._missing_exchanges({messages[i].exchange for i in frames})
         except CONNECTION_ERRORS as exc:
-            result.unconfirmed = list(range(len(messages)))
+            result.unconfirmed.extend(frames)
             result.broker_error = f"{type(exc).__name__}: {exc}"
             await self._disconnect(result.broker_error)
             return result
         sendable: list[int] = []
-        for index, message in enumerate(messages):
-            if message.exchange in missing:
-                reason = f"no exchange {message.exchange!r} on the broker"
+        for index in frames:
+            exchange = messages[index].exchange
+            if exchange in missing:
+                reason = f"no exchange {exchange!r} on the broker"
                 result.failed.append((index, Failure.NO_EXCHANGE, reason))
             else:
                 sendable.append(index)
@@ -317,16 +407,16 @@ class ConfirmedPublisher:
         started = time.monotonic()
         try:
             if self._batched_writes:
-                outcomes = await self._publish_batched(raw, messages, sendable, result)
+                outcomes = await self._publish_batched(raw, messages, sendable, frames)
             else:
-                outcomes = await self._publish_each(raw, messages, sendable, result)
+                outcomes = await self._publish_each(raw, messages, sendable)
         except CONNECTION_ERRORS as exc:
             result.unconfirmed.extend(sendable)
             result.broker_error = f"{type(exc).__name__}: {exc}"
             await self._disconnect(result.broker_error)
             return result
         result.confirm_seconds = time.monotonic() - started
-        self._settle(outcomes, result)
+        self._settle(outcomes, messages, result)
         if result.broker_error is not None:
             await self._disconnect(result.broker_error)
         return result
@@ -336,7 +426,7 @@ class ConfirmedPublisher:
         raw: aiormq.Channel,
         messages: Sequence[OutgoingMessage],
         sendable: list[int],
-        result: BatchResult,
+        frames: Mapping[int, bytes],
     ) -> list[tuple[int, Outcome]]:
         """Write the whole batch with one socket write and wait for its confirms together.
 
@@ -348,13 +438,7 @@ class ConfirmedPublisher:
         little more than encoding it. A closed channel rejects aiormq's own futures, so
         one of those (``closed``) ends the wait when the channel goes.
         """
-        encoded: list[tuple[int, str, bytes]] = []
-        for index in sendable:
-            message = messages[index]
-            try:
-                encoded.append((index, message.message_id, self._encode(message, raw)))
-            except Exception as exc:  # whatever the encoder rejects is this message's fault
-                result.failed.append((index, Failure.UNPUBLISHABLE, f"cannot encode: {exc}"))
+        encoded = [(index, messages[index].message_id, frames[index]) for index in sendable]
         if not encoded:
             return []
         batch = _BatchConfirms(len(encoded))
@@ -405,58 +489,69 @@ class ConfirmedPublisher:
                 del ids[message_id]
 
     def _encode(self, message: OutgoingMessage, raw: aiormq.Channel) -> bytes:
-        route = (message.exchange, message.routing_key)
-        method = self._method_frames.get(route)
-        if method is None:
-            if len(self._method_frames) > MAX_CACHED_ROUTES:
-                self._method_frames.clear()
-            method = marshal_frame(
-                Basic.Publish(exchange=route[0], routing_key=route[1], mandatory=True), raw.number
-            )
-            self._method_frames[route] = method
+        """The message's frames; _Unpublishable if they could never be sent as they are."""
         body = message.body
-        properties = Basic.Properties(
-            content_type=CONTENT_TYPE,
-            delivery_mode=PERSISTENT,
-            message_id=message.message_id,
-            message_type=message.message_type,
-            headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
-        )
-        parts = [
-            method,
-            marshal_frame(ContentHeader(properties=properties, body_size=len(body)), raw.number),
-        ]
+        if self._too_large(message):
+            raise _Unpublishable(Failure.TOO_LARGE, self._too_large_reason(message))
+        try:
+            method = self._method_frame(message.exchange, message.routing_key, raw)
+            properties = Basic.Properties(
+                content_type=CONTENT_TYPE,
+                delivery_mode=PERSISTENT,
+                message_id=message.message_id,
+                message_type=message.message_type,
+                headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
+            )
+            header = marshal_frame(
+                ContentHeader(properties=properties, body_size=len(body)), raw.number
+            )
+        except Exception as exc:  # the encoding is pure: whatever it rejects is the message's
+            raise _Unpublishable(Failure.MALFORMED, f"cannot encode: {exc}") from exc
+        frame_max = raw.max_content_size + FRAME_OVERHEAD
+        if len(header) > frame_max:
+            raise _Unpublishable(
+                Failure.TOO_LARGE,
+                f"its properties take a {len(header)}-byte frame, over the broker's "
+                f"frame_max of {frame_max}",
+            )
         step = raw.max_content_size
+        parts = [method, header]
         parts.extend(
             marshal_frame(ContentBody(body[i : i + step]), raw.number)
             for i in range(0, len(body), step)
         )
         return b"".join(parts)
 
+    def _method_frame(self, exchange: str, routing_key: str, raw: aiormq.Channel) -> bytes:
+        route = (exchange, routing_key)
+        method = self._method_frames.get(route)
+        if method is None:
+            if len(self._method_frames) > MAX_CACHED_ROUTES:
+                self._method_frames.clear()
+            method = marshal_frame(
+                Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True),
+                raw.number,
+            )
+            self._method_frames[route] = method
+        return method
+
     async def _publish_each(
-        self,
-        raw: aiormq.Channel,
-        messages: Sequence[OutgoingMessage],
-        sendable: list[int],
-        result: BatchResult,
+        self, raw: aiormq.Channel, messages: Sequence[OutgoingMessage], sendable: list[int]
     ) -> list[tuple[int, Outcome]]:
         """aiormq's public publish, one task per message: the path when its internals are
-        not the ones :meth:`_publish_batched` was written against."""
+        not the ones :meth:`_publish_batched` was written against. The messages were
+        encoded once already, so what can never be published does not get here."""
         create_task = asyncio.get_running_loop().create_task
         pending: list[tuple[int, asyncio.Task[Any]]] = []
         for index in sendable:
             message = messages[index]
-            try:
-                properties = Basic.Properties(
-                    content_type=CONTENT_TYPE,
-                    delivery_mode=PERSISTENT,
-                    message_id=message.message_id,
-                    message_type=message.message_type,
-                    headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
-                )
-            except (TypeError, ValueError) as exc:
-                result.failed.append((index, Failure.UNPUBLISHABLE, f"bad properties: {exc}"))
-                continue
+            properties = Basic.Properties(
+                content_type=CONTENT_TYPE,
+                delivery_mode=PERSISTENT,
+                message_id=message.message_id,
+                message_type=message.message_type,
+                headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
+            )
             publish = raw.basic_publish(
                 message.body,
                 exchange=message.exchange,
@@ -478,7 +573,12 @@ class ConfirmedPublisher:
             (index, NO_CONFIRM if task.cancelled() else task.exception()) for index, task in pending
         ]
 
-    def _settle(self, outcomes: list[tuple[int, Outcome]], result: BatchResult) -> None:
+    def _settle(
+        self,
+        outcomes: list[tuple[int, Outcome]],
+        messages: Sequence[OutgoingMessage],
+        result: BatchResult,
+    ) -> None:
         for index, outcome in outcomes:
             if outcome is None:
                 result.confirmed.append(index)
@@ -495,9 +595,37 @@ class ConfirmedPublisher:
                 # Batched writes encode before sending: any later error is the connection's.
                 result.unconfirmed.append(index)
                 result.broker_error = result.broker_error or f"{type(outcome).__name__}: {outcome}"
+                if isinstance(outcome, BaseException):
+                    self._learn_size_limit(outcome)
             else:
                 reason = f"cannot publish: {type(outcome).__name__}: {outcome}"
-                result.failed.append((index, Failure.UNPUBLISHABLE, reason))
+                result.failed.append((index, Failure.UNEXPECTED, reason))
+        # After the broker refused a body over its limit (and told us the limit): that
+        # message, and any other over it, fail now; sent again, they would close the
+        # channel again, batch after batch.
+        for index in [i for i in result.unconfirmed if self._too_large(messages[i])]:
+            result.unconfirmed.remove(index)
+            reason = self._too_large_reason(messages[index])
+            result.failed.append((index, Failure.TOO_LARGE, reason))
+
+    def _too_large(self, message: OutgoingMessage) -> bool:
+        return len(message.body) > self.max_message_size
+
+    def _too_large_reason(self, message: OutgoingMessage) -> str:
+        return (
+            f"its body of {len(message.body)} bytes is over the broker's max_message_size "
+            f"of {self.max_message_size}"
+        )
+
+    def _learn_size_limit(self, error: BaseException) -> None:
+        limit = refused_size_limit(error)
+        if limit is not None and limit < self.max_message_size:
+            log.warning(
+                "the broker refuses messages over its max_message_size, lower than "
+                "configured here; using its limit",
+                extra={"broker_limit": limit, "configured": self.max_message_size},
+            )
+            self.max_message_size = limit
 
 
 class _NoConfirm:

@@ -45,21 +45,48 @@ DELETE_PUBLISHED = Query(
     """,
 )
 
-# `delays` are computed by the caller (exponential backoff with jitter on the new attempt
-# count); the row is quarantined when this failure reaches `max_attempts`.
+# Per row the caller decides (jobcore.amqp.publisher.Failure) its delay (exponential
+# backoff with jitter on the new attempt count) and whether it is quarantined: only a
+# message that can never be published is. A job whose message keeps being refused stays
+# pending, and its pollers read why in its last_error: written when the reason changes,
+# not on every retry; skipped if another transaction holds the job (a note, never a wait).
+# Worded to stay true once the message went out, like the worker's NOTE_UNDELIVERABLE.
 RECORD_FAILURES = Query(
     "record_outbox_failures",
-    "Count a failed publish on each row, push it back by its delay, quarantine the exhausted.",
+    "Count a failed publish on each row, push it back by its delay or quarantine it, and "
+    "tell a pending job why it waits.",
     """
-    UPDATE outbox AS o
-    SET attempts = o.attempts + 1,
-        last_error = f.error,
-        available_at = now() + make_interval(secs => f.delay),
-        quarantined_at = CASE WHEN o.attempts + 1 >= %(max_attempts)s THEN now() END
-    FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(delays)s::float8[])
-         AS f(id, error, delay)
-    WHERE o.id = f.id
-    RETURNING o.id, o.message_id, o.job_id, o.attempts, o.quarantined_at IS NOT NULL AS quarantined
+    WITH failed AS (
+        UPDATE outbox AS o
+        SET attempts = o.attempts + 1,
+            last_error = f.error,
+            available_at = now() + make_interval(secs => f.delay),
+            failing_since = coalesce(o.failing_since, now()),
+            quarantined_at = CASE WHEN f.quarantine THEN now() END
+        FROM unnest(
+            %(ids)s::bigint[], %(errors)s::text[], %(delays)s::float8[], %(quarantine)s::bool[]
+        ) AS f(id, error, delay, quarantine)
+        WHERE o.id = f.id
+        RETURNING o.id, o.message_id, o.job_id, o.message_type, o.attempts, o.last_error,
+                  o.quarantined_at IS NOT NULL AS quarantined
+    ), waiting AS (
+        SELECT jobs.id,
+               left(format('attempt %%s''s message could not be published (%%s); the '
+                           'relay retries it until the broker takes it',
+                           jobs.attempts + 1, failed.last_error), 2000) AS note
+        FROM jobs
+        JOIN failed ON failed.job_id = jobs.id AND failed.message_type = jobs.type
+        WHERE jobs.status = 'pending' AND NOT failed.quarantined
+        FOR UPDATE OF jobs SKIP LOCKED
+    ), noted AS (
+        UPDATE jobs SET last_error = waiting.note, updated_at = now()
+        FROM waiting
+        WHERE jobs.id = waiting.id AND jobs.last_error IS DISTINCT FROM waiting.note
+        RETURNING jobs.id
+    )
+    SELECT failed.id, failed.message_id, failed.job_id, failed.attempts, failed.last_error,
+           failed.quarantined
+    FROM failed
     """,
 )
 
@@ -77,15 +104,36 @@ SECONDS_UNTIL_NEXT_DUE = Query(
 
 STATUS = Query(
     "outbox_status",
-    "Backlog counts: due, scheduled and quarantined rows, and the age of the oldest due row.",
+    "Backlog counts: due, scheduled, failing and quarantined rows, the age of the oldest due "
+    "row, and how long the longest-failing row has been refused.",
     """
     SELECT count(*) FILTER (WHERE quarantined_at IS NULL AND available_at <= now()) AS due,
            count(*) FILTER (WHERE quarantined_at IS NULL AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE quarantined_at IS NULL AND failing_since IS NOT NULL)
+               AS failing,
            count(*) FILTER (WHERE quarantined_at IS NOT NULL) AS quarantined,
            coalesce(extract(epoch FROM now() - min(available_at)
                     FILTER (WHERE quarantined_at IS NULL AND available_at <= now())), 0)::float8
-               AS oldest_due_age_seconds
+               AS oldest_due_age_seconds,
+           coalesce(extract(epoch FROM now() - min(failing_since)
+                    FILTER (WHERE quarantined_at IS NULL)), 0)::float8
+               AS longest_failing_seconds
     FROM outbox
+    """,
+)
+
+# The rows the broker keeps refusing (still retried): what an operator looks at when
+# `failing` is not zero. No index: the outbox is small, and this is an operator's verb.
+OUTBOX_LIST_FAILING = Query(
+    "outbox_list_failing",
+    "The rows whose publish failed and that are still retried, longest failing first.",
+    """
+    SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
+           failing_since, available_at AS next_attempt_at, last_error
+    FROM outbox
+    WHERE quarantined_at IS NULL AND failing_since IS NOT NULL
+    ORDER BY failing_since, id
+    LIMIT %(limit)s
     """,
 )
 
@@ -128,7 +176,7 @@ REQUEUE = Query(
     """
     WITH requeued AS (
         UPDATE outbox
-        SET quarantined_at = NULL, attempts = 0, available_at = now()
+        SET quarantined_at = NULL, attempts = 0, failing_since = NULL, available_at = now()
         WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
           AND NOT EXISTS (
               SELECT 1 FROM jobs

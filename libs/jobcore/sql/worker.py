@@ -371,10 +371,11 @@ REAP = Query(
 
 # --- the rescuer ------------------------------------------------------------------------
 
-# A pending job waits for its message; once the relay quarantined that message (it kept
-# failing to publish), nothing would ever run the job, so it fails, with its completion
-# webhook and a wake-up for long-poll waiters like any terminal status. Only a job whose
-# every message is quarantined is stuck: another live one (after an operator's requeue,
+# A pending job waits for its message; once the relay quarantined that message (it can
+# never be published: malformed, too large; a refusal for now is retried, never
+# quarantined), nothing would ever run the job, so it fails, with its completion webhook
+# and a wake-up for long-poll waiters like any terminal status. Only a job whose every
+# message is quarantined is stuck: another live one (after an operator's requeue,
 # say) will still run it. The quarantined row stays for operators to see; requeueing it
 # is refused once its job has ended (jobcore.sql.outbox.REQUEUE).
 RESCUE_QUARANTINED = Query(

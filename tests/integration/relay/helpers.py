@@ -4,6 +4,7 @@ running relays in-process or as real processes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,8 +31,9 @@ FILL_SQL = """
 INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body,
                     available_at)
 SELECT gen_random_uuid(), %(exchange)s, %(routing_key)s, 'echo', %(headers)s::jsonb,
-       convert_to('{"v":1,"job_id":"' || gen_random_uuid() || '","attempt":1,"type":"echo"}',
-                  'UTF8'),
+       coalesce(%(body)s::bytea, convert_to(
+           '{"v":1,"job_id":"' || gen_random_uuid() || '","attempt":1,"type":"echo"}', 'UTF8'
+       )),
        now() + make_interval(secs => %(delay)s)
 FROM generate_series(1, %(n)s)
 RETURNING id, message_id::text AS message_id
@@ -62,6 +64,7 @@ async def fill_outbox(
     delay: float = 0.0,
     notify: bool = True,
     headers: dict[str, Any] | None = None,
+    body: bytes | None = None,
 ) -> list[dict[str, Any]]:
     """Insert ``n`` outbox rows in one statement; return their ids and message ids."""
     async with db.connection() as conn, conn.transaction():
@@ -70,8 +73,11 @@ async def fill_outbox(
             {
                 "exchange": topology.jobs_exchange if exchange is None else exchange,
                 "routing_key": routing_key,
-                "headers": orjson.dumps(headers or {"traceparent": TRACEPARENT}).decode(),
+                # The standard library's encoder: headers may hold numbers JSON allows and
+                # AMQP cannot carry (orjson refuses integers over 64 bits).
+                "headers": json.dumps(headers or {"traceparent": TRACEPARENT}),
                 "delay": delay,
+                "body": body,
                 "n": n,
             },
         )
@@ -209,3 +215,10 @@ async def running_relay(settings: Settings, db: Database, **options: Any) -> Asy
         yield relay
     finally:
         await relay.stop(settings.shutdown_grace)
+
+
+async def wait_idle(relay: Relay) -> None:
+    async def idle() -> bool:
+        return relay.publisher.connected and relay.running and relay.idle
+
+    await eventually(idle, what="the relay to be connected and idle")

@@ -18,6 +18,9 @@ from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
 from tests.integration.relay.helpers import TRACEPARENT, collect, wait_received
 
+# A limit under the broker's (128 MiB), so a "too large" body is small enough for a test.
+MAX_MESSAGE_SIZE = 64 * 1024
+
 
 def message(topology: Topology, routing_key: str = "testq", **fields: object) -> OutgoingMessage:
     values: dict[str, object] = {
@@ -41,6 +44,7 @@ async def publisher(
         queues=default_registry.queues(),
         publish_timeout=20,
         batched_writes=request.param,
+        max_message_size=MAX_MESSAGE_SIZE,
     )
     await publisher.connect()
     try:
@@ -77,24 +81,43 @@ async def test_each_refused_message_fails_alone_and_the_rest_are_confirmed(
     collector = await collect(amqp_channel, topology)
     batch = [
         message(topology),
+        # Refused for now: the broker's state is to blame.
         message(topology, routing_key="nowhere"),
         message(topology, exchange=f"{settings.amqp_prefix}.missing"),
+        # Never publishable: not encodable as AMQP.
         message(topology, headers={"too_big": 2**70}),
         message(topology, message_type="t" * 300),
+        message(topology, routing_key="r" * 300),
+        message(topology, exchange="e" * 300),
+        message(topology, headers=["not", "a", "table"]),
+        # Never publishable: too large. Sent, the first would make the broker close the
+        # connection (501 FRAME_ERROR: its header frame is over frame_max).
+        message(topology, headers={"big": "x" * 200_000}),
+        message(topology, body=b"x" * (MAX_MESSAGE_SIZE + 1)),
         message(topology),
     ]
     result = await publisher.publish_batch(batch)
-    assert sorted(result.confirmed) == [0, 5]
+    assert sorted(result.confirmed) == [0, 10]
     reasons = {index: reason for index, reason, _ in result.failed}
     assert reasons == {
         1: Failure.RETURNED,
         2: Failure.NO_EXCHANGE,
-        3: Failure.UNPUBLISHABLE,
-        4: Failure.UNPUBLISHABLE,
+        3: Failure.MALFORMED,
+        4: Failure.MALFORMED,
+        5: Failure.MALFORMED,
+        6: Failure.MALFORMED,
+        7: Failure.MALFORMED,
+        8: Failure.TOO_LARGE,
+        9: Failure.TOO_LARGE,
     }
+    errors = {index: error for index, _, error in result.failed}
+    assert "NO_ROUTE" in errors[1]
+    assert "over the broker's frame_max" in errors[8]
+    assert f"max_message_size of {MAX_MESSAGE_SIZE}" in errors[9]
     assert result.unconfirmed == []
+    assert result.broker_error is None
     assert publisher.connected, "a refused message must not cost the connection"
-    await wait_received(collector, {batch[0].message_id, batch[5].message_id})
+    await wait_received(collector, {batch[0].message_id, batch[10].message_id})
     # The channel still works for the next batch.
     again = await publisher.publish_batch([message(topology)])
     assert again.confirmed == [0]

@@ -1,10 +1,11 @@
 """The relay loop in this process: wire format, waking (NOTIFY, polling, scheduled rows),
-quarantine, and what it reports to operators."""
+rows the broker refuses, and what it reports to operators."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika
 import orjson
@@ -12,16 +13,15 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
-from services.relay.relay import Relay
 from tests.integration.relay.helpers import (
     TRACEPARENT,
     collect,
     fill_outbox,
-    outbox_count,
     outbox_message_ids,
     outbox_row,
     running_relay,
     wait_drained,
+    wait_idle,
     wait_received,
 )
 from tests.support.waiting import eventually
@@ -106,12 +106,15 @@ async def test_a_scheduled_row_is_published_when_due_not_at_the_next_poll(
     assert arrived >= stored["available_at"]
 
 
-async def test_an_unroutable_row_is_retried_then_quarantined_while_others_flow(
+async def test_an_unroutable_row_is_retried_past_max_attempts_while_others_flow(
     settings: Settings,
     db: Database,
     topology: Topology,
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
+    """A row no queue takes is the broker's state, not the message: it is retried past
+    JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS, never quarantined, and published once a queue is
+    bound; operators see it failing meanwhile. Rows behind it are not held up."""
     collector = await collect(amqp_channel, topology)
     config = settings.model_copy(
         update={"relay_max_publish_attempts": 3, "relay_poll_interval": 0.1}
@@ -121,34 +124,41 @@ async def test_an_unroutable_row_is_retried_then_quarantined_while_others_flow(
     async with running_relay(config, db) as relay:
         await wait_received(collector, {r["message_id"] for r in good})
 
-        async def quarantined() -> bool:
+        async def past_max_attempts() -> dict[str, Any] | None:
             row = await outbox_row(db, bad["id"])
-            return row is not None and row["quarantined_at"] is not None
+            return row if row is not None and row["attempts"] > 5 else None
 
-        await eventually(quarantined, timeout=15, what="the unroutable row to be quarantined")
+        row = await eventually(past_max_attempts, timeout=15, what="attempts past the maximum")
         more = await fill_outbox(db, topology, 50)
         await wait_received(collector, {r["message_id"] for r in more})
         text = await relay.metrics_text()
         ready, details = await relay.probe()
 
-    row = await outbox_row(db, bad["id"])
-    assert row is not None
-    assert row["attempts"] == 3
+        # The queue appears (as a deploy would declare it): the row goes out, untouched.
+        nowhere = await amqp_channel.declare_queue(f"{settings.amqp_prefix}.q.nowhere")
+        await nowhere.bind(topology.jobs_exchange, routing_key="nowhere")
+        await wait_drained(db, timeout=15)
+        message = await nowhere.get(timeout=5)
+        await nowhere.delete(if_unused=False, if_empty=False)
+
+    assert row["quarantined_at"] is None
+    assert row["failing_since"] is not None
     assert "returned" in row["last_error"]
     assert "NO_ROUTE" in row["last_error"]
-    assert bad["message_id"] not in collector.distinct
-    assert await outbox_count(db) == 1  # only the quarantined row is left
-    assert 'jobcore_relay_publish_failures_total{reason="returned"} 3.0' in text
-    assert "jobcore_relay_quarantined_total 1.0" in text
+    assert message.message_id == bad["message_id"]
+    assert 'jobcore_relay_publish_failures_total{reason="returned"}' in text
+    assert "jobcore_relay_quarantined_total 0.0" in text
+    assert "jobcore_relay_outbox_failing 1.0" in text
     assert "jobcore_relay_published_total 250.0" in text
     assert ready is True
-    assert details["backlog"]["quarantined"] == 1
-    assert details["backlog"]["due"] == 0
+    assert details["backlog"]["quarantined"] == 0
+    assert details["backlog"]["failing"] == 1
+    assert details["backlog"]["longest_failing_seconds"] > 0
     assert details["broker_connected"] is True
     assert details["last_publish_at"] is not None
 
 
-async def test_a_row_naming_a_missing_exchange_is_quarantined_without_breaking_the_batch(
+async def test_a_row_naming_a_missing_exchange_is_retried_without_breaking_the_batch(
     settings: Settings,
     db: Database,
     topology: Topology,
@@ -156,19 +166,27 @@ async def test_a_row_naming_a_missing_exchange_is_quarantined_without_breaking_t
 ) -> None:
     collector = await collect(amqp_channel, topology)
     config = settings.model_copy(update={"relay_max_publish_attempts": 2})
-    [bad] = await fill_outbox(db, topology, 1, exchange=f"{settings.amqp_prefix}.nope")
+    exchange = f"{settings.amqp_prefix}.late"
+    [bad] = await fill_outbox(db, topology, 1, exchange=exchange)
     good = await fill_outbox(db, topology, 100)
     async with running_relay(config, db):
         await wait_received(collector, {r["message_id"] for r in good})
 
-        async def quarantined() -> bool:
+        async def past_max_attempts() -> dict[str, Any] | None:
             row = await outbox_row(db, bad["id"])
-            return row is not None and row["quarantined_at"] is not None
+            return row if row is not None and row["attempts"] > 3 else None
 
-        await eventually(quarantined, timeout=15, what="the row to be quarantined")
-    row = await outbox_row(db, bad["id"])
-    assert row is not None
+        row = await eventually(past_max_attempts, timeout=15, what="attempts past the maximum")
+        # The exchange is declared (late, as by another deploy): the row goes out.
+        late = await amqp_channel.declare_exchange(exchange, auto_delete=True)
+        queue = await amqp_channel.declare_queue(exclusive=True)
+        await queue.bind(late, routing_key="testq")
+        await wait_drained(db, timeout=15)
+        message = await queue.get(timeout=5)
+
+    assert row["quarantined_at"] is None
     assert row["last_error"].startswith("no_exchange")
+    assert message.message_id == bad["message_id"]
 
 
 async def test_stop_commits_the_batch_in_flight_and_claims_no_more(
@@ -205,10 +223,3 @@ async def test_stop_commits_the_batch_in_flight_and_claims_no_more(
     # nothing was lost between the two.
     assert not (collector.distinct & left)
     assert collector.distinct | left == {r["message_id"] for r in rows}
-
-
-async def wait_idle(relay: Relay) -> None:
-    async def idle() -> bool:
-        return relay.publisher.connected and relay.running and relay.idle
-
-    await eventually(idle, what="the relay to be connected and idle")

@@ -32,14 +32,17 @@ from tests.integration.worker.support import (
 from tests.support.processes import jobcore_command, settings_env
 from tests.support.waiting import eventually
 
-RELAY_ERROR = "returned: 312 NO_ROUTE"
+# Only a message that can never be published is quarantined (a refusal for now, such as
+# a return for no route, is retried until the broker takes it).
+RELAY_ERROR = "malformed: cannot encode: n error: Unsupported numeric value: 1180591620717411303424"
 
-# What the relay does to a row after its last failed publish (jobcore.sql.outbox).
+# What the relay does to a row whose message can never be published (jobcore.sql.outbox).
 QUARANTINE = Query(
     "test_quarantine",
-    "Quarantine a job's outbox rows as the relay would after too many failed publishes.",
+    "Quarantine a job's outbox rows as the relay would on an unpublishable message.",
     """
-    UPDATE outbox SET quarantined_at = now(), attempts = 10, last_error = %(error)s
+    UPDATE outbox SET quarantined_at = now(), attempts = 1, failing_since = now(),
+                      last_error = %(error)s
     WHERE job_id = %(id)s
     """,
 )
