@@ -111,6 +111,17 @@ class PruneReport:
         }
 
 
+@dataclass
+class _Batch:
+    """One batch: rows deleted by table (and finished jobs by status and type), whether it
+    was full (look again), and the result files to delete once it committed."""
+
+    counts: collections.Counter[str]
+    full: bool
+    jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    files: list[str] = field(default_factory=list)
+
+
 async def _rest(seconds: float) -> bool:
     await asyncio.sleep(seconds)
     return False
@@ -177,11 +188,12 @@ class Retention:
         kinds = await self.survey()
         report = PruneReport(dry_run=False, kinds=kinds)
 
-        def committed(counts: collections.Counter[str]) -> None:
+        def committed(batch: _Batch) -> None:
             report.batches += 1
-            report.tables.update(counts)
+            report.tables.update(batch.counts)
+            report.jobs.update(batch.jobs)
             if on_batch is not None:
-                on_batch(counts)
+                on_batch(batch.counts)
 
         async def jobs_batch(uow: UnitOfWork) -> _Batch:
             rows = await uow.fetch_all(
@@ -190,8 +202,7 @@ class Retention:
             batch = _Batch(collections.Counter(jobs=len(rows)), len(rows) >= self.batch_size)
             for table in ("job_effects", "webhook_deliveries", "outbox"):
                 batch.counts[table] = rows[0][table] if rows else 0
-            for row in rows:
-                report.jobs[(row["status"], row["type"])] += 1
+            batch.jobs.update((row["status"], row["type"]) for row in rows)
             batch.files = [row["result_ref"] for row in rows if row["result_ref"]]
             return batch
 
@@ -215,7 +226,7 @@ class Retention:
         step: Callable[[UnitOfWork], Awaitable[_Batch]],
         fence: Fence | None,
         pause: Pause,
-        committed: Callable[[collections.Counter[str]], None],
+        committed: Callable[[_Batch], None],
     ) -> bool:
         """Run ``step`` in one transaction after another until a batch is not full;
         False if the fence or the pause stopped it first."""
@@ -229,7 +240,7 @@ class Retention:
             # Only now: a batch that rolled back keeps its jobs, so it keeps their files.
             if batch.files:
                 batch.counts["result_files"] = await self._delete_files(batch.files)
-            committed(batch.counts)
+            committed(batch)
             if not batch.full:
                 return True
             if await pause(time.monotonic() - started):
@@ -261,7 +272,7 @@ class Retention:
         fence: Fence | None,
         *,
         delete: bool,
-        on_chunk: Callable[[collections.Counter[str]], None] | None = None,
+        on_chunk: Callable[[_Batch], None] | None = None,
     ) -> tuple[int, bool]:
         """Find (and with ``delete``, delete) stale result-store files whose job no
         longer exists, and stale temporary files. The directory is read in a thread, a
@@ -286,23 +297,13 @@ class Retention:
                 if delete and orphans:
                     deleted = await self._delete_files(orphans)
                     if on_chunk is not None:
-                        on_chunk(collections.Counter(result_files=deleted))
+                        on_chunk(_Batch(collections.Counter(result_files=deleted), full=False))
         except OSError as exc:
             log.warning(
                 "could not read the result store; the file sweep tries again later",
                 extra={"error": str(exc)},
             )
         return found, True
-
-
-@dataclass
-class _Batch:
-    """One committed batch: rows deleted by table, whether it was full (look again),
-    and the result files to delete once it committed."""
-
-    counts: collections.Counter[str]
-    full: bool
-    files: list[str] = field(default_factory=list)
 
 
 def _rules(kinds: Sequence[Kind]) -> dict[str, Any]:
