@@ -10,12 +10,17 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from jobcore.errors import JobcoreError
 
 _KEY_RE = re.compile(r"^[0-9a-f]{32}(\.[a-z0-9]{1,10})?$")
+# put() writes aside under this prefix, then renames into place.
+_TEMP_PREFIX = ".tmp-"
+_TEMP_RE = re.compile(r"^\.tmp-[A-Za-z0-9_]{1,64}$")
 
 
 class ResultNotFound(JobcoreError):
@@ -32,7 +37,7 @@ class LocalResultStore:
         if not _KEY_RE.match(key):
             raise ValueError(f"bad result suffix {suffix!r}")
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -55,3 +60,36 @@ class LocalResultStore:
 
     def get(self, key: str) -> bytes:
         return self.path(key).read_bytes()
+
+    def delete(self, name: str) -> bool:
+        """Delete a result by its key, or a file :meth:`stale_files` listed; False if it
+        was not there or the name is not one of the store's."""
+        if not (_KEY_RE.match(name) or _TEMP_RE.match(name)):
+            return False
+        try:
+            (self.root / name).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def stale_files(self, older_than: float) -> Iterator[tuple[str, uuid.UUID | None]]:
+        """Files of the store unchanged for ``older_than`` seconds: ``(name, job id)``
+        for a result (its key starts with its job's id), ``(name, None)`` for a temporary
+        file an interrupted :meth:`put` left. Anything else in the directory is not ours
+        and never listed."""
+        if not self.root.is_dir():
+            return
+        cutoff = time.time() - older_than
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                is_temp = bool(_TEMP_RE.match(entry.name))
+                if not (is_temp or _KEY_RE.match(entry.name)):
+                    continue
+                try:
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    if entry.stat(follow_symlinks=False).st_mtime > cutoff:
+                        continue
+                except FileNotFoundError:
+                    continue
+                yield entry.name, None if is_temp else uuid.UUID(hex=entry.name[:32])

@@ -38,6 +38,7 @@ metadata = MetaData(
 )
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
+_TERMINAL_STATUSES = "'succeeded', 'failed', 'cancelled'"
 
 
 def _timestamp(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
@@ -106,6 +107,16 @@ jobs = Table(
         "jobs_lease_expiry_idx",
         "lease_expires_at",
         postgresql_where=text("status = 'running'"),
+    ),
+    # The pruner's: each (status, type) retention rule is one range scan of it, and its
+    # (status, type) pairs are found by a loose scan (jobcore.sql.retention). Partial, so a
+    # job enters it once, when it finishes; the pending/running churn never touches it.
+    Index(
+        "jobs_finished_idx",
+        "status",
+        "type",
+        "finished_at",
+        postgresql_where=text(f"status IN ({_TERMINAL_STATUSES})"),
     ),
 )
 

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "services.worker.cli",
     "services.cli.webhooks",
     "services.cli.jobs",
+    "services.cli.prune",
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",

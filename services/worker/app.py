@@ -21,6 +21,7 @@ from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.metrics import WorkerMetrics
+from services.worker.pruner import Pruner
 from services.worker.reaper import Reaper
 from services.worker.rescuer import Rescuer
 from services.worker.runner import JobRunner
@@ -50,7 +51,8 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         self.db = Database(settings, name="jobcore-worker")
-        # The reaper, rescuer and cancel listener use the pool; claims and outcomes the rest.
+        # The reaper, rescuer, pruner and cancel listener use the pool; claims and outcomes
+        # the rest.
         self.connections = HeldConnections(self.db, max(1, settings.db_pool_max - 2))
         topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
         self.runner = JobRunner(settings, self.connections, topology, self.metrics)
@@ -68,6 +70,10 @@ class Worker:
             settings, self.db, registry=self.registry, owner=self.worker_id, metrics=self.metrics
         )
         self.rescuer = Rescuer(settings, self.db, owner=self.worker_id, metrics=self.metrics)
+        # Retention: finished jobs, inbox rows and result files past their time go.
+        self.pruner = Pruner(
+            settings, self.db, owner=self.worker_id, metrics=self.metrics, registry=self.registry
+        )
         self.cancels = CancelListener(self.db, self.runner.request_cancel)
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
@@ -91,7 +97,15 @@ class Worker:
         if self.metrics_export is not None:
             head.append(self.metrics_export)
         hooks: list[Service] = [self.webhooks] if self.webhooks else []
-        return [*head, self.cancels, self.reaper, self.rescuer, *hooks, self.consumer]
+        return [
+            *head,
+            self.cancels,
+            self.reaper,
+            self.rescuer,
+            self.pruner,
+            *hooks,
+            self.consumer,
+        ]
 
     @property
     def stop_grace(self) -> float:
@@ -108,6 +122,7 @@ class Worker:
             "running_handlers": len(self.runner.running),
             "reaper_leader": self.reaper.is_leader,
             "rescuer_leader": self.rescuer.is_leader,
+            "pruner_leader": self.pruner.is_leader,
             "cancel_listener": self.cancels.listening,
             "webhooks_consuming": self.webhooks.consuming if self.webhooks else None,
             "counters": self.metrics.snapshot(),

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from jobcore.retention import TABLES as PRUNED_TABLES
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from jobcore.retention import Kind
     from services.worker.runner import Claim
 
 # The statuses that end a job; `processed` outcomes other than these are not the end.
@@ -147,6 +152,30 @@ class WorkerMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        # Retention (the pruner). Every worker's pruner refreshes the gauges each round,
+        # leader or not, so they are current wherever they are scraped: aggregate with max.
+        self._pruned = Counter(
+            "jobcore_worker_pruned_rows",
+            "Rows the pruner deleted, by table (result files count as table result_files).",
+            ["table"],
+            registry=self.registry,
+        )
+        self._oldest_terminal = Gauge(
+            "jobcore_oldest_terminal_job_age_seconds",
+            "How long ago the oldest finished job still kept finished, by status (0: none).",
+            ["status"],
+            registry=self.registry,
+        )
+        self._prune_overdue = Gauge(
+            "jobcore_prune_overdue_seconds",
+            "How far past its retention the most overdue finished job is (0: none is): "
+            "rising means the pruner is not keeping up.",
+            registry=self.registry,
+        )
+        for table in PRUNED_TABLES:
+            self._pruned.labels(table)
+        for status in FINAL_STATUSES:
+            self._oldest_terminal.labels(status).set(0)
         self.counts: collections.Counter[str] = collections.Counter()
 
     def processed(self, outcome: str, claim: Claim | None = None) -> None:
@@ -194,6 +223,20 @@ class WorkerMetrics:
     def rescued(self, reason: str, count: int = 1) -> None:
         self._rescued.labels(reason).inc(count)
         self.counts[f"rescued.{reason}"] += count
+
+    def pruned(self, counts: Mapping[str, int]) -> None:
+        """A pruner batch committed: rows (and result files) deleted, by table."""
+        for table, count in counts.items():
+            if count:
+                self._pruned.labels(table).inc(count)
+                self.counts[f"pruned.{table}"] += count
+
+    def surveyed(self, kinds: Sequence[Kind]) -> None:
+        """The finished jobs as a pruner round left them."""
+        for status in FINAL_STATUSES:
+            ages = [kind.oldest_age for kind in kinds if kind.status == status]
+            self._oldest_terminal.labels(status).set(max(ages, default=0.0))
+        self._prune_overdue.set(max((kind.overdue for kind in kinds), default=0.0))
 
     def snapshot(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))

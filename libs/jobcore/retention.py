@@ -1,0 +1,351 @@
+"""Retention: finished jobs, inbox rows and result files go once their time is up.
+
+The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
+*pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
+``JOBCORE_INBOX_RETENTION``), in batches of ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its
+own short transaction, with a rest after each batch as long as the batch took, so a
+backlog drains at about half the database's deleting speed instead of in one storm.
+
+What goes with a job: its webhook deliveries, its recorded effects, its quarantined outbox
+rows (all in the job's transaction) and its result file (just after that commits). A
+process that dies between the commit and the unlink leaves the file behind; so does an
+attempt that stored a result and then failed. Such a file names a job that no longer
+exists, and the *file sweep* deletes it: result files whose job is gone and temporary
+files of interrupted writes, once unchanged for :data:`STALE_FILE_AGE`. No file outlives
+its job by more than that plus one sweep.
+
+Pruning a job deletes nothing another process needs: a message still on its way for a
+pruned job finds no job and is acknowledged with no effect, and an inbox row pruned after
+the window leaves a very late redelivery to the claim's fence, which lets no message run
+an attempt twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from jobcore.db import Database, UnitOfWork
+from jobcore.errors import JobcoreError
+from jobcore.results import LocalResultStore
+from jobcore.settings import Settings
+from jobcore.sql import retention as q
+from jobcore.sql import worker as lease_q
+
+log = logging.getLogger(__name__)
+
+# The maintenance lease (maintenance_leases.name) every pruner takes: the workers' and
+# `jobcore prune`'s, so only one runs at a time.
+LEASE_NAME = "pruner"
+# What a pass counts, by table (result files count as "result_files").
+TABLES = ("jobs", "job_effects", "webhook_deliveries", "outbox", "inbox", "result_files")
+# A result file is swept only when unchanged this long: a write in progress (a temporary
+# file) or a result whose job row is being written is never mistaken for a leftover.
+STALE_FILE_AGE = 3600.0
+# Job ids looked up per statement by the file sweep.
+SWEEP_CHUNK = 1000
+
+# Run first in each batch's transaction (the lease renewal); False: stop the pass there.
+Fence = Callable[[UnitOfWork], Awaitable[bool]]
+# Called after each batch with how long it took; True: stop the pass (shutting down).
+Pause = Callable[[float], Awaitable[bool]]
+# Called with each committed batch's counts by table.
+BatchHook = Callable[[collections.Counter[str]], None]
+
+
+class PrunerBusy(JobcoreError):
+    """Another pruner holds the pruner lease."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One (status, type) of finished jobs, its retention and its oldest job's age."""
+
+    status: str
+    type: str
+    keep: timedelta
+    oldest_age: float
+
+    @property
+    def overdue(self) -> float:
+        """Seconds its oldest job is past its retention (0: none is)."""
+        return max(0.0, self.oldest_age - self.keep.total_seconds())
+
+
+@dataclass
+class PruneReport:
+    """What one pass deleted (or, dry, would delete)."""
+
+    dry_run: bool
+    kinds: list[Kind]
+    jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    tables: collections.Counter[str] = field(default_factory=collections.Counter)
+    batches: int = 0
+    # False when the pass stopped early: its lease was lost, or the process is stopping.
+    complete: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "complete": self.complete,
+            "jobs": [
+                {
+                    "status": kind.status,
+                    "type": kind.type,
+                    "retention_seconds": kind.keep.total_seconds(),
+                    "oldest_age_seconds": round(kind.oldest_age, 3),
+                    "jobs": self.jobs[(kind.status, kind.type)],
+                }
+                for kind in self.kinds
+            ],
+            "tables": {table: self.tables[table] for table in TABLES},
+            "batches": self.batches,
+        }
+
+
+@dataclass
+class _Batch:
+    """One batch: rows deleted by table (and finished jobs by status and type), whether it
+    was full (look again), and the result files to delete once it committed."""
+
+    counts: collections.Counter[str]
+    full: bool
+    jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    files: list[str] = field(default_factory=list)
+
+
+async def _rest(seconds: float) -> bool:
+    await asyncio.sleep(seconds)
+    return False
+
+
+class Retention:
+    """Prune once, count what would be pruned, or survey the finished jobs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        *,
+        store: LocalResultStore | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.store = store if store is not None else LocalResultStore(settings.result_dir)
+        self.batch_size = batch_size or settings.pruner_batch_size
+
+    async def survey(self) -> list[Kind]:
+        """Every (status, type) of finished jobs, with its retention and oldest job."""
+        async with self.db.session() as session:
+            rows = await session.fetch_all(q.JOB_TERMINAL_KINDS)
+        return [
+            Kind(
+                status=row["status"],
+                type=row["type"],
+                keep=self.settings.retention(row["status"], row["type"]),
+                oldest_age=float(row["oldest_age"]),
+            )
+            for row in rows
+        ]
+
+    async def count(self) -> PruneReport:
+        """What :meth:`prune` would delete now, changing nothing (``--dry-run``)."""
+        kinds = await self.survey()
+        report = PruneReport(dry_run=True, kinds=kinds)
+        async with self.db.unit_of_work() as uow:
+            if kinds:
+                for row in await uow.fetch_all(q.JOB_PRUNE_COUNT, _rules(kinds)):
+                    report.jobs[(row["status"], row["type"])] = row["jobs"]
+                    for table in ("jobs", "job_effects", "webhook_deliveries", "outbox"):
+                        report.tables[table] += row[table]
+                    report.tables["result_files"] += row["result_files"]
+            inbox = await uow.fetch_one(q.INBOX_PRUNE_COUNT, self._inbox_params())
+            report.tables["inbox"] = inbox["inbox"] if inbox else 0
+        orphans, _ = await self._sweep_files(None, delete=False)
+        report.tables["result_files"] += orphans
+        return report
+
+    async def prune(
+        self,
+        *,
+        fence: Fence | None = None,
+        pause: Pause = _rest,
+        on_batch: BatchHook | None = None,
+        sweep_files: bool = True,
+    ) -> PruneReport:
+        """One full pass: finished jobs (with what goes with them), then inbox rows, then
+        (with ``sweep_files``) leftover result files. Stops early, ``complete=False``,
+        when ``fence`` or ``pause`` says so."""
+        kinds = await self.survey()
+        report = PruneReport(dry_run=False, kinds=kinds)
+
+        def committed(batch: _Batch) -> None:
+            report.batches += 1
+            report.tables.update(batch.counts)
+            report.jobs.update(batch.jobs)
+            if on_batch is not None:
+                on_batch(batch.counts)
+
+        async def jobs_batch(uow: UnitOfWork) -> _Batch:
+            rows = await uow.fetch_all(
+                q.JOB_PRUNE_BATCH, {**_rules(kinds), "limit": self.batch_size}
+            )
+            batch = _Batch(collections.Counter(jobs=len(rows)), len(rows) >= self.batch_size)
+            for table in ("job_effects", "webhook_deliveries", "outbox"):
+                batch.counts[table] = rows[0][table] if rows else 0
+            batch.jobs.update((row["status"], row["type"]) for row in rows)
+            batch.files = [row["result_ref"] for row in rows if row["result_ref"]]
+            return batch
+
+        async def inbox_batch(uow: UnitOfWork) -> _Batch:
+            deleted = await uow.execute(
+                q.INBOX_PRUNE_BATCH, {**self._inbox_params(), "limit": self.batch_size}
+            )
+            return _Batch(collections.Counter(inbox=deleted), deleted >= self.batch_size)
+
+        steps = [jobs_batch, inbox_batch] if kinds else [inbox_batch]
+        for step in steps:
+            if not await self._batches(step, fence, pause, committed):
+                report.complete = False
+                return report
+        if sweep_files:
+            _, report.complete = await self._sweep_files(fence, delete=True, on_chunk=committed)
+        return report
+
+    async def _batches(
+        self,
+        step: Callable[[UnitOfWork], Awaitable[_Batch]],
+        fence: Fence | None,
+        pause: Pause,
+        committed: Callable[[_Batch], None],
+    ) -> bool:
+        """Run ``step`` in one transaction after another until a batch is not full;
+        False if the fence or the pause stopped it first."""
+        while True:
+            started = time.monotonic()
+            async with self.db.unit_of_work() as uow:
+                if fence is not None and not await fence(uow):
+                    return False
+                batch = await step(uow)
+                await uow.commit()
+            # Only now: a batch that rolled back keeps its jobs, so it keeps their files.
+            if batch.files:
+                batch.counts["result_files"] = await self._delete_files(batch.files)
+            committed(batch)
+            if not batch.full:
+                return True
+            if await pause(time.monotonic() - started):
+                return False
+
+    def _inbox_params(self) -> dict[str, Any]:
+        return {"keep": self.settings.inbox_retention.total_seconds()}
+
+    async def _delete_files(self, names: Sequence[str]) -> int:
+        """Delete result-store files off the event loop; a failure is logged, never raised
+        (the next file sweep tries again)."""
+
+        def delete_all() -> int:
+            deleted = 0
+            for name in names:
+                try:
+                    deleted += self.store.delete(name)
+                except OSError as exc:
+                    log.warning(
+                        "could not delete a result file; the file sweep tries again",
+                        extra={"file": name, "error": str(exc)},
+                    )
+            return deleted
+
+        return await asyncio.to_thread(delete_all)
+
+    async def _sweep_files(
+        self,
+        fence: Fence | None,
+        *,
+        delete: bool,
+        on_chunk: Callable[[_Batch], None] | None = None,
+    ) -> tuple[int, bool]:
+        """Find (and with ``delete``, delete) stale result-store files whose job no
+        longer exists, and stale temporary files. The directory is read in a thread, a
+        chunk at a time. Returns the files found and whether the sweep finished."""
+        listing: Iterator[tuple[str, uuid.UUID | None]] = self.store.stale_files(STALE_FILE_AGE)
+
+        def next_chunk() -> list[tuple[str, uuid.UUID | None]]:
+            return list(itertools.islice(listing, SWEEP_CHUNK))
+
+        found = 0
+        try:
+            while chunk := await asyncio.to_thread(next_chunk):
+                ids = [job_id for _, job_id in chunk if job_id is not None]
+                async with self.db.unit_of_work() as uow:
+                    if fence is not None and not await fence(uow):
+                        return found, False
+                    rows = await uow.fetch_all(q.JOB_IDS_EXISTING, {"ids": ids}) if ids else []
+                    await uow.commit()
+                alive = {row["id"] for row in rows}
+                orphans = [name for name, job_id in chunk if job_id not in alive]
+                found += len(orphans)
+                if delete and orphans:
+                    deleted = await self._delete_files(orphans)
+                    if on_chunk is not None:
+                        on_chunk(_Batch(collections.Counter(result_files=deleted), full=False))
+        except OSError as exc:
+            log.warning(
+                "could not read the result store; the file sweep tries again later",
+                extra={"error": str(exc)},
+            )
+        return found, True
+
+
+def _rules(kinds: Sequence[Kind]) -> dict[str, Any]:
+    """The retention rules as the statements take them: parallel arrays, one per kind."""
+    return {
+        "statuses": [kind.status for kind in kinds],
+        "types": [kind.type for kind in kinds],
+        "keep": [kind.keep.total_seconds() for kind in kinds],
+    }
+
+
+async def prune_exclusively(
+    retention: Retention, *, owner: str, ttl: float, dry_run: bool = False
+) -> PruneReport:
+    """One pass (or a count) under the pruner lease, so it never runs beside a worker's
+    pruner; :class:`PrunerBusy` if another holds it. A dry run changes nothing and takes
+    no lease."""
+    if dry_run:
+        return await retention.count()
+    token = uuid.uuid4()
+    params = {"name": LEASE_NAME, "owner": owner, "ttl": ttl, "token": token}
+    async with retention.db.unit_of_work() as uow:
+        taken = await uow.fetch_one(lease_q.ACQUIRE_MAINTENANCE_LEASE, params)
+        holder = None if taken else await uow.fetch_one(q.MAINTENANCE_LEASE_HOLDER, params)
+        await uow.commit()
+    if not taken:
+        who = (
+            f"{holder['owner']} until {holder['expires_at']:%Y-%m-%d %H:%M:%S%z}"
+            if holder
+            else "another pruner"
+        )
+        raise PrunerBusy(
+            f"the pruner lease is held by {who} (a worker's pruner runs every "
+            f"JOBCORE_PRUNER_INTERVAL); nothing was pruned; --dry-run shows what is due"
+        )
+
+    async def renew(uow: UnitOfWork) -> bool:
+        return await uow.fetch_one(lease_q.RENEW_MAINTENANCE_LEASE, params) is not None
+
+    try:
+        return await retention.prune(fence=renew)
+    finally:
+        async with retention.db.unit_of_work() as uow:
+            await uow.execute(lease_q.RELEASE_MAINTENANCE_LEASE, params)
+            await uow.commit()

@@ -1,0 +1,186 @@
+"""Statements of the pruner (jobcore.retention): finished jobs and inbox rows past their
+retention go, in batches, each batch one short transaction.
+
+A job's retention depends on its status and type. The caller turns the settings into
+*rules*, parallel arrays ``statuses``, ``types``, ``keep`` (seconds), one per (status, type)
+pair that has finished jobs (:data:`JOB_TERMINAL_KINDS` lists them), so every rule is one
+range scan of ``jobs_finished_idx`` (status, type, finished_at): no job younger than its
+retention, or of another type, is read, let alone locked.
+"""
+
+from __future__ import annotations
+
+from jobcore.sql import Query
+
+_TERMINAL = "('succeeded', 'failed', 'cancelled')"
+
+_RULES = """
+    rules AS (
+        SELECT *
+        FROM unnest(%(statuses)s::text[], %(types)s::text[], %(keep)s::float8[])
+            AS r(status, type, keep)
+    )"""
+
+# The distinct (status, type) pairs of finished jobs by a loose index scan: one index
+# probe per pair, however many jobs there are, then the oldest finished_at of each.
+JOB_TERMINAL_KINDS = Query(
+    "job_terminal_kinds",
+    "Each (status, type) of finished jobs, with how long ago its oldest one finished.",
+    f"""
+    WITH RECURSIVE kinds AS (
+        (
+            SELECT status, type FROM jobs
+            WHERE status IN {_TERMINAL}
+            ORDER BY status, type
+            LIMIT 1
+        )
+        UNION ALL
+        SELECT next.status, next.type
+        FROM kinds
+        CROSS JOIN LATERAL (
+            SELECT status, type FROM jobs
+            WHERE status IN {_TERMINAL} AND (status, type) > (kinds.status, kinds.type)
+            ORDER BY status, type
+            LIMIT 1
+        ) AS next
+    )
+    SELECT kinds.status, kinds.type,
+           extract(epoch FROM now() - oldest.finished_at)::float8 AS oldest_age
+    FROM kinds
+    CROSS JOIN LATERAL (
+        SELECT finished_at FROM jobs
+        WHERE jobs.status = kinds.status AND jobs.type = kinds.type
+          AND jobs.status IN {_TERMINAL} AND finished_at IS NOT NULL
+        ORDER BY finished_at
+        LIMIT 1
+    ) AS oldest
+    ORDER BY kinds.status, kinds.type
+    """,
+)
+
+# What JOB_PRUNE_BATCH would delete now, per rule, and what would go with those jobs.
+JOB_PRUNE_COUNT = Query(
+    "job_prune_count",
+    "Count, per (status, type), the finished jobs past their retention and what goes with them.",
+    f"""
+    WITH {_RULES}
+    SELECT rules.status, rules.type,
+           count(doomed.id) AS jobs,
+           coalesce(sum(doomed.job_effects), 0)::bigint AS job_effects,
+           coalesce(sum(doomed.webhook_deliveries), 0)::bigint AS webhook_deliveries,
+           coalesce(sum(doomed.outbox), 0)::bigint AS outbox,
+           count(doomed.result_ref) AS result_files
+    FROM rules
+    LEFT JOIN LATERAL (
+        SELECT jobs.id, jobs.result_ref,
+               (SELECT count(*) FROM job_effects WHERE job_id = jobs.id) AS job_effects,
+               (SELECT count(*) FROM webhook_deliveries WHERE job_id = jobs.id)
+                   AS webhook_deliveries,
+               (SELECT count(*) FROM outbox
+                WHERE job_id = jobs.id AND quarantined_at IS NOT NULL) AS outbox
+        FROM jobs
+        WHERE jobs.status = rules.status AND jobs.type = rules.type
+          AND jobs.status IN {_TERMINAL}
+          AND jobs.finished_at < now() - make_interval(secs => rules.keep)
+    ) AS doomed ON true
+    GROUP BY rules.status, rules.type
+    ORDER BY rules.status, rules.type
+    """,
+)
+
+# Every statement repeats `status IN (terminal)` although the rule names the status: the
+# planner uses the partial index only when the query implies its predicate by itself.
+#
+# One batch: at most `limit` jobs past their retention, oldest first within each rule,
+# locked (SKIP LOCKED: a job someone is touching waits for the next round, nobody waits
+# for us), then deleted with what belongs to them. Effects and deliveries would go by
+# their foreign keys' ON DELETE CASCADE (index-backed: job_effects_job_id_idx,
+# webhook_deliveries_job_created_idx); deleting them here first counts them. Quarantined
+# outbox rows of the job (never published, so never to be) go too, on
+# outbox_quarantined_job_idx; unquarantined rows are the relay's to publish, and a worker
+# acknowledges a message whose job is gone with no effect. The ids go to each DELETE as one
+# array (`= ANY`), which the planner serves from the index whatever it guesses the tables
+# hold; `IN (SELECT ...)` was planned as a hash join over a sequential scan of the outbox.
+# Returns one row per job, with its result_ref: the caller deletes those files once this
+# commits.
+JOB_PRUNE_BATCH = Query(
+    "job_prune_batch",
+    "Delete a batch of finished jobs past their retention, with their effects, deliveries and "
+    "quarantined outbox rows.",
+    f"""
+    WITH {_RULES}, doomed AS (
+        SELECT job.id
+        FROM rules
+        CROSS JOIN LATERAL (
+            SELECT id FROM jobs
+            WHERE jobs.status = rules.status AND jobs.type = rules.type
+              AND jobs.status IN {_TERMINAL}
+              AND jobs.finished_at < now() - make_interval(secs => rules.keep)
+            ORDER BY jobs.finished_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS job
+        LIMIT %(limit)s
+    ), effects AS (
+        DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+    ), deliveries AS (
+        DELETE FROM webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+    ), messages AS (
+        DELETE FROM outbox
+        WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) AND quarantined_at IS NOT NULL
+        RETURNING 1
+    ), gone AS (
+        DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+        RETURNING id, status, type, result_ref
+    )
+    SELECT gone.id, gone.status, gone.type, gone.result_ref,
+           (SELECT count(*) FROM effects) AS job_effects,
+           (SELECT count(*) FROM deliveries) AS webhook_deliveries,
+           (SELECT count(*) FROM messages) AS outbox
+    FROM gone
+    """,
+)
+
+# For the result-file sweep: which of these job ids still have a row (primary key probes).
+JOB_IDS_EXISTING = Query(
+    "job_ids_existing",
+    "Which of the given job ids still exist.",
+    "SELECT id FROM jobs WHERE id = ANY(%(ids)s::uuid[])",
+)
+
+INBOX_PRUNE_COUNT = Query(
+    "inbox_prune_count",
+    "Count inbox rows received longer ago than the inbox window.",
+    """
+    SELECT count(*) AS inbox FROM inbox
+    WHERE received_at < now() - make_interval(secs => %(keep)s)
+    """,
+)
+
+# Inbox rows are only ever inserted: nothing else locks or moves them, so a row's ctid
+# found by the subquery still names it in the same statement, and the delete is a TID scan
+# (a join on the primary key was planned as a hash join over the whole inbox). A
+# redelivery that arrives while its old row is being deleted waits for this commit, then
+# inserts a new row and meets the claim's fence (jobcore.sql.worker.RECEIVE_AND_CLAIM).
+INBOX_PRUNE_BATCH = Query(
+    "inbox_prune_batch",
+    "Delete a batch of inbox rows older than the inbox window, oldest first.",
+    """
+    DELETE FROM inbox
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM inbox
+        WHERE received_at < now() - make_interval(secs => %(keep)s)
+        ORDER BY received_at
+        LIMIT %(limit)s
+    ))
+    """,
+)
+
+MAINTENANCE_LEASE_HOLDER = Query(
+    "maintenance_lease_holder",
+    "Who holds a maintenance lease, and until when (no row: nobody).",
+    """
+    SELECT owner, expires_at FROM maintenance_leases
+    WHERE name = %(name)s AND expires_at > now()
+    """,
+)

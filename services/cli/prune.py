@@ -1,0 +1,83 @@
+"""`jobcore prune [--dry-run] [--json]`: retention by hand.
+
+The same pass as the workers' pruner (jobcore.retention), under the same ``pruner``
+maintenance lease, so it never runs beside one: while a worker's pruner holds the lease it
+is refused with one line (that pruner does the work every ``JOBCORE_PRUNER_INTERVAL``).
+``--dry-run`` takes no lease and changes nothing: it counts what a pass would delete now.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import typer
+
+from jobcore.db import Database
+from jobcore.retention import Retention, prune_exclusively
+from services.cli.common import emit, run, settings
+
+# The lease a `jobcore prune` takes lasts at least this long (it is renewed by every batch
+# and given back at the end; a killed command holds up the workers' pruner this long).
+MIN_LEASE_SECONDS = 60.0
+
+
+def _duration(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+def prune(
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Count what would be pruned now; change nothing."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Delete finished jobs, inbox rows and result files past their retention, now."""
+    config = settings()
+
+    async def action() -> dict[str, Any]:
+        database = Database(config, min_size=0, max_size=1, name="jobcore-prune")
+        await database.open(wait=True)
+        try:
+            report = await prune_exclusively(
+                Retention(config, database),
+                owner=f"jobcore-prune:{socket.gethostname()}:{os.getpid()}",
+                ttl=max(MIN_LEASE_SECONDS, 3 * config.pruner_interval),
+                dry_run=dry_run,
+            )
+        finally:
+            await database.close()
+        return report.as_dict()
+
+    report = run(action())
+    if as_json:
+        emit(report, as_json=True)
+        return
+    verb = "to prune (dry run)" if dry_run else "pruned"
+    typer.echo(f"finished jobs {verb}, by status and type:")
+    emit(
+        [
+            {
+                "status": kind["status"],
+                "type": kind["type"],
+                "retention": _duration(kind["retention_seconds"]),
+                "oldest": _duration(kind["oldest_age_seconds"]),
+                "jobs": kind["jobs"],
+            }
+            for kind in report["jobs"]
+        ],
+        as_json=False,
+        columns=("status", "type", "retention", "oldest", "jobs"),
+    )
+    typer.echo(f"\nrows {verb}, by table:")
+    emit(
+        [{"table": table, "rows": rows} for table, rows in report["tables"].items()],
+        as_json=False,
+        columns=("table", "rows"),
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune)
