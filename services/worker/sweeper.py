@@ -9,6 +9,7 @@ spare copy is harmless and how often a job can get one).
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Sequence
 
@@ -52,9 +53,17 @@ class Sweeper(MaintenanceService):
         )
 
     def report(self, rows: Sequence[Republished]) -> None:
+        if not rows:
+            return
+        # One warning per batch, each job at info: a purged queue can strand many at once.
+        reasons = collections.Counter(job.reason for job in rows)
+        log.warning(
+            "pending jobs published again: no sign of their messages",
+            extra={"jobs": len(rows), "reasons": dict(reasons)},
+        )
         for job in rows:
-            log.warning(
-                "pending job published again: no sign of its message",
+            log.info(
+                "pending job published again",
                 extra={
                     "job_id": str(job.job_id),
                     "attempt": job.attempt,
@@ -62,8 +71,5 @@ class Sweeper(MaintenanceService):
                     "republish_count": job.count,
                 },
             )
-        reasons: dict[str, int] = {}
-        for job in rows:
-            reasons[job.reason] = reasons.get(job.reason, 0) + 1
         for reason, count in reasons.items():
             self.metrics.republished(reason, count)
