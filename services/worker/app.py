@@ -53,7 +53,8 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         self.db = Database(settings, name="jobcore-worker")
-        # The reaper, rescuer and cancel listener use the pool; claims and outcomes the rest.
+        # The maintenance services, dead-letter notes and cancel listener use the pool;
+        # claims and outcomes the rest.
         self.connections = HeldConnections(self.db, max(1, settings.db_pool_max - 2))
         topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
         self.runner = JobRunner(settings, self.connections, topology, self.metrics)

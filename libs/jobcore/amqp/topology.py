@@ -10,10 +10,10 @@ being returned from looping forever.
 Job queues dead-letter *at least once* (``x-dead-letter-strategy``, RabbitMQ 3.10 and
 later, which needs ``x-overflow: reject-publish``): the queue keeps a dead letter until
 the dead-letter queues confirmed it, where the default (at most once) drops it if they
-are unavailable. A queue declared before this (with the arguments of
-:data:`AT_MOST_ONCE_ARGUMENTS`) cannot change its arguments, and declaring it with others
-fails (PRECONDITION_FAILED): it is then declared with its old arguments and named in a
-warning, and docs/operations.md ("Queue arguments") says how to upgrade it.
+are unavailable. A queue declared before this (with
+:attr:`Topology.at_most_once_arguments`) cannot change its arguments, and declaring it with
+others fails (PRECONDITION_FAILED): it is then declared with its old arguments and named in
+a warning, and docs/operations.md ("Queue arguments") says how to upgrade it.
 """
 
 from __future__ import annotations
