@@ -66,13 +66,34 @@ def job_message_row(
     trace_headers: dict[str, str],
 ) -> dict[str, Any]:
     """The outbox columns for one job message (used by enqueue, retries and the reaper)."""
+    return message_row(
+        topology,
+        job_id=job_id,
+        type_name=job_type.name,
+        queue=job_type.queue,
+        attempt=attempt,
+        trace_headers=trace_headers,
+    )
+
+
+def message_row(
+    topology: Topology,
+    *,
+    job_id: uuid.UUID,
+    type_name: str,
+    queue: str,
+    attempt: int,
+    trace_headers: dict[str, str],
+) -> dict[str, Any]:
+    """The same from a job row's type and queue, for callers that may not have the job
+    type registered (the sweeper publishes whatever is stranded)."""
     return {
         "message_id": uuid.uuid4(),
         "exchange": topology.jobs_exchange,
-        "routing_key": topology.routing_key(job_type.queue),
-        "message_type": job_type.name,
+        "routing_key": topology.routing_key(queue),
+        "message_type": type_name,
         "headers": Jsonb(trace_headers),
-        "body": JobMessage(job_id=job_id, attempt=attempt, type=job_type.name).encode(),
+        "body": JobMessage(job_id=job_id, attempt=attempt, type=type_name).encode(),
     }
 
 

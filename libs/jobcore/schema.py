@@ -84,6 +84,12 @@ jobs = Table(
     _timestamp("updated_at", nullable=False, default_now=True),
     _timestamp("started_at"),
     _timestamp("finished_at"),
+    # Anti-entropy (jobcore.stranded): what was last noticed about the job's message (the
+    # broker dead-lettered it, the sweeper published it again), as JSON, kept apart from
+    # last_error so a failed attempt's real error survives; and how many times the sweeper
+    # published it again, which spaces out its next republish.
+    Column("message_note", JSONB),
+    Column("republish_count", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
     Index(
@@ -156,6 +162,12 @@ outbox = Table(
         "job_id",
         postgresql_where=text("quarantined_at IS NOT NULL"),
     ),
+    # The sweeper asks, for each old pending job, whether it still has an outbox row. The
+    # outbox is largest (a long broker outage) exactly when many old pending jobs must be
+    # checked: with 200k outbox rows a batch of 500 took 147 ms without this index (a
+    # hash of the whole outbox per batch) and 20 ms with it. It costs each outbox insert
+    # about 3 us here, against the ~180 us an enqueue costs at 5.5k/s.
+    Index("outbox_job_idx", "job_id"),
 )
 
 inbox = Table(

@@ -136,6 +136,21 @@ class Settings(BaseSettings):
     # reaper.
     worker_rescuer_interval: float = Field(default=30.0, gt=0, le=3600)
 
+    # Anti-entropy: the sweeper publishes again (through the outbox) the message of a
+    # pending job that has been due, with no outbox row of its own, for sweeper_stale_after
+    # seconds: its message may be gone (dead-lettered at the delivery limit, a purged or
+    # re-declared queue, lost broker data). A copy of a message that still exists is
+    # harmless (the inbox and the claim's attempt fence ignore it) but costs a delivery, so
+    # the staleness must stay well above the longest healthy wait in a queue: one hour is
+    # above the broker's consumer_timeout (a worker may hold a delivery that long while the
+    # database is away) and above the minutes a large backlog takes to drain. Each further
+    # republish of the same job waits twice as long as the one before (at most 32x), so
+    # even a backlog older than this costs a handful of copies per job, not one per round.
+    # A round every minute is noise against an hour and one indexed scan of old pending
+    # jobs.
+    sweeper_interval: float = Field(default=60.0, gt=0, le=3600)
+    sweeper_stale_after: float = Field(default=3600.0, ge=1, le=30 * 86_400)
+
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
 
@@ -295,6 +310,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "worker_prefetch is larger than worker_concurrency: the extra deliveries "
                 "would only wait, and every worker restart counts toward their delivery limit"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sweeper(self) -> Settings:
+        if self.sweeper_stale_after <= self.sweeper_interval:
+            raise ValueError(
+                "JOBCORE_SWEEPER_STALE_AFTER must be longer than JOBCORE_SWEEPER_INTERVAL: the "
+                "sweeper looks once per interval, so a shorter staleness would not mean what "
+                "it says"
             )
         return self
 

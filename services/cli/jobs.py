@@ -1,4 +1,5 @@
-"""`jobcore jobs list|show|cancel|retry`: operators' view of jobs, across tenants.
+"""`jobcore jobs list|show|cancel|retry|republish-stale`: operators' view of jobs, across
+tenants.
 
 Cancel goes through the same operation as `POST /jobs/{id}/cancel`. Retry never revives
 a finished job (terminal states are final, DESIGN.md): it enqueues a copy with the same
@@ -21,11 +22,14 @@ from jobcore.settings import Settings
 from jobcore.sql import admin as admin_q
 from jobcore.sql import jobs as jobs_q
 from jobcore.states import JobStatus
+from jobcore.stranded import republish_all_stale
 from jobcore.webhooks import completion_params
 from services.api import operations
 from services.cli.common import emit, fail, run, settings
 
-jobs_app = typer.Typer(help="List, inspect, cancel and retry jobs (operators, all tenants).")
+jobs_app = typer.Typer(
+    help="List, inspect, cancel, retry and republish jobs (operators, all tenants)."
+)
 
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
 LIST_COLUMNS = ("id", "tenant", "type", "status", "attempts", "created_at", "last_error")
@@ -152,6 +156,42 @@ def retry(
         return {"retried": ident, "job_id": result.job_id, "status": result.status.value}
 
     emit(run(_with_db(config, action)), as_json=as_json)
+
+
+@jobs_app.command("republish-stale")
+def republish_stale(
+    stale_after: float | None = typer.Option(
+        None,
+        "--stale-after",
+        min=0,
+        help="Seconds a pending job must have been due with no sign of its message "
+        "(default: JOBCORE_SWEEPER_STALE_AFTER).",
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Publish again now what the sweeper would: pending jobs whose message may be gone.
+
+    For after a purged queue or lost broker data; a copy of a message that still exists is
+    harmless (the worker acknowledges it with no effect).
+    """
+    config = settings()
+    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    staleness = config.sweeper_stale_after if stale_after is None else stale_after
+
+    async def action(database: Database) -> list[dict[str, Any]]:
+        republished = await republish_all_stale(database, topology, stale_after=staleness)
+        return [
+            {"job_id": r.job_id, "attempt": r.attempt, "reason": r.reason, "count": r.count}
+            for r in republished
+        ]
+
+    rows = run(_with_db(config, action))
+    if as_json:
+        emit(rows, as_json=True)
+        return
+    typer.echo(f"published {len(rows)} job(s) again")
+    if rows:
+        emit(rows, as_json=False, columns=["job_id", "attempt", "reason", "count"])
 
 
 def register(app: typer.Typer) -> None:

@@ -59,12 +59,14 @@ def topology(as_json: bool = JSON_OPTION) -> None:
             "exchange": declared["exchange"],
             "dead_letter_exchange": declared["dead_letter_exchange"],
             "dead_letter_queue": declared["dead_letter_queue"],
+            "dead_letter_notes_queue": declared["dead_letter_notes_queue"],
             "delivery_limit": declared["delivery_limit"],
         },
         as_json=False,
     )
     typer.echo("")
-    emit(declared["queues"], as_json=False, columns=["queue", "routing_key"])
+    # A queue that still dead-letters at most once was also named in a warning on stderr.
+    emit(declared["queues"], as_json=False, columns=["queue", "routing_key", "dead_lettering"])
 
 
 async def _one(query: Query, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""The worker's composition root: one database pool, the consumer, reaper, cancel listener
-and health server, wired from settings. ``jobcore worker`` and the tests both build it here.
+"""The worker's composition root: one database pool, the consumer, the maintenance services
+(reaper, rescuer, sweeper), dead-letter notes, cancel listener and health server, wired from
+settings. ``jobcore worker`` and the tests both build it here.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from jobcore.settings import Settings
 from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
+from services.worker.deadletter_notes import DeadLetterNotes
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
 from services.worker.reaper import Reaper
 from services.worker.rescuer import Rescuer
 from services.worker.runner import JobRunner
+from services.worker.sweeper import Sweeper
 from services.worker.webhooks import WebhookDeliverer
 
 
@@ -51,8 +54,8 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         self.db = Database(settings, name="jobcore-worker")
-        # The reaper, rescuer, pruner and cancel listener use the pool; claims and outcomes
-        # the rest.
+        # The maintenance services (reaper, rescuer, pruner, sweeper), dead-letter notes and
+        # cancel listener use the pool; claims and outcomes the rest.
         self.connections = HeldConnections(self.db, max(1, settings.db_pool_max - 2))
         topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
         self.runner = JobRunner(settings, self.connections, topology, self.metrics)
@@ -74,6 +77,9 @@ class Worker:
         self.pruner = Pruner(
             settings, self.db, owner=self.worker_id, metrics=self.metrics, registry=self.registry
         )
+        # Anti-entropy: stranded pending jobs published again; dead letters noted on jobs.
+        self.sweeper = Sweeper(settings, self.db, owner=self.worker_id, metrics=self.metrics)
+        self.dead_letter_notes = DeadLetterNotes(settings, self.db, self.metrics)
         self.cancels = CancelListener(self.db, self.runner.request_cancel)
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
@@ -97,12 +103,14 @@ class Worker:
         if self.metrics_export is not None:
             head.append(self.metrics_export)
         hooks: list[Service] = [self.webhooks] if self.webhooks else []
+        recovery: list[Service] = [self.sweeper, self.dead_letter_notes]
         return [
             *head,
             self.cancels,
             self.reaper,
             self.rescuer,
             self.pruner,
+            *recovery,
             *hooks,
             self.consumer,
         ]
@@ -123,6 +131,8 @@ class Worker:
             "reaper_leader": self.reaper.is_leader,
             "rescuer_leader": self.rescuer.is_leader,
             "pruner_leader": self.pruner.is_leader,
+            "sweeper_leader": self.sweeper.is_leader,
+            "dead_letter_notes_consuming": self.dead_letter_notes.consuming,
             "cancel_listener": self.cancels.listening,
             "webhooks_consuming": self.webhooks.consuming if self.webhooks else None,
             "counters": self.metrics.snapshot(),

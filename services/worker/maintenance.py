@@ -1,4 +1,4 @@
-"""Singleton maintenance work (the reaper, the rescuer): one holder at a time, by lease row.
+"""Singleton maintenance work (reaper, rescuer, sweeper): one holder at a time, by lease row.
 
 Every worker runs each maintenance service, but only the holder of the service's row in
 ``maintenance_leases`` works: the lease is a row with a token and an expiry (not an
@@ -13,8 +13,6 @@ import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
-
-from psycopg.rows import DictRow
 
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable
@@ -49,12 +47,12 @@ class MaintenanceService(Service):
     def is_leader(self) -> bool:
         return self.token is not None
 
-    async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
+    async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[Any]]:
         """One batch: how many candidates it took (a full batch means: look again), and
-        the rows it changed."""
+        what it changed (rows, or a use case's answers)."""
         raise NotImplementedError
 
-    def report(self, rows: Sequence[DictRow]) -> None:
+    def report(self, rows: Sequence[Any]) -> None:
         """Log and count a committed batch."""
 
     async def run(self) -> None:

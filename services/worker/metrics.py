@@ -177,6 +177,21 @@ class WorkerMetrics:
         for status in FINAL_STATUSES:
             self._oldest_terminal.labels(status).set(0)
         self.counts: collections.Counter[str] = collections.Counter()
+        # Anti-entropy (jobcore.stranded): the sweeper and the dead-letter notes.
+        self._republished = Counter(
+            "jobcore_worker_republished_jobs",
+            "Pending jobs whose message was published again by the sweeper, by reason "
+            "(stale: no sign of it for the staleness; dead_lettered: the broker dead-lettered it).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._broker_dead_letters = Counter(
+            "jobcore_worker_broker_dead_letters",
+            "Messages the broker dead-lettered (not those a worker rejected), by RabbitMQ's "
+            "reason: delivery_limit, expired, maxlen.",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def processed(self, outcome: str, claim: Claim | None = None) -> None:
         """An attempt ended with ``outcome``; a final status also completes the job."""
@@ -237,6 +252,14 @@ class WorkerMetrics:
             ages = [kind.oldest_age for kind in kinds if kind.status == status]
             self._oldest_terminal.labels(status).set(max(ages, default=0.0))
         self._prune_overdue.set(max((kind.overdue for kind in kinds), default=0.0))
+
+    def republished(self, reason: str, count: int = 1) -> None:
+        self._republished.labels(reason).inc(count)
+        self.counts[f"republished.{reason}"] += count
+
+    def broker_dead_letter(self, reason: str) -> None:
+        self._broker_dead_letters.labels(reason).inc()
+        self.counts[f"broker_dead_letters.{reason}"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))

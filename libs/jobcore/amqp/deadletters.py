@@ -15,6 +15,11 @@ Replay (``jobcore dlq replay``) publishes each message back to the jobs exchange
 routing key it was first published with (from the ``x-death`` header RabbitMQ added),
 ``mandatory`` and confirmed, and acknowledges it from the dead-letter queue only after
 the broker confirmed the publish. Messages that cannot be routed go back to the tail.
+
+The dead-letter exchange is a fanout: it also feeds the notes queue, whose copies the
+workers consume (:class:`DeadLetterNotesFeed`) to note each dead letter on its job
+(:mod:`jobcore.stranded`). Neither listing nor replaying goes through the exchange, so
+neither adds notes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect
+from jobcore.amqp.deliveries import JobQueueConsumer
 from jobcore.amqp.topology import Topology
 from jobcore.envelope import decode
 from jobcore.errors import BrokerUnavailable, PoisonMessage
@@ -77,7 +83,17 @@ def _text(value: Any) -> str | None:
 
 
 def describe(message: AbstractIncomingMessage) -> DeadLetter:
-    headers: Mapping[str, Any] = message.headers or {}
+    return describe_parts(
+        message.headers or {},
+        message.body,
+        message_id=message.message_id,
+        message_type=message.type,
+    )
+
+
+def describe_parts(
+    headers: Mapping[str, Any], body: bytes, *, message_id: str | None, message_type: str | None
+) -> DeadLetter:
     death = _first_death(headers)
     routing_keys = death.get("routing-keys")
     routing_key = (
@@ -94,13 +110,13 @@ def describe(message: AbstractIncomingMessage) -> DeadLetter:
     attempt: int | None = None
     body_error: str | None = None
     try:
-        envelope = decode(message.body)
+        envelope = decode(body)
         job_id, attempt = str(envelope.job_id), envelope.attempt
     except PoisonMessage as exc:
         body_error = str(exc)
     return DeadLetter(
-        message_id=message.message_id,
-        message_type=message.type,
+        message_id=message_id,
+        message_type=message_type,
         job_id=job_id,
         attempt=attempt,
         reason=_text(headers.get("x-first-death-reason") or death.get("reason")),
@@ -108,7 +124,7 @@ def describe(message: AbstractIncomingMessage) -> DeadLetter:
         routing_key=routing_key,
         deaths=count,
         dead_lettered_at=when.isoformat() if isinstance(when, dt.datetime) else _text(when),
-        body_bytes=len(message.body),
+        body_bytes=len(body),
         body_error=body_error,
     )
 
@@ -127,6 +143,19 @@ def _copy(message: AbstractIncomingMessage, headers: Mapping[str, Any]) -> aio_p
         type=message.type,
         app_id=message.app_id,
     )
+
+
+class DeadLetterNotesFeed(JobQueueConsumer):
+    """Consumes the dead-letter notes queue: a copy of every dead letter (the dead-letter
+    exchange is a fanout), for workers to note on its job. The dead-letter queue keeps the
+    originals for operators, untouched."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, [])
+
+    async def declare_queues(self, channel: AbstractChannel) -> list[AbstractQueue]:
+        _, notes = await self.topology.declare_dead_letters(channel)
+        return [notes]
 
 
 class DeadLetterQueue:

@@ -14,7 +14,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect_robust
 from jobcore.amqp.topology import Topology
@@ -77,7 +82,7 @@ class JobQueueConsumer:
         try:
             channel = await connection.channel()
             await channel.set_qos(prefetch_count=prefetch)
-            declared = await self.topology.declare(channel, self.queues)
+            declared = await self.declare_queues(channel)
 
             async def deliver(message: AbstractIncomingMessage) -> None:
                 await on_delivery(
@@ -91,7 +96,7 @@ class JobQueueConsumer:
                     )
                 )
 
-            for queue in declared.values():
+            for queue in declared:
                 self._consumers.append((queue, await queue.consume(deliver)))
         except BaseException:
             await connection.close()
@@ -99,6 +104,10 @@ class JobQueueConsumer:
         connection.close_callbacks.add(self._on_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
+
+    async def declare_queues(self, channel: AbstractChannel) -> list[AbstractQueue]:
+        """Declare the topology (idempotent) and return the queues to consume."""
+        return list((await self.topology.declare(channel, self.queues)).values())
 
     def _on_lost(self, _: object, exc: BaseException | None = None) -> None:
         if self._connection is None or self._lost:

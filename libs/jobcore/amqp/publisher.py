@@ -42,7 +42,7 @@ from pamqp.frame import marshal as marshal_frame
 from pamqp.header import ContentHeader
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect, redact
-from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
+from jobcore.amqp.topology import WEBHOOKS_QUEUE, DeclaredTopology, Topology
 from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
 from jobcore.errors import BrokerUnavailable, ConfigurationError
 from jobcore.retry import backoff_delay
@@ -147,26 +147,34 @@ class BatchResult:
     confirm_seconds: float = 0.0
 
 
-def describe_topology(topology: Topology, queues: Iterable[str]) -> dict[str, Any]:
+def describe_topology(
+    topology: Topology, queues: Iterable[str], *, at_most_once: Collection[str] = ()
+) -> dict[str, Any]:
+    """What `jobcore topology` prints; ``at_most_once``: queues that still dead-letter at
+    most once (declared before at-least-once dead-lettering)."""
+
+    def row(q: str) -> dict[str, Any]:
+        name = topology.queue_name(q)
+        strategy = "at-most-once" if name in at_most_once else "at-least-once"
+        return {"queue": name, "routing_key": topology.routing_key(q), "dead_lettering": strategy}
+
     return {
         "exchange": topology.jobs_exchange,
-        "queues": [
-            {"queue": topology.queue_name(q), "routing_key": topology.routing_key(q)}
-            for q in sorted(set(queues))
-        ],
+        "queues": [row(q) for q in sorted(set(queues) | {WEBHOOKS_QUEUE})],
         "dead_letter_exchange": topology.dead_letter_exchange,
         "dead_letter_queue": topology.dead_letter_queue,
+        "dead_letter_notes_queue": topology.dead_letter_notes_queue,
         "delivery_limit": topology.delivery_limit,
     }
 
 
 async def _declare(
     connection: AbstractConnection, topology: Topology, queues: Collection[str]
-) -> None:
+) -> DeclaredTopology:
     # Its own channel: a failed declaration closes the channel it ran on.
     channel = await connection.channel(publisher_confirms=False)
     try:
-        await topology.declare(channel, queues)
+        return await topology.declare_all(channel, queues)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
         raise ConfigurationError(
             f"the broker already has this topology with other arguments: {exc}"
@@ -184,12 +192,12 @@ async def declare_topology(
     connection = await connect(settings, timeout=connect_timeout)
     try:
         try:
-            await _declare(connection, topology, queues)
+            declared = await _declare(connection, topology, queues)
         except BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"declaring the topology failed: {exc}") from exc
     finally:
         await connection.close()
-    return describe_topology(topology, queues)
+    return describe_topology(topology, queues, at_most_once=declared.at_most_once)
 
 
 class ConfirmedPublisher:

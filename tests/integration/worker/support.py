@@ -66,6 +66,28 @@ TAKE_OVER = Query(
 )
 
 
+HOUR = 3600.0
+
+# Moves a job's creation and last change back by `seconds`, as if it had waited that long
+# (the sweeper's tests make jobs stale so, never by waiting).
+BACKDATE = Query(
+    "test_backdate_job",
+    "Make a job look older than it is.",
+    """
+    UPDATE jobs
+    SET created_at = created_at - make_interval(secs => %(seconds)s),
+        updated_at = updated_at - make_interval(secs => %(seconds)s)
+    WHERE id = %(id)s
+    """,
+)
+
+
+async def backdate(db: Database, job_id: uuid.UUID, seconds: float = 2 * HOUR) -> None:
+    async with db.unit_of_work() as uow:
+        await uow.execute(BACKDATE, {"id": job_id, "seconds": seconds})
+        await uow.commit()
+
+
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
     """The test's settings, tuned so that leases, backoff and the reaper act within seconds."""
     values: dict[str, Any] = {
@@ -73,6 +95,7 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
         "worker_health_port": 0,
         "worker_reaper_interval": 0.2,
         "worker_rescuer_interval": 0.2,
+        "sweeper_interval": 0.2,
         "retry_backoff_base": 0.2,
         "retry_backoff_cap": 0.8,
         "shutdown_grace": 2.0,
@@ -235,6 +258,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
         "JOBCORE_WORKER_HEALTH_PORT": str(settings.worker_health_port),
         "JOBCORE_WORKER_REAPER_INTERVAL": str(settings.worker_reaper_interval),
         "JOBCORE_WORKER_RESCUER_INTERVAL": str(settings.worker_rescuer_interval),
+        "JOBCORE_SWEEPER_INTERVAL": str(settings.sweeper_interval),
         "JOBCORE_RETRY_BACKOFF_BASE": str(settings.retry_backoff_base),
         "JOBCORE_RETRY_BACKOFF_CAP": str(settings.retry_backoff_cap),
     }

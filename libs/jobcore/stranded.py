@@ -1,0 +1,136 @@
+"""Anti-entropy: no accepted job is stranded by a message that vanished (DESIGN.md, 11).
+
+A pending job waits for its message. The message can vanish without the database
+hearing of it: RabbitMQ dead-letters it at the queue's delivery limit after repeated
+requeues, an operator purges or deletes the queue, the broker loses its data. Two use
+cases cover that, called by the worker's sweeper and dead-letter notes services and by
+`jobcore jobs republish-stale` (:func:`republish_all_stale`):
+
+- :func:`republish_stale` publishes the current attempt of every *stale* pending job
+  again, through the outbox (so it survives a broker outage like any message). Stale:
+  due, no outbox row of its own waiting, and no change for the staleness
+  (``JOBCORE_SWEEPER_STALE_AFTER``). The database cannot tell a vanished message from a
+  slow one, so a job in a backlog older than the staleness gets a spare copy: harmless,
+  since the copy carries the same attempt number and the claim's fence
+  (``attempts + 1 = attempt``, ``status = 'pending'``) and the inbox let one message run
+  the attempt, but it costs a delivery. So each further republish of a job waits twice as
+  long as the one before (up to :data:`MAX_DOUBLINGS` doublings): a job costs at most a
+  handful of copies however long a backlog lasts, and one that can never be delivered
+  (a job type no worker knows) adds to the dead-letter queue at most once per
+  2^MAX_DOUBLINGS stalenesses.
+- :func:`note_dead_letter` notes on a job that the broker dead-lettered its current
+  attempt's message (``message_note``), so operators see why it waits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jobcore.amqp.deadletters import DeadLetter
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, Session, UnitOfWork
+from jobcore.enqueue import OUTBOX_CHANNEL, message_row
+from jobcore.sql import stranded as q
+
+# 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
+# hours apart.
+MAX_DOUBLINGS = 5
+
+# Dead-letter reasons (RabbitMQ's x-death "reason"). `rejected` is our own workers'
+# doing (a poison message, rejected without requeue): they note and count it themselves.
+REJECTED_BY_A_WORKER = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Republished:
+    job_id: uuid.UUID
+    attempt: int
+    # `stale`, or `dead_lettered` when the job's note said the broker dead-lettered the
+    # message of this attempt.
+    reason: str
+    # How many times the job has been republished, this time included.
+    count: int
+
+
+async def republish_stale(
+    uow: UnitOfWork, topology: Topology, *, stale_after: float, limit: int
+) -> tuple[int, list[Republished]]:
+    """Republish up to ``limit`` stale pending jobs in ``uow`` (the caller commits).
+
+    Returns how many candidates were locked (``limit`` of them: look again) and the jobs
+    republished.
+    """
+    locked = await uow.fetch_all(
+        q.JOB_LOCK_STALE,
+        {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit},
+    )
+    if not locked:
+        return 0, []
+    messages = [
+        message_row(
+            topology,
+            job_id=row["id"],
+            type_name=row["type"],
+            queue=row["queue"],
+            attempt=row["attempts"] + 1,
+            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
+        )
+        for row in locked
+    ]
+    params: dict[str, Any] = {
+        "ids": [row["id"] for row in locked],
+        "attempts": [row["attempts"] + 1 for row in locked],
+        "reasons": [row["reason"] for row in locked],
+        "silent": [row["silent_seconds"] for row in locked],
+        "message_ids": [m["message_id"] for m in messages],
+        "exchanges": [m["exchange"] for m in messages],
+        "routing_keys": [m["routing_key"] for m in messages],
+        "message_types": [m["message_type"] for m in messages],
+        "headers": [m["headers"] for m in messages],
+        "bodies": [m["body"] for m in messages],
+        "channel": OUTBOX_CHANNEL,
+    }
+    rows = await uow.fetch_all(q.JOB_REPUBLISH_STALE, params)
+    return len(locked), [
+        Republished(row["id"], row["attempt"], row["reason"], row["republish_count"])
+        for row in rows
+    ]
+
+
+async def republish_all_stale(
+    db: Database, topology: Topology, *, stale_after: float, batch_size: int = 500
+) -> list[Republished]:
+    """Republish every stale pending job now, a batch per transaction (for operators, who
+    need not wait for the sweeper's next round; no lease: locked rows are skipped)."""
+    republished: list[Republished] = []
+    while True:
+        async with db.unit_of_work() as uow:
+            taken, batch = await republish_stale(
+                uow, topology, stale_after=stale_after, limit=batch_size
+            )
+            await uow.commit()
+        republished.extend(batch)
+        if taken < batch_size:
+            return republished
+
+
+async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
+    """Note on its job that the broker dead-lettered ``letter``; True if a job took the note
+    (it is pending and the letter is its current attempt's message)."""
+    if letter.job_id is None or letter.attempt is None or letter.message_type is None:
+        return False
+    row = await session.fetch_one(
+        q.JOB_NOTE_DEAD_LETTER,
+        {
+            "job_id": uuid.UUID(letter.job_id),
+            "type": letter.message_type,
+            "attempt": letter.attempt,
+            "reason": letter.reason,
+            "queue": letter.queue,
+            "message_id": letter.message_id,
+            "dead_lettered_at": letter.dead_lettered_at,
+        },
+    )
+    return row is not None
