@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     # reaper.
     worker_rescuer_interval: float = Field(default=30.0, gt=0, le=3600)
 
+    # How long deliveries may wait for the database (a job's claim; a webhook's read or
+    # record) with none served before the worker's /readyz turns red; it turns green
+    # again by itself. Twice the default db_operation_timeout: a claim that hangs until
+    # that timeout and then succeeds on a fresh connection is slow, not stuck.
+    worker_stall_after: float = Field(default=60.0, gt=0, le=3600)
+
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)
 

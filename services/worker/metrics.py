@@ -147,6 +147,19 @@ class WorkerMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        # Every delivery settled, and readiness (issue 14).
+        self._delivery_errors = Counter(
+            "jobcore_worker_delivery_errors",
+            "Deliveries that met an unexpected error, by stage: before_claim (requeued), "
+            "after_claim (acknowledged; the attempt failed), webhook (requeued).",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.stalled = Gauge(
+            "jobcore_worker_stalled",
+            "1 while a consumer of this worker cannot make progress (its /readyz is 503).",
+            registry=self.registry,
+        )
         self.counts: collections.Counter[str] = collections.Counter()
 
     def processed(self, outcome: str, claim: Claim | None = None) -> None:
@@ -194,6 +207,10 @@ class WorkerMetrics:
     def rescued(self, reason: str, count: int = 1) -> None:
         self._rescued.labels(reason).inc(count)
         self.counts[f"rescued.{reason}"] += count
+
+    def delivery_error(self, stage: str) -> None:
+        self._delivery_errors.labels(stage).inc()
+        self.counts[f"delivery_errors.{stage}"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))
