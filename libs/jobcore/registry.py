@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from jobcore.errors import DuplicateRegistration, InvalidPayload, ServiceStateError, UnknownJobType
+from jobcore.amqp.topology import WEBHOOKS_QUEUE
+from jobcore.errors import (
+    ConfigurationError,
+    DuplicateRegistration,
+    InvalidPayload,
+    ServiceStateError,
+    UnknownJobType,
+)
 
 if TYPE_CHECKING:
     from jobcore.results import LocalResultStore
@@ -30,6 +37,8 @@ P = TypeVar("P", bound=BaseModel)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 MAX_ATTEMPTS_LIMIT = 100
+# Queues jobcore consumes for its own messages: a job type there would be read as one.
+RESERVED_QUEUES = frozenset({WEBHOOKS_QUEUE})
 
 
 @dataclass(slots=True)
@@ -136,6 +145,12 @@ class Registry:
         self._types: dict[str, JobType[Any]] = {}
 
     def register(self, job_type: JobType[Any]) -> JobType[Any]:
+        if job_type.queue in RESERVED_QUEUES:
+            raise ConfigurationError(
+                f"JOBCORE_JOB_MODULES: job type {job_type.name!r} "
+                f"({job_type.handler.__module__}) is on the queue {job_type.queue!r}, which "
+                "is reserved (the worker's completion webhooks consume it); pick another queue"
+            )
         existing = self._types.get(job_type.name)
         if existing is not None and existing != job_type:
             raise DuplicateRegistration(f"job type {job_type.name!r} is already registered")

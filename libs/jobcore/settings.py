@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     # PostgreSQL. Runtime code uses psycopg with this URL; Alembic gets the SQLAlchemy form.
     database_url: str = "postgresql://postgres@127.0.0.1:5432/jobcore"
     db_pool_min: int = Field(default=1, ge=0, le=100)
-    db_pool_max: int = Field(default=8, ge=1, le=200)
+    db_pool_max: int = Field(default=12, ge=1, le=200)
     db_connect_timeout: float = Field(default=5.0, gt=0, le=120)
     # How long one database operation (a statement, a commit) may wait for the server
     # before its connection counts as dead and is dropped: across a silently cut network
@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     # jobs.
     sweeper_interval: float = Field(default=60.0, gt=0, le=3600)
     sweeper_stale_after: float = Field(default=3600.0, ge=1, le=30 * 86_400)
+    # How long deliveries may wait for the database (a job's claim; a webhook's read or
+    # record) with none served before the worker's /readyz turns red; it turns green
+    # again by itself. Twice the default db_operation_timeout: a claim that hangs until
+    # that timeout and then succeeds on a fresh connection is slow, not stuck.
+    worker_stall_after: float = Field(default=60.0, gt=0, le=3600)
 
     # Shared by every long-running loop: how long SIGTERM waits for in-flight work.
     shutdown_grace: float = Field(default=10.0, ge=0, le=3600)

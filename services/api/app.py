@@ -15,6 +15,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.logs import configure_logging
 from jobcore.otel_metrics import MetricsText, metrics_pusher
+from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
@@ -63,6 +64,7 @@ def create_app(
     lifespan; a database passed in must be open already and is never closed here."""
     settings = settings or load_settings()
     registry = load_job_modules(settings.job_modules)
+    check_job_types(registry, settings)
     state = ApiState(
         settings=settings,
         registry=registry,

@@ -18,6 +18,8 @@ from uvicorn.supervisors import Multiprocess
 from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.logs import configure_logging
+from jobcore.preflight import check_job_types
+from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from services.cli.common import emit, fail, run, settings
 
@@ -42,6 +44,7 @@ def api(
 ) -> None:
     """Serve the enqueue and status API with uvicorn until SIGTERM."""
     config = settings()  # a bad setting stops here, with one line, before uvicorn starts
+    check_job_types(load_job_modules(config.job_modules), config)
     configure_logging("api")
     server_config = uvicorn.Config(
         "services.api.app:app_from_environment",

@@ -33,6 +33,7 @@ from jobcore.db import Database, UnitOfWork
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
+from jobcore.preflight import check_relay_timeouts
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
@@ -439,6 +440,11 @@ class _WithoutConnectionNoise(logging.Filter):
 
 async def serve(settings: Settings, options: RelayOptions) -> int:
     """`jobcore relay`: the relay and its health server until SIGTERM; the exit code."""
+    check_relay_timeouts(
+        settings,
+        publish_timeout=options.publish_timeout,
+        connect_timeout=options.connect_timeout,
+    )
     logging.getLogger("aiormq.connection").addFilter(_WithoutConnectionNoise())
     metrics = RelayMetrics()
     db = Database(

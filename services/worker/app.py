@@ -11,10 +11,12 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from jobcore.amqp.deliveries import split_prefetch
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
+from jobcore.preflight import check_job_types, held_connections
 from jobcore.registry import Registry, load_job_modules
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
@@ -22,6 +24,7 @@ from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.deadletter_notes import DeadLetterNotes
+from services.worker.maintenance import MaintenanceService
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
 from services.worker.reaper import Reaper
@@ -54,21 +57,10 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         self.db = Database(settings, name="jobcore-worker")
-        # The maintenance services (reaper, rescuer, pruner, sweeper), dead-letter notes and
-        # cancel listener use the pool; claims and outcomes the rest.
-        self.connections = HeldConnections(self.db, max(1, settings.db_pool_max - 2))
-        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-        self.runner = JobRunner(settings, self.connections, topology, self.metrics)
-        self.consumer = Consumer(
-            settings,
-            self.connections,
-            self.runner,
-            registry=self.registry,
-            queues=self.queues,
-            concurrency=concurrency or settings.worker_concurrency,
-            worker_id=self.worker_id,
-            metrics=self.metrics,
-        )
+        # Start-up checks: settings that would deadlock stop the worker here, in one line.
+        check_job_types(self.registry, settings)
+        concurrency = concurrency or settings.worker_concurrency
+        split_prefetch(settings.job_prefetch(concurrency), self.queues)
         self.reaper = Reaper(
             settings, self.db, registry=self.registry, owner=self.worker_id, metrics=self.metrics
         )
@@ -80,6 +72,33 @@ class Worker:
         # Anti-entropy: stranded pending jobs published again; dead letters noted on jobs.
         self.sweeper = Sweeper(settings, self.db, owner=self.worker_id, metrics=self.metrics)
         self.dead_letter_notes = DeadLetterNotes(settings, self.db, self.metrics)
+        self.maintenance: list[MaintenanceService] = [
+            self.reaper,
+            self.rescuer,
+            self.pruner,
+            self.sweeper,
+        ]
+        # Whatever else takes pool connections at once, one each; claims and outcomes keep
+        # the rest (held, see services.worker.connections).
+        pool_users = {
+            "cancel listener": 1,
+            **{service.lease_name: 1 for service in self.maintenance},
+            "dead-letter notes": 1,
+            **({"webhook deliverer": 1} if webhooks else {}),
+        }
+        self.connections = HeldConnections(self.db, held_connections(settings, pool_users))
+        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.runner = JobRunner(settings, self.connections, topology, self.metrics)
+        self.consumer = Consumer(
+            settings,
+            self.connections,
+            self.runner,
+            registry=self.registry,
+            queues=self.queues,
+            concurrency=concurrency,
+            worker_id=self.worker_id,
+            metrics=self.metrics,
+        )
         self.cancels = CancelListener(self.db, self.runner.request_cancel)
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
@@ -103,14 +122,11 @@ class Worker:
         if self.metrics_export is not None:
             head.append(self.metrics_export)
         hooks: list[Service] = [self.webhooks] if self.webhooks else []
-        recovery: list[Service] = [self.sweeper, self.dead_letter_notes]
         return [
             *head,
             self.cancels,
-            self.reaper,
-            self.rescuer,
-            self.pruner,
-            *recovery,
+            *self.maintenance,
+            self.dead_letter_notes,
             *hooks,
             self.consumer,
         ]
@@ -120,13 +136,25 @@ class Worker:
         """How long stopping may take: the handlers' grace plus giving back leases."""
         return self.settings.shutdown_grace + RELEASE_TIMEOUT + 1.0
 
+    def trouble(self) -> list[str]:
+        """Why a consumer of this worker cannot make progress now (docs/operations.md,
+        "Readiness"); empty while both can."""
+        found = []
+        if reason := self.consumer.progress.trouble():
+            found.append(f"jobs: {reason}")
+        if self.webhooks is not None and (reason := self.webhooks.progress.trouble()):
+            found.append(f"webhooks: {reason}")
+        return found
+
     async def probe(self) -> tuple[bool, dict[str, Any]]:
-        ready = self.consumer.consuming and self.consumer.broker_connected
+        trouble = self.trouble()
+        ready = self.consumer.consuming and self.consumer.broker_connected and not trouble
         return ready, {
             "worker_id": self.worker_id,
             "queues": self.queues,
             "broker_connected": self.consumer.broker_connected,
             "consuming": self.consumer.consuming,
+            "trouble": trouble,
             "running_handlers": len(self.runner.running),
             "reaper_leader": self.reaper.is_leader,
             "rescuer_leader": self.rescuer.is_leader,
@@ -139,6 +167,7 @@ class Worker:
         }
 
     async def render_metrics(self) -> str:
+        self.metrics.stalled.set(1 if self.trouble() else 0)
         return self.metrics.render()
 
     async def start(self) -> None:

@@ -16,6 +16,15 @@ Why the acknowledgement comes after the claim commits, and why the lease protect
 - From then on the *lease* protects the job: a worker that dies stops heartbeating, the
   lease expires, and the reaper returns the job to pending with a new message. Every
   write the old worker might still attempt is fenced by its lease token and is dropped.
+
+Every delivery is settled, whatever goes wrong. An unexpected error before the claim
+commits requeues it (after a pause that grows with its redeliveries): it counts toward the
+queue's delivery limit, past which the broker dead-letters it and the job is found again
+by the database's side. One after the claim committed acknowledges it (the claim is the
+record now) and ends the attempt as a retryable failure with that error. A settle that
+fails because the channel is gone needs nothing: the broker requeues what the closed
+channel held. While the database is unreachable a delivery is held, not requeued, and
+:class:`~services.worker.progress.Progress` reports the stall on ``/readyz``.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.envelope import JobMessage, decode
@@ -43,6 +54,7 @@ from jobcore.sql import worker as q
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
+from services.worker.progress import Progress
 from services.worker.runner import Claim, JobRunner
 from services.worker.tracing import consume_span
 
@@ -61,6 +73,16 @@ class ClaimRequest:
 
 # After the handlers' grace period, how long giving back the remaining leases may take.
 RELEASE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A delivery whose claim statement committed, with what it answered."""
+
+    message_id: uuid.UUID
+    envelope: JobMessage
+    job_type: JobType[Any]
+    row: dict[str, Any]
 
 
 class Consumer(Service):
@@ -91,6 +113,7 @@ class Consumer(Service):
         self._slots = asyncio.Semaphore(concurrency)
         self.prefetch = settings.job_prefetch(concurrency)
         self._deliveries: set[asyncio.Task[None]] = set()
+        self.progress = Progress(settings.worker_stall_after)
         self.consuming = False
 
     @property
@@ -161,14 +184,26 @@ class Consumer(Service):
                 return
             with consume_span(message):
                 try:
-                    received = await self._receive(message)
-                    if received is not None:
-                        await self.runner.run(*received)
+                    with self.progress.waiting():
+                        taken = await self._take(message)
                 except Exception:
-                    log.exception("unexpected error handling a delivery; it will be redelivered")
+                    await self._requeue_after_error(message)
+                    return
+                if taken is None:
+                    return
+                claim: Claim | None = None
+                try:
+                    claim = self._claim_of(taken)
+                    payload = await self._start(message, taken, claim)
+                except Exception as exc:
+                    await self._ack_after_error(message, claim, exc)
+                    return
+                if claim is not None and payload is not None:
+                    await self.runner.run(claim, payload)
 
-    async def _receive(self, message: Delivery) -> tuple[Claim, Any] | None:
-        """Decode, dedupe and claim. Returns the claim to run, or None when done with it."""
+    async def _take(self, message: Delivery) -> Taken | None:
+        """Decode and claim: the claim commits last. None when the delivery is done with
+        (settled, or left for the broker to requeue when the worker stops)."""
         try:
             envelope = decode(message.body)
             message_id = uuid.UUID(str(message.message_id))
@@ -186,45 +221,87 @@ class Consumer(Service):
             await self._note_undeliverable(envelope, exc)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
-
         row = await self._claim(message_id, envelope, job_type)
         if row is None:
             return None  # stopping while the database was away: the broker redelivers
-        if not row["fresh"]:
-            self.metrics.duplicate()
-            log.debug("duplicate message acknowledged", extra=_fields(message, envelope))
-            await self._ack(message)
-            return None
-        if row["id"] is None:
-            self.metrics.skipped()
-            log.info(
-                "job not claimable; message acknowledged with no effect",
-                extra={**_fields(message, envelope), "status": row["status_before"]},
-            )
-            await self._ack(message)
-            return None
+        return Taken(message_id, envelope, job_type, row)
 
-        claim = Claim(
+    @staticmethod
+    def _claim_of(taken: Taken) -> Claim | None:
+        """The job this worker now holds the lease of, if the claim took one."""
+        row = taken.row
+        if not row["fresh"] or row["id"] is None:
+            return None
+        return Claim(
             job_id=row["id"],
-            job_type=job_type,
+            job_type=taken.job_type,
             raw_payload=row["payload"],
             attempt=row["attempts"],
             max_attempts=row["max_attempts"],
             lease_token=row["lease_token"],
             cancel_requested=row["cancel_requested_at"] is not None,
             trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
-            message_id=message_id,
+            message_id=taken.message_id,
             created_at=row["created_at"],
             due_at=row["due_at"],
         )
+
+    async def _start(
+        self, message: Delivery, taken: Taken, claim: Claim | None
+    ) -> BaseModel | None:
+        """After the claim: settle the delivery; the validated payload if the job runs."""
+        if claim is None:
+            if not taken.row["fresh"]:
+                self.metrics.duplicate()
+                log.debug("duplicate message acknowledged", extra=_fields(message, taken.envelope))
+            else:
+                self.metrics.skipped()
+                log.info(
+                    "job not claimable; message acknowledged with no effect",
+                    extra={
+                        **_fields(message, taken.envelope),
+                        "status": taken.row["status_before"],
+                    },
+                )
+            await self._ack(message)
+            return None
         try:
-            payload = job_type.validate_payload(row["payload"])
+            payload: BaseModel = taken.job_type.validate_payload(claim.raw_payload)
         except InvalidPayloadError as exc:
             await self.runner.fail_invalid_payload(claim, exc)
-            await self._dead_letter(message, "invalid_payload", str(exc), envelope)
+            await self._dead_letter(message, "invalid_payload", str(exc), taken.envelope)
             return None
         await self._ack(message)
-        return claim, payload
+        return payload
+
+    async def _requeue_after_error(self, message: Delivery) -> None:
+        """Before the claim committed: nothing happened, so the message goes back to its
+        queue, after a pause that grows with its redeliveries."""
+        self.progress.failed()
+        self.metrics.delivery_error("before_claim")
+        log.exception(
+            "unexpected error before the claim; the delivery is requeued",
+            extra={**_fields(message, None), "delivery_count": message.delivery_count},
+        )
+        await self.sleep(message.requeue_pause())  # stopping ends it: requeued at once
+        if not await message.requeue() and not message.settled:
+            log.debug("requeue failed; the broker requeues it when the channel closes")
+
+    async def _ack_after_error(
+        self, message: Delivery, claim: Claim | None, exc: Exception
+    ) -> None:
+        """After the claim committed: the claim is the record now, so the delivery is
+        acknowledged (a redelivery would only meet the inbox) and a claimed job's attempt
+        ends as a retryable failure with this error."""
+        self.progress.failed()
+        self.metrics.delivery_error("after_claim")
+        log.exception(
+            "unexpected error after the claim; the delivery is acknowledged",
+            extra=_fields(message, None),
+        )
+        await self._ack(message)
+        if claim is not None:
+            await self.runner.fail_attempt(claim, exc, during="starting the job")
 
     async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
         """Tell the job's pollers why it stays pending (best effort: the message is kept in
@@ -291,6 +368,7 @@ class Consumer(Service):
         async with self.connections.connection() as conn:
             cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
             rows = {row["message_id"]: row for row in await cur.fetchall()}
+        self.progress.progressed()
         answers: list[dict[str, Any]] = []
         answered: set[uuid.UUID] = set()
         for request in requests:
@@ -302,6 +380,8 @@ class Consumer(Service):
         return answers
 
     async def _ack(self, message: Delivery) -> None:
+        if message.settled:
+            return
         if not await message.ack():
             # The claim is committed; the redelivery this causes hits the inbox.
             log.debug("ack failed; the redelivery will be deduplicated")
@@ -318,7 +398,9 @@ class Consumer(Service):
             "poison message sent to the dead-letter queue",
             extra={**_fields(message, envelope), "reason": reason, "error": error},
         )
-        if not await message.dead_letter():
+        if await message.dead_letter():
+            self.progress.progressed()
+        else:
             log.debug("reject failed; the message will be redelivered and rejected again")
 
 

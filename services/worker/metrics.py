@@ -176,6 +176,19 @@ class WorkerMetrics:
             self._pruned.labels(table)
         for status in FINAL_STATUSES:
             self._oldest_terminal.labels(status).set(0)
+        # Every delivery settled, and readiness (issue 14).
+        self._delivery_errors = Counter(
+            "jobcore_worker_delivery_errors",
+            "Deliveries that met an unexpected error, by stage: before_claim (requeued), "
+            "after_claim (acknowledged; the attempt failed), webhook (requeued).",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.stalled = Gauge(
+            "jobcore_worker_stalled",
+            "1 while a consumer of this worker cannot make progress (its /readyz is 503).",
+            registry=self.registry,
+        )
         self.counts: collections.Counter[str] = collections.Counter()
         # Anti-entropy (jobcore.stranded): the sweeper and the dead-letter notes.
         self._republished = Counter(
@@ -260,6 +273,10 @@ class WorkerMetrics:
     def broker_dead_letter(self, reason: str) -> None:
         self._broker_dead_letters.labels(reason).inc()
         self.counts[f"broker_dead_letters.{reason}"] += 1
+
+    def delivery_error(self, stage: str) -> None:
+        self._delivery_errors.labels(stage).inc()
+        self.counts[f"delivery_errors.{stage}"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         return dict(sorted(self.counts.items()))

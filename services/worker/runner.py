@@ -119,7 +119,14 @@ def lease_deadline(claim: Claim, since: float) -> float:
 
 def error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:ERROR_MAX_CHARS]
+    return storable(text)[:ERROR_MAX_CHARS]
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: text columns hold no NUL, and a lone surrogate
+    (bytes decoded with ``surrogateescape``) cannot be encoded. Either would fail the very
+    statement that records the error, and the attempt would end as "lease expired"."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
 
 
 class JobRunner:
@@ -168,12 +175,32 @@ class JobRunner:
         detail = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
         )
-        await self._write_fenced(
-            claim, q.FAIL, {"error": f"payload no longer validates: {detail}"[:ERROR_MAX_CHARS]}
-        )
+        text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
+        await self._write_fenced(claim, q.FAIL, {"error": text})
         self.metrics.processed("failed", claim)
 
+    async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
+        """End an attempt that failed outside its handler as a retryable failure whose
+        last_error is ``exc``. Never raises: if even that cannot be written, the lease
+        expires and the reaper takes the job back."""
+        try:
+            await self._attempt_failed(claim, exc, during=during)
+        except Exception:
+            log.exception(
+                "could not record the attempt's failure; its lease will expire",
+                extra={**claim.log_fields, "during": during},
+            )
+
     async def run(self, claim: Claim, payload: Any) -> None:
+        """Run a claimed job to its outcome. Raises nothing but cancellation: an error
+        after the handler (storing its result, writing its outcome) fails the attempt."""
+        try:
+            await self._run(claim, payload)
+        except Exception as exc:
+            log.exception("unexpected error after the handler", extra=claim.log_fields)
+            await self.fail_attempt(claim, exc, during="recording the outcome")
+
+    async def _run(self, claim: Claim, payload: Any) -> None:
         context: JobContext[Any] = JobContext(
             job_id=claim.job_id,
             job_type=claim.job_type.name,
@@ -293,9 +320,14 @@ class JobRunner:
                     claim, "the handler stored a result file and returned a too large result"
                 )
                 return
-            result_ref = await asyncio.to_thread(
-                self.result_store.put, claim.job_id, encoded, suffix="json"
-            )
+            try:
+                result_ref = await asyncio.to_thread(
+                    self.result_store.put, claim.job_id, encoded, suffix="json"
+                )
+            except OSError as exc:
+                # A full disk or a broken mount: this attempt failed; another may not.
+                await self._attempt_failed(claim, exc, during="storing the result")
+                return
             encoded = None
         success = Success(
             claim.job_id,
@@ -321,8 +353,11 @@ class JobRunner:
             won = {row["id"] for row in await cur.fetchall()}
         return [s.job_id in won for s in batch]
 
-    async def _attempt_failed(self, claim: Claim, exc: BaseException) -> None:
-        error = error_text(exc)
+    async def _attempt_failed(
+        self, claim: Claim, exc: BaseException, *, during: str | None = None
+    ) -> None:
+        error = error_text(exc) if during is None else f"{during} failed: {error_text(exc)}"
+        error = error[:ERROR_MAX_CHARS]
         if claim.attempt >= claim.max_attempts:
             await self._fail(claim, error)
             return

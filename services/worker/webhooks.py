@@ -10,7 +10,10 @@ then is the message acknowledged. So:
   at-least-once, as receivers are told;
 - a message redelivered after its outcome was written finds its inbox row and is
   acknowledged without a request;
-- no connection is held while the request is in flight (at most ten seconds).
+- no connection is held while the request is in flight (at most ten seconds);
+- every message is settled, whatever goes wrong: a request that raises is an attempt that
+  failed (recorded, and retried on the delivery's own schedule); any other unexpected
+  error requeues the message after a pause (the queue's delivery limit bounds that).
 
 Outbound requests go only to an address that passed the SSRF check at send time: the host
 is resolved, every address checked, and the connection made to the checked address (the
@@ -55,6 +58,7 @@ from jobcore.webhooks import (
     webhook_body,
 )
 from services.worker.metrics import WorkerMetrics
+from services.worker.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +185,7 @@ class WebhookDeliverer(Service):
             registry=metrics.registry,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self.progress = Progress(settings.worker_stall_after)
         self.consuming = False
 
     async def run(self) -> None:
@@ -229,7 +234,19 @@ class WebhookDeliverer(Service):
         try:
             await self._deliver(message)
         except Exception:
-            log.exception("unexpected error sending a webhook; the message will be redelivered")
+            if message.settled:
+                log.exception("unexpected error after a webhook message was settled")
+                return
+            # Before the outcome was recorded (it is acknowledged right after): sending
+            # the request again is what at-least-once promises.
+            self.progress.failed()
+            self.metrics.delivery_error("webhook")
+            log.exception(
+                "unexpected error handling a webhook message; it is requeued",
+                extra={"message_id": message.message_id},
+            )
+            await self.sleep(message.requeue_pause())  # stopping ends it: requeued at once
+            await message.requeue()
 
     async def _deliver(self, message: Delivery) -> None:
         try:
@@ -258,7 +275,11 @@ class WebhookDeliverer(Service):
         fields["job_id"] = str(delivery["job_id"])
         body = webhook_body(delivery)
         headers = signed_headers(delivery["id"], secret, body)
-        result = await self.sender.send(delivery["url"], body, headers)
+        try:
+            result = await self.sender.send(delivery["url"], body, headers)
+        except Exception as exc:  # an unforeseen client error: a failed attempt, retried
+            log.exception("unexpected error sending a webhook", extra=fields)
+            result = AttemptResult(Outcome.RETRY, error=f"{type(exc).__name__}: {exc}")
         self._attempts.labels(result.outcome.value).inc()
         self.metrics.counts[f"webhooks.{result.outcome.value}"] += 1
 
@@ -267,8 +288,8 @@ class WebhookDeliverer(Service):
         )
         if recorded is None:
             return  # stopping: unacknowledged, so another worker sends it again
-        self._log_outcome(recorded, result, fields)
         await message.ack()
+        self._log_outcome(recorded, result, fields)
 
     @staticmethod
     def _is_due(delivery: Mapping[str, Any], envelope: WebhookMessage) -> bool:
@@ -334,18 +355,22 @@ class WebhookDeliverer(Service):
         """Run ``operation``, holding the message while the database is away; None if the
         worker stops first."""
         failures = 0
-        while True:
-            try:
-                return await operation()
-            except DatabaseUnavailable as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "webhooks: database unavailable; holding the message until it is back",
-                        extra={**fields, "error": str(exc)},
-                    )
-                if await self.sleep(1.0):
-                    return None
+        with self.progress.waiting():
+            while True:
+                try:
+                    answer = await operation()
+                except DatabaseUnavailable as exc:
+                    failures += 1
+                    if failures == 1:
+                        log.warning(
+                            "webhooks: database unavailable; holding the message until it is back",
+                            extra={**fields, "error": str(exc)},
+                        )
+                    if await self.sleep(1.0):
+                        return None
+                else:
+                    self.progress.progressed()
+                    return answer
 
     def _log_outcome(
         self, recorded: dict[str, Any], result: AttemptResult, fields: dict[str, Any]

@@ -44,6 +44,7 @@ def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) ->
         ("JOBCORE_AMQP_URL", "amqp://localhost:99999/", "JOBCORE_AMQP_URL: has a bad port"),
         ("JOBCORE_RELAY_BATCH_SIZE", "0", "JOBCORE_RELAY_BATCH_SIZE:"),
         ("JOBCORE_AMQP_PREFIX", "has space", "JOBCORE_AMQP_PREFIX:"),
+        ("JOBCORE_WORKER_STALL_AFTER", "0", "JOBCORE_WORKER_STALL_AFTER:"),
     ],
 )
 def test_bad_values_give_one_line_naming_the_setting(

@@ -153,9 +153,12 @@ class DeadLetterNotesFeed(JobQueueConsumer):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings, [])
 
-    async def declare_queues(self, channel: AbstractChannel) -> list[AbstractQueue]:
+    def prefetch_shares(self, prefetch: int) -> dict[str, int]:
+        return {"dead-letter notes": prefetch}
+
+    async def declare_queue(self, channel: AbstractChannel, name: str) -> AbstractQueue:
         _, notes = await self.topology.declare_dead_letters(channel)
-        return [notes]
+        return notes
 
 
 class DeadLetterQueue:

@@ -4,7 +4,8 @@ The connection reconnects by itself (aio-pika's robust connection re-declares th
 topology and restarts the consumers), so a broker restart costs the worker nothing but
 the deliveries that were in flight: their acknowledgements fail, RabbitMQ redelivers
 them, and the inbox recognises them. Settling a delivery never raises for a broken
-connection; it reports whether the broker took the answer.
+connection; it reports whether the broker took the answer. A delivery is settled once:
+settling it again does nothing, so a catch-all can settle whatever is still unsettled.
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ from aio_pika.abc import (
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect_robust
 from jobcore.amqp.topology import Topology
+from jobcore.errors import ConfigurationError
+from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
+REQUEUE_PAUSE_BASE = 1.0
+REQUEUE_PAUSE_CAP = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message as the worker sees it, and the two ways to settle it."""
+    """One message as the worker sees it, and the three ways to settle it."""
 
     message_id: str | None
     message_type: str | None
@@ -39,17 +45,47 @@ class Delivery:
     redelivered: bool
     _message: AbstractIncomingMessage
 
+    @property
+    def settled(self) -> bool:
+        """Whether an answer (ack, requeue, dead letter) was sent."""
+        return self._message.processed
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times the broker handed this message out before (quorum queues count
+        every return; a first delivery has no header)."""
+        count = self.headers.get("x-delivery-count")
+        return count if isinstance(count, int) and count >= 0 else 0
+
+    def requeue_pause(self) -> float:
+        """How long to hold this delivery before requeueing it after an unexpected error:
+        a random time in [0, min(cap, base * 2**n)] on its n-th redelivery, so a broken
+        path does not spin through the delivery limit within a second."""
+        return backoff_delay(
+            self.delivery_count + 1, base=REQUEUE_PAUSE_BASE, cap=REQUEUE_PAUSE_CAP
+        )
+
     async def ack(self) -> bool:
-        try:
-            await self._message.ack()
-        except BROKER_ERRORS:
-            return False
-        return True
+        return await self._settle(self._message.ack)
+
+    async def requeue(self) -> bool:
+        """Give the message back to its queue, for this or another worker to take again.
+
+        Each requeue counts toward the quorum queue's delivery limit, past which the
+        broker dead-letters the message."""
+        return await self._settle(lambda: self._message.reject(requeue=True))
 
     async def dead_letter(self) -> bool:
         """Reject without requeue: the queue's dead-letter exchange takes the message."""
+        return await self._settle(lambda: self._message.reject(requeue=False))
+
+    async def _settle(self, answer: Callable[[], Awaitable[None]]) -> bool:
+        """Send ``answer``; False if it was not sent (settled before, or the channel is
+        gone: the broker then requeues the message when it sees the channel close)."""
+        if self.settled:
+            return False
         try:
-            await self._message.reject(requeue=False)
+            await answer()
         except BROKER_ERRORS:
             return False
         return True
@@ -58,8 +94,27 @@ class Delivery:
 OnDelivery = Callable[[Delivery], Awaitable[None]]
 
 
+def split_prefetch(prefetch: int, queues: Iterable[str]) -> dict[str, int]:
+    """Each queue's share of a prefetch that bounds the deliveries of all of them together.
+
+    RabbitMQ applies a prefetch per consumer (quorum queues refuse the channel-wide,
+    "global" one: the consume fails with NOT_IMPLEMENTED), so with one consumer per queue
+    the sum of the shares is the bound. Sorted queues take the remainder one each.
+    """
+    names = sorted(set(queues))
+    if prefetch < len(names):
+        raise ConfigurationError(
+            f"JOBCORE_WORKER_PREFETCH: a prefetch of {prefetch} cannot be shared by the "
+            f"{len(names)} queues consumed ({', '.join(names)}): each needs at least one; "
+            "raise JOBCORE_WORKER_PREFETCH or JOBCORE_WORKER_CONCURRENCY (--concurrency), "
+            "or consume fewer queues (--queue)"
+        )
+    share, extra = divmod(prefetch, len(names)) if names else (0, 0)
+    return {name: share + (1 if i < extra else 0) for i, name in enumerate(names)}
+
+
 class JobQueueConsumer:
-    """Consumes a set of job queues on one robust connection with a shared prefetch."""
+    """Consumes a set of job queues on one robust connection; a prefetch bounds them all."""
 
     def __init__(self, settings: Settings, queues: Iterable[str]) -> None:
         self.settings = settings
@@ -74,15 +129,15 @@ class JobQueueConsumer:
         return self._connection is not None and self._connection.connected.is_set()
 
     async def start(self, on_delivery: OnDelivery, *, prefetch: int) -> None:
-        """Connect, declare the topology (idempotent) and start consuming.
+        """Connect, declare the topology (idempotent) and start consuming, with at most
+        ``prefetch`` deliveries unsettled over all the queues together.
 
-        Raises :class:`~jobcore.errors.BrokerUnavailable` if the broker cannot be reached.
+        Raises :class:`~jobcore.errors.BrokerUnavailable` if the broker cannot be reached,
+        :class:`~jobcore.errors.ConfigurationError` if ``prefetch`` is below the queues.
         """
+        shares = self.prefetch_shares(prefetch)
         connection = await connect_robust(self.settings)
         try:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=prefetch)
-            declared = await self.declare_queues(channel)
 
             async def deliver(message: AbstractIncomingMessage) -> None:
                 await on_delivery(
@@ -96,18 +151,29 @@ class JobQueueConsumer:
                     )
                 )
 
-            for queue in declared:
+            # A channel per queue: a robust channel re-applies its one prefetch to every
+            # consumer it restores after a reconnect, so queues sharing a channel would
+            # all come back with the last share set on it.
+            for name, share in shares.items():
+                channel = await connection.channel()
+                await channel.set_qos(prefetch_count=share)
+                queue = await self.declare_queue(channel, name)
                 self._consumers.append((queue, await queue.consume(deliver)))
         except BaseException:
+            self._consumers = []
             await connection.close()
             raise
         connection.close_callbacks.add(self._on_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
 
-    async def declare_queues(self, channel: AbstractChannel) -> list[AbstractQueue]:
-        """Declare the topology (idempotent) and return the queues to consume."""
-        return list((await self.topology.declare(channel, self.queues)).values())
+    def prefetch_shares(self, prefetch: int) -> dict[str, int]:
+        """Each consumed queue's share of the prefetch."""
+        return split_prefetch(prefetch, self.queues)
+
+    async def declare_queue(self, channel: AbstractChannel, name: str) -> AbstractQueue:
+        """Declare the topology (idempotent) and return the queue ``name`` to consume."""
+        return (await self.topology.declare(channel, [name]))[name]
 
     def _on_lost(self, _: object, exc: BaseException | None = None) -> None:
         if self._connection is None or self._lost:

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobcore.errors import PermanentError
 from jobcore.registry import JobContext, job
@@ -76,3 +76,42 @@ async def wt_cancel_then_fail(ctx: JobContext[NoPayload]) -> None:
     ) as conn:
         await conn.execute(REQUEST_CANCEL, (ctx.job_id,))
     raise RuntimeError("failed after its cancellation was requested")
+
+
+class TripwirePayload(BaseModel):
+    """Validates at enqueue; raises a non-validation error once, if its tripwire file
+    exists (removing it), as a payload model with a bug would in the worker only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tripwire: str
+
+    @model_validator(mode="after")
+    def _trip(self) -> TripwirePayload:
+        wire = Path(self.tripwire)
+        if wire.exists():
+            wire.unlink()
+            raise RuntimeError("the payload model broke in the worker")
+        return self
+
+
+@job("wt_tripwire", payload=TripwirePayload, queue="testq", max_attempts=3, timeout=60, lease=2)
+async def wt_tripwire(ctx: JobContext[TripwirePayload]) -> dict[str, int]:
+    ctx.record_effect("completed", {"attempt": ctx.attempt})
+    return {"attempt": ctx.attempt}
+
+
+# NUL, which PostgreSQL text refuses, and a lone surrogate, which UTF-8 cannot encode.
+UNSTORABLE_ERROR = "broken \x00 text \udce9 here"
+
+
+@job("wt_unstorable_error", payload=NoPayload, queue="testq", max_attempts=1, timeout=60, lease=2)
+async def wt_unstorable_error(ctx: JobContext[NoPayload]) -> None:
+    """Fails with an error whose text PostgreSQL cannot store as it is."""
+    raise RuntimeError(UNSTORABLE_ERROR)
+
+
+@job("wt_put_result", payload=NoPayload, queue="testq", max_attempts=2, timeout=60, lease=2)
+async def wt_put_result(ctx: JobContext[NoPayload]) -> None:
+    """Stores a result file itself (JobContext.put_result)."""
+    await ctx.put_result(b"a,b\n1,2\n", suffix="csv")

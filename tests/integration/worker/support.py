@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import httpx
 import orjson
 from pydantic import BaseModel
 
@@ -312,3 +313,56 @@ def outcome_params(
         "delay": 0.0,
         "channel": OUTBOX_CHANNEL,
     }
+
+
+# A fault injected in the database: inserting an inbox row for one consumer raises, as an
+# error no code path expects would (a read-only or full database, a bug in a statement).
+# The sequence counts the refusals; sequences are not rolled back with the statement.
+_REFUSE_INBOX = """
+CREATE SEQUENCE test_inbox_refusals;
+CREATE FUNCTION test_refuse_inbox() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.consumer = TG_ARGV[0] THEN
+        PERFORM nextval('test_inbox_refusals');
+        RAISE EXCEPTION 'injected fault: the inbox refuses this row';
+    END IF;
+    RETURN NEW;
+END $$;
+"""
+_ALLOW_INBOX = "DROP TRIGGER IF EXISTS test_refuse_inbox ON inbox"
+
+
+class InboxRefusal:
+    """While active, every inbox row for ``consumer`` is refused with an error."""
+
+    def __init__(self, db: Database, consumer: str) -> None:
+        self.db = db
+        self.consumer = consumer
+
+    async def start(self) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(_REFUSE_INBOX)
+            await conn.execute(
+                "CREATE TRIGGER test_refuse_inbox BEFORE INSERT ON inbox FOR EACH ROW "
+                f"EXECUTE FUNCTION test_refuse_inbox('{self.consumer}')"
+            )
+
+    async def stop(self) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(_ALLOW_INBOX)
+
+    async def refusals(self) -> int:
+        async with self.db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS n "
+                "FROM test_inbox_refusals"
+            )
+            row = await cur.fetchone()
+        return 0 if row is None else int(row["n"])
+
+
+async def readiness(port: int) -> tuple[int, dict[str, Any]]:
+    """The status code and body of a health server's ``/readyz``."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+        response = await client.get("/readyz")
+    return response.status_code, response.json()

@@ -1,4 +1,5 @@
-"""Prefetch: a worker holds no more unstarted deliveries than it has handler slots.
+"""Prefetch: a worker holds no more unstarted deliveries than it has handler slots, over
+all the queues it consumes together.
 
 A delivery is acknowledged once its claim commits, so the unacknowledged ones are those
 waiting for a slot. When the worker stops or dies the broker requeues them, and each
@@ -15,6 +16,7 @@ import aio_pika
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.jobtypes import NoopPayload
 from jobcore.settings import Settings
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
@@ -33,7 +35,7 @@ async def test_a_worker_holds_at_most_its_concurrency_in_waiting_deliveries(
     start_worker: StartWorker,
     tmp_path: Path,
 ) -> None:
-    worker = await start_worker(concurrency=CONCURRENCY)
+    worker = await start_worker(queues=["testq"], concurrency=CONCURRENCY)
     gate = tmp_path / "gate"
     ids = [await submit(db, topology, "wt_gate", GatePayload(gate=str(gate))) for _ in range(JOBS)]
     await eventually(lambda: _published(db, ids), what="every message to be published")
@@ -48,6 +50,43 @@ async def test_a_worker_holds_at_most_its_concurrency_in_waiting_deliveries(
 
     gate.touch()
     await eventually(lambda: _succeeded(db, ids), what="every job to succeed")
+
+
+async def test_the_prefetch_bounds_the_deliveries_of_all_queues_together(
+    db: Database,
+    topology: Topology,
+    wsettings: Settings,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    tmp_path: Path,
+) -> None:
+    """Four handler slots, two queues: both queues keep deliveries waiting, and together
+    no more than the worker's prefetch (four), not four per queue."""
+    slots = 4
+    worker = await start_worker(queues=["default", "testq"], concurrency=slots)
+    assert worker.consumer.prefetch == slots
+    gate = tmp_path / "gate"
+    blockers = [
+        await submit(db, topology, "wt_gate", GatePayload(gate=str(gate))) for _ in range(slots)
+    ]
+    await eventually(lambda: _running(db, blockers, slots), what="every slot to be blocked")
+    extra = 6
+    gated = [
+        await submit(db, topology, "wt_gate", GatePayload(gate=str(gate))) for _ in range(extra)
+    ]
+    noops = [await submit(db, topology, "noop", NoopPayload()) for _ in range(extra)]
+    await eventually(lambda: _published(db, gated + noops), what="every message published")
+
+    # Half of the prefetch each; the rest of each queue stays with the broker.
+    await eventually(lambda: _ready(wsettings, topology, extra - 2), what="testq's share")
+    await eventually(
+        lambda: _ready(wsettings, topology, extra - 2, "default"), what="default's share"
+    )
+    waiting = worker.consumer.in_flight - len(worker.runner.running)
+    assert waiting == slots
+
+    gate.touch()
+    await eventually(lambda: _succeeded(db, blockers + gated + noops), what="every job")
 
 
 async def _published(db: Database, ids: list[uuid.UUID]) -> bool:
@@ -74,10 +113,12 @@ async def _succeeded(db: Database, ids: list[uuid.UUID]) -> bool:
     return await _count(db, ids, "succeeded") == len(ids)
 
 
-async def _ready(settings: Settings, topology: Topology, expected: int) -> bool:
+async def _ready(
+    settings: Settings, topology: Topology, expected: int, name: str = "testq"
+) -> bool:
     """Whether the job queue holds ``expected`` messages not delivered to any consumer."""
     connection = await aio_pika.connect(settings.amqp_url, timeout=5)
     async with connection:
         channel = await connection.channel()
-        queue = await channel.declare_queue(topology.queue_name("testq"), passive=True)
+        queue = await channel.declare_queue(topology.queue_name(name), passive=True)
     return queue.declaration_result.message_count == expected
