@@ -39,7 +39,7 @@ def one_line(call: Callable[[], Any]) -> str:
 
 
 def test_the_hot_path_keeps_what_the_other_pool_users_leave() -> None:
-    assert held_connections(Settings(), WORKER_POOL_USERS) == 8 - 4
+    assert held_connections(Settings(db_pool_max=8), WORKER_POOL_USERS) == 8 - 4
     smallest = 4 + MIN_HELD_CONNECTIONS
     assert held_connections(Settings(db_pool_max=smallest), WORKER_POOL_USERS) == 2
     # A maintenance service added to the worker is one more user.
