@@ -55,14 +55,15 @@ FAULT_SECONDS = (2.0, 6.0)
 GAP_SECONDS = (1.0, 5.0)
 RECOVERY_TIMEOUT = 120.0
 LOCK_TIMEOUT = 900.0
-# Only the job types the run submits: their short timeouts (at most 30 s) let it declare a
-# short broker consumer timeout, and so a short inbox window (below).
+# Only the job types the run submits: their short timeouts (a slot held at most 32 s) let it
+# declare a short consumer timeout, and so a short inbox window (below).
 CHAOS_JOB_MODULES = ("tests.support.jobtypes",)
 # The pruner and the sweeper work all through the faults, on a scale of seconds instead of
 # days: finished jobs (and their effects, by cascade) go 20 s after they end, inbox rows
-# after the shortest window the settings allow (delivery limit × consumer timeout = 90 s),
+# after the shortest window the settings allow (delivery limit × consumer timeout = 180 s),
 # and a pending job whose message vanished is published again after 20 s. The run's own
-# consumer timeout is declared shorter than the broker's (30 min): with deliveries
+# consumer timeout (60 s, above the 'effect' type's 30 s timeout + 2 s lease, which start-up
+# checks) is declared shorter than the broker's (30 min): with deliveries
 # acknowledged at the claim, an inbox row is only ever written for a claimed message, and
 # the claim's fence makes a late copy harmless anyway — which is what the run checks.
 MAINTENANCE_ENV = {
@@ -71,8 +72,8 @@ MAINTENANCE_ENV = {
     "JOBCORE_RETENTION_CANCELLED": "20",
     "JOBCORE_PRUNER_INTERVAL": "2",
     "JOBCORE_AMQP_DELIVERY_LIMIT": "3",
-    "JOBCORE_AMQP_CONSUMER_TIMEOUT": "30",
-    "JOBCORE_INBOX_RETENTION": "90",
+    "JOBCORE_AMQP_CONSUMER_TIMEOUT": "60",
+    "JOBCORE_INBOX_RETENTION": "180",
     "JOBCORE_SWEEPER_INTERVAL": "2",
     "JOBCORE_SWEEPER_STALE_AFTER": "20",
 }
