@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo dev test test-parallel test-serial lint lock bench clean
+.PHONY: setup demo dev test test-parallel test-serial lint lock bench bench-steady clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ lint: setup
 # Every scenario at full size (about 13 minutes on 2 cores); the README shows its table.
 bench: setup
 	$(BIN)/jobcore bench --out var/bench
+
+# A million jobs at 250/s with retention in minutes (about 70 minutes): do the tables
+# plateau and does throughput hold? The README shows its figures.
+bench-steady: setup
+	$(BIN)/jobcore bench steady --out docs/bench/steady
 
 lock: setup
 	$(BIN)/pip freeze --exclude-editable | grep -vi '^jobcore' > requirements.lock

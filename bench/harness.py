@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tests.support.pipeline import Stack
 
 SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog")  # run when none is named
-EXTRA_SCENARIOS = ("tracing",)  # run when named
+EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 
 
@@ -40,6 +40,10 @@ class Options:
     clients: tuple[int, ...] = (1, 16, 64)
     scale: tuple[int, ...] = (1, 2, 4)
     profile: bool = False
+    steady_jobs: int = 1_000_000
+    steady_rate: float = 250.0
+    steady_sample: float = 30.0
+    steady_retention: int = 300
 
 
 class Scenario(Protocol):
@@ -71,13 +75,15 @@ class Bench:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     @contextlib.asynccontextmanager
-    async def scratch(self, name: str) -> AsyncIterator[Settings]:
+    async def scratch(
+        self, name: str, job_modules: tuple[str, ...] = BENCH_JOB_MODULES
+    ) -> AsyncIterator[Settings]:
         """Settings on a database and a broker prefix of their own, removed afterwards."""
         run_id = uuid.uuid4().hex[:10]
         config = load_settings(
             database_url=database_url(self.config.database_url, f"jobcore_bench_{run_id}"),
             amqp_prefix=f"bench.{name}.{run_id}",
-            job_modules=BENCH_JOB_MODULES,
+            job_modules=job_modules,
             result_dir=self.out / "results",
         )
         async with scratch(config):
@@ -85,14 +91,24 @@ class Bench:
 
     @contextlib.asynccontextmanager
     async def stack(
-        self, config: Settings, name: str, *, relays: int, workers: int
+        self,
+        config: Settings,
+        name: str,
+        *,
+        relays: int,
+        workers: int,
+        env: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Stack]:
         """An API, relays and workers as OS processes on ``config``, with production
         defaults for what the fault harness turns down (the pool size) and the no-op route
         the enqueue baseline uses."""
         from tests.support.pipeline import Stack
 
-        environment = {"JOBCORE_DB_POOL_MAX": str(config.db_pool_max), "JOBCORE_BENCH_NOOP": "1"}
+        environment = {
+            "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
+            "JOBCORE_BENCH_NOOP": "1",
+            **(env or {}),
+        }
         stack = Stack(
             config,
             self.log_dir / name,

@@ -28,7 +28,7 @@ def bench(
     scenarios: list[str] = typer.Argument(
         None,
         help="Scenarios to run, in order: enqueue relay e2e scale backlog (the default), "
-        "and tracing.",
+        "tracing, and steady (about 70 minutes at its defaults).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
@@ -42,6 +42,18 @@ def bench(
     runs: int = typer.Option(3, min=1, max=20, help="Runs of each measurement (medians)."),
     clients: str = typer.Option("1,16,64", help="Concurrent HTTP clients of the enqueue runs."),
     scale: str = typer.Option("1,2,4", help="Relays and workers (each) of the scale runs."),
+    steady_jobs: int = typer.Option(
+        1_000_000, min=100, max=100_000_000, help="Jobs the steady scenario pushes through."
+    ),
+    steady_rate: float = typer.Option(
+        250.0, min=1, max=5000, help="Jobs per second the steady scenario enqueues."
+    ),
+    steady_sample: float = typer.Option(
+        30.0, min=0.5, max=600, help="Seconds between the steady scenario's size samples."
+    ),
+    steady_retention: int = typer.Option(
+        300, min=1, max=86_400, help="Seconds finished jobs are kept in the steady scenario."
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -65,6 +77,10 @@ def bench(
         clients=_positive_list(clients, "clients"),
         scale=_positive_list(scale, "scale"),
         profile=profile,
+        steady_jobs=steady_jobs,
+        steady_rate=steady_rate,
+        steady_sample=steady_sample,
+        steady_retention=steady_retention,
     )
     config = settings()
     with Progress(

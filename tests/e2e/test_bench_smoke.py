@@ -86,3 +86,36 @@ def test_bad_arguments_give_one_line_and_exit_2(settings: Settings, tmp_path: Pa
         assert message in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "report.json").exists()
+
+
+# 2,000 jobs at 100/s with a 3 s retention: the tables are pruned while the load runs.
+@pytest.mark.timeout(300)
+def test_steady_scenario_prunes_while_it_loads_and_reports_sizes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    result = bench_cli(
+        settings,
+        "steady",
+        *("--steady-jobs", "2000", "--steady-rate", "100"),
+        *("--steady-retention", "3", "--steady-sample", "1", "--out", str(out)),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (steady,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    details = steady["details"]
+    assert details["unfinished_at_end"] == 0, "every job finished"
+    assert details["jobs_rows_at_end"] < 2000, "finished jobs were pruned during the load"
+    assert {"jobs", "outbox", "inbox"} <= set(details["final_sizes_mib"])
+    figures = {f["metric"]: f for f in steady["figures"]}
+    size = figures["MiB, last quarter (mean)"]
+    assert size["runs"][0] > 0
+    assert size["baseline_runs"][0] > 0
+    rate = figures["jobs finished/s, last quarter"]
+    assert rate["runs"][0] > 0
+    assert rate["baseline_runs"][0] > 0
+    series = {s["label"]: s for s in steady["series"]}
+    assert len(series["all tables"]["x"]) >= 15, "sampled about every second for 20 s"
+    assert series["not finished"]["y"][-1] == 0
+    assert (out / "steady.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
