@@ -1,7 +1,9 @@
 """The `jobcore` command line: the composition root of every process.
 
-Each service contributes its commands through a ``register(app)`` function, so this
-module stays a list. A jobcore error ends the program with one line on stderr and exit 1;
+Every command lives in this package, one module per verb or verb group, each adding its
+commands through a ``register(app)`` function, so this module stays a list; their shared
+plumbing (settings, a database for one command, ``--json``, one-line failures) is
+:mod:`services.cli.common`. A jobcore error ends the program with one line on stderr and exit 1;
 bad arguments exit 2 (typer's usage errors).
 """
 
@@ -21,9 +23,11 @@ from jobcore.errors import JobcoreError
 
 COMMAND_MODULES = (
     "services.cli.database",
-    "services.api.cli",
-    "services.relay.cli",
-    "services.worker.cli",
+    "services.cli.topology",
+    "services.cli.serve",
+    "services.cli.keys",
+    "services.cli.outbox",
+    "services.cli.dlq",
     "services.cli.webhooks",
     "services.cli.jobs",
     "services.cli.prune",

@@ -9,7 +9,8 @@ type, payload and entity, and prints the new job's id.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import typer
 
@@ -25,13 +26,14 @@ from jobcore.states import JobStatus
 from jobcore.stranded import republish_all_stale
 from jobcore.webhooks import completion_params
 from services.api import operations
-from services.cli.common import emit, fail, run, settings
+from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 jobs_app = typer.Typer(
     help="List, inspect, cancel, retry and republish jobs (operators, all tenants)."
 )
 
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
+T = TypeVar("T")
+
 LIST_COLUMNS = ("id", "tenant", "type", "status", "attempts", "created_at", "last_error")
 
 
@@ -46,13 +48,8 @@ def parse_job_id(value: str) -> uuid.UUID:
         fail(f"not a job id: {value!r}", code=2)
 
 
-async def _with_db(config: Settings, action: Any) -> Any:
-    database = Database(config, min_size=0, max_size=1, name="jobcore-admin")
-    await database.open(wait=True)
-    try:
-        return await action(database)
-    finally:
-        await database.close()
+async def _with_db(config: Settings, action: Callable[[Database], Awaitable[T]]) -> T:
+    return await with_db(config, action, name="jobcore-admin")
 
 
 async def _job(database: Database, job_id: uuid.UUID) -> dict[str, Any]:

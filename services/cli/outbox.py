@@ -1,4 +1,5 @@
-"""Commands of the relay service: `relay`, `topology`, and the `outbox` admin verbs."""
+"""`jobcore outbox status|list-failing|list-quarantined|requeue|discard`: the outbox rows
+the relays could not publish."""
 
 from __future__ import annotations
 
@@ -7,18 +8,11 @@ from typing import Any
 
 import typer
 
-from jobcore.amqp.publisher import declare_topology
 from jobcore.db import Database
 from jobcore.enqueue import OUTBOX_CHANNEL
-from jobcore.logs import configure_logging
-from jobcore.registry import load_job_modules
 from jobcore.sql import Query
 from jobcore.sql import outbox as q
-from jobcore.telemetry import setup_tracing
-from services.cli.common import emit, fail, run, settings
-from services.relay.options import load_relay_options
-
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
+from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 outbox_app = typer.Typer(
     name="outbox",
@@ -27,59 +21,14 @@ outbox_app = typer.Typer(
 )
 
 
-def relay(
-    listen: bool = typer.Option(
-        True,
-        "--listen/--no-listen",
-        help="Wake on NOTIFY (default) or find work by polling alone.",
-    ),
-) -> None:
-    """Publish outbox rows to RabbitMQ with publisher confirms until SIGTERM."""
-    # Imported here: the health server's web stack would slow every other command's start.
-    from services.relay.relay import serve
-
-    config = settings()
-    options = load_relay_options(**({} if listen else {"listen": False}))
-    configure_logging("relay")
-    setup_tracing("jobcore-relay")
-    raise typer.Exit(run(serve(config, options)))
-
-
-def topology(as_json: bool = JSON_OPTION) -> None:
-    """Declare the exchanges and queues (idempotent) and print what was declared."""
-    config = settings()
-    queues = load_job_modules(config.job_modules).queues()
-    options = load_relay_options()
-    declared = run(declare_topology(config, queues, connect_timeout=options.connect_timeout))
-    if as_json:
-        emit(declared, as_json=True)
-        return
-    emit(
-        {
-            "exchange": declared["exchange"],
-            "dead_letter_exchange": declared["dead_letter_exchange"],
-            "dead_letter_queue": declared["dead_letter_queue"],
-            "dead_letter_notes_queue": declared["dead_letter_notes_queue"],
-            "delivery_limit": declared["delivery_limit"],
-        },
-        as_json=False,
-    )
-    typer.echo("")
-    # A queue that still dead-letters at most once was also named in a warning on stderr.
-    emit(declared["queues"], as_json=False, columns=["queue", "routing_key", "dead_lettering"])
-
-
 async def _one(query: Query, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    config = settings()
-    db = Database(config, min_size=0, max_size=1, name="jobcore-cli")
-    await db.open(wait=True)
-    try:
+    async def action(db: Database) -> list[dict[str, Any]]:
         async with db.unit_of_work() as uow:
             rows = await uow.fetch_all(query, params)
             await uow.commit()
         return [dict(row) for row in rows]
-    finally:
-        await db.close()
+
+    return await with_db(settings(), action)
 
 
 def _row_key(ident: str) -> dict[str, Any]:
@@ -171,7 +120,4 @@ def discard(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this service's commands to the `jobcore` program."""
-    app.command("relay")(relay)
-    app.command("topology")(topology)
     app.add_typer(outbox_app)

@@ -1,15 +1,12 @@
-"""Commands of the worker service: `jobcore worker` and the `jobcore dlq` verbs."""
+"""`jobcore dlq list|replay`: the dead-letter queue (poison messages)."""
 
 from __future__ import annotations
 
 import typer
 
 from jobcore.amqp.deadletters import DeadLetterQueue
-from jobcore.logs import configure_logging
-from jobcore.telemetry import setup_tracing
-from services.cli.common import emit, run, settings
+from services.cli.common import JSON_OPTION, emit, run, settings
 
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
 LIST_COLUMNS = (
     "message_id",
     "message_type",
@@ -27,30 +24,6 @@ dlq_app = typer.Typer(
     help="Look at and replay the dead-letter queue (poison messages).",
     no_args_is_help=True,
 )
-
-
-QUEUE_OPTION = typer.Option(
-    None,
-    "--queue",
-    "-q",
-    help="A job queue to consume (repeatable) (default: every queue of the job types).",
-)
-
-
-def worker(
-    queue: list[str] | None = QUEUE_OPTION,
-    concurrency: int | None = typer.Option(
-        None, min=1, max=10_000, help="Handlers at once (default: JOBCORE_WORKER_CONCURRENCY)."
-    ),
-) -> None:
-    """Consume job queues and run handlers until SIGTERM (then finish or give back work)."""
-    from services.worker.app import Worker
-
-    config = settings()  # a bad setting stops here with one line
-    configure_logging("worker")
-    setup_tracing("jobcore-worker")
-    app = Worker(config, queues=queue or None, concurrency=concurrency)
-    raise typer.Exit(run(app.serve()))
 
 
 @dlq_app.command("list")
@@ -83,6 +56,4 @@ def dlq_replay(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this service's commands to the `jobcore` program."""
-    app.command("worker")(worker)
     app.add_typer(dlq_app)
