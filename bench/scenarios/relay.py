@@ -30,8 +30,7 @@ from jobcore.enqueue import OUTBOX_CHANNEL, enqueue
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from services.relay.options import RelayOptions
+from jobcore.settings import RelayOptions, Settings
 
 TITLE = "Outbox relay vs raw publishing with confirms"
 QUEUE = "default"  # the queue of the `noop` job type

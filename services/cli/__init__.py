@@ -34,8 +34,10 @@ COMMAND_MODULES = (
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",
-    "services.cli.bench",
 )
+# Commands whose code lives outside the shipped packages, in the source checkout: found
+# there when it is on the path, else the verb answers that it needs a checkout.
+OPTIONAL_COMMAND_MODULES = {"bench": "bench.cli"}
 
 app = typer.Typer(
     name="jobcore",
@@ -51,8 +53,28 @@ def _root() -> None:
     """User-visible background jobs: API, outbox relay, workers and their tools."""
 
 
+def _needs_checkout(name: str) -> None:
+    @app.command(
+        name,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def missing() -> None:
+        typer.echo(f"jobcore: jobcore {name} needs a source checkout", err=True)
+        raise typer.Exit(1)
+
+
 for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)
+for _name, _module in OPTIONAL_COMMAND_MODULES.items():
+    try:
+        _optional = importlib.import_module(_module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _module.startswith(exc.name):
+            raise
+        _needs_checkout(_name)
+    else:
+        _optional.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,9 +18,9 @@ from uvicorn.supervisors import Multiprocess
 from jobcore.logs import configure_logging
 from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
+from jobcore.settings import load_relay_options
 from jobcore.telemetry import setup_tracing
 from services.cli.common import fail, run, settings
-from services.relay.options import load_relay_options
 
 
 def api(

@@ -6,8 +6,8 @@ import typer
 
 from jobcore.amqp.publisher import declare_topology
 from jobcore.registry import load_job_modules
+from jobcore.settings import load_relay_options
 from services.cli.common import JSON_OPTION, emit, run, settings
-from services.relay.options import load_relay_options
 
 
 def topology(as_json: bool = JSON_OPTION) -> None:

@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.settings import Settings
-from tests.support.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 
-JOB_MODULES = "jobcore.jobtypes,jobcore.demojobs,tests.support.jobtypes"
+JOB_MODULES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
 # A loaded 2-core machine takes seconds to import and start each process.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0

@@ -20,8 +20,8 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import jobs as q
-from tests.support.jobtypes import EchoPayload
-from tests.support.waiting import eventually
+from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.waiting import eventually
 
 COUNT = Query(
     "count",

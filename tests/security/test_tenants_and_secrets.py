@@ -27,11 +27,11 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.pipeline import Stack
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from services.api.cursor import encode_cursor
 from tests.integration.api.support import assert_problem, enqueue, finish_job, job_row, start_job
-from tests.support.pipeline import Stack
-from tests.support.processes import ROOT, jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 ENVELOPE_FIELDS = {"v", "job_id", "attempt", "type"}

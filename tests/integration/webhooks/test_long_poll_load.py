@@ -25,12 +25,12 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import worker as wq
+from jobcore.testing.chaos import disruption_lock
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from jobcore.webhooks import completion_params
 from services.api.waiters import APPLICATION_NAME
 from tests.integration.webhooks.support import free_port
-from tests.support.chaos import disruption_lock
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 WAITERS = 200
 POOL_MAX = 4

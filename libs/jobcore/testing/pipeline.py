@@ -44,12 +44,12 @@ from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.tcpproxy import TcpProxy
-from tests.support import chaos
-from tests.support.processes import ROOT, jobcore_command, settings_env
-from tests.support.waiting import eventually
+from jobcore.testing import chaos
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 
-PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
-JOB_TYPE = "effect"  # tests/support/jobtypes.py: records one effect, lease 2 s
+PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
+JOB_TYPE = "effect"  # libs/jobcore/testing/jobtypes.py: records one effect, lease 2 s
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 # Everything reconnects and retries within a second or two, so a fault test spends its
