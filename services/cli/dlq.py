@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from jobcore.amqp.deadletters import DeadLetterQueue
+from jobcore.usecases import dlq
 from services.cli.common import JSON_OPTION, emit, run, settings
 
 LIST_COLUMNS = (
@@ -32,7 +32,7 @@ def dlq_list(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show dead-lettered messages without removing them (each goes back to the tail)."""
-    letters = run(DeadLetterQueue(settings()).peek(limit))
+    letters = run(dlq.list_dead_letters(settings(), limit=limit))
     emit([letter.as_dict() for letter in letters], as_json=as_json, columns=LIST_COLUMNS)
 
 
@@ -42,7 +42,7 @@ def dlq_replay(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Publish dead letters back to their job queue; each leaves the DLQ once confirmed."""
-    report = run(DeadLetterQueue(settings()).replay(limit))
+    report = run(dlq.replay_dead_letters(settings(), limit=limit))
     summary = {
         "replayed": [letter.as_dict() for letter in report.replayed],
         "skipped": [{**letter.as_dict(), "why": why} for letter, why in report.skipped],

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from jobcore import apikeys
+from jobcore.usecases import keys as key_usecases
 from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 keys_app = typer.Typer(
@@ -33,7 +34,7 @@ def create(
         apikeys.check_tenant_name(tenant)
     except apikeys.InvalidTenantName as exc:
         fail(str(exc), code=2)
-    created = run(with_db(settings(), lambda db: apikeys.create_key(db, tenant, label)))
+    created = run(with_db(settings(), lambda db: key_usecases.create_key(db, tenant, label)))
     shown = {"key": created.key, **_shown(created.record)}
     if as_json:
         emit(shown, as_json=True)
@@ -48,7 +49,7 @@ def list_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Every key's id, tenant, prefix and state (never the key itself)."""
-    keys = run(with_db(settings(), lambda db: apikeys.list_keys(db, tenant)))
+    keys = run(with_db(settings(), lambda db: key_usecases.list_keys(db, tenant)))
     emit(
         [_shown(k) for k in keys],
         as_json=as_json,
@@ -66,7 +67,7 @@ def revoke(
         ident = uuid.UUID(key_id)
     except ValueError:
         fail(f"{key_id!r} is not a key id (a UUID from `jobcore keys list`)", code=2)
-    revoked = run(with_db(settings(), lambda db: apikeys.revoke_key(db, ident)))
+    revoked = run(with_db(settings(), lambda db: key_usecases.revoke_key(db, ident)))
     if as_json:
         emit(_shown(revoked), as_json=True)
     else:

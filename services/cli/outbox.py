@@ -8,10 +8,7 @@ from typing import Any
 
 import typer
 
-from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL
-from jobcore.sql import Query
-from jobcore.sql import outbox as q
+from jobcore.usecases import outbox
 from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 outbox_app = typer.Typer(
@@ -21,22 +18,12 @@ outbox_app = typer.Typer(
 )
 
 
-async def _one(query: Query, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    async def action(db: Database) -> list[dict[str, Any]]:
-        async with db.unit_of_work() as uow:
-            rows = await uow.fetch_all(query, params)
-            await uow.commit()
-        return [dict(row) for row in rows]
-
-    return await with_db(settings(), action)
-
-
-def _row_key(ident: str) -> dict[str, Any]:
+def _row_key(ident: str) -> outbox.OutboxRowKey:
     """An operator names a row by its numeric id or by its message id."""
     if ident.isdigit():
-        return {"id": int(ident), "message_id": None}
+        return outbox.OutboxRowKey(id=int(ident), named=ident)
     try:
-        return {"id": None, "message_id": uuid.UUID(ident)}
+        return outbox.OutboxRowKey(message_id=uuid.UUID(ident), named=ident)
     except ValueError:
         fail(f"{ident!r} is neither an outbox id nor a message id")
 
@@ -45,8 +32,7 @@ def _row_key(ident: str) -> dict[str, Any]:
 def status(as_json: bool = JSON_OPTION) -> None:
     """Rows due, scheduled, failing and quarantined; how long the oldest due row has waited
     and the longest-failing row has been refused."""
-    rows = run(_one(q.STATUS))
-    emit(rows[0], as_json=as_json)
+    emit(run(with_db(settings(), outbox.outbox_status)), as_json=as_json)
 
 
 @outbox_app.command("list-failing")
@@ -55,7 +41,7 @@ def list_failing(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    rows = run(_one(q.OUTBOX_LIST_FAILING, {"limit": limit}))
+    rows = run(with_db(settings(), lambda db: outbox.list_failing(db, limit=limit)))
     emit(
         rows,
         as_json=as_json,
@@ -69,7 +55,7 @@ def list_quarantined(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows that are no longer retried: their message can never be published as it is."""
-    rows = run(_one(q.LIST_QUARANTINED, {"limit": limit}))
+    rows = run(with_db(settings(), lambda db: outbox.list_quarantined(db, limit=limit)))
     emit(
         rows,
         as_json=as_json,
@@ -77,23 +63,7 @@ def list_quarantined(
     )
 
 
-def _act_on_quarantined(ident: str, query: Query, verb: str, as_json: bool) -> None:
-    key = _row_key(ident)
-    params = {**key, "channel": OUTBOX_CHANNEL}
-    rows = run(_one(query, params))
-    if not rows:
-        found = run(_one(q.FIND, key))
-        if not found:
-            fail(f"no outbox row {ident}")
-        row = found[0]
-        if row["quarantined_at"] is not None and row["ended_job_status"] is not None:
-            fail(
-                f"outbox row {ident} is the message of job {row['job_id']}, which is "
-                f"{row['ended_job_status']}: publishing it would do nothing; run "
-                f"`jobcore jobs retry {row['job_id']}` for a new job instead"
-            )
-        fail(f"outbox row {ident} is not quarantined; only quarantined rows can be {verb}")
-    row = {k: v for k, v in rows[0].items() if k != "notified"}
+def _show_acted_on(row: dict[str, Any], verb: str, as_json: bool) -> None:
     if as_json:
         emit(row, as_json=True)
     else:
@@ -107,7 +77,9 @@ def requeue(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Publish a quarantined row again, now, with a fresh set of attempts."""
-    _act_on_quarantined(ident, q.REQUEUE, "requeued", as_json)
+    key = _row_key(ident)
+    row = run(with_db(settings(), lambda db: outbox.requeue(db, key)))
+    _show_acted_on(row, "requeued", as_json)
 
 
 @outbox_app.command("discard")
@@ -116,7 +88,9 @@ def discard(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
-    _act_on_quarantined(ident, q.DISCARD, "discarded", as_json)
+    key = _row_key(ident)
+    row = run(with_db(settings(), lambda db: outbox.discard(db, key)))
+    _show_acted_on(row, "discarded", as_json)
 
 
 def register(app: typer.Typer) -> None:

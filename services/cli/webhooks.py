@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from jobcore import webhook_records as records
 from jobcore.registry import load_job_modules
+from jobcore.usecases import webhooks as records
 from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 LIST_COLUMNS = (

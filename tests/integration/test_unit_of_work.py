@@ -22,6 +22,7 @@ from jobcore.sql import Query
 from jobcore.sql import jobs as q
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 
 COUNT = Query(
     "count",
@@ -199,8 +200,8 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
     db: Database, topology: Topology
 ) -> None:
     echo = default_registry.get("echo")
-    created = await apikeys.create_key(db, "acme")
-    other = await apikeys.create_key(db, "globex")
+    created = await key_usecases.create_key(db, "acme")
+    other = await key_usecases.create_key(db, "globex")
     owner = KeyOwner(apikeys.hash_key(created.key))
 
     async def submit(text: str, who: KeyOwner) -> tuple[str, uuid.UUID, bool]:
@@ -230,7 +231,7 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
         await submit("b", owner)
 
     # A revoked or unknown key writes nothing, in the same statement that would have.
-    await apikeys.revoke_key(db, created.record.id)
+    await key_usecases.revoke_key(db, created.record.id)
     before = await counts(db)
     for who in (owner, KeyOwner(apikeys.hash_key(apikeys.generate_key()))):
         with pytest.raises(apikeys.InvalidApiKey):

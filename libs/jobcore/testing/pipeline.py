@@ -38,7 +38,6 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
@@ -47,6 +46,7 @@ from jobcore.tcpproxy import TcpProxy
 from jobcore.testing import chaos
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 
 PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
 JOB_TYPE = "effect"  # libs/jobcore/testing/jobtypes.py: records one effect, lease 2 s
@@ -264,7 +264,7 @@ class Stack:
             if proxy is not None:
                 await proxy.start()
         await self.db.open(wait=True)
-        self.api_key = (await apikeys.create_key(self.db, self.tenant, "pipeline")).key
+        self.api_key = (await key_usecases.create_key(self.db, self.tenant, "pipeline")).key
         self.api_port = free_port()
         self.api = Process(
             "api",
