@@ -25,8 +25,9 @@ from bench.harness import Bench, pids, relays_ready
 from bench.measure import cpu_of, latency_ms, merge_cpu
 from bench.report import Figure, Section
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, enqueue
+from jobcore.enqueue import enqueue
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules

@@ -11,8 +11,9 @@ import pytest
 from jobcore import apikeys
 from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, KeyOwner, enqueue
+from jobcore.enqueue import KeyOwner, enqueue
 from jobcore.envelope import decode
 from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
 from jobcore.jobtypes import NoopPayload

@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
 from jobcore.sql import Query
 from jobcore.sql import outbox as q

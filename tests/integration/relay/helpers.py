@@ -14,8 +14,8 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.registry import default_registry
 from jobcore.settings import RelayOptions, Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
