@@ -60,6 +60,7 @@ def _needs_checkout(name: str) -> None:
         add_help_option=False,
     )
     def missing() -> None:
+        """Needs a source checkout (this installation has none)."""
         typer.echo(f"jobcore: jobcore {name} needs a source checkout", err=True)
         raise typer.Exit(1)
 
@@ -70,8 +71,8 @@ for _name, _module in OPTIONAL_COMMAND_MODULES.items():
     try:
         _optional = importlib.import_module(_module)
     except ModuleNotFoundError as exc:
-        if exc.name is None or not _module.startswith(exc.name):
-            raise
+        if exc.name is None or not (_module == exc.name or _module.startswith(f"{exc.name}.")):
+            raise  # the module is there and failed to import: a real error
         _needs_checkout(_name)
     else:
         _optional.register(app)
