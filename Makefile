@@ -32,6 +32,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Every scenario at full size (about 13 minutes on 2 cores); the README shows its table.
 bench: setup

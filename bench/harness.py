@@ -3,7 +3,8 @@ report (report.json, report.md, one PNG per scenario) to the output directory.
 
 Each scenario gets a database and a broker prefix of its own (created for it, removed
 after it) and starts the jobcore processes it needs as separate OS processes, with the
-machinery the fault tests use (tests/support/pipeline.py): it needs a source checkout.
+machinery the fault tests use (:mod:`jobcore.testing.pipeline`). The harness itself lives
+in the source checkout's ``bench/`` package.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bench import machine, report
 from bench.measure import Profiler
+from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
-from services.cli.scratch import database_url, scratch
 
 if TYPE_CHECKING:
-    from tests.support.pipeline import Stack
+    from jobcore.testing.pipeline import Stack
 
 SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog")  # run when none is named
 EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
@@ -102,7 +103,7 @@ class Bench:
         """An API, relays and workers as OS processes on ``config``, with production
         defaults for what the fault harness turns down (the pool size) and the no-op route
         the enqueue baseline uses."""
-        from tests.support.pipeline import Stack
+        from jobcore.testing.pipeline import Stack
 
         environment = {
             "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
@@ -141,7 +142,7 @@ async def relays_ready(stack: Stack) -> None:
     """Until every relay answers /readyz (database and broker connected)."""
     import httpx
 
-    from tests.support.waiting import eventually
+    from jobcore.testing.waiting import eventually
 
     for relay in stack.relays:
         port = await stack.relay_health_port(relay)

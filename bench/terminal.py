@@ -30,11 +30,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobcore.amqp.topology import Topology
+from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
 from jobcore.sql import worker as wq
 from jobcore.sql.webhooks import LISTEN_JOB_DONE
 from jobcore.webhooks import completion_params
-from services.cli.scratch import database_url, scratch
 
 # The success statement before completion webhooks (commit daa214d^), the baseline.
 SUCCEED_BEFORE_WEBHOOKS = """

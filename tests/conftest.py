@@ -22,7 +22,7 @@ from jobcore.settings import Settings
 from tests.support import databases
 from tests.support.services import ServiceUrls, locate_services
 
-TEST_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
+TEST_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
 
 load_job_modules(TEST_JOB_MODULES)
 

@@ -26,7 +26,7 @@ from bench.measure import cpu_of, merge_cpu
 from bench.report import Figure, Section
 from jobcore.db import Database
 from jobcore.settings import Settings
-from tests.support.waiting import eventually
+from jobcore.testing.waiting import eventually
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
 HTTP_CLIENTS = 16

@@ -25,13 +25,13 @@ from bench.harness import Bench, pids, relays_ready
 from bench.measure import cpu_of, latency_ms, merge_cpu
 from bench.report import Figure, Section
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, enqueue
+from jobcore.enqueue import enqueue
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from services.relay.options import RelayOptions
+from jobcore.settings import RelayOptions, Settings
 
 TITLE = "Outbox relay vs raw publishing with confirms"
 QUEUE = "default"  # the queue of the `noop` job type

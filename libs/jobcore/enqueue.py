@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session
 from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
@@ -25,8 +26,6 @@ from jobcore.registry import JobType
 from jobcore.sql import jobs as q
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
-
-OUTBOX_CHANNEL = "jobcore_outbox"
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,34 @@ class JobNotFound(JobcoreError):
     """No such job."""
 
 
+class JobNotCancellable(JobcoreError):
+    """The job already finished; it cannot be cancelled."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
+
+
+class JobNotRetryable(JobcoreError):
+    """Only a failed or cancelled job can be retried."""
+
+
+class ResultNotReady(JobcoreError):
+    """The job has not succeeded (yet); it has no result."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; a result exists once it has succeeded")
+
+
+class OutboxRowNotFound(JobcoreError):
+    """No outbox row has that id or message id."""
+
+
+class OutboxRowNotQuarantined(JobcoreError):
+    """Only quarantined outbox rows can be requeued or discarded."""
+
+
 class PoisonMessage(JobcoreError):
     """The message can never be processed."""
 

@@ -30,8 +30,9 @@ from typing import Any
 
 from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, Session, UnitOfWork
-from jobcore.enqueue import OUTBOX_CHANNEL, message_row
+from jobcore.enqueue import message_row
 from jobcore.sql import stranded as q
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32

@@ -28,7 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.enqueue import OUTBOX_CHANNEL
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.errors import JobcoreError, PoisonMessage
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings

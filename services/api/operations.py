@@ -1,4 +1,5 @@
-"""What the job routes do, on a unit of work: submit, read, list, cancel, fetch a result.
+"""What the job routes do, on a session: submit, read, list, fetch a result (cancel is a
+use case the CLI shares: :func:`jobcore.usecases.jobs.cancel_job`).
 
 Named statements from :mod:`jobcore.sql.jobs`; status changes checked with
 :mod:`jobcore.states`. Every read is scoped to the tenant, so another tenant's job is
@@ -8,7 +9,6 @@ indistinguishable from a job that does not exist.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,20 +17,15 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Session, UnitOfWork
+from jobcore.db import Session
 from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
-from jobcore.errors import JobNotFound
+from jobcore.errors import JobNotFound, ResultNotReady
 from jobcore.registry import JobType
 from jobcore.sql import jobs as q
-from jobcore.states import JobStatus, check_transition, is_terminal
+from jobcore.states import JobStatus
 from services.api.body import check_storable
 from services.api.cursor import decode_cursor, encode_cursor
-from services.api.problems import (
-    InvalidIdempotencyKey,
-    InvalidRequest,
-    JobNotCancellable,
-    ResultNotReady,
-)
+from services.api.problems import InvalidIdempotencyKey, InvalidRequest
 from services.api.tracing import enqueue_span
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -173,43 +168,6 @@ async def list_jobs(
         return rows, None
     page = rows[:limit]
     return page, encode_cursor(page[-1]["created_at"], page[-1]["id"])
-
-
-@dataclass(frozen=True, slots=True)
-class CancelOutcome:
-    job_id: uuid.UUID
-    status: JobStatus
-    cancel_requested_at: datetime | None
-
-    @property
-    def requested(self) -> bool:
-        """The worker was asked to stop the job (it was running)."""
-        return self.status is JobStatus.RUNNING
-
-
-async def cancel_job(
-    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: Mapping[str, Any]
-) -> CancelOutcome:
-    """Pending → cancelled now; running → cancel requested (and the workers told).
-
-    The row is locked first, so the status decided on is the status changed; the caller
-    commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
-    completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
-    """
-    locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
-    if locked is None:
-        raise JobNotFound("no job with that id")
-    status = JobStatus(locked["status"])
-    if is_terminal(status):
-        raise JobNotCancellable(status.value)
-    check_transition(status, JobStatus.CANCELLED)
-    if status is JobStatus.PENDING:
-        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {**completion, "id": job_id})
-    else:
-        row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
-    # The lock held the status still, so the fenced UPDATE found the row.
-    assert row is not None, f"job {job_id} changed status under its row lock"
-    return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
 
 
 async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:

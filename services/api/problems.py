@@ -24,7 +24,9 @@ from jobcore.errors import (
     IllegalTransition,
     InvalidPayload,
     JobcoreError,
+    JobNotCancellable,
     JobNotFound,
+    ResultNotReady,
     ServiceStateError,
     UnknownJobType,
 )
@@ -80,22 +82,6 @@ class UnstorablePayload(InvalidPayload):
     def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
         self.errors = errors
         super().__init__(message)
-
-
-class JobNotCancellable(JobcoreError):
-    """The job already finished; it cannot be cancelled."""
-
-    def __init__(self, job_status: str) -> None:
-        self.job_status = job_status
-        super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
-
-
-class ResultNotReady(JobcoreError):
-    """The job has not succeeded (yet); it has no result."""
-
-    def __init__(self, job_status: str) -> None:
-        self.job_status = job_status
-        super().__init__(f"the job is {job_status}; a result exists once it has succeeded")
 
 
 # --- The mapping ----------------------------------------------------------------------

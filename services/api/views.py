@@ -11,7 +11,7 @@ import orjson
 from starlette.responses import JSONResponse
 
 from jobcore.enqueue import EnqueueResult
-from services.api.operations import CancelOutcome
+from jobcore.usecases.jobs import CancelOutcome
 
 
 class JsonBody(JSONResponse):

@@ -1,7 +1,9 @@
 """The `jobcore` command line: the composition root of every process.
 
-Each service contributes its commands through a ``register(app)`` function, so this
-module stays a list. A jobcore error ends the program with one line on stderr and exit 1;
+Every command lives in this package, one module per verb or verb group, each adding its
+commands through a ``register(app)`` function, so this module stays a list; their shared
+plumbing (settings, a database for one command, ``--json``, one-line failures) is
+:mod:`services.cli.common`. A jobcore error ends the program with one line on stderr and exit 1;
 bad arguments exit 2 (typer's usage errors).
 """
 
@@ -21,17 +23,21 @@ from jobcore.errors import JobcoreError
 
 COMMAND_MODULES = (
     "services.cli.database",
-    "services.api.cli",
-    "services.relay.cli",
-    "services.worker.cli",
+    "services.cli.topology",
+    "services.cli.serve",
+    "services.cli.keys",
+    "services.cli.outbox",
+    "services.cli.dlq",
     "services.cli.webhooks",
     "services.cli.jobs",
     "services.cli.prune",
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",
-    "services.cli.bench",
 )
+# Commands whose code lives outside the shipped packages, in the source checkout: found
+# there when it is on the path, else the verb answers that it needs a checkout.
+OPTIONAL_COMMAND_MODULES = {"bench": "bench.cli"}
 
 app = typer.Typer(
     name="jobcore",
@@ -47,8 +53,29 @@ def _root() -> None:
     """User-visible background jobs: API, outbox relay, workers and their tools."""
 
 
+def _needs_checkout(name: str) -> None:
+    @app.command(
+        name,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def missing() -> None:
+        """Needs a source checkout (this installation has none)."""
+        typer.echo(f"jobcore: jobcore {name} needs a source checkout", err=True)
+        raise typer.Exit(1)
+
+
 for _module in COMMAND_MODULES:
     importlib.import_module(_module).register(app)
+for _name, _module in OPTIONAL_COMMAND_MODULES.items():
+    try:
+        _optional = importlib.import_module(_module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (_module == exc.name or _module.startswith(f"{exc.name}.")):
+            raise  # the module is there and failed to import: a real error
+        _needs_checkout(_name)
+    else:
+        _optional.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

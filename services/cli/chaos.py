@@ -11,8 +11,9 @@ a new job then takes to succeed end to end. When the time is up it stops the loa
 effect was recorded twice. Exit 0 only when both hold.
 
 It stops the machine's shared RabbitMQ and PostgreSQL, so for its whole run it holds the
-lock the disruptive tests take (tests/support/chaos.py). The stack machinery and the job
-type it submits live with the tests: it needs a source checkout.
+lock the disruptive tests take (:mod:`jobcore.testing.chaos`). The stack machinery and the
+job type it submits are the library's testing kit (:mod:`jobcore.testing`), which the tests
+use too.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
 from jobcore.tcpproxy import Mode
 from services.cli.common import emit, fail, settings
-from services.cli.scratch import database_url, scratch
 
 if TYPE_CHECKING:
-    from tests.support.pipeline import Stack, Submitter
+    from jobcore.testing.pipeline import Stack, Submitter
 
 FAULTS = (
     "kill_relay",
@@ -57,7 +58,7 @@ RECOVERY_TIMEOUT = 120.0
 LOCK_TIMEOUT = 900.0
 # Only the job types the run submits: their short timeouts (a slot held at most 32 s) let it
 # declare a short consumer timeout, and so a short inbox window (below).
-CHAOS_JOB_MODULES = ("tests.support.jobtypes",)
+CHAOS_JOB_MODULES = ("jobcore.testing.jobtypes",)
 # The pruner and the sweeper work all through the faults, on a scale of seconds instead of
 # days: finished jobs (and their effects, by cascade) go 20 s after they end, inbox rows
 # after the shortest window the settings allow (delivery limit × consumer timeout = 180 s),
@@ -168,7 +169,7 @@ class Chaos:
             except Exception as exc:  # a fault that could not be thrown or lifted: go on
                 record.error = f"{type(exc).__name__}: {exc}"[:500]
                 _say(f"fault {record.number}: {kind} failed: {record.error}")
-            from tests.support.pipeline import time_to_recover
+            from jobcore.testing.pipeline import time_to_recover
 
             record.recovery = await time_to_recover(
                 self.stack.db, submitter, timeout=RECOVERY_TIMEOUT
@@ -178,7 +179,7 @@ class Chaos:
 
     async def apply(self, kind: str, seconds: float) -> str:
         """Throw one fault at the stack for ``seconds`` and lift it; return its target."""
-        from tests.support.pipeline import broker_down, postgres_down
+        from jobcore.testing.pipeline import broker_down, postgres_down
 
         stack = self.stack
         if kind in ("kill_relay", "kill_worker"):
@@ -231,7 +232,7 @@ async def _soak(
     handler_seconds: float,
     faults: tuple[str, ...],
 ) -> dict[str, Any]:
-    from tests.support.pipeline import (
+    from jobcore.testing.pipeline import (
         LeaseWatch,
         Stack,
         archive_pruned,
@@ -334,7 +335,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
 def _with_cleanup(
     config: Settings, action: Callable[[], Awaitable[dict[str, Any]]]
 ) -> dict[str, Any]:
-    from tests.support.pipeline import services_restored
+    from jobcore.testing.pipeline import services_restored
 
     async def run() -> dict[str, Any]:
         async with scratch(config):
@@ -370,10 +371,9 @@ def chaos(
 ) -> None:
     """Throw a seeded random schedule of faults at the whole stack under load; report
     lost jobs and duplicated effects (exit 0 only when there are none)."""
-    try:
-        from tests.support import chaos as chaos_support
-    except ImportError:
-        fail("jobcore chaos needs a source checkout (it uses tests/support)")
+    # Imported here, like the stack machinery: every other command starts without it.
+    from jobcore.testing import chaos as chaos_support
+
     chosen = tuple(fault or FAULTS)
     unknown = sorted(set(chosen) - set(FAULTS))
     if unknown:

@@ -1,18 +1,23 @@
-"""Small helpers every command uses: settings, one-line failures, JSON or table output."""
+"""The plumbing every command shares: settings, a database for one command, the ``--json``
+option, one-line failures (non-zero exit) and JSON or table output."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import orjson
 import typer
 
+from jobcore.db import Database
 from jobcore.settings import Settings, load_settings
 
 T = TypeVar("T")
+
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
 def settings() -> Settings:
@@ -32,6 +37,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     import uvloop
 
     return uvloop.run(coro)
+
+
+async def with_db(
+    config: Settings, action: Callable[[Database], Awaitable[T]], *, name: str = "jobcore-cli"
+) -> T:
+    """Run ``action`` on a one-connection database opened for it, closed after it."""
+    # The pool logs each failed connection attempt; the one line the CLI prints says it.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    db = Database(config, min_size=0, max_size=1, name=name)
+    await db.open(wait=True)
+    try:
+        return await action(db)
+    finally:
+        await db.close()
 
 
 def emit(

@@ -13,9 +13,10 @@ from collections.abc import Callable
 import httpx
 import typer
 
-from jobcore import apikeys, migrate
+from jobcore import migrate
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.usecases import keys as key_usecases
 from services.cli.common import settings
 from services.cli.supervisor import Supervisor
 
@@ -38,7 +39,7 @@ async def create_key(config: Settings, tenant: str, label: str) -> str:
     database = Database(config, min_size=0, max_size=1, name="jobcore-dev")
     await database.open(wait=True)
     try:
-        return (await apikeys.create_key(database, tenant, label)).key
+        return (await key_usecases.create_key(database, tenant, label)).key
     finally:
         await database.close()
 

@@ -1,42 +1,34 @@
 """`jobcore jobs list|show|cancel|retry|republish-stale`: operators' view of jobs, across
 tenants.
 
-Cancel goes through the same operation as `POST /jobs/{id}/cancel`. Retry never revives
-a finished job (terminal states are final, DESIGN.md): it enqueues a copy with the same
-type, payload and entity, and prints the new job's id.
+Each verb calls its use case (:mod:`jobcore.usecases.jobs`); cancel is the same function
+as `POST /jobs/{id}/cancel`. Retry prints the new job's id.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import typer
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
-from jobcore.errors import JobcoreError, JobNotFound
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
-from jobcore.sql import admin as admin_q
-from jobcore.sql import jobs as jobs_q
 from jobcore.states import JobStatus
 from jobcore.stranded import republish_all_stale
-from jobcore.webhooks import completion_params
-from services.api import operations
-from services.cli.common import emit, fail, run, settings
+from jobcore.usecases import jobs as job_usecases
+from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
 jobs_app = typer.Typer(
     help="List, inspect, cancel, retry and republish jobs (operators, all tenants)."
 )
 
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
+T = TypeVar("T")
+
 LIST_COLUMNS = ("id", "tenant", "type", "status", "attempts", "created_at", "last_error")
-
-
-class JobNotRetryable(JobcoreError):
-    """Only a failed or cancelled job can be retried."""
 
 
 def parse_job_id(value: str) -> uuid.UUID:
@@ -46,21 +38,8 @@ def parse_job_id(value: str) -> uuid.UUID:
         fail(f"not a job id: {value!r}", code=2)
 
 
-async def _with_db(config: Settings, action: Any) -> Any:
-    database = Database(config, min_size=0, max_size=1, name="jobcore-admin")
-    await database.open(wait=True)
-    try:
-        return await action(database)
-    finally:
-        await database.close()
-
-
-async def _job(database: Database, job_id: uuid.UUID) -> dict[str, Any]:
-    async with database.unit_of_work() as uow:
-        row = await uow.fetch_one(jobs_q.GET_JOB_ANY_TENANT, {"id": job_id})
-    if row is None:
-        raise JobNotFound(f"no job {job_id}")
-    return dict(row)
+async def _with_db(config: Settings, action: Callable[[Database], Awaitable[T]]) -> T:
+    return await with_db(config, action, name="jobcore-admin")
 
 
 @jobs_app.command("list")
@@ -72,18 +51,9 @@ def list_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The newest jobs, newest first."""
-
-    async def action(database: Database) -> list[dict[str, Any]]:
-        params = {
-            "tenant": tenant,
-            "status": status.value if status else None,
-            "type": job_type,
-            "limit": limit,
-        }
-        async with database.unit_of_work() as uow:
-            return [dict(r) for r in await uow.fetch_all(admin_q.ADMIN_LIST_JOBS, params)]
-
-    emit(run(_with_db(settings(), action)), as_json=as_json, columns=LIST_COLUMNS)
+    where = job_usecases.AdminJobFilter(tenant=tenant, status=status, type=job_type)
+    rows = run(_with_db(settings(), lambda db: job_usecases.list_jobs(db, where, limit=limit)))
+    emit(rows, as_json=as_json, columns=LIST_COLUMNS)
 
 
 @jobs_app.command("show")
@@ -93,11 +63,7 @@ def show(
 ) -> None:
     """Everything the database knows about one job."""
     ident = parse_job_id(job_id)
-
-    async def action(database: Database) -> dict[str, Any]:
-        return await _job(database, ident)
-
-    emit(run(_with_db(settings(), action)), as_json=as_json)
+    emit(run(_with_db(settings(), lambda db: job_usecases.show_job(db, ident))), as_json=as_json)
 
 
 @jobs_app.command("cancel")
@@ -108,22 +74,13 @@ def cancel(
     """Cancel a pending job now, or ask the worker running it to stop."""
     ident = parse_job_id(job_id)
     config = settings()
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
-
-    async def action(database: Database) -> dict[str, Any]:
-        tenant = (await _job(database, ident))["tenant"]
-        async with database.unit_of_work() as uow:
-            outcome = await operations.cancel_job(
-                uow, tenant, ident, completion=completion_params(topology, config)
-            )
-            await uow.commit()
-        return {
-            "job_id": outcome.job_id,
-            "status": outcome.status.value,
-            "cancel_requested_at": outcome.cancel_requested_at,
-        }
-
-    emit(run(_with_db(config, action)), as_json=as_json)
+    outcome = run(_with_db(config, lambda db: job_usecases.cancel_any_job(db, config, ident)))
+    shown = {
+        "job_id": outcome.job_id,
+        "status": outcome.status.value,
+        "cancel_requested_at": outcome.cancel_requested_at,
+    }
+    emit(shown, as_json=as_json)
 
 
 @jobs_app.command("retry")
@@ -134,28 +91,10 @@ def retry(
     """Enqueue a copy of a failed or cancelled job (same type, payload and entity)."""
     ident = parse_job_id(job_id)
     config = settings()
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     registry = load_job_modules(config.job_modules)
-
-    async def action(database: Database) -> dict[str, Any]:
-        job = await _job(database, ident)
-        if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
-            raise JobNotRetryable(f"job {ident} is {job['status']}; only failed or cancelled jobs")
-        job_type = registry.get(job["type"])
-        async with database.unit_of_work() as uow:
-            result = await enqueue(
-                uow,
-                topology,
-                tenant=job["tenant"],
-                job_type=job_type,
-                payload=job_type.validate_payload(job["payload"]),
-                entity_id=job["entity_id"],
-                max_attempts=job["max_attempts"],
-            )
-            await uow.commit()
-        return {"retried": ident, "job_id": result.job_id, "status": result.status.value}
-
-    emit(run(_with_db(config, action)), as_json=as_json)
+    outcome = run(_with_db(config, lambda db: job_usecases.retry_job(db, config, registry, ident)))
+    shown = {"retried": outcome.retried, "job_id": outcome.job_id, "status": outcome.status.value}
+    emit(shown, as_json=as_json)
 
 
 @jobs_app.command("republish-stale")

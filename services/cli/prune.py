@@ -16,12 +16,8 @@ from typing import Any
 import typer
 
 from jobcore.db import Database
-from jobcore.retention import Retention, prune_exclusively
-from services.cli.common import emit, run, settings
-
-# The lease a `jobcore prune` takes lasts at least this long (it is renewed by every batch
-# and given back at the end; a killed command holds up the workers' pruner this long).
-MIN_LEASE_SECONDS = 60.0
+from jobcore.usecases.prune import prune as prune_usecase
+from services.cli.common import emit, run, settings, with_db
 
 
 def _duration(seconds: float) -> str:
@@ -37,21 +33,13 @@ def prune(
     """Delete finished jobs, inbox rows and result files past their retention, now."""
     config = settings()
 
-    async def action() -> dict[str, Any]:
-        database = Database(config, min_size=0, max_size=1, name="jobcore-prune")
-        await database.open(wait=True)
-        try:
-            report = await prune_exclusively(
-                Retention(config, database),
-                owner=f"jobcore-prune:{socket.gethostname()}:{os.getpid()}",
-                ttl=max(MIN_LEASE_SECONDS, 3 * config.pruner_interval),
-                dry_run=dry_run,
-            )
-        finally:
-            await database.close()
-        return report.as_dict()
+    owner = f"jobcore-prune:{socket.gethostname()}:{os.getpid()}"
 
-    report = run(action())
+    async def action(database: Database) -> dict[str, Any]:
+        pruned = await prune_usecase(database, config, owner=owner, dry_run=dry_run)
+        return pruned.as_dict()
+
+    report = run(with_db(config, action, name="jobcore-prune"))
     if as_json:
         emit(report, as_json=True)
         return

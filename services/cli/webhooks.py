@@ -3,22 +3,15 @@ signing secret, and manage tenants' default endpoints."""
 
 from __future__ import annotations
 
-import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 
-from jobcore import webhook_records as records
-from jobcore.db import Database
 from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from services.cli.common import emit, fail, run, settings
+from jobcore.usecases import webhooks as records
+from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
 
-T = TypeVar("T")
-
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
 LIST_COLUMNS = (
     "id",
     "job_id",
@@ -44,17 +37,6 @@ endpoint_app = typer.Typer(
 )
 
 
-async def _with_db(config: Settings, action: Callable[[Database], Awaitable[T]]) -> T:
-    # The pool logs each failed connection attempt; the one line the CLI prints says it.
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    db = Database(config, min_size=0, max_size=1, name="jobcore-cli")
-    await db.open(wait=True)
-    try:
-        return await action(db)
-    finally:
-        await db.close()
-
-
 def _uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -76,7 +58,7 @@ def list_(
         fail(f"--status is one of {', '.join(records.DELIVERY_STATUSES)}", code=2)
     job_id = _uuid(job, "job id") if job is not None else None
     rows = run(
-        _with_db(
+        with_db(
             settings(),
             lambda db: records.list_deliveries(db, job_id=job_id, status=status, limit=limit),
         )
@@ -93,7 +75,7 @@ def redeliver(
     """Send a delivery again, now (a failed one too), as a new attempt with the same id."""
     ident = _uuid(delivery_id, "delivery id")
     config = settings()
-    row = run(_with_db(config, lambda db: records.redeliver(db, config, ident)))
+    row = run(with_db(config, lambda db: records.redeliver(db, config, ident)))
     if as_json:
         emit(dict(row), as_json=True)
     else:
@@ -110,7 +92,7 @@ def secret(
 ) -> None:
     """Print the tenant's signing secret (created if it has none), or rotate it."""
     row = run(
-        _with_db(settings(), lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate))
+        with_db(settings(), lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate))
     )
     shown = {"tenant": tenant, **{k: row[k] for k in ("secret", "created_at", "rotated_at")}}
     emit(shown, as_json=as_json)
@@ -129,7 +111,7 @@ def endpoint_set(
     config = settings()
     registry = load_job_modules(config.job_modules)
     row = run(
-        _with_db(
+        with_db(
             config, lambda db: records.set_endpoint(db, config, registry, tenant, job_type, url)
         )
     )
@@ -142,7 +124,7 @@ def endpoint_list(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Default endpoints by tenant and job type."""
-    rows = run(_with_db(settings(), lambda db: records.list_endpoints(db, tenant)))
+    rows = run(with_db(settings(), lambda db: records.list_endpoints(db, tenant)))
     emit(
         [dict(r) for r in rows],
         as_json=as_json,
@@ -156,7 +138,7 @@ def endpoint_remove(
     job_type: str = typer.Option(records.ANY_JOB_TYPE, "--type", help="The job type ('*')."),
 ) -> None:
     """Remove a default endpoint (jobs already enqueued keep the URL they got)."""
-    removed = run(_with_db(settings(), lambda db: records.remove_endpoint(db, tenant, job_type)))
+    removed = run(with_db(settings(), lambda db: records.remove_endpoint(db, tenant, job_type)))
     typer.echo(f"removed {removed['tenant']}/{removed['job_type']} → {removed['url']}")
 
 

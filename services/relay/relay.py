@@ -37,12 +37,11 @@ from jobcore.preflight import check_relay_timeouts
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
-from jobcore.settings import Settings
+from jobcore.settings import RelayOptions, Settings
 from jobcore.sql import Query
 from jobcore.sql import outbox as q
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
-from services.relay.options import RelayOptions
 from services.relay.tracing import PublishSpans
 
 log = logging.getLogger(__name__)

@@ -52,10 +52,11 @@ from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
 from services.worker.batching import Batcher
+from services.worker.claims import Claim
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 from services.worker.progress import Progress
-from services.worker.runner import Claim, JobRunner
+from services.worker.runner import JobRunner
 from services.worker.tracing import consume_span
 
 log = logging.getLogger(__name__)

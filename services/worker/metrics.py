@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from jobcore.retention import Kind
-    from services.worker.runner import Claim
+    from services.worker.claims import Claim
 
 # The statuses that end a job; `processed` outcomes other than these are not the end.
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")

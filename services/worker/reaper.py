@@ -17,8 +17,9 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, UnitOfWork
-from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
+from jobcore.enqueue import job_message_row
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
 from jobcore.sql import worker as q

@@ -16,16 +16,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.enqueue import job_message_row
 from jobcore.errors import DatabaseUnavailable, JobcoreError, PermanentError
-from jobcore.registry import InvalidPayloadError, JobContext, JobType
+from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
@@ -33,6 +33,7 @@ from jobcore.sql import Query
 from jobcore.sql import worker as q
 from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
+from services.worker.claims import Claim
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 from services.worker.tracing import handler_span
@@ -51,29 +52,6 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A job this worker holds the lease of (what the claim statement returned)."""
-
-    job_id: uuid.UUID
-    job_type: JobType[Any]
-    raw_payload: Any
-    attempt: int
-    max_attempts: int
-    lease_token: uuid.UUID
-    cancel_requested: bool
-    trace_headers: dict[str, str]
-    # For the tracing and the time-to-start / time-to-complete metrics.
-    message_id: uuid.UUID | None = None
-    created_at: datetime | None = None
-    # When the job became due: created_at, or the run_at it was scheduled for.
-    due_at: datetime | None = None
-
-    @property
-    def log_fields(self) -> dict[str, Any]:
-        return {"job_id": str(self.job_id), "job_type": self.job_type.name, "attempt": self.attempt}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from jobcore.amqp.deliveries import Delivery
 from jobcore.telemetry import context_from_headers, span_if_enabled, tracing_enabled
 
 if TYPE_CHECKING:
-    from services.worker.runner import Claim
+    from services.worker.claims import Claim
 
 
 def consume_span(message: Delivery) -> AbstractContextManager[Span | None]:

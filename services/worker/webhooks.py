@@ -42,7 +42,7 @@ from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage
 from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql import webhooks as q
-from jobcore.webhook_records import tenant_secret
+from jobcore.usecases.webhooks import tenant_secret
 from jobcore.webhooks import (
     CallbackHostUnresolved,
     Outcome,

@@ -21,12 +21,12 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.settings import Settings
-from tests.support.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.usecases import keys as key_usecases
 
-JOB_MODULES = "jobcore.jobtypes,jobcore.demojobs,tests.support.jobtypes"
+JOB_MODULES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
 # A loaded 2-core machine takes seconds to import and start each process.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -74,7 +74,7 @@ class E2EStack:
         db = Database(self.settings, min_size=0, max_size=1, name="jobcore-e2e")
         await db.open(wait=True)
         try:
-            self.api_key = (await apikeys.create_key(db, "e2e", "e2e")).key
+            self.api_key = (await key_usecases.create_key(db, "e2e", "e2e")).key
         finally:
             await db.close()
         self.ports = {role: free_port() for role in ROLES}

@@ -11,7 +11,7 @@ import pytest
 
 from bench import report as report_module
 from jobcore.settings import Settings
-from tests.support.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 
 ALL = ("enqueue", "relay", "e2e", "scale", "backlog", "tracing")
 

@@ -15,7 +15,7 @@ from tests.e2e.stack import E2EStack, until
 pytestmark = pytest.mark.timeout(240)
 
 JOBS = 20
-QUEUE = "testq"  # the echo job type's queue (tests/support/jobtypes.py)
+QUEUE = "testq"  # the echo job type's queue (libs/jobcore/testing/jobtypes.py)
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import orjson
 import psycopg
 import pytest
 
+from jobcore.testing.pipeline import environment_for_children, services_restored
+from jobcore.testing.processes import ROOT, jobcore_command
 from services.cli.chaos import FAULTS
 from tests.support.databases import with_database
-from tests.support.pipeline import environment_for_children, services_restored
-from tests.support.processes import ROOT, jobcore_command
 from tests.support.services import ServiceUrls
 
 

@@ -28,7 +28,7 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.tcpproxy import Mode
-from tests.support.pipeline import (
+from jobcore.testing.pipeline import (
     LeaseWatch,
     Process,
     Report,
@@ -40,7 +40,7 @@ from tests.support.pipeline import (
     status_counts,
     wait_quiescent,
 )
-from tests.support.waiting import eventually
+from jobcore.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 

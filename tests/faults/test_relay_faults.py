@@ -16,6 +16,9 @@ from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.chaos import broker_stopped, postgres_stopped
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import (
     Collector,
     collect,
@@ -29,9 +32,6 @@ from tests.integration.relay.helpers import (
     wait_drained,
     wait_received,
 )
-from tests.support.chaos import broker_stopped, postgres_stopped
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 
 async def readiness(port: int) -> dict[str, object]:

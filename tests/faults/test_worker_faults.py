@@ -16,6 +16,9 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.chaos import broker_stopped, postgres_stopped
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
     PROCESS_START,
@@ -30,9 +33,6 @@ from tests.integration.worker.support import (
     worker_env,
     worker_settings,
 )
-from tests.support.chaos import broker_stopped, postgres_stopped
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 
 @pytest.fixture

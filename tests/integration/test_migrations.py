@@ -11,8 +11,8 @@ from sqlalchemy import create_engine, pool
 from jobcore import migrate
 from jobcore.schema import metadata
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_command, settings_env
 from tests.support import databases
-from tests.support.processes import jobcore_command, settings_env
 from tests.support.services import ServiceUrls
 
 

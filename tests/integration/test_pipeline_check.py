@@ -11,9 +11,9 @@ import uuid
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.sql import Query
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.pipeline import archive_pruned, check
 from tests.integration.worker.support import submit
-from tests.support.jobtypes import EffectPayload
-from tests.support.pipeline import archive_pruned, check
 
 FINISH_WITH_EFFECTS = Query(
     "test_finish_with_effects",

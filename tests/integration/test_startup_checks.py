@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from jobcore.settings import Settings
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from tests.conftest import TEST_JOB_MODULES
-from tests.support.processes import ROOT, jobcore_command, settings_env
 
 # Nothing may be reached: a refusal happens before the first connection (and a command
 # that did start would listen on a free port, not a shared default one).

@@ -11,8 +11,9 @@ import pytest
 from jobcore import apikeys
 from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, KeyOwner, enqueue
+from jobcore.enqueue import KeyOwner, enqueue
 from jobcore.envelope import decode
 from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
 from jobcore.jobtypes import NoopPayload
@@ -20,8 +21,9 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import jobs as q
-from tests.support.jobtypes import EchoPayload
-from tests.support.waiting import eventually
+from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 
 COUNT = Query(
     "count",
@@ -199,8 +201,8 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
     db: Database, topology: Topology
 ) -> None:
     echo = default_registry.get("echo")
-    created = await apikeys.create_key(db, "acme")
-    other = await apikeys.create_key(db, "globex")
+    created = await key_usecases.create_key(db, "acme")
+    other = await key_usecases.create_key(db, "globex")
     owner = KeyOwner(apikeys.hash_key(created.key))
 
     async def submit(text: str, who: KeyOwner) -> tuple[str, uuid.UUID, bool]:
@@ -230,7 +232,7 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
         await submit("b", owner)
 
     # A revoked or unknown key writes nothing, in the same statement that would have.
-    await apikeys.revoke_key(db, created.record.id)
+    await key_usecases.revoke_key(db, created.record.id)
     before = await counts(db)
     for who in (owner, KeyOwner(apikeys.hash_key(apikeys.generate_key()))):
         with pytest.raises(apikeys.InvalidApiKey):

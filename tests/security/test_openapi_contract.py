@@ -34,9 +34,9 @@ from schemathesis.specs.openapi.checks import (
     positive_data_acceptance,
 )
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
@@ -48,7 +48,7 @@ async def _create_key(settings: Settings) -> str:
     db = Database(settings, min_size=0, max_size=1)
     await db.open(wait=True)
     try:
-        return (await apikeys.create_key(db, "schemathesis", "contract")).key
+        return (await key_usecases.create_key(db, "schemathesis", "contract")).key
     finally:
         await db.close()
 

@@ -27,11 +27,12 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.pipeline import Stack
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 from services.api.cursor import encode_cursor
 from tests.integration.api.support import assert_problem, enqueue, finish_job, job_row, start_job
-from tests.support.pipeline import Stack
-from tests.support.processes import ROOT, jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 ENVELOPE_FIELDS = {"v", "job_id", "attempt", "type"}
@@ -154,7 +155,7 @@ async def test_keys_stay_out_of_logs_revocation_is_immediate_and_messages_carry_
     )
     async with stack:
         key = stack.api_key
-        other = (await apikeys.create_key(stack.db, "other-tenant", "tests")).key
+        other = (await key_usecases.create_key(stack.db, "other-tenant", "tests")).key
         auth = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as client:
             created = await client.post(
@@ -177,7 +178,7 @@ async def test_keys_stay_out_of_logs_revocation_is_immediate_and_messages_carry_
 
         # Revoked with the CLI while two server processes run: the next requests, on new
         # connections (so both processes answer some), are all refused.
-        [record] = [k for k in await apikeys.list_keys(stack.db, stack.tenant)]
+        [record] = [k for k in await key_usecases.list_keys(stack.db, stack.tenant)]
         revoked = jobcore(settings, "keys", "revoke", str(record.id))
         assert revoked.returncode == 0, revoked.stderr
         for _ in range(20):

@@ -28,10 +28,10 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.support import OutboxPump, effects, status_is, submit, worker_env
-from tests.support.jobtypes import EffectPayload
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 QUEUE = "testq"
 KNOWN_TYPES = {job_type.name for job_type in default_registry}

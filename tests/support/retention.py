@@ -20,7 +20,7 @@ from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.results import LocalResultStore
-from tests.support.jobtypes import EchoPayload
+from jobcore.testing.jobtypes import EchoPayload
 
 PAYLOADS: dict[str, BaseModel] = {"echo": EchoPayload(text="x"), "noop": NoopPayload()}
 

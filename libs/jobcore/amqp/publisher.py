@@ -46,7 +46,7 @@ from jobcore.amqp.topology import WEBHOOKS_QUEUE, DeclaredTopology, Topology
 from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
 from jobcore.errors import BrokerUnavailable, ConfigurationError
 from jobcore.retry import backoff_delay
-from jobcore.settings import Settings
+from jobcore.settings import DEFAULT_MAX_MESSAGE_SIZE, Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ ENVELOPE_HEADER = "x-envelope-version"
 # A frame's type, channel, size and end octets around its payload: a content header frame
 # may be at most the negotiated frame_max long, these included.
 FRAME_OVERHEAD = len(marshal_frame(ContentBody(b""), 0))
-# RabbitMQ's `max_message_size` default (128 MiB since 3.8); its hard ceiling is 512 MiB.
-DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 # How RabbitMQ (3.8 to 3.13) closes a channel that published a body over its limit.
 _MESSAGE_SIZE_REFUSED = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 

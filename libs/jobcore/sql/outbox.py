@@ -7,7 +7,7 @@ the next-due lookup and the oldest-due age.
 
 from __future__ import annotations
 
-from jobcore.enqueue import OUTBOX_CHANNEL
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.sql import Query
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.

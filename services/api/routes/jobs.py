@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, Response
 from jobcore.errors import UnknownJobType
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
+from jobcore.usecases import jobs as job_usecases
 from jobcore.webhooks import completion_params
 from services.api import operations, views
 from services.api.body import read_json
@@ -191,7 +192,7 @@ async def cancel_job(
     Finished: 409 with its status."""
     completion = completion_params(state.topology, state.settings)
     async with db_session.transaction() as uow:
-        outcome = await operations.cancel_job(uow, tenant, job_id, completion=completion)
+        outcome = await job_usecases.cancel_job(uow, tenant, job_id, completion=completion)
         await uow.commit()
     return JsonBody(views.cancel_answer(outcome), status_code=202 if outcome.requested else 200)
 

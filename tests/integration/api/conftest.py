@@ -9,9 +9,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 
 TENANT = "acme"
@@ -36,12 +36,12 @@ async def api_client(api_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def api_key(db: Database) -> str:
-    return (await apikeys.create_key(db, TENANT, "tests")).key
+    return (await key_usecases.create_key(db, TENANT, "tests")).key
 
 
 @pytest.fixture
 async def other_api_key(db: Database) -> str:
-    return (await apikeys.create_key(db, OTHER_TENANT, "tests")).key
+    return (await key_usecases.create_key(db, OTHER_TENANT, "tests")).key
 
 
 @pytest.fixture

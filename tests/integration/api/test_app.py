@@ -11,10 +11,10 @@ import httpx
 
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from services.api.app import create_app
 from tests.integration.api.support import assert_problem, enqueue
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 
 async def test_a_database_passed_in_is_used_and_left_open(

@@ -8,7 +8,7 @@ import httpx
 import orjson
 
 from jobcore.settings import Settings
-from tests.support.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 
 
 def jobcore(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import psycopg
 
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.envelope import decode
 from jobcore.settings import Settings
 from services.api.schemas import Accepted

@@ -14,11 +14,11 @@ from fastapi import FastAPI
 
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.chaos import postgres_stopped
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from services.api.app import create_app
 from tests.integration.api.support import assert_problem, counts, enqueue, job_row
-from tests.support.chaos import postgres_stopped
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 CLOSED_PORT_URL = "postgresql://postgres@127.0.0.1:1/jobcore"
 

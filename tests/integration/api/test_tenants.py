@@ -8,6 +8,7 @@ import httpx
 
 from jobcore import apikeys
 from jobcore.db import Database
+from jobcore.usecases import keys as key_usecases
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import assert_problem, counts, enqueue
 
@@ -46,8 +47,8 @@ async def test_bad_and_revoked_keys_are_401(
 
     headers = {"Authorization": f"Bearer {api_key}"}
     assert (await api_client.get("/jobs", headers=headers)).status_code == 200
-    [record] = [k for k in await apikeys.list_keys(db, TENANT) if api_key.startswith(k.prefix)]
-    await apikeys.revoke_key(db, record.id)
+    [record] = [k for k in await key_usecases.list_keys(db, TENANT) if api_key.startswith(k.prefix)]
+    await key_usecases.revoke_key(db, record.id)
     # Looked up per request: the very next request is refused.
     assert_problem(await api_client.get("/jobs", headers=headers), 401, "invalid-api-key")
     assert_problem(await enqueue(api_client, headers), 401, "invalid-api-key")
@@ -57,7 +58,7 @@ async def test_bad_and_revoked_keys_are_401(
 async def test_keys_are_stored_as_hashes_and_listed_without_them(
     db: Database, api_key: str
 ) -> None:
-    created = await apikeys.create_key(db, "initech", "ci")
+    created = await key_usecases.create_key(db, "initech", "ci")
     assert created.key.startswith("jc_")
     assert len(created.key) >= 40
     assert created.key != api_key
@@ -68,7 +69,7 @@ async def test_keys_are_stored_as_hashes_and_listed_without_them(
     assert created.key not in stored
     assert api_key not in stored
     assert apikeys.hash_key(created.key) in stored
-    listed = await apikeys.list_keys(db)
+    listed = await key_usecases.list_keys(db)
     assert {k.tenant for k in listed} == {TENANT, "initech"}
     assert created.key not in repr(listed)
     assert [k.prefix for k in listed if k.tenant == "initech"] == [created.key[:11]]

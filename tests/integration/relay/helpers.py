@@ -14,15 +14,14 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.settings import RelayOptions, Settings
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from services.relay.metrics import RelayMetrics
-from services.relay.options import RelayOptions
 from services.relay.relay import Relay, build_publisher
-from tests.support.processes import ROOT, jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -24,6 +24,9 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.relay.helpers import (
     collect,
@@ -43,9 +46,6 @@ from tests.integration.worker.support import (
     submit,
     worker_settings,
 )
-from tests.support.jobtypes import EchoPayload
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 # The test's own JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS: today's quarantine horizon, in seconds
 # with the fast retry delays of relay_env / running_relay (0.05 s base, 0.2 s cap).

@@ -13,6 +13,7 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import (
     TRACEPARENT,
     collect,
@@ -24,7 +25,6 @@ from tests.integration.relay.helpers import (
     wait_idle,
     wait_received,
 )
-from tests.support.waiting import eventually
 
 
 async def test_a_row_becomes_a_persistent_mandatory_message_per_the_wire_contract(

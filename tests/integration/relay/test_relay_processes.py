@@ -14,6 +14,8 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import (
     collect,
     fill_outbox,
@@ -27,8 +29,6 @@ from tests.integration.relay.helpers import (
     wait_drained,
     wait_received,
 )
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 
 async def deleted_rows(db: Database) -> int:

@@ -11,11 +11,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore import apikeys
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 from tests.integration.webhooks.support import webhook_settings
 
@@ -55,11 +55,11 @@ async def api_client(api_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def auth(db: Database) -> dict[str, str]:
-    key = (await apikeys.create_key(db, TENANT, "webhook tests")).key
+    key = (await key_usecases.create_key(db, TENANT, "webhook tests")).key
     return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
 async def other_auth(db: Database) -> dict[str, str]:
-    key = (await apikeys.create_key(db, OTHER_TENANT, "webhook tests")).key
+    key = (await key_usecases.create_key(db, OTHER_TENANT, "webhook tests")).key
     return {"Authorization": f"Bearer {key}"}

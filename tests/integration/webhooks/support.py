@@ -16,8 +16,8 @@ from typing import Any
 
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_process
 from tests.integration.worker.support import WORKER_TEST_MODULES
-from tests.support.processes import jobcore_process
 
 HOOK_PATH = "/hooks/jobs"
 # Retries after about 1 s, then 2 s: quick tests, and a gap the jitter cannot blur.

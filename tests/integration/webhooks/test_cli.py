@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_command, settings_env
 from tests.integration.webhooks.support import process_env
-from tests.support.processes import jobcore_command, settings_env
 
 
 def jobcore(

@@ -15,6 +15,8 @@ import orjson
 
 from jobcore.db import Database
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from jobcore.webhooks import verify
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import (
@@ -27,8 +29,6 @@ from tests.integration.webhooks.support import (
     service_process,
     webhook_outbox_rows,
 )
-from tests.support.processes import jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 TIMEOUT = 60.0  # process start-up on a loaded 2-core machine included
 

@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.db import Database
+from jobcore.testing.waiting import eventually
 from services.api.routes.waiting import MAX_WAIT_SECONDS, parse_wait
 from services.api.waiters import APPLICATION_NAME, JobWaiters
-from tests.support.waiting import eventually
 
 
 async def pending_job(client: httpx.AsyncClient, auth: dict[str, str]) -> str:

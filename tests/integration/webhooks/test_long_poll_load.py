@@ -20,17 +20,17 @@ import orjson
 import psycopg
 import pytest
 
-from jobcore import apikeys
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import worker as wq
+from jobcore.testing.chaos import disruption_lock
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 from jobcore.webhooks import completion_params
 from services.api.waiters import APPLICATION_NAME
 from tests.integration.webhooks.support import free_port
-from tests.support.chaos import disruption_lock
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 WAITERS = 200
 POOL_MAX = 4
@@ -129,7 +129,7 @@ async def test_200_waiters_return_within_100ms_of_their_job_finishing_within_the
     settings: Settings, db: Database, tmp_path: Path
 ) -> None:
     port = free_port()
-    key = (await apikeys.create_key(db, "acme", "long-poll load")).key
+    key = (await key_usecases.create_key(db, "acme", "long-poll load")).key
     auth = {"Authorization": f"Bearer {key}"}
     env = {"JOBCORE_DB_POOL_MAX": str(POOL_MAX), "JOBCORE_DB_POOL_MIN": "1"}
     log_path = tmp_path / "api.log"

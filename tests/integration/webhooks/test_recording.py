@@ -10,15 +10,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore import apikeys
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import webhooks as wq
-from jobcore.webhook_records import set_endpoint
+from jobcore.usecases import keys as key_usecases
+from jobcore.usecases.jobs import cancel_job
+from jobcore.usecases.webhooks import set_endpoint
 from jobcore.webhooks import completion_params
-from services.api import operations
 from services.api.app import create_app
 from services.worker.metrics import WorkerMetrics
 from services.worker.reaper import Reaper
@@ -143,7 +143,7 @@ async def test_a_rolled_back_cancel_records_no_delivery(
         Topology(hsettings.amqp_prefix, hsettings.amqp_delivery_limit), hsettings
     )
     async with db.unit_of_work() as uow:
-        outcome = await operations.cancel_job(uow, TENANT, job_id, completion=completion)
+        outcome = await cancel_job(uow, TENANT, job_id, completion=completion)
         assert outcome.status == "cancelled"
         # Inside the transaction the delivery and its message exist ...
         seen = await uow.fetch_all(wq.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": TENANT})
@@ -154,7 +154,7 @@ async def test_a_rolled_back_cancel_records_no_delivery(
     assert await webhook_outbox_rows(db) == []
     # Committed, they stay: one delivery, one message naming it.
     async with db.unit_of_work() as uow:
-        await operations.cancel_job(uow, TENANT, job_id, completion=completion)
+        await cancel_job(uow, TENANT, job_id, completion=completion)
         await uow.commit()
     [delivery] = await deliveries(db, job_id)
     [message] = await webhook_outbox_rows(db)
@@ -193,8 +193,8 @@ async def test_the_reaper_records_the_webhook_of_a_job_it_fails(
 async def test_a_revoked_key_cannot_list_deliveries(
     api_client: httpx.AsyncClient, db: Database
 ) -> None:
-    created = await apikeys.create_key(db, TENANT, "to revoke")
-    await apikeys.revoke_key(db, created.record.id)
+    created = await key_usecases.create_key(db, TENANT, "to revoke")
+    await key_usecases.revoke_key(db, created.record.id)
     response = await api_client.get(
         f"/jobs/{uuid.uuid4()}/deliveries", headers={"Authorization": f"Bearer {created.key}"}
     )

@@ -9,11 +9,11 @@ import httpx
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import webhooks as q
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.webhooks.support import delivery_in, receiving
 from tests.integration.webhooks.test_delivery import enqueue_with_callback
 from tests.integration.worker.support import InboxRefusal, OutboxPump, running_pump
-from tests.support.waiting import eventually
 
 
 async def test_a_webhook_whose_outcome_cannot_be_recorded_is_requeued_and_sent_again(

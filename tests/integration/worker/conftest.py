@@ -13,9 +13,9 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.support import OutboxPump, running_pump, worker_settings
-from tests.support.waiting import eventually
 
 StartWorker = Callable[..., Awaitable[Worker]]
 

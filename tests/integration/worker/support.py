@@ -23,8 +23,9 @@ import orjson
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import OUTBOX_CHANNEL, enqueue, job_message_row
+from jobcore.enqueue import enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query

@@ -18,6 +18,8 @@ from jobcore.sql import Query
 from jobcore.sql import worker as q
 from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.sql.worker import CANCEL_CHANNEL
+from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import REQUEST_CANCEL, GatePayload, NoPayload
@@ -31,8 +33,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.jobtypes import EchoPayload
-from tests.support.waiting import eventually
 
 # What the API does (its own statements live with the API; these mirror them).
 CANCEL_PENDING = """

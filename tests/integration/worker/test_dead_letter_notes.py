@@ -16,6 +16,8 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import JobMessage
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
     OutboxPump,
@@ -27,8 +29,6 @@ from tests.integration.worker.support import (
     submit,
     worker_settings,
 )
-from tests.support.jobtypes import EffectPayload
-from tests.support.waiting import eventually
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql import worker as q
+from jobcore.testing.jobtypes import EchoPayload
 from tests.integration.worker.support import TAKE_OVER, outcome_params
-from tests.support.jobtypes import EchoPayload
 
 SNAPSHOT = Query(
     "test_snapshot",

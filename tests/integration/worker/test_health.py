@@ -6,10 +6,10 @@ import httpx
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import OutboxPump, status_is, submit
-from tests.support.waiting import eventually
 
 
 async def test_health_and_metrics_report_the_worker(

@@ -14,11 +14,11 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.pipeline import via_port
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import OutboxPump, effects, status_is, submit
-from tests.support.pipeline import via_port
-from tests.support.waiting import eventually
 
 
 async def test_a_handler_is_stopped_when_its_lease_runs_out_unrenewed(

@@ -13,6 +13,8 @@ from jobcore.db import Database
 from jobcore.envelope import JobMessage
 from jobcore.registry import Registry, default_registry
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
@@ -24,8 +26,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.processes import jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 
 async def dead_letter_count(settings: Settings, topology: Topology) -> int:

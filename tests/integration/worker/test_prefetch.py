@@ -18,10 +18,10 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.jobtypes import NoopPayload
 from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import OutboxPump, submit
-from tests.support.waiting import eventually
 
 JOBS = 8
 CONCURRENCY = 2

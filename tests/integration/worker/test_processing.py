@@ -17,6 +17,7 @@ from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, re
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from services.worker.consumer import ClaimRequest
 from tests.integration.worker.conftest import StartWorker
@@ -29,7 +30,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.waiting import eventually
 
 
 async def test_a_job_runs_once_and_succeeds_with_its_result_and_effects(

@@ -14,6 +14,8 @@ from jobcore.enqueue import job_message_row
 from jobcore.registry import default_registry
 from jobcore.retention import LEASE_NAME
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
 from tests.integration.worker.conftest import StartWorker
@@ -25,9 +27,7 @@ from tests.integration.worker.support import (
     submit,
     worker_settings,
 )
-from tests.support.jobtypes import EffectPayload
 from tests.support.retention import make_job, own_rows
-from tests.support.waiting import eventually
 
 DAY = timedelta(days=1)
 _OLDEST = 'jobcore_oldest_terminal_job_age_seconds{{status="{}"}}'

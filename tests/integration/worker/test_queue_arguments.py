@@ -20,11 +20,11 @@ from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import OutboxPump, status_is, submit
-from tests.support.jobtypes import EffectPayload
-from tests.support.processes import jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 OLD_QUEUES = ("testq", WEBHOOKS_QUEUE)
 

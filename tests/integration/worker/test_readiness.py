@@ -15,12 +15,12 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.pipeline import via_port
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import OutboxPump, readiness, status_is, submit
 from tests.integration.worker.test_settlement import health_port
-from tests.support.pipeline import via_port
-from tests.support.waiting import eventually
 
 STALL_AFTER = 2.0
 

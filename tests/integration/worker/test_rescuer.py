@@ -18,6 +18,8 @@ from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from services.worker.rescuer import Rescuer
 from tests.integration.worker.conftest import StartWorker
@@ -29,8 +31,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.processes import jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 # Only a message that can never be published is quarantined (a refusal for now, such as
 # a return for no route, is retried until the broker takes it).

@@ -9,10 +9,10 @@ from jobcore.db import Database
 from jobcore.envelope import decode
 from jobcore.retry import backoff_ceiling
 from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, SlowPayload
 from tests.integration.worker.support import OutboxPump, effects, outbox_rows, status_is, submit
-from tests.support.waiting import eventually
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -14,6 +14,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import worker as q
+from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, NoPayload, TripwirePayload
@@ -25,7 +26,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.waiting import eventually
 
 JOBS = 4
 CONCURRENCY = 2  # and so the prefetch: fewer than the jobs

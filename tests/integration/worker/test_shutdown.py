@@ -10,6 +10,8 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import decode
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_process
+from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
@@ -24,8 +26,6 @@ from tests.integration.worker.support import (
     submit,
     worker_env,
 )
-from tests.support.processes import jobcore_process
-from tests.support.waiting import eventually
 
 
 async def test_sigterm_lets_a_running_handler_finish_within_the_grace_period(

@@ -18,6 +18,9 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.testing.jobtypes import EffectPayload
+from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from services.worker.sweeper import Sweeper
 from tests.integration.worker.conftest import StartWorker
@@ -32,9 +35,6 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
-from tests.support.jobtypes import EffectPayload
-from tests.support.processes import jobcore_command, settings_env
-from tests.support.waiting import eventually
 
 SET_JOB = Query(
     "test_set_job",

@@ -14,8 +14,8 @@ from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
-from tests.support.jobtypes import EchoPayload
-from tests.support.processes import jobcore_command, settings_env
+from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.processes import jobcore_command, settings_env
 
 
 def jobs_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

@@ -38,18 +38,18 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.tcpproxy import TcpProxy
-from tests.support import chaos
-from tests.support.processes import ROOT, jobcore_command, settings_env
-from tests.support.waiting import eventually
+from jobcore.testing import chaos
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
 
-PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "tests.support.jobtypes")
-JOB_TYPE = "effect"  # tests/support/jobtypes.py: records one effect, lease 2 s
+PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
+JOB_TYPE = "effect"  # libs/jobcore/testing/jobtypes.py: records one effect, lease 2 s
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 # Everything reconnects and retries within a second or two, so a fault test spends its
@@ -264,7 +264,7 @@ class Stack:
             if proxy is not None:
                 await proxy.start()
         await self.db.open(wait=True)
-        self.api_key = (await apikeys.create_key(self.db, self.tenant, "pipeline")).key
+        self.api_key = (await key_usecases.create_key(self.db, self.tenant, "pipeline")).key
         self.api_port = free_port()
         self.api = Process(
             "api",

@@ -12,9 +12,9 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
+from jobcore.testing.processes import jobcore_command, settings_env
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
-from tests.support.processes import jobcore_command, settings_env
 from tests.support.retention import inbox_row, make_job, table_counts
 
 EXPECTED_TABLES = {

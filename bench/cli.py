@@ -1,7 +1,8 @@
 """`jobcore bench`: every scenario next to its baseline in the same run, and a report.
 
-The harness lives in the source checkout's ``bench/`` package (it starts the processes
-with the fault tests' machinery); this module is its command line.
+The harness is this package (``bench/``, in the source checkout only); this module is its
+command line, which `jobcore` adds when the package is there (services.cli's
+``OPTIONAL_COMMAND_MODULES``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,9 @@ def bench(
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
     """Benchmark jobcore against baselines measured in the same run; write a report."""
-    try:
-        from bench import harness
-    except ImportError:
-        fail("jobcore bench needs a source checkout (its bench/ and tests/ packages)")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from bench import harness  # imported here: `jobcore --help` need not load the harness
 
     chosen = list(scenarios or harness.SCENARIOS)
     known = (*harness.SCENARIOS, *harness.EXTRA_SCENARIOS)

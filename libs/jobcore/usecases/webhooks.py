@@ -1,5 +1,6 @@
-"""Stored webhook state: tenants' signing secrets, deliveries (list, redeliver) and default
-endpoints — what the worker and the `jobcore webhooks` commands do on the database."""
+"""Webhook use cases: tenants' signing secrets (show, rotate), deliveries (list, redeliver)
+and default endpoints — what the `jobcore webhooks` commands do, and the secret the worker
+signs with."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -12,7 +13,18 @@ from pathlib import Path
 
 from jobcore.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def _services_root() -> Path:
+    """The directory holding the ``services`` package (the checkout, or site-packages): the
+    children run ``python -m services.cli`` from there. Located, not imported: the library
+    never imports the services."""
+    spec = importlib.util.find_spec("services")
+    if spec is None or spec.origin is None:
+        return Path.cwd()
+    return Path(spec.origin).resolve().parents[1]
+
+
+ROOT = _services_root()
 
 
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -1,15 +1,12 @@
-"""Commands of the worker service: `jobcore worker` and the `jobcore dlq` verbs."""
+"""`jobcore dlq list|replay`: the dead-letter queue (poison messages)."""
 
 from __future__ import annotations
 
 import typer
 
-from jobcore.amqp.deadletters import DeadLetterQueue
-from jobcore.logs import configure_logging
-from jobcore.telemetry import setup_tracing
-from services.cli.common import emit, run, settings
+from jobcore.usecases import dlq
+from services.cli.common import JSON_OPTION, emit, run, settings
 
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
 LIST_COLUMNS = (
     "message_id",
     "message_type",
@@ -29,37 +26,13 @@ dlq_app = typer.Typer(
 )
 
 
-QUEUE_OPTION = typer.Option(
-    None,
-    "--queue",
-    "-q",
-    help="A job queue to consume (repeatable) (default: every queue of the job types).",
-)
-
-
-def worker(
-    queue: list[str] | None = QUEUE_OPTION,
-    concurrency: int | None = typer.Option(
-        None, min=1, max=10_000, help="Handlers at once (default: JOBCORE_WORKER_CONCURRENCY)."
-    ),
-) -> None:
-    """Consume job queues and run handlers until SIGTERM (then finish or give back work)."""
-    from services.worker.app import Worker
-
-    config = settings()  # a bad setting stops here with one line
-    configure_logging("worker")
-    setup_tracing("jobcore-worker")
-    app = Worker(config, queues=queue or None, concurrency=concurrency)
-    raise typer.Exit(run(app.serve()))
-
-
 @dlq_app.command("list")
 def dlq_list(
     limit: int = typer.Option(50, min=1, max=100_000, help="At most this many messages."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show dead-lettered messages without removing them (each goes back to the tail)."""
-    letters = run(DeadLetterQueue(settings()).peek(limit))
+    letters = run(dlq.list_dead_letters(settings(), limit=limit))
     emit([letter.as_dict() for letter in letters], as_json=as_json, columns=LIST_COLUMNS)
 
 
@@ -69,7 +42,7 @@ def dlq_replay(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Publish dead letters back to their job queue; each leaves the DLQ once confirmed."""
-    report = run(DeadLetterQueue(settings()).replay(limit))
+    report = run(dlq.replay_dead_letters(settings(), limit=limit))
     summary = {
         "replayed": [letter.as_dict() for letter in report.replayed],
         "skipped": [{**letter.as_dict(), "why": why} for letter, why in report.skipped],
@@ -83,6 +56,4 @@ def dlq_replay(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this service's commands to the `jobcore` program."""
-    app.command("worker")(worker)
     app.add_typer(dlq_app)

@@ -1,0 +1,136 @@
+"""Job use cases: cancel (a tenant's job, or any job for operators), retry, list and show.
+
+Cancel is the same function for `POST /jobs/{id}/cancel` and `jobcore jobs cancel`. Retry
+never revives a finished job (terminal states are final, DESIGN.md): it enqueues a copy
+with the same type, payload and entity.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, Session, UnitOfWork
+from jobcore.enqueue import enqueue
+from jobcore.errors import JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.registry import Registry
+from jobcore.settings import Settings
+from jobcore.sql import admin as admin_q
+from jobcore.sql import jobs as q
+from jobcore.states import JobStatus, check_transition, is_terminal
+from jobcore.webhooks import completion_params
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    job_id: uuid.UUID
+    status: JobStatus
+    cancel_requested_at: datetime | None
+
+    @property
+    def requested(self) -> bool:
+        """The worker was asked to stop the job (it was running)."""
+        return self.status is JobStatus.RUNNING
+
+
+async def cancel_job(
+    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: Mapping[str, Any]
+) -> CancelOutcome:
+    """Pending → cancelled now; running → cancel requested (and the workers told).
+
+    The row is locked first, so the status decided on is the status changed; the caller
+    commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
+    completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
+    """
+    locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
+    if locked is None:
+        raise JobNotFound("no job with that id")
+    status = JobStatus(locked["status"])
+    if is_terminal(status):
+        raise JobNotCancellable(status.value)
+    check_transition(status, JobStatus.CANCELLED)
+    if status is JobStatus.PENDING:
+        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {**completion, "id": job_id})
+    else:
+        row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
+    # The lock held the status still, so the fenced UPDATE found the row.
+    assert row is not None, f"job {job_id} changed status under its row lock"
+    return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
+
+
+async def find_job(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
+    """Everything the database knows about one job, whatever its tenant (operators)."""
+    row = await session.fetch_one(q.GET_JOB_ANY_TENANT, {"id": job_id})
+    if row is None:
+        raise JobNotFound(f"no job {job_id}")
+    return dict(row)
+
+
+async def show_job(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
+    async with db.unit_of_work() as uow:
+        return await find_job(uow, job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminJobFilter:
+    tenant: str | None = None
+    status: JobStatus | None = None
+    type: str | None = None
+
+
+async def list_jobs(db: Database, where: AdminJobFilter, *, limit: int) -> list[dict[str, Any]]:
+    """The newest jobs of every tenant, newest first (operators)."""
+    params = {
+        "tenant": where.tenant,
+        "status": where.status.value if where.status else None,
+        "type": where.type,
+        "limit": limit,
+    }
+    async with db.unit_of_work() as uow:
+        return [dict(r) for r in await uow.fetch_all(admin_q.ADMIN_LIST_JOBS, params)]
+
+
+async def cancel_any_job(db: Database, settings: Settings, job_id: uuid.UUID) -> CancelOutcome:
+    """:func:`cancel_job` for operators: whatever the job's tenant, committed."""
+    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    tenant = (await show_job(db, job_id))["tenant"]
+    async with db.unit_of_work() as uow:
+        outcome = await cancel_job(
+            uow, tenant, job_id, completion=completion_params(topology, settings)
+        )
+        await uow.commit()
+    return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOutcome:
+    retried: uuid.UUID
+    job_id: uuid.UUID
+    status: JobStatus
+
+
+async def retry_job(
+    db: Database, settings: Settings, registry: Registry, job_id: uuid.UUID
+) -> RetryOutcome:
+    """Enqueue a copy of a failed or cancelled job (same type, payload and entity)."""
+    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    job = await show_job(db, job_id)
+    if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
+        raise JobNotRetryable(f"job {job_id} is {job['status']}; only failed or cancelled jobs")
+    job_type = registry.get(job["type"])
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            topology,
+            tenant=job["tenant"],
+            job_type=job_type,
+            payload=job_type.validate_payload(job["payload"]),
+            entity_id=job["entity_id"],
+            max_attempts=job["max_attempts"],
+        )
+        await uow.commit()
+    return RetryOutcome(job_id, result.job_id, result.status)

@@ -1,0 +1,57 @@
+"""API key use cases: create (the key is shown once), list, revoke (refused from the next
+request on). The key format and the lookup every request makes are :mod:`jobcore.apikeys`."""
+
+from __future__ import annotations
+
+import uuid
+
+from jobcore.apikeys import (
+    DISPLAY_PREFIX_LENGTH,
+    MAX_LABEL_LENGTH,
+    ApiKey,
+    ApiKeyNotFound,
+    CreatedKey,
+    check_tenant_name,
+    generate_key,
+    hash_key,
+)
+from jobcore.db import Database
+from jobcore.errors import JobcoreError
+from jobcore.sql import api_keys as q
+
+
+async def create_key(db: Database, tenant: str, label: str | None = None) -> CreatedKey:
+    check_tenant_name(tenant)
+    if label is not None and (len(label) > MAX_LABEL_LENGTH or "\x00" in label):
+        raise JobcoreError(f"a label is at most {MAX_LABEL_LENGTH} characters, without NUL")
+    key = generate_key()
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(
+            q.INSERT_API_KEY,
+            {
+                "id": uuid.uuid4(),
+                "tenant": tenant,
+                "key_hash": hash_key(key),
+                "prefix": key[:DISPLAY_PREFIX_LENGTH],
+                "label": label,
+            },
+        )
+        await uow.commit()
+    assert row is not None  # INSERT ... RETURNING always returns the row
+    return CreatedKey(ApiKey.from_row(row), key)
+
+
+async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
+    async with db.unit_of_work() as uow:
+        rows = await uow.fetch_all(q.LIST_API_KEYS, {"tenant": tenant})
+    return [ApiKey.from_row(row) for row in rows]
+
+
+async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
+    """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
+    async with db.unit_of_work() as uow:
+        row = await uow.fetch_one(q.REVOKE_API_KEY, {"id": key_id})
+        await uow.commit()
+    if row is None:
+        raise ApiKeyNotFound(f"no API key with id {key_id}")
+    return ApiKey.from_row(row)

@@ -1,0 +1,90 @@
+"""Outbox use cases: its status, the rows the broker keeps refusing (failing) and those no
+longer retried (quarantined), and what an operator does with a quarantined row: requeue it
+(published again with a fresh set of attempts) or discard it (never published)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import Database
+from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
+from jobcore.sql import Query
+from jobcore.sql import outbox as q
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRowKey:
+    """An operator names a row by its numeric id or by its message id (the other is None)."""
+
+    id: int | None = None
+    message_id: uuid.UUID | None = None
+    # How the operator wrote it, for messages.
+    named: str | None = None
+
+    def __str__(self) -> str:
+        if self.named is not None:
+            return self.named
+        return str(self.id if self.id is not None else self.message_id)
+
+    def params(self) -> dict[str, Any]:
+        return {"id": self.id, "message_id": self.message_id}
+
+
+async def _rows(
+    db: Database, query: Query, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    async with db.unit_of_work() as uow:
+        rows = await uow.fetch_all(query, params)
+        await uow.commit()
+    return [dict(row) for row in rows]
+
+
+async def outbox_status(db: Database) -> dict[str, Any]:
+    """Rows due, scheduled, failing and quarantined; the oldest due row's wait and the
+    longest-failing row's time refused."""
+    return (await _rows(db, q.STATUS))[0]
+
+
+async def list_failing(db: Database, *, limit: int) -> list[dict[str, Any]]:
+    """Rows the broker refused and that the relays keep retrying, longest failing first."""
+    return await _rows(db, q.OUTBOX_LIST_FAILING, {"limit": limit})
+
+
+async def list_quarantined(db: Database, *, limit: int) -> list[dict[str, Any]]:
+    """Rows that are no longer retried: their message can never be published as it is."""
+    return await _rows(db, q.LIST_QUARANTINED, {"limit": limit})
+
+
+async def _act_on_quarantined(
+    db: Database, key: OutboxRowKey, query: Query, verb: str
+) -> dict[str, Any]:
+    rows = await _rows(db, query, {**key.params(), "channel": OUTBOX_CHANNEL})
+    if rows:
+        return {k: v for k, v in rows[0].items() if k != "notified"}
+    found = await _rows(db, q.FIND, key.params())
+    if not found:
+        raise OutboxRowNotFound(f"no outbox row {key}")
+    row = found[0]
+    if row["quarantined_at"] is not None and row["ended_job_status"] is not None:
+        raise JobcoreError(
+            f"outbox row {key} is the message of job {row['job_id']}, which is "
+            f"{row['ended_job_status']}: publishing it would do nothing; run "
+            f"`jobcore jobs retry {row['job_id']}` for a new job instead"
+        )
+    raise OutboxRowNotQuarantined(
+        f"outbox row {key} is not quarantined; only quarantined rows can be {verb}"
+    )
+
+
+async def requeue(db: Database, key: OutboxRowKey) -> dict[str, Any]:
+    """Publish a quarantined row again, now, with a fresh set of attempts (the relays are
+    woken). A row whose job has ended is refused: retry the job instead."""
+    return await _act_on_quarantined(db, key, q.REQUEUE, "requeued")
+
+
+async def discard(db: Database, key: OutboxRowKey) -> dict[str, Any]:
+    """Delete a quarantined row: its message is never published (its job stays as it is)."""
+    return await _act_on_quarantined(db, key, q.DISCARD, "discarded")

@@ -1,0 +1,121 @@
+"""The long-running processes: `jobcore api`, `jobcore relay` and `jobcore worker`.
+
+Each command reads the settings (a bad one stops it with one line), configures logging
+and tracing, and hands over to its service until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import typer
+import uvicorn
+from uvicorn import server as uvicorn_server
+from uvicorn.supervisors import Multiprocess
+
+from jobcore.logs import configure_logging
+from jobcore.preflight import check_job_types
+from jobcore.registry import load_job_modules
+from jobcore.settings import load_relay_options
+from jobcore.telemetry import setup_tracing
+from services.cli.common import fail, run, settings
+
+
+def api(
+    host: str | None = typer.Option(None, help="Listen address [default: JOBCORE_API_HOST]."),
+    port: int | None = typer.Option(
+        None, min=0, max=65535, help="Port; 0 picks a free one [default: JOBCORE_API_PORT]."
+    ),
+    workers: int = typer.Option(1, min=1, max=64, help="Server processes sharing the port."),
+    access_log: bool = typer.Option(
+        False, "--access-log/--no-access-log", help="Log every request (costs throughput)."
+    ),
+) -> None:
+    """Serve the enqueue and status API with uvicorn until SIGTERM."""
+    config = settings()  # a bad setting stops here, with one line, before uvicorn starts
+    check_job_types(load_job_modules(config.job_modules), config)
+    configure_logging("api")
+    server_config = uvicorn.Config(
+        "services.api.app:app_from_environment",
+        factory=True,
+        host=host or config.api_host,
+        port=config.api_port if port is None else port,
+        workers=workers,
+        log_config=None,
+        access_log=access_log,
+        timeout_graceful_shutdown=max(1, math.ceil(config.shutdown_grace)),
+        server_header=False,
+    )
+    if workers > 1:
+        Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
+        return
+    server = ApiServer(server_config)
+    server.run()
+    if not server.started:
+        fail("the API did not start (see the log above)")
+
+
+class ApiServer(uvicorn_server.Server):
+    """uvicorn's server, ending with exit code 0 after a graceful SIGTERM / SIGINT.
+
+    uvicorn re-raises the signal it caught once it has shut down, so the process would end
+    "killed by SIGTERM"; every jobcore process exits 0 after a clean shutdown instead.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
+def relay(
+    listen: bool = typer.Option(
+        True,
+        "--listen/--no-listen",
+        help="Wake on NOTIFY (default) or find work by polling alone.",
+    ),
+) -> None:
+    """Publish outbox rows to RabbitMQ with publisher confirms until SIGTERM."""
+    # Imported here: the health server's web stack would slow every other command's start.
+    from services.relay.relay import serve
+
+    config = settings()
+    options = load_relay_options(**({} if listen else {"listen": False}))
+    configure_logging("relay")
+    setup_tracing("jobcore-relay")
+    raise typer.Exit(run(serve(config, options)))
+
+
+QUEUE_OPTION = typer.Option(
+    None,
+    "--queue",
+    "-q",
+    help="A job queue to consume (repeatable) (default: every queue of the job types).",
+)
+
+
+def worker(
+    queue: list[str] | None = QUEUE_OPTION,
+    concurrency: int | None = typer.Option(
+        None, min=1, max=10_000, help="Handlers at once (default: JOBCORE_WORKER_CONCURRENCY)."
+    ),
+) -> None:
+    """Consume job queues and run handlers until SIGTERM (then finish or give back work)."""
+    from services.worker.app import Worker
+
+    config = settings()  # a bad setting stops here with one line
+    configure_logging("worker")
+    setup_tracing("jobcore-worker")
+    app = Worker(config, queues=queue or None, concurrency=concurrency)
+    raise typer.Exit(run(app.serve()))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("api")(api)
+    app.command("relay")(relay)
+    app.command("worker")(worker)

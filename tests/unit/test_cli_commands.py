@@ -1,0 +1,66 @@
+"""The `jobcore` program offers every verb, each under its name, wherever its code lives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from services.cli import app
+
+
+def _names(group: Any) -> dict[str, object]:
+    # A group has subcommands (typer vendors its own click: no isinstance against click's).
+    return {
+        name: _names(command) if hasattr(command, "commands") else None
+        for name, command in group.commands.items()
+    }
+
+
+def test_every_verb_is_registered() -> None:
+    assert _names(typer.main.get_command(app)) == {
+        "migrate": None,
+        "topology": None,
+        "api": None,
+        "relay": None,
+        "worker": None,
+        "prune": None,
+        "dev": None,
+        "demo": None,
+        "chaos": None,
+        "bench": None,
+        "keys": {"create": None, "list": None, "revoke": None},
+        "outbox": {
+            "status": None,
+            "list-failing": None,
+            "list-quarantined": None,
+            "requeue": None,
+            "discard": None,
+        },
+        "dlq": {"list": None, "replay": None},
+        "webhooks": {
+            "list": None,
+            "redeliver": None,
+            "secret": None,
+            "endpoint": {"set": None, "list": None, "remove": None},
+        },
+        "jobs": {
+            "list": None,
+            "show": None,
+            "cancel": None,
+            "retry": None,
+            "republish-stale": None,
+        },
+    }
+
+
+def test_every_json_flag_is_the_shared_option() -> None:
+    root: Any = typer.main.get_command(app)
+    flags = []
+    for group_name in ("keys", "outbox", "dlq", "webhooks", "jobs"):
+        for command in root.commands[group_name].commands.values():
+            for param in command.params:
+                if "--json" in param.opts:
+                    flags.append(param.help)
+    assert flags
+    assert set(flags) == {"Print JSON instead of a table."}
