@@ -23,6 +23,7 @@ import asyncio
 import statistics
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -30,6 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobcore.amqp.topology import Topology
+from jobcore.db import execute
 from jobcore.settings import Settings, load_settings
 from jobcore.sql import worker as wq
 from jobcore.sql.webhooks import LISTEN_JOB_DONE
@@ -83,14 +85,14 @@ async def listen(settings: Settings, heard: list[int], stop: asyncio.Event) -> N
     async with await psycopg.AsyncConnection.connect(
         settings.database_url, autocommit=True
     ) as conn:
-        await conn.execute(LISTEN_JOB_DONE.sql)
+        await execute(conn, LISTEN_JOB_DONE({}))
         while not stop.is_set():
             async for _ in conn.notifies(timeout=0.2):
                 heard[0] += 1
 
 
 async def phase(
-    conn: psycopg.AsyncConnection[Any], name: str, jobs: int, batch: int, extra: dict[str, Any]
+    conn: psycopg.AsyncConnection[Any], name: str, jobs: int, batch: int, extra: Mapping[str, Any]
 ) -> float:
     """Seconds to succeed ``jobs`` fresh running jobs, ``batch`` per statement."""
     ids = [uuid.uuid4() for _ in range(jobs)]

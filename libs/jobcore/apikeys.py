@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.db import Database, Session
+from jobcore.db import Database, Session, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.sql import api_keys as q
 
@@ -100,7 +100,7 @@ async def tenant_for_key(uow: Session, key: str) -> str:
     """
     if not looks_like_key(key):
         raise InvalidApiKey()
-    row = await uow.fetch_one(q.TENANT_FOR_KEY, {"key_hash": hash_key(key)})
+    row = await fetch_one(uow, q.TENANT_FOR_KEY({"key_hash": hash_key(key)}))
     if row is None:
         raise InvalidApiKey()
     return str(row["tenant"])
@@ -112,15 +112,17 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
         raise JobcoreError(f"a label is at most {MAX_LABEL_LENGTH} characters, without NUL")
     key = generate_key()
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(
-            q.INSERT_API_KEY,
-            {
-                "id": uuid.uuid4(),
-                "tenant": tenant,
-                "key_hash": hash_key(key),
-                "prefix": key[:DISPLAY_PREFIX_LENGTH],
-                "label": label,
-            },
+        row = await fetch_one(
+            uow,
+            q.INSERT_API_KEY(
+                {
+                    "id": uuid.uuid4(),
+                    "tenant": tenant,
+                    "key_hash": hash_key(key),
+                    "prefix": key[:DISPLAY_PREFIX_LENGTH],
+                    "label": label,
+                }
+            ),
         )
         await uow.commit()
     assert row is not None  # INSERT ... RETURNING always returns the row
@@ -129,14 +131,14 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
 
 async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
     async with db.unit_of_work() as uow:
-        rows = await uow.fetch_all(q.LIST_API_KEYS, {"tenant": tenant})
+        rows = await fetch_all(uow, q.LIST_API_KEYS({"tenant": tenant}))
     return [ApiKey.from_row(row) for row in rows]
 
 
 async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
     """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.REVOKE_API_KEY, {"id": key_id})
+        row = await fetch_one(uow, q.REVOKE_API_KEY({"id": key_id}))
         await uow.commit()
     if row is None:
         raise ApiKeyNotFound(f"no API key with id {key_id}")

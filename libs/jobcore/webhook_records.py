@@ -10,7 +10,7 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import check_tenant_name
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.registry import Registry
 from jobcore.settings import Settings
@@ -33,7 +33,7 @@ async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
     """The tenant's signing secret row (``secret``, ``created_at``, ``rotated_at``,
     ``created``), created on first need."""
     for _ in range(2):
-        row = await uow.fetch_one(q.ENSURE_SECRET, {"tenant": tenant, "secret": new_secret()})
+        row = await fetch_one(uow, q.ENSURE_SECRET({"tenant": tenant, "secret": new_secret()}))
         if row is not None:
             return row
     # pragma: no cover - only a concurrent creation that then vanished gets here
@@ -44,7 +44,7 @@ async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool) -> D
     check_tenant_name(tenant)
     async with db.unit_of_work() as uow:
         if rotate:
-            row = await uow.fetch_one(q.ROTATE_SECRET, {"tenant": tenant, "secret": new_secret()})
+            row = await fetch_one(uow, q.ROTATE_SECRET({"tenant": tenant, "secret": new_secret()}))
             assert row is not None  # an upsert with RETURNING always returns the row
         else:
             row = await tenant_secret(uow, tenant)
@@ -58,8 +58,8 @@ async def list_deliveries(
     if status is not None and status not in DELIVERY_STATUSES:
         raise JobcoreError(f"status is one of {', '.join(DELIVERY_STATUSES)}")
     async with db.unit_of_work() as uow:
-        return await uow.fetch_all(
-            q.LIST_DELIVERIES, {"job_id": job_id, "status": status, "limit": limit}
+        return await fetch_all(
+            uow, q.LIST_DELIVERIES({"job_id": job_id, "status": status, "limit": limit})
         )
 
 
@@ -67,8 +67,8 @@ async def redeliver(db: Database, settings: Settings, delivery_id: uuid.UUID) ->
     """A new attempt of a delivery, now, through the outbox (a failed one too)."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(
-            q.REDELIVER, {**completion_params(topology, settings), "id": delivery_id}
+        row = await fetch_one(
+            uow, q.REDELIVER({**completion_params(topology, settings), "id": delivery_id})
         )
         await uow.commit()
     if row is None:
@@ -85,7 +85,7 @@ async def set_endpoint(
         registry.get(job_type)  # UnknownJobType for a typo
     await check_callback_url(url, settings.webhook_allowed_hosts)
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.SET_ENDPOINT, {"tenant": tenant, "type": job_type, "url": url})
+        row = await fetch_one(uow, q.SET_ENDPOINT({"tenant": tenant, "type": job_type, "url": url}))
         await uow.commit()
     assert row is not None  # an upsert with RETURNING always returns the row
     return row
@@ -93,12 +93,12 @@ async def set_endpoint(
 
 async def list_endpoints(db: Database, tenant: str | None) -> list[DictRow]:
     async with db.unit_of_work() as uow:
-        return await uow.fetch_all(q.LIST_ENDPOINTS, {"tenant": tenant})
+        return await fetch_all(uow, q.LIST_ENDPOINTS({"tenant": tenant}))
 
 
 async def remove_endpoint(db: Database, tenant: str, job_type: str) -> dict[str, Any]:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.DELETE_ENDPOINT, {"tenant": tenant, "type": job_type})
+        row = await fetch_one(uow, q.DELETE_ENDPOINT({"tenant": tenant, "type": job_type}))
         await uow.commit()
     if row is None:
         raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")

@@ -32,6 +32,7 @@ from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.errors import JobcoreError, PoisonMessage
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
+from jobcore.sql import CompletionParams
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, so people recognise a secret
 SIGNATURE_SCHEME = "v1"
@@ -82,7 +83,7 @@ def decode_message(body: bytes) -> WebhookMessage:
         raise PoisonMessage(f"bad webhook message: {str(exc).splitlines()[0]}") from None
 
 
-def completion_params(topology: Topology, settings: Settings) -> dict[str, Any]:
+def completion_params(topology: Topology, settings: Settings) -> CompletionParams:
     """The parameters of the webhook CTEs every terminal-status statement carries."""
     return {
         "webhook_exchange": topology.jobs_exchange,

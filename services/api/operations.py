@@ -8,7 +8,6 @@ indistinguishable from a job that does not exist.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,10 +16,11 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Session, UnitOfWork
+from jobcore.db import Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
 from jobcore.errors import JobNotFound
 from jobcore.registry import JobType
+from jobcore.sql import CompletionParams
 from jobcore.sql import jobs as q
 from jobcore.states import JobStatus, check_transition, is_terminal
 from services.api.body import check_storable
@@ -139,7 +139,7 @@ async def submit(
 
 
 async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
-    row = await uow.fetch_one(q.GET_JOB, {"id": job_id, "tenant": tenant})
+    row = await fetch_one(uow, q.GET_JOB({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     return row
@@ -157,7 +157,7 @@ async def list_jobs(
 ) -> tuple[list[DictRow], str | None]:
     """One page, newest first, and the cursor of the next page (None on the last)."""
     after_created_at, after_id = decode_cursor(cursor) if cursor else (None, None)
-    params = {
+    params: q.JobListParams = {
         "tenant": tenant,
         "entity_id": where.entity_id,
         "status": where.status.value if where.status else None,
@@ -168,7 +168,7 @@ async def list_jobs(
         "limit": limit + 1,
     }
     query = q.LIST_ENTITY_JOBS if where.entity_id is not None else q.LIST_JOBS
-    rows = await uow.fetch_all(query, params)
+    rows = await fetch_all(uow, query(params))
     if len(rows) <= limit:
         return rows, None
     page = rows[:limit]
@@ -188,7 +188,7 @@ class CancelOutcome:
 
 
 async def cancel_job(
-    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: Mapping[str, Any]
+    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: CompletionParams
 ) -> CancelOutcome:
     """Pending → cancelled now; running → cancel requested (and the workers told).
 
@@ -196,7 +196,7 @@ async def cancel_job(
     commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
     completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
     """
-    locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
+    locked = await fetch_one(uow, q.LOCK_JOB_FOR_CANCEL({"id": job_id, "tenant": tenant}))
     if locked is None:
         raise JobNotFound("no job with that id")
     status = JobStatus(locked["status"])
@@ -204,9 +204,11 @@ async def cancel_job(
         raise JobNotCancellable(status.value)
     check_transition(status, JobStatus.CANCELLED)
     if status is JobStatus.PENDING:
-        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {**completion, "id": job_id})
+        row = await fetch_one(uow, q.CANCEL_PENDING_JOB({**completion, "id": job_id}))
     else:
-        row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
+        row = await fetch_one(
+            uow, q.REQUEST_JOB_CANCEL({"id": job_id, "channel": q.CANCEL_CHANNEL})
+        )
     # The lock held the status still, so the fenced UPDATE found the row.
     assert row is not None, f"job {job_id} changed status under its row lock"
     return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
@@ -214,7 +216,7 @@ async def cancel_job(
 
 async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
     """The result columns of a succeeded job (``result`` inline or ``result_ref``)."""
-    row = await uow.fetch_one(q.GET_JOB_RESULT, {"id": job_id, "tenant": tenant})
+    row = await fetch_one(uow, q.GET_JOB_RESULT({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     if row["status"] != JobStatus.SUCCEEDED:

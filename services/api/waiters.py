@@ -28,7 +28,7 @@ import psycopg
 from prometheus_client import CollectorRegistry, Gauge
 from psycopg.rows import DictRow
 
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.service import Service
 from jobcore.settings import Settings
 from jobcore.sql.webhooks import GET_WAITED_JOBS, LISTEN_JOB_DONE
@@ -73,11 +73,13 @@ class JobReads:
             wanted = list({key for key, _ in batch})
             try:
                 async with db.connection() as conn:
-                    cur = await conn.execute(
-                        GET_WAITED_JOBS.sql,
-                        {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]},
+                    found = await fetch_all(
+                        conn,
+                        GET_WAITED_JOBS(
+                            {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]}
+                        ),
                     )
-                    rows = {(row["tenant"], row["id"]): row for row in await cur.fetchall()}
+                    rows = {(row["tenant"], row["id"]): row for row in found}
             except Exception as exc:  # each waiter answers it (a 503 for DatabaseUnavailable)
                 for _, future in batch:
                     if not future.done():
@@ -191,7 +193,7 @@ class JobWaiters(Service):
             connect_timeout=max(1, int(self.settings.db_connect_timeout)),
         )
         try:
-            await conn.execute(LISTEN_JOB_DONE.sql)
+            await execute(conn, LISTEN_JOB_DONE({}))
             self.listening = True
             log.info("long-poll listener connected")
             # A job may have finished while nobody listened: everyone re-reads.

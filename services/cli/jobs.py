@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobcoreError, JobNotFound
 from jobcore.registry import load_job_modules
@@ -57,7 +57,7 @@ async def _with_db(config: Settings, action: Any) -> Any:
 
 async def _job(database: Database, job_id: uuid.UUID) -> dict[str, Any]:
     async with database.unit_of_work() as uow:
-        row = await uow.fetch_one(jobs_q.GET_JOB_ANY_TENANT, {"id": job_id})
+        row = await fetch_one(uow, jobs_q.GET_JOB_ANY_TENANT({"id": job_id}))
     if row is None:
         raise JobNotFound(f"no job {job_id}")
     return dict(row)
@@ -74,14 +74,14 @@ def list_(
     """The newest jobs, newest first."""
 
     async def action(database: Database) -> list[dict[str, Any]]:
-        params = {
+        params: admin_q.JobListAllTenantsParams = {
             "tenant": tenant,
             "status": status.value if status else None,
             "type": job_type,
             "limit": limit,
         }
         async with database.unit_of_work() as uow:
-            return [dict(r) for r in await uow.fetch_all(admin_q.ADMIN_LIST_JOBS, params)]
+            return [dict(r) for r in await fetch_all(uow, admin_q.ADMIN_LIST_JOBS(params))]
 
     emit(run(_with_db(settings(), action)), as_json=as_json, columns=LIST_COLUMNS)
 

@@ -8,11 +8,11 @@ from typing import Any
 import typer
 
 from jobcore.amqp.publisher import declare_topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.logs import configure_logging
 from jobcore.registry import load_job_modules
-from jobcore.sql import Query
+from jobcore.sql import Query, Statement
 from jobcore.sql import outbox as q
 from jobcore.telemetry import setup_tracing
 from services.cli.common import emit, fail, run, settings
@@ -69,20 +69,20 @@ def topology(as_json: bool = JSON_OPTION) -> None:
     emit(declared["queues"], as_json=False, columns=["queue", "routing_key", "dead_lettering"])
 
 
-async def _one(query: Query, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+async def _one(statement: Statement) -> list[dict[str, Any]]:
     config = settings()
     db = Database(config, min_size=0, max_size=1, name="jobcore-cli")
     await db.open(wait=True)
     try:
         async with db.unit_of_work() as uow:
-            rows = await uow.fetch_all(query, params)
+            rows = await fetch_all(uow, statement)
             await uow.commit()
         return [dict(row) for row in rows]
     finally:
         await db.close()
 
 
-def _row_key(ident: str) -> dict[str, Any]:
+def _row_key(ident: str) -> q.OutboxRowParams:
     """An operator names a row by its numeric id or by its message id."""
     if ident.isdigit():
         return {"id": int(ident), "message_id": None}
@@ -96,7 +96,7 @@ def _row_key(ident: str) -> dict[str, Any]:
 def status(as_json: bool = JSON_OPTION) -> None:
     """Rows due, scheduled, failing and quarantined; how long the oldest due row has waited
     and the longest-failing row has been refused."""
-    rows = run(_one(q.STATUS))
+    rows = run(_one(q.STATUS({})))
     emit(rows[0], as_json=as_json)
 
 
@@ -106,7 +106,7 @@ def list_failing(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    rows = run(_one(q.OUTBOX_LIST_FAILING, {"limit": limit}))
+    rows = run(_one(q.OUTBOX_LIST_FAILING({"limit": limit})))
     emit(
         rows,
         as_json=as_json,
@@ -120,7 +120,7 @@ def list_quarantined(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows that are no longer retried: their message can never be published as it is."""
-    rows = run(_one(q.LIST_QUARANTINED, {"limit": limit}))
+    rows = run(_one(q.LIST_QUARANTINED({"limit": limit})))
     emit(
         rows,
         as_json=as_json,
@@ -128,12 +128,13 @@ def list_quarantined(
     )
 
 
-def _act_on_quarantined(ident: str, query: Query, verb: str, as_json: bool) -> None:
+def _act_on_quarantined(
+    ident: str, query: Query[q.OutboxRequeueParams], verb: str, as_json: bool
+) -> None:
     key = _row_key(ident)
-    params = {**key, "channel": OUTBOX_CHANNEL}
-    rows = run(_one(query, params))
+    rows = run(_one(query({**key, "channel": OUTBOX_CHANNEL})))
     if not rows:
-        found = run(_one(q.FIND, key))
+        found = run(_one(q.FIND(key)))
         if not found:
             fail(f"no outbox row {ident}")
         row = found[0]

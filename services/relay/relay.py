@@ -29,7 +29,7 @@ from jobcore.amqp.publisher import (
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
@@ -38,7 +38,7 @@ from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.sql import NoParams, Query
 from jobcore.sql import outbox as q
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
@@ -153,7 +153,7 @@ class Relay(Service):
     async def relay_batch(self) -> int:
         """Claim, publish and settle one batch in one transaction; return rows claimed."""
         async with self.db.unit_of_work() as uow:
-            rows = await uow.fetch_all(q.CLAIM_DUE, {"limit": self.settings.relay_batch_size})
+            rows = await fetch_all(uow, q.CLAIM_DUE({"limit": self.settings.relay_batch_size}))
             if not rows:
                 return 0
             messages = [
@@ -176,7 +176,7 @@ class Relay(Service):
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
-                gone = len(ids) - await uow.execute(q.DELETE_PUBLISHED, {"ids": ids})
+                gone = len(ids) - await execute(uow, q.DELETE_PUBLISHED({"ids": ids}))
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)
@@ -228,9 +228,11 @@ class Relay(Service):
                     "error": error,
                 },
             )
-        updated = await uow.fetch_all(
-            q.RECORD_FAILURES,
-            {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine},
+        updated = await fetch_all(
+            uow,
+            q.RECORD_FAILURES(
+                {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine}
+            ),
         )
         return [dict(row) for row in updated if row["quarantined"]]
 
@@ -325,7 +327,7 @@ class Relay(Service):
         while not self.stopping.is_set():
             try:
                 async with self.db.connection() as conn:
-                    await conn.execute(q.LISTEN.sql)
+                    await execute(conn, q.LISTEN({}))
                     if failures:
                         log.info("listening for outbox notifications again")
                     failures = 0
@@ -335,12 +337,12 @@ class Relay(Service):
                         while True:
                             async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
                                 self._wake.set()
-                            await conn.execute(q.PING.sql)
+                            await execute(conn, q.PING({}))
                     finally:
                         if not conn.closed:
                             # Best effort: the pool must not hand out a listening connection.
                             with contextlib.suppress(Exception):
-                                await conn.execute(q.UNLISTEN.sql)
+                                await execute(conn, q.UNLISTEN({}))
             except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
@@ -360,10 +362,9 @@ class Relay(Service):
             self._database_down = False
             log.info("database reachable again")
 
-    async def _fetch_one(self, query: Query) -> dict[str, Any] | None:
+    async def _fetch_one(self, query: Query[NoParams]) -> dict[str, Any] | None:
         async with self.db.connection() as conn:
-            cur = await conn.execute(query.sql)
-            return await cur.fetchone()
+            return await fetch_one(conn, query({}))
 
     # -- what operators see ----------------------------------------------------------------
 

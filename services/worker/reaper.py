@@ -17,7 +17,7 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_all
 from jobcore.enqueue import OUTBOX_CHANNEL, job_message_row
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
@@ -66,10 +66,10 @@ class Reaper(MaintenanceService):
         self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        expired = await uow.fetch_all(q.LOCK_EXPIRED_LEASES, {"limit": BATCH_SIZE})
+        expired = await fetch_all(uow, q.LOCK_EXPIRED_LEASES({"limit": BATCH_SIZE}))
         if not expired:
             return 0, []
-        return len(expired), await uow.fetch_all(q.REAP, self._reap_params(expired))
+        return len(expired), await fetch_all(uow, q.REAP(self._reap_params(expired)))
 
     def report(self, rows: Sequence[DictRow]) -> None:
         outcomes = {"pending": 0, "failed": 0, "cancelled": 0}
@@ -84,7 +84,7 @@ class Reaper(MaintenanceService):
             if count:
                 self.metrics.reaped(outcome, count)
 
-    def _reap_params(self, expired: list[DictRow]) -> dict[str, Any]:
+    def _reap_params(self, expired: list[DictRow]) -> q.JobReapExpiredParams:
         messages = [
             job_message_row(
                 self.topology,

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage
 from jobcore.service import Service
 from jobcore.settings import Settings
@@ -303,13 +303,15 @@ class WebhookDeliverer(Service):
         self, envelope: WebhookMessage, message_id: uuid.UUID
     ) -> tuple[DictRow | None, str]:
         async with self.db.unit_of_work() as uow:
-            delivery = await uow.fetch_one(
-                q.GET_DELIVERY_FOR_ATTEMPT,
-                {
-                    "id": envelope.delivery_id,
-                    "consumer": q.WEBHOOKS_CONSUMER,
-                    "message_id": message_id,
-                },
+            delivery = await fetch_one(
+                uow,
+                q.GET_DELIVERY_FOR_ATTEMPT(
+                    {
+                        "id": envelope.delivery_id,
+                        "consumer": q.WEBHOOKS_CONSUMER,
+                        "message_id": message_id,
+                    }
+                ),
             )
             if delivery is None or delivery["secret"] is not None:
                 return delivery, (delivery["secret"] if delivery else "")
@@ -328,7 +330,7 @@ class WebhookDeliverer(Service):
             retry_after=result.retry_after,
         )
         next_message = WebhookMessage(delivery_id=envelope.delivery_id, attempt=attempt + 1)
-        params = {
+        params: q.WebhookDeliveryRecordAttemptParams = {
             **self.completion,
             "consumer": q.WEBHOOKS_CONSUMER,
             "message_id": message_id,
@@ -344,7 +346,7 @@ class WebhookDeliverer(Service):
             "next_body": next_message.encode(),
         }
         async with self.db.unit_of_work() as uow:
-            row = await uow.fetch_one(q.RECORD_ATTEMPT, params)
+            row = await fetch_one(uow, q.RECORD_ATTEMPT(params))
             await uow.commit()
         # No row: the message was recorded by someone else meanwhile (a duplicate copy).
         return {**row, "delay": round(delay, 3)} if row is not None else {}

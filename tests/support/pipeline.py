@@ -39,7 +39,7 @@ import httpx
 import orjson
 
 from jobcore import apikeys
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -686,7 +686,7 @@ class Report:
 
 async def _fetch_all(db: Database, query: Query, params: dict[str, Any]) -> list[dict[str, Any]]:
     async with db.unit_of_work() as uow:
-        return [dict(row) for row in await uow.fetch_all(query, params)]
+        return [dict(row) for row in await fetch_all(uow, query(params))]
 
 
 async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
@@ -729,7 +729,7 @@ async def archive_pruned(db: Database) -> None:
     :data:`PRUNE_ARCHIVE`), so :func:`check` still sees them."""
     async with db.unit_of_work() as uow:
         for statement in PRUNE_ARCHIVE:
-            await uow.execute(statement)
+            await execute(uow, statement({}))
         await uow.commit()
 
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from jobcore.sql import Query
 
-ADMIN_LIST_JOBS = Query(
+
+class JobListAllTenantsParams(TypedDict):
+    limit: int
+    status: str | None
+    tenant: str | None
+    type: str | None
+
+
+ADMIN_LIST_JOBS = Query[JobListAllTenantsParams](
     "admin_list_jobs",
     "The newest jobs of every tenant (or one), optionally filtered by status and type.",
     """

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import TypedDict
+
 from jobcore.sql import Query
 
 # The per-request lookup: the unique index on key_hash makes it one index probe.
@@ -9,13 +12,27 @@ from jobcore.sql import Query
 # (jobcore.sql.jobs) and must refuse exactly the keys every other route refuses.
 ACTIVE_KEY = "SELECT tenant FROM api_keys WHERE key_hash = %(key_hash)s AND revoked_at IS NULL"
 
-TENANT_FOR_KEY = Query(
+
+class ApiKeyGetTenantParams(TypedDict):
+    key_hash: str
+
+
+TENANT_FOR_KEY = Query[ApiKeyGetTenantParams](
     "tenant_for_key",
     "The tenant of an API key that exists and is not revoked.",
     ACTIVE_KEY,
 )
 
-INSERT_API_KEY = Query(
+
+class ApiKeyInsertParams(TypedDict):
+    id: uuid.UUID
+    key_hash: str
+    label: str | None
+    prefix: str
+    tenant: str
+
+
+INSERT_API_KEY = Query[ApiKeyInsertParams](
     "insert_api_key",
     "Store a new API key (its hash and a short prefix people recognise).",
     """
@@ -25,7 +42,12 @@ INSERT_API_KEY = Query(
     """,
 )
 
-LIST_API_KEYS = Query(
+
+class ApiKeyListParams(TypedDict):
+    tenant: str | None
+
+
+LIST_API_KEYS = Query[ApiKeyListParams](
     "list_api_keys",
     "Every API key, or one tenant's, oldest first; never the key or its hash.",
     """
@@ -35,7 +57,12 @@ LIST_API_KEYS = Query(
     """,
 )
 
-REVOKE_API_KEY = Query(
+
+class ApiKeyRevokeParams(TypedDict):
+    id: uuid.UUID
+
+
+REVOKE_API_KEY = Query[ApiKeyRevokeParams](
     "revoke_api_key",
     "Revoke an API key (revoking twice keeps the first time).",
     """

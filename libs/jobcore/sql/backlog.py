@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+from jobcore.sql import NoParams, Query
 
 # Served by jobs_status_created_idx (status, created_at): a range scan per status.
-OPEN_JOBS_BY_QUEUE = Query(
+OPEN_JOBS_BY_QUEUE = Query[NoParams](
     "open_jobs_by_queue",
     "Pending and running jobs per queue.",
     """

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from datetime import datetime
+from typing import TypedDict
+
+from psycopg.types.json import Jsonb
+
+from jobcore.sql import CompletionParams, OutboxMessageParams, Query
 from jobcore.sql.api_keys import ACTIVE_KEY
 from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
 
@@ -61,19 +67,52 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
     """
 
 
-INSERT_JOB_WITH_OUTBOX = Query(
+class JobInsertCommonParams(OutboxMessageParams):
+    """What both enqueue statements take: the job, and its first message."""
+
+    callback_url: str | None
+    channel: str
+    entity_id: str | None
+    id: uuid.UUID
+    idempotency_key: str | None
+    max_attempts: int
+    payload: Jsonb
+    payload_fingerprint: str | None
+    queue: str
+    run_at: datetime | None
+    traceparent: str | None
+    tracestate: str | None
+    type: str
+
+
+class JobInsertParams(JobInsertCommonParams):
+    tenant: str
+
+
+INSERT_JOB_WITH_OUTBOX = Query[JobInsertParams](
     "insert_job_with_outbox",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
     _insert_job_with_outbox(by_key=False),
 )
 
-INSERT_JOB_WITH_OUTBOX_FOR_KEY = Query(
+
+class JobInsertForKeyParams(JobInsertCommonParams):
+    key_hash: str
+
+
+INSERT_JOB_WITH_OUTBOX_FOR_KEY = Query[JobInsertForKeyParams](
     "insert_job_with_outbox_for_key",
     "The same for the tenant of an unrevoked API key, found in the same statement.",
     _insert_job_with_outbox(by_key=True),
 )
 
-GET_JOB = Query(
+
+class JobGetParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
+GET_JOB = Query[JobGetParams](
     "get_job",
     "Read one job of one tenant (another tenant's job reads as missing).",
     """
@@ -81,7 +120,12 @@ GET_JOB = Query(
     """,
 )
 
-GET_JOB_ANY_TENANT = Query(
+
+class JobGetAnyTenantParams(TypedDict):
+    id: uuid.UUID
+
+
+GET_JOB_ANY_TENANT = Query[JobGetAnyTenantParams](
     "get_job_any_tenant",
     "Read one job by id alone, for workers and operators.",
     """
@@ -89,7 +133,14 @@ GET_JOB_ANY_TENANT = Query(
     """,
 )
 
-GET_JOB_BY_IDEMPOTENCY_KEY = Query(
+
+class JobGetByIdempotencyKeyParams(TypedDict):
+    idempotency_key: str | None
+    tenant: str
+    type: str
+
+
+GET_JOB_BY_IDEMPOTENCY_KEY = Query[JobGetByIdempotencyKeyParams](
     "get_job_by_idempotency_key",
     "Find the job that already holds an idempotency key (tenant and type scoped).",
     """
@@ -100,11 +151,22 @@ GET_JOB_BY_IDEMPOTENCY_KEY = Query(
 
 # --- The API: listing, cancelling, results -------------------------------------------
 
+
+class JobListParams(TypedDict):
+    after_created_at: datetime | None
+    after_id: uuid.UUID | None
+    entity_id: str | None  # the entity listing requires it; the other ignores it
+    limit: int
+    status: str | None
+    tenant: str
+    type: str | None
+
+
 # Keyset pagination: the page after the position (created_at, id), newest first, so
 # inserts at the head never shift a page (OFFSET would repeat rows). The first page
 # starts from (infinity, the largest uuid). The row comparison is an index condition on
 # jobs_tenant_created_idx; payload and result stay out of lists (they can be large).
-LIST_JOBS = Query(
+LIST_JOBS = Query[JobListParams](
     "list_jobs",
     "One page of a tenant's jobs, newest first, after a keyset position, optionally filtered.",
     """
@@ -121,9 +183,10 @@ LIST_JOBS = Query(
     """,
 )
 
+
 # The same page for one entity: a separate statement so jobs_tenant_entity_created_idx
 # serves it (a generic plan cannot pick that index for an optional filter).
-LIST_ENTITY_JOBS = Query(
+LIST_ENTITY_JOBS = Query[JobListParams](
     "list_entity_jobs",
     "One page of one entity's jobs, newest first, after a keyset position, optionally filtered.",
     """
@@ -140,7 +203,13 @@ LIST_ENTITY_JOBS = Query(
     """,
 )
 
-GET_JOB_RESULT = Query(
+
+class JobGetResultParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
+GET_JOB_RESULT = Query[JobGetResultParams](
     "get_job_result",
     "A tenant's job's status and where its result is (inline or in the result store).",
     """
@@ -148,9 +217,15 @@ GET_JOB_RESULT = Query(
     """,
 )
 
+
+class JobLockForCancelParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
 # Cancelling: lock the row so the status read here is the status changed below (a worker's
 # claim or outcome waits for us), then change it with a fenced UPDATE.
-LOCK_JOB_FOR_CANCEL = Query(
+LOCK_JOB_FOR_CANCEL = Query[JobLockForCancelParams](
     "lock_job_for_cancel",
     "Lock a tenant's job and read its status, before cancelling it.",
     """
@@ -158,8 +233,13 @@ LOCK_JOB_FOR_CANCEL = Query(
     """,
 )
 
+
+class JobCancelPendingParams(CompletionParams):
+    id: uuid.UUID
+
+
 # Ends the job, so it records the completion webhook and wakes waiters (jobcore.sql.webhooks).
-CANCEL_PENDING_JOB = Query(
+CANCEL_PENDING_JOB = Query[JobCancelPendingParams](
     "cancel_pending_job",
     "Cancel a job that no worker runs yet (fenced on status = 'pending').",
     """
@@ -184,7 +264,13 @@ CANCEL_PENDING_JOB = Query(
 # stops its handler and ends the job `cancelled` (fenced by its lease).
 CANCEL_CHANNEL = "jobcore_cancel"
 
-REQUEST_JOB_CANCEL = Query(
+
+class JobRequestCancelParams(TypedDict):
+    channel: str
+    id: uuid.UUID
+
+
+REQUEST_JOB_CANCEL = Query[JobRequestCancelParams](
     "request_job_cancel",
     "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
     """

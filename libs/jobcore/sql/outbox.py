@@ -7,21 +7,31 @@ the next-due lookup and the oldest-due age.
 
 from __future__ import annotations
 
+import uuid
+from typing import TypedDict
+
 from jobcore.enqueue import OUTBOX_CHANNEL
-from jobcore.sql import Query
+from jobcore.sql import NoParams, Query
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
-LISTEN = Query(
+LISTEN = Query[NoParams](
     "listen_outbox", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
 )
-UNLISTEN = Query(
+UNLISTEN = Query[NoParams](
     "unlisten_outbox", "Stop receiving them before the connection is reused.", "UNLISTEN *"
 )
-PING = Query("ping", "A round trip, to notice a connection that died silently.", "SELECT 1")
+PING = Query[NoParams](
+    "ping", "A round trip, to notice a connection that died silently.", "SELECT 1"
+)
+
+
+class OutboxClaimDueParams(TypedDict):
+    limit: int
+
 
 # The relay holds these row locks while it publishes and waits for the confirms; other
 # replicas skip the locked rows instead of waiting, so any number of them can run.
-CLAIM_DUE = Query(
+CLAIM_DUE = Query[OutboxClaimDueParams](
     "claim_due_outbox",
     "Lock up to `limit` due, unquarantined rows, oldest first, skipping rows another relay holds.",
     """
@@ -35,9 +45,14 @@ CLAIM_DUE = Query(
     """,
 )
 
+
+class OutboxDeletePublishedParams(TypedDict):
+    ids: list[int]
+
+
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
 # statement, never an unbounded DELETE.
-DELETE_PUBLISHED = Query(
+DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     "delete_published_outbox",
     "Remove the claimed rows whose messages the broker confirmed.",
     """
@@ -45,13 +60,21 @@ DELETE_PUBLISHED = Query(
     """,
 )
 
+
+class OutboxRecordFailuresParams(TypedDict):
+    delays: list[float]
+    errors: list[str]
+    ids: list[int]
+    quarantine: list[bool]
+
+
 # Per row the caller decides (jobcore.amqp.publisher.Failure) its delay (exponential
 # backoff with jitter on the new attempt count) and whether it is quarantined: only a
 # message that can never be published is. A job whose message keeps being refused stays
 # pending, and its pollers read why in its last_error: written when the reason changes,
 # not on every retry; skipped if another transaction holds the job (a note, never a wait).
 # Worded to stay true once the message went out, like the worker's NOTE_UNDELIVERABLE.
-RECORD_FAILURES = Query(
+RECORD_FAILURES = Query[OutboxRecordFailuresParams](
     "record_outbox_failures",
     "Count a failed publish on each row, push it back by its delay or quarantine it, and "
     "tell a pending job why it waits.",
@@ -92,7 +115,7 @@ RECORD_FAILURES = Query(
 
 # Rows that are due but locked by another relay are deliberately not counted: waiting for
 # them would make an idle replica spin while its peer publishes them.
-SECONDS_UNTIL_NEXT_DUE = Query(
+SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
     "seconds_until_next_due_outbox",
     "How long until the earliest scheduled (not yet due) row becomes due; NULL when none.",
     """
@@ -102,7 +125,7 @@ SECONDS_UNTIL_NEXT_DUE = Query(
     """,
 )
 
-STATUS = Query(
+STATUS = Query[NoParams](
     "outbox_status",
     "Backlog counts: due, scheduled, failing and quarantined rows, the age of the oldest due "
     "row, and how long the longest-failing row has been refused.",
@@ -122,9 +145,14 @@ STATUS = Query(
     """,
 )
 
+
+class OutboxListFailingParams(TypedDict):
+    limit: int
+
+
 # The rows the broker keeps refusing (still retried): what an operator looks at when
 # `failing` is not zero. No index: the outbox is small, and this is an operator's verb.
-OUTBOX_LIST_FAILING = Query(
+OUTBOX_LIST_FAILING = Query[OutboxListFailingParams](
     "outbox_list_failing",
     "The rows whose publish failed and that are still retried, longest failing first.",
     """
@@ -137,7 +165,12 @@ OUTBOX_LIST_FAILING = Query(
     """,
 )
 
-LIST_QUARANTINED = Query(
+
+class OutboxListQuarantinedParams(TypedDict):
+    limit: int
+
+
+LIST_QUARANTINED = Query[OutboxListQuarantinedParams](
     "list_quarantined_outbox",
     "The quarantined rows, earliest quarantined first.",
     """
@@ -150,9 +183,17 @@ LIST_QUARANTINED = Query(
     """,
 )
 
+
+class OutboxRowParams(TypedDict):
+    """An operator's name for a row: its numeric id or its message id (the other None)."""
+
+    id: int | None
+    message_id: uuid.UUID | None
+
+
 # Operators name a row by its numeric id or its message id; the other parameter is NULL.
 # `ended_job_status` is set when the row is a job's message and that job has ended.
-FIND = Query(
+FIND = Query[OutboxRowParams](
     "find_outbox_row",
     "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
     """
@@ -166,11 +207,16 @@ FIND = Query(
     """,
 )
 
+
+class OutboxRequeueParams(OutboxRowParams):
+    channel: str
+
+
 # A job's message is requeued only while the job is pending: once it ended (the rescuer
 # failed it because this row was quarantined, or it was cancelled), the worker would
 # acknowledge the message with no effect, and the operator should retry the job instead.
 # Webhook messages (their type is not their job's) are always requeued.
-REQUEUE = Query(
+REQUEUE = Query[OutboxRequeueParams](
     "requeue_outbox",
     "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
     """
@@ -190,7 +236,8 @@ REQUEUE = Query(
     """,
 )
 
-DISCARD = Query(
+
+DISCARD = Query[OutboxRowParams](
     "discard_outbox",
     "Delete a quarantined row (its message is never published).",
     """

@@ -10,7 +10,10 @@ retention, or of another type, is read, let alone locked.
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from typing import TypedDict
+
+from jobcore.sql import NoParams, Query
 
 _TERMINAL = "('succeeded', 'failed', 'cancelled')"
 
@@ -23,7 +26,7 @@ _RULES = """
 
 # The distinct (status, type) pairs of finished jobs by a loose index scan: one index
 # probe per pair, however many jobs there are, then the oldest finished_at of each.
-JOB_TERMINAL_KINDS = Query(
+JOB_TERMINAL_KINDS = Query[NoParams](
     "job_terminal_kinds",
     "Each (status, type) of finished jobs, with how long ago its oldest one finished.",
     f"""
@@ -58,8 +61,15 @@ JOB_TERMINAL_KINDS = Query(
     """,
 )
 
+
+class JobPruneCountParams(TypedDict):
+    keep: list[float]
+    statuses: list[str]
+    types: list[str]
+
+
 # What JOB_PRUNE_BATCH would delete now, per rule, and what would go with those jobs.
-JOB_PRUNE_COUNT = Query(
+JOB_PRUNE_COUNT = Query[JobPruneCountParams](
     "job_prune_count",
     "Count, per (status, type), the finished jobs past their retention and what goes with them.",
     f"""
@@ -88,6 +98,14 @@ JOB_PRUNE_COUNT = Query(
     """,
 )
 
+
+class JobPruneBatchParams(TypedDict):
+    keep: list[float]
+    limit: int
+    statuses: list[str]
+    types: list[str]
+
+
 # Every statement repeats `status IN (terminal)` although the rule names the status: the
 # planner uses the partial index only when the query implies its predicate by itself.
 #
@@ -103,7 +121,7 @@ JOB_PRUNE_COUNT = Query(
 # hold; `IN (SELECT ...)` was planned as a hash join over a sequential scan of the outbox.
 # Returns one row per job, with its result_ref: the caller deletes those files once this
 # commits.
-JOB_PRUNE_BATCH = Query(
+JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
     "job_prune_batch",
     "Delete a batch of finished jobs past their retention, with their effects, deliveries and "
     "quarantined outbox rows.",
@@ -141,14 +159,24 @@ JOB_PRUNE_BATCH = Query(
     """,
 )
 
+
+class JobIdsExistingParams(TypedDict):
+    ids: list[uuid.UUID]
+
+
 # For the result-file sweep: which of these job ids still have a row (primary key probes).
-JOB_IDS_EXISTING = Query(
+JOB_IDS_EXISTING = Query[JobIdsExistingParams](
     "job_ids_existing",
     "Which of the given job ids still exist.",
     "SELECT id FROM jobs WHERE id = ANY(%(ids)s::uuid[])",
 )
 
-INBOX_PRUNE_COUNT = Query(
+
+class InboxPruneCountParams(TypedDict):
+    keep: float
+
+
+INBOX_PRUNE_COUNT = Query[InboxPruneCountParams](
     "inbox_prune_count",
     "Count inbox rows received longer ago than the inbox window.",
     """
@@ -157,12 +185,18 @@ INBOX_PRUNE_COUNT = Query(
     """,
 )
 
+
+class InboxPruneBatchParams(TypedDict):
+    keep: float
+    limit: int
+
+
 # Inbox rows are only ever inserted: nothing else locks or moves them, so a row's ctid
 # found by the subquery still names it in the same statement, and the delete is a TID scan
 # (a join on the primary key was planned as a hash join over the whole inbox). A
 # redelivery that arrives while its old row is being deleted waits for this commit, then
 # inserts a new row and meets the claim's fence (jobcore.sql.worker.RECEIVE_AND_CLAIM).
-INBOX_PRUNE_BATCH = Query(
+INBOX_PRUNE_BATCH = Query[InboxPruneBatchParams](
     "inbox_prune_batch",
     "Delete a batch of inbox rows older than the inbox window, oldest first.",
     """
@@ -176,7 +210,12 @@ INBOX_PRUNE_BATCH = Query(
     """,
 )
 
-MAINTENANCE_LEASE_HOLDER = Query(
+
+class MaintenanceLeaseGetHolderParams(TypedDict):
+    name: str
+
+
+MAINTENANCE_LEASE_HOLDER = Query[MaintenanceLeaseGetHolderParams](
     "maintenance_lease_holder",
     "Who holds a maintenance lease, and until when (no row: nobody).",
     """

@@ -9,7 +9,19 @@ from ``last_error``, which stays the last failed attempt's error.
 
 from __future__ import annotations
 
+import uuid
+from typing import TypedDict
+
+from psycopg.types.json import Jsonb
+
 from jobcore.sql import Query
+
+
+class JobLockStaleParams(TypedDict):
+    limit: int
+    max_doublings: int
+    stale_after: float
+
 
 # A pending job is stale when it has been due, untouched, for its staleness, and no outbox
 # row of its own is waiting (a live row is the relay's business, a quarantined one the
@@ -19,7 +31,7 @@ from jobcore.sql import Query
 # than the staleness) gets a few spare copies, not one per round. created_at <= updated_at,
 # so the created_at bound lets jobs_status_created_idx narrow the scan to old pending jobs;
 # outbox_job_idx answers the NOT EXISTS. Other sweepers (and the CLI) skip locked rows.
-JOB_LOCK_STALE = Query(
+JOB_LOCK_STALE = Query[JobLockStaleParams](
     "job_lock_stale",
     "Lock a batch of due pending jobs that have had no outbox row and no change for their "
     "staleness.",
@@ -45,11 +57,26 @@ JOB_LOCK_STALE = Query(
     """,
 )
 
+
+class JobRepublishStaleParams(TypedDict):
+    attempts: list[int]
+    bodies: list[bytes]
+    channel: str
+    exchanges: list[str]
+    headers: list[Jsonb]
+    ids: list[uuid.UUID]
+    message_ids: list[uuid.UUID]
+    message_types: list[str]
+    reasons: list[str]
+    routing_keys: list[str]
+    silent: list[float]
+
+
 # The caller locked the jobs (JOB_LOCK_STALE, same transaction) and built one message per
 # job for its current attempt (parallel arrays), so the claim's fence (attempts + 1 = the
 # envelope's attempt, status pending) lets exactly one copy run it. The job's note says
 # why (keeping the dead-letter note it acted on), and updated_at restarts its staleness.
-JOB_REPUBLISH_STALE = Query(
+JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
     "job_republish_stale",
     "Publish locked stale jobs' current attempt again through the outbox, noting it on each.",
     """
@@ -95,11 +122,22 @@ JOB_REPUBLISH_STALE = Query(
     """,
 )
 
+
+class JobNoteDeadLetterParams(TypedDict):
+    attempt: int
+    dead_lettered_at: str | None
+    job_id: uuid.UUID
+    message_id: str | None
+    queue: str | None
+    reason: str | None
+    type: str
+
+
 # Only the job's current attempt, of the type the message names, while it is pending: a
 # dead letter of an older attempt (the job moved on) or of a finished job says nothing
 # about the job. updated_at is left alone: a note is not a change of the job's state, so
 # it does not put off the sweeper, which republishes the job once it has been stale.
-JOB_NOTE_DEAD_LETTER = Query(
+JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
     "job_note_dead_letter",
     "Note on a pending job that the broker dead-lettered its current attempt's message.",
     """

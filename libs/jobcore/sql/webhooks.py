@@ -15,7 +15,12 @@ Parameters: ``webhook_exchange``, ``webhook_routing_key``, ``webhook_max_attempt
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from typing import TypedDict
+
+from psycopg.types.json import Jsonb
+
+from jobcore.sql import CompletionParams, NoParams, Query
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
@@ -58,7 +63,7 @@ NOTIFY_JOB_DONE = f"""
     CASE WHEN done.status IN ('succeeded', 'failed', 'cancelled')
          THEN pg_notify('{JOB_DONE_CHANNEL}', done.id::text) END IS NULL AS done_notified"""
 
-LISTEN_JOB_DONE = Query(
+LISTEN_JOB_DONE = Query[NoParams](
     "listen_job_done",
     "Hear jobs becoming terminal (long-poll waiters).",
     f"LISTEN {JOB_DONE_CHANNEL}",
@@ -66,9 +71,15 @@ LISTEN_JOB_DONE = Query(
 
 # --- the API: a job's deliveries, the long-poll reads -----------------------------------
 
+
+class WebhookDeliveryListForJobParams(TypedDict):
+    job_id: uuid.UUID
+    tenant: str
+
+
 # The job row decides tenancy: another tenant's job answers no row at all (a 404), a job
 # of this tenant without deliveries one row of NULL delivery columns.
-LIST_JOB_DELIVERIES = Query(
+LIST_JOB_DELIVERIES = Query[WebhookDeliveryListForJobParams](
     "list_job_deliveries",
     "A tenant's job and its webhook deliveries, oldest first.",
     """
@@ -85,7 +96,14 @@ LIST_JOB_DELIVERIES = Query(
 
 # --- the worker: one attempt --------------------------------------------------------------
 
-GET_DELIVERY_FOR_ATTEMPT = Query(
+
+class WebhookDeliveryGetForAttemptParams(TypedDict):
+    consumer: str
+    id: uuid.UUID
+    message_id: uuid.UUID
+
+
+GET_DELIVERY_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
     "get_delivery_for_attempt",
     "A delivery, its job's view, the tenant's secret and whether this message was handled.",
     """
@@ -105,10 +123,16 @@ GET_DELIVERY_FOR_ATTEMPT = Query(
     """,
 )
 
+
+class WebhookSecretEnsureParams(TypedDict):
+    secret: str
+    tenant: str
+
+
 # Created on first need. When two first needs race, ON CONFLICT waits for the other's
 # commit and inserts nothing; the second branch then reads the winner's secret (a new
 # statement sees it), so the caller runs this again when it returns no row.
-ENSURE_SECRET = Query(
+ENSURE_SECRET = Query[WebhookSecretEnsureParams](
     "ensure_webhook_secret",
     "The tenant's signing secret, created if it has none.",
     """
@@ -126,7 +150,13 @@ ENSURE_SECRET = Query(
     """,
 )
 
-ROTATE_SECRET = Query(
+
+class WebhookSecretRotateParams(TypedDict):
+    secret: str
+    tenant: str
+
+
+ROTATE_SECRET = Query[WebhookSecretRotateParams](
     "rotate_webhook_secret",
     "Give a tenant a new signing secret (created if it had none).",
     """
@@ -136,12 +166,28 @@ ROTATE_SECRET = Query(
     """,
 )
 
+
+class WebhookDeliveryRecordAttemptParams(CompletionParams):
+    attempt: int
+    consumer: str
+    delay: float
+    error: str | None
+    headers: Jsonb
+    id: uuid.UUID
+    message_id: uuid.UUID
+    message_type: str
+    next_body: bytes | None
+    next_message_id: uuid.UUID | None
+    outcome: str
+    status_code: int | None
+
+
 # One statement per attempt's outcome: the inbox row (so a redelivered message is not
 # sent again), the delivery's new state, and for a retry the next attempt's outbox
 # message, due when the backoff ends. The fence `attempts = <this attempt> - 1 AND status
 # = 'pending'` drops a stale message (a second copy, or one a redelivery overtook).
 # Whether a retry is left is decided here, on the row as it is now.
-RECORD_ATTEMPT = Query(
+RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
     "record_webhook_attempt",
     "Record one delivery attempt's outcome and, for a retry, write the next attempt's message.",
     """
@@ -189,7 +235,14 @@ RECORD_ATTEMPT = Query(
 
 # --- operators: list and redeliver ---------------------------------------------------------
 
-LIST_DELIVERIES = Query(
+
+class WebhookDeliveryListParams(TypedDict):
+    job_id: uuid.UUID | None
+    limit: int
+    status: str | None
+
+
+LIST_DELIVERIES = Query[WebhookDeliveryListParams](
     "list_webhook_deliveries",
     "Deliveries, newest first, optionally of one job and/or in one status.",
     """
@@ -203,10 +256,15 @@ LIST_DELIVERIES = Query(
     """,
 )
 
+
+class WebhookDeliveryRedeliverParams(CompletionParams):
+    id: uuid.UUID
+
+
 # A new attempt now, whatever the delivery's state: pending again, and one more attempt
 # allowed if they were used up. The message carries the next attempt number, so a retry
 # still waiting in the outbox for that number loses the fence to whichever comes first.
-REDELIVER = Query(
+REDELIVER = Query[WebhookDeliveryRedeliverParams](
     "redeliver_webhook",
     "Make a delivery pending again and write an outbox message for a new attempt now.",
     f"""
@@ -241,7 +299,14 @@ REDELIVER = Query(
 
 # --- default endpoints -------------------------------------------------------------------
 
-SET_ENDPOINT = Query(
+
+class WebhookEndpointSetParams(TypedDict):
+    tenant: str
+    type: str
+    url: str
+
+
+SET_ENDPOINT = Query[WebhookEndpointSetParams](
     "set_webhook_endpoint",
     "Set a tenant's default endpoint for a job type ('*': any).",
     """
@@ -251,7 +316,12 @@ SET_ENDPOINT = Query(
     """,
 )
 
-LIST_ENDPOINTS = Query(
+
+class WebhookEndpointListParams(TypedDict):
+    tenant: str | None
+
+
+LIST_ENDPOINTS = Query[WebhookEndpointListParams](
     "list_webhook_endpoints",
     "Default endpoints, optionally of one tenant.",
     """
@@ -261,7 +331,13 @@ LIST_ENDPOINTS = Query(
     """,
 )
 
-DELETE_ENDPOINT = Query(
+
+class WebhookEndpointDeleteParams(TypedDict):
+    tenant: str
+    type: str
+
+
+DELETE_ENDPOINT = Query[WebhookEndpointDeleteParams](
     "delete_webhook_endpoint",
     "Remove a tenant's default endpoint for a job type.",
     """
@@ -272,9 +348,15 @@ DELETE_ENDPOINT = Query(
 
 # --- long-poll waiters ------------------------------------------------------------------------
 
+
+class JobGetWaitedParams(TypedDict):
+    ids: list[uuid.UUID]
+    tenants: list[str]
+
+
 # Waiters woken together (jobs finishing in a burst) re-read their jobs in one statement:
 # one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
-GET_WAITED_JOBS = Query(
+GET_WAITED_JOBS = Query[JobGetWaitedParams](
     "get_waited_jobs",
     "Read many tenants' jobs at once, each only for its own tenant.",
     """

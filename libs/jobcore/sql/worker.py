@@ -9,7 +9,12 @@ row of a retry, commit together or not at all. Every write after the claim is fe
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from typing import TypedDict
+
+from psycopg.types.json import Jsonb
+
+from jobcore.sql import CompletionParams, NoParams, OutboxMessageParams, Query
 from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # The API sends the job id here when a running job's cancellation is requested (after
@@ -18,14 +23,26 @@ CANCEL_CHANNEL = "jobcore_cancel"
 
 JOBS_CONSUMER = "jobs"
 
-LISTEN_CANCEL = Query(
+LISTEN_CANCEL = Query[NoParams](
     "listen_cancel", "Hear cancel requests for running jobs.", f"LISTEN {CANCEL_CHANNEL}"
 )
-UNLISTEN_CANCEL = Query(
+UNLISTEN_CANCEL = Query[NoParams](
     "unlisten_cancel",
     "Stop hearing cancel requests before a connection returns to the pool.",
     f"UNLISTEN {CANCEL_CHANNEL}",
 )
+
+
+class JobClaimManyParams(TypedDict):
+    attempts: list[int]
+    consumer: str
+    job_ids: list[uuid.UUID]
+    lease_tokens: list[uuid.UUID]
+    leases: list[float]
+    message_ids: list[uuid.UUID]
+    types: list[str]
+    worker_id: str
+
 
 # Claims arrive in batches (the deliveries that came in while the previous batch was
 # committing): one statement and one commit for all of them; the caller passes parallel
@@ -36,7 +53,7 @@ UNLISTEN_CANCEL = Query(
 # numbered attempts + 1, so a stale message for an older attempt (whose inbox row was
 # pruned, or a copy of a message the job has moved past) finds the job further along and
 # does nothing. `status_before` is what the job was when the statement began.
-RECEIVE_AND_CLAIM = Query(
+RECEIVE_AND_CLAIM = Query[JobClaimManyParams](
     "receive_and_claim",
     "Record messages in the inbox and, for the new ones, claim their pending jobs under leases.",
     """
@@ -83,11 +100,19 @@ RECEIVE_AND_CLAIM = Query(
     """,
 )
 
+
+class JobNoteUndeliverableParams(TypedDict):
+    attempt: int
+    error: str
+    job_id: uuid.UUID
+    type: str
+
+
 # A message no worker here can run (its job type is unknown to this deployment, as during
 # a rolling deploy) goes to the dead-letter queue, where `jobcore dlq replay` recovers it;
 # meanwhile its job stays pending, and this says why to whoever polls it. Only the job's
 # current attempt, of the type the message names, and only while it is still pending.
-NOTE_UNDELIVERABLE = Query(
+NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "note_undeliverable",
     "Record on a pending job why its message went to the dead-letter queue.",
     """
@@ -97,7 +122,14 @@ NOTE_UNDELIVERABLE = Query(
     """,
 )
 
-HEARTBEAT = Query(
+
+class JobHeartbeatParams(TypedDict):
+    id: uuid.UUID
+    lease: float
+    lease_token: uuid.UUID
+
+
+HEARTBEAT = Query[JobHeartbeatParams](
     "heartbeat",
     "Extend a running job's lease if this worker still holds it; report a cancel request.",
     """
@@ -108,12 +140,21 @@ HEARTBEAT = Query(
     """,
 )
 
+
+class JobSucceedManyParams(CompletionParams):
+    effects: str
+    ids: list[uuid.UUID]
+    lease_tokens: list[uuid.UUID]
+    result_refs: list[str | None]
+    results: list[str | None]
+
+
 # Successes are batched like claims. Effects travel as one JSON array
 # ([{"job_id": .., "kind": .., "detail": {..}}]) so that any number of them is still one
 # statement; a job's effects are written only if its fenced update won. Returns the jobs
 # whose update won. Like every statement that ends a job, it records the job's completion
 # webhook (if it has a callback) and wakes long-poll waiters (jobcore.sql.webhooks).
-SUCCEED = Query(
+SUCCEED = Query[JobSucceedManyParams](
     "succeed",
     "Record successes with their results and effects, each fenced by its lease token.",
     """
@@ -179,9 +220,24 @@ _NOTIFY_BACK = (
     """
 )
 
+
+class JobFencedParams(CompletionParams):
+    """What every fenced outcome takes: the job, the lease token of its claim, and what a
+    job that ends needs for its completion webhook."""
+
+    id: uuid.UUID
+    lease_token: uuid.UUID
+
+
+class JobRetryParams(JobFencedParams, OutboxMessageParams):
+    channel: str
+    delay: float
+    error: str
+
+
 # The retry's message goes through the outbox like any other, due when the backoff ends,
 # so it survives a broker outage and shows in the database while it waits.
-RETRY = Query(
+RETRY = Query[JobRetryParams](
     "retry",
     "Put a failed attempt back to pending with a delay and its next message (or end it "
     "cancelled if that was requested).",
@@ -220,7 +276,12 @@ RETRY = Query(
     + _NOTIFY_BACK,
 )
 
-FAIL = Query(
+
+class JobFailParams(JobFencedParams):
+    error: str
+
+
+FAIL = Query[JobFailParams](
     "fail",
     "Record that a job failed for good, fenced by the lease token.",
     """
@@ -243,7 +304,12 @@ FAIL = Query(
     """,
 )
 
-CANCEL_RUNNING = Query(
+
+class JobCancelRunningParams(JobFencedParams):
+    error: str
+
+
+CANCEL_RUNNING = Query[JobCancelRunningParams](
     "cancel_running",
     "Record that a running job stopped because its cancellation was requested (fenced).",
     """
@@ -266,9 +332,14 @@ CANCEL_RUNNING = Query(
     """,
 )
 
+
+class JobReleaseParams(JobFencedParams, OutboxMessageParams):
+    channel: str
+
+
 # A shutdown interrupted the attempt through no fault of the job: it does not count, and
 # the new message carries the same attempt number, due at once.
-RELEASE = Query(
+RELEASE = Query[JobReleaseParams](
     "release",
     "Give back a running job's lease on shutdown: pending again, with a new message due now "
     "(or end it cancelled if that was requested).",
@@ -303,7 +374,12 @@ RELEASE = Query(
 
 # --- the reaper -------------------------------------------------------------------------
 
-LOCK_EXPIRED_LEASES = Query(
+
+class JobLockExpiredParams(TypedDict):
+    limit: int
+
+
+LOCK_EXPIRED_LEASES = Query[JobLockExpiredParams](
     "lock_expired_leases",
     "Lock a batch of running jobs whose lease has expired (other reapers skip them).",
     """
@@ -316,11 +392,25 @@ LOCK_EXPIRED_LEASES = Query(
     """,
 )
 
+
+class JobReapExpiredParams(CompletionParams):
+    bodies: list[bytes]
+    channel: str
+    error: str
+    exchanges: list[str]
+    headers: list[Jsonb]
+    ids: list[uuid.UUID]
+    job_ids: list[uuid.UUID]
+    message_ids: list[uuid.UUID]
+    message_types: list[str]
+    routing_keys: list[str]
+
+
 # The caller locked the rows and prepared one message per job that may get another
 # attempt (parallel arrays). Jobs whose attempts are used up fail instead; jobs whose
 # cancellation was requested end cancelled (their worker died before it could stop
 # them); neither gets a job message, but both get their completion webhook.
-REAP = Query(
+REAP = Query[JobReapExpiredParams](
     "reap",
     "Return locked jobs with expired leases to pending (with a new message), or end them.",
     """
@@ -371,6 +461,11 @@ REAP = Query(
 
 # --- the rescuer ------------------------------------------------------------------------
 
+
+class JobFailQuarantinedParams(CompletionParams):
+    limit: int
+
+
 # A pending job waits for its message; once the relay quarantined that message (it can
 # never be published: malformed, too large; a refusal for now is retried, never
 # quarantined), nothing would ever run the job, so it fails, with its completion webhook
@@ -378,7 +473,7 @@ REAP = Query(
 # message is quarantined is stuck: another live one (after an operator's requeue,
 # say) will still run it. The quarantined row stays for operators to see; requeueing it
 # is refused once its job has ended (jobcore.sql.outbox.REQUEUE).
-RESCUE_QUARANTINED = Query(
+RESCUE_QUARANTINED = Query[JobFailQuarantinedParams](
     "rescue_quarantined",
     "Fail pending jobs whose message the relay quarantined, with their completion webhooks.",
     """
@@ -423,7 +518,15 @@ RESCUE_QUARANTINED = Query(
 
 # --- maintenance leases (one reaper at a time, without advisory locks) -----------------
 
-ACQUIRE_MAINTENANCE_LEASE = Query(
+
+class MaintenanceLeaseParams(TypedDict):
+    name: str
+    owner: str
+    token: uuid.UUID
+    ttl: float
+
+
+ACQUIRE_MAINTENANCE_LEASE = Query[MaintenanceLeaseParams](
     "acquire_maintenance_lease",
     "Take a maintenance lease if it is free or expired; return it only if we got it.",
     """
@@ -439,7 +542,14 @@ ACQUIRE_MAINTENANCE_LEASE = Query(
     """,
 )
 
-RENEW_MAINTENANCE_LEASE = Query(
+
+class MaintenanceLeaseRenewParams(TypedDict):
+    name: str
+    token: uuid.UUID
+    ttl: float
+
+
+RENEW_MAINTENANCE_LEASE = Query[MaintenanceLeaseRenewParams](
     "renew_maintenance_lease",
     "Extend a maintenance lease we still hold (fenced by its token); no row: it was lost.",
     """
@@ -450,7 +560,13 @@ RENEW_MAINTENANCE_LEASE = Query(
     """,
 )
 
-RELEASE_MAINTENANCE_LEASE = Query(
+
+class MaintenanceLeaseReleaseParams(TypedDict):
+    name: str
+    token: uuid.UUID
+
+
+RELEASE_MAINTENANCE_LEASE = Query[MaintenanceLeaseReleaseParams](
     "release_maintenance_lease",
     "Give up a maintenance lease so another process takes it at once.",
     """

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from jobcore import apikeys
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import webhooks as wq
@@ -146,7 +146,7 @@ async def test_a_rolled_back_cancel_records_no_delivery(
         outcome = await operations.cancel_job(uow, TENANT, job_id, completion=completion)
         assert outcome.status == "cancelled"
         # Inside the transaction the delivery and its message exist ...
-        seen = await uow.fetch_all(wq.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": TENANT})
+        seen = await fetch_all(uow, wq.LIST_JOB_DELIVERIES({"job_id": job_id, "tenant": TENANT}))
         assert seen[0]["id"] is not None
         await uow.rollback()
     # ... and went away with it.

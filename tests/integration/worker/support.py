@@ -23,7 +23,7 @@ import orjson
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import OUTBOX_CHANNEL, enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
@@ -85,7 +85,7 @@ BACKDATE = Query(
 
 async def backdate(db: Database, job_id: uuid.UUID, seconds: float = 2 * HOUR) -> None:
     async with db.unit_of_work() as uow:
-        await uow.execute(BACKDATE, {"id": job_id, "seconds": seconds})
+        await execute(uow, BACKDATE({"id": job_id, "seconds": seconds}))
         await uow.commit()
 
 
@@ -156,7 +156,7 @@ class OutboxPump:
     async def drain(self, *, delete: bool = True) -> int:
         """Publish every due row once (confirmed); delete them unless told to keep them."""
         async with self.db.unit_of_work() as uow:
-            rows = await uow.fetch_all(DUE_ROWS)
+            rows = await fetch_all(uow, DUE_ROWS({}))
             for row in rows:
                 await self.publish(row)
                 self.published.append(
@@ -169,7 +169,7 @@ class OutboxPump:
                     )
                 )
             if delete and rows:
-                await uow.execute(DELETE_ROWS, {"ids": [row["id"] for row in rows]})
+                await execute(uow, DELETE_ROWS({"ids": [row["id"] for row in rows]}))
             await uow.commit()
         return len(rows)
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
@@ -49,24 +49,24 @@ async def test_a_stale_lease_token_writes_nothing(
             payload=EchoPayload(text="x"),
         )
         current, stale = uuid.uuid4(), uuid.uuid4()
-        await uow.execute(TAKE_OVER, {"id": job.job_id, "token": current})
+        await execute(uow, TAKE_OVER({"id": job.job_id, "token": current}))
         await uow.commit()
 
     async with db.unit_of_work() as uow:
-        before = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
-        lost = await uow.fetch_all(
-            statement, outcome_params(statement, job.job_id, stale, topology, settings)
+        before = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
+        lost = await fetch_all(
+            uow, statement(outcome_params(statement, job.job_id, stale, topology, settings))
         )
-        after = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
+        after = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
     assert lost == []
     assert after == before  # same status, lease, attempts, messages and effects
 
     async with db.unit_of_work() as uow:
-        won = await uow.fetch_all(
-            statement, outcome_params(statement, job.job_id, current, topology, settings)
+        won = await fetch_all(
+            uow, statement(outcome_params(statement, job.job_id, current, topology, settings))
         )
-        changed = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
+        changed = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
     assert len(won) == 1
     assert changed is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, render_csv
 from jobcore.results import LocalResultStore
@@ -186,20 +186,21 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     [message] = await outbox_rows(db, job_id)
     async with db.connection() as conn:
-        cur = await conn.execute(
-            q.RECEIVE_AND_CLAIM.sql,
-            {
-                "consumer": q.JOBS_CONSUMER,
-                "worker_id": "died-before-ack",
-                "message_ids": [message["message_id"]],
-                "job_ids": [job_id],
-                "types": ["wt_gate"],
-                "attempts": [1],
-                "lease_tokens": [uuid.uuid4()],
-                "leases": [1.0],
-            },
+        claimed = await fetch_one(
+            conn,
+            q.RECEIVE_AND_CLAIM(
+                {
+                    "consumer": q.JOBS_CONSUMER,
+                    "worker_id": "died-before-ack",
+                    "message_ids": [message["message_id"]],
+                    "job_ids": [job_id],
+                    "types": ["wt_gate"],
+                    "attempts": [1],
+                    "lease_tokens": [uuid.uuid4()],
+                    "leases": [1.0],
+                }
+            ),
         )
-        claimed = await cur.fetchone()
     assert claimed is not None
     assert claimed["fresh"]
     assert claimed["id"] == job_id
