@@ -18,7 +18,7 @@ from typing import Any
 
 from jobcore.db import Database, Session, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.sql import api_keys as q
+from jobcore.sql.api_keys import API_KEY_GET_TENANT, API_KEY_INSERT, API_KEY_LIST, API_KEY_REVOKE
 
 KEY_PREFIX = "jc_"
 # What people see of a key after creation: enough to recognise it, too little to use.
@@ -100,7 +100,7 @@ async def tenant_for_key(uow: Session, key: str) -> str:
     """
     if not looks_like_key(key):
         raise InvalidApiKey()
-    row = await fetch_one(uow, q.TENANT_FOR_KEY({"key_hash": hash_key(key)}))
+    row = await fetch_one(uow, API_KEY_GET_TENANT({"key_hash": hash_key(key)}))
     if row is None:
         raise InvalidApiKey()
     return str(row["tenant"])
@@ -114,7 +114,7 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
     async with db.unit_of_work() as uow:
         row = await fetch_one(
             uow,
-            q.INSERT_API_KEY(
+            API_KEY_INSERT(
                 {
                     "id": uuid.uuid4(),
                     "tenant": tenant,
@@ -131,14 +131,14 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
 
 async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
     async with db.unit_of_work() as uow:
-        rows = await fetch_all(uow, q.LIST_API_KEYS({"tenant": tenant}))
+        rows = await fetch_all(uow, API_KEY_LIST({"tenant": tenant}))
     return [ApiKey.from_row(row) for row in rows]
 
 
 async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
     """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
     async with db.unit_of_work() as uow:
-        row = await fetch_one(uow, q.REVOKE_API_KEY({"id": key_id}))
+        row = await fetch_one(uow, API_KEY_REVOKE({"id": key_id}))
         await uow.commit()
     if row is None:
         raise ApiKeyNotFound(f"no API key with id {key_id}")

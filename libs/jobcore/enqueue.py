@@ -23,7 +23,12 @@ from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql import jobs as q
+from jobcore.sql.jobs import (
+    JOB_GET_BY_IDEMPOTENCY_KEY,
+    JOB_INSERT,
+    JOB_INSERT_FOR_KEY,
+    JobInsertCommonParams,
+)
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
 
@@ -125,7 +130,7 @@ async def enqueue(
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
     fingerprint = payload_fingerprint(payload)
-    params: q.JobInsertCommonParams = {
+    params: JobInsertCommonParams = {
         "id": job_id,
         "type": job_type.name,
         "queue": job_type.queue,
@@ -144,14 +149,12 @@ async def enqueue(
         ),
     }
     if isinstance(tenant, KeyOwner):
-        row = await fetch_one(
-            uow, q.INSERT_JOB_WITH_OUTBOX_FOR_KEY({**params, "key_hash": tenant.key_hash})
-        )
+        row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
         if row is None:
             raise InvalidApiKey()
         tenant = str(row["tenant"])
     else:
-        row = await fetch_one(uow, q.INSERT_JOB_WITH_OUTBOX({**params, "tenant": tenant}))
+        row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
     if row is not None and row["id"] is not None:
         return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
 
@@ -159,7 +162,7 @@ async def enqueue(
     # statement (a new snapshot under READ COMMITTED) sees its job.
     existing = await fetch_one(
         uow,
-        q.GET_JOB_BY_IDEMPOTENCY_KEY(
+        JOB_GET_BY_IDEMPOTENCY_KEY(
             {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
         ),
     )

@@ -31,7 +31,12 @@ from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import OUTBOX_CHANNEL, message_row
-from jobcore.sql import stranded as q
+from jobcore.sql.jobs import (
+    JOB_LOCK_STALE,
+    JOB_NOTE_DEAD_LETTER,
+    JOB_REPUBLISH_STALE,
+    JobRepublishStaleParams,
+)
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
 # hours apart.
@@ -63,7 +68,7 @@ async def republish_stale(
     """
     locked = await fetch_all(
         uow,
-        q.JOB_LOCK_STALE(
+        JOB_LOCK_STALE(
             {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit}
         ),
     )
@@ -80,7 +85,7 @@ async def republish_stale(
         )
         for row in locked
     ]
-    params: q.JobRepublishStaleParams = {
+    params: JobRepublishStaleParams = {
         "ids": [row["id"] for row in locked],
         "attempts": [row["attempts"] + 1 for row in locked],
         "reasons": [row["reason"] for row in locked],
@@ -93,7 +98,7 @@ async def republish_stale(
         "bodies": [m["body"] for m in messages],
         "channel": OUTBOX_CHANNEL,
     }
-    rows = await fetch_all(uow, q.JOB_REPUBLISH_STALE(params))
+    rows = await fetch_all(uow, JOB_REPUBLISH_STALE(params))
     return len(locked), [
         Republished(row["id"], row["attempt"], row["reason"], row["republish_count"])
         for row in rows
@@ -124,7 +129,7 @@ async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
         return False
     row = await fetch_one(
         session,
-        q.JOB_NOTE_DEAD_LETTER(
+        JOB_NOTE_DEAD_LETTER(
             {
                 "job_id": uuid.UUID(letter.job_id),
                 "type": letter.message_type,

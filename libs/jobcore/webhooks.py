@@ -2,7 +2,7 @@
 signature, which addresses a callback may reach, and when an attempt is retried.
 
 The worker sends (``services/worker/webhooks.py``); the API checks callback URLs at
-enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhooks``).
+enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhook_deliveries``).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ _JOB_FIELDS = (
 def webhook_body(delivery: Mapping[str, Any]) -> bytes:
     """The body of a delivery: the event and the job's view — never its payload or result.
 
-    ``delivery`` is a row of ``GET_DELIVERY_FOR_ATTEMPT``. The same delivery gives the same
+    ``delivery`` is a row of ``WEBHOOK_DELIVERY_GET_FOR_ATTEMPT``. The same delivery gives the same
     bytes on every attempt (a terminal job no longer changes).
     """
     job_id = delivery["job_id"]

@@ -21,7 +21,17 @@ from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
 from jobcore.errors import JobNotFound
 from jobcore.registry import JobType
 from jobcore.sql import CompletionParams
-from jobcore.sql import jobs as q
+from jobcore.sql.jobs import (
+    CANCEL_CHANNEL,
+    JOB_CANCEL_PENDING,
+    JOB_GET,
+    JOB_GET_RESULT,
+    JOB_LIST,
+    JOB_LIST_FOR_ENTITY,
+    JOB_LOCK_FOR_CANCEL,
+    JOB_REQUEST_CANCEL,
+    JobListParams,
+)
 from jobcore.states import JobStatus, check_transition, is_terminal
 from services.api.body import check_storable
 from services.api.cursor import decode_cursor, encode_cursor
@@ -139,7 +149,7 @@ async def submit(
 
 
 async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
-    row = await fetch_one(uow, q.GET_JOB({"id": job_id, "tenant": tenant}))
+    row = await fetch_one(uow, JOB_GET({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     return row
@@ -157,7 +167,7 @@ async def list_jobs(
 ) -> tuple[list[DictRow], str | None]:
     """One page, newest first, and the cursor of the next page (None on the last)."""
     after_created_at, after_id = decode_cursor(cursor) if cursor else (None, None)
-    params: q.JobListParams = {
+    params: JobListParams = {
         "tenant": tenant,
         "entity_id": where.entity_id,
         "status": where.status.value if where.status else None,
@@ -167,7 +177,7 @@ async def list_jobs(
         # One more than the page tells whether another page follows.
         "limit": limit + 1,
     }
-    query = q.LIST_ENTITY_JOBS if where.entity_id is not None else q.LIST_JOBS
+    query = JOB_LIST_FOR_ENTITY if where.entity_id is not None else JOB_LIST
     rows = await fetch_all(uow, query(params))
     if len(rows) <= limit:
         return rows, None
@@ -196,7 +206,7 @@ async def cancel_job(
     commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
     completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
     """
-    locked = await fetch_one(uow, q.LOCK_JOB_FOR_CANCEL({"id": job_id, "tenant": tenant}))
+    locked = await fetch_one(uow, JOB_LOCK_FOR_CANCEL({"id": job_id, "tenant": tenant}))
     if locked is None:
         raise JobNotFound("no job with that id")
     status = JobStatus(locked["status"])
@@ -204,11 +214,9 @@ async def cancel_job(
         raise JobNotCancellable(status.value)
     check_transition(status, JobStatus.CANCELLED)
     if status is JobStatus.PENDING:
-        row = await fetch_one(uow, q.CANCEL_PENDING_JOB({**completion, "id": job_id}))
+        row = await fetch_one(uow, JOB_CANCEL_PENDING({**completion, "id": job_id}))
     else:
-        row = await fetch_one(
-            uow, q.REQUEST_JOB_CANCEL({"id": job_id, "channel": q.CANCEL_CHANNEL})
-        )
+        row = await fetch_one(uow, JOB_REQUEST_CANCEL({"id": job_id, "channel": CANCEL_CHANNEL}))
     # The lock held the status still, so the fenced UPDATE found the row.
     assert row is not None, f"job {job_id} changed status under its row lock"
     return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
@@ -216,7 +224,7 @@ async def cancel_job(
 
 async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
     """The result columns of a succeeded job (``result`` inline or ``result_ref``)."""
-    row = await fetch_one(uow, q.GET_JOB_RESULT({"id": job_id, "tenant": tenant}))
+    row = await fetch_one(uow, JOB_GET_RESULT({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     if row["status"] != JobStatus.SUCCEEDED:

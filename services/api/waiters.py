@@ -31,7 +31,7 @@ from psycopg.rows import DictRow
 from jobcore.db import Database, execute, fetch_all
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.webhooks import GET_WAITED_JOBS, LISTEN_JOB_DONE
+from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_GET_WAITED
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class JobReads:
                 async with db.connection() as conn:
                     found = await fetch_all(
                         conn,
-                        GET_WAITED_JOBS(
+                        JOB_GET_WAITED(
                             {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]}
                         ),
                     )
@@ -193,7 +193,7 @@ class JobWaiters(Service):
             connect_timeout=max(1, int(self.settings.db_connect_timeout)),
         )
         try:
-            await execute(conn, LISTEN_JOB_DONE({}))
+            await execute(conn, JOB_DONE_LISTEN({}))
             self.listening = True
             log.info("long-poll listener connected")
             # A job may have finished while nobody listened: everyone re-reads.

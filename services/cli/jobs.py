@@ -19,8 +19,7 @@ from jobcore.enqueue import enqueue
 from jobcore.errors import JobcoreError, JobNotFound
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
-from jobcore.sql import admin as admin_q
-from jobcore.sql import jobs as jobs_q
+from jobcore.sql.jobs import JOB_GET_ANY_TENANT, JOB_LIST_ALL_TENANTS, JobListAllTenantsParams
 from jobcore.states import JobStatus
 from jobcore.stranded import republish_all_stale
 from jobcore.webhooks import completion_params
@@ -57,7 +56,7 @@ async def _with_db(config: Settings, action: Any) -> Any:
 
 async def _job(database: Database, job_id: uuid.UUID) -> dict[str, Any]:
     async with database.unit_of_work() as uow:
-        row = await fetch_one(uow, jobs_q.GET_JOB_ANY_TENANT({"id": job_id}))
+        row = await fetch_one(uow, JOB_GET_ANY_TENANT({"id": job_id}))
     if row is None:
         raise JobNotFound(f"no job {job_id}")
     return dict(row)
@@ -74,14 +73,14 @@ def list_(
     """The newest jobs, newest first."""
 
     async def action(database: Database) -> list[dict[str, Any]]:
-        params: admin_q.JobListAllTenantsParams = {
+        params: JobListAllTenantsParams = {
             "tenant": tenant,
             "status": status.value if status else None,
             "type": job_type,
             "limit": limit,
         }
         async with database.unit_of_work() as uow:
-            return [dict(r) for r in await fetch_all(uow, admin_q.ADMIN_LIST_JOBS(params))]
+            return [dict(r) for r in await fetch_all(uow, JOB_LIST_ALL_TENANTS(params))]
 
     emit(run(_with_db(settings(), action)), as_json=as_json, columns=LIST_COLUMNS)
 

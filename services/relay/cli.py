@@ -13,7 +13,16 @@ from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.logs import configure_logging
 from jobcore.registry import load_job_modules
 from jobcore.sql import Query, Statement
-from jobcore.sql import outbox as q
+from jobcore.sql.outbox import (
+    OUTBOX_DISCARD,
+    OUTBOX_FIND,
+    OUTBOX_LIST_FAILING,
+    OUTBOX_LIST_QUARANTINED,
+    OUTBOX_REQUEUE,
+    OUTBOX_STATUS,
+    OutboxRequeueParams,
+    OutboxRowParams,
+)
 from jobcore.telemetry import setup_tracing
 from services.cli.common import emit, fail, run, settings
 from services.relay.options import load_relay_options
@@ -82,7 +91,7 @@ async def _one(statement: Statement) -> list[dict[str, Any]]:
         await db.close()
 
 
-def _row_key(ident: str) -> q.OutboxRowParams:
+def _row_key(ident: str) -> OutboxRowParams:
     """An operator names a row by its numeric id or by its message id."""
     if ident.isdigit():
         return {"id": int(ident), "message_id": None}
@@ -96,7 +105,7 @@ def _row_key(ident: str) -> q.OutboxRowParams:
 def status(as_json: bool = JSON_OPTION) -> None:
     """Rows due, scheduled, failing and quarantined; how long the oldest due row has waited
     and the longest-failing row has been refused."""
-    rows = run(_one(q.STATUS({})))
+    rows = run(_one(OUTBOX_STATUS({})))
     emit(rows[0], as_json=as_json)
 
 
@@ -106,7 +115,7 @@ def list_failing(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    rows = run(_one(q.OUTBOX_LIST_FAILING({"limit": limit})))
+    rows = run(_one(OUTBOX_LIST_FAILING({"limit": limit})))
     emit(
         rows,
         as_json=as_json,
@@ -120,7 +129,7 @@ def list_quarantined(
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
 ) -> None:
     """Rows that are no longer retried: their message can never be published as it is."""
-    rows = run(_one(q.LIST_QUARANTINED({"limit": limit})))
+    rows = run(_one(OUTBOX_LIST_QUARANTINED({"limit": limit})))
     emit(
         rows,
         as_json=as_json,
@@ -129,12 +138,12 @@ def list_quarantined(
 
 
 def _act_on_quarantined(
-    ident: str, query: Query[q.OutboxRequeueParams], verb: str, as_json: bool
+    ident: str, query: Query[OutboxRequeueParams], verb: str, as_json: bool
 ) -> None:
     key = _row_key(ident)
     rows = run(_one(query({**key, "channel": OUTBOX_CHANNEL})))
     if not rows:
-        found = run(_one(q.FIND(key)))
+        found = run(_one(OUTBOX_FIND(key)))
         if not found:
             fail(f"no outbox row {ident}")
         row = found[0]
@@ -159,7 +168,7 @@ def requeue(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Publish a quarantined row again, now, with a fresh set of attempts."""
-    _act_on_quarantined(ident, q.REQUEUE, "requeued", as_json)
+    _act_on_quarantined(ident, OUTBOX_REQUEUE, "requeued", as_json)
 
 
 @outbox_app.command("discard")
@@ -168,7 +177,7 @@ def discard(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
-    _act_on_quarantined(ident, q.DISCARD, "discarded", as_json)
+    _act_on_quarantined(ident, OUTBOX_DISCARD, "discarded", as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -39,7 +39,16 @@ from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
 from jobcore.sql import NoParams, Query
-from jobcore.sql import outbox as q
+from jobcore.sql.outbox import (
+    OUTBOX_CLAIM_DUE,
+    OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_LISTEN,
+    OUTBOX_LISTENER_PING,
+    OUTBOX_RECORD_FAILURES,
+    OUTBOX_SECONDS_UNTIL_NEXT_DUE,
+    OUTBOX_STATUS,
+    OUTBOX_UNLISTEN,
+)
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
 from services.relay.options import RelayOptions
@@ -153,7 +162,7 @@ class Relay(Service):
     async def relay_batch(self) -> int:
         """Claim, publish and settle one batch in one transaction; return rows claimed."""
         async with self.db.unit_of_work() as uow:
-            rows = await fetch_all(uow, q.CLAIM_DUE({"limit": self.settings.relay_batch_size}))
+            rows = await fetch_all(uow, OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size}))
             if not rows:
                 return 0
             messages = [
@@ -176,7 +185,7 @@ class Relay(Service):
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
-                gone = len(ids) - await execute(uow, q.DELETE_PUBLISHED({"ids": ids}))
+                gone = len(ids) - await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids}))
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)
@@ -230,7 +239,7 @@ class Relay(Service):
             )
         updated = await fetch_all(
             uow,
-            q.RECORD_FAILURES(
+            OUTBOX_RECORD_FAILURES(
                 {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine}
             ),
         )
@@ -305,7 +314,7 @@ class Relay(Service):
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
         timeout = self.settings.relay_poll_interval
-        row = await self._fetch_one(q.SECONDS_UNTIL_NEXT_DUE)
+        row = await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE)
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
@@ -327,7 +336,7 @@ class Relay(Service):
         while not self.stopping.is_set():
             try:
                 async with self.db.connection() as conn:
-                    await execute(conn, q.LISTEN({}))
+                    await execute(conn, OUTBOX_LISTEN({}))
                     if failures:
                         log.info("listening for outbox notifications again")
                     failures = 0
@@ -337,12 +346,12 @@ class Relay(Service):
                         while True:
                             async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
                                 self._wake.set()
-                            await execute(conn, q.PING({}))
+                            await execute(conn, OUTBOX_LISTENER_PING({}))
                     finally:
                         if not conn.closed:
                             # Best effort: the pool must not hand out a listening connection.
                             with contextlib.suppress(Exception):
-                                await execute(conn, q.UNLISTEN({}))
+                                await execute(conn, OUTBOX_UNLISTEN({}))
             except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
@@ -375,7 +384,7 @@ class Relay(Service):
             and now - self._backlog[0] < self.options.backlog_cache_seconds
         ):
             return self._backlog[1]
-        row = await self._fetch_one(q.STATUS)
+        row = await self._fetch_one(OUTBOX_STATUS)
         backlog = dict(row) if row else {}
         self._backlog = (now, backlog)
         return backlog

@@ -51,7 +51,13 @@ from jobcore.errors import (
 from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import (
+    JOB_CLAIM_MANY,
+    JOB_NOTE_UNDELIVERABLE,
+    JobClaimManyParams,
+    JobNoteUndeliverableParams,
+)
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
@@ -312,7 +318,7 @@ class Consumer(Service):
             f"attempt {envelope.attempt}'s message was dead-lettered by a worker that does "
             f"not know the job type ({exc}); `jobcore dlq replay` runs it once one does"
         )
-        params: q.JobNoteUndeliverableParams = {
+        params: JobNoteUndeliverableParams = {
             "job_id": envelope.job_id,
             "type": envelope.type,
             "attempt": envelope.attempt,
@@ -320,7 +326,7 @@ class Consumer(Service):
         }
         try:
             async with self.connections.connection() as conn:
-                await execute(conn, q.NOTE_UNDELIVERABLE(params))
+                await execute(conn, JOB_NOTE_UNDELIVERABLE(params))
         except JobcoreError as exc_db:
             log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
 
@@ -356,8 +362,8 @@ class Consumer(Service):
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[dict[str, Any]]:
         """One statement for the batch; a message id twice in it is a duplicate the 2nd time."""
         unique = list({r.message_id: r for r in reversed(requests)}.values())
-        params: q.JobClaimManyParams = {
-            "consumer": q.JOBS_CONSUMER,
+        params: JobClaimManyParams = {
+            "consumer": JOBS_CONSUMER,
             "worker_id": self.worker_id,
             "message_ids": [r.message_id for r in unique],
             "job_ids": [r.job_id for r in unique],
@@ -367,7 +373,7 @@ class Consumer(Service):
             "leases": [r.lease for r in unique],
         }
         async with self.connections.connection() as conn:
-            claimed = await fetch_all(conn, q.RECEIVE_AND_CLAIM(params))
+            claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []

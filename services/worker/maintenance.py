@@ -17,7 +17,12 @@ from typing import Any, ClassVar
 from jobcore.db import Database, UnitOfWork, execute, fetch_one
 from jobcore.errors import DatabaseUnavailable
 from jobcore.service import Service
-from jobcore.sql import worker as q
+from jobcore.sql.maintenance_leases import (
+    MAINTENANCE_LEASE_ACQUIRE,
+    MAINTENANCE_LEASE_RELEASE,
+    MAINTENANCE_LEASE_RENEW,
+    MaintenanceLeaseParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +90,19 @@ class MaintenanceService(Service):
             if taken < BATCH_SIZE:
                 return total
 
-    def _lease_params(self, token: uuid.UUID) -> q.MaintenanceLeaseParams:
+    def _lease_params(self, token: uuid.UUID) -> MaintenanceLeaseParams:
         return {"name": self.lease_name, "owner": self.owner, "ttl": self.lease_ttl, "token": token}
 
     async def _hold_lease(self) -> bool:
         async with self.db.unit_of_work() as uow:
             if self.token is not None:
-                row = await fetch_one(
-                    uow, q.RENEW_MAINTENANCE_LEASE(self._lease_params(self.token))
-                )
+                row = await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
                 if row is None:
                     log.info("%s lease lost to another worker", self.lease_name)
                     self.token = None
             if self.token is None:
                 token = uuid.uuid4()
-                row = await fetch_one(uow, q.ACQUIRE_MAINTENANCE_LEASE(self._lease_params(token)))
+                row = await fetch_one(uow, MAINTENANCE_LEASE_ACQUIRE(self._lease_params(token)))
                 if row is not None:
                     self.token = token
                     log.info("%s lease acquired", self.lease_name, extra={"owner": self.owner})
@@ -112,7 +115,7 @@ class MaintenanceService(Service):
             renewed = (
                 None
                 if self.token is None
-                else await fetch_one(uow, q.RENEW_MAINTENANCE_LEASE(self._lease_params(self.token)))
+                else await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
             )
             if renewed is None:
                 self.token = None
@@ -129,7 +132,7 @@ class MaintenanceService(Service):
         try:
             async with self.db.unit_of_work() as uow:
                 await execute(
-                    uow, q.RELEASE_MAINTENANCE_LEASE({"name": self.lease_name, "token": token})
+                    uow, MAINTENANCE_LEASE_RELEASE({"name": self.lease_name, "token": token})
                 )
                 await uow.commit()
         except DatabaseUnavailable:

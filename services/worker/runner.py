@@ -31,7 +31,18 @@ from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import OutboxMessageParams, Statement
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import (
+    JOB_CANCEL_RUNNING,
+    JOB_FAIL,
+    JOB_HEARTBEAT,
+    JOB_RELEASE,
+    JOB_RETRY,
+    JOB_SUCCEED_MANY,
+    JobFencedParams,
+    JobHeartbeatParams,
+    JobRetryParams,
+    JobSucceedManyParams,
+)
 from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections, TransientConflict
@@ -177,7 +188,7 @@ class JobRunner:
             f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
         )
         text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
-        await self._write_fenced(claim, q.FAIL({**self._fence(claim), "error": text}))
+        await self._write_fenced(claim, JOB_FAIL({**self._fence(claim), "error": text}))
         self.metrics.processed("failed", claim)
 
     async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
@@ -278,7 +289,7 @@ class JobRunner:
         if running.stop_reason is StopReason.CANCELLED:
             if (
                 await self._write_fenced(
-                    claim, q.CANCEL_RUNNING({**self._fence(claim), "error": "cancelled"})
+                    claim, JOB_CANCEL_RUNNING({**self._fence(claim), "error": "cancelled"})
                 )
                 is not None
             ):
@@ -286,7 +297,7 @@ class JobRunner:
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
             row = await self._write_fenced(
-                claim, q.RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL})
+                claim, JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL})
             )
             if row is None:
                 return
@@ -345,7 +356,7 @@ class JobRunner:
             self.metrics.processed("succeeded", claim)
 
     async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
-        params: q.JobSucceedManyParams = {
+        params: JobSucceedManyParams = {
             "ids": [s.job_id for s in batch],
             "lease_tokens": [s.lease_token for s in batch],
             "results": [s.result for s in batch],
@@ -354,7 +365,7 @@ class JobRunner:
             **self.completion,
         }
         async with self.connections.connection() as conn:
-            won = {row["id"] for row in await fetch_all(conn, q.SUCCEED(params))}
+            won = {row["id"] for row in await fetch_all(conn, JOB_SUCCEED_MANY(params))}
         return [s.job_id in won for s in batch]
 
     async def _attempt_failed(
@@ -371,14 +382,14 @@ class JobRunner:
             cap=self.settings.retry_backoff_cap,
         )
         message = self._message(claim, attempt=claim.attempt + 1)
-        params: q.JobRetryParams = {
+        params: JobRetryParams = {
             **self._fence(claim),
             **message,
             "error": error,
             "delay": delay,
             "channel": OUTBOX_CHANNEL,
         }
-        row = await self._write_fenced(claim, q.RETRY(params))
+        row = await self._write_fenced(claim, JOB_RETRY(params))
         if row is None:
             return
         if row["status"] == "cancelled":
@@ -397,7 +408,7 @@ class JobRunner:
 
     async def _fail(self, claim: Claim, error: str) -> None:
         if (
-            await self._write_fenced(claim, q.FAIL({**self._fence(claim), "error": error}))
+            await self._write_fenced(claim, JOB_FAIL({**self._fence(claim), "error": error}))
             is not None
         ):
             self.metrics.processed("failed", claim)
@@ -412,7 +423,7 @@ class JobRunner:
             trace_headers=claim.trace_headers,
         )
 
-    def _fence(self, claim: Claim) -> q.JobFencedParams:
+    def _fence(self, claim: Claim) -> JobFencedParams:
         return {**self.completion, "id": claim.job_id, "lease_token": claim.lease_token}
 
     async def _write_fenced(self, claim: Claim, statement: Statement) -> dict[str, Any] | None:
@@ -498,7 +509,7 @@ class JobRunner:
     async def _heartbeat(self, running: RunningJob) -> None:
         """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
         claim = running.claim
-        params: q.JobHeartbeatParams = {
+        params: JobHeartbeatParams = {
             "id": claim.job_id,
             "lease_token": claim.lease_token,
             "lease": claim.job_type.lease,
@@ -506,7 +517,7 @@ class JobRunner:
         sent = time.monotonic()
         try:
             async with self.connections.connection() as conn:
-                row = await fetch_one(conn, q.HEARTBEAT(params))
+                row = await fetch_one(conn, JOB_HEARTBEAT(params))
         except DatabaseUnavailable as exc:
             if not running.db_trouble_logged:
                 running.db_trouble_logged = True

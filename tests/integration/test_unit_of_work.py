@@ -19,7 +19,7 @@ from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import jobs as q
+from jobcore.sql.jobs import JOB_GET
 from tests.support.jobtypes import EchoPayload
 from tests.support.waiting import eventually
 
@@ -56,8 +56,8 @@ async def test_unit_of_work_rolls_back_unless_committed(db: Database, topology: 
         await uow.commit()
     assert await counts(db) == (1, 1)
     async with db.unit_of_work() as uow:
-        job = await fetch_one(uow, q.GET_JOB({"id": result.job_id, "tenant": "t"}))
-        other_tenant = await fetch_one(uow, q.GET_JOB({"id": result.job_id, "tenant": "u"}))
+        job = await fetch_one(uow, JOB_GET({"id": result.job_id, "tenant": "t"}))
+        other_tenant = await fetch_one(uow, JOB_GET({"id": result.job_id, "tenant": "u"}))
     assert job is not None
     assert job["status"] == "pending"
     assert other_tenant is None
@@ -218,7 +218,7 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
     tenant, first, replayed = await submit("a", owner)
     assert (tenant, replayed) == ("acme", False)
     async with db.session() as session:
-        job = await fetch_one(session, q.GET_JOB({"id": first, "tenant": "acme"}))
+        job = await fetch_one(session, JOB_GET({"id": first, "tenant": "acme"}))
     assert job is not None
     assert job["tenant"] == "acme"
     # The idempotency key is per tenant: the same key of another tenant is a new job.

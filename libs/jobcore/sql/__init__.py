@@ -52,7 +52,7 @@ class NoParams(TypedDict):
 
 class CompletionParams(TypedDict):
     """What every statement that ends a job needs for its completion webhook
-    (:data:`jobcore.sql.webhooks.COMPLETION_WEBHOOKS`)."""
+    (:data:`jobcore.sql.webhook_deliveries.COMPLETION_WEBHOOKS`)."""
 
     webhook_exchange: str
     webhook_routing_key: str

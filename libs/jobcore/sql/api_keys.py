@@ -17,8 +17,8 @@ class ApiKeyGetTenantParams(TypedDict):
     key_hash: str
 
 
-TENANT_FOR_KEY = Query[ApiKeyGetTenantParams](
-    "tenant_for_key",
+API_KEY_GET_TENANT = Query[ApiKeyGetTenantParams](
+    "api_key_get_tenant",
     "The tenant of an API key that exists and is not revoked.",
     ACTIVE_KEY,
 )
@@ -32,8 +32,8 @@ class ApiKeyInsertParams(TypedDict):
     tenant: str
 
 
-INSERT_API_KEY = Query[ApiKeyInsertParams](
-    "insert_api_key",
+API_KEY_INSERT = Query[ApiKeyInsertParams](
+    "api_key_insert",
     "Store a new API key (its hash and a short prefix people recognise).",
     """
     INSERT INTO api_keys (id, tenant, key_hash, prefix, label)
@@ -47,8 +47,8 @@ class ApiKeyListParams(TypedDict):
     tenant: str | None
 
 
-LIST_API_KEYS = Query[ApiKeyListParams](
-    "list_api_keys",
+API_KEY_LIST = Query[ApiKeyListParams](
+    "api_key_list",
     "Every API key, or one tenant's, oldest first; never the key or its hash.",
     """
     SELECT id, tenant, prefix, label, created_at, revoked_at FROM api_keys
@@ -62,8 +62,8 @@ class ApiKeyRevokeParams(TypedDict):
     id: uuid.UUID
 
 
-REVOKE_API_KEY = Query[ApiKeyRevokeParams](
-    "revoke_api_key",
+API_KEY_REVOKE = Query[ApiKeyRevokeParams](
+    "api_key_revoke",
     "Revoke an API key (revoking twice keeps the first time).",
     """
     UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())

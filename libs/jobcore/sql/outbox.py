@@ -1,8 +1,10 @@
-"""Statements on ``outbox``: the relay's claim / done / failed cycle and the operator verbs.
+"""Statements that change ``outbox``: the relay's claim / done / failed cycle and the
+operator verbs.
 
 A row is *due* when ``available_at <= now()`` and it is not quarantined; the partial
 index ``outbox_due_idx (available_at, id) WHERE quarantined_at IS NULL`` serves the claim,
-the next-due lookup and the oldest-due age.
+the next-due lookup and the oldest-due age. Outbox rows written with a job (enqueue,
+retries, the reaper, completion webhooks) are written by the statements on ``jobs``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from jobcore.enqueue import OUTBOX_CHANNEL
 from jobcore.sql import NoParams, Query
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
-LISTEN = Query[NoParams](
-    "listen_outbox", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
+OUTBOX_LISTEN = Query[NoParams](
+    "outbox_listen", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
 )
-UNLISTEN = Query[NoParams](
-    "unlisten_outbox", "Stop receiving them before the connection is reused.", "UNLISTEN *"
+
+
+OUTBOX_UNLISTEN = Query[NoParams](
+    "outbox_unlisten", "Stop receiving them before the connection is reused.", "UNLISTEN *"
 )
-PING = Query[NoParams](
-    "ping", "A round trip, to notice a connection that died silently.", "SELECT 1"
+
+
+OUTBOX_LISTENER_PING = Query[NoParams](
+    "outbox_listener_ping", "A round trip, to notice a connection that died silently.", "SELECT 1"
 )
 
 
@@ -31,8 +37,8 @@ class OutboxClaimDueParams(TypedDict):
 
 # The relay holds these row locks while it publishes and waits for the confirms; other
 # replicas skip the locked rows instead of waiting, so any number of them can run.
-CLAIM_DUE = Query[OutboxClaimDueParams](
-    "claim_due_outbox",
+OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
+    "outbox_claim_due",
     "Lock up to `limit` due, unquarantined rows, oldest first, skipping rows another relay holds.",
     """
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
@@ -52,8 +58,8 @@ class OutboxDeletePublishedParams(TypedDict):
 
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
 # statement, never an unbounded DELETE.
-DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
-    "delete_published_outbox",
+OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
+    "outbox_delete_published",
     "Remove the claimed rows whose messages the broker confirmed.",
     """
     DELETE FROM outbox WHERE id = ANY(%(ids)s)
@@ -73,9 +79,9 @@ class OutboxRecordFailuresParams(TypedDict):
 # message that can never be published is. A job whose message keeps being refused stays
 # pending, and its pollers read why in its last_error: written when the reason changes,
 # not on every retry; skipped if another transaction holds the job (a note, never a wait).
-# Worded to stay true once the message went out, like the worker's NOTE_UNDELIVERABLE.
-RECORD_FAILURES = Query[OutboxRecordFailuresParams](
-    "record_outbox_failures",
+# Worded to stay true once the message went out, like the worker's JOB_NOTE_UNDELIVERABLE.
+OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
+    "outbox_record_failures",
     "Count a failed publish on each row, push it back by its delay or quarantine it, and "
     "tell a pending job why it waits.",
     """
@@ -113,10 +119,11 @@ RECORD_FAILURES = Query[OutboxRecordFailuresParams](
     """,
 )
 
+
 # Rows that are due but locked by another relay are deliberately not counted: waiting for
 # them would make an idle replica spin while its peer publishes them.
-SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
-    "seconds_until_next_due_outbox",
+OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
+    "outbox_seconds_until_next_due",
     "How long until the earliest scheduled (not yet due) row becomes due; NULL when none.",
     """
     SELECT extract(epoch FROM min(available_at) - now())::float8 AS seconds
@@ -125,7 +132,8 @@ SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
     """,
 )
 
-STATUS = Query[NoParams](
+
+OUTBOX_STATUS = Query[NoParams](
     "outbox_status",
     "Backlog counts: due, scheduled, failing and quarantined rows, the age of the oldest due "
     "row, and how long the longest-failing row has been refused.",
@@ -170,8 +178,8 @@ class OutboxListQuarantinedParams(TypedDict):
     limit: int
 
 
-LIST_QUARANTINED = Query[OutboxListQuarantinedParams](
-    "list_quarantined_outbox",
+OUTBOX_LIST_QUARANTINED = Query[OutboxListQuarantinedParams](
+    "outbox_list_quarantined",
     "The quarantined rows, earliest quarantined first.",
     """
     SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
@@ -193,8 +201,8 @@ class OutboxRowParams(TypedDict):
 
 # Operators name a row by its numeric id or its message id; the other parameter is NULL.
 # `ended_job_status` is set when the row is a job's message and that job has ended.
-FIND = Query[OutboxRowParams](
-    "find_outbox_row",
+OUTBOX_FIND = Query[OutboxRowParams](
+    "outbox_find",
     "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
     """
     SELECT outbox.id, outbox.message_id, outbox.job_id, outbox.quarantined_at,
@@ -216,8 +224,8 @@ class OutboxRequeueParams(OutboxRowParams):
 # failed it because this row was quarantined, or it was cancelled), the worker would
 # acknowledge the message with no effect, and the operator should retry the job instead.
 # Webhook messages (their type is not their job's) are always requeued.
-REQUEUE = Query[OutboxRequeueParams](
-    "requeue_outbox",
+OUTBOX_REQUEUE = Query[OutboxRequeueParams](
+    "outbox_requeue",
     "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
     """
     WITH requeued AS (
@@ -237,8 +245,8 @@ REQUEUE = Query[OutboxRequeueParams](
 )
 
 
-DISCARD = Query[OutboxRowParams](
-    "discard_outbox",
+OUTBOX_DISCARD = Query[OutboxRowParams](
+    "outbox_discard",
     "Delete a quarantined row (its message is never published).",
     """
     DELETE FROM outbox

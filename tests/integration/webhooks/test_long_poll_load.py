@@ -24,7 +24,7 @@ from jobcore import apikeys
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql import worker as wq
+from jobcore.sql.jobs import JOB_SUCCEED_MANY
 from jobcore.webhooks import completion_params
 from services.api.waiters import APPLICATION_NAME
 from tests.integration.webhooks.support import free_port
@@ -109,7 +109,7 @@ def finish_jobs(settings: Settings, ids: list[uuid.UUID]) -> dict[str, tuple[flo
         for job_id in ids:
             sent = time.monotonic()
             conn.execute(
-                wq.SUCCEED.sql,
+                JOB_SUCCEED_MANY.sql,
                 {
                     **completion,
                     "ids": [job_id],

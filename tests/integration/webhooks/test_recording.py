@@ -15,7 +15,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_all
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
-from jobcore.sql import webhooks as wq
+from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
 from jobcore.webhook_records import set_endpoint
 from jobcore.webhooks import completion_params
 from services.api import operations
@@ -146,7 +146,9 @@ async def test_a_rolled_back_cancel_records_no_delivery(
         outcome = await operations.cancel_job(uow, TENANT, job_id, completion=completion)
         assert outcome.status == "cancelled"
         # Inside the transaction the delivery and its message exist ...
-        seen = await fetch_all(uow, wq.LIST_JOB_DELIVERIES({"job_id": job_id, "tenant": TENANT}))
+        seen = await fetch_all(
+            uow, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": TENANT})
+        )
         assert seen[0]["id"] is not None
         await uow.rollback()
     # ... and went away with it.

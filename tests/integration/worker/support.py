@@ -28,7 +28,7 @@ from jobcore.enqueue import OUTBOX_CHANNEL, enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_SUCCEED_MANY
 from jobcore.webhooks import completion_params
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
@@ -286,7 +286,7 @@ def outcome_params(
 ) -> dict[str, Any]:
     """Parameters of a worker outcome statement for ``job_id`` under lease ``token``."""
     completion = completion_params(topology, settings)
-    if statement is q.SUCCEED:
+    if statement is JOB_SUCCEED_MANY:
         return {
             **completion,
             "ids": [job_id],

@@ -15,9 +15,8 @@ from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
-from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
-from jobcore.sql.worker import CANCEL_CHANNEL
+from jobcore.sql.jobs import CANCEL_CHANNEL, JOB_RELEASE, JOB_RETRY
+from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import REQUEST_CANCEL, GatePayload, NoPayload
@@ -150,7 +149,7 @@ CANCEL_REQUESTED = Query(
 )
 
 
-@pytest.mark.parametrize("statement", [q.RETRY, q.RELEASE], ids=lambda s: s.name)
+@pytest.mark.parametrize("statement", [JOB_RETRY, JOB_RELEASE], ids=lambda s: s.name)
 async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_cancelled(
     statement: Query, db: Database, topology: Topology, settings: Settings
 ) -> None:

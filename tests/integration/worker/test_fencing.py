@@ -18,7 +18,7 @@ from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_CANCEL_RUNNING, JOB_FAIL, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from tests.integration.worker.support import TAKE_OVER, outcome_params
 from tests.support.jobtypes import EchoPayload
 
@@ -35,7 +35,9 @@ SNAPSHOT = Query(
 
 
 @pytest.mark.parametrize(
-    "statement", [q.SUCCEED, q.RETRY, q.FAIL, q.CANCEL_RUNNING, q.RELEASE], ids=lambda s: s.name
+    "statement",
+    [JOB_SUCCEED_MANY, JOB_RETRY, JOB_FAIL, JOB_CANCEL_RUNNING, JOB_RELEASE],
+    ids=lambda s: s.name,
 )
 async def test_a_stale_lease_token_writes_nothing(
     statement: Query, db: Database, topology: Topology, settings: Settings

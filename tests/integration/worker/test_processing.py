@@ -16,7 +16,8 @@ from jobcore.envelope import JobMessage
 from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, render_csv
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import JOB_CLAIM_MANY
 from services.worker.app import Worker
 from services.worker.consumer import ClaimRequest
 from tests.integration.worker.conftest import StartWorker
@@ -188,9 +189,9 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
     async with db.connection() as conn:
         claimed = await fetch_one(
             conn,
-            q.RECEIVE_AND_CLAIM(
+            JOB_CLAIM_MANY(
                 {
-                    "consumer": q.JOBS_CONSUMER,
+                    "consumer": JOBS_CONSUMER,
                     "worker_id": "died-before-ack",
                     "message_ids": [message["message_id"]],
                     "job_ids": [job_id],

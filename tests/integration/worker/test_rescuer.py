@@ -17,7 +17,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from services.worker.metrics import WorkerMetrics
 from services.worker.rescuer import Rescuer
 from tests.integration.worker.conftest import StartWorker

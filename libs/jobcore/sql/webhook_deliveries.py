@@ -1,5 +1,5 @@
-"""Statements on webhook deliveries, signing secrets and default endpoints, and the pieces
-every terminal-status statement shares.
+"""Statements that change ``webhook_deliveries``, and the pieces every terminal-status
+statement shares.
 
 A job reaches a terminal status in one of a few fenced statements (the worker's success,
 failure and cancellation, the reaper's, the API's cancel of a pending job). Each names the
@@ -9,8 +9,8 @@ delivery row and the outbox message of the first attempt, and the API's long-pol
 hear about it. A job without a callback costs the two empty CTEs and one NOTIFY.
 
 ``done`` must return ``id, tenant, status, callback_url, traceparent, tracestate``.
-Parameters: ``webhook_exchange``, ``webhook_routing_key``, ``webhook_max_attempts``,
-``webhook_outbox_channel`` (:func:`jobcore.webhooks.completion_params`).
+Parameters: :class:`jobcore.sql.CompletionParams`
+(:func:`jobcore.webhooks.completion_params`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from typing import TypedDict
 
 from psycopg.types.json import Jsonb
 
-from jobcore.sql import CompletionParams, NoParams, Query
+from jobcore.sql import CompletionParams, Query
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
-WEBHOOKS_CONSUMER = "webhooks"
+
+
 WEBHOOK_MESSAGE_TYPE = "webhook"
+
 
 # The envelope is the same as WebhookMessage.encode() writes: {"v", "delivery_id", "attempt"}.
 COMPLETION_WEBHOOKS = f"""
@@ -55,6 +57,7 @@ COMPLETION_WEBHOOKS = f"""
         RETURNING id
     )"""
 
+
 # Select-list items: wake the relay if a webhook message was written, and the waiters of
 # each job that became terminal.
 NOTIFY_JOB_DONE = f"""
@@ -63,11 +66,6 @@ NOTIFY_JOB_DONE = f"""
     CASE WHEN done.status IN ('succeeded', 'failed', 'cancelled')
          THEN pg_notify('{JOB_DONE_CHANNEL}', done.id::text) END IS NULL AS done_notified"""
 
-LISTEN_JOB_DONE = Query[NoParams](
-    "listen_job_done",
-    "Hear jobs becoming terminal (long-poll waiters).",
-    f"LISTEN {JOB_DONE_CHANNEL}",
-)
 
 # --- the API: a job's deliveries, the long-poll reads -----------------------------------
 
@@ -79,8 +77,8 @@ class WebhookDeliveryListForJobParams(TypedDict):
 
 # The job row decides tenancy: another tenant's job answers no row at all (a 404), a job
 # of this tenant without deliveries one row of NULL delivery columns.
-LIST_JOB_DELIVERIES = Query[WebhookDeliveryListForJobParams](
-    "list_job_deliveries",
+WEBHOOK_DELIVERY_LIST_FOR_JOB = Query[WebhookDeliveryListForJobParams](
+    "webhook_delivery_list_for_job",
     "A tenant's job and its webhook deliveries, oldest first.",
     """
     SELECT j.id AS job_id, d.id, d.url, d.event, d.status, d.attempts, d.max_attempts,
@@ -103,8 +101,8 @@ class WebhookDeliveryGetForAttemptParams(TypedDict):
     message_id: uuid.UUID
 
 
-GET_DELIVERY_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
-    "get_delivery_for_attempt",
+WEBHOOK_DELIVERY_GET_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
+    "webhook_delivery_get_for_attempt",
     "A delivery, its job's view, the tenant's secret and whether this message was handled.",
     """
     SELECT d.id, d.job_id, d.tenant, d.url, d.event, d.status, d.attempts, d.max_attempts,
@@ -120,49 +118,6 @@ GET_DELIVERY_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
     JOIN jobs AS j ON j.id = d.job_id
     LEFT JOIN tenant_webhook_secrets AS s ON s.tenant = d.tenant
     WHERE d.id = %(id)s
-    """,
-)
-
-
-class WebhookSecretEnsureParams(TypedDict):
-    secret: str
-    tenant: str
-
-
-# Created on first need. When two first needs race, ON CONFLICT waits for the other's
-# commit and inserts nothing; the second branch then reads the winner's secret (a new
-# statement sees it), so the caller runs this again when it returns no row.
-ENSURE_SECRET = Query[WebhookSecretEnsureParams](
-    "ensure_webhook_secret",
-    "The tenant's signing secret, created if it has none.",
-    """
-    WITH created AS (
-        INSERT INTO tenant_webhook_secrets (tenant, secret)
-        VALUES (%(tenant)s, %(secret)s)
-        ON CONFLICT (tenant) DO NOTHING
-        RETURNING secret, created_at, rotated_at
-    )
-    SELECT secret, created_at, rotated_at, true AS created FROM created
-    UNION ALL
-    SELECT secret, created_at, rotated_at, false FROM tenant_webhook_secrets
-    WHERE tenant = %(tenant)s
-    LIMIT 1
-    """,
-)
-
-
-class WebhookSecretRotateParams(TypedDict):
-    secret: str
-    tenant: str
-
-
-ROTATE_SECRET = Query[WebhookSecretRotateParams](
-    "rotate_webhook_secret",
-    "Give a tenant a new signing secret (created if it had none).",
-    """
-    INSERT INTO tenant_webhook_secrets (tenant, secret) VALUES (%(tenant)s, %(secret)s)
-    ON CONFLICT (tenant) DO UPDATE SET secret = excluded.secret, rotated_at = now()
-    RETURNING secret, created_at, rotated_at, true AS created
     """,
 )
 
@@ -187,8 +142,8 @@ class WebhookDeliveryRecordAttemptParams(CompletionParams):
 # message, due when the backoff ends. The fence `attempts = <this attempt> - 1 AND status
 # = 'pending'` drops a stale message (a second copy, or one a redelivery overtook).
 # Whether a retry is left is decided here, on the row as it is now.
-RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
-    "record_webhook_attempt",
+WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
+    "webhook_delivery_record_attempt",
     "Record one delivery attempt's outcome and, for a retry, write the next attempt's message.",
     """
     WITH received AS (
@@ -233,6 +188,7 @@ RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
     """,
 )
 
+
 # --- operators: list and redeliver ---------------------------------------------------------
 
 
@@ -242,8 +198,8 @@ class WebhookDeliveryListParams(TypedDict):
     status: str | None
 
 
-LIST_DELIVERIES = Query[WebhookDeliveryListParams](
-    "list_webhook_deliveries",
+WEBHOOK_DELIVERY_LIST = Query[WebhookDeliveryListParams](
+    "webhook_delivery_list",
     "Deliveries, newest first, optionally of one job and/or in one status.",
     """
     SELECT id, job_id, tenant, url, event, status, attempts, max_attempts, last_status_code,
@@ -264,8 +220,8 @@ class WebhookDeliveryRedeliverParams(CompletionParams):
 # A new attempt now, whatever the delivery's state: pending again, and one more attempt
 # allowed if they were used up. The message carries the next attempt number, so a retry
 # still waiting in the outbox for that number loses the fence to whichever comes first.
-REDELIVER = Query[WebhookDeliveryRedeliverParams](
-    "redeliver_webhook",
+WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
+    "webhook_delivery_redeliver",
     "Make a delivery pending again and write an outbox message for a new attempt now.",
     f"""
     WITH delivery AS (
@@ -294,74 +250,5 @@ REDELIVER = Query[WebhookDeliveryRedeliverParams](
     SELECT delivery.id, delivery.job_id, delivery.attempts + 1 AS attempt,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified
     FROM delivery
-    """,
-)
-
-# --- default endpoints -------------------------------------------------------------------
-
-
-class WebhookEndpointSetParams(TypedDict):
-    tenant: str
-    type: str
-    url: str
-
-
-SET_ENDPOINT = Query[WebhookEndpointSetParams](
-    "set_webhook_endpoint",
-    "Set a tenant's default endpoint for a job type ('*': any).",
-    """
-    INSERT INTO webhook_endpoints (tenant, job_type, url) VALUES (%(tenant)s, %(type)s, %(url)s)
-    ON CONFLICT (tenant, job_type) DO UPDATE SET url = excluded.url, updated_at = now()
-    RETURNING tenant, job_type, url, created_at, updated_at
-    """,
-)
-
-
-class WebhookEndpointListParams(TypedDict):
-    tenant: str | None
-
-
-LIST_ENDPOINTS = Query[WebhookEndpointListParams](
-    "list_webhook_endpoints",
-    "Default endpoints, optionally of one tenant.",
-    """
-    SELECT tenant, job_type, url, created_at, updated_at FROM webhook_endpoints
-    WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
-    ORDER BY tenant, job_type
-    """,
-)
-
-
-class WebhookEndpointDeleteParams(TypedDict):
-    tenant: str
-    type: str
-
-
-DELETE_ENDPOINT = Query[WebhookEndpointDeleteParams](
-    "delete_webhook_endpoint",
-    "Remove a tenant's default endpoint for a job type.",
-    """
-    DELETE FROM webhook_endpoints WHERE tenant = %(tenant)s AND job_type = %(type)s
-    RETURNING tenant, job_type, url
-    """,
-)
-
-# --- long-poll waiters ------------------------------------------------------------------------
-
-
-class JobGetWaitedParams(TypedDict):
-    ids: list[uuid.UUID]
-    tenants: list[str]
-
-
-# Waiters woken together (jobs finishing in a burst) re-read their jobs in one statement:
-# one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
-GET_WAITED_JOBS = Query[JobGetWaitedParams](
-    "get_waited_jobs",
-    "Read many tenants' jobs at once, each only for its own tenant.",
-    """
-    SELECT jobs.*
-    FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
-    JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
     """,
 )
