@@ -32,8 +32,7 @@ from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import OutboxMessageParams, Statement
 from jobcore.sql.jobs import (
-    JOB_CANCEL_RUNNING,
-    JOB_FAIL,
+    JOB_END_RUNNING,
     JOB_HEARTBEAT,
     JOB_RELEASE,
     JOB_RETRY,
@@ -188,7 +187,11 @@ class JobRunner:
             f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
         )
         text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
-        await self._write_fenced(claim, JOB_FAIL({**self._fence(claim), "error": text}))
+        await self._write_fenced(
+            claim,
+            "fail",
+            JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": text}),
+        )
         self.metrics.processed("failed", claim)
 
     async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
@@ -289,7 +292,11 @@ class JobRunner:
         if running.stop_reason is StopReason.CANCELLED:
             if (
                 await self._write_fenced(
-                    claim, JOB_CANCEL_RUNNING({**self._fence(claim), "error": "cancelled"})
+                    claim,
+                    "cancel_running",
+                    JOB_END_RUNNING(
+                        {**self._fence(claim), "status": "cancelled", "error": "cancelled"}
+                    ),
                 )
                 is not None
             ):
@@ -297,7 +304,9 @@ class JobRunner:
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
             row = await self._write_fenced(
-                claim, JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL})
+                claim,
+                "release",
+                JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL}),
             )
             if row is None:
                 return
@@ -389,7 +398,7 @@ class JobRunner:
             "delay": delay,
             "channel": OUTBOX_CHANNEL,
         }
-        row = await self._write_fenced(claim, JOB_RETRY(params))
+        row = await self._write_fenced(claim, "retry", JOB_RETRY(params))
         if row is None:
             return
         if row["status"] == "cancelled":
@@ -408,7 +417,11 @@ class JobRunner:
 
     async def _fail(self, claim: Claim, error: str) -> None:
         if (
-            await self._write_fenced(claim, JOB_FAIL({**self._fence(claim), "error": error}))
+            await self._write_fenced(
+                claim,
+                "fail",
+                JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": error}),
+            )
             is not None
         ):
             self.metrics.processed("failed", claim)
@@ -426,7 +439,9 @@ class JobRunner:
     def _fence(self, claim: Claim) -> JobFencedParams:
         return {**self.completion, "id": claim.job_id, "lease_token": claim.lease_token}
 
-    async def _write_fenced(self, claim: Claim, statement: Statement) -> dict[str, Any] | None:
+    async def _write_fenced(
+        self, claim: Claim, outcome: str, statement: Statement
+    ) -> dict[str, Any] | None:
         """Run an outcome statement; its row, or None when the lease was lost."""
         written: dict[str, Any] | None = None
 
@@ -438,7 +453,7 @@ class JobRunner:
             written = None if row is None else dict(row)
             return written is not None
 
-        return written if await self._write_outcome(claim, statement.query.name, write) else None
+        return written if await self._write_outcome(claim, outcome, write) else None
 
     async def _write_outcome(
         self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]

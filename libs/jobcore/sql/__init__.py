@@ -18,7 +18,12 @@ from typing import Any, Generic, TypedDict, TypeVar
 
 from psycopg.types.json import Jsonb
 
+from jobcore.states import TERMINAL, JobStatus
+
 # Contravariant: a query that takes fewer parameters also takes a dict with more.
+# The terminal statuses as an SQL list, for `status IN ...` (jobcore.states.TERMINAL).
+TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status in TERMINAL) + ")"
+
 P = TypeVar("P", bound=Mapping[str, Any], contravariant=True)
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from psycopg.types.json import Jsonb
 
-from jobcore.sql import CompletionParams, NoParams, OutboxMessageParams, Query
+from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
 from jobcore.sql.api_keys import ACTIVE_KEY
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
@@ -638,45 +638,20 @@ JOB_RETRY = Query[JobRetryParams](
 )
 
 
-class JobFailParams(JobFencedParams):
+class JobEndRunningParams(JobFencedParams):
+    status: Literal["failed", "cancelled"]
     error: str
 
 
-JOB_FAIL = Query[JobFailParams](
-    "job_fail",
-    "Record that a job failed for good, fenced by the lease token.",
+# A running job ends `failed` (its last attempt failed, or its payload no longer
+# validates) or `cancelled` (its cancellation was requested and its handler stopped).
+JOB_END_RUNNING = Query[JobEndRunningParams](
+    "job_end_running",
+    "Record that a running job ended failed or cancelled, fenced by the lease token.",
     """
     WITH done AS (
         UPDATE jobs
-        SET status = 'failed',
-            last_error = %(error)s,
-            lease_expires_at = NULL,
-            finished_at = now(),
-            updated_at = now()
-        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id, tenant, status, callback_url, traceparent, tracestate
-    ), """
-    + COMPLETION_WEBHOOKS
-    + """
-    SELECT done.id, """
-    + NOTIFY_JOB_DONE
-    + """
-    FROM done
-    """,
-)
-
-
-class JobCancelRunningParams(JobFencedParams):
-    error: str
-
-
-JOB_CANCEL_RUNNING = Query[JobCancelRunningParams](
-    "job_cancel_running",
-    "Record that a running job stopped because its cancellation was requested (fenced).",
-    """
-    WITH done AS (
-        UPDATE jobs
-        SET status = 'cancelled',
+        SET status = %(status)s,
             last_error = %(error)s,
             lease_expires_at = NULL,
             finished_at = now(),
@@ -1026,8 +1001,6 @@ JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
 
 # --- the pruner (jobcore.retention) -----------------------------------------------------
 
-_TERMINAL = "('succeeded', 'failed', 'cancelled')"
-
 
 _RULES = """
     rules AS (
@@ -1046,7 +1019,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
     WITH RECURSIVE kinds AS (
         (
             SELECT status, type FROM jobs
-            WHERE status IN {_TERMINAL}
+            WHERE status IN {TERMINAL_SQL}
             ORDER BY status, type
             LIMIT 1
         )
@@ -1055,7 +1028,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
         FROM kinds
         CROSS JOIN LATERAL (
             SELECT status, type FROM jobs
-            WHERE status IN {_TERMINAL} AND (status, type) > (kinds.status, kinds.type)
+            WHERE status IN {TERMINAL_SQL} AND (status, type) > (kinds.status, kinds.type)
             ORDER BY status, type
             LIMIT 1
         ) AS next
@@ -1066,7 +1039,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
     CROSS JOIN LATERAL (
         SELECT finished_at FROM jobs
         WHERE jobs.status = kinds.status AND jobs.type = kinds.type
-          AND jobs.status IN {_TERMINAL} AND finished_at IS NOT NULL
+          AND jobs.status IN {TERMINAL_SQL} AND finished_at IS NOT NULL
         ORDER BY finished_at
         LIMIT 1
     ) AS oldest
@@ -1103,7 +1076,7 @@ JOB_PRUNE_COUNT = Query[JobPruneCountParams](
                 WHERE job_id = jobs.id AND quarantined_at IS NOT NULL) AS outbox
         FROM jobs
         WHERE jobs.status = rules.status AND jobs.type = rules.type
-          AND jobs.status IN {_TERMINAL}
+          AND jobs.status IN {TERMINAL_SQL}
           AND jobs.finished_at < now() - make_interval(secs => rules.keep)
     ) AS doomed ON true
     GROUP BY rules.status, rules.type
@@ -1145,7 +1118,7 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
         CROSS JOIN LATERAL (
             SELECT id FROM jobs
             WHERE jobs.status = rules.status AND jobs.type = rules.type
-              AND jobs.status IN {_TERMINAL}
+              AND jobs.status IN {TERMINAL_SQL}
               AND jobs.finished_at < now() - make_interval(secs => rules.keep)
             ORDER BY jobs.finished_at
             LIMIT %(limit)s

@@ -20,7 +20,7 @@ from typing import TypedDict
 
 from psycopg.types.json import Jsonb
 
-from jobcore.sql import CompletionParams, Query
+from jobcore.sql import TERMINAL_SQL, CompletionParams, Query
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
@@ -39,7 +39,7 @@ COMPLETION_WEBHOOKS = f"""
                'job.' || done.status, %(webhook_max_attempts)s, now()
         FROM done
         WHERE done.callback_url IS NOT NULL
-          AND done.status IN ('succeeded', 'failed', 'cancelled')
+          AND done.status IN {TERMINAL_SQL}
         RETURNING id, job_id
     ), hook_messages AS (
         INSERT INTO outbox (
@@ -63,7 +63,7 @@ COMPLETION_WEBHOOKS = f"""
 NOTIFY_JOB_DONE = f"""
     (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM hook_messages LIMIT 1) IS NULL
         AS webhook_notified,
-    CASE WHEN done.status IN ('succeeded', 'failed', 'cancelled')
+    CASE WHEN done.status IN {TERMINAL_SQL}
          THEN pg_notify('{JOB_DONE_CHANNEL}', done.id::text) END IS NULL AS done_notified"""
 
 

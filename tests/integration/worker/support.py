@@ -282,9 +282,16 @@ def exited(proc: subprocess.Popen[bytes]) -> Callable[[], Awaitable[bool]]:
 
 
 def outcome_params(
-    statement: Query, job_id: uuid.UUID, token: uuid.UUID, topology: Topology, settings: Settings
+    statement: Query,
+    job_id: uuid.UUID,
+    token: uuid.UUID,
+    topology: Topology,
+    settings: Settings,
+    *,
+    ends: str = "failed",
 ) -> dict[str, Any]:
-    """Parameters of a worker outcome statement for ``job_id`` under lease ``token``."""
+    """Parameters of a worker outcome statement for ``job_id`` under lease ``token``;
+    ``ends``: the status JOB_END_RUNNING ends the job in."""
     completion = completion_params(topology, settings)
     if statement is JOB_SUCCEED_MANY:
         return {
@@ -310,6 +317,7 @@ def outcome_params(
         "id": job_id,
         "lease_token": token,
         "error": "boom",
+        "status": ends,
         "delay": 0.0,
         "channel": OUTBOX_CHANNEL,
     }

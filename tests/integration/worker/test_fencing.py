@@ -18,7 +18,7 @@ from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_CANCEL_RUNNING, JOB_FAIL, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
+from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from tests.integration.worker.support import TAKE_OVER, outcome_params
 from tests.support.jobtypes import EchoPayload
 
@@ -35,12 +35,18 @@ SNAPSHOT = Query(
 
 
 @pytest.mark.parametrize(
-    "statement",
-    [JOB_SUCCEED_MANY, JOB_RETRY, JOB_FAIL, JOB_CANCEL_RUNNING, JOB_RELEASE],
-    ids=lambda s: s.name,
+    ("statement", "ends"),
+    [
+        (JOB_SUCCEED_MANY, "succeeded"),
+        (JOB_RETRY, "pending"),
+        (JOB_END_RUNNING, "failed"),
+        (JOB_END_RUNNING, "cancelled"),
+        (JOB_RELEASE, "pending"),
+    ],
+    ids=["succeed", "retry", "fail", "cancel_running", "release"],
 )
 async def test_a_stale_lease_token_writes_nothing(
-    statement: Query, db: Database, topology: Topology, settings: Settings
+    statement: Query, ends: str, db: Database, topology: Topology, settings: Settings
 ) -> None:
     async with db.unit_of_work() as uow:
         job = await enqueue(
@@ -57,7 +63,8 @@ async def test_a_stale_lease_token_writes_nothing(
     async with db.unit_of_work() as uow:
         before = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         lost = await fetch_all(
-            uow, statement(outcome_params(statement, job.job_id, stale, topology, settings))
+            uow,
+            statement(outcome_params(statement, job.job_id, stale, topology, settings, ends=ends)),
         )
         after = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
@@ -66,10 +73,13 @@ async def test_a_stale_lease_token_writes_nothing(
 
     async with db.unit_of_work() as uow:
         won = await fetch_all(
-            uow, statement(outcome_params(statement, job.job_id, current, topology, settings))
+            uow,
+            statement(
+                outcome_params(statement, job.job_id, current, topology, settings, ends=ends)
+            ),
         )
         changed = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
     assert len(won) == 1
     assert changed is not None
-    assert changed["status"] != "running"
+    assert changed["status"] == ends
