@@ -23,6 +23,7 @@ import asyncio
 import statistics
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -30,10 +31,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobcore.amqp.topology import Topology
+from jobcore.db import execute
 from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
-from jobcore.sql import worker as wq
-from jobcore.sql.webhooks import LISTEN_JOB_DONE
+from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_SUCCEED_MANY
 from jobcore.webhooks import completion_params
 
 # The success statement before completion webhooks (commit daa214d^), the baseline.
@@ -83,20 +84,20 @@ async def listen(settings: Settings, heard: list[int], stop: asyncio.Event) -> N
     async with await psycopg.AsyncConnection.connect(
         settings.database_url, autocommit=True
     ) as conn:
-        await conn.execute(LISTEN_JOB_DONE.sql)
+        await execute(conn, JOB_DONE_LISTEN({}))
         while not stop.is_set():
             async for _ in conn.notifies(timeout=0.2):
                 heard[0] += 1
 
 
 async def phase(
-    conn: psycopg.AsyncConnection[Any], name: str, jobs: int, batch: int, extra: dict[str, Any]
+    conn: psycopg.AsyncConnection[Any], name: str, jobs: int, batch: int, extra: Mapping[str, Any]
 ) -> float:
     """Seconds to succeed ``jobs`` fresh running jobs, ``batch`` per statement."""
     ids = [uuid.uuid4() for _ in range(jobs)]
     callback = "https://example.com/hook" if name == "callback" else None
     await conn.execute(PREPARE_JOBS, {"ids": ids, "callback_url": callback})
-    statement = SUCCEED_BEFORE_WEBHOOKS if name == "before" else wq.SUCCEED.sql
+    statement = SUCCEED_BEFORE_WEBHOOKS if name == "before" else JOB_SUCCEED_MANY.sql
     started = time.perf_counter()
     for i in range(0, jobs, batch):
         chunk = ids[i : i + batch]

@@ -36,7 +36,7 @@ from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.retention import Retention
 from jobcore.settings import Settings
-from jobcore.sql.retention import INBOX_PRUNE_BATCH
+from jobcore.sql.inbox import INBOX_PRUNE_BATCH
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "jobcore_measure_retention"

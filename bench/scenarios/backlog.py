@@ -27,7 +27,8 @@ from bench.measure import cpu_of, merge_cpu
 from bench.report import Figure, Section, Series
 from bench.scenarios.relay import QUEUE, fill_outbox, purge
 from jobcore.amqp.topology import Topology
-from jobcore.sql.outbox import CLAIM_DUE
+from jobcore.db import fetch_all
+from jobcore.sql.outbox import OUTBOX_CLAIM_DUE
 
 TITLE = "Draining a large outbox backlog"
 FILL_CHUNK = 100_000
@@ -46,8 +47,7 @@ async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
     """One claim on its own transaction, rolled back: its time in milliseconds."""
     started = time.perf_counter()
     async with conn.transaction(force_rollback=True):
-        cur = await conn.execute(CLAIM_DUE.sql, {"limit": limit})
-        await cur.fetchall()
+        await fetch_all(conn, OUTBOX_CLAIM_DUE({"limit": limit}))
     return 1000 * (time.perf_counter() - started)
 
 

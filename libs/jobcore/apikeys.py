@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.db import Session
+from jobcore.db import Session, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.sql import api_keys as q
+from jobcore.sql.api_keys import API_KEY_GET_TENANT
 
 KEY_PREFIX = "jc_"
 # What people see of a key after creation: enough to recognise it, too little to use.
@@ -100,7 +100,7 @@ async def tenant_for_key(uow: Session, key: str) -> str:
     """
     if not looks_like_key(key):
         raise InvalidApiKey()
-    row = await uow.fetch_one(q.TENANT_FOR_KEY, {"key_hash": hash_key(key)})
+    row = await fetch_one(uow, API_KEY_GET_TENANT({"key_hash": hash_key(key)}))
     if row is None:
         raise InvalidApiKey()
     return str(row["tenant"])

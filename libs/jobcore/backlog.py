@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.errors import DatabaseUnavailable
-from jobcore.sql import backlog as q
+from jobcore.sql.jobs import JOB_COUNT_OPEN_BY_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,7 @@ class BacklogGauges:
     async def _refresh_jobs(self) -> None:
         try:
             async with asyncio.timeout(self.timeout), self.db.connection() as conn:
-                cur = await conn.execute(q.OPEN_JOBS_BY_QUEUE.sql)
-                rows = await cur.fetchall()
+                rows = await fetch_all(conn, JOB_COUNT_OPEN_BY_QUEUE({}))
         except (DatabaseUnavailable, TimeoutError):
             self.refresh_failures.labels("database").inc()
             return

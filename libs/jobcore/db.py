@@ -2,7 +2,9 @@
 
 A :class:`Session` holds one pooled connection in autocommit mode (each statement commits
 on its own); a :class:`UnitOfWork` is one transaction, on a connection of its own or on a
-session's.
+session's. Named statements (:mod:`jobcore.sql`) run through one gateway,
+:func:`execute`, :func:`fetch_one` and :func:`fetch_all`, on either of them or on a raw
+connection, with the statement's typed parameters.
 
 Driver errors are translated here, at the adapter boundary: callers see
 :class:`~jobcore.errors.DatabaseUnavailable` / :class:`~jobcore.errors.DatabaseMissing`,
@@ -30,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobcore.dbtracing import cursor_options
 from jobcore.errors import DatabaseMissing, DatabaseUnavailable, ServiceStateError
 from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.sql import Statement
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
 RV = TypeVar("RV")
@@ -268,21 +270,9 @@ class Session:
             raise ServiceStateError("the session already has a transaction open")
         return UnitOfWork(self._db, connection=self.connection)
 
-    async def fetch_one(self, query: Query, params: dict[str, Any] | None = None) -> DictRow | None:
-        with translate_errors(self._db.settings):
-            cur = await self.connection.execute(query.sql, params or {})
-            return await cur.fetchone()
-
-    async def fetch_all(self, query: Query, params: dict[str, Any] | None = None) -> list[DictRow]:
-        with translate_errors(self._db.settings):
-            cur = await self.connection.execute(query.sql, params or {})
-            return await cur.fetchall()
-
-    async def execute(self, query: Query, params: dict[str, Any] | None = None) -> int:
-        """Run a statement; return the number of rows it touched."""
-        with translate_errors(self._db.settings):
-            cur = await self.connection.execute(query.sql, params or {})
-            return cur.rowcount
+    @property
+    def settings(self) -> Settings:
+        return self._db.settings
 
 
 class UnitOfWork(Session):
@@ -338,3 +328,34 @@ class UnitOfWork(Session):
         with translate_errors(self._db.settings):
             await self.connection.execute("ROLLBACK")
         self._committed = True  # nothing left to roll back on exit
+
+
+# --- the gateway: every named statement runs through these -----------------------------------
+
+Executor = Session | psycopg.AsyncConnection[Any]
+"""Where a statement runs: a session or unit of work, or a raw connection (the worker's
+held ones, a LISTEN connection), whose provider translates its errors."""
+
+
+async def _run(on: Executor, statement: Statement) -> psycopg.AsyncCursor[Any]:
+    if isinstance(on, Session):
+        with translate_errors(on.settings):
+            return await on.connection.execute(statement.query.sql, statement.params)
+    return await on.execute(statement.query.sql, statement.params)
+
+
+async def execute(on: Executor, statement: Statement) -> int:
+    """Run a statement; return the number of rows it touched."""
+    return (await _run(on, statement)).rowcount
+
+
+async def fetch_one(on: Session | AsyncConn, statement: Statement) -> DictRow | None:
+    """Run a statement; return its first row (None: no row)."""
+    row: DictRow | None = await (await _run(on, statement)).fetchone()
+    return row
+
+
+async def fetch_all(on: Session | AsyncConn, statement: Statement) -> list[DictRow]:
+    """Run a statement; return all its rows."""
+    rows: list[DictRow] = await (await _run(on, statement)).fetchall()
+    return rows

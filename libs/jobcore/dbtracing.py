@@ -1,7 +1,7 @@
 """Database statements as spans, named after their :class:`~jobcore.sql.Query`.
 
 A psycopg cursor class that wraps ``execute`` in a CLIENT span whose name and
-``db.statement`` are the statement's Query name (``receive_and_claim``, ``succeed``):
+``db.statement`` are the statement's Query name (``job_claim_many``, ``job_succeed_many``):
 cheaper than the SQL text and what an operator searches for. Transaction control
 (``BEGIN``, ``COMMIT``) and ad-hoc statements are named by their first keyword.
 

@@ -19,11 +19,17 @@ from pydantic import BaseModel
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session
+from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
 from jobcore.registry import JobType
-from jobcore.sql import jobs as q
+from jobcore.sql import OutboxMessageParams
+from jobcore.sql.jobs import (
+    JOB_GET_BY_IDEMPOTENCY_KEY,
+    JOB_INSERT,
+    JOB_INSERT_FOR_KEY,
+    JobInsertCommonParams,
+)
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
 
@@ -63,7 +69,7 @@ def job_message_row(
     job_type: JobType[Any],
     attempt: int,
     trace_headers: dict[str, str],
-) -> dict[str, Any]:
+) -> OutboxMessageParams:
     """The outbox columns for one job message (used by enqueue, retries and the reaper)."""
     return message_row(
         topology,
@@ -83,7 +89,7 @@ def message_row(
     queue: str,
     attempt: int,
     trace_headers: dict[str, str],
-) -> dict[str, Any]:
+) -> OutboxMessageParams:
     """The same from a job row's type and queue, for callers that may not have the job
     type registered (the sweeper publishes whatever is stranded)."""
     return {
@@ -123,7 +129,7 @@ async def enqueue(
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
     fingerprint = payload_fingerprint(payload)
-    params = {
+    params: JobInsertCommonParams = {
         "id": job_id,
         "type": job_type.name,
         "queue": job_type.queue,
@@ -142,22 +148,22 @@ async def enqueue(
         ),
     }
     if isinstance(tenant, KeyOwner):
-        row = await uow.fetch_one(
-            q.INSERT_JOB_WITH_OUTBOX_FOR_KEY, {**params, "key_hash": tenant.key_hash}
-        )
+        row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
         if row is None:
             raise InvalidApiKey()
         tenant = str(row["tenant"])
     else:
-        row = await uow.fetch_one(q.INSERT_JOB_WITH_OUTBOX, {**params, "tenant": tenant})
+        row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
     if row is not None and row["id"] is not None:
         return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
 
     # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
     # statement (a new snapshot under READ COMMITTED) sees its job.
-    existing = await uow.fetch_one(
-        q.GET_JOB_BY_IDEMPOTENCY_KEY,
-        {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key},
+    existing = await fetch_one(
+        uow,
+        JOB_GET_BY_IDEMPOTENCY_KEY(
+            {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
+        ),
     )
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
         raise IdempotencyConflict("the idempotency key's job disappeared; retry")

@@ -33,12 +33,25 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
-from jobcore.sql import retention as q
-from jobcore.sql import worker as lease_q
+from jobcore.sql.inbox import INBOX_PRUNE_BATCH, INBOX_PRUNE_COUNT, InboxPruneCountParams
+from jobcore.sql.jobs import (
+    JOB_IDS_EXISTING,
+    JOB_PRUNE_BATCH,
+    JOB_PRUNE_COUNT,
+    JOB_TERMINAL_KINDS,
+    JobPruneCountParams,
+)
+from jobcore.sql.maintenance_leases import (
+    MAINTENANCE_LEASE_ACQUIRE,
+    MAINTENANCE_LEASE_GET_HOLDER,
+    MAINTENANCE_LEASE_RELEASE,
+    MAINTENANCE_LEASE_RENEW,
+    MaintenanceLeaseParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +159,7 @@ class Retention:
     async def survey(self) -> list[Kind]:
         """Every (status, type) of finished jobs, with its retention and oldest job."""
         async with self.db.session() as session:
-            rows = await session.fetch_all(q.JOB_TERMINAL_KINDS)
+            rows = await fetch_all(session, JOB_TERMINAL_KINDS({}))
         return [
             Kind(
                 status=row["status"],
@@ -163,12 +176,12 @@ class Retention:
         report = PruneReport(dry_run=True, kinds=kinds)
         async with self.db.unit_of_work() as uow:
             if kinds:
-                for row in await uow.fetch_all(q.JOB_PRUNE_COUNT, _rules(kinds)):
+                for row in await fetch_all(uow, JOB_PRUNE_COUNT(_rules(kinds))):
                     report.jobs[(row["status"], row["type"])] = row["jobs"]
                     for table in ("jobs", "job_effects", "webhook_deliveries", "outbox"):
                         report.tables[table] += row[table]
                     report.tables["result_files"] += row["result_files"]
-            inbox = await uow.fetch_one(q.INBOX_PRUNE_COUNT, self._inbox_params())
+            inbox = await fetch_one(uow, INBOX_PRUNE_COUNT(self._inbox_params()))
             report.tables["inbox"] = inbox["inbox"] if inbox else 0
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
@@ -196,8 +209,8 @@ class Retention:
                 on_batch(batch.counts)
 
         async def jobs_batch(uow: UnitOfWork) -> _Batch:
-            rows = await uow.fetch_all(
-                q.JOB_PRUNE_BATCH, {**_rules(kinds), "limit": self.batch_size}
+            rows = await fetch_all(
+                uow, JOB_PRUNE_BATCH({**_rules(kinds), "limit": self.batch_size})
             )
             batch = _Batch(collections.Counter(jobs=len(rows)), len(rows) >= self.batch_size)
             for table in ("job_effects", "webhook_deliveries", "outbox"):
@@ -207,8 +220,8 @@ class Retention:
             return batch
 
         async def inbox_batch(uow: UnitOfWork) -> _Batch:
-            deleted = await uow.execute(
-                q.INBOX_PRUNE_BATCH, {**self._inbox_params(), "limit": self.batch_size}
+            deleted = await execute(
+                uow, INBOX_PRUNE_BATCH({**self._inbox_params(), "limit": self.batch_size})
             )
             return _Batch(collections.Counter(inbox=deleted), deleted >= self.batch_size)
 
@@ -246,7 +259,7 @@ class Retention:
             if await pause(time.monotonic() - started):
                 return False
 
-    def _inbox_params(self) -> dict[str, Any]:
+    def _inbox_params(self) -> InboxPruneCountParams:
         return {"keep": self.settings.inbox_retention.total_seconds()}
 
     async def _delete_files(self, names: Sequence[str]) -> int:
@@ -289,7 +302,7 @@ class Retention:
                 async with self.db.unit_of_work() as uow:
                     if fence is not None and not await fence(uow):
                         return found, False
-                    rows = await uow.fetch_all(q.JOB_IDS_EXISTING, {"ids": ids}) if ids else []
+                    rows = await fetch_all(uow, JOB_IDS_EXISTING({"ids": ids})) if ids else []
                     await uow.commit()
                 alive = {row["id"] for row in rows}
                 orphans = [name for name, job_id in chunk if job_id not in alive]
@@ -306,7 +319,7 @@ class Retention:
         return found, True
 
 
-def _rules(kinds: Sequence[Kind]) -> dict[str, Any]:
+def _rules(kinds: Sequence[Kind]) -> JobPruneCountParams:
     """The retention rules as the statements take them: parallel arrays, one per kind."""
     return {
         "statuses": [kind.status for kind in kinds],
@@ -324,10 +337,15 @@ async def prune_exclusively(
     if dry_run:
         return await retention.count()
     token = uuid.uuid4()
-    params = {"name": LEASE_NAME, "owner": owner, "ttl": ttl, "token": token}
+    params: MaintenanceLeaseParams = {
+        "name": LEASE_NAME,
+        "owner": owner,
+        "ttl": ttl,
+        "token": token,
+    }
     async with retention.db.unit_of_work() as uow:
-        taken = await uow.fetch_one(lease_q.ACQUIRE_MAINTENANCE_LEASE, params)
-        holder = None if taken else await uow.fetch_one(q.MAINTENANCE_LEASE_HOLDER, params)
+        taken = await fetch_one(uow, MAINTENANCE_LEASE_ACQUIRE(params))
+        holder = None if taken else await fetch_one(uow, MAINTENANCE_LEASE_GET_HOLDER(params))
         await uow.commit()
     if not taken:
         who = (
@@ -341,11 +359,11 @@ async def prune_exclusively(
         )
 
     async def renew(uow: UnitOfWork) -> bool:
-        return await uow.fetch_one(lease_q.RENEW_MAINTENANCE_LEASE, params) is not None
+        return await fetch_one(uow, MAINTENANCE_LEASE_RENEW(params)) is not None
 
     try:
         return await retention.prune(fence=renew)
     finally:
         async with retention.db.unit_of_work() as uow:
-            await uow.execute(lease_q.RELEASE_MAINTENANCE_LEASE, params)
+            await execute(uow, MAINTENANCE_LEASE_RELEASE(params))
             await uow.commit()

@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, Session, UnitOfWork
+from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import message_row
-from jobcore.sql import stranded as q
+from jobcore.sql.jobs import (
+    JOB_LOCK_STALE,
+    JOB_NOTE_DEAD_LETTER,
+    JOB_REPUBLISH_STALE,
+    JobRepublishStaleParams,
+)
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
 # hours apart.
@@ -63,9 +67,11 @@ async def republish_stale(
     Returns how many candidates were locked (``limit`` of them: look again) and the jobs
     republished.
     """
-    locked = await uow.fetch_all(
-        q.JOB_LOCK_STALE,
-        {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit},
+    locked = await fetch_all(
+        uow,
+        JOB_LOCK_STALE(
+            {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit}
+        ),
     )
     if not locked:
         return 0, []
@@ -80,7 +86,7 @@ async def republish_stale(
         )
         for row in locked
     ]
-    params: dict[str, Any] = {
+    params: JobRepublishStaleParams = {
         "ids": [row["id"] for row in locked],
         "attempts": [row["attempts"] + 1 for row in locked],
         "reasons": [row["reason"] for row in locked],
@@ -93,7 +99,7 @@ async def republish_stale(
         "bodies": [m["body"] for m in messages],
         "channel": OUTBOX_CHANNEL,
     }
-    rows = await uow.fetch_all(q.JOB_REPUBLISH_STALE, params)
+    rows = await fetch_all(uow, JOB_REPUBLISH_STALE(params))
     return len(locked), [
         Republished(row["id"], row["attempt"], row["reason"], row["republish_count"])
         for row in rows
@@ -122,16 +128,18 @@ async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
     (it is pending and the letter is its current attempt's message)."""
     if letter.job_id is None or letter.attempt is None or letter.message_type is None:
         return False
-    row = await session.fetch_one(
-        q.JOB_NOTE_DEAD_LETTER,
-        {
-            "job_id": uuid.UUID(letter.job_id),
-            "type": letter.message_type,
-            "attempt": letter.attempt,
-            "reason": letter.reason,
-            "queue": letter.queue,
-            "message_id": letter.message_id,
-            "dead_lettered_at": letter.dead_lettered_at,
-        },
+    row = await fetch_one(
+        session,
+        JOB_NOTE_DEAD_LETTER(
+            {
+                "job_id": uuid.UUID(letter.job_id),
+                "type": letter.message_type,
+                "attempt": letter.attempt,
+                "reason": letter.reason,
+                "queue": letter.queue,
+                "message_id": letter.message_id,
+                "dead_lettered_at": letter.dead_lettered_at,
+            }
+        ),
     )
     return row is not None

@@ -2,7 +2,7 @@
 signature, which addresses a callback may reach, and when an attempt is retried.
 
 The worker sends (``services/worker/webhooks.py``); the API checks callback URLs at
-enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhooks``).
+enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhook_deliveries``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.errors import JobcoreError, PoisonMessage
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
+from jobcore.sql import CompletionParams
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, so people recognise a secret
 SIGNATURE_SCHEME = "v1"
@@ -82,7 +83,7 @@ def decode_message(body: bytes) -> WebhookMessage:
         raise PoisonMessage(f"bad webhook message: {str(exc).splitlines()[0]}") from None
 
 
-def completion_params(topology: Topology, settings: Settings) -> dict[str, Any]:
+def completion_params(topology: Topology, settings: Settings) -> CompletionParams:
     """The parameters of the webhook CTEs every terminal-status statement carries."""
     return {
         "webhook_exchange": topology.jobs_exchange,
@@ -109,7 +110,7 @@ _JOB_FIELDS = (
 def webhook_body(delivery: Mapping[str, Any]) -> bytes:
     """The body of a delivery: the event and the job's view — never its payload or result.
 
-    ``delivery`` is a row of ``GET_DELIVERY_FOR_ATTEMPT``. The same delivery gives the same
+    ``delivery`` is a row of ``WEBHOOK_DELIVERY_GET_FOR_ATTEMPT``. The same delivery gives the same
     bytes on every attempt (a terminal job no longer changes).
     """
     job_id = delivery["job_id"]

@@ -17,11 +17,17 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Session
+from jobcore.db import Session, fetch_all, fetch_one
 from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
 from jobcore.errors import JobNotFound, ResultNotReady
 from jobcore.registry import JobType
-from jobcore.sql import jobs as q
+from jobcore.sql.jobs import (
+    JOB_GET,
+    JOB_GET_RESULT,
+    JOB_LIST,
+    JOB_LIST_FOR_ENTITY,
+    JobListParams,
+)
 from jobcore.states import JobStatus
 from services.api.body import check_storable
 from services.api.cursor import decode_cursor, encode_cursor
@@ -134,7 +140,7 @@ async def submit(
 
 
 async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
-    row = await uow.fetch_one(q.GET_JOB, {"id": job_id, "tenant": tenant})
+    row = await fetch_one(uow, JOB_GET({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     return row
@@ -152,7 +158,7 @@ async def list_jobs(
 ) -> tuple[list[DictRow], str | None]:
     """One page, newest first, and the cursor of the next page (None on the last)."""
     after_created_at, after_id = decode_cursor(cursor) if cursor else (None, None)
-    params = {
+    params: JobListParams = {
         "tenant": tenant,
         "entity_id": where.entity_id,
         "status": where.status.value if where.status else None,
@@ -162,8 +168,8 @@ async def list_jobs(
         # One more than the page tells whether another page follows.
         "limit": limit + 1,
     }
-    query = q.LIST_ENTITY_JOBS if where.entity_id is not None else q.LIST_JOBS
-    rows = await uow.fetch_all(query, params)
+    query = JOB_LIST_FOR_ENTITY if where.entity_id is not None else JOB_LIST
+    rows = await fetch_all(uow, query(params))
     if len(rows) <= limit:
         return rows, None
     page = rows[:limit]
@@ -172,7 +178,7 @@ async def list_jobs(
 
 async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
     """The result columns of a succeeded job (``result`` inline or ``result_ref``)."""
-    row = await uow.fetch_one(q.GET_JOB_RESULT, {"id": job_id, "tenant": tenant})
+    row = await fetch_one(uow, JOB_GET_RESULT({"id": job_id, "tenant": tenant}))
     if row is None:
         raise JobNotFound("no job with that id")
     if row["status"] != JobStatus.SUCCEEDED:

@@ -28,10 +28,10 @@ import psycopg
 from prometheus_client import CollectorRegistry, Gauge
 from psycopg.rows import DictRow
 
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.webhooks import GET_WAITED_JOBS, LISTEN_JOB_DONE
+from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_GET_WAITED
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,13 @@ class JobReads:
             wanted = list({key for key, _ in batch})
             try:
                 async with db.connection() as conn:
-                    cur = await conn.execute(
-                        GET_WAITED_JOBS.sql,
-                        {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]},
+                    found = await fetch_all(
+                        conn,
+                        JOB_GET_WAITED(
+                            {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]}
+                        ),
                     )
-                    rows = {(row["tenant"], row["id"]): row for row in await cur.fetchall()}
+                    rows = {(row["tenant"], row["id"]): row for row in found}
             except Exception as exc:  # each waiter answers it (a 503 for DatabaseUnavailable)
                 for _, future in batch:
                     if not future.done():
@@ -191,7 +193,7 @@ class JobWaiters(Service):
             connect_timeout=max(1, int(self.settings.db_connect_timeout)),
         )
         try:
-            await conn.execute(LISTEN_JOB_DONE.sql)
+            await execute(conn, JOB_DONE_LISTEN({}))
             self.listening = True
             log.info("long-poll listener connected")
             # A job may have finished while nobody listened: everyone re-reads.

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -27,7 +27,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.tcpproxy import Mode, TcpProxy
@@ -40,15 +40,20 @@ from services.cli.dev import (
     wait_until_ready,
 )
 
+
+class TenantParams(TypedDict):
+    tenant: str
+
+
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 OUTAGE_SECONDS = 4.0
 
-COUNT_BY_TYPE_AND_STATUS = Query(
+COUNT_BY_TYPE_AND_STATUS = Query[TenantParams](
     "demo_counts",
     "Jobs of one tenant, counted by type and status.",
     "SELECT type, status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY 1, 2",
 )
-FINISHED_JOBS = Query(
+FINISHED_JOBS = Query[TenantParams](
     "demo_finished",
     "Every job of one tenant with its timings and attempts.",
     """
@@ -146,7 +151,7 @@ class Demo:
     # -- display ---------------------------------------------------------------------
     async def counts(self, db: Database) -> dict[str, dict[str, int]]:
         async with db.unit_of_work() as uow:
-            rows = await uow.fetch_all(COUNT_BY_TYPE_AND_STATUS, {"tenant": self.tenant})
+            rows = await fetch_all(uow, COUNT_BY_TYPE_AND_STATUS({"tenant": self.tenant}))
         table: dict[str, dict[str, int]] = {}
         for row in rows:
             table.setdefault(row["type"], {})[row["status"]] = row["n"]
@@ -298,7 +303,7 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
 async def summarise(demo: Demo, db: Database, worker_metrics: str, elapsed: float) -> int:
     console = demo.console
     async with db.unit_of_work() as uow:
-        rows = await uow.fetch_all(FINISHED_JOBS, {"tenant": demo.tenant})
+        rows = await fetch_all(uow, FINISHED_JOBS({"tenant": demo.tenant}))
     by_id = {str(row["id"]): row for row in rows}
     wrong = [
         f"{s.type} {s.job_id}: {by_id[s.job_id]['status'] if s.job_id in by_id else 'missing'}"

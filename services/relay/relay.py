@@ -29,7 +29,7 @@ from jobcore.amqp.publisher import (
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
@@ -38,8 +38,17 @@ from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import RelayOptions, Settings
-from jobcore.sql import Query
-from jobcore.sql import outbox as q
+from jobcore.sql import NoParams, Query
+from jobcore.sql.outbox import (
+    OUTBOX_CLAIM_DUE,
+    OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_LISTEN,
+    OUTBOX_LISTENER_PING,
+    OUTBOX_RECORD_FAILURES,
+    OUTBOX_SECONDS_UNTIL_NEXT_DUE,
+    OUTBOX_STATUS,
+    OUTBOX_UNLISTEN,
+)
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
 from services.relay.tracing import PublishSpans
@@ -152,7 +161,7 @@ class Relay(Service):
     async def relay_batch(self) -> int:
         """Claim, publish and settle one batch in one transaction; return rows claimed."""
         async with self.db.unit_of_work() as uow:
-            rows = await uow.fetch_all(q.CLAIM_DUE, {"limit": self.settings.relay_batch_size})
+            rows = await fetch_all(uow, OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size}))
             if not rows:
                 return 0
             messages = [
@@ -175,7 +184,7 @@ class Relay(Service):
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
-                gone = len(ids) - await uow.execute(q.DELETE_PUBLISHED, {"ids": ids})
+                gone = len(ids) - await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids}))
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)
@@ -227,9 +236,11 @@ class Relay(Service):
                     "error": error,
                 },
             )
-        updated = await uow.fetch_all(
-            q.RECORD_FAILURES,
-            {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine},
+        updated = await fetch_all(
+            uow,
+            OUTBOX_RECORD_FAILURES(
+                {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine}
+            ),
         )
         return [dict(row) for row in updated if row["quarantined"]]
 
@@ -302,7 +313,7 @@ class Relay(Service):
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
         timeout = self.settings.relay_poll_interval
-        row = await self._fetch_one(q.SECONDS_UNTIL_NEXT_DUE)
+        row = await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE)
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
@@ -324,7 +335,7 @@ class Relay(Service):
         while not self.stopping.is_set():
             try:
                 async with self.db.connection() as conn:
-                    await conn.execute(q.LISTEN.sql)
+                    await execute(conn, OUTBOX_LISTEN({}))
                     if failures:
                         log.info("listening for outbox notifications again")
                     failures = 0
@@ -334,12 +345,12 @@ class Relay(Service):
                         while True:
                             async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
                                 self._wake.set()
-                            await conn.execute(q.PING.sql)
+                            await execute(conn, OUTBOX_LISTENER_PING({}))
                     finally:
                         if not conn.closed:
                             # Best effort: the pool must not hand out a listening connection.
                             with contextlib.suppress(Exception):
-                                await conn.execute(q.UNLISTEN.sql)
+                                await execute(conn, OUTBOX_UNLISTEN({}))
             except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
@@ -359,10 +370,9 @@ class Relay(Service):
             self._database_down = False
             log.info("database reachable again")
 
-    async def _fetch_one(self, query: Query) -> dict[str, Any] | None:
+    async def _fetch_one(self, query: Query[NoParams]) -> dict[str, Any] | None:
         async with self.db.connection() as conn:
-            cur = await conn.execute(query.sql)
-            return await cur.fetchone()
+            return await fetch_one(conn, query({}))
 
     # -- what operators see ----------------------------------------------------------------
 
@@ -373,7 +383,7 @@ class Relay(Service):
             and now - self._backlog[0] < self.options.backlog_cache_seconds
         ):
             return self._backlog[1]
-        row = await self._fetch_one(q.STATUS)
+        row = await self._fetch_one(OUTBOX_STATUS)
         backlog = dict(row) if row else {}
         self._backlog = (now, backlog)
         return backlog

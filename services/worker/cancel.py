@@ -13,10 +13,10 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from jobcore.db import Database
+from jobcore.db import Database, execute
 from jobcore.errors import DatabaseUnavailable
 from jobcore.service import Service
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_CANCEL_LISTEN, JOB_CANCEL_UNLISTEN
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class CancelListener(Service):
         while not self.stopping.is_set():
             try:
                 async with self.db.connection() as conn:
-                    await conn.execute(q.LISTEN_CANCEL.sql)
+                    await execute(conn, JOB_CANCEL_LISTEN({}))
                     self.listening = True
                     if trouble_logged:
                         log.info("listening for cancel requests again")
@@ -52,7 +52,7 @@ class CancelListener(Service):
                         if not conn.closed:
                             # The pool must not hand out a connection that still listens.
                             with contextlib.suppress(Exception):
-                                await conn.execute(q.UNLISTEN_CANCEL.sql)
+                                await execute(conn, JOB_CANCEL_UNLISTEN({}))
             except DatabaseUnavailable as exc:
                 if not trouble_logged:
                     log.warning(

@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
+from jobcore.db import execute, fetch_all
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
     BrokerUnavailable,
@@ -50,7 +51,13 @@ from jobcore.errors import (
 from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import (
+    JOB_CLAIM_MANY,
+    JOB_NOTE_UNDELIVERABLE,
+    JobClaimManyParams,
+    JobNoteUndeliverableParams,
+)
 from services.worker.batching import Batcher
 from services.worker.claims import Claim
 from services.worker.connections import HeldConnections, TransientConflict
@@ -312,7 +319,7 @@ class Consumer(Service):
             f"attempt {envelope.attempt}'s message was dead-lettered by a worker that does "
             f"not know the job type ({exc}); `jobcore dlq replay` runs it once one does"
         )
-        params = {
+        params: JobNoteUndeliverableParams = {
             "job_id": envelope.job_id,
             "type": envelope.type,
             "attempt": envelope.attempt,
@@ -320,7 +327,7 @@ class Consumer(Service):
         }
         try:
             async with self.connections.connection() as conn:
-                await conn.execute(q.NOTE_UNDELIVERABLE.sql, params)
+                await execute(conn, JOB_NOTE_UNDELIVERABLE(params))
         except JobcoreError as exc_db:
             log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
 
@@ -356,8 +363,8 @@ class Consumer(Service):
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[dict[str, Any]]:
         """One statement for the batch; a message id twice in it is a duplicate the 2nd time."""
         unique = list({r.message_id: r for r in reversed(requests)}.values())
-        params = {
-            "consumer": q.JOBS_CONSUMER,
+        params: JobClaimManyParams = {
+            "consumer": JOBS_CONSUMER,
             "worker_id": self.worker_id,
             "message_ids": [r.message_id for r in unique],
             "job_ids": [r.job_id for r in unique],
@@ -367,8 +374,8 @@ class Consumer(Service):
             "leases": [r.lease for r in unique],
         }
         async with self.connections.connection() as conn:
-            cur = await conn.execute(q.RECEIVE_AND_CLAIM.sql, params)
-            rows = {row["message_id"]: row for row in await cur.fetchall()}
+            claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
+            rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []
         answered: set[uuid.UUID] = set()

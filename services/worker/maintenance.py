@@ -14,10 +14,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, execute, fetch_one
 from jobcore.errors import DatabaseUnavailable
 from jobcore.service import Service
-from jobcore.sql import worker as q
+from jobcore.sql.maintenance_leases import (
+    MAINTENANCE_LEASE_ACQUIRE,
+    MAINTENANCE_LEASE_RELEASE,
+    MAINTENANCE_LEASE_RENEW,
+    MaintenanceLeaseParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +90,19 @@ class MaintenanceService(Service):
             if taken < BATCH_SIZE:
                 return total
 
-    def _lease_params(self) -> dict[str, Any]:
-        return {"name": self.lease_name, "owner": self.owner, "ttl": self.lease_ttl}
+    def _lease_params(self, token: uuid.UUID) -> MaintenanceLeaseParams:
+        return {"name": self.lease_name, "owner": self.owner, "ttl": self.lease_ttl, "token": token}
 
     async def _hold_lease(self) -> bool:
-        params = self._lease_params()
         async with self.db.unit_of_work() as uow:
             if self.token is not None:
-                row = await uow.fetch_one(
-                    q.RENEW_MAINTENANCE_LEASE, {**params, "token": self.token}
-                )
+                row = await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
                 if row is None:
                     log.info("%s lease lost to another worker", self.lease_name)
                     self.token = None
             if self.token is None:
                 token = uuid.uuid4()
-                row = await uow.fetch_one(q.ACQUIRE_MAINTENANCE_LEASE, {**params, "token": token})
+                row = await fetch_one(uow, MAINTENANCE_LEASE_ACQUIRE(self._lease_params(token)))
                 if row is not None:
                     self.token = token
                     log.info("%s lease acquired", self.lease_name, extra={"owner": self.owner})
@@ -110,8 +112,10 @@ class MaintenanceService(Service):
     async def _work_batch(self) -> int:
         async with self.db.unit_of_work() as uow:
             # The fence: renewing in this transaction fails if another holder took over.
-            renewed = await uow.fetch_one(
-                q.RENEW_MAINTENANCE_LEASE, {**self._lease_params(), "token": self.token}
+            renewed = (
+                None
+                if self.token is None
+                else await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
             )
             if renewed is None:
                 self.token = None
@@ -127,8 +131,8 @@ class MaintenanceService(Service):
         token, self.token = self.token, None
         try:
             async with self.db.unit_of_work() as uow:
-                await uow.execute(
-                    q.RELEASE_MAINTENANCE_LEASE, {"name": self.lease_name, "token": token}
+                await execute(
+                    uow, MAINTENANCE_LEASE_RELEASE({"name": self.lease_name, "token": token})
                 )
                 await uow.commit()
         except DatabaseUnavailable:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from jobcore.retention import TABLES as PRUNED_TABLES
+from jobcore.states import TERMINAL
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from jobcore.retention import Kind
     from services.worker.claims import Claim
 
-# The statuses that end a job; `processed` outcomes other than these are not the end.
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
 # Handlers take milliseconds to many minutes; waiting covers up to hours (backoff, backlog).
 RUNTIME_BUCKETS = (
@@ -174,7 +173,7 @@ class WorkerMetrics:
         )
         for table in PRUNED_TABLES:
             self._pruned.labels(table)
-        for status in FINAL_STATUSES:
+        for status in sorted(TERMINAL):
             self._oldest_terminal.labels(status).set(0)
         # Every delivery settled, and readiness (issue 14).
         self._delivery_errors = Counter(
@@ -210,7 +209,8 @@ class WorkerMetrics:
         """An attempt ended with ``outcome``; a final status also completes the job."""
         self._processed.labels(outcome).inc()
         self.counts[f"processed.{outcome}"] += 1
-        if claim is not None and outcome in FINAL_STATUSES:
+        # `processed` outcomes other than the terminal statuses are not the end.
+        if claim is not None and outcome in TERMINAL:
             job_type = claim.job_type.name
             self._completed.labels(job_type, outcome).inc()
             self._attempts.labels(job_type).observe(claim.attempt)
@@ -261,7 +261,7 @@ class WorkerMetrics:
 
     def surveyed(self, kinds: Sequence[Kind]) -> None:
         """The finished jobs as a pruner round left them."""
-        for status in FINAL_STATUSES:
+        for status in sorted(TERMINAL):
             ages = [kind.oldest_age for kind in kinds if kind.status == status]
             self._oldest_terminal.labels(status).set(max(ages, default=0.0))
         self._prune_overdue.set(max((kind.overdue for kind in kinds), default=0.0))

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import time
 
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_one
 from jobcore.registry import Registry
 from jobcore.retention import LEASE_NAME, Retention
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.maintenance_leases import MAINTENANCE_LEASE_RENEW
 from services.worker.maintenance import MaintenanceService
 from services.worker.metrics import WorkerMetrics
 
@@ -87,9 +87,7 @@ class Pruner(MaintenanceService):
         """The fence of every batch: renew the lease in its transaction, or stop."""
         if self.token is None:
             return False
-        renewed = await uow.fetch_one(
-            q.RENEW_MAINTENANCE_LEASE, {**self._lease_params(), "token": self.token}
-        )
+        renewed = await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
         if renewed is None:
             log.info("%s lease lost to another worker", self.lease_name)
             self.token = None

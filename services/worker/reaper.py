@@ -18,11 +18,11 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_all
 from jobcore.enqueue import job_message_row
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_LOCK_EXPIRED, JOB_REAP_EXPIRED, JobReapExpiredParams
 from jobcore.webhooks import completion_params
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
@@ -67,10 +67,10 @@ class Reaper(MaintenanceService):
         self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        expired = await uow.fetch_all(q.LOCK_EXPIRED_LEASES, {"limit": BATCH_SIZE})
+        expired = await fetch_all(uow, JOB_LOCK_EXPIRED({"limit": BATCH_SIZE}))
         if not expired:
             return 0, []
-        return len(expired), await uow.fetch_all(q.REAP, self._reap_params(expired))
+        return len(expired), await fetch_all(uow, JOB_REAP_EXPIRED(self._reap_params(expired)))
 
     def report(self, rows: Sequence[DictRow]) -> None:
         outcomes = {"pending": 0, "failed": 0, "cancelled": 0}
@@ -85,7 +85,7 @@ class Reaper(MaintenanceService):
             if count:
                 self.metrics.reaped(outcome, count)
 
-    def _reap_params(self, expired: list[DictRow]) -> dict[str, Any]:
+    def _reap_params(self, expired: list[DictRow]) -> JobReapExpiredParams:
         messages = [
             job_message_row(
                 self.topology,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -23,14 +23,25 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import fetch_all, fetch_one
 from jobcore.enqueue import job_message_row
 from jobcore.errors import DatabaseUnavailable, JobcoreError, PermanentError
 from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql import worker as q
+from jobcore.sql import OutboxMessageParams, Statement
+from jobcore.sql.jobs import (
+    JOB_END_RUNNING,
+    JOB_HEARTBEAT,
+    JOB_RELEASE,
+    JOB_RETRY,
+    JOB_SUCCEED_MANY,
+    JobFencedParams,
+    JobHeartbeatParams,
+    JobRetryParams,
+    JobSucceedManyParams,
+)
 from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
 from services.worker.claims import Claim
@@ -154,7 +165,11 @@ class JobRunner:
             f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
         )
         text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
-        await self._write_fenced(claim, q.FAIL, {"error": text})
+        await self._write_fenced(
+            claim,
+            "fail",
+            JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": text}),
+        )
         self.metrics.processed("failed", claim)
 
     async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
@@ -254,13 +269,23 @@ class JobRunner:
         claim = running.claim
         if running.stop_reason is StopReason.CANCELLED:
             if (
-                await self._write_fenced(claim, q.CANCEL_RUNNING, {"error": "cancelled"})
+                await self._write_fenced(
+                    claim,
+                    "cancel_running",
+                    JOB_END_RUNNING(
+                        {**self._fence(claim), "status": "cancelled", "error": "cancelled"}
+                    ),
+                )
                 is not None
             ):
                 self._cancelled(claim)
         elif running.stop_reason is StopReason.SHUTDOWN:
             message = self._message(claim, attempt=claim.attempt)
-            row = await self._write_fenced(claim, q.RELEASE, {**message, "channel": OUTBOX_CHANNEL})
+            row = await self._write_fenced(
+                claim,
+                "release",
+                JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL}),
+            )
             if row is None:
                 return
             if row["status"] == "cancelled":
@@ -318,7 +343,7 @@ class JobRunner:
             self.metrics.processed("succeeded", claim)
 
     async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
-        params = {
+        params: JobSucceedManyParams = {
             "ids": [s.job_id for s in batch],
             "lease_tokens": [s.lease_token for s in batch],
             "results": [s.result for s in batch],
@@ -327,8 +352,7 @@ class JobRunner:
             **self.completion,
         }
         async with self.connections.connection() as conn:
-            cur = await conn.execute(q.SUCCEED.sql, params)
-            won = {row["id"] for row in await cur.fetchall()}
+            won = {row["id"] for row in await fetch_all(conn, JOB_SUCCEED_MANY(params))}
         return [s.job_id in won for s in batch]
 
     async def _attempt_failed(
@@ -345,8 +369,14 @@ class JobRunner:
             cap=self.settings.retry_backoff_cap,
         )
         message = self._message(claim, attempt=claim.attempt + 1)
-        params = {**message, "error": error, "delay": delay, "channel": OUTBOX_CHANNEL}
-        row = await self._write_fenced(claim, q.RETRY, params)
+        params: JobRetryParams = {
+            **self._fence(claim),
+            **message,
+            "error": error,
+            "delay": delay,
+            "channel": OUTBOX_CHANNEL,
+        }
+        row = await self._write_fenced(claim, "retry", JOB_RETRY(params))
         if row is None:
             return
         if row["status"] == "cancelled":
@@ -364,11 +394,18 @@ class JobRunner:
         log.info("job cancelled while running", extra=claim.log_fields)
 
     async def _fail(self, claim: Claim, error: str) -> None:
-        if await self._write_fenced(claim, q.FAIL, {"error": error}) is not None:
+        if (
+            await self._write_fenced(
+                claim,
+                "fail",
+                JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": error}),
+            )
+            is not None
+        ):
             self.metrics.processed("failed", claim)
             log.warning("job failed", extra={**claim.log_fields, "error": error})
 
-    def _message(self, claim: Claim, *, attempt: int) -> dict[str, Any]:
+    def _message(self, claim: Claim, *, attempt: int) -> OutboxMessageParams:
         return job_message_row(
             self.topology,
             job_id=claim.job_id,
@@ -377,23 +414,24 @@ class JobRunner:
             trace_headers=claim.trace_headers,
         )
 
+    def _fence(self, claim: Claim) -> JobFencedParams:
+        return {**self.completion, "id": claim.job_id, "lease_token": claim.lease_token}
+
     async def _write_fenced(
-        self, claim: Claim, query: Query, params: Mapping[str, Any]
+        self, claim: Claim, outcome: str, statement: Statement
     ) -> dict[str, Any] | None:
         """Run an outcome statement; its row, or None when the lease was lost."""
-        full = {**self.completion, **params, "id": claim.job_id, "lease_token": claim.lease_token}
         written: dict[str, Any] | None = None
 
         async def write() -> bool:
             nonlocal written
             async with self.connections.connection() as conn:
-                cur = await conn.execute(query.sql, full)
                 # Every outcome statement returns a row exactly when its fence let it write.
-                row = await cur.fetchone()
+                row = await fetch_one(conn, statement)
             written = None if row is None else dict(row)
             return written is not None
 
-        return written if await self._write_outcome(claim, query.name, write) else None
+        return written if await self._write_outcome(claim, outcome, write) else None
 
     async def _write_outcome(
         self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]
@@ -464,7 +502,7 @@ class JobRunner:
     async def _heartbeat(self, running: RunningJob) -> None:
         """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
         claim = running.claim
-        params = {
+        params: JobHeartbeatParams = {
             "id": claim.job_id,
             "lease_token": claim.lease_token,
             "lease": claim.job_type.lease,
@@ -472,8 +510,7 @@ class JobRunner:
         sent = time.monotonic()
         try:
             async with self.connections.connection() as conn:
-                cur = await conn.execute(q.HEARTBEAT.sql, params)
-                row = await cur.fetchone()
+                row = await fetch_one(conn, JOB_HEARTBEAT(params))
         except DatabaseUnavailable as exc:
             if not running.db_trouble_logged:
                 running.db_trouble_logged = True

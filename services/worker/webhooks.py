@@ -37,11 +37,17 @@ from psycopg.types.json import Jsonb
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql import webhooks as q
+from jobcore.sql.inbox import WEBHOOKS_CONSUMER
+from jobcore.sql.webhook_deliveries import (
+    WEBHOOK_DELIVERY_GET_FOR_ATTEMPT,
+    WEBHOOK_DELIVERY_RECORD_ATTEMPT,
+    WEBHOOK_MESSAGE_TYPE,
+    WebhookDeliveryRecordAttemptParams,
+)
 from jobcore.usecases.webhooks import tenant_secret
 from jobcore.webhooks import (
     CallbackHostUnresolved,
@@ -303,13 +309,15 @@ class WebhookDeliverer(Service):
         self, envelope: WebhookMessage, message_id: uuid.UUID
     ) -> tuple[DictRow | None, str]:
         async with self.db.unit_of_work() as uow:
-            delivery = await uow.fetch_one(
-                q.GET_DELIVERY_FOR_ATTEMPT,
-                {
-                    "id": envelope.delivery_id,
-                    "consumer": q.WEBHOOKS_CONSUMER,
-                    "message_id": message_id,
-                },
+            delivery = await fetch_one(
+                uow,
+                WEBHOOK_DELIVERY_GET_FOR_ATTEMPT(
+                    {
+                        "id": envelope.delivery_id,
+                        "consumer": WEBHOOKS_CONSUMER,
+                        "message_id": message_id,
+                    }
+                ),
             )
             if delivery is None or delivery["secret"] is not None:
                 return delivery, (delivery["secret"] if delivery else "")
@@ -328,9 +336,9 @@ class WebhookDeliverer(Service):
             retry_after=result.retry_after,
         )
         next_message = WebhookMessage(delivery_id=envelope.delivery_id, attempt=attempt + 1)
-        params = {
+        params: WebhookDeliveryRecordAttemptParams = {
             **self.completion,
-            "consumer": q.WEBHOOKS_CONSUMER,
+            "consumer": WEBHOOKS_CONSUMER,
             "message_id": message_id,
             "id": envelope.delivery_id,
             "attempt": attempt,
@@ -339,12 +347,12 @@ class WebhookDeliverer(Service):
             "error": (result.error or None) and result.error[:ERROR_MAX_CHARS],
             "delay": delay,
             "next_message_id": uuid.uuid4(),
-            "message_type": q.WEBHOOK_MESSAGE_TYPE,
+            "message_type": WEBHOOK_MESSAGE_TYPE,
             "headers": Jsonb({}),
             "next_body": next_message.encode(),
         }
         async with self.db.unit_of_work() as uow:
-            row = await uow.fetch_one(q.RECORD_ATTEMPT, params)
+            row = await fetch_one(uow, WEBHOOK_DELIVERY_RECORD_ATTEMPT(params))
             await uow.commit()
         # No row: the message was recorded by someone else meanwhile (a duplicate copy).
         return {**row, "delay": round(delay, 3)} if row is not None else {}

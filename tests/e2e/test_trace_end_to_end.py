@@ -103,7 +103,7 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
         for s in spans
         if s["parent_span_id"] == enqueue["span_id"] and "db.statement" in s["attributes"]
     ]
-    assert statements == ["insert_job_with_outbox_for_key"]
+    assert statements == ["job_insert_for_key"]
     assert not [
         s
         for s in spans
@@ -136,8 +136,8 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
     assert handler["status"] != "ERROR"
     # The claim statement ran inside the consume span.
     assert any(
-        s["attributes"].get("db.statement") == "receive_and_claim"
-        for s in children(spans, consume, "receive_and_claim")
+        s["attributes"].get("db.statement") == "job_claim_many"
+        for s in children(spans, consume, "job_claim_many")
     )
 
     # Every log line the worker wrote about this job inside its spans names the trace.

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -66,7 +66,7 @@ RUNNING_ON = Query(
 
 async def count(db: Database, query: Query, **params: Any) -> int:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(query, params)
+        row = await fetch_one(uow, query(params))
     return int(row["n"]) if row else 0
 
 

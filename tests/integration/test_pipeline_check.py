@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute
 from jobcore.sql import Query
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.pipeline import archive_pruned, check
@@ -35,8 +35,8 @@ DELETE_JOB = Query(
 async def _finished_job(db: Database, topology: Topology, effects: int) -> uuid.UUID:
     job_id = await submit(db, topology, "effect", EffectPayload())
     async with db.unit_of_work() as uow:
-        await uow.execute(FINISH_WITH_EFFECTS, {"id": job_id, "n": effects})
-        await uow.execute(DELETE_JOB, {"id": job_id})
+        await execute(uow, FINISH_WITH_EFFECTS({"id": job_id, "n": effects}))
+        await execute(uow, DELETE_JOB({"id": job_id}))
         await uow.commit()
     return job_id
 

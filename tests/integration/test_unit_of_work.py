@@ -12,7 +12,7 @@ from jobcore import apikeys
 from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.enqueue import KeyOwner, enqueue
 from jobcore.envelope import decode
 from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
@@ -20,7 +20,7 @@ from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import jobs as q
+from jobcore.sql.jobs import JOB_GET
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases
@@ -36,7 +36,7 @@ COUNT = Query(
 
 async def counts(db: Database) -> tuple[int, int]:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(COUNT)
+        row = await fetch_one(uow, COUNT({}))
     assert row is not None
     return row["jobs"], row["outbox"]
 
@@ -58,8 +58,8 @@ async def test_unit_of_work_rolls_back_unless_committed(db: Database, topology: 
         await uow.commit()
     assert await counts(db) == (1, 1)
     async with db.unit_of_work() as uow:
-        job = await uow.fetch_one(q.GET_JOB, {"id": result.job_id, "tenant": "t"})
-        other_tenant = await uow.fetch_one(q.GET_JOB, {"id": result.job_id, "tenant": "u"})
+        job = await fetch_one(uow, JOB_GET({"id": result.job_id, "tenant": "t"}))
+        other_tenant = await fetch_one(uow, JOB_GET({"id": result.job_id, "tenant": "u"}))
     assert job is not None
     assert job["status"] == "pending"
     assert other_tenant is None
@@ -190,7 +190,7 @@ async def test_a_pooled_connection_killed_while_idle_is_replaced_before_it_is_ha
 
             await eventually(victim_is_gone, what=f"backend {victim} to end")
         async with database.session() as session:
-            row = await session.fetch_one(COUNT)
+            row = await fetch_one(session, COUNT({}))
             assert row is not None
             assert session.connection.info.backend_pid != victim
     finally:
@@ -220,7 +220,7 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
     tenant, first, replayed = await submit("a", owner)
     assert (tenant, replayed) == ("acme", False)
     async with db.session() as session:
-        job = await session.fetch_one(q.GET_JOB, {"id": first, "tenant": "acme"})
+        job = await fetch_one(session, JOB_GET({"id": first, "tenant": "acme"}))
     assert job is not None
     assert job["tenant"] == "acme"
     # The idempotency key is per tenant: the same key of another tenant is a new job.
@@ -255,7 +255,7 @@ async def test_a_failed_transaction_on_a_session_rolls_back_and_leaves_it_usable
             # One at a time: a second BEGIN would only warn, and its COMMIT end the first.
             with pytest.raises(ServiceStateError):
                 session.transaction()
-        row = await session.fetch_one(COUNT)
+        row = await fetch_one(session, COUNT({}))
         assert session.connection.info.backend_pid == pid
     assert row is not None
     assert (row["jobs"], row["outbox"]) == (0, 0)
@@ -279,11 +279,11 @@ async def test_the_checkout_check_queries_only_a_suspect_connection(
     try:
         for _ in range(3):
             async with database.session() as session:
-                await session.fetch_one(COUNT)
+                await fetch_one(session, COUNT({}))
         assert queried == []
         monkeypatch.setattr(db_module, "QUIET_CHECK_AFTER", 0.0)
         async with database.session() as session:
-            await session.fetch_one(COUNT)
+            await fetch_one(session, COUNT({}))
             pid = session.connection.info.backend_pid
         assert queried == [pid]
     finally:

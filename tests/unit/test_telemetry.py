@@ -15,8 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from jobcore.amqp.publisher import BatchResult, Failure, OutgoingMessage
 from jobcore.dbtracing import statement_name
 from jobcore.logs import JsonFormatter
-from jobcore.sql import jobs as jobs_sql
-from jobcore.sql import worker as worker_sql
+from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT
 from jobcore.telemetry import (
     JsonLinesSpanExporter,
     capture_trace_headers,
@@ -82,8 +81,8 @@ def test_log_lines_inside_a_span_carry_its_ids() -> None:
 
 
 def test_statements_are_named_after_their_query() -> None:
-    assert statement_name(jobs_sql.INSERT_JOB_WITH_OUTBOX.sql) == "insert_job_with_outbox"
-    assert statement_name(worker_sql.RECEIVE_AND_CLAIM.sql) == "receive_and_claim"
+    assert statement_name(JOB_INSERT.sql) == "job_insert"
+    assert statement_name(JOB_CLAIM_MANY.sql) == "job_claim_many"
     assert statement_name("COMMIT") == "COMMIT"
     assert statement_name("  select 1") == "SELECT"
 

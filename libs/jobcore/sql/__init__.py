@@ -1,19 +1,76 @@
-"""Named SQL statements, one module per table group.
+"""Named SQL statements, one module per table they change.
 
 Every statement is a :class:`Query`: a name, a one-line purpose, and the SQL itself, with
-psycopg named parameters (``%(name)s``). The hot paths stay readable as SQL.
+psycopg named parameters (``%(name)s``). A query is generic over the ``TypedDict`` of its
+parameters; calling it with them gives a :class:`Statement` (``JOB_GET({"id": ..., "tenant":
+...})``), so a call site that forgets, misspells or mistypes one fails type checking.
+Statements run through one gateway, :func:`jobcore.db.execute`, :func:`~jobcore.db.fetch_one`
+and :func:`~jobcore.db.fetch_all`, on a session, a unit of work or a raw connection alike.
+The hot paths stay readable as SQL.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypedDict, TypeVar
+
+from psycopg.types.json import Jsonb
+
+from jobcore.states import TERMINAL, JobStatus
+
+# Contravariant: a query that takes fewer parameters also takes a dict with more.
+# The terminal statuses as an SQL list, for `status IN ...` (jobcore.states.TERMINAL).
+TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status in TERMINAL) + ")"
+
+P = TypeVar("P", bound=Mapping[str, Any], contravariant=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Query:
+# No slots: ``Query[Params](...)`` sets ``__orig_class__``, which a frozen slotted class
+# refuses with a TypeError that typing does not expect.
+@dataclass(frozen=True)
+class Query(Generic[P]):
     name: str
     purpose: str
     sql: str
 
     def __str__(self) -> str:
         return self.name
+
+    def __call__(self, params: P) -> Statement:
+        """This statement with its parameters, ready for the gateway (jobcore.db)."""
+        return Statement(self, params)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A named query bound to its parameters."""
+
+    query: Query[Any]
+    params: Mapping[str, Any]
+
+
+class NoParams(TypedDict):
+    """The parameters of a statement that takes none: pass ``{}``."""
+
+
+class CompletionParams(TypedDict):
+    """What every statement that ends a job needs for its completion webhook
+    (:data:`jobcore.sql.webhook_deliveries.COMPLETION_WEBHOOKS`)."""
+
+    webhook_exchange: str
+    webhook_routing_key: str
+    webhook_max_attempts: int
+    webhook_outbox_channel: str
+
+
+class OutboxMessageParams(TypedDict):
+    """The columns of one outbox message (:func:`jobcore.enqueue.message_row`)."""
+
+    message_id: uuid.UUID
+    exchange: str
+    routing_key: str
+    message_type: str
+    headers: Jsonb
+    body: bytes

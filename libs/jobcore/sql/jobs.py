@@ -1,10 +1,31 @@
-"""Statements on ``jobs`` (and the outbox row written with a job)."""
+"""Statements that change ``jobs`` (the outbox, inbox, job_effects and webhook_deliveries
+rows some of them write alongside the job in the same statement), and the reads of jobs.
+
+Sections, in the order a job meets them: enqueue; the API's reads, listing and cancel;
+the operators' and the /metrics reads; the worker's claim, heartbeat and fenced outcomes
+(each hot-path statement is one round trip and one transaction: the inbox insert and the
+claim, or an outcome and the outbox row of a retry, commit together or not at all; every
+write after the claim is fenced by ``status = 'running' AND lease_token = <the token the
+claim handed out>``); the reaper and the rescuer; anti-entropy (a job's ``message_note``
+is JSON saying what was last noticed about its message, with an ``event``:
+``dead_lettered`` or ``republished``, kept apart from ``last_error``); and the pruner.
+
+The pruner's *rules* are parallel arrays ``statuses``, ``types``, ``keep`` (seconds), one
+per (status, type) pair that has finished jobs (:data:`JOB_TERMINAL_KINDS` lists them), so
+every rule is one range scan of ``jobs_finished_idx`` (status, type, finished_at).
+"""
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from datetime import datetime
+from typing import Literal, TypedDict
+
+from psycopg.types.json import Jsonb
+
+from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
 from jobcore.sql.api_keys import ACTIVE_KEY
-from jobcore.sql.webhooks import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
+from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
 # per statement is the cost that matters on the enqueue path. With an idempotency key
@@ -61,36 +82,81 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
     """
 
 
-INSERT_JOB_WITH_OUTBOX = Query(
-    "insert_job_with_outbox",
+class JobInsertCommonParams(OutboxMessageParams):
+    """What both enqueue statements take: the job, and its first message."""
+
+    callback_url: str | None
+    channel: str
+    entity_id: str | None
+    id: uuid.UUID
+    idempotency_key: str | None
+    max_attempts: int
+    payload: Jsonb
+    payload_fingerprint: str | None
+    queue: str
+    run_at: datetime | None
+    traceparent: str | None
+    tracestate: str | None
+    type: str
+
+
+class JobInsertParams(JobInsertCommonParams):
+    tenant: str
+
+
+JOB_INSERT = Query[JobInsertParams](
+    "job_insert",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
     _insert_job_with_outbox(by_key=False),
 )
 
-INSERT_JOB_WITH_OUTBOX_FOR_KEY = Query(
-    "insert_job_with_outbox_for_key",
+
+class JobInsertForKeyParams(JobInsertCommonParams):
+    key_hash: str
+
+
+JOB_INSERT_FOR_KEY = Query[JobInsertForKeyParams](
+    "job_insert_for_key",
     "The same for the tenant of an unrevoked API key, found in the same statement.",
     _insert_job_with_outbox(by_key=True),
 )
 
-GET_JOB = Query(
-    "get_job",
+
+class JobGetParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
+JOB_GET = Query[JobGetParams](
+    "job_get",
     "Read one job of one tenant (another tenant's job reads as missing).",
     """
     SELECT * FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
-GET_JOB_ANY_TENANT = Query(
-    "get_job_any_tenant",
+
+class JobGetAnyTenantParams(TypedDict):
+    id: uuid.UUID
+
+
+JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
+    "job_get_any_tenant",
     "Read one job by id alone, for workers and operators.",
     """
     SELECT * FROM jobs WHERE id = %(id)s
     """,
 )
 
-GET_JOB_BY_IDEMPOTENCY_KEY = Query(
-    "get_job_by_idempotency_key",
+
+class JobGetByIdempotencyKeyParams(TypedDict):
+    idempotency_key: str | None
+    tenant: str
+    type: str
+
+
+JOB_GET_BY_IDEMPOTENCY_KEY = Query[JobGetByIdempotencyKeyParams](
+    "job_get_by_idempotency_key",
     "Find the job that already holds an idempotency key (tenant and type scoped).",
     """
     SELECT * FROM jobs
@@ -98,14 +164,26 @@ GET_JOB_BY_IDEMPOTENCY_KEY = Query(
     """,
 )
 
-# --- The API: listing, cancelling, results -------------------------------------------
+
+# --- the API: listing, cancelling, results ---------------------------------------------
+
+
+class JobListParams(TypedDict):
+    after_created_at: datetime | None
+    after_id: uuid.UUID | None
+    entity_id: str | None  # the entity listing requires it; the other ignores it
+    limit: int
+    status: str | None
+    tenant: str
+    type: str | None
+
 
 # Keyset pagination: the page after the position (created_at, id), newest first, so
 # inserts at the head never shift a page (OFFSET would repeat rows). The first page
 # starts from (infinity, the largest uuid). The row comparison is an index condition on
 # jobs_tenant_created_idx; payload and result stay out of lists (they can be large).
-LIST_JOBS = Query(
-    "list_jobs",
+JOB_LIST = Query[JobListParams](
+    "job_list",
     "One page of a tenant's jobs, newest first, after a keyset position, optionally filtered.",
     """
     SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
@@ -121,10 +199,11 @@ LIST_JOBS = Query(
     """,
 )
 
+
 # The same page for one entity: a separate statement so jobs_tenant_entity_created_idx
 # serves it (a generic plan cannot pick that index for an optional filter).
-LIST_ENTITY_JOBS = Query(
-    "list_entity_jobs",
+JOB_LIST_FOR_ENTITY = Query[JobListParams](
+    "job_list_for_entity",
     "One page of one entity's jobs, newest first, after a keyset position, optionally filtered.",
     """
     SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
@@ -140,27 +219,45 @@ LIST_ENTITY_JOBS = Query(
     """,
 )
 
-GET_JOB_RESULT = Query(
-    "get_job_result",
+
+class JobGetResultParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
+JOB_GET_RESULT = Query[JobGetResultParams](
+    "job_get_result",
     "A tenant's job's status and where its result is (inline or in the result store).",
     """
     SELECT id, status, result, result_ref FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
+
+class JobLockForCancelParams(TypedDict):
+    id: uuid.UUID
+    tenant: str
+
+
 # Cancelling: lock the row so the status read here is the status changed below (a worker's
 # claim or outcome waits for us), then change it with a fenced UPDATE.
-LOCK_JOB_FOR_CANCEL = Query(
-    "lock_job_for_cancel",
+JOB_LOCK_FOR_CANCEL = Query[JobLockForCancelParams](
+    "job_lock_for_cancel",
     "Lock a tenant's job and read its status, before cancelling it.",
     """
     SELECT id, status FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s FOR UPDATE
     """,
 )
 
-# Ends the job, so it records the completion webhook and wakes waiters (jobcore.sql.webhooks).
-CANCEL_PENDING_JOB = Query(
-    "cancel_pending_job",
+
+class JobCancelPendingParams(CompletionParams):
+    id: uuid.UUID
+
+
+# Ends the job, so it records the completion webhook and wakes waiters
+# (jobcore.sql.webhook_deliveries).
+JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
+    "job_cancel_pending",
     "Cancel a job that no worker runs yet (fenced on status = 'pending').",
     """
     WITH done AS (
@@ -180,12 +277,19 @@ CANCEL_PENDING_JOB = Query(
     """,
 )
 
+
 # Workers LISTEN on this channel; the payload is the job id. The worker running the job
 # stops its handler and ends the job `cancelled` (fenced by its lease).
 CANCEL_CHANNEL = "jobcore_cancel"
 
-REQUEST_JOB_CANCEL = Query(
-    "request_job_cancel",
+
+class JobRequestCancelParams(TypedDict):
+    channel: str
+    id: uuid.UUID
+
+
+JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
+    "job_request_cancel",
     "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
     """
     WITH job AS (
@@ -198,4 +302,857 @@ REQUEST_JOB_CANCEL = Query(
            pg_notify(%(channel)s, id::text) IS NULL AS notified
     FROM job
     """,
+)
+
+
+# --- operators (`jobcore jobs ...`, across tenants) and the /metrics backlog gauges ------
+
+
+class JobListAllTenantsParams(TypedDict):
+    limit: int
+    status: str | None
+    tenant: str | None
+    type: str | None
+
+
+JOB_LIST_ALL_TENANTS = Query[JobListAllTenantsParams](
+    "job_list_all_tenants",
+    "The newest jobs of every tenant (or one), optionally filtered by status and type.",
+    """
+    SELECT id, tenant, type, status, attempts, max_attempts, entity_id, last_error,
+           created_at, finished_at
+    FROM jobs
+    WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+      AND (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+
+# Served by jobs_status_created_idx (status, created_at): a range scan per status.
+JOB_COUNT_OPEN_BY_QUEUE = Query[NoParams](
+    "job_count_open_by_queue",
+    "Pending and running jobs per queue.",
+    """
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'pending') AS pending,
+           count(*) FILTER (WHERE status = 'running') AS running
+    FROM jobs
+    WHERE status IN ('pending', 'running')
+    GROUP BY queue
+    """,
+)
+
+
+# --- long-poll waiters ----------------------------------------------------------------
+
+JOB_DONE_LISTEN = Query[NoParams](
+    "job_done_listen",
+    "Hear jobs becoming terminal (long-poll waiters).",
+    f"LISTEN {JOB_DONE_CHANNEL}",
+)
+
+
+class JobGetWaitedParams(TypedDict):
+    ids: list[uuid.UUID]
+    tenants: list[str]
+
+
+# Waiters woken together (jobs finishing in a burst) re-read their jobs in one statement:
+# one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
+JOB_GET_WAITED = Query[JobGetWaitedParams](
+    "job_get_waited",
+    "Read many tenants' jobs at once, each only for its own tenant.",
+    """
+    SELECT jobs.*
+    FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
+    JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
+    """,
+)
+
+
+# --- the worker: cancel requests, claim, heartbeat, fenced outcomes --------------------
+
+JOB_CANCEL_LISTEN = Query[NoParams](
+    "job_cancel_listen", "Hear cancel requests for running jobs.", f"LISTEN {CANCEL_CHANNEL}"
+)
+
+
+JOB_CANCEL_UNLISTEN = Query[NoParams](
+    "job_cancel_unlisten",
+    "Stop hearing cancel requests before a connection returns to the pool.",
+    f"UNLISTEN {CANCEL_CHANNEL}",
+)
+
+
+class JobClaimManyParams(TypedDict):
+    attempts: list[int]
+    consumer: str
+    job_ids: list[uuid.UUID]
+    lease_tokens: list[uuid.UUID]
+    leases: list[float]
+    message_ids: list[uuid.UUID]
+    types: list[str]
+    worker_id: str
+
+
+# Claims arrive in batches (the deliveries that came in while the previous batch was
+# committing): one statement and one commit for all of them; the caller passes parallel
+# arrays with distinct message ids. Per message: the inbox insert decides whether it was
+# seen before (a conflict: a redelivery or a re-published outbox row), and only a fresh
+# message claims its job. The fence `attempts + 1 = <the envelope's attempt>` lets
+# exactly one message run each attempt: every transition to pending writes one message
+# numbered attempts + 1, so a stale message for an older attempt (whose inbox row was
+# pruned, or a copy of a message the job has moved past) finds the job further along and
+# does nothing. `status_before` is what the job was when the statement began.
+JOB_CLAIM_MANY = Query[JobClaimManyParams](
+    "job_claim_many",
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases.",
+    """
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
+            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[]
+        ) AS i(message_id, job_id, type, attempt, lease_token, lease)
+    ), received AS (
+        INSERT INTO inbox (consumer, message_id)
+        SELECT %(consumer)s, message_id FROM input
+        ON CONFLICT DO NOTHING
+        RETURNING message_id
+    ), claimed AS (
+        UPDATE jobs
+        SET status = 'running',
+            attempts = jobs.attempts + 1,
+            lease_token = input.lease_token,
+            lease_expires_at = now() + make_interval(secs => input.lease),
+            worker_id = %(worker_id)s,
+            started_at = coalesce(jobs.started_at, now()),
+            updated_at = now()
+        FROM input JOIN received USING (message_id)
+        WHERE jobs.id = input.job_id
+          AND jobs.status = 'pending'
+          AND jobs.type = input.type
+          AND jobs.attempts + 1 = input.attempt
+        RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
+                  jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
+                  jobs.tracestate, jobs.created_at,
+                  greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    )
+    SELECT input.message_id,
+           received.message_id IS NOT NULL AS fresh,
+           before.status AS status_before,
+           claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
+           claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
+           claimed.tracestate, claimed.created_at, claimed.due_at
+    FROM input
+    LEFT JOIN received USING (message_id)
+    LEFT JOIN jobs AS before ON before.id = input.job_id
+    LEFT JOIN claimed ON claimed.message_id = input.message_id
+    """,
+)
+
+
+class JobNoteUndeliverableParams(TypedDict):
+    attempt: int
+    error: str
+    job_id: uuid.UUID
+    type: str
+
+
+# A message no worker here can run (its job type is unknown to this deployment, as during
+# a rolling deploy) goes to the dead-letter queue, where `jobcore dlq replay` recovers it;
+# meanwhile its job stays pending, and this says why to whoever polls it. Only the job's
+# current attempt, of the type the message names, and only while it is still pending.
+JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
+    "job_note_undeliverable",
+    "Record on a pending job why its message went to the dead-letter queue.",
+    """
+    UPDATE jobs SET last_error = %(error)s, updated_at = now()
+    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+      AND attempts + 1 = %(attempt)s
+    """,
+)
+
+
+class JobHeartbeatParams(TypedDict):
+    id: uuid.UUID
+    lease: float
+    lease_token: uuid.UUID
+
+
+JOB_HEARTBEAT = Query[JobHeartbeatParams](
+    "job_heartbeat",
+    "Extend a running job's lease if this worker still holds it; report a cancel request.",
+    """
+    UPDATE jobs
+    SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
+    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+    RETURNING cancel_requested_at
+    """,
+)
+
+
+class JobSucceedManyParams(CompletionParams):
+    effects: str
+    ids: list[uuid.UUID]
+    lease_tokens: list[uuid.UUID]
+    result_refs: list[str | None]
+    results: list[str | None]
+
+
+# Successes are batched like claims. Effects travel as one JSON array
+# ([{"job_id": .., "kind": .., "detail": {..}}]) so that any number of them is still one
+# statement; a job's effects are written only if its fenced update won. Returns the jobs
+# whose update won. Like every statement that ends a job, it records the job's completion
+# webhook (if it has a callback) and wakes long-poll waiters (jobcore.sql.webhook_deliveries).
+JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
+    "job_succeed_many",
+    "Record successes with their results and effects, each fenced by its lease token.",
+    """
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ids)s::uuid[], %(lease_tokens)s::uuid[], %(results)s::text[],
+            %(result_refs)s::text[]
+        ) AS i(id, lease_token, result, result_ref)
+    ), done AS (
+        UPDATE jobs
+        SET status = 'succeeded',
+            result = input.result::jsonb,
+            result_ref = input.result_ref,
+            lease_expires_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        FROM input
+        WHERE jobs.id = input.id
+          AND jobs.status = 'running'
+          AND jobs.lease_token = input.lease_token
+        RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
+                  jobs.traceparent, jobs.tracestate
+    ), effects AS (
+        INSERT INTO job_effects (job_id, attempt, kind, detail)
+        SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
+        FROM jsonb_array_elements(%(effects)s::jsonb) WITH ORDINALITY AS effect(item, n)
+        JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
+        ORDER BY effect.n
+        RETURNING id
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
+    """,
+)
+
+
+# A retry and a shutdown's release put the job back to pending with a new message, unless
+# its cancellation was requested while it ran: the handler failed, or was interrupted,
+# before the worker heard of the request (a NOTIFY can be missed, heartbeats are
+# periodic), and the job ends `cancelled` with its completion webhook instead. These
+# fragments are shared by both statements; the statement's first CTE is `back`, and only
+# its `pending` rows get the job message.
+_PENDING_UNLESS_CANCEL_REQUESTED = """
+            status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+            finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
+
+
+_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate"
+
+
+_CANCELLED_ARE_DONE = (
+    """done AS (
+        SELECT * FROM back WHERE status = 'cancelled'
+    ), """
+    + COMPLETION_WEBHOOKS
+)
+
+
+_NOTIFY_BACK = (
+    """
+    (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM back LEFT JOIN done ON done.id = back.id
+    """
+)
+
+
+class JobFencedParams(CompletionParams):
+    """What every fenced outcome takes: the job, the lease token of its claim, and what a
+    job that ends needs for its completion webhook."""
+
+    id: uuid.UUID
+    lease_token: uuid.UUID
+
+
+class JobRetryParams(JobFencedParams, OutboxMessageParams):
+    channel: str
+    delay: float
+    error: str
+
+
+# The retry's message goes through the outbox like any other, due when the backoff ends,
+# so it survives a broker outage and shows in the database while it waits.
+JOB_RETRY = Query[JobRetryParams](
+    "job_retry",
+    "Put a failed attempt back to pending with a delay and its next message (or end it "
+    "cancelled if that was requested).",
+    """
+    WITH back AS (
+        UPDATE jobs
+        SET"""
+    + _PENDING_UNLESS_CANCEL_REQUESTED
+    + """
+            last_error = %(error)s,
+            next_attempt_at = CASE
+                WHEN cancel_requested_at IS NULL THEN now() + make_interval(secs => %(delay)s)
+                ELSE next_attempt_at
+            END,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        """
+    + _BACK_RETURNING
+    + """, next_attempt_at
+    ), """
+    + _CANCELLED_ARE_DONE
+    + """, message AS (
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id,
+            available_at
+        )
+        SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
+               %(headers)s, %(body)s, back.id, back.next_attempt_at
+        FROM back
+        WHERE back.status = 'pending'
+        RETURNING id
+    )
+    SELECT back.id, back.status, back.next_attempt_at,"""
+    + _NOTIFY_BACK,
+)
+
+
+class JobEndRunningParams(JobFencedParams):
+    status: Literal["failed", "cancelled"]
+    error: str
+
+
+# A running job ends `failed` (its last attempt failed, or its payload no longer
+# validates) or `cancelled` (its cancellation was requested and its handler stopped).
+JOB_END_RUNNING = Query[JobEndRunningParams](
+    "job_end_running",
+    "Record that a running job ended failed or cancelled, fenced by the lease token.",
+    """
+    WITH done AS (
+        UPDATE jobs
+        SET status = %(status)s,
+            last_error = %(error)s,
+            lease_expires_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
+    """,
+)
+
+
+class JobReleaseParams(JobFencedParams, OutboxMessageParams):
+    channel: str
+
+
+# A shutdown interrupted the attempt through no fault of the job: it does not count, and
+# the new message carries the same attempt number, due at once.
+JOB_RELEASE = Query[JobReleaseParams](
+    "job_release",
+    "Give back a running job's lease on shutdown: pending again, with a new message due now "
+    "(or end it cancelled if that was requested).",
+    """
+    WITH back AS (
+        UPDATE jobs
+        SET"""
+    + _PENDING_UNLESS_CANCEL_REQUESTED
+    + """
+            attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            next_attempt_at = NULL,
+            updated_at = now()
+        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        """
+    + _BACK_RETURNING
+    + """
+    ), """
+    + _CANCELLED_ARE_DONE
+    + """, message AS (
+        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
+               %(headers)s, %(body)s, back.id
+        FROM back
+        WHERE back.status = 'pending'
+        RETURNING id
+    )
+    SELECT back.id, back.status,"""
+    + _NOTIFY_BACK,
+)
+
+
+# --- the reaper -------------------------------------------------------------------------
+
+
+class JobLockExpiredParams(TypedDict):
+    limit: int
+
+
+JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
+    "job_lock_expired",
+    "Lock a batch of running jobs whose lease has expired (other reapers skip them).",
+    """
+    SELECT id, type, queue, attempts, max_attempts, traceparent, tracestate
+    FROM jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+    """,
+)
+
+
+class JobReapExpiredParams(CompletionParams):
+    bodies: list[bytes]
+    channel: str
+    error: str
+    exchanges: list[str]
+    headers: list[Jsonb]
+    ids: list[uuid.UUID]
+    job_ids: list[uuid.UUID]
+    message_ids: list[uuid.UUID]
+    message_types: list[str]
+    routing_keys: list[str]
+
+
+# The caller locked the rows and prepared one message per job that may get another
+# attempt (parallel arrays). Jobs whose attempts are used up fail instead; jobs whose
+# cancellation was requested end cancelled (their worker died before it could stop
+# them); neither gets a job message, but both get their completion webhook.
+JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
+    "job_reap_expired",
+    "Return locked jobs with expired leases to pending (with a new message), or end them.",
+    """
+    WITH reaped AS (
+        UPDATE jobs
+        SET status = CASE
+                WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN attempts >= max_attempts THEN 'failed'
+                ELSE 'pending'
+            END,
+            last_error = %(error)s,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            next_attempt_at = NULL,
+            finished_at = CASE
+                WHEN cancel_requested_at IS NOT NULL OR attempts >= max_attempts THEN now()
+            END,
+            updated_at = now()
+        WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate
+    ), done AS (
+        SELECT * FROM reaped WHERE status <> 'pending'
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """, messages AS (
+        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        SELECT m.message_id, m.exchange, m.routing_key, m.message_type, m.headers, m.body,
+               m.job_id
+        FROM unnest(
+            %(message_ids)s::uuid[], %(exchanges)s::text[], %(routing_keys)s::text[],
+            %(message_types)s::text[], %(headers)s::jsonb[], %(bodies)s::bytea[],
+            %(job_ids)s::uuid[]
+        ) AS m(message_id, exchange, routing_key, message_type, headers, body, job_id)
+        JOIN reaped ON reaped.id = m.job_id AND reaped.status = 'pending'
+        RETURNING id
+    )
+    SELECT reaped.id, reaped.status,
+           (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified,
+           (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM hook_messages LIMIT 1)
+               IS NULL AS webhook_notified,
+           CASE WHEN reaped.status <> 'pending'
+                THEN pg_notify('"""
+    + JOB_DONE_CHANNEL
+    + """', reaped.id::text) END IS NULL AS done_notified
+    FROM reaped
+    """,
+)
+
+
+# --- the rescuer ------------------------------------------------------------------------
+
+
+class JobFailQuarantinedParams(CompletionParams):
+    limit: int
+
+
+# A pending job waits for its message; once the relay quarantined that message (it can
+# never be published: malformed, too large; a refusal for now is retried, never
+# quarantined), nothing would ever run the job, so it fails, with its completion webhook
+# and a wake-up for long-poll waiters like any terminal status. Only a job whose every
+# message is quarantined is stuck: another live one (after an operator's requeue,
+# say) will still run it. The quarantined row stays for operators to see; requeueing it
+# is refused once its job has ended (jobcore.sql.outbox.OUTBOX_REQUEUE).
+JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
+    "job_fail_quarantined",
+    "Fail pending jobs whose message the relay quarantined, with their completion webhooks.",
+    """
+    WITH stuck AS (
+        SELECT jobs.id, outbox.last_error
+        FROM outbox JOIN jobs ON jobs.id = outbox.job_id
+        WHERE outbox.quarantined_at IS NOT NULL
+          AND outbox.message_type = jobs.type
+          AND jobs.status = 'pending'
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox AS live
+              WHERE live.job_id = jobs.id
+                AND live.message_type = jobs.type
+                AND live.quarantined_at IS NULL
+          )
+        ORDER BY outbox.quarantined_at
+        LIMIT %(limit)s
+        FOR UPDATE OF jobs SKIP LOCKED
+    ), done AS (
+        UPDATE jobs
+        SET status = 'failed',
+            last_error = left(
+                'outbox row quarantined: ' || coalesce(stuck.last_error, 'no error recorded'),
+                2000
+            ),
+            next_attempt_at = NULL,
+            finished_at = now(),
+            updated_at = now()
+        FROM stuck
+        WHERE jobs.id = stuck.id AND jobs.status = 'pending'
+        RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
+                  jobs.tracestate, jobs.last_error
+    ), """
+    + COMPLETION_WEBHOOKS
+    + """
+    SELECT done.id, done.last_error, """
+    + NOTIFY_JOB_DONE
+    + """
+    FROM done
+    """,
+)
+
+
+# --- anti-entropy (jobcore.stranded) ----------------------------------------------------
+
+
+class JobLockStaleParams(TypedDict):
+    limit: int
+    max_doublings: int
+    stale_after: float
+
+
+# A pending job is stale when it has been due, untouched, for its staleness, and no outbox
+# row of its own is waiting (a live row is the relay's business, a quarantined one the
+# rescuer's). Due: a scheduled first run or a retry's backoff counts from next_attempt_at,
+# when its message was written to go out. The staleness doubles with each republish of
+# the job (up to 2^max_doublings), so a job whose message is merely slow (a backlog older
+# than the staleness) gets a few spare copies, not one per round. created_at <= updated_at,
+# so the created_at bound lets jobs_status_created_idx narrow the scan to old pending jobs;
+# outbox_job_idx answers the NOT EXISTS. Other sweepers (and the CLI) skip locked rows.
+JOB_LOCK_STALE = Query[JobLockStaleParams](
+    "job_lock_stale",
+    "Lock a batch of due pending jobs that have had no outbox row and no change for their "
+    "staleness.",
+    """
+    SELECT id, type, queue, attempts, traceparent, tracestate,
+           CASE WHEN message_note ->> 'event' = 'dead_lettered'
+                 AND message_note ->> 'attempt' = (attempts + 1)::text
+                THEN 'dead_lettered' ELSE 'stale' END AS reason,
+           extract(epoch FROM now() - greatest(updated_at, next_attempt_at))::float8
+               AS silent_seconds
+    FROM jobs
+    WHERE status = 'pending'
+      AND created_at < now() - make_interval(secs => %(stale_after)s)
+      AND greatest(updated_at, next_attempt_at) < now() - make_interval(
+              secs => %(stale_after)s * power(2, least(republish_count, %(max_doublings)s)))
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox
+          WHERE outbox.job_id = jobs.id AND outbox.message_type = jobs.type
+      )
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+    """,
+)
+
+
+class JobRepublishStaleParams(TypedDict):
+    attempts: list[int]
+    bodies: list[bytes]
+    channel: str
+    exchanges: list[str]
+    headers: list[Jsonb]
+    ids: list[uuid.UUID]
+    message_ids: list[uuid.UUID]
+    message_types: list[str]
+    reasons: list[str]
+    routing_keys: list[str]
+    silent: list[float]
+
+
+# The caller locked the jobs (JOB_LOCK_STALE, same transaction) and built one message per
+# job for its current attempt (parallel arrays), so the claim's fence (attempts + 1 = the
+# envelope's attempt, status pending) lets exactly one copy run it. The job's note says
+# why (keeping the dead-letter note it acted on), and updated_at restarts its staleness.
+JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
+    "job_republish_stale",
+    "Publish locked stale jobs' current attempt again through the outbox, noting it on each.",
+    """
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ids)s::uuid[], %(attempts)s::int[], %(reasons)s::text[], %(silent)s::float8[],
+            %(message_ids)s::uuid[], %(exchanges)s::text[], %(routing_keys)s::text[],
+            %(message_types)s::text[], %(headers)s::jsonb[], %(bodies)s::bytea[]
+        ) AS i(id, attempt, reason, silent_seconds, message_id, exchange, routing_key,
+               message_type, headers, body)
+    ), republished AS (
+        UPDATE jobs
+        SET republish_count = jobs.republish_count + 1,
+            message_note = jsonb_build_object(
+                'event', 'republished',
+                'attempt', input.attempt,
+                'reason', input.reason,
+                'silent_seconds', round(input.silent_seconds),
+                'count', jobs.republish_count + 1,
+                'message_id', input.message_id,
+                'at', now()
+            ) || CASE WHEN input.reason = 'dead_lettered'
+                      THEN jsonb_build_object('dead_letter', jobs.message_note)
+                      ELSE '{}'::jsonb END,
+            updated_at = now()
+        FROM input
+        WHERE jobs.id = input.id
+          AND jobs.status = 'pending'
+          AND jobs.attempts + 1 = input.attempt
+        RETURNING jobs.id, input.attempt, input.reason, jobs.republish_count
+    ), messages AS (
+        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        SELECT input.message_id, input.exchange, input.routing_key, input.message_type,
+               input.headers, input.body, input.id
+        FROM input JOIN republished USING (id)
+        RETURNING id
+    )
+    SELECT republished.id, republished.attempt, republished.reason,
+           republished.republish_count,
+           (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified
+    FROM republished
+    """,
+)
+
+
+class JobNoteDeadLetterParams(TypedDict):
+    attempt: int
+    dead_lettered_at: str | None
+    job_id: uuid.UUID
+    message_id: str | None
+    queue: str | None
+    reason: str | None
+    type: str
+
+
+# Only the job's current attempt, of the type the message names, while it is pending: a
+# dead letter of an older attempt (the job moved on) or of a finished job says nothing
+# about the job. updated_at is left alone: a note is not a change of the job's state, so
+# it does not put off the sweeper, which republishes the job once it has been stale.
+JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
+    "job_note_dead_letter",
+    "Note on a pending job that the broker dead-lettered its current attempt's message.",
+    """
+    UPDATE jobs
+    SET message_note = jsonb_build_object(
+            'event', 'dead_lettered',
+            'attempt', %(attempt)s::int,
+            'reason', %(reason)s::text,
+            'queue', %(queue)s::text,
+            'message_id', %(message_id)s::text,
+            'dead_lettered_at', %(dead_lettered_at)s::text,
+            'at', now()
+        )
+    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+      AND attempts + 1 = %(attempt)s
+    RETURNING id
+    """,
+)
+
+
+# --- the pruner (jobcore.retention) -----------------------------------------------------
+
+
+_RULES = """
+    rules AS (
+        SELECT *
+        FROM unnest(%(statuses)s::text[], %(types)s::text[], %(keep)s::float8[])
+            AS r(status, type, keep)
+    )"""
+
+
+# The distinct (status, type) pairs of finished jobs by a loose index scan: one index
+# probe per pair, however many jobs there are, then the oldest finished_at of each.
+JOB_TERMINAL_KINDS = Query[NoParams](
+    "job_terminal_kinds",
+    "Each (status, type) of finished jobs, with how long ago its oldest one finished.",
+    f"""
+    WITH RECURSIVE kinds AS (
+        (
+            SELECT status, type FROM jobs
+            WHERE status IN {TERMINAL_SQL}
+            ORDER BY status, type
+            LIMIT 1
+        )
+        UNION ALL
+        SELECT next.status, next.type
+        FROM kinds
+        CROSS JOIN LATERAL (
+            SELECT status, type FROM jobs
+            WHERE status IN {TERMINAL_SQL} AND (status, type) > (kinds.status, kinds.type)
+            ORDER BY status, type
+            LIMIT 1
+        ) AS next
+    )
+    SELECT kinds.status, kinds.type,
+           extract(epoch FROM now() - oldest.finished_at)::float8 AS oldest_age
+    FROM kinds
+    CROSS JOIN LATERAL (
+        SELECT finished_at FROM jobs
+        WHERE jobs.status = kinds.status AND jobs.type = kinds.type
+          AND jobs.status IN {TERMINAL_SQL} AND finished_at IS NOT NULL
+        ORDER BY finished_at
+        LIMIT 1
+    ) AS oldest
+    ORDER BY kinds.status, kinds.type
+    """,
+)
+
+
+class JobPruneCountParams(TypedDict):
+    keep: list[float]
+    statuses: list[str]
+    types: list[str]
+
+
+# What JOB_PRUNE_BATCH would delete now, per rule, and what would go with those jobs.
+JOB_PRUNE_COUNT = Query[JobPruneCountParams](
+    "job_prune_count",
+    "Count, per (status, type), the finished jobs past their retention and what goes with them.",
+    f"""
+    WITH {_RULES}
+    SELECT rules.status, rules.type,
+           count(doomed.id) AS jobs,
+           coalesce(sum(doomed.job_effects), 0)::bigint AS job_effects,
+           coalesce(sum(doomed.webhook_deliveries), 0)::bigint AS webhook_deliveries,
+           coalesce(sum(doomed.outbox), 0)::bigint AS outbox,
+           count(doomed.result_ref) AS result_files
+    FROM rules
+    LEFT JOIN LATERAL (
+        SELECT jobs.id, jobs.result_ref,
+               (SELECT count(*) FROM job_effects WHERE job_id = jobs.id) AS job_effects,
+               (SELECT count(*) FROM webhook_deliveries WHERE job_id = jobs.id)
+                   AS webhook_deliveries,
+               (SELECT count(*) FROM outbox
+                WHERE job_id = jobs.id AND quarantined_at IS NOT NULL) AS outbox
+        FROM jobs
+        WHERE jobs.status = rules.status AND jobs.type = rules.type
+          AND jobs.status IN {TERMINAL_SQL}
+          AND jobs.finished_at < now() - make_interval(secs => rules.keep)
+    ) AS doomed ON true
+    GROUP BY rules.status, rules.type
+    ORDER BY rules.status, rules.type
+    """,
+)
+
+
+class JobPruneBatchParams(TypedDict):
+    keep: list[float]
+    limit: int
+    statuses: list[str]
+    types: list[str]
+
+
+# Every statement repeats `status IN (terminal)` although the rule names the status: the
+# planner uses the partial index only when the query implies its predicate by itself.
+#
+# One batch: at most `limit` jobs past their retention, oldest first within each rule,
+# locked (SKIP LOCKED: a job someone is touching waits for the next round, nobody waits
+# for us), then deleted with what belongs to them. Effects and deliveries would go by
+# their foreign keys' ON DELETE CASCADE (index-backed: job_effects_job_id_idx,
+# webhook_deliveries_job_created_idx); deleting them here first counts them. Quarantined
+# outbox rows of the job (never published, so never to be) go too, on
+# outbox_quarantined_job_idx; unquarantined rows are the relay's to publish, and a worker
+# acknowledges a message whose job is gone with no effect. The ids go to each DELETE as one
+# array (`= ANY`), which the planner serves from the index whatever it guesses the tables
+# hold; `IN (SELECT ...)` was planned as a hash join over a sequential scan of the outbox.
+# Returns one row per job, with its result_ref: the caller deletes those files once this
+# commits.
+JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
+    "job_prune_batch",
+    "Delete a batch of finished jobs past their retention, with their effects, deliveries and "
+    "quarantined outbox rows.",
+    f"""
+    WITH {_RULES}, doomed AS (
+        SELECT job.id
+        FROM rules
+        CROSS JOIN LATERAL (
+            SELECT id FROM jobs
+            WHERE jobs.status = rules.status AND jobs.type = rules.type
+              AND jobs.status IN {TERMINAL_SQL}
+              AND jobs.finished_at < now() - make_interval(secs => rules.keep)
+            ORDER BY jobs.finished_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS job
+        LIMIT %(limit)s
+    ), effects AS (
+        DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+    ), deliveries AS (
+        DELETE FROM webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+    ), messages AS (
+        DELETE FROM outbox
+        WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) AND quarantined_at IS NOT NULL
+        RETURNING 1
+    ), gone AS (
+        DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+        RETURNING id, status, type, result_ref
+    )
+    SELECT gone.id, gone.status, gone.type, gone.result_ref,
+           (SELECT count(*) FROM effects) AS job_effects,
+           (SELECT count(*) FROM deliveries) AS webhook_deliveries,
+           (SELECT count(*) FROM messages) AS outbox
+    FROM gone
+    """,
+)
+
+
+class JobIdsExistingParams(TypedDict):
+    ids: list[uuid.UUID]
+
+
+# For the result-file sweep: which of these job ids still have a row (primary key probes).
+JOB_IDS_EXISTING = Query[JobIdsExistingParams](
+    "job_ids_existing",
+    "Which of the given job ids still exist.",
+    "SELECT id FROM jobs WHERE id = ANY(%(ids)s::uuid[])",
 )

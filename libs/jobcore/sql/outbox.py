@@ -1,28 +1,44 @@
-"""Statements on ``outbox``: the relay's claim / done / failed cycle and the operator verbs.
+"""Statements that change ``outbox``: the relay's claim / done / failed cycle and the
+operator verbs.
 
 A row is *due* when ``available_at <= now()`` and it is not quarantined; the partial
 index ``outbox_due_idx (available_at, id) WHERE quarantined_at IS NULL`` serves the claim,
-the next-due lookup and the oldest-due age.
+the next-due lookup and the oldest-due age. Outbox rows written with a job (enqueue,
+retries, the reaper, completion webhooks) are written by the statements on ``jobs``.
 """
 
 from __future__ import annotations
 
+import uuid
+from typing import TypedDict
+
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.sql import Query
+from jobcore.sql import NoParams, Query
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
-LISTEN = Query(
-    "listen_outbox", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
+OUTBOX_LISTEN = Query[NoParams](
+    "outbox_listen", "Receive the outbox NOTIFYs on this connection.", f"LISTEN {OUTBOX_CHANNEL}"
 )
-UNLISTEN = Query(
-    "unlisten_outbox", "Stop receiving them before the connection is reused.", "UNLISTEN *"
+
+
+OUTBOX_UNLISTEN = Query[NoParams](
+    "outbox_unlisten", "Stop receiving them before the connection is reused.", "UNLISTEN *"
 )
-PING = Query("ping", "A round trip, to notice a connection that died silently.", "SELECT 1")
+
+
+OUTBOX_LISTENER_PING = Query[NoParams](
+    "outbox_listener_ping", "A round trip, to notice a connection that died silently.", "SELECT 1"
+)
+
+
+class OutboxClaimDueParams(TypedDict):
+    limit: int
+
 
 # The relay holds these row locks while it publishes and waits for the confirms; other
 # replicas skip the locked rows instead of waiting, so any number of them can run.
-CLAIM_DUE = Query(
-    "claim_due_outbox",
+OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
+    "outbox_claim_due",
     "Lock up to `limit` due, unquarantined rows, oldest first, skipping rows another relay holds.",
     """
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
@@ -35,24 +51,37 @@ CLAIM_DUE = Query(
     """,
 )
 
+
+class OutboxDeletePublishedParams(TypedDict):
+    ids: list[int]
+
+
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
 # statement, never an unbounded DELETE.
-DELETE_PUBLISHED = Query(
-    "delete_published_outbox",
+OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
+    "outbox_delete_published",
     "Remove the claimed rows whose messages the broker confirmed.",
     """
     DELETE FROM outbox WHERE id = ANY(%(ids)s)
     """,
 )
 
+
+class OutboxRecordFailuresParams(TypedDict):
+    delays: list[float]
+    errors: list[str]
+    ids: list[int]
+    quarantine: list[bool]
+
+
 # Per row the caller decides (jobcore.amqp.publisher.Failure) its delay (exponential
 # backoff with jitter on the new attempt count) and whether it is quarantined: only a
 # message that can never be published is. A job whose message keeps being refused stays
 # pending, and its pollers read why in its last_error: written when the reason changes,
 # not on every retry; skipped if another transaction holds the job (a note, never a wait).
-# Worded to stay true once the message went out, like the worker's NOTE_UNDELIVERABLE.
-RECORD_FAILURES = Query(
-    "record_outbox_failures",
+# Worded to stay true once the message went out, like the worker's JOB_NOTE_UNDELIVERABLE.
+OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
+    "outbox_record_failures",
     "Count a failed publish on each row, push it back by its delay or quarantine it, and "
     "tell a pending job why it waits.",
     """
@@ -90,10 +119,11 @@ RECORD_FAILURES = Query(
     """,
 )
 
+
 # Rows that are due but locked by another relay are deliberately not counted: waiting for
 # them would make an idle replica spin while its peer publishes them.
-SECONDS_UNTIL_NEXT_DUE = Query(
-    "seconds_until_next_due_outbox",
+OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
+    "outbox_seconds_until_next_due",
     "How long until the earliest scheduled (not yet due) row becomes due; NULL when none.",
     """
     SELECT extract(epoch FROM min(available_at) - now())::float8 AS seconds
@@ -102,7 +132,8 @@ SECONDS_UNTIL_NEXT_DUE = Query(
     """,
 )
 
-STATUS = Query(
+
+OUTBOX_STATUS = Query[NoParams](
     "outbox_status",
     "Backlog counts: due, scheduled, failing and quarantined rows, the age of the oldest due "
     "row, and how long the longest-failing row has been refused.",
@@ -122,9 +153,14 @@ STATUS = Query(
     """,
 )
 
+
+class OutboxListFailingParams(TypedDict):
+    limit: int
+
+
 # The rows the broker keeps refusing (still retried): what an operator looks at when
 # `failing` is not zero. No index: the outbox is small, and this is an operator's verb.
-OUTBOX_LIST_FAILING = Query(
+OUTBOX_LIST_FAILING = Query[OutboxListFailingParams](
     "outbox_list_failing",
     "The rows whose publish failed and that are still retried, longest failing first.",
     """
@@ -137,8 +173,13 @@ OUTBOX_LIST_FAILING = Query(
     """,
 )
 
-LIST_QUARANTINED = Query(
-    "list_quarantined_outbox",
+
+class OutboxListQuarantinedParams(TypedDict):
+    limit: int
+
+
+OUTBOX_LIST_QUARANTINED = Query[OutboxListQuarantinedParams](
+    "outbox_list_quarantined",
     "The quarantined rows, earliest quarantined first.",
     """
     SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
@@ -150,10 +191,18 @@ LIST_QUARANTINED = Query(
     """,
 )
 
+
+class OutboxRowParams(TypedDict):
+    """An operator's name for a row: its numeric id or its message id (the other None)."""
+
+    id: int | None
+    message_id: uuid.UUID | None
+
+
 # Operators name a row by its numeric id or its message id; the other parameter is NULL.
 # `ended_job_status` is set when the row is a job's message and that job has ended.
-FIND = Query(
-    "find_outbox_row",
+OUTBOX_FIND = Query[OutboxRowParams](
+    "outbox_find",
     "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
     """
     SELECT outbox.id, outbox.message_id, outbox.job_id, outbox.quarantined_at,
@@ -166,12 +215,17 @@ FIND = Query(
     """,
 )
 
+
+class OutboxRequeueParams(OutboxRowParams):
+    channel: str
+
+
 # A job's message is requeued only while the job is pending: once it ended (the rescuer
 # failed it because this row was quarantined, or it was cancelled), the worker would
 # acknowledge the message with no effect, and the operator should retry the job instead.
 # Webhook messages (their type is not their job's) are always requeued.
-REQUEUE = Query(
-    "requeue_outbox",
+OUTBOX_REQUEUE = Query[OutboxRequeueParams](
+    "outbox_requeue",
     "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
     """
     WITH requeued AS (
@@ -190,8 +244,9 @@ REQUEUE = Query(
     """,
 )
 
-DISCARD = Query(
-    "discard_outbox",
+
+OUTBOX_DISCARD = Query[OutboxRowParams](
+    "outbox_discard",
     "Delete a quarantined row (its message is never published).",
     """
     DELETE FROM outbox

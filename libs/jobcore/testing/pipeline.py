@@ -38,7 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -515,7 +515,7 @@ class Submitter:
 
 # --- the invariants -------------------------------------------------------------------------
 
-JOBS_WITH_EFFECTS = Query(
+JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     "pipeline_jobs_with_effects",
     "Every job of a tenant with its status, attempts and how many effects it recorded.",
     """
@@ -531,7 +531,7 @@ JOBS_WITH_EFFECTS = Query(
 # evidence: triggers copy every deleted job and effect into archive tables of the run's
 # own database, which the check reads beside the live ones. Harness-only: never part of
 # jobcore's schema.
-PRUNE_ARCHIVE = tuple(
+PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
     Query(f"pipeline_prune_archive_{n}", "Archive what the pruner deletes, for the check.", sql)
     for n, sql in enumerate(
         (
@@ -577,17 +577,17 @@ PRUNE_ARCHIVE = tuple(
         )
     )
 )
-HAS_PRUNE_ARCHIVE = Query(
+HAS_PRUNE_ARCHIVE: Query[Mapping[str, Any]] = Query(
     "pipeline_has_prune_archive",
     "Whether this database archives pruned jobs.",
     "SELECT to_regclass('pruned_jobs') IS NOT NULL AS archived",
 )
-PRUNED_JOBS = Query(
+PRUNED_JOBS: Query[Mapping[str, Any]] = Query(
     "pipeline_pruned_jobs",
     "How many of a tenant's jobs the pruner deleted.",
     "SELECT count(*) AS n FROM pruned_jobs WHERE tenant = %(tenant)s",
 )
-ALL_JOBS_WITH_EFFECTS = Query(
+ALL_JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     "pipeline_all_jobs_with_effects",
     "Like pipeline_jobs_with_effects, with the pruned jobs and effects counted too.",
     """
@@ -606,7 +606,7 @@ ALL_JOBS_WITH_EFFECTS = Query(
     GROUP BY j.id, j.status, j.attempts, j.last_error
     """,
 )
-OPEN_WORK = Query(
+OPEN_WORK: Query[Mapping[str, Any]] = Query(
     "pipeline_open_work",
     "A tenant's jobs not finished yet, and outbox rows still to publish or quarantined.",
     """
@@ -617,12 +617,12 @@ OPEN_WORK = Query(
            (SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL) AS quarantined
     """,
 )
-STATUS_COUNTS = Query(
+STATUS_COUNTS: Query[Mapping[str, Any]] = Query(
     "pipeline_status_counts",
     "A tenant's jobs counted by status.",
     "SELECT status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY status",
 )
-OVERDUE_LEASES = Query(
+OVERDUE_LEASES: Query[Mapping[str, Any]] = Query(
     "pipeline_overdue_leases",
     "Running jobs whose lease has expired, and the longest overdue (seconds).",
     """
@@ -631,7 +631,7 @@ OVERDUE_LEASES = Query(
     FROM jobs WHERE status = 'running' AND lease_expires_at < now()
     """,
 )
-JOB_STATUS = Query(
+JOB_STATUS: Query[Mapping[str, Any]] = Query(
     "pipeline_job_status", "One job's status.", "SELECT status FROM jobs WHERE id = %(id)s"
 )
 
@@ -684,9 +684,11 @@ class Report:
         }
 
 
-async def _fetch_all(db: Database, query: Query, params: dict[str, Any]) -> list[dict[str, Any]]:
+async def _fetch_all(
+    db: Database, query: Query[Mapping[str, Any]], params: dict[str, Any]
+) -> list[dict[str, Any]]:
     async with db.unit_of_work() as uow:
-        return [dict(row) for row in await uow.fetch_all(query, params)]
+        return [dict(row) for row in await fetch_all(uow, query(params))]
 
 
 async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
@@ -729,7 +731,7 @@ async def archive_pruned(db: Database) -> None:
     :data:`PRUNE_ARCHIVE`), so :func:`check` still sees them."""
     async with db.unit_of_work() as uow:
         for statement in PRUNE_ARCHIVE:
-            await uow.execute(statement)
+            await execute(uow, statement({}))
         await uow.commit()
 
 

@@ -8,19 +8,26 @@ with the same type, payload and entity.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, Session, UnitOfWork
+from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.registry import Registry
 from jobcore.settings import Settings
-from jobcore.sql import admin as admin_q
-from jobcore.sql import jobs as q
+from jobcore.sql import CompletionParams
+from jobcore.sql.jobs import (
+    CANCEL_CHANNEL,
+    JOB_CANCEL_PENDING,
+    JOB_GET_ANY_TENANT,
+    JOB_LIST_ALL_TENANTS,
+    JOB_LOCK_FOR_CANCEL,
+    JOB_REQUEST_CANCEL,
+    JobListAllTenantsParams,
+)
 from jobcore.states import JobStatus, check_transition, is_terminal
 from jobcore.webhooks import completion_params
 
@@ -38,7 +45,7 @@ class CancelOutcome:
 
 
 async def cancel_job(
-    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: Mapping[str, Any]
+    uow: UnitOfWork, tenant: str, job_id: uuid.UUID, *, completion: CompletionParams
 ) -> CancelOutcome:
     """Pending → cancelled now; running → cancel requested (and the workers told).
 
@@ -46,7 +53,7 @@ async def cancel_job(
     commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
     completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
     """
-    locked = await uow.fetch_one(q.LOCK_JOB_FOR_CANCEL, {"id": job_id, "tenant": tenant})
+    locked = await fetch_one(uow, JOB_LOCK_FOR_CANCEL({"id": job_id, "tenant": tenant}))
     if locked is None:
         raise JobNotFound("no job with that id")
     status = JobStatus(locked["status"])
@@ -54,9 +61,9 @@ async def cancel_job(
         raise JobNotCancellable(status.value)
     check_transition(status, JobStatus.CANCELLED)
     if status is JobStatus.PENDING:
-        row = await uow.fetch_one(q.CANCEL_PENDING_JOB, {**completion, "id": job_id})
+        row = await fetch_one(uow, JOB_CANCEL_PENDING({**completion, "id": job_id}))
     else:
-        row = await uow.fetch_one(q.REQUEST_JOB_CANCEL, {"id": job_id, "channel": q.CANCEL_CHANNEL})
+        row = await fetch_one(uow, JOB_REQUEST_CANCEL({"id": job_id, "channel": CANCEL_CHANNEL}))
     # The lock held the status still, so the fenced UPDATE found the row.
     assert row is not None, f"job {job_id} changed status under its row lock"
     return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
@@ -64,7 +71,7 @@ async def cancel_job(
 
 async def find_job(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
     """Everything the database knows about one job, whatever its tenant (operators)."""
-    row = await session.fetch_one(q.GET_JOB_ANY_TENANT, {"id": job_id})
+    row = await fetch_one(session, JOB_GET_ANY_TENANT({"id": job_id}))
     if row is None:
         raise JobNotFound(f"no job {job_id}")
     return dict(row)
@@ -84,14 +91,14 @@ class AdminJobFilter:
 
 async def list_jobs(db: Database, where: AdminJobFilter, *, limit: int) -> list[dict[str, Any]]:
     """The newest jobs of every tenant, newest first (operators)."""
-    params = {
+    params: JobListAllTenantsParams = {
         "tenant": where.tenant,
         "status": where.status.value if where.status else None,
         "type": where.type,
         "limit": limit,
     }
     async with db.unit_of_work() as uow:
-        return [dict(r) for r in await uow.fetch_all(admin_q.ADMIN_LIST_JOBS, params)]
+        return [dict(r) for r in await fetch_all(uow, JOB_LIST_ALL_TENANTS(params))]
 
 
 async def cancel_any_job(db: Database, settings: Settings, job_id: uuid.UUID) -> CancelOutcome:

@@ -15,9 +15,9 @@ from jobcore.apikeys import (
     generate_key,
     hash_key,
 )
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.sql import api_keys as q
+from jobcore.sql.api_keys import API_KEY_INSERT, API_KEY_LIST, API_KEY_REVOKE
 
 
 async def create_key(db: Database, tenant: str, label: str | None = None) -> CreatedKey:
@@ -26,15 +26,17 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
         raise JobcoreError(f"a label is at most {MAX_LABEL_LENGTH} characters, without NUL")
     key = generate_key()
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(
-            q.INSERT_API_KEY,
-            {
-                "id": uuid.uuid4(),
-                "tenant": tenant,
-                "key_hash": hash_key(key),
-                "prefix": key[:DISPLAY_PREFIX_LENGTH],
-                "label": label,
-            },
+        row = await fetch_one(
+            uow,
+            API_KEY_INSERT(
+                {
+                    "id": uuid.uuid4(),
+                    "tenant": tenant,
+                    "key_hash": hash_key(key),
+                    "prefix": key[:DISPLAY_PREFIX_LENGTH],
+                    "label": label,
+                }
+            ),
         )
         await uow.commit()
     assert row is not None  # INSERT ... RETURNING always returns the row
@@ -43,14 +45,14 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
 
 async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
     async with db.unit_of_work() as uow:
-        rows = await uow.fetch_all(q.LIST_API_KEYS, {"tenant": tenant})
+        rows = await fetch_all(uow, API_KEY_LIST({"tenant": tenant}))
     return [ApiKey.from_row(row) for row in rows]
 
 
 async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
     """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.REVOKE_API_KEY, {"id": key_id})
+        row = await fetch_one(uow, API_KEY_REVOKE({"id": key_id}))
         await uow.commit()
     if row is None:
         raise ApiKeyNotFound(f"no API key with id {key_id}")

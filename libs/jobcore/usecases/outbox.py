@@ -9,10 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
-from jobcore.sql import Query
-from jobcore.sql import outbox as q
+from jobcore.sql import Query, Statement
+from jobcore.sql.outbox import (
+    OUTBOX_DISCARD,
+    OUTBOX_FIND,
+    OUTBOX_LIST_FAILING,
+    OUTBOX_LIST_QUARANTINED,
+    OUTBOX_REQUEUE,
+    OUTBOX_STATUS,
+    OutboxRequeueParams,
+    OutboxRowParams,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,15 +38,13 @@ class OutboxRowKey:
             return self.named
         return str(self.id if self.id is not None else self.message_id)
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> OutboxRowParams:
         return {"id": self.id, "message_id": self.message_id}
 
 
-async def _rows(
-    db: Database, query: Query, params: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+async def _rows(db: Database, statement: Statement) -> list[dict[str, Any]]:
     async with db.unit_of_work() as uow:
-        rows = await uow.fetch_all(query, params)
+        rows = await fetch_all(uow, statement)
         await uow.commit()
     return [dict(row) for row in rows]
 
@@ -45,26 +52,26 @@ async def _rows(
 async def outbox_status(db: Database) -> dict[str, Any]:
     """Rows due, scheduled, failing and quarantined; the oldest due row's wait and the
     longest-failing row's time refused."""
-    return (await _rows(db, q.STATUS))[0]
+    return (await _rows(db, OUTBOX_STATUS({})))[0]
 
 
 async def list_failing(db: Database, *, limit: int) -> list[dict[str, Any]]:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    return await _rows(db, q.OUTBOX_LIST_FAILING, {"limit": limit})
+    return await _rows(db, OUTBOX_LIST_FAILING({"limit": limit}))
 
 
 async def list_quarantined(db: Database, *, limit: int) -> list[dict[str, Any]]:
     """Rows that are no longer retried: their message can never be published as it is."""
-    return await _rows(db, q.LIST_QUARANTINED, {"limit": limit})
+    return await _rows(db, OUTBOX_LIST_QUARANTINED({"limit": limit}))
 
 
 async def _act_on_quarantined(
-    db: Database, key: OutboxRowKey, query: Query, verb: str
+    db: Database, key: OutboxRowKey, query: Query[OutboxRequeueParams], verb: str
 ) -> dict[str, Any]:
-    rows = await _rows(db, query, {**key.params(), "channel": OUTBOX_CHANNEL})
+    rows = await _rows(db, query({**key.params(), "channel": OUTBOX_CHANNEL}))
     if rows:
         return {k: v for k, v in rows[0].items() if k != "notified"}
-    found = await _rows(db, q.FIND, key.params())
+    found = await _rows(db, OUTBOX_FIND(key.params()))
     if not found:
         raise OutboxRowNotFound(f"no outbox row {key}")
     row = found[0]
@@ -82,9 +89,9 @@ async def _act_on_quarantined(
 async def requeue(db: Database, key: OutboxRowKey) -> dict[str, Any]:
     """Publish a quarantined row again, now, with a fresh set of attempts (the relays are
     woken). A row whose job has ended is refused: retry the job instead."""
-    return await _act_on_quarantined(db, key, q.REQUEUE, "requeued")
+    return await _act_on_quarantined(db, key, OUTBOX_REQUEUE, "requeued")
 
 
 async def discard(db: Database, key: OutboxRowKey) -> dict[str, Any]:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
-    return await _act_on_quarantined(db, key, q.DISCARD, "discarded")
+    return await _act_on_quarantined(db, key, OUTBOX_DISCARD, "discarded")

@@ -11,11 +11,17 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import check_tenant_name
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.registry import Registry
 from jobcore.settings import Settings
-from jobcore.sql import webhooks as q
+from jobcore.sql.tenant_webhook_secrets import WEBHOOK_SECRET_ENSURE, WEBHOOK_SECRET_ROTATE
+from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST, WEBHOOK_DELIVERY_REDELIVER
+from jobcore.sql.webhook_endpoints import (
+    WEBHOOK_ENDPOINT_DELETE,
+    WEBHOOK_ENDPOINT_LIST,
+    WEBHOOK_ENDPOINT_SET,
+)
 from jobcore.webhooks import check_callback_url, completion_params, new_secret
 
 ANY_JOB_TYPE = "*"
@@ -34,7 +40,9 @@ async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
     """The tenant's signing secret row (``secret``, ``created_at``, ``rotated_at``,
     ``created``), created on first need."""
     for _ in range(2):
-        row = await uow.fetch_one(q.ENSURE_SECRET, {"tenant": tenant, "secret": new_secret()})
+        row = await fetch_one(
+            uow, WEBHOOK_SECRET_ENSURE({"tenant": tenant, "secret": new_secret()})
+        )
         if row is not None:
             return row
     # pragma: no cover - only a concurrent creation that then vanished gets here
@@ -45,7 +53,9 @@ async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool) -> D
     check_tenant_name(tenant)
     async with db.unit_of_work() as uow:
         if rotate:
-            row = await uow.fetch_one(q.ROTATE_SECRET, {"tenant": tenant, "secret": new_secret()})
+            row = await fetch_one(
+                uow, WEBHOOK_SECRET_ROTATE({"tenant": tenant, "secret": new_secret()})
+            )
             assert row is not None  # an upsert with RETURNING always returns the row
         else:
             row = await tenant_secret(uow, tenant)
@@ -59,8 +69,8 @@ async def list_deliveries(
     if status is not None and status not in DELIVERY_STATUSES:
         raise JobcoreError(f"status is one of {', '.join(DELIVERY_STATUSES)}")
     async with db.unit_of_work() as uow:
-        return await uow.fetch_all(
-            q.LIST_DELIVERIES, {"job_id": job_id, "status": status, "limit": limit}
+        return await fetch_all(
+            uow, WEBHOOK_DELIVERY_LIST({"job_id": job_id, "status": status, "limit": limit})
         )
 
 
@@ -68,8 +78,11 @@ async def redeliver(db: Database, settings: Settings, delivery_id: uuid.UUID) ->
     """A new attempt of a delivery, now, through the outbox (a failed one too)."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(
-            q.REDELIVER, {**completion_params(topology, settings), "id": delivery_id}
+        row = await fetch_one(
+            uow,
+            WEBHOOK_DELIVERY_REDELIVER(
+                {**completion_params(topology, settings), "id": delivery_id}
+            ),
         )
         await uow.commit()
     if row is None:
@@ -86,7 +99,9 @@ async def set_endpoint(
         registry.get(job_type)  # UnknownJobType for a typo
     await check_callback_url(url, settings.webhook_allowed_hosts)
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.SET_ENDPOINT, {"tenant": tenant, "type": job_type, "url": url})
+        row = await fetch_one(
+            uow, WEBHOOK_ENDPOINT_SET({"tenant": tenant, "type": job_type, "url": url})
+        )
         await uow.commit()
     assert row is not None  # an upsert with RETURNING always returns the row
     return row
@@ -94,12 +109,12 @@ async def set_endpoint(
 
 async def list_endpoints(db: Database, tenant: str | None) -> list[DictRow]:
     async with db.unit_of_work() as uow:
-        return await uow.fetch_all(q.LIST_ENDPOINTS, {"tenant": tenant})
+        return await fetch_all(uow, WEBHOOK_ENDPOINT_LIST({"tenant": tenant}))
 
 
 async def remove_endpoint(db: Database, tenant: str, job_type: str) -> dict[str, Any]:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(q.DELETE_ENDPOINT, {"tenant": tenant, "type": job_type})
+        row = await fetch_one(uow, WEBHOOK_ENDPOINT_DELETE({"tenant": tenant, "type": job_type}))
         await uow.commit()
     if row is None:
         raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")

@@ -10,8 +10,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from jobcore.db import fetch_all
 from jobcore.errors import JobNotFound
-from jobcore.sql import webhooks as q
+from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
 from services.api.deps import SessionDep, TenantDep
 from services.api.schemas import Problem
 from services.api.views import JsonBody
@@ -51,7 +52,9 @@ router = APIRouter(tags=["jobs"], default_response_class=JsonBody)
 )
 async def list_deliveries(job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep) -> Response:
     """The job's webhook deliveries, oldest first (none unless it has a callback URL)."""
-    rows = await db_session.fetch_all(q.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": tenant})
+    rows = await fetch_all(
+        db_session, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": tenant})
+    )
     if not rows:
         raise JobNotFound("no job with that id")
     items: list[dict[str, Any]] = [

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from psycopg.types.json import Jsonb
 
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.sql import Query
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
@@ -53,28 +53,28 @@ FINISH_JOB = Query(
 
 async def counts(db: Database) -> dict[str, int]:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(COUNT_ROWS)
+        row = await fetch_one(uow, COUNT_ROWS({}))
     assert row is not None
     return dict(row)
 
 
 async def job_row(db: Database, job_id: uuid.UUID | str) -> dict[str, Any]:
     async with db.unit_of_work() as uow:
-        row = await uow.fetch_one(JOB_ROW, {"id": uuid.UUID(str(job_id))})
+        row = await fetch_one(uow, JOB_ROW({"id": uuid.UUID(str(job_id))}))
     assert row is not None, f"no job {job_id}"
     return dict(row)
 
 
 async def outbox_rows(db: Database, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     async with db.unit_of_work() as uow:
-        rows = await uow.fetch_all(OUTBOX_ROWS, {"id": uuid.UUID(str(job_id))})
+        rows = await fetch_all(uow, OUTBOX_ROWS({"id": uuid.UUID(str(job_id))}))
     return [dict(r) for r in rows]
 
 
 async def start_job(db: Database, job_id: uuid.UUID | str) -> None:
     async with db.unit_of_work() as uow:
-        changed = await uow.execute(
-            START_JOB, {"id": uuid.UUID(str(job_id)), "token": uuid.uuid4()}
+        changed = await execute(
+            uow, START_JOB({"id": uuid.UUID(str(job_id)), "token": uuid.uuid4()})
         )
         await uow.commit()
     assert changed == 1
@@ -90,15 +90,17 @@ async def finish_job(
     last_error: str | None = None,
 ) -> None:
     async with db.unit_of_work() as uow:
-        changed = await uow.execute(
-            FINISH_JOB,
-            {
-                "id": uuid.UUID(str(job_id)),
-                "status": status,
-                "result": None if result is None else Jsonb(result),
-                "result_ref": result_ref,
-                "last_error": last_error,
-            },
+        changed = await execute(
+            uow,
+            FINISH_JOB(
+                {
+                    "id": uuid.UUID(str(job_id)),
+                    "status": status,
+                    "result": None if result is None else Jsonb(result),
+                    "result_ref": result_ref,
+                    "last_error": last_error,
+                }
+            ),
         )
         await uow.commit()
     assert changed == 1

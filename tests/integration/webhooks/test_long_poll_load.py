@@ -23,7 +23,7 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql import worker as wq
+from jobcore.sql.jobs import JOB_SUCCEED_MANY
 from jobcore.testing.chaos import disruption_lock
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
@@ -109,7 +109,7 @@ def finish_jobs(settings: Settings, ids: list[uuid.UUID]) -> dict[str, tuple[flo
         for job_id in ids:
             sent = time.monotonic()
             conn.execute(
-                wq.SUCCEED.sql,
+                JOB_SUCCEED_MANY.sql,
                 {
                     **completion,
                     "ids": [job_id],

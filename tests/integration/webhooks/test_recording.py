@@ -11,10 +11,10 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_all
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
-from jobcore.sql import webhooks as wq
+from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases.jobs import cancel_job
 from jobcore.usecases.webhooks import set_endpoint
@@ -146,7 +146,9 @@ async def test_a_rolled_back_cancel_records_no_delivery(
         outcome = await cancel_job(uow, TENANT, job_id, completion=completion)
         assert outcome.status == "cancelled"
         # Inside the transaction the delivery and its message exist ...
-        seen = await uow.fetch_all(wq.LIST_JOB_DELIVERIES, {"job_id": job_id, "tenant": TENANT})
+        seen = await fetch_all(
+            uow, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": TENANT})
+        )
         assert seen[0]["id"] is not None
         await uow.rollback()
     # ... and went away with it.

@@ -8,7 +8,7 @@ import httpx
 
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql import webhooks as q
+from jobcore.sql.inbox import WEBHOOKS_CONSUMER
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.webhooks.support import delivery_in, receiving
@@ -23,7 +23,7 @@ async def test_a_webhook_whose_outcome_cannot_be_recorded_is_requeued_and_sent_a
     auth: dict[str, str],
     broker_cleanup: None,
 ) -> None:
-    refusal = InboxRefusal(db, q.WEBHOOKS_CONSUMER)
+    refusal = InboxRefusal(db, WEBHOOKS_CONSUMER)
     await refusal.start()
     worker = Worker(hsettings, health=False)
     async with receiving() as receiver, running_pump(OutboxPump(hsettings, db)):

@@ -24,12 +24,12 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_SUCCEED_MANY
 from jobcore.webhooks import completion_params
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
@@ -86,7 +86,7 @@ BACKDATE = Query(
 
 async def backdate(db: Database, job_id: uuid.UUID, seconds: float = 2 * HOUR) -> None:
     async with db.unit_of_work() as uow:
-        await uow.execute(BACKDATE, {"id": job_id, "seconds": seconds})
+        await execute(uow, BACKDATE({"id": job_id, "seconds": seconds}))
         await uow.commit()
 
 
@@ -157,7 +157,7 @@ class OutboxPump:
     async def drain(self, *, delete: bool = True) -> int:
         """Publish every due row once (confirmed); delete them unless told to keep them."""
         async with self.db.unit_of_work() as uow:
-            rows = await uow.fetch_all(DUE_ROWS)
+            rows = await fetch_all(uow, DUE_ROWS({}))
             for row in rows:
                 await self.publish(row)
                 self.published.append(
@@ -170,7 +170,7 @@ class OutboxPump:
                     )
                 )
             if delete and rows:
-                await uow.execute(DELETE_ROWS, {"ids": [row["id"] for row in rows]})
+                await execute(uow, DELETE_ROWS({"ids": [row["id"] for row in rows]}))
             await uow.commit()
         return len(rows)
 
@@ -283,11 +283,18 @@ def exited(proc: subprocess.Popen[bytes]) -> Callable[[], Awaitable[bool]]:
 
 
 def outcome_params(
-    statement: Query, job_id: uuid.UUID, token: uuid.UUID, topology: Topology, settings: Settings
+    statement: Query,
+    job_id: uuid.UUID,
+    token: uuid.UUID,
+    topology: Topology,
+    settings: Settings,
+    *,
+    ends: str = "failed",
 ) -> dict[str, Any]:
-    """Parameters of a worker outcome statement for ``job_id`` under lease ``token``."""
+    """Parameters of a worker outcome statement for ``job_id`` under lease ``token``;
+    ``ends``: the status JOB_END_RUNNING ends the job in."""
     completion = completion_params(topology, settings)
-    if statement is q.SUCCEED:
+    if statement is JOB_SUCCEED_MANY:
         return {
             **completion,
             "ids": [job_id],
@@ -311,6 +318,7 @@ def outcome_params(
         "id": job_id,
         "lease_token": token,
         "error": "boom",
+        "status": ends,
         "delay": 0.0,
         "channel": OUTBOX_CHANNEL,
     }

@@ -10,14 +10,13 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
-from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
-from jobcore.sql.worker import CANCEL_CHANNEL
+from jobcore.sql.jobs import CANCEL_CHANNEL, JOB_RELEASE, JOB_RETRY
+from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
@@ -150,7 +149,7 @@ CANCEL_REQUESTED = Query(
 )
 
 
-@pytest.mark.parametrize("statement", [q.RETRY, q.RELEASE], ids=lambda s: s.name)
+@pytest.mark.parametrize("statement", [JOB_RETRY, JOB_RELEASE], ids=lambda s: s.name)
 async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_cancelled(
     statement: Query, db: Database, topology: Topology, settings: Settings
 ) -> None:
@@ -163,16 +162,16 @@ async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_ca
             job_type=default_registry.get("echo"),
             payload=EchoPayload(text="x"),
         )
-        await uow.execute(TAKE_OVER, {"id": job.job_id, "token": token})
-        await uow.execute(CANCEL_REQUESTED, {"id": job.job_id, "url": "https://hooks.test/done"})
+        await execute(uow, TAKE_OVER({"id": job.job_id, "token": token}))
+        await execute(uow, CANCEL_REQUESTED({"id": job.job_id, "url": "https://hooks.test/done"}))
         await uow.commit()
 
     listener = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
     try:
         await listener.execute(f"LISTEN {JOB_DONE_CHANNEL}")
         async with db.unit_of_work() as uow:
-            written = await uow.fetch_all(
-                statement, outcome_params(statement, job.job_id, token, topology, settings)
+            written = await fetch_all(
+                uow, statement(outcome_params(statement, job.job_id, token, topology, settings))
             )
             await uow.commit()
         notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)

@@ -13,12 +13,12 @@ import uuid
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql import worker as q
+from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from jobcore.testing.jobtypes import EchoPayload
 from tests.integration.worker.support import TAKE_OVER, outcome_params
 
@@ -35,10 +35,18 @@ SNAPSHOT = Query(
 
 
 @pytest.mark.parametrize(
-    "statement", [q.SUCCEED, q.RETRY, q.FAIL, q.CANCEL_RUNNING, q.RELEASE], ids=lambda s: s.name
+    ("statement", "ends"),
+    [
+        (JOB_SUCCEED_MANY, "succeeded"),
+        (JOB_RETRY, "pending"),
+        (JOB_END_RUNNING, "failed"),
+        (JOB_END_RUNNING, "cancelled"),
+        (JOB_RELEASE, "pending"),
+    ],
+    ids=["succeed", "retry", "fail", "cancel_running", "release"],
 )
 async def test_a_stale_lease_token_writes_nothing(
-    statement: Query, db: Database, topology: Topology, settings: Settings
+    statement: Query, ends: str, db: Database, topology: Topology, settings: Settings
 ) -> None:
     async with db.unit_of_work() as uow:
         job = await enqueue(
@@ -49,25 +57,29 @@ async def test_a_stale_lease_token_writes_nothing(
             payload=EchoPayload(text="x"),
         )
         current, stale = uuid.uuid4(), uuid.uuid4()
-        await uow.execute(TAKE_OVER, {"id": job.job_id, "token": current})
+        await execute(uow, TAKE_OVER({"id": job.job_id, "token": current}))
         await uow.commit()
 
     async with db.unit_of_work() as uow:
-        before = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
-        lost = await uow.fetch_all(
-            statement, outcome_params(statement, job.job_id, stale, topology, settings)
+        before = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
+        lost = await fetch_all(
+            uow,
+            statement(outcome_params(statement, job.job_id, stale, topology, settings, ends=ends)),
         )
-        after = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
+        after = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
     assert lost == []
     assert after == before  # same status, lease, attempts, messages and effects
 
     async with db.unit_of_work() as uow:
-        won = await uow.fetch_all(
-            statement, outcome_params(statement, job.job_id, current, topology, settings)
+        won = await fetch_all(
+            uow,
+            statement(
+                outcome_params(statement, job.job_id, current, topology, settings, ends=ends)
+            ),
         )
-        changed = await uow.fetch_one(SNAPSHOT, {"id": job.job_id})
+        changed = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
         await uow.commit()
     assert len(won) == 1
     assert changed is not None
-    assert changed["status"] != "running"
+    assert changed["status"] == ends

@@ -11,12 +11,13 @@ from pathlib import Path
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, render_csv
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import JOB_CLAIM_MANY
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from services.worker.consumer import ClaimRequest
@@ -186,20 +187,21 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     [message] = await outbox_rows(db, job_id)
     async with db.connection() as conn:
-        cur = await conn.execute(
-            q.RECEIVE_AND_CLAIM.sql,
-            {
-                "consumer": q.JOBS_CONSUMER,
-                "worker_id": "died-before-ack",
-                "message_ids": [message["message_id"]],
-                "job_ids": [job_id],
-                "types": ["wt_gate"],
-                "attempts": [1],
-                "lease_tokens": [uuid.uuid4()],
-                "leases": [1.0],
-            },
+        claimed = await fetch_one(
+            conn,
+            JOB_CLAIM_MANY(
+                {
+                    "consumer": JOBS_CONSUMER,
+                    "worker_id": "died-before-ack",
+                    "message_ids": [message["message_id"]],
+                    "job_ids": [job_id],
+                    "types": ["wt_gate"],
+                    "attempts": [1],
+                    "lease_tokens": [uuid.uuid4()],
+                    "leases": [1.0],
+                }
+            ),
         )
-        claimed = await cur.fetchone()
     assert claimed is not None
     assert claimed["fresh"]
     assert claimed["id"] == job_id

@@ -14,10 +14,10 @@ import uuid
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.webhooks import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
@@ -67,9 +67,9 @@ async def test_a_pending_job_whose_message_was_quarantined_fails_with_its_webhoo
     running = await submit(db, topology, "wt_gate", GatePayload())
     async with db.unit_of_work() as uow:
         for job_id in (stuck, with_live_message, running):
-            await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
-        await uow.execute(SECOND_MESSAGE, {"id": with_live_message})
-        await uow.execute(TAKE_OVER, {"id": running, "token": uuid.uuid4()})
+            await execute(uow, QUARANTINE({"id": job_id, "error": RELAY_ERROR}))
+        await execute(uow, SECOND_MESSAGE({"id": with_live_message}))
+        await execute(uow, TAKE_OVER({"id": running, "token": uuid.uuid4()}))
         await uow.commit()
 
     rescuer = Rescuer(wsettings, db, owner="a", metrics=WorkerMetrics())
@@ -116,7 +116,7 @@ async def test_a_quarantined_pending_jobs_message_is_requeued_while_the_job_wait
 ) -> None:
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     async with db.unit_of_work() as uow:
-        await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
+        await execute(uow, QUARANTINE({"id": job_id, "error": RELAY_ERROR}))
         await uow.commit()
     [row] = await outbox_rows(db, job_id)
 
@@ -134,7 +134,7 @@ async def test_every_worker_runs_a_rescuer(
     worker = await start_worker()
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     async with db.unit_of_work() as uow:
-        await uow.execute(QUARANTINE, {"id": job_id, "error": RELAY_ERROR})
+        await execute(uow, QUARANTINE({"id": job_id, "error": RELAY_ERROR}))
         await uow.commit()
 
     row = await eventually(lambda: status_is(db, job_id, "failed"), what="the rescue")

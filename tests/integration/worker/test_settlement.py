@@ -13,7 +13,7 @@ from pathlib import Path
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql import worker as q
+from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
@@ -45,7 +45,7 @@ async def test_an_error_before_the_claim_requeues_the_delivery_and_reddens_readi
     pump: OutboxPump,
     start_worker: StartWorker,
 ) -> None:
-    refusal = InboxRefusal(db, q.JOBS_CONSUMER)
+    refusal = InboxRefusal(db, JOBS_CONSUMER)
     await refusal.start()
     worker = await start_worker(
         wsettings.model_copy(update={"worker_stall_after": 5.0}),

@@ -15,7 +15,7 @@ import httpx
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.testing.jobtypes import EffectPayload
@@ -70,7 +70,7 @@ SET_OUTBOX = Query(
 
 async def run(db: Database, query: Query, **params: Any) -> None:
     async with db.unit_of_work() as uow:
-        await uow.execute(query, params)
+        await execute(uow, query(params))
         await uow.commit()
 
 
@@ -220,7 +220,7 @@ async def test_only_stranded_jobs_are_published_again_and_each_less_often(
     untouched["running"] = await job()
     await run(db, FORGET_MESSAGES, id=untouched["running"])
     async with db.unit_of_work() as uow:
-        await uow.execute(TAKE_OVER, {"id": untouched["running"], "token": uuid.uuid4()})
+        await execute(uow, TAKE_OVER({"id": untouched["running"], "token": uuid.uuid4()}))
         await uow.commit()
     await backdate(db, untouched["running"])
     for status in ("succeeded", "failed", "cancelled"):

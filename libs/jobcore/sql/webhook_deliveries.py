@@ -1,5 +1,5 @@
-"""Statements on webhook deliveries, signing secrets and default endpoints, and the pieces
-every terminal-status statement shares.
+"""Statements that change ``webhook_deliveries``, and the pieces every terminal-status
+statement shares.
 
 A job reaches a terminal status in one of a few fenced statements (the worker's success,
 failure and cancellation, the reaper's, the API's cancel of a pending job). Each names the
@@ -9,18 +9,25 @@ delivery row and the outbox message of the first attempt, and the API's long-pol
 hear about it. A job without a callback costs the two empty CTEs and one NOTIFY.
 
 ``done`` must return ``id, tenant, status, callback_url, traceparent, tracestate``.
-Parameters: ``webhook_exchange``, ``webhook_routing_key``, ``webhook_max_attempts``,
-``webhook_outbox_channel`` (:func:`jobcore.webhooks.completion_params`).
+Parameters: :class:`jobcore.sql.CompletionParams`
+(:func:`jobcore.webhooks.completion_params`).
 """
 
 from __future__ import annotations
 
-from jobcore.sql import Query
+import uuid
+from typing import TypedDict
+
+from psycopg.types.json import Jsonb
+
+from jobcore.sql import TERMINAL_SQL, CompletionParams, Query
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
-WEBHOOKS_CONSUMER = "webhooks"
+
+
 WEBHOOK_MESSAGE_TYPE = "webhook"
+
 
 # The envelope is the same as WebhookMessage.encode() writes: {"v", "delivery_id", "attempt"}.
 COMPLETION_WEBHOOKS = f"""
@@ -32,7 +39,7 @@ COMPLETION_WEBHOOKS = f"""
                'job.' || done.status, %(webhook_max_attempts)s, now()
         FROM done
         WHERE done.callback_url IS NOT NULL
-          AND done.status IN ('succeeded', 'failed', 'cancelled')
+          AND done.status IN {TERMINAL_SQL}
         RETURNING id, job_id
     ), hook_messages AS (
         INSERT INTO outbox (
@@ -50,26 +57,28 @@ COMPLETION_WEBHOOKS = f"""
         RETURNING id
     )"""
 
+
 # Select-list items: wake the relay if a webhook message was written, and the waiters of
 # each job that became terminal.
 NOTIFY_JOB_DONE = f"""
     (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM hook_messages LIMIT 1) IS NULL
         AS webhook_notified,
-    CASE WHEN done.status IN ('succeeded', 'failed', 'cancelled')
+    CASE WHEN done.status IN {TERMINAL_SQL}
          THEN pg_notify('{JOB_DONE_CHANNEL}', done.id::text) END IS NULL AS done_notified"""
 
-LISTEN_JOB_DONE = Query(
-    "listen_job_done",
-    "Hear jobs becoming terminal (long-poll waiters).",
-    f"LISTEN {JOB_DONE_CHANNEL}",
-)
 
 # --- the API: a job's deliveries, the long-poll reads -----------------------------------
 
+
+class WebhookDeliveryListForJobParams(TypedDict):
+    job_id: uuid.UUID
+    tenant: str
+
+
 # The job row decides tenancy: another tenant's job answers no row at all (a 404), a job
 # of this tenant without deliveries one row of NULL delivery columns.
-LIST_JOB_DELIVERIES = Query(
-    "list_job_deliveries",
+WEBHOOK_DELIVERY_LIST_FOR_JOB = Query[WebhookDeliveryListForJobParams](
+    "webhook_delivery_list_for_job",
     "A tenant's job and its webhook deliveries, oldest first.",
     """
     SELECT j.id AS job_id, d.id, d.url, d.event, d.status, d.attempts, d.max_attempts,
@@ -85,8 +94,15 @@ LIST_JOB_DELIVERIES = Query(
 
 # --- the worker: one attempt --------------------------------------------------------------
 
-GET_DELIVERY_FOR_ATTEMPT = Query(
-    "get_delivery_for_attempt",
+
+class WebhookDeliveryGetForAttemptParams(TypedDict):
+    consumer: str
+    id: uuid.UUID
+    message_id: uuid.UUID
+
+
+WEBHOOK_DELIVERY_GET_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
+    "webhook_delivery_get_for_attempt",
     "A delivery, its job's view, the tenant's secret and whether this message was handled.",
     """
     SELECT d.id, d.job_id, d.tenant, d.url, d.event, d.status, d.attempts, d.max_attempts,
@@ -105,44 +121,29 @@ GET_DELIVERY_FOR_ATTEMPT = Query(
     """,
 )
 
-# Created on first need. When two first needs race, ON CONFLICT waits for the other's
-# commit and inserts nothing; the second branch then reads the winner's secret (a new
-# statement sees it), so the caller runs this again when it returns no row.
-ENSURE_SECRET = Query(
-    "ensure_webhook_secret",
-    "The tenant's signing secret, created if it has none.",
-    """
-    WITH created AS (
-        INSERT INTO tenant_webhook_secrets (tenant, secret)
-        VALUES (%(tenant)s, %(secret)s)
-        ON CONFLICT (tenant) DO NOTHING
-        RETURNING secret, created_at, rotated_at
-    )
-    SELECT secret, created_at, rotated_at, true AS created FROM created
-    UNION ALL
-    SELECT secret, created_at, rotated_at, false FROM tenant_webhook_secrets
-    WHERE tenant = %(tenant)s
-    LIMIT 1
-    """,
-)
 
-ROTATE_SECRET = Query(
-    "rotate_webhook_secret",
-    "Give a tenant a new signing secret (created if it had none).",
-    """
-    INSERT INTO tenant_webhook_secrets (tenant, secret) VALUES (%(tenant)s, %(secret)s)
-    ON CONFLICT (tenant) DO UPDATE SET secret = excluded.secret, rotated_at = now()
-    RETURNING secret, created_at, rotated_at, true AS created
-    """,
-)
+class WebhookDeliveryRecordAttemptParams(CompletionParams):
+    attempt: int
+    consumer: str
+    delay: float
+    error: str | None
+    headers: Jsonb
+    id: uuid.UUID
+    message_id: uuid.UUID
+    message_type: str
+    next_body: bytes | None
+    next_message_id: uuid.UUID | None
+    outcome: str
+    status_code: int | None
+
 
 # One statement per attempt's outcome: the inbox row (so a redelivered message is not
 # sent again), the delivery's new state, and for a retry the next attempt's outbox
 # message, due when the backoff ends. The fence `attempts = <this attempt> - 1 AND status
 # = 'pending'` drops a stale message (a second copy, or one a redelivery overtook).
 # Whether a retry is left is decided here, on the row as it is now.
-RECORD_ATTEMPT = Query(
-    "record_webhook_attempt",
+WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
+    "webhook_delivery_record_attempt",
     "Record one delivery attempt's outcome and, for a retry, write the next attempt's message.",
     """
     WITH received AS (
@@ -187,10 +188,18 @@ RECORD_ATTEMPT = Query(
     """,
 )
 
+
 # --- operators: list and redeliver ---------------------------------------------------------
 
-LIST_DELIVERIES = Query(
-    "list_webhook_deliveries",
+
+class WebhookDeliveryListParams(TypedDict):
+    job_id: uuid.UUID | None
+    limit: int
+    status: str | None
+
+
+WEBHOOK_DELIVERY_LIST = Query[WebhookDeliveryListParams](
+    "webhook_delivery_list",
     "Deliveries, newest first, optionally of one job and/or in one status.",
     """
     SELECT id, job_id, tenant, url, event, status, attempts, max_attempts, last_status_code,
@@ -203,11 +212,16 @@ LIST_DELIVERIES = Query(
     """,
 )
 
+
+class WebhookDeliveryRedeliverParams(CompletionParams):
+    id: uuid.UUID
+
+
 # A new attempt now, whatever the delivery's state: pending again, and one more attempt
 # allowed if they were used up. The message carries the next attempt number, so a retry
 # still waiting in the outbox for that number loses the fence to whichever comes first.
-REDELIVER = Query(
-    "redeliver_webhook",
+WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
+    "webhook_delivery_redeliver",
     "Make a delivery pending again and write an outbox message for a new attempt now.",
     f"""
     WITH delivery AS (
@@ -236,50 +250,5 @@ REDELIVER = Query(
     SELECT delivery.id, delivery.job_id, delivery.attempts + 1 AS attempt,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified
     FROM delivery
-    """,
-)
-
-# --- default endpoints -------------------------------------------------------------------
-
-SET_ENDPOINT = Query(
-    "set_webhook_endpoint",
-    "Set a tenant's default endpoint for a job type ('*': any).",
-    """
-    INSERT INTO webhook_endpoints (tenant, job_type, url) VALUES (%(tenant)s, %(type)s, %(url)s)
-    ON CONFLICT (tenant, job_type) DO UPDATE SET url = excluded.url, updated_at = now()
-    RETURNING tenant, job_type, url, created_at, updated_at
-    """,
-)
-
-LIST_ENDPOINTS = Query(
-    "list_webhook_endpoints",
-    "Default endpoints, optionally of one tenant.",
-    """
-    SELECT tenant, job_type, url, created_at, updated_at FROM webhook_endpoints
-    WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
-    ORDER BY tenant, job_type
-    """,
-)
-
-DELETE_ENDPOINT = Query(
-    "delete_webhook_endpoint",
-    "Remove a tenant's default endpoint for a job type.",
-    """
-    DELETE FROM webhook_endpoints WHERE tenant = %(tenant)s AND job_type = %(type)s
-    RETURNING tenant, job_type, url
-    """,
-)
-
-# --- long-poll waiters ------------------------------------------------------------------------
-
-# Waiters woken together (jobs finishing in a burst) re-read their jobs in one statement:
-# one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
-GET_WAITED_JOBS = Query(
-    "get_waited_jobs",
-    "Read many tenants' jobs at once, each only for its own tenant.",
-    """
-    SELECT jobs.*
-    FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
-    JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
     """,
 )
