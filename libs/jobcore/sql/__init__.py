@@ -20,10 +20,10 @@ from psycopg.types.json import Jsonb
 
 from jobcore.states import TERMINAL, JobStatus
 
-# Contravariant: a query that takes fewer parameters also takes a dict with more.
 # The terminal statuses as an SQL list, for `status IN ...` (jobcore.states.TERMINAL).
 TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status in TERMINAL) + ")"
 
+# Contravariant: a query that takes fewer parameters also takes a dict with more.
 P = TypeVar("P", bound=Mapping[str, Any], contravariant=True)
 
 
