@@ -40,6 +40,7 @@ from jobcore.states import TERMINAL
 
 TITLE = "Steady state: a million jobs with retention in minutes"
 ENQUEUERS = 8
+SUSTAINED_LAG = 5.0  # seconds behind schedule the generator may fall and still be steady
 # The shortest inbox window start-up accepts is delivery limit × consumer timeout; the
 # scenario's no-op type holds a slot at most 20 s (timeout 10 s + lease 10 s), under the 30 s
 # declared here, so the window can be as short as 90 s.
@@ -290,6 +291,10 @@ async def run(bench: Bench) -> Section:
         size_ratio_last_to_second_quarter=round(size_ratio, 3),
         throughput_ratio_last_to_first_quarter=round(throughput_ratio, 3),
         plateau=size_ratio <= 1.10,
+        # A generator that fell behind (the machine busy with something else) then enqueued
+        # its backlog at once: a burst of live rows that raises every table's high-water
+        # mark, which PostgreSQL reuses but never returns. The plateau is then not jobcore's.
+        load_sustained=load.worst_lag <= SUSTAINED_LAG,
         throughput_held=throughput_ratio >= 0.9,
         vacuum_by_hand=vacuum_by_hand,
         vacuums=samples.vacuums,
