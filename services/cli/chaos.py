@@ -154,10 +154,12 @@ class Chaos:
         return self._round.pop()
 
     async def run(self, submitter: Submitter, until: float) -> None:
-        """Faults one after another until the monotonic time ``until``."""
-        while time.monotonic() < until:
+        """Faults one after another until the monotonic time ``until``, and at least one
+        whole round: a short run on a slow machine still throws every kind once (a run fits
+        as few as five faults in a minute), at the cost of one round's overrun at most."""
+        while time.monotonic() < until or len(self.records) < len(self.faults):
             gap = self.rng.uniform(*GAP_SECONDS)
-            if time.monotonic() + gap >= until:
+            if time.monotonic() + gap >= until and len(self.records) >= len(self.faults):
                 break
             await asyncio.sleep(gap)  # quiet time between faults (part of the schedule)
             kind = self.next_fault()
