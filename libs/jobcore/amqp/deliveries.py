@@ -10,6 +10,7 @@ settling it again does nothing, so a catch-all can settle whatever is still unse
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from aio_pika.abc import (
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect_robust
 from jobcore.amqp.topology import Topology
-from jobcore.errors import ConfigurationError
+from jobcore.errors import BrokerUnavailable, ConfigurationError
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 
@@ -159,6 +160,15 @@ class JobQueueConsumer:
                 await channel.set_qos(prefetch_count=share)
                 queue = await self.declare_queue(channel, name)
                 self._consumers.append((queue, await queue.consume(deliver)))
+        except (TimeoutError, ConnectionError) as exc:
+            # The broker closed the whole connection mid set-up. RabbitMQ 3.10 does that
+            # (541 INTERNAL_ERROR) for a consume on a quorum queue whose replica has not
+            # started yet: transient, so the caller's retry loop takes it, like a refused
+            # connect. A channel error (a queue declared with other arguments) still fails.
+            self._consumers = []
+            with contextlib.suppress(*BROKER_ERRORS):
+                await connection.close()
+            raise BrokerUnavailable(f"the broker closed the connection: {exc!r}") from exc
         except BaseException:
             self._consumers = []
             await connection.close()
