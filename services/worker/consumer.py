@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
@@ -343,16 +344,21 @@ class Consumer(Service):
             lease=job_type.lease,
         )
         failures = 0
+        warned = False
         while True:
             try:
                 return await self.claims.submit(request)
             except (DatabaseUnavailable, TransientConflict) as exc:
                 failures += 1
-                if failures == 1:
-                    continue  # a held connection that went stale: at once, on a fresh one
+                # A held connection that went stale fails at once: try again at once, on a
+                # fresh one. A pool that found no connection in db_connect_timeout already
+                # waited, and the database is down: say so now rather than after a 2nd wait.
+                if failures == 1 and not isinstance(exc.__cause__, PoolTimeout):
+                    continue
                 # Hold the delivery (unacknowledged) rather than requeue it: requeues count
                 # towards the quorum queue's delivery limit and would dead-letter good jobs.
-                if failures == 2:
+                if not warned:
+                    warned = True
                     log.warning(
                         "database unavailable; holding the delivery until it is back",
                         extra={"message_id": str(message_id), "error": str(exc)},

@@ -156,9 +156,11 @@ async def test_a_delivery_that_arrives_while_postgresql_is_down_runs_once_it_is_
         with postgres_stopped():
             # The relay could not read the outbox now; publish the row it read before.
             await outbox_pump.publish(message)
+            # The claim first waits db_connect_timeout for the pool to find a connection.
             await eventually(
                 log_has(log, "holding the delivery until it is back"),
                 what="the worker to hold the delivery",
+                timeout=3 * wsettings.db_connect_timeout + 10,
             )
             assert proc.poll() is None
 
