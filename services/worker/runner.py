@@ -303,7 +303,12 @@ class JobRunner:
     async def _succeed(self, running: RunningJob, result: Any) -> None:
         claim, context = running.claim, running.context
         effects = [
-            {"job_id": str(claim.job_id), "kind": e.kind, "detail": e.detail}
+            {
+                "job_id": str(claim.job_id),
+                "lease_token": str(claim.lease_token),
+                "kind": e.kind,
+                "detail": e.detail,
+            }
             for e in context.effects
         ]
         try:

@@ -504,8 +504,11 @@ class JobSucceedManyParams(CompletionParams):
 
 
 # Successes are batched like claims. Effects travel as one JSON array
-# ([{"job_id": .., "kind": .., "detail": {..}}]) so that any number of them is still one
-# statement; a job's effects are written only if its fenced update won. Returns the jobs
+# ([{"job_id": .., "lease_token": .., "kind": .., "detail": {..}}]) so that any number of
+# them is still one statement; an attempt's effects are written only if its fenced update
+# won. They are matched on the lease token too: one batch can hold two attempts of a job
+# (a lost attempt's success, retried through a database outage, next to the success of
+# the attempt the reaper started), and only the winner's effects may be written. Returns the jobs
 # whose update won. Like every statement that ends a job, it records the job's completion
 # webhook (if it has a callback) and wakes long-poll waiters (jobcore.sql.webhook_deliveries).
 JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
@@ -531,12 +534,13 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
           AND jobs.status = 'running'
           AND jobs.lease_token = input.lease_token
         RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
-                  jobs.traceparent, jobs.tracestate
+                  jobs.traceparent, jobs.tracestate, jobs.lease_token
     ), effects AS (
         INSERT INTO job_effects (job_id, attempt, kind, detail)
         SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
         FROM jsonb_array_elements(%(effects)s::jsonb) WITH ORDINALITY AS effect(item, n)
         JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
+                 AND done.lease_token = (effect.item ->> 'lease_token')::uuid
         ORDER BY effect.n
         RETURNING id
     ), """

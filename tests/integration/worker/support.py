@@ -302,7 +302,14 @@ def outcome_params(
             "results": ['{"ok": true}'],
             "result_refs": [None],
             "effects": orjson.dumps(
-                [{"job_id": str(job_id), "kind": "charged", "detail": {"cents": 100}}]
+                [
+                    {
+                        "job_id": str(job_id),
+                        "lease_token": str(token),
+                        "kind": "charged",
+                        "detail": {"cents": 100},
+                    }
+                ]
             ).decode(),
         }
     message = job_message_row(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
@@ -21,6 +22,12 @@ from jobcore.sql import Query
 from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from jobcore.testing.jobtypes import EchoPayload
 from tests.integration.worker.support import TAKE_OVER, outcome_params
+
+EFFECTS = Query(
+    "test_effects",
+    "A job's effects.",
+    "SELECT kind, detail FROM job_effects WHERE job_id = %(id)s",
+)
 
 SNAPSHOT = Query(
     "test_snapshot",
@@ -83,3 +90,40 @@ async def test_a_stale_lease_token_writes_nothing(
     assert len(won) == 1
     assert changed is not None
     assert changed["status"] == ends
+
+
+async def test_a_batch_with_two_attempts_of_a_job_writes_only_the_winners_effects(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    """A lost attempt's success, retried through a database outage, can share a batch with
+    the success of the attempt the reaper started: one effect, the winner's."""
+    async with db.unit_of_work() as uow:
+        job = await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text="x"),
+        )
+        current, stale = uuid.uuid4(), uuid.uuid4()
+        await execute(uow, TAKE_OVER({"id": job.job_id, "token": current}))
+        await uow.commit()
+
+    lost = outcome_params(JOB_SUCCEED_MANY, job.job_id, stale, topology, settings)
+    won = outcome_params(JOB_SUCCEED_MANY, job.job_id, current, topology, settings)
+    batch = {
+        **won,
+        "ids": lost["ids"] + won["ids"],
+        "lease_tokens": lost["lease_tokens"] + won["lease_tokens"],
+        "results": lost["results"] + won["results"],
+        "result_refs": lost["result_refs"] + won["result_refs"],
+        "effects": orjson.dumps(
+            orjson.loads(lost["effects"]) + orjson.loads(won["effects"])
+        ).decode(),
+    }
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, JOB_SUCCEED_MANY(batch))
+        effects = await fetch_all(uow, EFFECTS({"id": job.job_id}))
+        await uow.commit()
+    assert [row["id"] for row in rows] == [job.job_id]
+    assert [(e["kind"], e["detail"]) for e in effects] == [("charged", {"cents": 100})]
