@@ -508,8 +508,8 @@ class JobSucceedManyParams(CompletionParams):
 # them is still one statement; an attempt's effects are written only if its fenced update
 # won. They are matched on the lease token too: one batch can hold two attempts of a job
 # (a lost attempt's success, retried through a database outage, next to the success of
-# the attempt the reaper started), and only the winner's effects may be written. Returns the jobs
-# whose update won. Like every statement that ends a job, it records the job's completion
+# the attempt the reaper started), and only the winner's effects may be written. Returns
+# the jobs whose update won. Like every statement that ends a job, it records the job's completion
 # webhook (if it has a callback) and wakes long-poll waiters (jobcore.sql.webhook_deliveries).
 JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
     "job_succeed_many",

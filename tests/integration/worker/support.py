@@ -30,6 +30,7 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs import JOB_SUCCEED_MANY
+from jobcore.testing.jobtypes import EchoPayload
 from jobcore.webhooks import completion_params
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
@@ -66,6 +67,21 @@ TAKE_OVER = Query(
     WHERE id = %(id)s
     """,
 )
+
+
+async def running_echo_job(db: Database, topology: Topology, token: uuid.UUID) -> uuid.UUID:
+    """An echo job, running under lease ``token`` as another worker's claim would make it."""
+    async with db.unit_of_work() as uow:
+        job = await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text="x"),
+        )
+        await execute(uow, TAKE_OVER({"id": job.job_id, "token": token}))
+        await uow.commit()
+    return job.job_id
 
 
 HOUR = 3600.0

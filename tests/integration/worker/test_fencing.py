@@ -14,14 +14,11 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.enqueue import enqueue
-from jobcore.registry import default_registry
+from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
-from jobcore.testing.jobtypes import EchoPayload
-from tests.integration.worker.support import TAKE_OVER, outcome_params
+from tests.integration.worker.support import outcome_params, running_echo_job
 
 EFFECTS = Query(
     "test_effects",
@@ -55,25 +52,16 @@ SNAPSHOT = Query(
 async def test_a_stale_lease_token_writes_nothing(
     statement: Query, ends: str, db: Database, topology: Topology, settings: Settings
 ) -> None:
-    async with db.unit_of_work() as uow:
-        job = await enqueue(
-            uow,
-            topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-        )
-        current, stale = uuid.uuid4(), uuid.uuid4()
-        await execute(uow, TAKE_OVER({"id": job.job_id, "token": current}))
-        await uow.commit()
+    current, stale = uuid.uuid4(), uuid.uuid4()
+    job_id = await running_echo_job(db, topology, current)
 
     async with db.unit_of_work() as uow:
-        before = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
+        before = await fetch_one(uow, SNAPSHOT({"id": job_id}))
         lost = await fetch_all(
             uow,
-            statement(outcome_params(statement, job.job_id, stale, topology, settings, ends=ends)),
+            statement(outcome_params(statement, job_id, stale, topology, settings, ends=ends)),
         )
-        after = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
+        after = await fetch_one(uow, SNAPSHOT({"id": job_id}))
         await uow.commit()
     assert lost == []
     assert after == before  # same status, lease, attempts, messages and effects
@@ -81,11 +69,9 @@ async def test_a_stale_lease_token_writes_nothing(
     async with db.unit_of_work() as uow:
         won = await fetch_all(
             uow,
-            statement(
-                outcome_params(statement, job.job_id, current, topology, settings, ends=ends)
-            ),
+            statement(outcome_params(statement, job_id, current, topology, settings, ends=ends)),
         )
-        changed = await fetch_one(uow, SNAPSHOT({"id": job.job_id}))
+        changed = await fetch_one(uow, SNAPSHOT({"id": job_id}))
         await uow.commit()
     assert len(won) == 1
     assert changed is not None
@@ -97,20 +83,11 @@ async def test_a_batch_with_two_attempts_of_a_job_writes_only_the_winners_effect
 ) -> None:
     """A lost attempt's success, retried through a database outage, can share a batch with
     the success of the attempt the reaper started: one effect, the winner's."""
-    async with db.unit_of_work() as uow:
-        job = await enqueue(
-            uow,
-            topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-        )
-        current, stale = uuid.uuid4(), uuid.uuid4()
-        await execute(uow, TAKE_OVER({"id": job.job_id, "token": current}))
-        await uow.commit()
+    current, stale = uuid.uuid4(), uuid.uuid4()
+    job_id = await running_echo_job(db, topology, current)
 
-    lost = outcome_params(JOB_SUCCEED_MANY, job.job_id, stale, topology, settings)
-    won = outcome_params(JOB_SUCCEED_MANY, job.job_id, current, topology, settings)
+    lost = outcome_params(JOB_SUCCEED_MANY, job_id, stale, topology, settings)
+    won = outcome_params(JOB_SUCCEED_MANY, job_id, current, topology, settings)
     batch = {
         **won,
         "ids": lost["ids"] + won["ids"],
@@ -123,7 +100,7 @@ async def test_a_batch_with_two_attempts_of_a_job_writes_only_the_winners_effect
     }
     async with db.unit_of_work() as uow:
         rows = await fetch_all(uow, JOB_SUCCEED_MANY(batch))
-        effects = await fetch_all(uow, EFFECTS({"id": job.job_id}))
+        effects = await fetch_all(uow, EFFECTS({"id": job_id}))
         await uow.commit()
-    assert [row["id"] for row in rows] == [job.job_id]
+    assert [row["id"] for row in rows] == [job_id]
     assert [(e["kind"], e["detail"]) for e in effects] == [("charged", {"cents": 100})]
