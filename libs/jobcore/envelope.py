@@ -26,8 +26,9 @@ class JobMessage(BaseModel):
     v: Literal[1] = ENVELOPE_VERSION
     job_id: uuid.UUID
     # Bounded so that a hostile number is poison here, not an out-of-range error in the
-    # worker's claim statement (which would fail every message claimed with it).
-    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
+    # worker's claim statement (which would fail every message claimed with it). Strict:
+    # the relay writes a JSON integer, and `true` or "2" is a malformed message.
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT, strict=True)
     type: str = Field(min_length=1, max_length=200)
 
     def encode(self) -> bytes:
