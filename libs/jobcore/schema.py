@@ -275,3 +275,28 @@ webhook_endpoints = Table(
     _timestamp("updated_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("tenant", "job_type"),
 )
+
+AUDIT_OUTCOMES = ("succeeded", "refused")
+
+# Every admin action (jobcore.audit): who, when, on what, with what outcome. Append-only:
+# only inserted, deleted past JOBCORE_AUDIT_RETENTION by the pruner; a trigger (migration
+# 0009) refuses UPDATE. ``details`` never holds a secret, a key or a payload.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    _timestamp("at", nullable=False, default_now=True),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target_type", Text, nullable=False),
+    # NULL for an action on no single row (a prune, a DLQ replay).
+    Column("target_id", Text),
+    Column("tenant", Text),
+    Column("outcome", Text, nullable=False),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    CheckConstraint(
+        "outcome IN (" + ", ".join(f"'{v}'" for v in AUDIT_OUTCOMES) + ")", name="outcome"
+    ),
+    # `jobcore audit` reads newest first and the pruner deletes oldest first: both by time.
+    Index("audit_log_at_idx", "at"),
+)

@@ -194,6 +194,10 @@ class Settings(BaseSettings):
     # consumer_timeout to a few hours needs no change here. A row is ~100 bytes with its
     # indexes, so three days of them are small next to a week of jobs.
     inbox_retention: Duration = timedelta(days=3)
+    # Audit log entries (every admin action, jobcore.audit), 400 days: a year of history
+    # plus a month, the window a yearly review or a payments audit looks back over. Kept
+    # by the pruner; an entry is ~300 bytes, and admin actions are few.
+    audit_retention: Duration = timedelta(days=400)
     # Seconds between pruner rounds (one pruner at a time across the workers, by lease).
     # A round deletes everything due, so the interval only decides how long past its
     # retention a row may live: a minute is nothing next to days of retention.
