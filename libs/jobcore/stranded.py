@@ -4,7 +4,7 @@ A pending job waits for its message. The message can vanish without the database
 hearing of it: RabbitMQ dead-letters it at the queue's delivery limit after repeated
 requeues, an operator purges or deletes the queue, the broker loses its data. Two use
 cases cover that, called by the worker's sweeper and dead-letter notes services and by
-`jobcore jobs republish-stale` (:func:`republish_all_stale`):
+`jobcore jobs republish-stale` (:func:`jobcore.usecases.jobs.republish_stale_jobs`):
 
 - :func:`republish_stale` publishes the current attempt of every *stale* pending job
   again, through the outbox (so it survives a broker outage like any message). Stale:
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import message_row
 from jobcore.sql.jobs import (
     JOB_LOCK_STALE,
@@ -104,23 +104,6 @@ async def republish_stale(
         Republished(row["id"], row["attempt"], row["reason"], row["republish_count"])
         for row in rows
     ]
-
-
-async def republish_all_stale(
-    db: Database, topology: Topology, *, stale_after: float, batch_size: int = 500
-) -> list[Republished]:
-    """Republish every stale pending job now, a batch per transaction (for operators, who
-    need not wait for the sweeper's next round; no lease: locked rows are skipped)."""
-    republished: list[Republished] = []
-    while True:
-        async with db.unit_of_work() as uow:
-            taken, batch = await republish_stale(
-                uow, topology, stale_after=stale_after, limit=batch_size
-            )
-            await uow.commit()
-        republished.extend(batch)
-        if taken < batch_size:
-            return republished
 
 
 async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:

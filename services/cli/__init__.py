@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from jobcore.errors import JobcoreError
+from services.cli.common import set_actor
 
 COMMAND_MODULES = (
     "services.cli.database",
@@ -49,8 +50,17 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    actor: str | None = typer.Option(
+        None,
+        "--actor",
+        envvar="JOBCORE_ACTOR",
+        show_envvar=True,
+        help="Who the audit log names for admin actions (default: cli:<os user>@<host>).",
+    ),
+) -> None:
     """User-visible background jobs: API, outbox relay, workers and their tools."""
+    set_actor(actor)
 
 
 def _needs_checkout(name: str) -> None:

@@ -1,5 +1,6 @@
-"""The plumbing every command shares: settings, a database for one command, the ``--json``
-option, one-line failures (non-zero exit) and JSON or table output."""
+"""The plumbing every command shares: settings, the actor the audit log names, a database
+for one command, the ``--json`` option, one-line failures (non-zero exit) and JSON or
+table output."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import orjson
 import typer
 
+from jobcore.audit import InvalidActor, check_actor, cli_actor
 from jobcore.db import Database
 from jobcore.settings import Settings, load_settings
 
@@ -22,6 +24,24 @@ JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.
 
 def settings() -> Settings:
     return load_settings()
+
+
+# Set once per process by the root callback (`--actor` / JOBCORE_ACTOR).
+_actor: str | None = None
+
+
+def set_actor(given: str | None) -> None:
+    """Who this command acts as; None: the OS user at this host. Bad input exits 2."""
+    global _actor
+    try:
+        _actor = check_actor(cli_actor() if given is None else given)
+    except InvalidActor as exc:
+        fail(f"--actor / JOBCORE_ACTOR: {exc}", code=2)
+
+
+def actor() -> str:
+    """Who the audit log says did this command's admin action."""
+    return _actor if _actor is not None else check_actor(cli_actor())
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -17,7 +17,7 @@ from jobcore import migrate
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.usecases import keys as key_usecases
-from services.cli.common import settings
+from services.cli.common import actor, settings
 from services.cli.supervisor import Supervisor
 
 
@@ -39,7 +39,7 @@ async def create_key(config: Settings, tenant: str, label: str) -> str:
     database = Database(config, min_size=0, max_size=1, name="jobcore-dev")
     await database.open(wait=True)
     try:
-        return (await key_usecases.create_key(database, tenant, label)).key
+        return (await key_usecases.create_key(database, tenant, label, actor=actor())).key
     finally:
         await database.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from jobcore.usecases import dlq
-from services.cli.common import JSON_OPTION, emit, run, settings
+from services.cli.common import JSON_OPTION, actor, emit, run, settings, with_db
 
 LIST_COLUMNS = (
     "message_id",
@@ -42,7 +42,10 @@ def dlq_replay(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Publish dead letters back to their job queue; each leaves the DLQ once confirmed."""
-    report = run(dlq.replay_dead_letters(settings(), limit=limit))
+    config = settings()
+    report = run(
+        with_db(config, lambda db: dlq.replay_dead_letters(db, config, limit=limit, actor=actor()))
+    )
     summary = {
         "replayed": [letter.as_dict() for letter in report.replayed],
         "skipped": [{**letter.as_dict(), "why": why} for letter, why in report.skipped],

@@ -18,9 +18,8 @@ from jobcore.db import Database
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.states import JobStatus
-from jobcore.stranded import republish_all_stale
 from jobcore.usecases import jobs as job_usecases
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
 jobs_app = typer.Typer(
     help="List, inspect, cancel, retry and republish jobs (operators, all tenants)."
@@ -74,7 +73,9 @@ def cancel(
     """Cancel a pending job now, or ask the worker running it to stop."""
     ident = parse_job_id(job_id)
     config = settings()
-    outcome = run(_with_db(config, lambda db: job_usecases.cancel_any_job(db, config, ident)))
+    outcome = run(
+        _with_db(config, lambda db: job_usecases.cancel_any_job(db, config, ident, actor=actor()))
+    )
     shown = {
         "job_id": outcome.job_id,
         "status": outcome.status.value,
@@ -92,7 +93,12 @@ def retry(
     ident = parse_job_id(job_id)
     config = settings()
     registry = load_job_modules(config.job_modules)
-    outcome = run(_with_db(config, lambda db: job_usecases.retry_job(db, config, registry, ident)))
+    outcome = run(
+        _with_db(
+            config,
+            lambda db: job_usecases.retry_job(db, config, registry, ident, actor=actor()),
+        )
+    )
     shown = {"retried": outcome.retried, "job_id": outcome.job_id, "status": outcome.status.value}
     emit(shown, as_json=as_json)
 
@@ -118,7 +124,9 @@ def republish_stale(
     staleness = config.sweeper_stale_after if stale_after is None else stale_after
 
     async def action(database: Database) -> list[dict[str, Any]]:
-        republished = await republish_all_stale(database, topology, stale_after=staleness)
+        republished = await job_usecases.republish_stale_jobs(
+            database, topology, stale_after=staleness, actor=actor()
+        )
         return [
             {"job_id": r.job_id, "attempt": r.attempt, "reason": r.reason, "count": r.count}
             for r in republished

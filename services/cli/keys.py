@@ -10,7 +10,7 @@ import typer
 
 from jobcore import apikeys
 from jobcore.usecases import keys as key_usecases
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
 keys_app = typer.Typer(
     name="keys",
@@ -34,7 +34,9 @@ def create(
         apikeys.check_tenant_name(tenant)
     except apikeys.InvalidTenantName as exc:
         fail(str(exc), code=2)
-    created = run(with_db(settings(), lambda db: key_usecases.create_key(db, tenant, label)))
+    created = run(
+        with_db(settings(), lambda db: key_usecases.create_key(db, tenant, label, actor=actor()))
+    )
     shown = {"key": created.key, **_shown(created.record)}
     if as_json:
         emit(shown, as_json=True)
@@ -67,7 +69,7 @@ def revoke(
         ident = uuid.UUID(key_id)
     except ValueError:
         fail(f"{key_id!r} is not a key id (a UUID from `jobcore keys list`)", code=2)
-    revoked = run(with_db(settings(), lambda db: key_usecases.revoke_key(db, ident)))
+    revoked = run(with_db(settings(), lambda db: key_usecases.revoke_key(db, ident, actor=actor())))
     if as_json:
         emit(_shown(revoked), as_json=True)
     else:

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from jobcore.usecases import outbox
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
 outbox_app = typer.Typer(
     name="outbox",
@@ -78,7 +78,7 @@ def requeue(
 ) -> None:
     """Publish a quarantined row again, now, with a fresh set of attempts."""
     key = _row_key(ident)
-    row = run(with_db(settings(), lambda db: outbox.requeue(db, key)))
+    row = run(with_db(settings(), lambda db: outbox.requeue(db, key, actor=actor())))
     _show_acted_on(row, "requeued", as_json)
 
 
@@ -89,7 +89,7 @@ def discard(
 ) -> None:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
     key = _row_key(ident)
-    row = run(with_db(settings(), lambda db: outbox.discard(db, key)))
+    row = run(with_db(settings(), lambda db: outbox.discard(db, key, actor=actor())))
     _show_acted_on(row, "discarded", as_json)
 
 

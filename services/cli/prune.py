@@ -17,7 +17,7 @@ import typer
 
 from jobcore.db import Database
 from jobcore.usecases.prune import prune as prune_usecase
-from services.cli.common import emit, run, settings, with_db
+from services.cli.common import actor, emit, run, settings, with_db
 
 
 def _duration(seconds: float) -> str:
@@ -30,13 +30,14 @@ def prune(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Delete finished jobs, inbox rows and result files past their retention, now."""
+    """Delete finished jobs, inbox rows, result files and audit entries past their
+    retention, now."""
     config = settings()
 
     owner = f"jobcore-prune:{socket.gethostname()}:{os.getpid()}"
 
     async def action(database: Database) -> dict[str, Any]:
-        pruned = await prune_usecase(database, config, owner=owner, dry_run=dry_run)
+        pruned = await prune_usecase(database, config, owner=owner, dry_run=dry_run, actor=actor())
         return pruned.as_dict()
 
     report = run(with_db(config, action, name="jobcore-prune"))

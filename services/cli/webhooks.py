@@ -10,7 +10,7 @@ import typer
 
 from jobcore.registry import load_job_modules
 from jobcore.usecases import webhooks as records
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
 LIST_COLUMNS = (
     "id",
@@ -75,7 +75,7 @@ def redeliver(
     """Send a delivery again, now (a failed one too), as a new attempt with the same id."""
     ident = _uuid(delivery_id, "delivery id")
     config = settings()
-    row = run(with_db(config, lambda db: records.redeliver(db, config, ident)))
+    row = run(with_db(config, lambda db: records.redeliver(db, config, ident, actor=actor())))
     if as_json:
         emit(dict(row), as_json=True)
     else:
@@ -92,7 +92,10 @@ def secret(
 ) -> None:
     """Print the tenant's signing secret (created if it has none), or rotate it."""
     row = run(
-        with_db(settings(), lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate))
+        with_db(
+            settings(),
+            lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate, actor=actor()),
+        )
     )
     shown = {"tenant": tenant, **{k: row[k] for k in ("secret", "created_at", "rotated_at")}}
     emit(shown, as_json=as_json)
@@ -112,7 +115,10 @@ def endpoint_set(
     registry = load_job_modules(config.job_modules)
     row = run(
         with_db(
-            config, lambda db: records.set_endpoint(db, config, registry, tenant, job_type, url)
+            config,
+            lambda db: records.set_endpoint(
+                db, config, registry, tenant, job_type, url, actor=actor()
+            ),
         )
     )
     emit(dict(row), as_json=as_json)
@@ -138,7 +144,9 @@ def endpoint_remove(
     job_type: str = typer.Option(records.ANY_JOB_TYPE, "--type", help="The job type ('*')."),
 ) -> None:
     """Remove a default endpoint (jobs already enqueued keep the URL they got)."""
-    removed = run(with_db(settings(), lambda db: records.remove_endpoint(db, tenant, job_type)))
+    removed = run(
+        with_db(settings(), lambda db: records.remove_endpoint(db, tenant, job_type, actor=actor()))
+    )
     typer.echo(f"removed {removed['tenant']}/{removed['job_type']} → {removed['url']}")
 
 

@@ -74,7 +74,7 @@ class E2EStack:
         db = Database(self.settings, min_size=0, max_size=1, name="jobcore-e2e")
         await db.open(wait=True)
         try:
-            self.api_key = (await key_usecases.create_key(db, "e2e", "e2e")).key
+            self.api_key = (await key_usecases.create_key(db, "e2e", "e2e", actor="tests")).key
         finally:
             await db.close()
         self.ports = {role: free_port() for role in ROLES}

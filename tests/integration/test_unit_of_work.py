@@ -201,8 +201,8 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
     db: Database, topology: Topology
 ) -> None:
     echo = default_registry.get("echo")
-    created = await key_usecases.create_key(db, "acme")
-    other = await key_usecases.create_key(db, "globex")
+    created = await key_usecases.create_key(db, "acme", actor="tests")
+    other = await key_usecases.create_key(db, "globex", actor="tests")
     owner = KeyOwner(apikeys.hash_key(created.key))
 
     async def submit(text: str, who: KeyOwner) -> tuple[str, uuid.UUID, bool]:
@@ -232,7 +232,7 @@ async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
         await submit("b", owner)
 
     # A revoked or unknown key writes nothing, in the same statement that would have.
-    await key_usecases.revoke_key(db, created.record.id)
+    await key_usecases.revoke_key(db, created.record.id, actor="tests")
     before = await counts(db)
     for who in (owner, KeyOwner(apikeys.hash_key(apikeys.generate_key()))):
         with pytest.raises(apikeys.InvalidApiKey):

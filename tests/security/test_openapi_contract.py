@@ -48,7 +48,7 @@ async def _create_key(settings: Settings) -> str:
     db = Database(settings, min_size=0, max_size=1)
     await db.open(wait=True)
     try:
-        return (await key_usecases.create_key(db, "schemathesis", "contract")).key
+        return (await key_usecases.create_key(db, "schemathesis", "contract", actor="tests")).key
     finally:
         await db.close()
 

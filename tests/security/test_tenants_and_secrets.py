@@ -155,7 +155,9 @@ async def test_keys_stay_out_of_logs_revocation_is_immediate_and_messages_carry_
     )
     async with stack:
         key = stack.api_key
-        other = (await key_usecases.create_key(stack.db, "other-tenant", "tests")).key
+        other = (
+            await key_usecases.create_key(stack.db, "other-tenant", "tests", actor="tests")
+        ).key
         auth = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as client:
             created = await client.post(

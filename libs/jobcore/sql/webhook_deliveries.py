@@ -231,7 +231,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
             next_attempt_at = now(),
             updated_at = now()
         WHERE id = %(id)s
-        RETURNING id, job_id, attempts
+        RETURNING id, job_id, tenant, attempts
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id
@@ -247,7 +247,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
         FROM delivery
         RETURNING id
     )
-    SELECT delivery.id, delivery.job_id, delivery.attempts + 1 AS attempt,
+    SELECT delivery.id, delivery.job_id, delivery.tenant, delivery.attempts + 1 AS attempt,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified
     FROM delivery
     """,

@@ -264,7 +264,11 @@ class Stack:
             if proxy is not None:
                 await proxy.start()
         await self.db.open(wait=True)
-        self.api_key = (await key_usecases.create_key(self.db, self.tenant, "pipeline")).key
+        self.api_key = (
+            await key_usecases.create_key(
+                self.db, self.tenant, "pipeline", actor="testing:pipeline"
+            )
+        ).key
         self.api_port = free_port()
         self.api = Process(
             "api",

@@ -2,7 +2,9 @@
 
 Cancel is the same function for `POST /jobs/{id}/cancel` and `jobcore jobs cancel`. Retry
 never revives a finished job (terminal states are final, DESIGN.md): it enqueues a copy
-with the same type, payload and entity.
+with the same type, payload and entity. What operators do (cancel any job, retry,
+republish) is audited (:mod:`jobcore.audit`); a tenant cancelling its own job is not an
+admin action.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from jobcore.amqp.topology import Topology
+from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
 from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotCancellable, JobNotFound, JobNotRetryable
@@ -29,6 +32,7 @@ from jobcore.sql.jobs import (
     JobListAllTenantsParams,
 )
 from jobcore.states import JobStatus, check_transition, is_terminal
+from jobcore.stranded import Republished, republish_stale
 from jobcore.webhooks import completion_params
 
 
@@ -101,15 +105,20 @@ async def list_jobs(db: Database, where: AdminJobFilter, *, limit: int) -> list[
         return [dict(r) for r in await fetch_all(uow, JOB_LIST_ALL_TENANTS(params))]
 
 
-async def cancel_any_job(db: Database, settings: Settings, job_id: uuid.UUID) -> CancelOutcome:
-    """:func:`cancel_job` for operators: whatever the job's tenant, committed."""
+async def cancel_any_job(
+    db: Database, settings: Settings, job_id: uuid.UUID, *, actor: str
+) -> CancelOutcome:
+    """:func:`cancel_job` for operators: whatever the job's tenant, committed and audited."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-    tenant = (await show_job(db, job_id))["tenant"]
-    async with db.unit_of_work() as uow:
+    target = Target("job", str(job_id))
+    async with audited(db, actor=actor, action=AuditAction.JOB_CANCEL, target=target) as work:
+        tenant = (await find_job(work.uow, job_id))["tenant"]
+        work.entry.tenant = tenant
         outcome = await cancel_job(
-            uow, tenant, job_id, completion=completion_params(topology, settings)
+            work.uow, tenant, job_id, completion=completion_params(topology, settings)
         )
-        await uow.commit()
+        work.entry.details = {"status": outcome.status.value}
+        await work.commit()
     return outcome
 
 
@@ -121,17 +130,19 @@ class RetryOutcome:
 
 
 async def retry_job(
-    db: Database, settings: Settings, registry: Registry, job_id: uuid.UUID
+    db: Database, settings: Settings, registry: Registry, job_id: uuid.UUID, *, actor: str
 ) -> RetryOutcome:
     """Enqueue a copy of a failed or cancelled job (same type, payload and entity)."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-    job = await show_job(db, job_id)
-    if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
-        raise JobNotRetryable(f"job {job_id} is {job['status']}; only failed or cancelled jobs")
-    job_type = registry.get(job["type"])
-    async with db.unit_of_work() as uow:
+    target = Target("job", str(job_id))
+    async with audited(db, actor=actor, action=AuditAction.JOB_RETRY, target=target) as work:
+        job = await find_job(work.uow, job_id)
+        work.entry.tenant = job["tenant"]
+        if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise JobNotRetryable(f"job {job_id} is {job['status']}; only failed or cancelled jobs")
+        job_type = registry.get(job["type"])
         result = await enqueue(
-            uow,
+            work.uow,
             topology,
             tenant=job["tenant"],
             job_type=job_type,
@@ -139,5 +150,39 @@ async def retry_job(
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
         )
-        await uow.commit()
+        work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
+        await work.commit()
     return RetryOutcome(job_id, result.job_id, result.status)
+
+
+# Job ids an audit entry of a republish lists; the count covers the rest.
+AUDITED_JOB_IDS = 100
+
+
+async def republish_stale_jobs(
+    db: Database, topology: Topology, *, stale_after: float, actor: str, batch_size: int = 500
+) -> list[Republished]:
+    """Republish every stale pending job now (:func:`jobcore.stranded.republish_stale`), a
+    batch per transaction, for operators who need not wait for the sweeper's next round
+    (no lease: locked rows are skipped). Each batch that republished jobs is audited in
+    its own transaction; a run that found none records one entry saying so."""
+    check_actor(actor)
+    republished: list[Republished] = []
+    while True:
+        async with db.unit_of_work() as uow:
+            taken, batch = await republish_stale(
+                uow, topology, stale_after=stale_after, limit=batch_size
+            )
+            last = taken < batch_size
+            if batch or (last and not republished):
+                entry = Entry(actor, AuditAction.JOBS_REPUBLISH_STALE, Target("jobs"))
+                entry.details = {
+                    "stale_after_seconds": stale_after,
+                    "jobs": len(batch),
+                    "job_ids": [r.job_id for r in batch[:AUDITED_JOB_IDS]],
+                }
+                await record(uow, entry)
+            await uow.commit()
+        republished.extend(batch)
+        if last:
+            return republished

@@ -15,22 +15,30 @@ from jobcore.apikeys import (
     generate_key,
     hash_key,
 )
+from jobcore.audit import AuditAction, Target, audited
 from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.sql.api_keys import API_KEY_INSERT, API_KEY_LIST, API_KEY_REVOKE
 
 
-async def create_key(db: Database, tenant: str, label: str | None = None) -> CreatedKey:
+async def create_key(
+    db: Database, tenant: str, label: str | None = None, *, actor: str
+) -> CreatedKey:
     check_tenant_name(tenant)
     if label is not None and (len(label) > MAX_LABEL_LENGTH or "\x00" in label):
         raise JobcoreError(f"a label is at most {MAX_LABEL_LENGTH} characters, without NUL")
     key = generate_key()
-    async with db.unit_of_work() as uow:
+    key_id = uuid.uuid4()
+    target = Target("api_key", str(key_id))
+    async with audited(db, actor=actor, action=AuditAction.KEY_CREATE, target=target) as work:
+        # Not the key, its hash or its prefix: the id names it (`jobcore keys list`).
+        work.entry.tenant = tenant
+        work.entry.details = {"label": label}
         row = await fetch_one(
-            uow,
+            work.uow,
             API_KEY_INSERT(
                 {
-                    "id": uuid.uuid4(),
+                    "id": key_id,
                     "tenant": tenant,
                     "key_hash": hash_key(key),
                     "prefix": key[:DISPLAY_PREFIX_LENGTH],
@@ -38,7 +46,7 @@ async def create_key(db: Database, tenant: str, label: str | None = None) -> Cre
                 }
             ),
         )
-        await uow.commit()
+        await work.commit()
     assert row is not None  # INSERT ... RETURNING always returns the row
     return CreatedKey(ApiKey.from_row(row), key)
 
@@ -49,11 +57,14 @@ async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
     return [ApiKey.from_row(row) for row in rows]
 
 
-async def revoke_key(db: Database, key_id: uuid.UUID) -> ApiKey:
+async def revoke_key(db: Database, key_id: uuid.UUID, *, actor: str) -> ApiKey:
     """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
-    async with db.unit_of_work() as uow:
-        row = await fetch_one(uow, API_KEY_REVOKE({"id": key_id}))
-        await uow.commit()
-    if row is None:
-        raise ApiKeyNotFound(f"no API key with id {key_id}")
+    target = Target("api_key", str(key_id))
+    async with audited(db, actor=actor, action=AuditAction.KEY_REVOKE, target=target) as work:
+        row = await fetch_one(work.uow, API_KEY_REVOKE({"id": key_id}))
+        if row is None:
+            raise ApiKeyNotFound(f"no API key with id {key_id}")
+        work.entry.tenant = row["tenant"]
+        work.entry.details = {"revoked_at": row["revoked_at"]}
+        await work.commit()
     return ApiKey.from_row(row)

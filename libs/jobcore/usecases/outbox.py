@@ -8,8 +8,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from jobcore.audit import AuditAction, Target, audited
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_all
+from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
 from jobcore.sql import Query, Statement
 from jobcore.sql.outbox import (
@@ -66,32 +67,51 @@ async def list_quarantined(db: Database, *, limit: int) -> list[dict[str, Any]]:
 
 
 async def _act_on_quarantined(
-    db: Database, key: OutboxRowKey, query: Query[OutboxRequeueParams], verb: str
+    db: Database,
+    key: OutboxRowKey,
+    query: Query[OutboxRequeueParams],
+    verb: str,
+    *,
+    actor: str,
+    action: AuditAction,
 ) -> dict[str, Any]:
-    rows = await _rows(db, query({**key.params(), "channel": OUTBOX_CHANNEL}))
-    if rows:
-        return {k: v for k, v in rows[0].items() if k != "notified"}
-    found = await _rows(db, OUTBOX_FIND(key.params()))
-    if not found:
-        raise OutboxRowNotFound(f"no outbox row {key}")
-    row = found[0]
-    if row["quarantined_at"] is not None and row["ended_job_status"] is not None:
-        raise JobcoreError(
-            f"outbox row {key} is the message of job {row['job_id']}, which is "
-            f"{row['ended_job_status']}: publishing it would do nothing; run "
-            f"`jobcore jobs retry {row['job_id']}` for a new job instead"
+    target = Target("outbox_row", str(key))
+    async with audited(db, actor=actor, action=action, target=target) as work:
+        acted = await fetch_one(work.uow, query({**key.params(), "channel": OUTBOX_CHANNEL}))
+        if acted is not None:
+            row = {k: v for k, v in acted.items() if k != "notified"}
+            work.entry.details = {
+                "id": row["id"],
+                "message_id": row["message_id"],
+                "job_id": row["job_id"],
+            }
+            await work.commit()
+            return row
+        found = await fetch_one(work.uow, OUTBOX_FIND(key.params()))
+        if found is None:
+            raise OutboxRowNotFound(f"no outbox row {key}")
+        work.entry.details = {"id": found["id"], "job_id": found["job_id"]}
+        if found["quarantined_at"] is not None and found["ended_job_status"] is not None:
+            raise JobcoreError(
+                f"outbox row {key} is the message of job {found['job_id']}, which is "
+                f"{found['ended_job_status']}: publishing it would do nothing; run "
+                f"`jobcore jobs retry {found['job_id']}` for a new job instead"
+            )
+        raise OutboxRowNotQuarantined(
+            f"outbox row {key} is not quarantined; only quarantined rows can be {verb}"
         )
-    raise OutboxRowNotQuarantined(
-        f"outbox row {key} is not quarantined; only quarantined rows can be {verb}"
+
+
+async def requeue(db: Database, key: OutboxRowKey, *, actor: str) -> dict[str, Any]:
+    """Publish a quarantined row again, now, with a fresh set of attempts (the relays are
+    woken). A row whose job has ended is refused: retry the job instead."""
+    return await _act_on_quarantined(
+        db, key, OUTBOX_REQUEUE, "requeued", actor=actor, action=AuditAction.OUTBOX_REQUEUE
     )
 
 
-async def requeue(db: Database, key: OutboxRowKey) -> dict[str, Any]:
-    """Publish a quarantined row again, now, with a fresh set of attempts (the relays are
-    woken). A row whose job has ended is refused: retry the job instead."""
-    return await _act_on_quarantined(db, key, OUTBOX_REQUEUE, "requeued")
-
-
-async def discard(db: Database, key: OutboxRowKey) -> dict[str, Any]:
+async def discard(db: Database, key: OutboxRowKey, *, actor: str) -> dict[str, Any]:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
-    return await _act_on_quarantined(db, key, OUTBOX_DISCARD, "discarded")
+    return await _act_on_quarantined(
+        db, key, OUTBOX_DISCARD, "discarded", actor=actor, action=AuditAction.OUTBOX_DISCARD
+    )

@@ -11,6 +11,7 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import check_tenant_name
+from jobcore.audit import AuditAction, Target, audited, url_fingerprint
 from jobcore.db import Database, UnitOfWork, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.registry import Registry
@@ -49,17 +50,24 @@ async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
     raise JobcoreError(f"could not read or create the signing secret of tenant {tenant!r}")
 
 
-async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool) -> DictRow:
+async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool, actor: str) -> DictRow:
+    """The tenant's signing secret (created if it has none), or a new one with ``rotate``.
+    Both are audited: showing a secret hands out what forges the tenant's webhooks."""
     check_tenant_name(tenant)
-    async with db.unit_of_work() as uow:
+    action = AuditAction.WEBHOOK_SECRET_ROTATE if rotate else AuditAction.WEBHOOK_SECRET_REVEAL
+    target = Target("webhook_secret", tenant)
+    async with audited(db, actor=actor, action=action, target=target) as work:
+        work.entry.tenant = tenant
         if rotate:
             row = await fetch_one(
-                uow, WEBHOOK_SECRET_ROTATE({"tenant": tenant, "secret": new_secret()})
+                work.uow, WEBHOOK_SECRET_ROTATE({"tenant": tenant, "secret": new_secret()})
             )
             assert row is not None  # an upsert with RETURNING always returns the row
         else:
-            row = await tenant_secret(uow, tenant)
-        await uow.commit()
+            row = await tenant_secret(work.uow, tenant)
+        # When, never what: the secret stays out of the log.
+        work.entry.details = {"created": row["created"], "rotated_at": row["rotated_at"]}
+        await work.commit()
     return row
 
 
@@ -74,35 +82,54 @@ async def list_deliveries(
         )
 
 
-async def redeliver(db: Database, settings: Settings, delivery_id: uuid.UUID) -> DictRow:
+async def redeliver(
+    db: Database, settings: Settings, delivery_id: uuid.UUID, *, actor: str
+) -> DictRow:
     """A new attempt of a delivery, now, through the outbox (a failed one too)."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-    async with db.unit_of_work() as uow:
+    target = Target("webhook_delivery", str(delivery_id))
+    async with audited(
+        db, actor=actor, action=AuditAction.WEBHOOK_REDELIVER, target=target
+    ) as work:
         row = await fetch_one(
-            uow,
+            work.uow,
             WEBHOOK_DELIVERY_REDELIVER(
                 {**completion_params(topology, settings), "id": delivery_id}
             ),
         )
-        await uow.commit()
-    if row is None:
-        raise DeliveryNotFound(f"no webhook delivery with id {delivery_id}")
+        if row is None:
+            raise DeliveryNotFound(f"no webhook delivery with id {delivery_id}")
+        work.entry.tenant = row["tenant"]
+        work.entry.details = {"job_id": row["job_id"], "attempt": row["attempt"]}
+        await work.commit()
     return row
 
 
 async def set_endpoint(
-    db: Database, settings: Settings, registry: Registry, tenant: str, job_type: str, url: str
+    db: Database,
+    settings: Settings,
+    registry: Registry,
+    tenant: str,
+    job_type: str,
+    url: str,
+    *,
+    actor: str,
 ) -> DictRow:
     """Make ``url`` the tenant's default endpoint for a job type (``*``: every type)."""
     check_tenant_name(tenant)
     if job_type != ANY_JOB_TYPE:
         registry.get(job_type)  # UnknownJobType for a typo
     await check_callback_url(url, settings.webhook_allowed_hosts)
-    async with db.unit_of_work() as uow:
+    target = Target("webhook_endpoint", f"{tenant}/{job_type}")
+    async with audited(
+        db, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_SET, target=target
+    ) as work:
+        work.entry.tenant = tenant
+        work.entry.details = {"job_type": job_type, **url_fingerprint(url)}
         row = await fetch_one(
-            uow, WEBHOOK_ENDPOINT_SET({"tenant": tenant, "type": job_type, "url": url})
+            work.uow, WEBHOOK_ENDPOINT_SET({"tenant": tenant, "type": job_type, "url": url})
         )
-        await uow.commit()
+        await work.commit()
     assert row is not None  # an upsert with RETURNING always returns the row
     return row
 
@@ -112,10 +139,19 @@ async def list_endpoints(db: Database, tenant: str | None) -> list[DictRow]:
         return await fetch_all(uow, WEBHOOK_ENDPOINT_LIST({"tenant": tenant}))
 
 
-async def remove_endpoint(db: Database, tenant: str, job_type: str) -> dict[str, Any]:
-    async with db.unit_of_work() as uow:
-        row = await fetch_one(uow, WEBHOOK_ENDPOINT_DELETE({"tenant": tenant, "type": job_type}))
-        await uow.commit()
-    if row is None:
-        raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")
+async def remove_endpoint(
+    db: Database, tenant: str, job_type: str, *, actor: str
+) -> dict[str, Any]:
+    target = Target("webhook_endpoint", f"{tenant}/{job_type}")
+    async with audited(
+        db, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_REMOVE, target=target
+    ) as work:
+        row = await fetch_one(
+            work.uow, WEBHOOK_ENDPOINT_DELETE({"tenant": tenant, "type": job_type})
+        )
+        if row is None:
+            raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")
+        work.entry.tenant = tenant
+        work.entry.details = {"job_type": job_type, **url_fingerprint(row["url"])}
+        await work.commit()
     return dict(row)

@@ -36,12 +36,12 @@ async def api_client(api_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def api_key(db: Database) -> str:
-    return (await key_usecases.create_key(db, TENANT, "tests")).key
+    return (await key_usecases.create_key(db, TENANT, "tests", actor="tests")).key
 
 
 @pytest.fixture
 async def other_api_key(db: Database) -> str:
-    return (await key_usecases.create_key(db, OTHER_TENANT, "tests")).key
+    return (await key_usecases.create_key(db, OTHER_TENANT, "tests", actor="tests")).key
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ async def test_bad_and_revoked_keys_are_401(
     headers = {"Authorization": f"Bearer {api_key}"}
     assert (await api_client.get("/jobs", headers=headers)).status_code == 200
     [record] = [k for k in await key_usecases.list_keys(db, TENANT) if api_key.startswith(k.prefix)]
-    await key_usecases.revoke_key(db, record.id)
+    await key_usecases.revoke_key(db, record.id, actor="tests")
     # Looked up per request: the very next request is refused.
     assert_problem(await api_client.get("/jobs", headers=headers), 401, "invalid-api-key")
     assert_problem(await enqueue(api_client, headers), 401, "invalid-api-key")
@@ -58,7 +58,7 @@ async def test_bad_and_revoked_keys_are_401(
 async def test_keys_are_stored_as_hashes_and_listed_without_them(
     db: Database, api_key: str
 ) -> None:
-    created = await key_usecases.create_key(db, "initech", "ci")
+    created = await key_usecases.create_key(db, "initech", "ci", actor="tests")
     assert created.key.startswith("jc_")
     assert len(created.key) >= 40
     assert created.key != api_key

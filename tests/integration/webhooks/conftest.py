@@ -55,11 +55,11 @@ async def api_client(api_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def auth(db: Database) -> dict[str, str]:
-    key = (await key_usecases.create_key(db, TENANT, "webhook tests")).key
+    key = (await key_usecases.create_key(db, TENANT, "webhook tests", actor="tests")).key
     return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
 async def other_auth(db: Database) -> dict[str, str]:
-    key = (await key_usecases.create_key(db, OTHER_TENANT, "webhook tests")).key
+    key = (await key_usecases.create_key(db, OTHER_TENANT, "webhook tests", actor="tests")).key
     return {"Authorization": f"Bearer {key}"}

@@ -129,7 +129,7 @@ async def test_200_waiters_return_within_100ms_of_their_job_finishing_within_the
     settings: Settings, db: Database, tmp_path: Path
 ) -> None:
     port = free_port()
-    key = (await key_usecases.create_key(db, "acme", "long-poll load")).key
+    key = (await key_usecases.create_key(db, "acme", "long-poll load", actor="tests")).key
     auth = {"Authorization": f"Bearer {key}"}
     env = {"JOBCORE_DB_POOL_MAX": str(POOL_MAX), "JOBCORE_DB_POOL_MIN": "1"}
     log_path = tmp_path / "api.log"

@@ -109,8 +109,12 @@ async def test_an_allowed_host_is_accepted_and_stored(
 async def test_a_tenants_default_endpoint_applies_when_no_callback_is_given(
     hsettings: Settings, api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
 ) -> None:
-    await set_endpoint(db, hsettings, default_registry, TENANT, "*", "http://127.0.0.1:1/any")
-    await set_endpoint(db, hsettings, default_registry, TENANT, "echo", "http://127.0.0.1:1/echo")
+    await set_endpoint(
+        db, hsettings, default_registry, TENANT, "*", "http://127.0.0.1:1/any", actor="tests"
+    )
+    await set_endpoint(
+        db, hsettings, default_registry, TENANT, "echo", "http://127.0.0.1:1/echo", actor="tests"
+    )
     echo = (await api_client.post("/jobs/echo", json={"text": "x"}, headers=auth)).json()
     effect = (await api_client.post("/jobs/effect", json={}, headers=auth)).json()
     given = await api_client.post(
@@ -195,8 +199,8 @@ async def test_the_reaper_records_the_webhook_of_a_job_it_fails(
 async def test_a_revoked_key_cannot_list_deliveries(
     api_client: httpx.AsyncClient, db: Database
 ) -> None:
-    created = await key_usecases.create_key(db, TENANT, "to revoke")
-    await key_usecases.revoke_key(db, created.record.id)
+    created = await key_usecases.create_key(db, TENANT, "to revoke", actor="tests")
+    await key_usecases.revoke_key(db, created.record.id, actor="tests")
     response = await api_client.get(
         f"/jobs/{uuid.uuid4()}/deliveries", headers={"Authorization": f"Bearer {created.key}"}
     )
