@@ -1,10 +1,12 @@
-"""Retention: finished jobs, inbox rows and result files go once their time is up.
+"""Retention: finished jobs, inbox rows, result files and audit entries go once their
+time is up.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
-``JOBCORE_INBOX_RETENTION``), in batches of ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its
-own short transaction, with a rest after each batch as long as the batch took, so a
-backlog drains at about half the database's deleting speed instead of in one storm.
+``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``), in batches of
+``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
+each batch as long as the batch took, so a backlog drains at about half the database's
+deleting speed instead of in one storm.
 
 What goes with a job: its webhook deliveries, its recorded effects, its quarantined outbox
 rows (all in the job's transaction) and its result file (just after that commits). A
@@ -37,6 +39,11 @@ from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
+from jobcore.sql.audit_log import (
+    AUDIT_LOG_PRUNE_BATCH,
+    AUDIT_LOG_PRUNE_COUNT,
+    AuditLogPruneCountParams,
+)
 from jobcore.sql.inbox import INBOX_PRUNE_BATCH, INBOX_PRUNE_COUNT, InboxPruneCountParams
 from jobcore.sql.jobs import (
     JOB_IDS_EXISTING,
@@ -59,7 +66,15 @@ log = logging.getLogger(__name__)
 # `jobcore prune`'s, so only one runs at a time.
 LEASE_NAME = "pruner"
 # What a pass counts, by table (result files count as "result_files").
-TABLES = ("jobs", "job_effects", "webhook_deliveries", "outbox", "inbox", "result_files")
+TABLES = (
+    "jobs",
+    "job_effects",
+    "webhook_deliveries",
+    "outbox",
+    "inbox",
+    "audit_log",
+    "result_files",
+)
 # A result file is swept only when unchanged this long: a write in progress (a temporary
 # file) or a result whose job row is being written is never mistaken for a leftover.
 STALE_FILE_AGE = 3600.0
@@ -183,6 +198,8 @@ class Retention:
                     report.tables["result_files"] += row["result_files"]
             inbox = await fetch_one(uow, INBOX_PRUNE_COUNT(self._inbox_params()))
             report.tables["inbox"] = inbox["inbox"] if inbox else 0
+            audit = await fetch_one(uow, AUDIT_LOG_PRUNE_COUNT(self._audit_params()))
+            report.tables["audit_log"] = audit["audit_log"] if audit else 0
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
         return report
@@ -196,8 +213,8 @@ class Retention:
         sweep_files: bool = True,
     ) -> PruneReport:
         """One full pass: finished jobs (with what goes with them), then inbox rows, then
-        (with ``sweep_files``) leftover result files. Stops early, ``complete=False``,
-        when ``fence`` or ``pause`` says so."""
+        audit entries, then (with ``sweep_files``) leftover result files. Stops early,
+        ``complete=False``, when ``fence`` or ``pause`` says so."""
         kinds = await self.survey()
         report = PruneReport(dry_run=False, kinds=kinds)
 
@@ -225,7 +242,13 @@ class Retention:
             )
             return _Batch(collections.Counter(inbox=deleted), deleted >= self.batch_size)
 
-        steps = [jobs_batch, inbox_batch] if kinds else [inbox_batch]
+        async def audit_batch(uow: UnitOfWork) -> _Batch:
+            deleted = await execute(
+                uow, AUDIT_LOG_PRUNE_BATCH({**self._audit_params(), "limit": self.batch_size})
+            )
+            return _Batch(collections.Counter(audit_log=deleted), deleted >= self.batch_size)
+
+        steps = [jobs_batch, inbox_batch, audit_batch] if kinds else [inbox_batch, audit_batch]
         for step in steps:
             if not await self._batches(step, fence, pause, committed):
                 report.complete = False
@@ -261,6 +284,9 @@ class Retention:
 
     def _inbox_params(self) -> InboxPruneCountParams:
         return {"keep": self.settings.inbox_retention.total_seconds()}
+
+    def _audit_params(self) -> AuditLogPruneCountParams:
+        return {"keep": self.settings.audit_retention.total_seconds()}
 
     async def _delete_files(self, names: Sequence[str]) -> int:
         """Delete result-store files off the event loop; a failure is logged, never raised
