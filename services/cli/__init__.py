@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "services.cli.webhooks",
     "services.cli.jobs",
     "services.cli.prune",
+    "services.cli.audit",
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",

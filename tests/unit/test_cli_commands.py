@@ -25,6 +25,7 @@ def test_every_verb_is_registered() -> None:
         "relay": None,
         "worker": None,
         "prune": None,
+        "audit": None,
         "dev": None,
         "demo": None,
         "chaos": None,
