@@ -13,6 +13,7 @@ from jobcore.settings import Settings
 from tests.support.retention import (
     Made,
     age_file,
+    audit_entry,
     inbox_row,
     make_job,
     own_rows,
@@ -202,6 +203,8 @@ async def test_dry_run_counts_what_a_pass_deletes_and_changes_nothing(
         await make_job(db, topology, status=status, age=31 * DAY, store=store, quarantined=True)
     await make_job(db, topology, age=DAY, store=store)
     await inbox_row(db, age=settings.inbox_retention + DAY)
+    await audit_entry(db, age=settings.audit_retention + DAY)
+    await audit_entry(db, age=settings.audit_retention - DAY)  # kept
     before = await table_counts(db)
     files = sorted(Path(settings.result_dir).iterdir())
 
@@ -217,11 +220,15 @@ async def test_dry_run_counts_what_a_pass_deletes_and_changes_nothing(
         "webhook_deliveries": 3,
         "outbox": 3,
         "inbox": 1,
+        "audit_log": 1,
         "result_files": 3,
     }
     assert dry.as_dict()["tables"] == expected
     done = await Retention(settings, db).prune()
     assert done.as_dict()["tables"] == expected
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM audit_log")
+        assert await cur.fetchone() == {"n": 1}  # the recent entry
 
 
 async def test_the_cascades_that_take_a_jobs_rows_are_index_backed(db: Database) -> None:

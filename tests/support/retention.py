@@ -136,6 +136,17 @@ async def inbox_row(db: Database, *, age: timedelta) -> uuid.UUID:
     return message_id
 
 
+async def audit_entry(db: Database, *, age: timedelta) -> None:
+    """An audit entry written ``age`` ago."""
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO audit_log (at, actor, action, target_type, outcome) "
+            "VALUES (now() - make_interval(secs => %s), 'tests', 'key.create', 'api_key', "
+            "'succeeded')",
+            (age.total_seconds(),),
+        )
+
+
 def age_file(path: os.PathLike[str] | str, age: timedelta) -> None:
     """Make a file look unchanged for ``age``."""
     then = time.time() - age.total_seconds()

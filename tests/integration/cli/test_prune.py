@@ -15,7 +15,7 @@ from jobcore.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
-from tests.support.retention import inbox_row, make_job, table_counts
+from tests.support.retention import audit_entry, inbox_row, make_job, table_counts
 
 EXPECTED_TABLES = {
     "jobs": 3,
@@ -23,6 +23,7 @@ EXPECTED_TABLES = {
     "webhook_deliveries": 3,
     "outbox": 1,
     "inbox": 2,
+    "audit_log": 1,
     "result_files": 3,
 }
 
@@ -51,6 +52,16 @@ async def old_rows(db: Database, topology: Topology, settings: Settings) -> None
     await make_job(db, topology, age=timedelta(days=1), store=store)  # kept
     for _ in range(2):
         await inbox_row(db, age=settings.inbox_retention + timedelta(hours=1))
+    await audit_entry(db, age=settings.audit_retention + timedelta(hours=1))
+    await audit_entry(db, age=settings.audit_retention - timedelta(hours=1))  # kept
+
+
+async def audit_log(db: Database) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT actor, action, target_type, outcome, details FROM audit_log ORDER BY id"
+        )
+        return [dict(row) for row in await cur.fetchall()]
 
 
 async def test_dry_run_shows_what_would_go_then_a_pass_deletes_exactly_that(
@@ -82,14 +93,25 @@ async def test_dry_run_shows_what_would_go_then_a_pass_deletes_exactly_that(
     assert lines[1].split() == ["STATUS", "TYPE", "RETENTION", "OLDEST", "JOBS"]
     assert ["inbox", "2"] in [line.split() for line in lines]
 
-    done = as_json(jobcore(settings, "prune", "--json"))
+    done = as_json(jobcore(settings, "prune", "--json", JOBCORE_ACTOR="ops:erin"))
 
     assert (done["dry_run"], done["complete"]) == (False, True)
     assert done["tables"] == EXPECTED_TABLES
     after = await table_counts(db)
     assert {t: before[t] - after[t] for t in after} == {
-        t: n for t, n in EXPECTED_TABLES.items() if t != "result_files"
+        t: n for t, n in EXPECTED_TABLES.items() if t not in ("result_files", "audit_log")
     }
+    # The old entry went, the recent one stayed, and the pass recorded what it deleted;
+    # the dry run recorded nothing.
+    kept, pass_ = await audit_log(db)
+    assert kept["actor"] == "tests"
+    assert (pass_["actor"], pass_["action"], pass_["outcome"]) == (
+        "ops:erin",
+        "prune",
+        "succeeded",
+    )
+    assert pass_["details"]["tables"] == EXPECTED_TABLES
+    assert pass_["details"]["complete"] is True
     assert len(list(settings.result_dir.iterdir())) == len(files) - 3
     # The lease was given back: a worker's pruner can take it at once.
     async with db.connection() as conn:
@@ -112,6 +134,9 @@ async def test_refused_while_a_workers_pruner_holds_the_lease(
     assert refused.stderr.startswith("jobcore: the pruner lease is held by worker-7 until ")
     assert "nothing was pruned" in refused.stderr
     assert await table_counts(db) == before
+    refusal = (await audit_log(db))[-1]
+    assert (refusal["action"], refusal["outcome"]) == ("prune", "refused")
+    assert refusal["details"] == {"refused": "PrunerBusy"}
     # Counting needs no lease.
     assert as_json(jobcore(settings, "prune", "--dry-run", "--json"))["tables"]["jobs"] == 3
 

@@ -161,6 +161,22 @@ async def test_dlq_list_peeks_without_losing_and_replay_requeues(
     code, out, err = await jobcore(wsettings, "dlq", "replay", "--json")
     assert code == 0, err
     assert len(orjson.loads(out)["replayed"]) == 1
+    # Each replay is audited once done, with what it replayed (never a body).
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT action, target_type, outcome, details FROM audit_log ORDER BY id"
+        )
+        replays = [dict(row) for row in await cur.fetchall()]
+    assert [(r["action"], r["target_type"], r["outcome"]) for r in replays] == [
+        ("dlq.replay", "dead_letter_queue", "succeeded")
+    ] * 2
+    assert [(r["details"]["replayed"], r["details"]["skipped"]) for r in replays] == [
+        (2, 0),
+        (1, 0),
+    ]
+    replayed = [m for r in replays for m in r["details"]["messages"]]
+    assert {m["job_id"] for m in replayed} == {str(j) for j in jobs}
+    assert {uuid.UUID(m["message_id"]) for m in replayed} == messages
 
     for job_id in jobs:
         await eventually(lambda j=job_id: status_is(db, j, "succeeded"), what="replayed job")
