@@ -40,11 +40,11 @@ from jobcore.errors import (
     JobcoreError,
     ServiceStateError,
 )
+from jobcore.settings import MAX_ACTOR_LENGTH
 from jobcore.sql.audit_log import AUDIT_LOG_INSERT
 
 log = logging.getLogger(__name__)
 
-MAX_ACTOR_LENGTH = 200
 # A programming error, caught before the entry is written: such a detail is a secret, a
 # key, a payload or a URL that may carry a token (webhook URLs often do).
 FORBIDDEN_DETAILS = frozenset(

@@ -25,6 +25,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from jobcore.errors import ConfigurationError
 
 ENV_PREFIX = "JOBCORE_"
+# An audit log actor (jobcore.audit) is 1 to this many printable characters.
+MAX_ACTOR_LENGTH = 200
 # RabbitMQ's `max_message_size` default (128 MiB since 3.8); its hard ceiling is 512 MiB.
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -198,6 +200,10 @@ class Settings(BaseSettings):
     # plus a month, the window a yearly review or a payments audit looks back over. Kept
     # by the pruner; an entry is ~300 bytes, and admin actions are few.
     audit_retention: Duration = timedelta(days=400)
+    # Who the audit log names for a command's admin action (`jobcore --actor` wins; unset:
+    # cli:<os user>@<host>). Only the command line reads it; a service's actions are
+    # audited under the caller's identity (an API key's id).
+    actor: str | None = Field(default=None, min_length=1, max_length=MAX_ACTOR_LENGTH)
     # Seconds between pruner rounds (one pruner at a time across the workers, by lease).
     # A round deletes everything due, so the interval only decides how long past its
     # retention a row may live: a minute is nothing next to days of retention.
@@ -207,6 +213,13 @@ class Settings(BaseSettings):
     # faster but held each transaction ~0.5 s and doubled enqueue's worst stall
     # (docs/operations.md, "Retention").
     pruner_batch_size: int = Field(default=1000, ge=1, le=100_000)
+
+    @field_validator("actor")
+    @classmethod
+    def _check_actor(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("must be printable characters (no newline or control character)")
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -55,9 +55,8 @@ def _root(
     actor: str | None = typer.Option(
         None,
         "--actor",
-        envvar="JOBCORE_ACTOR",
-        show_envvar=True,
-        help="Who the audit log names for admin actions (default: cli:<os user>@<host>).",
+        help="Who the audit log names for admin actions "
+        "(default: JOBCORE_ACTOR, else cli:<os user>@<host>).",
     ),
 ) -> None:
     """User-visible background jobs: API, outbox relay, workers and their tools."""

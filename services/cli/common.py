@@ -26,22 +26,25 @@ def settings() -> Settings:
     return load_settings()
 
 
-# Set once per process by the root callback (`--actor` / JOBCORE_ACTOR).
-_actor: str | None = None
+# Set once per process by the root callback (`--actor`).
+_given_actor: str | None = None
 
 
 def set_actor(given: str | None) -> None:
-    """Who this command acts as; None: the OS user at this host. Bad input exits 2."""
-    global _actor
-    try:
-        _actor = check_actor(cli_actor() if given is None else given)
-    except InvalidActor as exc:
-        fail(f"--actor / JOBCORE_ACTOR: {exc}", code=2)
+    """Who this command acts as (`--actor`); bad input exits 2."""
+    global _given_actor
+    if given is not None:
+        try:
+            check_actor(given)
+        except InvalidActor as exc:
+            fail(f"--actor: {exc}", code=2)
+    _given_actor = given
 
 
 def actor() -> str:
-    """Who the audit log says did this command's admin action."""
-    return _actor if _actor is not None else check_actor(cli_actor())
+    """Who the audit log says did this command's admin action: `--actor`, else
+    JOBCORE_ACTOR, else the OS user at this host."""
+    return _given_actor or settings().actor or cli_actor()
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -15,6 +15,8 @@ from jobcore.audit import (
     key_actor,
     url_fingerprint,
 )
+from jobcore.errors import ConfigurationError
+from jobcore.settings import load_settings
 from services.cli.audit import parse_since
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -70,3 +72,12 @@ def test_since_is_a_duration_back_from_now_or_a_time(given: str, expected: datet
 def test_since_refuses_anything_else(given: str) -> None:
     with pytest.raises(ValueError, match="--since"):
         parse_since(given, NOW)
+
+
+def test_jobcore_actor_is_a_checked_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBCORE_ACTOR", "ops:alice")
+    assert load_settings().actor == "ops:alice"
+    for bad in ("two\nlines", "x" * 201):
+        monkeypatch.setenv("JOBCORE_ACTOR", bad)
+        with pytest.raises(ConfigurationError, match=r"^JOBCORE_ACTOR: "):
+            load_settings()
