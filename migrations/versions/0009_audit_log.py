@@ -40,8 +40,8 @@ def upgrade() -> None:
             server_default=sa.text("'{}'::jsonb"),
             nullable=False,
         ),
-        sa.CheckConstraint("outcome IN ('succeeded', 'refused')", name='audit_log_outcome_check'),
-        sa.PrimaryKeyConstraint('id', name='audit_log_pkey'),
+        sa.CheckConstraint("outcome IN ('succeeded', 'refused')", name=op.f('audit_log_outcome_check')),
+        sa.PrimaryKeyConstraint('id', name=op.f('audit_log_pkey')),
     )
     op.create_index('audit_log_at_idx', 'audit_log', ['at'], unique=False)
     op.execute(
