@@ -171,10 +171,12 @@ class AuditedWork:
 
     uow: UnitOfWork
     entry: Entry
+    committed: bool = False
 
     async def commit(self) -> None:
         await record(self.uow, self.entry)
         await self.uow.commit()
+        self.committed = True
 
 
 @contextlib.asynccontextmanager
@@ -185,22 +187,22 @@ async def audited(
     :meth:`AuditedWork.commit`. A :class:`JobcoreError` raised inside (the action was
     refused) rolls it back, then records the refusal; it is raised again."""
     entry = Entry(check_actor(actor), action, target)
+    work: AuditedWork | None = None
     try:
         async with db.unit_of_work() as uow:
-            yield AuditedWork(uow, entry)
+            work = AuditedWork(uow, entry)
+            yield work
     except NOT_REFUSALS:
         raise
     except JobcoreError as exc:
-        await _record_refusal(db, entry, exc)
+        if work is None or not work.committed:  # a failure after the commit is no refusal
+            await record_refused(db, entry, exc)
         raise
 
 
 async def record_refused(db: Database, entry: Entry, error: JobcoreError) -> None:
-    """Record that ``entry``'s action was refused (nothing changed)."""
-    await _record_refusal(db, entry, error)
-
-
-async def _record_refusal(db: Database, entry: Entry, error: JobcoreError) -> None:
+    """Record, in a transaction of its own, that ``entry``'s action was refused (nothing
+    changed). Best effort: the refusal itself is what the caller must hear."""
     # The error's class, not its message: messages echo what the caller typed.
     entry.details = {**entry.details, "refused": type(error).__name__}
     try:
