@@ -86,6 +86,15 @@ def request_fingerprint(
     return hashlib.sha256(canonical).hexdigest()
 
 
+def legacy_fingerprint(payload: BaseModel) -> str:
+    """The fingerprint of jobs enqueued before :func:`request_fingerprint`: the validated
+    payload alone. A retry of such a job after the upgrade still finds it (the two hash
+    different inputs, so a newer job never matches this one). Can go once every job from
+    before the upgrade has been pruned."""
+    canonical = orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
 def _instant(when: datetime) -> str:
     return (when.astimezone(UTC) if when.tzinfo is not None else when).isoformat()
 
@@ -205,7 +214,7 @@ async def enqueue(
     )
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
         raise IdempotencyConflict("the idempotency key's job disappeared; retry")
-    if existing["payload_fingerprint"] != fingerprint:
+    if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(payload)):
         raise IdempotencyConflict(
             f"idempotency key already used for job {existing['id']} with a different request"
         )

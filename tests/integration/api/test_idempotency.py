@@ -13,9 +13,11 @@ import httpx
 import pytest
 from pydantic import Field
 
-from jobcore.db import Database
+from jobcore.db import Database, execute
+from jobcore.enqueue import legacy_fingerprint
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.sql import Query
 from jobcore.testing.jobtypes import EchoPayload
 from services.api.app import create_app
 from tests.integration.api.support import assert_problem, counts, enqueue, job_row
@@ -211,3 +213,29 @@ async def test_a_retry_after_a_deploy_adds_a_defaulted_field_is_replayed(
     # The replay answers the job written before the deploy, as it was written.
     assert "language" not in (await job_row(db, before.json()["job_id"]))["payload"]
     assert (await counts(db))["jobs"] == 1
+
+
+SET_FINGERPRINT = Query(
+    "set_fingerprint",
+    "Give a job the fingerprint an earlier release wrote.",
+    "UPDATE jobs SET payload_fingerprint = %(fingerprint)s WHERE id = %(id)s",
+)
+
+
+async def test_a_job_from_before_the_upgrade_is_still_replayed_by_its_payload(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    headers = {"Idempotency-Key": "from-the-last-release"}
+    first = await enqueue(api_client, auth, payload={"text": "a"}, headers=headers)
+    old = legacy_fingerprint(EchoPayload(text="a"))
+    async with db.unit_of_work() as uow:
+        await execute(uow, SET_FINGERPRINT({"id": first.json()["job_id"], "fingerprint": old}))
+        await uow.commit()
+
+    again = await enqueue(api_client, auth, payload={"text": "a"}, headers=headers)
+    other = await enqueue(api_client, auth, payload={"text": "b"}, headers=headers)
+
+    assert again.status_code == 202, again.text
+    assert again.json()["job_id"] == first.json()["job_id"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert_problem(other, 422, "idempotency-key-reused")
