@@ -8,11 +8,15 @@ import ipaddress
 import socket
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobcore.db import Database
-from jobcore.webhooks import IPAddress, is_public, unwrap
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.usecases import webhooks as webhook_usecases
+from jobcore.webhooks import IPAddress, NonPublicCallbackAddress, is_public, unwrap
 from tests.integration.api.support import assert_problem, counts, enqueue
 from tests.support.resolver import resolving_to
 
@@ -89,3 +93,16 @@ async def test_a_public_address_is_accepted(
         )
     assert response.status_code == 202, response.text
     assert (await counts(db))["jobs"] == 1
+
+
+@EXAMPLES
+@given(internal=non_public)
+async def test_a_tenant_endpoint_resolving_to_an_internal_address_is_not_set(
+    db: Database, settings: Settings, internal: IPAddress
+) -> None:
+    with resolving_to([internal]), pytest.raises(NonPublicCallbackAddress) as refused:
+        await webhook_usecases.set_endpoint(
+            db, settings, default_registry, "acme", "*", "https://endpoint.example/hooks"
+        )
+    assert not any(spelling in str(refused.value) for spelling in spellings(internal))
+    assert await webhook_usecases.list_endpoints(db, "acme") == []
