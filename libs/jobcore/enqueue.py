@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -56,10 +56,47 @@ class EnqueueResult:
     replayed: bool
 
 
-def payload_fingerprint(payload: BaseModel) -> str:
-    """A stable hash of the validated payload (key order and whitespace do not matter)."""
+def request_fingerprint(
+    payload: Any,
+    *,
+    callback_url: str | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    entity_id: str | None = None,
+) -> str:
+    """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
+    order and whitespace do not matter) and every parameter that changes the job.
+
+    ``payload`` is the parsed request body, not the validated model: a model that gains a
+    defaulted field in a deploy would otherwise change the fingerprint of a request the
+    client did not change, and its retry would be refused as a different request. ``delay``
+    is kept as sent (the same delay is the same request, whenever it is retried);
+    ``run_at`` as an instant in UTC.
+    """
+    request = {
+        "payload": payload,
+        "callback_url": callback_url,
+        "run_at": None if run_at is None else _instant(run_at),
+        "delay": delay,
+        "max_attempts": max_attempts,
+        "entity_id": entity_id,
+    }
+    canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def legacy_fingerprint(payload: BaseModel) -> str:
+    """The fingerprint of jobs enqueued before :func:`request_fingerprint`: the validated
+    payload alone. A retry of such a job after the upgrade still finds it (the two hash
+    different inputs, so a newer job never matches this one). Can go once every job from
+    before the upgrade has been pruned."""
     canonical = orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
+
+
+def _instant(when: datetime) -> str:
+    return (when.astimezone(UTC) if when.tzinfo is not None else when).isoformat()
 
 
 def job_message_row(
@@ -114,6 +151,7 @@ async def enqueue(
     max_attempts: int | None = None,
     run_at: datetime | None = None,
     callback_url: str | None = None,
+    fingerprint: str | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -122,13 +160,22 @@ async def enqueue(
 
     ``tenant``: a tenant's name, or the :class:`KeyOwner` of an API key. With an
     idempotency key already used for this tenant and type, returns the existing
-    job (``replayed``) when the payload is the same, and raises
-    :class:`IdempotencyConflict` when it differs. ``callback_url`` (checked by the caller)
+    job (``replayed``) when the request's ``fingerprint`` is the same, and raises
+    :class:`IdempotencyConflict` when it differs. The API passes the
+    :func:`request_fingerprint` of the request as sent; without one, it is taken from
+    the validated payload and these arguments. ``callback_url`` (checked by the caller)
     receives the completion webhook; without one, the tenant's default endpoint does.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
-    fingerprint = payload_fingerprint(payload)
+    if fingerprint is None:
+        fingerprint = request_fingerprint(
+            payload.model_dump(mode="json"),
+            callback_url=callback_url,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            entity_id=entity_id,
+        )
     params: JobInsertCommonParams = {
         "id": job_id,
         "type": job_type.name,
@@ -167,9 +214,9 @@ async def enqueue(
     )
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
         raise IdempotencyConflict("the idempotency key's job disappeared; retry")
-    if existing["payload_fingerprint"] != fingerprint:
+    if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(payload)):
         raise IdempotencyConflict(
-            f"idempotency key already used for job {existing['id']} with a different payload"
+            f"idempotency key already used for job {existing['id']} with a different request"
         )
     return EnqueueResult(
         tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True

@@ -46,7 +46,7 @@ class InvalidPayload(JobcoreError):
 
 
 class IdempotencyConflict(JobcoreError):
-    """That idempotency key was already used with a different payload."""
+    """That idempotency key was already used with a different request."""
 
 
 class JobNotFound(JobcoreError):

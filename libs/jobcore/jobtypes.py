@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import io
 import os
 import random
 import tempfile
+from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, EmailStr, Field
 
@@ -29,44 +30,90 @@ async def noop(ctx: JobContext[NoopPayload]) -> None:
     """Does nothing: the cost of jobcore itself, for benchmarks and smoke tests."""
 
 
+# A handler's memory is bounded by its payload's schema (docs/handlers.md): every field has
+# a bound, and the export streams its file, so the worst payload accepted costs this much.
+EXPORT_MAX_ROWS = 1_000_000
+EXPORT_MAX_COLUMNS = 20
+EXPORT_MAX_COLUMN_NAME = 32
+# A column name needs no CSV quoting, so a cell's length is known from the name's.
+COLUMN_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The longest cell: a named column's "<name>-" and six digits ("id" and "amount" are shorter).
+EXPORT_MAX_CELL = EXPORT_MAX_COLUMN_NAME + 7
+# The longest row: its cells, the commas between them, the newline.
+EXPORT_MAX_ROW_BYTES = EXPORT_MAX_COLUMNS * EXPORT_MAX_CELL + EXPORT_MAX_COLUMNS
+# The export hands the result store a chunk once it holds this much: with the row that
+# crossed the line, no chunk is larger than EXPORT_CHUNK_BYTES + EXPORT_MAX_ROW_BYTES.
+EXPORT_CHUNK_BYTES = 256 * 1024
+INT64 = 2**63
+
+ColumnName = Annotated[
+    str, Field(min_length=1, max_length=EXPORT_MAX_COLUMN_NAME, pattern=COLUMN_NAME_PATTERN)
+]
+# A mail header line is one line: a newline in it is refused here, not by the handler.
+HeaderText = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class ExportCsvPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rows: int = Field(default=1000, ge=1, le=1_000_000)
-    columns: list[str] = Field(
-        default_factory=lambda: ["id", "name", "amount"], min_length=1, max_length=50
+    rows: int = Field(default=1000, ge=1, le=EXPORT_MAX_ROWS)
+    columns: list[ColumnName] = Field(
+        default_factory=lambda: ["id", "name", "amount"],
+        min_length=1,
+        max_length=EXPORT_MAX_COLUMNS,
     )
-    seed: int = 0
+    seed: int = Field(default=0, ge=-INT64, le=INT64 - 1)
 
 
 class SendEmailPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    to: EmailStr
-    subject: str = Field(min_length=1, max_length=200)
+    # RFC 5321's limit on a path, which every deliverable address fits.
+    to: Annotated[EmailStr, Field(max_length=254)]
+    subject: HeaderText
     body: str = Field(default="", max_length=100_000)
 
 
 @job("export_csv", payload=ExportCsvPayload, queue="default", max_attempts=3, timeout=600, lease=60)
 async def export_csv(ctx: JobContext[ExportCsvPayload]) -> dict[str, object]:
-    """Writes a CSV of generated rows (the same rows for the same seed) to the result store.
+    """Writes a CSV of generated rows (the same rows for the same seed) to the result store,
+    a chunk at a time: the file is never in memory as a whole.
 
     The file is keyed by the job id, so a retry replaces it instead of adding another.
     """
-    data = await asyncio.to_thread(render_csv, ctx.payload)
-    key = await ctx.put_result(data, suffix="csv")
-    ctx.record_effect("export_written", {"key": key, "rows": ctx.payload.rows, "bytes": len(data)})
-    return {"rows": ctx.payload.rows, "columns": ctx.payload.columns, "bytes": len(data)}
+    key, size = await ctx.put_result_chunks(csv_chunks(ctx.payload), suffix="csv")
+    ctx.record_effect("export_written", {"key": key, "rows": ctx.payload.rows, "bytes": size})
+    return {"rows": ctx.payload.rows, "columns": ctx.payload.columns, "bytes": size}
 
 
-def render_csv(payload: ExportCsvPayload) -> bytes:
+def csv_chunks(payload: ExportCsvPayload) -> Iterator[bytes]:
+    """The export's CSV in pieces of about :data:`EXPORT_CHUNK_BYTES` (plain, blocking code:
+    the result store consumes it in a thread)."""
     rng = random.Random(payload.seed)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(payload.columns)
+    # The writer appends each row's text to a list: joined once per chunk, it costs the
+    # chunk's size (a StringIO reused with truncate keeps 4 bytes a character instead).
+    pending: list[str] = []
+    writer = csv.writer(_Appender(pending), lineterminator="\n")
+    size = writer.writerow(payload.columns)
     for number in range(1, payload.rows + 1):
-        writer.writerow([_cell(column, number, rng) for column in payload.columns])
-    return out.getvalue().encode()
+        size += writer.writerow([_cell(column, number, rng) for column in payload.columns])
+        if size >= EXPORT_CHUNK_BYTES:
+            yield "".join(pending).encode()
+            pending.clear()
+            size = 0
+    if pending:
+        yield "".join(pending).encode()
+
+
+class _Appender:
+    """A file-like ``write`` onto a list, for :func:`csv.writer`."""
+
+    def __init__(self, parts: list[str]) -> None:
+        self.parts = parts
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
 
 
 def _cell(column: str, number: int, rng: random.Random) -> str | int:

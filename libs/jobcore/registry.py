@@ -91,6 +91,18 @@ class JobContext(Generic[P]):
         self.result_ref = key
         return key
 
+    async def put_result_chunks(self, chunks: Iterable[bytes], *, suffix: str) -> tuple[str, int]:
+        """Store a result made by ``chunks`` as they come (the whole never in memory);
+        its key and size. ``chunks`` is consumed in a thread: produce them with plain,
+        blocking code."""
+        if self.result_store is None:
+            raise ServiceStateError("this context has no result store")
+        key, size = await asyncio.to_thread(
+            self.result_store.put_chunks, self.job_id, chunks, suffix=suffix
+        )
+        self.result_ref = key
+        return key, size
+
 
 @dataclass(frozen=True, slots=True)
 class Effect:

@@ -12,7 +12,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from jobcore.errors import JobcoreError
@@ -33,21 +33,33 @@ class LocalResultStore:
 
     def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
         """Store ``data`` for a job and return its key. Atomic: a reader never sees half."""
+        key, _ = self.put_chunks(job_id, (data,), suffix=suffix)
+        return key
+
+    def put_chunks(
+        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+    ) -> tuple[str, int]:
+        """Store the concatenation of ``chunks`` for a job, writing each as it comes, so a
+        result never has to fit in memory; return its key and size. Atomic like
+        :meth:`put`: the chunks go to a temporary file renamed into place at the end."""
         key = f"{job_id.hex}.{suffix}"
         if not _KEY_RE.match(key):
             raise ValueError(f"bad result suffix {suffix!r}")
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP_PREFIX)
+        size = 0
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                for chunk in chunks:
+                    handle.write(chunk)
+                    size += len(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, self.root / key)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return key
+        return key, size
 
     def path(self, key: str) -> Path:
         """The file behind a key; keys that could escape the store are refused."""

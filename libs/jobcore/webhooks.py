@@ -47,18 +47,34 @@ RESOLVE_TIMEOUT = 3.0
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# Cloud instance-metadata endpoints (AWS, GCP, Azure, ...: 169.254.169.254; AWS over IPv6).
-METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
-    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+# IPv6 prefixes that carry an IPv4 address a gateway will forward to (RFC 6052 NAT64): the
+# IPv4 address is what gets reached, so it is what is checked. The well-known prefix is
+# only ever used in the /96 format; the local-use one (RFC 8215) in any RFC 6052 format
+# the operator picks, so every reading of it must be public.
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+# Where the 32 bits of the IPv4 address sit in each RFC 6052 format (byte slices of the
+# 16-byte address; byte 8, the "u" octet, is always skipped).
+_RFC6052_LAYOUTS: tuple[tuple[slice, ...], ...] = (
+    (slice(6, 8), slice(9, 11)),  # /48
+    (slice(7, 8), slice(9, 12)),  # /56
+    (slice(9, 13),),  # /64
+    (slice(12, 16),),  # /96
 )
 
 
 class UnsafeCallbackUrl(JobcoreError):
-    """The callback URL is not allowed."""
+    """The callback URL was refused."""
 
 
 class CallbackHostUnresolved(UnsafeCallbackUrl):
-    """The callback URL's host does not resolve (at delivery: worth another attempt)."""
+    """The callback URL was refused: its host does not resolve."""
+
+    # At delivery this is worth another attempt; an address that is not public is not.
+
+
+class NonPublicCallbackAddress(UnsafeCallbackUrl):
+    """The callback URL was refused: its host resolves to an address that is not public."""
 
 
 class WebhookMessage(BaseModel):
@@ -224,26 +240,43 @@ def is_allowed_host(target: CallbackTarget, allowed: Iterable[str]) -> bool:
     return any(entry in (target.host, host, f"{host}:{target.port}") for entry in allowed)
 
 
-def address_refusal(address: IPAddress) -> str | None:
-    """Why a webhook may not be sent to this address, or None if it may."""
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            return address_refusal(embedded)
-    checks: tuple[tuple[bool, str], ...] = (
-        (address in METADATA_ADDRESSES, "a cloud metadata address"),
-        (address.is_unspecified, "an unspecified address"),
-        (address.is_loopback, "a loopback address"),
-        (address.is_link_local, "a link-local address"),
-        (address.is_multicast, "a multicast address"),
-        (address.is_private, "a private address"),
-        (address.is_reserved, "a reserved address"),
-        (not address.is_global, "not a public address"),
+def unwrap(address: IPAddress) -> tuple[IPAddress, ...]:
+    """The addresses a connection to ``address`` actually reaches: the IPv4 address inside
+    an IPv4-mapped, 6to4 or NAT64 address (every RFC 6052 reading of a local-use NAT64
+    one), else the address itself."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return (address,)
+    embedded = address.ipv4_mapped or address.sixtofour
+    if embedded is not None:
+        return (embedded,)
+    packed = address.packed
+    if address in NAT64_WELL_KNOWN:
+        return (ipaddress.IPv4Address(packed[12:16]),)
+    if address in NAT64_LOCAL_USE:
+        return tuple(
+            ipaddress.IPv4Address(b"".join(packed[part] for part in layout))
+            for layout in _RFC6052_LAYOUTS
+        )
+    return (address,)
+
+
+def is_public(address: IPAddress) -> bool:
+    """Whether a webhook may be sent to ``address``: everything it reaches is a globally
+    routable unicast address.
+
+    ``is_global`` is the rule (an allow rule: no list of bad networks to keep current);
+    the three further predicates close what Python 3.11's ``is_global`` still lets through
+    and a TCP connection must never reach: multicast, reserved space (IPv4-compatible
+    ``::a.b.c.d`` among it) and the deprecated IPv6 site-local ``fec0::/10``, which
+    networks still route internally.
+    """
+    return all(
+        reached.is_global
+        and not reached.is_multicast
+        and not reached.is_reserved
+        and not (isinstance(reached, ipaddress.IPv6Address) and reached.is_site_local)
+        for reached in unwrap(address)
     )
-    for refused, why in checks:
-        if refused:
-            return why
-    return None
 
 
 async def resolve(target: CallbackTarget, *, timeout: float = RESOLVE_TIMEOUT) -> list[IPAddress]:
@@ -258,13 +291,14 @@ async def resolve(target: CallbackTarget, *, timeout: float = RESOLVE_TIMEOUT) -
                 target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
             )
     except (OSError, TimeoutError, UnicodeError) as exc:
-        raise CallbackHostUnresolved(f"the callback host {target.host!r} does not resolve") from exc
+        # The resolver's text stays out of the message: it is shown to the caller.
+        raise CallbackHostUnresolved() from exc
     found: dict[IPAddress, None] = {}
     for _family, _type, _proto, _name, sockaddr in infos:
         # A scoped IPv6 address comes back as "fe80::1%eth0": the scope is not an address.
         found[ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])] = None
     if not found:
-        raise CallbackHostUnresolved(f"the callback host {target.host!r} does not resolve")
+        raise CallbackHostUnresolved()
     return list(found)
 
 
@@ -273,16 +307,16 @@ async def check_callback_url(
 ) -> tuple[CallbackTarget, list[IPAddress]]:
     """Parse and resolve a callback URL; refuse it if any address it resolves to is not
     public, unless its host is allowed. Returns the addresses to connect to: connecting
-    to one of these (not resolving again) is what makes the check hold."""
+    to one of these (not resolving again) is what makes the check hold, DNS rebinding
+    included.
+
+    The refusal does not say which address was found: the message reaches the caller,
+    and an internal address is exactly what a caller probing the network wants to learn.
+    """
     target = parse_callback_url(url)
     addresses = await resolve(target, timeout=timeout)
-    if not is_allowed_host(target, allowed_hosts):
-        for address in addresses:
-            why = address_refusal(address)
-            if why is not None:
-                raise UnsafeCallbackUrl(
-                    f"the callback host {target.host!r} resolves to {address}, {why}"
-                )
+    if not is_allowed_host(target, allowed_hosts) and not all(map(is_public, addresses)):
+        raise NonPublicCallbackAddress()
     return target, addresses
 
 

@@ -34,7 +34,7 @@ async def checked_callback_url(
     except UnsafeCallbackUrl as exc:
         raise InvalidRequest(
             [{"loc": ["query", "callback_url"], "msg": str(exc), "type": "unsafe_callback_url"}],
-            f"callback_url refused: {exc}",
+            str(exc),
         ) from None
     return callback_url
 

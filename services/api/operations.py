@@ -93,6 +93,17 @@ class Submission:
     run_at: datetime | None = None
     # Checked already (services.api.callbacks).
     callback_url: str | None = None
+    # jobcore.enqueue.request_fingerprint of the request as sent.
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedPayload:
+    """The request body as parsed (what the idempotency fingerprint covers) and as the
+    job type's model (what is stored and run)."""
+
+    raw: Any
+    model: BaseModel
 
 
 def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
@@ -127,6 +138,7 @@ async def submit(
             max_attempts=submission.max_attempts,
             run_at=submission.run_at,
             callback_url=submission.callback_url,
+            fingerprint=submission.fingerprint,
         )
         if span is not None:
             span.set_attributes(

@@ -120,7 +120,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     InvalidPayload: ProblemType(422, "invalid-payload", "Invalid payload"),
     InvalidRequest: ProblemType(422, "invalid-request", "Invalid request"),
     IdempotencyConflict: ProblemType(
-        422, "idempotency-key-reused", "Idempotency key reused with a different payload"
+        422, "idempotency-key-reused", "Idempotency key reused with a different request"
     ),
     DatabaseUnavailable: UNAVAILABLE,
     # The pool is closed: the app is shutting down or never started.

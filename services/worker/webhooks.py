@@ -115,7 +115,7 @@ class WebhookSender:
         except CallbackHostUnresolved as exc:
             return AttemptResult(Outcome.RETRY, error=str(exc))
         except UnsafeCallbackUrl as exc:
-            return AttemptResult(Outcome.FAILED, error=f"refused: {exc}")
+            return AttemptResult(Outcome.FAILED, error=str(exc))
         extensions: dict[str, Any] = {}
         if target.scheme == "https" and target.literal_address() is None:
             extensions["sni_hostname"] = target.host

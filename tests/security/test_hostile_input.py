@@ -153,8 +153,13 @@ async def test_sql_looking_strings_are_stored_verbatim_and_never_executed(
         )
         listed = await api_client.get("/jobs", params={"entity_id": text}, headers=auth)
         assert [job["id"] for job in listed.json()["items"]] == [job_id]
+        # The same request again (the key covers the entity_id too).
         replay = await enqueue(
-            api_client, auth, payload={"text": text}, headers={"Idempotency-Key": text}
+            api_client,
+            auth,
+            payload={"text": text},
+            params={"entity_id": text},
+            headers={"Idempotency-Key": text},
         )
         assert replay.json()["job_id"] == job_id
         assert replay.headers["idempotent-replayed"] == "true"

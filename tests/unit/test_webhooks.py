@@ -14,11 +14,11 @@ from jobcore.webhooks import (
     Outcome,
     UnsafeCallbackUrl,
     WebhookMessage,
-    address_refusal,
     check_callback_url,
     classify_status,
     decode_message,
     is_allowed_host,
+    is_public,
     parse_callback_url,
     retry_after_seconds,
     retry_delay,
@@ -76,11 +76,21 @@ def test_verify_accepts_a_fresh_signature_and_refuses_tampering_and_replays() ->
         ("::ffff:127.0.0.1", True),
         ("::ffff:10.0.0.1", True),
         ("2002:7f00:1::", True),  # 6to4 of 127.0.0.1
+        ("2002:808:808::", False),  # 6to4 of 8.8.8.8
         ("ff02::1", True),
+        ("ff0e::1", True),  # global-scope multicast: is_global, yet no TCP peer
+        ("224.0.1.1", True),
+        ("fec0::1", True),  # site-local: is_global in Python 3.11
+        ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
+        ("64:ff9b::808:808", False),  # NAT64 of 8.8.8.8
+        ("64:ff9b:1::808:808", True),  # local-use NAT64: read as /48, 8.8.0.0 ... 0.0.0.0
+        ("64:ff9b:1:808:8:808:808:808", False),  # 8.8.8.8 in every RFC 6052 reading
+        ("64:ff9b:1:a00:0:108:808:808", True),  # /48 reading: 10.0.0.1
+        ("::a00:1", True),  # IPv4-compatible (deprecated): reserved space
     ],
 )
 def test_only_public_addresses_may_receive_webhooks(address: str, refused: bool) -> None:
-    assert (address_refusal(ipaddress.ip_address(address)) is not None) is refused
+    assert is_public(ipaddress.ip_address(address)) is not refused
 
 
 @pytest.mark.parametrize(
@@ -124,8 +134,9 @@ def test_allowed_hosts_match_by_host_or_host_and_port() -> None:
 
 
 async def test_checking_resolves_literals_and_refuses_unless_allowed() -> None:
-    with pytest.raises(UnsafeCallbackUrl, match="loopback"):
+    with pytest.raises(UnsafeCallbackUrl, match="not public") as refused:
         await check_callback_url("http://127.0.0.1:9/x", [])
+    assert "127.0.0.1" not in str(refused.value)
     target, addresses = await check_callback_url("http://127.0.0.1:9/x", ["127.0.0.1"])
     assert addresses == [ipaddress.ip_address("127.0.0.1")]
     assert target.port == 9

@@ -25,7 +25,7 @@ class EffectPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Which submission this is (the fault tests' own numbering; shows in the ledger).
-    n: int = Field(default=0, ge=0)
+    n: int = Field(default=0, ge=0, le=2**31 - 1)
     # How long the handler works before it records its effect (a kill can land mid-handler).
     seconds: float = Field(default=0.0, ge=0, le=10)
 

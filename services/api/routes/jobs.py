@@ -16,10 +16,10 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, Response
 
+from jobcore.enqueue import request_fingerprint
 from jobcore.errors import UnknownJobType
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
@@ -79,8 +79,9 @@ async def idempotency_key(
         Header(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
-            "payload answer the same job; a different payload answers 422. A key is kept as "
-            "long as its job.",
+            "request (payload, callback_url, run_at/delay, max_attempts, entity_id) answer "
+            "the same job; a different request answers 422. A key is kept as long as its "
+            "job.",
         ),
     ] = None,
 ) -> str | None:
@@ -91,9 +92,9 @@ IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
 
 
 def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
-    async def read_payload(request: Request, state: StateDep) -> BaseModel:
+    async def read_payload(request: Request, state: StateDep) -> operations.ReceivedPayload:
         raw = await read_json(request, state.settings.max_body_bytes)
-        return operations.validate_payload(job_type, raw)
+        return operations.ReceivedPayload(raw, operations.validate_payload(job_type, raw))
 
     # Parameter order is resolution order: the key's shape, the Idempotency-Key, the body
     # and the callback URL are checked before a pooled connection is taken. The key's
@@ -101,7 +102,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
     async def enqueue_job(
         owner: KeyOwnerDep,
         key: IdempotencyKeyDep,
-        payload: Annotated[BaseModel, Depends(read_payload)],
+        payload: Annotated[operations.ReceivedPayload, Depends(read_payload)],
         callback_url: CallbackUrlDep,
         db_session: SessionDep,
         state: StateDep,
@@ -116,6 +117,14 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
+            fingerprint=request_fingerprint(
+                payload.raw,
+                callback_url=callback_url,
+                run_at=run_at,
+                delay=delay,
+                max_attempts=max_attempts,
+                entity_id=entity_id,
+            ),
         )
         # One statement, committed on its own: the job with its outbox row, or neither.
         result = await operations.submit(
@@ -123,7 +132,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             state.topology,
             tenant=owner,
             job_type=job_type,
-            payload=payload,
+            payload=payload.model,
             submission=submission,
         )
         state.metrics.count_enqueued(job_type.name, replayed=result.replayed)

@@ -3,6 +3,7 @@ Retry-After, the address check at send time."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,6 +12,7 @@ from jobcore.settings import Settings
 from jobcore.webhooks import Outcome
 from services.worker.webhooks import MAX_RESPONSE_BYTES, WebhookSender
 from tests.integration.webhooks.support import Answer, receiving
+from tests.support.resolver import resolving_to
 
 BODY = b'{"event":"job.succeeded"}'
 HEADERS = {"Content-Type": "application/json", "Webhook-Id": "test"}
@@ -75,7 +77,24 @@ async def test_a_private_address_is_refused_at_send_time(settings: Settings) -> 
         await strict.close()
     assert result.outcome is Outcome.FAILED
     assert result.error is not None
-    assert "loopback" in result.error
+    assert "not public" in result.error
+    # The error is shown to the tenant (GET /jobs/{id}/deliveries): no internal address.
+    assert "127.0.0.1" not in result.error
+
+
+async def test_a_name_rebound_to_an_internal_address_is_not_connected_to(
+    sender: WebhookSender,
+) -> None:
+    # The name passed the check at enqueue; by delivery it resolves to the receiver's
+    # loopback address (allowed by address in these settings, not by this name).
+    async with receiving() as receiver:
+        with resolving_to([ipaddress.ip_address("127.0.0.1")]) as asked:
+            result = await sender.send(
+                f"http://rebound.example:{receiver.port}/hooks/jobs", BODY, HEADERS
+            )
+        assert receiver.requests == []
+    assert asked == ["rebound.example"]
+    assert result.outcome is Outcome.FAILED
 
 
 async def test_a_closed_port_is_a_network_error_worth_a_retry(sender: WebhookSender) -> None:
