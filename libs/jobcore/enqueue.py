@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +21,8 @@ from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
-from jobcore.errors import IdempotencyConflict
+from jobcore.errors import EnqueueRateExceeded, IdempotencyConflict, TooManyUnfinishedJobs
+from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
 from jobcore.sql.jobs import (
@@ -54,6 +55,8 @@ class EnqueueResult:
     created_at: datetime
     # True when an idempotency key matched an existing job with the same payload.
     replayed: bool
+    # RateLimit and RateLimit-Policy of the tenant's enqueue rate limit (none: unlimited).
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
 
 def payload_fingerprint(payload: BaseModel) -> str:
@@ -114,6 +117,7 @@ async def enqueue(
     max_attempts: int | None = None,
     run_at: datetime | None = None,
     callback_url: str | None = None,
+    quotas: Quotas = UNLIMITED,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -125,6 +129,10 @@ async def enqueue(
     job (``replayed``) when the payload is the same, and raises
     :class:`IdempotencyConflict` when it differs. ``callback_url`` (checked by the caller)
     receives the completion webhook; without one, the tenant's default endpoint does.
+    ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
+    rate limit or its cap of unfinished jobs the job is not written and
+    :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
+    replay, which answers its job whatever the quotas.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
@@ -143,6 +151,10 @@ async def enqueue(
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,
+        "default_rate": quotas.enqueue_rate,
+        "default_burst": quotas.enqueue_burst,
+        "default_max_unfinished": quotas.max_unfinished,
+        "default_max_long_polls": quotas.max_long_polls,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
@@ -151,11 +163,19 @@ async def enqueue(
         row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
         if row is None:
             raise InvalidApiKey()
-        tenant = str(row["tenant"])
     else:
         row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
-    if row is not None and row["id"] is not None:
-        return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
+    if row is None:  # pragma: no cover - the statement answers one row for a tenant name
+        raise IdempotencyConflict("the enqueue statement answered nothing; retry")
+    tenant = str(row["tenant"])
+    limit = RateLimit(float(row["rate"]), int(row["burst"]))
+    headers = rate_headers(limit, _seconds(row["rate_tat"]), row["now"].timestamp())
+    if row["refusal"] is not None:
+        raise _refusal(row, limit, headers)
+    if row["id"] is not None:
+        return EnqueueResult(
+            tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
+        )
 
     # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
     # statement (a new snapshot under READ COMMITTED) sees its job.
@@ -172,5 +192,32 @@ async def enqueue(
             f"idempotency key already used for job {existing['id']} with a different payload"
         )
     return EnqueueResult(
-        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True
+        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True, headers
+    )
+
+
+# Seconds a caller at its cap of unfinished jobs is told to wait: when its jobs end is
+# not known here, and a retry costs one cheap refused statement.
+UNFINISHED_RETRY_AFTER = 5
+
+
+def _seconds(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def _refusal(row: Any, limit: RateLimit, headers: dict[str, str]) -> Exception:
+    if row["refusal"] == Refusal.MAX_UNFINISHED:
+        cap = int(row["max_unfinished"])
+        return TooManyUnfinishedJobs(
+            f"the tenant has {cap} unfinished jobs, its limit; retry when some have finished",
+            retry_after=UNFINISHED_RETRY_AFTER,
+            headers=headers,
+            limit=cap,
+        )
+    state = limit.state(_seconds(row["rate_tat"]), row["now"].timestamp())
+    return EnqueueRateExceeded(
+        f"the tenant's enqueue rate limit ({limit.rate:g}/s, bursts of {limit.burst}) is used up",
+        retry_after=max(1, state.retry_after),
+        headers=headers,
+        limit=limit.rate,
     )
