@@ -19,6 +19,10 @@ from enum import StrEnum
 
 # Seconds of slack in comparisons of times the database rounded to microseconds.
 EPSILON = 1e-6
+# Rates a tenant may be given (besides 0, unlimited): slower than one a day would make
+# the bucket's horizon (burst / rate) centuries long.
+MIN_RATE = 1 / 86_400
+MAX_RATE = 1_000_000.0
 # The name of the enqueue policy in the RateLimit headers.
 ENQUEUE_POLICY = "enqueue"
 

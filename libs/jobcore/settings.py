@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobcore.errors import ConfigurationError
-from jobcore.quotas import Quotas
+from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
 
 ENV_PREFIX = "JOBCORE_"
 # RabbitMQ's `max_message_size` default (128 MiB since 3.8); its hard ceiling is 512 MiB.
@@ -107,7 +107,7 @@ class Settings(BaseSettings):
 
     # Tenant quotas: the defaults of tenants without an override (`jobcore tenants
     # set-quota`); 0 means unlimited. docs/operations.md, "Tenant quotas", sizes them.
-    quota_enqueue_rate: float = Field(default=100.0, ge=0, le=1_000_000)
+    quota_enqueue_rate: float = Field(default=100.0, ge=0, le=MAX_RATE)
     quota_enqueue_burst: int = Field(default=200, ge=1, le=1_000_000)
     quota_max_unfinished: int = Field(default=100_000, ge=0, le=1_000_000_000)
     quota_max_long_polls: int = Field(default=100, ge=0, le=1_000_000)
@@ -305,6 +305,13 @@ class Settings(BaseSettings):
                 f"JOBCORE_AMQP_DELIVERY_LIMIT × JOBCORE_AMQP_CONSUMER_TIMEOUT = "
                 f"{limit} × {timeout:g} s = {timedelta(seconds=limit * timeout)}"
             )
+        return value
+
+    @field_validator("quota_enqueue_rate")
+    @classmethod
+    def _check_quota_rate(cls, value: float) -> float:
+        if 0 < value < MIN_RATE:
+            raise ValueError("must be 0 (unlimited) or at least one a day (1/86400)")
         return value
 
     @field_validator("amqp_prefix")

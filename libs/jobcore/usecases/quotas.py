@@ -10,7 +10,7 @@ from typing import Any, Final
 from jobcore.apikeys import check_tenant_name
 from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.quotas import Quotas
+from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
 from jobcore.sql.tenant_quotas import (
     TENANT_QUOTA_GET,
     TENANT_QUOTA_LIST,
@@ -52,8 +52,11 @@ def check_quota(name: str, value: float | None) -> None:
                 f"enqueue burst must be a whole number from 1 to 1000000, not {value}"
             )
     elif name == "enqueue_rate":
-        if not (0 <= value <= 1_000_000):
-            raise InvalidQuota(f"enqueue rate must be from 0 to 1000000 per second, not {value:g}")
+        if not (value == 0 or MIN_RATE <= value <= MAX_RATE):
+            raise InvalidQuota(
+                f"enqueue rate must be 0 (unlimited) or from one a day to {MAX_RATE:g} "
+                f"per second, not {value:g}/s"
+            )
     elif not (isinstance(value, int) and 0 <= value <= 1_000_000_000):
         raise InvalidQuota(f"{name.replace('_', ' ')} must be a whole number from 0, not {value}")
 
@@ -62,10 +65,10 @@ async def set_quotas(
     db: Database,
     tenant: str,
     *,
-    enqueue_rate: float | None | _Keep = KEEP,
-    enqueue_burst: int | None | _Keep = KEEP,
-    max_unfinished: int | None | _Keep = KEEP,
-    max_long_polls: int | None | _Keep = KEEP,
+    enqueue_rate: float | _Keep | None = KEEP,
+    enqueue_burst: int | _Keep | None = KEEP,
+    max_unfinished: int | _Keep | None = KEEP,
+    max_long_polls: int | _Keep | None = KEEP,
 ) -> None:
     """Override some of the tenant's quotas (None: back to the default); others keep
     theirs. Takes effect on the next request on every API process."""
