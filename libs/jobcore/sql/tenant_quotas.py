@@ -47,7 +47,10 @@ def admission_ctes(tenant: str, from_key: str) -> str:
     The rate limit is GCRA (:class:`jobcore.quotas.RateLimit` is the same rule in Python):
     admitted when max(tat, now) + 1/rate is at most burst/rate ahead of now. A refused
     request changes only the refusal columns. ON CONFLICT ... DO UPDATE reads the row as
-    last committed (after waiting for its lock), never an older snapshot.
+    last committed (after waiting for its lock), never an older snapshot; and the time it
+    compares with is the clock's once the lock is held, not the statement's start
+    (``now()``): a request that queued for the lock behind a burst of its tenant's would
+    otherwise look early by its wait, and be refused for it.
     """
     return f"""existing AS (
         SELECT id FROM jobs
@@ -55,24 +58,25 @@ def admission_ctes(tenant: str, from_key: str) -> str:
           AND type = %(type)s AND idempotency_key = %(idempotency_key)s
     ), {_limits(tenant, from_key)}, admit AS (
         INSERT INTO tenant_usage AS u (tenant, rate_tat)
-        SELECT tenant, now() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
+        SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
         WHERE NOT EXISTS (SELECT 1 FROM existing)
         ON CONFLICT (tenant) DO UPDATE SET (rate_tat, last_refusal, last_refused_at) = (
             SELECT CASE WHEN v.refusal IS NULL THEN v.next_tat ELSE u.rate_tat END,
                    v.refusal,
-                   CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE now() END
+                   CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE v.at END
             FROM (
                 SELECT CASE
                            WHEN l.max_unfinished > 0 AND u.unfinished >= l.max_unfinished
                                THEN 'max_unfinished'
                            WHEN n.next_tat
-                                > now() + make_interval(secs => l.burst / nullif(l.rate, 0))
+                                > c.at + make_interval(secs => l.burst / nullif(l.rate, 0))
                                THEN 'enqueue_rate'
                        END AS refusal,
-                       n.next_tat
+                       n.next_tat, c.at
                 FROM limits AS l,
+                     LATERAL (SELECT clock_timestamp() AS at) AS c,
                      LATERAL (
-                         SELECT greatest(u.rate_tat, now())
+                         SELECT greatest(u.rate_tat, c.at)
                                 + make_interval(secs => 1.0 / nullif(l.rate, 0)) AS next_tat
                      ) AS n
             ) AS v
@@ -88,7 +92,7 @@ ADMISSION_COLUMNS = """
     admit.last_refusal AS refusal,
     coalesce(admit.rate_tat, (SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant))
         AS rate_tat,
-    limits.rate, limits.burst, limits.max_unfinished, now() AS now"""
+    limits.rate, limits.burst, limits.max_unfinished, clock_timestamp() AS now"""
 
 
 class TenantQuotaGetParams(QuotaDefaultParams):

@@ -325,3 +325,59 @@ async def test_the_count_of_unfinished_jobs_follows_every_way_a_job_ends(
             ),
         )
     assert (await usage(db, TENANT))["unfinished"] == n - 1
+
+
+async def test_a_request_that_queued_for_its_tenants_lock_is_judged_when_it_gets_it(
+    settings: Settings, db: Database, auth: dict[str, str]
+) -> None:
+    # One request a second. The second request starts within that second, but queues
+    # behind a lock on the tenant's row until the second is over: judged by the time it
+    # started it would be early and refused; judged when it holds the lock, it is on time.
+    config = quota_settings(settings, quota_enqueue_rate=1.0, quota_enqueue_burst=1)
+    async with api(config) as (_, client):
+        assert (await enqueue(client, auth)).status_code == 202
+        tat = (await usage(db, TENANT))["rate_tat"]
+        async with db.unit_of_work() as holder:
+            await execute(
+                holder,
+                Query(
+                    "lock_usage",
+                    "Hold the tenant's usage row.",
+                    "SELECT 1 FROM tenant_usage WHERE tenant = %(t)s FOR UPDATE",
+                )({"t": TENANT}),
+            )
+            second = asyncio.create_task(enqueue(client, auth))
+
+            async def queued_since() -> Any:
+                async with db.connection() as conn:
+                    row = await fetch_one(conn, WAITING_ENQUEUE({}))
+                return row and row["query_start"]
+
+            started = await eventually(queued_since, what="the enqueue waiting for the lock")
+            assert started < tat  # the premise: it started inside the used-up second
+
+            async def past_tat() -> bool:
+                async with db.connection() as conn:
+                    row = await fetch_one(conn, CLOCK_PAST({"at": tat}))
+                return bool(row and row["past"])
+
+            await eventually(past_tat, timeout=5, what="the used-up second to pass")
+        answer = await second
+    assert answer.status_code == 202, answer.text
+    assert await jobs_of(db, TENANT) == 2
+
+
+WAITING_ENQUEUE = Query(
+    "waiting_enqueue",
+    "The start of an enqueue statement waiting for a lock.",
+    """
+    SELECT query_start FROM pg_stat_activity
+    WHERE datname = current_database() AND wait_event_type = 'Lock'
+      AND query LIKE '%%INSERT INTO tenant_usage%%'
+    """,
+)
+CLOCK_PAST = Query(
+    "clock_past",
+    "Whether the database's clock is past a time.",
+    "SELECT clock_timestamp() > %(at)s AS past",
+)
