@@ -165,26 +165,30 @@ async def enqueue(
             raise InvalidApiKey()
     else:
         row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
-    if row is None:  # pragma: no cover - the statement answers one row for a tenant name
-        raise IdempotencyConflict("the enqueue statement answered nothing; retry")
+        assert row is not None  # the statement answers one row for any tenant name
     tenant = str(row["tenant"])
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, _seconds(row["rate_tat"]), row["now"].timestamp())
-    if row["refusal"] is not None:
-        raise _refusal(row, limit, headers)
     if row["id"] is not None:
         return EnqueueResult(
             tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
         )
+    if row["refusal"] is not None and idempotency_key is None:
+        raise _refusal(row, limit, headers)
 
-    # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
-    # statement (a new snapshot under READ COMMITTED) sees its job.
+    # The key is taken: ON CONFLICT waited for the other transaction to commit. Or the
+    # quotas refused a request whose key was taken after the statement's snapshot: by its
+    # own first attempt, still in flight when the client retried, whose admission the
+    # refused one then queued behind. A new statement (a new snapshot under READ
+    # COMMITTED) sees that job either way, and a retry of accepted work is not refused.
     existing = await fetch_one(
         uow,
         JOB_GET_BY_IDEMPOTENCY_KEY(
             {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
         ),
     )
+    if existing is None and row["refusal"] is not None:
+        raise _refusal(row, limit, headers)
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
         raise IdempotencyConflict("the idempotency key's job disappeared; retry")
     if existing["payload_fingerprint"] != fingerprint:

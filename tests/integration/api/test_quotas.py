@@ -15,9 +15,13 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
+from jobcore.enqueue import enqueue as enqueue_job
+from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
 from services.api.app import create_app
@@ -381,3 +385,36 @@ CLOCK_PAST = Query(
     "Whether the database's clock is past a time.",
     "SELECT clock_timestamp() > %(at)s AS past",
 )
+
+
+async def test_a_retry_racing_its_own_first_attempt_gets_its_job_not_a_refusal(
+    settings: Settings, db: Database, topology: Topology, auth: dict[str, str]
+) -> None:
+    # The first attempt holds the tenant's row, its job not yet committed, when the retry
+    # arrives: the retry's snapshot cannot see the job, so it is admitted (or not) as new
+    # work, after the first commits, at the cap. It must still answer the first's job.
+    config = quota_settings(settings, quota_max_unfinished=1)
+    key = "export-race"
+    async with api(config) as (_, client):
+        async with db.unit_of_work() as first:
+            accepted = await enqueue_job(
+                first,
+                topology,
+                tenant=TENANT,
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="hello"),
+                idempotency_key=key,
+            )
+            retry = asyncio.create_task(enqueue(client, auth, headers={"Idempotency-Key": key}))
+
+            async def retry_queued() -> Any:
+                async with db.connection() as conn:
+                    return await fetch_one(conn, WAITING_ENQUEUE({}))
+
+            await eventually(retry_queued, what="the retry waiting for the first attempt")
+            await first.commit()
+        answer = await retry
+    assert answer.status_code == 202, answer.text
+    assert answer.headers["Idempotent-Replayed"] == "true"
+    assert answer.json()["job_id"] == str(accepted.job_id)
+    assert await jobs_of(db, TENANT) == 1
