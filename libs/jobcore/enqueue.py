@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +21,8 @@ from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
-from jobcore.errors import IdempotencyConflict
+from jobcore.errors import EnqueueRateExceeded, IdempotencyConflict, TooManyUnfinishedJobs
+from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
 from jobcore.sql.jobs import (
@@ -54,6 +55,8 @@ class EnqueueResult:
     created_at: datetime
     # True when an idempotency key matched an existing job with the same payload.
     replayed: bool
+    # RateLimit and RateLimit-Policy of the tenant's enqueue rate limit (none: unlimited).
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
 
 def request_fingerprint(
@@ -152,6 +155,7 @@ async def enqueue(
     run_at: datetime | None = None,
     callback_url: str | None = None,
     fingerprint: str | None = None,
+    quotas: Quotas = UNLIMITED,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -165,6 +169,10 @@ async def enqueue(
     :func:`request_fingerprint` of the request as sent; without one, it is taken from
     the validated payload and these arguments. ``callback_url`` (checked by the caller)
     receives the completion webhook; without one, the tenant's default endpoint does.
+    ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
+    rate limit or its cap of unfinished jobs the job is not written and
+    :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
+    replay, which answers its job whatever the quotas.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
@@ -190,6 +198,10 @@ async def enqueue(
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,
+        "default_rate": quotas.enqueue_rate,
+        "default_burst": quotas.enqueue_burst,
+        "default_max_unfinished": quotas.max_unfinished,
+        "default_max_long_polls": quotas.max_long_polls,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
@@ -198,20 +210,32 @@ async def enqueue(
         row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
         if row is None:
             raise InvalidApiKey()
-        tenant = str(row["tenant"])
     else:
         row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
-    if row is not None and row["id"] is not None:
-        return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
+        assert row is not None  # the statement answers one row for any tenant name
+    tenant = str(row["tenant"])
+    limit = RateLimit(float(row["rate"]), int(row["burst"]))
+    headers = rate_headers(limit, _seconds(row["rate_tat"]), row["now"].timestamp())
+    if row["id"] is not None:
+        return EnqueueResult(
+            tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
+        )
+    if row["refusal"] is not None and idempotency_key is None:
+        raise _refusal(row, limit, headers)
 
-    # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new
-    # statement (a new snapshot under READ COMMITTED) sees its job.
+    # The key is taken: ON CONFLICT waited for the other transaction to commit. Or the
+    # quotas refused a request whose key was taken after the statement's snapshot: by its
+    # own first attempt, still in flight when the client retried, whose admission the
+    # refused one then queued behind. A new statement (a new snapshot under READ
+    # COMMITTED) sees that job either way, and a retry of accepted work is not refused.
     existing = await fetch_one(
         uow,
         JOB_GET_BY_IDEMPOTENCY_KEY(
             {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
         ),
     )
+    if existing is None and row["refusal"] is not None:
+        raise _refusal(row, limit, headers)
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
         raise IdempotencyConflict("the idempotency key's job disappeared; retry")
     if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(payload)):
@@ -219,5 +243,32 @@ async def enqueue(
             f"idempotency key already used for job {existing['id']} with a different request"
         )
     return EnqueueResult(
-        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True
+        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True, headers
+    )
+
+
+# Seconds a caller at its cap of unfinished jobs is told to wait: when its jobs end is
+# not known here, and a retry costs one cheap refused statement.
+UNFINISHED_RETRY_AFTER = 5
+
+
+def _seconds(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def _refusal(row: Any, limit: RateLimit, headers: dict[str, str]) -> Exception:
+    if row["refusal"] == Refusal.MAX_UNFINISHED:
+        cap = int(row["max_unfinished"])
+        return TooManyUnfinishedJobs(
+            f"the tenant has {cap} unfinished jobs, its limit; retry when some have finished",
+            retry_after=UNFINISHED_RETRY_AFTER,
+            headers=headers,
+            limit=cap,
+        )
+    state = limit.state(_seconds(row["rate_tat"]), row["now"].timestamp())
+    return EnqueueRateExceeded(
+        f"the tenant's enqueue rate limit ({limit.rate:g}/s, bursts of {limit.burst}) is used up",
+        retry_after=max(1, state.retry_after),
+        headers=headers,
+        limit=limit.rate,
     )

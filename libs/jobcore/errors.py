@@ -95,3 +95,43 @@ class DuplicateRegistration(JobcoreError):
 
 class ServiceStateError(JobcoreError):
     """The service is not in a state that allows that."""
+
+
+class QuotaExceeded(JobcoreError):
+    """The tenant is over one of its quotas; retry later."""
+
+    # Which quota (jobcore.quotas.Refusal): the reason label of the refusal metric.
+    reason = "quota"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str | None = None,
+        retry_after: int = 1,
+        headers: dict[str, str] | None = None,
+        limit: int | float | None = None,
+    ) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        # Seconds before a retry can succeed, and headers the answer carries (RateLimit).
+        self.retry_after = retry_after
+        self.headers = headers or {}
+        self.limit = limit
+
+
+class EnqueueRateExceeded(QuotaExceeded):
+    """The tenant's enqueue rate limit is used up; retry after Retry-After seconds."""
+
+    reason = "enqueue_rate"
+
+
+class TooManyUnfinishedJobs(QuotaExceeded):
+    """The tenant has as many unfinished jobs as it may; retry when some have finished."""
+
+    reason = "max_unfinished"
+
+
+class TooManyLongPolls(QuotaExceeded):
+    """Too many long-polls are waiting; poll without wait, or retry after Retry-After."""

@@ -11,6 +11,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -299,4 +300,34 @@ audit_log = Table(
     ),
     # `jobcore audit` reads newest first and the pruner deletes oldest first: both by time.
     Index("audit_log_at_idx", "at"),
+)
+
+# A tenant's quotas where they differ from the deployment's defaults (JOBCORE_QUOTA_*):
+# NULL takes the default, 0 means unlimited (jobcore.quotas).
+tenant_quotas = Table(
+    "tenant_quotas",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("enqueue_rate", Float),
+    Column("enqueue_burst", Integer),
+    Column("max_unfinished", BigInteger),
+    Column("max_long_polls", Integer),
+    _timestamp("updated_at", nullable=False, default_now=True),
+    CheckConstraint("enqueue_rate >= 0", name="enqueue_rate"),
+    CheckConstraint("enqueue_burst >= 1", name="enqueue_burst"),
+    CheckConstraint("max_unfinished >= 0", name="max_unfinished"),
+    CheckConstraint("max_long_polls >= 0", name="max_long_polls"),
+)
+
+# What the quotas are checked against, one row per tenant that ever had a job: the
+# enqueue rate limit's theoretical arrival time (GCRA), and the tenant's jobs that are
+# not terminal, kept exact by triggers on jobs (migration 0010).
+tenant_usage = Table(
+    "tenant_usage",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("unfinished", BigInteger, nullable=False, server_default=text("0")),
+    _timestamp("rate_tat"),
+    Column("last_refusal", Text),
+    _timestamp("last_refused_at"),
 )

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobcore.errors import ConfigurationError
+from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
 
 ENV_PREFIX = "JOBCORE_"
 # An audit log actor (jobcore.audit) is 1 to this many printable characters.
@@ -102,6 +103,16 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Long-polls (GET /jobs/{id}?wait=) parked at once in one API process, all tenants
+    # together; 0: no limit. Each holds a socket and a task, never a database connection.
+    api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)
+
+    # Tenant quotas: the defaults of tenants without an override (`jobcore tenants
+    # set-quota`); 0 means unlimited. docs/operations.md, "Tenant quotas", sizes them.
+    quota_enqueue_rate: float = Field(default=100.0, ge=0, le=MAX_RATE)
+    quota_enqueue_burst: int = Field(default=200, ge=1, le=1_000_000)
+    quota_max_unfinished: int = Field(default=100_000, ge=0, le=1_000_000_000)
+    quota_max_long_polls: int = Field(default=100, ge=0, le=1_000_000)
 
     # Where the relay's and the worker's health servers listen (0.0.0.0 in containers).
     health_host: str = "127.0.0.1"
@@ -313,6 +324,13 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("quota_enqueue_rate")
+    @classmethod
+    def _check_quota_rate(cls, value: float) -> float:
+        if 0 < value < MIN_RATE:
+            raise ValueError("must be 0 (unlimited) or at least one a day (1/86400)")
+        return value
+
     @field_validator("amqp_prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
@@ -353,6 +371,15 @@ class Settings(BaseSettings):
         for the last time after it first delivered it: each of up to ``amqp_delivery_limit``
         deliveries can stay unacknowledged for at most ``amqp_consumer_timeout``."""
         return self.amqp_delivery_limit * self.amqp_consumer_timeout
+
+    @property
+    def quota_defaults(self) -> Quotas:
+        return Quotas(
+            enqueue_rate=self.quota_enqueue_rate,
+            enqueue_burst=self.quota_enqueue_burst,
+            max_unfinished=self.quota_max_unfinished,
+            max_long_polls=self.quota_max_long_polls,
+        )
 
     def retention(self, status: str, job_type: str) -> timedelta:
         """How long a finished job of this status and type is kept."""

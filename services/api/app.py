@@ -22,6 +22,7 @@ from jobcore.settings import Settings, load_settings
 from jobcore.telemetry import setup_tracing
 from services.api import problems
 from services.api.deps import ApiState
+from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
 from services.api.routes import bench, deliveries, health, jobs
 from services.api.views import JsonBody
@@ -112,6 +113,7 @@ def create_app(
     )
     app.state.api = state
     app.state.job_waiters = waiters
+    app.state.long_poll_slots = LongPollSlots(settings.api_max_long_polls)
     problems.install(app)
     app.include_router(jobs.build_router(registry))
     app.include_router(deliveries.router)

@@ -8,9 +8,13 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from jobcore.quotas import Refusal
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
+# The reasons of jobcore_api_quota_refusals (jobcore.quotas.Refusal).
+QUOTA_REFUSALS = tuple(Refusal)
 # Names of the enqueue routes start with this, so an error answer can count as rejected.
 ENQUEUE_ROUTE_PREFIX = "enqueue_"
 # The catch-all route for types that are not registered is named enqueue_unknown_type.
@@ -43,6 +47,16 @@ class ApiMetrics:
             self.jobs_enqueued.labels(job_type)
             for result in ENQUEUE_RESULTS:
                 self.enqueue_requests.labels(job_type, result)
+        self.quota_refusals = Counter(
+            "jobcore_api_quota_refusals",
+            "Requests answered 429 because a tenant quota or the process's long-poll cap "
+            "was reached, by reason: enqueue_rate, max_unfinished, long_polls_tenant (the "
+            "tenant's long-polls on this process), long_polls_process (all tenants').",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in QUOTA_REFUSALS:
+            self.quota_refusals.labels(reason)
         self.internal_errors = Counter(
             "jobcore_api_internal_errors",
             "Requests answered 500 (a bug: every expected failure has its own answer).",
@@ -65,6 +79,9 @@ class ApiMetrics:
             self.enqueue_requests.labels(job_type, "rejected").inc()
         if status >= 500 and status != 503:
             self.internal_errors.inc()
+
+    def count_refusal(self, reason: str) -> None:
+        self.quota_refusals.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,6 +20,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Session, fetch_all, fetch_one
 from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
 from jobcore.errors import JobNotFound, ResultNotReady
+from jobcore.quotas import Quotas
 from jobcore.registry import JobType
 from jobcore.sql.jobs import (
     JOB_GET,
@@ -28,6 +29,7 @@ from jobcore.sql.jobs import (
     JOB_LIST_FOR_ENTITY,
     JobListParams,
 )
+from jobcore.sql.tenant_quotas import TENANT_MAX_LONG_POLLS
 from jobcore.states import JobStatus
 from services.api.body import check_storable
 from services.api.cursor import decode_cursor, encode_cursor
@@ -121,6 +123,7 @@ async def submit(
     job_type: JobType[Any],
     payload: BaseModel,
     submission: Submission,
+    quotas: Quotas,
 ) -> EnqueueResult:
     """Write the job and its outbox message (one statement: committed on a session).
 
@@ -139,6 +142,7 @@ async def submit(
             run_at=submission.run_at,
             callback_url=submission.callback_url,
             fingerprint=submission.fingerprint,
+            quotas=quotas,
         )
         if span is not None:
             span.set_attributes(
@@ -149,6 +153,14 @@ async def submit(
                 }
             )
     return result
+
+
+async def tenant_max_long_polls(uow: Session, tenant: str, default: int) -> int:
+    row = await fetch_one(
+        uow, TENANT_MAX_LONG_POLLS({"tenant": tenant, "default_max_long_polls": default})
+    )
+    assert row is not None  # one row: the override or the default
+    return int(row["max_long_polls"])
 
 
 async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:

@@ -20,14 +20,18 @@ from starlette.responses import Response
 from jobcore.apikeys import InvalidApiKey, MissingApiKey
 from jobcore.errors import (
     DatabaseUnavailable,
+    EnqueueRateExceeded,
     IdempotencyConflict,
     IllegalTransition,
     InvalidPayload,
     JobcoreError,
     JobNotCancellable,
     JobNotFound,
+    QuotaExceeded,
     ResultNotReady,
     ServiceStateError,
+    TooManyLongPolls,
+    TooManyUnfinishedJobs,
     UnknownJobType,
 )
 from jobcore.registry import InvalidPayloadError
@@ -122,6 +126,9 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     IdempotencyConflict: ProblemType(
         422, "idempotency-key-reused", "Idempotency key reused with a different request"
     ),
+    EnqueueRateExceeded: ProblemType(429, "enqueue-rate-limited", "Enqueue rate limit reached"),
+    TooManyUnfinishedJobs: ProblemType(429, "too-many-unfinished-jobs", "Too many unfinished jobs"),
+    TooManyLongPolls: ProblemType(429, "too-many-long-polls", "Too many long-polls"),
     DatabaseUnavailable: UNAVAILABLE,
     # The pool is closed: the app is shutting down or never started.
     ServiceStateError: ProblemType(503, "unavailable", "Service unavailable"),
@@ -210,6 +217,11 @@ def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
         if isinstance(exc, InvalidApiKey):
             challenge += ', error="invalid_token"'
         headers["WWW-Authenticate"] = challenge
+    if isinstance(exc, QuotaExceeded):
+        headers.update(exc.headers)
+        headers["Retry-After"] = str(exc.retry_after)
+        if exc.limit is not None:
+            extensions["limit"] = exc.limit
     if kind.status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         _log_unavailable(exc)
@@ -228,6 +240,9 @@ def _counted(request: Request, response: ProblemResponse) -> ProblemResponse:
 
 async def _on_jobcore_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, JobcoreError)
+    state = getattr(request.app.state, "api", None)
+    if isinstance(exc, QuotaExceeded) and state is not None:
+        state.metrics.count_refusal(exc.reason)
     return _counted(request, jobcore_error_response(exc))
 
 

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "services.cli.topology",
     "services.cli.serve",
     "services.cli.keys",
+    "services.cli.tenants",
     "services.cli.outbox",
     "services.cli.dlq",
     "services.cli.webhooks",

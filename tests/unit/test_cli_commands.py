@@ -31,6 +31,7 @@ def test_every_verb_is_registered() -> None:
         "chaos": None,
         "bench": None,
         "keys": {"create": None, "list": None, "revoke": None},
+        "tenants": {"set-quota": None, "show": None, "list": None},
         "outbox": {
             "status": None,
             "list-failing": None,

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
 from jobcore.sql.api_keys import ACTIVE_KEY
+from jobcore.sql.tenant_quotas import ADMISSION_COLUMNS, QuotaDefaultParams, admission_ctes
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
@@ -37,32 +38,38 @@ from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL
 
 def _insert_job_with_outbox(*, by_key: bool) -> str:
     """The enqueue statement; ``by_key``: the tenant is the owner of an unrevoked API key,
-    looked up in the same statement (one round trip for the API's enqueue, not two). It
-    then always returns one row when the key is valid (``id`` NULL: the idempotency key
-    is taken) and none when it is not."""
+    looked up in the same statement (one round trip for the API's enqueue, not two).
+
+    It returns one row (none only when the key is not valid): ``id`` is NULL when no job
+    was written, because the tenant's quotas refused it (``refusal``) or the idempotency
+    key is taken (the caller then reads that job). The quotas are checked in the same
+    statement (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round
+    trip; a replay of an accepted request skips them.
+    """
     if by_key:
         key = f"key AS ({ACTIVE_KEY}),"
-        tenant, from_key, answer_from = "key.tenant", "FROM key", "key LEFT JOIN job ON true"
+        tenant, from_key = "key.tenant", "FROM key"
     else:
-        key, tenant, from_key, answer_from = "", "%(tenant)s", "", "job"
+        key, tenant, from_key = "", "%(tenant)s::text", ""
     return f"""
-    WITH {key} job AS (
+    WITH {key} {admission_ctes(tenant, from_key)}, job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             callback_url
         )
         SELECT
-            %(id)s, {tenant}, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
+            %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
-                WHERE tenant = {tenant} AND job_type IN (%(type)s, '*')
+                WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
             ))
-        {from_key}
+        FROM admit
+        WHERE admit.last_refusal IS NULL
         ON CONFLICT (tenant, type, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO NOTHING
         RETURNING id, tenant, status, created_at
@@ -76,14 +83,16 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
         FROM job
         RETURNING id
     )
-    SELECT {tenant} AS tenant, job.id, job.status, job.created_at,
-           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified
-    FROM {answer_from}
+    SELECT limits.tenant, job.id, job.status, job.created_at,
+           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
+           {ADMISSION_COLUMNS}
+    FROM limits LEFT JOIN admit ON true LEFT JOIN job ON true
     """
 
 
-class JobInsertCommonParams(OutboxMessageParams):
-    """What both enqueue statements take: the job, and its first message."""
+class JobInsertCommonParams(OutboxMessageParams, QuotaDefaultParams):
+    """What both enqueue statements take: the job, its first message, and the default
+    quotas of a tenant without overrides."""
 
     callback_url: str | None
     channel: str

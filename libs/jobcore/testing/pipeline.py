@@ -52,6 +52,16 @@ PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
 JOB_TYPE = "effect"  # libs/jobcore/testing/jobtypes.py: records one effect, lease 2 s
 TERMINAL = ("succeeded", "failed", "cancelled")
 
+# Stacks push load from one tenant as fast as they can: the quotas are checked on every
+# request (so what they cost is in every measurement) but set far above any test's rate.
+LOAD_QUOTAS: dict[str, str] = {
+    "JOBCORE_QUOTA_ENQUEUE_RATE": "1000000",
+    "JOBCORE_QUOTA_ENQUEUE_BURST": "1000000",
+    "JOBCORE_QUOTA_MAX_UNFINISHED": "1000000000",
+    "JOBCORE_QUOTA_MAX_LONG_POLLS": "0",
+    "JOBCORE_API_MAX_LONG_POLLS": "0",
+}
+
 # Everything reconnects and retries within a second or two, so a fault test spends its
 # time on the fault, not on backoff. Silent cuts are found by heartbeats (2 s) and timeouts.
 FAST_ENV: dict[str, str] = {
@@ -214,7 +224,7 @@ class Stack:
         self.api_args = api_args
         self.log_dir = log_dir
         self.tenant = tenant
-        self.env = {**FAST_ENV, **(env or {})}
+        self.env = {**FAST_ENV, **LOAD_QUOTAS, **(env or {})}
         self.grace = float(self.env["JOBCORE_SHUTDOWN_GRACE"]) + 8.0
         self.broker_proxy = TcpProxy(*_target(settings.amqp_url, 5672)) if broker_proxy else None
         self.database_proxy = (

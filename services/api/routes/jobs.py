@@ -134,9 +134,10 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             job_type=job_type,
             payload=payload.model,
             submission=submission,
+            quotas=state.settings.quota_defaults,
         )
         state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
-        headers = {"Location": views.job_path(result.job_id)}
+        headers = {"Location": views.job_path(result.job_id), **result.rate_headers}
         if result.replayed:
             headers["Idempotent-Replayed"] = "true"
         return JsonBody(views.accepted(result), status_code=202, headers=headers)
@@ -233,7 +234,7 @@ def build_router(registry: Registry) -> APIRouter:
             description=f"The body is the job's payload. Queue: `{job_type.queue}`; "
             f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise.",
             openapi_extra=_request_body(schema_refs[job_type.name]),
-            responses=_problems(400, 413, 415, 422),
+            responses=_problems(400, 413, 415, 422, 429),
         )
     router.add_api_route(
         "/jobs/{job_type}",
@@ -250,7 +251,7 @@ def build_router(registry: Registry) -> APIRouter:
         waiting.get_job,
         methods=["GET"],
         response_model=JobView,
-        responses=_problems(400, 404, 422),
+        responses=_problems(400, 404, 422, 429),
     )
     router.add_api_route(
         "/jobs/{job_id}/result",

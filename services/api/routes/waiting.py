@@ -24,7 +24,8 @@ from jobcore.db import Database
 from jobcore.errors import JobNotFound, ServiceStateError
 from jobcore.states import is_terminal
 from services.api import operations, views
-from services.api.deps import ApiKeyDep, DbDep
+from services.api.deps import ApiKeyDep, DbDep, StateDep
+from services.api.longpolls import LongPollSlots
 from services.api.problems import InvalidWait
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
@@ -64,6 +65,13 @@ def job_waiters(request: Request) -> JobWaiters:
     return waiters
 
 
+def long_poll_slots(request: Request) -> LongPollSlots:
+    slots: LongPollSlots | None = getattr(request.app.state, "long_poll_slots", None)
+    if slots is None:
+        raise ServiceStateError("the long-poll caps are not set up")
+    return slots
+
+
 async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, DictRow]:
     """The key's tenant and its job, on one briefly held connection."""
     async with db.session() as db_session:
@@ -71,33 +79,53 @@ async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, Dict
         return tenant, await operations.get_job(db_session, tenant, job_id)
 
 
+async def read_job_to_wait(
+    db: Database, key: str, job_id: uuid.UUID, default_max_long_polls: int
+) -> tuple[str, DictRow, int]:
+    """The same and how many long-polls the tenant may park here (read only for a wait)."""
+    async with db.session() as db_session:
+        tenant = await apikeys.tenant_for_key(db_session, key)
+        row = await operations.get_job(db_session, tenant, job_id)
+        cap = await operations.tenant_max_long_polls(db_session, tenant, default_max_long_polls)
+        return tenant, row, cap
+
+
 async def get_job(
     job_id: uuid.UUID,
     key: ApiKeyDep,
     db: DbDep,
+    state: StateDep,
     request: Request,
     wait: WaitQuery = None,
 ) -> Response:
     """Status, attempts, errors, timestamps and result, always read from the database.
-    With ``wait``, answers once the job is terminal or the wait is over."""
+    With ``wait``, answers once the job is terminal or the wait is over; ``429`` at once
+    when this process already parks as many long-polls as it or the tenant may."""
     seconds = parse_wait(wait)
     if seconds <= 0:
         _, row = await read_job(db, key, job_id)
         return JsonBody(views.job_view(row))
     waiters = job_waiters(request)
+    slots = long_poll_slots(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     # Subscribed before the first read: a NOTIFY sent after that read sets the event.
     with waiters.subscribe(job_id) as woken:
-        tenant, row = await read_job(db, key, job_id)
-        while not is_terminal(row["status"]):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await waiters.park(woken, remaining)
-            # Batched with the other waiters woken meanwhile (one short checkout).
-            reread = await waiters.reads.read(db, tenant, job_id)
-            if reread is None:  # pragma: no cover - jobs are not deleted while waited on
-                raise JobNotFound("no job with that id")
-            row = reread
+        tenant, row, cap = await read_job_to_wait(
+            db, key, job_id, state.settings.quota_max_long_polls
+        )
+        if is_terminal(row["status"]):
+            return JsonBody(views.job_view(row))
+        # Only a wait that would park takes a slot (after authentication, invariant 13).
+        with slots.hold(tenant, cap):
+            while not is_terminal(row["status"]):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await waiters.park(woken, remaining)
+                # Batched with the other waiters woken meanwhile (one short checkout).
+                reread = await waiters.reads.read(db, tenant, job_id)
+                if reread is None:  # pragma: no cover - jobs are not deleted while waited on
+                    raise JobNotFound("no job with that id")
+                row = reread
     return JsonBody(views.job_view(row))

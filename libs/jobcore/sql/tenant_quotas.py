@@ -1,0 +1,207 @@
+"""Statements on ``tenant_quotas`` (operators' per-tenant overrides) and ``tenant_usage``
+(what the quotas are checked against), and the enqueue's admission fragment.
+
+The enqueue's admission is part of the enqueue statement (:mod:`jobcore.sql.jobs`), so a
+quota costs no round trip: :func:`admission_ctes` gives its CTEs. ``tenant_usage`` has one
+row per tenant; the admission upserts it, which locks it until the enqueue commits, so
+enqueues of one tenant are admitted one at a time (on any API process) and each sees the
+count its predecessor left: 50 racing requests at the cap minus one make exactly one job.
+The count itself is kept by triggers on ``jobs`` (migration 0010), for every statement
+that makes or ends a job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TypedDict
+
+from jobcore.sql import Query
+
+
+class QuotaDefaultParams(TypedDict):
+    """The deployment's defaults (JOBCORE_QUOTA_*), for tenants without an override."""
+
+    default_rate: float
+    default_burst: int
+    default_max_unfinished: int
+    default_max_long_polls: int
+
+
+# The effective quotas of `tenant` (an SQL expression), as columns of `limits`.
+def _limits(tenant: str, from_key: str) -> str:
+    return f"""limits AS (
+        SELECT t.tenant,
+               coalesce(q.enqueue_rate, %(default_rate)s::float8) AS rate,
+               coalesce(q.enqueue_burst, %(default_burst)s::int) AS burst,
+               coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint) AS max_unfinished
+        FROM (SELECT {tenant} AS tenant {from_key}) AS t
+        LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
+    )"""
+
+
+def admission_ctes(tenant: str, from_key: str) -> str:
+    """``existing`` (the job that already holds the idempotency key: a replay is not new
+    work, so it is never refused), ``limits`` and ``admit``: the tenant's usage row after
+    this request's turn, whose ``last_refusal`` is NULL when the job may be inserted.
+
+    The rate limit is GCRA (:class:`jobcore.quotas.RateLimit` is the same rule in Python):
+    admitted when max(tat, now) + 1/rate is at most burst/rate ahead of now. A refused
+    request changes only the refusal columns. ON CONFLICT ... DO UPDATE reads the row as
+    last committed (after waiting for its lock), never an older snapshot; and the time it
+    compares with is the clock's once the lock is held, not the statement's start
+    (``now()``): a request that queued for the lock behind a burst of its tenant's would
+    otherwise look early by its wait, and be refused for it.
+    """
+    return f"""existing AS (
+        SELECT id FROM jobs
+        WHERE tenant = (SELECT {tenant} {from_key})
+          AND type = %(type)s AND idempotency_key = %(idempotency_key)s
+    ), {_limits(tenant, from_key)}, admit AS (
+        INSERT INTO tenant_usage AS u (tenant, rate_tat)
+        SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+        ON CONFLICT (tenant) DO UPDATE SET (rate_tat, last_refusal, last_refused_at) = (
+            SELECT CASE WHEN v.refusal IS NULL THEN v.next_tat ELSE u.rate_tat END,
+                   v.refusal,
+                   CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE v.at END
+            FROM (
+                SELECT CASE
+                           WHEN l.max_unfinished > 0 AND u.unfinished >= l.max_unfinished
+                               THEN 'max_unfinished'
+                           WHEN n.next_tat
+                                > c.at + make_interval(secs => l.burst / nullif(l.rate, 0))
+                               THEN 'enqueue_rate'
+                       END AS refusal,
+                       n.next_tat, c.at
+                FROM limits AS l,
+                     LATERAL (SELECT clock_timestamp() AS at) AS c,
+                     LATERAL (
+                         SELECT greatest(u.rate_tat, c.at)
+                                + make_interval(secs => 1.0 / nullif(l.rate, 0)) AS next_tat
+                     ) AS n
+            ) AS v
+        )
+        RETURNING u.tenant, u.rate_tat, u.last_refusal, u.unfinished
+    )"""
+
+
+# What the enqueue statement adds to its answer: the refusal (NULL: admitted, or a
+# replay), and the rate limit's state for the RateLimit headers (a replay, which does not
+# touch the usage row, reports the row as it was).
+ADMISSION_COLUMNS = """
+    admit.last_refusal AS refusal,
+    coalesce(admit.rate_tat, (SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant))
+        AS rate_tat,
+    limits.rate, limits.burst, limits.max_unfinished, clock_timestamp() AS now"""
+
+
+class TenantQuotaGetParams(QuotaDefaultParams):
+    tenant: str
+
+
+TENANT_QUOTA_GET = Query[TenantQuotaGetParams](
+    "tenant_quota_get",
+    "A tenant's effective quotas (override or default, and which) and its usage.",
+    """
+    SELECT t.tenant,
+           coalesce(q.enqueue_rate, %(default_rate)s::float8) AS enqueue_rate,
+           coalesce(q.enqueue_burst, %(default_burst)s::int) AS enqueue_burst,
+           coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint) AS max_unfinished,
+           coalesce(q.max_long_polls, %(default_max_long_polls)s::int) AS max_long_polls,
+           q.enqueue_rate IS NOT NULL AS enqueue_rate_set,
+           q.enqueue_burst IS NOT NULL AS enqueue_burst_set,
+           q.max_unfinished IS NOT NULL AS max_unfinished_set,
+           q.max_long_polls IS NOT NULL AS max_long_polls_set,
+           q.updated_at,
+           coalesce(u.unfinished, 0) AS unfinished, u.rate_tat, u.last_refusal,
+           u.last_refused_at, now() AS now
+    FROM (SELECT %(tenant)s::text AS tenant) AS t
+    LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
+    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
+    """,
+)
+
+
+class TenantMaxLongPollsParams(TypedDict):
+    default_max_long_polls: int
+    tenant: str
+
+
+TENANT_MAX_LONG_POLLS = Query[TenantMaxLongPollsParams](
+    "tenant_max_long_polls",
+    "How many long-polls the tenant may park at once on one API process.",
+    """
+    SELECT coalesce(
+        (SELECT max_long_polls FROM tenant_quotas WHERE tenant = %(tenant)s),
+        %(default_max_long_polls)s::int
+    ) AS max_long_polls
+    """,
+)
+
+
+class TenantQuotaSetParams(TypedDict):
+    tenant: str
+    # For each quota: whether this call sets it, and the value (None: back to the default).
+    set_enqueue_rate: bool
+    enqueue_rate: float | None
+    set_enqueue_burst: bool
+    enqueue_burst: int | None
+    set_max_unfinished: bool
+    max_unfinished: int | None
+    set_max_long_polls: bool
+    max_long_polls: int | None
+
+
+# Quotas the call does not name keep their override. A row with every override back to
+# the default stays (it is harmless, and `tenants list` shows when it changed).
+TENANT_QUOTA_SET = Query[TenantQuotaSetParams](
+    "tenant_quota_set",
+    "Set some of a tenant's quota overrides, keeping the others.",
+    """
+    INSERT INTO tenant_quotas AS q (
+        tenant, enqueue_rate, enqueue_burst, max_unfinished, max_long_polls
+    )
+    VALUES (%(tenant)s, %(enqueue_rate)s, %(enqueue_burst)s, %(max_unfinished)s,
+            %(max_long_polls)s)
+    ON CONFLICT (tenant) DO UPDATE SET
+        enqueue_rate = CASE WHEN %(set_enqueue_rate)s THEN excluded.enqueue_rate
+                            ELSE q.enqueue_rate END,
+        enqueue_burst = CASE WHEN %(set_enqueue_burst)s THEN excluded.enqueue_burst
+                             ELSE q.enqueue_burst END,
+        max_unfinished = CASE WHEN %(set_max_unfinished)s THEN excluded.max_unfinished
+                              ELSE q.max_unfinished END,
+        max_long_polls = CASE WHEN %(set_max_long_polls)s THEN excluded.max_long_polls
+                              ELSE q.max_long_polls END,
+        updated_at = now()
+    RETURNING tenant
+    """,
+)
+
+
+class TenantQuotaRow(TypedDict):
+    tenant: str
+    enqueue_rate: float | None
+    enqueue_burst: int | None
+    max_unfinished: int | None
+    max_long_polls: int | None
+    updated_at: datetime
+    unfinished: int
+
+
+TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
+    "tenant_quota_list",
+    "Every tenant with a job or an override: its overrides (NULL: the default) and usage.",
+    """
+    SELECT coalesce(q.tenant, u.tenant) AS tenant,
+           q.enqueue_rate, q.enqueue_burst, q.max_unfinished, q.max_long_polls,
+           q.updated_at, coalesce(u.unfinished, 0) AS unfinished,
+           coalesce(q.enqueue_rate, %(default_rate)s::float8) AS effective_enqueue_rate,
+           coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint)
+               AS effective_max_unfinished,
+           %(default_burst)s::int AS default_burst,
+           %(default_max_long_polls)s::int AS default_max_long_polls
+    FROM tenant_quotas AS q
+    FULL JOIN tenant_usage AS u ON u.tenant = q.tenant
+    ORDER BY 1
+    """,
+)
