@@ -4,8 +4,9 @@ operator verbs.
 A row is *due* when ``available_at <= now()`` and it is not quarantined; the partial
 index ``outbox_due_idx (available_at, id) WHERE quarantined_at IS NULL`` serves the FIFO
 claim, the next-due lookup and the oldest-due age, and ``outbox_fair_due_idx (routing_key,
-tenant, available_at, id)`` with the same predicate serves the fair claim. Outbox rows written with a job (enqueue,
-retries, the reaper, completion webhooks) are written by the statements on ``jobs``.
+tenant, available_at, id)`` with the same predicate serves the fair claim. Outbox rows
+written with a job (enqueue, retries, the reaper, completion webhooks) are written by the
+statements on ``jobs``; each carries its job's tenant.
 """
 
 from __future__ import annotations
@@ -211,6 +212,18 @@ OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
     SELECT extract(epoch FROM min(available_at) - now())::float8 AS seconds
     FROM outbox
     WHERE available_at > now() AND quarantined_at IS NULL
+    """,
+)
+
+
+# A relay that left a full broker queue alone looks again soon only while something is due.
+OUTBOX_ANY_DUE = Query[NoParams](
+    "outbox_any_due",
+    "Whether any unquarantined row is due (the first entry of outbox_due_idx).",
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+    ) AS due
     """,
 )
 
