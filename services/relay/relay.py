@@ -97,6 +97,7 @@ class Relay(Service):
             publisher.queues,
             limit=options.queue_depth_limit,
             batch_size=settings.relay_batch_size,
+            on_full=lambda routing_key: metrics.queue_full.labels(queue=routing_key).inc(),
         )
         self.last_publish_at: datetime | None = None
         self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}

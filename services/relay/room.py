@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import aiormq
@@ -64,8 +64,10 @@ class QueueRoom:
         *,
         limit: int,
         batch_size: int,
+        on_full: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology
+        self._on_full = on_full
         self.limit = limit
         self.batch_size = batch_size
         # routing key -> queue name, for every queue this relay declares.
@@ -96,6 +98,8 @@ class QueueRoom:
                 if room < max(1, self.limit // REFILL_FRACTION):
                     withheld = True
                     room = 0
+                    if self._on_full is not None:
+                        self._on_full(routing_key)
                 budgets[routing_key] = min(room, self.batch_size)
             grant = Grant(budgets, self.batch_size, withheld, Counter(budgets))
             self._in_flight.update(grant.reserved)
