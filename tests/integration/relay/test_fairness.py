@@ -3,17 +3,22 @@ its depth limit, and another tenant's new message goes out ahead of that backlog
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable
 
 import aio_pika
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from services.relay.relay import Relay
+from services.worker.app import Worker
 from tests.integration.relay.helpers import fill_outbox, outbox_count, running_relay
+from tests.integration.worker.support import worker_settings
 
 LIMIT = 100
 BACKLOG = 1500
@@ -144,3 +149,80 @@ def _full_looks(relay: Relay) -> float:
         "jobcore_relay_queue_full_total", {"queue": "testq"}
     )
     return value or 0.0
+
+
+async def test_a_quiet_tenants_job_starts_before_most_of_anothers_backlog(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    """Enqueue, relay and worker for real: tenant b's job, enqueued while tenant a's
+    backlog drains, is started by the worker before most of that backlog."""
+    wsettings = worker_settings(settings)
+    await topology.declare(amqp_channel, default_registry.queues())
+    backlog = 1000
+    await _enqueue_echo(db, topology, "a", backlog)
+
+    async with running_relay(wsettings, db, queue_depth_limit=50):
+        worker = Worker(wsettings, queues=["testq"], concurrency=8, health=False, webhooks=False)
+        await worker.start()
+        try:
+            await eventually(
+                lambda: _at_least(_succeeded(db, "a"), 50), timeout=60, what="a's jobs to run"
+            )
+            [quiet] = await _enqueue_echo(db, topology, "b", 1)
+            await eventually(
+                lambda: _at_least(_succeeded(db, None), backlog + 1),
+                timeout=120,
+                what="every job to succeed",
+            )
+        finally:
+            await worker.stop()
+
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            """
+            SELECT count(*) FILTER (WHERE a.started_at > b.started_at) AS after,
+                   count(*) FILTER (WHERE a.created_at < b.created_at) AS older
+            FROM jobs AS a, jobs AS b
+            WHERE b.id = %s AND a.tenant = 'a'
+            """,
+            (quiet,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    # Every one of a's jobs was enqueued before b's; FIFO would start them all first.
+    assert row["older"] == backlog
+    assert row["after"] >= backlog // 2, row
+
+
+async def _enqueue_echo(db: Database, topology: Topology, tenant: str, n: int) -> list[uuid.UUID]:
+    ids = []
+    async with db.unit_of_work() as uow:
+        for i in range(n):
+            result = await enqueue(
+                uow,
+                topology,
+                tenant=tenant,
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text=f"{tenant}{i}"),
+            )
+            ids.append(result.job_id)
+        await uow.commit()
+    return ids
+
+
+async def _succeeded(db: Database, tenant: str | None) -> int:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM jobs WHERE status = 'succeeded' "
+            "AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)",
+            {"tenant": tenant},
+        )
+        row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def _at_least(value: Awaitable[int], expected: int) -> bool:
+    return await value >= expected
