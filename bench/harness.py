@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog")  # run when none is named
 EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
+# Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
+# publishes, and purge the queues): the queue depth limit would stop them at its size.
+UNLIMITED_QUEUES = {"JOBCORE_RELAY_QUEUE_DEPTH_LIMIT": "0"}
 
 
 @dataclass(frozen=True)
