@@ -33,7 +33,7 @@ from jobcore.errors import BrokerUnavailable
 # Room below this fraction of the limit is not worth a claim of its own: a batch of a few
 # rows costs the same round trips as a full one. A queue at the limit is looked at again
 # after this long (the relay's wait while throttled); at 2,000 jobs/s workers take ~100
-# messages meanwhile, well under a limit of 250.
+# messages meanwhile, well under the default limit of 1,000.
 REFILL_FRACTION = 4
 RECHECK_SECONDS = 0.05
 

@@ -140,7 +140,7 @@ def test_fair_scenario_reports_both_relays(settings: Settings, tmp_path: Path) -
         "enqueue→start p50 ms",
         "enqueue→start p99 ms",
         "enqueue→start max ms",
-        "jobs/s drained (depth limit 250)",
+        "jobs/s drained (depth limit 1000)",
     ]
     for figure in fair["figures"]:
         assert figure["runs"][0] > 0, figure

@@ -114,4 +114,4 @@ def test_the_fifo_claim_is_refused_with_a_queue_depth_limit(
     assert (options.fair_claim, options.queue_depth_limit) == (False, 0)
     monkeypatch.delenv("JOBCORE_RELAY_FAIR_CLAIM")
     monkeypatch.delenv("JOBCORE_RELAY_QUEUE_DEPTH_LIMIT")
-    assert (load_relay_options().fair_claim, load_relay_options().queue_depth_limit) == (True, 250)
+    assert (load_relay_options().fair_claim, load_relay_options().queue_depth_limit) == (True, 1000)
