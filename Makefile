@@ -34,7 +34,8 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Every scenario at full size (about 13 minutes on 2 cores); the README shows its table.
+# Every scenario at full size (about 13 minutes on 2 cores, and about 8 more for `fair`);
+# the README shows its table.
 bench: setup
 	$(BIN)/jobcore bench --out var/bench
 

@@ -28,7 +28,7 @@ def _positive_list(text: str, what: str) -> tuple[int, ...]:
 def bench(
     scenarios: list[str] = typer.Argument(
         None,
-        help="Scenarios to run, in order: enqueue relay e2e scale backlog (the default), "
+        help="Scenarios to run, in order: enqueue relay e2e scale backlog fair (the default), "
         "tracing, and steady (about 70 minutes at its defaults).",
     ),
     jobs: int = typer.Option(
@@ -55,6 +55,12 @@ def bench(
     steady_retention: int = typer.Option(
         300, min=1, max=86_400, help="Seconds finished jobs are kept in the steady scenario."
     ),
+    fair_backlog: int = typer.Option(
+        100_000, min=10, max=10_000_000, help="Tenant A's backlog in the fair scenario."
+    ),
+    fair_probes: int = typer.Option(
+        20, min=1, max=1000, help="Tenant B's jobs (one a second) in the fair scenario."
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -80,6 +86,8 @@ def bench(
         steady_rate=steady_rate,
         steady_sample=steady_sample,
         steady_retention=steady_retention,
+        fair_backlog=fair_backlog,
+        fair_probes=fair_probes,
     )
     config = settings()
     with Progress(

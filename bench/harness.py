@@ -27,9 +27,12 @@ from jobcore.settings import Settings, load_settings
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
 
-SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog")  # run when none is named
+SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog", "fair")  # run when none is named
 EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
+# Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
+# publishes, and purge the queues): the queue depth limit would stop them at its size.
+UNLIMITED_QUEUES = {"JOBCORE_RELAY_QUEUE_DEPTH_LIMIT": "0"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Options:
     steady_rate: float = 250.0
     steady_sample: float = 30.0
     steady_retention: int = 300
+    fair_backlog: int = 100_000
+    fair_probes: int = 20
 
 
 class Scenario(Protocol):

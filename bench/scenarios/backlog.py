@@ -1,7 +1,7 @@
 """backlog: a relay draining 1,000,000 pending outbox rows; does the cost grow with it?
 
 The outbox is filled with ``backlog_rows`` rows (in chunks, untimed) before a relay runs.
-The claim statement the relay runs (claim_due_outbox, batch-sized, FOR UPDATE SKIP LOCKED)
+The claim statement the relay runs (outbox_claim_fair, batch-sized, FOR UPDATE SKIP LOCKED)
 is timed from a separate connection, in a transaction rolled back at once: 10 times on the
 full backlog, then about every second while one relay drains it (it then skips the relay's
 locked rows, as a second replica would). The drained rows are read ten times a second as the
@@ -22,13 +22,13 @@ from typing import Any
 import aio_pika
 import psycopg
 
-from bench.harness import Bench, Options, pids, relays_ready
+from bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from bench.measure import cpu_of, merge_cpu
 from bench.report import Figure, Section, Series
 from bench.scenarios.relay import QUEUE, fill_outbox, purge
 from jobcore.amqp.topology import Topology
 from jobcore.db import fetch_all
-from jobcore.sql.outbox import OUTBOX_CLAIM_DUE
+from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 
 TITLE = "Draining a large outbox backlog"
 FILL_CHUNK = 100_000
@@ -47,7 +47,12 @@ async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
     """One claim on its own transaction, rolled back: its time in milliseconds."""
     started = time.perf_counter()
     async with conn.transaction(force_rollback=True):
-        await fetch_all(conn, OUTBOX_CLAIM_DUE({"limit": limit}))
+        await fetch_all(
+            conn,
+            OUTBOX_CLAIM_FAIR(
+                {"routing_keys": [QUEUE], "budgets": [limit], "other_budget": limit, "limit": limit}
+            ),
+        )
     return 1000 * (time.perf_counter() - started)
 
 
@@ -111,7 +116,9 @@ async def run(bench: Bench) -> Section:
             first = await front(conn)
             assert first is not None
             bench.step(f"backlog: draining {rows:,} rows")
-            async with bench.stack(config, "backlog", relays=1, workers=0) as stack:
+            async with bench.stack(
+                config, "backlog", relays=1, workers=0, env=UNLIMITED_QUEUES
+            ) as stack:
                 await relays_ready(stack)
                 relay_pids = pids(stack)
                 relay_pids.pop("api", None)

@@ -21,7 +21,7 @@ import aio_pika
 import orjson
 import psycopg
 
-from bench.harness import Bench, pids, relays_ready
+from bench.harness import UNLIMITED_QUEUES, Bench, pids, relays_ready
 from bench.measure import cpu_of, latency_ms, merge_cpu
 from bench.report import Figure, Section
 from jobcore.amqp.topology import Topology
@@ -175,7 +175,7 @@ async def run(bench: Bench) -> Section:
     rows = options.relay_rows
     async with (
         bench.scratch("relay") as config,
-        bench.stack(config, "relay", relays=1, workers=0) as stack,
+        bench.stack(config, "relay", relays=1, workers=0, env=UNLIMITED_QUEUES) as stack,
     ):
         window = config.relay_batch_size * lanes
         section = Section(

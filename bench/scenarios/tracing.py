@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 
-from bench.harness import Bench, Options, relays_ready
+from bench.harness import UNLIMITED_QUEUES, Bench, Options, relays_ready
 from bench.http import http_load, post
 from bench.report import Figure, Section
 from bench.scenarios.relay import fill_outbox, until_empty
@@ -105,7 +105,9 @@ async def measure(bench: Bench, mode: str, sink: Sink) -> tuple[float, float, in
     with tracing(mode == "on", sink):
         async with (
             bench.scratch("tracing") as config,
-            bench.stack(config, f"tracing-{mode}", relays=1, workers=0) as stack,
+            bench.stack(
+                config, f"tracing-{mode}", relays=1, workers=0, env=UNLIMITED_QUEUES
+            ) as stack,
         ):
             await relays_ready(stack)
             request = post(

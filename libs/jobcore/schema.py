@@ -139,6 +139,9 @@ outbox = Table(
     Column("body", LargeBinary, nullable=False),
     Column("ordering_key", Text),
     Column("job_id", UUID(as_uuid=True)),
+    # Whose message this is: the relay shares publishing round-robin across (routing key,
+    # tenant). '' for rows written by a release that did not name it.
+    Column("tenant", Text, nullable=False, server_default=text("''")),
     _timestamp("available_at", nullable=False, default_now=True),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text),
@@ -151,6 +154,17 @@ outbox = Table(
     _timestamp("created_at", nullable=False, default_now=True),
     Index(
         "outbox_due_idx",
+        "available_at",
+        "id",
+        postgresql_where=text("quarantined_at IS NULL"),
+    ),
+    # The fair claim (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR): a skip scan finds the (routing
+    # key, tenant) pairs with rows, then each pair's due rows are a range scan, oldest
+    # first, however large another tenant's backlog is.
+    Index(
+        "outbox_fair_due_idx",
+        "routing_key",
+        "tenant",
         "available_at",
         "id",
         postgresql_where=text("quarantined_at IS NULL"),

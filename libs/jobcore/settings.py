@@ -471,6 +471,27 @@ class RelayOptions(BaseSettings):
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_SIZE, ge=1024, le=512 * 1024 * 1024)
     # The backlog query scans the outbox; probes within this many seconds share one answer.
     backlog_cache_seconds: float = Field(default=1.0, ge=0, le=60)
+    # Claim the outbox round-robin between the tenants with due rows, per routing key
+    # (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR), so one tenant's backlog does not hold up
+    # another's new job. Off: oldest first whoever's it is (the claim before fairness,
+    # kept as the bench's baseline), which needs queue_depth_limit 0.
+    fair_claim: bool = True
+    # Ready messages a broker queue may hold before this relay stops publishing to it: the
+    # backlog waits in PostgreSQL, where the fair claim orders it, and a new job waits
+    # behind at most this many messages in the queue. Large enough that workers never
+    # starve between two refills: with 250, a worker draining ~800 jobs/s ran at 0.5-0.7x
+    # of its rate without a limit (`jobcore bench fair`), with 1,000 it did not slow down,
+    # and a quiet tenant's job still started within about a second. 0: no limit.
+    queue_depth_limit: int = Field(default=1000, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _depth_limit_needs_fair_claim(self) -> RelayOptions:
+        if self.queue_depth_limit and not self.fair_claim:
+            raise ValueError(
+                "queue_depth_limit needs fair_claim (the FIFO claim has no per-queue budget); "
+                "set JOBCORE_RELAY_QUEUE_DEPTH_LIMIT=0 with JOBCORE_RELAY_FAIR_CLAIM=false"
+            )
+        return self
 
 
 def load_relay_options(**overrides: object) -> RelayOptions:

@@ -54,6 +54,13 @@ class RelayMetrics:
             "Broker connections re-established after a loss.",
             registry=r,
         )
+        self.queue_full = Counter(
+            "jobcore_relay_queue_full",
+            "Looks at a broker queue that found it too full for a batch (at its depth limit, "
+            "JOBCORE_RELAY_QUEUE_DEPTH_LIMIT): its rows waited in the outbox, by queue.",
+            ["queue"],
+            registry=r,
+        )
         self.confirm_latency = Histogram(
             "jobcore_relay_batch_confirm_seconds",
             "From the first publish of a batch to its last confirm.",

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,7 +41,9 @@ from jobcore.service import Service, run_until_signalled
 from jobcore.settings import RelayOptions, Settings
 from jobcore.sql import NoParams, Query
 from jobcore.sql.outbox import (
+    OUTBOX_ANY_DUE,
     OUTBOX_CLAIM_DUE,
+    OUTBOX_CLAIM_FAIR,
     OUTBOX_DELETE_PUBLISHED,
     OUTBOX_LISTEN,
     OUTBOX_LISTENER_PING,
@@ -51,6 +54,7 @@ from jobcore.sql.outbox import (
 )
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
+from services.relay.room import RECHECK_SECONDS, Grant, QueueRoom
 from services.relay.tracing import PublishSpans
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,13 @@ class Relay(Service):
         self.publisher = publisher
         self.options = options
         self.metrics = metrics
+        self.room = QueueRoom(
+            publisher.topology,
+            publisher.queues,
+            limit=options.queue_depth_limit,
+            batch_size=settings.relay_batch_size,
+            on_full=lambda routing_key: metrics.queue_full.labels(queue=routing_key).inc(),
+        )
         self.last_publish_at: datetime | None = None
         self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}
         self._wake = asyncio.Event()
@@ -134,20 +145,28 @@ class Relay(Service):
             if listener is not None:
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
+            await self.room.close()
             await self.publisher.close()
             self.metrics.broker_connected.set(0)
             log.info("relay stopped", extra=dict(self.totals))
 
     async def _drain(self) -> None:
-        """Publish until the due rows run out, the broker goes, or we are stopping.
+        """Publish until the due rows run out (or their queues are full), the broker goes,
+        or we are stopping.
 
-        One batch first: a wake-up for a few rows costs one claim. Only a full batch (a
-        backlog) starts the lanes, whose claims and commits overlap each other's confirms.
+        One batch first: a wake-up for a few rows costs one claim (and, with the fair
+        claim, one more that finds none). Only a full batch (a backlog) starts the lanes,
+        whose claims and commits overlap each other's confirms.
         """
-        if await self.relay_batch() < self.settings.relay_batch_size:
+        claimed = await self.relay_batch()
+        if not self._more_may_be_due(claimed):
             return
+        full = min(
+            self.settings.relay_batch_size, self.room.limit or self.settings.relay_batch_size
+        )
+        lanes = self.options.lanes if claimed >= full else 1
         results = await asyncio.gather(
-            *(self._lane() for _ in range(self.options.lanes)), return_exceptions=True
+            *(self._lane() for _ in range(lanes)), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):
@@ -155,13 +174,47 @@ class Relay(Service):
 
     async def _lane(self) -> None:
         while not self.stopping.is_set() and self.publisher.connected:
-            if await self.relay_batch() < self.settings.relay_batch_size:
+            if not self._more_may_be_due(await self.relay_batch()):
                 return
+
+    def _more_may_be_due(self, claimed: int) -> bool:
+        # The FIFO claim takes everything due up to the batch size; the fair one can take
+        # less with more due (a tenant's share left unused, a queue's room), so only a
+        # claim that found nothing ends the drain.
+        if self.options.fair_claim:
+            return claimed > 0
+        return claimed >= self.settings.relay_batch_size
 
     async def relay_batch(self) -> int:
         """Claim, publish and settle one batch in one transaction; return rows claimed."""
+        if not self.options.fair_claim:
+            return await self._settle_batch(None)
+        grant = await self.room.grant(self.publisher.connection)
+        try:
+            if grant.empty:
+                return 0
+            return await self._settle_batch(grant)
+        finally:
+            # After the commit: the confirmed messages count in the queues' depths now.
+            await self.room.release(grant)
+
+    async def _settle_batch(self, grant: Grant | None) -> int:
         async with self.db.unit_of_work() as uow:
-            rows = await fetch_all(uow, OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size}))
+            if grant is None:
+                claim = OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size})
+            else:
+                routing_keys = list(grant.budgets)
+                claim = OUTBOX_CLAIM_FAIR(
+                    {
+                        "routing_keys": routing_keys,
+                        "budgets": [grant.budgets[rk] for rk in routing_keys],
+                        "other_budget": grant.other_budget,
+                        "limit": self.settings.relay_batch_size,
+                    }
+                )
+            rows = await fetch_all(uow, claim)
+            if grant is not None:
+                await self.room.keep(grant, Counter(row["routing_key"] for row in rows))
             if not rows:
                 return 0
             messages = [
@@ -317,6 +370,11 @@ class Relay(Service):
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
+        if self.room.throttled:
+            # A full queue is not announced: look again soon while rows wait for room.
+            due = await self._fetch_one(OUTBOX_ANY_DUE)
+            if due is not None and due["due"]:
+                timeout = min(timeout, RECHECK_SECONDS)
         waiters = [
             asyncio.ensure_future(event.wait())
             for event in (self._wake, self.stopping, self.publisher.lost)

@@ -119,3 +119,34 @@ def test_steady_scenario_prunes_while_it_loads_and_reports_sizes(
     assert len(series["all tables"]["x"]) >= 15, "sampled about every second for 20 s"
     assert series["not finished"]["y"][-1] == 0
     assert (out / "steady.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Two stacks (the fair relay and the FIFO baseline) on a small backlog: the report's
+# figures exist, and B's jobs were sent while A's backlog was still waiting.
+@pytest.mark.timeout(300)
+def test_fair_scenario_reports_both_relays(settings: Settings, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = bench_cli(
+        settings,
+        "fair",
+        *("--fair-backlog", "2000", "--fair-probes", "3", "--runs", "1", "--out", str(out)),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (fair,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    metrics = [f["metric"] for f in fair["figures"]]
+    assert metrics == [
+        "enqueue→start p50 ms",
+        "enqueue→start p99 ms",
+        "enqueue→start max ms",
+        "jobs/s drained (depth limit 1000)",
+    ]
+    for figure in fair["figures"]:
+        assert figure["runs"][0] > 0, figure
+        assert figure["baseline_runs"][0] > 0, figure
+    for mode in ("fair", "fifo"):
+        assert fair["details"][mode]["probes_sent"][0] >= 1
+        assert fair["details"][mode]["probes_during_backlog"][0] >= 1
+    assert {s["label"] for s in fair["series"]} == {"fair relay", "fifo relay"}
+    assert (out / "fair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
+import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, pool
@@ -81,3 +82,33 @@ def test_migrate_against_an_unreachable_database_fails_in_one_line(
     assert result.stderr.startswith("jobcore: JOBCORE_DATABASE_URL:")
     assert result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
+
+
+def test_outbox_tenant_migration_backfills_rows_from_their_jobs(service_urls: ServiceUrls) -> None:
+    settings, name = _empty_database_settings(service_urls)
+    try:
+        migrate.upgrade(settings, "0007")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(
+                """
+                INSERT INTO jobs (id, tenant, type, queue)
+                VALUES ('00000000-0000-0000-0000-00000000000a', 'acme', 'echo', 'testq');
+                INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id)
+                VALUES (gen_random_uuid(), 'x', 'testq', 'echo', '\\x00',
+                        '00000000-0000-0000-0000-00000000000a'),
+                       (gen_random_uuid(), 'x', 'testq', 'echo', '\\x00', NULL);
+                """
+            )
+        migrate.upgrade(settings)
+        with psycopg.connect(settings.database_url) as conn:
+            rows = conn.execute("SELECT job_id IS NULL, tenant FROM outbox ORDER BY id").fetchall()
+            # A writer that predates the column still works: its rows fall in the '' tenant.
+            conn.execute(
+                "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body) "
+                "VALUES (gen_random_uuid(), 'x', 'testq', 'echo', '\\x00')"
+            )
+            [(old_writer,)] = conn.execute("SELECT tenant FROM outbox WHERE id = 3").fetchall()
+        assert rows == [(False, "acme"), (True, "")]
+        assert old_writer == ""
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)

@@ -1,7 +1,7 @@
 import pytest
 
 from jobcore.errors import ConfigurationError
-from jobcore.settings import Settings, load_settings
+from jobcore.settings import Settings, load_relay_options, load_settings
 
 
 def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,3 +100,18 @@ def test_the_sweeper_staleness_must_be_longer_than_its_interval(
     text = str(info.value)
     assert "JOBCORE_SWEEPER_STALE_AFTER must be longer than JOBCORE_SWEEPER_INTERVAL" in text
     assert "\n" not in text
+
+
+def test_the_fifo_claim_is_refused_with_a_queue_depth_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The FIFO claim has no per-queue budget: a limit would silently not hold.
+    monkeypatch.setenv("JOBCORE_RELAY_FAIR_CLAIM", "false")
+    with pytest.raises(ConfigurationError, match="JOBCORE_RELAY_QUEUE_DEPTH_LIMIT=0"):
+        load_relay_options()
+    monkeypatch.setenv("JOBCORE_RELAY_QUEUE_DEPTH_LIMIT", "0")
+    options = load_relay_options()
+    assert (options.fair_claim, options.queue_depth_limit) == (False, 0)
+    monkeypatch.delenv("JOBCORE_RELAY_FAIR_CLAIM")
+    monkeypatch.delenv("JOBCORE_RELAY_QUEUE_DEPTH_LIMIT")
+    assert (load_relay_options().fair_claim, load_relay_options().queue_depth_limit) == (True, 1000)

@@ -76,10 +76,10 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            available_at
+            tenant, available_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, job.id, coalesce(%(run_at)s, now())
+               %(headers)s, %(body)s, job.id, job.tenant, coalesce(%(run_at)s, now())
         FROM job
         RETURNING id
     )
@@ -638,10 +638,10 @@ JOB_RETRY = Query[JobRetryParams](
     + """, message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            available_at
+            tenant, available_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, back.id, back.next_attempt_at
+               %(headers)s, %(body)s, back.id, back.tenant, back.next_attempt_at
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
@@ -710,9 +710,11 @@ JOB_RELEASE = Query[JobReleaseParams](
     ), """
     + _CANCELLED_ARE_DONE
     + """, message AS (
-        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+        )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, back.id
+               %(headers)s, %(body)s, back.id, back.tenant
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
@@ -786,9 +788,11 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
     ), """
     + COMPLETION_WEBHOOKS
     + """, messages AS (
-        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+        )
         SELECT m.message_id, m.exchange, m.routing_key, m.message_type, m.headers, m.body,
-               m.job_id
+               m.job_id, reaped.tenant
         FROM unnest(
             %(message_ids)s::uuid[], %(exchanges)s::text[], %(routing_keys)s::text[],
             %(message_types)s::text[], %(headers)s::jsonb[], %(bodies)s::bytea[],
@@ -961,11 +965,13 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
         WHERE jobs.id = input.id
           AND jobs.status = 'pending'
           AND jobs.attempts + 1 = input.attempt
-        RETURNING jobs.id, input.attempt, input.reason, jobs.republish_count
+        RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count
     ), messages AS (
-        INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id)
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+        )
         SELECT input.message_id, input.exchange, input.routing_key, input.message_type,
-               input.headers, input.body, input.id
+               input.headers, input.body, input.id, republished.tenant
         FROM input JOIN republished USING (id)
         RETURNING id
     )

@@ -43,7 +43,7 @@ COMPLETION_WEBHOOKS = f"""
         RETURNING id, job_id
     ), hook_messages AS (
         INSERT INTO outbox (
-            message_id, exchange, routing_key, message_type, headers, body, job_id
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
         SELECT gen_random_uuid(), %(webhook_exchange)s, %(webhook_routing_key)s,
                '{WEBHOOK_MESSAGE_TYPE}',
@@ -52,7 +52,7 @@ COMPLETION_WEBHOOKS = f"""
                convert_to(
                    jsonb_build_object('v', 1, 'delivery_id', hooks.id, 'attempt', 1)::text,
                    'UTF8'),
-               hooks.job_id
+               hooks.job_id, done.tenant
         FROM hooks JOIN done ON done.id = hooks.job_id
         RETURNING id
     )"""
@@ -169,15 +169,15 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
             updated_at = now()
         FROM received
         WHERE d.id = %(id)s AND d.status = 'pending' AND d.attempts = %(attempt)s - 1
-        RETURNING d.id, d.job_id, d.status, d.attempts, d.next_attempt_at
+        RETURNING d.id, d.job_id, d.tenant, d.status, d.attempts, d.next_attempt_at
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            available_at
+            tenant, available_at
         )
         SELECT %(next_message_id)s, %(webhook_exchange)s, %(webhook_routing_key)s,
                %(message_type)s, %(headers)s, %(next_body)s, recorded.job_id,
-               recorded.next_attempt_at
+               recorded.tenant, recorded.next_attempt_at
         FROM recorded
         WHERE recorded.status = 'pending'
         RETURNING id
@@ -234,7 +234,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
         RETURNING id, job_id, tenant, attempts
     ), message AS (
         INSERT INTO outbox (
-            message_id, exchange, routing_key, message_type, headers, body, job_id
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
         SELECT gen_random_uuid(), %(webhook_exchange)s, %(webhook_routing_key)s,
                '{WEBHOOK_MESSAGE_TYPE}', '{{}}'::jsonb,
@@ -243,7 +243,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
                        'v', 1, 'delivery_id', delivery.id, 'attempt', delivery.attempts + 1
                    )::text,
                    'UTF8'),
-               delivery.job_id
+               delivery.job_id, delivery.tenant
         FROM delivery
         RETURNING id
     )

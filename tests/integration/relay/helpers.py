@@ -28,12 +28,12 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # One statement however many rows: the tests fill thousands at once.
 FILL_SQL = """
 INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body,
-                    available_at)
+                    tenant, available_at)
 SELECT gen_random_uuid(), %(exchange)s, %(routing_key)s, 'echo', %(headers)s::jsonb,
        coalesce(%(body)s::bytea, convert_to(
            '{"v":1,"job_id":"' || gen_random_uuid() || '","attempt":1,"type":"echo"}', 'UTF8'
        )),
-       now() + make_interval(secs => %(delay)s)
+       %(tenant)s, now() + make_interval(secs => %(delay)s)
 FROM generate_series(1, %(n)s)
 RETURNING id, message_id::text AS message_id
 """
@@ -64,6 +64,7 @@ async def fill_outbox(
     notify: bool = True,
     headers: dict[str, Any] | None = None,
     body: bytes | None = None,
+    tenant: str = "t",
 ) -> list[dict[str, Any]]:
     """Insert ``n`` outbox rows in one statement; return their ids and message ids."""
     async with db.connection() as conn, conn.transaction():
@@ -77,6 +78,7 @@ async def fill_outbox(
                 "headers": json.dumps(headers or {"traceparent": TRACEPARENT}),
                 "delay": delay,
                 "body": body,
+                "tenant": tenant,
                 "n": n,
             },
         )

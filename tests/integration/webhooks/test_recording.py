@@ -169,6 +169,7 @@ async def test_a_rolled_back_cancel_records_no_delivery(
     assert delivery["max_attempts"] == hsettings.webhook_max_attempts
     assert message["routing_key"] == "webhooks"
     assert message["exchange"] == f"{hsettings.amqp_prefix}.jobs"
+    assert message["tenant"] == TENANT
     assert str(delivery["id"]) in bytes(message["body"]).decode()
 
 

@@ -66,6 +66,7 @@ async def test_expired_leases_go_back_to_pending_or_fail_when_attempts_are_used_
     assert (envelope.job_id, envelope.attempt, envelope.type) == (retry, 2, "wt_gate")
     assert message["routing_key"] == "testq"
     assert message["exchange"] == topology.jobs_exchange
+    assert message["tenant"] == "t"
 
     row = await job_row(db, exhausted)
     assert (row["status"], row["last_error"]) == ("failed", "lease expired")

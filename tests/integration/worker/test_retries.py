@@ -70,6 +70,7 @@ async def test_a_retry_carries_the_jobs_trace_context_and_then_succeeds(
 
     retry = await eventually(retry_row, what="the retry's outbox row")
     assert retry["headers"] == {"traceparent": TRACEPARENT}
+    assert retry["tenant"] == "t"  # the relay shares publishing between tenants
     pending = await status_is(db, job_id, "pending")
     assert pending is not None
     assert pending["next_attempt_at"] == retry["available_at"]

@@ -241,6 +241,7 @@ async def test_only_stranded_jobs_are_published_again_and_each_less_often(
     assert {name: await _state(db, job_id) for name, job_id in untouched.items()} == before
     [message] = await outbox_rows(db, stranded)
     assert message["available_at"] <= message["created_at"]  # due at once
+    assert message["tenant"] == "t"
     assert (await job_row(db, stranded))["republish_count"] == 1
     assert sweeping.metrics.counts["republished.stale"] == 1
 

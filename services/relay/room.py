@@ -1,0 +1,158 @@
+"""How many more messages each broker queue may take: the relay's depth limit.
+
+The backlog stays in PostgreSQL, where the fair claim orders it round-robin between
+tenants; a broker queue is FIFO, so whatever is in it when a quiet tenant's job arrives is
+ahead of that job. The relay therefore publishes to a queue only while it holds fewer
+than ``limit`` ready messages (a passive declare's count: what waits ahead of a new
+message; the unacknowledged ones are bounded by the workers' prefetch) plus what this
+relay has claimed for it and not yet seen confirmed.
+
+A *grant* reserves room before a claim; the part the claim did not use is given back at
+once, the rest once the batch is settled (its confirmed messages are then in the queue's
+count). Reading the depths, computing the room and reserving it happen under one lock,
+and so does giving room back: otherwise a lane could read a depth that does not include
+another lane's just-confirmed messages after that lane gave their room back, and publish
+past the limit. The limit holds per relay: N replicas may together queue up to N × limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from jobcore.amqp.connection import BROKER_ERRORS
+from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
+from jobcore.errors import BrokerUnavailable
+
+# Room below this fraction of the limit is not worth a claim of its own: a batch of a few
+# rows costs the same round trips as a full one. A queue at the limit is looked at again
+# after this long (the relay's wait while throttled); at 2,000 jobs/s workers take ~100
+# messages meanwhile, well under the default limit of 1,000.
+REFILL_FRACTION = 4
+RECHECK_SECONDS = 0.05
+
+
+@dataclass(slots=True)
+class Grant:
+    """Room reserved for one batch: messages per routing key, and the budget of a routing
+    key this relay does not declare (its depth is unknown: not limited)."""
+
+    budgets: dict[str, int]
+    other_budget: int
+    # Whether a queue this relay limits was left out for want of room.
+    withheld: bool = False
+    reserved: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def empty(self) -> bool:
+        return self.other_budget == 0 and not any(self.budgets.values())
+
+
+class QueueRoom:
+    """Room per broker queue under ``limit`` (0: no limit, every queue always has room)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        queues: Collection[str],
+        *,
+        limit: int,
+        batch_size: int,
+        on_full: Callable[[str], None] | None = None,
+    ) -> None:
+        self.topology = topology
+        self._on_full = on_full
+        self.limit = limit
+        self.batch_size = batch_size
+        # routing key -> queue name, for every queue this relay declares.
+        self._queues = {
+            topology.routing_key(q): topology.queue_name(q) for q in {*queues, WEBHOOKS_QUEUE}
+        }
+        self._in_flight: Counter[str] = Counter()
+        self._lock = asyncio.Lock()
+        self._channel: AbstractChannel | None = None
+        # Set by a grant that withheld a queue; the relay then looks again soon.
+        self.throttled = False
+
+    async def grant(self, connection: AbstractConnection | None) -> Grant:
+        if self.limit == 0:
+            return Grant(dict.fromkeys(self._queues, self.batch_size), self.batch_size)
+        async with self._lock:
+            try:
+                depths = await self._depths(connection)
+            except BrokerUnavailable:
+                # The publisher notices the lost connection and reconnects; meanwhile
+                # nothing is claimed for the limited queues, and they are looked at again.
+                self.throttled = True
+                return Grant(dict.fromkeys(self._queues, 0), self.batch_size, withheld=True)
+            budgets: dict[str, int] = {}
+            withheld = False
+            for routing_key, depth in depths.items():
+                room = self.limit - depth - self._in_flight[routing_key]
+                if room < max(1, self.limit // REFILL_FRACTION):
+                    withheld = True
+                    room = 0
+                    if self._on_full is not None:
+                        self._on_full(routing_key)
+                budgets[routing_key] = min(room, self.batch_size)
+            grant = Grant(budgets, self.batch_size, withheld, Counter(budgets))
+            self._in_flight.update(grant.reserved)
+            self.throttled = withheld
+            return grant
+
+    async def keep(self, grant: Grant, claimed: Mapping[str, int]) -> None:
+        """Give back the room the claim did not use."""
+        unused = Counter({rk: n - claimed.get(rk, 0) for rk, n in grant.reserved.items()})
+        await self._give_back(grant, unused)
+
+    async def release(self, grant: Grant) -> None:
+        """The batch is settled: its confirmed messages count in the queues' depths now."""
+        await self._give_back(grant, Counter(grant.reserved))
+
+    async def _give_back(self, grant: Grant, amounts: Counter[str]) -> None:
+        if self.limit == 0:
+            return
+        async with self._lock:
+            for routing_key, n in amounts.items():
+                n = min(n, grant.reserved[routing_key])
+                grant.reserved[routing_key] -= n
+                self._in_flight[routing_key] -= n
+
+    async def _depths(self, connection: AbstractConnection | None) -> dict[str, int]:
+        """Ready messages per routing key; a queue that is not there yet holds none."""
+        if connection is None:
+            raise BrokerUnavailable("no broker connection to read queue depths on")
+        depths: dict[str, int] = {}
+        try:
+            for routing_key, name in self._queues.items():
+                channel = await self._open_channel(connection)
+                try:
+                    declared = await channel.declare_queue(name, passive=True)
+                except aiormq.exceptions.ChannelNotFoundEntity:
+                    # The failed declare closed the channel; the publisher redeclares the
+                    # queue when its messages come back.
+                    self._channel = None
+                    depths[routing_key] = 0
+                    continue
+                depths[routing_key] = int(declared.declaration_result.message_count or 0)
+        except BROKER_ERRORS as exc:
+            self._channel = None
+            raise BrokerUnavailable(f"reading queue depths failed: {exc}") from exc
+        return depths
+
+    async def _open_channel(self, connection: AbstractConnection) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await connection.channel(publisher_confirms=False)
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            with contextlib.suppress(*BROKER_ERRORS):
+                await self._channel.close()
+        self._channel = None

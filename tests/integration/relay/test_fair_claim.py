@@ -1,0 +1,103 @@
+"""The fair claim (OUTBOX_CLAIM_FAIR) on its own: round-robin between tenants within each
+routing key's budget, locks that other claimers skip, and the rows it must leave alone."""
+
+from __future__ import annotations
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, execute, fetch_all
+from jobcore.sql import Statement
+from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR, OUTBOX_RECORD_FAILURES
+from tests.integration.relay.helpers import fill_outbox
+
+
+def claim(budgets: dict[str, int], *, other: int = 0, limit: int = 500) -> Statement:
+    return OUTBOX_CLAIM_FAIR(
+        {
+            "routing_keys": list(budgets),
+            "budgets": list(budgets.values()),
+            "other_budget": other,
+            "limit": limit,
+        }
+    )
+
+
+async def test_each_tenant_takes_its_turn_in_the_order_of_its_rows(
+    db: Database, topology: Topology
+) -> None:
+    a = await fill_outbox(db, topology, 1000, tenant="a")
+    b = await fill_outbox(db, topology, 3, tenant="b")
+    c = await fill_outbox(db, topology, 2, tenant="c")
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 12}))
+
+    # Each of the three lanes may take ceil(12 / 3) = 4 rows; b and c have fewer.
+    assert [r["tenant"] for r in rows] == ["a", "b", "c", "a", "b", "c", "a", "b", "a"]
+    assert [r["id"] for r in rows if r["tenant"] == "a"] == [r["id"] for r in a[:4]]
+    assert [r["id"] for r in rows if r["tenant"] == "b"] == [r["id"] for r in b]
+    assert [r["id"] for r in rows if r["tenant"] == "c"] == [r["id"] for r in c]
+
+
+async def test_one_tenant_alone_fills_the_whole_budget(db: Database, topology: Topology) -> None:
+    await fill_outbox(db, topology, 300, tenant="a")
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 250}))
+    assert len(rows) == 250
+
+
+async def test_budgets_are_per_routing_key_and_the_limit_caps_the_batch(
+    db: Database, topology: Topology
+) -> None:
+    await fill_outbox(db, topology, 50, tenant="a", routing_key="full")
+    await fill_outbox(db, topology, 50, tenant="a", routing_key="roomy")
+    await fill_outbox(db, topology, 50, tenant="a", routing_key="unnamed")
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"full": 0, "roomy": 7}, other=5))
+    keys = [r["routing_key"] for r in rows]
+    assert keys.count("full") == 0
+    assert keys.count("roomy") == 7
+    assert keys.count("unnamed") == 5
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"full": 40, "roomy": 40}, other=40, limit=30))
+    assert len(rows) == 30
+
+
+async def test_rows_another_claim_holds_are_skipped_not_waited_for(
+    db: Database, topology: Topology
+) -> None:
+    await fill_outbox(db, topology, 40, tenant="a")
+    await fill_outbox(db, topology, 40, tenant="b")
+
+    async with db.unit_of_work() as first:
+        held = await fetch_all(first, claim({"testq": 20}))
+        # Another relay (or lane) claims meanwhile: the next rows of each tenant, not none.
+        async with db.unit_of_work() as second:
+            other = await fetch_all(second, claim({"testq": 20}))
+
+    assert len(held) == 20
+    assert len(other) == 20
+    assert not {r["id"] for r in held} & {r["id"] for r in other}
+    assert {r["tenant"] for r in other} == {"a", "b"}
+
+
+async def test_scheduled_and_quarantined_rows_are_not_claimed(
+    db: Database, topology: Topology
+) -> None:
+    [scheduled] = await fill_outbox(db, topology, 1, tenant="a", delay=3600)
+    [failing] = await fill_outbox(db, topology, 1, tenant="b")
+    [due] = await fill_outbox(db, topology, 1, tenant="c")
+    async with db.unit_of_work() as uow:
+        await execute(
+            uow,
+            OUTBOX_RECORD_FAILURES(
+                {"ids": [failing["id"]], "errors": ["x"], "delays": [0.0], "quarantine": [True]}
+            ),
+        )
+        await uow.commit()
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 10}))
+    assert [r["id"] for r in rows] == [due["id"]]
+    assert scheduled["id"] not in {r["id"] for r in rows}
