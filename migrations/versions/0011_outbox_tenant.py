@@ -1,7 +1,7 @@
 """outbox: the tenant of each row, and an index for the relay's fair claim
 
 Revision ID: 0011
-Revises: 0007 (re-point to 0010 when the 0008-0010 migrations of issue 15 are merged)
+Revises: 0010
 Create Date: 2026-12-01 11:00:00.000000
 
 The relay claims due rows round-robin across (routing key, tenant) so that one tenant's
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0011'
-down_revision: str | None = '0007'
+down_revision: str | None = '0010'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
