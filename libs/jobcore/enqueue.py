@@ -17,33 +17,15 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.errors import IdempotencyConflict
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql.jobs import (
-    JOB_GET_BY_IDEMPOTENCY_KEY,
-    JOB_INSERT,
-    JOB_INSERT_FOR_KEY,
-    JobInsertCommonParams,
-)
+from jobcore.sql.jobs import JOB_GET_BY_IDEMPOTENCY_KEY, JOB_INSERT, JobInsertParams
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
-
-
-@dataclass(frozen=True, slots=True)
-class KeyOwner:
-    """Enqueue for the tenant that owns this API key, if it exists and is not revoked.
-
-    The enqueue statement looks the key up itself, so the API's enqueue is one round trip;
-    an unknown or revoked key raises :class:`~jobcore.apikeys.InvalidApiKey` and writes
-    nothing.
-    """
-
-    key_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +88,7 @@ async def enqueue(
     uow: Session,
     topology: Topology,
     *,
-    tenant: str | KeyOwner,
+    tenant: str,
     job_type: JobType[Any],
     payload: BaseModel,
     idempotency_key: str | None = None,
@@ -120,8 +102,7 @@ async def enqueue(
     The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
     commit together on their own; in a unit of work, the caller commits.
 
-    ``tenant``: a tenant's name, or the :class:`KeyOwner` of an API key. With an
-    idempotency key already used for this tenant and type, returns the existing
+    With an idempotency key already used for this tenant and type, returns the existing
     job (``replayed``) when the payload is the same, and raises
     :class:`IdempotencyConflict` when it differs. ``callback_url`` (checked by the caller)
     receives the completion webhook; without one, the tenant's default endpoint does.
@@ -129,8 +110,9 @@ async def enqueue(
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
     fingerprint = payload_fingerprint(payload)
-    params: JobInsertCommonParams = {
+    params: JobInsertParams = {
         "id": job_id,
+        "tenant": tenant,
         "type": job_type.name,
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
@@ -147,14 +129,8 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
-    if isinstance(tenant, KeyOwner):
-        row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
-        if row is None:
-            raise InvalidApiKey()
-        tenant = str(row["tenant"])
-    else:
-        row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
-    if row is not None and row["id"] is not None:
+    row = await fetch_one(uow, JOB_INSERT(params))
+    if row is not None:
         return EnqueueResult(tenant, row["id"], JobStatus(row["status"]), row["created_at"], False)
 
     # The key is taken. ON CONFLICT waited for the other transaction to commit, so a new

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from jobcore.apikeys import InvalidApiKey, MissingApiKey
+from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
 from jobcore.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
@@ -109,6 +109,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     InvalidWait: ProblemType(400, "invalid-wait", "Invalid wait"),
     MissingApiKey: ProblemType(401, "missing-api-key", "API key required"),
     InvalidApiKey: ProblemType(401, "invalid-api-key", "Invalid API key"),
+    MissingScope: ProblemType(403, "insufficient-scope", "Insufficient scope"),
     UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),
     JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
@@ -210,6 +211,12 @@ def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
         if isinstance(exc, InvalidApiKey):
             challenge += ', error="invalid_token"'
         headers["WWW-Authenticate"] = challenge
+    if isinstance(exc, MissingScope):
+        # RFC 6750 section 3.1: the scope the request needs, for clients and for people.
+        extensions["required_scope"] = exc.scope.value
+        headers["WWW-Authenticate"] = (
+            f'Bearer realm="jobcore", error="insufficient_scope", scope="{exc.scope.value}"'
+        )
     if kind.status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         _log_unavailable(exc)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobcore.scopes import Scope
 from jobcore.states import JobStatus
 
 
@@ -92,6 +93,8 @@ class Problem(BaseModel):
     detail: str
     errors: list[FieldError] | None = None
     job_status: JobStatus | None = None
+    # On a 403: the scope the API key lacks.
+    required_scope: Scope | None = None
 
 
 class Alive(BaseModel):

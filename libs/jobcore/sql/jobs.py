@@ -24,7 +24,6 @@ from typing import Literal, TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
-from jobcore.sql.api_keys import ACTIVE_KEY
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
@@ -33,36 +32,24 @@ from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL
 # write nothing and return no row; the caller then reads the existing job. Without a
 # callback URL the job takes the tenant's default endpoint for its type, if any (a
 # primary-key probe of webhook_endpoints).
-
-
-def _insert_job_with_outbox(*, by_key: bool) -> str:
-    """The enqueue statement; ``by_key``: the tenant is the owner of an unrevoked API key,
-    looked up in the same statement (one round trip for the API's enqueue, not two). It
-    then always returns one row when the key is valid (``id`` NULL: the idempotency key
-    is taken) and none when it is not."""
-    if by_key:
-        key = f"key AS ({ACTIVE_KEY}),"
-        tenant, from_key, answer_from = "key.tenant", "FROM key", "key LEFT JOIN job ON true"
-    else:
-        key, tenant, from_key, answer_from = "", "%(tenant)s", "", "job"
-    return f"""
-    WITH {key} job AS (
+_INSERT_JOB_WITH_OUTBOX = """
+    WITH job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             callback_url
         )
-        SELECT
-            %(id)s, {tenant}, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
+        VALUES (
+            %(id)s, %(tenant)s, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
-                WHERE tenant = {tenant} AND job_type IN (%(type)s, '*')
+                WHERE tenant = %(tenant)s AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
             ))
-        {from_key}
+        )
         ON CONFLICT (tenant, type, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO NOTHING
         RETURNING id, tenant, status, created_at
@@ -76,14 +63,14 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
         FROM job
         RETURNING id
     )
-    SELECT {tenant} AS tenant, job.id, job.status, job.created_at,
+    SELECT job.tenant, job.id, job.status, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified
-    FROM {answer_from}
+    FROM job
     """
 
 
-class JobInsertCommonParams(OutboxMessageParams):
-    """What both enqueue statements take: the job, and its first message."""
+class JobInsertParams(OutboxMessageParams):
+    """The job, and its first message."""
 
     callback_url: str | None
     channel: str
@@ -97,28 +84,14 @@ class JobInsertCommonParams(OutboxMessageParams):
     run_at: datetime | None
     traceparent: str | None
     tracestate: str | None
-    type: str
-
-
-class JobInsertParams(JobInsertCommonParams):
     tenant: str
+    type: str
 
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
-    _insert_job_with_outbox(by_key=False),
-)
-
-
-class JobInsertForKeyParams(JobInsertCommonParams):
-    key_hash: str
-
-
-JOB_INSERT_FOR_KEY = Query[JobInsertForKeyParams](
-    "job_insert_for_key",
-    "The same for the tenant of an unrevoked API key, found in the same statement.",
-    _insert_job_with_outbox(by_key=True),
+    _INSERT_JOB_WITH_OUTBOX,
 )
 
 

@@ -3,9 +3,9 @@ terminal, or when the wait ends, whichever comes first.
 
 Unlike the other job routes this one does not take ``SessionDep``: that would hold a
 pooled connection for the whole wait. It checks out a connection for each read instead:
-before waiting, the key's tenant and the job (as every job route does); after waking,
-the job alone, in one statement shared with the other waiters woken meanwhile. While it
-waits it holds only an asyncio event (:mod:`services.api.waiters`).
+before waiting (the caller is authenticated already, :mod:`services.api.auth`); after
+waking, in one statement shared with the other waiters woken meanwhile. While it waits
+it holds only an asyncio event (:mod:`services.api.waiters`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from fastapi import Query, Request
 from psycopg.rows import DictRow
 from starlette.responses import Response
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.errors import JobNotFound, ServiceStateError
 from jobcore.states import is_terminal
 from services.api import operations, views
-from services.api.deps import ApiKeyDep, DbDep
+from services.api.auth import TenantDep
+from services.api.deps import DbDep
 from services.api.problems import InvalidWait
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
@@ -64,16 +64,15 @@ def job_waiters(request: Request) -> JobWaiters:
     return waiters
 
 
-async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, DictRow]:
-    """The key's tenant and its job, on one briefly held connection."""
+async def read_job(db: Database, tenant: str, job_id: uuid.UUID) -> DictRow:
+    """The tenant's job, on a briefly held connection."""
     async with db.session() as db_session:
-        tenant = await apikeys.tenant_for_key(db_session, key)
-        return tenant, await operations.get_job(db_session, tenant, job_id)
+        return await operations.get_job(db_session, tenant, job_id)
 
 
 async def get_job(
     job_id: uuid.UUID,
-    key: ApiKeyDep,
+    tenant: TenantDep,
     db: DbDep,
     request: Request,
     wait: WaitQuery = None,
@@ -82,14 +81,14 @@ async def get_job(
     With ``wait``, answers once the job is terminal or the wait is over."""
     seconds = parse_wait(wait)
     if seconds <= 0:
-        _, row = await read_job(db, key, job_id)
+        row = await read_job(db, tenant, job_id)
         return JsonBody(views.job_view(row))
     waiters = job_waiters(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     # Subscribed before the first read: a NOTIFY sent after that read sets the event.
     with waiters.subscribe(job_id) as woken:
-        tenant, row = await read_job(db, key, job_id)
+        row = await read_job(db, tenant, job_id)
         while not is_terminal(row["status"]):
             remaining = deadline - loop.time()
             if remaining <= 0:
