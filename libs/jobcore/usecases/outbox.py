@@ -10,7 +10,7 @@ from typing import Any
 
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_all
-from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
+from jobcore.errors import OutboxRowJobEnded, OutboxRowNotFound, OutboxRowNotQuarantined
 from jobcore.sql import Query, Statement
 from jobcore.sql.outbox import (
     OUTBOX_DISCARD,
@@ -76,7 +76,7 @@ async def _act_on_quarantined(
         raise OutboxRowNotFound(f"no outbox row {key}")
     row = found[0]
     if row["quarantined_at"] is not None and row["ended_job_status"] is not None:
-        raise JobcoreError(
+        raise OutboxRowJobEnded(
             f"outbox row {key} is the message of job {row['job_id']}, which is "
             f"{row['ended_job_status']}: publishing it would do nothing; run "
             f"`jobcore jobs retry {row['job_id']}` for a new job instead"
