@@ -43,9 +43,10 @@ the `/admin` routes need the `admin` scope. Errors are RFC 9457 problem JSON."""
 def app_from_environment() -> FastAPI:
     """The uvicorn factory of `jobcore api`: each server process (there are several with
     ``--workers``) configures its JSON logs and builds the app from JOBCORE_* variables."""
-    configure_logging("api")
+    settings = load_settings()
+    configure_logging("api", settings.log_level)
     setup_tracing("jobcore-api")
-    return create_app()
+    return create_app(settings)
 
 
 def _rendered(metrics: ApiMetrics) -> MetricsText:

@@ -14,6 +14,7 @@ once the request has arrived in full (a slow client never holds one).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, ClassVar
 
@@ -26,6 +27,8 @@ from jobcore import apikeys
 from jobcore.apikeys import Principal
 from jobcore.errors import ServiceStateError
 from jobcore.scopes import Scope
+
+log = logging.getLogger(__name__)
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -48,6 +51,11 @@ async def authenticate(request: Request, scope: Scope) -> Principal:
         raise ServiceStateError("the database pool is not open")
     async with db.session() as session:
         principal = await apikeys.authenticate(session, credentials.credentials)
+    # The key's id, never the key or its hash (tests/security/test_keys_in_logs.py).
+    log.debug(
+        "request authenticated",
+        extra={"key_id": str(principal.key_id), "tenant": principal.tenant, "scope": scope},
+    )
     principal.require(scope)
     return principal
 
