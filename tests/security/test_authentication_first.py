@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobcore import apikeys, webhooks
-from jobcore.db import Database
+from jobcore.db import Database, execute
 from jobcore.scopes import Scope
+from jobcore.sql import Query
 from jobcore.usecases import keys as key_usecases
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import assert_problem, counts
@@ -209,3 +210,55 @@ async def test_arbitrary_authorization_headers_never_get_past_authentication(
     assert body["type"].endswith(("/missing-api-key", "/invalid-api-key"))
     assert set(body) == {"type", "title", "status", "detail"}
     assert resolver_calls == []
+
+
+EXPIRE_NOW = Query(
+    "expire_now",
+    "Bring a key's expiry forward to now.",
+    "UPDATE api_keys SET expires_at = now() WHERE id = %(id)s",
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    route=ROUTE_STRATEGY,
+    scopes=st.sets(st.sampled_from(list(Scope)), min_size=1),
+    state=st.sampled_from(["active", "expired", "revoked"]),
+    bad_input=st.booleans(),
+)
+async def test_random_scopes_and_key_states_get_the_answer_their_key_deserves(
+    api_client: httpx.AsyncClient,
+    db: Database,
+    resolver_calls: list[str],
+    route: tuple[str, str, Scope],
+    scopes: set[Scope],
+    state: str,
+    bad_input: bool,
+) -> None:
+    method, path, needed = route
+    made = await key_usecases.create_key(db, TENANT, "fuzz", scopes=scopes)
+    if state == "expired":
+        async with db.unit_of_work() as uow:
+            await execute(uow, EXPIRE_NOW({"id": made.record.id}))
+            await uow.commit()
+    elif state == "revoked":
+        await key_usecases.revoke_key(db, made.record.id)
+    if bad_input:
+        response = await hostile(api_client, method, path, made.key)
+    else:
+        response = await api_client.request(
+            method, path, json={"text": "a"}, headers={"Authorization": f"Bearer {made.key}"}
+        )
+    if state != "active":
+        assert_problem(response, 401, "invalid-api-key")
+        assert resolver_calls == []
+    elif needed not in scopes:
+        body = assert_problem(response, 403, "insufficient-scope")
+        assert body["required_scope"] == needed.value
+        assert resolver_calls == []
+    else:
+        assert response.status_code not in (401, 403, 500), response.text
