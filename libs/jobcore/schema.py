@@ -230,8 +230,9 @@ api_keys = Table(
     # Touched by the per-request lookup at most once a minute (jobcore.sql.api_keys).
     _timestamp("last_used_at"),
     # The first key of a rotation chain; every key rotated from it shares it. At most
-    # two keys of one lineage are usable at a time (the old one until it expires).
-    Column("lineage", UUID(as_uuid=True), nullable=False),
+    # two keys of one lineage are usable at a time (the old one until it expires). NULL
+    # (a key created by a release before 0008 during a rollout) means the key's own id.
+    Column("lineage", UUID(as_uuid=True)),
     Column("rotated_from", UUID(as_uuid=True), ForeignKey("api_keys.id")),
     CheckConstraint(
         "cardinality(scopes) >= 1 AND scopes <@ ARRAY["
@@ -240,7 +241,6 @@ api_keys = Table(
         name="scopes",
     ),
     Index("api_keys_tenant_idx", "tenant"),
-    Index("api_keys_lineage_idx", "lineage"),
 )
 
 WEBHOOK_DELIVERY_STATUSES = ("pending", "delivered", "failed")

@@ -5,9 +5,11 @@ Revises: 0007
 Create Date: 2026-12-01 11:00:00.000000
 
 Existing keys keep working as before: they get the scopes every key had implicitly
-(enqueue, read, cancel; never admin), no expiry, and a lineage of their own. The columns
-with constant defaults are added without rewriting the table; ``lineage`` is filled from
-``id`` (api_keys holds one row per key ever issued: a small table).
+(enqueue, read, cancel; never admin), no expiry, and a lineage of their own (``lineage``
+is filled from ``id``: api_keys holds one row per key ever issued, a small table). The
+previous release keeps working against this schema during a rollout: every new column has
+a default or is nullable, so its ``keys create`` still inserts (a NULL lineage reads as
+the key's own id).
 """
 
 from collections.abc import Sequence
@@ -41,16 +43,13 @@ def upgrade() -> None:
     op.add_column('api_keys', sa.Column('lineage', sa.UUID(), nullable=True))
     op.add_column('api_keys', sa.Column('rotated_from', sa.UUID(), nullable=True))
     op.execute('UPDATE api_keys SET lineage = id')
-    op.alter_column('api_keys', 'lineage', nullable=False)
     op.create_check_constraint(op.f('api_keys_scopes_check'), 'api_keys', SCOPES_CHECK)
     op.create_foreign_key(
         'api_keys_rotated_from_fkey', 'api_keys', 'api_keys', ['rotated_from'], ['id']
     )
-    op.create_index('api_keys_lineage_idx', 'api_keys', ['lineage'], unique=False)
 
 
 def downgrade() -> None:
-    op.drop_index('api_keys_lineage_idx', table_name='api_keys')
     op.drop_constraint('api_keys_rotated_from_fkey', 'api_keys', type_='foreignkey')
     op.drop_constraint('api_keys_scopes_check', 'api_keys', type_='check')
     op.drop_column('api_keys', 'rotated_from')

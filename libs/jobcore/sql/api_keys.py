@@ -26,7 +26,7 @@ USABLE = usable()
 # What anyone may see of a key: never the key, never its hash.
 _SHOWN = f"""
     id, tenant, prefix, label, scopes, created_at, expires_at, revoked_at, last_used_at,
-    lineage, rotated_from,
+    coalesce(lineage, id) AS lineage, rotated_from,
     CASE WHEN revoked_at IS NOT NULL THEN 'revoked'
          WHEN NOT ({USABLE}) THEN 'expired'
          ELSE 'active' END AS state
@@ -125,8 +125,9 @@ API_KEY_LOCK_LINEAGE = Query[ApiKeyIdParams](
     "api_key_lock_lineage",
     "Lock the first key of a key's lineage: rotations of one lineage take turns.",
     # The first key is never deleted, so every rotation of a lineage locks the same row.
+    # (api_keys is small, one row per key ever issued: no index on lineage is needed.)
     """
-    SELECT root.id FROM api_keys k JOIN api_keys root ON root.id = k.lineage
+    SELECT root.id FROM api_keys k JOIN api_keys root ON root.id = coalesce(k.lineage, k.id)
     WHERE k.id = %(id)s
     FOR NO KEY UPDATE OF root
     """,
@@ -140,7 +141,8 @@ API_KEY_GET_FOR_ROTATION = Query[ApiKeyIdParams](
     f"""
     SELECT {_SHOWN}, expires_at - created_at AS lifetime,
            (SELECT count(*) FROM api_keys other
-            WHERE other.lineage = api_keys.lineage AND {usable("other")}) AS usable_in_lineage
+            WHERE coalesce(other.lineage, other.id) = coalesce(api_keys.lineage, api_keys.id)
+              AND {usable("other")}) AS usable_in_lineage
     FROM api_keys WHERE id = %(id)s
     """,
 )

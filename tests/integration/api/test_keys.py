@@ -13,6 +13,7 @@ import orjson
 import pytest
 from psycopg.errors import CheckViolation
 
+from jobcore import apikeys
 from jobcore.db import Database, execute
 from jobcore.scopes import DEFAULT_SCOPES, Scope
 from jobcore.settings import Settings
@@ -139,8 +140,9 @@ async def test_rotation_keeps_both_keys_working_for_the_overlap_and_refuses_a_th
         assert (await api_client.get("/jobs", headers=bearer(key))).status_code == 200
     keys = listed(settings)
     assert {keys[old["id"]]["state"], keys[new["id"]]["state"]} == {"active"}
+    # The old key expires an overlap after the rotation (one transaction: one now()).
     old_expiry = datetime.fromisoformat(keys[old["id"]]["expires_at"])
-    assert timedelta(minutes=59) < old_expiry - datetime.now(UTC) <= timedelta(hours=1)
+    assert old_expiry - datetime.fromisoformat(new["created_at"]) == timedelta(hours=1)
 
     # Neither key of the lineage can be rotated while both are usable.
     for key_id in (old["id"], new["id"]):
@@ -238,3 +240,36 @@ async def test_scopes_are_checked_by_the_database_too(db: Database) -> None:
     with pytest.raises(CheckViolation, match="api_keys_scopes_check"):
         async with db.unit_of_work() as uow:
             await execute(uow, bad({}))
+
+
+# What `keys create` of the release before migration 0008 writes (it knows no new column).
+OLD_RELEASE_INSERT = Query(
+    "old_release_key_insert",
+    "Insert a key as the previous release does, during a rollout.",
+    """
+    INSERT INTO api_keys (id, tenant, key_hash, prefix, label)
+    VALUES (%(id)s, 'acme', %(key_hash)s, %(prefix)s, 'old release')
+    """,
+)
+
+
+async def test_a_key_the_previous_release_created_works_and_rotates(
+    api_client: httpx.AsyncClient, db: Database
+) -> None:
+    key = apikeys.generate_key()
+    key_id = uuid.uuid4()
+    async with db.unit_of_work() as uow:
+        await execute(
+            uow,
+            OLD_RELEASE_INSERT(
+                {"id": key_id, "key_hash": apikeys.hash_key(key), "prefix": key[:11]}
+            ),
+        )
+        await uow.commit()
+    [old] = await key_usecases.list_keys(db)
+    assert (old.scopes, old.lineage, old.state) == (DEFAULT_SCOPES, key_id, "active")
+    assert (await api_client.get("/jobs", headers=bearer(key))).status_code == 200
+    new, _ = await key_usecases.rotate_key(db, key_id)
+    assert (new.record.lineage, new.record.rotated_from) == (key_id, key_id)
+    with pytest.raises(key_usecases.RotationRefused):
+        await key_usecases.rotate_key(db, key_id)
