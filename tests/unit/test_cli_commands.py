@@ -29,7 +29,7 @@ def test_every_verb_is_registered() -> None:
         "demo": None,
         "chaos": None,
         "bench": None,
-        "keys": {"create": None, "list": None, "revoke": None},
+        "keys": {"create": None, "list": None, "revoke": None, "rotate": None},
         "outbox": {
             "status": None,
             "list-failing": None,
