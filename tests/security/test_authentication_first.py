@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,7 @@ from jobcore.db import Database, execute
 from jobcore.scopes import Scope
 from jobcore.sql import Query
 from jobcore.usecases import keys as key_usecases
+from services.api.auth import AuthenticatedRoute
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import assert_problem, counts
 
@@ -88,6 +91,21 @@ async def hostile(
 
 async def key_with(db: Database, *scopes: Scope) -> str:
     return (await key_usecases.create_key(db, TENANT, "tests", scopes=scopes)).key
+
+
+def test_every_jobs_and_admin_route_authenticates_first(api_app: FastAPI) -> None:
+    """A route added under /jobs or /admin without the authenticating route class would
+    run FastAPI's validation before (or without) the key check."""
+    guarded = [
+        route
+        for route in api_app.routes
+        if isinstance(route, APIRoute) and route.path.startswith(("/jobs", "/admin"))
+    ]
+    assert len(guarded) >= len(ROUTES) - 2
+    for route in guarded:
+        assert isinstance(route, AuthenticatedRoute), route.path
+    covered = {(method, route.path) for route in guarded for method in route.methods}
+    assert {("POST", "/admin/jobs/{job_id}/retry"), ("GET", "/jobs/{job_id}")} <= covered
 
 
 async def test_a_made_up_key_gets_401_whatever_else_the_request_holds(

@@ -155,7 +155,8 @@ def _request_body(schema_ref: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def enqueue_unknown_type(job_type: str, tenant: TenantDep) -> Response:
+async def enqueue_unknown_type(job_type: str) -> Response:
+    # An EnqueueRoute: a caller without a valid key gets 401, not this 404.
     raise UnknownJobType(f"unknown job type {job_type!r}")
 
 
