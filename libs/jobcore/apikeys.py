@@ -4,6 +4,9 @@ A key is ``jc_`` followed by 43 URL-safe characters (256 random bits). That entr
 why a plain SHA-256 is enough: nobody can guess a key from its hash, so a slow password
 hash would only cost every request time. The first characters (``prefix``) are stored in
 clear so people can tell their keys apart in ``jobcore keys list``.
+
+A key carries scopes (:mod:`jobcore.scopes`) and may expire. An unknown, revoked and
+expired key get the same answer (:class:`InvalidApiKey`): the caller is never told which.
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ import hashlib
 import re
 import secrets
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from jobcore.db import Session, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.sql.api_keys import API_KEY_GET_TENANT
+from jobcore.scopes import Scope
+from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
 
 KEY_PREFIX = "jc_"
 # What people see of a key after creation: enough to recognise it, too little to use.
@@ -29,7 +34,15 @@ MAX_LABEL_LENGTH = 200
 
 
 class InvalidApiKey(JobcoreError):
-    """The API key is unknown or revoked."""
+    """The API key is unknown, revoked or expired."""
+
+
+class MissingScope(JobcoreError):
+    """The API key does not have the scope this route needs."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        super().__init__(f"this API key lacks the {scope.value!r} scope")
 
 
 class MissingApiKey(JobcoreError):
@@ -52,19 +65,47 @@ class ApiKey:
     tenant: str
     prefix: str
     label: str | None
+    scopes: tuple[Scope, ...]
+    # active, expired or revoked (as the database's clock sees it)
+    state: str
     created_at: datetime
+    expires_at: datetime | None
     revoked_at: datetime | None
+    # Up to a minute stale (written at most once a minute per key).
+    last_used_at: datetime | None
+    # The first key of its rotation chain, and the key it replaced (None for a first key).
+    lineage: uuid.UUID
+    rotated_from: uuid.UUID | None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ApiKey:
+    def from_row(cls, row: Mapping[str, Any]) -> ApiKey:
         return cls(
-            row["id"],
-            row["tenant"],
-            row["prefix"],
-            row["label"],
-            row["created_at"],
-            row["revoked_at"],
+            id=row["id"],
+            tenant=row["tenant"],
+            prefix=row["prefix"],
+            label=row["label"],
+            scopes=tuple(Scope(s) for s in row["scopes"]),
+            state=row["state"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            revoked_at=row["revoked_at"],
+            last_used_at=row["last_used_at"],
+            lineage=row["lineage"],
+            rotated_from=row["rotated_from"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request comes from: the key's id (never the key), its tenant and scopes."""
+
+    key_id: uuid.UUID
+    tenant: str
+    scopes: frozenset[Scope]
+
+    def require(self, scope: Scope) -> None:
+        if scope not in self.scopes:
+            raise MissingScope(scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +134,16 @@ def check_tenant_name(tenant: str) -> str:
     return tenant
 
 
-async def tenant_for_key(uow: Session, key: str) -> str:
-    """The tenant a key belongs to; :class:`InvalidApiKey` if it is unknown or revoked.
+async def authenticate(session: Session, key: str) -> Principal:
+    """Who ``key`` belongs to; :class:`InvalidApiKey` if it is unknown, revoked or expired.
 
-    Looked up on every request (one index probe), so a revocation takes effect at once.
+    Looked up on every request (one statement: an index probe, and at most once a minute
+    a write of the key's last use), so a revocation or an expiry takes effect at once.
+    A string that cannot be a key is refused without a lookup.
     """
     if not looks_like_key(key):
         raise InvalidApiKey()
-    row = await fetch_one(uow, API_KEY_GET_TENANT({"key_hash": hash_key(key)}))
+    row = await fetch_one(session, API_KEY_AUTHENTICATE({"key_hash": hash_key(key)}))
     if row is None:
         raise InvalidApiKey()
-    return str(row["tenant"])
+    return Principal(row["id"], row["tenant"], frozenset(Scope(s) for s in row["scopes"]))

@@ -63,6 +63,7 @@ class AuditAction(StrEnum):
     DLQ_REPLAY = "dlq.replay"
     KEY_CREATE = "key.create"
     KEY_REVOKE = "key.revoke"
+    KEY_ROTATE = "key.rotate"
     # Names of actions on a secret, not secrets (ruff's S105 sees the word).
     WEBHOOK_SECRET_REVEAL = "webhook_secret.reveal"  # noqa: S105
     WEBHOOK_SECRET_ROTATE = "webhook_secret.rotate"  # noqa: S105

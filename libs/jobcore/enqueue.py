@@ -17,7 +17,6 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
@@ -25,26 +24,9 @@ from jobcore.errors import EnqueueRateExceeded, IdempotencyConflict, TooManyUnfi
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql.jobs import (
-    JOB_GET_BY_IDEMPOTENCY_KEY,
-    JOB_INSERT,
-    JOB_INSERT_FOR_KEY,
-    JobInsertCommonParams,
-)
+from jobcore.sql.jobs import JOB_GET_BY_IDEMPOTENCY_KEY, JOB_INSERT, JobInsertParams
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
-
-
-@dataclass(frozen=True, slots=True)
-class KeyOwner:
-    """Enqueue for the tenant that owns this API key, if it exists and is not revoked.
-
-    The enqueue statement looks the key up itself, so the API's enqueue is one round trip;
-    an unknown or revoked key raises :class:`~jobcore.apikeys.InvalidApiKey` and writes
-    nothing.
-    """
-
-    key_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +128,7 @@ async def enqueue(
     uow: Session,
     topology: Topology,
     *,
-    tenant: str | KeyOwner,
+    tenant: str,
     job_type: JobType[Any],
     payload: BaseModel,
     idempotency_key: str | None = None,
@@ -162,8 +144,7 @@ async def enqueue(
     The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
     commit together on their own; in a unit of work, the caller commits.
 
-    ``tenant``: a tenant's name, or the :class:`KeyOwner` of an API key. With an
-    idempotency key already used for this tenant and type, returns the existing
+    With an idempotency key already used for this tenant and type, returns the existing
     job (``replayed``) when the request's ``fingerprint`` is the same, and raises
     :class:`IdempotencyConflict` when it differs. The API passes the
     :func:`request_fingerprint` of the request as sent; without one, it is taken from
@@ -184,8 +165,9 @@ async def enqueue(
             max_attempts=max_attempts,
             entity_id=entity_id,
         )
-    params: JobInsertCommonParams = {
+    params: JobInsertParams = {
         "id": job_id,
+        "tenant": tenant,
         "type": job_type.name,
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
@@ -206,14 +188,8 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
-    if isinstance(tenant, KeyOwner):
-        row = await fetch_one(uow, JOB_INSERT_FOR_KEY({**params, "key_hash": tenant.key_hash}))
-        if row is None:
-            raise InvalidApiKey()
-    else:
-        row = await fetch_one(uow, JOB_INSERT({**params, "tenant": tenant}))
-        assert row is not None  # the statement answers one row for any tenant name
-    tenant = str(row["tenant"])
+    row = await fetch_one(uow, JOB_INSERT(params))
+    assert row is not None  # the statement answers one row for any tenant name
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, _seconds(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:

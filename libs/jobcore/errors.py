@@ -81,6 +81,10 @@ class OutboxRowNotQuarantined(JobcoreError):
     """Only quarantined outbox rows can be requeued or discarded."""
 
 
+class OutboxRowJobEnded(JobcoreError):
+    """The outbox row's job has ended: publishing its message would do nothing."""
+
+
 class PoisonMessage(JobcoreError):
     """The message can never be processed."""
 

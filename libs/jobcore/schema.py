@@ -24,8 +24,9 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from jobcore.scopes import DEFAULT_SCOPES, Scope
 from jobcore.states import JobStatus
 
 metadata = MetaData(
@@ -233,6 +234,27 @@ api_keys = Table(
     Column("label", Text),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("revoked_at"),
+    Column(
+        "scopes",
+        ARRAY(Text),
+        nullable=False,
+        server_default=text("'{" + ",".join(DEFAULT_SCOPES) + "}'::text[]"),
+    ),
+    # Refused from this time on (NULL: never expires); a rotation sets it on the old key.
+    _timestamp("expires_at"),
+    # Touched by the per-request lookup at most once a minute (jobcore.sql.api_keys).
+    _timestamp("last_used_at"),
+    # The first key of a rotation chain; every key rotated from it shares it. At most
+    # two keys of one lineage are usable at a time (the old one until it expires). NULL
+    # (a key created by a release before 0008 during a rollout) means the key's own id.
+    Column("lineage", UUID(as_uuid=True)),
+    Column("rotated_from", UUID(as_uuid=True), ForeignKey("api_keys.id")),
+    CheckConstraint(
+        "cardinality(scopes) >= 1 AND scopes <@ ARRAY["
+        + ", ".join(f"'{scope}'" for scope in Scope)
+        + "]::text[]",
+        name="scopes",
+    ),
     Index("api_keys_tenant_idx", "tenant"),
 )
 

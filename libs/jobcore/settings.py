@@ -54,6 +54,10 @@ def _seconds_or_duration(value: object) -> object:
     return value
 
 
+def _upper_case(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
 def _positive(value: timedelta) -> timedelta:
     if value <= timedelta(0):
         raise ValueError("must be a positive duration")
@@ -70,6 +74,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     environment: Literal["development", "test", "production"] = "development"
+    # The services' log level (JSON lines on stderr). DEBUG never logs an API key or its
+    # hash either (tests/security/test_keys_in_logs.py).
+    log_level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper_case)
+    ] = "INFO"
 
     # PostgreSQL. Runtime code uses psycopg with this URL; Alembic gets the SQLAlchemy form.
     database_url: str = "postgresql://postgres@127.0.0.1:5432/jobcore"

@@ -1,7 +1,7 @@
 """audit_log: an append-only record of every admin action (who, when, what, outcome)
 
 Revision ID: 0009
-Revises: 0007 (must become 0008, API key scopes, when both are merged)
+Revises: 0008
 Create Date: 2026-12-01 11:00:00.000000
 
 Rows are only inserted (jobcore.audit) and deleted by the pruner past
@@ -17,8 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0009'
-# Re-point to '0008' (API key scopes, developed in parallel) at merge.
-down_revision: str | None = '0007'
+down_revision: str | None = '0008'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

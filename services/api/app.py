@@ -24,7 +24,7 @@ from services.api import problems
 from services.api.deps import ApiState
 from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
-from services.api.routes import bench, deliveries, health, jobs
+from services.api.routes import admin, bench, deliveries, health, jobs
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
 
@@ -37,15 +37,17 @@ WAITERS_STOP_GRACE = 2.0
 DESCRIPTION = """\
 User-visible background jobs. `POST /jobs/{type}` stores the job and its outbox message
 in one transaction and answers 202; poll `GET /jobs/{id}`. Every `/jobs` route needs
-`Authorization: Bearer <api key>`; errors are RFC 9457 problem JSON."""
+`Authorization: Bearer <api key>` with the route's scope (`enqueue`, `read` or `cancel`);
+the `/admin` routes need the `admin` scope. Errors are RFC 9457 problem JSON."""
 
 
 def app_from_environment() -> FastAPI:
     """The uvicorn factory of `jobcore api`: each server process (there are several with
     ``--workers``) configures its JSON logs and builds the app from JOBCORE_* variables."""
-    configure_logging("api")
+    settings = load_settings()
+    configure_logging("api", settings.log_level)
     setup_tracing("jobcore-api")
-    return create_app()
+    return create_app(settings)
 
 
 def _rendered(metrics: ApiMetrics) -> MetricsText:
@@ -117,6 +119,7 @@ def create_app(
     problems.install(app)
     app.include_router(jobs.build_router(registry))
     app.include_router(deliveries.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     if bench_noop if bench_noop is not None else os.environ.get(BENCH_NOOP_ENV) == "1":
         app.include_router(bench.router)

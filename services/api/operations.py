@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Session, fetch_all, fetch_one
-from jobcore.enqueue import EnqueueResult, KeyOwner, enqueue
+from jobcore.enqueue import EnqueueResult, enqueue
 from jobcore.errors import JobNotFound, ResultNotReady
 from jobcore.quotas import Quotas
 from jobcore.registry import JobType
@@ -119,7 +119,7 @@ async def submit(
     uow: Session,
     topology: Topology,
     *,
-    tenant: str | KeyOwner,
+    tenant: str,
     job_type: JobType[Any],
     payload: BaseModel,
     submission: Submission,

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from jobcore.apikeys import InvalidApiKey, MissingApiKey
+from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
 from jobcore.errors import (
     DatabaseUnavailable,
     EnqueueRateExceeded,
@@ -27,6 +27,10 @@ from jobcore.errors import (
     JobcoreError,
     JobNotCancellable,
     JobNotFound,
+    JobNotRetryable,
+    OutboxRowJobEnded,
+    OutboxRowNotFound,
+    OutboxRowNotQuarantined,
     QuotaExceeded,
     ResultNotReady,
     ServiceStateError,
@@ -113,10 +117,17 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     InvalidWait: ProblemType(400, "invalid-wait", "Invalid wait"),
     MissingApiKey: ProblemType(401, "missing-api-key", "API key required"),
     InvalidApiKey: ProblemType(401, "invalid-api-key", "Invalid API key"),
+    MissingScope: ProblemType(403, "insufficient-scope", "Insufficient scope"),
     UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),
     JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
+    OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),
+    JobNotRetryable: ProblemType(409, "job-not-retryable", "Job not retryable"),
+    OutboxRowNotQuarantined: ProblemType(
+        409, "outbox-row-not-quarantined", "Outbox row not quarantined"
+    ),
+    OutboxRowJobEnded: ProblemType(409, "outbox-row-job-ended", "Outbox row's job has ended"),
     IllegalTransition: ProblemType(409, "illegal-transition", "Illegal status change"),
     ResultNotReady: ProblemType(409, "result-not-ready", "Result not ready"),
     BodyTooLarge: ProblemType(413, "body-too-large", "Request body too large"),
@@ -222,6 +233,12 @@ def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
         headers["Retry-After"] = str(exc.retry_after)
         if exc.limit is not None:
             extensions["limit"] = exc.limit
+    if isinstance(exc, MissingScope):
+        # RFC 6750 section 3.1: the scope the request needs, for clients and for people.
+        extensions["required_scope"] = exc.scope.value
+        headers["WWW-Authenticate"] = (
+            f'Bearer realm="jobcore", error="insufficient_scope", scope="{exc.scope.value}"'
+        )
     if kind.status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         _log_unavailable(exc)

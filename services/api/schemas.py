@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobcore.scopes import Scope
 from jobcore.states import JobStatus
 
 
@@ -92,6 +93,8 @@ class Problem(BaseModel):
     detail: str
     errors: list[FieldError] | None = None
     job_status: JobStatus | None = None
+    # On a 403: the scope the API key lacks.
+    required_scope: Scope | None = None
 
 
 class Alive(BaseModel):
@@ -101,3 +104,103 @@ class Alive(BaseModel):
 class Ready(BaseModel):
     ready: bool
     checks: dict[str, str]
+
+
+# --- /admin: operators' view across tenants ----------------------------------------------
+
+
+class AdminJobSummary(BaseModel):
+    id: uuid.UUID
+    tenant: str
+    type: str
+    status: JobStatus
+    entity_id: str | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class AdminJobList(BaseModel):
+    """Newest first, at most ``limit``."""
+
+    items: list[AdminJobSummary]
+
+
+class AdminJobView(AdminJobSummary):
+    queue: str
+    idempotency_key: str | None
+    payload: dict[str, Any]
+    run_at: datetime | None
+    result: Any = None
+    result_ref: str | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    cancel_requested_at: datetime | None
+    started_at: datetime | None
+    updated_at: datetime
+
+
+class AdminCancelAnswer(BaseModel):
+    job_id: uuid.UUID
+    status: JobStatus
+    cancel_requested: bool
+    cancel_requested_at: datetime | None
+
+
+class AdminRetryAnswer(BaseModel):
+    """The failed or cancelled job stays as it is; ``job_id`` is its new copy."""
+
+    retried: uuid.UUID
+    job_id: uuid.UUID
+    status: JobStatus
+
+
+class QuarantinedRow(BaseModel):
+    id: int
+    message_id: uuid.UUID
+    job_id: uuid.UUID | None
+    exchange: str
+    routing_key: str
+    message_type: str
+    attempts: int
+    last_error: str | None
+    quarantined_at: datetime
+    created_at: datetime
+
+
+class QuarantinedList(BaseModel):
+    """Earliest quarantined first, at most ``limit``."""
+
+    items: list[QuarantinedRow]
+
+
+class OutboxActedOn(BaseModel):
+    id: int
+    message_id: uuid.UUID
+    job_id: uuid.UUID | None
+    last_error: str | None
+
+
+class AdminKey(BaseModel):
+    """An API key as anyone may see it: never the key, never its hash."""
+
+    id: uuid.UUID
+    tenant: str
+    prefix: str
+    label: str | None
+    scopes: list[Scope]
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    lineage: uuid.UUID
+    rotated_from: uuid.UUID | None
+
+
+class AdminKeyList(BaseModel):
+    """Oldest first."""
+
+    items: list[AdminKey]

@@ -17,5 +17,5 @@ from jobcore.telemetry import span_if_enabled
 def enqueue_span(job_type: str) -> AbstractContextManager[Span | None]:
     """The INTERNAL ``enqueue`` span (``None`` when tracing is off), current while the
     statement runs, so the outbox row carries its context. The caller adds ``tenant`` and
-    ``job.id`` once the statement returned them (it finds the tenant from the API key)."""
+    ``job.id`` once the statement returned them."""
     return span_if_enabled("enqueue", attributes={"job.type": job_type})

@@ -36,7 +36,7 @@ def api(
     """Serve the enqueue and status API with uvicorn until SIGTERM."""
     config = settings()  # a bad setting stops here, with one line, before uvicorn starts
     check_job_types(load_job_modules(config.job_modules), config)
-    configure_logging("api")
+    configure_logging("api", config.log_level)
     server_config = uvicorn.Config(
         "services.api.app:app_from_environment",
         factory=True,
@@ -86,7 +86,7 @@ def relay(
 
     config = settings()
     options = load_relay_options(**({} if listen else {"listen": False}))
-    configure_logging("relay")
+    configure_logging("relay", config.log_level)
     setup_tracing("jobcore-relay")
     raise typer.Exit(run(serve(config, options)))
 
@@ -109,7 +109,7 @@ def worker(
     from services.worker.app import Worker
 
     config = settings()  # a bad setting stops here with one line
-    configure_logging("worker")
+    configure_logging("worker", config.log_level)
     setup_tracing("jobcore-worker")
     app = Worker(config, queues=queue or None, concurrency=concurrency)
     raise typer.Exit(run(app.serve()))

@@ -96,19 +96,19 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
     assert enqueue["attributes"]["job.id"] == job_id
     assert enqueue["attributes"]["job.type"] == "echo"
     assert enqueue["attributes"]["tenant"] == "e2e"
-    # The enqueue statement is a database span under it, named after its Query; it finds
-    # the key's tenant itself, so the request makes no other statement.
+    # The enqueue statement is a database span under it, named after its Query; the key
+    # lookup, which comes before anything else, is the request's only other statement.
     statements = [
         s["attributes"]["db.statement"]
         for s in spans
         if s["parent_span_id"] == enqueue["span_id"] and "db.statement" in s["attributes"]
     ]
-    assert statements == ["job_insert_for_key"]
-    assert not [
-        s
+    assert statements == ["job_insert"]
+    assert [
+        s["attributes"]["db.statement"]
         for s in spans
         if s["parent_span_id"] == request["span_id"] and "db.statement" in s["attributes"]
-    ]
+    ] == ["api_key_authenticate"]
 
     publish = one(spans, "publish")
     assert publish["service"] == "jobcore-relay-e2e"

@@ -8,12 +8,11 @@ import uuid
 import psycopg
 import pytest
 
-from jobcore import apikeys
 from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one
-from jobcore.enqueue import KeyOwner, enqueue
+from jobcore.enqueue import enqueue
 from jobcore.envelope import decode
 from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
 from jobcore.jobtypes import NoopPayload
@@ -23,7 +22,6 @@ from jobcore.sql import Query
 from jobcore.sql.jobs import JOB_GET
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
-from jobcore.usecases import keys as key_usecases
 
 COUNT = Query(
     "count",
@@ -195,49 +193,6 @@ async def test_a_pooled_connection_killed_while_idle_is_replaced_before_it_is_ha
             assert session.connection.info.backend_pid != victim
     finally:
         await database.close()
-
-
-async def test_enqueue_for_a_key_owner_finds_the_tenant_in_the_same_statement(
-    db: Database, topology: Topology
-) -> None:
-    echo = default_registry.get("echo")
-    created = await key_usecases.create_key(db, "acme", actor="tests")
-    other = await key_usecases.create_key(db, "globex", actor="tests")
-    owner = KeyOwner(apikeys.hash_key(created.key))
-
-    async def submit(text: str, who: KeyOwner) -> tuple[str, uuid.UUID, bool]:
-        async with db.session() as session:
-            result = await enqueue(
-                session,
-                topology,
-                tenant=who,
-                job_type=echo,
-                payload=EchoPayload(text=text),
-                idempotency_key="same",
-            )
-        return result.tenant, result.job_id, result.replayed
-
-    tenant, first, replayed = await submit("a", owner)
-    assert (tenant, replayed) == ("acme", False)
-    async with db.session() as session:
-        job = await fetch_one(session, JOB_GET({"id": first, "tenant": "acme"}))
-    assert job is not None
-    assert job["tenant"] == "acme"
-    # The idempotency key is per tenant: the same key of another tenant is a new job.
-    assert await submit("a", owner) == ("acme", first, True)
-    globex = await submit("a", KeyOwner(apikeys.hash_key(other.key)))
-    assert globex[0] == "globex"
-    assert globex[1] != first
-    with pytest.raises(IdempotencyConflict):
-        await submit("b", owner)
-
-    # A revoked or unknown key writes nothing, in the same statement that would have.
-    await key_usecases.revoke_key(db, created.record.id, actor="tests")
-    before = await counts(db)
-    for who in (owner, KeyOwner(apikeys.hash_key(apikeys.generate_key()))):
-        with pytest.raises(apikeys.InvalidApiKey):
-            await submit("c", who)
-    assert await counts(db) == before == (2, 2)
 
 
 async def test_a_failed_transaction_on_a_session_rolls_back_and_leaves_it_usable(

@@ -1,4 +1,5 @@
-"""Schemathesis against the API's own OpenAPI document, in-process, with a valid API key.
+"""Schemathesis against the API's own OpenAPI document, in-process, with a valid API key
+that has every scope (the operator routes under /admin included).
 
 For every operation in /openapi.json, schema-valid and schema-invalid requests: no answer
 is a 500, every answer matches the schema (status, content type, headers, body), every
@@ -35,6 +36,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from jobcore.db import Database
+from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
@@ -48,7 +50,11 @@ async def _create_key(settings: Settings) -> str:
     db = Database(settings, min_size=0, max_size=1)
     await db.open(wait=True)
     try:
-        return (await key_usecases.create_key(db, "schemathesis", "contract", actor="tests")).key
+        return (
+            await key_usecases.create_key(
+                db, "schemathesis", "contract", scopes=list(Scope), actor="tests"
+            )
+        ).key
     finally:
         await db.close()
 
@@ -71,11 +77,13 @@ def test_the_api_keeps_its_openapi_contract(settings: Settings) -> None:
     app = create_app(settings)
     failures: list[str] = []
     operations = 0
+    admin_operations = 0
     try:
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         for result in schema.get_all_operations():
             operation = result.ok()
             operations += 1
+            admin_operations += "/admin/" in operation.label
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
                 @given(case=operation.as_strategy(generation_mode=mode))
@@ -102,5 +110,6 @@ def test_the_api_keeps_its_openapi_contract(settings: Settings) -> None:
     finally:
         # The app's lifespan (its pool) runs in schemathesis's own event loop thread.
         shutdown_lifespans()
-    assert operations >= 8
+    assert operations >= 16
+    assert admin_operations == 8  # jobs: list, show, cancel, retry; outbox: 3; keys
     assert not failures, "\n\n".join(failures)

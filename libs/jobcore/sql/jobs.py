@@ -24,7 +24,6 @@ from typing import Literal, TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
-from jobcore.sql.api_keys import ACTIVE_KEY
 from jobcore.sql.tenant_quotas import ADMISSION_COLUMNS, QuotaDefaultParams, admission_ctes
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
@@ -36,23 +35,18 @@ from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL
 # primary-key probe of webhook_endpoints).
 
 
-def _insert_job_with_outbox(*, by_key: bool) -> str:
-    """The enqueue statement; ``by_key``: the tenant is the owner of an unrevoked API key,
-    looked up in the same statement (one round trip for the API's enqueue, not two).
+def _insert_job_with_outbox() -> str:
+    """The enqueue statement, for a tenant the caller has authenticated.
 
-    It returns one row (none only when the key is not valid): ``id`` is NULL when no job
-    was written, because the tenant's quotas refused it (``refusal``) or the idempotency
-    key is taken (the caller then reads that job). The quotas are checked in the same
-    statement (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round
-    trip; a replay of an accepted request skips them.
+    It returns one row: ``id`` is NULL when no job was written, because the tenant's
+    quotas refused it (``refusal``) or the idempotency key is taken (the caller then
+    reads that job). The quotas are checked in the same statement
+    (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round trip; a
+    replay of an accepted request skips them.
     """
-    if by_key:
-        key = f"key AS ({ACTIVE_KEY}),"
-        tenant, from_key = "key.tenant", "FROM key"
-    else:
-        key, tenant, from_key = "", "%(tenant)s::text", ""
+    tenant, from_key = "%(tenant)s::text", ""
     return f"""
-    WITH {key} {admission_ctes(tenant, from_key)}, job AS (
+    WITH {admission_ctes(tenant, from_key)}, job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
@@ -90,9 +84,8 @@ def _insert_job_with_outbox(*, by_key: bool) -> str:
     """
 
 
-class JobInsertCommonParams(OutboxMessageParams, QuotaDefaultParams):
-    """What both enqueue statements take: the job, its first message, and the default
-    quotas of a tenant without overrides."""
+class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
+    """The job, its first message, and the default quotas of a tenant without overrides."""
 
     callback_url: str | None
     channel: str
@@ -106,28 +99,14 @@ class JobInsertCommonParams(OutboxMessageParams, QuotaDefaultParams):
     run_at: datetime | None
     traceparent: str | None
     tracestate: str | None
-    type: str
-
-
-class JobInsertParams(JobInsertCommonParams):
     tenant: str
+    type: str
 
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
-    _insert_job_with_outbox(by_key=False),
-)
-
-
-class JobInsertForKeyParams(JobInsertCommonParams):
-    key_hash: str
-
-
-JOB_INSERT_FOR_KEY = Query[JobInsertForKeyParams](
-    "job_insert_for_key",
-    "The same for the tenant of an unrevoked API key, found in the same statement.",
-    _insert_job_with_outbox(by_key=True),
+    _insert_job_with_outbox(),
 )
 
 

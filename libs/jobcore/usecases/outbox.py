@@ -11,7 +11,7 @@ from typing import Any
 from jobcore.audit import AuditAction, Target, audited
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.errors import JobcoreError, OutboxRowNotFound, OutboxRowNotQuarantined
+from jobcore.errors import OutboxRowJobEnded, OutboxRowNotFound, OutboxRowNotQuarantined
 from jobcore.sql import Query, Statement
 from jobcore.sql.outbox import (
     OUTBOX_DISCARD,
@@ -92,7 +92,7 @@ async def _act_on_quarantined(
             raise OutboxRowNotFound(f"no outbox row {key}")
         work.entry.details = {"id": found["id"], "job_id": found["job_id"]}
         if found["quarantined_at"] is not None and found["ended_job_status"] is not None:
-            raise JobcoreError(
+            raise OutboxRowJobEnded(
                 f"outbox row {key} is the message of job {found['job_id']}, which is "
                 f"{found['ended_job_status']}: publishing it would do nothing; run "
                 f"`jobcore jobs retry {found['job_id']}` for a new job instead"

@@ -13,7 +13,8 @@ from starlette.responses import Response
 from jobcore.db import fetch_all
 from jobcore.errors import JobNotFound
 from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
-from services.api.deps import SessionDep, TenantDep
+from services.api.auth import ReadRoute, TenantDep
+from services.api.deps import SessionDep
 from services.api.schemas import Problem
 from services.api.views import JsonBody
 
@@ -42,13 +43,13 @@ class DeliveryList(BaseModel):
 
 _COLUMNS = tuple(DeliveryView.model_fields)
 
-router = APIRouter(tags=["jobs"], default_response_class=JsonBody)
+router = APIRouter(tags=["jobs"], default_response_class=JsonBody, route_class=ReadRoute)
 
 
 @router.get(
     "/jobs/{job_id}/deliveries",
     response_model=DeliveryList,
-    responses={status: {"model": Problem} for status in (401, 404, 422, 503)},
+    responses={status: {"model": Problem} for status in (401, 403, 404, 422, 503)},
 )
 async def list_deliveries(job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep) -> Response:
     """The job's webhook deliveries, oldest first (none unless it has a callback URL)."""

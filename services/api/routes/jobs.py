@@ -1,4 +1,5 @@
-"""The job routes. Every one needs an API key and sees only its tenant's jobs.
+"""The job routes. Every one needs an API key with the route's scope (checked before
+anything else, :mod:`services.api.auth`) and sees only its tenant's jobs.
 
 ``POST /jobs/{type}`` is one route per registered job type, so /openapi.json shows each
 type's payload schema; a catch-all answers 404 for any other type.
@@ -26,9 +27,10 @@ from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.webhooks import completion_params
 from services.api import operations, views
+from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
-from services.api.deps import ApiKeyDep, KeyOwnerDep, SessionDep, StateDep, TenantDep
+from services.api.deps import SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import waiting
 from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
@@ -45,7 +47,7 @@ MAX_PAGE_SIZE = 200
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     # Shown as application/problem+json by problems.document_problem_responses.
-    return {status: {"model": Problem} for status in (401, 503, *statuses)}
+    return {status: {"model": Problem} for status in (401, 403, 503, *statuses)}
 
 
 EntityIdQuery = Annotated[
@@ -96,11 +98,10 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         raw = await read_json(request, state.settings.max_body_bytes)
         return operations.ReceivedPayload(raw, operations.validate_payload(job_type, raw))
 
-    # Parameter order is resolution order: the key's shape, the Idempotency-Key, the body
-    # and the callback URL are checked before a pooled connection is taken. The key's
-    # tenant is found by the enqueue statement itself (401 from there when it is invalid).
+    # Parameter order is resolution order: the Idempotency-Key, the body and the callback
+    # URL are checked before a pooled connection is taken (the key was checked before all).
     async def enqueue_job(
-        owner: KeyOwnerDep,
+        tenant: TenantDep,
         key: IdempotencyKeyDep,
         payload: Annotated[operations.ReceivedPayload, Depends(read_payload)],
         callback_url: CallbackUrlDep,
@@ -130,7 +131,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         result = await operations.submit(
             db_session,
             state.topology,
-            tenant=owner,
+            tenant=tenant,
             job_type=job_type,
             payload=payload.model,
             submission=submission,
@@ -164,7 +165,8 @@ def _request_body(schema_ref: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def enqueue_unknown_type(job_type: str, _: ApiKeyDep, tenant: TenantDep) -> Response:
+async def enqueue_unknown_type(job_type: str) -> Response:
+    # An EnqueueRoute: a caller without a valid key gets 401, not this 404.
     raise UnknownJobType(f"unknown job type {job_type!r}")
 
 
@@ -235,6 +237,7 @@ def build_router(registry: Registry) -> APIRouter:
             f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise.",
             openapi_extra=_request_body(schema_refs[job_type.name]),
             responses=_problems(400, 413, 415, 422, 429),
+            route_class_override=EnqueueRoute,
         )
     router.add_api_route(
         "/jobs/{job_type}",
@@ -242,9 +245,15 @@ def build_router(registry: Registry) -> APIRouter:
         name=f"{ENQUEUE_ROUTE_PREFIX}unknown_type",
         methods=["POST"],
         include_in_schema=False,
+        route_class_override=EnqueueRoute,
     )
     router.add_api_route(
-        "/jobs", list_jobs, methods=["GET"], response_model=JobPage, responses=_problems(400, 422)
+        "/jobs",
+        list_jobs,
+        methods=["GET"],
+        response_model=JobPage,
+        responses=_problems(400, 422),
+        route_class_override=ReadRoute,
     )
     router.add_api_route(
         "/jobs/{job_id}",
@@ -252,6 +261,7 @@ def build_router(registry: Registry) -> APIRouter:
         methods=["GET"],
         response_model=JobView,
         responses=_problems(400, 404, 422, 429),
+        route_class_override=ReadRoute,
     )
     router.add_api_route(
         "/jobs/{job_id}/result",
@@ -267,6 +277,7 @@ def build_router(registry: Registry) -> APIRouter:
             },
             **_problems(404, 409, 422),
         },
+        route_class_override=ReadRoute,
     )
     router.add_api_route(
         "/jobs/{job_id}/cancel",
@@ -274,5 +285,6 @@ def build_router(registry: Registry) -> APIRouter:
         methods=["POST"],
         response_model=CancelAnswer,
         responses={202: {"model": CancelAnswer}, **_problems(404, 409, 422)},
+        route_class_override=CancelRoute,
     )
     return router

@@ -3,9 +3,9 @@ terminal, or when the wait ends, whichever comes first.
 
 Unlike the other job routes this one does not take ``SessionDep``: that would hold a
 pooled connection for the whole wait. It checks out a connection for each read instead:
-before waiting, the key's tenant and the job (as every job route does); after waking,
-the job alone, in one statement shared with the other waiters woken meanwhile. While it
-waits it holds only an asyncio event (:mod:`services.api.waiters`).
+before waiting (the caller is authenticated already, :mod:`services.api.auth`); after
+waking, in one statement shared with the other waiters woken meanwhile. While it waits
+it holds only an asyncio event (:mod:`services.api.waiters`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from fastapi import Query, Request
 from psycopg.rows import DictRow
 from starlette.responses import Response
 
-from jobcore import apikeys
 from jobcore.db import Database
 from jobcore.errors import JobNotFound, ServiceStateError
 from jobcore.states import is_terminal
 from services.api import operations, views
-from services.api.deps import ApiKeyDep, DbDep, StateDep
+from services.api.auth import TenantDep
+from services.api.deps import DbDep, StateDep
 from services.api.longpolls import LongPollSlots
 from services.api.problems import InvalidWait
 from services.api.views import JsonBody
@@ -72,27 +72,25 @@ def long_poll_slots(request: Request) -> LongPollSlots:
     return slots
 
 
-async def read_job(db: Database, key: str, job_id: uuid.UUID) -> tuple[str, DictRow]:
-    """The key's tenant and its job, on one briefly held connection."""
+async def read_job(db: Database, tenant: str, job_id: uuid.UUID) -> DictRow:
+    """The tenant's job, on a briefly held connection."""
     async with db.session() as db_session:
-        tenant = await apikeys.tenant_for_key(db_session, key)
-        return tenant, await operations.get_job(db_session, tenant, job_id)
+        return await operations.get_job(db_session, tenant, job_id)
 
 
 async def read_job_to_wait(
-    db: Database, key: str, job_id: uuid.UUID, default_max_long_polls: int
-) -> tuple[str, DictRow, int]:
+    db: Database, tenant: str, job_id: uuid.UUID, default_max_long_polls: int
+) -> tuple[DictRow, int]:
     """The same and how many long-polls the tenant may park here (read only for a wait)."""
     async with db.session() as db_session:
-        tenant = await apikeys.tenant_for_key(db_session, key)
         row = await operations.get_job(db_session, tenant, job_id)
         cap = await operations.tenant_max_long_polls(db_session, tenant, default_max_long_polls)
-        return tenant, row, cap
+        return row, cap
 
 
 async def get_job(
     job_id: uuid.UUID,
-    key: ApiKeyDep,
+    tenant: TenantDep,
     db: DbDep,
     state: StateDep,
     request: Request,
@@ -103,7 +101,7 @@ async def get_job(
     when this process already parks as many long-polls as it or the tenant may."""
     seconds = parse_wait(wait)
     if seconds <= 0:
-        _, row = await read_job(db, key, job_id)
+        row = await read_job(db, tenant, job_id)
         return JsonBody(views.job_view(row))
     waiters = job_waiters(request)
     slots = long_poll_slots(request)
@@ -111,9 +109,7 @@ async def get_job(
     deadline = loop.time() + seconds
     # Subscribed before the first read: a NOTIFY sent after that read sets the event.
     with waiters.subscribe(job_id) as woken:
-        tenant, row, cap = await read_job_to_wait(
-            db, key, job_id, state.settings.quota_max_long_polls
-        )
+        row, cap = await read_job_to_wait(db, tenant, job_id, state.settings.quota_max_long_polls)
         if is_terminal(row["status"]):
             return JsonBody(views.job_view(row))
         # Only a wait that would park takes a slot (after authentication, invariant 13).
