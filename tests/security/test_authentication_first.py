@@ -173,7 +173,8 @@ async def test_the_same_requests_with_a_valid_key_get_their_validation_errors(
         headers={"Authorization": f"Bearer {key}"},
     )
     assert_problem(callback, 422, "invalid-request")
-    assert "db.internal.example" in callback.text
+    # Refused as a callback URL (the refusal names neither the host nor what it resolved to).
+    assert "unsafe_callback_url" in callback.text
     assert resolver_calls == ["db.internal.example"]
 
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
 from jobcore.enqueue import enqueue as enqueue_job
+from jobcore.enqueue import request_fingerprint
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -404,6 +405,8 @@ async def test_a_retry_racing_its_own_first_attempt_gets_its_job_not_a_refusal(
                 job_type=default_registry.get("echo"),
                 payload=EchoPayload(text="hello"),
                 idempotency_key=key,
+                # What the API takes from the retry's body as sent (`enqueue` posts this).
+                fingerprint=request_fingerprint({"text": "hello"}),
             )
             retry = asyncio.create_task(enqueue(client, auth, headers={"Idempotency-Key": key}))
 
