@@ -102,7 +102,13 @@ async def test_a_tenant_endpoint_resolving_to_an_internal_address_is_not_set(
 ) -> None:
     with resolving_to([internal]), pytest.raises(NonPublicCallbackAddress) as refused:
         await webhook_usecases.set_endpoint(
-            db, settings, default_registry, "acme", "*", "https://endpoint.example/hooks"
+            db,
+            settings,
+            default_registry,
+            "acme",
+            "*",
+            "https://endpoint.example/hooks",
+            actor="tests",
         )
     assert not any(spelling in str(refused.value) for spelling in spellings(internal))
     assert await webhook_usecases.list_endpoints(db, "acme") == []

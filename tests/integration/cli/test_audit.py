@@ -121,7 +121,7 @@ async def test_key_changes_are_audited_with_their_actor_and_never_the_key(
         ("acme", "succeeded"),
         (None, "refused"),
     ]
-    assert logged[0]["details"] == {"label": "billing"}
+    assert logged[0]["details"] == {"label": "billing", "scopes": ["enqueue", "read", "cancel"]}
     assert logged[2]["details"] == {"refused": "ApiKeyNotFound"}
     text = await whole_log_text(db)
     key = created["key"]
@@ -385,3 +385,26 @@ async def test_jobcore_audit_shows_newest_first_and_filters(
 
     for bad in (("--since", "yesterday"), ("--action", "key.steal"), ("--limit", "0")):
         refused_in_one_line(jobcore(settings, "audit", *bad), code=2)
+
+
+async def test_a_key_rotation_is_audited_with_both_keys_ids_and_neither_key(
+    settings: Settings, db: Database
+) -> None:
+    created = as_json(jobcore(settings, "keys", "create", "--tenant", "acme", "--json"))
+    rotated = as_json(
+        jobcore(settings, "--actor", "ops:carol", "keys", "rotate", created["id"], "--json")
+    )
+    again = jobcore(settings, "--actor", "ops:carol", "keys", "rotate", created["id"])
+    refused_in_one_line(again)
+
+    rotations = [e for e in await entries(db) if e["action"] == "key.rotate"]
+    assert [(e["actor"], e["target_id"], e["tenant"], e["outcome"]) for e in rotations] == [
+        ("ops:carol", created["id"], "acme", "succeeded"),
+        ("ops:carol", created["id"], "acme", "refused"),
+    ]
+    assert rotations[0]["details"]["new_key_id"] == rotated["id"]
+    assert rotations[1]["details"]["refused"] == "RotationRefused"
+    text = await whole_log_text(db)
+    for key in (created["key"], rotated["key"]):
+        assert key not in text
+        assert hashlib.sha256(key.encode()).hexdigest() not in text
