@@ -5,13 +5,32 @@ Revision ID: 0010
 Revises: 0007 (re-point at 0009 when 0008 and 0009 are merged)
 Create Date: 2026-12-01 11:00:00.000000
 
-``tenant_usage.unfinished`` is kept by triggers on ``jobs`` (a row that is inserted,
+A tenant's count of unfinished jobs is ``tenant_usage.unfinished`` plus the sum of its
+rows in ``tenant_usage_deltas``, kept by triggers on ``jobs`` (a row that is inserted,
 deleted, or changes between a terminal and a non-terminal status), so every statement
 that makes or ends a job keeps it exact, including operators' retries and replays, and
-the enqueue checks a cap by reading one row instead of counting the tenant's jobs. The
-triggers are created before the counts are filled in, in the same transaction: creating
-them locks ``jobs`` against writes until the commit, so no job changes between the count
-and the triggers taking over.
+the enqueue checks a cap by reading one row (and the few deltas not yet folded into it)
+instead of counting the tenant's jobs.
+
+A job that ends appends a -1 to ``tenant_usage_deltas`` and locks nothing shared: a
+statement that ends jobs of several tenants (a worker's success batch, the reaper, the
+rescuer) updated their ``tenant_usage`` rows in whatever order it met the jobs, so two
+such statements could deadlock (X then Y against Y then X), and every worker ending a
+tenant's jobs queued on that tenant's row until it committed, with the tenant's
+enqueues behind them. Adding a job is counted on the row itself, under the lock the
+enqueue's admission already holds, so the next admission (which waits for that lock)
+sees it; the insert trigger is per statement, takes the rows of its tenants in tenant
+order, and folds the tenants' deltas into them as it goes. The admission reads the
+deltas it has not folded with ``FOR UPDATE``: a delta folded (deleted) by the
+admission it queued behind is then skipped rather than counted twice. A delta
+committed after its statement began is not seen until the next admission: a job that
+has just ended may count as unfinished a moment longer, never the reverse. Only
+reviving a finished job (status back from terminal, which jobcore never does; an
+operator's UPDATE might) updates the row from a row-level trigger, in no set order.
+
+The triggers are created before the counts are filled in, in the same transaction:
+creating them locks ``jobs`` against writes until the commit, so no job changes between
+the count and the triggers taking over.
 """
 
 from collections.abc import Sequence
@@ -57,49 +76,91 @@ def upgrade() -> None:
         sa.Column("last_refused_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("tenant", name=op.f("tenant_usage_pkey")),
     )
+    op.create_table(
+        "tenant_usage_deltas",
+        sa.Column("tenant", sa.Text(), nullable=False),
+        sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
+        sa.Column("delta", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("tenant", "id", name=op.f("tenant_usage_deltas_pkey")),
+    )
+    # Jobs added by one statement, counted per tenant in tenant order (so two statements
+    # adding jobs of several tenants take their rows in the same order), each tenant's
+    # row locked before its deltas are folded into it: the fold deletes deltas only under
+    # the row's lock, which is what lets the admission skip the ones folded before it.
+    # The enqueue's own tenant row is already locked by its admission.
     op.execute(
         f"""
-        CREATE FUNCTION jobcore_count_unfinished() RETURNS trigger
+        CREATE FUNCTION jobcore_count_added_jobs() RETURNS trigger
         LANGUAGE plpgsql AS $$
         DECLARE
-            tenant_name text;
-            delta integer;
+            added record;
         BEGIN
-            IF TG_OP = 'INSERT' THEN
-                tenant_name := NEW.tenant; delta := 1;
-            ELSIF TG_OP = 'DELETE' THEN
-                tenant_name := OLD.tenant; delta := -1;
-            ELSIF NEW.status IN {TERMINAL} THEN
-                tenant_name := NEW.tenant; delta := -1;
-            ELSE
-                tenant_name := NEW.tenant; delta := 1;
-            END IF;
-            INSERT INTO tenant_usage AS u (tenant, unfinished) VALUES (tenant_name, greatest(delta, 0))
-            ON CONFLICT (tenant) DO UPDATE SET unfinished = greatest(u.unfinished + delta, 0);
+            FOR added IN
+                SELECT tenant, count(*) AS n FROM inserted_jobs
+                WHERE status NOT IN {TERMINAL}
+                GROUP BY tenant ORDER BY tenant
+            LOOP
+                PERFORM 1 FROM tenant_usage WHERE tenant = added.tenant FOR UPDATE;
+                IF NOT FOUND THEN
+                    INSERT INTO tenant_usage (tenant) VALUES (added.tenant)
+                    ON CONFLICT (tenant) DO NOTHING;
+                    PERFORM 1 FROM tenant_usage WHERE tenant = added.tenant FOR UPDATE;
+                END IF;
+                WITH folded AS (
+                    DELETE FROM tenant_usage_deltas WHERE tenant = added.tenant
+                    RETURNING delta
+                )
+                UPDATE tenant_usage
+                SET unfinished = greatest(
+                    unfinished + added.n + coalesce((SELECT sum(delta) FROM folded), 0), 0)
+                WHERE tenant = added.tenant;
+            END LOOP;
             RETURN NULL;
         END
         $$
+        """
+    )
+    # A job that ends (or an unfinished job that is deleted) appends a -1 and waits for
+    # nobody. One that comes back from a terminal status counts on its row at once, so
+    # an admission queued behind it sees it; no jobcore statement does that.
+    op.execute(
+        f"""
+        CREATE FUNCTION jobcore_count_changed_job() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                INSERT INTO tenant_usage_deltas (tenant, delta) VALUES (OLD.tenant, -1);
+            ELSIF NEW.status IN {TERMINAL} THEN
+                INSERT INTO tenant_usage_deltas (tenant, delta) VALUES (NEW.tenant, -1);
+            ELSE
+                INSERT INTO tenant_usage AS u (tenant, unfinished) VALUES (NEW.tenant, 1)
+                ON CONFLICT (tenant) DO UPDATE SET unfinished = u.unfinished + 1;
+            END IF;
+            RETURN NULL;
+        END
+        $$
+        """
+    )
+    op.execute(
+        """
+        CREATE TRIGGER jobs_unfinished_insert AFTER INSERT ON jobs
+        REFERENCING NEW TABLE AS inserted_jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION jobcore_count_added_jobs()
         """
     )
     # WHEN is evaluated without calling the function: claims, heartbeats and retries
     # (non-terminal to non-terminal) cost nothing here.
     op.execute(
         f"""
-        CREATE TRIGGER jobs_unfinished_insert AFTER INSERT ON jobs FOR EACH ROW
-        WHEN (NEW.status NOT IN {TERMINAL}) EXECUTE FUNCTION jobcore_count_unfinished()
-        """
-    )
-    op.execute(
-        f"""
         CREATE TRIGGER jobs_unfinished_update AFTER UPDATE OF status ON jobs FOR EACH ROW
         WHEN ((OLD.status IN {TERMINAL}) IS DISTINCT FROM (NEW.status IN {TERMINAL}))
-        EXECUTE FUNCTION jobcore_count_unfinished()
+        EXECUTE FUNCTION jobcore_count_changed_job()
         """
     )
     op.execute(
         f"""
         CREATE TRIGGER jobs_unfinished_delete AFTER DELETE ON jobs FOR EACH ROW
-        WHEN (OLD.status NOT IN {TERMINAL}) EXECUTE FUNCTION jobcore_count_unfinished()
+        WHEN (OLD.status NOT IN {TERMINAL}) EXECUTE FUNCTION jobcore_count_changed_job()
         """
     )
     op.execute(
@@ -114,6 +175,8 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER jobs_unfinished_delete ON jobs")
     op.execute("DROP TRIGGER jobs_unfinished_update ON jobs")
     op.execute("DROP TRIGGER jobs_unfinished_insert ON jobs")
-    op.execute("DROP FUNCTION jobcore_count_unfinished()")
+    op.execute("DROP FUNCTION jobcore_count_changed_job()")
+    op.execute("DROP FUNCTION jobcore_count_added_jobs()")
+    op.drop_table("tenant_usage_deltas")
     op.drop_table("tenant_usage")
     op.drop_table("tenant_quotas")
