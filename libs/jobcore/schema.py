@@ -367,3 +367,15 @@ tenant_usage = Table(
     Column("last_refusal", Text),
     _timestamp("last_refused_at"),
 )
+
+# Jobs of a tenant that ended (-1 each) and are not yet folded into tenant_usage.unfinished:
+# ending a job appends here instead of updating the tenant's row, so statements that end
+# jobs of several tenants never lock those rows (migration 0010).
+tenant_usage_deltas = Table(
+    "tenant_usage_deltas",
+    metadata,
+    Column("tenant", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=False), nullable=False),
+    Column("delta", Integer, nullable=False),
+    PrimaryKeyConstraint("tenant", "id"),
+)

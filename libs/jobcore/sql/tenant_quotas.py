@@ -7,7 +7,8 @@ row per tenant; the admission upserts it, which locks it until the enqueue commi
 enqueues of one tenant are admitted one at a time (on any API process) and each sees the
 count its predecessor left: 50 racing requests at the cap minus one make exactly one job.
 The count itself is kept by triggers on ``jobs`` (migration 0010), for every statement
-that makes or ends a job.
+that makes or ends a job: a job that ends appends to ``tenant_usage_deltas`` rather than
+update the row, which the next admitted enqueue folds in.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def admission_ctes(tenant: str, from_key: str) -> str:
     compares with is the clock's once the lock is held, not the statement's start
     (``now()``): a request that queued for the lock behind a burst of its tenant's would
     otherwise look early by its wait, and be refused for it.
+
+    The count of unfinished jobs is the row's plus the tenant's ``tenant_usage_deltas``
+    (the jobs that ended since an enqueue last folded them in, migration 0010). Those
+    are read ``FOR UPDATE``, which, under READ COMMITTED, skips the deltas the admission
+    this one queued behind folded into the row (deleted) and committed: this statement's
+    snapshot, taken before it waited, still shows them, and would count them twice.
     """
     return f"""existing AS (
         SELECT id FROM jobs
@@ -66,7 +73,14 @@ def admission_ctes(tenant: str, from_key: str) -> str:
                    CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE v.at END
             FROM (
                 SELECT CASE
-                           WHEN l.max_unfinished > 0 AND u.unfinished >= l.max_unfinished
+                           WHEN l.max_unfinished > 0
+                                AND u.unfinished + (
+                                    SELECT coalesce(sum(d.delta), 0) FROM (
+                                        SELECT delta FROM tenant_usage_deltas
+                                        WHERE tenant = u.tenant
+                                        FOR UPDATE
+                                    ) AS d
+                                ) >= l.max_unfinished
                                THEN 'max_unfinished'
                            WHEN n.next_tat
                                 > c.at + make_interval(secs => l.burst / nullif(l.rate, 0))
@@ -113,7 +127,9 @@ TENANT_QUOTA_GET = Query[TenantQuotaGetParams](
            q.max_unfinished IS NOT NULL AS max_unfinished_set,
            q.max_long_polls IS NOT NULL AS max_long_polls_set,
            q.updated_at,
-           coalesce(u.unfinished, 0) AS unfinished, u.rate_tat, u.last_refusal,
+           coalesce(u.unfinished, 0) + (
+               SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas WHERE tenant = t.tenant
+           ) AS unfinished, u.rate_tat, u.last_refusal,
            u.last_refused_at, now() AS now
     FROM (SELECT %(tenant)s::text AS tenant) AS t
     LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
@@ -194,7 +210,11 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
     """
     SELECT coalesce(q.tenant, u.tenant) AS tenant,
            q.enqueue_rate, q.enqueue_burst, q.max_unfinished, q.max_long_polls,
-           q.updated_at, coalesce(u.unfinished, 0) AS unfinished,
+           q.updated_at,
+           coalesce(u.unfinished, 0) + (
+               SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas
+               WHERE tenant = coalesce(q.tenant, u.tenant)
+           ) AS unfinished,
            coalesce(q.enqueue_rate, %(default_rate)s::float8) AS effective_enqueue_rate,
            coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint)
                AS effective_max_unfinished,

@@ -19,6 +19,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
 from jobcore.enqueue import enqueue as enqueue_job
 from jobcore.enqueue import request_fingerprint
+from jobcore.quotas import Quotas
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -39,8 +40,17 @@ from tests.integration.api.support import (
 # One request per 100 s: nothing refills while a test runs, so every count is exact.
 SLOW_RATE = 0.01
 
+# The count of unfinished jobs is the row's plus the deltas not yet folded into it.
 TENANT_USAGE = Query(
-    "tenant_usage_row", "A tenant's usage row.", "SELECT * FROM tenant_usage WHERE tenant = %(t)s"
+    "tenant_usage_row",
+    "A tenant's usage row, with its count of unfinished jobs.",
+    """
+    SELECT tenant, rate_tat, last_refusal, last_refused_at,
+           unfinished + (
+               SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas WHERE tenant = %(t)s
+           ) AS unfinished
+    FROM tenant_usage WHERE tenant = %(t)s
+    """,
 )
 JOBS_OF = Query(
     "jobs_of_tenant",
@@ -421,3 +431,116 @@ async def test_a_retry_racing_its_own_first_attempt_gets_its_job_not_a_refusal(
     assert answer.headers["Idempotent-Replayed"] == "true"
     assert answer.json()["job_id"] == str(accepted.job_id)
     assert await jobs_of(db, TENANT) == 1
+
+
+# Long enough for any statement that does not wait for a lock, on a loaded machine; a
+# statement that waits for another transaction's lock never ends while that one is open.
+UNBLOCKED = 30.0
+
+END_JOBS = Query(
+    "end_jobs",
+    "End running jobs, as a worker's success batch does.",
+    """
+    UPDATE jobs SET status = 'succeeded', lease_token = NULL, lease_expires_at = NULL,
+        finished_at = now(), updated_at = now()
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running'
+    """,
+)
+DELTAS_OF = Query(
+    "deltas_of_tenant",
+    "How many ended jobs of a tenant are not folded into its usage row yet.",
+    "SELECT count(*) AS n FROM tenant_usage_deltas WHERE tenant = %(t)s",
+)
+CAPPED = Quotas(enqueue_rate=0.0, enqueue_burst=1, max_unfinished=10, max_long_polls=0)
+
+
+async def new_job(db: Database, topology: Topology, tenant: str) -> uuid.UUID:
+    async with db.session() as session:
+        result = await enqueue_job(
+            session,
+            topology,
+            tenant=tenant,
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text="hello"),
+            quotas=CAPPED,
+        )
+    return result.job_id
+
+
+async def test_ending_jobs_of_two_tenants_in_opposite_orders_waits_for_nobody(
+    db: Database, topology: Topology
+) -> None:
+    # Two workers' success batches, each ending a job of X and one of Y, in opposite
+    # orders, neither committed. Counted on each tenant's row, the second statement of
+    # each waited for the other's row lock: a deadlock, which PostgreSQL broke after
+    # deadlock_timeout by aborting one batch. An enqueue of X queued behind both.
+    x1, x2, y1, y2 = [
+        await new_job(db, topology, tenant)
+        for tenant in (TENANT, TENANT, OTHER_TENANT, OTHER_TENANT)
+    ]
+    for job in (x1, x2, y1, y2):
+        await start_job(db, job)
+    async with db.unit_of_work() as first, db.unit_of_work() as second:
+        for uow, job in ((first, x1), (second, y2), (first, y1), (second, x2)):
+            ended = await asyncio.wait_for(execute(uow, END_JOBS({"ids": [job]})), UNBLOCKED)
+            assert ended == 1
+        async with db.unit_of_work() as enqueuer:
+            await asyncio.wait_for(
+                enqueue_job(
+                    enqueuer,
+                    topology,
+                    tenant=TENANT,
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text="while they end"),
+                    quotas=CAPPED,
+                ),
+                UNBLOCKED,
+            )
+            await enqueuer.commit()
+        await first.commit()
+        await second.commit()
+    assert (await usage(db, TENANT))["unfinished"] == 1
+    assert (await usage(db, OTHER_TENANT))["unfinished"] == 0
+    # The next admitted enqueue of X folds X's ended jobs into its row.
+    await new_job(db, topology, TENANT)
+    async with db.connection() as conn:
+        deltas = await fetch_one(conn, DELTAS_OF({"t": TENANT}))
+    assert deltas is not None
+    assert deltas["n"] == 0
+    assert (await usage(db, TENANT))["unfinished"] == 2
+
+
+async def test_an_admission_queued_behind_a_fold_counts_the_folded_jobs_once(
+    settings: Settings, db: Database, topology: Topology, auth: dict[str, str]
+) -> None:
+    # At a cap of 2 with 2 jobs, one of which ended (not folded yet): an enqueue is
+    # admitted and, before it commits, folds the ended job into the row. A second enqueue
+    # queued behind it began before that commit, so its snapshot still shows the folded
+    # job as not folded: counted in the row and again as a delta, it would see 1 of 2
+    # and be admitted over the cap.
+    config = quota_settings(settings, quota_max_unfinished=2)
+    async with api(config) as (_, client):
+        first_job = await pending_job(client, auth)
+        await pending_job(client, auth)
+        await start_job(db, first_job)
+        await finish_job(db, first_job, "succeeded", result={"ok": True})
+        async with db.unit_of_work() as first:
+            await enqueue_job(
+                first,
+                topology,
+                tenant=TENANT,
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="hello"),
+                quotas=config.quota_defaults,
+            )
+            second = asyncio.create_task(enqueue(client, auth))
+
+            async def queued() -> Any:
+                async with db.connection() as conn:
+                    return await fetch_one(conn, WAITING_ENQUEUE({}))
+
+            await eventually(queued, what="the second enqueue waiting for the first")
+            await first.commit()
+        assert_problem(await second, 429, "too-many-unfinished-jobs")
+    assert (await usage(db, TENANT))["unfinished"] == 2
+    assert await jobs_of(db, TENANT) == 3
