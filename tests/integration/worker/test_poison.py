@@ -106,6 +106,24 @@ async def test_poison_messages_are_dead_lettered_and_the_next_good_one_runs(
     assert counts["processed.succeeded"] == 1
 
 
+async def test_a_type_postgresql_cannot_take_is_dead_lettered_at_once(
+    outbox_pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    # Found by the poison fuzz test: a type of "\u0000" decoded, was unknown, and the note
+    # on its job failed in the driver (PostgreSQL text cannot hold NUL), so each delivery
+    # was requeued, over and over, until the broker's delivery limit.
+    worker = await start_worker()
+    for job_type in ["\x00", "wt_gate\x00", "no\x1bpe"]:
+        body = orjson.dumps({"v": 1, "job_id": str(uuid.uuid4()), "attempt": 1, "type": job_type})
+        await publish_raw(outbox_pump, body, message_type=None, message_id=str(uuid.uuid4()))
+
+    async def three_dead() -> bool:
+        return worker.metrics.counts["dead_lettered.bad_envelope"] == 3
+
+    await eventually(three_dead, what="three bad envelopes dead-lettered")
+    assert not any(key.startswith("delivery_errors") for key in worker.metrics.counts)
+
+
 async def test_dlq_list_peeks_without_losing_and_replay_requeues(
     db: Database,
     topology: Topology,
