@@ -18,6 +18,9 @@ ENVELOPE_VERSION: Literal[1] = 1
 CONTENT_TYPE = "application/json"
 MAX_BODY_BYTES = 64 * 1024
 MAX_ATTEMPT = 10_000
+# Printable text, as PostgreSQL text takes it: no NUL (which it cannot store at all) and no
+# other control character (the rule the API applies to the ids it takes).
+PRINTABLE_TEXT = r"^[^\x00-\x1f\x7f]+$"
 
 
 class JobMessage(BaseModel):
@@ -29,7 +32,10 @@ class JobMessage(BaseModel):
     # worker's claim statement (which would fail every message claimed with it). Strict:
     # the relay writes a JSON integer, and `true` or "2" is a malformed message.
     attempt: int = Field(ge=1, le=MAX_ATTEMPT, strict=True)
-    type: str = Field(min_length=1, max_length=200)
+    # The worker sends the type to PostgreSQL (a claim, or the note on the job of a type it
+    # does not know): one it cannot store is poison here, not a statement that fails (and
+    # is retried) for every delivery of the message.
+    type: str = Field(min_length=1, max_length=200, pattern=PRINTABLE_TEXT)
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))

@@ -111,6 +111,10 @@ async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
     (it is pending and the letter is its current attempt's message)."""
     if letter.job_id is None or letter.attempt is None or letter.message_type is None:
         return False
+    # A type with a NUL names no job (every job's type is a registered name), and the
+    # driver refuses to send it: the statement would fail, and the copy be dropped uncounted.
+    if "\x00" in letter.message_type:
+        return False
     row = await fetch_one(
         session,
         JOB_NOTE_DEAD_LETTER(
@@ -118,11 +122,18 @@ async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
                 "job_id": uuid.UUID(letter.job_id),
                 "type": letter.message_type,
                 "attempt": letter.attempt,
-                "reason": letter.reason,
-                "queue": letter.queue,
-                "message_id": letter.message_id,
-                "dead_lettered_at": letter.dead_lettered_at,
+                "reason": _storable(letter.reason),
+                "queue": _storable(letter.queue),
+                "message_id": _storable(letter.message_id),
+                "dead_lettered_at": _storable(letter.dead_lettered_at),
             }
         ),
     )
     return row is not None
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` as PostgreSQL text can hold it (no NUL): a dead letter's message id is
+    whatever its publisher set, and so may be the headers its reason, queue and time are
+    read from."""
+    return None if text is None else text.replace("\x00", "\\x00")

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 
@@ -331,6 +332,14 @@ class Consumer(Service):
                 await execute(conn, JOB_NOTE_UNDELIVERABLE(params))
         except JobcoreError as exc_db:
             log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
+        except psycopg.DataError as exc_data:
+            # The database refused a value taken from this message (the statement carries
+            # nothing else): left to escape, the error would requeue the poison message at
+            # every delivery, until the broker's delivery limit dead-lettered it.
+            log.warning(
+                "the database refused the note on the undeliverable job",
+                extra={"job_id": str(envelope.job_id), "error": str(exc_data)},
+            )
 
     async def _claim(
         self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]

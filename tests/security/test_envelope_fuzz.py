@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobcore.envelope import JobMessage, decode
+from jobcore.envelope import PRINTABLE_TEXT, JobMessage, decode
 from jobcore.errors import PoisonMessage
 
 json_values = st.recursive(
@@ -55,6 +56,8 @@ def test_near_valid_envelopes(raw: dict[str, object]) -> None:
     message = _decode_or_poison(json.dumps(raw).encode())
     if "extra" in raw:
         assert message is None  # unknown fields are refused, not ignored
+    elif not re.fullmatch(PRINTABLE_TEXT, str(raw["type"])):
+        assert message is None  # a type PostgreSQL could not take (NUL, control characters)
     else:
         assert message is not None
         assert message.job_id == uuid.UUID(str(raw["job_id"]))

@@ -21,7 +21,7 @@ from typing import Any
 import aio_pika
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jobcore.amqp.topology import Topology
@@ -177,6 +177,9 @@ async def publisher(settings: Settings, db: Database) -> AsyncIterator[OutboxPum
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(message=poison, message_headers=headers)
+# Found by this test: a type PostgreSQL cannot take (NUL) was requeued until the delivery
+# limit. Pinned here, since the saved-examples database is not in the repository.
+@example(message=(envelope("\x00"), str(uuid.uuid4()), None), message_headers={})
 async def test_whatever_is_published_ends_in_the_dead_letter_queue_and_the_worker_lives_on(
     worker_process: Any,
     publisher: OutboxPump,

@@ -1,5 +1,6 @@
 import uuid
 
+import orjson
 import pytest
 from pydantic import BaseModel
 
@@ -87,6 +88,41 @@ def test_an_attempt_that_is_not_an_integer_in_range_is_poison(attempt: str) -> N
     )
     with pytest.raises(PoisonMessage):
         decode(body)
+
+
+# PostgreSQL text cannot hold NUL, and no job type or id holds a control character: the
+# worker would send such a type to the database (the note on the job of an unknown type).
+CONTROL_CHARACTERS = ["\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x1f", "\x7f"]
+
+
+@pytest.mark.parametrize("char", CONTROL_CHARACTERS)
+@pytest.mark.parametrize("where", ["alone", "first", "inside", "last"])
+def test_a_type_with_a_control_character_is_poison(char: str, where: str) -> None:
+    job_type = {"alone": char, "first": char + "noop", "inside": "no" + char + "op"}.get(
+        where, "noop" + char
+    )
+    body = orjson.dumps(
+        {"v": 1, "job_id": "00000000-0000-0000-0000-000000000000", "attempt": 1, "type": job_type}
+    )
+    with pytest.raises(PoisonMessage, match="bad envelope at type"):
+        decode(body)
+
+
+@pytest.mark.parametrize("char", CONTROL_CHARACTERS)
+def test_a_job_id_with_a_control_character_is_poison(char: str) -> None:
+    body = orjson.dumps(
+        {"v": 1, "job_id": f"00000000-0000-0000-0000-00000000000{char}", "attempt": 1, "type": "x"}
+    )
+    with pytest.raises(PoisonMessage, match="bad envelope at job_id"):
+        decode(body)
+
+
+def test_printable_types_that_no_worker_knows_still_decode() -> None:
+    # Not poison at parse time: the worker dead-letters them as unknown types, noting why
+    # on the job when there is one.
+    for job_type in ["nope", "Nope Nope", "é-ü/ß", "\u0085x", "x" * 200]:
+        message = JobMessage(job_id=uuid.uuid4(), attempt=1, type=job_type)
+        assert decode(message.encode()).type == job_type
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,12 @@ import uuid
 import aio_pika
 import pytest
 
+from jobcore.amqp.deadletters import DeadLetter, describe_parts
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import JobMessage
 from jobcore.settings import Settings
+from jobcore.stranded import note_dead_letter
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
@@ -150,3 +152,26 @@ async def test_a_message_a_worker_rejected_is_counted_once_not_as_a_broker_dead_
     assert await ready_messages(wsettings, topology.dead_letter_notes_queue) == 0
     assert not [k for k in worker.metrics.counts if k.startswith("broker_dead_letters")]
     assert await ready_messages(wsettings, topology.dead_letter_queue) == 1
+
+
+async def test_a_dead_letter_with_nul_in_its_properties_is_noted_without_them(
+    db: Database, wsettings: Settings
+) -> None:
+    # PostgreSQL text cannot hold NUL; a foreign publisher's message id or headers can.
+    topology = Topology(wsettings.amqp_prefix, wsettings.amqp_delivery_limit)
+    job_id = await submit(db, topology, "effect", EffectPayload(n=1))
+    body = JobMessage(job_id=job_id, attempt=1, type="effect").encode()
+    headers = {"x-first-death-reason": "expired\x00", "x-first-death-queue": "q\x00"}
+
+    def letter(message_type: str) -> DeadLetter:
+        return describe_parts(headers, body, message_id="m\x00", message_type=message_type)
+
+    async with db.session() as session:
+        assert not await note_dead_letter(session, letter("effect\x00"))
+        assert await note_dead_letter(session, letter("effect"))
+    note = (await job_row(db, job_id))["message_note"]
+    assert (note["reason"], note["queue"], note["message_id"]) == (
+        "expired\\x00",
+        "q\\x00",
+        "m\\x00",
+    )

@@ -7,14 +7,18 @@ import uuid
 
 import aio_pika
 import orjson
+import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import JobMessage
 from jobcore.registry import Registry, default_registry
 from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql.jobs import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
+from services.worker import consumer
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
@@ -104,6 +108,48 @@ async def test_poison_messages_are_dead_lettered_and_the_next_good_one_runs(
     assert counts["dead_lettered.unknown_type"] == 1
     assert counts["dead_lettered.invalid_payload"] == 1
     assert counts["processed.succeeded"] == 1
+
+
+async def test_a_type_postgresql_cannot_take_is_dead_lettered_at_once(
+    outbox_pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    # Found by the poison fuzz test: a type of "\u0000" decoded, was unknown, and the note
+    # on its job failed in the driver (PostgreSQL text cannot hold NUL), so each delivery
+    # was requeued, over and over, until the broker's delivery limit.
+    worker = await start_worker()
+    for job_type in ["\x00", "wt_gate\x00", "no\x1bpe"]:
+        body = orjson.dumps({"v": 1, "job_id": str(uuid.uuid4()), "attempt": 1, "type": job_type})
+        await publish_raw(outbox_pump, body, message_type=None, message_id=str(uuid.uuid4()))
+
+    async def three_dead() -> bool:
+        return worker.metrics.counts["dead_lettered.bad_envelope"] == 3
+
+    await eventually(three_dead, what="three bad envelopes dead-lettered")
+    assert not any(key.startswith("delivery_errors") for key in worker.metrics.counts)
+
+
+async def test_a_note_the_database_refuses_does_not_hold_back_an_unknown_type(
+    outbox_pump: OutboxPump, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The note on the job is best effort: a data error (SQLSTATE class 22) from the
+    # message's own values must not keep its poison message from the dead-letter queue.
+    refused = Query[JobNoteUndeliverableParams](
+        JOB_NOTE_UNDELIVERABLE.name, JOB_NOTE_UNDELIVERABLE.purpose, "SELECT %(type)s::int"
+    )
+    monkeypatch.setattr(consumer, "JOB_NOTE_UNDELIVERABLE", refused)
+    worker = await start_worker()
+    await publish_raw(
+        outbox_pump,
+        JobMessage(job_id=uuid.uuid4(), attempt=1, type="nope").encode(),
+        message_type="nope",
+        message_id=str(uuid.uuid4()),
+    )
+
+    async def dead() -> bool:
+        return worker.metrics.counts["dead_lettered.unknown_type"] == 1
+
+    await eventually(dead, what="the unknown type dead-lettered")
+    assert not any(key.startswith("delivery_errors") for key in worker.metrics.counts)
 
 
 async def test_dlq_list_peeks_without_losing_and_replay_requeues(
