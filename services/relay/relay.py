@@ -97,6 +97,7 @@ class Relay(Service):
             publisher.queues,
             limit=options.queue_depth_limit,
             batch_size=settings.relay_batch_size,
+            timeout=options.publish_timeout,
             on_full=lambda routing_key: metrics.queue_full.labels(queue=routing_key).inc(),
         )
         self.last_publish_at: datetime | None = None
@@ -190,6 +191,10 @@ class Relay(Service):
         if not self.options.fair_claim:
             return await self._settle_batch(None)
         grant = await self.room.grant(self.publisher.connection)
+        if grant.broker_error is not None and self.publisher.connected:
+            # The connection answers no passive declare: treated like a publish that got
+            # no confirm, it is dropped and the run loop connects again.
+            await self.publisher.disconnect(grant.broker_error)
         try:
             if grant.empty:
                 return 0

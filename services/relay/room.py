@@ -48,6 +48,9 @@ class Grant:
     # Whether a queue this relay limits was left out for want of room.
     withheld: bool = False
     reserved: Counter[str] = field(default_factory=Counter)
+    # Why the depths could not be read (the connection is gone or silent): the relay
+    # then drops the connection so that the publisher connects again.
+    broker_error: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -64,9 +67,13 @@ class QueueRoom:
         *,
         limit: int,
         batch_size: int,
+        timeout: float,
         on_full: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology
+        # A passive declare on a connection cut without a FIN or RST never answers: bounded
+        # like a publish's confirm, or the relay would wait on it for ever.
+        self.timeout = timeout
         self._on_full = on_full
         self.limit = limit
         self.batch_size = batch_size
@@ -77,6 +84,8 @@ class QueueRoom:
         self._in_flight: Counter[str] = Counter()
         self._lock = asyncio.Lock()
         self._channel: AbstractChannel | None = None
+        # The connection the channel was opened on: after a reconnect it is dropped.
+        self._channel_connection: AbstractConnection | None = None
         # Set by a grant that withheld a queue; the relay then looks again soon.
         self.throttled = False
 
@@ -86,11 +95,16 @@ class QueueRoom:
         async with self._lock:
             try:
                 depths = await self._depths(connection)
-            except BrokerUnavailable:
-                # The publisher notices the lost connection and reconnects; meanwhile
-                # nothing is claimed for the limited queues, and they are looked at again.
+            except BrokerUnavailable as exc:
+                # Nothing is claimed for the limited queues until the publisher has
+                # connected again (the relay drops the connection on broker_error).
                 self.throttled = True
-                return Grant(dict.fromkeys(self._queues, 0), self.batch_size, withheld=True)
+                return Grant(
+                    dict.fromkeys(self._queues, 0),
+                    self.batch_size,
+                    withheld=True,
+                    broker_error=str(exc),
+                )
             budgets: dict[str, int] = {}
             withheld = False
             for routing_key, depth in depths.items():
@@ -133,7 +147,9 @@ class QueueRoom:
             for routing_key, name in self._queues.items():
                 channel = await self._open_channel(connection)
                 try:
-                    declared = await channel.declare_queue(name, passive=True)
+                    declared = await asyncio.wait_for(
+                        channel.declare_queue(name, passive=True), timeout=self.timeout
+                    )
                 except aiormq.exceptions.ChannelNotFoundEntity:
                     # The failed declare closed the channel; the publisher redeclares the
                     # queue when its messages come back.
@@ -141,18 +157,31 @@ class QueueRoom:
                     depths[routing_key] = 0
                     continue
                 depths[routing_key] = int(declared.declaration_result.message_count or 0)
+        except TimeoutError as exc:
+            self._channel = None
+            raise BrokerUnavailable(
+                f"reading queue depths got no answer within {self.timeout:g}s"
+            ) from exc
         except BROKER_ERRORS as exc:
             self._channel = None
             raise BrokerUnavailable(f"reading queue depths failed: {exc}") from exc
         return depths
 
     async def _open_channel(self, connection: AbstractConnection) -> AbstractChannel:
+        if self._channel_connection is not connection:
+            # A channel of a connection the publisher replaced: never used again, and not
+            # closed either (on a silent connection the close would wait for nothing).
+            self._channel = None
         if self._channel is None or self._channel.is_closed:
-            self._channel = await connection.channel(publisher_confirms=False)
+            self._channel = await asyncio.wait_for(
+                connection.channel(publisher_confirms=False), timeout=self.timeout
+            )
+            self._channel_connection = connection
         return self._channel
 
     async def close(self) -> None:
         if self._channel is not None and not self._channel.is_closed:
-            with contextlib.suppress(*BROKER_ERRORS):
-                await self._channel.close()
+            with contextlib.suppress(TimeoutError, *BROKER_ERRORS):
+                await asyncio.wait_for(self._channel.close(), timeout=self.timeout)
         self._channel = None
+        self._channel_connection = None

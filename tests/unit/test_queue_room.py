@@ -9,7 +9,7 @@ from services.relay.room import QueueRoom
 
 
 def room_with_depths(depths: dict[str, int], *, limit: int = 100) -> QueueRoom:
-    room = QueueRoom(Topology("p"), ["q"], limit=limit, batch_size=500)
+    room = QueueRoom(Topology("p"), ["q"], limit=limit, batch_size=500, timeout=1.0)
 
     async def read(connection: AbstractConnection | None) -> dict[str, int]:
         return dict(depths)
@@ -47,7 +47,7 @@ async def test_room_in_flight_is_not_granted_twice_until_it_is_settled() -> None
 
 
 async def test_without_a_limit_every_queue_gets_a_whole_batch_and_no_depth_is_read() -> None:
-    room = QueueRoom(Topology("p"), ["q"], limit=0, batch_size=500)
+    room = QueueRoom(Topology("p"), ["q"], limit=0, batch_size=500, timeout=1.0)
     grant = await room.grant(None)  # no connection needed: nothing is read
     assert grant.budgets == {"q": 500, "webhooks": 500}
     assert grant.other_budget == 500

@@ -345,6 +345,11 @@ class ConfirmedPublisher:
         self._mark_down(reason)
         await self._discard_connection()
 
+    async def disconnect(self, reason: str) -> None:
+        """Drop a connection a side use found dead or silent; ``ensure_connected`` then
+        connects again, as after a publish that failed."""
+        await self._disconnect(reason)
+
     def declares_route(self, exchange: str, routing_key: str) -> bool:
         """Whether declaring this publisher's topology creates the route."""
         return (exchange, routing_key) in self._routes
