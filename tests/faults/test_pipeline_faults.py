@@ -219,7 +219,14 @@ async def test_the_relay_killed_mid_batch_again_and_again_loses_and_repeats_noth
     settings: Settings, tmp_path: Path, broker_cleanup: None
 ) -> None:
     # One big batch at a time, so a batch is open long enough to be caught mid-publish.
-    env = {"JOBCORE_RELAY_BATCH_SIZE": "1000", "JOBCORE_RELAY_LANES": "1"}
+    # No depth limit: nothing consumes while the relays are killed, so the killed batches'
+    # messages pile up in the queue, and with a limit the last relays would find no room
+    # and claim nothing (the limit has tests of its own in tests/integration/relay).
+    env = {
+        "JOBCORE_RELAY_BATCH_SIZE": "1000",
+        "JOBCORE_RELAY_LANES": "1",
+        "JOBCORE_RELAY_QUEUE_DEPTH_LIMIT": "0",
+    }
     async with (
         Stack(settings, tmp_path / "logs", relays=1, workers=2, env=env) as stack,
         stack.submitter() as client,
