@@ -168,7 +168,10 @@ async def test_relay_rides_out_a_broker_outage_and_drains_everything(
 ) -> None:
     log = tmp_path / "relay.log"
     before = await fill_outbox(db, topology, 500)
-    with jobcore_process(settings, "relay", log_path=log, **relay_env()) as relay:
+    # Nothing consumes until the end (all 2,500 messages are read back from the queue), so
+    # the relay runs without the queue depth limit, which would keep most in the outbox.
+    env = relay_env(JOBCORE_RELAY_QUEUE_DEPTH_LIMIT="0")
+    with jobcore_process(settings, "relay", log_path=log, **env) as relay:
         port = await health_port(log)
         await wait_drained(db)
         with broker_stopped():
