@@ -18,6 +18,9 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     aiormq.exceptions.AMQPError,
     aio_pika.exceptions.AMQPException,
+    # "No active transport": a channel opened or used on a connection that another task
+    # has just closed (a RuntimeError, not an AMQPError).
+    aiormq.exceptions.ChannelInvalidStateError,
 )
 
 # When the peer closes the socket during the handshake, aiormq's frame reader can end with
