@@ -44,9 +44,8 @@ def _insert_job_with_outbox() -> str:
     (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round trip; a
     replay of an accepted request skips them.
     """
-    tenant, from_key = "%(tenant)s::text", ""
     return f"""
-    WITH {admission_ctes(tenant, from_key)}, job AS (
+    WITH {admission_ctes()}, job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,

@@ -28,19 +28,18 @@ class QuotaDefaultParams(TypedDict):
     default_max_long_polls: int
 
 
-# The effective quotas of `tenant` (an SQL expression), as columns of `limits`.
-def _limits(tenant: str, from_key: str) -> str:
-    return f"""limits AS (
+# The effective quotas of the request's tenant, as columns of `limits`.
+_LIMITS = """limits AS (
         SELECT t.tenant,
                coalesce(q.enqueue_rate, %(default_rate)s::float8) AS rate,
                coalesce(q.enqueue_burst, %(default_burst)s::int) AS burst,
                coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint) AS max_unfinished
-        FROM (SELECT {tenant} AS tenant {from_key}) AS t
+        FROM (SELECT %(tenant)s::text AS tenant) AS t
         LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
     )"""
 
 
-def admission_ctes(tenant: str, from_key: str) -> str:
+def admission_ctes() -> str:
     """``existing`` (the job that already holds the idempotency key: a replay is not new
     work, so it is never refused), ``limits`` and ``admit``: the tenant's usage row after
     this request's turn, whose ``last_refusal`` is NULL when the job may be inserted.
@@ -61,9 +60,9 @@ def admission_ctes(tenant: str, from_key: str) -> str:
     """
     return f"""existing AS (
         SELECT id FROM jobs
-        WHERE tenant = (SELECT {tenant} {from_key})
+        WHERE tenant = %(tenant)s::text
           AND type = %(type)s AND idempotency_key = %(idempotency_key)s
-    ), {_limits(tenant, from_key)}, admit AS (
+    ), {_LIMITS}, admit AS (
         INSERT INTO tenant_usage AS u (tenant, rate_tat)
         SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
         WHERE NOT EXISTS (SELECT 1 FROM existing)

@@ -21,6 +21,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, Response
 
 from jobcore.enqueue import request_fingerprint
+from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import UnknownJobType
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
@@ -36,8 +37,8 @@ from services.api.routes import waiting
 from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
 from services.api.views import JsonBody
 
-# A printable id, as PostgreSQL text takes it (no NUL, no control characters).
-_TEXT_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+# A printable id, as PostgreSQL text takes it (the envelope's rule for a job type).
+_TEXT_PATTERN = PRINTABLE_TEXT
 _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 REF_TEMPLATE = "#/components/schemas/{model}"
 MAX_DELAY_SECONDS = 366 * 24 * 3600

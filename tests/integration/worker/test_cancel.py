@@ -11,24 +11,21 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all
-from jobcore.enqueue import enqueue
-from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs import CANCEL_CHANNEL, JOB_RELEASE, JOB_RETRY
 from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
-from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import REQUEST_CANCEL, GatePayload, NoPayload
 from tests.integration.worker.support import (
-    TAKE_OVER,
     OutboxPump,
     effects,
     job_row,
     outbox_rows,
     outcome_params,
+    running_echo_job,
     status_is,
     submit,
 )
@@ -154,16 +151,9 @@ async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_ca
     statement: Query, db: Database, topology: Topology, settings: Settings
 ) -> None:
     token = uuid.uuid4()
+    job_id = await running_echo_job(db, topology, token)
     async with db.unit_of_work() as uow:
-        job = await enqueue(
-            uow,
-            topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-        )
-        await execute(uow, TAKE_OVER({"id": job.job_id, "token": token}))
-        await execute(uow, CANCEL_REQUESTED({"id": job.job_id, "url": "https://hooks.test/done"}))
+        await execute(uow, CANCEL_REQUESTED({"id": job_id, "url": "https://hooks.test/done"}))
         await uow.commit()
 
     listener = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
@@ -171,28 +161,28 @@ async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_ca
         await listener.execute(f"LISTEN {JOB_DONE_CHANNEL}")
         async with db.unit_of_work() as uow:
             written = await fetch_all(
-                uow, statement(outcome_params(statement, job.job_id, token, topology, settings))
+                uow, statement(outcome_params(statement, job_id, token, topology, settings))
             )
             await uow.commit()
         notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
     finally:
         await listener.close()
 
-    assert [(r["id"], r["status"]) for r in written] == [(job.job_id, "cancelled")]
-    row = await job_row(db, job.job_id)
+    assert [(r["id"], r["status"]) for r in written] == [(job_id, "cancelled")]
+    row = await job_row(db, job_id)
     assert row["status"] == "cancelled"
     assert row["attempts"] == 1  # a release does not give the attempt back to a cancelled job
     assert row["finished_at"] is not None
     assert row["lease_token"] is None
     assert row["lease_expires_at"] is None
     # Its completion webhook, and no message for another attempt.
-    assert [m["message_type"] for m in await outbox_rows(db, job.job_id)] == [WEBHOOK_MESSAGE_TYPE]
+    assert [m["message_type"] for m in await outbox_rows(db, job_id)] == [WEBHOOK_MESSAGE_TYPE]
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT event FROM webhook_deliveries WHERE job_id = %s", (job.job_id,)
+            "SELECT event FROM webhook_deliveries WHERE job_id = %s", (job_id,)
         )
         assert [r["event"] for r in await cur.fetchall()] == ["job.cancelled"]
-    assert (notify.channel, notify.payload) == (JOB_DONE_CHANNEL, str(job.job_id))
+    assert (notify.channel, notify.payload) == (JOB_DONE_CHANNEL, str(job_id))
 
 
 async def _attempt_over(db: Database, job_id: uuid.UUID) -> dict[str, object] | None:
