@@ -128,7 +128,7 @@ async def test_spans_and_metrics_go_out_over_otlp(stack: E2EStack, collector: Co
     }
     wanted_metrics = {
         ("jobcore-api-e2e", "jobcore_api_enqueue_requests"),
-        ("jobcore-relay-e2e", "jobcore_relay_published"),
+        ("jobcore-relay-e2e", "jobcore_relay_published_messages"),
         ("jobcore-relay-e2e", "jobcore_jobs_pending"),
         ("jobcore-worker-e2e", "jobcore_worker_jobs_completed"),
         ("jobcore-worker-e2e", "jobcore_worker_handler_seconds"),

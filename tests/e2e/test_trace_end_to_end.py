@@ -69,9 +69,7 @@ def named(span: dict[str, Any], name: str) -> bool:
 
 
 def one(spans: list[dict[str, Any]], name: str, **where: Any) -> dict[str, Any]:
-    matching = [
-        s for s in spans if named(s, name) and all(s.get(k) == v for k, v in where.items())
-    ]
+    matching = [s for s in spans if named(s, name) and all(s.get(k) == v for k, v in where.items())]
     assert len(matching) == 1, f"{name} {where}: {matching}"
     return matching[0]
 
