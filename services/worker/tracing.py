@@ -3,11 +3,12 @@ INTERNAL ``handler`` per attempt.
 
 ``process`` continues the context in the AMQP headers (the relay's ``publish`` span, the
 message's creation context: one message per span, so the conventions allow it as the
-parent) and covers decoding, the inbox + claim statement, the acknowledgement and the
+parent; it is linked too) and covers decoding, the inbox + claim statement, the acknowledgement and the
 handler run; ``handler`` is its child around the handler call alone. A delivery that is
 dead-lettered or meets an unexpected error ends its ``process`` span with ``error.type``
-(see :mod:`jobcore.semconv`); a handler that fails marks its ``handler`` span, since the
-message itself was processed (acknowledged, the attempt recorded). A retry's or a reaped
+(see :mod:`jobcore.semconv`); a handler that raises ends its ``handler`` span failed, with
+``error.type`` the exception's class, and not the ``process`` span: the message itself was
+processed (acknowledged, the attempt recorded). A retry's or a reaped
 job's new message carries the job's stored context (its ``enqueue`` span), so every
 attempt's publish, process and handler spans stay in the trace of the original request.
 With tracing off both are empty context managers.
@@ -45,11 +46,16 @@ def process_span(
         server=dict(server),
     )
     attributes["jobcore.message.redelivered"] = message.redelivered
+    creation = context_from_headers(message.headers)
+    # Parented by the message's creation context, and linked to it as the conventions
+    # ask of every process span (a link survives where a backend drops remote parents).
+    created = trace.get_current_span(creation).get_span_context()
     return span_if_enabled(
         span_name("process", destination),
         kind=SpanKind.CONSUMER,
-        context=context_from_headers(message.headers),
+        context=creation,
         attributes=attributes,
+        links=[trace.Link(created)] if created.is_valid else None,
     )
 
 

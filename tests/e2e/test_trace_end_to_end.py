@@ -184,5 +184,7 @@ async def test_a_retry_stays_in_the_trace_of_the_request(stack: E2EStack) -> Non
         handlers[handler["attributes"]["job.attempt"]] = handler
     assert sorted(handlers) == [1, 2]
     assert handlers[1]["status"] == "ERROR"  # attempt 1 raised; the retry was scheduled
+    assert handlers[1]["attributes"]["error.type"]  # the exception's class
+    assert "error.type" not in handlers[2]["attributes"]
     assert handlers[2]["status"] != "ERROR"
     assert handlers[1]["start"] < handlers[2]["start"]

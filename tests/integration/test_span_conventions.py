@@ -285,6 +285,12 @@ async def test_every_span_kind_carries_its_required_attributes(
     assert attributes(refused)["error.type"] == "22012"  # division_by_zero
     assert attributes(refused)["db.response.status_code"] == "22012"
 
+    # A process span is the child of its message's publish span and links to it.
+    publishes = {s.context.span_id for s in by_kind["publish"] if s.context is not None}
+    [job_process] = [s for s in by_kind["process"] if s.parent and s.parent.span_id in publishes]
+    assert job_process.parent is not None
+    assert [link.context.span_id for link in job_process.links] == [job_process.parent.span_id]
+
     # The default exchange is left out of the process destination; a named one is not.
     destinations = {attributes(s)["messaging.destination.name"] for s in by_kind["process"]}
     queue = topology.queue_name("testq")
