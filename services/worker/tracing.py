@@ -3,15 +3,15 @@ INTERNAL ``handler`` per attempt.
 
 ``process`` continues the context in the AMQP headers (the relay's ``publish`` span, the
 message's creation context: one message per span, so the conventions allow it as the
-parent; it is linked too) and covers decoding, the inbox + claim statement, the acknowledgement and the
-handler run; ``handler`` is its child around the handler call alone. A delivery that is
-dead-lettered or meets an unexpected error ends its ``process`` span with ``error.type``
-(see :mod:`jobcore.semconv`); a handler that raises ends its ``handler`` span failed, with
-``error.type`` the exception's class, and not the ``process`` span: the message itself was
-processed (acknowledged, the attempt recorded). A retry's or a reaped
-job's new message carries the job's stored context (its ``enqueue`` span), so every
-attempt's publish, process and handler spans stay in the trace of the original request.
-With tracing off both are empty context managers.
+parent; it is linked too) and covers decoding, the inbox + claim statement, the
+acknowledgement and the handler run; ``handler`` is its child around the handler call
+alone. A delivery that is dead-lettered or meets an unexpected error ends its ``process``
+span with ``error.type`` (see :mod:`jobcore.semconv`); a handler that raises ends its
+``handler`` span failed, with ``error.type`` the exception's class, and not the
+``process`` span: the message itself was processed (acknowledged, the attempt recorded).
+A retry's or a reaped job's new message carries the job's stored context (its ``enqueue``
+span), so every attempt's publish, process and handler spans stay in the trace of the
+original request. With tracing off both are empty context managers.
 """
 
 from __future__ import annotations
