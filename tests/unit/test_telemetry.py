@@ -12,10 +12,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from jobcore.amqp.connection import broker_server
 from jobcore.amqp.publisher import BatchResult, Failure, OutgoingMessage
 from jobcore.dbtracing import operation_name, statement_name
 from jobcore.logs import JsonFormatter
 from jobcore.semconv import process_destination, publish_destination
+from jobcore.settings import Settings
 from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT
 from jobcore.telemetry import (
     JsonLinesSpanExporter,
@@ -205,3 +207,18 @@ def test_tracing_stays_off_without_an_exporter(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("OTEL_SDK_DISABLED")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     assert setup_tracing("test") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "server"),
+    [
+        (
+            "amqp://u:p@broker.example:5673/vh",
+            {"server.address": "broker.example", "server.port": 5673},
+        ),
+        ("amqps://u:p@broker.example/", {"server.address": "broker.example", "server.port": 5671}),
+        ("amqp://u:p@10.0.0.1/", {"server.address": "10.0.0.1", "server.port": 5672}),
+    ],
+)
+def test_spans_name_the_configured_broker(url: str, server: dict[str, object]) -> None:
+    assert broker_server(Settings(environment="test", amqp_url=url)) == server

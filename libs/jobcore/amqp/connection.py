@@ -50,11 +50,14 @@ def connection_url(settings: Settings) -> str:
 
 def broker_server(settings: Settings) -> dict[str, Any]:
     """The broker's ``server.address`` / ``server.port`` for spans, from the configured
-    URL (no look-up: the conventions ask for what is known without one)."""
+    URL (no look-up: the conventions ask for what is known without one). Nothing when
+    the URL does not name one host and port (a list of brokers)."""
     parts = urlsplit(settings.amqp_url)
-    return server_attributes(
-        parts.hostname, parts.port or (5671 if parts.scheme == "amqps" else 5672)
-    )
+    try:
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    except ValueError:
+        return {}
+    return server_attributes(parts.hostname, port)
 
 
 def _unavailable(settings: Settings, exc: BaseException) -> BrokerUnavailable:
