@@ -90,7 +90,15 @@ def _convert(family: PromFamily, starts: dict[Labels, int], now: int) -> Metric 
         data = Histogram(_histogram_points(family, start, now), AggregationTemporality.CUMULATIVE)
     else:
         return None
-    return Metric(family.name, family.documentation, None, data)
+    return Metric(family.name, family.documentation, _unit(family.name), data)
+
+
+# The unit a Prometheus name ends with, as OTLP's UCUM unit.
+_UNITS = {"_seconds": "s", "_bytes": "By"}
+
+
+def _unit(name: str) -> str | None:
+    return next((unit for suffix, unit in _UNITS.items() if name.endswith(suffix)), None)
 
 
 def _histogram_points(

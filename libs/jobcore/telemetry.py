@@ -30,6 +30,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+from jobcore.semconv import ERROR_TYPE
+
 TRACER_NAME = "jobcore"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -60,15 +62,25 @@ def span_if_enabled(
     kind: trace.SpanKind = trace.SpanKind.INTERNAL,
     context: otel_context.Context | None = None,
     attributes: Mapping[str, Any] | None = None,
+    links: Sequence[trace.Link] | None = None,
 ) -> Iterator[trace.Span | None]:
-    """A current span when tracing is on; nothing at all (``None``) when it is off."""
+    """A current span when tracing is on; nothing at all (``None``) when it is off.
+
+    An exception that escapes it ends the span failed, with ``error.type`` its class
+    name (the status and the exception event are the SDK's) unless one was set already.
+    """
     if not tracing_enabled():
         yield None
         return
     with tracer().start_as_current_span(
-        name, context=context, kind=kind, attributes=attributes
+        name, context=context, kind=kind, attributes=attributes, links=links
     ) as span:
-        yield span
+        try:
+            yield span
+        except Exception as exc:
+            if span.is_recording() and ERROR_TYPE not in getattr(span, "attributes", {}):
+                span.set_attribute(ERROR_TYPE, type(exc).__qualname__)
+            raise
 
 
 def current_ids() -> tuple[str, str] | None:

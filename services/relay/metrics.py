@@ -15,7 +15,7 @@ class RelayMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.published = Counter(
-            "jobcore_relay_published",
+            "jobcore_relay_published_messages",
             "Outbox messages the broker confirmed and the relay marked done.",
             registry=r,
         )
@@ -28,7 +28,7 @@ class RelayMetrics:
             registry=r,
         )
         self.quarantined = Counter(
-            "jobcore_relay_quarantined",
+            "jobcore_relay_quarantined_rows",
             "Outbox rows quarantined: their message can never be published as it is.",
             registry=r,
         )
@@ -40,7 +40,7 @@ class RelayMetrics:
             registry=r,
         )
         self.unconfirmed = Counter(
-            "jobcore_relay_unconfirmed",
+            "jobcore_relay_unconfirmed_messages",
             "Messages whose confirm never came (connection lost); published again later.",
             registry=r,
         )
@@ -68,7 +68,7 @@ class RelayMetrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "jobcore_relay_batch_size",
+            "jobcore_relay_batch_rows",
             "Rows claimed per batch.",
             buckets=BATCH_BUCKETS,
             registry=r,
@@ -77,13 +77,13 @@ class RelayMetrics:
             "jobcore_relay_broker_connected", "1 while the broker connection is up.", registry=r
         )
         self.backlog_due = Gauge(
-            "jobcore_relay_outbox_due", "Outbox rows due for publishing.", registry=r
+            "jobcore_relay_outbox_due_rows", "Outbox rows due for publishing.", registry=r
         )
         self.backlog_quarantined = Gauge(
-            "jobcore_relay_outbox_quarantined", "Quarantined outbox rows.", registry=r
+            "jobcore_relay_outbox_quarantined_rows", "Quarantined outbox rows.", registry=r
         )
         self.backlog_failing = Gauge(
-            "jobcore_relay_outbox_failing",
+            "jobcore_relay_outbox_failing_rows",
             "Outbox rows the broker refused at least once and that are still retried.",
             registry=r,
         )

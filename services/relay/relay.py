@@ -22,7 +22,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from jobcore.amqp.connection import BROKER_ERRORS
+from jobcore.amqp.connection import BROKER_ERRORS, broker_server
 from jobcore.amqp.publisher import (
     BatchResult,
     ConfirmedPublisher,
@@ -90,6 +90,8 @@ class Relay(Service):
         self.settings = settings
         self.db = db
         self.publisher = publisher
+        # server.address / server.port of the publish spans.
+        self._broker_server = broker_server(publisher.settings)
         self.options = options
         self.metrics = metrics
         self.room = QueueRoom(
@@ -233,7 +235,9 @@ class Relay(Service):
                 )
                 for row in rows
             ]
-            spans = PublishSpans(messages) if tracing_enabled() else None
+            spans = (
+                PublishSpans(messages, server=self._broker_server) if tracing_enabled() else None
+            )
             if spans is not None:
                 messages = spans.messages
             result = await self.publisher.publish_batch(messages)

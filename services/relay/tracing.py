@@ -1,41 +1,51 @@
-"""PRODUCER ``publish`` spans, one per outbox message, continuing the row's trace.
+"""PRODUCER ``publish {exchange}:{routing key}`` spans, one per outbox message, continuing
+the row's trace.
 
 Each span's parent is the context the row was written with (the API's ``enqueue`` span,
 or the job's stored context for a retry), and its own context replaces the row's
-``traceparent``/``tracestate`` in the AMQP headers, so the worker's consume span becomes
-its child. A span lasts from the batch's publish to its confirm (or refusal). The relay
-builds them only when tracing is on: with it off, a batch costs one check.
+``traceparent``/``tracestate`` in the AMQP headers: it is the message's creation context,
+so the worker's process span becomes its child. A span lasts from the batch's publish to
+its confirm (or refusal); a refused or unconfirmed message's span has ``error.type`` (see
+:mod:`jobcore.semconv`). The relay builds them only when tracing is on: with it off, a
+batch costs one check.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 
 from jobcore.amqp.publisher import BatchResult, OutgoingMessage
+from jobcore.semconv import publish_attributes, publish_destination, record_failure, span_name
 from jobcore.telemetry import TRACE_HEADERS, context_from_headers
 from jobcore.telemetry import tracer as default_tracer
+
+UNCONFIRMED = "unconfirmed"
 
 
 class PublishSpans:
     """The spans of one batch, and the batch's messages carrying them."""
 
     def __init__(
-        self, messages: Sequence[OutgoingMessage], *, tracer: trace.Tracer | None = None
+        self,
+        messages: Sequence[OutgoingMessage],
+        *,
+        server: Mapping[str, Any] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         t = tracer or default_tracer()
         self.spans: list[Span] = []
         self.messages: list[OutgoingMessage] = []
         for message in messages:
             span = t.start_span(
-                "publish",
+                span_name("publish", publish_destination(message.exchange, message.routing_key)),
                 context=context_from_headers(message.headers),
                 kind=SpanKind.PRODUCER,
-                attributes=_attributes(message),
+                attributes=_attributes(message, server or {}),
             )
             headers = {k: v for k, v in message.headers.items() if k not in TRACE_HEADERS}
             propagate.inject(headers, context=trace.set_span_in_context(span))
@@ -44,20 +54,18 @@ class PublishSpans:
 
     def end(self, result: BatchResult) -> None:
         for index, reason, error in result.failed:
-            self.spans[index].set_status(Status(StatusCode.ERROR, f"{reason}: {error}"))
+            record_failure(self.spans[index], str(reason), f"{reason}: {error}")
         for index in result.unconfirmed:
             detail = result.broker_error or "no confirm"
-            self.spans[index].set_status(Status(StatusCode.ERROR, f"unconfirmed: {detail}"))
+            record_failure(self.spans[index], UNCONFIRMED, f"{UNCONFIRMED}: {detail}")
         for span in self.spans:
             span.end()
 
 
-def _attributes(message: OutgoingMessage) -> dict[str, Any]:
+def _attributes(message: OutgoingMessage, server: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "messaging.system": "rabbitmq",
-        "messaging.operation.type": "send",
-        "messaging.destination.name": message.exchange,
-        "messaging.rabbitmq.destination.routing_key": message.routing_key,
-        "messaging.message.id": message.message_id,
+        **publish_attributes(
+            message.exchange, message.routing_key, message.message_id, dict(server)
+        ),
         "job.type": message.message_type,
     }

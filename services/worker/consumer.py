@@ -40,6 +40,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 
+from jobcore.amqp.connection import broker_server
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.db import execute, fetch_all
 from jobcore.envelope import JobMessage, decode
@@ -66,7 +67,7 @@ from services.worker.connections import HeldConnections, TransientConflict
 from services.worker.metrics import WorkerMetrics
 from services.worker.progress import Progress
 from services.worker.runner import JobRunner
-from services.worker.tracing import consume_span
+from services.worker.tracing import delivery_failed, process_span
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class Consumer(Service):
         self.worker_id = worker_id
         self.metrics = metrics
         self.broker = JobQueueConsumer(settings, self.queues)
+        # server.address / server.port of the process spans.
+        self._broker_server = broker_server(settings)
         self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
         self._slots = asyncio.Semaphore(concurrency)
         self.prefetch = settings.job_prefetch(concurrency)
@@ -192,11 +195,12 @@ class Consumer(Service):
         async with self._slots:
             if self.stopping.is_set():
                 return
-            with consume_span(message):
+            with process_span(message, self._broker_server):
                 try:
                     with self.progress.waiting():
                         taken = await self._take(message)
-                except Exception:
+                except Exception as exc:
+                    delivery_failed(type(exc).__qualname__, str(exc))
                     await self._requeue_after_error(message)
                     return
                 if taken is None:
@@ -206,6 +210,7 @@ class Consumer(Service):
                     claim = self._claim_of(taken)
                     payload = await self._start(message, taken, claim)
                 except Exception as exc:
+                    delivery_failed(type(exc).__qualname__, str(exc))
                     await self._ack_after_error(message, claim, exc)
                     return
                 if claim is not None and payload is not None:
@@ -417,6 +422,7 @@ class Consumer(Service):
         envelope: JobMessage | None = None,
     ) -> None:
         self.metrics.dead_lettered(reason)
+        delivery_failed(reason, error)
         log.warning(
             "poison message sent to the dead-letter queue",
             extra={**_fields(message, envelope), "reason": reason, "error": error},

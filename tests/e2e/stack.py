@@ -160,10 +160,14 @@ class E2EStack:
         return seen
 
     async def scrape(self, role: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples(await self.metrics_text(role))
+
+    async def metrics_text(self, role: str) -> str:
+        """The role's /metrics as it is served."""
         async with httpx.AsyncClient(timeout=10) as client:
             response = await client.get(f"{self.url(role)}/metrics")
         response.raise_for_status()
-        return samples(response.text)
+        return response.text
 
     def spans(self) -> list[dict[str, Any]]:
         if not self.span_file.exists():

@@ -11,6 +11,7 @@ import pytest
 
 from jobcore.settings import Settings
 from tests.e2e.stack import E2EStack, until
+from tests.support.promlint import lint
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,15 +79,20 @@ async def test_counters_and_backlog_gauges_after_20_jobs(stack: E2EStack) -> Non
         )
 
     await until(drained, timeout=30, what="the relay's backlog gauges to read empty")
-    assert relay[("jobcore_relay_published_total", ())] == JOBS
-    assert relay[("jobcore_relay_outbox_due", ())] == 0
-    assert relay[("jobcore_relay_outbox_quarantined", ())] == 0
+    assert relay[("jobcore_relay_published_messages_total", ())] == JOBS
+    assert relay[("jobcore_relay_outbox_due_rows", ())] == 0
+    assert relay[("jobcore_relay_outbox_quarantined_rows", ())] == 0
     assert relay[("jobcore_relay_outbox_oldest_due_age_seconds", ())] == 0
     assert relay[("jobcore_relay_batch_confirm_seconds_count", ())] >= 1
     assert relay[("jobcore_relay_broker_connected", ())] == 1
     assert relay[("jobcore_queue_consumers", (("queue", QUEUE),))] >= 1  # the worker
     assert relay[("jobcore_dead_letter_queue_messages", ())] == 0
     assert relay.get(("jobcore_backlog_refresh_failures_total", (("source", "broker"),)), 0) == 0
+
+    # What each process serves follows the naming rules (promtool's lint, units in names).
+    roles = ("api", "relay", "worker")
+    served = {role: lint(await stack.metrics_text(role)) for role in roles}
+    assert served == {role: [] for role in roles}
 
 
 async def test_backlog_gauges_count_what_waits(stack: E2EStack) -> None:
@@ -104,5 +110,5 @@ async def test_backlog_gauges_count_what_waits(stack: E2EStack) -> None:
         return relay.get(("jobcore_jobs_pending", (("queue", QUEUE),))) == 3
 
     await until(counted, timeout=30, what="three pending jobs on the relay's /metrics")
-    assert relay[("jobcore_relay_outbox_due", ())] == 0  # scheduled, not due
+    assert relay[("jobcore_relay_outbox_due_rows", ())] == 0  # scheduled, not due
     assert relay[("jobcore_queue_messages", (("queue", QUEUE),))] == 0

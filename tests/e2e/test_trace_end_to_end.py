@@ -1,7 +1,7 @@
 """One trace from the HTTP request to the handler, across three processes.
 
 The API, a relay and a worker run as separate processes and append their spans to one
-file. The request span, the enqueue span, the publish span, the consume span and the
+file. The request span, the enqueue span, the publish span, the process span and the
 handler span must share the trace id of the caller's ``traceparent`` and form one chain
 of parents. A retry (documented in the README, "Tracing and metrics") stays in the same
 trace: its message carries the job's stored context, so the second publish is a child
@@ -45,21 +45,31 @@ async def stopped_spans(stack: E2EStack, trace_id: str, wanted: int) -> list[dic
     pipeline's spans arrived (bounded by a deadline)."""
     codes = await stack.stop()
     assert codes == {"api": 0, "relay": 0, "worker": 0}, codes
-    names = {"POST /jobs/echo", "POST /jobs/flaky", "enqueue", "publish", "consume", "handler"}
+    names = {"POST /jobs/echo", "POST /jobs/flaky", "enqueue", "handler"}
     found: list[dict[str, Any]] = []
 
     async def flushed() -> bool:
         found[:] = [s for s in stack.spans() if s["trace_id"] == trace_id]
-        return sum(1 for s in found if s["name"] in names) >= wanted
+        return sum(1 for s in found if s["name"] in names or messaging(s)) >= wanted
 
     await until(flushed, timeout=10, what=f"{wanted} spans of trace {trace_id}")
     return found
 
 
+def messaging(span: dict[str, Any]) -> str | None:
+    """A messaging span's operation (publish, process), None for any other span."""
+    operation = span["attributes"].get("messaging.operation.name")
+    return str(operation) if operation is not None else None
+
+
+def named(span: dict[str, Any], name: str) -> bool:
+    """``publish`` and ``process`` stand for the messaging spans, whose names carry their
+    destination (``publish {exchange}:{routing key}``)."""
+    return messaging(span) == name or span["name"] == name
+
+
 def one(spans: list[dict[str, Any]], name: str, **where: Any) -> dict[str, Any]:
-    matching = [
-        s for s in spans if s["name"] == name and all(s.get(k) == v for k, v in where.items())
-    ]
+    matching = [s for s in spans if named(s, name) and all(s.get(k) == v for k, v in where.items())]
     assert len(matching) == 1, f"{name} {where}: {matching}"
     return matching[0]
 
@@ -67,10 +77,10 @@ def one(spans: list[dict[str, Any]], name: str, **where: Any) -> dict[str, Any]:
 def children(
     spans: list[dict[str, Any]], parent: dict[str, Any], name: str
 ) -> list[dict[str, Any]]:
-    return [s for s in spans if s["parent_span_id"] == parent["span_id"] and s["name"] == name]
+    return [s for s in spans if s["parent_span_id"] == parent["span_id"] and named(s, name)]
 
 
-async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2EStack) -> None:
+async def test_request_enqueue_publish_process_handler_are_one_trace(stack: E2EStack) -> None:
     async with stack.client() as client:
         answer = await client.post(
             "/jobs/echo",
@@ -99,33 +109,36 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
     # The enqueue statement is a database span under it, named after its Query; the key
     # lookup, which comes before anything else, is the request's only other statement.
     statements = [
-        s["attributes"]["db.statement"]
+        s["attributes"]["db.query.summary"]
         for s in spans
-        if s["parent_span_id"] == enqueue["span_id"] and "db.statement" in s["attributes"]
+        if s["parent_span_id"] == enqueue["span_id"] and "db.query.summary" in s["attributes"]
     ]
     assert statements == ["job_insert"]
     assert [
-        s["attributes"]["db.statement"]
+        s["attributes"]["db.query.summary"]
         for s in spans
-        if s["parent_span_id"] == request["span_id"] and "db.statement" in s["attributes"]
+        if s["parent_span_id"] == request["span_id"] and "db.query.summary" in s["attributes"]
     ] == ["api_key_authenticate"]
 
     publish = one(spans, "publish")
     assert publish["service"] == "jobcore-relay-e2e"
     assert publish["kind"] == "PRODUCER"
     assert publish["parent_span_id"] == enqueue["span_id"]
+    destination = publish["attributes"]["messaging.destination.name"]
+    assert publish["name"] == f"publish {destination}"
 
-    consume = one(spans, "consume")
-    assert consume["service"] == "jobcore-worker-e2e"
-    assert consume["kind"] == "CONSUMER"
-    assert consume["parent_span_id"] == publish["span_id"]
+    process = one(spans, "process")
+    assert process["service"] == "jobcore-worker-e2e"
+    assert process["kind"] == "CONSUMER"
+    assert process["parent_span_id"] == publish["span_id"]
+    assert process["name"] == f"process {process['attributes']['messaging.destination.name']}"
     assert (
-        consume["attributes"]["messaging.message.id"]
+        process["attributes"]["messaging.message.id"]
         == publish["attributes"]["messaging.message.id"]
     )
 
     handler = one(spans, "handler")
-    assert handler["parent_span_id"] == consume["span_id"]
+    assert handler["parent_span_id"] == process["span_id"]
     assert handler["attributes"]["job.id"] == job_id
     assert handler["attributes"]["job.type"] == "echo"
     assert handler["attributes"]["job.attempt"] == 1
@@ -134,10 +147,10 @@ async def test_request_enqueue_publish_consume_handler_are_one_trace(stack: E2ES
         == publish["attributes"]["messaging.message.id"]
     )
     assert handler["status"] != "ERROR"
-    # The claim statement ran inside the consume span.
+    # The claim statement ran inside the process span.
     assert any(
-        s["attributes"].get("db.statement") == "job_claim_many"
-        for s in children(spans, consume, "job_claim_many")
+        s["attributes"].get("db.query.summary") == "job_claim_many"
+        for s in children(spans, process, "job_claim_many")
     )
 
     # Every log line the worker wrote about this job inside its spans names the trace.
@@ -158,7 +171,7 @@ async def test_a_retry_stays_in_the_trace_of_the_request(stack: E2EStack) -> Non
         job = await stack.wait_status(client, job_id, "succeeded")
         assert job["attempts"] == 2
 
-    # request, enqueue, and two of each of publish, consume and handler
+    # request, enqueue, and two of each of publish, process and handler
     spans = await stopped_spans(stack, trace_id, wanted=8)
 
     enqueue = one(spans, "enqueue")
@@ -166,10 +179,12 @@ async def test_a_retry_stays_in_the_trace_of_the_request(stack: E2EStack) -> Non
     assert len(publishes) == 2, "each attempt's message is published as a child of enqueue"
     handlers: dict[int, dict[str, Any]] = {}
     for publish in publishes:
-        [consume] = children(spans, publish, "consume")
-        [handler] = children(spans, consume, "handler")
+        [process] = children(spans, publish, "process")
+        [handler] = children(spans, process, "handler")
         handlers[handler["attributes"]["job.attempt"]] = handler
     assert sorted(handlers) == [1, 2]
     assert handlers[1]["status"] == "ERROR"  # attempt 1 raised; the retry was scheduled
+    assert handlers[1]["attributes"]["error.type"]  # the exception's class
+    assert "error.type" not in handlers[2]["attributes"]
     assert handlers[2]["status"] != "ERROR"
     assert handlers[1]["start"] < handlers[2]["start"]

@@ -25,7 +25,7 @@ from jobcore.otel_metrics import OtlpMetricsPusher, metrics_data, metrics_export
 
 def registry_text() -> str:
     registry = CollectorRegistry()
-    published = Counter("jobcore_relay_published", "published", registry=registry)
+    published = Counter("jobcore_relay_published_messages", "published", registry=registry)
     published.inc(20)
     completed = Counter("jobcore_done", "done", ["status"], registry=registry)
     completed.labels("succeeded").inc(3)
@@ -48,7 +48,7 @@ def test_counters_gauges_and_histograms_convert() -> None:
     data = metrics_data(registry_text(), Resource.create({"service.name": "t"}), now=now)
     metrics = by_name(data)
 
-    published = metrics["jobcore_relay_published"]
+    published = metrics["jobcore_relay_published_messages"]
     assert isinstance(published, Sum)
     assert published.is_monotonic
     assert published.aggregation_temporality is AggregationTemporality.CUMULATIVE
@@ -62,7 +62,7 @@ def test_counters_gauges_and_histograms_convert() -> None:
     due = metrics["jobcore_outbox_due"]
     assert isinstance(due, Gauge)
     assert due.data_points[0].value == 7
-    assert "jobcore_relay_published_created" not in metrics  # a start time, not a metric
+    assert "jobcore_relay_published_messages_created" not in metrics  # a start time, not a metric
 
     runtime = metrics["jobcore_runtime_seconds"]
     assert isinstance(runtime, Histogram)
@@ -78,6 +78,9 @@ def test_counters_gauges_and_histograms_convert() -> None:
     encoded = {m.name: m for m in scope.metrics}
     assert encoded["jobcore_runtime_seconds"].histogram.data_points[0].count == 4
     assert not encoded["jobcore_runtime_seconds"].histogram.data_points[0].HasField("min")
+    # The unit in a name's suffix is the metric's unit; a count has none.
+    assert encoded["jobcore_runtime_seconds"].unit == "s"
+    assert encoded["jobcore_relay_published_messages"].unit == ""
 
 
 class Recording(MetricExporter):

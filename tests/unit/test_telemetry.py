@@ -12,9 +12,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from jobcore.amqp.connection import broker_server
 from jobcore.amqp.publisher import BatchResult, Failure, OutgoingMessage
-from jobcore.dbtracing import statement_name
+from jobcore.dbtracing import operation_name, statement_name
 from jobcore.logs import JsonFormatter
+from jobcore.semconv import process_destination, publish_destination
+from jobcore.settings import Settings
 from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT
 from jobcore.telemetry import (
     JsonLinesSpanExporter,
@@ -85,6 +88,65 @@ def test_statements_are_named_after_their_query() -> None:
     assert statement_name(JOB_CLAIM_MANY.sql) == "job_claim_many"
     assert statement_name("COMMIT") == "COMMIT"
     assert statement_name("  select 1") == "SELECT"
+    assert statement_name("") == "postgresql"
+
+
+@pytest.mark.parametrize(
+    ("text", "operation"),
+    [
+        ("select 1", "SELECT"),
+        ("SELECT * FROM outbox FOR UPDATE SKIP LOCKED", "SELECT"),
+        ("INSERT INTO t (a, b) SELECT a, b FROM u ON CONFLICT (a) DO UPDATE SET b = 1", "INSERT"),
+        ("UPDATE t SET a = 1 WHERE id IN (SELECT id FROM u)", "UPDATE"),
+        ("WITH c AS (UPDATE t SET a = 1 RETURNING id) SELECT * FROM c", "UPDATE"),
+        ("WITH c AS MATERIALIZED (DELETE FROM t RETURNING id) DELETE FROM u", "DELETE"),
+        ("WITH c AS (UPDATE t SET a = 1 RETURNING id) INSERT INTO u SELECT id FROM c", None),
+        ("-- DELETE in a comment\nSELECT 'INSERT' AS \"UPDATE\"", "SELECT"),
+        ("BEGIN", "BEGIN"),
+        ("LISTEN outbox", "LISTEN"),
+        ("", None),
+    ],
+)
+def test_a_statement_has_an_operation_name_only_when_one_describes_it(
+    text: str, operation: str | None
+) -> None:
+    assert operation_name(text) == operation
+
+
+def test_the_library_statements_with_one_operation_name_it() -> None:
+    assert operation_name(JOB_INSERT.sql) == "INSERT"
+    # Inbox insert and job update in one statement: no single operation describes it.
+    assert operation_name(JOB_CLAIM_MANY.sql) is None
+
+
+@pytest.mark.parametrize(
+    ("exchange", "routing_key", "destination"),
+    [
+        ("x.jobs", "q", "x.jobs:q"),
+        ("", "q", "q"),
+        ("x.jobs", "", "x.jobs"),
+        ("", "", "amq.default"),
+    ],
+)
+def test_publish_destinations_follow_the_rabbitmq_conventions(
+    exchange: str, routing_key: str, destination: str
+) -> None:
+    assert publish_destination(exchange, routing_key) == destination
+
+
+@pytest.mark.parametrize(
+    ("exchange", "routing_key", "queue", "destination"),
+    [
+        ("x.jobs", "rk", "x.q", "x.jobs:rk:x.q"),
+        ("x.jobs", "x.q", "x.q", "x.jobs:x.q"),  # routing key = queue: named once
+        ("", "x.q", "x.q", "x.q"),  # the default exchange is left out
+        ("x.dlx", "", "x.dlq", "x.dlx:x.dlq"),
+    ],
+)
+def test_process_destinations_follow_the_rabbitmq_conventions(
+    exchange: str, routing_key: str, queue: str, destination: str
+) -> None:
+    assert process_destination(exchange, routing_key, queue) == destination
 
 
 def test_publish_spans_continue_each_row_and_replace_its_context() -> None:
@@ -95,14 +157,15 @@ def test_publish_spans_continue_each_row_and_replace_its_context() -> None:
         OutgoingMessage("x.jobs", "q", f"m{i}", "echo", {**row_headers, "other": "kept"}, b"{}")
         for i in range(2)
     ] + [OutgoingMessage("x.jobs", "q", "m-untraced", "echo", {}, b"{}")]
-    spans = PublishSpans(messages, tracer=tracer)
+    server = {"server.address": "broker.example", "server.port": 5672}
+    spans = PublishSpans(messages, server=server, tracer=tracer)
     result = BatchResult(confirmed=[0], failed=[(1, Failure.RETURNED, "no route")], unconfirmed=[2])
     spans.end(result)
 
     published = {
         s.attributes["messaging.message.id"]: s
         for s in memory.get_finished_spans()
-        if s.name == "publish" and s.attributes is not None
+        if s.name == "publish x.jobs:q" and s.attributes is not None
     }
     first, second, third = (published[m] for m in ("m0", "m1", "m-untraced"))
     for span in (first, second):
@@ -114,6 +177,18 @@ def test_publish_spans_continue_each_row_and_replace_its_context() -> None:
     assert first.status.status_code is trace.StatusCode.UNSET
     assert second.status.status_code is trace.StatusCode.ERROR
     assert third.status.status_code is trace.StatusCode.ERROR
+    assert first.attributes is not None
+    assert second.attributes is not None
+    assert third.attributes is not None
+    assert "error.type" not in first.attributes
+    assert second.attributes["error.type"] == "returned"
+    assert third.attributes["error.type"] == "unconfirmed"
+    assert first.attributes["messaging.destination.name"] == "x.jobs:q"
+    assert first.attributes["messaging.rabbitmq.destination.routing_key"] == "q"
+    assert first.attributes["messaging.operation.name"] == "publish"
+    assert first.attributes["messaging.operation.type"] == "send"
+    assert first.attributes["server.address"] == "broker.example"
+    assert first.attributes["server.port"] == 5672
 
     # The message now carries the publish span's context, and its other headers.
     outgoing = spans.messages[0]
@@ -132,3 +207,18 @@ def test_tracing_stays_off_without_an_exporter(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("OTEL_SDK_DISABLED")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     assert setup_tracing("test") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "server"),
+    [
+        (
+            "amqp://u:p@broker.example:5673/vh",
+            {"server.address": "broker.example", "server.port": 5673},
+        ),
+        ("amqps://u:p@broker.example/", {"server.address": "broker.example", "server.port": 5671}),
+        ("amqp://u:p@10.0.0.1/", {"server.address": "10.0.0.1", "server.port": 5672}),
+    ],
+)
+def test_spans_name_the_configured_broker(url: str, server: dict[str, object]) -> None:
+    assert broker_server(Settings(environment="test", amqp_url=url)) == server

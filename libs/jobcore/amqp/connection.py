@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -10,6 +11,7 @@ import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
 from jobcore.errors import BrokerUnavailable
+from jobcore.semconv import server_attributes
 from jobcore.settings import Settings
 
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
@@ -44,6 +46,18 @@ def connection_url(settings: Settings) -> str:
     if "heartbeat=" not in query:
         query = f"{query}&heartbeat={settings.amqp_heartbeat}".lstrip("&")
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+def broker_server(settings: Settings) -> dict[str, Any]:
+    """The broker's ``server.address`` / ``server.port`` for spans, from the configured
+    URL (no look-up: the conventions ask for what is known without one). Nothing when
+    the URL does not name one host and port (a list of brokers)."""
+    parts = urlsplit(settings.amqp_url)
+    try:
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    except ValueError:
+        return {}
+    return server_attributes(parts.hostname, port)
 
 
 def _unavailable(settings: Settings, exc: BaseException) -> BrokerUnavailable:

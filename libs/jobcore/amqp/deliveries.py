@@ -44,6 +44,11 @@ class Delivery:
     body: bytes
     headers: Mapping[str, Any]
     redelivered: bool
+    # Where it came from, for the process span's destination (jobcore.semconv).
+    exchange: str
+    routing_key: str
+    queue: str
+    delivery_tag: int | None
     _message: AbstractIncomingMessage
 
     @property
@@ -140,17 +145,24 @@ class JobQueueConsumer:
         connection = await connect_robust(self.settings)
         try:
 
-            async def deliver(message: AbstractIncomingMessage) -> None:
-                await on_delivery(
-                    Delivery(
-                        message_id=message.message_id,
-                        message_type=message.type,
-                        body=message.body,
-                        headers=message.headers or {},
-                        redelivered=bool(message.redelivered),
-                        _message=message,
+            def deliverer(queue: str) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+                async def deliver(message: AbstractIncomingMessage) -> None:
+                    await on_delivery(
+                        Delivery(
+                            message_id=message.message_id,
+                            message_type=message.type,
+                            body=message.body,
+                            headers=message.headers or {},
+                            redelivered=bool(message.redelivered),
+                            exchange=message.exchange or "",
+                            routing_key=message.routing_key or "",
+                            queue=queue,
+                            delivery_tag=message.delivery_tag,
+                            _message=message,
+                        )
                     )
-                )
+
+                return deliver
 
             # A channel per queue: a robust channel re-applies its one prefetch to every
             # consumer it restores after a reconnect, so queues sharing a channel would
@@ -159,7 +171,7 @@ class JobQueueConsumer:
                 channel = await connection.channel()
                 await channel.set_qos(prefetch_count=share)
                 queue = await self.declare_queue(channel, name)
-                self._consumers.append((queue, await queue.consume(deliver)))
+                self._consumers.append((queue, await queue.consume(deliverer(queue.name))))
         except (TimeoutError, ConnectionError) as exc:
             # The broker closed the whole connection mid set-up. RabbitMQ 3.10 does that
             # (541 INTERNAL_ERROR) for a consume on a quorum queue whose replica has not

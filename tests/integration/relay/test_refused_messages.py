@@ -151,7 +151,7 @@ async def test_a_relay_that_declares_the_deleted_queue_restores_it_and_the_job_r
 
     assert metric(text, 'jobcore_relay_publish_failures_total{reason="returned"}') >= 1
     assert metric(text, 'jobcore_relay_topology_declares_total{result="declared"}') == 1
-    assert metric(text, "jobcore_relay_quarantined_total") == 0
+    assert metric(text, "jobcore_relay_quarantined_rows_total") == 0
     # The message waits in the queue the relay declared again.
     queue = await amqp_channel.declare_queue(topology.queue_name("testq"), passive=True)
     assert queue.declaration_result.message_count == 1
@@ -199,12 +199,12 @@ async def test_a_message_that_can_never_be_published_is_quarantined_alone_at_onc
         "too_large",
     ]
     assert not {r["message_id"] for r in bad} & collector.distinct
-    assert metric(text, "jobcore_relay_published_total") == len(good)
-    assert metric(text, "jobcore_relay_quarantined_total") == len(bad)
+    assert metric(text, "jobcore_relay_published_messages_total") == len(good)
+    assert metric(text, "jobcore_relay_quarantined_rows_total") == len(bad)
     assert metric(text, 'jobcore_relay_publish_failures_total{reason="malformed"}') == 2
     assert metric(text, 'jobcore_relay_publish_failures_total{reason="too_large"}') == 2
-    assert metric(text, "jobcore_relay_outbox_quarantined") == len(bad)
-    assert metric(text, "jobcore_relay_outbox_failing") == 0
+    assert metric(text, "jobcore_relay_outbox_quarantined_rows") == len(bad)
+    assert metric(text, "jobcore_relay_outbox_failing_rows") == 0
 
 
 async def test_declaring_the_topology_again_is_throttled(
@@ -238,7 +238,7 @@ async def test_declaring_the_topology_again_is_throttled(
     assert returns >= 500
     assert 2 <= declares <= elapsed / interval + 1
     assert metric(text, 'jobcore_relay_topology_declares_total{result="declared"}') == 0
-    assert metric(text, "jobcore_relay_quarantined_total") == 0
+    assert metric(text, "jobcore_relay_quarantined_rows_total") == 0
 
 
 async def test_requeue_resets_a_quarantined_rows_failing_clock(

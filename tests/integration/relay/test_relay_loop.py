@@ -147,9 +147,9 @@ async def test_an_unroutable_row_is_retried_past_max_attempts_while_others_flow(
     assert "NO_ROUTE" in row["last_error"]
     assert message.message_id == bad["message_id"]
     assert 'jobcore_relay_publish_failures_total{reason="returned"}' in text
-    assert "jobcore_relay_quarantined_total 0.0" in text
-    assert "jobcore_relay_outbox_failing 1.0" in text
-    assert "jobcore_relay_published_total 250.0" in text
+    assert "jobcore_relay_quarantined_rows_total 0.0" in text
+    assert "jobcore_relay_outbox_failing_rows 1.0" in text
+    assert "jobcore_relay_published_messages_total 250.0" in text
     assert ready is True
     assert details["backlog"]["quarantined"] == 0
     assert details["backlog"]["failing"] == 1

@@ -165,11 +165,11 @@ async def test_health_endpoints_report_broker_backlog_and_metrics(
     assert healthz.status_code == 200
     assert healthz.json()["status"] == "alive"
     text = metrics.text
-    assert "jobcore_relay_published_total 40.0" in text
+    assert "jobcore_relay_published_messages_total 40.0" in text
     assert "jobcore_relay_broker_connected 1.0" in text
     assert "jobcore_relay_batch_confirm_seconds_count" in text
-    assert "jobcore_relay_batch_size_bucket" in text
-    assert "jobcore_relay_outbox_due 0.0" in text
+    assert "jobcore_relay_batch_rows_bucket" in text
+    assert "jobcore_relay_outbox_due_rows 0.0" in text
 
 
 async def test_quarantined_row_admin_verbs_list_requeue_and_discard(
