@@ -290,7 +290,9 @@ webhook_deliveries = Table(
 )
 
 # The key each tenant's webhooks are signed with (HMAC-SHA256). Kept in clear: signing
-# needs it. Created on first need or by `jobcore webhooks secret`.
+# needs it. Created on first need or by `jobcore webhooks secret`. After a rotation the
+# secret it replaced signs too, until previous_expires_at (Standard Webhooks' zero
+# downtime rotation: receivers still holding it keep verifying).
 tenant_webhook_secrets = Table(
     "tenant_webhook_secrets",
     metadata,
@@ -298,6 +300,9 @@ tenant_webhook_secrets = Table(
     Column("secret", Text, nullable=False),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("rotated_at"),
+    Column("previous_secret", Text),
+    _timestamp("previous_expires_at"),
+    CheckConstraint("(previous_secret IS NULL) = (previous_expires_at IS NULL)", name="previous"),
 )
 
 # A tenant's default webhook endpoint per job type ('*': any type), copied into a job's

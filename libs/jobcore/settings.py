@@ -30,6 +30,7 @@ ENV_PREFIX = "JOBCORE_"
 MAX_ACTOR_LENGTH = 200
 # RabbitMQ's `max_message_size` default (128 MiB since 3.8); its hard ceiling is 512 MiB.
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+MAX_WEBHOOK_SECRET_OVERLAP = timedelta(days=30)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -61,6 +62,12 @@ def _upper_case(value: object) -> object:
 def _positive(value: timedelta) -> timedelta:
     if value <= timedelta(0):
         raise ValueError("must be a positive duration")
+    return value
+
+
+def _secret_overlap(value: timedelta) -> timedelta:
+    if not timedelta(0) <= value <= MAX_WEBHOOK_SECRET_OVERLAP:
+        raise ValueError(f"must be from 0 to {MAX_WEBHOOK_SECRET_OVERLAP.days} days")
     return value
 
 
@@ -193,6 +200,12 @@ class Settings(BaseSettings):
     webhook_backoff_cap: float = Field(default=3600.0, gt=0, le=86_400)
     # Deliveries sent at once per worker (the webhooks queue's prefetch).
     webhook_concurrency: int = Field(default=16, ge=1, le=1000)
+    # After `jobcore webhooks secret --rotate`, webhooks carry the replaced secret's
+    # signature too for this long, so receivers can switch without refusing one: a day,
+    # like an API key's rotation overlap. 0: the old secret stops at once.
+    webhook_secret_overlap: Annotated[
+        timedelta, BeforeValidator(_seconds_or_duration), AfterValidator(_secret_overlap)
+    ] = timedelta(hours=24)
 
     # Retention: the workers' pruner deletes finished jobs (with their webhook deliveries,
     # effects, quarantined outbox rows and result files) this long after they finished.

@@ -8,6 +8,8 @@ enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhook
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
 import ipaddress
@@ -16,7 +18,7 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -34,12 +36,15 @@ from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
 
+# Standard Webhooks (github.com/standard-webhooks/standard-webhooks, spec 1.0.0): secrets
+# are "whsec_" + base64 of 24 to 64 random bytes, the HMAC key is the decoded bytes, and
+# "v1" names the HMAC-SHA256 signature scheme.
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, so people recognise a secret
-SIGNATURE_SCHEME = "v1"
+SECRET_BYTES = 32
+MIN_SECRET_BYTES = 24
+MAX_SECRET_BYTES = 64
+SIGNATURE_VERSION = "v1"
 MAX_URL_LENGTH = 2048
-# Receivers should refuse a timestamp further than this from their clock (the README's
-# verification snippet uses it): a captured request cannot be replayed later.
-REPLAY_TOLERANCE_SECONDS = 300
 # The share of a retry's backoff ceiling that is random: the wait is in [0.6c, c].
 JITTER_SHARE = 0.4
 # How long resolving a callback's host may take before the URL is refused.
@@ -142,48 +147,74 @@ def webhook_body(delivery: Mapping[str, Any]) -> bytes:
 
 
 def new_secret() -> str:
-    return SECRET_PREFIX + secrets.token_urlsafe(32)
+    """A Standard Webhooks secret: ``whsec_`` and the base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """``v1=`` and the hex HMAC-SHA256 of ``f"{timestamp}.{body}"`` under the secret."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"{SIGNATURE_SCHEME}={mac.hexdigest()}"
+def standard_key(secret: str) -> bytes | None:
+    """The HMAC key a Standard Webhooks secret stands for (``whsec_`` + base64 of 24 to 64
+    bytes), or None for a secret in any other form."""
+    if not secret.startswith(SECRET_PREFIX):
+        return None
+    try:
+        key = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+    except binascii.Error:
+        return None
+    return key if MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES else None
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a stored secret.
+
+    A Standard Webhooks secret is keyed by the bytes it encodes. Any other (those issued
+    before migration 0012: ``whsec_`` + URL-safe base64 without padding, which is not
+    valid base64) keeps the key it always had, its UTF-8 bytes: receivers hold that key
+    already, so it is not re-interpreted under them."""
+    key = standard_key(secret)
+    return key if key is not None else secret.encode()
+
+
+def is_standard_secret(secret: str) -> bool:
+    return standard_key(secret) is not None
+
+
+def standard_form(secret: str) -> str:
+    """The secret as receivers give it to a Standard Webhooks library: itself when it is
+    in that form, else ``whsec_`` + the base64 of its key (the same key, spelled so that
+    ``standardwebhooks.Webhook(...)`` decodes it)."""
+    if is_standard_secret(secret):
+        return secret
+    return SECRET_PREFIX + base64.b64encode(signing_key(secret)).decode()
+
+
+def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,`` and the base64 HMAC-SHA256 of ``{msg_id}.{timestamp}.{body}`` (Standard
+    Webhooks' symmetric scheme)."""
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return f"{SIGNATURE_VERSION},{base64.b64encode(mac.digest()).decode()}"
 
 
 def signed_headers(
-    delivery_id: uuid.UUID, secret: str, body: bytes, *, timestamp: int | None = None
-) -> dict[str, str]:
-    stamp = int(time.time()) if timestamp is None else timestamp
-    return {
-        "Content-Type": "application/json",
-        "Webhook-Id": str(delivery_id),
-        "Webhook-Timestamp": str(stamp),
-        "Webhook-Signature": signature(secret, stamp, body),
-    }
-
-
-def verify(
-    secret: str,
-    headers: Mapping[str, str],
+    delivery_id: uuid.UUID,
+    signing_secrets: Sequence[str],
     body: bytes,
     *,
-    tolerance: float = REPLAY_TOLERANCE_SECONDS,
-    now: float | None = None,
-) -> bool:
-    """What a receiver does (the README shows the same in a few lines): the timestamp is
-    recent and one of the signatures matches."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    try:
-        stamp = int(lowered["webhook-timestamp"])
-        offered = lowered["webhook-signature"].split()
-    except (KeyError, ValueError):
-        return False
-    current = time.time() if now is None else now
-    if abs(current - stamp) > tolerance:
-        return False
-    expected = signature(secret, stamp, body)
-    return any(hmac.compare_digest(expected, candidate) for candidate in offered)
+    timestamp: int | None = None,
+) -> dict[str, str]:
+    """The request's headers: one signature per secret, the current one first, space
+    separated (during a rotation's overlap, the new secret's and then the old one's)."""
+    if not signing_secrets:
+        raise ValueError("a webhook is signed with at least one secret")
+    stamp = int(time.time()) if timestamp is None else timestamp
+    msg_id = str(delivery_id)
+    return {
+        "content-type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": " ".join(
+            signature(signing_key(secret), msg_id, stamp, body) for secret in signing_secrets
+        ),
+    }
 
 
 # --- where a callback may go ---------------------------------------------------------------

@@ -86,18 +86,24 @@ def redeliver(
 def secret(
     tenant: str = typer.Option(..., "--tenant", help="The tenant whose webhooks it signs."),
     rotate: bool = typer.Option(
-        False, "--rotate", help="Replace it: signatures use the new secret from now on."
+        False,
+        "--rotate",
+        help="Replace it: webhooks carry the new secret's signature from now on, and the "
+        "old one's too for JOBCORE_WEBHOOK_SECRET_OVERLAP.",
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Print the tenant's signing secret (created if it has none), or rotate it."""
-    row = run(
+    """Print the tenant's Standard Webhooks signing secret (created if it has none), or
+    rotate it; with the rotation overlap and when the replaced secret stops signing."""
+    config = settings()
+    shown = run(
         with_db(
-            settings(),
-            lambda db: records.show_or_rotate_secret(db, tenant, rotate=rotate, actor=actor()),
+            config,
+            lambda db: records.show_or_rotate_secret(
+                db, config, tenant, rotate=rotate, actor=actor()
+            ),
         )
     )
-    shown = {"tenant": tenant, **{k: row[k] for k in ("secret", "created_at", "rotated_at")}}
     emit(shown, as_json=as_json)
 
 

@@ -48,7 +48,7 @@ from jobcore.sql.webhook_deliveries import (
     WEBHOOK_MESSAGE_TYPE,
     WebhookDeliveryRecordAttemptParams,
 )
-from jobcore.usecases.webhooks import tenant_secret
+from jobcore.usecases.webhooks import signing_secrets, tenant_secret
 from jobcore.webhooks import (
     CallbackHostUnresolved,
     Outcome,
@@ -271,7 +271,7 @@ class WebhookDeliverer(Service):
         row = await self._with_database(lambda: self._read(envelope, message_id), fields)
         if row is None:
             return  # stopping while the database was away: the broker redelivers
-        delivery, secret = row
+        delivery, signing = row
         if delivery is None or not self._is_due(delivery, envelope):
             self._skipped.inc()
             log.debug("webhook message already handled or overtaken; acknowledged", extra=fields)
@@ -280,7 +280,7 @@ class WebhookDeliverer(Service):
 
         fields["job_id"] = str(delivery["job_id"])
         body = webhook_body(delivery)
-        headers = signed_headers(delivery["id"], secret, body)
+        headers = signed_headers(delivery["id"], signing, body)
         try:
             result = await self.sender.send(delivery["url"], body, headers)
         except Exception as exc:  # an unforeseen client error: a failed attempt, retried
@@ -307,7 +307,8 @@ class WebhookDeliverer(Service):
 
     async def _read(
         self, envelope: WebhookMessage, message_id: uuid.UUID
-    ) -> tuple[DictRow | None, str]:
+    ) -> tuple[DictRow | None, list[str]]:
+        """The delivery and the secrets to sign it with (the current one first)."""
         async with self.db.unit_of_work() as uow:
             delivery = await fetch_one(
                 uow,
@@ -319,11 +320,13 @@ class WebhookDeliverer(Service):
                     }
                 ),
             )
-            if delivery is None or delivery["secret"] is not None:
-                return delivery, (delivery["secret"] if delivery else "")
-            secret = (await tenant_secret(uow, delivery["tenant"]))["secret"]
+            if delivery is None:
+                return None, []
+            if delivery["secret"] is not None:
+                return delivery, signing_secrets(delivery)
+            secrets = signing_secrets(await tenant_secret(uow, delivery["tenant"]))
             await uow.commit()
-        return delivery, str(secret)
+        return delivery, secrets
 
     async def _record(
         self, envelope: WebhookMessage, message_id: uuid.UUID, result: AttemptResult

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+import standardwebhooks
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from jobcore.errors import PoisonMessage
 from jobcore.webhooks import (
@@ -19,38 +23,111 @@ from jobcore.webhooks import (
     decode_message,
     is_allowed_host,
     is_public,
+    new_secret,
     parse_callback_url,
     retry_after_seconds,
     retry_delay,
     signature,
     signed_headers,
-    verify,
+    signing_key,
+    standard_form,
+    standard_key,
 )
 
-SECRET = "whsec_test"
+# Standard Webhooks' reference library's signing test (libraries/python/tests): a 24-byte
+# secret, and the signature every implementation must produce for it.
+SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SPEC_MSG_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+SPEC_TIMESTAMP = 1614265330
+SPEC_PAYLOAD = b'{"test": 2432232314}'
+SPEC_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+# What jobcore issued before migration 0012: not base64 (URL-safe alphabet, no padding).
+LEGACY_SECRET = "whsec_" + "Ab-_" * 10 + "xyz"
 
 
-def test_the_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
-    import hashlib
-    import hmac
+def test_the_signature_matches_the_reference_librarys_test_vector() -> None:
+    key = standard_key(SPEC_SECRET)
+    assert key is not None
+    assert len(key) == 24
+    assert signature(key, SPEC_MSG_ID, SPEC_TIMESTAMP, SPEC_PAYLOAD) == SPEC_SIGNATURE
+    reference = standardwebhooks.Webhook(SPEC_SECRET).sign(
+        SPEC_MSG_ID, datetime.fromtimestamp(SPEC_TIMESTAMP, UTC), SPEC_PAYLOAD.decode()
+    )
+    assert reference == SPEC_SIGNATURE
 
-    body = b'{"id":"x"}'
-    expected = hmac.new(SECRET.encode(), b"1700000000." + body, hashlib.sha256).hexdigest()
-    assert signature(SECRET, 1_700_000_000, body) == f"v1={expected}"
+
+def test_new_secrets_are_whsec_and_base64_of_32_random_bytes() -> None:
+    first, second = new_secret(), new_secret()
+    assert first != second
+    assert first.startswith("whsec_")
+    assert base64.b64decode(first.removeprefix("whsec_"), validate=True) == standard_key(first)
+    assert len(signing_key(first)) == 32
+    assert standard_form(first) == first
 
 
-def test_verify_accepts_a_fresh_signature_and_refuses_tampering_and_replays() -> None:
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "whsec_" + base64.b64encode(b"x" * 23).decode(),  # shorter than 24 bytes
+        "whsec_" + base64.b64encode(b"x" * 65).decode(),  # longer than 64 bytes
+        base64.b64encode(b"x" * 32).decode(),  # no prefix
+        LEGACY_SECRET,
+        "whsec_not base64 at all!",
+    ],
+)
+def test_other_secrets_are_not_standard_and_keyed_by_their_utf8_bytes(secret: str) -> None:
+    assert standard_key(secret) is None
+    assert signing_key(secret) == secret.encode()
+
+
+def test_a_standard_library_verifies_a_delivery_and_refuses_tampering() -> None:
+    secret = new_secret()
     body = b'{"event":"job.succeeded"}'
     delivery = uuid.uuid4()
-    headers = signed_headers(delivery, SECRET, body, timestamp=1_700_000_000)
-    assert headers["Webhook-Id"] == str(delivery)
-    assert verify(SECRET, headers, body, now=1_700_000_010)
-    assert not verify(SECRET, headers, body + b" ", now=1_700_000_010)
-    assert not verify("whsec_other", headers, body, now=1_700_000_010)
-    assert not verify(SECRET, headers, body, now=1_700_000_000 + 301)  # a replay, later
-    forged = {**headers, "Webhook-Timestamp": "1700000300"}
-    assert not verify(SECRET, forged, body, now=1_700_000_300)
-    assert not verify(SECRET, {}, body)
+    headers = signed_headers(delivery, [secret], body)
+    assert headers["webhook-id"] == str(delivery)
+    assert headers["webhook-signature"].startswith("v1,")
+    assert " " not in headers["webhook-signature"]
+    assert standardwebhooks.Webhook(secret).verify(body, headers) == {"event": "job.succeeded"}
+    with pytest.raises(WebhookVerificationError):
+        standardwebhooks.Webhook(secret).verify(body + b" ", headers)
+    with pytest.raises(WebhookVerificationError):
+        standardwebhooks.Webhook(new_secret()).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):  # the id is signed too
+        standardwebhooks.Webhook(secret).verify(body, {**headers, "webhook-id": "other"})
+    stale = signed_headers(delivery, [secret], body, timestamp=int(time.time()) - 301)
+    with pytest.raises(WebhookVerificationError):  # a replay, later
+        standardwebhooks.Webhook(secret).verify(body, stale)
+
+
+def test_during_an_overlap_both_secrets_verify_and_the_new_one_signs_first() -> None:
+    new, old = new_secret(), new_secret()
+    body = b"{}"
+    headers = signed_headers(uuid.uuid4(), [new, old], body, timestamp=SPEC_TIMESTAMP)
+    first, second = headers["webhook-signature"].split(" ")
+    stamp, msg_id = SPEC_TIMESTAMP, headers["webhook-id"]
+    assert first == signature(signing_key(new), msg_id, stamp, body)
+    assert second == signature(signing_key(old), msg_id, stamp, body)
+    fresh = signed_headers(uuid.uuid4(), [new, old], body)
+    for secret in (new, old):
+        standardwebhooks.Webhook(secret).verify(body, fresh)
+    with pytest.raises(WebhookVerificationError):
+        standardwebhooks.Webhook(new_secret()).verify(body, fresh)
+
+
+def test_a_legacy_secret_keeps_its_key_and_verifies_in_its_standard_spelling() -> None:
+    body = b'{"id":"x"}'
+    headers = signed_headers(uuid.uuid4(), [LEGACY_SECRET], body)
+    spelled = standard_form(LEGACY_SECRET)
+    assert spelled != LEGACY_SECRET
+    assert standard_key(spelled) == LEGACY_SECRET.encode()  # the same key, 49 bytes
+    standardwebhooks.Webhook(spelled).verify(body, headers)
+    standardwebhooks.Webhook(LEGACY_SECRET.encode()).verify(body, headers)
+
+
+def test_a_webhook_is_signed_with_at_least_one_secret() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        signed_headers(uuid.uuid4(), [], b"{}")
 
 
 @pytest.mark.parametrize(

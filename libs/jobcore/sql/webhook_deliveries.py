@@ -103,10 +103,12 @@ class WebhookDeliveryGetForAttemptParams(TypedDict):
 
 WEBHOOK_DELIVERY_GET_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
     "webhook_delivery_get_for_attempt",
-    "A delivery, its job's view, the tenant's secret and whether this message was handled.",
+    "A delivery, its job's view, the tenant's secrets and whether this message was handled.",
     """
     SELECT d.id, d.job_id, d.tenant, d.url, d.event, d.status, d.attempts, d.max_attempts,
            s.secret,
+           CASE WHEN s.previous_expires_at > now() THEN s.previous_secret END
+               AS previous_secret,
            j.type, j.status AS job_status, j.attempts AS job_attempts,
            j.max_attempts AS job_max_attempts, j.entity_id, j.last_error, j.result_ref,
            j.created_at, j.updated_at, j.started_at, j.finished_at,

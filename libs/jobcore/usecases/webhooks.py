@@ -5,6 +5,7 @@ signs with."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from psycopg.rows import DictRow
@@ -23,7 +24,13 @@ from jobcore.sql.webhook_endpoints import (
     WEBHOOK_ENDPOINT_LIST,
     WEBHOOK_ENDPOINT_SET,
 )
-from jobcore.webhooks import check_callback_url, completion_params, new_secret
+from jobcore.webhooks import (
+    check_callback_url,
+    completion_params,
+    is_standard_secret,
+    new_secret,
+    standard_form,
+)
 
 ANY_JOB_TYPE = "*"
 DELIVERY_STATUSES = ("pending", "delivered", "failed")
@@ -38,7 +45,8 @@ class EndpointNotFound(JobcoreError):
 
 
 async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
-    """The tenant's signing secret row (``secret``, ``created_at``, ``rotated_at``,
+    """The tenant's signing secret row (``secret``, ``previous_secret`` while a rotation's
+    overlap lasts, else None, ``created_at``, ``rotated_at``, ``previous_expires_at``,
     ``created``), created on first need."""
     for _ in range(2):
         row = await fetch_one(
@@ -50,25 +58,61 @@ async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
     raise JobcoreError(f"could not read or create the signing secret of tenant {tenant!r}")
 
 
-async def show_or_rotate_secret(db: Database, tenant: str, *, rotate: bool, actor: str) -> DictRow:
-    """The tenant's signing secret (created if it has none), or a new one with ``rotate``.
-    Both are audited: showing a secret hands out what forges the tenant's webhooks."""
+def signing_secrets(row: Mapping[str, Any]) -> list[str]:
+    """The secrets a webhook is signed with, the current one first: ``row`` has
+    ``secret`` and ``previous_secret`` (None once the overlap is over)."""
+    current = [str(row["secret"])]
+    previous = row["previous_secret"]
+    return current if previous is None else [*current, str(previous)]
+
+
+async def show_or_rotate_secret(
+    db: Database, settings: Settings, tenant: str, *, rotate: bool, actor: str
+) -> dict[str, Any]:
+    """The tenant's signing secret (created if it has none), or a new one with ``rotate``,
+    the replaced one still signing for ``JOBCORE_WEBHOOK_SECRET_OVERLAP``. Both are
+    audited: showing a secret hands out what forges the tenant's webhooks.
+
+    ``secret`` is what a receiver gives a Standard Webhooks library; for a secret issued
+    before those, that spelling of its unchanged key (``secret_format`` says ``legacy``).
+    """
     check_tenant_name(tenant)
     action = AuditAction.WEBHOOK_SECRET_ROTATE if rotate else AuditAction.WEBHOOK_SECRET_REVEAL
     target = Target("webhook_secret", tenant)
+    overlap = settings.webhook_secret_overlap
     async with audited(db, actor=actor, action=action, target=target) as work:
         work.entry.tenant = tenant
         if rotate:
             row = await fetch_one(
-                work.uow, WEBHOOK_SECRET_ROTATE({"tenant": tenant, "secret": new_secret()})
+                work.uow,
+                WEBHOOK_SECRET_ROTATE(
+                    {"tenant": tenant, "secret": new_secret(), "overlap": overlap.total_seconds()}
+                ),
             )
             assert row is not None  # an upsert with RETURNING always returns the row
         else:
             row = await tenant_secret(work.uow, tenant)
-        # When, never what: the secret stays out of the log.
-        work.entry.details = {"created": row["created"], "rotated_at": row["rotated_at"]}
+        secret_format = "standard" if is_standard_secret(row["secret"]) else "legacy"
+        # When and how, never what: the secrets stay out of the log.
+        work.entry.details = {
+            "created": row["created"],
+            "rotated_at": row["rotated_at"],
+            "secret_format": secret_format,
+        }
+        if rotate:
+            work.entry.details["previous_expires_at"] = row["previous_expires_at"]
+            work.entry.details["overlap_seconds"] = overlap.total_seconds()
         await work.commit()
-    return row
+    return {
+        "tenant": tenant,
+        "secret": standard_form(row["secret"]),
+        "secret_format": secret_format,
+        "created_at": row["created_at"],
+        "rotated_at": row["rotated_at"],
+        # Until when the replaced secret still signs (past: it no longer does).
+        "previous_expires_at": row["previous_expires_at"],
+        "rotation_overlap_seconds": overlap.total_seconds(),
+    }
 
 
 async def list_deliveries(

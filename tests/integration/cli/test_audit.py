@@ -163,6 +163,8 @@ async def test_webhook_secrets_and_endpoints_are_audited_without_the_secret_or_t
         "url_sha256": fingerprint,
     }
     assert logged[0]["details"]["created"] is True
+    assert logged[1]["details"]["overlap_seconds"] == 24 * 3600
+    assert logged[1]["details"]["previous_expires_at"] is not None
     text = await whole_log_text(db)
     for secret in (shown["secret"], rotated["secret"], "tok3n-Zx9", "s1gnature"):
         assert secret not in text

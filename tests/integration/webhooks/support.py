@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,14 +94,22 @@ class Answer:
     hold: asyncio.Event | None = None
 
 
-_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    500: "Internal Server Error",
+}
 
 
 class Receiver:
-    """A tiny HTTP/1.1 server: records every request, answers from a script (then 200)."""
+    """A tiny HTTP/1.1 server: records every request, answers from a script (then 200), or
+    with the status ``judge`` gives each request when there is one."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer, judge: Callable[[Received], int] | None = None) -> None:
         self.script = list(answers)
+        self.judge = judge
         self.requests: list[Received] = []
         self.arrived = asyncio.Event()
         self.bytes_sent = 0
@@ -161,11 +169,13 @@ class Receiver:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         self.requests.append(Received(method, path, headers, body, time.time(), time.monotonic()))
         self.arrived.set()
-        answer = (
-            self.script[len(self.requests) - 1]
-            if len(self.requests) <= len(self.script)
-            else Answer()
-        )
+        received = self.requests[-1]
+        if self.judge is not None:
+            answer = Answer(self.judge(received))
+        elif len(self.requests) <= len(self.script):
+            answer = self.script[len(self.requests) - 1]
+        else:
+            answer = Answer()
         if answer.hold is not None:
             await answer.hold.wait()
         reason = _REASONS.get(answer.status, "Status")
@@ -183,8 +193,10 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def receiving(*answers: Answer) -> AsyncIterator[Receiver]:
-    receiver = Receiver(*answers)
+async def receiving(
+    *answers: Answer, judge: Callable[[Received], int] | None = None
+) -> AsyncIterator[Receiver]:
+    receiver = Receiver(*answers, judge=judge)
     await receiver.start()
     try:
         yield receiver

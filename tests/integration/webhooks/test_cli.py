@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -14,9 +15,9 @@ from tests.integration.webhooks.support import process_env
 
 
 def jobcore(
-    settings: Settings, *args: str, allowed: bool = True
+    settings: Settings, *args: str, allowed: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = settings_env(settings, **(process_env(settings) if allowed else {}))
+    env = settings_env(settings, **(process_env(settings) if allowed else {}), **(env or {}))
     return subprocess.run(
         jobcore_command(*args), env=env, capture_output=True, text=True, timeout=60
     )
@@ -41,6 +42,45 @@ def test_a_secret_is_created_once_and_rotated_on_request(hsettings: Settings) ->
     bad = jobcore(hsettings, "webhooks", "secret", "--tenant", "no spaces please")
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1
+
+
+def test_a_rotation_shows_its_overlap_and_when_the_old_secret_stops_signing(
+    hsettings: Settings,
+) -> None:
+    first = as_json(jobcore(hsettings, "webhooks", "secret", "--tenant", "acme", "--json"))
+    assert first["secret_format"] == "standard"
+    assert first["rotation_overlap_seconds"] == 24 * 3600  # the default
+    assert first["previous_expires_at"] is None
+    before = datetime.now(UTC)
+    overlap = {"JOBCORE_WEBHOOK_SECRET_OVERLAP": "PT2H"}
+    rotated = as_json(
+        jobcore(
+            hsettings, "webhooks", "secret", "--tenant", "acme", "--rotate", "--json", env=overlap
+        )
+    )
+    after = datetime.now(UTC)
+    assert rotated["rotation_overlap_seconds"] == 2 * 3600
+    expires = datetime.fromisoformat(rotated["previous_expires_at"])
+    assert before + timedelta(hours=2) - timedelta(seconds=5) <= expires
+    assert expires <= after + timedelta(hours=2) + timedelta(seconds=5)
+    # People see the window too.
+    shown = jobcore(hsettings, "webhooks", "secret", "--tenant", "acme", env=overlap)
+    assert shown.returncode == 0, shown.stderr
+    assert "rotation_overlap_seconds  7200" in shown.stdout
+    assert "previous_expires_at" in shown.stdout
+    # The setting is checked like every other: one line naming it.
+    bad = jobcore(
+        hsettings,
+        "webhooks",
+        "secret",
+        "--tenant",
+        "acme",
+        env={"JOBCORE_WEBHOOK_SECRET_OVERLAP": "P31D"},
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1
+    assert "JOBCORE_WEBHOOK_SECRET_OVERLAP" in bad.stderr
+    assert rotated["secret"] not in bad.stderr
 
 
 def test_default_endpoints_are_set_listed_and_removed(hsettings: Settings) -> None:

@@ -12,12 +12,15 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
+import standardwebhooks
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
-from jobcore.webhooks import verify
+from jobcore.webhooks import new_secret
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import (
     BACKOFF_BASE,
@@ -97,9 +100,13 @@ async def test_a_finished_jobs_webhook_arrives_once_with_a_valid_signature(
     assert request.headers["webhook-id"] == str(delivery["id"])
     assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
     secret = cli(hsettings, "webhooks", "secret", "--tenant", TENANT)["secret"]
-    assert verify(secret, request.headers, request.body)
-    assert not verify(secret, request.headers, request.body + b" ")
-    assert not verify("whsec_other", request.headers, request.body)
+    assert standardwebhooks.Webhook(secret).verify(request.body, request.headers) == orjson.loads(
+        request.body
+    )
+    with pytest.raises(WebhookVerificationError):
+        standardwebhooks.Webhook(secret).verify(request.body + b" ", request.headers)
+    with pytest.raises(WebhookVerificationError):
+        standardwebhooks.Webhook(new_secret()).verify(request.body, request.headers)
 
     body = orjson.loads(request.body)
     assert body["id"] == str(delivery["id"])
