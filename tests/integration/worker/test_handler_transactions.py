@@ -23,29 +23,14 @@ from tests.integration.worker.jobtypes import CreditPayload, ProgressPayload
 from tests.integration.worker.support import (
     TAKE_OVER,
     OutboxPump,
+    balance,
     effects,
     job_row,
+    ledger,
     running_echo_job,
     status_is,
     submit,
 )
-
-
-async def ledger(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT * FROM ledger_entries WHERE job_id = %s ORDER BY id", (job_id,)
-        )
-        return [dict(r) for r in await cur.fetchall()]
-
-
-async def balance(db: Database, account: str) -> int | None:
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT balance_cents FROM ledger_accounts WHERE account = %s", (account,)
-        )
-        row = await cur.fetchone()
-    return None if row is None else int(row["balance_cents"])
 
 
 async def deliveries(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
