@@ -111,3 +111,16 @@ async def test_an_unknown_on_is_a_problem(
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"] == "https://jobcore.dev/problems/invalid-request"
     assert response.json()["errors"][0]["loc"] == ["query", "on"]
+
+
+async def test_the_openapi_document_shows_progress_and_on(api_client: httpx.AsyncClient) -> None:
+    schema = (await api_client.get("/openapi.json")).json()
+    [on] = [p for p in schema["paths"]["/jobs/{job_id}"]["get"]["parameters"] if p["name"] == "on"]
+    assert schema["components"]["schemas"]["WaitFor"]["enum"] == ["end", "progress"]
+    assert on["schema"]["default"] == "end"
+    progress = schema["components"]["schemas"]["JobProgress"]
+    assert set(progress["required"]) == {"fraction", "message", "attempt", "updated_at"}
+    assert schema["components"]["schemas"]["JobView"]["properties"]["progress"] == {
+        "anyOf": [{"$ref": "#/components/schemas/JobProgress"}, {"type": "null"}]
+    }
+    assert "/jobs/credit_account" in schema["paths"]
