@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 from jobcore.amqp.topology import Topology
 from jobcore.channels import JOB_PROGRESS_CHANNEL
 from jobcore.db import Database, execute, fetch_one
+from jobcore.jobtypes import CreditAccountPayload
 from jobcore.settings import Settings
 from jobcore.sql.jobs import JOB_PROGRESS_SET
 from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL
@@ -254,3 +255,23 @@ async def test_the_database_refuses_progress_out_of_bounds(
             except psycopg.errors.CheckViolation:
                 continue
         raise AssertionError(f"progress {fraction}, {len(message or '')} chars was stored")
+
+
+async def test_the_shipped_credit_account_credits_each_job_once(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    account = f"acct-{uuid.uuid4().hex[:8]}"
+    await start_worker(webhooks=False)
+    first = await submit(
+        db, topology, "credit_account", CreditAccountPayload(account=account, amount_cents=1500)
+    )
+    await eventually(lambda: status_is(db, first, "succeeded"), what="the first credit")
+    second = await submit(
+        db, topology, "credit_account", CreditAccountPayload(account=account, amount_cents=25)
+    )
+    row = await eventually(lambda: status_is(db, second, "succeeded"), what="the second credit")
+
+    [entry] = await ledger(db, second)
+    assert row["result"] == {"account": account, "entry_id": entry["id"], "balance_cents": 1525}
+    assert len(await ledger(db, first)) == 1
+    assert await balance(db, account) == 1525
