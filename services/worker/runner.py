@@ -6,6 +6,12 @@ outcome — success with its result and effects, a retry through the outbox, fai
 cancellation, or a lease given back at shutdown — is one statement that only applies if
 the job is still ``running`` under that token. A worker that lost its lease (the reaper
 gave the job to someone else) therefore writes nothing, whatever its handler did.
+
+A handler may instead record its success itself, in its own transaction
+(``ctx.transaction()``, :mod:`jobcore.handlertx`): the same fenced success statement runs
+on that transaction's connection before it commits, and the attempt is then over; nothing
+else is written for it. Progress reports (``ctx.progress``) are throttled and fenced
+writes of their own (:mod:`services.worker.job_progress`), flushed before the outcome.
 """
 
 from __future__ import annotations
