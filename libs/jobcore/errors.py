@@ -93,6 +93,11 @@ class PermanentError(JobcoreError):
     """The job failed and retrying cannot help."""
 
 
+class LeaseLost(JobcoreError):
+    """This attempt's lease was lost (the job went back to pending or to another attempt):
+    nothing it wrote in its transaction was committed."""
+
+
 class DuplicateRegistration(JobcoreError):
     """A job type with that name is already registered."""
 

@@ -1,4 +1,4 @@
-"""The job types jobcore ships: two real examples and a no-op for benchmarks.
+"""The job types jobcore ships: three real examples and a no-op for benchmarks.
 
 Handlers run in the worker; the API only needs the payload models and queues.
 """
@@ -17,8 +17,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, EmailStr, Field
 
+from jobcore.db import fetch_one
 from jobcore.errors import PermanentError
+from jobcore.handlertx import JobTransaction
 from jobcore.registry import JobContext, job
+from jobcore.sql.ledger import LEDGER_CREDIT
 
 
 class NoopPayload(BaseModel):
@@ -171,3 +174,53 @@ def deliver_once(sink: Path, name: str, data: bytes) -> bool:
         return True
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+# --- an account ledger, credited exactly once per job (ctx.transaction) --------------------
+
+ACCOUNT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+# A cent amount well inside bigint, so a balance has room for millions of the largest credit.
+CREDIT_MAX_CENTS = 10**12
+
+
+class CreditAccountPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    account: str = Field(min_length=1, max_length=64, pattern=ACCOUNT_PATTERN)
+    amount_cents: int = Field(ge=1, le=CREDIT_MAX_CENTS)
+
+
+async def post_credit(tx: JobTransaction, account: str, amount_cents: int) -> dict[str, int]:
+    """Credit ``account`` of the job's tenant on the handler's transaction: the entry and
+    the account's new balance (``entry_id``, ``balance_cents``)."""
+    row = await fetch_one(
+        tx.connection,
+        LEDGER_CREDIT(
+            {
+                "job_id": tx.fence.job_id,
+                "attempt": tx.fence.attempt,
+                "account": account,
+                "amount_cents": amount_cents,
+            }
+        ),
+    )
+    if row is None:  # pragma: no cover - the job row exists while its attempt runs
+        raise PermanentError("the job's row is gone")
+    return {"entry_id": row["entry_id"], "balance_cents": row["balance_cents"]}
+
+
+@job(
+    "credit_account",
+    payload=CreditAccountPayload,
+    queue="default",
+    max_attempts=5,
+    timeout=60,
+    lease=30,
+)
+async def credit_account(ctx: JobContext[CreditAccountPayload]) -> None:
+    """Credits the tenant's account in ``ledger_entries`` / ``ledger_accounts`` (migration
+    0013) on ``ctx.transaction()``: the credit commits together with the job's success, so
+    a worker killed at any point credits it once, whichever attempt runs it."""
+    async with ctx.transaction() as tx:
+        credited = await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents)
+        tx.set_result({"account": ctx.payload.account, **credited})

@@ -13,6 +13,7 @@ import importlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -27,6 +28,8 @@ from jobcore.errors import (
     ServiceStateError,
     UnknownJobType,
 )
+from jobcore.handlertx import Fence, JobTransaction
+from jobcore.jobprogress import checked_progress
 
 if TYPE_CHECKING:
     from jobcore.results import LocalResultStore
@@ -61,6 +64,38 @@ class JobContext(Generic[P]):
     result_store: LocalResultStore | None = None
     result_ref: str | None = None
     settings: Settings | None = None
+    # Set by the worker: this attempt's lease token (ctx.fence), what opens a transaction
+    # committed with this attempt's success (ctx.transaction), and where progress goes.
+    lease_token: uuid.UUID | None = None
+    open_transaction: Callable[[], AbstractAsyncContextManager[JobTransaction]] | None = None
+    report_progress: Callable[[float, str | None], None] | None = None
+
+    @property
+    def fence(self) -> Fence:
+        """This attempt's job id, attempt number and lease token, for writes to other stores
+        made conditional on them (docs/handlers.md)."""
+        if self.lease_token is None:
+            raise ServiceStateError("this context holds no lease (it runs outside a worker)")
+        return Fence(self.job_id, self.attempt, self.lease_token)
+
+    def transaction(self) -> AbstractAsyncContextManager[JobTransaction]:
+        """``async with ctx.transaction() as tx:`` a transaction on the jobcore database
+        whose commit also records this attempt's success, fenced by its lease
+        (:mod:`jobcore.handlertx`); :class:`~jobcore.errors.LeaseLost` when the lease was
+        lost, with nothing committed. One per attempt; the job has succeeded once it
+        commits."""
+        if self.open_transaction is None:
+            raise ServiceStateError("this context has no transaction (it runs outside a worker)")
+        return self.open_transaction()
+
+    async def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is (``fraction`` in [0, 1], an optional ``message`` of at
+        most 500 characters). Cheap to call often: the worker writes the latest report at
+        most every 250 ms, and what is pending before the outcome; ValueError when out of
+        bounds."""
+        value, text = checked_progress(fraction, message)
+        if self.report_progress is not None:
+            self.report_progress(value, text)
 
     def record_effect(self, kind: str, detail: dict[str, Any] | None = None) -> None:
         """Note a side effect; it is committed only if this attempt succeeds.

@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from jobcore.jobprogress import PROGRESS_MESSAGE_MAX_CHARS
 from jobcore.scopes import DEFAULT_SCOPES, Scope
 from jobcore.states import JobStatus
 
@@ -92,8 +93,19 @@ jobs = Table(
     # published it again, which spaces out its next republish.
     Column("message_note", JSONB),
     Column("republish_count", Integer, nullable=False, server_default=text("0")),
+    # What the running handler last reported (``ctx.progress``), written by its worker under
+    # its lease, at most a few times a second (services.worker.job_progress); the attempt
+    # that reported it, so a retry's reader can tell an older attempt's progress.
+    Column("progress_fraction", Float),
+    Column("progress_message", Text),
+    Column("progress_attempt", Integer),
+    _timestamp("progress_updated_at"),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+    CheckConstraint("progress_fraction >= 0 AND progress_fraction <= 1", name="progress_fraction"),
+    CheckConstraint(
+        f"char_length(progress_message) <= {PROGRESS_MESSAGE_MAX_CHARS}", name="progress_message"
+    ),
     Index(
         "jobs_idempotency_uidx",
         "tenant",
@@ -221,6 +233,34 @@ job_effects = Table(
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _timestamp("recorded_at", nullable=False, default_now=True),
     Index("job_effects_job_id_idx", "job_id"),
+)
+
+# The example job type ``credit_account`` (jobcore.jobtypes): a handler's own tables,
+# written in its transaction (``ctx.transaction()``), which also records the job's success,
+# so an account is credited exactly once per job. An entry goes with its job when the
+# pruner deletes the job (the balance stays). No unique constraint on job_id on purpose:
+# like job_effects, a duplicate would be evidence of a credit committed twice.
+ledger_accounts = Table(
+    "ledger_accounts",
+    metadata,
+    Column("tenant", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("balance_cents", BigInteger, nullable=False, server_default=text("0")),
+    _timestamp("updated_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("tenant", "account"),
+)
+
+ledger_entries = Table(
+    "ledger_entries",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("amount_cents", BigInteger, nullable=False),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    _timestamp("created_at", nullable=False, default_now=True),
+    Index("ledger_entries_job_id_idx", "job_id"),
 )
 
 api_keys = Table(

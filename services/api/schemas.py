@@ -45,6 +45,17 @@ class JobSummary(BaseModel):
     links: JobLinks
 
 
+class JobProgress(BaseModel):
+    """What the running handler last reported (``await ctx.progress(fraction, message)``),
+    written at most every 250 ms; kept after the job ends."""
+
+    fraction: float = Field(ge=0, le=1)
+    message: str | None = Field(max_length=500)
+    # The attempt that reported it: a retry's progress starts again from the new attempt's.
+    attempt: int
+    updated_at: datetime
+
+
 class JobView(JobSummary):
     idempotency_key: str | None
     payload: dict[str, Any]
@@ -54,6 +65,8 @@ class JobView(JobSummary):
     result: Any = None
     # Set when the result is in the result store: fetch it from ``links.result``.
     result_ref: str | None
+    # Null until the handler reports progress.
+    progress: JobProgress | None = None
 
 
 class PageLinks(BaseModel):

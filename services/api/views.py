@@ -64,8 +64,21 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         run_at=row["next_attempt_at"],
         result=row["result"],
         result_ref=row["result_ref"],
+        progress=progress_view(row),
     )
     return body
+
+
+def progress_view(row: dict[str, Any]) -> dict[str, Any] | None:
+    """What the handler last reported (``ctx.progress``), or None if it never did."""
+    if row["progress_updated_at"] is None:
+        return None
+    return {
+        "fraction": row["progress_fraction"],
+        "message": row["progress_message"],
+        "attempt": row["progress_attempt"],
+        "updated_at": row["progress_updated_at"],
+    }
 
 
 def cancel_answer(outcome: CancelOutcome) -> dict[str, Any]:

@@ -3,7 +3,10 @@ database connection.
 
 One LISTEN connection per API process (its own, outside the pool: it is held for the
 process's life) hears ``jobcore_job_done`` — sent in the same statement that makes a job
-terminal — and sets the events of that job's waiters. A waiter holds no connection while
+terminal — and sets the events of that job's waiters. It also hears
+``jobcore_job_progress`` (sent when a worker writes a running job's progress, at most a
+few times a second per job), which wakes only the waiters that asked for progress
+(``?on=progress``). A waiter holds no connection while
 it waits: it reads the job once (a short pooled checkout) after registering, so a NOTIFY
 that arrives after that read wakes it, and once more after waking or when its wait ends.
 Re-reads are batched (:class:`JobReads`): waiters woken together — jobs finishing in a
@@ -28,10 +31,11 @@ import psycopg
 from prometheus_client import CollectorRegistry, Gauge
 from psycopg.rows import DictRow
 
+from jobcore.channels import JOB_PROGRESS_CHANNEL
 from jobcore.db import Database, execute, fetch_all
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_GET_WAITED
+from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_GET_WAITED, JOB_PROGRESS_LISTEN
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,8 @@ class JobWaiters(Service):
         super().__init__()
         self.settings = settings
         self._events: dict[uuid.UUID, set[asyncio.Event]] = {}
+        # The subset of those events whose waiters also wake on progress.
+        self._progress_events: dict[uuid.UUID, set[asyncio.Event]] = {}
         self.listening = False
         self._gauge = (
             Gauge(
@@ -117,18 +123,22 @@ class JobWaiters(Service):
         return self._count
 
     @contextlib.contextmanager
-    def subscribe(self, job_id: uuid.UUID) -> Iterator[asyncio.Event]:
-        """An event set when the job may have become terminal (re-read it to know)."""
+    def subscribe(self, job_id: uuid.UUID, *, progress: bool = False) -> Iterator[asyncio.Event]:
+        """An event set when the job may have become terminal, or with ``progress`` also
+        when its progress may have changed (re-read it to know)."""
         event = asyncio.Event()
-        self._events.setdefault(job_id, set()).add(event)
+        kinds = [self._events, self._progress_events] if progress else [self._events]
+        for by_job in kinds:
+            by_job.setdefault(job_id, set()).add(event)
         try:
             yield event
         finally:
-            events = self._events.get(job_id)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._events[job_id]
+            for by_job in kinds:
+                events = by_job.get(job_id)
+                if events is not None:
+                    events.discard(event)
+                    if not events:
+                        del by_job[job_id]
 
     async def park(self, event: asyncio.Event, timeout: float) -> bool:
         """Wait for ``event`` at most ``timeout`` seconds (less while the listener is down);
@@ -152,6 +162,10 @@ class JobWaiters(Service):
 
     def notify(self, job_id: uuid.UUID) -> None:
         for event in self._events.get(job_id, ()):
+            event.set()
+
+    def notify_progress(self, job_id: uuid.UUID) -> None:
+        for event in self._progress_events.get(job_id, ()):
             event.set()
 
     def wake_all(self) -> None:
@@ -194,6 +208,7 @@ class JobWaiters(Service):
         )
         try:
             await execute(conn, JOB_DONE_LISTEN({}))
+            await execute(conn, JOB_PROGRESS_LISTEN({}))
             self.listening = True
             log.info("long-poll listener connected")
             # A job may have finished while nobody listened: everyone re-reads.
@@ -202,7 +217,7 @@ class JobWaiters(Service):
             while not self.stopping.is_set():
                 async for notify in conn.notifies(timeout=NOTIFY_TIMEOUT):
                     heard_at = time.monotonic()
-                    self._dispatch(notify.payload)
+                    self._dispatch(notify.payload, progress=notify.channel == JOB_PROGRESS_CHANNEL)
                 if time.monotonic() - heard_at > PING_SECONDS:
                     # Silence may be a dead connection (a cut network): find out.
                     async with asyncio.timeout(PING_TIMEOUT):
@@ -213,10 +228,13 @@ class JobWaiters(Service):
             with contextlib.suppress(Exception):
                 await conn.close()
 
-    def _dispatch(self, payload: str) -> None:
+    def _dispatch(self, payload: str, *, progress: bool = False) -> None:
         try:
             job_id = uuid.UUID(payload.strip())
         except ValueError:
-            log.warning("ignoring a job-done notification that is not a job id")
+            log.warning("ignoring a job notification that is not a job id")
             return
-        self.notify(job_id)
+        if progress:
+            self.notify_progress(job_id)
+        else:
+            self.notify(job_id)

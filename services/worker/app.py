@@ -88,7 +88,14 @@ class Worker:
         }
         self.connections = HeldConnections(self.db, held_connections(settings, pool_users))
         topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
-        self.runner = JobRunner(settings, self.connections, topology, self.metrics)
+        # Handlers' own transactions (ctx.transaction): at most one per running handler, on
+        # a pool of their own that opens connections only when handlers use it.
+        self.handler_db = Database(
+            settings, min_size=0, max_size=concurrency, name="jobcore-worker-handlers"
+        )
+        self.runner = JobRunner(
+            settings, self.connections, topology, self.metrics, transactions=self.handler_db
+        )
         self.consumer = Consumer(
             settings,
             self.connections,
@@ -172,6 +179,7 @@ class Worker:
 
     async def start(self) -> None:
         await self.db.open()
+        await self.handler_db.open()
         for service in self.services:
             await service.start()
 
@@ -182,14 +190,17 @@ class Worker:
         finally:
             await self.runner.close()
             await self.connections.close()
+            await self.handler_db.close()
             await self.db.close()
 
     async def serve(self) -> int:
         """Run until SIGTERM/SIGINT; return the exit code."""
         await self.db.open()
+        await self.handler_db.open()
         try:
             return await run_until_signalled(self.services, self.stop_grace)
         finally:
             await self.runner.close()
             await self.connections.close()
+            await self.handler_db.close()
             await self.db.close()

@@ -6,15 +6,22 @@ outcome — success with its result and effects, a retry through the outbox, fai
 cancellation, or a lease given back at shutdown — is one statement that only applies if
 the job is still ``running`` under that token. A worker that lost its lease (the reaper
 gave the job to someone else) therefore writes nothing, whatever its handler did.
+
+A handler may instead record its success itself, in its own transaction
+(``ctx.transaction()``, :mod:`jobcore.handlertx`): the same fenced success statement runs
+on that transaction's connection before it commits, and the attempt is then over; nothing
+else is written for it. Progress reports (``ctx.progress``) are throttled and fenced
+writes of their own (:mod:`services.worker.job_progress`), flushed before the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -23,9 +30,16 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import fetch_all, fetch_one
+from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.enqueue import job_message_row
-from jobcore.errors import DatabaseUnavailable, JobcoreError, PermanentError
+from jobcore.errors import (
+    DatabaseUnavailable,
+    JobcoreError,
+    LeaseLost,
+    PermanentError,
+    ServiceStateError,
+)
+from jobcore.handlertx import JobTransaction
 from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
@@ -34,11 +48,13 @@ from jobcore.sql import OutboxMessageParams, Statement
 from jobcore.sql.jobs import (
     JOB_END_RUNNING,
     JOB_HEARTBEAT,
+    JOB_PROGRESS_SET,
     JOB_RELEASE,
     JOB_RETRY,
     JOB_SUCCEED_MANY,
     JobFencedParams,
     JobHeartbeatParams,
+    JobProgressSetParams,
     JobRetryParams,
     JobSucceedManyParams,
 )
@@ -46,6 +62,7 @@ from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
 from services.worker.claims import Claim
 from services.worker.connections import HeldConnections, TransientConflict
+from services.worker.job_progress import JobProgress
 from services.worker.metrics import WorkerMetrics
 from services.worker.tracing import handler_span
 
@@ -57,6 +74,10 @@ _NUL = b"\\u0000"  # how orjson writes U+0000, which PostgreSQL's jsonb refuses
 
 class JobTimedOut(JobcoreError):
     """The handler ran longer than its job type's timeout."""
+
+
+class ResultNotRecordable(PermanentError):
+    """The handler's result or effects cannot be recorded."""
 
 
 class StopReason(StrEnum):
@@ -78,15 +99,21 @@ class Success:
 class RunningJob:
     claim: Claim
     context: JobContext[Any]
+    progress: JobProgress
     task: asyncio.Task[Any] | None = None
     stop_reason: StopReason | None = None
     db_trouble_logged: bool = field(default=False)
     # time.monotonic() by which the lease this worker last confirmed may have expired.
     lease_deadline: float = 0.0
+    # The handler's transaction (ctx.transaction) is open / committed the job's success:
+    # once committed, the job is succeeded and nothing else is written for this attempt.
+    in_transaction: bool = False
+    committed: bool = False
 
     def stop(self, reason: StopReason) -> None:
-        """Interrupt the handler; the first reason wins (it decides what gets written)."""
-        if self.stop_reason is not None:
+        """Interrupt the handler; the first reason wins (it decides what gets written).
+        Once its transaction committed the job is succeeded: there is nothing to stop."""
+        if self.stop_reason is not None or self.committed:
             return
         self.stop_reason = reason
         if reason is StopReason.CANCELLED:
@@ -127,9 +154,14 @@ class JobRunner:
         connections: HeldConnections,
         topology: Topology,
         metrics: WorkerMetrics,
+        *,
+        transactions: Database | None = None,
     ) -> None:
         self.settings = settings
         self.connections = connections
+        # Handlers' transactions (ctx.transaction): a pool of their own, so a handler that
+        # holds one never takes a connection the claims, outcomes and heartbeats need.
+        self.transactions = transactions
         self.topology = topology
         self.metrics = metrics
         # Every outcome statement that ends a job also records its completion webhook.
@@ -204,8 +236,17 @@ class JobRunner:
             heartbeat=lambda: self._heartbeat(running),
             result_store=self.result_store,
             settings=self.settings,
+            lease_token=claim.lease_token,
+            open_transaction=lambda: self._transaction(running),
+            report_progress=lambda fraction, message: running.progress.report(fraction, message),
         )
-        running = RunningJob(claim, context, lease_deadline=lease_deadline(claim, time.monotonic()))
+        progress = JobProgress(
+            lambda fraction, message: self._write_progress(running, fraction, message),
+            log_fields=claim.log_fields,
+        )
+        running = RunningJob(
+            claim, context, progress, lease_deadline=lease_deadline(claim, time.monotonic())
+        )
         self.running[claim.job_id] = running
         self.metrics.running_handlers.inc()
         self.metrics.started(claim)
@@ -219,6 +260,7 @@ class JobRunner:
         try:
             await self._finish(running)
         finally:
+            running.progress.abandon()
             heartbeats.cancel()
             watchdog.cancel()
             await asyncio.gather(heartbeats, watchdog, return_exceptions=True)
@@ -243,6 +285,8 @@ class JobRunner:
     async def _finish(self, running: RunningJob) -> None:
         claim = running.claim
         assert running.task is not None
+        result: Any = None
+        error: BaseException | None = None
         try:
             result = await running.task
         except asyncio.CancelledError as exc:
@@ -250,20 +294,82 @@ class JobRunner:
             if current is not None and current.cancelling():
                 running.task.cancel()
                 raise
+            error = exc
+        except Exception as exc:
+            error = exc
+        # The last progress reported goes out before the outcome (which ends the lease).
+        await running.progress.close()
+        if running.committed:
+            self._after_commit(running, result, error)
+        elif isinstance(error, asyncio.CancelledError):
             if running.stop_reason is None:  # the handler cancelled itself
-                await self._attempt_failed(claim, exc)
+                await self._attempt_failed(claim, error)
             else:
                 await self._stopped(running)
-        except Exception as exc:
+        elif error is not None:
             # A handler that turned our interruption into an error was still interrupted.
             if running.stop_reason is not None:
                 await self._stopped(running)
-            elif isinstance(exc, PermanentError):
-                await self._fail(claim, error_text(exc))
+            elif isinstance(error, LeaseLost):
+                self.metrics.processed("lease_lost")
+                log.warning(
+                    "lease lost before the handler's transaction committed; it was rolled back",
+                    extra=claim.log_fields,
+                )
+            elif isinstance(error, PermanentError):
+                await self._fail(claim, error_text(error))
             else:
-                await self._attempt_failed(claim, exc)
+                await self._attempt_failed(claim, error)
         else:
             await self._succeed(running, result)
+
+    def _after_commit(self, running: RunningJob, result: Any, error: BaseException | None) -> None:
+        """The handler's transaction recorded the success: nothing is left to write."""
+        fields = running.claim.log_fields
+        if isinstance(error, Exception):
+            log.warning(
+                "the handler failed after its transaction committed; the job stays succeeded",
+                extra={**fields, "error": error_text(error)},
+            )
+        elif result is not None:
+            log.warning(
+                "the handler returned a result after its transaction committed; it is "
+                "ignored (set it with tx.set_result)",
+                extra=fields,
+            )
+
+    # --- ctx.transaction(): the handler's writes and the success, one commit ----------------
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, running: RunningJob) -> AsyncIterator[JobTransaction]:
+        claim = running.claim
+        if self.transactions is None:
+            raise ServiceStateError("this worker runs no handler transactions")
+        if running.committed:
+            raise ServiceStateError("this attempt's transaction has committed: the job succeeded")
+        if running.in_transaction:
+            raise ServiceStateError("this attempt's transaction is already open")
+        running.in_transaction = True
+        try:
+            async with self.transactions.connection() as conn, conn.transaction():
+                tx = JobTransaction(conn, running.context.fence)
+                yield tx
+                # The handler's block ended without an error: its success joins the
+                # transaction, fenced by the lease token; no row means the lease is lost
+                # and raising rolls everything back.
+                await running.progress.flush()
+                success = await self._success_of(running, tx.result)
+                won = await fetch_all(conn, JOB_SUCCEED_MANY(self._success_params([success])))
+                if not won:
+                    raise LeaseLost(
+                        f"the lease of job {claim.job_id} attempt {claim.attempt} was lost: "
+                        "its transaction was rolled back"
+                    )
+            running.committed = True
+            running.progress.abandon()  # the job is succeeded: later reports have nowhere to go
+            self.metrics.processed("succeeded", claim)
+        finally:
+            running.in_transaction = False
 
     async def _stopped(self, running: RunningJob) -> None:
         claim = running.claim
@@ -301,6 +407,23 @@ class JobRunner:
             )
 
     async def _succeed(self, running: RunningJob, result: Any) -> None:
+        claim = running.claim
+        try:
+            success = await self._success_of(running, result)
+        except ResultNotRecordable as exc:
+            await self._fail(claim, str(exc))
+            return
+        except OSError as exc:
+            # A full disk or a broken mount: this attempt failed; another may not.
+            await self._attempt_failed(claim, exc, during="storing the result")
+            return
+        if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
+            self.metrics.processed("succeeded", claim)
+
+    async def _success_of(self, running: RunningJob, result: Any) -> Success:
+        """What recording the attempt's success writes: the result (inline, or stored when
+        large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
+        when the result store failed."""
         claim, context = running.claim, running.context
         effects = [
             {
@@ -315,40 +438,32 @@ class JobRunner:
             encoded = None if result is None else orjson.dumps(result)
             encoded_effects = orjson.dumps(effects)
         except TypeError as exc:
-            await self._fail(claim, f"the handler's result or effects are not JSON: {exc}")
-            return
+            raise ResultNotRecordable(
+                f"the handler's result or effects are not JSON: {exc}"
+            ) from None
         if _NUL in (encoded or b"") or _NUL in encoded_effects:
             # Valid JSON that jsonb refuses; it would fail every batch it travels in.
-            await self._fail(claim, "the handler's result or effects contain a NUL character")
-            return
+            raise ResultNotRecordable("the handler's result or effects contain a NUL character")
         result_ref = context.result_ref
         if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
             if result_ref is not None:
-                await self._fail(
-                    claim, "the handler stored a result file and returned a too large result"
+                raise ResultNotRecordable(
+                    "the handler stored a result file and returned a too large result"
                 )
-                return
-            try:
-                result_ref = await asyncio.to_thread(
-                    self.result_store.put, claim.job_id, encoded, suffix="json"
-                )
-            except OSError as exc:
-                # A full disk or a broken mount: this attempt failed; another may not.
-                await self._attempt_failed(claim, exc, during="storing the result")
-                return
+            result_ref = await asyncio.to_thread(
+                self.result_store.put, claim.job_id, encoded, suffix="json"
+            )
             encoded = None
-        success = Success(
+        return Success(
             claim.job_id,
             claim.lease_token,
             encoded.decode() if encoded is not None else None,
             result_ref,
             effects,
         )
-        if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
-            self.metrics.processed("succeeded", claim)
 
-    async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
-        params: JobSucceedManyParams = {
+    def _success_params(self, batch: Sequence[Success]) -> JobSucceedManyParams:
+        return {
             "ids": [s.job_id for s in batch],
             "lease_tokens": [s.lease_token for s in batch],
             "results": [s.result for s in batch],
@@ -356,6 +471,9 @@ class JobRunner:
             "effects": orjson.dumps([e for s in batch for e in s.effects]).decode(),
             **self.completion,
         }
+
+    async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
+        params = self._success_params(batch)
         async with self.connections.connection() as conn:
             won = {row["id"] for row in await fetch_all(conn, JOB_SUCCEED_MANY(params))}
         return [s.job_id in won for s in batch]
@@ -481,7 +599,7 @@ class JobRunner:
 
     async def _heartbeat_loop(self, running: RunningJob) -> None:
         interval = running.claim.job_type.lease / 3
-        while running.stop_reason is None:
+        while running.stop_reason is None and not running.committed:
             await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
             await self._heartbeat(running)
 
@@ -493,7 +611,7 @@ class JobRunner:
         worker may start the job: this handler must not still be running then. Its outcome
         would be fenced out anyway; stopping it keeps the handler's side effects to one run
         at a time."""
-        while running.stop_reason is None:
+        while running.stop_reason is None and not running.committed:
             remaining = running.lease_deadline - time.monotonic()
             if remaining <= 0:
                 log.warning(
@@ -507,6 +625,8 @@ class JobRunner:
     async def _heartbeat(self, running: RunningJob) -> None:
         """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
         claim = running.claim
+        if running.committed:
+            return  # the job is succeeded: no lease left to extend
         params: JobHeartbeatParams = {
             "id": claim.job_id,
             "lease_token": claim.lease_token,
@@ -531,3 +651,22 @@ class JobRunner:
         running.lease_deadline = max(running.lease_deadline, lease_deadline(claim, sent))
         if row["cancel_requested_at"] is not None:
             running.stop(StopReason.CANCELLED)
+
+    # --- progress ------------------------------------------------------------------------------
+
+    async def _write_progress(
+        self, running: RunningJob, fraction: float, message: str | None
+    ) -> None:
+        """Write a progress report under the lease (JobProgress throttles the calls); a lease
+        found lost stops the handler, as a heartbeat would."""
+        claim = running.claim
+        params: JobProgressSetParams = {
+            "id": claim.job_id,
+            "lease_token": claim.lease_token,
+            "fraction": fraction,
+            "message": message,
+        }
+        async with self.connections.connection() as conn:
+            row = await fetch_one(conn, JOB_PROGRESS_SET(params))
+        if row is None and not running.committed and not running.in_transaction:
+            running.stop(StopReason.LEASE_LOST)

@@ -23,6 +23,7 @@ from typing import Literal, TypedDict
 
 from psycopg.types.json import Jsonb
 
+from jobcore.channels import JOB_PROGRESS_CHANNEL
 from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
 from jobcore.sql.tenant_quotas import ADMISSION_COLUMNS, QuotaDefaultParams, admission_ctes
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
@@ -342,6 +343,13 @@ JOB_DONE_LISTEN = Query[NoParams](
 )
 
 
+JOB_PROGRESS_LISTEN = Query[NoParams](
+    "job_progress_listen",
+    "Hear running jobs' progress being written (long-poll waiters that asked for it).",
+    f"LISTEN {JOB_PROGRESS_CHANNEL}",
+)
+
+
 class JobGetWaitedParams(TypedDict):
     ids: list[uuid.UUID]
     tenants: list[str]
@@ -478,6 +486,31 @@ JOB_HEARTBEAT = Query[JobHeartbeatParams](
     SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
     WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
     RETURNING cancel_requested_at
+    """,
+)
+
+
+class JobProgressSetParams(TypedDict):
+    fraction: float
+    id: uuid.UUID
+    lease_token: uuid.UUID
+    message: str | None
+
+
+# A handler's latest progress report (throttled by the worker, services.worker.job_progress),
+# fenced like every write after the claim: a worker that lost the lease writes nothing and
+# learns it from the missing row. Not a change of the job's state: updated_at stays.
+JOB_PROGRESS_SET = Query[JobProgressSetParams](
+    "job_progress_set",
+    "Record a running job's progress under its lease, and wake the long-polls waiting for it.",
+    f"""
+    UPDATE jobs
+    SET progress_fraction = %(fraction)s,
+        progress_message = %(message)s,
+        progress_attempt = attempts,
+        progress_updated_at = now()
+    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+    RETURNING id, pg_notify('{JOB_PROGRESS_CHANNEL}', id::text) IS NULL AS notified
     """,
 )
 

@@ -1,5 +1,6 @@
 """``GET /jobs/{id}`` with an optional long-poll: ``?wait=30`` answers as soon as the job is
-terminal, or when the wait ends, whichever comes first.
+terminal, or when the wait ends, whichever comes first; ``&on=progress`` also answers as
+soon as the job's progress differs from what the first read saw.
 
 Unlike the other job routes this one does not take ``SessionDep``: that would hold a
 pooled connection for the whole wait. It checks out a connection for each read instead:
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from typing import Annotated
+from enum import StrEnum
+from typing import Annotated, Any
 
 from fastapi import Query, Request
 from psycopg.rows import DictRow
@@ -43,6 +45,33 @@ WaitQuery = Annotated[
         max_length=32,
     ),
 ]
+
+
+class WaitFor(StrEnum):
+    """What ends a long-poll before its wait is over."""
+
+    END = "end"
+    PROGRESS = "progress"
+
+
+OnQuery = Annotated[
+    WaitFor,
+    Query(
+        description="With `wait`: `end` (the default) answers when the job is terminal; "
+        "`progress` also answers as soon as the job's `progress` changes.",
+    ),
+]
+
+
+def answered(row: DictRow, first: DictRow, on: WaitFor) -> bool:
+    """Whether a long-poll that first read ``first`` answers with ``row`` now."""
+    if is_terminal(row["status"]):
+        return True
+    return on is WaitFor.PROGRESS and _progress_of(row) != _progress_of(first)
+
+
+def _progress_of(row: DictRow) -> tuple[Any, ...]:
+    return (row["progress_updated_at"], row["progress_fraction"], row["progress_message"])
 
 
 def parse_wait(value: str | None) -> float:
@@ -95,10 +124,12 @@ async def get_job(
     state: StateDep,
     request: Request,
     wait: WaitQuery = None,
+    on: OnQuery = WaitFor.END,
 ) -> Response:
-    """Status, attempts, errors, timestamps and result, always read from the database.
-    With ``wait``, answers once the job is terminal or the wait is over; ``429`` at once
-    when this process already parks as many long-polls as it or the tenant may."""
+    """Status, attempts, errors, timestamps, progress and result, always read from the
+    database. With ``wait``, answers once the job is terminal (with ``on=progress``: or its
+    progress changed) or the wait is over; ``429`` at once when this process already parks
+    as many long-polls as it or the tenant may."""
     seconds = parse_wait(wait)
     if seconds <= 0:
         row = await read_job(db, tenant, job_id)
@@ -108,13 +139,14 @@ async def get_job(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     # Subscribed before the first read: a NOTIFY sent after that read sets the event.
-    with waiters.subscribe(job_id) as woken:
+    with waiters.subscribe(job_id, progress=on is WaitFor.PROGRESS) as woken:
         row, cap = await read_job_to_wait(db, tenant, job_id, state.settings.quota_max_long_polls)
+        first = row
         if is_terminal(row["status"]):
             return JsonBody(views.job_view(row))
         # Only a wait that would park takes a slot (after authentication, invariant 13).
         with slots.hold(tenant, cap):
-            while not is_terminal(row["status"]):
+            while not answered(row, first, on):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break

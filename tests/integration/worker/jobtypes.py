@@ -4,12 +4,15 @@ processes through JOBCORE_JOB_MODULES)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobcore.errors import PermanentError
+from jobcore.jobtypes import post_credit
 from jobcore.registry import JobContext, job
 
 MODULE = __name__
@@ -116,3 +119,103 @@ async def wt_unstorable_error(ctx: JobContext[NoPayload]) -> None:
 async def wt_put_result(ctx: JobContext[NoPayload]) -> None:
     """Stores a result file itself (JobContext.put_result)."""
     await ctx.put_result(b"a,b\n1,2\n", suffix="csv")
+
+
+# --- handler transactions (ctx.transaction) and progress (ctx.progress) -------------------
+
+# A worker process started with this variable set SIGKILLs itself at the named point of
+# wt_credit (the fault tests): before_write, after_write (inside the transaction, before
+# its commit), after_commit (the transaction committed, the handler has not returned) or
+# after_return (the handler returned, before the worker's own bookkeeping ran).
+CRASH_AT_ENV = "JOBCORE_TEST_CRASH_AT"
+CRASH_POINTS = ("before_write", "after_write", "after_commit", "after_return")
+
+
+def crash_here(point: str) -> None:
+    if os.environ.get(CRASH_AT_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CreditPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    account: str = Field(min_length=1, max_length=64)
+    amount_cents: int = Field(default=100, ge=1, le=10**6)
+    # Inside the transaction, after the write: wait until this file exists.
+    gate: str | None = None
+    # Write the name of the exception the transaction raised (if any) to this file.
+    seen: str | None = None
+    # Attempts up to this number raise inside the transaction, after the write.
+    fail_in_transaction: int = Field(default=0, ge=0, le=10)
+
+
+async def credit(ctx: JobContext[CreditPayload]) -> None:
+    """Credits an account on the handler's transaction (the shipped credit_account's
+    statement), records an effect, and crashes where CRASH_AT_ENV says."""
+    crash_here("before_write")
+    try:
+        async with ctx.transaction() as tx:
+            credited = await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents)
+            ctx.record_effect("credited", {"attempt": ctx.attempt})
+            crash_here("after_write")
+            if ctx.attempt <= ctx.payload.fail_in_transaction:
+                raise RuntimeError(f"planned failure in the transaction of attempt {ctx.attempt}")
+            if ctx.payload.gate is not None:
+                gate = Path(ctx.payload.gate)
+                while not gate.exists():
+                    await asyncio.sleep(0.02)  # polling a file the test creates
+            fence = ctx.fence
+            tx.set_result(
+                {
+                    **credited,
+                    "fence": {
+                        "job_id": str(fence.job_id),
+                        "attempt": fence.attempt,
+                        "lease_token": str(fence.lease_token),
+                    },
+                }
+            )
+    except Exception as exc:
+        if ctx.payload.seen is not None:
+            Path(ctx.payload.seen).write_text(type(exc).__name__)
+        raise
+    crash_here("after_commit")
+    if os.environ.get(CRASH_AT_ENV) == "after_return":
+        # Runs once this handler's task has returned, before the runner resumes.
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGKILL)
+
+
+# A short lease, so a killed worker's job is reaped within seconds.
+job("wt_credit", payload=CreditPayload, queue="testq", max_attempts=5, timeout=60, lease=2)(credit)
+# A long lease: no heartbeat (every 10 s) comes between a test's take-over and the commit.
+job(
+    "wt_credit_long_lease",
+    payload=CreditPayload,
+    queue="testq",
+    max_attempts=2,
+    timeout=60,
+    lease=30,
+)(credit)
+
+
+class ProgressPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Between the two bursts of reports, wait until this file exists.
+    gate: str
+    reports: int = Field(default=100, ge=1, le=10_000)
+
+
+@job("wt_progress", payload=ProgressPayload, queue="testq", max_attempts=1, timeout=60, lease=2)
+async def wt_progress(ctx: JobContext[ProgressPayload]) -> None:
+    """Two bursts of progress reports, each in a tight loop: the first ends at 0.5
+    "halfway" and waits for the gate; the second ends at 1.0 "done" and returns at once."""
+    for i in range(ctx.payload.reports):
+        await ctx.progress(0.5 * i / ctx.payload.reports, f"step {i}")
+    await ctx.progress(0.5, "halfway")
+    gate = Path(ctx.payload.gate)
+    while not gate.exists():
+        await asyncio.sleep(0.02)  # polling a file the test creates
+    for i in range(ctx.payload.reports):
+        await ctx.progress(0.5 + 0.5 * i / ctx.payload.reports, f"step {i}")
+    await ctx.progress(1.0, "done")

@@ -258,6 +258,23 @@ async def effects(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
         return [dict(r) for r in await cur.fetchall()]
 
 
+async def ledger(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT * FROM ledger_entries WHERE job_id = %s ORDER BY id", (job_id,)
+        )
+        return [dict(r) for r in await cur.fetchall()]
+
+
+async def balance(db: Database, account: str) -> int | None:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT balance_cents FROM ledger_accounts WHERE account = %s", (account,)
+        )
+        row = await cur.fetchone()
+    return None if row is None else int(row["balance_cents"])
+
+
 async def outbox_rows(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
     async with db.connection() as conn:
         cur = await conn.execute("SELECT * FROM outbox WHERE job_id = %s ORDER BY id", (job_id,))
