@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from jobcore.db import Database, fetch_all
 from jobcore.registry import default_registry
-from jobcore.schedules import Schedule, ScheduleNotFound, load_schedules
+from jobcore.schedules import Schedule, ScheduleConfigError, ScheduleNotFound, load_schedules
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import schedules as schedule_usecases
+from services.worker.app import Worker
 from services.worker.scheduler import Scheduler
 
 ACTOR = "test:scheduler"
@@ -351,3 +352,23 @@ async def test_gauges_show_next_and_last_tick_and_pause_on_every_worker(
     await follower.tick()
     assert gauge("paused") == 1
     assert gauge("next_tick_timestamp_seconds") == 0
+
+
+def test_a_worker_runs_a_scheduler_only_with_schedules_and_refuses_bad_ones(
+    wsettings: Settings,
+) -> None:
+    plain = Worker(wsettings, health=False)
+    assert plain.scheduler is None
+    assert "scheduler" not in {service.lease_name for service in plain.maintenance}
+    declared = wsettings.model_copy(
+        update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *"}}}
+    )
+    scheduling = Worker(declared, health=False)
+    assert scheduling.scheduler is not None
+    assert scheduling.scheduler in scheduling.maintenance
+    assert [s.name for s in scheduling.scheduler.schedules] == ["s"]
+    bad = wsettings.model_copy(
+        update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *", "missed": "all"}}}
+    )
+    with pytest.raises(ScheduleConfigError, match="schedule 's': missed: 'all'"):
+        Worker(bad, health=False)
