@@ -24,7 +24,13 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable, JobcoreError, QuotaExceeded
 from jobcore.schedules import Schedule
-from jobcore.scheduling import ScheduleRound, ScheduleState, enqueue_due, ensure_states
+from jobcore.scheduling import (
+    ScheduleRound,
+    ScheduleState,
+    enqueue_due,
+    ensure_states,
+    read_states,
+)
 from jobcore.settings import Settings
 from services.worker.maintenance import MaintenanceService
 
@@ -138,7 +144,9 @@ class Scheduler(MaintenanceService):
         Returns the jobs enqueued."""
         now = self.clock()
         async with self.db.unit_of_work() as uow:
-            states = await ensure_states(uow, self.schedules, now)
+            states = await read_states(uow)
+            if any(schedule.name not in states for schedule in self.schedules):
+                states = await ensure_states(uow, self.schedules, now)
             await uow.commit()
         self.metrics.states(self.schedules, states, now)
         if not await self._hold_lease():
