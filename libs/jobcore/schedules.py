@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import orjson
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -320,6 +321,9 @@ def _build(source: str, name: str, spec: ScheduleSpec, registry: Registry) -> Sc
         ) from None
     except InvalidPayload as exc:  # pragma: no cover - validate_payload raises the subclass
         raise ScheduleConfigError(f"{source}: payload: {exc}") from None
+    if b"\\u0000" in orjson.dumps(payload.model_dump(mode="json")):
+        # PostgreSQL's jsonb refuses it: every tick would fail at the insert.
+        raise ScheduleConfigError(f"{source}: payload: cannot contain NUL characters")
     try:
         check_tenant_name(spec.tenant)
     except InvalidTenantName:

@@ -73,6 +73,13 @@ def test_a_declaration_from_the_setting_is_checked_and_complete() -> None:
         ({"job_type": "nope"}, "job_type: 'nope' is not a registered job type"),
         ({"job_type": "export_csv", "payload": {"rows": 0}}, "payload.rows: Input should be"),
         ({"payload": {"extra": 1}}, "payload.extra: Extra inputs are not permitted"),
+        (
+            {
+                "job_type": "send_email",
+                "payload": {"to": "a@example.com", "subject": "x", "body": "\x00"},
+            },
+            "payload: cannot contain NUL characters",
+        ),
         ({"missed": "catch_up"}, "missed: 'catch_up' is not 'skip' or 'catch_up:N'"),
         ({"missed": "catch_up:0"}, "missed: 'catch_up:0'"),
         ({"missed": "catch_up:1001"}, "missed: 'catch_up:1001'"),
