@@ -71,6 +71,9 @@ class AuditAction(StrEnum):
     WEBHOOK_ENDPOINT_REMOVE = "webhook_endpoint.remove"
     WEBHOOK_REDELIVER = "webhook.redeliver"
     PRUNE = "prune"
+    SCHEDULE_PAUSE = "schedule.pause"
+    SCHEDULE_RESUME = "schedule.resume"
+    SCHEDULE_TRIGGER = "schedule.trigger"
 
 
 class Outcome(StrEnum):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -218,6 +219,23 @@ maintenance_leases = Table(
     Column("token", UUID(as_uuid=True), nullable=False),
     _timestamp("expires_at", nullable=False),
     _timestamp("acquired_at", nullable=False, default_now=True),
+)
+
+# Periodic jobs (jobcore.schedules): what the scheduler has done per schedule. The
+# declarations live in configuration; this is the state that must survive restarts and
+# clock steps. ``last_tick`` only moves forward: a tick at or before it is never enqueued.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    _timestamp("last_tick", nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    _timestamp("paused_at"),
+    # The job of the latest tick enqueued (no foreign key: the pruner deletes jobs).
+    Column("last_job_id", UUID(as_uuid=True)),
+    _timestamp("last_enqueued_at"),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("updated_at", nullable=False, default_now=True),
 )
 
 # What handlers did, written by the worker in the same transaction as a successful

@@ -247,6 +247,33 @@ class Settings(BaseSettings):
     # (docs/operations.md, "Retention").
     pruner_batch_size: int = Field(default=1000, ge=1, le=100_000)
 
+    # Periodic jobs (jobcore.schedules): JSON, a declaration per schedule name, e.g.
+    # {"nightly_export": {"job_type": "export_csv", "cron": "0 3 * * *",
+    #  "timezone": "Europe/Paris", "jitter": 300, "missed": "skip"}}; checked against the
+    # registry when a worker or a command loads them (jobcore.schedules.load_schedules).
+    schedules: Annotated[Mapping[str, Mapping[str, object]], NoDecode] = Field(default_factory=dict)
+    # Seconds between the scheduler's looks for due ticks (one scheduler at a time across
+    # the workers, by lease; it lasts three intervals): how late a tick's job may be
+    # enqueued, and how long a dead scheduler's successor may take.
+    scheduler_interval: float = Field(default=1.0, gt=0, le=60)
+
+    @field_validator("schedules", mode="before")
+    @classmethod
+    def _parse_schedules(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError(
+                    'must be a JSON object, e.g. {"nightly": {"job_type": "export_csv", '
+                    '"cron": "0 3 * * *"}}'
+                ) from None
+        if not isinstance(value, Mapping) or not all(
+            isinstance(v, Mapping) for v in value.values()
+        ):
+            raise ValueError("must map schedule names to JSON objects")
+        return value
+
     @field_validator("actor")
     @classmethod
     def _check_actor(cls, value: str | None) -> str | None:

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "services.cli.webhooks",
     "services.cli.jobs",
     "services.cli.prune",
+    "services.cli.schedules",
     "services.cli.audit",
     "services.cli.dev",
     "services.cli.demo",

@@ -1,6 +1,7 @@
 """The worker's composition root: one database pool, the consumer, the maintenance services
-(reaper, rescuer, sweeper), dead-letter notes, cancel listener and health server, wired from
-settings. ``jobcore worker`` and the tests both build it here.
+(reaper, rescuer, sweeper, and the scheduler when schedules are declared), dead-letter
+notes, cancel listener and health server, wired from settings. ``jobcore worker`` and the
+tests both build it here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_job_types, held_connections
 from jobcore.registry import Registry, load_job_modules
+from jobcore.schedules import load_schedules
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
 from services.worker.cancel import CancelListener
@@ -30,6 +32,7 @@ from services.worker.pruner import Pruner
 from services.worker.reaper import Reaper
 from services.worker.rescuer import Rescuer
 from services.worker.runner import JobRunner
+from services.worker.scheduler import Scheduler
 from services.worker.sweeper import Sweeper
 from services.worker.webhooks import WebhookDeliverer
 
@@ -78,6 +81,21 @@ class Worker:
             self.pruner,
             self.sweeper,
         ]
+        # Periodic jobs: only with schedules declared (then it needs a connection too).
+        schedules = load_schedules(settings.schedules, self.registry)
+        self.scheduler = (
+            Scheduler(
+                settings,
+                self.db,
+                owner=self.worker_id,
+                schedules=schedules,
+                metrics_registry=self.metrics.registry,
+            )
+            if schedules
+            else None
+        )
+        if self.scheduler is not None:
+            self.maintenance.append(self.scheduler)
         # Whatever else takes pool connections at once, one each; claims and outcomes keep
         # the rest (held, see services.worker.connections).
         pool_users = {
@@ -167,6 +185,8 @@ class Worker:
             "rescuer_leader": self.rescuer.is_leader,
             "pruner_leader": self.pruner.is_leader,
             "sweeper_leader": self.sweeper.is_leader,
+            # None: no schedule is declared, so this worker runs no scheduler.
+            "scheduler_leader": self.scheduler.is_leader if self.scheduler else None,
             "dead_letter_notes_consuming": self.dead_letter_notes.consuming,
             "cancel_listener": self.cancels.listening,
             "webhooks_consuming": self.webhooks.consuming if self.webhooks else None,

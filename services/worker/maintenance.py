@@ -1,4 +1,5 @@
-"""Singleton maintenance work (reaper, rescuer, sweeper): one holder at a time, by lease row.
+"""Singleton maintenance work (reaper, rescuer, sweeper, scheduler): one holder at a time,
+by lease row.
 
 Every worker runs each maintenance service, but only the holder of the service's row in
 ``maintenance_leases`` works: the lease is a row with a token and an expiry (not an
@@ -109,16 +110,22 @@ class MaintenanceService(Service):
             await uow.commit()
         return self.token is not None
 
+    async def renew_in(self, uow: UnitOfWork) -> bool:
+        """The fence: renew the lease in the caller's transaction, so its work commits only
+        while we hold it; False (and the lease forgotten) if another holder took over."""
+        renewed = (
+            None
+            if self.token is None
+            else await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
+        )
+        if renewed is None:
+            self.token = None
+            return False
+        return True
+
     async def _work_batch(self) -> int:
         async with self.db.unit_of_work() as uow:
-            # The fence: renewing in this transaction fails if another holder took over.
-            renewed = (
-                None
-                if self.token is None
-                else await fetch_one(uow, MAINTENANCE_LEASE_RENEW(self._lease_params(self.token)))
-            )
-            if renewed is None:
-                self.token = None
+            if not await self.renew_in(uow):
                 return 0
             taken, rows = await self.work(uow)
             await uow.commit()

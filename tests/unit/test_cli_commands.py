@@ -32,6 +32,7 @@ def test_every_verb_is_registered() -> None:
         "bench": None,
         "keys": {"create": None, "list": None, "revoke": None, "rotate": None},
         "tenants": {"set-quota": None, "show": None, "list": None},
+        "schedules": {"list": None, "pause": None, "resume": None, "trigger": None},
         "outbox": {
             "status": None,
             "list-failing": None,

@@ -1,0 +1,156 @@
+"""Enqueueing a schedule's due ticks, one job per tick, through the usual enqueue path.
+
+One transaction per schedule: its state row locked (``schedules``), a job for each tick
+the missed-tick policy keeps (:meth:`jobcore.schedules.Schedule.due`), with the tick as
+the job's idempotency key (:func:`jobcore.schedules.tick_key`), and ``last_tick`` moved to
+the latest due tick. The worker's scheduler runs it under the ``scheduler`` maintenance
+lease, renewed in the same transaction, so one scheduler works at a time; the row lock
+and the key would still keep two from enqueueing a tick twice, and a tick at or before
+``last_tick`` is never due again, whatever the clock says.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Session, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.enqueue import EnqueueResult, enqueue
+from jobcore.errors import IdempotencyConflict
+from jobcore.quotas import Quotas
+from jobcore.schedules import Schedule, tick_key
+from jobcore.sql.schedules import (
+    SCHEDULE_ADVANCE,
+    SCHEDULE_ENSURE_MANY,
+    SCHEDULE_LIST,
+    SCHEDULE_LOCK,
+    ScheduleAdvanceParams,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    name: str
+    last_tick: datetime
+    paused: bool
+    paused_at: datetime | None
+    last_job_id: uuid.UUID | None
+    last_enqueued_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> ScheduleState:
+        return cls(
+            row["name"],
+            row["last_tick"],
+            row["paused"],
+            row["paused_at"],
+            row["last_job_id"],
+            row["last_enqueued_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedTick:
+    tick: datetime
+    # None: the tick's key was already taken by a job of another request (the
+    # declaration changed since); nothing was written.
+    job_id: uuid.UUID | None
+    # The tick's job existed already (another scheduler made it): nothing was written.
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRound:
+    """What one round did for one schedule."""
+
+    name: str
+    paused: bool = False
+    enqueued: list[EnqueuedTick] = field(default_factory=list)
+    # Missed ticks the policy left out (a lower bound after a long gap).
+    skipped: int = 0
+    last_tick: datetime | None = None
+
+
+async def ensure_states(
+    session: Session, schedules: Sequence[Schedule], now: datetime
+) -> dict[str, ScheduleState]:
+    """Every schedule's state, creating those seen for the first time (their first tick
+    is the first after ``now``: a new schedule does not make up for its past)."""
+    if schedules:
+        await execute(
+            session, SCHEDULE_ENSURE_MANY({"names": [s.name for s in schedules], "now": now})
+        )
+    return await read_states(session)
+
+
+async def read_states(session: Session) -> dict[str, ScheduleState]:
+    rows = await fetch_all(session, SCHEDULE_LIST({}))
+    return {row["name"]: ScheduleState.from_row(row) for row in rows}
+
+
+async def enqueue_due(
+    uow: UnitOfWork, topology: Topology, schedule: Schedule, now: datetime, *, quotas: Quotas
+) -> ScheduleRound:
+    """Enqueue ``schedule``'s due ticks and advance its state, in the caller's transaction
+    (it commits). A quota refusal raises (:class:`~jobcore.errors.QuotaExceeded`): the
+    caller rolls back, and the ticks are due again at the next round."""
+    row = await fetch_one(uow, SCHEDULE_LOCK({"name": schedule.name}))
+    if row is None:
+        await ensure_states(uow, [schedule], now)
+        return ScheduleRound(schedule.name)
+    state = ScheduleState.from_row(row)
+    if state.paused:
+        return ScheduleRound(schedule.name, paused=True, last_tick=state.last_tick)
+    due = schedule.due(state.last_tick, now)
+    if due.latest is None:
+        return ScheduleRound(schedule.name, last_tick=state.last_tick)
+    enqueued = [await _enqueue_tick(uow, topology, schedule, tick, quotas) for tick in due.enqueue]
+    advance: ScheduleAdvanceParams = {
+        "name": schedule.name,
+        "tick": due.latest,
+        "job_id": enqueued[-1].job_id,
+    }
+    await execute(uow, SCHEDULE_ADVANCE(advance))
+    return ScheduleRound(schedule.name, False, enqueued, due.skipped, due.latest)
+
+
+async def _enqueue_tick(
+    uow: UnitOfWork, topology: Topology, schedule: Schedule, tick: datetime, quotas: Quotas
+) -> EnqueuedTick:
+    try:
+        result = await enqueue(
+            uow,
+            topology,
+            tenant=schedule.tenant,
+            job_type=schedule.job_type,
+            payload=schedule.payload,
+            idempotency_key=tick_key(schedule.name, tick),
+            entity_id=schedule.entity_id,
+            max_attempts=schedule.max_attempts,
+            run_at=schedule.run_at(tick),
+            quotas=quotas,
+        )
+    except IdempotencyConflict:
+        return EnqueuedTick(tick, None, True)
+    return EnqueuedTick(tick, result.job_id, result.replayed)
+
+
+async def enqueue_now(
+    uow: UnitOfWork, topology: Topology, schedule: Schedule, *, quotas: Quotas
+) -> EnqueueResult:
+    """One job of ``schedule`` now, outside its ticks (``jobcore schedules trigger``): no
+    idempotency key, and the schedule's state is left as it is."""
+    return await enqueue(
+        uow,
+        topology,
+        tenant=schedule.tenant,
+        job_type=schedule.job_type,
+        payload=schedule.payload,
+        entity_id=schedule.entity_id,
+        max_attempts=schedule.max_attempts,
+        quotas=quotas,
+    )

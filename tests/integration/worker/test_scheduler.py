@@ -1,0 +1,374 @@
+"""The scheduler against the real PostgreSQL, its clock driven by the test: one job per
+tick, missed-tick policies, clock steps and restarts, pause/resume/trigger (audited),
+quota refusals and the schedule gauges. Several schedulers at once, as processes, are in
+test_scheduler_processes.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from jobcore.db import Database, fetch_all
+from jobcore.registry import default_registry
+from jobcore.schedules import Schedule, ScheduleConfigError, ScheduleNotFound, load_schedules
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.usecases import quotas as quota_usecases
+from jobcore.usecases import schedules as schedule_usecases
+from services.worker.app import Worker
+from services.worker.scheduler import Scheduler
+
+ACTOR = "test:scheduler"
+SCHEDULE_JOBS = Query(
+    "test_schedule_jobs",
+    "The jobs schedules enqueued, in key order.",
+    """
+    SELECT idempotency_key, type, tenant, entity_id, payload, max_attempts, next_attempt_at,
+           id
+    FROM jobs WHERE entity_id LIKE 'schedule:%%' ORDER BY idempotency_key NULLS LAST, created_at
+    """,
+)
+STATE = Query(
+    "test_schedule_state",
+    "Every schedule's state row.",
+    "SELECT name, last_tick, paused, last_job_id FROM schedules ORDER BY name",
+)
+AUDIT = Query(
+    "test_schedule_audit",
+    "The audit entries of schedule actions.",
+    """
+    SELECT actor, action, target_type, target_id, tenant, outcome, details FROM audit_log
+    WHERE target_type = 'schedule' ORDER BY id
+    """,
+)
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def set(self, offset: float) -> None:
+        self.now = T0 + timedelta(seconds=offset)
+
+
+# A whole minute (every cron here ticks on it), in the recent past: created_at stays close.
+T0 = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
+
+
+def declare(**declarations: dict[str, Any]) -> tuple[Schedule, ...]:
+    specs = {
+        name: {"job_type": "noop", "cron": "* * * * * *", **d} for name, d in declarations.items()
+    }
+    return load_schedules(specs, default_registry, in_code={})
+
+
+def scheduler(
+    settings: Settings, db: Database, schedules: Sequence[Schedule], clock: Clock, owner: str = "a"
+) -> Scheduler:
+    return Scheduler(
+        settings,
+        db,
+        owner=owner,
+        schedules=schedules,
+        metrics_registry=CollectorRegistry(),
+        interval=1.0,
+        clock=clock,
+    )
+
+
+async def jobs(db: Database) -> list[dict[str, Any]]:
+    async with db.unit_of_work() as uow:
+        return [dict(r) for r in await fetch_all(uow, SCHEDULE_JOBS({}))]
+
+
+async def keys(db: Database, name: str) -> list[str]:
+    return [
+        j["idempotency_key"].removeprefix(f"schedule:{name}:")
+        for j in await jobs(db)
+        if j["entity_id"] == f"schedule:{name}" and j["idempotency_key"]
+    ]
+
+
+def at(*offsets: int) -> list[str]:
+    return [(T0 + timedelta(seconds=s)).isoformat() for s in offsets]
+
+
+def sample(registry: CollectorRegistry, name: str, schedule: str) -> float | None:
+    return registry.get_sample_value(f"jobcore_schedule_{name}", {"schedule": schedule})
+
+
+async def states(db: Database) -> dict[str, dict[str, Any]]:
+    async with db.unit_of_work() as uow:
+        return {r["name"]: dict(r) for r in await fetch_all(uow, STATE({}))}
+
+
+@pytest.fixture
+async def second_db(settings: Settings) -> AsyncIterator[Database]:
+    """Another pool on the same database: another scheduler's connections."""
+    database = Database(settings, name="second-scheduler")
+    await database.open(wait=True)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+async def test_each_tick_makes_one_job_once_and_the_state_follows(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(
+        every=dict(payload={}, max_attempts=2),
+        jittered=dict(cron="*/2 * * * * *", jitter=1.5, tenant="ops"),
+    )
+    clock = Clock(T0)
+    worker = scheduler(settings, db, schedules, clock)
+    assert await worker.tick() == 0  # first sight: the state starts now, nothing is made up
+    clock.set(1.5)
+    assert await worker.tick() == 1
+    assert await worker.tick() == 0  # the same instant again: that tick is made
+    clock.set(2.2)
+    assert await worker.tick() == 2
+
+    assert await keys(db, "every") == at(1, 2)
+    assert await keys(db, "jittered") == at(2)
+    made = {j["idempotency_key"]: j for j in await jobs(db)}
+    every = made[f"schedule:every:{at(2)[0]}"]
+    assert (every["type"], every["tenant"], every["max_attempts"]) == ("noop", "scheduler", 2)
+    jittered = made[f"schedule:jittered:{at(2)[0]}"]
+    assert jittered["tenant"] == "ops"
+    delay = (jittered["next_attempt_at"] - (T0 + timedelta(seconds=2))).total_seconds()
+    assert 0 <= delay < 1.5
+    # PostgreSQL keeps microseconds.
+    assert delay == pytest.approx(schedules[1].jitter_offset(T0 + timedelta(seconds=2)), abs=1e-5)
+    state = (await states(db))["every"]
+    assert state["last_tick"] == T0 + timedelta(seconds=2)
+    assert state["last_job_id"] == every["id"]
+
+
+async def test_two_schedulers_on_separate_connections_make_each_tick_once(
+    settings: Settings, db: Database, second_db: Database
+) -> None:
+    schedules = declare(every=dict(missed="catch_up:10"))
+    clock = Clock(T0)
+    first = scheduler(settings, db, schedules, clock, owner="first")
+    second = scheduler(settings, second_db, schedules, clock, owner="second")
+    made = await first.tick() + await second.tick()
+    for step in range(1, 8):
+        clock.set(step + 0.3)
+        made += await first.tick() + await second.tick()
+    assert first.is_leader
+    assert not second.is_leader
+    assert made == 7
+    assert await keys(db, "every") == at(1, 2, 3, 4, 5, 6, 7)
+    # The leader stops (its lease given back): the other takes over from the last tick.
+    await first._release()
+    clock.set(10.3)
+    assert await second.tick() == 3
+    assert second.is_leader
+    assert await keys(db, "every") == at(*range(1, 11))
+
+
+async def test_missed_ticks_are_skipped_or_caught_up_to_n(settings: Settings, db: Database) -> None:
+    schedules = declare(skipping=dict(), catching=dict(missed="catch_up:3"))
+    clock = Clock(T0)
+    worker = scheduler(settings, db, schedules, clock)
+    await worker.tick()
+    clock.set(10.5)  # ten ticks since: nine of them missed
+    await worker.tick()
+    assert await keys(db, "skipping") == at(10)
+    assert await keys(db, "catching") == at(7, 8, 9, 10)
+    assert {n: s["last_tick"] for n, s in (await states(db)).items()} == {
+        "catching": T0 + timedelta(seconds=10),
+        "skipping": T0 + timedelta(seconds=10),
+    }
+
+
+async def test_clock_steps_and_restarts_never_make_a_tick_twice(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(every=dict(missed="catch_up:10"))
+    clock = Clock(T0)
+    worker = scheduler(settings, db, schedules, clock)
+    await worker.tick()
+    clock.set(3.5)
+    assert await worker.tick() == 3
+    await worker._release()
+
+    # A restarted worker whose clock stepped back two seconds: nothing again.
+    clock.set(1.5)
+    restarted = scheduler(settings, db, schedules, clock, owner="restarted")
+    assert await restarted.tick() == 0
+    clock.set(3.9)
+    assert await restarted.tick() == 0
+    assert (await states(db))["every"]["last_tick"] == T0 + timedelta(seconds=3)
+    # Forward again, past the last tick: only the ticks after it.
+    clock.set(5.1)
+    assert await restarted.tick() == 2
+    # A step forward of a minute: the policy decides (catch_up:10 → ten missed + latest).
+    clock.set(65.2)
+    assert await restarted.tick() == 11
+    assert await keys(db, "every") == at(1, 2, 3, 4, 5, *range(55, 66))
+
+
+async def test_pause_resume_and_trigger_are_audited_and_do_what_they_say(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(every=dict(missed="catch_up:10", tenant="ops"))
+    clock = Clock(T0)
+    worker = scheduler(settings, db, schedules, clock)
+    await worker.tick()
+
+    paused = await schedule_usecases.pause_schedule(
+        db, schedules, "every", actor=ACTOR, now=clock()
+    )
+    assert paused.paused
+    assert paused.next_tick is None
+    clock.set(3.5)
+    assert await worker.tick() == 0
+
+    trigger = await schedule_usecases.trigger_schedule(
+        db, settings, schedules, "every", actor=ACTOR
+    )
+    made = await jobs(db)
+    assert [(j["id"], j["idempotency_key"], j["tenant"]) for j in made] == [
+        (trigger.job_id, None, "ops")
+    ]
+    assert (await states(db))["every"]["last_tick"] == T0  # a trigger is not a tick
+
+    resumed = await schedule_usecases.resume_schedule(
+        db, schedules, "every", actor=ACTOR, now=clock()
+    )
+    assert not resumed.paused
+    assert resumed.next_tick == T0 + timedelta(seconds=4)
+    clock.set(3.8)
+    assert await worker.tick() == 0  # the ticks while paused are not made up
+    clock.set(4.1)
+    assert await worker.tick() == 1
+    assert await keys(db, "every") == at(4)
+
+    with pytest.raises(ScheduleNotFound):
+        await schedule_usecases.pause_schedule(db, schedules, "evry", actor=ACTOR, now=clock())
+
+    async with db.unit_of_work() as uow:
+        entries = [dict(r) for r in await fetch_all(uow, AUDIT({}))]
+    assert [(e["action"], e["target_id"], e["outcome"], e["actor"]) for e in entries] == [
+        ("schedule.pause", "every", "succeeded", ACTOR),
+        ("schedule.trigger", "every", "succeeded", ACTOR),
+        ("schedule.resume", "every", "succeeded", ACTOR),
+        ("schedule.pause", "evry", "refused", ACTOR),
+    ]
+    assert entries[0]["tenant"] == "ops"
+    assert entries[0]["details"]["was_paused"] is False
+    assert entries[1]["details"]["job_id"] == str(trigger.job_id)
+    assert entries[3]["details"]["refused"] == "ScheduleNotFound"
+
+
+async def test_list_shows_state_and_next_tick_and_undeclared_rows(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(every=dict(cron="*/5 * * * * *"), gone=dict())
+    clock = Clock(T0)
+    await scheduler(settings, db, schedules, clock).tick()
+    listed = await schedule_usecases.list_schedules(
+        db, schedules[:1], now=T0 + timedelta(seconds=1)
+    )
+    by_name = {s.name: s for s in listed}
+    assert by_name["every"].next_tick == T0 + timedelta(seconds=5)
+    assert by_name["every"].last_tick == T0
+    assert by_name["every"].declared
+    assert not by_name["gone"].declared
+    assert by_name["gone"].next_tick is None
+
+
+async def test_a_quota_refusal_leaves_the_tick_due_and_is_counted(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(capped=dict(tenant="capped"), free=dict())
+    await quota_usecases.set_quotas(db, "capped", max_unfinished=1)
+    clock = Clock(T0)
+    registry = CollectorRegistry()
+    worker = Scheduler(
+        settings,
+        db,
+        owner="a",
+        schedules=schedules,
+        metrics_registry=registry,
+        interval=1.0,
+        clock=clock,
+    )
+    await worker.tick()
+    clock.set(1.2)
+    assert await worker.tick() == 2
+    clock.set(2.2)
+    assert await worker.tick() == 1  # capped is at its limit: only free's tick
+    assert await keys(db, "capped") == at(1)
+    assert (await states(db))["capped"]["last_tick"] == T0 + timedelta(seconds=1)
+    assert sample(registry, "enqueue_refusals_total", "capped") == 1
+    assert sample(registry, "jobs_enqueued_total", "free") == 2
+    # The quota raised: the refused tick is made at the next round (skip: the latest).
+    await quota_usecases.set_quotas(db, "capped", max_unfinished=None)
+    clock.set(3.4)
+    assert await worker.tick() == 2
+    assert await keys(db, "capped") == at(1, 3)
+    assert sample(registry, "ticks_skipped_total", "capped") == 1
+
+
+async def test_gauges_show_next_and_last_tick_and_pause_on_every_worker(
+    settings: Settings, db: Database, second_db: Database
+) -> None:
+    schedules = declare(every=dict(cron="*/5 * * * * *"))
+    clock = Clock(T0)
+    leader = scheduler(settings, db, schedules, clock, owner="leader")
+    registry = CollectorRegistry()
+    follower = Scheduler(
+        settings,
+        second_db,
+        owner="follower",
+        schedules=schedules,
+        metrics_registry=registry,
+        interval=1.0,
+        clock=clock,
+    )
+    await leader.tick()
+    clock.set(5.5)
+    await leader.tick()
+    await follower.tick()
+    assert not follower.is_leader
+
+    def gauge(name: str) -> float | None:
+        return registry.get_sample_value(f"jobcore_schedule_{name}", {"schedule": "every"})
+
+    assert gauge("last_tick_timestamp_seconds") == (T0 + timedelta(seconds=5)).timestamp()
+    assert gauge("next_tick_timestamp_seconds") == (T0 + timedelta(seconds=10)).timestamp()
+    assert gauge("paused") == 0
+    await schedule_usecases.pause_schedule(db, schedules, "every", actor=ACTOR, now=clock())
+    await follower.tick()
+    assert gauge("paused") == 1
+    assert gauge("next_tick_timestamp_seconds") == 0
+
+
+def test_a_worker_runs_a_scheduler_only_with_schedules_and_refuses_bad_ones(
+    wsettings: Settings,
+) -> None:
+    plain = Worker(wsettings, health=False)
+    assert plain.scheduler is None
+    assert "scheduler" not in {service.lease_name for service in plain.maintenance}
+    declared = wsettings.model_copy(
+        update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *"}}}
+    )
+    scheduling = Worker(declared, health=False)
+    assert scheduling.scheduler is not None
+    assert scheduling.scheduler in scheduling.maintenance
+    assert [s.name for s in scheduling.scheduler.schedules] == ["s"]
+    bad = wsettings.model_copy(
+        update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *", "missed": "all"}}}
+    )
+    with pytest.raises(ScheduleConfigError, match="schedule 's': missed: 'all'"):
+        Worker(bad, health=False)
