@@ -187,7 +187,8 @@ class InlineWorker:
             if wait is None or wait > wait_limit:
                 drained.next_due_in = wait
                 return drained
-            await asyncio.sleep(wait)  # until the next message's scheduled time
+            # Until the next message's scheduled time, bounded by the deadline.
+            await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
     # --- the relay's part: due rows, taken as if the broker had confirmed them ----------
 
@@ -281,7 +282,8 @@ class InlineWorker:
             await self._succeed(claimed, context, result, drained)
 
     async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:
-        """Extend the lease; a cancel request sets ``ctx.cancel_requested``."""
+        """Extend the lease; a cancel request sets ``ctx.cancel_requested``. (A lost lease
+        needs nothing here: the outcome's fence drops what the handler returns.)"""
         async with self.db.session() as session:
             row = await fetch_one(
                 session,
@@ -293,7 +295,7 @@ class InlineWorker:
                     }
                 ),
             )
-        if row is None or row["cancel_requested_at"] is not None:
+        if row is not None and row["cancel_requested_at"] is not None:
             context.cancel_requested.set()
 
     async def _succeed(

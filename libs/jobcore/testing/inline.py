@@ -36,7 +36,7 @@ from jobcore.attempts import UnstorableOutcome, call_handler, effect_rows, encod
 from jobcore.payloads import validate_payload
 from jobcore.registry import Effect, JobContext, Registry, default_registry
 from jobcore.results import LocalResultStore
-from jobcore.settings import Settings
+from jobcore.settings import Settings, load_settings
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ async def run_inline_job(
     kind = registry.get(job_type)
     model = validate_payload(kind, as_sent(payload))
     stored_payload = model.model_dump(mode="json")
-    config = settings or Settings()
+    config = settings or load_settings()
     if result_dir is not None:
         config = config.model_copy(update={"result_dir": result_dir})
     store = LocalResultStore(config.result_dir)
