@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo dev test test-parallel test-serial lint lock bench bench-steady clean
+.PHONY: setup demo dev test test-parallel test-serial lint check-wheel lock bench bench-steady clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# Build the wheel, install it in a new virtual environment and run `jobcore demo`, chaos and
+# a quick bench from outside the checkout (about 4 minutes; CI runs it).
+check-wheel: setup
+	scripts/check_wheel.sh
 
 # Every scenario at full size (about 13 minutes on 2 cores, and about 8 more for `fair`);
 # the README shows its table.

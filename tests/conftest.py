@@ -22,6 +22,10 @@ from jobcore.settings import Settings
 from tests.support import databases
 from tests.support.services import ServiceUrls, locate_services
 
+# The fixtures jobcore ships for handler authors (jobcore_settings, jobcore_db,
+# jobcore_worker), enabled here exactly as the README tells its users to.
+pytest_plugins = ["jobcore.testing.pytest_plugin"]
+
 TEST_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
 
 load_job_modules(TEST_JOB_MODULES)

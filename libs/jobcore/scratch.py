@@ -1,10 +1,14 @@
 """A database and a broker prefix of one run (`jobcore chaos`, `jobcore bench`), created
-for it and removed after it, so a run never touches the developer's own jobs."""
+for it and removed after it, so a run never touches the developer's own jobs; and
+databases for tests, cloned from a template migrated once (the testing kit's pytest plugin).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -36,6 +40,56 @@ def drop_database(config: Settings) -> None:
                 sql.Identifier(config.database_name)
             )
         )
+
+
+# Serialises the template's creation between parallel test processes (pytest-xdist).
+TEMPLATE_LOCK = "jobcore.tests.template"
+
+
+def migrations_fingerprint() -> str:
+    """A hash of the migrations: a change to them makes a new template."""
+    digest = hashlib.sha256()
+    root = migrate.migrations_dir()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def ensure_template(config: Settings) -> str:
+    """The name of a migrated template database on ``config``'s server, created unless an
+    identical one (same migrations) exists: later runs reuse it."""
+    name = f"jobcore_tpl_{migrations_fingerprint()}"
+    with psycopg.connect(config.maintenance_database_url(), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (TEMPLATE_LOCK,))
+        try:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s AND datistemplate", (name,)
+            ).fetchone()
+            if not exists:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                migrate.upgrade(Settings(database_url=database_url(config.database_url, name)))
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} IS_TEMPLATE true").format(sql.Identifier(name))
+                )
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (TEMPLATE_LOCK,))
+    return name
+
+
+def clone_database(config: Settings, template: str, prefix: str = "jobcore_t_") -> str:
+    """A new database on ``config``'s server, a copy of ``template``; its URL."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(config.maintenance_database_url(), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+    return database_url(config.database_url, name)
 
 
 async def delete_topology(config: Settings) -> None:

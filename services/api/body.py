@@ -7,7 +7,6 @@ so no body larger than the limit is ever held in memory.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import orjson
@@ -16,7 +15,6 @@ from starlette.requests import Request
 from services.api.problems import (
     BodyTooLarge,
     MalformedJson,
-    UnstorablePayload,
     UnsupportedMediaType,
 )
 
@@ -51,34 +49,3 @@ async def read_json(request: Request, limit: int) -> Any:
         return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
         raise MalformedJson(f"the body is not valid JSON: {exc}") from None
-
-
-def check_storable(value: Any, loc: tuple[str | int, ...] = ("body",)) -> None:
-    """Refuse what PostgreSQL's jsonb cannot hold (NUL in strings, non-finite numbers).
-
-    Valid JSON and valid for the payload model, yet the INSERT would fail: refusing it
-    here keeps such input a 422 instead of a server error.
-    """
-    errors: list[dict[str, Any]] = []
-    _collect_unstorable(value, list(loc), errors)
-    if errors:
-        raise UnstorablePayload(errors, f"the payload cannot be stored ({len(errors)} errors)")
-
-
-def _collect_unstorable(value: Any, loc: list[str | int], errors: list[dict[str, Any]]) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            errors.append({"loc": loc, "msg": "NUL characters are not allowed", "type": "nul"})
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            errors.append({"loc": loc, "msg": "numbers must be finite", "type": "finite_number"})
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and "\x00" in key:
-                errors.append(
-                    {"loc": [*loc, key], "msg": "NUL characters are not allowed", "type": "nul"}
-                )
-            _collect_unstorable(item, [*loc, key], errors)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _collect_unstorable(item, [*loc, index], errors)

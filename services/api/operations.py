@@ -31,7 +31,6 @@ from jobcore.sql.jobs import (
 )
 from jobcore.sql.tenant_quotas import TENANT_MAX_LONG_POLLS
 from jobcore.states import JobStatus
-from services.api.body import check_storable
 from services.api.cursor import decode_cursor, encode_cursor
 from services.api.problems import InvalidIdempotencyKey, InvalidRequest
 from services.api.tracing import enqueue_span
@@ -106,13 +105,6 @@ class ReceivedPayload:
 
     raw: Any
     model: BaseModel
-
-
-def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
-    """The payload as the job type's model, and storable as it is."""
-    payload: BaseModel = job_type.validate_payload(raw_payload)
-    check_storable(payload.model_dump(mode="json"))
-    return payload
 
 
 async def submit(

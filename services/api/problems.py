@@ -38,6 +38,7 @@ from jobcore.errors import (
     TooManyUnfinishedJobs,
     UnknownJobType,
 )
+from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError
 from jobcore.results import ResultNotFound
 
@@ -78,14 +79,6 @@ class InvalidWait(JobcoreError):
 
 class InvalidRequest(JobcoreError):
     """The request's parameters are invalid."""
-
-    def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
-        self.errors = errors
-        super().__init__(message)
-
-
-class UnstorablePayload(InvalidPayload):
-    """The payload holds values the database cannot store."""
 
     def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
         self.errors = errors

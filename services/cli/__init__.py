@@ -39,9 +39,9 @@ COMMAND_MODULES = (
     "services.cli.demo",
     "services.cli.chaos",
 )
-# Commands whose code lives outside the shipped packages, in the source checkout: found
-# there when it is on the path, else the verb answers that it needs a checkout.
-OPTIONAL_COMMAND_MODULES = {"bench": "bench.cli"}
+# Commands that sit above this package (they use its plumbing): imported by name, so the
+# import rules (pyproject.toml) see no upward import.
+UPPER_COMMAND_MODULES = ("services.bench.cli",)
 
 app = typer.Typer(
     name="jobcore",
@@ -65,29 +65,8 @@ def _root(
     set_actor(actor)
 
 
-def _needs_checkout(name: str) -> None:
-    @app.command(
-        name,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )
-    def missing() -> None:
-        """Needs a source checkout (this installation has none)."""
-        typer.echo(f"jobcore: jobcore {name} needs a source checkout", err=True)
-        raise typer.Exit(1)
-
-
-for _module in COMMAND_MODULES:
+for _module in (*COMMAND_MODULES, *UPPER_COMMAND_MODULES):
     importlib.import_module(_module).register(app)
-for _name, _module in OPTIONAL_COMMAND_MODULES.items():
-    try:
-        _optional = importlib.import_module(_module)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (_module == exc.name or _module.startswith(f"{exc.name}.")):
-            raise  # the module is there and failed to import: a real error
-        _needs_checkout(_name)
-    else:
-        _optional.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,10 +10,14 @@ a new job then takes to succeed end to end. When the time is up it stops the loa
 (bounded) for quiescence and checks in the database that no accepted job was lost and no
 effect was recorded twice. Exit 0 only when both hold.
 
-It stops the machine's shared RabbitMQ and PostgreSQL, so for its whole run it holds the
-lock the disruptive tests take (:mod:`jobcore.testing.chaos`). The stack machinery and the
-job type it submits are the library's testing kit (:mod:`jobcore.testing`), which the tests
-use too.
+Two of its faults, ``broker_restart`` and ``postgres_restart``, stop the machine's shared
+RabbitMQ and PostgreSQL: a run that throws either holds, for its whole length, the lock
+the disruptive tests take (:mod:`jobcore.testing.chaos`), and starts them again at the
+end whatever happened. The other faults touch only the run's own processes and proxies,
+so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut``
+leaves the shared services alone (the wheel check in CI runs that, next to the tests).
+The stack machinery and the job type it submits are the library's testing kit
+(:mod:`jobcore.testing`), which the tests use too.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ FAULTS = (
     "database_cut",
 )
 # How long one fault lasts (an outage, a cut, the wait before a killed process restarts).
+# The faults that stop the shared services rather than this run's processes or proxies.
+SHARED_SERVICE_FAULTS = frozenset({"broker_restart", "postgres_restart"})
 FAULT_SECONDS = (2.0, 6.0)
 # The quiet time between one recovery and the next fault.
 GAP_SECONDS = (1.0, 5.0)
@@ -335,7 +341,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
 
 
 def _with_cleanup(
-    config: Settings, action: Callable[[], Awaitable[dict[str, Any]]]
+    config: Settings, action: Callable[[], Awaitable[dict[str, Any]]], *, restore: bool
 ) -> dict[str, Any]:
     from jobcore.testing.pipeline import services_restored
 
@@ -346,7 +352,8 @@ def _with_cleanup(
             finally:
                 # Whatever happened, the shared services run again before the run's
                 # database and topology go.
-                await asyncio.to_thread(services_restored)
+                if restore:
+                    await asyncio.to_thread(services_restored)
 
     return asyncio.run(run())
 
@@ -390,7 +397,13 @@ def chaos(
     logs = (log_dir or Path("var/chaos")) / run_id
     logs.mkdir(parents=True, exist_ok=True)
     config = run_settings(settings(), run_id, logs)
-    with disruption_lock(chaos_support.LOCK_PATH, LOCK_TIMEOUT):
+    disrupts_shared = bool(SHARED_SERVICE_FAULTS.intersection(chosen))
+    lock = (
+        disruption_lock(chaos_support.LOCK_PATH, LOCK_TIMEOUT)
+        if disrupts_shared
+        else contextlib.nullcontext()
+    )
+    with lock:
         _say(
             f"run {run_id}: database {config.database_name}, broker prefix {config.amqp_prefix}, "
             f"{duration:.0f}s at {rate:g} jobs/s, seed {seed}"
@@ -410,6 +423,7 @@ def chaos(
                     handler_seconds=handler_seconds,
                     faults=chosen,
                 ),
+                restore=disrupts_shared,
             )
         except KeyboardInterrupt:
             _say("interrupted: the stack is stopped, the services run, the run's data is gone")

@@ -29,12 +29,20 @@ from typing import Any
 import orjson
 
 from jobcore.amqp.topology import Topology
+from jobcore.attempts import (
+    ERROR_MAX_CHARS,
+    UnstorableOutcome,
+    call_handler,
+    effect_rows,
+    encode_result,
+    error_text,
+    storable,
+)
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.enqueue import job_message_row
 from jobcore.errors import (
     DatabaseUnavailable,
-    JobcoreError,
     LeaseLost,
     PermanentError,
     ServiceStateError,
@@ -67,13 +75,6 @@ from services.worker.metrics import WorkerMetrics
 from services.worker.tracing import handler_span
 
 log = logging.getLogger(__name__)
-
-ERROR_MAX_CHARS = 2000
-_NUL = b"\\u0000"  # how orjson writes U+0000, which PostgreSQL's jsonb refuses
-
-
-class JobTimedOut(JobcoreError):
-    """The handler ran longer than its job type's timeout."""
 
 
 class ResultNotRecordable(PermanentError):
@@ -131,18 +132,6 @@ def lease_deadline(claim: Claim, since: float) -> float:
     """When, on this process's monotonic clock, ``claim``'s lease counted from ``since``
     may have run out."""
     return since + claim.job_type.lease * (1 - LEASE_MARGIN)
-
-
-def error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return storable(text)[:ERROR_MAX_CHARS]
-
-
-def storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it: text columns hold no NUL, and a lone surrogate
-    (bytes decoded with ``surrogateescape``) cannot be encoded. Either would fail the very
-    statement that records the error, and the attempt would end as "lease expired"."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
 
 
 class JobRunner:
@@ -270,15 +259,9 @@ class JobRunner:
     async def _call_handler(self, claim: Claim, context: JobContext[Any]) -> Any:
         # A child of the delivery's consume span (this task copied its context).
         with handler_span(claim):
-            timeout = asyncio.timeout(claim.job_type.timeout)
             started = time.monotonic()
             try:
-                async with timeout:
-                    return await claim.job_type.handler(context)
-            except TimeoutError:
-                if timeout.expired():
-                    raise JobTimedOut(f"timed out after {claim.job_type.timeout:g}s") from None
-                raise
+                return await call_handler(claim.job_type, context)
             finally:
                 self.metrics.handler_ran(claim.job_type.name, time.monotonic() - started)
 
@@ -425,25 +408,11 @@ class JobRunner:
         large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
         when the result store failed."""
         claim, context = running.claim, running.context
-        effects = [
-            {
-                "job_id": str(claim.job_id),
-                "lease_token": str(claim.lease_token),
-                "kind": e.kind,
-                "detail": e.detail,
-            }
-            for e in context.effects
-        ]
+        effects = effect_rows(context, claim.lease_token)
         try:
-            encoded = None if result is None else orjson.dumps(result)
-            encoded_effects = orjson.dumps(effects)
-        except TypeError as exc:
-            raise ResultNotRecordable(
-                f"the handler's result or effects are not JSON: {exc}"
-            ) from None
-        if _NUL in (encoded or b"") or _NUL in encoded_effects:
-            # Valid JSON that jsonb refuses; it would fail every batch it travels in.
-            raise ResultNotRecordable("the handler's result or effects contain a NUL character")
+            encoded = encode_result(result, effects)
+        except UnstorableOutcome as exc:
+            raise ResultNotRecordable(str(exc)) from None
         result_ref = context.result_ref
         if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
             if result_ref is not None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench import report as report_module
 from jobcore.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from services.bench import report as report_module
 
 ALL = ("enqueue", "relay", "e2e", "scale", "backlog", "tracing")
 

@@ -1,22 +1,29 @@
 """Isolated databases: migrate a template once, clone it for every test.
 
-The template's name carries a hash of the migrations, so a change to them builds a new
-template and an unchanged tree reuses the last one across runs.
+The template is :func:`jobcore.scratch.ensure_template`'s: its name carries a hash of the
+migrations, so a change to them builds a new template and an unchanged tree reuses the
+last one across runs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
-from jobcore import migrate
+from jobcore import scratch
+from jobcore.scratch import migrations_fingerprint
 from jobcore.settings import Settings
 
-TEMPLATE_LOCK = "jobcore.tests.template"
+__all__ = [
+    "create_database",
+    "drop_database",
+    "ensure_template",
+    "migrations_fingerprint",
+    "with_database",
+]
 
 
 def with_database(url: str, name: str) -> str:
@@ -24,36 +31,10 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
 
 
-def migrations_fingerprint() -> str:
-    digest = hashlib.sha256()
-    root = migrate.migrations_dir()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def ensure_template(admin_url: str) -> str:
-    """Create and migrate the template database unless an identical one exists."""
-    name = f"jobcore_tpl_{migrations_fingerprint()}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (TEMPLATE_LOCK,))
-        try:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s AND datistemplate", (name,)
-            ).fetchone()
-            if not exists:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-                migrate.upgrade(Settings(database_url=with_database(admin_url, name)))
-                conn.execute(
-                    sql.SQL("ALTER DATABASE {} IS_TEMPLATE true").format(sql.Identifier(name))
-                )
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (TEMPLATE_LOCK,))
-    return name
+    """Create and migrate the template database unless an identical one exists (the
+    testing kit's, which the pytest plugin shares)."""
+    return scratch.ensure_template(Settings(database_url=admin_url))
 
 
 def create_database(admin_url: str, *, template: str | None) -> str:

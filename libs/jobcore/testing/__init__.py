@@ -1,5 +1,16 @@
-"""jobcore's testing kit, shipped with the library for its tests, `jobcore chaos` and
-`jobcore bench`.
+"""jobcore's testing kit, shipped with the library: for handler authors, and for jobcore's
+own tests, `jobcore chaos` and `jobcore bench`.
+
+For handler authors:
+
+- :func:`run_inline` (:mod:`~jobcore.testing.inline`): one attempt of a job type's
+  handler, inline, with the API's payload checks and a real context; no broker, no database;
+- :class:`InlineWorker` (:mod:`~jobcore.testing.draining`): enqueue jobs, then run every
+  due one to its end in the test's process through the database, without a broker;
+- :mod:`~jobcore.testing.pytest_plugin`: fixtures (a migrated database per test, an
+  ``InlineWorker`` on it); ``pytest_plugins = ["jobcore.testing.pytest_plugin"]``.
+
+The machinery of jobcore's own tests:
 
 - :mod:`~jobcore.testing.waiting`: :func:`eventually`, waiting for a condition with a deadline;
 - :mod:`~jobcore.testing.jobtypes`: the ``echo`` and ``effect`` job types (load them with
@@ -10,3 +21,8 @@
 - :mod:`~jobcore.testing.chaos`: stopping the shared RabbitMQ or PostgreSQL, always
   starting it again, under one machine-wide lock.
 """
+
+from jobcore.testing.draining import Drained, InlineWorker
+from jobcore.testing.inline import InlineRun, run_inline, run_inline_job
+
+__all__ = ["Drained", "InlineRun", "InlineWorker", "run_inline", "run_inline_job"]

@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, Response
 from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import UnknownJobType
+from jobcore.payloads import validate_payload
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
@@ -97,7 +98,7 @@ IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
 def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
     async def read_payload(request: Request, state: StateDep) -> operations.ReceivedPayload:
         raw = await read_json(request, state.settings.max_body_bytes)
-        return operations.ReceivedPayload(raw, operations.validate_payload(job_type, raw))
+        return operations.ReceivedPayload(raw, validate_payload(job_type, raw))
 
     # Parameter order is resolution order: the Idempotency-Key, the body and the callback
     # URL are checked before a pooled connection is taken (the key was checked before all).

@@ -22,13 +22,13 @@ from typing import Any
 import aio_pika
 import psycopg
 
-from bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
-from bench.measure import cpu_of, merge_cpu
-from bench.report import Figure, Section, Series
-from bench.scenarios.relay import QUEUE, fill_outbox, purge
 from jobcore.amqp.topology import Topology
 from jobcore.db import fetch_all
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
+from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section, Series
+from services.bench.scenarios.relay import QUEUE, fill_outbox, purge
 
 TITLE = "Draining a large outbox backlog"
 FILL_CHUNK = 100_000

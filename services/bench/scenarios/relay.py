@@ -21,9 +21,6 @@ import aio_pika
 import orjson
 import psycopg
 
-from bench.harness import UNLIMITED_QUEUES, Bench, pids, relays_ready
-from bench.measure import cpu_of, latency_ms, merge_cpu
-from bench.report import Figure, Section
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
@@ -32,6 +29,9 @@ from jobcore.envelope import JobMessage
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import RelayOptions, Settings
+from services.bench.harness import UNLIMITED_QUEUES, Bench, pids, relays_ready
+from services.bench.measure import cpu_of, latency_ms, merge_cpu
+from services.bench.report import Figure, Section
 
 TITLE = "Outbox relay vs raw publishing with confirms"
 QUEUE = "default"  # the queue of the `noop` job type

@@ -28,15 +28,15 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import Bench, Options, pids, relays_ready
-from bench.jobtypes import SteadyNoopPayload
-from bench.measure import cpu_of, merge_cpu
-from bench.report import Figure, Section, Series
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import enqueue
 from jobcore.registry import load_job_modules
 from jobcore.states import TERMINAL
+from services.bench.harness import Bench, Options, pids, relays_ready
+from services.bench.jobtypes import SteadyNoopPayload
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section, Series
 
 TITLE = "Steady state: a million jobs with retention in minutes"
 ENQUEUERS = 8
@@ -44,7 +44,7 @@ SUSTAINED_LAG = 5.0  # seconds behind schedule the generator may fall and still 
 # The shortest inbox window start-up accepts is delivery limit × consumer timeout; the
 # scenario's no-op type holds a slot at most 20 s (timeout 10 s + lease 10 s), under the 30 s
 # declared here, so the window can be as short as 90 s.
-JOB_MODULES = ("bench.jobtypes",)
+JOB_MODULES = ("services.bench.jobtypes",)
 JOB_TYPE = "steady_noop"
 DELIVERY_LIMIT = 3
 CONSUMER_TIMEOUT = 30

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import statistics
 
-from bench.harness import Bench, Options, pids
-from bench.measure import cpu_of, merge_cpu
-from bench.report import Figure, Section, Series
-from bench.scenarios.e2e import db_now, run_stats, wait_done
-from bench.scenarios.enqueue import raw_transactions
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from services.bench.harness import Bench, Options, pids
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section, Series
+from services.bench.scenarios.e2e import db_now, run_stats, wait_done
+from services.bench.scenarios.enqueue import raw_transactions
 
 TITLE = "Throughput with more relays and workers"
 CONNECTIONS = 8

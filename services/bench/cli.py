@@ -1,13 +1,15 @@
 """`jobcore bench`: every scenario next to its baseline in the same run, and a report.
 
-The harness is this package (``bench/``, in the source checkout only); this module is its
-command line, which `jobcore` adds when the package is there (services.cli's
-``OPTIONAL_COMMAND_MODULES``).
+The harness is this package (``services/bench/``, shipped in the wheel); this module is its
+command line, which `jobcore` adds by name (services.cli's ``UPPER_COMMAND_MODULES``). Its
+plots need matplotlib, which only the ``bench`` extra installs (``pip install
+'jobcore[bench]'``): without it the command says so and stops before running anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import typer
@@ -67,7 +69,10 @@ def bench(
     """Benchmark jobcore against baselines measured in the same run; write a report."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from bench import harness  # imported here: `jobcore --help` need not load the harness
+    if importlib.util.find_spec("matplotlib") is None:
+        fail("jobcore bench draws its plots with matplotlib: pip install 'jobcore[bench]'")
+    # Imported here: `jobcore --help` need not load the harness.
+    from services.bench import harness
 
     chosen = list(scenarios or harness.SCENARIOS)
     known = (*harness.SCENARIOS, *harness.EXTRA_SCENARIOS)
@@ -104,7 +109,7 @@ def bench(
 
         sections = asyncio.run(harness.run(chosen, options, out, advance, config))
     typer.echo(f"report: {out / 'report.md'} (and report.json, {len(sections)} plots)")
-    from bench.report import table_rows
+    from services.bench.report import table_rows
 
     for line in table_rows(sections):
         typer.echo(line)

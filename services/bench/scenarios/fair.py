@@ -24,16 +24,16 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import Bench, Options, pids
-from bench.http import Connection, post
-from bench.measure import cpu_of, merge_cpu
-from bench.report import Figure, Section, Series
-from bench.scenarios.e2e import db_now
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
 from jobcore.settings import RelayOptions
 from jobcore.testing.waiting import eventually
+from services.bench.harness import Bench, Options, pids
+from services.bench.http import Connection, post
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section, Series
+from services.bench.scenarios.e2e import db_now
 
 TITLE = "A quiet tenant's jobs next to another tenant's backlog: fair relay vs FIFO"
 QUEUE = "default"  # the queue of the `noop` job type

@@ -20,13 +20,13 @@ from typing import Any
 
 import aio_pika
 
-from bench.harness import Bench, Options, pids
-from bench.http import http_load, post
-from bench.measure import cpu_of, merge_cpu
-from bench.report import Figure, Section
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
+from services.bench.harness import Bench, Options, pids
+from services.bench.http import http_load, post
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
 HTTP_CLIENTS = 16

@@ -3,8 +3,8 @@ report (report.json, report.md, one PNG per scenario) to the output directory.
 
 Each scenario gets a database and a broker prefix of its own (created for it, removed
 after it) and starts the jobcore processes it needs as separate OS processes, with the
-machinery the fault tests use (:mod:`jobcore.testing.pipeline`). The harness itself lives
-in the source checkout's ``bench/`` package.
+machinery the fault tests use (:mod:`jobcore.testing.pipeline`). The harness ships in the
+wheel (``services.bench``); its plots need the ``bench`` extra (matplotlib).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bench import machine, report
-from bench.measure import Profiler
 from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
+from services.bench import machine, report
+from services.bench.measure import Profiler
 
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
@@ -61,7 +61,7 @@ class Scenario(Protocol):
 
 
 def scenario(name: str) -> Scenario:
-    module: Any = importlib.import_module(f"bench.scenarios.{name}")
+    module: Any = importlib.import_module(f"services.bench.scenarios.{name}")
     return module  # type: ignore[no-any-return]
 
 

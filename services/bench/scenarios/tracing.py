@@ -20,11 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 
-from bench.harness import UNLIMITED_QUEUES, Bench, Options, relays_ready
-from bench.http import http_load, post
-from bench.report import Figure, Section
-from bench.scenarios.relay import fill_outbox, until_empty
 from jobcore.amqp.topology import Topology
+from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, relays_ready
+from services.bench.http import http_load, post
+from services.bench.report import Figure, Section
+from services.bench.scenarios.relay import fill_outbox, until_empty
 
 TITLE = "Tracing on vs off"
 CLIENTS = 16

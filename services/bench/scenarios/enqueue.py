@@ -12,15 +12,15 @@ import statistics
 from collections import defaultdict
 from functools import partial
 
-from bench.harness import Bench, Options, pids
-from bench.http import http_load, post, run_clients
-from bench.measure import cpu_of, merge_cpu, percentile
-from bench.report import Figure, Section
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
+from services.bench.harness import Bench, Options, pids
+from services.bench.http import http_load, post, run_clients
+from services.bench.measure import cpu_of, merge_cpu, percentile
+from services.bench.report import Figure, Section
 
 TITLE = "HTTP enqueue vs the raw insert transaction and a no-op POST"
 

@@ -1,0 +1,396 @@
+"""A worker in the test's own process that runs every due job to its end and returns
+(Oban's ``drain_queue``, procrastinate's ``run_worker(wait=False)``), with no broker.
+
+It takes the path a job takes in production, minus RabbitMQ in the middle: the outbox rows
+the relay would publish are claimed and deleted with the relay's own statements (as if the
+broker had confirmed them), each message body is decoded by the worker's envelope decoder
+and claimed with the worker's claim statement (inbox row and lease, so a duplicate has no
+effect), the handler runs in a real :class:`~jobcore.registry.JobContext` under its
+timeout (:mod:`jobcore.attempts`, shared with the worker), and its outcome is written by
+the worker's fenced statements: success with result and effects, a retry through the
+outbox with the configured backoff, failure, cancellation. What it leaves out: the broker
+(queues, delivery limits, dead-lettering), concurrency (jobs run one at a time, in
+order), automatic heartbeats, and completion webhooks (their outbox rows stay unsent).
+
+    worker = InlineWorker(db)
+    job_id = await worker.enqueue("send_email", {"to": "ada@example.com", "subject": "Hi"})
+    drained = await worker.drain()
+    assert drained.succeeded == 1
+    assert (await worker.job(job_id))["status"] == "succeeded"
+
+:meth:`InlineWorker.drain` keeps going while messages are due, and waits for those that
+come due within ``scheduled_within`` seconds (default: the retry backoff's cap, so every
+retry runs; the pytest plugin's settings make that a few milliseconds). A job scheduled
+further ahead is left pending (:attr:`Drained.next_due_in` says when it falls due).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+from psycopg.rows import DictRow
+
+from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
+from jobcore.attempts import (
+    ERROR_MAX_CHARS,
+    UnstorableOutcome,
+    call_handler,
+    effect_rows,
+    encode_result,
+    error_text,
+    storable,
+)
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import Database, execute, fetch_all, fetch_one
+from jobcore.enqueue import enqueue, job_message_row
+from jobcore.envelope import decode
+from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
+from jobcore.payloads import validate_payload
+from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
+from jobcore.results import LocalResultStore
+from jobcore.retry import backoff_delay
+from jobcore.sql import Statement
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import (
+    JOB_CLAIM_MANY,
+    JOB_END_RUNNING,
+    JOB_GET_ANY_TENANT,
+    JOB_HEARTBEAT,
+    JOB_RETRY,
+    JOB_SUCCEED_MANY,
+)
+from jobcore.sql.outbox import (
+    OUTBOX_CLAIM_DUE,
+    OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_SECONDS_UNTIL_NEXT_DUE,
+)
+from jobcore.testing.inline import as_sent
+from jobcore.webhooks import completion_params
+
+# Outbox rows taken per round, like one relay batch.
+BATCH = 100
+
+
+@dataclass(slots=True)
+class Drained:
+    """What one :meth:`InlineWorker.drain` did, by outcome (counted per attempt)."""
+
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    # Messages the inbox had seen already, and messages whose job was not theirs to run.
+    duplicates: int = 0
+    skipped: int = 0
+    # Seconds until the next message left in the outbox falls due (a job scheduled later
+    # than the drain waits for); None when none waits.
+    next_due_in: float | None = None
+    ran: list[uuid.UUID] = field(default_factory=list)
+
+    @property
+    def attempts(self) -> int:
+        return self.succeeded + self.retried + self.failed + self.cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    job_type: JobType[Any]
+    row: DictRow
+    lease_token: uuid.UUID
+
+
+class InlineWorker:
+    """Runs the jobs of ``db``'s database to their end, in this process; see the module."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        registry: Registry = default_registry,
+        worker_id: str = "inline-worker",
+    ) -> None:
+        self.db = db
+        self.settings = db.settings
+        self.registry = registry
+        self.worker_id = worker_id
+        self.topology = Topology(self.settings.amqp_prefix, self.settings.amqp_delivery_limit)
+        self.completion = completion_params(self.topology, self.settings)
+        self.result_store = LocalResultStore(self.settings.result_dir)
+        self._webhooks_key = self.topology.routing_key(WEBHOOKS_QUEUE)
+
+    # --- what the test does --------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        job_type: str,
+        payload: Any,
+        *,
+        tenant: str = "test",
+        idempotency_key: str | None = None,
+        entity_id: str | None = None,
+        max_attempts: int | None = None,
+        run_at: datetime | None = None,
+    ) -> uuid.UUID:
+        """Enqueue a job as the API does (payload checked the same way, job and outbox row
+        in one statement, :func:`jobcore.enqueue.enqueue`); its id."""
+        kind = self.registry.get(job_type)
+        model = validate_payload(kind, as_sent(payload))
+        async with self.db.session() as session:
+            result = await enqueue(
+                session,
+                self.topology,
+                tenant=tenant,
+                job_type=kind,
+                payload=model,
+                idempotency_key=idempotency_key,
+                entity_id=entity_id,
+                max_attempts=max_attempts,
+                run_at=run_at,
+            )
+        return result.job_id
+
+    async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
+        """The job's row as the API reads it (status, attempts, result, last_error, ...)."""
+        async with self.db.session() as session:
+            row = await fetch_one(session, JOB_GET_ANY_TENANT({"id": job_id}))
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        return dict(row)
+
+    async def drain(
+        self, *, scheduled_within: float | None = None, timeout: float = 60.0
+    ) -> Drained:
+        """Run jobs until none is due (nor due within ``scheduled_within`` seconds).
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds of work (a job that keeps
+        re-enqueueing itself never idles)."""
+        wait_limit = scheduled_within
+        if wait_limit is None:
+            wait_limit = self.settings.retry_backoff_cap
+        deadline = time.monotonic() + timeout
+        drained = Drained()
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the jobs did not drain within {timeout:g}s")
+            messages = await self._take_due()
+            for message in messages:
+                await self._deliver(message, drained)
+            if messages:
+                continue
+            wait = await self._seconds_until_next_due()
+            if wait is None or wait > wait_limit:
+                drained.next_due_in = wait
+                return drained
+            # Until the next message's scheduled time, bounded by the deadline.
+            await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+
+    # --- the relay's part: due rows, taken as if the broker had confirmed them ----------
+
+    async def _take_due(self) -> list[DictRow]:
+        async with self.db.unit_of_work() as uow:
+            rows = await fetch_all(uow, OUTBOX_CLAIM_DUE({"limit": BATCH}))
+            # Completion webhooks are the worker's webhook sender's: not sent here.
+            jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
+            if jobs:
+                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": [r["id"] for r in jobs]}))
+            await uow.commit()
+        return jobs
+
+    async def _seconds_until_next_due(self) -> float | None:
+        async with self.db.session() as session:
+            row = await fetch_one(session, OUTBOX_SECONDS_UNTIL_NEXT_DUE({}))
+        return None if row is None or row["seconds"] is None else max(0.0, row["seconds"])
+
+    # --- the worker's part ------------------------------------------------------------------
+
+    async def _deliver(self, message: DictRow, drained: Drained) -> None:
+        envelope = decode(bytes(message["body"]))
+        if message["message_type"] != envelope.type:
+            raise PoisonMessage(
+                f"message type {message['message_type']!r} disagrees with its body "
+                f"({envelope.type!r})"
+            )
+        job_type = self.registry.get(envelope.type)  # unknown: the test forgot to register it
+        lease_token = uuid.uuid4()
+        async with self.db.session() as session:
+            rows = await fetch_all(
+                session,
+                JOB_CLAIM_MANY(
+                    {
+                        "consumer": JOBS_CONSUMER,
+                        "worker_id": self.worker_id,
+                        "message_ids": [uuid.UUID(message["message_id"])],
+                        "job_ids": [envelope.job_id],
+                        "types": [envelope.type],
+                        "attempts": [envelope.attempt],
+                        "lease_tokens": [lease_token],
+                        "leases": [job_type.lease],
+                    }
+                ),
+            )
+        row = rows[0]
+        if not row["fresh"]:
+            drained.duplicates += 1
+            return
+        if row["id"] is None:
+            drained.skipped += 1
+            return
+        drained.ran.append(row["id"])
+        await self._run(_Claimed(job_type, row, lease_token), drained)
+
+    async def _run(self, claimed: _Claimed, drained: Drained) -> None:
+        job_type, row = claimed.job_type, claimed.row
+        try:
+            payload = job_type.validate_payload(row["payload"])
+        except InvalidPayloadError as exc:
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors
+            )
+            text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
+            await self._end(claimed, "failed", text, drained)
+            return
+        if row["cancel_requested_at"] is not None:
+            await self._end(claimed, "cancelled", "cancelled", drained)
+            return
+        context: JobContext[Any] = JobContext(
+            job_id=row["id"],
+            job_type=job_type.name,
+            payload=payload,
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            idempotency_key=str(row["id"]),
+            heartbeat=lambda: self._heartbeat(claimed, context),
+            result_store=self.result_store,
+            settings=self.settings,
+        )
+        try:
+            result = await call_handler(job_type, context)
+        except PermanentError as exc:
+            await self._end(claimed, "failed", error_text(exc), drained)
+        except Exception as exc:
+            if context.cancel_requested.is_set():
+                await self._end(claimed, "cancelled", "cancelled", drained)
+            else:
+                await self._attempt_failed(claimed, exc, drained)
+        else:
+            await self._succeed(claimed, context, result, drained)
+
+    async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:
+        """Extend the lease; a cancel request sets ``ctx.cancel_requested``. (A lost lease
+        needs nothing here: the outcome's fence drops what the handler returns.)"""
+        async with self.db.session() as session:
+            row = await fetch_one(
+                session,
+                JOB_HEARTBEAT(
+                    {
+                        "id": claimed.row["id"],
+                        "lease_token": claimed.lease_token,
+                        "lease": claimed.job_type.lease,
+                    }
+                ),
+            )
+        if row is not None and row["cancel_requested_at"] is not None:
+            context.cancel_requested.set()
+
+    async def _succeed(
+        self, claimed: _Claimed, context: JobContext[Any], result: Any, drained: Drained
+    ) -> None:
+        effects = effect_rows(context, claimed.lease_token)
+        try:
+            encoded = encode_result(result, effects)
+        except UnstorableOutcome as exc:
+            await self._end(claimed, "failed", str(exc), drained)
+            return
+        result_ref = context.result_ref
+        if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
+            if result_ref is not None:
+                text = "the handler stored a result file and returned a too large result"
+                await self._end(claimed, "failed", text, drained)
+                return
+            result_ref = await asyncio.to_thread(
+                self.result_store.put, claimed.row["id"], encoded, suffix="json"
+            )
+            encoded = None
+        statement = JOB_SUCCEED_MANY(
+            {
+                **self.completion,
+                "ids": [claimed.row["id"]],
+                "lease_tokens": [claimed.lease_token],
+                "results": [None if encoded is None else encoded.decode()],
+                "result_refs": [result_ref],
+                "effects": orjson.dumps(effects).decode(),
+            }
+        )
+        if await self._write(statement):
+            drained.succeeded += 1
+
+    async def _attempt_failed(self, claimed: _Claimed, exc: Exception, drained: Drained) -> None:
+        row = claimed.row
+        if row["attempts"] >= row["max_attempts"]:
+            await self._end(claimed, "failed", error_text(exc), drained)
+            return
+        trace = {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
+        statement = JOB_RETRY(
+            {
+                **self.completion,
+                "id": row["id"],
+                "lease_token": claimed.lease_token,
+                **job_message_row(
+                    self.topology,
+                    job_id=row["id"],
+                    job_type=claimed.job_type,
+                    attempt=row["attempts"] + 1,
+                    trace_headers=trace,
+                ),
+                "error": error_text(exc),
+                "delay": backoff_delay(
+                    row["attempts"],
+                    base=self.settings.retry_backoff_base,
+                    cap=self.settings.retry_backoff_cap,
+                ),
+                "channel": OUTBOX_CHANNEL,
+            }
+        )
+        written = await self._fetch_written(statement)
+        if written is None:
+            return
+        if written["status"] == "cancelled":
+            drained.cancelled += 1
+        else:
+            drained.retried += 1
+
+    async def _end(
+        self,
+        claimed: _Claimed,
+        status: Literal["failed", "cancelled"],
+        error: str,
+        drained: Drained,
+    ) -> None:
+        statement = JOB_END_RUNNING(
+            {
+                **self.completion,
+                "id": claimed.row["id"],
+                "lease_token": claimed.lease_token,
+                "status": status,
+                "error": error,
+            }
+        )
+        if await self._write(statement):
+            if status == "failed":
+                drained.failed += 1
+            else:
+                drained.cancelled += 1
+
+    async def _write(self, statement: Statement) -> bool:
+        return await self._fetch_written(statement) is not None
+
+    async def _fetch_written(self, statement: Statement) -> DictRow | None:
+        """Run a fenced outcome statement: its row, or None when the fence refused it."""
+        async with self.db.session() as session:
+            return await fetch_one(session, statement)

@@ -1,0 +1,59 @@
+"""Job types of the testing kit's own tests, on a registry of their own (not the default
+one the other tests and the services use)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobcore.errors import PermanentError
+from jobcore.registry import JobContext, Registry
+
+REGISTRY = Registry()
+
+
+class FlakyPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    succeed_on_attempt: int = Field(ge=1, le=10)
+
+
+@REGISTRY.job("kit_flaky", payload=FlakyPayload, max_attempts=5, timeout=5, lease=5)
+async def kit_flaky(ctx: JobContext[FlakyPayload]) -> dict[str, int]:
+    ctx.record_effect("tried", {"attempt": ctx.attempt})
+    if ctx.attempt < ctx.payload.succeed_on_attempt:
+        raise ConnectionError(f"upstream unavailable (attempt {ctx.attempt})")
+    return {"attempt": ctx.attempt}
+
+
+class NotePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(max_length=100)
+    size: int = Field(default=0, ge=0, le=100_000)
+
+
+@REGISTRY.job("kit_note", payload=NotePayload, max_attempts=3, timeout=5, lease=5)
+async def kit_note(ctx: JobContext[NotePayload]) -> dict[str, object]:
+    """Records an effect; returns its text, a UUID (JSON makes it a string) and ``size``
+    bytes of padding (a large result goes to the result store)."""
+    await ctx.heartbeat()
+    ctx.record_effect("noted", {"text": ctx.payload.text})
+    return {"text": ctx.payload.text, "job": ctx.job_id, "padding": "x" * ctx.payload.size}
+
+
+@REGISTRY.job("kit_refuse", payload=NotePayload, max_attempts=3, timeout=5, lease=5)
+async def kit_refuse(ctx: JobContext[NotePayload]) -> None:
+    raise PermanentError(f"refused: {ctx.payload.text}")
+
+
+@REGISTRY.job("kit_sleepy", payload=NotePayload, max_attempts=1, timeout=0.2, lease=5)
+async def kit_sleepy(ctx: JobContext[NotePayload]) -> None:
+    await asyncio.sleep(30)  # far past the type's 0.2 s timeout, which ends it
+
+
+@REGISTRY.job("kit_unjson", payload=NotePayload, max_attempts=3, timeout=5, lease=5)
+async def kit_unjson(ctx: JobContext[NotePayload]) -> object:
+    return {"not json": {uuid.uuid4().hex: object()}}

@@ -1,0 +1,127 @@
+"""`jobcore.testing.InlineWorker`: jobs run to their end through the outbox rows, the claim
+and the fenced outcome statements, in the test's process, without a broker."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from jobcore.db import Database
+from jobcore.errors import JobNotFound
+from jobcore.payloads import UnstorablePayload
+from jobcore.registry import InvalidPayloadError
+from jobcore.testing import InlineWorker
+from jobcore.usecases.jobs import cancel_job
+from tests.integration.testing_kit.jobtypes import REGISTRY
+
+
+@pytest.fixture
+def worker(jobcore_db: Database) -> InlineWorker:
+    return InlineWorker(jobcore_db, registry=REGISTRY)
+
+
+async def rows(db: Database, sql: str, *args: Any) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cursor = await conn.execute(sql, args)
+        return [dict(row) for row in await cursor.fetchall()]
+
+
+async def test_retries_run_until_the_job_succeeds(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_flaky", {"succeed_on_attempt": 3})
+    drained = await worker.drain()
+    job = await worker.job(job_id)
+    assert (drained.retried, drained.succeeded, drained.failed) == (2, 1, 0)
+    assert (job["status"], job["attempts"], job["result"]) == ("succeeded", 3, {"attempt": 3})
+    assert job["last_error"] == "ConnectionError: upstream unavailable (attempt 2)"
+    # Only the successful attempt's effects are committed.
+    effects = await rows(worker.db, "SELECT detail FROM job_effects WHERE job_id = %s", job_id)
+    assert effects == [{"detail": {"attempt": 3}}]
+
+
+async def test_the_last_attempt_fails_the_job(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_flaky", {"succeed_on_attempt": 9}, max_attempts=2)
+    drained = await worker.drain()
+    job = await worker.job(job_id)
+    assert (drained.retried, drained.failed) == (1, 1)
+    assert (job["status"], job["attempts"]) == ("failed", 2)
+
+
+async def test_a_permanent_error_fails_at_once(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_refuse", {"text": "no"})
+    drained = await worker.drain()
+    job = await worker.job(job_id)
+    assert (drained.failed, drained.retried) == (1, 0)
+    assert (job["status"], job["attempts"]) == ("failed", 1)
+    assert job["last_error"] == "PermanentError: refused: no"
+
+
+async def test_a_large_result_is_stored_as_a_file(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_note", {"text": "big", "size": 50_000})
+    assert (await worker.drain()).succeeded == 1
+    job = await worker.job(job_id)
+    assert job["result"] is None
+    assert job["result_ref"] is not None
+    assert worker.result_store.path(job["result_ref"]).stat().st_size > 50_000
+
+
+async def test_a_message_delivered_twice_runs_once(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_note", {"text": "once"})
+    (message,) = await rows(worker.db, "SELECT * FROM outbox WHERE job_id = %s", job_id)
+    assert (await worker.drain()).succeeded == 1
+    # The relay publishes the same row again (say it crashed before deleting it).
+    async with worker.db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers,"
+            " body, job_id, tenant) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                message["message_id"],
+                message["exchange"],
+                message["routing_key"],
+                message["message_type"],
+                Jsonb(message["headers"]),
+                message["body"],
+                job_id,
+                message["tenant"],
+            ],
+        )
+    drained = await worker.drain()
+    assert (drained.duplicates, drained.attempts) == (1, 0)
+    effects = await rows(worker.db, "SELECT kind FROM job_effects WHERE job_id = %s", job_id)
+    assert effects == [{"kind": "noted"}]
+
+
+async def test_a_job_cancelled_while_pending_does_not_run(worker: InlineWorker) -> None:
+    job_id = await worker.enqueue("kit_note", {"text": "never"}, tenant="acme")
+    async with worker.db.unit_of_work() as uow:
+        await cancel_job(uow, "acme", job_id, completion=worker.completion)
+        await uow.commit()
+    drained = await worker.drain()
+    assert (drained.skipped, drained.attempts, drained.ran) == (1, 0, [])
+    assert (await worker.job(job_id))["status"] == "cancelled"
+
+
+async def test_a_job_scheduled_later_stays_pending(worker: InlineWorker) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    job_id = await worker.enqueue("kit_note", {"text": "later"}, run_at=later)
+    drained = await worker.drain()
+    assert drained.attempts == 0
+    assert drained.next_due_in is not None
+    assert drained.next_due_in > 3000
+    assert (await worker.job(job_id))["status"] == "pending"
+
+
+async def test_payloads_are_checked_as_the_api_checks_them(worker: InlineWorker) -> None:
+    with pytest.raises(InvalidPayloadError):
+        await worker.enqueue("kit_note", {"text": "x", "extra": 1})
+    with pytest.raises(UnstorablePayload):
+        await worker.enqueue("kit_note", {"text": "nul \x00"})
+    assert await rows(worker.db, "SELECT id FROM jobs") == []
+
+
+async def test_an_unknown_job_id_is_not_found(worker: InlineWorker) -> None:
+    with pytest.raises(JobNotFound):
+        await worker.job(uuid.uuid4())
