@@ -71,7 +71,7 @@ class Attempts:
     def next_delay(self, retry_after: float | None = None) -> float | None:
         """Seconds to wait before the next request, or None when the budget is spent (or the
         API asked for a wait that would end past the deadline)."""
-        if self.made >= self.policy.max_attempts:
+        if self.made >= self.policy.max_attempts or self.clock() >= self.deadline:
             return None
         if retry_after is not None:
             delay = retry_after * (1 + RETRY_AFTER_SPREAD * self.rng())
