@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 import pytest
+from pydantic import BaseModel
 
 from jobcore.client import (
     Accepted,
@@ -433,3 +434,18 @@ def test_a_webhook_that_does_not_verify_is_refused(
 def test_a_secret_that_is_not_base64_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="whsec_"):
         verify_webhook("whsec_%%%", headers_for(), BODY)
+
+
+def test_a_payload_model_is_sent_as_its_json() -> None:
+    class Export(BaseModel):
+        rows: int
+        since: datetime
+
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    _, calls, _ = drive(
+        core().enqueue("export_csv", Export(rows=5, since=when), run_at=when, max_attempts=2),
+        [ok(accepted_body(), 202)],
+    )
+    assert orjson.loads(calls[0].content or b"") == {"rows": 5, "since": "2026-01-02T03:04:05Z"}
+    assert calls[0].params == {"max_attempts": "2", "run_at": "2026-01-02T03:04:05+00:00"}
+    assert calls[0].headers["Content-Type"] == "application/json"

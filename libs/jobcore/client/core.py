@@ -164,7 +164,7 @@ class Core:
         callback_url: str | None = None,
     ) -> Flow[Accepted]:
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-        body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+        body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
         params = {
             name: value
             for name, value in (
