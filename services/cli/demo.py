@@ -27,6 +27,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from jobcore.client import AsyncClient, JobStatus, WaitTimeout
 from jobcore.db import Database, fetch_all
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -47,6 +48,7 @@ class TenantParams(TypedDict):
 
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 OUTAGE_SECONDS = 4.0
+WAIT_SECONDS = 120.0
 
 COUNT_BY_TYPE_AND_STATUS = Query[TenantParams](
     "demo_counts",
@@ -103,17 +105,13 @@ class Demo:
         self.accepted_during_outage = 0
         self.replayed_same_id = False
 
-    # -- HTTP ------------------------------------------------------------------------
-    async def submit(self, client: httpx.AsyncClient, item: Submission) -> None:
-        response = await client.post(f"/jobs/{item.type}", json=item.payload)
-        if response.status_code != 202:
-            raise RuntimeError(
-                f"enqueue of {item.type} answered {response.status_code}: {response.text}"
-            )
-        item.job_id = response.json()["job_id"]
+    # -- HTTP (through jobcore.client) ---------------------------------------------------
+    async def submit(self, client: AsyncClient, item: Submission) -> None:
+        accepted = await client.enqueue(item.type, item.payload)
+        item.job_id = str(accepted.job_id)
         self.submissions.append(item)
 
-    async def submit_all(self, client: httpx.AsyncClient, items: list[Submission]) -> None:
+    async def submit_all(self, client: AsyncClient, items: list[Submission]) -> None:
         limit = asyncio.Semaphore(8)
 
         async def one(item: Submission) -> None:
@@ -122,31 +120,41 @@ class Demo:
 
         await asyncio.gather(*(one(item) for item in items))
 
-    async def idempotent_replay(self, client: httpx.AsyncClient) -> None:
+    async def idempotent_replay(self, client: AsyncClient) -> None:
         payload = {"to": "ada@example.com", "subject": "Welcome"}
-        headers = {"Idempotency-Key": f"welcome-{self.tenant}"}
-        first = await client.post("/jobs/send_email", json=payload, headers=headers)
-        again = await client.post("/jobs/send_email", json=payload, headers=headers)
-        self.replayed_same_id = (
-            first.status_code == again.status_code == 202
-            and first.json()["job_id"] == again.json()["job_id"]
-            and again.headers.get("Idempotent-Replayed") == "true"
-        )
-        self.submissions.append(
-            Submission("send_email", payload, "succeeded", first.json()["job_id"])
-        )
+        key = f"welcome-{self.tenant}"
+        first = await client.enqueue("send_email", payload, idempotency_key=key)
+        again = await client.enqueue("send_email", payload, idempotency_key=key)
+        self.replayed_same_id = first.job_id == again.job_id and again.replayed
+        self.submissions.append(Submission("send_email", payload, "succeeded", str(first.job_id)))
 
-    async def cancel_a_running_job(self, client: httpx.AsyncClient) -> None:
+    async def cancel_a_running_job(self, client: AsyncClient) -> None:
         item = Submission("slow", {"seconds": 120}, "cancelled")
         await self.submit(client, item)
+        assert item.job_id is not None
         deadline = time.monotonic() + 30
-        while (await client.get(f"/jobs/{item.job_id}")).json()["status"] != "running":
+        while (await client.get(item.job_id)).status != JobStatus.RUNNING:
             if time.monotonic() > deadline:
                 raise RuntimeError("the slow job never started running")
             await asyncio.sleep(0.1)  # poll interval, bounded by the deadline
-        response = await client.post(f"/jobs/{item.job_id}/cancel")
-        if response.status_code not in (200, 202):
-            raise RuntimeError(f"cancel answered {response.status_code}: {response.text}")
+        await client.cancel(item.job_id)
+
+    async def wait_all(self, client: AsyncClient, timeout: float) -> bool:
+        """Long-poll every job until it ends; False if one had not after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        # Under the tenant's cap on parked long-polls (100 by default).
+        parked = asyncio.Semaphore(50)
+
+        async def one(job_id: str) -> bool:
+            async with parked:
+                try:
+                    await client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+                except WaitTimeout:
+                    return False
+                return True
+
+        ids = [s.job_id for s in self.submissions if s.job_id is not None]
+        return all(await asyncio.gather(*(one(job_id) for job_id in ids)))
 
     # -- display ---------------------------------------------------------------------
     async def counts(self, db: Database) -> dict[str, dict[str, int]]:
@@ -187,13 +195,6 @@ class Demo:
                 self.console.print(
                     f"{self.status_line}: " + ", ".join(f"{k} {v}" for k, v in flat.items())
                 )
-
-    async def all_finished(self, db: Database) -> bool:
-        counts = await self.counts(db)
-        open_jobs = sum(c.get("pending", 0) + c.get("running", 0) for c in counts.values())
-        return open_jobs == 0 and sum(sum(c.values()) for c in counts.values()) >= len(
-            self.submissions
-        )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -256,9 +257,7 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
         console.print(f"API at {url}, logs in {log_path}")
         display = asyncio.create_task(demo.show_until_done(db, stop_display))
         first, second = workload()
-        async with httpx.AsyncClient(
-            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10
-        ) as client:
+        async with AsyncClient(url, key) as client:
             demo.status_line = "submitting the first half"
             await demo.submit_all(client, first)
             await demo.idempotent_replay(client)
@@ -277,14 +276,11 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
             proxy.set_mode(Mode.FORWARD)
             demo.status_line = "broker connection restored: the relay drains the outbox"
 
-        deadline = time.monotonic() + 120
-        while not await demo.all_finished(db):
-            if time.monotonic() > deadline:
-                demo.status_line = "gave up waiting after 120 s"
-                break
-            await asyncio.sleep(0.2)  # poll interval, bounded by the deadline
-        else:
-            demo.status_line = "all jobs finished"
+            # Every job, by long-poll (one parked request per job, no polling loop).
+            if await demo.wait_all(client, WAIT_SECONDS):
+                demo.status_line = "all jobs finished"
+            else:
+                demo.status_line = f"gave up waiting after {WAIT_SECONDS:.0f} s"
         stop_display.set()
         await display
         async with httpx.AsyncClient(timeout=5) as client:

@@ -20,6 +20,7 @@ from typing import Any
 
 import aio_pika
 
+from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
@@ -88,6 +89,17 @@ async def run_stats(db: Database, since: Any) -> dict[str, Any]:
     if row["succeeded"] != row["jobs"]:
         raise RuntimeError(f"{row['jobs'] - row['succeeded']} jobs did not succeed")
     return dict(row)
+
+
+async def smoke_check(api_url: str, api_key: str) -> None:
+    """One job through the client as a user would (enqueue, long-poll, read): the stack
+    works end to end before anything is timed. Untimed; the load itself stays on the
+    bench's own HTTP generator, which costs the shared cores less than httpx."""
+    async with AsyncClient(api_url, api_key) as client:
+        accepted = await client.enqueue("noop", {})
+        job = await client.wait(accepted.job_id, timeout=60)
+    if job.status != JobStatus.SUCCEEDED:
+        raise RuntimeError(f"the smoke-check job ended {job.status}: {job.last_error}")
 
 
 async def raw_consume_ack(config: Settings, n: int, window: int = 1000) -> float:
@@ -165,6 +177,7 @@ async def run(bench: Bench) -> Section:
             since = await db_now(db)
             await http_load(port, request, HTTP_CLIENTS, 100)  # warm-up, whole path
             await wait_done(db, since, 100, stack.processes, 120)
+            await smoke_check(stack.api_url, stack.api_key)
             for run_number in range(options.runs):
                 bench.step(f"e2e: run {run_number + 1} of {options.runs}")
                 rates["raw"].append(round(await raw_consume_ack(config, n), 1))

@@ -26,11 +26,11 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.client import NO_RETRIES, ApiError, AsyncClient, ConnectionFailed
 from jobcore.db import Database
 from jobcore.settings import RelayOptions
 from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids
-from services.bench.http import Connection, post
 from services.bench.measure import cpu_of, merge_cpu
 from services.bench.report import Figure, Section, Series
 from services.bench.scenarios.e2e import db_now
@@ -131,25 +131,24 @@ async def fill_backlog(database_url: str, topology: Topology, n: int) -> None:
 
 
 async def probe(
-    db: Database, port: int, api_key: str, count: int, deadline: float
+    db: Database, api_url: str, api_key: str, count: int, deadline: float
 ) -> tuple[int, int]:
     """B's jobs, one per interval, until ``count``, the deadline, or A's backlog has all
-    started; the number sent and refused."""
-    request = post(port, "/jobs/noop", b"{}", {"Authorization": f"Bearer {api_key}"})
-    conn = await Connection.open(port)
+    started; the number sent and refused. One request a second is no load to generate, so
+    B is a client as a user's would be (jobcore.client), without retries: a refusal counts."""
     sent = refused = 0
-    try:
+    async with AsyncClient(api_url, api_key, retry=NO_RETRIES) as client:
         while sent < count and time.monotonic() < deadline:
             started = time.monotonic()
-            status, _ = await conn.send(request)
+            try:
+                await client.enqueue("noop", {})
+            except (ApiError, ConnectionFailed):
+                refused += 1
             sent += 1
-            refused += status != 202
             if not await _scalar(db, BACKLOG_LEFT, {"tenant": BACKLOG_TENANT}):
                 break
             # The probe's pace, not a synchronisation: the loop is bounded above.
             await asyncio.sleep(max(0.0, PROBE_INTERVAL - (time.monotonic() - started)))
-    finally:
-        conn.close()
     return sent, refused
 
 
@@ -171,7 +170,7 @@ async def one_run(bench: Bench, mode: str) -> tuple[dict[str, Any], list[Any], d
                 # Every probe is sent well before the FIFO relay could have drained A.
                 limit = time.monotonic() + options.fair_probes * PROBE_INTERVAL * 2
                 sent, refused = await probe(
-                    db, stack.api_port, stack.api_key, options.fair_probes, limit
+                    db, stack.api_url, stack.api_key, options.fair_probes, limit
                 )
                 if refused:
                     raise RuntimeError(f"{refused} of {sent} POSTs were not accepted")

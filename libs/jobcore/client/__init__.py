@@ -1,0 +1,87 @@
+"""A typed Python client for jobcore's HTTP API, blocking (:class:`Client`) or asyncio
+(:class:`AsyncClient`)::
+
+    from jobcore.client import Client
+
+    with Client("https://jobs.example.com", api_key) as jobs:
+        accepted = jobs.enqueue("export_csv", {"rows": 500})
+        job = jobs.wait(accepted.job_id, timeout=300)
+        if job.status == "succeeded":
+            csv_bytes = jobs.result(job.id).content
+
+``enqueue`` sends an ``Idempotency-Key`` (a new UUID per call unless given) and retries
+``503``, ``429`` and connection errors with that same key, so a call made while the
+database is down returns exactly one job once it is back (or raises when its
+:class:`RetryPolicy` runs out). Errors are :class:`ApiError` subclasses carrying the
+API's problem JSON. :func:`verify_webhook` checks a webhook's Standard Webhooks signature.
+The client imports nothing of the services: it needs only httpx, pydantic and orjson.
+"""
+
+from jobcore.client.aio import AsyncClient
+from jobcore.client.core import JobFilter
+from jobcore.client.errors import (
+    ApiError,
+    BadRequest,
+    ClientError,
+    Conflict,
+    ConnectionFailed,
+    ContentTooLarge,
+    Forbidden,
+    NotFound,
+    ServerError,
+    ServiceUnavailable,
+    TooManyRequests,
+    Unauthorized,
+    UnprocessableContent,
+    UnsupportedMediaType,
+    WaitTimeout,
+    WebhookVerificationFailed,
+)
+from jobcore.client.models import (
+    Accepted,
+    CancelAnswer,
+    Job,
+    JobLinks,
+    JobPage,
+    JobResult,
+    JobStatus,
+    JobSummary,
+    PageLinks,
+)
+from jobcore.client.retries import NO_RETRIES, RetryPolicy
+from jobcore.client.sync import Client
+from jobcore.client.webhooks import verify_webhook
+
+__all__ = [
+    "NO_RETRIES",
+    "Accepted",
+    "ApiError",
+    "AsyncClient",
+    "BadRequest",
+    "CancelAnswer",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "ConnectionFailed",
+    "ContentTooLarge",
+    "Forbidden",
+    "Job",
+    "JobFilter",
+    "JobLinks",
+    "JobPage",
+    "JobResult",
+    "JobStatus",
+    "JobSummary",
+    "NotFound",
+    "PageLinks",
+    "RetryPolicy",
+    "ServerError",
+    "ServiceUnavailable",
+    "TooManyRequests",
+    "Unauthorized",
+    "UnprocessableContent",
+    "UnsupportedMediaType",
+    "WaitTimeout",
+    "WebhookVerificationFailed",
+    "verify_webhook",
+]

@@ -1,0 +1,240 @@
+"""What :class:`~jobcore.client.Client` and :class:`~jobcore.client.AsyncClient` share:
+every operation written once, without I/O ("sans-I/O").
+
+An operation is a generator (a :data:`Flow`): it yields a :class:`Call` to be sent and
+receives the answer (an ``httpx.Response``, or the ``httpx.TransportError`` sending it
+raised), or yields a :class:`Sleep` before trying again, and returns its typed result. The
+two clients only drive flows, one with blocking I/O and ``time.sleep``, the other with
+``await``: building requests, retrying, reading answers and errors happen here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from pydantic import BaseModel
+
+from jobcore import __version__
+from jobcore.client.errors import ApiError, ConnectionFailed, WaitTimeout, api_error
+from jobcore.client.models import Accepted, CancelAnswer, Job, JobPage, JobResult, JobStatus
+from jobcore.client.retries import RETRYABLE_STATUSES, Attempts, RetryPolicy, retryable_error
+
+log = logging.getLogger("jobcore.client")
+
+T = TypeVar("T")
+USER_AGENT = f"jobcore-client/{__version__}"
+# The API shortens longer long-polls to 60 s; proxies often drop requests idle far longer.
+DEFAULT_POLL_SECONDS = 30.0
+MAX_POLL_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request to make (again, if it is retried: the same key, body and query)."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    params: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None
+    # Seconds for the whole request when it is not the client's default (a long-poll).
+    timeout: float | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.method} {httpx.URL(self.url).path}"
+
+
+def build_request(http: httpx.Client | httpx.AsyncClient, call: Call) -> httpx.Request:
+    return http.build_request(
+        call.method,
+        call.url,
+        headers=call.headers,
+        params=call.params,
+        content=call.content,
+        timeout=httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Outcome = httpx.Response | httpx.TransportError
+Flow = Generator[Call | Sleep, Outcome | None, T]
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """What ``GET /jobs`` lists: every member optional."""
+
+    status: JobStatus | str | None = None
+    type: str | None = None
+    entity_id: str | None = None
+
+    def params(self) -> dict[str, str]:
+        found = {"status": self.status, "type": self.type, "entity_id": self.entity_id}
+        return {name: str(value) for name, value in found.items() if value is not None}
+
+
+class Core:
+    """Requests for one API, with one key and one retry policy."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        timeout: float,
+        retry: RetryPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = retry
+        self.clock = clock
+        self.rng = rng
+        self.headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if api_key is not None:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Call:
+        extra = kwargs.pop("headers", {})
+        return Call(method, self.base_url + path, {**self.headers, **extra}, **kwargs)
+
+    # -- sending, with retries ------------------------------------------------------------
+
+    def exchange(self, call: Call) -> Flow[httpx.Response]:
+        """Send ``call`` until it is answered 2xx, retrying 503, 429 and connection errors
+        within the retry policy; raise the last failure's error otherwise."""
+        attempts = Attempts(self.retry, clock=self.clock, rng=self.rng)
+        while True:
+            outcome = yield call
+            error: ApiError | ConnectionFailed
+            if isinstance(outcome, httpx.Response):
+                if outcome.is_success:
+                    return outcome
+                error = api_error(outcome)
+                delay = (
+                    attempts.next_delay(error.retry_after)
+                    if outcome.status_code in RETRYABLE_STATUSES
+                    else None
+                )
+            elif isinstance(outcome, httpx.TransportError):
+                error = ConnectionFailed(f"{call.target}: {type(outcome).__name__}: {outcome}")
+                error.__cause__ = outcome
+                delay = attempts.next_delay() if retryable_error(outcome) else None
+            else:  # pragma: no cover - a driver bug
+                raise TypeError(f"a flow was sent {outcome!r}")
+            if delay is None:
+                raise error
+            log.info(
+                "retrying %s in %.2f s (attempt %d of %d): %s",
+                call.target,
+                delay,
+                attempts.made,
+                self.retry.max_attempts,
+                error,
+            )
+            yield Sleep(delay)
+
+    # -- the operations -------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        job_type: str,
+        payload: Mapping[str, Any] | BaseModel,
+        *,
+        idempotency_key: str | None = None,
+        entity_id: str | None = None,
+        max_attempts: int | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        callback_url: str | None = None,
+    ) -> Flow[Accepted]:
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        params = {
+            name: value
+            for name, value in (
+                ("entity_id", entity_id),
+                ("max_attempts", None if max_attempts is None else str(max_attempts)),
+                ("run_at", None if run_at is None else run_at.isoformat()),
+                ("delay", None if delay is None else repr(float(delay))),
+                ("callback_url", callback_url),
+            )
+            if value is not None
+        }
+        # Every retry is this very request: the same key, body and query, so the API
+        # answers it with the job the first one made if that one got through.
+        call = self.call(
+            "POST",
+            f"/jobs/{job_type}",
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+            params=params,
+            content=orjson.dumps(body),
+        )
+        response = yield from self.exchange(call)
+        replayed = response.headers.get("idempotent-replayed") == "true"
+        return Accepted.model_validate(
+            {**orjson.loads(response.content), "idempotency_key": key, "replayed": replayed}
+        )
+
+    def get(self, job_id: uuid.UUID | str) -> Flow[Job]:
+        response = yield from self.exchange(self.call("GET", f"/jobs/{job_id}"))
+        return Job.model_validate_json(response.content)
+
+    def wait(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        timeout: float | None,
+        poll: float = DEFAULT_POLL_SECONDS,
+    ) -> Flow[Job]:
+        """Long-poll ``GET /jobs/{id}?wait=`` until the job is terminal; :class:`WaitTimeout`
+        after ``timeout`` seconds (None: no limit)."""
+        poll = min(max(poll, 0.0), MAX_POLL_SECONDS)
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            seconds = poll if deadline is None else max(0.0, min(poll, deadline - self.clock()))
+            call = self.call(
+                "GET",
+                f"/jobs/{job_id}",
+                params={"wait": f"{seconds:.3f}"},
+                timeout=seconds + self.timeout,
+            )
+            response = yield from self.exchange(call)
+            job = Job.model_validate_json(response.content)
+            if job.is_terminal:
+                return job
+            if deadline is not None and self.clock() >= deadline:
+                raise WaitTimeout(job, f"job {job_id} is still {job.status} after {timeout} s")
+
+    def result(self, job_id: uuid.UUID | str) -> Flow[JobResult]:
+        response = yield from self.exchange(self.call("GET", f"/jobs/{job_id}/result"))
+        media_type = response.headers.get("content-type", "application/octet-stream")
+        return JobResult(response.content, media_type.split(";")[0].strip())
+
+    def cancel(self, job_id: uuid.UUID | str) -> Flow[CancelAnswer]:
+        response = yield from self.exchange(self.call("POST", f"/jobs/{job_id}/cancel"))
+        return CancelAnswer.model_validate_json(response.content)
+
+    def page(self, where: JobFilter, *, limit: int | None, cursor: str | None) -> Flow[JobPage]:
+        params = where.params()
+        if limit is not None:
+            params["limit"] = str(limit)
+        if cursor is not None:
+            params["cursor"] = cursor
+        response = yield from self.exchange(self.call("GET", "/jobs", params=params))
+        return JobPage.model_validate_json(response.content)

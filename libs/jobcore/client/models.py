@@ -1,0 +1,124 @@
+"""The API's answers as the client reads them: the shapes of the API's response schemas
+(``/openapi.json``), kept here so the client needs nothing of the server. Members the API
+adds later are ignored, so an older client keeps working against a newer API."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobcore.states import JobStatus, is_terminal
+
+__all__ = [
+    "Accepted",
+    "CancelAnswer",
+    "Job",
+    "JobLinks",
+    "JobPage",
+    "JobResult",
+    "JobStatus",
+    "JobSummary",
+    "PageLinks",
+]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class JobLinks(_Answer):
+    self_: str = Field(alias="self")
+    result: str
+    cancel: str
+
+
+class Accepted(_Answer):
+    """``202`` to an enqueue: the job and its message are stored."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    links: JobLinks
+    # Not in the body: the key the client sent, and whether the API answered with the job
+    # an earlier request with that key made (``Idempotent-Replayed: true``).
+    idempotency_key: str
+    replayed: bool = False
+
+
+class JobSummary(_Answer):
+    id: uuid.UUID
+    type: str
+    status: JobStatus
+    entity_id: str | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested_at: datetime | None
+    links: JobLinks
+
+    @property
+    def is_terminal(self) -> bool:
+        """Succeeded, failed or cancelled: it will not change any more."""
+        return is_terminal(self.status)
+
+
+class Job(JobSummary):
+    """``GET /jobs/{id}``: the job with its payload and inline result."""
+
+    idempotency_key: str | None
+    payload: dict[str, Any]
+    # When the job may run first (scheduled) or next (a retry).
+    run_at: datetime | None
+    # The inline result; null while there is none or when it is in the result store.
+    result: Any = None
+    # Set when the result is in the result store: :meth:`Client.result` fetches it.
+    result_ref: str | None
+
+
+class PageLinks(_Answer):
+    next: str | None
+
+
+class JobPage(_Answer):
+    """One page of ``GET /jobs``, newest first; ``next_cursor`` is null on the last."""
+
+    items: list[JobSummary]
+    next_cursor: str | None
+    links: PageLinks
+
+
+class CancelAnswer(_Answer):
+    """``cancelled`` when the job was pending; ``running`` with ``cancel_requested`` while
+    its worker stops it (it then ends ``cancelled``)."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    cancel_requested: bool
+    cancel_requested_at: datetime | None
+    links: JobLinks
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """``GET /jobs/{id}/result``: an inline result as JSON, or the stored file's bytes."""
+
+    content: bytes
+    media_type: str
+
+    @property
+    def is_json(self) -> bool:
+        return self.media_type == "application/json"
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
+
+    def text(self, encoding: str = "utf-8") -> str:
+        return self.content.decode(encoding)

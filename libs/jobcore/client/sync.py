@@ -1,0 +1,184 @@
+"""The blocking client: :class:`Client`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from jobcore.client.core import (
+    DEFAULT_POLL_SECONDS,
+    Call,
+    Core,
+    Flow,
+    JobFilter,
+    Outcome,
+    Sleep,
+    build_request,
+)
+from jobcore.client.models import (
+    Accepted,
+    CancelAnswer,
+    Job,
+    JobPage,
+    JobResult,
+    JobStatus,
+    JobSummary,
+)
+from jobcore.client.retries import RetryPolicy
+
+T = TypeVar("T")
+
+
+class Client:
+    """The jobcore HTTP API, blocking. Every call retries ``503``, ``429`` and connection
+    errors within ``retry``; an enqueue's retries carry its Idempotency-Key, so each call
+    makes exactly one job. An ``http`` client passed in is used as it is (its base URL and
+    headers aside) and never closed here."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self._core = Core(base_url, api_key, timeout=timeout, retry=retry or RetryPolicy())
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _send(self, call: Call) -> Outcome:
+        request = build_request(self._http, call)
+        try:
+            return self._http.send(request)
+        except httpx.TransportError as exc:
+            return exc
+
+    def _run(self, flow: Flow[T]) -> T:
+        outcome: Outcome | None = None
+        try:
+            while True:
+                step = flow.send(outcome)
+                if isinstance(step, Sleep):
+                    time.sleep(step.seconds)  # the backoff before a retry
+                    outcome = None
+                else:
+                    outcome = self._send(step)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    def enqueue(
+        self,
+        job_type: str,
+        payload: Mapping[str, Any] | BaseModel,
+        *,
+        idempotency_key: str | None = None,
+        entity_id: str | None = None,
+        max_attempts: int | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        callback_url: str | None = None,
+    ) -> Accepted:
+        """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given)."""
+        return self._run(
+            self._core.enqueue(
+                job_type,
+                payload,
+                idempotency_key=idempotency_key,
+                entity_id=entity_id,
+                max_attempts=max_attempts,
+                run_at=run_at,
+                delay=delay,
+                callback_url=callback_url,
+            )
+        )
+
+    def get(self, job_id: uuid.UUID | str) -> Job:
+        """``GET /jobs/{id}``: the job as it is now."""
+        return self._run(self._core.get(job_id))
+
+    def wait(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        timeout: float | None = None,
+        poll: float = DEFAULT_POLL_SECONDS,
+    ) -> Job:
+        """The job once it succeeded, failed or was cancelled, by long-polls of ``poll``
+        seconds; :class:`~jobcore.client.WaitTimeout` after ``timeout`` seconds."""
+        return self._run(self._core.wait(job_id, timeout=timeout, poll=poll))
+
+    def result(self, job_id: uuid.UUID | str) -> JobResult:
+        """``GET /jobs/{id}/result``; :class:`~jobcore.client.Conflict` until it succeeded."""
+        return self._run(self._core.result(job_id))
+
+    def cancel(self, job_id: uuid.UUID | str) -> CancelAnswer:
+        """``POST /jobs/{id}/cancel``; :class:`~jobcore.client.Conflict` once it ended."""
+        return self._run(self._core.cancel(job_id))
+
+    def page(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        entity_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """One page of ``GET /jobs`` (newest first)."""
+        where = JobFilter(status, type, entity_id)
+        return self._run(self._core.page(where, limit=limit, cursor=cursor))
+
+    def pages(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        entity_id: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[JobPage]:
+        """Every page of ``GET /jobs``, following the cursor, one request per page."""
+        where = JobFilter(status, type, entity_id)
+        cursor: str | None = None
+        while True:
+            page = self._run(self._core.page(where, limit=limit, cursor=cursor))
+            yield page
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def jobs(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        entity_id: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[JobSummary]:
+        """Every job that :meth:`pages` lists, one at a time."""
+        for page in self.pages(status=status, type=type, entity_id=entity_id, limit=limit):
+            yield from page.items
