@@ -10,12 +10,15 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 import standardwebhooks
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from jobcore.client import WebhookVerificationFailed, verify_webhook
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.webhooks import new_secret
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import (
     Received,
@@ -98,6 +101,11 @@ async def test_receivers_verify_with_the_library_through_a_rotation_and_its_over
         assert delivery["status"] == "delivered", delivery["last_error"]
         assert request.headers["webhook-id"] == str(delivery["id"])
         assert len(request.headers["webhook-signature"].split(" ")) == 1
+        # The client's verifier takes a real delivery, and refuses it under another secret.
+        event = verify_webhook(str(old["secret"]), request.headers, request.body)
+        assert event == orjson.loads(request.body)
+        with pytest.raises(WebhookVerificationFailed):
+            verify_webhook(new_secret(), request.headers, request.body)
 
         new = secret_command(hsettings, "--rotate", overlap="PT1H")
         assert new["secret"] != old["secret"]
