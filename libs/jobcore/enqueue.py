@@ -229,55 +229,6 @@ async def enqueue(
             entity_id=entity_id,
             unique_key=unique_key,
         )
-    # A holder of the unique key that ends between the insert and the read below has
-    # freed it: the insert is tried again.
-    for _ in range(UNIQUE_KEY_TRIES):
-        outcome = await _insert(
-            uow,
-            topology,
-            tenant=tenant,
-            job_type=job_type,
-            document=document,
-            idempotency_key=idempotency_key,
-            entity_id=entity_id,
-            max_attempts=max_attempts,
-            run_at=run_at,
-            callback_url=callback_url,
-            fingerprint=fingerprint,
-            quotas=quotas,
-            unique_key=key,
-            trace=trace,
-            legacy=payload,
-        )
-        if outcome is not None:
-            return outcome
-    raise ServiceStateError("the unique key's holder kept changing; retry")
-
-
-# Tries of an enqueue whose unique key was freed while it was being refused.
-UNIQUE_KEY_TRIES = 3
-
-
-async def _insert(
-    uow: Session,
-    topology: Topology,
-    *,
-    tenant: str,
-    job_type: JobType[Any],
-    document: Any,
-    idempotency_key: str | None,
-    entity_id: str | None,
-    max_attempts: int | None,
-    run_at: datetime | None,
-    callback_url: str | None,
-    fingerprint: str,
-    quotas: Quotas,
-    unique_key: str | None,
-    trace: dict[str, str],
-    legacy: BaseModel,
-) -> EnqueueResult | None:
-    """One try of :func:`enqueue`: its answer, or None when the unique key it found taken
-    is free again."""
     job_id = uuid.uuid4()
     params: JobInsertParams = {
         "id": job_id,
@@ -298,11 +249,33 @@ async def _insert(
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
-        "unique_key": unique_key,
+        "unique_key": key,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
+    # A holder of the unique key that ends between the insert and the read of it has
+    # freed it: the insert is tried again (its ids were not used).
+    for _ in range(UNIQUE_KEY_TRIES):
+        outcome = await _insert(uow, params, legacy=payload)
+        if outcome is not None:
+            return outcome
+    raise ServiceStateError("the unique key's holder kept changing; retry")
+
+
+# Tries of an enqueue whose unique key was freed while it was being refused.
+UNIQUE_KEY_TRIES = 3
+
+
+async def _insert(
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+) -> EnqueueResult | None:
+    """One try of :func:`enqueue`: its answer, or None when the unique key it found taken
+    is free again. ``legacy``: the payload, for a replay of a job from before
+    :func:`request_fingerprint`."""
+    tenant, job_type = params["tenant"], params["type"]
+    idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
+    fingerprint = params["payload_fingerprint"]
     row = await fetch_one(uow, JOB_INSERT(params))
     assert row is not None  # the statement answers one row for any tenant name
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
@@ -323,7 +296,7 @@ async def _insert(
         existing = await fetch_one(
             uow,
             JOB_GET_BY_IDEMPOTENCY_KEY(
-                {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
+                {"tenant": tenant, "type": job_type, "idempotency_key": idempotency_key}
             ),
         )
         if existing is not None:
@@ -343,9 +316,7 @@ async def _insert(
     if unique_key is not None:
         holder = await fetch_one(
             uow,
-            JOB_GET_UNIQUE_HOLDER(
-                {"tenant": tenant, "type": job_type.name, "unique_key": unique_key}
-            ),
+            JOB_GET_UNIQUE_HOLDER({"tenant": tenant, "type": job_type, "unique_key": unique_key}),
         )
         if holder is not None:
             raise UniqueJobExists(holder["id"], holder["status"])

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, BatchResult, ItemStatus, enqueue_many
-from jobcore.enqueue import request_fingerprint, unique_key_of
+from jobcore.enqueue import InvalidUniqueKey, request_fingerprint, unique_key_of
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import JobcoreError, QuotaExceeded, UnknownJobType
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
@@ -148,9 +148,17 @@ def _checked_item(
             max_attempts=fields.max_attempts,
             run_at=operations.schedule(fields.run_at, fields.delay),
         )
+    except InvalidUniqueKey as exc:
+        # Located in the payload, as the item's other invalid-payload errors are.
+        [field_error] = exc.errors
+        relocated = InvalidUniqueKey(field_error["loc"][1:], field_error["msg"])
+        raise Invalid(relocated) from None
+    except InvalidRequest as exc:
+        # The single enqueue's query parameters are this item's fields.
+        errors = [{**e, "loc": ["items", index, *e["loc"][1:]]} for e in exc.errors]
+        raise Invalid(InvalidRequest(errors, f"item {index} is invalid")) from None
     except (JobcoreError, orjson.JSONEncodeError) as exc:
-        error = exc if isinstance(exc, JobcoreError) else BodyTooLarge(str(exc))
-        raise Invalid(error) from None
+        raise Invalid(exc if isinstance(exc, JobcoreError) else BodyTooLarge(str(exc))) from None
 
 
 def batch_route(job_type: JobType[Any]) -> Any:

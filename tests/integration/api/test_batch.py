@@ -112,6 +112,7 @@ async def test_valid_items_are_written_together_and_invalid_ones_answered_in_pla
     assert items[3]["problem"]["errors"][0]["loc"] == ["items", 3, "max_attempts"]
     assert problem_slug(items[5]) == "invalid-request"
     assert problem_slug(items[6]) == "invalid-request"
+    assert items[6]["problem"]["errors"][0]["loc"] == ["items", 6, "delay"]
     assert await counts(db) == {"jobs": 3, "outbox": 3, "jobs_without_message": 0}
     second = await job_row(db, items[2]["job_id"])
     assert (second["entity_id"], second["max_attempts"], second["tenant"]) == (
@@ -184,11 +185,20 @@ async def test_unique_keys_in_a_batch_conflict_with_live_jobs_and_each_other(
                 {"payload": {"account": "acct-1", "note": "again"}},
                 {"payload": {}, "unique_key": "held"},
                 {"payload": {"account": "acct-2"}},
+                {"payload": {"account": "a" * 256}},
             ],
             job_type="sync_account",
         )
     )
-    assert [i["status"] for i in items] == ["created", "unique_conflict", "created", "created"]
+    assert [i["status"] for i in items] == [
+        "created",
+        "unique_conflict",
+        "created",
+        "created",
+        "invalid",
+    ]
+    assert problem_slug(items[4]) == "invalid-payload"
+    assert items[4]["problem"]["errors"][0]["loc"] == ["account"]
     assert (items[1]["job_id"], items[1]["job_status"]) == (items[0]["job_id"], "pending")
     assert problem_slug(items[1]) == "unique-job-exists"
     # "held" is an echo job's key: another type, no conflict. In echo's batch, a conflict.
