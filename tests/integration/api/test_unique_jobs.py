@@ -6,18 +6,22 @@ ends. Apart from Idempotency-Key, which replays a request."""
 from __future__ import annotations
 
 import asyncio
+import uuid
+from typing import Any, cast
 
 import httpx
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_one
+from jobcore.batch import BatchItem, ItemStatus, enqueue_many
+from jobcore.db import Database, Session, execute, fetch_one
 from jobcore.enqueue import enqueue as enqueue_job
 from jobcore.errors import UniqueJobExists
 from jobcore.registry import default_registry
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.sql.jobs import JOB_INSERT, JOB_INSERT_MANY
 from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
@@ -235,3 +239,70 @@ async def test_the_admin_retry_route_answers_409_for_a_held_key(
     holder = (await enqueue(api_client, auth, **unique("r"))).json()["job_id"]
     refused = await api_client.post(f"/admin/jobs/{first}/retry", headers=admin_auth)
     assert assert_problem(refused, 409, "unique-job-exists")["job_id"] == holder
+
+
+END_JOB = Query(
+    "test_end_job",
+    "End a job, as a worker's outcome would.",
+    "UPDATE jobs SET status = 'cancelled', finished_at = now() WHERE id = %(id)s",
+)
+
+
+class EndsHolderAfterInsert:
+    """A connection that, right after the first run of ``insert``, ends ``holder`` on
+    another connection: the key the insert found taken is free before it is read."""
+
+    def __init__(self, conn: Any, db: Database, insert: Query, holder: uuid.UUID) -> None:
+        self.conn, self.db, self.insert, self.holder = conn, db, insert, holder
+        self.inserts = 0
+
+    async def execute(self, sql: str, params: Any) -> Any:
+        cursor = await self.conn.execute(sql, params)
+        if sql == self.insert.sql:
+            self.inserts += 1
+            if self.inserts == 1:
+                async with self.db.connection() as other:
+                    await execute(other, END_JOB({"id": self.holder}))
+        return cursor
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["single", "batch"])
+async def test_a_key_freed_between_the_insert_and_its_read_is_taken_on_the_next_try(
+    db: Database, topology: Topology, many: bool
+) -> None:
+    echo = default_registry.get("echo")
+    async with db.session() as session:
+        holder = await enqueue_job(
+            session,
+            topology,
+            tenant=TENANT,
+            job_type=echo,
+            payload=EchoPayload(text="x"),
+            unique_key="k",
+        )
+    async with db.connection() as conn:
+        racing = EndsHolderAfterInsert(
+            conn, db, JOB_INSERT_MANY if many else JOB_INSERT, holder.job_id
+        )
+        if many:
+            item = BatchItem(payload={"text": "y"}, fingerprint="f", unique_key="k")
+            result = await enqueue_many(
+                cast(Session, racing), topology, tenant=TENANT, job_type=echo, items=[item]
+            )
+            [outcome] = result.outcomes
+            created = outcome.job_id if outcome.status is ItemStatus.CREATED else None
+        else:
+            created = (
+                await enqueue_job(
+                    cast(Session, racing),
+                    topology,
+                    tenant=TENANT,
+                    job_type=echo,
+                    payload=EchoPayload(text="y"),
+                    unique_key="k",
+                )
+            ).job_id
+    assert racing.inserts == 2
+    assert created is not None
+    assert created != holder.job_id
+    assert await live_with_key(db, "k") == 1
