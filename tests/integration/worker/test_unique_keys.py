@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from jobcore.amqp.topology import Topology
+from jobcore.batch import BatchItem, ItemStatus, enqueue_many
 from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import enqueue
 from jobcore.errors import UniqueJobExists
@@ -19,10 +20,18 @@ from jobcore.sql import Query
 from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from jobcore.states import TERMINAL, JobStatus
 from jobcore.testing.jobtypes import EchoPayload
+from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from services.worker.reaper import Reaper
 from services.worker.rescuer import Rescuer
-from tests.integration.worker.support import TAKE_OVER, job_status, outcome_params
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.support import (
+    TAKE_OVER,
+    OutboxPump,
+    job_status,
+    outcome_params,
+    status_is,
+)
 
 KEY = "the-key"
 # The lease token of the claim the running jobs are under.
@@ -155,3 +164,24 @@ def test_the_index_holds_keys_in_every_status_but_the_terminal_ones() -> None:
     where = str(index.dialect_options["postgresql"]["where"])
     for status in JobStatus:
         assert (f"'{status.value}'" in where) is (status not in TERMINAL), (status, where)
+
+
+async def test_a_batchs_jobs_run_like_any_and_their_keys_are_free_once_they_succeed(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    await start_worker()
+    items = [BatchItem(payload={"account": f"acct-{n}"}, fingerprint=str(n)) for n in range(40)]
+    sync = default_registry.get("sync_account")
+    async with db.unit_of_work() as uow:
+        result = await enqueue_many(uow, topology, tenant="t", job_type=sync, items=items)
+        await uow.commit()
+    assert result.count(ItemStatus.CREATED) == 40
+    for outcome in result.outcomes:
+        assert outcome.job_id is not None
+        await eventually(
+            lambda job_id=outcome.job_id: status_is(db, job_id, "succeeded"), what="success"
+        )
+    async with db.unit_of_work() as uow:
+        again = await enqueue_many(uow, topology, tenant="t", job_type=sync, items=items)
+        await uow.commit()
+    assert again.count(ItemStatus.CREATED) == 40
