@@ -13,6 +13,8 @@ single enqueue does (401, 403, 404 unknown type, 413, 415, 400, 422, 503).
 # No `from __future__ import annotations`: FastAPI reads the route's signature, which
 # refers to a dependency local to the function that builds it.
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -30,7 +32,7 @@ from services.api import operations
 from services.api.auth import TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
-from services.api.deps import SessionDep, StateDep
+from services.api.deps import ApiState, SessionDep, StateDep
 from services.api.problems import BodyTooLarge, InvalidRequest, problem_document
 from services.api.tracing import enqueue_span
 from services.api.views import JsonBody
@@ -161,33 +163,44 @@ def _checked_item(
         raise Invalid(exc if isinstance(exc, JobcoreError) else BodyTooLarge(str(exc))) from None
 
 
-def batch_route(job_type: JobType[Any]) -> Any:
-    async def read_items(request: Request, state: StateDep) -> list[Any]:
-        return _items_of(await read_json(request, state.settings.max_batch_body_bytes))
+@dataclass(frozen=True, slots=True)
+class CheckedItems:
+    """A batch's items checked: the valid ones ready to write, the others' errors (both
+    by index in the request)."""
+
+    total: int
+    valid: list[tuple[int, BatchItem]]
+    invalid: dict[int, JobcoreError]
+
+
+def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
+    # Dependencies, resolved in order: the body is read and every item checked before
+    # the route takes a pooled connection (the key was checked before all).
+    async def checked_items(
+        request: Request, state: StateDep, callback_url: CallbackUrlDep
+    ) -> CheckedItems:
+        raw_items = _items_of(await read_json(request, state.settings.max_batch_body_bytes))
+        checked = CheckedItems(len(raw_items), [], {})
+        for index, raw in enumerate(raw_items):
+            try:
+                item = _checked_item(
+                    job_type, index, raw, callback_url, state.settings.max_body_bytes
+                )
+            except Invalid as exc:
+                checked.invalid[index] = exc.error
+            else:
+                checked.valid.append((index, item))
+        return checked
 
     async def enqueue_batch(
         tenant: TenantDep,
-        raw_items: Annotated[list[Any], Depends(read_items)],
+        items: Annotated[CheckedItems, Depends(checked_items)],
         callback_url: CallbackUrlDep,
         db_session: SessionDep,
         state: StateDep,
     ) -> Response:
-        invalid: dict[int, JobcoreError] = {}
-        valid: list[tuple[int, BatchItem]] = []
-        for index, raw in enumerate(raw_items):
-            try:
-                valid.append(
-                    (
-                        index,
-                        _checked_item(
-                            job_type, index, raw, callback_url, state.settings.max_body_bytes
-                        ),
-                    )
-                )
-            except Invalid as exc:
-                invalid[index] = exc.error
         result: BatchResult | None = None
-        if valid:
+        if items.valid:
             with enqueue_span(job_type.name) as span:
                 async with db_session.transaction() as uow:
                     result = await enqueue_many(
@@ -195,34 +208,29 @@ def batch_route(job_type: JobType[Any]) -> Any:
                         state.topology,
                         tenant=tenant,
                         job_type=job_type,
-                        items=[item for _, item in valid],
+                        items=[item for _, item in items.valid],
                         callback_url=callback_url,
                         quotas=state.settings.quota_defaults,
                     )
                     await uow.commit()
                 if span is not None:
+                    valid = len(items.valid)
                     span.set_attributes(
-                        {"tenant": tenant, "batch.items": len(raw_items), "batch.valid": len(valid)}
+                        {"tenant": tenant, "batch.items": items.total, "batch.valid": valid}
                     )
-        answers = _answers(len(raw_items), valid, invalid, result)
         _count(state, job_type.name, result)
         headers = result.rate_headers if result is not None else {}
-        return JsonBody(answers, headers=headers)
+        return JsonBody(_answers(items, result), headers=headers)
 
     return enqueue_batch
 
 
-def _answers(
-    total: int,
-    valid: list[tuple[int, BatchItem]],
-    invalid: dict[int, JobcoreError],
-    result: BatchResult | None,
-) -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{} for _ in range(total)]
-    for index, error in invalid.items():
+def _answers(checked: CheckedItems, result: BatchResult | None) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [{} for _ in range(checked.total)]
+    for index, error in checked.invalid.items():
         items[index] = _item(index, ItemStatus.INVALID, None, None, error)
     if result is not None:
-        for (index, _), outcome in zip(valid, result.outcomes, strict=True):
+        for (index, _), outcome in zip(checked.valid, result.outcomes, strict=True):
             items[index] = _item(
                 index, outcome.status, outcome.job_id, outcome.job_status, outcome.error
             )
@@ -244,7 +252,7 @@ def _item(
     }
 
 
-def _count(state: Any, job_type: str, result: BatchResult | None) -> None:
+def _count(state: ApiState, job_type: str, result: BatchResult | None) -> None:
     if result is None:
         return
     state.metrics.count_enqueued(job_type, replayed=False, jobs=result.count(ItemStatus.CREATED))
