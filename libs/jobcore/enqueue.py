@@ -20,11 +20,24 @@ from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
-from jobcore.errors import EnqueueRateExceeded, IdempotencyConflict, TooManyUnfinishedJobs
+from jobcore.errors import (
+    EnqueueRateExceeded,
+    IdempotencyConflict,
+    InvalidPayload,
+    QuotaExceeded,
+    ServiceStateError,
+    TooManyUnfinishedJobs,
+    UniqueJobExists,
+)
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql.jobs import JOB_GET_BY_IDEMPOTENCY_KEY, JOB_INSERT, JobInsertParams
+from jobcore.sql.jobs import (
+    JOB_GET_BY_IDEMPOTENCY_KEY,
+    JOB_GET_UNIQUE_HOLDER,
+    JOB_INSERT,
+    JobInsertParams,
+)
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
 
@@ -49,9 +62,12 @@ def request_fingerprint(
     delay: float | None = None,
     max_attempts: int | None = None,
     entity_id: str | None = None,
+    unique_key: str | None = None,
 ) -> str:
     """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
     order and whitespace do not matter) and every parameter that changes the job.
+    ``unique_key`` counts only when given, so requests without one hash as they did
+    before unique keys existed (their retries still replay).
 
     ``payload`` is the parsed request body, not the validated model: a model that gains a
     defaulted field in a deploy would otherwise change the fingerprint of a request the
@@ -67,8 +83,48 @@ def request_fingerprint(
         "max_attempts": max_attempts,
         "entity_id": entity_id,
     }
+    if unique_key is not None:
+        request["unique_key"] = unique_key
     canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
+
+
+MAX_UNIQUE_KEY_LENGTH = 255
+
+
+class InvalidUniqueKey(InvalidPayload):
+    """A unique key is at most 255 characters."""
+
+    def __init__(self, loc: list[str | int], message: str) -> None:
+        self.errors: list[dict[str, Any]] = [{"loc": loc, "msg": message, "type": "unique_key"}]
+        super().__init__(message)
+
+
+def unique_key_of(job_type: JobType[Any], payload: Any, explicit: str | None) -> str | None:
+    """The job's unique key: ``explicit`` (the request's ``unique_key``), else the value of
+    the payload field the job type names (``unique_field``; a string as it is, anything
+    else as canonical JSON), else none. ``payload`` is the validated payload as JSON."""
+    if explicit is not None:
+        if not 1 <= len(explicit) <= MAX_UNIQUE_KEY_LENGTH or "\x00" in explicit:
+            raise InvalidUniqueKey(
+                ["query", "unique_key"], "a unique key is 1 to 255 characters, without NUL"
+            )
+        return explicit
+    if job_type.unique_field is None:
+        return None
+    value = payload.get(job_type.unique_field) if isinstance(payload, dict) else None
+    if value is None:
+        return None
+    key = value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if isinstance(key, bytes):
+        key = key.decode()
+    if len(key) > MAX_UNIQUE_KEY_LENGTH:
+        raise InvalidUniqueKey(
+            ["body", job_type.unique_field],
+            f"the job type's unique key is this field, at most {MAX_UNIQUE_KEY_LENGTH} "
+            "characters (as JSON unless a string)",
+        )
+    return key
 
 
 def legacy_fingerprint(payload: BaseModel) -> str:
@@ -138,6 +194,7 @@ async def enqueue(
     callback_url: str | None = None,
     fingerprint: str | None = None,
     quotas: Quotas = UNLIMITED,
+    unique_key: str | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -154,17 +211,25 @@ async def enqueue(
     rate limit or its cap of unfinished jobs the job is not written and
     :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
     replay, which answers its job whatever the quotas.
+
+    ``unique_key`` (else the job type's ``unique_field`` of the payload,
+    :func:`unique_key_of`): while a pending or running job of this tenant and type holds
+    the same key, no job is written and :class:`UniqueJobExists` names that job (checked
+    after the idempotency key: a replay is answered as a replay). Neither uses quota.
     """
-    job_id = uuid.uuid4()
     trace = capture_trace_headers()
+    document = payload.model_dump(mode="json")
+    key = unique_key_of(job_type, document, unique_key)
     if fingerprint is None:
         fingerprint = request_fingerprint(
-            payload.model_dump(mode="json"),
+            document,
             callback_url=callback_url,
             run_at=run_at,
             max_attempts=max_attempts,
             entity_id=entity_id,
+            unique_key=unique_key,
         )
+    job_id = uuid.uuid4()
     params: JobInsertParams = {
         "id": job_id,
         "tenant": tenant,
@@ -172,7 +237,7 @@ async def enqueue(
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
         "payload_fingerprint": fingerprint,
-        "payload": Jsonb(payload.model_dump(mode="json")),
+        "payload": Jsonb(document),
         "entity_id": entity_id,
         "max_attempts": max_attempts or job_type.max_attempts,
         "run_at": run_at,
@@ -184,43 +249,82 @@ async def enqueue(
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
+        "unique_key": key,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
+    # A holder of the unique key that ends between the insert and the read of it has
+    # freed it: the insert is tried again (its ids were not used).
+    for _ in range(UNIQUE_KEY_TRIES):
+        outcome = await _insert(uow, params, legacy=payload)
+        if outcome is not None:
+            return outcome
+    raise ServiceStateError("the unique key's holder kept changing; retry")
+
+
+# Tries of an enqueue whose unique key was freed while it was being refused.
+UNIQUE_KEY_TRIES = 3
+
+
+async def _insert(
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+) -> EnqueueResult | None:
+    """One try of :func:`enqueue`: its answer, or None when the unique key it found taken
+    is free again. ``legacy``: the payload, for a replay of a job from before
+    :func:`request_fingerprint`."""
+    tenant, job_type = params["tenant"], params["type"]
+    idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
+    fingerprint = params["payload_fingerprint"]
     row = await fetch_one(uow, JOB_INSERT(params))
     assert row is not None  # the statement answers one row for any tenant name
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
-    headers = rate_headers(limit, _seconds(row["rate_tat"]), row["now"].timestamp())
+    headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:
         return EnqueueResult(
             tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
         )
-    if row["refusal"] is not None and idempotency_key is None:
-        raise _refusal(row, limit, headers)
+    if row["refusal"] is not None and idempotency_key is None and unique_key is None:
+        raise quota_refusal(row, limit, headers)
 
-    # The key is taken: ON CONFLICT waited for the other transaction to commit. Or the
+    # A key is taken: ON CONFLICT waited for the other transaction to commit. Or the
     # quotas refused a request whose key was taken after the statement's snapshot: by its
     # own first attempt, still in flight when the client retried, whose admission the
     # refused one then queued behind. A new statement (a new snapshot under READ
     # COMMITTED) sees that job either way, and a retry of accepted work is not refused.
-    existing = await fetch_one(
-        uow,
-        JOB_GET_BY_IDEMPOTENCY_KEY(
-            {"tenant": tenant, "type": job_type.name, "idempotency_key": idempotency_key}
-        ),
-    )
-    if existing is None and row["refusal"] is not None:
-        raise _refusal(row, limit, headers)
-    if existing is None:  # pragma: no cover - the conflicting row cannot vanish: no deletes
-        raise IdempotencyConflict("the idempotency key's job disappeared; retry")
-    if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(payload)):
-        raise IdempotencyConflict(
-            f"idempotency key already used for job {existing['id']} with a different request"
+    if idempotency_key is not None:
+        existing = await fetch_one(
+            uow,
+            JOB_GET_BY_IDEMPOTENCY_KEY(
+                {"tenant": tenant, "type": job_type, "idempotency_key": idempotency_key}
+            ),
         )
-    return EnqueueResult(
-        tenant, existing["id"], JobStatus(existing["status"]), existing["created_at"], True, headers
-    )
+        if existing is not None:
+            if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(legacy)):
+                raise IdempotencyConflict(
+                    f"idempotency key already used for job {existing['id']} with a different "
+                    "request"
+                )
+            return EnqueueResult(
+                tenant,
+                existing["id"],
+                JobStatus(existing["status"]),
+                existing["created_at"],
+                True,
+                headers,
+            )
+    if unique_key is not None:
+        holder = await fetch_one(
+            uow,
+            JOB_GET_UNIQUE_HOLDER({"tenant": tenant, "type": job_type, "unique_key": unique_key}),
+        )
+        if holder is not None:
+            raise UniqueJobExists(holder["id"], holder["status"])
+    if row["refusal"] is not None:
+        raise quota_refusal(row, limit, headers)
+    if unique_key is None:  # pragma: no cover - an idempotency key's job is never deleted
+        raise IdempotencyConflict("the idempotency key's job disappeared; retry")
+    return None
 
 
 # Seconds a caller at its cap of unfinished jobs is told to wait: when its jobs end is
@@ -228,11 +332,13 @@ async def enqueue(
 UNFINISHED_RETRY_AFTER = 5
 
 
-def _seconds(when: datetime | None) -> float | None:
+def seconds_of(when: datetime | None) -> float | None:
     return None if when is None else when.timestamp()
 
 
-def _refusal(row: Any, limit: RateLimit, headers: dict[str, str]) -> Exception:
+def quota_refusal(row: Any, limit: RateLimit, headers: dict[str, str]) -> QuotaExceeded:
+    """The error for an enqueue statement's answer ``row`` that names a ``refusal`` (with
+    the tenant's ``max_unfinished``, ``rate_tat`` and ``now``)."""
     if row["refusal"] == Refusal.MAX_UNFINISHED:
         cap = int(row["max_unfinished"])
         return TooManyUnfinishedJobs(
@@ -241,7 +347,7 @@ def _refusal(row: Any, limit: RateLimit, headers: dict[str, str]) -> Exception:
             headers=headers,
             limit=cap,
         )
-    state = limit.state(_seconds(row["rate_tat"]), row["now"].timestamp())
+    state = limit.state(seconds_of(row["rate_tat"]), row["now"].timestamp())
     return EnqueueRateExceeded(
         f"the tenant's enqueue rate limit ({limit.rate:g}/s, bursts of {limit.burst}) is used up",
         retry_after=max(1, state.retry_after),

@@ -49,6 +49,17 @@ class IdempotencyConflict(JobcoreError):
     """That idempotency key was already used with a different request."""
 
 
+class UniqueJobExists(JobcoreError):
+    """A pending or running job of this type already holds that unique key."""
+
+    def __init__(self, job_id: object, job_status: str) -> None:
+        self.job_id = job_id
+        self.job_status = job_status
+        super().__init__(
+            f"job {job_id} ({job_status}) holds this unique key until it ends; no job was created"
+        )
+
+
 class JobNotFound(JobcoreError):
     """No such job."""
 

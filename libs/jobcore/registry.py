@@ -157,6 +157,9 @@ class JobType(Generic[P]):
     max_attempts: int = 5
     timeout: float = 300.0
     lease: float = 60.0
+    # A payload field whose value is the job's unique key: at most one pending or running
+    # job of this type per tenant and value (a request's own unique_key wins over it).
+    unique_field: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -167,6 +170,13 @@ class JobType(Generic[P]):
             raise ValueError(f"max_attempts must be within 1..{MAX_ATTEMPTS_LIMIT}")
         if self.timeout <= 0 or self.lease <= 0:
             raise ValueError("timeout and lease must be positive")
+        if self.unique_field is not None and self.unique_field not in (
+            self.payload_model.model_fields
+        ):
+            raise ValueError(
+                f"unique_field {self.unique_field!r} is not a field of "
+                f"{self.payload_model.__name__}"
+            )
 
     def validate_payload(self, raw: object) -> P:
         try:
@@ -213,8 +223,10 @@ class Registry:
         max_attempts: int = 5,
         timeout: float = 300.0,
         lease: float = 60.0,
+        unique_field: str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``."""
+        """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
+        ``unique_field="account_id"``: one live job per tenant and account id."""
 
         def decorate(handler: Handler) -> Handler:
             self.register(
@@ -226,6 +238,7 @@ class Registry:
                     max_attempts=max_attempts,
                     timeout=timeout,
                     lease=lease,
+                    unique_field=unique_field,
                 )
             )
             return handler

@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from jobcore.jobprogress import PROGRESS_MESSAGE_MAX_CHARS
 from jobcore.scopes import DEFAULT_SCOPES, Scope
-from jobcore.states import JobStatus
+from jobcore.states import TERMINAL, JobStatus
 
 metadata = MetaData(
     naming_convention={
@@ -43,6 +43,9 @@ metadata = MetaData(
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
 _TERMINAL_STATUSES = "'succeeded', 'failed', 'cancelled'"
+# The statuses a unique key is held in: every status but the terminal ones, so each
+# statement that ends a job frees its key by the same write (jobcore.states.TERMINAL).
+_LIVE_STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus if s not in TERMINAL)
 
 
 def _timestamp(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
@@ -101,6 +104,9 @@ jobs = Table(
     Column("progress_message", Text),
     Column("progress_attempt", Integer),
     _timestamp("progress_updated_at"),
+    # At most one live job per (tenant, type, unique key): the request's unique_key, or
+    # the value of the payload field its job type names (jobcore.registry). NULL: none.
+    Column("unique_key", Text),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
     CheckConstraint("progress_fraction >= 0 AND progress_fraction <= 1", name="progress_fraction"),
@@ -114,6 +120,16 @@ jobs = Table(
         "idempotency_key",
         unique=True,
         postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+    # The unique-jobs rule, enforced by the enqueue statement's ON CONFLICT: race-free
+    # across API processes, and released by whatever write makes the job terminal.
+    Index(
+        "jobs_unique_uidx",
+        "tenant",
+        "type",
+        "unique_key",
+        unique=True,
+        postgresql_where=text(f"unique_key IS NOT NULL AND status IN ({_LIVE_STATUSES})"),
     ),
     Index("jobs_status_created_idx", "status", "created_at"),
     Index(

@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # The body of POST /jobs/{type}/batch (up to 1,000 items; each item's payload is still
+    # held to max_body_bytes).
+    max_batch_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Long-polls (GET /jobs/{id}?wait=) parked at once in one API process, all tenants
     # together; 0: no limit. Each holds a socket and a task, never a database connection.
     api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)

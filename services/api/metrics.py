@@ -63,12 +63,13 @@ class ApiMetrics:
             registry=self.registry,
         )
 
-    def count_enqueued(self, job_type: str, *, replayed: bool) -> None:
+    def count_enqueued(self, job_type: str, *, replayed: bool, jobs: int = 1) -> None:
+        """``jobs``: how many (a batch counts each of its items as a request)."""
         if replayed:
-            self.enqueue_requests.labels(job_type, "replayed").inc()
+            self.enqueue_requests.labels(job_type, "replayed").inc(jobs)
         else:
-            self.enqueue_requests.labels(job_type, "accepted").inc()
-            self.jobs_enqueued.labels(job_type).inc()
+            self.enqueue_requests.labels(job_type, "accepted").inc(jobs)
+            self.jobs_enqueued.labels(job_type).inc(jobs)
 
     def count_error(self, route_name: str | None, status: int) -> None:
         """Called for every error answer; counts the ones to enqueue requests."""

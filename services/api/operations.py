@@ -96,6 +96,8 @@ class Submission:
     callback_url: str | None = None
     # jobcore.enqueue.request_fingerprint of the request as sent.
     fingerprint: str | None = None
+    # The request's own unique key (else the job type's unique payload field, if any).
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,7 @@ async def submit(
             callback_url=submission.callback_url,
             fingerprint=submission.fingerprint,
             quotas=quotas,
+            unique_key=submission.unique_key,
         )
         if span is not None:
             span.set_attributes(

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
+from jobcore.enqueue import InvalidUniqueKey
 from jobcore.errors import (
     DatabaseUnavailable,
     EnqueueRateExceeded,
@@ -36,6 +37,7 @@ from jobcore.errors import (
     ServiceStateError,
     TooManyLongPolls,
     TooManyUnfinishedJobs,
+    UniqueJobExists,
     UnknownJobType,
 )
 from jobcore.payloads import UnstorablePayload
@@ -117,6 +119,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),
     JobNotRetryable: ProblemType(409, "job-not-retryable", "Job not retryable"),
+    UniqueJobExists: ProblemType(409, "unique-job-exists", "A live job holds the unique key"),
     OutboxRowNotQuarantined: ProblemType(
         409, "outbox-row-not-quarantined", "Outbox row not quarantined"
     ),
@@ -207,14 +210,40 @@ def _log_unavailable(exc: JobcoreError) -> None:
         log.warning("answering 503: %s", exc)
 
 
+def problem_document(exc: JobcoreError) -> dict[str, Any]:
+    """The problem JSON of ``exc`` as a value (a batch item's ``problem``), with what its
+    answer's headers would say about a quota as ``retry_after``."""
+    kind, extensions, _ = _problem_parts(exc)
+    if isinstance(exc, QuotaExceeded):
+        extensions["retry_after"] = exc.retry_after
+    return {
+        "type": kind.uri,
+        "title": kind.title,
+        "status": kind.status,
+        "detail": _GENERIC_DETAIL.get(kind.slug, str(exc)),
+        **extensions,
+    }
+
+
 def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
+    kind, extensions, headers = _problem_parts(exc)
+    if kind.status == 503:
+        _log_unavailable(exc)
+    if kind is INTERNAL:
+        log.error("unmapped jobcore error", exc_info=exc)
+    return problem(kind, _GENERIC_DETAIL.get(kind.slug, str(exc)), headers=headers, **extensions)
+
+
+def _problem_parts(exc: JobcoreError) -> tuple[ProblemType, dict[str, Any], dict[str, str]]:
     kind = problem_type_for(exc)
-    detail = _GENERIC_DETAIL.get(kind.slug, str(exc))
     extensions: dict[str, Any] = {}
     headers: dict[str, str] = {}
-    if isinstance(exc, InvalidPayloadError | InvalidRequest | UnstorablePayload):
+    if isinstance(exc, InvalidPayloadError | InvalidRequest | UnstorablePayload | InvalidUniqueKey):
         extensions["errors"] = _field_errors(exc.errors)
     if isinstance(exc, JobNotCancellable | ResultNotReady):
+        extensions["job_status"] = exc.job_status
+    if isinstance(exc, UniqueJobExists):
+        extensions["job_id"] = str(exc.job_id)
         extensions["job_status"] = exc.job_status
     if kind.status == 401:
         challenge = 'Bearer realm="jobcore"'
@@ -234,10 +263,7 @@ def jobcore_error_response(exc: JobcoreError) -> ProblemResponse:
         )
     if kind.status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        _log_unavailable(exc)
-    if kind is INTERNAL:
-        log.error("unmapped jobcore error", exc_info=exc)
-    return problem(kind, detail, headers=headers, **extensions)
+    return kind, extensions, headers
 
 
 def _counted(request: Request, response: ProblemResponse) -> ProblemResponse:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobcore.batch import ItemStatus
 from jobcore.scopes import Scope
 from jobcore.states import JobStatus
 
@@ -58,6 +59,9 @@ class JobProgress(BaseModel):
 
 class JobView(JobSummary):
     idempotency_key: str | None
+    # Held while the job is pending or running (at most one such job per tenant, type and
+    # key): the request's unique_key or the job type's unique payload field.
+    unique_key: str | None = None
     payload: dict[str, Any]
     # When the job may run first (scheduled with run_at / delay) or next (a retry).
     run_at: datetime | None
@@ -108,6 +112,43 @@ class Problem(BaseModel):
     job_status: JobStatus | None = None
     # On a 403: the scope the API key lacks.
     required_scope: Scope | None = None
+    # On a 409 unique-job-exists: the live job that holds the unique key (with job_status).
+    job_id: uuid.UUID | None = None
+    # On a 429: the quota's limit. In a batch item's problem: the Retry-After its own
+    # answer would have carried, in seconds.
+    limit: float | None = None
+    retry_after: int | None = None
+
+
+class BatchItemAnswer(BaseModel):
+    """One item's outcome, at its ``index`` in the request. ``created``: a new job;
+    ``replayed``: the job of the item's idempotency key (same request); ``unique_conflict``:
+    the live job that holds its unique key (``job_id``, ``job_status``), nothing written;
+    ``refused``: a quota (``problem``: enqueue-rate-limited or too-many-unfinished-jobs,
+    with ``retry_after``); ``invalid``: ``problem`` says why (invalid-request,
+    invalid-payload, body-too-large, idempotency-key-reused)."""
+
+    index: int
+    status: ItemStatus
+    job_id: uuid.UUID | None
+    job_status: JobStatus | None
+    problem: Problem | None
+
+
+class BatchCounts(BaseModel):
+    created: int
+    replayed: int
+    unique_conflict: int
+    refused: int
+    invalid: int
+
+
+class BatchAnswer(BaseModel):
+    """Every item's outcome in the request's order; the jobs created were committed
+    together, with their outbox messages."""
+
+    items: list[BatchItemAnswer]
+    counts: BatchCounts
 
 
 class Alive(BaseModel):
@@ -144,6 +185,7 @@ class AdminJobList(BaseModel):
 class AdminJobView(AdminJobSummary):
     queue: str
     idempotency_key: str | None
+    unique_key: str | None = None
     payload: dict[str, Any]
     run_at: datetime | None
     result: Any = None

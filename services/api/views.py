@@ -60,6 +60,7 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
     body = job_summary(row)
     body.update(
         idempotency_key=row["idempotency_key"],
+        unique_key=row["unique_key"],
         payload=row["payload"],
         run_at=row["next_attempt_at"],
         result=row["result"],

@@ -30,8 +30,8 @@ def _positive_list(text: str, what: str) -> tuple[int, ...]:
 def bench(
     scenarios: list[str] = typer.Argument(
         None,
-        help="Scenarios to run, in order: enqueue relay e2e scale backlog fair (the default), "
-        "tracing, and steady (about 70 minutes at its defaults).",
+        help="Scenarios to run, in order: enqueue batch relay e2e scale backlog fair (the "
+        "default), tracing, and steady (about 70 minutes at its defaults).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
@@ -63,6 +63,9 @@ def bench(
     fair_probes: int = typer.Option(
         20, min=1, max=1000, help="Tenant B's jobs (one a second) in the fair scenario."
     ),
+    batch_size: int = typer.Option(
+        1000, min=1, max=1000, help="Items per request in the batch scenario."
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -93,6 +96,7 @@ def bench(
         steady_retention=steady_retention,
         fair_backlog=fair_backlog,
         fair_probes=fair_probes,
+        batch_size=batch_size,
     )
     config = settings()
     with Progress(

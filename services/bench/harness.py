@@ -27,7 +27,8 @@ from services.bench.measure import Profiler
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
 
-SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog", "fair")  # run when none is named
+# Run when none is named.
+SCENARIOS = ("enqueue", "batch", "relay", "e2e", "scale", "backlog", "fair")
 EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
@@ -50,6 +51,7 @@ class Options:
     steady_retention: int = 300
     fair_backlog: int = 100_000
     fair_probes: int = 20
+    batch_size: int = 1000
 
 
 class Scenario(Protocol):

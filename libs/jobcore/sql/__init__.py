@@ -22,6 +22,8 @@ from jobcore.states import TERMINAL, JobStatus
 
 # The terminal statuses as an SQL list, for `status IN ...` (jobcore.states.TERMINAL).
 TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status in TERMINAL) + ")"
+# The others: the statuses in which a job holds its unique key (jobs_unique_uidx).
+LIVE_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status not in TERMINAL) + ")"
 
 # Contravariant: a query that takes fewer parameters also takes a dict with more.
 P = TypeVar("P", bound=Mapping[str, Any], contravariant=True)

@@ -24,14 +24,27 @@ from typing import Literal, TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.channels import JOB_PROGRESS_CHANNEL
-from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
-from jobcore.sql.tenant_quotas import ADMISSION_COLUMNS, QuotaDefaultParams, admission_ctes
+from jobcore.sql import (
+    LIVE_SQL,
+    TERMINAL_SQL,
+    CompletionParams,
+    NoParams,
+    OutboxMessageParams,
+    Query,
+)
+from jobcore.sql.tenant_quotas import (
+    ADMISSION_COLUMNS,
+    QuotaDefaultParams,
+    admission_ctes,
+    batch_admission_ctes,
+)
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
 # One statement writes the job, its outbox message and wakes the relays: a round trip
 # per statement is the cost that matters on the enqueue path. With an idempotency key
-# that is already taken, ON CONFLICT makes the job insert (and so the outbox insert)
-# write nothing and return no row; the caller then reads the existing job. Without a
+# that is already taken, or a unique key a live job holds, ON CONFLICT (on either index:
+# no conflict target) makes the job insert (and so the outbox insert) write nothing and
+# return no row; the caller then reads the existing job. Without a
 # callback URL the job takes the tenant's default endpoint for its type, if any (a
 # primary-key probe of webhook_endpoints).
 
@@ -50,12 +63,12 @@ def _insert_job_with_outbox() -> str:
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            callback_url
+            unique_key, callback_url
         )
         SELECT
             %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
-            %(run_at)s, %(traceparent)s, %(tracestate)s,
+            %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
                 WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
@@ -64,8 +77,7 @@ def _insert_job_with_outbox() -> str:
             ))
         FROM admit
         WHERE admit.last_refusal IS NULL
-        ON CONFLICT (tenant, type, idempotency_key) WHERE idempotency_key IS NOT NULL
-        DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING id, tenant, status, created_at
     ), message AS (
         INSERT INTO outbox (
@@ -101,12 +113,158 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
     tracestate: str | None
     tenant: str
     type: str
+    unique_key: str | None
 
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
     "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
     _insert_job_with_outbox(),
+)
+
+
+class JobInsertManyParams(QuotaDefaultParams):
+    """A batch of one job type for one tenant, as parallel arrays (one element per item;
+    ``ns`` numbers them for the answer), and the batch's shared columns."""
+
+    bodies: list[bytes]
+    callback_url: str | None
+    channel: str
+    entity_ids: list[str | None]
+    exchange: str
+    fingerprints: list[str]
+    headers: Jsonb
+    idempotency_keys: list[str | None]
+    ids: list[uuid.UUID]
+    max_attempts: list[int]
+    message_ids: list[uuid.UUID]
+    ns: list[int]
+    payloads: list[Jsonb]
+    queue: str
+    routing_key: str
+    run_ats: list[datetime | None]
+    tenant: str
+    traceparent: str | None
+    tracestate: str | None
+    type: str
+    unique_keys: list[str | None]
+
+
+# Batch enqueue (jobcore.batch): one multi-row insert of the jobs and one of their outbox
+# rows. The caller holds the tenant's usage row (TENANT_USAGE_LOCK). An item is new when
+# no job holds its idempotency key and no live job its unique key (at this snapshot): the
+# first `room.admitted` new items are inserted, the rest are refused by the quota named
+# in `refusal`. ON CONFLICT DO NOTHING (either unique index) covers what the snapshot
+# could not see: a racing insert of the same key (it waits for that transaction), and an
+# earlier item of the same batch with the same key. An item with no job and no refusal
+# is answered from the jobs that hold its keys (JOB_GET_BATCH_HOLDERS).
+JOB_INSERT_MANY = Query[JobInsertManyParams](
+    "job_insert_many",
+    "Insert a batch of pending jobs with their outbox messages, as many as the tenant's "
+    "quotas admit, and NOTIFY the relays, in one statement.",
+    f"""
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ns)s::int[], %(ids)s::uuid[], %(idempotency_keys)s::text[],
+            %(fingerprints)s::text[], %(payloads)s::jsonb[], %(entity_ids)s::text[],
+            %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(unique_keys)s::text[],
+            %(message_ids)s::uuid[], %(bodies)s::bytea[]
+        ) AS i(n, id, idempotency_key, payload_fingerprint, payload, entity_id,
+               max_attempts, run_at, unique_key, message_id, body)
+    ), fresh AS (
+        SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
+        FROM input
+        WHERE NOT EXISTS (
+                  SELECT 1 FROM jobs
+                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+                    AND jobs.idempotency_key = input.idempotency_key
+              )
+          AND NOT EXISTS (
+                  SELECT 1 FROM jobs
+                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+                    AND jobs.unique_key = input.unique_key
+                    AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
+              )
+    ), wanted AS (
+        SELECT count(*) AS n FROM fresh
+    ), {batch_admission_ctes()}, hook AS (
+        SELECT coalesce(%(callback_url)s, (
+            SELECT url FROM webhook_endpoints
+            WHERE tenant = %(tenant)s::text AND job_type IN (%(type)s, '*')
+            ORDER BY job_type = '*'
+            LIMIT 1
+        )) AS url
+    ), job AS (
+        INSERT INTO jobs (
+            id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
+            payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
+            unique_key, callback_url
+        )
+        SELECT
+            input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
+            input.payload_fingerprint, input.payload, input.entity_id, input.max_attempts,
+            input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, hook.url
+        FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
+        WHERE fresh.rank <= room.admitted
+        ORDER BY input.n
+        ON CONFLICT DO NOTHING
+        RETURNING id, status, created_at
+    ), message AS (
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id,
+            tenant, available_at
+        )
+        SELECT input.message_id, %(exchange)s, %(routing_key)s, %(type)s, %(headers)s,
+               input.body, job.id, %(tenant)s::text, coalesce(input.run_at, now())
+        FROM job JOIN input ON input.id = job.id
+        RETURNING id
+    )
+    SELECT input.n, job.id, job.status, job.created_at,
+           CASE WHEN fresh.rank > room.admitted THEN room.refusal END AS refusal,
+           (SELECT pg_notify(%(channel)s, '') FROM message LIMIT 1) IS NULL AS notified,
+           limits.rate, limits.burst, limits.max_unfinished,
+           (SELECT rate_tat FROM charged) AS rate_tat, clock_timestamp() AS now
+    FROM input
+    LEFT JOIN fresh USING (n)
+    LEFT JOIN job ON job.id = input.id
+    CROSS JOIN room CROSS JOIN limits
+    ORDER BY input.n
+    """,
+)
+
+
+class JobGetBatchHoldersParams(TypedDict):
+    idempotency_keys: list[str | None]
+    ns: list[int]
+    tenant: str
+    type: str
+    unique_keys: list[str | None]
+
+
+JOB_GET_BATCH_HOLDERS = Query[JobGetBatchHoldersParams](
+    "job_get_batch_holders",
+    "For each item of a batch, the job that holds its idempotency key and the live job "
+    "that holds its unique key.",
+    f"""
+    SELECT input.n,
+           keyed.id AS keyed_id, keyed.status AS keyed_status,
+           keyed.created_at AS keyed_created_at, keyed.payload_fingerprint,
+           live.id AS live_id, live.status AS live_status
+    FROM unnest(%(ns)s::int[], %(idempotency_keys)s::text[], %(unique_keys)s::text[])
+        AS input(n, idempotency_key, unique_key)
+    LEFT JOIN LATERAL (
+        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        WHERE tenant = %(tenant)s AND type = %(type)s
+          AND idempotency_key = input.idempotency_key AND idempotency_key IS NOT NULL
+    ) AS keyed ON true
+    LEFT JOIN LATERAL (
+        SELECT id, status FROM jobs
+        WHERE tenant = %(tenant)s AND type = %(type)s
+          AND unique_key = input.unique_key AND unique_key IS NOT NULL
+          AND status IN {LIVE_SQL}
+    ) AS live ON true
+    """,
 )
 
 
@@ -149,6 +307,24 @@ JOB_GET_BY_IDEMPOTENCY_KEY = Query[JobGetByIdempotencyKeyParams](
     """
     SELECT * FROM jobs
     WHERE tenant = %(tenant)s AND type = %(type)s AND idempotency_key = %(idempotency_key)s
+    """,
+)
+
+
+class JobGetUniqueHolderParams(TypedDict):
+    tenant: str
+    type: str
+    unique_key: str | None
+
+
+# Served by jobs_unique_uidx: the query names its predicate.
+JOB_GET_UNIQUE_HOLDER = Query[JobGetUniqueHolderParams](
+    "job_get_unique_holder",
+    "Find the pending or running job that holds a unique key (tenant and type scoped).",
+    f"""
+    SELECT id, status FROM jobs
+    WHERE tenant = %(tenant)s AND type = %(type)s
+      AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     """,
 )
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypedDict
 
-from jobcore.sql import Query
+from jobcore.quotas import EPSILON
+from jobcore.sql import LIVE_SQL, Query
 
 
 class QuotaDefaultParams(TypedDict):
@@ -40,8 +41,9 @@ _LIMITS = """limits AS (
 
 
 def admission_ctes() -> str:
-    """``existing`` (the job that already holds the idempotency key: a replay is not new
-    work, so it is never refused), ``limits`` and ``admit``: the tenant's usage row after
+    """``existing`` (the job that already holds the idempotency key, or the live job that
+    holds the unique key: a replay or a duplicate is not new work, so it is never refused
+    and uses no quota), ``limits`` and ``admit``: the tenant's usage row after
     this request's turn, whose ``last_refusal`` is NULL when the job may be inserted.
 
     The rate limit is GCRA (:class:`jobcore.quotas.RateLimit` is the same rule in Python):
@@ -62,6 +64,10 @@ def admission_ctes() -> str:
         SELECT id FROM jobs
         WHERE tenant = %(tenant)s::text
           AND type = %(type)s AND idempotency_key = %(idempotency_key)s
+        UNION ALL
+        SELECT id FROM jobs
+        WHERE tenant = %(tenant)s::text AND type = %(type)s
+          AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ), {_LIMITS}, admit AS (
         INSERT INTO tenant_usage AS u (tenant, rate_tat)
         SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
@@ -106,6 +112,77 @@ ADMISSION_COLUMNS = """
     coalesce(admit.rate_tat, (SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant))
         AS rate_tat,
     limits.rate, limits.burst, limits.max_unfinished, clock_timestamp() AS now"""
+
+
+class TenantUsageLockParams(TypedDict):
+    tenant: str
+
+
+# A batch enqueue (jobcore.batch) takes its tenant's usage row first, in a statement of
+# its own: DO UPDATE locks the row as last committed (a row another admission inserted
+# after this statement's snapshot too), so the batch statement that follows reads the
+# row and the deltas with a snapshot taken under the lock, and admits as many items as
+# the quotas leave room for (batch_admission_ctes) without the FOR UPDATE subtleties of
+# the one-statement admission above.
+TENANT_USAGE_LOCK = Query[TenantUsageLockParams](
+    "tenant_usage_lock",
+    "Lock a tenant's usage row (creating it) until the transaction ends.",
+    """
+    INSERT INTO tenant_usage AS u (tenant) VALUES (%(tenant)s)
+    ON CONFLICT (tenant) DO UPDATE SET tenant = excluded.tenant
+    """,
+)
+
+
+def batch_admission_ctes() -> str:
+    """For a batch whose tenant's usage row the transaction holds (TENANT_USAGE_LOCK):
+    ``limits``, and ``room``: how many of the batch's ``wanted`` new items are admitted
+    (``admitted``, the first ones in the batch's order) and, when not all, which quota
+    stopped the rest (``refusal``); and ``charged``, the usage row after the admitted
+    items' turn (the rate limit's tat moved by one interval per item, the refusal noted).
+
+    The same rules as :func:`admission_ctes`, for k items at once: GCRA admits k when
+    max(tat, now) + k/rate is at most burst/rate ahead of now; the cap admits up to
+    max_unfinished minus the unfinished jobs (the row's count plus its deltas).
+    Needs ``wanted`` (a CTE with one row and its column ``n``).
+    """
+    return f"""{_LIMITS}, usage AS (
+        SELECT u.rate_tat, clock_timestamp() AS at,
+               u.unfinished + (
+                   SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                   WHERE d.tenant = u.tenant
+               ) AS unfinished
+        FROM tenant_usage AS u WHERE u.tenant = %(tenant)s::text
+    ), capacity AS (
+        SELECT wanted.n AS wanted,
+               CASE WHEN l.max_unfinished > 0
+                    THEN greatest(l.max_unfinished - usage.unfinished, 0) END AS cap_room,
+               CASE WHEN l.rate > 0
+                    THEN greatest(floor(
+                        (extract(epoch FROM usage.at - greatest(usage.rate_tat, usage.at))::float8
+                         + l.burst / l.rate + {EPSILON}) * l.rate), 0) END AS rate_room
+        FROM wanted, limits AS l, usage
+    ), room AS (
+        SELECT least(wanted, cap_room, rate_room)::int AS admitted,
+               CASE WHEN coalesce(cap_room, wanted) < wanted
+                         AND coalesce(cap_room, wanted) <= coalesce(rate_room, wanted)
+                        THEN 'max_unfinished'
+                    WHEN coalesce(rate_room, wanted) < wanted THEN 'enqueue_rate'
+               END AS refusal
+        FROM capacity
+    ), charged AS (
+        UPDATE tenant_usage AS u
+        SET rate_tat = CASE WHEN l.rate > 0 AND room.admitted > 0
+                            THEN greatest(u.rate_tat, usage.at)
+                                 + make_interval(secs => room.admitted / l.rate)
+                            ELSE u.rate_tat END,
+            last_refusal = room.refusal,
+            last_refused_at = CASE WHEN room.refusal IS NULL THEN u.last_refused_at
+                                   ELSE usage.at END
+        FROM room, limits AS l, usage
+        WHERE u.tenant = %(tenant)s::text
+        RETURNING u.rate_tat
+    )"""
 
 
 class TenantQuotaGetParams(QuotaDefaultParams):

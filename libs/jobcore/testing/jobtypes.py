@@ -21,6 +21,29 @@ async def echo(ctx: JobContext[EchoPayload]) -> dict[str, object]:
     return {"text": ctx.payload.text * ctx.payload.count}
 
 
+class SyncPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The job type's unique key (None: no key). Longer than a key may be (255), so the
+    # tests can see a payload refused for its key.
+    account: str | None = Field(default=None, max_length=300)
+    note: str = Field(default="", max_length=100)
+
+
+# At most one live job per tenant and account.
+@job(
+    "sync_account",
+    payload=SyncPayload,
+    queue="testq",
+    max_attempts=3,
+    timeout=10,
+    lease=5,
+    unique_field="account",
+)
+async def sync_account(ctx: JobContext[SyncPayload]) -> dict[str, object]:
+    return {"account": ctx.payload.account}
+
+
 class EffectPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

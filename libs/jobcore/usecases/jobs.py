@@ -132,7 +132,8 @@ class RetryOutcome:
 async def retry_job(
     db: Database, settings: Settings, registry: Registry, job_id: uuid.UUID, *, actor: str
 ) -> RetryOutcome:
-    """Enqueue a copy of a failed or cancelled job (same type, payload and entity)."""
+    """Enqueue a copy of a failed or cancelled job (same type, payload, entity and unique
+    key)."""
     topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
     target = Target("job", str(job_id))
     async with audited(db, actor=actor, action=AuditAction.JOB_RETRY, target=target) as work:
@@ -149,6 +150,9 @@ async def retry_job(
             payload=job_type.validate_payload(job["payload"]),
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
+            # The copy takes the original's key: while another live job holds it, the
+            # retry is refused (UniqueJobExists) like any duplicate.
+            unique_key=job["unique_key"],
         )
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
         await work.commit()

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, Response
 
+from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import UnknownJobType
@@ -34,8 +35,8 @@ from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
 from services.api.deps import SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
-from services.api.routes import waiting
-from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
+from services.api.routes import batch, waiting
+from services.api.schemas import Accepted, BatchAnswer, CancelAnswer, JobPage, JobView, Problem
 from services.api.views import JsonBody
 
 # A printable id, as PostgreSQL text takes it (the envelope's rule for a job type).
@@ -64,6 +65,17 @@ EntityIdQuery = Annotated[
 MaxAttemptsQuery = Annotated[
     int | None,
     Query(ge=1, le=MAX_ATTEMPTS_LIMIT, description="Defaults to the job type's own limit."),
+]
+UniqueKeyQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=255,
+        pattern=_TEXT_PATTERN,
+        description="At most one pending or running job of this type per unique key: while "
+        "one holds it, the request answers 409 `unique-job-exists` with that job's id. "
+        "Defaults to the job type's unique payload field, if it names one.",
+    ),
 ]
 RunAtQuery = Annotated[
     datetime | None,
@@ -113,6 +125,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         max_attempts: MaxAttemptsQuery = None,
         run_at: RunAtQuery = None,
         delay: DelayQuery = None,
+        unique_key: UniqueKeyQuery = None,
     ) -> Response:
         submission = operations.Submission(
             idempotency_key=key,
@@ -127,7 +140,9 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
                 delay=delay,
                 max_attempts=max_attempts,
                 entity_id=entity_id,
+                unique_key=unique_key,
             ),
+            unique_key=unique_key,
         )
         # One statement, committed on its own: the job with its outbox row, or neither.
         result = await operations.submit(
@@ -146,6 +161,15 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         return JsonBody(views.accepted(result), status_code=202, headers=headers)
 
     return enqueue_job
+
+
+def _unique_note(job_type: JobType[Any]) -> str:
+    if job_type.unique_field is None:
+        return ""
+    return (
+        f" Unique by the payload's `{job_type.unique_field}`: while a pending or running "
+        "job has the same value (or `unique_key`), the request answers 409."
+    )
 
 
 def payload_schemas(registry: Registry) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -236,11 +260,39 @@ def build_router(registry: Registry) -> APIRouter:
             response_model=Accepted,
             summary=f"Enqueue a {job_type.name} job",
             description=f"The body is the job's payload. Queue: `{job_type.queue}`; "
-            f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise.",
+            f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise."
+            + _unique_note(job_type),
             openapi_extra=_request_body(schema_refs[job_type.name]),
-            responses=_problems(400, 413, 415, 422, 429),
+            responses=_problems(400, 409, 413, 415, 422, 429),
             route_class_override=EnqueueRoute,
         )
+    for job_type in registry:
+        router.add_api_route(
+            f"/jobs/{job_type.name}/batch",
+            batch.batch_route(job_type),
+            name=f"batch_enqueue_{job_type.name}",
+            methods=["POST"],
+            status_code=200,
+            response_model=BatchAnswer,
+            summary=f"Enqueue up to {MAX_BATCH_ITEMS} {job_type.name} jobs",
+            description="Each item is a payload with its own optional `idempotency_key`, "
+            "`unique_key`, `entity_id`, `max_attempts` and `run_at` or `delay`; "
+            "`callback_url` applies to every item. The jobs created are committed together. "
+            "`200` whenever the batch could be read: every item's outcome is in `items`, in "
+            "order (`created`, `replayed`, `unique_conflict`, `refused` by a quota, "
+            "`invalid`). The rate limit counts items.",
+            openapi_extra=batch.request_schema(schema_refs[job_type.name]),
+            responses=_problems(400, 413, 415, 422),
+            route_class_override=EnqueueRoute,
+        )
+    router.add_api_route(
+        "/jobs/{job_type}/batch",
+        batch.enqueue_batch_unknown_type,
+        name="batch_enqueue_unknown_type",
+        methods=["POST"],
+        include_in_schema=False,
+        route_class_override=EnqueueRoute,
+    )
     router.add_api_route(
         "/jobs/{job_type}",
         enqueue_unknown_type,

@@ -101,6 +101,28 @@ async def test_retry_refuses_a_job_that_is_not_finished_badly(
     assert "only failed or cancelled" in refused.stderr
 
 
+async def test_retry_of_a_job_whose_unique_key_another_holds_is_one_line_naming_it(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    echo = default_registry.get("echo")
+    async with db.unit_of_work() as uow:
+        first = await enqueue(
+            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="a"), unique_key="u"
+        )
+        await uow.commit()
+    assert jobs_json(settings, "cancel", str(first.job_id))["status"] == "cancelled"
+    async with db.unit_of_work() as uow:
+        holder = await enqueue(
+            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="b"), unique_key="u"
+        )
+        await uow.commit()
+    refused = jobs_cli(settings, "retry", str(first.job_id))
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1
+    assert f"job {holder.job_id} (pending) holds this unique key" in refused.stderr
+    assert jobs_json(settings, "show", str(holder.job_id))["unique_key"] == "u"
+
+
 def test_bad_arguments_give_one_line_and_a_non_zero_exit(settings: Settings) -> None:
     bad_id = jobs_cli(settings, "show", "not-a-uuid")
     assert bad_id.returncode == 2
