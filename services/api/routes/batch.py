@@ -27,6 +27,7 @@ from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, BatchResult, ItemStatus, e
 from jobcore.enqueue import InvalidUniqueKey, request_fingerprint, unique_key_of
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import JobcoreError, QuotaExceeded, UnknownJobType
+from jobcore.payloads import validate_payload
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
 from services.api import operations
 from services.api.auth import TenantDep
@@ -132,7 +133,7 @@ def _checked_item(
     try:
         if len(orjson.dumps(fields.payload)) > max_payload:
             raise BodyTooLarge(f"item {index}'s payload is larger than {max_payload} bytes")
-        payload = operations.validate_payload(job_type, fields.payload).model_dump(mode="json")
+        payload = validate_payload(job_type, fields.payload).model_dump(mode="json")
         return BatchItem(
             payload=payload,
             fingerprint=request_fingerprint(
