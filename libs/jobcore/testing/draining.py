@@ -178,17 +178,25 @@ class InlineWorker:
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the jobs did not drain within {timeout:g}s")
-            messages = await self._take_due()
-            for message in messages:
-                await self._deliver(message, drained)
-            if messages:
+            if await self._run_due(drained):
                 continue
             wait = await self._seconds_until_next_due()
             if wait is None or wait > wait_limit:
+                # A row that came due between the two reads is in neither (the first saw it
+                # scheduled, the second due): one more look, later than both, finds it.
+                if await self._run_due(drained):
+                    continue
                 drained.next_due_in = wait
                 return drained
             # Until the next message's scheduled time, bounded by the deadline.
             await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+
+    async def _run_due(self, drained: Drained) -> bool:
+        """Deliver the rows due now; whether there were any."""
+        messages = await self._take_due()
+        for message in messages:
+            await self._deliver(message, drained)
+        return bool(messages)
 
     # --- the relay's part: due rows, taken as if the broker had confirmed them ----------
 
