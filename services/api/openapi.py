@@ -1,10 +1,11 @@
 """/openapi.json as the API behaves, so generated clients and contract testers work.
 
-FastAPI's document is corrected in three ways: an optional parameter is a value or
+FastAPI's document is corrected in four ways: an optional parameter is a value or
 absent, never ``null`` (FastAPI writes ``anyOf: [X, null]`` for ``X | None``, which a
-query string or header cannot carry); every error answer is problem JSON
-(:func:`services.api.problems.document_problem_responses`); and the headers the answers
-carry are listed with them.
+query string or header cannot carry); a payload's strings and keys hold no NUL character
+(PostgreSQL cannot store one: :func:`services.api.body.check_storable`); every error answer
+is problem JSON (:func:`services.api.problems.document_problem_responses`); and the
+headers the answers carry are listed with them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from services.api import problems
 
 _NULL = {"type": "null"}
+NO_NUL = r"^[^\x00]*$"
 
 
 def build_document(app: FastAPI, extra_schemas: dict[str, Any]) -> dict[str, Any]:
@@ -28,7 +30,9 @@ def build_document(app: FastAPI, extra_schemas: dict[str, Any]) -> dict[str, Any
         description=app.description,
         routes=app.routes,
     )
-    document.setdefault("components", {}).setdefault("schemas", {}).update(extra_schemas)
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in extra_schemas.items():
+        schemas[name] = without_nul(schema)
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
             for parameter in operation.get("parameters", []):
@@ -52,3 +56,20 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     if len(rest) == 1:
         return {**rest[0], **outer}
     return {"anyOf": rest, **outer}
+
+
+def without_nul(schema: Any) -> Any:
+    """``schema`` with every string and every object key refusing NUL characters."""
+    if isinstance(schema, list):
+        return [without_nul(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: without_nul(value) for key, value in schema.items()}
+    if out.get("type") == "string" and "format" not in out and "enum" not in out:
+        if "pattern" not in out:
+            out["pattern"] = NO_NUL
+        else:  # both must hold (redundant where the pattern refuses NUL already)
+            out["allOf"] = [*out.get("allOf", []), {"pattern": NO_NUL}]
+    if out.get("type") == "object" and out.get("additionalProperties") not in (None, False):
+        out.setdefault("propertyNames", {"pattern": NO_NUL})
+    return out
