@@ -9,12 +9,14 @@ import asyncio
 import csv
 import os
 import random
+import re
 import tempfile
 from collections.abc import Iterator
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Annotated
 
+import email_validator
 from pydantic import BaseModel, ConfigDict, EmailStr, Field
 
 from jobcore.db import fetch_one
@@ -68,11 +70,33 @@ class ExportCsvPayload(BaseModel):
     seed: int = Field(default=0, ge=-INT64, le=INT64 - 1)
 
 
+def _any_case(name: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in name)
+
+
+# EmailStr (email-validator) refuses addresses at special-use domains (RFC 6761: .test,
+# .localhost, ...), which `format: email` allows: /openapi.json says so, or clients and
+# contract testers take a .test address for valid.
+_SPECIAL_USE_DOMAIN = (
+    r"@(?:[^@]*\.)?(?:"
+    + "|".join(_any_case(name) for name in email_validator.SPECIAL_USE_DOMAIN_NAMES)
+    + r")\.?$"
+)
+
+
 class SendEmailPayload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # RFC 5321's limit on a path, which every deliverable address fits.
-    to: Annotated[EmailStr, Field(max_length=254)]
+    to: Annotated[
+        EmailStr,
+        Field(
+            max_length=254,
+            description="A deliverable address: not at a special-use domain "
+            f"({', '.join(email_validator.SPECIAL_USE_DOMAIN_NAMES)}).",
+            json_schema_extra={"not": {"pattern": _SPECIAL_USE_DOMAIN}},
+        ),
+    ]
     subject: HeaderText
     body: str = Field(default="", max_length=100_000)
 

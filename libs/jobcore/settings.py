@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     # Long-polls (GET /jobs/{id}?wait=) parked at once in one API process, all tenants
     # together; 0: no limit. Each holds a socket and a task, never a database connection.
     api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)
+    # The longest long-poll: longer waits asked for are shortened to this many seconds
+    # (clients and proxies time out idle requests).
+    api_max_wait: float = Field(default=60.0, gt=0, le=3600)
 
     # Tenant quotas: the defaults of tenants without an override (`jobcore tenants
     # set-quota`); 0 means unlimited. docs/operations.md, "Tenant quotas", sizes them.

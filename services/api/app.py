@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
@@ -24,6 +23,7 @@ from services.api import problems
 from services.api.deps import ApiState
 from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
+from services.api.openapi import build_document
 from services.api.routes import admin, bench, deliveries, health, jobs
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
@@ -128,17 +128,7 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title,
-                version=app.version,
-                description=app.description,
-                routes=app.routes,
-            )
-            # The payload models are referenced by the enqueue routes' request bodies.
-            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(payload_definitions)
-            problems.document_problem_responses(schema)
-            app.openapi_schema = schema
+            app.openapi_schema = build_document(app, payload_definitions)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -11,13 +11,26 @@ from jobcore.webhooks import MAX_URL_LENGTH, UnsafeCallbackUrl, check_callback_u
 from services.api.deps import StateDep
 from services.api.problems import InvalidRequest
 
+# The shape jobcore.webhooks.parse_callback_url takes, so /openapi.json can say it: http(s),
+# a host (a name or a bracketed IPv6 address) without credentials, an optional port, no
+# whitespace or control characters. What a pattern cannot say (the port's range, where
+# the host resolves to) is checked after it, with the same 422.
+_NO_SPACE = r"\x00-\x20\x7f\s"
+CALLBACK_URL_PATTERN = (
+    rf"^[Hh][Tt][Tt][Pp][Ss]?://(?:[^{_NO_SPACE}/?#@:\[\]]+|\[[0-9A-Fa-f:.]+\])"
+    rf"(?::[0-9]{{1,5}})?(?:[/?#][^{_NO_SPACE}]*)?$"
+)
+
 CallbackUrlQuery = Annotated[
     str | None,
     Query(
         min_length=1,
         max_length=MAX_URL_LENGTH,
+        pattern=CALLBACK_URL_PATTERN,
+        json_schema_extra={"format": "uri"},
         description="An http(s) URL that receives a signed POST when the job ends "
-        "(succeeded, failed or cancelled). Its host must resolve to public addresses only.",
+        "(succeeded, failed or cancelled). Its host must resolve to public addresses only "
+        "(or be one of JOBCORE_WEBHOOK_ALLOWED_HOSTS), its port from 1 to 65535.",
         examples=["https://example.com/hooks/jobs"],
     ),
 ]

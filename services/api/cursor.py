@@ -14,6 +14,8 @@ from services.api.problems import InvalidCursor
 
 _VERSION = 1
 MAX_CURSOR_LENGTH = 200
+# Unpadded base64url: what encode_cursor writes (empty: the first page).
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
 
 
 def encode_cursor(created_at: datetime, job_id: uuid.UUID) -> str:

@@ -43,6 +43,7 @@ from jobcore.errors import (
 from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError
 from jobcore.results import ResultNotFound
+from services.api.paths import allowed_methods
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,6 @@ class InvalidCursor(JobcoreError):
     """The cursor is not one this API handed out."""
 
 
-class InvalidWait(JobcoreError):
-    """wait is a number of seconds (GET /jobs/{id}?wait=30)."""
-
-
 class InvalidRequest(JobcoreError):
     """The request's parameters are invalid."""
 
@@ -109,7 +106,6 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     MalformedJson: ProblemType(400, "malformed-json", "Malformed JSON"),
     InvalidIdempotencyKey: ProblemType(400, "invalid-idempotency-key", "Invalid Idempotency-Key"),
     InvalidCursor: ProblemType(400, "invalid-cursor", "Invalid cursor"),
-    InvalidWait: ProblemType(400, "invalid-wait", "Invalid wait"),
     MissingApiKey: ProblemType(401, "missing-api-key", "API key required"),
     InvalidApiKey: ProblemType(401, "invalid-api-key", "Invalid API key"),
     MissingScope: ProblemType(403, "insufficient-scope", "Insufficient scope"),
@@ -294,7 +290,10 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     kind = _HTTP_TYPES.get(exc.status_code) or ProblemType(
         exc.status_code, f"http-{exc.status_code}", str(exc.detail)
     )
-    return _counted(request, problem(kind, str(exc.detail), headers=dict(exc.headers or {})))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return _counted(request, problem(kind, str(exc.detail), headers=headers))
 
 
 async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
@@ -302,15 +301,45 @@ async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
     return _counted(request, problem(INTERNAL, "the server failed to handle this request"))
 
 
+_RETRY_AFTER = {
+    "description": "Seconds to wait before trying again.",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 0},
+}
+_CHALLENGE = {
+    "description": "The Bearer challenge (RFC 6750), naming the error and the scope.",
+    "required": True,
+    "schema": {"type": "string"},
+}
+# The headers the error answers carry, by status.
+ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": _CHALLENGE},
+    403: {"WWW-Authenticate": _CHALLENGE},
+    405: {
+        "Allow": {
+            "description": "The methods the path takes.",
+            "required": True,
+            "schema": {"type": "string"},
+        }
+    },
+    429: {"Retry-After": _RETRY_AFTER},
+    503: {"Retry-After": _RETRY_AFTER},
+}
+
+
 def document_problem_responses(schema: dict[str, Any]) -> None:
     """Make every error response in an OpenAPI document problem JSON (FastAPI documents
-    them as application/json, and its own 422 with a shape this API never sends)."""
+    them as application/json, and its own 422 with a shape this API never sends), with
+    the headers it carries."""
     problem_ref = {"$ref": "#/components/schemas/Problem"}
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
             for status, response in operation.get("responses", {}).items():
                 if status.isdigit() and int(status) >= 400:
                     response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": problem_ref}}
+                    headers = {**ERROR_HEADERS.get(int(status), {}), **response.get("headers", {})}
+                    if headers:
+                        response["headers"] = headers
     components = schema.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)

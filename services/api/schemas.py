@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from jobcore.batch import ItemStatus
 from jobcore.scopes import Scope
@@ -102,22 +103,27 @@ class FieldError(BaseModel):
 
 
 class Problem(BaseModel):
-    """RFC 9457 problem details (``application/problem+json``)."""
+    """RFC 9457 problem details (``application/problem+json``). The optional members are
+    absent when they do not apply, never null."""
 
     type: str = Field(examples=["https://jobcore.dev/problems/unknown-job-type"])
     title: str
     status: int
     detail: str
-    errors: list[FieldError] | None = None
-    job_status: JobStatus | None = None
+    # On a 422: which inputs are wrong.
+    errors: list[FieldError] | SkipJsonSchema[None] = None
+    # On a 409 about a job's status.
+    job_status: JobStatus | SkipJsonSchema[None] = None
     # On a 403: the scope the API key lacks.
-    required_scope: Scope | None = None
+    required_scope: Scope | SkipJsonSchema[None] = None
     # On a 409 unique-job-exists: the live job that holds the unique key (with job_status).
-    job_id: uuid.UUID | None = None
-    # On a 429: the quota's limit. In a batch item's problem: the Retry-After its own
-    # answer would have carried, in seconds.
-    limit: float | None = None
-    retry_after: int | None = None
+    job_id: uuid.UUID | SkipJsonSchema[None] = None
+    # On a 429: the quota reached (jobs per second, or jobs, or long-polls). In a batch
+    # item's problem: with retry_after, the Retry-After its own answer would have carried.
+    limit: float | SkipJsonSchema[None] = None
+    retry_after: int | SkipJsonSchema[None] = None
+    # On /readyz's 503: what was checked and how it went.
+    checks: dict[str, str] | SkipJsonSchema[None] = None
 
 
 class BatchItemAnswer(BaseModel):

@@ -31,8 +31,14 @@ async def healthz() -> Response:
     responses={503: {"model": Problem}},
 )
 async def readyz(state: StateDep) -> Response:
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if state.db is None:
-        return problem(UNAVAILABLE, "the database pool is not open", checks={"database": "closed"})
+        return problem(
+            UNAVAILABLE,
+            "the database pool is not open",
+            headers=retry,
+            checks={"database": "closed"},
+        )
     try:
         # Probes have short timeouts of their own; waiting out the pool's would miss them.
         await asyncio.wait_for(state.db.ping(), READY_TIMEOUT)
@@ -40,7 +46,7 @@ async def readyz(state: StateDep) -> Response:
         return problem(
             UNAVAILABLE,
             "the database cannot be reached",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            headers=retry,
             checks={"database": "unavailable"},
         )
     return JsonBody({"ready": True, "checks": {"database": "ok"}})

@@ -29,10 +29,11 @@ from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.webhooks import completion_params
-from services.api import operations, views
+from services.api import operations, paths, views
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
+from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH
 from services.api.deps import SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import batch, waiting
@@ -46,11 +47,47 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~](?:[ -~]*[!-~])?$"
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     # Shown as application/problem+json by problems.document_problem_responses.
     return {status: {"model": Problem} for status in (401, 403, 503, *statuses)}
+
+
+# jobcore.quotas.rate_headers: on every enqueue answer while the tenant's rate is limited.
+_RATE_HEADERS = {
+    "RateLimit-Policy": {
+        "description": 'The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst '
+        "takes to refill>` (IETF RateLimit headers). Absent when the rate is unlimited.",
+        "schema": {"type": "string", "examples": ['"enqueue";q=200;w=2']},
+    },
+    "RateLimit": {
+        "description": 'What is left of it: `"enqueue";r=<requests left>;t=<seconds until '
+        "full>`. Absent when the rate is unlimited.",
+        "schema": {"type": "string", "examples": ['"enqueue";r=199;t=1']},
+    },
+}
+_ENQUEUE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **_problems(400, 409, 413, 415, 422),
+    202: {
+        "description": "Accepted: the job and its outbox message are stored.",
+        "headers": {
+            "Location": {
+                "description": "The job: poll it with `GET`.",
+                "required": True,
+                "schema": {"type": "string", "format": "uri-reference"},
+            },
+            "Idempotent-Replayed": {
+                "description": "The request repeated one already accepted with the same "
+                "`Idempotency-Key`: this is that job.",
+                "schema": {"type": "string", "enum": ["true"]},
+            },
+            **_RATE_HEADERS,
+        },
+    },
+    429: {"model": Problem, "headers": _RATE_HEADERS},
+}
 
 
 EntityIdQuery = Annotated[
@@ -97,7 +134,14 @@ async def idempotency_key(
             description="Makes retries safe: the same key (per tenant and job type) and "
             "request (payload, callback_url, run_at/delay, max_attempts, entity_id) answer "
             "the same job; a different request answers 422. A key is kept as long as its "
-            "job.",
+            "job. 1 to 255 printable ASCII characters, else 400 `invalid-idempotency-key`.",
+            # Checked by operations.check_idempotency_key (a 400, not FastAPI's 422); HTTP
+            # trims spaces around a header value, so a key neither starts nor ends with one.
+            json_schema_extra={
+                "minLength": 1,
+                "maxLength": operations.MAX_IDEMPOTENCY_KEY_LENGTH,
+                "pattern": IDEMPOTENCY_KEY_PATTERN,
+            },
         ),
     ] = None,
 ) -> str | None:
@@ -204,7 +248,16 @@ async def list_jobs(
     status: Annotated[JobStatus | None, Query()] = None,
     type: Annotated[str | None, Query(pattern=_TYPE_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CURSOR_LENGTH,
+            pattern=CURSOR_PATTERN,
+            description="An opaque token: the `next_cursor` of the previous page (or "
+            "`links.next` whole). One this API did not hand out answers 400 "
+            "`invalid-cursor`.",
+        ),
+    ] = None,
 ) -> Response:
     """The tenant's jobs, newest first, a page at a time (follow ``links.next``)."""
     where = operations.JobFilter(entity_id=entity_id, status=status, type=type)
@@ -263,7 +316,7 @@ def build_router(registry: Registry) -> APIRouter:
             f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise."
             + _unique_note(job_type),
             openapi_extra=_request_body(schema_refs[job_type.name]),
-            responses=_problems(400, 409, 413, 415, 422, 429),
+            responses=_ENQUEUE_RESPONSES,
             route_class_override=EnqueueRoute,
         )
     for job_type in registry:
@@ -294,7 +347,7 @@ def build_router(registry: Registry) -> APIRouter:
         route_class_override=EnqueueRoute,
     )
     router.add_api_route(
-        "/jobs/{job_type}",
+        paths.ANY_JOB_TYPE,
         enqueue_unknown_type,
         name=f"{ENQUEUE_ROUTE_PREFIX}unknown_type",
         methods=["POST"],
@@ -310,11 +363,18 @@ def build_router(registry: Registry) -> APIRouter:
         route_class_override=ReadRoute,
     )
     router.add_api_route(
-        "/jobs/{job_id}",
+        paths.ONE_JOB,
         waiting.get_job,
         methods=["GET"],
         response_model=JobView,
-        responses=_problems(400, 404, 422, 429),
+        responses={
+            **_problems(404, 422, 429),
+            405: {
+                "model": Problem,
+                "description": "The id is shaped like a job type name: the path is that "
+                "type's enqueue route (`POST` only).",
+            },
+        },
         route_class_override=ReadRoute,
     )
     router.add_api_route(
@@ -323,10 +383,11 @@ def build_router(registry: Registry) -> APIRouter:
         methods=["GET"],
         responses={
             200: {
-                "description": "The inline result as JSON, or the stored result's bytes.",
+                "description": "The inline result as JSON, or the stored result's bytes "
+                "with its own content type (`.csv`: `text/csv`).",
                 "content": {
                     "application/json": {"schema": {}},
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                    "*/*": {"schema": {"type": "string", "format": "binary"}},
                 },
             },
             **_problems(404, 409, 422),

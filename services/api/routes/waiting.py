@@ -12,7 +12,6 @@ it holds only an asyncio event (:mod:`services.api.waiters`).
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
 from enum import StrEnum
 from typing import Annotated, Any
@@ -28,21 +27,18 @@ from services.api import operations, views
 from services.api.auth import TenantDep
 from services.api.deps import DbDep, StateDep
 from services.api.longpolls import LongPollSlots
-from services.api.problems import InvalidWait
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
 
-# Longer waits are shortened to this: clients and proxies time out idle requests.
-MAX_WAIT_SECONDS = 60.0
-
 WaitQuery = Annotated[
-    str | None,
+    float | None,
     Query(
+        ge=0,
+        allow_inf_nan=False,
         description="Seconds to wait for the job to finish (succeeded, failed or cancelled) "
-        f"before answering; at most {MAX_WAIT_SECONDS:g} (longer waits are shortened). "
-        "The answer comes as soon as the job is terminal.",
-        examples=["30"],
-        max_length=32,
+        "before answering; a wait longer than the server's cap (JOBCORE_API_MAX_WAIT, 60 "
+        "by default) is shortened to it. The answer comes as soon as the job is terminal.",
+        examples=[30],
     ),
 ]
 
@@ -74,17 +70,9 @@ def _progress_of(row: DictRow) -> tuple[Any, ...]:
     return (row["progress_updated_at"], row["progress_fraction"], row["progress_message"])
 
 
-def parse_wait(value: str | None) -> float:
-    """Seconds to wait: 0 without the parameter; a non-negative number, capped."""
-    if value is None:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise InvalidWait(f"wait must be a number of seconds, not {value[:32]!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidWait(f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}")
-    return min(seconds, MAX_WAIT_SECONDS)
+def wait_seconds(wait: float | None, cap: float) -> float:
+    """Seconds to wait: 0 without the parameter, else at most ``cap``."""
+    return 0.0 if wait is None else min(wait, cap)
 
 
 def job_waiters(request: Request) -> JobWaiters:
@@ -130,7 +118,7 @@ async def get_job(
     database. With ``wait``, answers once the job is terminal (with ``on=progress``: or its
     progress changed) or the wait is over; ``429`` at once when this process already parks
     as many long-polls as it or the tenant may."""
-    seconds = parse_wait(wait)
+    seconds = wait_seconds(wait, state.settings.api_max_wait)
     if seconds <= 0:
         row = await read_job(db, tenant, job_id)
         return JsonBody(views.job_view(row))

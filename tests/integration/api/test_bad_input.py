@@ -7,6 +7,7 @@ checked as well.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobcore.db import Database
+from services.api import problems
 from tests.integration.api.support import assert_problem, counts
 
 LIMIT = 256 * 1024  # the default JOBCORE_MAX_BODY_BYTES
@@ -117,6 +119,56 @@ async def test_unknown_paths_and_methods_are_problem_json(
     assert response.headers["allow"] == "GET"
     response = await api_client.put("/jobs/echo", headers=auth, json={})
     assert_problem(response, 405, "method-not-allowed")
+
+
+async def test_a_405_allows_exactly_the_methods_of_its_path(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    """/jobs/{job_id} (GET) and /jobs/{type} (POST) share one segment: each path lists
+    its own methods only, whatever the route order (OPTIONS answered Allow: POST for a
+    job, from the enqueue catch-all)."""
+    job = str(uuid.uuid4())
+    for method, path, allowed in [
+        ("OPTIONS", f"/jobs/{job}", "GET"),
+        ("POST", f"/jobs/{job}", "GET"),
+        ("DELETE", f"/jobs/{job}", "GET"),
+        ("OPTIONS", "/jobs/echo", "POST"),
+        ("GET", "/jobs/echo", "POST"),
+        ("OPTIONS", "/jobs", "GET"),
+        ("OPTIONS", f"/jobs/{job}/cancel", "POST"),
+        ("PUT", f"/jobs/{job}/result", "GET"),
+        # Matched by both: an unregistered type for POST, a malformed id for GET.
+        ("OPTIONS", "/jobs/Not_A_Type", "GET, POST"),
+    ]:
+        response = await api_client.request(method, path, headers=auth)
+        assert_problem(response, 405, "method-not-allowed")
+        assert response.headers["allow"] == allowed, (method, path)
+    # A malformed id is still the job route's (authenticated, then 422), and any other
+    # name an unknown type.
+    response = await api_client.get("/jobs/not-a-uuid", headers=auth)
+    assert_problem(response, 422, "invalid-request")
+    response = await api_client.post("/jobs/Not_A_Type", headers=auth, json={})
+    assert_problem(response, 404, "unknown-job-type")
+    assert (await counts(db))["jobs"] == 0
+
+
+async def test_a_405_lists_every_route_on_a_shared_path() -> None:
+    """Starlette names only the first route whose path matched."""
+    app = FastAPI()
+    problems.install(app)
+
+    @app.get("/things/{name}")
+    async def read(name: str) -> None: ...
+
+    @app.put("/things/{name}")
+    async def replace(name: str) -> None: ...
+
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://jobcore.test"
+    ) as client:
+        response = await client.delete("/things/a")
+    assert_problem(response, 405, "method-not-allowed")
+    assert response.headers["allow"] == "GET, PUT"
 
 
 _json = st.recursive(

@@ -12,8 +12,9 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.db import Database
+from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
-from services.api.routes.waiting import MAX_WAIT_SECONDS, parse_wait
+from services.api.routes.waiting import wait_seconds
 from services.api.waiters import APPLICATION_NAME, JobWaiters
 
 
@@ -88,21 +89,43 @@ async def test_a_terminal_job_answers_at_once_and_so_does_another_tenants(
 
 
 @pytest.mark.parametrize("wait", ["abc", "-1", "nan", "inf", "1e999", ""])
-async def test_a_bad_wait_is_a_400_problem(
+async def test_a_bad_wait_is_a_422_problem_naming_it(
     api_client: httpx.AsyncClient, auth: dict[str, str], wait: str
 ) -> None:
     job_id = await pending_job(api_client, auth)
     response = await api_client.get(f"/jobs/{job_id}", params={"wait": wait}, headers=auth)
-    assert response.status_code == 400, response.text
+    assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
-    assert response.json()["type"] == "https://jobcore.dev/problems/invalid-wait"
+    body = response.json()
+    assert body["type"] == "https://jobcore.dev/problems/invalid-request"
+    assert [error["loc"] for error in body["errors"]] == [["query", "wait"]]
+
+
+async def test_any_non_negative_number_is_a_wait(
+    api_client: httpx.AsyncClient, auth: dict[str, str]
+) -> None:
+    """What /openapi.json promises (a number, at least 0) is what the route takes."""
+    job_id = await pending_job(api_client, auth)
+    for wait in ("0", "0.0", "1e-9", "0.001"):
+        response = await api_client.get(f"/jobs/{job_id}", params={"wait": wait}, headers=auth)
+        assert response.status_code == 200, (wait, response.text)
+    [wait] = [
+        p
+        for p in (await api_client.get("/openapi.json")).json()["paths"]["/jobs/{job_id}"]["get"][
+            "parameters"
+        ]
+        if p["name"] == "wait"
+    ]
+    assert wait["schema"]["type"] == "number"
+    assert wait["schema"]["minimum"] == 0
 
 
 def test_long_waits_are_capped() -> None:
-    assert parse_wait("1000") == MAX_WAIT_SECONDS
-    assert parse_wait("0") == 0
-    assert parse_wait(None) == 0
-    assert parse_wait("2.5") == 2.5
+    assert wait_seconds(1000, 60) == 60
+    assert wait_seconds(0, 60) == 0
+    assert wait_seconds(None, 60) == 0
+    assert wait_seconds(2.5, 60) == 2.5
+    assert Settings.model_fields["api_max_wait"].default == 60
 
 
 async def test_a_missed_notification_is_caught_when_the_wait_ends(

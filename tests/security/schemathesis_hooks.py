@@ -1,0 +1,98 @@
+"""Schemathesis hooks for ``st run`` against a live jobcore API (tests/security/schemathesis.toml).
+
+The API's own rules that an OpenAPI document cannot state, applied to the requests
+schemathesis generates as valid (its positive cases) so that they are valid for the API
+too; invalid requests are left as they were, and must still be refused:
+
+- ``run_at`` and ``delay`` exclude each other, and ``run_at`` is within a year from now
+  (parameters in OpenAPI are independent, and a schema has no "now");
+- an ``Idempotency-Key`` sent again with a different request is a 422 by design; each
+  valid request gets a key of its own (replays are tested in test_idempotency.py);
+- a ``cursor`` is one the API handed out: a valid one stands for any well-formed token.
+
+And, for every request, a callback URL that would be resolved names a loopback receiver
+the test allows (``JOBCORE_WEBHOOK_ALLOWED_HOSTS``): the machine may be offline, and a
+made-up host resolves nowhere.
+
+One check is added to schemathesis's own: every error answer is this API's problem JSON.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import MutableMapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import schemathesis
+from schemathesis import GenerationMode
+
+from services.api.callbacks import CALLBACK_URL_PATTERN
+from services.api.cursor import encode_cursor
+from services.api.operations import MAX_SCHEDULE_AHEAD
+from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
+
+# Discard (port 9) on loopback: nothing is delivered, no worker runs during the test.
+CALLBACK_HOST = "127.0.0.1:9"
+CALLBACK_URL = f"http://{CALLBACK_HOST}/hooks/jobs"
+# A position before every job: a valid cursor whose page is empty.
+A_CURSOR = encode_cursor(datetime(2000, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+_ENQUEUE_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*$")
+# A margin so a run_at just inside the window when generated is still inside when checked.
+_MARGIN = timedelta(minutes=5)
+
+
+def _is_positive(case: Any) -> bool:
+    return case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
+
+
+def _schedulable(run_at: Any) -> bool:
+    """Within the year ahead the API takes, and a time UTC can hold."""
+    try:
+        when = datetime.fromisoformat(str(run_at))
+        if when.tzinfo is None:
+            return False
+        return when.astimezone(UTC) < datetime.now(UTC) + MAX_SCHEDULE_AHEAD - _MARGIN
+    except (ValueError, OverflowError):
+        # A form Python does not read (left out rather than guessed at), or year 1 or
+        # 9999 with an offset that takes it out of range in UTC.
+        return False
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    operation = case.operation
+    query = case.query if isinstance(case.query, MutableMapping) else None
+    enqueue = operation.method.upper() == "POST" and _ENQUEUE_PATH.match(operation.path)
+    if enqueue and query and re.match(CALLBACK_URL_PATTERN, str(query.get("callback_url", ""))):
+        query["callback_url"] = CALLBACK_URL
+    if not _is_positive(case):
+        return
+    if enqueue and query is not None:
+        if "run_at" in query and not _schedulable(query["run_at"]):
+            del query["run_at"]
+        if "run_at" in query:
+            query.pop("delay", None)
+    if enqueue and isinstance(case.headers, MutableMapping) and "Idempotency-Key" in case.headers:
+        key = str(case.headers["Idempotency-Key"])
+        case.headers["Idempotency-Key"] = f"{key[:200]}.{uuid.uuid4().hex}"
+    listing = operation.method.upper() == "GET" and operation.path == "/jobs"
+    if listing and query and query.get("cursor"):
+        query["cursor"] = A_CURSOR
+
+
+@schemathesis.check
+def errors_are_problem_json(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Every 4xx and 5xx answer is RFC 9457 problem JSON with this API's problem types."""
+    if response.status_code < 400:
+        return None
+    content_type = response.headers.get("content-type", [""])
+    content_type = content_type[0] if isinstance(content_type, list) else content_type
+    assert content_type == PROBLEM_MEDIA_TYPE, f"{response.status_code} as {content_type}"
+    body = response.json()
+    assert body["status"] == response.status_code, body
+    assert body["type"].startswith(PROBLEM_BASE), body
+    assert isinstance(body["title"], str), body
+    assert isinstance(body["detail"], str), body
+    return None
