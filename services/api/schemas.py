@@ -131,8 +131,9 @@ class BatchItemAnswer(BaseModel):
     ``replayed``: the job of the item's idempotency key (same request); ``unique_conflict``:
     the live job that holds its unique key (``job_id``, ``job_status``), nothing written;
     ``refused``: a quota (``problem``: enqueue-rate-limited or too-many-unfinished-jobs,
-    with ``retry_after``); ``invalid``: ``problem`` says why (invalid-request,
-    invalid-payload, body-too-large, idempotency-key-reused)."""
+    with ``retry_after``); ``invalid``: the item's idempotency key was used for another
+    request (``problem``: idempotency-key-reused). An item the schema refuses refuses
+    the whole batch with a 422 instead."""
 
     index: int
     status: ItemStatus

@@ -39,6 +39,8 @@ CALLBACK_URL = f"http://{CALLBACK_HOST}/hooks/jobs"
 # A position before every job: a valid cursor whose page is empty.
 A_CURSOR = encode_cursor(datetime(2000, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
 _ENQUEUE_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*$")
+# A batch's items answer one by one (200 either way), but its callback_url is resolved once.
+_BATCH_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*/batch$")
 # A margin so a run_at just inside the window when generated is still inside when checked.
 _MARGIN = timedelta(minutes=5)
 
@@ -60,20 +62,34 @@ def _schedulable(run_at: Any) -> bool:
         return False
 
 
+def _one_schedule(fields: MutableMapping[str, Any]) -> None:
+    """``run_at`` within the window, and not together with ``delay``."""
+    if "run_at" in fields and not _schedulable(fields["run_at"]):
+        del fields["run_at"]
+    if "run_at" in fields:
+        fields.pop("delay", None)
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     operation = case.operation
     query = case.query if isinstance(case.query, MutableMapping) else None
     enqueue = operation.method.upper() == "POST" and _ENQUEUE_PATH.match(operation.path)
-    if enqueue and query and re.match(CALLBACK_URL_PATTERN, str(query.get("callback_url", ""))):
+    batch = operation.method.upper() == "POST" and _BATCH_PATH.match(operation.path)
+    if (
+        (enqueue or batch)
+        and query
+        and re.match(CALLBACK_URL_PATTERN, str(query.get("callback_url", "")))
+    ):
         query["callback_url"] = CALLBACK_URL
     if not _is_positive(case):
         return
     if enqueue and query is not None:
-        if "run_at" in query and not _schedulable(query["run_at"]):
-            del query["run_at"]
-        if "run_at" in query:
-            query.pop("delay", None)
+        _one_schedule(query)
+    if batch and isinstance(case.body, MutableMapping) and isinstance(case.body.get("items"), list):
+        for item in case.body["items"]:
+            if isinstance(item, MutableMapping):
+                _one_schedule(item)
     if enqueue and isinstance(case.headers, MutableMapping) and "Idempotency-Key" in case.headers:
         key = str(case.headers["Idempotency-Key"])
         case.headers["Idempotency-Key"] = f"{key[:200]}.{uuid.uuid4().hex}"

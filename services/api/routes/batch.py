@@ -191,6 +191,8 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
                 checked.invalid[index] = exc.error
             else:
                 checked.valid.append((index, item))
+        if checked.invalid:
+            raise _refused_batch(checked.invalid)
         return checked
 
     async def enqueue_batch(
@@ -224,6 +226,24 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
         return JsonBody(_answers(items, result), headers=headers)
 
     return enqueue_batch
+
+
+def _refused_batch(invalid: dict[int, JobcoreError]) -> InvalidRequest:
+    """A batch with an item the schema refuses is refused whole, every such item's errors
+    located under ``items``: the OpenAPI document describes each item, so a client (or a
+    contract tester) can rely on a schema-invalid request being a 422, never a 200."""
+    errors: list[dict[str, Any]] = []
+    for index, error in sorted(invalid.items()):
+        document = problem_document(error)
+        slug = str(document["type"]).rsplit("/", 1)[-1]
+        found = document.get("errors") or [{"loc": [], "msg": document["detail"], "type": slug}]
+        for found_error in found:
+            loc = list(found_error.get("loc") or [])
+            if loc[:2] != ["items", index]:
+                loc = ["items", index, *loc]
+            errors.append({**found_error, "loc": loc})
+    count = "1 item is" if len(invalid) == 1 else f"{len(invalid)} items are"
+    return InvalidRequest(errors, f"{count} invalid; nothing was written")
 
 
 def _answers(checked: CheckedItems, result: BatchResult | None) -> dict[str, Any]:

@@ -331,9 +331,11 @@ def build_router(registry: Registry) -> APIRouter:
             description="Each item is a payload with its own optional `idempotency_key`, "
             "`unique_key`, `entity_id`, `max_attempts` and `run_at` or `delay`; "
             "`callback_url` applies to every item. The jobs created are committed together. "
-            "`200` whenever the batch could be read: every item's outcome is in `items`, in "
-            "order (`created`, `replayed`, `unique_conflict`, `refused` by a quota, "
-            "`invalid`). The rate limit counts items.",
+            "`200` whenever the batch could be read and every item is valid: every item's "
+            "outcome is in `items`, in order (`created`, `replayed`, `unique_conflict`, "
+            "`refused` by a quota, `invalid` for an idempotency key used for another "
+            "request). An invalid item refuses the whole batch with `422`, locating its "
+            "errors under `items`. The rate limit counts items.",
             openapi_extra=batch.request_schema(schema_refs[job_type.name]),
             responses=_problems(400, 413, 415, 422),
             route_class_override=EnqueueRoute,

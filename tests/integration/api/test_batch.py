@@ -72,57 +72,64 @@ def unlimited(settings: Settings, **quotas: Any) -> Settings:
     return settings.model_copy(update={**defaults, **quotas})
 
 
-async def test_valid_items_are_written_together_and_invalid_ones_answered_in_place(
+async def test_valid_items_are_written_together_and_invalid_ones_refuse_the_batch(
     api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
 ) -> None:
     soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    response = await batch(
+    # An item the schema refuses refuses the whole batch (a 422 locating each), so that a
+    # schema-invalid request is never a 200; nothing of it is written.
+    refused = await batch(
         api_client,
         auth,
         [
             {"payload": {"text": "a"}},
             {"payload": {"text": 5}},  # invalid payload
-            {"payload": {"text": "b"}, "entity_id": "order-1", "max_attempts": 2},
             {"payload": {"text": "c"}, "max_attempts": 0},  # invalid item parameter
-            {"payload": {"text": "d"}, "run_at": soon},
             {"text": "no payload key"},  # invalid item
             {"payload": {"text": "e"}, "delay": 5, "run_at": soon},  # both: invalid
         ],
     )
+    assert_problem(refused, 422, "invalid-request")
+    locs = [error["loc"] for error in refused.json()["errors"]]
+    assert ["items", 1, "text"] in locs
+    assert ["items", 2, "max_attempts"] in locs
+    assert ["items", 4, "delay"] in locs
+    assert {tuple(loc[:2]) for loc in locs} == {
+        ("items", 1),
+        ("items", 2),
+        ("items", 3),
+        ("items", 4),
+    }
+    assert await counts(db) == {"jobs": 0, "outbox": 0, "jobs_without_message": 0}
+
+    response = await batch(
+        api_client,
+        auth,
+        [
+            {"payload": {"text": "a"}},
+            {"payload": {"text": "b"}, "entity_id": "order-1", "max_attempts": 2},
+            {"payload": {"text": "d"}, "run_at": soon},
+        ],
+    )
     items = answered(response)
-    assert [item["status"] for item in items] == [
-        "created",
-        "invalid",
-        "created",
-        "invalid",
-        "created",
-        "invalid",
-        "invalid",
-    ]
+    assert [item["status"] for item in items] == ["created", "created", "created"]
     assert response.json()["counts"] == {
         "created": 3,
         "replayed": 0,
         "unique_conflict": 0,
         "refused": 0,
-        "invalid": 4,
+        "invalid": 0,
     }
-    assert problem_slug(items[1]) == "invalid-payload"
-    assert items[1]["problem"]["errors"][0]["loc"] == ["text"]
-    assert problem_slug(items[3]) == "invalid-request"
-    assert items[3]["problem"]["errors"][0]["loc"] == ["items", 3, "max_attempts"]
-    assert problem_slug(items[5]) == "invalid-request"
-    assert problem_slug(items[6]) == "invalid-request"
-    assert items[6]["problem"]["errors"][0]["loc"] == ["items", 6, "delay"]
     assert await counts(db) == {"jobs": 3, "outbox": 3, "jobs_without_message": 0}
-    second = await job_row(db, items[2]["job_id"])
+    second = await job_row(db, items[1]["job_id"])
     assert (second["entity_id"], second["max_attempts"], second["tenant"]) == (
         "order-1",
         2,
         TENANT,
     )
-    scheduled = await job_row(db, items[4]["job_id"])
+    scheduled = await job_row(db, items[2]["job_id"])
     assert scheduled["next_attempt_at"] == datetime.fromisoformat(soon)
-    assert (await outbox_rows(db, items[4]["job_id"]))[0]["available_at"] == datetime.fromisoformat(
+    assert (await outbox_rows(db, items[2]["job_id"]))[0]["available_at"] == datetime.fromisoformat(
         soon
     )
     view = await api_client.get(f"/jobs/{items[0]['job_id']}", headers=auth)
@@ -185,20 +192,16 @@ async def test_unique_keys_in_a_batch_conflict_with_live_jobs_and_each_other(
                 {"payload": {"account": "acct-1", "note": "again"}},
                 {"payload": {}, "unique_key": "held"},
                 {"payload": {"account": "acct-2"}},
-                {"payload": {"account": "a" * 256}},
             ],
             job_type="sync_account",
         )
     )
-    assert [i["status"] for i in items] == [
-        "created",
-        "unique_conflict",
-        "created",
-        "created",
-        "invalid",
-    ]
-    assert problem_slug(items[4]) == "invalid-payload"
-    assert items[4]["problem"]["errors"][0]["loc"] == ["account"]
+    assert [i["status"] for i in items] == ["created", "unique_conflict", "created", "created"]
+    too_long = await batch(
+        api_client, auth, [{"payload": {"account": "a" * 256}}], job_type="sync_account"
+    )
+    assert_problem(too_long, 422, "invalid-request")
+    assert too_long.json()["errors"][0]["loc"] == ["items", 0, "account"]
     assert (items[1]["job_id"], items[1]["job_status"]) == (items[0]["job_id"], "pending")
     assert problem_slug(items[1]) == "unique-job-exists"
     # "held" is an echo job's key: another type, no conflict. In echo's batch, a conflict.
@@ -288,16 +291,16 @@ async def test_what_is_wrong_with_the_whole_batch_answers_as_a_single_enqueue(
         assert_problem(too_many, 422, "invalid-request")
         large = await batch(client, auth, [{"payload": {"text": "x" * 1000}}] * 5)
         assert_problem(large, 413, "body-too-large")
-        # One item's payload over the single request's limit: that item only.
-        items = answered(
-            await batch(
-                client,
-                auth,
-                [{"payload": {"text": "x" * 1000, "pad": "y" * 100}}, {"payload": {"text": "ok"}}],
-            )
+        # One item's payload over the single request's limit: the batch, naming the item.
+        over = await batch(
+            client,
+            auth,
+            [{"payload": {"text": "x" * 1000, "pad": "y" * 100}}, {"payload": {"text": "ok"}}],
         )
-        assert [i["status"] for i in items] == ["invalid", "created"]
-        assert problem_slug(items[0]) == "body-too-large"
+        assert_problem(over, 422, "invalid-request")
+        assert over.json()["errors"] == [
+            {"loc": ["items", 0], "msg": over.json()["errors"][0]["msg"], "type": "body-too-large"}
+        ]
         unknown = await client.post("/jobs/nope/batch", json={"items": [{}]}, headers=auth)
         assert_problem(unknown, 404, "unknown-job-type")
         malformed = await client.post(
@@ -306,7 +309,7 @@ async def test_what_is_wrong_with_the_whole_batch_answers_as_a_single_enqueue(
             headers={**auth, "Content-Type": "application/json"},
         )
         assert_problem(malformed, 400, "malformed-json")
-    assert (await counts(db))["jobs"] == 1
+    assert (await counts(db))["jobs"] == 0  # none of these batches wrote anything
 
 
 async def test_a_batch_is_authenticated_first_and_needs_the_enqueue_scope(
