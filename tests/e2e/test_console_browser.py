@@ -304,6 +304,16 @@ async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(
         await expect(page.locator("#quarantined")).to_have_text("0")
         await expect(page.locator("#dead-letters")).to_have_text("0")
         await shot(page, "overview")
+        # The overview refreshes itself (its script, allowed by the page's CSP) ...
+        as_of = await page.locator("#live time").first.inner_text()
+        await expect(page.locator("#live time").first).not_to_have_text(as_of, timeout=20_000)
+        # ... and "/" jumps to the search box, from which Enter opens a job.
+        await page.keyboard.press("/")
+        await expect(page.locator("#q")).to_be_focused()
+        await page.keyboard.type(dead)
+        await page.keyboard.press("Enter")
+        await expect(page).to_have_url(f"{console}/jobs/{dead}")
+        await expect(page.locator("#job-status")).to_have_text("succeeded")
 
         async with db.session() as s:
             audited = [
