@@ -421,7 +421,7 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             "job.html",
             who,
             job=job,
-            fields=[(k, v) for k, v in job.items() if k not in ("payload", "result")],
+            fields=_shown_fields(job),
             payload=_pretty(job.get("payload")) if shown else None,
             result=_pretty(job.get("result")) if shown else None,
             deliveries=deliveries,
@@ -530,6 +530,25 @@ def _operator_routes(app: FastAPI, state: Console) -> None:
         keys = await key_usecases.list_keys(db)
         quotas = await quota_usecases.list_quotas(db, state.settings.quota_defaults)
         return page(request, "tenants.html", who, keys=keys, quotas=quotas)
+
+
+# What the job page leaves out (payload, result: behind "show payload"), and what it shows
+# only in part: a callback URL by its origin (webhook URLs carry tokens), the lease token
+# (the worker's fence, no use to a person) by whether there is one.
+HIDDEN_FIELDS = frozenset({"payload", "result"})
+
+
+def _shown_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
+    shown: list[tuple[str, Any]] = []
+    for name, value in job.items():
+        if name in HIDDEN_FIELDS:
+            continue
+        if name == "callback_url" and value is not None:
+            value = url_fingerprint(value)["url_origin"] + "/…"
+        elif name == "lease_token" and value is not None:
+            value = "(held)"
+        shown.append((name, value))
+    return shown
 
 
 def _bounded_int(given: object, *, default: int, high: int) -> int:

@@ -26,15 +26,19 @@ ROW_MOMENTS = (
 
 def render_timeline(job: Mapping[str, Any]) -> Markup:
     """The job's history as an ordered list (for now: the row's own timestamps)."""
+    moments = sorted(
+        ((job[column], what) for column, what in ROW_MOMENTS if job.get(column) is not None),
+        key=lambda moment: moment[0],
+    )
     items = [
         Markup('<li><time datetime="{iso}">{iso}</time> {what}</li>').format(
-            iso=job[column].isoformat(), what=what
+            iso=at.isoformat(), what=what
         )
-        for column, what in ROW_MOMENTS
-        if job.get(column) is not None
+        for at, what in moments
     ]
     where = escape(str(job.get("status", "")))
     return Markup(
+        "<!-- placeholder: the row's own timestamps until job_timeline is wired in -->"
         '<section id="timeline" aria-labelledby="timeline-h">'
         '<h2 id="timeline-h">Timeline</h2>'
         '<p class="where">Now: <strong>{where}</strong></p>'

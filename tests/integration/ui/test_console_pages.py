@@ -46,6 +46,11 @@ FAILED_DELIVERY = Query(
     "max_attempts, last_error) VALUES (%(id)s, %(job_id)s, 'acme', %(url)s, 'job.failed', "
     "'failed', 3, 3, 'HTTP 500') RETURNING id",
 )
+SET_CALLBACK = Query(
+    "test_set_callback",
+    "Give a job a callback URL.",
+    "UPDATE jobs SET callback_url = %(url)s WHERE id = %(id)s",
+)
 OUTBOX_ROW = Query("test_outbox_row", "An outbox row.", "SELECT * FROM outbox WHERE id = %(id)s")
 AUDIT = Query(
     "test_audit",
@@ -142,6 +147,12 @@ async def test_the_job_page_shows_the_payload_only_when_asked(
     assert "Cancel job" in page.text
     shown = await client.get(f"/jobs/{job_id}", params={"show": "payload"}, headers=HTML)
     assert "private-words" in shown.text
+    async with db.unit_of_work() as uow:
+        await execute(uow, SET_CALLBACK({"id": job_id, "url": SECRET_URL}))
+        await uow.commit()
+    page = await client.get(f"/jobs/{job_id}", headers=HTML)
+    assert "https://hooks.example.com/…" in page.text
+    assert "T0KEN" not in page.text
     missing = await client.get(f"/jobs/{uuid.uuid4()}", headers=HTML)
     assert missing.status_code == 404
 
