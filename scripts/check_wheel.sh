@@ -58,6 +58,13 @@ if unzip -l "$wheel" | grep -qE ' (tests|bench)/'; then
   exit 1
 fi
 
+for shipped in services/ui/templates/base.html services/ui/static/ui.css services/ui/static/ui.js; do
+  if ! unzip -l "$wheel" | grep -q " $shipped\$"; then
+    echo "check_wheel: the wheel lacks the console's $shipped" >&2
+    exit 1
+  fi
+done
+
 step "installing $(basename "$wheel") into a new virtual environment"
 "$PYTHON" -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet --disable-pip-version-check \

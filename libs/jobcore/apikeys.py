@@ -143,7 +143,14 @@ async def authenticate(session: Session, key: str) -> Principal:
     """
     if not looks_like_key(key):
         raise InvalidApiKey()
-    row = await fetch_one(session, API_KEY_AUTHENTICATE({"key_hash": hash_key(key)}))
+    return await authenticate_hash(session, hash_key(key))
+
+
+async def authenticate_hash(session: Session, key_hash: str) -> Principal:
+    """:func:`authenticate` for a key known by its hash only: the console keeps the hash
+    of the key a browser signed in with (never the key), and checks it on every request,
+    so a revoked or expired key ends its sessions at once."""
+    row = await fetch_one(session, API_KEY_AUTHENTICATE({"key_hash": key_hash}))
     if row is None:
         raise InvalidApiKey()
     return Principal(row["id"], row["tenant"], frozenset(Scope(s) for s in row["scopes"]))

@@ -38,6 +38,7 @@ COMMAND_MODULES = (
     "services.cli.dev",
     "services.cli.demo",
     "services.cli.chaos",
+    "services.cli.ui",
 )
 # Commands that sit above this package (they use its plumbing): imported by name, so the
 # import rules (pyproject.toml) see no upward import.

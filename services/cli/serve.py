@@ -32,13 +32,20 @@ def api(
     access_log: bool = typer.Option(
         False, "--access-log/--no-access-log", help="Log every request (costs throughput)."
     ),
+    ui: bool = typer.Option(
+        False, "--ui/--no-ui", help="Also serve the operators' console at /ui (one process)."
+    ),
 ) -> None:
     """Serve the enqueue and status API with uvicorn until SIGTERM."""
     config = settings()  # a bad setting stops here, with one line, before uvicorn starts
+    if ui and workers > 1:
+        fail("--ui runs in one process (its sign-ins live in memory): drop --workers")
     check_job_types(load_job_modules(config.job_modules), config)
     configure_logging("api", config.log_level)
     server_config = uvicorn.Config(
-        "services.api.app:app_from_environment",
+        "services.cli.ui:api_with_console_from_environment"
+        if ui
+        else "services.api.app:app_from_environment",
         factory=True,
         host=host or config.api_host,
         port=config.api_port if port is None else port,

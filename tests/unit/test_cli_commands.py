@@ -30,6 +30,7 @@ def test_every_verb_is_registered() -> None:
         "demo": None,
         "chaos": None,
         "bench": None,
+        "ui": None,
         "keys": {"create": None, "list": None, "revoke": None, "rotate": None},
         "tenants": {"set-quota": None, "show": None, "list": None},
         "schedules": {"list": None, "pause": None, "resume": None, "trigger": None},

@@ -188,6 +188,17 @@ class DeadLetterQueue:
         )
         await message.ack()
 
+    async def depth(self) -> int:
+        """How many messages wait in the dead-letter queue (a passive declare)."""
+        try:
+            connection, _, queue = await self._open()
+        except BROKER_ERRORS as exc:
+            raise BrokerUnavailable(f"cannot open the dead-letter queue: {exc}") from exc
+        try:
+            return int(queue.declaration_result.message_count or 0)
+        finally:
+            await connection.close()
+
     async def peek(self, limit: int) -> list[DeadLetter]:
         try:
             connection, channel, queue = await self._open()

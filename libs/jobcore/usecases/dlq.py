@@ -15,6 +15,11 @@ from jobcore.settings import Settings
 AUDITED_MESSAGES = 100
 
 
+async def count_dead_letters(settings: Settings) -> int:
+    """How many messages wait in the dead-letter queue."""
+    return await DeadLetterQueue(settings).depth()
+
+
 async def list_dead_letters(settings: Settings, *, limit: int) -> list[DeadLetter]:
     """Dead-lettered messages, without removing them (each goes back to the tail)."""
     return await DeadLetterQueue(settings).peek(limit)

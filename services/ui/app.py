@@ -1,0 +1,580 @@
+"""The console's composition root and pages: sign-in, overview, jobs, outbox, dead letters,
+webhook deliveries, tenants and keys.
+
+Every page but sign-in needs a session of an admin key (:mod:`services.ui.sessions`); the
+key is checked again on every request, before any other work. Every action is a POST with
+the session's form token, calls the use case the command of the same name calls, and is
+audited with the actor ``ui:key:<key id>``. Pages are rendered on the server (Jinja2);
+the CSS and the little script are served from the package, nothing from elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+
+from jobcore import apikeys
+from jobcore.apikeys import InvalidApiKey, Principal
+from jobcore.audit import url_fingerprint
+from jobcore.db import Database
+from jobcore.errors import (
+    BrokerUnavailable,
+    DatabaseUnavailable,
+    JobcoreError,
+    JobNotFound,
+    ServiceStateError,
+)
+from jobcore.registry import Registry, load_job_modules
+from jobcore.scopes import Scope
+from jobcore.settings import Settings
+from jobcore.states import JobStatus, is_terminal
+from jobcore.usecases import console, dlq, outbox
+from jobcore.usecases import jobs as job_usecases
+from jobcore.usecases import keys as key_usecases
+from jobcore.usecases import quotas as quota_usecases
+from jobcore.usecases import webhooks as webhook_usecases
+from services.ui.charts import sparkline
+from services.ui.sessions import (
+    COOKIE_NAME,
+    CSRF_FIELD,
+    DEFAULT_TTL_SECONDS,
+    Session,
+    SessionStore,
+    csrf_matches,
+    same_origin,
+)
+from services.ui.timeline import render_timeline
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+MOUNT_PATH = "/ui"
+LIST_LIMIT = 100
+# The page refreshes its live part this often (milliseconds).
+LIVE_INTERVAL_MS = 5000
+# Enough of the overview's history for its sparklines (one sample per refresh).
+SAMPLES_KEPT = 60
+# One answer for every key that may not sign in: unknown, revoked, expired or not admin.
+SIGN_IN_REFUSED = "That key cannot sign in to the console."
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class Console:
+    settings: Settings
+    registry: Registry
+    sessions: SessionStore
+    db: Database | None = None
+    # (total pending, oldest due outbox row's age) per overview refresh, oldest first.
+    samples: list[tuple[int, float]] | None = None
+
+
+class SignInRequired(Exception):
+    """No usable session: the browser is sent to the sign-in page."""
+
+
+class Forbidden(Exception):
+    """A POST without this site's Origin or without the session's form token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    session: Session
+    principal: Principal
+
+
+def _console(request: Request) -> Console:
+    found: Console = request.app.state.console
+    return found
+
+
+def _db(request: Request) -> Database:
+    db = _console(request).db
+    if db is None:
+        raise ServiceStateError("the database pool is not open")
+    return db
+
+
+async def operator(request: Request) -> Operator:
+    """The signed-in operator: a live session whose key is still active and admin."""
+    app = _console(request)
+    session = app.sessions.get(request.cookies.get(COOKIE_NAME))
+    if session is None:
+        raise SignInRequired()
+    try:
+        async with _db(request).session() as db_session:
+            principal = await apikeys.authenticate_hash(db_session, session.key_hash)
+    except InvalidApiKey:
+        app.sessions.end(session.id)
+        raise SignInRequired() from None
+    if Scope.ADMIN not in principal.scopes:
+        app.sessions.end(session.id)
+        raise SignInRequired()
+    return Operator(session, principal)
+
+
+OperatorDep = Annotated[Operator, Depends(operator)]
+
+
+async def checked_post(request: Request, who: OperatorDep) -> Operator:
+    """A signed-in operator's POST from a page of this site with the session's token."""
+    if not same_origin(request):
+        raise Forbidden("the request does not come from this site")
+    form = await request.form()
+    if not csrf_matches(who.session, form.get(CSRF_FIELD)):
+        raise Forbidden("the form token is missing or wrong; reload the page")
+    return who
+
+
+ActionDep = Annotated[Operator, Depends(checked_post)]
+
+
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals.update(
+        sparkline=sparkline,
+        render_timeline=render_timeline,
+        statuses=[s.value for s in JobStatus],
+        is_terminal=lambda status: is_terminal(JobStatus(status)),
+        origin_of=lambda url: url_fingerprint(url)["url_origin"],
+        live_interval_ms=LIVE_INTERVAL_MS,
+    )
+    templates.env.filters["age"] = _age
+    return templates
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = float(seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+TEMPLATES = _templates()
+
+
+def _base(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def page(
+    request: Request,
+    name: str,
+    who: Operator | None,
+    status_code: int = 200,
+    **context: Any,
+) -> HTMLResponse:
+    flash: list[tuple[str, str]] = []
+    if who is not None:
+        flash, who.session.flash = who.session.flash, []
+    return TEMPLATES.TemplateResponse(
+        request,
+        name,
+        {
+            "base": _base(request),
+            "who": who,
+            "csrf": who.session.csrf if who else "",
+            "flash": flash,
+            **context,
+        },
+        status_code=status_code,
+    )
+
+
+def back(request: Request, path: str) -> RedirectResponse:
+    return RedirectResponse(_base(request) + path, status_code=303)
+
+
+async def act(
+    request: Request,
+    who: Operator,
+    path: str,
+    action: Callable[[], Awaitable[str]],
+) -> RedirectResponse:
+    """Run an action; its outcome (or the reason it was refused) shows on the next page."""
+    try:
+        done = await action()
+    except (DatabaseUnavailable, BrokerUnavailable, ServiceStateError):
+        raise
+    except JobcoreError as exc:
+        who.session.flash.append(("error", str(exc)))
+    else:
+        who.session.flash.append(("ok", done))
+    return back(request, path)
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
+
+
+def _problem(request: Request, status: int, title: str, detail: str) -> Response:
+    """An HTML page for a browser, RFC 9457 problem JSON for anything else."""
+    if _wants_html(request):
+        return TEMPLATES.TemplateResponse(
+            request,
+            "error.html",
+            {"base": _base(request), "who": None, "flash": [], "title": title, "detail": detail},
+            status_code=status,
+        )
+    return JSONResponse(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def create_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) -> FastAPI:
+    """The console, its routes at its root (mount it, e.g. at ``/ui``); its own pool,
+    opened and closed in its lifespan."""
+    state = Console(
+        settings=settings,
+        registry=load_job_modules(settings.job_modules),
+        sessions=SessionStore(session_ttl),
+        samples=[],
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings, min_size=1, max_size=4, name="jobcore-ui")
+        await db.open(wait=True)
+        state.db = db
+        try:
+            yield
+        finally:
+            state.db = None
+            await db.close()
+
+    app = FastAPI(
+        title="jobcore console",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.console = state
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.middleware("http")
+    async def security_headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.exception_handler(SignInRequired)
+    async def to_sign_in(request: Request, _: SignInRequired) -> Response:
+        if request.method == "GET" and _wants_html(request):
+            return back(request, "/login")
+        return _problem(request, 401, "Sign-in required", "Sign in with an admin key first.")
+
+    @app.exception_handler(Forbidden)
+    async def forbidden(request: Request, exc: Forbidden) -> Response:
+        return _problem(request, 403, "Forbidden", str(exc))
+
+    @app.exception_handler(JobNotFound)
+    async def not_found(request: Request, exc: JobNotFound) -> Response:
+        return _problem(request, 404, "Not found", str(exc))
+
+    @app.exception_handler(DatabaseUnavailable)
+    @app.exception_handler(BrokerUnavailable)
+    @app.exception_handler(ServiceStateError)
+    async def unavailable(request: Request, exc: JobcoreError) -> Response:
+        return _problem(request, 503, "Unavailable", str(exc))
+
+    _sign_in_routes(app, state)
+    _overview_routes(app, state)
+    _job_routes(app, state)
+    _operator_routes(app, state)
+    return app
+
+
+def _sign_in_routes(app: FastAPI, state: Console) -> None:
+    @app.get("/login", response_class=HTMLResponse)
+    async def login_form(request: Request) -> Response:
+        return page(request, "login.html", None)
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        if not same_origin(request):
+            return _problem(request, 403, "Forbidden", "the request does not come from this site")
+        form = await request.form()
+        key = form.get("key")
+        principal: Principal | None = None
+        if isinstance(key, str):
+            try:
+                async with _db(request).session() as db_session:
+                    principal = await apikeys.authenticate(db_session, key.strip())
+            except InvalidApiKey:
+                principal = None
+        if principal is None or Scope.ADMIN not in principal.scopes:
+            # The same answer for every refusal; the key is neither echoed nor logged.
+            log.info("console sign-in refused")
+            return page(request, "login.html", None, status_code=401, error=SIGN_IN_REFUSED)
+        assert isinstance(key, str)
+        session = state.sessions.create(principal.key_id, apikeys.hash_key(key.strip()))
+        log.info("console sign-in", extra={"key_id": str(principal.key_id)})
+        response = back(request, "/")
+        response.set_cookie(
+            COOKIE_NAME,
+            session.id,
+            max_age=int(state.sessions.ttl_seconds),
+            path=_base(request) or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request, who: ActionDep) -> Response:
+        state.sessions.end(who.session.id)
+        response = back(request, "/login")
+        response.delete_cookie(COOKIE_NAME, path=_base(request) or "/")
+        return response
+
+
+def _overview_routes(app: FastAPI, state: Console) -> None:
+    async def snapshot(request: Request) -> dict[str, Any]:
+        view = await console.overview(_db(request), state.settings)
+        samples = state.samples if state.samples is not None else []
+        pending = sum(int(q["pending"]) for q in view.queues)
+        samples.append((pending, float(view.outbox["oldest_due_age_seconds"])))
+        del samples[:-SAMPLES_KEPT]
+        return {
+            "view": view,
+            "pending_history": [s[0] for s in samples],
+            "lag_history": [s[1] for s in samples],
+        }
+
+    @app.get("/", response_class=HTMLResponse)
+    async def overview_page(request: Request, who: OperatorDep) -> Response:
+        return page(request, "overview.html", who, **await snapshot(request))
+
+    @app.get("/overview/live", response_class=HTMLResponse)
+    async def overview_live(request: Request, who: OperatorDep) -> Response:
+        return page(request, "overview_live.html", who, **await snapshot(request))
+
+
+def _job_routes(app: FastAPI, state: Console) -> None:
+    @app.get("/jobs", response_class=HTMLResponse)
+    async def job_search(
+        request: Request,
+        who: OperatorDep,
+        q: str = "",
+        tenant: str = "",
+        type: str = "",
+        status: str = "",
+        entity_id: str = "",
+    ) -> Response:
+        job_id = console.parse_job_id(q) if q else None
+        if job_id is not None:
+            return back(request, f"/jobs/{job_id}")
+        where = console.JobSearch(
+            tenant=tenant.strip() or None,
+            type=type.strip() or None,
+            status=JobStatus(status) if status in {s.value for s in JobStatus} else None,
+            entity_id=(entity_id.strip() or q.strip()) or None,
+        )
+        rows = await console.search_jobs(_db(request), where, limit=LIST_LIMIT)
+        return page(request, "jobs.html", who, rows=rows, where=where, q=q)
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse)
+    async def job_page(
+        request: Request, who: OperatorDep, job_id: uuid.UUID, show: str = ""
+    ) -> Response:
+        job = await job_usecases.show_job(_db(request), job_id)
+        deliveries = await webhook_usecases.list_deliveries(
+            _db(request), job_id=job_id, status=None, limit=20
+        )
+        shown = show == "payload"
+        return page(
+            request,
+            "job.html",
+            who,
+            job=job,
+            fields=_shown_fields(job),
+            payload=_pretty(job.get("payload")) if shown else None,
+            result=_pretty(job.get("result")) if shown else None,
+            deliveries=deliveries,
+        )
+
+    @app.post("/jobs/{job_id}/cancel")
+    async def cancel(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            outcome = await job_usecases.cancel_any_job(
+                _db(request), state.settings, job_id, actor=who.session.actor
+            )
+            if outcome.requested:
+                return "Cancel requested: the worker running the job was asked to stop."
+            return "Job cancelled."
+
+        return await act(request, who, f"/jobs/{job_id}", run)
+
+    @app.post("/jobs/{job_id}/retry")
+    async def retry(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            outcome = await job_usecases.retry_job(
+                _db(request), state.settings, state.registry, job_id, actor=who.session.actor
+            )
+            return f"Retried as job {outcome.job_id}."
+
+        return await act(request, who, f"/jobs/{job_id}", run)
+
+
+def _operator_routes(app: FastAPI, state: Console) -> None:
+    @app.get("/outbox", response_class=HTMLResponse)
+    async def outbox_page(request: Request, who: OperatorDep) -> Response:
+        db = _db(request)
+        return page(
+            request,
+            "outbox.html",
+            who,
+            status=await outbox.outbox_status(db),
+            quarantined=await outbox.list_quarantined(db, limit=LIST_LIMIT),
+            failing=await outbox.list_failing(db, limit=LIST_LIMIT),
+        )
+
+    @app.post("/outbox/{row_id}/requeue")
+    async def requeue(request: Request, who: ActionDep, row_id: int) -> Response:
+        async def run() -> str:
+            key = outbox.OutboxRowKey(id=row_id)
+            row = await outbox.requeue(_db(request), key, actor=who.session.actor)
+            return f"Outbox row {row['id']} requeued: the relays publish it now."
+
+        return await act(request, who, "/outbox", run)
+
+    @app.post("/outbox/{row_id}/discard")
+    async def discard(request: Request, who: ActionDep, row_id: int) -> Response:
+        async def run() -> str:
+            key = outbox.OutboxRowKey(id=row_id)
+            row = await outbox.discard(_db(request), key, actor=who.session.actor)
+            return f"Outbox row {row['id']} discarded."
+
+        return await act(request, who, "/outbox", run)
+
+    @app.get("/dlq", response_class=HTMLResponse)
+    async def dlq_page(request: Request, who: OperatorDep) -> Response:
+        letters = await dlq.list_dead_letters(state.settings, limit=LIST_LIMIT)
+        return page(request, "dlq.html", who, letters=[letter.as_dict() for letter in letters])
+
+    @app.post("/dlq/replay")
+    async def replay(request: Request, who: ActionDep) -> Response:
+        # Read here, after the sign-in and form token checks (a Form parameter would be
+        # parsed before them).
+        limit = _bounded_int((await request.form()).get("limit"), default=100, high=100_000)
+
+        async def run() -> str:
+            report = await dlq.replay_dead_letters(
+                _db(request), state.settings, limit=limit, actor=who.session.actor
+            )
+            skipped = "".join(f"; skipped {s.message_id}: {why}" for s, why in report.skipped)
+            return f"Replayed {len(report.replayed)} message(s), skipped {len(report.skipped)}" + (
+                skipped
+            )
+
+        return await act(request, who, "/dlq", run)
+
+    @app.get("/webhooks", response_class=HTMLResponse)
+    async def webhooks_page(
+        request: Request,
+        who: OperatorDep,
+        status: Annotated[str, Query(pattern="^(|pending|delivered|failed)$")] = "failed",
+    ) -> Response:
+        rows = await webhook_usecases.list_deliveries(
+            _db(request), job_id=None, status=status or None, limit=LIST_LIMIT
+        )
+        return page(request, "webhooks.html", who, rows=rows, status=status)
+
+    @app.post("/webhooks/{delivery_id}/redeliver")
+    async def redeliver(request: Request, who: ActionDep, delivery_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            row = await webhook_usecases.redeliver(
+                _db(request), state.settings, delivery_id, actor=who.session.actor
+            )
+            return f"Delivery {row['id']} queued again (attempt {row['attempt']})."
+
+        return await act(request, who, "/webhooks", run)
+
+    @app.get("/tenants", response_class=HTMLResponse)
+    async def tenants_page(request: Request, who: OperatorDep) -> Response:
+        db = _db(request)
+        keys = await key_usecases.list_keys(db)
+        quotas = await quota_usecases.list_quotas(db, state.settings.quota_defaults)
+        return page(request, "tenants.html", who, keys=keys, quotas=quotas)
+
+
+# What the job page leaves out (payload, result: behind "show payload"), and what it shows
+# only in part: a callback URL by its origin (webhook URLs carry tokens), the lease token
+# (the worker's fence, no use to a person) by whether there is one.
+HIDDEN_FIELDS = frozenset({"payload", "result"})
+
+
+def _shown_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
+    shown: list[tuple[str, Any]] = []
+    for name, value in job.items():
+        if name in HIDDEN_FIELDS:
+            continue
+        if name == "callback_url" and value is not None:
+            value = url_fingerprint(value)["url_origin"] + "/…"
+        elif name == "lease_token" and value is not None:
+            value = "(held)"
+        shown.append((name, value))
+    return shown
+
+
+def _bounded_int(given: object, *, default: int, high: int) -> int:
+    if isinstance(given, str) and given.strip().isdigit():
+        return max(1, min(int(given), high))
+    return default
+
+
+def _pretty(value: Any) -> str | None:
+    if value is None:
+        return None
+    return orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode()
+
+
+def standalone_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) -> Starlette:
+    """`jobcore ui`: the console under ``/ui``, and ``/`` sending browsers there."""
+    console_app = create_app(settings, session_ttl=session_ttl)
+
+    async def root(_: Request) -> Response:
+        return RedirectResponse(MOUNT_PATH + "/", status_code=307)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        async with console_app.router.lifespan_context(console_app):
+            yield
+
+    return Starlette(
+        routes=[Route("/", root), Mount(MOUNT_PATH, app=console_app)], lifespan=lifespan
+    )

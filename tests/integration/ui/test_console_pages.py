@@ -1,0 +1,214 @@
+"""The console's pages and actions over plain HTTP (in-process, on the test's database):
+job search by each field, the job page (payload only when asked for), retry, discard and
+redeliver through the same use cases as the commands, each audited as the session's key;
+webhook URLs shown by their origin only."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, execute, fetch_all, fetch_one
+from jobcore.enqueue import enqueue
+from jobcore.registry import default_registry
+from jobcore.scopes import Scope
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.usecases import keys as key_usecases
+from services.ui.app import create_app
+
+BASE = "http://console.test"
+ORIGIN = {"Origin": BASE}
+HTML = {"Accept": "text/html"}
+
+FAIL_JOB = Query(
+    "test_fail_job",
+    "End a job as failed, as a worker would after its last attempt.",
+    "UPDATE jobs SET status = 'failed', finished_at = now(), last_error = 'boom' "
+    "WHERE id = %(id)s RETURNING id",
+)
+QUARANTINE = Query(
+    "test_quarantine",
+    "Quarantine a job's outbox rows as the relay would on an unpublishable message.",
+    "UPDATE outbox SET quarantined_at = now(), attempts = 1, last_error = 'too_large' "
+    "WHERE job_id = %(id)s RETURNING id",
+)
+FAILED_DELIVERY = Query(
+    "test_failed_delivery",
+    "A completion webhook that used up its attempts.",
+    "INSERT INTO webhook_deliveries (id, job_id, tenant, url, event, status, attempts, "
+    "max_attempts, last_error) VALUES (%(id)s, %(job_id)s, 'acme', %(url)s, 'job.failed', "
+    "'failed', 3, 3, 'HTTP 500') RETURNING id",
+)
+SET_CALLBACK = Query(
+    "test_set_callback",
+    "Give a job a callback URL.",
+    "UPDATE jobs SET callback_url = %(url)s WHERE id = %(id)s",
+)
+OUTBOX_ROW = Query("test_outbox_row", "An outbox row.", "SELECT * FROM outbox WHERE id = %(id)s")
+AUDIT = Query(
+    "test_audit",
+    "Audit entries of one actor, oldest first.",
+    "SELECT action, outcome, target_id FROM audit_log WHERE actor = %(actor)s ORDER BY at, id",
+)
+SECRET_URL = "https://hooks.example.com/T0KEN-in-the-path?sig=s3cret"
+
+
+@pytest.fixture
+async def client(settings: Settings, db: Database) -> AsyncIterator[httpx.AsyncClient]:
+    app: FastAPI = create_app(settings)
+    key = await key_usecases.create_key(db, "ops", "ops", scopes=[Scope.ADMIN], actor="tests")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            signed_in = await http.post("/login", data={"key": key.key}, headers=ORIGIN)
+            assert signed_in.status_code == 303
+            http.headers["X-Actor"] = f"ui:key:{key.record.id}"  # for the test's own use
+            yield http
+
+
+async def add_job(
+    db: Database, settings: Settings, tenant: str, entity: str, text: str = "hi"
+) -> str:
+    job_type = default_registry.get("echo")
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
+            tenant=tenant,
+            job_type=job_type,
+            payload=job_type.validate_payload({"text": text}),
+            entity_id=entity,
+        )
+        await uow.commit()
+    return str(result.job_id)
+
+
+async def run(db: Database, statement: object) -> list[dict[str, object]]:
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, statement)  # type: ignore[arg-type]
+        await uow.commit()
+    return [dict(r) for r in rows]
+
+
+def job_ids_listed(page: str) -> set[str]:
+    return set(re.findall(r'href="/jobs/([0-9a-f-]{36})"', page))
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found
+    return found.group(1)
+
+
+async def test_search_by_tenant_type_status_entity_and_job_id(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    a = await add_job(db, settings, "acme", "invoice-1")
+    b = await add_job(db, settings, "acme", "invoice-2")
+    c = await add_job(db, settings, "globex", "invoice-1")
+    async with db.unit_of_work() as uow:
+        await execute(uow, FAIL_JOB({"id": b}))
+        await uow.commit()
+
+    async def listed(**params: str) -> set[str]:
+        answer = await client.get("/jobs", params=params, headers=HTML)
+        assert answer.status_code == 200
+        return job_ids_listed(answer.text)
+
+    assert await listed() == {a, b, c}
+    assert await listed(tenant="acme") == {a, b}
+    assert await listed(status="failed") == {b}
+    assert await listed(entity_id="invoice-1") == {a, c}
+    assert await listed(tenant="globex", entity_id="invoice-1") == {c}
+    assert await listed(type="echo", status="pending") == {a, c}
+    assert await listed(type="noop") == set()
+    # The search box: a job id opens the job, anything else is an entity id.
+    assert await listed(q="invoice-2") == {b}
+    found = await client.get("/jobs", params={"q": c}, headers=HTML)
+    assert found.status_code == 303
+    assert found.headers["location"] == f"/jobs/{c}"
+
+
+async def test_the_job_page_shows_the_payload_only_when_asked(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_id = await add_job(db, settings, "acme", "e-1", text="private-words")
+    page = await client.get(f"/jobs/{job_id}", headers=HTML)
+    assert page.status_code == 200
+    assert 'id="timeline"' in page.text
+    assert "private-words" not in page.text
+    assert "Cancel job" in page.text
+    shown = await client.get(f"/jobs/{job_id}", params={"show": "payload"}, headers=HTML)
+    assert "private-words" in shown.text
+    async with db.unit_of_work() as uow:
+        await execute(uow, SET_CALLBACK({"id": job_id, "url": SECRET_URL}))
+        await uow.commit()
+    page = await client.get(f"/jobs/{job_id}", headers=HTML)
+    assert "https://hooks.example.com/…" in page.text
+    assert "T0KEN" not in page.text
+    missing = await client.get(f"/jobs/{uuid.uuid4()}", headers=HTML)
+    assert missing.status_code == 404
+
+
+async def test_retry_discard_and_redeliver_are_the_commands_use_cases_audited(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    actor = client.headers["X-Actor"]
+    failed = await add_job(db, settings, "acme", "e-1")
+    await run(db, FAIL_JOB({"id": failed}))
+    doomed = await add_job(db, settings, "acme", "e-2")
+    [row] = await run(db, QUARANTINE({"id": doomed}))
+    delivery = uuid.uuid4()
+    await run(db, FAILED_DELIVERY({"id": delivery, "job_id": failed, "url": SECRET_URL}))
+    token = csrf_of((await client.get("/", headers=HTML)).text)
+
+    retried = await client.post(f"/jobs/{failed}/retry", data={"csrf": token}, headers=ORIGIN)
+    assert retried.status_code == 303
+    page = await client.get(retried.headers["location"], headers=HTML)
+    new_id = re.search(r"Retried as job ([0-9a-f-]{36})", page.text)
+    assert new_id, page.text
+    assert job_ids_listed((await client.get("/jobs", headers=HTML)).text) >= {new_id.group(1)}
+
+    discarded = await client.post(
+        f"/outbox/{row['id']}/discard", data={"csrf": token}, headers=ORIGIN
+    )
+    assert discarded.status_code == 303
+    assert f"Outbox row {row['id']} discarded" in (await client.get("/outbox", headers=HTML)).text
+    async with db.session() as session:
+        assert await fetch_one(session, OUTBOX_ROW({"id": row["id"]})) is None
+
+    webhooks = await client.get("/webhooks", headers=HTML)
+    assert "https://hooks.example.com" in webhooks.text
+    assert "T0KEN" not in webhooks.text
+    assert "s3cret" not in webhooks.text
+    redelivered = await client.post(
+        f"/webhooks/{delivery}/redeliver", data={"csrf": token}, headers=ORIGIN
+    )
+    assert redelivered.status_code == 303
+    assert "queued again (attempt 4)" in (await client.get("/webhooks", headers=HTML)).text
+    [pending] = await run(
+        db,
+        Query("d", "A delivery.", "SELECT status FROM webhook_deliveries WHERE id = %(id)s")(
+            {"id": delivery}
+        ),
+    )
+    assert pending["status"] == "pending"
+
+    # A refused action shows why, and is audited as refused.
+    again = await client.post(f"/outbox/{row['id']}/discard", data={"csrf": token}, headers=ORIGIN)
+    assert "no outbox row" in (await client.get(again.headers["location"], headers=HTML)).text
+
+    entries = await run(db, AUDIT({"actor": actor}))
+    assert [(e["action"], e["outcome"]) for e in entries] == [
+        ("job.retry", "succeeded"),
+        ("outbox.discard", "succeeded"),
+        ("webhook.redeliver", "succeeded"),
+        ("outbox.discard", "refused"),
+    ]
