@@ -30,6 +30,7 @@ from jobcore.errors import (
 )
 from jobcore.handlertx import Fence, JobTransaction
 from jobcore.jobprogress import checked_progress
+from jobcore.priorities import DEFAULT_PRIORITY, Priority
 
 if TYPE_CHECKING:
     from jobcore.results import LocalResultStore
@@ -157,6 +158,8 @@ class JobType(Generic[P]):
     max_attempts: int = 5
     timeout: float = 300.0
     lease: float = 60.0
+    # What its jobs get unless the request names one (jobcore.priorities).
+    priority: Priority = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -213,8 +216,11 @@ class Registry:
         max_attempts: int = 5,
         timeout: float = 300.0,
         lease: float = 60.0,
+        priority: Priority | str | int = DEFAULT_PRIORITY,
     ) -> Callable[[Handler], Handler]:
-        """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``."""
+        """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
+        ``priority`` (``"high"``, ``"normal"``, ``"low"``) is its jobs' default."""
+        level = Priority.parse(priority)
 
         def decorate(handler: Handler) -> Handler:
             self.register(
@@ -226,6 +232,7 @@ class Registry:
                     max_attempts=max_attempts,
                     timeout=timeout,
                     lease=lease,
+                    priority=level,
                 )
             )
             return handler

@@ -20,6 +20,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Session, fetch_all, fetch_one
 from jobcore.enqueue import EnqueueResult, enqueue
 from jobcore.errors import JobNotFound, ResultNotReady
+from jobcore.priorities import Priority
 from jobcore.quotas import Quotas
 from jobcore.registry import JobType
 from jobcore.sql.jobs import (
@@ -96,6 +97,8 @@ class Submission:
     callback_url: str | None = None
     # jobcore.enqueue.request_fingerprint of the request as sent.
     fingerprint: str | None = None
+    # None: the job type's default.
+    priority: Priority | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,7 @@ async def submit(
             callback_url=submission.callback_url,
             fingerprint=submission.fingerprint,
             quotas=quotas,
+            priority=submission.priority,
         )
         if span is not None:
             span.set_attributes(

@@ -24,6 +24,7 @@ from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import UnknownJobType
 from jobcore.payloads import validate_payload
+from jobcore.priorities import Priority
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
@@ -35,7 +36,14 @@ from services.api.callbacks import CallbackUrlDep
 from services.api.deps import SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import waiting
-from services.api.schemas import Accepted, CancelAnswer, JobPage, JobView, Problem
+from services.api.schemas import (
+    Accepted,
+    CancelAnswer,
+    JobPage,
+    JobView,
+    PriorityLabel,
+    Problem,
+)
 from services.api.views import JsonBody
 
 # A printable id, as PostgreSQL text takes it (the envelope's rule for a job type).
@@ -68,6 +76,14 @@ MaxAttemptsQuery = Annotated[
 RunAtQuery = Annotated[
     datetime | None,
     Query(description="Run no earlier than this (RFC 3339 with an offset, within a year)."),
+]
+PriorityQuery = Annotated[
+    PriorityLabel | None,
+    Query(
+        description="high, normal or low; defaults to the job type's own. A worker's "
+        "queue serves higher levels first without starving lower ones (4:2:1 while all "
+        "three wait)."
+    ),
 ]
 DelayQuery = Annotated[
     float | None,
@@ -113,6 +129,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         max_attempts: MaxAttemptsQuery = None,
         run_at: RunAtQuery = None,
         delay: DelayQuery = None,
+        priority: PriorityQuery = None,
     ) -> Response:
         submission = operations.Submission(
             idempotency_key=key,
@@ -120,6 +137,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
+            priority=None if priority is None else Priority.parse(priority),
             fingerprint=request_fingerprint(
                 payload.raw,
                 callback_url=callback_url,
@@ -127,6 +145,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
                 delay=delay,
                 max_attempts=max_attempts,
                 entity_id=entity_id,
+                priority=None if priority is None else Priority.parse(priority),
             ),
         )
         # One statement, committed on its own: the job with its outbox row, or neither.
