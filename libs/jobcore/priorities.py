@@ -28,15 +28,13 @@ class Priority(IntEnum):
     @classmethod
     def parse(cls, value: str | int) -> Priority:
         """A level from its name (``"high"``) or its number (``2``); ValueError otherwise."""
-        if isinstance(value, str):
+        try:
+            if isinstance(value, int):
+                return cls(value)
             text = value.strip().lower()
-            if text.isdigit():
-                return cls(int(text))
-            try:
-                return cls[text.upper()]
-            except KeyError:
-                raise ValueError(f"unknown priority {value!r}") from None
-        return cls(value)
+            return cls(int(text)) if text.isdigit() else cls[text.upper()]
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown priority {value!r}: one of {', '.join(LABELS)}") from None
 
 
 DEFAULT_PRIORITY = Priority.NORMAL

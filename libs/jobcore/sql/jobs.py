@@ -51,7 +51,7 @@ def _insert_job_with_outbox() -> str:
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            callback_url, priority
+            priority, callback_url
         )
         SELECT
             %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
