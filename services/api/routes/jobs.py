@@ -99,7 +99,8 @@ async def idempotency_key(
         Header(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
-            "request (payload, callback_url, run_at/delay, max_attempts, entity_id) answer "
+            "request (payload, callback_url, run_at/delay, max_attempts, entity_id, priority) "
+            "answer "
             "the same job; a different request answers 422. A key is kept as long as its "
             "job.",
         ),
