@@ -100,9 +100,8 @@ async def idempotency_key(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
             "request (payload, callback_url, run_at/delay, max_attempts, entity_id, priority) "
-            "answer "
-            "the same job; a different request answers 422. A key is kept as long as its "
-            "job.",
+            "answer the same job; a different request answers 422. A key is kept as long as "
+            "its job.",
         ),
     ] = None,
 ) -> str | None:
