@@ -8,19 +8,23 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_all, fetch_one
+from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.envelope import decode
 from jobcore.priorities import WEIGHTS, Priority
 from jobcore.registry import default_registry
-from jobcore.sql import Statement
+from jobcore.settings import Settings
+from jobcore.sql import Query, Statement
 from jobcore.sql.flow_pauses import FLOW_PAUSE_CLEAR, FLOW_PAUSE_SET, PauseKind
 from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import JOB_CLAIM_MANY
+from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 from jobcore.testing.jobtypes import EchoPayload
+from tests.integration.worker.support import outcome_params
 
 FILL_SQL = """
 INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body,
@@ -223,3 +227,32 @@ async def test_a_worker_parks_a_paused_jobs_message_in_the_outbox_without_burnin
     assert published["id"] == parked["id"]
     row = await claim_message(db, topology, parked)
     assert (row["id"], row["attempts"], row["parked"]) == (job.job_id, 1, False)
+
+
+@pytest.mark.parametrize("statement", [JOB_RETRY, JOB_RELEASE], ids=lambda s: s.name)
+async def test_a_retry_or_a_release_keeps_the_jobs_priority(
+    db: Database, topology: Topology, settings: Settings, statement: Query[Any]
+) -> None:
+    async with db.unit_of_work() as uow:
+        job = await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=default_registry.get("echo"),
+            payload=EchoPayload(text="x"),
+            priority=Priority.LOW,
+        )
+        await uow.commit()
+    [first] = await job_outbox(db, job.job_id)
+    async with db.connection() as conn:
+        await conn.execute("DELETE FROM outbox WHERE id = %s", (first["id"],))
+    claim = await claim_message(db, topology, first)
+    async with db.connection() as conn:
+        await execute(
+            conn,
+            statement(
+                outcome_params(statement, job.job_id, claim["lease_token"], topology, settings)
+            ),
+        )
+    [again] = await job_outbox(db, job.job_id)
+    assert again["priority"] == Priority.LOW
