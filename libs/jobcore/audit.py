@@ -74,6 +74,10 @@ class AuditAction(StrEnum):
     SCHEDULE_PAUSE = "schedule.pause"
     SCHEDULE_RESUME = "schedule.resume"
     SCHEDULE_TRIGGER = "schedule.trigger"
+    QUEUE_PAUSE = "queue.pause"
+    QUEUE_RESUME = "queue.resume"
+    TYPE_PAUSE = "type.pause"
+    TYPE_RESUME = "type.resume"
 
 
 class Outcome(StrEnum):

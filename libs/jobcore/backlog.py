@@ -23,6 +23,7 @@ from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database, fetch_all
 from jobcore.errors import DatabaseUnavailable
+from jobcore.sql.flow_pauses import FLOW_PAUSE_LIST
 from jobcore.sql.jobs import JOB_COUNT_OPEN_BY_QUEUE
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,12 @@ class BacklogGauges:
             "Messages waiting in the dead-letter queue.",
             registry=registry,
         )
+        self.paused = Gauge(
+            "jobcore_paused",
+            "1 for each queue or job type an operator paused (jobcore queues|types pause).",
+            ["kind", "name"],
+            registry=registry,
+        )
         self.refresh_failures = Counter(
             "jobcore_backlog_refresh_failures",
             "Scrapes whose backlog source (database or broker) did not answer in time.",
@@ -101,6 +108,7 @@ class BacklogGauges:
         try:
             async with asyncio.timeout(self.timeout), self.db.connection() as conn:
                 rows = await fetch_all(conn, JOB_COUNT_OPEN_BY_QUEUE({}))
+                pauses = await fetch_all(conn, FLOW_PAUSE_LIST({}))
         except (DatabaseUnavailable, TimeoutError):
             self.refresh_failures.labels("database").inc()
             return
@@ -110,6 +118,10 @@ class BacklogGauges:
         for queue, (pending, running) in counts.items():
             self.pending.labels(queue).set(pending)
             self.running.labels(queue).set(running)
+        # A resumed one disappears from the scrape rather than staying at 0 for ever.
+        self.paused.clear()
+        for pause in pauses:
+            self.paused.labels(pause["kind"], pause["name"]).set(1)
 
     async def _refresh_queues(self) -> None:
         connection = self.broker()

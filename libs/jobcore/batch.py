@@ -171,6 +171,7 @@ def _insert_params(
         "tenant": tenant,
         "type": job_type.name,
         "queue": job_type.queue,
+        "priority": int(job_type.priority),
         "callback_url": callback_url,
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),

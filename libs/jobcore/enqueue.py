@@ -29,6 +29,7 @@ from jobcore.errors import (
     TooManyUnfinishedJobs,
     UniqueJobExists,
 )
+from jobcore.priorities import Priority
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
@@ -63,6 +64,7 @@ def request_fingerprint(
     max_attempts: int | None = None,
     entity_id: str | None = None,
     unique_key: str | None = None,
+    priority: Priority | None = None,
 ) -> str:
     """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
     order and whitespace do not matter) and every parameter that changes the job.
@@ -73,9 +75,10 @@ def request_fingerprint(
     defaulted field in a deploy would otherwise change the fingerprint of a request the
     client did not change, and its retry would be refused as a different request. ``delay``
     is kept as sent (the same delay is the same request, whenever it is retried);
-    ``run_at`` as an instant in UTC.
+    ``run_at`` as an instant in UTC. ``priority`` counts only when the request named one, so
+    the fingerprints of requests made before priorities existed do not change.
     """
-    request = {
+    request: dict[str, Any] = {
         "payload": payload,
         "callback_url": callback_url,
         "run_at": None if run_at is None else _instant(run_at),
@@ -85,6 +88,8 @@ def request_fingerprint(
     }
     if unique_key is not None:
         request["unique_key"] = unique_key
+    if priority is not None:
+        request["priority"] = int(priority)
     canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
@@ -195,6 +200,7 @@ async def enqueue(
     fingerprint: str | None = None,
     quotas: Quotas = UNLIMITED,
     unique_key: str | None = None,
+    priority: Priority | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -210,7 +216,8 @@ async def enqueue(
     ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
     rate limit or its cap of unfinished jobs the job is not written and
     :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
-    replay, which answers its job whatever the quotas.
+    replay, which answers its job whatever the quotas. ``priority``: the job type's default
+    unless given (:mod:`jobcore.priorities`).
 
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
@@ -228,6 +235,7 @@ async def enqueue(
             max_attempts=max_attempts,
             entity_id=entity_id,
             unique_key=unique_key,
+            priority=priority,
         )
     job_id = uuid.uuid4()
     params: JobInsertParams = {
@@ -240,6 +248,7 @@ async def enqueue(
         "payload": Jsonb(document),
         "entity_id": entity_id,
         "max_attempts": max_attempts or job_type.max_attempts,
+        "priority": int(job_type.priority if priority is None else priority),
         "run_at": run_at,
         "callback_url": callback_url,
         "traceparent": trace.get("traceparent"),

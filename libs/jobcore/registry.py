@@ -30,6 +30,7 @@ from jobcore.errors import (
 )
 from jobcore.handlertx import Fence, JobTransaction
 from jobcore.jobprogress import checked_progress
+from jobcore.priorities import DEFAULT_PRIORITY, Priority
 
 if TYPE_CHECKING:
     from jobcore.results import LocalResultStore
@@ -160,6 +161,8 @@ class JobType(Generic[P]):
     # A payload field whose value is the job's unique key: at most one pending or running
     # job of this type per tenant and value (a request's own unique_key wins over it).
     unique_field: str | None = None
+    # What its jobs get unless the request names one (jobcore.priorities).
+    priority: Priority = DEFAULT_PRIORITY
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -224,9 +227,12 @@ class Registry:
         timeout: float = 300.0,
         lease: float = 60.0,
         unique_field: str | None = None,
+        priority: Priority | str | int = DEFAULT_PRIORITY,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
-        ``unique_field="account_id"``: one live job per tenant and account id."""
+        ``unique_field="account_id"``: one live job per tenant and account id; ``priority``
+        (``"high"``, ``"normal"``, ``"low"``) is its jobs' default."""
+        level = Priority.parse(priority)
 
         def decorate(handler: Handler) -> Handler:
             self.register(
@@ -239,6 +245,7 @@ class Registry:
                     timeout=timeout,
                     lease=lease,
                     unique_field=unique_field,
+                    priority=level,
                 )
             )
             return handler

@@ -20,6 +20,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     func,
@@ -28,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from jobcore.jobprogress import PROGRESS_MESSAGE_MAX_CHARS
+from jobcore.priorities import DEFAULT_PRIORITY, Priority
 from jobcore.scopes import DEFAULT_SCOPES, Scope
 from jobcore.states import TERMINAL, JobStatus
 
@@ -42,6 +44,7 @@ metadata = MetaData(
 )
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
+_PRIORITY_RANGE = f"priority BETWEEN {int(min(Priority))} AND {int(max(Priority))}"
 _TERMINAL_STATUSES = "'succeeded', 'failed', 'cancelled'"
 # The statuses a unique key is held in: every status but the terminal ones, so each
 # statement that ends a job frees its key by the same write (jobcore.states.TERMINAL).
@@ -75,6 +78,11 @@ jobs = Table(
     Column("entity_id", Text),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False, server_default=text("5")),
+    # jobcore.priorities: the job type's default unless the request named one; copied onto
+    # every outbox message of the job, where the relay's claim orders by it.
+    Column(
+        "priority", SmallInteger, nullable=False, server_default=text(str(int(DEFAULT_PRIORITY)))
+    ),
     Column("last_error", Text),
     # The fence: every write after the claim names the lease token it holds.
     Column("lease_token", UUID(as_uuid=True)),
@@ -109,6 +117,7 @@ jobs = Table(
     Column("unique_key", Text),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+    CheckConstraint(_PRIORITY_RANGE, name="priority"),
     CheckConstraint("progress_fraction >= 0 AND progress_fraction <= 1", name="progress_fraction"),
     CheckConstraint(
         f"char_length(progress_message) <= {PROGRESS_MESSAGE_MAX_CHARS}", name="progress_message"
@@ -172,6 +181,10 @@ outbox = Table(
     # Whose message this is: the relay shares publishing round-robin across (routing key,
     # tenant). '' for rows written by a release that did not name it.
     Column("tenant", Text, nullable=False, server_default=text("''")),
+    # Its job's priority (webhook messages: normal); the fair claim's lanes include it.
+    Column(
+        "priority", SmallInteger, nullable=False, server_default=text(str(int(DEFAULT_PRIORITY)))
+    ),
     _timestamp("available_at", nullable=False, default_now=True),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text),
@@ -189,12 +202,13 @@ outbox = Table(
         postgresql_where=text("quarantined_at IS NULL"),
     ),
     # The fair claim (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR): a skip scan finds the (routing
-    # key, tenant) pairs with rows, then each pair's due rows are a range scan, oldest
-    # first, however large another tenant's backlog is.
+    # key, tenant, priority) lanes with rows, then each lane's due rows are a range scan,
+    # oldest first, however large another lane's backlog is.
     Index(
         "outbox_fair_due_idx",
         "routing_key",
         "tenant",
+        "priority",
         "available_at",
         "id",
         postgresql_where=text("quarantined_at IS NULL"),
@@ -252,6 +266,23 @@ schedules = Table(
     _timestamp("last_enqueued_at"),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("updated_at", nullable=False, default_now=True),
+)
+
+PAUSE_KINDS = ("queue", "type")
+
+# Queues and job types an operator paused (jobcore.usecases.pauses): the relay's claim
+# leaves their outbox rows where they are, and the worker's claim parks a message of
+# theirs back in the outbox instead of starting its job. A row is a pause; resuming
+# deletes it. Read by every claim, so it stays tiny.
+flow_pauses = Table(
+    "flow_pauses",
+    metadata,
+    Column("kind", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("paused_by", Text, nullable=False),
+    _timestamp("paused_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("kind", "name"),
+    CheckConstraint("kind IN (" + ", ".join(f"'{k}'" for k in PAUSE_KINDS) + ")", name="kind"),
 )
 
 # What handlers did, written by the worker in the same transaction as a successful

@@ -20,6 +20,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Session, fetch_all, fetch_one
 from jobcore.enqueue import EnqueueResult, enqueue
 from jobcore.errors import JobNotFound, ResultNotReady
+from jobcore.priorities import Priority
 from jobcore.quotas import Quotas
 from jobcore.registry import JobType
 from jobcore.sql.jobs import (
@@ -98,6 +99,8 @@ class Submission:
     fingerprint: str | None = None
     # The request's own unique key (else the job type's unique payload field, if any).
     unique_key: str | None = None
+    # None: the job type's default.
+    priority: Priority | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,7 @@ async def submit(
             fingerprint=submission.fingerprint,
             quotas=quotas,
             unique_key=submission.unique_key,
+            priority=submission.priority,
         )
         if span is not None:
             span.set_attributes(

@@ -14,6 +14,9 @@ from jobcore.batch import ItemStatus
 from jobcore.scopes import Scope
 from jobcore.states import JobStatus
 
+# jobcore.priorities.Priority by name.
+PriorityLabel = Literal["high", "normal", "low"]
+
 
 class JobLinks(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
@@ -72,6 +75,11 @@ class JobView(JobSummary):
     result_ref: str | None
     # Null until the handler reports progress.
     progress: JobProgress | None = None
+    # The job type's default unless the enqueue request named one.
+    priority: PriorityLabel
+    # Why a pending job does not start, when an operator paused its queue or job type
+    # ("queue paused", "job type paused"); null otherwise.
+    waiting_for: Literal["queue paused", "job type paused"] | None = None
 
 
 class PageLinks(BaseModel):

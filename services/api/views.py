@@ -11,6 +11,8 @@ import orjson
 from starlette.responses import JSONResponse
 
 from jobcore.enqueue import EnqueueResult
+from jobcore.priorities import Priority
+from jobcore.states import JobStatus
 from jobcore.usecases.jobs import CancelOutcome
 
 
@@ -66,8 +68,19 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         result=row["result"],
         result_ref=row["result_ref"],
         progress=progress_view(row),
+        priority=Priority(row["priority"]).label,
+        waiting_for=waiting_for(row),
     )
     return body
+
+
+def waiting_for(row: dict[str, Any]) -> str | None:
+    """Why a pending job does not start: ``"queue paused"`` or ``"job type paused"``
+    (`jobcore queues pause` / `jobcore types pause`); None otherwise."""
+    kind = row.get("paused")
+    if row["status"] != JobStatus.PENDING or kind is None:
+        return None
+    return "queue paused" if kind == "queue" else "job type paused"
 
 
 def progress_view(row: dict[str, Any]) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "services.cli.jobs",
     "services.cli.prune",
     "services.cli.schedules",
+    "services.cli.flow",
     "services.cli.audit",
     "services.cli.dev",
     "services.cli.demo",

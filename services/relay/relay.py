@@ -35,6 +35,7 @@ from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavai
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_relay_timeouts
+from jobcore.priorities import WEIGHTS
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
@@ -217,6 +218,8 @@ class Relay(Service):
                         "budgets": [grant.budgets[rk] for rk in routing_keys],
                         "other_budget": grant.other_budget,
                         "limit": self.settings.relay_batch_size,
+                        "priorities": [int(p) for p in WEIGHTS],
+                        "weights": list(WEIGHTS.values()),
                     }
                 )
             rows = await fetch_all(uow, claim)

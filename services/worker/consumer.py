@@ -269,6 +269,13 @@ class Consumer(Service):
             if not taken.row["fresh"]:
                 self.metrics.duplicate()
                 log.debug("duplicate message acknowledged", extra=_fields(message, taken.envelope))
+            elif taken.row["parked"]:
+                # Its queue or type is paused: the job waits in the outbox, attempt unburnt.
+                self.metrics.parked()
+                log.info(
+                    "queue or job type paused; message parked in the outbox",
+                    extra=_fields(message, taken.envelope),
+                )
             else:
                 self.metrics.skipped()
                 log.info(
@@ -385,6 +392,7 @@ class Consumer(Service):
         unique = list({r.message_id: r for r in reversed(requests)}.values())
         params: JobClaimManyParams = {
             "consumer": JOBS_CONSUMER,
+            "exchange": self.broker.topology.jobs_exchange,
             "worker_id": self.worker_id,
             "message_ids": [r.message_id for r in unique],
             "job_ids": [r.job_id for r in unique],

@@ -88,6 +88,11 @@ class WorkerMetrics:
             "New messages whose job was not claimable (finished, running, cancelled, stale).",
             registry=self.registry,
         )
+        self._parked = Counter(
+            "jobcore_worker_parked_messages",
+            "Messages of a paused queue or job type, parked back in the outbox unclaimed.",
+            registry=self.registry,
+        )
         self._dead_lettered = Counter(
             "jobcore_worker_dead_lettered_messages",
             "Messages rejected to the dead-letter queue, by reason.",
@@ -234,6 +239,10 @@ class WorkerMetrics:
     def skipped(self) -> None:
         self._skipped.inc()
         self.counts["skipped"] += 1
+
+    def parked(self) -> None:
+        self._parked.inc()
+        self.counts["parked"] += 1
 
     def dead_lettered(self, reason: str) -> None:
         self._dead_lettered.labels(reason).inc()

@@ -103,8 +103,10 @@ class AsyncClient:
         run_at: datetime | None = None,
         delay: float | None = None,
         callback_url: str | None = None,
+        priority: str | None = None,
     ) -> Accepted:
-        """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given)."""
+        """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given);
+        ``priority``: ``"high"``, ``"normal"`` or ``"low"`` (default: the job type's)."""
         return await self._run(
             self._core.enqueue(
                 job_type,
@@ -115,6 +117,7 @@ class AsyncClient:
                 run_at=run_at,
                 delay=delay,
                 callback_url=callback_url,
+                priority=priority,
             )
         )
 

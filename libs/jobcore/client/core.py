@@ -162,6 +162,7 @@ class Core:
         run_at: datetime | None = None,
         delay: float | None = None,
         callback_url: str | None = None,
+        priority: str | None = None,
     ) -> Flow[Accepted]:
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         body = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
@@ -173,6 +174,7 @@ class Core:
                 ("run_at", None if run_at is None else run_at.isoformat()),
                 ("delay", None if delay is None else repr(float(delay))),
                 ("callback_url", callback_url),
+                ("priority", priority),
             )
             if value is not None
         }

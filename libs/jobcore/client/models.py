@@ -81,6 +81,10 @@ class Job(JobSummary):
     result: Any = None
     # Set when the result is in the result store: :meth:`Client.result` fetches it.
     result_ref: str | None
+    # high, normal or low (servers before priorities: absent, read as normal).
+    priority: str = "normal"
+    # "queue paused" or "job type paused" while an operator holds the pending job back.
+    waiting_for: str | None = None
 
 
 class PageLinks(_Answer):

@@ -102,8 +102,10 @@ class Client:
         run_at: datetime | None = None,
         delay: float | None = None,
         callback_url: str | None = None,
+        priority: str | None = None,
     ) -> Accepted:
-        """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given)."""
+        """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given);
+        ``priority``: ``"high"``, ``"normal"`` or ``"low"`` (default: the job type's)."""
         return self._run(
             self._core.enqueue(
                 job_type,
@@ -114,6 +116,7 @@ class Client:
                 run_at=run_at,
                 delay=delay,
                 callback_url=callback_url,
+                priority=priority,
             )
         )
 

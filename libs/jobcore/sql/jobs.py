@@ -32,6 +32,7 @@ from jobcore.sql import (
     OutboxMessageParams,
     Query,
 )
+from jobcore.sql.flow_pauses import pause_kind, paused
 from jobcore.sql.tenant_quotas import (
     ADMISSION_COLUMNS,
     QuotaDefaultParams,
@@ -63,12 +64,12 @@ def _insert_job_with_outbox() -> str:
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            unique_key, callback_url
+            unique_key, priority, callback_url
         )
         SELECT
             %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
-            %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s,
+            %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
                 WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
@@ -78,14 +79,15 @@ def _insert_job_with_outbox() -> str:
         FROM admit
         WHERE admit.last_refusal IS NULL
         ON CONFLICT DO NOTHING
-        RETURNING id, tenant, status, created_at
+        RETURNING id, tenant, status, created_at, priority
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at
+            tenant, available_at, priority
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, job.id, job.tenant, coalesce(%(run_at)s, now())
+               %(headers)s, %(body)s, job.id, job.tenant, coalesce(%(run_at)s, now()),
+               job.priority
         FROM job
         RETURNING id
     )
@@ -107,6 +109,7 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
     max_attempts: int
     payload: Jsonb
     payload_fingerprint: str | None
+    priority: int
     queue: str
     run_at: datetime | None
     traceparent: str | None
@@ -140,6 +143,7 @@ class JobInsertManyParams(QuotaDefaultParams):
     message_ids: list[uuid.UUID]
     ns: list[int]
     payloads: list[Jsonb]
+    priority: int
     queue: str
     routing_key: str
     run_ats: list[datetime | None]
@@ -199,12 +203,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            unique_key, callback_url
+            unique_key, priority, callback_url
         )
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
             input.payload_fingerprint, input.payload, input.entity_id, input.max_attempts,
-            input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, hook.url
+            input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, %(priority)s,
+            hook.url
         FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
         WHERE fresh.rank <= room.admitted
         ORDER BY input.n
@@ -213,10 +218,11 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at
+            tenant, available_at, priority
         )
         SELECT input.message_id, %(exchange)s, %(routing_key)s, %(type)s, %(headers)s,
-               input.body, job.id, %(tenant)s::text, coalesce(input.run_at, now())
+               input.body, job.id, %(tenant)s::text, coalesce(input.run_at, now()),
+               %(priority)s
         FROM job JOIN input ON input.id = job.id
         RETURNING id
     )
@@ -275,9 +281,11 @@ class JobGetParams(TypedDict):
 
 JOB_GET = Query[JobGetParams](
     "job_get",
-    "Read one job of one tenant (another tenant's job reads as missing).",
-    """
-    SELECT * FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    "Read one job of one tenant (another tenant's job reads as missing), and whether its "
+    "queue or type is paused.",
+    f"""
+    SELECT *, {pause_kind("jobs.queue", "jobs.type")} AS paused
+    FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
@@ -288,9 +296,9 @@ class JobGetAnyTenantParams(TypedDict):
 
 JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
     "job_get_any_tenant",
-    "Read one job by id alone, for workers and operators.",
-    """
-    SELECT * FROM jobs WHERE id = %(id)s
+    "Read one job by id alone, for workers and operators, and whether it is paused.",
+    f"""
+    SELECT *, {pause_kind("jobs.queue", "jobs.type")} AS paused FROM jobs WHERE id = %(id)s
     """,
 )
 
@@ -536,8 +544,8 @@ class JobGetWaitedParams(TypedDict):
 JOB_GET_WAITED = Query[JobGetWaitedParams](
     "job_get_waited",
     "Read many tenants' jobs at once, each only for its own tenant.",
-    """
-    SELECT jobs.*
+    f"""
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused
     FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
     JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
     """,
@@ -561,6 +569,7 @@ JOB_CANCEL_UNLISTEN = Query[NoParams](
 class JobClaimManyParams(TypedDict):
     attempts: list[int]
     consumer: str
+    exchange: str
     job_ids: list[uuid.UUID]
     lease_tokens: list[uuid.UUID]
     leases: list[float]
@@ -578,10 +587,17 @@ class JobClaimManyParams(TypedDict):
 # numbered attempts + 1, so a stale message for an older attempt (whose inbox row was
 # pruned, or a copy of a message the job has moved past) finds the job further along and
 # does nothing. `status_before` is what the job was when the statement began.
+#
+# A job whose queue or type is paused is not claimed: its message is *parked*, a copy (a
+# new message id, the same attempt) written to the outbox, where the relays leave it until
+# the pause ends, and the delivery is acknowledged. Nothing is burnt: not an attempt (the
+# job stays pending, attempts unchanged), not a delivery count (an ack, never a requeue).
+# Claimed and parked read flow_pauses in the same snapshot, so one message is never both.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
-    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases.",
-    """
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under "
+    "leases, or park them in the outbox while their queue or type is paused.",
+    f"""
     WITH input AS (
         SELECT *
         FROM unnest(
@@ -607,13 +623,34 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.status = 'pending'
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
+          AND NOT {paused("jobs.queue", "jobs.type")}
         RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
                   jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
                   jobs.tracestate, jobs.created_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), parked AS (
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            priority
+        )
+        SELECT gen_random_uuid(), %(exchange)s, jobs.queue, jobs.type,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'traceparent', jobs.traceparent, 'tracestate', jobs.tracestate)),
+               convert_to(jsonb_build_object(
+                   'v', 1, 'job_id', jobs.id, 'attempt', input.attempt, 'type', jobs.type
+               )::text, 'UTF8'),
+               jobs.id, jobs.tenant, jobs.priority
+        FROM input JOIN received USING (message_id)
+        JOIN jobs ON jobs.id = input.job_id
+        WHERE jobs.status = 'pending'
+          AND jobs.type = input.type
+          AND jobs.attempts + 1 = input.attempt
+          AND {paused("jobs.queue", "jobs.type")}
+        RETURNING job_id
     )
     SELECT input.message_id,
            received.message_id IS NOT NULL AS fresh,
+           parked.job_id IS NOT NULL AS parked,
            before.status AS status_before,
            claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
            claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
@@ -622,6 +659,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
     LEFT JOIN received USING (message_id)
     LEFT JOIN jobs AS before ON before.id = input.job_id
     LEFT JOIN claimed ON claimed.message_id = input.message_id
+    LEFT JOIN parked ON parked.job_id = input.job_id
     """,
 )
 
@@ -761,7 +799,7 @@ _PENDING_UNLESS_CANCEL_REQUESTED = """
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
 
 
-_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate"
+_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority"
 
 
 _CANCELLED_ARE_DONE = (
@@ -825,10 +863,11 @@ JOB_RETRY = Query[JobRetryParams](
     + """, message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at
+            tenant, available_at, priority
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, back.id, back.tenant, back.next_attempt_at
+               %(headers)s, %(body)s, back.id, back.tenant, back.next_attempt_at,
+               back.priority
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
@@ -898,10 +937,11 @@ JOB_RELEASE = Query[JobReleaseParams](
     + _CANCELLED_ARE_DONE
     + """, message AS (
         INSERT INTO outbox (
-            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            priority
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, back.id, back.tenant
+               %(headers)s, %(body)s, back.id, back.tenant, back.priority
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
@@ -969,17 +1009,18 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
             END,
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
-        RETURNING id, status, tenant, callback_url, traceparent, tracestate
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority
     ), done AS (
         SELECT * FROM reaped WHERE status <> 'pending'
     ), """
     + COMPLETION_WEBHOOKS
     + """, messages AS (
         INSERT INTO outbox (
-            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            priority
         )
         SELECT m.message_id, m.exchange, m.routing_key, m.message_type, m.headers, m.body,
-               m.job_id, reaped.tenant
+               m.job_id, reaped.tenant, reaped.priority
         FROM unnest(
             %(message_ids)s::uuid[], %(exchanges)s::text[], %(routing_keys)s::text[],
             %(message_types)s::text[], %(headers)s::jsonb[], %(bodies)s::bytea[],
@@ -1152,13 +1193,15 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
         WHERE jobs.id = input.id
           AND jobs.status = 'pending'
           AND jobs.attempts + 1 = input.attempt
-        RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count
+        RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count,
+                  jobs.priority
     ), messages AS (
         INSERT INTO outbox (
-            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            priority
         )
         SELECT input.message_id, input.exchange, input.routing_key, input.message_type,
-               input.headers, input.body, input.id, republished.tenant
+               input.headers, input.body, input.id, republished.tenant, republished.priority
         FROM input JOIN republished USING (id)
         RETURNING id
     )

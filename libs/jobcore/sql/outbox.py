@@ -16,6 +16,7 @@ from typing import TypedDict
 
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.sql import NoParams, Query
+from jobcore.sql.flow_pauses import paused
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
 OUTBOX_LISTEN = Query[NoParams](
@@ -41,12 +42,14 @@ class OutboxClaimDueParams(TypedDict):
 # replicas skip the locked rows instead of waiting, so any number of them can run.
 OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
     "outbox_claim_due",
-    "Lock up to `limit` due, unquarantined rows, oldest first, skipping rows another relay holds.",
-    """
+    "Lock up to `limit` due, unquarantined rows of queues and types not paused, oldest first, "
+    "skipping rows another relay holds.",
+    f"""
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
            headers, body, attempts
     FROM outbox
     WHERE available_at <= now() AND quarantined_at IS NULL
+      AND NOT {paused("outbox.routing_key", "outbox.message_type")}
     ORDER BY available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -58,24 +61,31 @@ class OutboxClaimFairParams(TypedDict):
     budgets: list[int]
     limit: int
     other_budget: int
+    priorities: list[int]
     routing_keys: list[str]
+    weights: list[int]
 
 
-# A *lane* is a (routing key, tenant) pair. Each routing key has a budget (the room in its
-# broker queue: `routing_keys` and `budgets` are parallel arrays, `other_budget` is for a
-# routing key they do not name), shared round-robin between its lanes with due rows: the
-# batch takes every lane's oldest row, then every lane's second, and so on, and is
-# published in that order, so a quiet tenant's new message is among the first the broker
-# queues instead of behind another tenant's backlog.
+# A *lane* is a (routing key, tenant, priority) triple. Each routing key has a budget (the
+# room in its broker queue: `routing_keys` and `budgets` are parallel arrays,
+# `other_budget` is for a routing key they do not name), shared between its lanes with
+# due rows in proportion to their priority's weight (`priorities` and `weights`, parallel
+# arrays: jobcore.priorities.WEIGHTS): weighted round-robin, a lane's k-th row taking its
+# turn at k / weight, and the batch is published in turn order. So a quiet tenant's new
+# message is among the first the broker queues instead of behind another tenant's
+# backlog, a high job goes before the low backlog of its own tenant too, and a low lane
+# still gets its weight's share of every batch (never starved). The rows of a paused
+# queue are left alone (no lane), and those of a paused type are skipped in their lane.
 #
 # The lanes come from a skip scan of outbox_fair_due_idx (one index probe per lane,
 # however many rows it holds); each lane's rows from a range scan of it, locked there with
 # SKIP LOCKED, so another relay (or another lane of this one) takes the next rows instead
-# of none. A lane locks at most ceil(budget / lanes) rows: a batch locks at most lanes - 1
-# rows more than it publishes (they wait for the next claim), and a lane with fewer due
-# rows leaves its share unused for this batch (the relay claims again). PostgreSQL refuses
-# a window function next to FOR UPDATE, so a row's turn in its lane is counted outside the
-# locking subquery. 100,000 due rows of one tenant and a few of others: under 1 ms.
+# of none. A lane locks at most ceil(budget × weight / lanes' weights) rows: a batch locks
+# at most lanes - 1 rows more than it publishes (they wait for the next claim), and a lane
+# with fewer due rows leaves its share unused for this batch (the relay claims again).
+# PostgreSQL refuses a window function next to FOR UPDATE, so a row's turn in its lane is
+# counted outside the locking subquery. 100,000 due rows of one tenant and a few of
+# others: under 1 ms.
 #
 # The BETWEEN restates the tenant equality on purpose. With statistics that see one
 # dominant tenant (the very case this serves), `tenant = $lane` looks unselective, and
@@ -85,38 +95,53 @@ class OutboxClaimFairParams(TypedDict):
 # as costly as it is; outbox_fair_due_idx answers it with an index range either way.
 OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
     "outbox_claim_fair",
-    "Lock due rows within each routing key's budget, shared round-robin between the "
-    "tenants that have due rows, skipping rows another relay holds.",
+    "Lock due rows within each routing key's budget, shared by priority weight between the "
+    "(tenant, priority) lanes that have due rows, leaving paused queues and types alone and "
+    "skipping rows another relay holds.",
     """
     WITH RECURSIVE lanes AS (
-        (SELECT routing_key, tenant FROM outbox
+        (SELECT routing_key, tenant, priority FROM outbox
          WHERE quarantined_at IS NULL
-         ORDER BY routing_key, tenant LIMIT 1)
+         ORDER BY routing_key, tenant, priority LIMIT 1)
         UNION ALL
-        SELECT next.routing_key, next.tenant
+        SELECT next.routing_key, next.tenant, next.priority
         FROM lanes, LATERAL (
-            SELECT routing_key, tenant FROM outbox
+            SELECT routing_key, tenant, priority FROM outbox
             WHERE quarantined_at IS NULL
-              AND (routing_key, tenant) > (lanes.routing_key, lanes.tenant)
-            ORDER BY routing_key, tenant LIMIT 1
+              AND (routing_key, tenant, priority)
+                  > (lanes.routing_key, lanes.tenant, lanes.priority)
+            ORDER BY routing_key, tenant, priority LIMIT 1
         ) AS next
-    ), budgeted AS (
-        SELECT lanes.routing_key, lanes.tenant,
-               coalesce(b.budget, %(other_budget)s) AS budget,
-               ceil(coalesce(b.budget, %(other_budget)s)::float8
-                    / count(*) OVER (PARTITION BY lanes.routing_key))::int AS share
+    ), weighted AS (
+        SELECT lanes.*, coalesce(w.weight, 1) AS weight,
+               coalesce(b.budget, %(other_budget)s) AS budget
         FROM lanes
+        LEFT JOIN unnest(%(priorities)s::int[], %(weights)s::int[]) AS w(priority, weight)
+               ON w.priority = lanes.priority
         LEFT JOIN unnest(%(routing_keys)s::text[], %(budgets)s::int[]) AS b(routing_key, budget)
                ON b.routing_key = lanes.routing_key
+        WHERE NOT EXISTS (
+            SELECT 1 FROM flow_pauses AS p WHERE p.kind = 'queue' AND p.name = lanes.routing_key
+        )
+    ), budgeted AS (
+        SELECT weighted.*,
+               ceil(budget::float8 * weight
+                    / sum(weight) OVER (PARTITION BY routing_key))::int AS share
+        FROM weighted
     ), locked AS (
-        SELECT budgeted.budget, o.*
+        SELECT budgeted.budget, budgeted.weight, o.*
         FROM budgeted CROSS JOIN LATERAL (
             SELECT o.id, o.message_id, o.exchange, o.routing_key, o.message_type, o.headers,
-                   o.body, o.attempts, o.tenant, o.available_at
+                   o.body, o.attempts, o.tenant, o.priority, o.available_at
             FROM outbox AS o
             WHERE o.routing_key = budgeted.routing_key AND o.tenant = budgeted.tenant
               AND o.tenant BETWEEN budgeted.tenant AND budgeted.tenant
+              AND o.priority = budgeted.priority
               AND o.quarantined_at IS NULL AND o.available_at <= now()
+              AND NOT EXISTS (
+                  SELECT 1 FROM flow_pauses AS p
+                  WHERE p.kind = 'type' AND p.name = o.message_type
+              )
             ORDER BY o.available_at, o.id
             LIMIT budgeted.share
             FOR UPDATE SKIP LOCKED
@@ -124,20 +149,22 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         WHERE budgeted.budget > 0
     ), turns AS (
         SELECT locked.*,
-               row_number() OVER (PARTITION BY routing_key, tenant ORDER BY available_at, id)
-                   AS turn
+               row_number() OVER (
+                   PARTITION BY routing_key, tenant, priority ORDER BY available_at, id
+               )::float8 / weight AS turn
         FROM locked
     ), slots AS (
         SELECT turns.*,
-               row_number() OVER (PARTITION BY routing_key ORDER BY turn, available_at, id)
-                   AS slot
+               row_number() OVER (
+                   PARTITION BY routing_key ORDER BY turn, priority DESC, available_at, id
+               ) AS slot
         FROM turns
     )
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
-           headers, body, attempts, tenant
+           headers, body, attempts, tenant, priority
     FROM slots
     WHERE slot <= budget
-    ORDER BY turn, available_at, id
+    ORDER BY turn, priority DESC, available_at, id
     LIMIT %(limit)s
     """,
 )

@@ -232,6 +232,7 @@ class InlineWorker:
                 JOB_CLAIM_MANY(
                     {
                         "consumer": JOBS_CONSUMER,
+                        "exchange": self.topology.jobs_exchange,
                         "worker_id": self.worker_id,
                         "message_ids": [uuid.UUID(message["message_id"])],
                         "job_ids": [envelope.job_id],

@@ -25,6 +25,7 @@ from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import UnknownJobType
 from jobcore.payloads import validate_payload
+from jobcore.priorities import Priority
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
@@ -37,7 +38,15 @@ from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH
 from services.api.deps import SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import batch, waiting
-from services.api.schemas import Accepted, BatchAnswer, CancelAnswer, JobPage, JobView, Problem
+from services.api.schemas import (
+    Accepted,
+    BatchAnswer,
+    CancelAnswer,
+    JobPage,
+    JobView,
+    PriorityLabel,
+    Problem,
+)
 from services.api.views import JsonBody
 
 # A printable id, as PostgreSQL text takes it (the envelope's rule for a job type).
@@ -118,6 +127,14 @@ RunAtQuery = Annotated[
     datetime | None,
     Query(description="Run no earlier than this (RFC 3339 with an offset, within a year)."),
 ]
+PriorityQuery = Annotated[
+    PriorityLabel | None,
+    Query(
+        description="high, normal or low; defaults to the job type's own. A worker's "
+        "queue serves higher levels first without starving lower ones (4:2:1 while all "
+        "three wait)."
+    ),
+]
 DelayQuery = Annotated[
     float | None,
     Query(
@@ -132,9 +149,10 @@ async def idempotency_key(
         Header(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
-            "request (payload, callback_url, run_at/delay, max_attempts, entity_id) answer "
-            "the same job; a different request answers 422. A key is kept as long as its "
-            "job. 1 to 255 printable ASCII characters, else 400 `invalid-idempotency-key`.",
+            "request (payload, callback_url, run_at/delay, max_attempts, entity_id, "
+            "unique_key, priority) answer the same job; a different request answers 422. A "
+            "key is kept as long as its job. 1 to 255 printable ASCII characters, else 400 "
+            "`invalid-idempotency-key`.",
             # Checked by operations.check_idempotency_key (a 400, not FastAPI's 422); HTTP
             # trims spaces around a header value, so a key neither starts nor ends with one.
             json_schema_extra={
@@ -170,6 +188,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         run_at: RunAtQuery = None,
         delay: DelayQuery = None,
         unique_key: UniqueKeyQuery = None,
+        priority: PriorityQuery = None,
     ) -> Response:
         submission = operations.Submission(
             idempotency_key=key,
@@ -177,6 +196,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
+            priority=None if priority is None else Priority.parse(priority),
             fingerprint=request_fingerprint(
                 payload.raw,
                 callback_url=callback_url,
@@ -185,6 +205,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
                 max_attempts=max_attempts,
                 entity_id=entity_id,
                 unique_key=unique_key,
+                priority=None if priority is None else Priority.parse(priority),
             ),
             unique_key=unique_key,
         )

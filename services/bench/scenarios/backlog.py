@@ -24,6 +24,7 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import fetch_all
+from jobcore.priorities import WEIGHTS
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, merge_cpu
@@ -50,7 +51,14 @@ async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
         await fetch_all(
             conn,
             OUTBOX_CLAIM_FAIR(
-                {"routing_keys": [QUEUE], "budgets": [limit], "other_budget": limit, "limit": limit}
+                {
+                    "routing_keys": [QUEUE],
+                    "budgets": [limit],
+                    "other_budget": limit,
+                    "limit": limit,
+                    "priorities": [int(p) for p in WEIGHTS],
+                    "weights": list(WEIGHTS.values()),
+                }
             ),
         )
     return 1000 * (time.perf_counter() - started)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all
+from jobcore.priorities import WEIGHTS
 from jobcore.sql import Statement
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR, OUTBOX_RECORD_FAILURES
 from tests.integration.relay.helpers import fill_outbox
@@ -17,6 +18,8 @@ def claim(budgets: dict[str, int], *, other: int = 0, limit: int = 500) -> State
             "budgets": list(budgets.values()),
             "other_budget": other,
             "limit": limit,
+            "priorities": [int(p) for p in WEIGHTS],
+            "weights": list(WEIGHTS.values()),
         }
     )
 

@@ -192,6 +192,7 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
             JOB_CLAIM_MANY(
                 {
                     "consumer": JOBS_CONSUMER,
+                    "exchange": topology.jobs_exchange,
                     "worker_id": "died-before-ack",
                     "message_ids": [message["message_id"]],
                     "job_ids": [job_id],
