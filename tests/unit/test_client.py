@@ -197,6 +197,40 @@ def test_a_retried_enqueue_is_the_same_request_every_time() -> None:
     assert sleeps[1:] == [0.2, 0.4]  # after attempts 2 and 3: half of 0.2·2 and 0.2·4
 
 
+def test_a_retried_batch_resends_the_same_items_with_their_keys() -> None:
+    other = uuid.uuid4()
+    flow = core().enqueue_batch(
+        "echo",
+        [{"payload": {"text": "a"}}, {"payload": {"text": "b"}, "idempotency_key": "mine"}],
+        callback_url="https://example.com/hook",
+    )
+    outcomes = [
+        {"index": 0, "status": "created", "job_id": str(JOB_ID), "job_status": "pending"},
+        {"index": 1, "status": "replayed", "job_id": str(other), "job_status": "running"},
+    ]
+    counts = {"created": 1, "replayed": 1, "unique_conflict": 0, "refused": 0, "invalid": 0}
+    answer, calls, _ = drive(
+        flow,
+        [
+            httpx.ReadError("reset"),
+            ok({"items": [{**o, "problem": None} for o in outcomes], "counts": counts}),
+        ],
+    )
+    assert len(calls) == 2
+    assert calls[0] == calls[1]  # the same items and keys: a replay if the first got through
+    assert calls[0].url == f"{BASE}/jobs/echo/batch"
+    assert calls[0].params == {"callback_url": "https://example.com/hook"}
+    sent = orjson.loads(calls[0].content or b"")["items"]
+    assert sent[1] == {"payload": {"text": "b"}, "idempotency_key": "mine"}
+    assert uuid.UUID(sent[0]["idempotency_key"])
+    assert [item.idempotency_key for item in answer.items] == [sent[0]["idempotency_key"], "mine"]
+    assert [(item.status, item.job_id) for item in answer.items] == [
+        ("created", JOB_ID),
+        ("replayed", other),
+    ]
+    assert answer.counts.replayed == 1
+
+
 def test_each_enqueue_gets_its_own_key_unless_given() -> None:
     c = core()
     keys = {

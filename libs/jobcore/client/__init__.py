@@ -39,6 +39,9 @@ from jobcore.client.errors import (
 )
 from jobcore.client.models import (
     Accepted,
+    BatchAnswer,
+    BatchCounts,
+    BatchItemOutcome,
     CancelAnswer,
     Job,
     JobLinks,
@@ -58,6 +61,9 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "BadRequest",
+    "BatchAnswer",
+    "BatchCounts",
+    "BatchItemOutcome",
     "CancelAnswer",
     "Client",
     "ClientError",

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -25,7 +25,15 @@ from pydantic import BaseModel
 
 from jobcore import __version__
 from jobcore.client.errors import ApiError, ConnectionFailed, WaitTimeout, api_error
-from jobcore.client.models import Accepted, CancelAnswer, Job, JobPage, JobResult, JobStatus
+from jobcore.client.models import (
+    Accepted,
+    BatchAnswer,
+    CancelAnswer,
+    Job,
+    JobPage,
+    JobResult,
+    JobStatus,
+)
 from jobcore.client.retries import RETRYABLE_STATUSES, Attempts, RetryPolicy, retryable_error
 
 log = logging.getLogger("jobcore.client")
@@ -193,6 +201,30 @@ class Core:
             {**orjson.loads(response.content), "idempotency_key": key, "replayed": replayed}
         )
 
+    def enqueue_batch(
+        self,
+        job_type: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        callback_url: str | None = None,
+    ) -> Flow[BatchAnswer]:
+        # Every item gets an idempotency key (its own, or a new UUID), so a batch retried
+        # after a lost answer is answered item by item as replays: no job twice.
+        sent = [_batch_item(item) for item in items]
+        params = {} if callback_url is None else {"callback_url": callback_url}
+        call = self.call(
+            "POST",
+            f"/jobs/{job_type}/batch",
+            headers={"Content-Type": "application/json"},
+            params=params,
+            content=orjson.dumps({"items": sent}),
+        )
+        response = yield from self.exchange(call)
+        answer = orjson.loads(response.content)
+        for outcome in answer["items"]:
+            outcome["idempotency_key"] = sent[outcome["index"]]["idempotency_key"]
+        return BatchAnswer.model_validate(answer)
+
     def get(self, job_id: uuid.UUID | str) -> Flow[Job]:
         response = yield from self.exchange(self.call("GET", f"/jobs/{job_id}"))
         return Job.model_validate_json(response.content)
@@ -240,3 +272,17 @@ class Core:
             params["cursor"] = cursor
         response = yield from self.exchange(self.call("GET", "/jobs", params=params))
         return JobPage.model_validate_json(response.content)
+
+
+def _batch_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An item as the API takes it: ``payload`` (a mapping or a pydantic model) and the
+    optional ``idempotency_key``, ``unique_key``, ``entity_id``, ``max_attempts``,
+    ``run_at`` (a datetime) or ``delay``."""
+    sent = {name: value for name, value in item.items() if value is not None}
+    payload = sent.get("payload")
+    if isinstance(payload, BaseModel):
+        sent["payload"] = payload.model_dump(mode="json")
+    if isinstance(sent.get("run_at"), datetime):
+        sent["run_at"] = sent["run_at"].isoformat()
+    sent.setdefault("idempotency_key", str(uuid.uuid4()))
+    return sent

@@ -110,6 +110,36 @@ class CancelAnswer(_Answer):
     links: JobLinks
 
 
+class BatchItemOutcome(_Answer):
+    """One item of a batch, at ``index`` in the request: ``created``, ``replayed`` (its
+    idempotency key's job), ``unique_conflict`` (``job_id``: the live job holding its
+    unique key), ``refused`` by a quota, or ``invalid`` (its idempotency key was used
+    for another request); ``problem`` is the problem JSON saying why, if any."""
+
+    index: int
+    status: str
+    job_id: uuid.UUID | None
+    job_status: JobStatus | None
+    problem: dict[str, Any] | None
+    # The idempotency key the client sent for this item (its own, or a new UUID).
+    idempotency_key: str
+
+
+class BatchCounts(_Answer):
+    created: int
+    replayed: int
+    unique_conflict: int
+    refused: int
+    invalid: int
+
+
+class BatchAnswer(_Answer):
+    """``POST /jobs/{type}/batch``: every item's outcome, in the request's order."""
+
+    items: list[BatchItemOutcome]
+    counts: BatchCounts
+
+
 @dataclass(frozen=True, slots=True)
 class JobResult:
     """``GET /jobs/{id}/result``: an inline result as JSON, or the stored file's bytes."""

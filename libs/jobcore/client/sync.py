@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from jobcore.client.core import (
 )
 from jobcore.client.models import (
     Accepted,
+    BatchAnswer,
     CancelAnswer,
     Job,
     JobPage,
@@ -119,6 +120,20 @@ class Client:
                 priority=priority,
             )
         )
+
+    def enqueue_batch(
+        self,
+        job_type: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        callback_url: str | None = None,
+    ) -> BatchAnswer:
+        """``POST /jobs/{job_type}/batch``: up to 1,000 items (``{"payload": ...}`` with
+        optional ``idempotency_key``, ``unique_key``, ``entity_id``, ``max_attempts``,
+        ``run_at`` or ``delay``), written in one transaction. Each item without an
+        idempotency key gets a new UUID, so the retries (503, 429, connection errors) of a
+        batch never make a job twice; each outcome carries its item's key."""
+        return self._run(self._core.enqueue_batch(job_type, items, callback_url=callback_url))
 
     def get(self, job_id: uuid.UUID | str) -> Job:
         """``GET /jobs/{id}``: the job as it is now."""

@@ -109,6 +109,23 @@ async def test_pages_cancel_waits_and_errors(settings: Settings, tmp_path: Path)
         succeeded = [job.id async for job in client.jobs(status="succeeded", type="echo")]
         assert sorted(succeeded) == sorted(batch)
 
+        # A batch, then the same items with the keys the client gave them: all replays.
+        items = [{"payload": {"text": f"b{i}"}, "entity_id": "batch-2"} for i in range(3)]
+        first = await client.enqueue_batch("echo", items)
+        assert [outcome.status for outcome in first.items] == ["created"] * 3
+        again = await client.enqueue_batch(
+            "echo",
+            [
+                {**item, "idempotency_key": outcome.idempotency_key}
+                for item, outcome in zip(items, first.items, strict=True)
+            ],
+        )
+        assert [outcome.status for outcome in again.items] == ["replayed"] * 3
+        assert [o.job_id for o in again.items] == [o.job_id for o in first.items]
+        for outcome in first.items:
+            assert outcome.job_id is not None
+            assert (await client.wait(outcome.job_id, timeout=WAIT)).status == "succeeded"
+
         # A long-poll that runs out: a job scheduled an hour ahead stays pending.
         later = await client.enqueue("echo", {"text": "later"}, delay=3600)
         with pytest.raises(WaitTimeout) as timed_out:
