@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -138,6 +139,7 @@ async def enqueue(
     callback_url: str | None = None,
     fingerprint: str | None = None,
     quotas: Quotas = UNLIMITED,
+    origin: Mapping[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -153,7 +155,9 @@ async def enqueue(
     ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
     rate limit or its cap of unfinished jobs the job is not written and
     :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
-    replay, which answers its job whatever the quotas.
+    replay, which answers its job whatever the quotas. ``origin`` goes into the job's
+    ``accepted`` event (the schedule that enqueued it, the job it retries): a few short
+    strings, never payload data.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
@@ -177,6 +181,7 @@ async def enqueue(
         "max_attempts": max_attempts or job_type.max_attempts,
         "run_at": run_at,
         "callback_url": callback_url,
+        "event_detail": Jsonb(dict(origin or {})),
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,

@@ -54,6 +54,13 @@ def _timestamp(name: str, *, nullable: bool = True, default_now: bool = False) -
     )
 
 
+def _timestamp_clock(name: str) -> Column[object]:
+    """A timestamp of the moment the row is written (not the transaction's start)."""
+    return Column(
+        name, DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()
+    )
+
+
 jobs = Table(
     "jobs",
     metadata,
@@ -251,6 +258,21 @@ job_effects = Table(
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _timestamp("recorded_at", nullable=False, default_now=True),
     Index("job_effects_job_id_idx", "job_id"),
+)
+
+# A job's timeline (jobcore.timeline): one row per state change or hop, written by the
+# statement that makes the change, never updated. Progress is not an event (too frequent).
+# ``detail`` stays small (no payloads, no secrets): who (worker, relay), when next, why.
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    _timestamp_clock("at"),
+    Column("kind", Text, nullable=False),
+    Column("attempt", Integer),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Index("job_events_job_id_id_idx", "job_id", "id"),
 )
 
 # The example job type ``credit_account`` (jobcore.jobtypes): a handler's own tables,

@@ -11,6 +11,7 @@ import orjson
 from starlette.responses import JSONResponse
 
 from jobcore.enqueue import EnqueueResult
+from jobcore.timeline import JobTimeline, whereabouts
 from jobcore.usecases.jobs import CancelOutcome
 
 
@@ -27,7 +28,12 @@ def job_path(job_id: uuid.UUID) -> str:
 
 def links(job_id: uuid.UUID) -> dict[str, str]:
     path = job_path(job_id)
-    return {"self": path, "result": f"{path}/result", "cancel": f"{path}/cancel"}
+    return {
+        "self": path,
+        "result": f"{path}/result",
+        "cancel": f"{path}/cancel",
+        "timeline": f"{path}/timeline",
+    }
 
 
 def accepted(result: EnqueueResult) -> dict[str, Any]:
@@ -65,7 +71,14 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         result=row["result"],
         result_ref=row["result_ref"],
         progress=progress_view(row),
+        where=whereabouts(row),
     )
+    return body
+
+
+def timeline_view(timeline: JobTimeline) -> dict[str, Any]:
+    body = timeline.as_dict()
+    del body["tenant"]  # the caller's own
     return body
 
 

@@ -81,6 +81,9 @@ class Job(JobSummary):
     result: Any = None
     # Set when the result is in the result store: :meth:`Client.result` fetches it.
     result_ref: str | None
+    # Where the job is now and what it waits for, in words (servers before job timelines
+    # do not say).
+    where: str | None = None
 
 
 class PageLinks(_Answer):

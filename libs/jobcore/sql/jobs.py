@@ -24,7 +24,14 @@ from typing import Literal, TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.channels import JOB_PROGRESS_CHANNEL
+from jobcore.jobevents import JobEventKind
 from jobcore.sql import TERMINAL_SQL, CompletionParams, NoParams, OutboxMessageParams, Query
+from jobcore.sql.job_events import (
+    DONE_EVENTS,
+    WHEREABOUTS_COLUMNS,
+    WHEREABOUTS_JOINS,
+    short_error,
+)
 from jobcore.sql.tenant_quotas import ADMISSION_COLUMNS, QuotaDefaultParams, admission_ctes
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL, NOTIFY_JOB_DONE
 
@@ -76,6 +83,12 @@ def _insert_job_with_outbox() -> str:
                %(headers)s, %(body)s, job.id, job.tenant, coalesce(%(run_at)s, now())
         FROM job
         RETURNING id
+    ), accepted AS (
+        INSERT INTO job_events (job_id, kind, detail)
+        SELECT job.id, '{JobEventKind.ACCEPTED}',
+               jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
+                   || %(event_detail)s
+        FROM job
     )
     SELECT limits.tenant, job.id, job.status, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
@@ -90,6 +103,7 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
     callback_url: str | None
     channel: str
     entity_id: str | None
+    event_detail: Jsonb  # what the `accepted` event says besides run_at (its schedule)
     id: uuid.UUID
     idempotency_key: str | None
     max_attempts: int
@@ -105,7 +119,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
-    "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
+    "Insert a pending job, its outbox message and its `accepted` event, and NOTIFY the relays, "
+    "in one statement.",
     _insert_job_with_outbox(),
 )
 
@@ -115,11 +130,14 @@ class JobGetParams(TypedDict):
     tenant: str
 
 
+# The job with what says where it is now (jobcore.sql.job_events.WHEREABOUTS_COLUMNS).
 JOB_GET = Query[JobGetParams](
     "job_get",
-    "Read one job of one tenant (another tenant's job reads as missing).",
-    """
-    SELECT * FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    "Read one job of one tenant (another tenant's job reads as missing), with its whereabouts.",
+    f"""
+    SELECT jobs.*, {WHEREABOUTS_COLUMNS}
+    FROM jobs {WHEREABOUTS_JOINS}
+    WHERE jobs.id = %(id)s AND jobs.tenant = %(tenant)s
     """,
 )
 
@@ -130,9 +148,11 @@ class JobGetAnyTenantParams(TypedDict):
 
 JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
     "job_get_any_tenant",
-    "Read one job by id alone, for workers and operators.",
-    """
-    SELECT * FROM jobs WHERE id = %(id)s
+    "Read one job by id alone, for workers and operators, with its whereabouts.",
+    f"""
+    SELECT jobs.*, {WHEREABOUTS_COLUMNS}
+    FROM jobs {WHEREABOUTS_JOINS}
+    WHERE jobs.id = %(id)s
     """,
 )
 
@@ -254,9 +274,11 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
             updated_at = now()
         WHERE id = %(id)s AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
-                  cancel_requested_at
+                  cancel_requested_at, attempts, last_error
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, done.status, done.cancel_requested_at, """
     + NOTIFY_JOB_DONE
@@ -279,12 +301,15 @@ class JobRequestCancelParams(TypedDict):
 JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
     "job_request_cancel",
     "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
-    """
+    f"""
     WITH job AS (
         UPDATE jobs
         SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
         WHERE id = %(id)s AND status = 'running'
-        RETURNING id, status, cancel_requested_at
+        RETURNING id, status, cancel_requested_at, attempts
+    ), requested AS (
+        INSERT INTO job_events (job_id, kind, attempt)
+        SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
     )
     SELECT id, status, cancel_requested_at,
            pg_notify(%(channel)s, id::text) IS NULL AS notified
@@ -359,11 +384,12 @@ class JobGetWaitedParams(TypedDict):
 # one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
 JOB_GET_WAITED = Query[JobGetWaitedParams](
     "job_get_waited",
-    "Read many tenants' jobs at once, each only for its own tenant.",
-    """
-    SELECT jobs.*
+    "Read many tenants' jobs at once, each only for its own tenant, with their whereabouts.",
+    f"""
+    SELECT jobs.*, {WHEREABOUTS_COLUMNS}
     FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
     JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
+    {WHEREABOUTS_JOINS}
     """,
 )
 
@@ -404,8 +430,9 @@ class JobClaimManyParams(TypedDict):
 # does nothing. `status_before` is what the job was when the statement began.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
-    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases.",
-    """
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
+    "(each with its `claimed` event).",
+    f"""
     WITH input AS (
         SELECT *
         FROM unnest(
@@ -433,8 +460,14 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.attempts + 1 = input.attempt
         RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
                   jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
-                  jobs.tracestate, jobs.created_at,
+                  jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), claim_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.CLAIMED}', attempts,
+               jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
+        FROM claimed
+        ORDER BY id
     )
     SELECT input.message_id,
            received.message_id IS NOT NULL AS fresh,
@@ -463,11 +496,18 @@ class JobNoteUndeliverableParams(TypedDict):
 # current attempt, of the type the message names, and only while it is still pending.
 JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "job_note_undeliverable",
-    "Record on a pending job why its message went to the dead-letter queue.",
-    """
-    UPDATE jobs SET last_error = %(error)s, updated_at = now()
-    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
-      AND attempts + 1 = %(attempt)s
+    "Record on a pending job why its message went to the dead-letter queue (and the event).",
+    f"""
+    WITH noted AS (
+        UPDATE jobs SET last_error = %(error)s, updated_at = now()
+        WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+          AND attempts + 1 = %(attempt)s
+        RETURNING id
+    )
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
+           jsonb_build_object('by', 'worker', 'reason', {short_error("%(error)s")})
+    FROM noted
     """,
 )
 
@@ -554,7 +594,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
           AND jobs.status = 'running'
           AND jobs.lease_token = input.lease_token
         RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
-                  jobs.traceparent, jobs.tracestate, jobs.lease_token
+                  jobs.traceparent, jobs.tracestate, jobs.lease_token, jobs.last_error
     ), effects AS (
         INSERT INTO job_effects (job_id, attempt, kind, detail)
         SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
@@ -565,6 +605,8 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
         RETURNING id
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, """
     + NOTIFY_JOB_DONE
@@ -585,7 +627,10 @@ _PENDING_UNLESS_CANCEL_REQUESTED = """
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
 
 
-_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate"
+_BACK_RETURNING = (
+    "RETURNING id, status, tenant, callback_url, traceparent, tracestate, attempts, "
+    "last_error, worker_id"
+)
 
 
 _CANCELLED_ARE_DONE = (
@@ -593,6 +638,8 @@ _CANCELLED_ARE_DONE = (
         SELECT * FROM back WHERE status = 'cancelled'
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
 )
 
 
@@ -646,7 +693,14 @@ JOB_RETRY = Query[JobRetryParams](
     + """, next_attempt_at
     ), """
     + _CANCELLED_ARE_DONE
-    + """, message AS (
+    + f""", retry_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
+               jsonb_build_object('until', back.next_attempt_at,
+                                  'error', {short_error("back.last_error")})
+        FROM back
+        WHERE back.status = 'pending'
+    ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at
@@ -681,9 +735,12 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
             finished_at = now(),
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id, tenant, status, callback_url, traceparent, tracestate
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate, attempts,
+                  last_error
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, """
     + NOTIFY_JOB_DONE
@@ -720,7 +777,13 @@ JOB_RELEASE = Query[JobReleaseParams](
     + """
     ), """
     + _CANCELLED_ARE_DONE
-    + """, message AS (
+    + f""", release_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
+               jsonb_build_object('worker', back.worker_id)
+        FROM back
+        WHERE back.status = 'pending'
+    ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
@@ -793,12 +856,31 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
             END,
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
-        RETURNING id, status, tenant, callback_url, traceparent, tracestate
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, attempts,
+                  last_error, worker_id
     ), done AS (
         SELECT * FROM reaped WHERE status <> 'pending'
     ), """
     + COMPLETION_WEBHOOKS
-    + """, messages AS (
+    + f""", reap_events AS (
+        -- lease_lost, then (for a job that ends here) cancelled or finished, in that order
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT reaped.id, event.kind, reaped.attempts, event.detail
+        FROM reaped
+        CROSS JOIN LATERAL (
+            VALUES
+                (1, '{JobEventKind.LEASE_LOST}',
+                 jsonb_build_object('worker', reaped.worker_id, 'then', reaped.status)),
+                (2, CASE WHEN reaped.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
+                         ELSE '{JobEventKind.FINISHED}' END,
+                 jsonb_strip_nulls(jsonb_build_object(
+                     'status', reaped.status,
+                     'error', CASE WHEN reaped.status = 'failed'
+                                   THEN {short_error("reaped.last_error")} END)))
+        ) AS event(n, kind, detail)
+        WHERE event.n = 1 OR reaped.status <> 'pending'
+        ORDER BY reaped.id, event.n
+    ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
@@ -871,9 +953,11 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
         FROM stuck
         WHERE jobs.id = stuck.id AND jobs.status = 'pending'
         RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
-                  jobs.tracestate, jobs.last_error
+                  jobs.tracestate, jobs.last_error, jobs.attempts
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, done.last_error, """
     + NOTIFY_JOB_DONE
@@ -948,7 +1032,7 @@ class JobRepublishStaleParams(TypedDict):
 JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
     "job_republish_stale",
     "Publish locked stale jobs' current attempt again through the outbox, noting it on each.",
-    """
+    f"""
     WITH input AS (
         SELECT *
         FROM unnest(
@@ -970,13 +1054,21 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
                 'at', now()
             ) || CASE WHEN input.reason = 'dead_lettered'
                       THEN jsonb_build_object('dead_letter', jobs.message_note)
-                      ELSE '{}'::jsonb END,
+                      ELSE '{{}}'::jsonb END,
             updated_at = now()
         FROM input
         WHERE jobs.id = input.id
           AND jobs.status = 'pending'
           AND jobs.attempts + 1 = input.attempt
-        RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count
+        RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count,
+                  input.silent_seconds, input.message_id
+    ), republish_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.REPUBLISHED}', attempt,
+               jsonb_build_object('reason', reason, 'silent_seconds', round(silent_seconds),
+                                  'message_id', message_id)
+        FROM republished
+        ORDER BY id
     ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
@@ -1011,20 +1103,29 @@ class JobNoteDeadLetterParams(TypedDict):
 JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
     "job_note_dead_letter",
     "Note on a pending job that the broker dead-lettered its current attempt's message.",
-    """
-    UPDATE jobs
-    SET message_note = jsonb_build_object(
-            'event', 'dead_lettered',
-            'attempt', %(attempt)s::int,
-            'reason', %(reason)s::text,
-            'queue', %(queue)s::text,
-            'message_id', %(message_id)s::text,
-            'dead_lettered_at', %(dead_lettered_at)s::text,
-            'at', now()
-        )
-    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
-      AND attempts + 1 = %(attempt)s
-    RETURNING id
+    f"""
+    WITH noted AS (
+        UPDATE jobs
+        SET message_note = jsonb_build_object(
+                'event', 'dead_lettered',
+                'attempt', %(attempt)s::int,
+                'reason', %(reason)s::text,
+                'queue', %(queue)s::text,
+                'message_id', %(message_id)s::text,
+                'dead_lettered_at', %(dead_lettered_at)s::text,
+                'at', now()
+            )
+        WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+          AND attempts + 1 = %(attempt)s
+        RETURNING id
+    ), dead_letter_event AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s::int,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'by', 'broker', 'reason', %(reason)s::text, 'queue', %(queue)s::text))
+        FROM noted
+    )
+    SELECT id FROM noted
     """,
 )
 

@@ -15,7 +15,9 @@ import uuid
 from typing import TypedDict
 
 from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.jobevents import JobEventKind
 from jobcore.sql import NoParams, Query
+from jobcore.sql.job_events import short_error
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
 OUTBOX_LISTEN = Query[NoParams](
@@ -143,17 +145,43 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
 )
 
 
+def _jobs_of(messages: str) -> str:
+    """A CTE ``their_jobs``: the jobs of the rows of the CTE ``messages`` (with ``job_id``),
+    locked FOR KEY SHARE so that the events written for them keep their foreign key."""
+    return f"""their_jobs AS (
+        SELECT id, type, attempts FROM jobs
+        WHERE id = ANY(ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL))
+        FOR KEY SHARE
+    )"""
+
+
 class OutboxDeletePublishedParams(TypedDict):
     ids: list[int]
+    relay: str
 
 
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
-# statement, never an unbounded DELETE.
+# statement, never an unbounded DELETE. Each job message gets its job a `published` event.
+# A job can be gone (the pruner deletes a finished job whose last message was still
+# waiting): its row is locked FOR KEY SHARE first, so a job seen here stays for the event's
+# foreign key, and one deleted meanwhile is skipped rather than failing the whole batch.
+# Returns how many rows were deleted.
 OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     "outbox_delete_published",
-    "Remove the claimed rows whose messages the broker confirmed.",
-    """
-    DELETE FROM outbox WHERE id = ANY(%(ids)s)
+    "Remove the claimed rows whose messages the broker confirmed; note each job's `published`.",
+    f"""
+    WITH gone AS (
+        DELETE FROM outbox WHERE id = ANY(%(ids)s)
+        RETURNING id, job_id, message_type, message_id
+    ), {_jobs_of("gone")}, published AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT gone.job_id, '{JobEventKind.PUBLISHED}', owner.attempts + 1,
+               jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id)
+        FROM gone JOIN their_jobs AS owner
+                  ON owner.id = gone.job_id AND owner.type = gone.message_type
+        ORDER BY gone.id
+    )
+    SELECT count(*) AS deleted FROM gone
     """,
 )
 
@@ -173,9 +201,9 @@ class OutboxRecordFailuresParams(TypedDict):
 # Worded to stay true once the message went out, like the worker's JOB_NOTE_UNDELIVERABLE.
 OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
     "outbox_record_failures",
-    "Count a failed publish on each row, push it back by its delay or quarantine it, and "
-    "tell a pending job why it waits.",
-    """
+    "Count a failed publish on each row, push it back by its delay or quarantine it (with "
+    "its job's `quarantined` event), and tell a pending job why it waits.",
+    f"""
     WITH failed AS (
         UPDATE outbox AS o
         SET attempts = o.attempts + 1,
@@ -203,6 +231,16 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
         FROM waiting
         WHERE jobs.id = waiting.id AND jobs.last_error IS DISTINCT FROM waiting.note
         RETURNING jobs.id
+    ), gave_up AS (
+        SELECT * FROM failed WHERE quarantined
+    ), {_jobs_of("gave_up")}, quarantine_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT gave_up.job_id, '{JobEventKind.QUARANTINED}', owner.attempts + 1,
+               jsonb_build_object('outbox_id', gave_up.id,
+                                  'error', {short_error("gave_up.last_error")})
+        FROM gave_up JOIN their_jobs AS owner
+                     ON owner.id = gave_up.job_id AND owner.type = gave_up.message_type
+        ORDER BY gave_up.id
     )
     SELECT failed.id, failed.message_id, failed.job_id, failed.attempts, failed.last_error,
            failed.quarantined

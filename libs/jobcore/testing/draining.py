@@ -198,7 +198,8 @@ class InlineWorker:
             # Completion webhooks are the worker's webhook sender's: not sent here.
             jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
             if jobs:
-                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": [r["id"] for r in jobs]}))
+                ids = [r["id"] for r in jobs]
+                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids, "relay": "inline"}))
             await uow.commit()
         return jobs
 

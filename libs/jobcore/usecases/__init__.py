@@ -7,7 +7,8 @@
 - :mod:`~jobcore.usecases.dlq`: list and replay dead letters;
 - :mod:`~jobcore.usecases.keys`: create, list and revoke API keys;
 - :mod:`~jobcore.usecases.webhooks`: signing secrets, deliveries (redeliver), endpoints;
-- :mod:`~jobcore.usecases.prune`: retention by hand.
+- :mod:`~jobcore.usecases.prune`: retention by hand;
+- :mod:`~jobcore.usecases.timeline`: a job's events and where it is now.
 
 Each takes the :class:`~jobcore.db.Database` (or a unit of work, when the caller's
 transaction must include it) and typed arguments, returns a typed result and raises
