@@ -14,7 +14,9 @@ class JobEventKind(StrEnum):
     """What happened. ``attempt`` is the job's attempt it happened to, when there is one."""
 
     ACCEPTED = "accepted"  # written (detail: run_at, schedule)
-    PUBLISHED = "published"  # the broker confirmed its message (detail: relay, message_id)
+    # The broker confirmed its message; dated when its relay took the row to publish it
+    # (detail: relay, message_id, confirmed_at).
+    PUBLISHED = "published"
     CLAIMED = "claimed"  # a worker took it (detail: worker, lease_until)
     RETRY_SCHEDULED = "retry_scheduled"  # an attempt failed (detail: until, error)
     RELEASED = "released"  # its worker shut down mid-attempt (detail: worker)

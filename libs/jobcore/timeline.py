@@ -170,11 +170,8 @@ def _dead_letter(job: Mapping[str, Any], attempt: int) -> str | None:
     ):
         at = _clock(job["last_event_at"], job["read_at"])
         reason = _text(detail.get("reason"))
-        if detail.get("by") == "worker":
-            return (
-                f"dead-lettered by a worker at {at} ({reason}): `jobcore dlq replay` runs it "
-                "once a worker knows its type"
-            )
+        if detail.get("by") == "worker":  # the reason says what to do
+            return f"in the dead-letter queue since {at}: {reason}"
         return _broker_dead_letter(at, reason)
     note: Mapping[str, Any] = job["message_note"] or {}
     if note.get("event") == "dead_lettered" and note.get("attempt") == attempt:

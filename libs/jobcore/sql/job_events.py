@@ -89,6 +89,8 @@ class JobEventListParams(TypedDict):
     limit: int
 
 
+# In order of `at`, then of writing: a `published` event is dated when its relay took the
+# row, and committed after the broker's confirm, which a worker's claim can precede.
 JOB_EVENT_LIST = Query[JobEventListParams](
     "job_event_list",
     "A job's latest events, oldest first (the caller checked the job's tenant).",
@@ -100,6 +102,6 @@ JOB_EVENT_LIST = Query[JobEventListParams](
         ORDER BY id DESC
         LIMIT %(limit)s
     ) AS latest
-    ORDER BY id
+    ORDER BY at, id
     """,
 )

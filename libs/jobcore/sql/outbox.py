@@ -145,11 +145,20 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
 )
 
 
+def _message_attempt(row: str) -> str:
+    """SQL for the attempt a job message's body names (jobcore.envelope.JobMessage, compact
+    JSON), or NULL. Read from the bytes as they are: a body that is not JSON, or not even
+    UTF-8, must not fail the relay's statement. The job row cannot say: by the time the
+    relay records the confirm, a worker may have claimed the attempt, or finished it."""
+    pattern = "'\"attempt\":([0-9]{1,9})'"
+    return f"(regexp_match(encode({row}.body, 'escape'), {pattern}))[1]::int"
+
+
 def _jobs_of(messages: str) -> str:
     """A CTE ``their_jobs``: the jobs of the rows of the CTE ``messages`` (with ``job_id``),
     locked FOR KEY SHARE so that the events written for them keep their foreign key."""
     return f"""their_jobs AS (
-        SELECT id, type, attempts FROM jobs
+        SELECT id, type FROM jobs
         WHERE id = ANY(ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL))
         FOR KEY SHARE
     )"""
@@ -161,7 +170,11 @@ class OutboxDeletePublishedParams(TypedDict):
 
 
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
-# statement, never an unbounded DELETE. Each job message gets its job a `published` event.
+# statement, never an unbounded DELETE. Each job message gets its job a `published` event,
+# dated now(): the start of this transaction, which claimed the row before publishing it.
+# A worker can claim the job before the broker's confirm reaches the relay, so the confirm
+# time (clock_timestamp(), in the detail) may come after the `claimed` event; timelines
+# are read in order of `at`.
 # A job can be gone (the pruner deletes a finished job whose last message was still
 # waiting): its row is locked FOR KEY SHARE first, so a job seen here stays for the event's
 # foreign key, and one deleted meanwhile is skipped rather than failing the whole batch.
@@ -172,11 +185,12 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     f"""
     WITH gone AS (
         DELETE FROM outbox WHERE id = ANY(%(ids)s)
-        RETURNING id, job_id, message_type, message_id
+        RETURNING id, job_id, message_type, message_id, body
     ), {_jobs_of("gone")}, published AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
-        SELECT gone.job_id, '{JobEventKind.PUBLISHED}', owner.attempts + 1,
-               jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id)
+        INSERT INTO job_events (job_id, at, kind, attempt, detail)
+        SELECT gone.job_id, now(), '{JobEventKind.PUBLISHED}', {_message_attempt("gone")},
+               jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id,
+                                  'confirmed_at', clock_timestamp())
         FROM gone JOIN their_jobs AS owner
                   ON owner.id = gone.job_id AND owner.type = gone.message_type
         ORDER BY gone.id
@@ -216,7 +230,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
         ) AS f(id, error, delay, quarantine)
         WHERE o.id = f.id
         RETURNING o.id, o.message_id, o.job_id, o.message_type, o.attempts, o.last_error,
-                  o.quarantined_at IS NOT NULL AS quarantined
+                  o.quarantined_at IS NOT NULL AS quarantined, o.body
     ), waiting AS (
         SELECT jobs.id,
                left(format('attempt %%s''s message could not be published (%%s); the '
@@ -235,7 +249,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
         SELECT * FROM failed WHERE quarantined
     ), {_jobs_of("gave_up")}, quarantine_events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
-        SELECT gave_up.job_id, '{JobEventKind.QUARANTINED}', owner.attempts + 1,
+        SELECT gave_up.job_id, '{JobEventKind.QUARANTINED}', {_message_attempt("gave_up")},
                jsonb_build_object('outbox_id', gave_up.id,
                                   'error', {short_error("gave_up.last_error")})
         FROM gave_up JOIN their_jobs AS owner
