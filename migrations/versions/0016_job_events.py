@@ -6,8 +6,8 @@ Create Date: 2026-12-01 14:30:00.000000
 
 ``job_events`` is append-only, written by the statements that change a job (enqueue,
 publish, claim, outcomes, reaper, quarantine, dead-letter notes, webhook attempts) in
-the same statement. Rows go with their job (ON DELETE CASCADE, backed by the
-(job_id, id) index that also serves reading a timeline in order). A new, empty table:
+the same statement. Rows go with their job (ON DELETE CASCADE, backed by the primary key
+(job_id, id), the table's only index, which also serves reading a timeline). A new, empty table:
 code of the previous revision never reads or writes it, and jobs already in flight just
 have a shorter timeline.
 """
@@ -27,8 +27,8 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     op.create_table(
         'job_events',
-        sa.Column('id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column('job_id', postgresql.UUID(as_uuid=True), nullable=False),
+        sa.Column('id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column(
             'at',
             sa.DateTime(timezone=True),
@@ -46,11 +46,9 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ['job_id'], ['jobs.id'], name=op.f('job_events_job_id_fkey'), ondelete='CASCADE'
         ),
-        sa.PrimaryKeyConstraint('id', name=op.f('job_events_pkey')),
+        sa.PrimaryKeyConstraint('job_id', 'id', name=op.f('job_events_pkey')),
     )
-    op.create_index('job_events_job_id_id_idx', 'job_events', ['job_id', 'id'], unique=False)
 
 
 def downgrade() -> None:
-    op.drop_index('job_events_job_id_id_idx', table_name='job_events')
     op.drop_table('job_events')

@@ -252,7 +252,7 @@ async def test_the_cascades_that_take_a_jobs_rows_are_index_backed(db: Database)
         rows = [dict(r) for r in await cur.fetchall()]
     assert rows == [
         {"tab": "job_effects", "col": "job_id", "confdeltype": "c", "indexed": True},
-        # A job's timeline (migration 0016), on job_events_job_id_id_idx (job_id, id).
+        # A job's timeline (migration 0016), on its primary key (job_id, id).
         {"tab": "job_events", "col": "job_id", "confdeltype": "c", "indexed": True},
         # The example job type credit_account's entries (migration 0013).
         {"tab": "ledger_entries", "col": "job_id", "confdeltype": "c", "indexed": True},

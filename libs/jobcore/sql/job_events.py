@@ -51,7 +51,7 @@ DONE_EVENTS = f"""
 
 # Select-list items for a `jobs` row: its latest job message still in the outbox (waiting,
 # failing or quarantined) and its latest event, which jobcore.timeline.whereabouts turns
-# into a sentence. outbox_job_idx and job_events_job_id_id_idx answer them with a probe each.
+# into a sentence. outbox_job_idx and job_events_pkey (job_id, id) answer them with a probe each.
 WHEREABOUTS_COLUMNS = """
     message.id AS message_outbox_id,
     message.created_at AS message_created_at,
