@@ -178,12 +178,15 @@ class InlineWorker:
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the jobs did not drain within {timeout:g}s")
+            # Asked before the take: a row that is not due when the take finds nothing was
+            # not due before it either, so it is counted here. Asked after, a retry that
+            # became due in between was in neither answer, and the drain ended early.
+            wait = await self._seconds_until_next_due()
             messages = await self._take_due()
             for message in messages:
                 await self._deliver(message, drained)
             if messages:
                 continue
-            wait = await self._seconds_until_next_due()
             if wait is None or wait > wait_limit:
                 drained.next_due_in = wait
                 return drained
