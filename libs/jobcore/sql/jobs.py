@@ -1,5 +1,8 @@
-"""Statements that change ``jobs`` (the outbox, inbox, job_effects and webhook_deliveries
-rows some of them write alongside the job in the same statement), and the reads of jobs.
+"""Statements that change ``jobs`` (the outbox, inbox, job_effects, webhook_deliveries and
+job_events rows some of them write alongside the job in the same statement), and the
+reads of jobs. Each change of a job writes its event (jobcore.jobevents) in a CTE of the
+statement that makes it; the reads of one job carry what jobcore.timeline.whereabouts
+needs to say where it is.
 
 Sections, in the order a job meets them: enqueue; the API's reads, listing and cancel;
 the operators' and the /metrics reads; the worker's claim, heartbeat and fenced outcomes
