@@ -51,7 +51,8 @@ DONE_EVENTS = f"""
 
 # Select-list items for a `jobs` row: its latest job message still in the outbox (waiting,
 # failing or quarantined) and its latest event, which jobcore.timeline.whereabouts turns
-# into a sentence. outbox_job_idx and job_events_pkey (job_id, id) answer them with a probe each.
+# into a sentence. outbox_job_idx and job_events_pkey (job_id, id) answer them with a probe each
+# (the latest event by `at`, as a timeline is ordered: a job has a handful to sort).
 WHEREABOUTS_COLUMNS = """
     message.id AS message_outbox_id,
     message.created_at AS message_created_at,
@@ -79,29 +80,41 @@ WHEREABOUTS_JOINS = """
         SELECT kind, at, attempt, detail
         FROM job_events
         WHERE job_events.job_id = jobs.id
-        ORDER BY job_events.id DESC
+        ORDER BY job_events.at DESC, job_events.id DESC
         LIMIT 1
     ) AS latest ON true"""
 
 
-class JobEventListParams(TypedDict):
-    job_id: uuid.UUID
+class JobTimelineParams(TypedDict):
+    id: uuid.UUID
     limit: int
+    tenant: str | None  # None: any tenant's job (operators)
 
 
-# In order of `at`, then of writing: a `published` event is dated when its relay took the
-# row, and committed after the broker's confirm, which a worker's claim can precede.
-JOB_EVENT_LIST = Query[JobEventListParams](
-    "job_event_list",
-    "A job's latest events, oldest first (the caller checked the job's tenant).",
-    """
-    SELECT id, at, kind, attempt, detail
-    FROM (
+# One statement, so one snapshot: read apart, the job (where it is) and its events could
+# disagree, say a relay's commit landing between them. One row per event (none: one row
+# of NULL event columns), each with the job's columns whereabouts reads; no row at all
+# for a job that is not there or is another tenant's. Events in order of `at`, then of
+# writing: a `published` event is dated when its relay took the row, and committed after
+# the broker's confirm, which a worker's claim can precede.
+JOB_TIMELINE = Query[JobTimelineParams](
+    "job_timeline",
+    "A job's latest events, oldest first, with what says where the job is now.",
+    f"""
+    SELECT jobs.id, jobs.tenant, jobs.type, jobs.queue, jobs.status, jobs.attempts,
+           jobs.max_attempts, jobs.last_error, jobs.worker_id, jobs.lease_expires_at,
+           jobs.cancel_requested_at, jobs.finished_at, jobs.updated_at, jobs.message_note,
+           {WHEREABOUTS_COLUMNS},
+           event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
+           event.attempt AS event_attempt, event.detail AS event_detail
+    FROM jobs {WHEREABOUTS_JOINS}
+    LEFT JOIN LATERAL (
         SELECT id, at, kind, attempt, detail FROM job_events
-        WHERE job_id = %(job_id)s
-        ORDER BY id DESC
+        WHERE job_events.job_id = jobs.id
+        ORDER BY job_events.id DESC
         LIMIT %(limit)s
-    ) AS latest
-    ORDER BY at, id
+    ) AS event ON true
+    WHERE jobs.id = %(id)s AND (%(tenant)s::text IS NULL OR jobs.tenant = %(tenant)s)
+    ORDER BY event.at, event.id
     """,
 )

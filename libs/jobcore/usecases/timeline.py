@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.sql.job_events import JOB_EVENT_LIST
-from jobcore.sql.jobs import JOB_GET, JOB_GET_ANY_TENANT
+from jobcore.db import Database, fetch_all
+from jobcore.sql.job_events import JOB_TIMELINE
 from jobcore.timeline import JobEvent, JobTimeline, whereabouts
 
 # The events a timeline shows: the latest ones, if a job somehow has more (a job is
@@ -20,16 +19,23 @@ async def job_timeline(
 ) -> JobTimeline | None:
     """The job's events, oldest first, and where it is now; None when there is no such job
     (or, with ``tenant``, when it is another tenant's: operators pass None)."""
-    async with db.unit_of_work() as uow:
-        if tenant is None:
-            job = await fetch_one(uow, JOB_GET_ANY_TENANT({"id": job_id}))
-        else:
-            job = await fetch_one(uow, JOB_GET({"id": job_id, "tenant": tenant}))
-        if job is None:
-            return None
-        rows = await fetch_all(uow, JOB_EVENT_LIST({"job_id": job_id, "limit": limit}))
+    async with db.session() as session:
+        rows = await fetch_all(
+            session, JOB_TIMELINE({"id": job_id, "tenant": tenant, "limit": limit})
+        )
+    if not rows:
+        return None
+    job = rows[0]
     events = [
-        JobEvent(row["id"], row["at"], row["kind"], row["attempt"], row["detail"]) for row in rows
+        JobEvent(
+            row["event_id"],
+            row["event_at"],
+            row["event_kind"],
+            row["event_attempt"],
+            row["event_detail"],
+        )
+        for row in rows
+        if row["event_id"] is not None
     ]
     return JobTimeline(
         job["id"], job["tenant"], job["type"], job["status"], whereabouts(job), events
