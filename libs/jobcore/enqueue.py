@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -201,6 +202,7 @@ async def enqueue(
     quotas: Quotas = UNLIMITED,
     unique_key: str | None = None,
     priority: Priority | None = None,
+    origin: Mapping[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -217,7 +219,9 @@ async def enqueue(
     rate limit or its cap of unfinished jobs the job is not written and
     :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
     replay, which answers its job whatever the quotas. ``priority``: the job type's default
-    unless given (:mod:`jobcore.priorities`).
+    unless given (:mod:`jobcore.priorities`). ``origin`` goes into the job's ``accepted``
+    event (the schedule that enqueued it, the job it retries): a few short strings, never
+    payload data.
 
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
@@ -251,6 +255,7 @@ async def enqueue(
         "priority": int(job_type.priority if priority is None else priority),
         "run_at": run_at,
         "callback_url": callback_url,
+        "event_detail": Jsonb(dict(origin or {})),
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,

@@ -133,6 +133,7 @@ async def _enqueue_tick(
             max_attempts=schedule.max_attempts,
             run_at=schedule.run_at(tick),
             quotas=quotas,
+            origin={"schedule": schedule.name},
         )
     except IdempotencyConflict:
         return EnqueuedTick(tick, None, True)
@@ -153,4 +154,5 @@ async def enqueue_now(
         entity_id=schedule.entity_id,
         max_attempts=schedule.max_attempts,
         quotas=quotas,
+        origin={"schedule": schedule.name, "triggered": "by hand"},
     )

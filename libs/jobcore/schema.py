@@ -60,6 +60,13 @@ def _timestamp(name: str, *, nullable: bool = True, default_now: bool = False) -
     )
 
 
+def _timestamp_clock(name: str) -> Column[object]:
+    """A timestamp of the moment the row is written (not the transaction's start)."""
+    return Column(
+        name, DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()
+    )
+
+
 jobs = Table(
     "jobs",
     metadata,
@@ -298,6 +305,28 @@ job_effects = Table(
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _timestamp("recorded_at", nullable=False, default_now=True),
     Index("job_effects_job_id_idx", "job_id"),
+)
+
+# A job's timeline (jobcore.timeline): one row per state change or hop, written by the
+# statement that makes the change, never updated. Progress is not an event (too frequent).
+# ``detail`` stays small (no payloads, no secrets): who (worker, relay), when next, why.
+# The primary key (job_id, id) is the table's only index: it serves reading a timeline and
+# the cascade from jobs, and each event (four or more per job, on the hot path) costs one
+# index entry, not two. ``id`` alone is unique too (an identity); nothing looks it up.
+job_events = Table(
+    "job_events",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    _timestamp_clock("at"),
+    Column("kind", Text, nullable=False),
+    Column("attempt", Integer),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
 
 # The example job type ``credit_account`` (jobcore.jobtypes): a handler's own tables,

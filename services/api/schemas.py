@@ -24,6 +24,7 @@ class JobLinks(BaseModel):
     self_: str = Field(alias="self", examples=["/jobs/0b7c4f9e-8a51-4c1e-9d0c-6f1f3f7c2a10"])
     result: str
     cancel: str
+    timeline: str
 
 
 class Accepted(BaseModel):
@@ -80,6 +81,34 @@ class JobView(JobSummary):
     # Why a pending job does not start, when an operator paused its queue or job type
     # ("queue paused", "job type paused"); null otherwise.
     waiting_for: Literal["queue paused", "job type paused"] | None = None
+    # Where the job is now and what it waits for, in words (for people, not for parsing):
+    # "in backoff until 10:42:07 UTC after attempt 2 failed: ...", "running on worker w-3,
+    # lease until ...". Its timeline: ``links.timeline``.
+    where: str
+
+
+class JobEventView(BaseModel):
+    """One state change or hop of a job, as it happened (never changed afterwards)."""
+
+    id: int
+    at: datetime
+    # accepted, published, claimed, retry_scheduled, released, lease_lost, cancel_requested,
+    # quarantined, dead_lettered, republished, cancelled, finished, webhook_attempt
+    kind: str
+    # The job's attempt it happened to (null for accepted and webhook attempts).
+    attempt: int | None
+    # A few facts: the worker or relay, when next, why (an error's first 300 characters).
+    detail: dict[str, Any]
+
+
+class JobTimelineView(BaseModel):
+    """The job's events, oldest first, and where it is now."""
+
+    job_id: uuid.UUID
+    type: str
+    status: JobStatus
+    where: str
+    events: list[JobEventView]
 
 
 class PageLinks(BaseModel):
@@ -210,6 +239,7 @@ class AdminJobView(AdminJobSummary):
     cancel_requested_at: datetime | None
     started_at: datetime | None
     updated_at: datetime
+    where: str
 
 
 class AdminCancelAnswer(BaseModel):

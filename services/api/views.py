@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from jobcore.enqueue import EnqueueResult
 from jobcore.priorities import Priority
 from jobcore.states import JobStatus
+from jobcore.timeline import JobTimeline, whereabouts
 from jobcore.usecases.jobs import CancelOutcome
 
 
@@ -29,7 +30,12 @@ def job_path(job_id: uuid.UUID) -> str:
 
 def links(job_id: uuid.UUID) -> dict[str, str]:
     path = job_path(job_id)
-    return {"self": path, "result": f"{path}/result", "cancel": f"{path}/cancel"}
+    return {
+        "self": path,
+        "result": f"{path}/result",
+        "cancel": f"{path}/cancel",
+        "timeline": f"{path}/timeline",
+    }
 
 
 def accepted(result: EnqueueResult) -> dict[str, Any]:
@@ -70,6 +76,7 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         progress=progress_view(row),
         priority=Priority(row["priority"]).label,
         waiting_for=waiting_for(row),
+        where=whereabouts(row),
     )
     return body
 
@@ -81,6 +88,12 @@ def waiting_for(row: dict[str, Any]) -> str | None:
     if row["status"] != JobStatus.PENDING or kind is None:
         return None
     return "queue paused" if kind == "queue" else "job type paused"
+
+
+def timeline_view(timeline: JobTimeline) -> dict[str, Any]:
+    body = timeline.as_dict()
+    del body["tenant"]  # the caller's own
+    return body
 
 
 def progress_view(row: dict[str, Any]) -> dict[str, Any] | None:

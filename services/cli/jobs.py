@@ -1,4 +1,4 @@
-"""`jobcore jobs list|show|cancel|retry|republish-stale`: operators' view of jobs, across
+"""`jobcore jobs list|show|timeline|cancel|retry|republish-stale`: operators' view of jobs, across
 tenants.
 
 Each verb calls its use case (:mod:`jobcore.usecases.jobs`); cancel is the same function
@@ -19,6 +19,7 @@ from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
+from jobcore.usecases.timeline import job_timeline
 from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
 jobs_app = typer.Typer(
@@ -28,6 +29,7 @@ jobs_app = typer.Typer(
 T = TypeVar("T")
 
 LIST_COLUMNS = ("id", "tenant", "type", "status", "attempts", "created_at", "last_error")
+TIMELINE_COLUMNS = ("at", "kind", "attempt", "detail")
 
 
 def parse_job_id(value: str) -> uuid.UUID:
@@ -60,9 +62,32 @@ def show(
     job_id: str = typer.Argument(..., help="The job's id."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Everything the database knows about one job."""
+    """Everything the database knows about one job, and where it is now."""
     ident = parse_job_id(job_id)
     emit(run(_with_db(settings(), lambda db: job_usecases.show_job(db, ident))), as_json=as_json)
+
+
+@jobs_app.command("timeline")
+def timeline(
+    job_id: str = typer.Argument(..., help="The job's id."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """A job's events, oldest first, and where it is now (what it waits for)."""
+    ident = parse_job_id(job_id)
+    found = run(_with_db(settings(), lambda db: job_timeline(db, ident, tenant=None)))
+    if found is None:
+        fail(f"no job {ident}")
+    if as_json:
+        emit(found.as_dict(), as_json=True)
+        return
+    typer.echo(f"{found.job_id}  {found.type}  {found.status}  (tenant {found.tenant})")
+    typer.echo(f"where: {found.where}")
+    rows = [{**event.as_dict(), "detail": _detail_text(event.detail)} for event in found.events]
+    emit(rows, as_json=False, columns=TIMELINE_COLUMNS)
+
+
+def _detail_text(detail: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in detail.items())
 
 
 @jobs_app.command("cancel")

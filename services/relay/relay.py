@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -104,6 +106,8 @@ class Relay(Service):
             on_full=lambda routing_key: metrics.queue_full.labels(queue=routing_key).inc(),
         )
         self.last_publish_at: datetime | None = None
+        # Who published, in the jobs' `published` events.
+        self.relay_id = f"{socket.gethostname()}:{os.getpid()}"
         self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}
         self._wake = asyncio.Event()
         # True while the loop waits for work (nothing due, connected): shown on /healthz.
@@ -249,7 +253,11 @@ class Relay(Service):
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
-                gone = len(ids) - await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids}))
+                deleted = await fetch_one(
+                    uow, OUTBOX_DELETE_PUBLISHED({"ids": ids, "relay": self.relay_id})
+                )
+                assert deleted is not None  # a count answers one row
+                gone = len(ids) - int(deleted["deleted"])
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)

@@ -46,6 +46,7 @@ from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import webhooks as webhook_usecases
+from jobcore.usecases.timeline import job_timeline
 from services.ui.charts import sparkline
 from services.ui.sessions import (
     COOKIE_NAME,
@@ -416,11 +417,13 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             _db(request), job_id=job_id, status=None, limit=20
         )
         shown = show == "payload"
+        timeline = await job_timeline(_db(request), job_id, tenant=None)
         return page(
             request,
             "job.html",
             who,
             job=job,
+            timeline=timeline,
             fields=_shown_fields(job),
             payload=_pretty(job.get("payload")) if shown else None,
             result=_pretty(job.get("result")) if shown else None,

@@ -1,8 +1,7 @@
-"""The job page's timeline section.
-
-PLACEHOLDER until the job timeline (``job_events``, ``job_timeline(db, job_id)``) is
-merged: for now it lists the moments the job's row records. The lead wires the timeline
-use case in here at merge: this function is the only place the section is rendered.
+"""The job page's timeline section: where the job is now, in words, and every event of
+its life, oldest first (``jobcore.usecases.timeline.job_timeline``, the same answer as
+``GET /jobs/{id}/timeline`` and ``jobcore jobs timeline``). Details are the events' own
+few facts (worker, relay, attempt, next time, error text): never a payload or a secret.
 """
 
 from __future__ import annotations
@@ -10,37 +9,59 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
-# The row's moments, in the order a job lives through them.
-ROW_MOMENTS = (
-    ("created_at", "enqueued"),
-    ("started_at", "started"),
-    ("cancel_requested_at", "cancel requested"),
-    ("next_attempt_at", "next attempt due"),
-    ("lease_expires_at", "lease ends"),
-    ("finished_at", "finished"),
-    ("updated_at", "last changed"),
-)
+from jobcore.timeline import JobTimeline
+
+# How events read on the page: the kinds' words for people.
+KIND_WORDS = {
+    "accepted": "accepted",
+    "published": "published to the broker",
+    "claimed": "started (claimed by a worker)",
+    "retry_scheduled": "retry scheduled",
+    "released": "given back at shutdown",
+    "lease_lost": "lease lost",
+    "cancel_requested": "cancel requested",
+    "quarantined": "quarantined in the outbox",
+    "dead_lettered": "dead-lettered",
+    "republished": "published again",
+    "cancelled": "cancelled",
+    "finished": "finished",
+    "webhook_attempt": "webhook attempt",
+}
 
 
-def render_timeline(job: Mapping[str, Any]) -> Markup:
-    """The job's history as an ordered list (for now: the row's own timestamps)."""
-    moments = sorted(
-        ((job[column], what) for column, what in ROW_MOMENTS if job.get(column) is not None),
-        key=lambda moment: moment[0],
-    )
+def render_timeline(timeline: JobTimeline | None) -> Markup:
+    """The section: the ``where`` sentence, then the events as an ordered list."""
+    if timeline is None:
+        return Markup('<section id="timeline"><h2>Timeline</h2><p>No such job.</p></section>')
     items = [
-        Markup('<li><time datetime="{iso}">{iso}</time> {what}</li>').format(
-            iso=at.isoformat(), what=what
+        Markup(
+            '<li class="event event-{kind}"><time datetime="{iso}">{iso}</time> '
+            "<strong>{words}</strong>{attempt}{detail}</li>"
+        ).format(
+            kind=event.kind,
+            iso=event.at.isoformat(),
+            words=KIND_WORDS.get(event.kind, event.kind),
+            attempt=Markup(" (attempt {n})").format(n=event.attempt)
+            if event.attempt is not None
+            else "",
+            detail=_detail(event.detail),
         )
-        for at, what in moments
+        for event in timeline.events
     ]
-    where = escape(str(job.get("status", "")))
     return Markup(
-        "<!-- placeholder: the row's own timestamps until job_timeline is wired in -->"
         '<section id="timeline" aria-labelledby="timeline-h">'
         '<h2 id="timeline-h">Timeline</h2>'
         '<p class="where">Now: <strong>{where}</strong></p>'
         '<ol class="timeline">{items}</ol></section>'
-    ).format(where=where, items=Markup("").join(items))
+    ).format(where=timeline.where, items=Markup("").join(items))
+
+
+def _detail(detail: Mapping[str, Any]) -> Markup:
+    if not detail:
+        return Markup("")
+    facts = Markup(", ").join(
+        Markup("{key}: {value}").format(key=key, value=value) for key, value in detail.items()
+    )
+    return Markup(' <span class="detail">{facts}</span>').format(facts=facts)

@@ -246,7 +246,12 @@ async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(
         await rows.first.get_by_role("link").click()
         await expect(page).to_have_url(f"{console}/jobs/{slow}")
         await expect(page.locator("#job-status")).to_have_text("running")
-        await expect(page.locator("#timeline")).to_contain_text("started")
+        # The timeline: its events so far, and where the job is now, in words.
+        timeline = page.locator("#timeline")
+        await expect(timeline.locator("li.event-accepted")).to_have_count(1)
+        await expect(timeline.locator("li.event-published")).to_have_count(1)
+        await expect(timeline.locator("li.event-claimed")).to_contain_text("started")
+        await expect(timeline.locator(".where")).to_contain_text("running on worker")
         # The payload only when asked for.
         assert "300" not in await page.locator("#fields").inner_text()
         await expect(page.locator("#payload")).to_have_count(0)

@@ -252,7 +252,30 @@ async def test_the_cascades_that_take_a_jobs_rows_are_index_backed(db: Database)
         rows = [dict(r) for r in await cur.fetchall()]
     assert rows == [
         {"tab": "job_effects", "col": "job_id", "confdeltype": "c", "indexed": True},
+        # A job's timeline (migration 0016), on its primary key (job_id, id).
+        {"tab": "job_events", "col": "job_id", "confdeltype": "c", "indexed": True},
         # The example job type credit_account's entries (migration 0013).
         {"tab": "ledger_entries", "col": "job_id", "confdeltype": "c", "indexed": True},
         {"tab": "webhook_deliveries", "col": "job_id", "confdeltype": "c", "indexed": True},
     ]
+
+
+async def test_a_pruned_jobs_timeline_goes_with_it(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    doomed = await make_job(db, topology, status="succeeded", age=8 * DAY)
+    spared = await make_job(db, topology, status="succeeded", age=6 * DAY)
+
+    async def events(made: Made) -> list[str]:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT kind FROM job_events WHERE job_id = %s ORDER BY id", (made.id,)
+            )
+            return [row["kind"] for row in await cur.fetchall()]
+
+    assert await events(doomed) == await events(spared) == ["accepted"]
+    report = await Retention(settings, db).prune()
+    assert report.complete
+    assert await own_rows(db, doomed.id) == GONE
+    assert await events(doomed) == []
+    assert await events(spared) == ["accepted"]

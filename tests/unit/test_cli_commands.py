@@ -53,6 +53,7 @@ def test_every_verb_is_registered() -> None:
         "jobs": {
             "list": None,
             "show": None,
+            "timeline": None,
             "cancel": None,
             "retry": None,
             "republish-stale": None,

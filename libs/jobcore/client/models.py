@@ -85,6 +85,9 @@ class Job(JobSummary):
     priority: str = "normal"
     # "queue paused" or "job type paused" while an operator holds the pending job back.
     waiting_for: str | None = None
+    # Where the job is now and what it waits for, in words (servers before job timelines
+    # do not say).
+    where: str | None = None
 
 
 class PageLinks(_Answer):

@@ -1,5 +1,8 @@
-"""Statements that change ``jobs`` (the outbox, inbox, job_effects and webhook_deliveries
-rows some of them write alongside the job in the same statement), and the reads of jobs.
+"""Statements that change ``jobs`` (the outbox, inbox, job_effects, webhook_deliveries and
+job_events rows some of them write alongside the job in the same statement), and the
+reads of jobs. Each change of a job writes its event (jobcore.jobevents) in a CTE of the
+statement that makes it; the reads of one job carry what jobcore.timeline.whereabouts
+needs to say where it is.
 
 Sections, in the order a job meets them: enqueue; the API's reads, listing and cancel;
 the operators' and the /metrics reads; the worker's claim, heartbeat and fenced outcomes
@@ -24,6 +27,7 @@ from typing import Literal, TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.channels import JOB_PROGRESS_CHANNEL
+from jobcore.jobevents import JobEventKind
 from jobcore.sql import (
     LIVE_SQL,
     TERMINAL_SQL,
@@ -33,6 +37,12 @@ from jobcore.sql import (
     Query,
 )
 from jobcore.sql.flow_pauses import pause_kind, paused
+from jobcore.sql.job_events import (
+    DONE_EVENTS,
+    WHEREABOUTS_COLUMNS,
+    WHEREABOUTS_JOINS,
+    short_error,
+)
 from jobcore.sql.tenant_quotas import (
     ADMISSION_COLUMNS,
     QuotaDefaultParams,
@@ -90,6 +100,12 @@ def _insert_job_with_outbox() -> str:
                job.priority
         FROM job
         RETURNING id
+    ), accepted AS (
+        INSERT INTO job_events (job_id, kind, detail)
+        SELECT job.id, '{JobEventKind.ACCEPTED}',
+               jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
+                   || %(event_detail)s
+        FROM job
     )
     SELECT limits.tenant, job.id, job.status, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
@@ -104,6 +120,7 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
     callback_url: str | None
     channel: str
     entity_id: str | None
+    event_detail: Jsonb  # what the `accepted` event says besides run_at (its schedule)
     id: uuid.UUID
     idempotency_key: str | None
     max_attempts: int
@@ -121,7 +138,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
-    "Insert a pending job and its outbox message, and NOTIFY the relays, in one statement.",
+    "Insert a pending job, its outbox message and its `accepted` event, and NOTIFY the relays, "
+    "in one statement.",
     _insert_job_with_outbox(),
 )
 
@@ -225,6 +243,12 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
                %(priority)s
         FROM job JOIN input ON input.id = job.id
         RETURNING id
+    ), accepted AS (
+        INSERT INTO job_events (job_id, kind, detail)
+        SELECT job.id, '{JobEventKind.ACCEPTED}',
+               jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at, 'batch', true))
+        FROM job JOIN input ON input.id = job.id
+        ORDER BY job.id
     )
     SELECT input.n, job.id, job.status, job.created_at,
            CASE WHEN fresh.rank > room.admitted THEN room.refusal END AS refusal,
@@ -279,13 +303,15 @@ class JobGetParams(TypedDict):
     tenant: str
 
 
+# The job with what says where it is now (jobcore.sql.job_events.WHEREABOUTS_COLUMNS).
 JOB_GET = Query[JobGetParams](
     "job_get",
-    "Read one job of one tenant (another tenant's job reads as missing), and whether its "
-    "queue or type is paused.",
+    "Read one job of one tenant (another tenant's job reads as missing), with its whereabouts "
+    "and whether its queue or type is paused.",
     f"""
-    SELECT *, {pause_kind("jobs.queue", "jobs.type")} AS paused
-    FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
+    FROM jobs {WHEREABOUTS_JOINS}
+    WHERE jobs.id = %(id)s AND jobs.tenant = %(tenant)s
     """,
 )
 
@@ -296,9 +322,12 @@ class JobGetAnyTenantParams(TypedDict):
 
 JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
     "job_get_any_tenant",
-    "Read one job by id alone, for workers and operators, and whether it is paused.",
+    "Read one job by id alone, for workers and operators, with its whereabouts and whether "
+    "it is paused.",
     f"""
-    SELECT *, {pause_kind("jobs.queue", "jobs.type")} AS paused FROM jobs WHERE id = %(id)s
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
+    FROM jobs {WHEREABOUTS_JOINS}
+    WHERE jobs.id = %(id)s
     """,
 )
 
@@ -438,9 +467,11 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
             updated_at = now()
         WHERE id = %(id)s AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
-                  cancel_requested_at
+                  cancel_requested_at, attempts, last_error
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, done.status, done.cancel_requested_at, """
     + NOTIFY_JOB_DONE
@@ -463,12 +494,15 @@ class JobRequestCancelParams(TypedDict):
 JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
     "job_request_cancel",
     "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
-    """
+    f"""
     WITH job AS (
         UPDATE jobs
         SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
         WHERE id = %(id)s AND status = 'running'
-        RETURNING id, status, cancel_requested_at
+        RETURNING id, status, cancel_requested_at, attempts
+    ), requested AS (
+        INSERT INTO job_events (job_id, kind, attempt)
+        SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
     )
     SELECT id, status, cancel_requested_at,
            pg_notify(%(channel)s, id::text) IS NULL AS notified
@@ -543,11 +577,13 @@ class JobGetWaitedParams(TypedDict):
 # one pooled checkout for the burst, not one each. Pairs, so each stays tenant-scoped.
 JOB_GET_WAITED = Query[JobGetWaitedParams](
     "job_get_waited",
-    "Read many tenants' jobs at once, each only for its own tenant.",
+    "Read many tenants' jobs at once, each only for its own tenant, with their whereabouts "
+    "and whether they are paused.",
     f"""
-    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
     FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
     JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
+    {WHEREABOUTS_JOINS}
     """,
 )
 
@@ -596,7 +632,8 @@ class JobClaimManyParams(TypedDict):
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
     "Record messages in the inbox and, for the new ones, claim their pending jobs under "
-    "leases, or park them in the outbox while their queue or type is paused.",
+    "leases (each with its `claimed` event), or park them in the outbox while their queue "
+    "or type is paused.",
     f"""
     WITH input AS (
         SELECT *
@@ -626,7 +663,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND NOT {paused("jobs.queue", "jobs.type")}
         RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
                   jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
-                  jobs.tracestate, jobs.created_at,
+                  jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), parked AS (
         INSERT INTO outbox (
@@ -647,6 +684,12 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.attempts + 1 = input.attempt
           AND {paused("jobs.queue", "jobs.type")}
         RETURNING job_id
+    ), claim_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.CLAIMED}', attempts,
+               jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
+        FROM claimed
+        ORDER BY id
     )
     SELECT input.message_id,
            received.message_id IS NOT NULL AS fresh,
@@ -677,11 +720,18 @@ class JobNoteUndeliverableParams(TypedDict):
 # current attempt, of the type the message names, and only while it is still pending.
 JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "job_note_undeliverable",
-    "Record on a pending job why its message went to the dead-letter queue.",
-    """
-    UPDATE jobs SET last_error = %(error)s, updated_at = now()
-    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
-      AND attempts + 1 = %(attempt)s
+    "Record on a pending job why its message went to the dead-letter queue (and the event).",
+    f"""
+    WITH noted AS (
+        UPDATE jobs SET last_error = %(error)s, updated_at = now()
+        WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+          AND attempts + 1 = %(attempt)s
+        RETURNING id
+    )
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
+           jsonb_build_object('by', 'worker', 'reason', {short_error("%(error)s")})
+    FROM noted
     """,
 )
 
@@ -768,7 +818,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
           AND jobs.status = 'running'
           AND jobs.lease_token = input.lease_token
         RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
-                  jobs.traceparent, jobs.tracestate, jobs.lease_token
+                  jobs.traceparent, jobs.tracestate, jobs.lease_token, jobs.last_error
     ), effects AS (
         INSERT INTO job_effects (job_id, attempt, kind, detail)
         SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
@@ -779,6 +829,8 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
         RETURNING id
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, """
     + NOTIFY_JOB_DONE
@@ -799,7 +851,10 @@ _PENDING_UNLESS_CANCEL_REQUESTED = """
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
 
 
-_BACK_RETURNING = "RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority"
+_BACK_RETURNING = (
+    "RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority, "
+    "attempts, last_error, worker_id"
+)
 
 
 _CANCELLED_ARE_DONE = (
@@ -807,6 +862,8 @@ _CANCELLED_ARE_DONE = (
         SELECT * FROM back WHERE status = 'cancelled'
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
 )
 
 
@@ -860,7 +917,14 @@ JOB_RETRY = Query[JobRetryParams](
     + """, next_attempt_at
     ), """
     + _CANCELLED_ARE_DONE
-    + """, message AS (
+    + f""", retry_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
+               jsonb_build_object('until', back.next_attempt_at,
+                                  'error', {short_error("back.last_error")})
+        FROM back
+        WHERE back.status = 'pending'
+    ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
@@ -896,9 +960,12 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
             finished_at = now(),
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        RETURNING id, tenant, status, callback_url, traceparent, tracestate
+        RETURNING id, tenant, status, callback_url, traceparent, tracestate, attempts,
+                  last_error
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, """
     + NOTIFY_JOB_DONE
@@ -935,7 +1002,13 @@ JOB_RELEASE = Query[JobReleaseParams](
     + """
     ), """
     + _CANCELLED_ARE_DONE
-    + """, message AS (
+    + f""", release_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
+               jsonb_build_object('worker', back.worker_id)
+        FROM back
+        WHERE back.status = 'pending'
+    ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
@@ -1009,12 +1082,31 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
             END,
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
-        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
+                  attempts, last_error, worker_id
     ), done AS (
         SELECT * FROM reaped WHERE status <> 'pending'
     ), """
     + COMPLETION_WEBHOOKS
-    + """, messages AS (
+    + f""", reap_events AS (
+        -- lease_lost, then (for a job that ends here) cancelled or finished, in that order
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT reaped.id, event.kind, reaped.attempts, event.detail
+        FROM reaped
+        CROSS JOIN LATERAL (
+            VALUES
+                (1, '{JobEventKind.LEASE_LOST}',
+                 jsonb_build_object('worker', reaped.worker_id, 'then', reaped.status)),
+                (2, CASE WHEN reaped.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
+                         ELSE '{JobEventKind.FINISHED}' END,
+                 jsonb_strip_nulls(jsonb_build_object(
+                     'status', reaped.status,
+                     'error', CASE WHEN reaped.status = 'failed'
+                                   THEN {short_error("reaped.last_error")} END)))
+        ) AS event(n, kind, detail)
+        WHERE event.n = 1 OR reaped.status <> 'pending'
+        ORDER BY reaped.id, event.n
+    ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
@@ -1088,9 +1180,11 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
         FROM stuck
         WHERE jobs.id = stuck.id AND jobs.status = 'pending'
         RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
-                  jobs.tracestate, jobs.last_error
+                  jobs.tracestate, jobs.last_error, jobs.attempts
     ), """
     + COMPLETION_WEBHOOKS
+    + ", "
+    + DONE_EVENTS
     + """
     SELECT done.id, done.last_error, """
     + NOTIFY_JOB_DONE
@@ -1165,7 +1259,7 @@ class JobRepublishStaleParams(TypedDict):
 JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
     "job_republish_stale",
     "Publish locked stale jobs' current attempt again through the outbox, noting it on each.",
-    """
+    f"""
     WITH input AS (
         SELECT *
         FROM unnest(
@@ -1187,14 +1281,21 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
                 'at', now()
             ) || CASE WHEN input.reason = 'dead_lettered'
                       THEN jsonb_build_object('dead_letter', jobs.message_note)
-                      ELSE '{}'::jsonb END,
+                      ELSE '{{}}'::jsonb END,
             updated_at = now()
         FROM input
         WHERE jobs.id = input.id
           AND jobs.status = 'pending'
           AND jobs.attempts + 1 = input.attempt
         RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count,
-                  jobs.priority
+                  jobs.priority, input.silent_seconds, input.message_id
+    ), republish_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.REPUBLISHED}', attempt,
+               jsonb_build_object('reason', reason, 'silent_seconds', round(silent_seconds),
+                                  'message_id', message_id)
+        FROM republished
+        ORDER BY id
     ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -1230,20 +1331,29 @@ class JobNoteDeadLetterParams(TypedDict):
 JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
     "job_note_dead_letter",
     "Note on a pending job that the broker dead-lettered its current attempt's message.",
-    """
-    UPDATE jobs
-    SET message_note = jsonb_build_object(
-            'event', 'dead_lettered',
-            'attempt', %(attempt)s::int,
-            'reason', %(reason)s::text,
-            'queue', %(queue)s::text,
-            'message_id', %(message_id)s::text,
-            'dead_lettered_at', %(dead_lettered_at)s::text,
-            'at', now()
-        )
-    WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
-      AND attempts + 1 = %(attempt)s
-    RETURNING id
+    f"""
+    WITH noted AS (
+        UPDATE jobs
+        SET message_note = jsonb_build_object(
+                'event', 'dead_lettered',
+                'attempt', %(attempt)s::int,
+                'reason', %(reason)s::text,
+                'queue', %(queue)s::text,
+                'message_id', %(message_id)s::text,
+                'dead_lettered_at', %(dead_lettered_at)s::text,
+                'at', now()
+            )
+        WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+          AND attempts + 1 = %(attempt)s
+        RETURNING id
+    ), dead_letter_event AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s::int,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'by', 'broker', 'reason', %(reason)s::text, 'queue', %(queue)s::text))
+        FROM noted
+    )
+    SELECT id FROM noted
     """,
 )
 

@@ -15,8 +15,10 @@ import uuid
 from typing import TypedDict
 
 from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.jobevents import JobEventKind
 from jobcore.sql import NoParams, Query
 from jobcore.sql.flow_pauses import paused
+from jobcore.sql.job_events import short_error
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
 OUTBOX_LISTEN = Query[NoParams](
@@ -170,17 +172,57 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
 )
 
 
+def _message_attempt(row: str) -> str:
+    """SQL for the attempt a job message's body names (jobcore.envelope.JobMessage, compact
+    JSON), or NULL. Read from the bytes as they are: a body that is not JSON, or not even
+    UTF-8, must not fail the relay's statement. The job row cannot say: by the time the
+    relay records the confirm, a worker may have claimed the attempt, or finished it."""
+    pattern = "'\"attempt\":([0-9]{1,9})'"
+    return f"(regexp_match(encode({row}.body, 'escape'), {pattern}))[1]::int"
+
+
+def _jobs_of(messages: str) -> str:
+    """A CTE ``their_jobs``: the jobs of the rows of the CTE ``messages`` (with ``job_id``),
+    locked FOR KEY SHARE so that the events written for them keep their foreign key."""
+    return f"""their_jobs AS (
+        SELECT id, type FROM jobs
+        WHERE id = ANY(ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL))
+        FOR KEY SHARE
+    )"""
+
+
 class OutboxDeletePublishedParams(TypedDict):
     ids: list[int]
+    relay: str
 
 
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
-# statement, never an unbounded DELETE.
+# statement, never an unbounded DELETE. Each job message gets its job a `published` event,
+# dated now(): the start of this transaction, which claimed the row before publishing it.
+# A worker can claim the job before the broker's confirm reaches the relay, so the confirm
+# time (clock_timestamp(), in the detail) may come after the `claimed` event; timelines
+# are read in order of `at`.
+# A job can be gone (the pruner deletes a finished job whose last message was still
+# waiting): its row is locked FOR KEY SHARE first, so a job seen here stays for the event's
+# foreign key, and one deleted meanwhile is skipped rather than failing the whole batch.
+# Returns how many rows were deleted.
 OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     "outbox_delete_published",
-    "Remove the claimed rows whose messages the broker confirmed.",
-    """
-    DELETE FROM outbox WHERE id = ANY(%(ids)s)
+    "Remove the claimed rows whose messages the broker confirmed; note each job's `published`.",
+    f"""
+    WITH gone AS (
+        DELETE FROM outbox WHERE id = ANY(%(ids)s)
+        RETURNING id, job_id, message_type, message_id, body
+    ), {_jobs_of("gone")}, published AS (
+        INSERT INTO job_events (job_id, at, kind, attempt, detail)
+        SELECT gone.job_id, now(), '{JobEventKind.PUBLISHED}', {_message_attempt("gone")},
+               jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id,
+                                  'confirmed_at', clock_timestamp())
+        FROM gone JOIN their_jobs AS owner
+                  ON owner.id = gone.job_id AND owner.type = gone.message_type
+        ORDER BY gone.id
+    )
+    SELECT count(*) AS deleted FROM gone
     """,
 )
 
@@ -200,9 +242,9 @@ class OutboxRecordFailuresParams(TypedDict):
 # Worded to stay true once the message went out, like the worker's JOB_NOTE_UNDELIVERABLE.
 OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
     "outbox_record_failures",
-    "Count a failed publish on each row, push it back by its delay or quarantine it, and "
-    "tell a pending job why it waits.",
-    """
+    "Count a failed publish on each row, push it back by its delay or quarantine it (with "
+    "its job's `quarantined` event), and tell a pending job why it waits.",
+    f"""
     WITH failed AS (
         UPDATE outbox AS o
         SET attempts = o.attempts + 1,
@@ -215,7 +257,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
         ) AS f(id, error, delay, quarantine)
         WHERE o.id = f.id
         RETURNING o.id, o.message_id, o.job_id, o.message_type, o.attempts, o.last_error,
-                  o.quarantined_at IS NOT NULL AS quarantined
+                  o.quarantined_at IS NOT NULL AS quarantined, o.body
     ), waiting AS (
         SELECT jobs.id,
                left(format('attempt %%s''s message could not be published (%%s); the '
@@ -230,6 +272,16 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
         FROM waiting
         WHERE jobs.id = waiting.id AND jobs.last_error IS DISTINCT FROM waiting.note
         RETURNING jobs.id
+    ), gave_up AS (
+        SELECT * FROM failed WHERE quarantined
+    ), {_jobs_of("gave_up")}, quarantine_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT gave_up.job_id, '{JobEventKind.QUARANTINED}', {_message_attempt("gave_up")},
+               jsonb_build_object('outbox_id', gave_up.id,
+                                  'error', {short_error("gave_up.last_error")})
+        FROM gave_up JOIN their_jobs AS owner
+                     ON owner.id = gave_up.job_id AND owner.type = gave_up.message_type
+        ORDER BY gave_up.id
     )
     SELECT failed.id, failed.message_id, failed.job_id, failed.attempts, failed.last_error,
            failed.quarantined

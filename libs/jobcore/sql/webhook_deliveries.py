@@ -20,7 +20,9 @@ from typing import TypedDict
 
 from psycopg.types.json import Jsonb
 
+from jobcore.jobevents import JobEventKind
 from jobcore.sql import TERMINAL_SQL, CompletionParams, Query
+from jobcore.sql.job_events import short_error
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
@@ -146,8 +148,9 @@ class WebhookDeliveryRecordAttemptParams(CompletionParams):
 # Whether a retry is left is decided here, on the row as it is now.
 WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
     "webhook_delivery_record_attempt",
-    "Record one delivery attempt's outcome and, for a retry, write the next attempt's message.",
-    """
+    "Record one delivery attempt's outcome (and its job's `webhook_attempt` event) and, for a "
+    "retry, write the next attempt's message.",
+    f"""
     WITH received AS (
         INSERT INTO inbox (consumer, message_id)
         VALUES (%(consumer)s, %(message_id)s)
@@ -183,6 +186,18 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
         FROM recorded
         WHERE recorded.status = 'pending'
         RETURNING id
+    ), attempt_event AS (
+        INSERT INTO job_events (job_id, kind, detail)
+        SELECT recorded.job_id, '{JobEventKind.WEBHOOK_ATTEMPT}',
+               jsonb_strip_nulls(jsonb_build_object(
+                   'delivery_id', recorded.id,
+                   'attempt', recorded.attempts,
+                   'outcome', %(outcome)s::text,
+                   'status', recorded.status,
+                   'status_code', %(status_code)s::int,
+                   'error', {short_error("%(error)s::text")},
+                   'next_attempt_at', recorded.next_attempt_at))
+        FROM recorded
     )
     SELECT recorded.id, recorded.status, recorded.attempts, recorded.next_attempt_at,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified

@@ -71,6 +71,7 @@ from jobcore.sql.outbox import (
     OUTBOX_SECONDS_UNTIL_NEXT_DUE,
 )
 from jobcore.testing.inline import as_sent
+from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
 
 # Outbox rows taken per round, like one relay batch.
@@ -156,12 +157,13 @@ class InlineWorker:
         return result.job_id
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
-        """The job's row as the API reads it (status, attempts, result, last_error, ...)."""
+        """The job's row as the API reads it (status, attempts, result, last_error, ...,
+        and ``where`` it is now)."""
         async with self.db.session() as session:
             row = await fetch_one(session, JOB_GET_ANY_TENANT({"id": job_id}))
         if row is None:
             raise JobNotFound(f"no job {job_id}")
-        return dict(row)
+        return with_where(row)
 
     async def drain(
         self, *, scheduled_within: float | None = None, timeout: float = 60.0
@@ -206,7 +208,8 @@ class InlineWorker:
             # Completion webhooks are the worker's webhook sender's: not sent here.
             jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
             if jobs:
-                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": [r["id"] for r in jobs]}))
+                ids = [r["id"] for r in jobs]
+                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids, "relay": "inline"}))
             await uow.commit()
         return jobs
 

@@ -7,9 +7,10 @@
 - :mod:`~jobcore.usecases.dlq`: list and replay dead letters;
 - :mod:`~jobcore.usecases.keys`: create, list and revoke API keys;
 - :mod:`~jobcore.usecases.webhooks`: signing secrets, deliveries (redeliver), endpoints;
-- :mod:`~jobcore.usecases.prune`: retention by hand.
+- :mod:`~jobcore.usecases.prune`: retention by hand;
 - :mod:`~jobcore.usecases.console`: what only the web console reads (its overview, the
-  job search).
+  job search);
+- :mod:`~jobcore.usecases.timeline`: a job's events and where it is now.
 
 Each takes the :class:`~jobcore.db.Database` (or a unit of work, when the caller's
 transaction must include it) and typed arguments, returns a typed result and raises

@@ -33,6 +33,7 @@ from jobcore.sql.jobs import (
 )
 from jobcore.states import JobStatus, check_transition, is_terminal
 from jobcore.stranded import Republished, republish_stale
+from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
 
 
@@ -82,8 +83,9 @@ async def find_job(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
 
 
 async def show_job(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
+    """The job and, as ``where``, where it is now (:func:`jobcore.timeline.whereabouts`)."""
     async with db.unit_of_work() as uow:
-        return await find_job(uow, job_id)
+        return with_where(await find_job(uow, job_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ async def retry_job(
             # The copy takes the original's key: while another live job holds it, the
             # retry is refused (UniqueJobExists) like any duplicate.
             unique_key=job["unique_key"],
+            origin={"retry_of": str(job_id)},
         )
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
         await work.commit()

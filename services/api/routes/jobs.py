@@ -23,19 +23,20 @@ from starlette.responses import FileResponse, Response
 from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import UnknownJobType
+from jobcore.errors import JobNotFound, UnknownJobType
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
+from jobcore.usecases.timeline import job_timeline
 from jobcore.webhooks import completion_params
 from services.api import operations, paths, views
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
 from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH
-from services.api.deps import SessionDep, StateDep
+from services.api.deps import DbDep, SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import batch, waiting
 from services.api.schemas import (
@@ -43,6 +44,7 @@ from services.api.schemas import (
     BatchAnswer,
     CancelAnswer,
     JobPage,
+    JobTimelineView,
     JobView,
     PriorityLabel,
     Problem,
@@ -321,6 +323,15 @@ async def get_result(
     return FileResponse(path, media_type=media_type)
 
 
+async def get_timeline(job_id: uuid.UUID, tenant: TenantDep, db: DbDep) -> Response:
+    """The job's events, oldest first (accepted, published, claimed, retries, its end, each
+    webhook attempt), and where it is now in words. Another tenant's job is 404."""
+    timeline = await job_timeline(db, job_id, tenant=tenant)
+    if timeline is None:
+        raise JobNotFound("no job with that id")
+    return JsonBody(views.timeline_view(timeline))
+
+
 def build_router(registry: Registry) -> APIRouter:
     router = APIRouter(tags=["jobs"], default_response_class=JsonBody)
     schema_refs, _ = payload_schemas(registry)
@@ -415,6 +426,14 @@ def build_router(registry: Registry) -> APIRouter:
             },
             **_problems(404, 409, 422),
         },
+        route_class_override=ReadRoute,
+    )
+    router.add_api_route(
+        "/jobs/{job_id}/timeline",
+        get_timeline,
+        methods=["GET"],
+        response_model=JobTimelineView,
+        responses=_problems(400, 404, 422),
         route_class_override=ReadRoute,
     )
     router.add_api_route(

@@ -133,3 +133,46 @@ def test_bad_arguments_give_one_line_and_a_non_zero_exit(settings: Settings) -> 
     bad_status = jobs_cli(settings, "list", "--status", "exploded")
     assert bad_status.returncode == 2
     assert bad_status.stderr.count("\n") == 1
+
+
+async def test_timeline_and_show_say_where_the_job_is(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    job = await submit(db, topology, "alpha", "t")
+    # A retry of an operator's: its `accepted` event names the job it retries.
+    assert jobs_cli(settings, "cancel", str(job)).returncode == 0
+    copy = uuid.UUID(jobs_json(settings, "retry", str(job))["job_id"])
+
+    timeline = jobs_json(settings, "timeline", str(job))
+    assert (timeline["job_id"], timeline["tenant"], timeline["status"]) == (
+        str(job),
+        "alpha",
+        "cancelled",
+    )
+    assert [e["kind"] for e in timeline["events"]] == ["accepted", "cancelled"]
+    assert timeline["where"].startswith("cancelled at ")
+    copied = jobs_json(settings, "timeline", str(copy))
+    assert copied["events"][0]["detail"] == {"retry_of": str(job)}
+    assert copied["where"].endswith(": relay lag")
+
+    shown = jobs_json(settings, "show", str(copy))
+    assert shown["where"].endswith(": relay lag")
+    assert "message_outbox_id" not in shown
+
+    table = jobs_cli(settings, "timeline", str(job))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"{job}  echo  cancelled  (tenant alpha)"
+    assert lines[1].startswith("where: cancelled at ")
+    assert lines[2].split() == ["AT", "KIND", "ATTEMPT", "DETAIL"]
+    assert [line.split()[2] for line in lines[3:]] == ["accepted", "cancelled"]
+
+
+def test_timeline_of_an_unknown_or_malformed_id_is_one_line(settings: Settings) -> None:
+    unknown = uuid.uuid4()
+    missing = jobs_cli(settings, "timeline", str(unknown))
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"jobcore: no job {unknown}"
+    bad = jobs_cli(settings, "timeline", "nope")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "jobcore: not a job id: 'nope'"

@@ -19,6 +19,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import schedules as schedule_usecases
+from jobcore.usecases.timeline import job_timeline
 from services.worker.app import Worker
 from services.worker.scheduler import Scheduler
 
@@ -150,6 +151,11 @@ async def test_each_tick_makes_one_job_once_and_the_state_follows(
     state = (await states(db))["every"]
     assert state["last_tick"] == T0 + timedelta(seconds=2)
     assert state["last_job_id"] == every["id"]
+    # Its timeline starts with `accepted`, naming the schedule.
+    timeline = await job_timeline(db, every["id"], tenant="scheduler")
+    assert timeline is not None
+    [accepted] = timeline.events
+    assert (accepted.kind, accepted.detail["schedule"]) == ("accepted", "every")
 
 
 async def test_two_schedulers_on_separate_connections_make_each_tick_once(
@@ -241,6 +247,9 @@ async def test_pause_resume_and_trigger_are_audited_and_do_what_they_say(
         (trigger.job_id, None, "ops")
     ]
     assert (await states(db))["every"]["last_tick"] == T0  # a trigger is not a tick
+    triggered = await job_timeline(db, trigger.job_id, tenant=None)
+    assert triggered is not None
+    assert triggered.events[0].detail == {"schedule": "every", "triggered": "by hand"}
 
     resumed = await schedule_usecases.resume_schedule(
         db, schedules, "every", actor=ACTOR, now=clock()

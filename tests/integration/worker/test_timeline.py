@@ -1,0 +1,348 @@
+"""A job's timeline: real jobs driven through each path (a real relay in this process, real
+workers, PostgreSQL and RabbitMQ) leave their events in order, and the job says in words
+where it is now."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, execute, fetch_one
+from jobcore.jobevents import JobEventKind
+from jobcore.settings import Settings
+from jobcore.sql import Query
+from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.sql.jobs import JOB_CLAIM_MANY
+from jobcore.testing.waiting import eventually
+from jobcore.timeline import JobTimeline
+from jobcore.usecases.jobs import cancel_job
+from jobcore.usecases.timeline import job_timeline
+from jobcore.webhooks import completion_params
+from services.relay.relay import Relay
+from tests.integration.relay.helpers import running_relay
+from tests.integration.webhooks.support import Answer, delivery_in, receiving, webhook_settings
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import GatePayload
+from tests.integration.worker.support import outbox_rows, status_is, submit
+
+ACCEPTED = JobEventKind.ACCEPTED
+PUBLISHED = JobEventKind.PUBLISHED
+CLAIMED = JobEventKind.CLAIMED
+FINISHED = JobEventKind.FINISHED
+
+
+@pytest.fixture
+async def relay(wsettings: Settings, db: Database, broker_cleanup: None) -> AsyncIterator[Relay]:
+    async with running_relay(wsettings, db) as running:
+        yield running
+
+
+async def timeline(db: Database, job_id: uuid.UUID) -> JobTimeline:
+    found = await job_timeline(db, job_id, tenant="t")
+    assert found is not None
+    return found
+
+
+def kinds(found: JobTimeline) -> list[str]:
+    return [event.kind for event in found.events]
+
+
+async def ended(db: Database, job_id: uuid.UUID) -> JobTimeline:
+    """The timeline once the job ended and the relay committed every confirm it got (a
+    worker can finish a job before the relay records its message's confirm)."""
+    await eventually(
+        lambda: status_is(db, job_id, "succeeded", "failed", "cancelled"), what="the job's end"
+    )
+
+    async def settled() -> bool:
+        async with db.connection() as conn:
+            cur = await conn.execute(UNSETTLED_MESSAGES, (job_id,))
+            row = await cur.fetchone()
+        return row is not None and row["n"] == 0
+
+    await eventually(settled, what="the relay to record its confirms")
+    return await timeline(db, job_id)
+
+
+# The job's own messages still in the outbox, not quarantined (webhook messages aside).
+UNSETTLED_MESSAGES = """
+    SELECT count(*) AS n FROM outbox JOIN jobs ON jobs.id = outbox.job_id
+    WHERE outbox.job_id = %s AND outbox.message_type = jobs.type
+      AND outbox.quarantined_at IS NULL
+"""
+
+
+async def test_a_job_that_succeeds_is_accepted_published_claimed_and_finished(
+    db: Database, topology: Topology, relay: Relay, start_worker: StartWorker
+) -> None:
+    worker = await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    found = await ended(db, job_id)
+
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED, FINISHED]
+    accepted, published, claimed, finished = found.events
+    assert accepted.attempt is None
+    assert published.attempt == 1
+    assert published.detail["relay"] == relay.relay_id
+    assert claimed.attempt == 1
+    assert claimed.detail["worker"] == worker.worker_id
+    assert "lease_until" in claimed.detail
+    assert (finished.attempt, finished.detail) == (1, {"status": "succeeded"})
+    assert [e.at for e in found.events] == sorted(e.at for e in found.events)
+    assert found.where.startswith("succeeded at ")
+    assert found.where.endswith("on attempt 1")
+
+
+async def test_a_retry_records_why_and_until_when_then_the_next_attempt(
+    db: Database, topology: Topology, relay: Relay, start_worker: StartWorker
+) -> None:
+    await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload(fail_times=1))
+    found = await ended(db, job_id)
+
+    assert kinds(found) == [
+        ACCEPTED,
+        PUBLISHED,
+        CLAIMED,
+        JobEventKind.RETRY_SCHEDULED,
+        PUBLISHED,
+        CLAIMED,
+        FINISHED,
+    ]
+    retry = found.events[3]
+    assert retry.attempt == 1
+    assert "planned failure on attempt 1" in retry.detail["error"]
+    assert datetime.fromisoformat(retry.detail["until"]) > retry.at
+    assert [e.attempt for e in found.events[4:]] == [2, 2, 2]
+    assert found.events[-1].detail == {"status": "succeeded"}
+
+
+async def test_a_permanent_failure_finishes_failed_with_its_error(
+    db: Database, topology: Topology, relay: Relay, start_worker: StartWorker
+) -> None:
+    await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload(permanent=True))
+    found = await ended(db, job_id)
+
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED, FINISHED]
+    assert found.events[-1].detail["status"] == "failed"
+    assert "this job can never work" in found.events[-1].detail["error"]
+    assert found.where.startswith("failed at ")
+    assert "after attempt 1 of 3: " in found.where
+    assert "this job can never work" in found.where
+
+
+async def test_a_scheduled_job_is_due_at_its_run_at_until_cancelled(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    run_at = datetime.now(UTC) + timedelta(hours=1)
+    job_id = await submit(db, topology, "wt_gate", GatePayload(), run_at=run_at)
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED]
+    assert datetime.fromisoformat(found.events[0].detail["run_at"]) == run_at
+    assert found.where.startswith("due at ")
+    assert found.where.endswith("(its run_at)")
+
+    async with db.unit_of_work() as uow:
+        await cancel_job(uow, "t", job_id, completion=completion_params(topology, wsettings))
+        await uow.commit()
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, JobEventKind.CANCELLED]
+    assert found.events[-1].detail == {"status": "cancelled"}
+    assert found.where.startswith("cancelled at ")
+
+
+async def test_a_running_job_asked_to_cancel_records_the_request_then_its_end(
+    db: Database,
+    topology: Topology,
+    relay: Relay,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Any,
+) -> None:
+    await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload(gate=str(tmp_path / "never")))
+    await eventually(lambda: status_is(db, job_id, "running"), what="the job to run")
+    found = await timeline(db, job_id)
+    assert found.where.startswith("running on worker ")
+    assert "(attempt 1 of 3), lease until " in found.where
+
+    async with db.unit_of_work() as uow:
+        await cancel_job(uow, "t", job_id, completion=completion_params(topology, wsettings))
+        await uow.commit()
+    found = await ended(db, job_id)
+    assert kinds(found) == [
+        ACCEPTED,
+        PUBLISHED,
+        CLAIMED,
+        JobEventKind.CANCEL_REQUESTED,
+        JobEventKind.CANCELLED,
+    ]
+
+
+async def test_a_lost_lease_is_recorded_by_the_reaper_before_the_next_attempt(
+    db: Database, topology: Topology, wsettings: Settings, start_worker: StartWorker
+) -> None:
+    # A worker claimed the job, then died: its message is gone and its lease runs out.
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [message] = await outbox_rows(db, job_id)
+    async with db.unit_of_work() as uow:
+        claim = {
+            "consumer": JOBS_CONSUMER,
+            "worker_id": "died-after-claim",
+            "message_ids": [message["message_id"]],
+            "job_ids": [job_id],
+            "types": ["wt_gate"],
+            "attempts": [1],
+            "lease_tokens": [uuid.uuid4()],
+            "leases": [0.5],
+        }
+        assert await fetch_one(uow, JOB_CLAIM_MANY(claim)) is not None
+        await execute(uow, DELETE_OUTBOX_ROW({"id": message["id"]}))
+        await uow.commit()
+
+    async with running_relay(wsettings, db):
+        await start_worker()
+        found = await ended(db, job_id)
+
+    assert kinds(found) == [
+        ACCEPTED,
+        CLAIMED,
+        JobEventKind.LEASE_LOST,
+        PUBLISHED,
+        CLAIMED,
+        FINISHED,
+    ]
+    lost = found.events[2]
+    assert (lost.attempt, lost.detail) == (1, {"worker": "died-after-claim", "then": "pending"})
+    assert [e.attempt for e in found.events[3:]] == [2, 2, 2]
+
+
+DELETE_OUTBOX_ROW = Query[dict[str, Any]](
+    "test_delete_outbox_row", "Delete one outbox row.", "DELETE FROM outbox WHERE id = %(id)s"
+)
+
+# Headers AMQP cannot encode (an integer over 64 bits): the relay quarantines the row.
+MAKE_UNPUBLISHABLE = Query[dict[str, Any]](
+    "test_make_unpublishable",
+    "Give a job's outbox row headers AMQP cannot carry.",
+    """UPDATE outbox SET headers = '{"n": 1180591620717411303424}'::jsonb
+       WHERE job_id = %(job_id)s""",
+)
+
+
+async def test_a_quarantined_message_is_recorded_and_named_then_the_job_fails(
+    db: Database,
+    topology: Topology,
+    wsettings: Settings,
+    broker_cleanup: None,
+    start_worker: StartWorker,
+) -> None:
+    # Spoilt before any relay runs: a running one could publish it first.
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.unit_of_work() as uow:
+        await execute(uow, MAKE_UNPUBLISHABLE({"job_id": job_id}))
+        await uow.commit()
+
+    async def quarantined() -> JobTimeline | None:
+        found = await timeline(db, job_id)
+        return found if JobEventKind.QUARANTINED in kinds(found) else None
+
+    async with running_relay(wsettings, db):
+        found = await eventually(quarantined, what="the row to be quarantined")
+        [row] = await outbox_rows(db, job_id)
+        event = found.events[-1]
+        assert (event.attempt, event.detail["outbox_id"]) == (1, row["id"])
+        assert event.detail["error"].startswith("malformed")
+        assert found.where.startswith("quarantined in the outbox since ")
+        assert f"`jobcore outbox requeue {row['id']}` publishes it again" in found.where
+
+        await start_worker()  # its rescuer fails the job
+        found = await ended(db, job_id)
+    assert kinds(found) == [ACCEPTED, JobEventKind.QUARANTINED, FINISHED]
+    assert found.events[-1].detail["status"] == "failed"
+    assert found.events[-1].detail["error"].startswith("outbox row quarantined: malformed")
+
+
+async def test_a_message_no_worker_knows_is_dead_lettered_and_said_so(
+    db: Database,
+    topology: Topology,
+    wsettings: Settings,
+    broker_cleanup: None,
+    start_worker: StartWorker,
+) -> None:
+    # The job's type as its message names it is one no worker here knows (a rolling deploy):
+    # the worker sends it to the dead-letter queue and notes it on the job. Renamed before
+    # any relay runs: a running one could publish it first.
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.unit_of_work() as uow:
+        await execute(uow, RENAME_TYPE({"job_id": job_id}))
+        await uow.commit()
+    await start_worker()
+
+    async def dead_lettered() -> JobTimeline | None:
+        # The worker can note it before the relay commits the confirm it got.
+        found = await timeline(db, job_id)
+        return found if {PUBLISHED, JobEventKind.DEAD_LETTERED} <= set(kinds(found)) else None
+
+    async with running_relay(wsettings, db):
+        found = await eventually(dead_lettered, what="the dead letter to be noted")
+    assert kinds(found) == [ACCEPTED, PUBLISHED, JobEventKind.DEAD_LETTERED]
+    event = found.events[-1]
+    assert (event.attempt, event.detail["by"]) == (1, "worker")
+    assert found.where.startswith("in the dead-letter queue since ")
+    assert "dead-lettered by a worker that does not know the job type" in found.where
+    assert "`jobcore dlq replay` runs it" in found.where
+
+
+RENAME_TYPE = Query[dict[str, Any]](
+    "test_rename_type",
+    "Make a job and its message of a type no worker knows.",
+    """
+    WITH job AS (UPDATE jobs SET type = 'wt_unknown' WHERE id = %(job_id)s RETURNING id)
+    UPDATE outbox SET message_type = 'wt_unknown',
+        body = convert_to(replace(convert_from(body, 'UTF8'), '"wt_gate"', '"wt_unknown"'),
+                          'UTF8')
+    WHERE job_id = (SELECT id FROM job)
+    """,
+)
+
+
+@pytest.fixture
+def hooked(wsettings: Settings) -> Settings:
+    return webhook_settings(wsettings, job_modules=wsettings.job_modules)
+
+
+async def test_each_webhook_attempt_is_recorded_after_the_job_finished(
+    db: Database, topology: Topology, hooked: Settings, start_worker: StartWorker
+) -> None:
+    async with receiving(Answer(500)) as receiver, running_relay(hooked, db):
+        await start_worker(hooked)
+        job_id = await submit(db, topology, "wt_gate", GatePayload(), callback_url=receiver.url())
+        await eventually(delivery_in(db, job_id, "delivered"), what="the webhook's delivery")
+    found = await timeline(db, job_id)
+
+    assert kinds(found) == [
+        ACCEPTED,
+        PUBLISHED,
+        CLAIMED,
+        FINISHED,
+        JobEventKind.WEBHOOK_ATTEMPT,
+        JobEventKind.WEBHOOK_ATTEMPT,
+    ]
+    first, second = found.events[-2:]
+    assert first.detail["attempt"] == 1
+    assert (first.detail["outcome"], first.detail["status"]) == ("retry", "pending")
+    assert first.detail["status_code"] == 500
+    assert "next_attempt_at" in first.detail
+    assert second.detail["attempt"] == 2
+    assert (second.detail["outcome"], second.detail["status"]) == ("delivered", "delivered")
+    assert second.detail["status_code"] == 200
+    assert first.detail["delivery_id"] == second.detail["delivery_id"]
+    # No URL (it may hold a token) and no body in an event.
+    assert receiver.url() not in str([e.detail for e in found.events])
