@@ -210,8 +210,7 @@ def test_a_paused_queue_or_type_says_what_holds_the_job_and_how_to_resume() -> N
     )
     by_type = job(paused="type", type="export_csv", **in_outbox())
     assert whereabouts(by_type) == (
-        "waiting: its job type export_csv is paused "
-        "(`jobcore types resume export_csv` lets it run)"
+        "waiting: its job type export_csv is paused (`jobcore types resume export_csv` lets it run)"
     )
     # Paused only holds back what has not started.
     assert whereabouts(job(paused="queue", **running())).startswith("running on worker")
