@@ -21,10 +21,16 @@ from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.errors import EnqueueRateExceeded, IdempotencyConflict, TooManyUnfinishedJobs
+from jobcore.gates import gate_key
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql.jobs import JOB_GET_BY_IDEMPOTENCY_KEY, JOB_INSERT, JobInsertParams
+from jobcore.sql.jobs import (
+    JOB_GET_BY_IDEMPOTENCY_KEY,
+    JOB_INSERT,
+    JobGateParams,
+    JobInsertParams,
+)
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
 
@@ -49,6 +55,7 @@ def request_fingerprint(
     delay: float | None = None,
     max_attempts: int | None = None,
     entity_id: str | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
     order and whitespace do not matter) and every parameter that changes the job.
@@ -67,6 +74,9 @@ def request_fingerprint(
         "max_attempts": max_attempts,
         "entity_id": entity_id,
     }
+    # Only when given, so the fingerprints of requests without one did not change.
+    if ordering_key is not None:
+        request["ordering_key"] = ordering_key
     canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
@@ -78,6 +88,24 @@ def legacy_fingerprint(payload: BaseModel) -> str:
     before the upgrade has been pruned."""
     canonical = orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
+
+
+def job_gates(
+    job_type: JobType[Any], *, tenant: str, payload: Any, ordering_key: str | None
+) -> JobGateParams:
+    """The gates a job of this type passes before it starts (:mod:`jobcore.gates`)."""
+    limit, rate = job_type.concurrency, job_type.rate
+    where = {"type_name": job_type.name, "tenant": tenant, "payload": payload}
+    return {
+        "concurrency_key": None if limit is None else gate_key("concurrency", limit.per, **where),
+        "concurrency_limit": None if limit is None else limit.n,
+        "rate_key": None if rate is None else gate_key("rate", rate.per, **where),
+        "rate_per_second": None if rate is None else rate.per_second,
+        "rate_burst": None if rate is None else rate.burst,
+        "ordering_key": ordering_key,
+        "ordering_seq": None,
+        "ordering_blocks": job_type.ordering == "block",
+    }
 
 
 def _instant(when: datetime) -> str:
@@ -138,6 +166,8 @@ async def enqueue(
     callback_url: str | None = None,
     fingerprint: str | None = None,
     quotas: Quotas = UNLIMITED,
+    ordering_key: str | None = None,
+    ordering_seq: int | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -153,7 +183,10 @@ async def enqueue(
     ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
     rate limit or its cap of unfinished jobs the job is not written and
     :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
-    replay, which answers its job whatever the quotas.
+    replay, which answers its job whatever the quotas. Jobs of the tenant with the same
+    ``ordering_key`` start one after another in enqueue order (:mod:`jobcore.gates`);
+    ``ordering_seq`` puts the job at a given place in its key (a retry's copy takes the
+    place of the job it copies) instead of the next one.
     """
     job_id = uuid.uuid4()
     trace = capture_trace_headers()
@@ -164,7 +197,9 @@ async def enqueue(
             run_at=run_at,
             max_attempts=max_attempts,
             entity_id=entity_id,
+            ordering_key=ordering_key,
         )
+    raw_payload = payload.model_dump(mode="json")
     params: JobInsertParams = {
         "id": job_id,
         "tenant": tenant,
@@ -172,7 +207,7 @@ async def enqueue(
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
         "payload_fingerprint": fingerprint,
-        "payload": Jsonb(payload.model_dump(mode="json")),
+        "payload": Jsonb(raw_payload),
         "entity_id": entity_id,
         "max_attempts": max_attempts or job_type.max_attempts,
         "run_at": run_at,
@@ -184,6 +219,8 @@ async def enqueue(
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
+        **job_gates(job_type, tenant=tenant, payload=raw_payload, ordering_key=ordering_key),
+        "ordering_seq": ordering_seq,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),

@@ -28,6 +28,7 @@ from jobcore.errors import (
     ServiceStateError,
     UnknownJobType,
 )
+from jobcore.gates import Limit, OrderingOnFailure, Rate
 from jobcore.handlertx import Fence, JobTransaction
 from jobcore.jobprogress import checked_progress
 
@@ -157,6 +158,11 @@ class JobType(Generic[P]):
     max_attempts: int = 5
     timeout: float = 300.0
     lease: float = 60.0
+    # Flow control (jobcore.gates): at most so many running, so many starts a second, and
+    # whether a failed job of an ordering key blocks the jobs after it.
+    concurrency: Limit | None = None
+    rate: Rate | None = None
+    ordering: OrderingOnFailure = "block"
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -167,6 +173,8 @@ class JobType(Generic[P]):
             raise ValueError(f"max_attempts must be within 1..{MAX_ATTEMPTS_LIMIT}")
         if self.timeout <= 0 or self.lease <= 0:
             raise ValueError("timeout and lease must be positive")
+        if self.ordering not in ("block", "skip"):
+            raise ValueError("ordering must be 'block' or 'skip'")
 
     def validate_payload(self, raw: object) -> P:
         try:
@@ -213,6 +221,9 @@ class Registry:
         max_attempts: int = 5,
         timeout: float = 300.0,
         lease: float = 60.0,
+        concurrency: Limit | None = None,
+        rate: Rate | None = None,
+        ordering: OrderingOnFailure = "block",
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``."""
 
@@ -226,6 +237,9 @@ class Registry:
                     max_attempts=max_attempts,
                     timeout=timeout,
                     lease=lease,
+                    concurrency=concurrency,
+                    rate=rate,
+                    ordering=ordering,
                 )
             )
             return handler

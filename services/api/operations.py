@@ -92,6 +92,7 @@ class Submission:
     entity_id: str | None = None
     max_attempts: int | None = None
     run_at: datetime | None = None
+    ordering_key: str | None = None
     # Checked already (services.api.callbacks).
     callback_url: str | None = None
     # jobcore.enqueue.request_fingerprint of the request as sent.
@@ -135,6 +136,7 @@ async def submit(
             callback_url=submission.callback_url,
             fingerprint=submission.fingerprint,
             quotas=quotas,
+            ordering_key=submission.ordering_key,
         )
         if span is not None:
             span.set_attributes(

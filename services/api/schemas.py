@@ -67,6 +67,12 @@ class JobView(JobSummary):
     result_ref: str | None
     # Null until the handler reports progress.
     progress: JobProgress | None = None
+    # The ordering key given at enqueue: jobs with the same key start in enqueue order.
+    ordering_key: str | None = None
+    # Why a pending job that is due waits (its type's concurrency or rate limit, or an
+    # earlier job of its ordering key), and since when; null when nothing holds it.
+    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_since: datetime | None = None
 
 
 class PageLinks(BaseModel):

@@ -65,6 +65,13 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         result=row["result"],
         result_ref=row["result_ref"],
         progress=progress_view(row),
+        ordering_key=row["ordering_key"],
+    )
+    # A held reason outlives the wait only on a job cancelled while held: not shown then.
+    held = row["status"] == "pending" and row["held_reason"] is not None
+    body.update(
+        held_reason=row["held_reason"] if held else None,
+        held_since=row["held_since"] if held else None,
     )
     return body
 

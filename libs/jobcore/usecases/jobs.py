@@ -16,7 +16,7 @@ from typing import Any
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
-from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Database, Session, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.registry import Registry
@@ -28,6 +28,7 @@ from jobcore.sql.jobs import (
     JOB_GET_ANY_TENANT,
     JOB_LIST_ALL_TENANTS,
     JOB_LOCK_FOR_CANCEL,
+    JOB_ORDERING_UNBLOCK,
     JOB_REQUEST_CANCEL,
     JobListAllTenantsParams,
 )
@@ -149,7 +150,13 @@ async def retry_job(
             payload=job_type.validate_payload(job["payload"]),
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
+            # In an ordering key the copy takes the job's place, and the job stops
+            # holding back the jobs after it (the copy does, until it finishes).
+            ordering_key=job["ordering_key"],
+            ordering_seq=job["ordering_seq"],
         )
+        if job["ordering_key"] is not None:
+            await execute(work.uow, JOB_ORDERING_UNBLOCK({"id": job_id}))
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
         await work.commit()
     return RetryOutcome(job_id, result.job_id, result.status)

@@ -61,6 +61,17 @@ EntityIdQuery = Annotated[
         description="Your id of what the job is about, for `GET /jobs?entity_id=`.",
     ),
 ]
+OrderingKeyQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=255,
+        pattern=_TEXT_PATTERN,
+        description="Jobs of yours with the same ordering key start one at a time, in the "
+        "order they were accepted: each after the one before it has finished (a failed one "
+        'keeps the rest waiting if its type says `ordering="block"`).',
+    ),
+]
 MaxAttemptsQuery = Annotated[
     int | None,
     Query(ge=1, le=MAX_ATTEMPTS_LIMIT, description="Defaults to the job type's own limit."),
@@ -83,7 +94,8 @@ async def idempotency_key(
         Header(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
-            "request (payload, callback_url, run_at/delay, max_attempts, entity_id) answer "
+            "request (payload, callback_url, run_at/delay, max_attempts, entity_id, "
+            "ordering_key) answer "
             "the same job; a different request answers 422. A key is kept as long as its "
             "job.",
         ),
@@ -113,10 +125,12 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         max_attempts: MaxAttemptsQuery = None,
         run_at: RunAtQuery = None,
         delay: DelayQuery = None,
+        ordering_key: OrderingKeyQuery = None,
     ) -> Response:
         submission = operations.Submission(
             idempotency_key=key,
             entity_id=entity_id,
+            ordering_key=ordering_key,
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
@@ -127,6 +141,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
                 delay=delay,
                 max_attempts=max_attempts,
                 entity_id=entity_id,
+                ordering_key=ordering_key,
             ),
         )
         # One statement, committed on its own: the job with its outbox row, or neither.
