@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -51,7 +52,7 @@ def order_violations(rows: Sequence[dict[str, Any]]) -> list[str]:
     problems: list[str] = []
     for key, jobs in by_key.items():
         jobs.sort(key=lambda row: row["ordering_seq"])
-        for before, after in zip(jobs, jobs[1:], strict=False):
+        for before, after in itertools.pairwise(jobs):
             if not before["finished_at"] < after["started_at"]:
                 problems.append(
                     f"{key}: job {after['id']} (#{after['ordering_seq']}) started at "

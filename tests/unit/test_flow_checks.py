@@ -62,7 +62,8 @@ def test_gate_keys_separate_types_tenants_and_payload_values() -> None:
     assert gate_key("rate", "missing", **where).endswith("missing=null")
     long_a = gate_key("rate", "account", **{**where, "payload": {"account": "x" * 300}})
     long_b = gate_key("rate", "account", **{**where, "payload": {"account": "x" * 299 + "y"}})
-    assert len(long_a) <= 255 and long_a != long_b
+    assert len(long_a) <= 255
+    assert long_a != long_b
 
 
 def test_declarations_refuse_nonsense() -> None:

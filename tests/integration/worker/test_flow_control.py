@@ -84,7 +84,8 @@ async def test_concurrency_limit_per_key_holds_across_workers_without_using_atte
     held = await eventually(seen_held(db, "flow_limited", "concurrency"), what="a held job")
     # What GET /jobs/{id} shows of a job waiting for a slot.
     view = job_view(held)
-    assert view["status"] == "pending" and view["held_reason"] == "concurrency"
+    assert view["status"] == "pending"
+    assert view["held_reason"] == "concurrency"
     assert view["held_since"] is not None
 
     rows = await eventually(
@@ -173,7 +174,8 @@ async def test_a_failed_job_blocks_only_its_key_until_an_operator_retries_it(
         row = await eventually(
             lambda job_id=job_id: _held(db, job_id), what="the later jobs to be held"
         )
-        assert row["status"] == "pending" and row["attempts"] == 0
+        assert row["status"] == "pending"
+        assert row["attempts"] == 0
 
     # The operator fixes the cause and retries: the copy takes the failed job's place.
     fixed.touch()
