@@ -159,6 +159,11 @@ class AdminJobView(AdminJobSummary):
     cancel_requested_at: datetime | None
     started_at: datetime | None
     updated_at: datetime
+    # As in GET /jobs/{id}, with the job's place in its ordering key.
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
+    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_since: datetime | None = None
 
 
 class AdminCancelAnswer(BaseModel):

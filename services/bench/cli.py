@@ -31,7 +31,7 @@ def bench(
     scenarios: list[str] = typer.Argument(
         None,
         help="Scenarios to run, in order: enqueue relay e2e scale backlog fair (the default), "
-        "tracing, and steady (about 70 minutes at its defaults).",
+        "tracing, steady (about 70 minutes at its defaults), and ordered.",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."

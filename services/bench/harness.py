@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
 
 SCENARIOS = ("enqueue", "relay", "e2e", "scale", "backlog", "fair")  # run when none is named
-EXTRA_SCENARIOS = ("tracing", "steady")  # run when named
+EXTRA_SCENARIOS = ("tracing", "steady", "ordered")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
 # publishes, and purge the queues): the queue depth limit would stop them at its size.

@@ -337,7 +337,8 @@ JOB_LIST_ALL_TENANTS = Query[JobListAllTenantsParams](
     "The newest jobs of every tenant (or one), optionally filtered by status and type.",
     """
     SELECT id, tenant, type, status, attempts, max_attempts, entity_id, last_error,
-           created_at, finished_at
+           created_at, finished_at,
+           CASE WHEN status = 'pending' THEN held_reason END AS held_reason
     FROM jobs
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
