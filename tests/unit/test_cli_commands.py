@@ -52,6 +52,8 @@ def test_every_verb_is_registered() -> None:
             "show": None,
             "cancel": None,
             "retry": None,
+            "unblock": None,
+            "held": None,
             "republish-stale": None,
         },
     }
