@@ -20,20 +20,15 @@ from typing import Any
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, UnitOfWork, fetch_all
-from jobcore.enqueue import message_row
+from jobcore.db import Database, UnitOfWork
+from jobcore.releases import release_held
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_LOCK_RELEASABLE, JOB_RELEASE_HELD, JobReleaseHeldParams
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "gate_releaser"
-# How far ahead a rate-limited key's held jobs are released (each due at its token's
-# time): a second's worth, so a fast key is not bounded by the round interval.
-RATE_HORIZON = 1.0
 
 
 class GateReleaser(MaintenanceService):
@@ -60,43 +55,9 @@ class GateReleaser(MaintenanceService):
         self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        releasable = await fetch_all(
-            uow, JOB_LOCK_RELEASABLE({"limit": BATCH_SIZE, "horizon": RATE_HORIZON})
-        )
-        if not releasable:
-            return 0, []
-        return len(releasable), await fetch_all(
-            uow, JOB_RELEASE_HELD(self._release_params(releasable))
-        )
+        return await release_held(uow, self.topology, limit=BATCH_SIZE)
 
     def report(self, rows: Sequence[Any]) -> None:
         if rows:
             self.metrics.released(len(rows))
             log.debug("released held jobs", extra={"count": len(rows)})
-
-    def _release_params(self, rows: list[DictRow]) -> JobReleaseHeldParams:
-        messages = [
-            message_row(
-                self.topology,
-                job_id=row["id"],
-                type_name=row["type"],
-                queue=row["queue"],
-                attempt=row["attempts"] + 1,
-                trace_headers={
-                    k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None
-                },
-            )
-            for row in rows
-        ]
-        return {
-            "ids": [row["id"] for row in rows],
-            "attempts": [row["attempts"] + 1 for row in rows],
-            "available_at": [row["due_at"] for row in rows],
-            "channel": OUTBOX_CHANNEL,
-            "message_ids": [m["message_id"] for m in messages],
-            "exchanges": [m["exchange"] for m in messages],
-            "routing_keys": [m["routing_key"] for m in messages],
-            "message_types": [m["message_type"] for m in messages],
-            "headers": [m["headers"] for m in messages],
-            "bodies": [m["body"] for m in messages],
-        }
