@@ -13,7 +13,9 @@ from jobcore.gates import Limit, Rate
 from jobcore.registry import JobContext, job
 
 MODULE = __name__
-QUEUE = "flowq"
+# The worker tests' queue: a queue of its own would change what every in-process worker of
+# the suite consumes once this module is imported (the default registry is shared).
+QUEUE = "testq"
 LIMIT = 2
 RATE = 4.0
 
