@@ -186,6 +186,10 @@ job_gates = Table(
     Column("key", Text, primary_key=True),
     _timestamp("tat"),
     Column("counter", BigInteger, nullable=False, server_default=text("0")),
+    # A rate key's next free start time as far as the gate releaser has handed out (its
+    # releases are due at spaced times up to here), so a round does not hand out again
+    # the starts an earlier round's releases have not claimed yet.
+    _timestamp("released_until"),
     _timestamp("updated_at", nullable=False, default_now=True),
 )
 

@@ -64,6 +64,7 @@ def upgrade() -> None:
         sa.Column('key', sa.Text(), nullable=False),
         sa.Column('tat', sa.DateTime(timezone=True), nullable=True),
         sa.Column('counter', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+        sa.Column('released_until', sa.DateTime(timezone=True), nullable=True),
         sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
         sa.PrimaryKeyConstraint('key', name=op.f('job_gates_pkey')),
     )

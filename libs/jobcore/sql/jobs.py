@@ -1046,9 +1046,10 @@ class JobLockReleasableParams(TypedDict):
 
 # Held jobs whose gate may let them through now: for ordering, no earlier job of the key
 # blocks it any more; for concurrency, the first (limit - running) held jobs of the key,
-# oldest first; for a rate limit, the first few of the key (as many as its rate starts
-# within `horizon` seconds, plus its burst), each due when the GCRA state says its token
-# comes (so a burst of releases is not a burst of claims that hold them again). A release
+# oldest first; for a rate limit, those of the key whose start falls within `horizon`
+# seconds, each due when its token comes: starts spaced 1/rate from the later of the GCRA
+# state and what earlier rounds handed out (released_until, which JOB_RELEASE_HELD moves
+# on), so a burst of releases is not a burst of claims that hold them again. A release
 # is a hint: the claim checks the gates again and may hold the job again, so counting here
 # without locks is safe. The second step locks the chosen jobs, skipping any a claim or a
 # cancel is changing.
@@ -1072,6 +1073,7 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
                CASE WHEN held.held_reason = 'rate_limit'
                     THEN greatest(
                         now(),
+                        gate.released_until,
                         gate.tat - make_interval(
                             secs => (held.rate_burst - 1) / held.rate_per_second)
                     ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
@@ -1093,7 +1095,13 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
                   AND running.status = 'running'
             )
             WHEN 'rate_limit' THEN
-                held.rank <= ceil(held.rate_per_second * %(horizon)s) + held.rate_burst
+                greatest(
+                    now(),
+                    gate.released_until,
+                    gate.tat - make_interval(
+                        secs => (held.rate_burst - 1) / held.rate_per_second)
+                ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
+                <= now() + make_interval(secs => %(horizon)s)
             ELSE false
         END
         ORDER BY due_at
@@ -1145,7 +1153,21 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
           AND jobs.status = 'pending'
           AND jobs.held_reason IS NOT NULL
           AND jobs.attempts + 1 = input.attempt
-        RETURNING jobs.id, jobs.tenant
+        RETURNING jobs.id, jobs.tenant, jobs.rate_key, jobs.rate_per_second
+    ), handed_out AS (
+        UPDATE job_gates
+        SET released_until = greatest(job_gates.released_until, next.start),
+            updated_at = now()
+        FROM (
+            SELECT released.rate_key,
+                   max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
+                       AS start
+            FROM released JOIN input USING (id)
+            WHERE released.rate_key IS NOT NULL
+            GROUP BY released.rate_key
+        ) AS next
+        WHERE job_gates.key = next.rate_key
+        RETURNING job_gates.key
     ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -1156,7 +1178,7 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
         FROM input JOIN released USING (id)
         RETURNING id
     )
-    SELECT released.id,
+    SELECT released.id, (SELECT count(*) FROM handed_out) AS rate_gates_moved,
            (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified
     FROM released
     """,
