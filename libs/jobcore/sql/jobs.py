@@ -552,8 +552,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
            held.held_reason,
            claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
            claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
-           claimed.tracestate, claimed.created_at, claimed.due_at,
-           (SELECT count(*) FROM spent) AS rate_gates_spent
+           claimed.tracestate, claimed.created_at, claimed.due_at
     FROM input
     LEFT JOIN received USING (message_id)
     LEFT JOIN jobs AS before ON before.id = input.job_id
@@ -1178,7 +1177,7 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
         FROM input JOIN released USING (id)
         RETURNING id
     )
-    SELECT released.id, (SELECT count(*) FROM handed_out) AS rate_gates_moved,
+    SELECT released.id,
            (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified
     FROM released
     """,
