@@ -498,7 +498,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
                              + row_number() OVER (
                                  PARTITION BY rate_key, held_after IS NULL
                                  ORDER BY created_at, job_id) / rate_per_second
-                             > rate_burst / rate_per_second + 1e-6
+                             > rate_burst / rate_per_second
                     THEN 'rate_limit' ELSE held_after END AS verdict
         FROM concurrency LEFT JOIN job_gates AS gate ON gate.key = concurrency.rate_key
     ), spent AS (
