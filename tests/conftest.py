@@ -63,7 +63,7 @@ def settings(database_url: str, service_urls: ServiceUrls, tmp_path: Path) -> Se
         amqp_prefix=f"jct.{uuid.uuid4().hex[:10]}",
         job_modules=TEST_JOB_MODULES,
         result_dir=tmp_path / "results",
-        db_pool_max=10,
+        db_pool_max=12,
         shutdown_grace=5.0,
     )
 

@@ -57,6 +57,7 @@ NOT_REFUSALS = (DatabaseUnavailable, BrokerUnavailable, ServiceStateError)
 class AuditAction(StrEnum):
     JOB_CANCEL = "job.cancel"
     JOB_RETRY = "job.retry"
+    JOB_UNBLOCK = "job.unblock"
     JOBS_REPUBLISH_STALE = "jobs.republish_stale"
     OUTBOX_REQUEUE = "outbox.requeue"
     OUTBOX_DISCARD = "outbox.discard"

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, execute, fetch_all
-from jobcore.enqueue import UNIQUE_KEY_TRIES, quota_refusal, seconds_of
+from jobcore.enqueue import UNIQUE_KEY_TRIES, job_gates, quota_refusal, seconds_of
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
     IdempotencyConflict,
@@ -154,6 +154,11 @@ def _insert_params(
 ) -> JobInsertManyParams:
     ids = [uuid.uuid4() for _ in todo]
     chosen = [items[n] for n in todo]
+    gates = [
+        job_gates(job_type, tenant=tenant, payload=item.payload, ordering_key=None)
+        for item in chosen
+    ]
+    limit, rate = job_type.concurrency, job_type.rate
     return {
         "ns": todo,
         "ids": ids,
@@ -172,6 +177,12 @@ def _insert_params(
         "type": job_type.name,
         "queue": job_type.queue,
         "priority": int(job_type.priority),
+        "concurrency_keys": [gate["concurrency_key"] for gate in gates],
+        "concurrency_limit": None if limit is None else limit.n,
+        "rate_keys": [gate["rate_key"] for gate in gates],
+        "rate_per_second": None if rate is None else rate.per_second,
+        "rate_burst": None if rate is None else rate.burst,
+        "ordering_blocks": job_type.ordering == "block",
         "callback_url": callback_url,
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),

@@ -30,6 +30,7 @@ from jobcore.errors import (
     TooManyUnfinishedJobs,
     UniqueJobExists,
 )
+from jobcore.gates import gate_key
 from jobcore.priorities import Priority
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
@@ -38,6 +39,7 @@ from jobcore.sql.jobs import (
     JOB_GET_BY_IDEMPOTENCY_KEY,
     JOB_GET_UNIQUE_HOLDER,
     JOB_INSERT,
+    JobGateParams,
     JobInsertParams,
 )
 from jobcore.states import JobStatus
@@ -66,6 +68,7 @@ def request_fingerprint(
     entity_id: str | None = None,
     unique_key: str | None = None,
     priority: Priority | None = None,
+    ordering_key: str | None = None,
 ) -> str:
     """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
     order and whitespace do not matter) and every parameter that changes the job.
@@ -91,6 +94,9 @@ def request_fingerprint(
         request["unique_key"] = unique_key
     if priority is not None:
         request["priority"] = int(priority)
+    # Only when given, so the fingerprints of requests without one did not change.
+    if ordering_key is not None:
+        request["ordering_key"] = ordering_key
     canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
@@ -140,6 +146,24 @@ def legacy_fingerprint(payload: BaseModel) -> str:
     before the upgrade has been pruned."""
     canonical = orjson.dumps(payload.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
+
+
+def job_gates(
+    job_type: JobType[Any], *, tenant: str, payload: Any, ordering_key: str | None
+) -> JobGateParams:
+    """The gates a job of this type passes before it starts (:mod:`jobcore.gates`)."""
+    limit, rate = job_type.concurrency, job_type.rate
+    where = {"type_name": job_type.name, "tenant": tenant, "payload": payload}
+    return {
+        "concurrency_key": None if limit is None else gate_key("concurrency", limit.per, **where),
+        "concurrency_limit": None if limit is None else limit.n,
+        "rate_key": None if rate is None else gate_key("rate", rate.per, **where),
+        "rate_per_second": None if rate is None else rate.per_second,
+        "rate_burst": None if rate is None else rate.burst,
+        "ordering_key": ordering_key,
+        "ordering_seq": None,
+        "ordering_blocks": job_type.ordering == "block",
+    }
 
 
 def _instant(when: datetime) -> str:
@@ -203,6 +227,8 @@ async def enqueue(
     unique_key: str | None = None,
     priority: Priority | None = None,
     origin: Mapping[str, str] | None = None,
+    ordering_key: str | None = None,
+    ordering_seq: int | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -221,7 +247,10 @@ async def enqueue(
     replay, which answers its job whatever the quotas. ``priority``: the job type's default
     unless given (:mod:`jobcore.priorities`). ``origin`` goes into the job's ``accepted``
     event (the schedule that enqueued it, the job it retries): a few short strings, never
-    payload data.
+    payload data. Jobs of the tenant with the same ``ordering_key`` start one after
+    another in enqueue order (:mod:`jobcore.gates`); ``ordering_seq`` puts the job at a
+    given place in its key (a retry's copy takes the place of the job it copies) instead
+    of the next one.
 
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
@@ -240,6 +269,7 @@ async def enqueue(
             entity_id=entity_id,
             unique_key=unique_key,
             priority=priority,
+            ordering_key=ordering_key,
         )
     job_id = uuid.uuid4()
     params: JobInsertParams = {
@@ -264,6 +294,8 @@ async def enqueue(
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
         "unique_key": key,
+        **job_gates(job_type, tenant=tenant, payload=document, ordering_key=ordering_key),
+        "ordering_seq": ordering_seq,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),

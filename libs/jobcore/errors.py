@@ -76,6 +76,10 @@ class JobNotRetryable(JobcoreError):
     """Only a failed or cancelled job can be retried."""
 
 
+class JobNotBlocking(JobcoreError):
+    """Only a failed job of an ordering key holds back the jobs after it."""
+
+
 class ResultNotReady(JobcoreError):
     """The job has not succeeded (yet); it has no result."""
 

@@ -28,6 +28,7 @@ from jobcore.errors import (
     ServiceStateError,
     UnknownJobType,
 )
+from jobcore.gates import Limit, OrderingOnFailure, Rate
 from jobcore.handlertx import Fence, JobTransaction
 from jobcore.jobprogress import checked_progress
 from jobcore.priorities import DEFAULT_PRIORITY, Priority
@@ -163,6 +164,11 @@ class JobType(Generic[P]):
     unique_field: str | None = None
     # What its jobs get unless the request names one (jobcore.priorities).
     priority: Priority = DEFAULT_PRIORITY
+    # Flow control (jobcore.gates): at most so many running, so many starts a second, and
+    # whether a failed job of an ordering key blocks the jobs after it.
+    concurrency: Limit | None = None
+    rate: Rate | None = None
+    ordering: OrderingOnFailure = "block"
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -180,6 +186,8 @@ class JobType(Generic[P]):
                 f"unique_field {self.unique_field!r} is not a field of "
                 f"{self.payload_model.__name__}"
             )
+        if self.ordering not in ("block", "skip"):
+            raise ValueError("ordering must be 'block' or 'skip'")
 
     def validate_payload(self, raw: object) -> P:
         try:
@@ -228,6 +236,9 @@ class Registry:
         lease: float = 60.0,
         unique_field: str | None = None,
         priority: Priority | str | int = DEFAULT_PRIORITY,
+        concurrency: Limit | None = None,
+        rate: Rate | None = None,
+        ordering: OrderingOnFailure = "block",
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
         ``unique_field="account_id"``: one live job per tenant and account id; ``priority``
@@ -246,6 +257,9 @@ class Registry:
                     lease=lease,
                     unique_field=unique_field,
                     priority=level,
+                    concurrency=concurrency,
+                    rate=rate,
+                    ordering=ordering,
                 )
             )
             return handler

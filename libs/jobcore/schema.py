@@ -122,7 +122,24 @@ jobs = Table(
     # At most one live job per (tenant, type, unique key): the request's unique_key, or
     # the value of the payload field its job type names (jobcore.registry). NULL: none.
     Column("unique_key", Text),
+    # Flow control (jobcore.gates), resolved at enqueue from the type's declaration and
+    # the payload: the gates the claim checks. A pending job a gate held says why and
+    # since when (NULL once it is released or claimed).
+    Column("concurrency_key", Text),
+    Column("concurrency_limit", Integer),
+    Column("rate_key", Text),
+    Column("rate_per_second", Float),
+    Column("rate_burst", Integer),
+    Column("ordering_key", Text),
+    # The job's place in its ordering key (per tenant), taken from the key's job_gates
+    # counter by the enqueue statement, so places follow commit order.
+    Column("ordering_seq", BigInteger),
+    # Whether this job, once failed, keeps the later jobs of its key waiting.
+    Column("ordering_blocks", Boolean, nullable=False, server_default=text("true")),
+    Column("held_reason", Text),
+    _timestamp("held_since"),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
+    CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
     CheckConstraint(_PRIORITY_RANGE, name="priority"),
     CheckConstraint("progress_fraction >= 0 AND progress_fraction <= 1", name="progress_fraction"),
@@ -171,6 +188,41 @@ jobs = Table(
         "finished_at",
         postgresql_where=text(f"status IN ({_TERMINAL_STATUSES})"),
     ),
+    # The claim's gate checks: the jobs before one in its ordering key, the running jobs
+    # of a concurrency key; and the gate releaser's scan of held jobs.
+    Index(
+        "jobs_ordering_idx",
+        "tenant",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text("ordering_key IS NOT NULL"),
+    ),
+    Index(
+        "jobs_concurrency_running_idx",
+        "concurrency_key",
+        postgresql_where=text("status = 'running' AND concurrency_key IS NOT NULL"),
+    ),
+    Index(
+        "jobs_held_idx",
+        "held_since",
+        postgresql_where=text("status = 'pending' AND held_reason IS NOT NULL"),
+    ),
+)
+
+# One row per gate key (jobcore.gates): the row the claims of a concurrency or rate key
+# lock, in key order, before they count; a rate key's GCRA state (its theoretical arrival
+# time); an ordering key's counter of enqueued jobs.
+job_gates = Table(
+    "job_gates",
+    metadata,
+    Column("key", Text, primary_key=True),
+    _timestamp("tat"),
+    Column("counter", BigInteger, nullable=False, server_default=text("0")),
+    # A rate key's next free start time as far as the gate releaser has handed out (its
+    # releases are due at spaced times up to here), so a round does not hand out again
+    # the starts an earlier round's releases have not claimed yet.
+    _timestamp("released_until"),
+    _timestamp("updated_at", nullable=False, default_now=True),
 )
 
 outbox = Table(

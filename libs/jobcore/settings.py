@@ -172,6 +172,10 @@ class Settings(BaseSettings):
     # index serves quarantined rows (its query scans the outbox), so less often than the
     # reaper.
     worker_rescuer_interval: float = Field(default=30.0, gt=0, le=3600)
+    # How often the gate releaser publishes again the held jobs (jobcore.gates) whose
+    # concurrency slot, rate token or turn in their ordering key has come: the longest a
+    # freed slot waits to be reused. A round with nothing held is one index probe.
+    gate_release_interval: float = Field(default=0.2, gt=0, le=60)
 
     # Anti-entropy: the sweeper publishes again (through the outbox) the message of a
     # pending job that has been due, with no outbox row of its own, for sweeper_stale_after

@@ -133,6 +133,13 @@ def _pending(job: Mapping[str, Any], now: datetime) -> str:
             f"waiting: its job type {job['type']} is paused "
             f"(`jobcore types resume {job['type']}` lets it run)"
         )
+    held = job.get("held_reason")
+    if held is not None:
+        return {
+            "ordering": "held: an earlier job of its ordering key has not finished",
+            "concurrency": "held: its concurrency limit's slots are all running",
+            "rate_limit": "held: waiting for its rate limit's next start",
+        }.get(held, f"held: {held}") + " (the gate releaser publishes it again when it may start)"
     next_attempt = job["attempts"] + 1
     if job["message_outbox_id"] is not None:
         return _in_outbox(job, now)

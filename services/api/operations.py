@@ -93,6 +93,7 @@ class Submission:
     entity_id: str | None = None
     max_attempts: int | None = None
     run_at: datetime | None = None
+    ordering_key: str | None = None
     # Checked already (services.api.callbacks).
     callback_url: str | None = None
     # jobcore.enqueue.request_fingerprint of the request as sent.
@@ -142,6 +143,7 @@ async def submit(
             quotas=quotas,
             unique_key=submission.unique_key,
             priority=submission.priority,
+            ordering_key=submission.ordering_key,
         )
         if span is not None:
             span.set_attributes(

@@ -109,6 +109,12 @@ class JobTimelineView(BaseModel):
     status: JobStatus
     where: str
     events: list[JobEventView]
+    # The ordering key given at enqueue: jobs with the same key start in enqueue order.
+    ordering_key: str | None = None
+    # Why a pending job that is due waits (its type's concurrency or rate limit, or an
+    # earlier job of its ordering key), and since when; null when nothing holds it.
+    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_since: datetime | None = None
 
 
 class PageLinks(BaseModel):
@@ -240,6 +246,11 @@ class AdminJobView(AdminJobSummary):
     started_at: datetime | None
     updated_at: datetime
     where: str
+    # As in GET /jobs/{id}, with the job's place in its ordering key.
+    ordering_key: str | None = None
+    ordering_seq: int | None = None
+    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_since: datetime | None = None
 
 
 class AdminCancelAnswer(BaseModel):

@@ -77,6 +77,13 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         priority=Priority(row["priority"]).label,
         waiting_for=waiting_for(row),
         where=whereabouts(row),
+        ordering_key=row["ordering_key"],
+    )
+    # A held reason outlives the wait only on a job cancelled while held: not shown then.
+    held = row["status"] == "pending" and row["held_reason"] is not None
+    body.update(
+        held_reason=row["held_reason"] if held else None,
+        held_since=row["held_since"] if held else None,
     )
     return body
 

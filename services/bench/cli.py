@@ -31,8 +31,8 @@ def bench(
     scenarios: list[str] = typer.Argument(
         None,
         help="Scenarios to run, in order: enqueue batch relay e2e scale backlog fair (the "
-        "default), tracing, steady (about 70 minutes at its defaults), and priority (its "
-        "backlog and probes are --fair-backlog and --fair-probes).",
+        "default), tracing, steady (about 70 minutes at its defaults), priority (its "
+        "backlog and probes are --fair-backlog and --fair-probes), and ordered.",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."

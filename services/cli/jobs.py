@@ -1,5 +1,5 @@
-"""`jobcore jobs list|show|timeline|cancel|retry|republish-stale`: operators' view of jobs, across
-tenants.
+"""`jobcore jobs list|show|timeline|cancel|retry|unblock|held|republish-stale`: operators'
+view of jobs, across tenants.
 
 Each verb calls its use case (:mod:`jobcore.usecases.jobs`); cancel is the same function
 as `POST /jobs/{id}/cancel`. Retry prints the new job's id.
@@ -28,7 +28,16 @@ jobs_app = typer.Typer(
 
 T = TypeVar("T")
 
-LIST_COLUMNS = ("id", "tenant", "type", "status", "attempts", "created_at", "last_error")
+LIST_COLUMNS = (
+    "id",
+    "tenant",
+    "type",
+    "status",
+    "held_reason",
+    "attempts",
+    "created_at",
+    "last_error",
+)
 TIMELINE_COLUMNS = ("at", "kind", "attempt", "detail")
 
 
@@ -126,6 +135,24 @@ def retry(
     )
     shown = {"retried": outcome.retried, "job_id": outcome.job_id, "status": outcome.status.value}
     emit(shown, as_json=as_json)
+
+
+@jobs_app.command("unblock")
+def unblock(
+    job_id: str = typer.Argument(..., help="The id of a failed job of an ordering key."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Let the jobs after a failed job in its ordering key go on, without running it again."""
+    ident = parse_job_id(job_id)
+    shown = run(_with_db(settings(), lambda db: job_usecases.unblock_job(db, ident, actor=actor())))
+    emit(shown, as_json=as_json)
+
+
+@jobs_app.command("held")
+def held(as_json: bool = JSON_OPTION) -> None:
+    """Pending jobs waiting on a gate (concurrency, rate_limit, ordering), per type."""
+    rows = run(_with_db(settings(), job_usecases.held_jobs))
+    emit(rows, as_json=as_json, columns=["held_reason", "type", "held"])
 
 
 @jobs_app.command("republish-stale")

@@ -26,6 +26,7 @@ from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.deadletter_notes import DeadLetterNotes
+from services.worker.gates import GateReleaser
 from services.worker.maintenance import MaintenanceService
 from services.worker.metrics import WorkerMetrics
 from services.worker.pruner import Pruner
@@ -75,11 +76,16 @@ class Worker:
         # Anti-entropy: stranded pending jobs published again; dead letters noted on jobs.
         self.sweeper = Sweeper(settings, self.db, owner=self.worker_id, metrics=self.metrics)
         self.dead_letter_notes = DeadLetterNotes(settings, self.db, self.metrics)
+        # Flow control: held jobs published again once their gate may let them start.
+        self.gate_releaser = GateReleaser(
+            settings, self.db, owner=self.worker_id, metrics=self.metrics
+        )
         self.maintenance: list[MaintenanceService] = [
             self.reaper,
             self.rescuer,
             self.pruner,
             self.sweeper,
+            self.gate_releaser,
         ]
         # Periodic jobs: only with schedules declared (then it needs a connection too).
         schedules = load_schedules(settings.schedules, self.registry)

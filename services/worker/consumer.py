@@ -57,6 +57,7 @@ from jobcore.settings import Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs import (
     JOB_CLAIM_MANY,
+    JOB_GATES_LOCK,
     JOB_NOTE_UNDELIVERABLE,
     JobClaimManyParams,
     JobNoteUndeliverableParams,
@@ -266,7 +267,14 @@ class Consumer(Service):
     ) -> BaseModel | None:
         """After the claim: settle the delivery; the validated payload if the job runs."""
         if claim is None:
-            if not taken.row["fresh"]:
+            held_reason = taken.row.get("held_reason")
+            if held_reason is not None:
+                self.metrics.held(held_reason)
+                log.debug(
+                    "job held by its gate; message acknowledged, the job waits",
+                    extra={**_fields(message, taken.envelope), "held_reason": held_reason},
+                )
+            elif not taken.row["fresh"]:
                 self.metrics.duplicate()
                 log.debug("duplicate message acknowledged", extra=_fields(message, taken.envelope))
             elif taken.row["parked"]:
@@ -402,7 +410,14 @@ class Consumer(Service):
             "leases": [r.lease for r in unique],
         }
         async with self.connections.connection() as conn:
-            claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
+            if any(self._gated(r.job_type) for r in unique):
+                # The gates' rows are locked first, so the claim counts from a snapshot
+                # that every other claim of those keys has committed before.
+                async with conn.transaction():
+                    await execute(conn, JOB_GATES_LOCK({"job_ids": params["job_ids"]}))
+                    claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
+            else:
+                claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []
@@ -414,6 +429,13 @@ class Consumer(Service):
             answered.add(request.message_id)
             answers.append(row)
         return answers
+
+    def _gated(self, type_name: str) -> bool:
+        """Whether jobs of this type pass a concurrency or rate gate (jobcore.gates)."""
+        if type_name not in self.registry:
+            return False
+        job_type = self.registry.get(type_name)
+        return job_type.concurrency is not None or job_type.rate is not None
 
     async def _ack(self, message: Delivery) -> None:
         if message.settled:

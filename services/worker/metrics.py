@@ -93,6 +93,18 @@ class WorkerMetrics:
             "Messages of a paused queue or job type, parked back in the outbox unclaimed.",
             registry=self.registry,
         )
+        self._held = Counter(
+            "jobcore_worker_held_messages",
+            "New messages whose job a gate held (reason: concurrency, rate_limit, ordering): "
+            "acknowledged, the job left pending for the gate releaser.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._released = Counter(
+            "jobcore_worker_released_jobs",
+            "Held jobs the gate releaser published again.",
+            registry=self.registry,
+        )
         self._dead_lettered = Counter(
             "jobcore_worker_dead_lettered_messages",
             "Messages rejected to the dead-letter queue, by reason.",
@@ -243,6 +255,14 @@ class WorkerMetrics:
     def parked(self) -> None:
         self._parked.inc()
         self.counts["parked"] += 1
+
+    def held(self, reason: str) -> None:
+        self._held.labels(reason).inc()
+        self.counts[f"held.{reason}"] += 1
+
+    def released(self, count: int) -> None:
+        self._released.inc(count)
+        self.counts["released"] += count
 
     def dead_lettered(self, reason: str) -> None:
         self._dead_lettered.labels(reason).inc()

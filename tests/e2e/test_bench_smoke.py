@@ -150,3 +150,22 @@ def test_fair_scenario_reports_both_relays(settings: Settings, tmp_path: Path) -
         assert fair["details"][mode]["probes_during_backlog"][0] >= 1
     assert {s["label"] for s in fair["series"]} == {"fair relay", "fifo relay"}
     assert (out / "fair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# A few hundred jobs: both cases finish, and the ordered one is reported against the other.
+@pytest.mark.timeout(300)
+def test_ordered_scenario_reports_ordered_against_unordered(
+    settings: Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    result = bench_cli(
+        settings, "ordered", *("--jobs", "300", "--runs", "1", "--out", str(out)), timeout=280
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (ordered,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    figures = {f["case"]: f for f in ordered["figures"]}
+    assert figures["unordered"]["runs"][0] > 0
+    keyed = figures["100 ordering keys"]
+    assert keyed["runs"][0] > 0
+    assert keyed["baseline_runs"] == figures["unordered"]["runs"]

@@ -28,10 +28,10 @@ UNREACHABLE = {
         pytest.param(
             ("worker",),
             {"JOBCORE_DB_POOL_MAX": "5"},
-            "JOBCORE_DB_POOL_MAX: 5 connections are too few for this worker, which needs 9 "
+            "JOBCORE_DB_POOL_MAX: 5 connections are too few for this worker, which needs 10 "
             "at once (2 for claims and outcomes, 1 for the cancel listener, 1 for the reaper, "
-            "1 for the rescuer, 1 for the pruner, 1 for the sweeper, 1 for the dead-letter "
-            "notes, 1 for the webhook deliverer)",
+            "1 for the rescuer, 1 for the pruner, 1 for the sweeper, 1 for the gate_releaser, "
+            "1 for the dead-letter notes, 1 for the webhook deliverer)",
             id="worker-pool",
         ),
         pytest.param(

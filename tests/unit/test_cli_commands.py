@@ -56,6 +56,8 @@ def test_every_verb_is_registered() -> None:
             "timeline": None,
             "cancel": None,
             "retry": None,
+            "unblock": None,
+            "held": None,
             "republish-stale": None,
         },
     }

@@ -214,3 +214,15 @@ def test_a_paused_queue_or_type_says_what_holds_the_job_and_how_to_resume() -> N
     )
     # Paused only holds back what has not started.
     assert whereabouts(job(paused="queue", **running())).startswith("running on worker")
+
+
+def test_a_held_job_says_which_gate_holds_it() -> None:
+    assert whereabouts(job(held_reason="ordering")).startswith(
+        "held: an earlier job of its ordering key has not finished"
+    )
+    assert whereabouts(job(held_reason="concurrency")).startswith(
+        "held: its concurrency limit's slots are all running"
+    )
+    assert whereabouts(job(held_reason="rate_limit")).startswith(
+        "held: waiting for its rate limit's next start"
+    )

@@ -70,16 +70,32 @@ def _insert_job_with_outbox() -> str:
     replay of an accepted request skips them.
     """
     return f"""
-    WITH {admission_ctes()}, job AS (
+    WITH {admission_ctes()}, place AS (
+        INSERT INTO job_gates (key, counter)
+        SELECT 'ordering:' || admit.tenant || ':' || %(ordering_key)s, 1
+        FROM admit
+        WHERE admit.last_refusal IS NULL AND %(ordering_key)s::text IS NOT NULL
+          AND %(ordering_seq)s::bigint IS NULL
+        ON CONFLICT (key) DO UPDATE
+        SET counter = job_gates.counter + 1, updated_at = now()
+        RETURNING counter
+    ), job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            unique_key, priority, callback_url
+            unique_key, priority,
+            concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
+            ordering_key, ordering_seq, ordering_blocks,
+            callback_url
         )
         SELECT
             %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
+            %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
+            %(rate_burst)s, %(ordering_key)s,
+            coalesce(%(ordering_seq)s::bigint, (SELECT counter FROM place)),
+            %(ordering_blocks)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
                 WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
@@ -114,7 +130,21 @@ def _insert_job_with_outbox() -> str:
     """
 
 
-class JobInsertParams(OutboxMessageParams, QuotaDefaultParams):
+class JobGateParams(TypedDict):
+    """A job's gates, resolved at enqueue (jobcore.gates); all None: no gate."""
+
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    ordering_blocks: bool
+    ordering_key: str | None
+    # None: the next place in the key; a retry of a failed job takes the place it had.
+    ordering_seq: int | None
+    rate_burst: int | None
+    rate_key: str | None
+    rate_per_second: float | None
+
+
+class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
     """The job, its first message, and the default quotas of a tenant without overrides."""
 
     callback_url: str | None
@@ -162,6 +192,14 @@ class JobInsertManyParams(QuotaDefaultParams):
     ns: list[int]
     payloads: list[Jsonb]
     priority: int
+    # Flow control (jobcore.gates): each item's keys, the type's limits (no ordering key:
+    # a batch's items take none).
+    concurrency_keys: list[str | None]
+    concurrency_limit: int | None
+    rate_keys: list[str | None]
+    rate_per_second: float | None
+    rate_burst: int | None
+    ordering_blocks: bool
     queue: str
     routing_key: str
     run_ats: list[datetime | None]
@@ -191,9 +229,10 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             %(ns)s::int[], %(ids)s::uuid[], %(idempotency_keys)s::text[],
             %(fingerprints)s::text[], %(payloads)s::jsonb[], %(entity_ids)s::text[],
             %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(unique_keys)s::text[],
-            %(message_ids)s::uuid[], %(bodies)s::bytea[]
+            %(message_ids)s::uuid[], %(bodies)s::bytea[], %(concurrency_keys)s::text[],
+            %(rate_keys)s::text[]
         ) AS i(n, id, idempotency_key, payload_fingerprint, payload, entity_id,
-               max_attempts, run_at, unique_key, message_id, body)
+               max_attempts, run_at, unique_key, message_id, body, concurrency_key, rate_key)
     ), fresh AS (
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
@@ -221,13 +260,15 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            unique_key, priority, callback_url
+            unique_key, priority, concurrency_key, concurrency_limit, rate_key,
+            rate_per_second, rate_burst, ordering_blocks, callback_url
         )
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
             input.payload_fingerprint, input.payload, input.entity_id, input.max_attempts,
             input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, %(priority)s,
-            hook.url
+            input.concurrency_key, %(concurrency_limit)s, input.rate_key,
+            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s, hook.url
         FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
         WHERE fresh.rank <= room.admitted
         ORDER BY input.n
@@ -464,7 +505,7 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
     WITH done AS (
         UPDATE jobs
         SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
-            updated_at = now()
+            held_reason = NULL, held_since = NULL, updated_at = now()
         WHERE id = %(id)s AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
                   cancel_requested_at, attempts, last_error
@@ -526,7 +567,8 @@ JOB_LIST_ALL_TENANTS = Query[JobListAllTenantsParams](
     "The newest jobs of every tenant (or one), optionally filtered by status and type.",
     """
     SELECT id, tenant, type, status, attempts, max_attempts, entity_id, last_error,
-           created_at, finished_at
+           created_at, finished_at,
+           CASE WHEN status = 'pending' THEN held_reason END AS held_reason
     FROM jobs
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
@@ -628,12 +670,25 @@ class JobClaimManyParams(TypedDict):
 # new message id, the same attempt) written to the outbox, where the relays leave it until
 # the pause ends, and the delivery is acknowledged. Nothing is burnt: not an attempt (the
 # job stays pending, attempts unchanged), not a delivery count (an ack, never a requeue).
-# Claimed and parked read flow_pauses in the same snapshot, so one message is never both.
+# Claimed and parked read flow_pauses in the same snapshot, so one message is never both;
+# a parked job meets no gate (it takes no slot and spends no rate token).
+#
+# Gates (jobcore.gates), checked in this order, each only among the jobs the previous
+# ones let through: ordering (an earlier job of the tenant's ordering key is pending,
+# running, or failed and blocking), concurrency (the key's running jobs plus this one's
+# rank among the batch's would pass the limit), rate (GCRA on the key's job_gates row:
+# admitted while the tat stays within `burst` intervals of now). A job a gate stops is
+# *held*: it stays pending with `held_reason` set, its attempt unused; its message is done
+# with (the inbox has it), and the gate releaser publishes a new one later. A batch whose
+# types declare concurrency or rate limits runs JOB_GATES_LOCK first in the same
+# transaction: the counts here then come from a snapshot taken after every other claim of
+# those keys committed. Times are statement_timestamp(), so a job's started_at is later
+# than the finished_at of whatever it waited for.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
-    "Record messages in the inbox and, for the new ones, claim their pending jobs under "
-    "leases (each with its `claimed` event), or park them in the outbox while their queue "
-    "or type is paused.",
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
+    "if their gates let them start (each with its `claimed` event), else hold them, or park "
+    "them in the outbox while their queue or type is paused.",
     f"""
     WITH input AS (
         SELECT *
@@ -646,6 +701,71 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         SELECT %(consumer)s, message_id FROM input
         ON CONFLICT DO NOTHING
         RETURNING message_id
+    ), candidate AS (
+        SELECT input.message_id, input.job_id, input.attempt, jobs.tenant, jobs.created_at,
+               jobs.concurrency_key, jobs.concurrency_limit, jobs.rate_key,
+               jobs.rate_per_second, jobs.rate_burst, jobs.ordering_key, jobs.ordering_seq,
+               CASE WHEN jobs.ordering_key IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM jobs AS earlier
+                   WHERE earlier.tenant = jobs.tenant
+                     AND earlier.ordering_key = jobs.ordering_key
+                     AND earlier.ordering_seq < jobs.ordering_seq
+                     AND (earlier.status IN ('pending', 'running')
+                          OR (earlier.status = 'failed' AND earlier.ordering_blocks))
+               ) THEN 'ordering' END AS held
+        FROM input
+        JOIN received USING (message_id)
+        JOIN jobs ON jobs.id = input.job_id
+        WHERE jobs.status = 'pending'
+          AND jobs.type = input.type
+          AND jobs.attempts + 1 = input.attempt
+          AND NOT {paused("jobs.queue", "jobs.type")}
+    ), concurrency AS (
+        SELECT candidate.*,
+               CASE WHEN held IS NULL AND concurrency_key IS NOT NULL
+                         AND (SELECT count(*) FROM jobs AS running
+                              WHERE running.concurrency_key = candidate.concurrency_key
+                                AND running.status = 'running')
+                             + row_number() OVER (
+                                 PARTITION BY concurrency_key, held IS NULL
+                                 ORDER BY created_at, job_id)
+                             > concurrency_limit
+                    THEN 'concurrency' ELSE held END AS held_after
+        FROM candidate
+    ), rate AS (
+        SELECT concurrency.*,
+               CASE WHEN held_after IS NULL AND rate_key IS NOT NULL
+                         AND extract(epoch FROM greatest(gate.tat, statement_timestamp())
+                                                - statement_timestamp())
+                             + row_number() OVER (
+                                 PARTITION BY rate_key, held_after IS NULL
+                                 ORDER BY created_at, job_id) / rate_per_second
+                             > rate_burst / rate_per_second
+                    THEN 'rate_limit' ELSE held_after END AS verdict
+        FROM concurrency LEFT JOIN job_gates AS gate ON gate.key = concurrency.rate_key
+    ), spent AS (
+        UPDATE job_gates
+        SET tat = greatest(job_gates.tat, statement_timestamp())
+                  + make_interval(secs => admitted.starts / admitted.rate),
+            updated_at = statement_timestamp()
+        FROM (
+            SELECT rate_key, count(*) AS starts, max(rate_per_second) AS rate
+            FROM rate WHERE verdict IS NULL AND rate_key IS NOT NULL
+            GROUP BY rate_key
+        ) AS admitted
+        WHERE job_gates.key = admitted.rate_key
+        RETURNING job_gates.key
+    ), held AS (
+        UPDATE jobs
+        SET held_reason = rate.verdict,
+            held_since = statement_timestamp(),
+            updated_at = statement_timestamp()
+        FROM rate
+        WHERE jobs.id = rate.job_id
+          AND rate.verdict IS NOT NULL
+          AND jobs.status = 'pending'
+          AND jobs.attempts + 1 = rate.attempt
+        RETURNING rate.message_id, jobs.held_reason
     ), claimed AS (
         UPDATE jobs
         SET status = 'running',
@@ -653,10 +773,13 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
             lease_token = input.lease_token,
             lease_expires_at = now() + make_interval(secs => input.lease),
             worker_id = %(worker_id)s,
-            started_at = coalesce(jobs.started_at, now()),
+            started_at = coalesce(jobs.started_at, statement_timestamp()),
+            held_reason = NULL,
+            held_since = NULL,
             updated_at = now()
-        FROM input JOIN received USING (message_id)
+        FROM input JOIN rate USING (message_id)
         WHERE jobs.id = input.job_id
+          AND rate.verdict IS NULL
           AND jobs.status = 'pending'
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
@@ -695,6 +818,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
            received.message_id IS NOT NULL AS fresh,
            parked.job_id IS NOT NULL AS parked,
            before.status AS status_before,
+           held.held_reason,
            claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
            claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
            claimed.tracestate, claimed.created_at, claimed.due_at
@@ -703,6 +827,30 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
     LEFT JOIN jobs AS before ON before.id = input.job_id
     LEFT JOIN claimed ON claimed.message_id = input.message_id
     LEFT JOIN parked ON parked.job_id = input.job_id
+    LEFT JOIN held ON held.message_id = input.message_id
+    """,
+)
+
+
+class JobGatesLockParams(TypedDict):
+    job_ids: list[uuid.UUID]
+
+
+# Before a claim of jobs with concurrency or rate gates, in its transaction: create and
+# lock their keys' job_gates rows, in key order (two claimers lock in the same order).
+# ON CONFLICT DO UPDATE ... WHERE false locks an existing row without writing a version.
+JOB_GATES_LOCK = Query[JobGatesLockParams](
+    "job_gates_lock",
+    "Create and lock, in key order, the gate rows of the concurrency and rate keys of jobs.",
+    """
+    INSERT INTO job_gates (key)
+    SELECT DISTINCT gate.key
+    FROM jobs
+    CROSS JOIN LATERAL (VALUES (jobs.concurrency_key), (jobs.rate_key)) AS gate(key)
+    WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND jobs.status = 'pending'
+      AND gate.key IS NOT NULL
+    ORDER BY gate.key
+    ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key WHERE false
     """,
 )
 
@@ -1194,6 +1342,186 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
 )
 
 
+class JobOrderingUnblockParams(TypedDict):
+    id: uuid.UUID
+
+
+# A failed job of an ordering key keeps the later ones waiting when its type blocks; an
+# operator's retry (a copy that takes its place) or unblock lets them go.
+JOB_ORDERING_UNBLOCK = Query[JobOrderingUnblockParams](
+    "job_ordering_unblock",
+    "Stop a failed job from holding back the later jobs of its ordering key.",
+    """
+    UPDATE jobs SET ordering_blocks = false, updated_at = now()
+    WHERE id = %(id)s AND status = 'failed' AND ordering_key IS NOT NULL
+    RETURNING id, tenant, ordering_key
+    """,
+)
+
+
+# --- the gate releaser (services.worker.gates) --------------------------------------------
+
+
+class JobLockReleasableParams(TypedDict):
+    horizon: float
+    limit: int
+
+
+# Held jobs whose gate may let them through now: for ordering, no earlier job of the key
+# blocks it any more; for concurrency, the first (limit - running) held jobs of the key,
+# oldest first; for a rate limit, those of the key whose start falls within `horizon`
+# seconds, each due when its token comes: starts spaced 1/rate from the later of the GCRA
+# state and what earlier rounds handed out (released_until, which JOB_RELEASE_HELD moves
+# on), so a burst of releases is not a burst of claims that hold them again. A release
+# is a hint: the claim checks the gates again and may hold the job again, so counting here
+# without locks is safe. The second step locks the chosen jobs, skipping any a claim or a
+# cancel is changing.
+JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
+    "job_lock_releasable",
+    "Lock a batch of held jobs whose gate may let them start, with when each is due.",
+    """
+    WITH held AS (
+        SELECT id, tenant, held_reason, created_at, concurrency_key, concurrency_limit,
+               rate_key, rate_per_second, rate_burst, ordering_key, ordering_seq,
+               row_number() OVER (
+                   PARTITION BY held_reason,
+                                CASE held_reason WHEN 'concurrency' THEN concurrency_key
+                                                 WHEN 'rate_limit' THEN rate_key END
+                   ORDER BY created_at, id
+               ) AS rank
+        FROM jobs
+        WHERE status = 'pending' AND held_reason IS NOT NULL
+    ), releasable AS (
+        SELECT held.id,
+               CASE WHEN held.held_reason = 'rate_limit'
+                    THEN greatest(
+                        now(),
+                        gate.released_until,
+                        gate.tat - make_interval(
+                            secs => (held.rate_burst - 1) / held.rate_per_second)
+                    ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
+                    ELSE now()
+               END AS due_at
+        FROM held LEFT JOIN job_gates AS gate ON gate.key = held.rate_key
+        WHERE CASE held.held_reason
+            WHEN 'ordering' THEN NOT EXISTS (
+                SELECT 1 FROM jobs AS earlier
+                WHERE earlier.tenant = held.tenant
+                  AND earlier.ordering_key = held.ordering_key
+                  AND earlier.ordering_seq < held.ordering_seq
+                  AND (earlier.status IN ('pending', 'running')
+                       OR (earlier.status = 'failed' AND earlier.ordering_blocks))
+            )
+            WHEN 'concurrency' THEN held.rank <= held.concurrency_limit - (
+                SELECT count(*) FROM jobs AS running
+                WHERE running.concurrency_key = held.concurrency_key
+                  AND running.status = 'running'
+            )
+            WHEN 'rate_limit' THEN
+                greatest(
+                    now(),
+                    gate.released_until,
+                    gate.tat - make_interval(
+                        secs => (held.rate_burst - 1) / held.rate_per_second)
+                ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
+                <= now() + make_interval(secs => %(horizon)s)
+            ELSE false
+        END
+        ORDER BY due_at
+        LIMIT %(limit)s
+    )
+    SELECT jobs.id, jobs.type, jobs.queue, jobs.attempts, jobs.traceparent, jobs.tracestate,
+           releasable.due_at
+    FROM jobs JOIN releasable USING (id)
+    WHERE jobs.status = 'pending' AND jobs.held_reason IS NOT NULL
+    FOR UPDATE OF jobs SKIP LOCKED
+    """,
+)
+
+
+class JobReleaseHeldParams(TypedDict):
+    attempts: list[int]
+    available_at: list[datetime]
+    bodies: list[bytes]
+    channel: str
+    exchanges: list[str]
+    headers: list[Jsonb]
+    ids: list[uuid.UUID]
+    message_ids: list[uuid.UUID]
+    message_types: list[str]
+    routing_keys: list[str]
+
+
+# The caller locked the jobs (JOB_LOCK_RELEASABLE, same transaction) and built one message
+# per job for its unused attempt (parallel arrays): the job is no longer held, and its
+# message is due when the gate is expected to let it through.
+JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
+    "job_release_held",
+    "Release locked held jobs: clear why they waited and publish their attempt again through "
+    "the outbox.",
+    """
+    WITH input AS (
+        SELECT *
+        FROM unnest(
+            %(ids)s::uuid[], %(attempts)s::int[], %(available_at)s::timestamptz[],
+            %(message_ids)s::uuid[], %(exchanges)s::text[], %(routing_keys)s::text[],
+            %(message_types)s::text[], %(headers)s::jsonb[], %(bodies)s::bytea[]
+        ) AS i(id, attempt, available_at, message_id, exchange, routing_key, message_type,
+               headers, body)
+    ), released AS (
+        UPDATE jobs
+        SET held_reason = NULL, held_since = NULL, updated_at = now()
+        FROM input
+        WHERE jobs.id = input.id
+          AND jobs.status = 'pending'
+          AND jobs.held_reason IS NOT NULL
+          AND jobs.attempts + 1 = input.attempt
+        RETURNING jobs.id, jobs.tenant, jobs.rate_key, jobs.rate_per_second, jobs.priority
+    ), handed_out AS (
+        UPDATE job_gates
+        SET released_until = greatest(job_gates.released_until, next.start),
+            updated_at = now()
+        FROM (
+            SELECT released.rate_key,
+                   max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
+                       AS start
+            FROM released JOIN input USING (id)
+            WHERE released.rate_key IS NOT NULL
+            GROUP BY released.rate_key
+        ) AS next
+        WHERE job_gates.key = next.rate_key
+        RETURNING job_gates.key
+    ), messages AS (
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            available_at, priority
+        )
+        SELECT input.message_id, input.exchange, input.routing_key, input.message_type,
+               input.headers, input.body, input.id, released.tenant, input.available_at,
+               released.priority
+        FROM input JOIN released USING (id)
+        RETURNING id
+    )
+    SELECT released.id,
+           (SELECT pg_notify(%(channel)s, '') FROM messages LIMIT 1) IS NULL AS notified
+    FROM released
+    """,
+)
+
+
+JOB_HELD_COUNT = Query[NoParams](
+    "job_held_count",
+    "Held jobs per reason and type (what waits on a gate).",
+    """
+    SELECT held_reason, type, count(*) AS held
+    FROM jobs
+    WHERE status = 'pending' AND held_reason IS NOT NULL
+    GROUP BY held_reason, type
+    ORDER BY held_reason, type
+    """,
+)
+
+
 # --- anti-entropy (jobcore.stranded) ----------------------------------------------------
 
 
@@ -1224,6 +1552,7 @@ JOB_LOCK_STALE = Query[JobLockStaleParams](
                AS silent_seconds
     FROM jobs
     WHERE status = 'pending'
+      AND held_reason IS NULL
       AND created_at < now() - make_interval(secs => %(stale_after)s)
       AND greatest(updated_at, next_attempt_at) < now() - make_interval(
               secs => %(stale_after)s * power(2, least(republish_count, %(max_doublings)s)))

@@ -53,6 +53,7 @@ from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
 from jobcore.payloads import validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
+from jobcore.releases import release_held
 from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.sql import Statement
@@ -89,6 +90,8 @@ class Drained:
     # Messages the inbox had seen already, and messages whose job was not theirs to run.
     duplicates: int = 0
     skipped: int = 0
+    # Claims a gate held (jobcore.gates): the job waited, and ran once its turn came.
+    held: int = 0
     # Seconds until the next message left in the outbox falls due (a job scheduled later
     # than the drain waits for); None when none waits.
     next_due_in: float | None = None
@@ -137,6 +140,7 @@ class InlineWorker:
         entity_id: str | None = None,
         max_attempts: int | None = None,
         run_at: datetime | None = None,
+        ordering_key: str | None = None,
     ) -> uuid.UUID:
         """Enqueue a job as the API does (payload checked the same way, job and outbox row
         in one statement, :func:`jobcore.enqueue.enqueue`); its id."""
@@ -153,6 +157,7 @@ class InlineWorker:
                 entity_id=entity_id,
                 max_attempts=max_attempts,
                 run_at=run_at,
+                ordering_key=ordering_key,
             )
         return result.job_id
 
@@ -180,13 +185,13 @@ class InlineWorker:
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the jobs did not drain within {timeout:g}s")
-            if await self._run_due(drained):
+            if await self._run_due(drained) or await self._release_held():
                 continue
             wait = await self._seconds_until_next_due()
             if wait is None or wait > wait_limit:
                 # A row that came due between the two reads is in neither (the first saw it
                 # scheduled, the second due): one more look, later than both, finds it.
-                if await self._run_due(drained):
+                if await self._run_due(drained) or await self._release_held():
                     continue
                 drained.next_due_in = wait
                 return drained
@@ -199,6 +204,14 @@ class InlineWorker:
         for message in messages:
             await self._deliver(message, drained)
         return bool(messages)
+
+    # --- the gate releaser's part: held jobs whose turn came get a message again ---------
+
+    async def _release_held(self) -> int:
+        async with self.db.unit_of_work() as uow:
+            _, released = await release_held(uow, self.topology, limit=BATCH)
+            await uow.commit()
+        return len(released)
 
     # --- the relay's part: due rows, taken as if the broker had confirmed them ----------
 
@@ -249,6 +262,9 @@ class InlineWorker:
         row = rows[0]
         if not row["fresh"]:
             drained.duplicates += 1
+            return
+        if row["held_reason"] is not None:
+            drained.held += 1
             return
         if row["id"] is None:
             drained.skipped += 1

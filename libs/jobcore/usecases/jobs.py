@@ -16,9 +16,9 @@ from typing import Any
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
-from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Database, Session, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
-from jobcore.errors import JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
@@ -26,8 +26,10 @@ from jobcore.sql.jobs import (
     CANCEL_CHANNEL,
     JOB_CANCEL_PENDING,
     JOB_GET_ANY_TENANT,
+    JOB_HELD_COUNT,
     JOB_LIST_ALL_TENANTS,
     JOB_LOCK_FOR_CANCEL,
+    JOB_ORDERING_UNBLOCK,
     JOB_REQUEST_CANCEL,
     JobListAllTenantsParams,
 )
@@ -156,10 +158,41 @@ async def retry_job(
             # retry is refused (UniqueJobExists) like any duplicate.
             unique_key=job["unique_key"],
             origin={"retry_of": str(job_id)},
+            # In an ordering key the copy takes the job's place, and the job stops
+            # holding back the jobs after it (the copy does, until it finishes).
+            ordering_key=job["ordering_key"],
+            ordering_seq=job["ordering_seq"],
         )
+        if job["ordering_key"] is not None:
+            await execute(work.uow, JOB_ORDERING_UNBLOCK({"id": job_id}))
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
         await work.commit()
     return RetryOutcome(job_id, result.job_id, result.status)
+
+
+async def unblock_job(db: Database, job_id: uuid.UUID, *, actor: str) -> dict[str, Any]:
+    """Let the later jobs of a failed job's ordering key go on without running it again
+    (a retry runs it again in its place instead)."""
+    target = Target("job", str(job_id))
+    async with audited(db, actor=actor, action=AuditAction.JOB_UNBLOCK, target=target) as work:
+        job = await find_job(work.uow, job_id)
+        work.entry.tenant = job["tenant"]
+        row = await fetch_one(work.uow, JOB_ORDERING_UNBLOCK({"id": job_id}))
+        if row is None:
+            raise JobNotBlocking(
+                f"job {job_id} is {job['status']}"
+                + ("" if job["ordering_key"] else " and has no ordering key")
+                + "; only a failed job of an ordering key blocks it"
+            )
+        work.entry.details = {"ordering_key": row["ordering_key"]}
+        await work.commit()
+    return {"job_id": job_id, "ordering_key": row["ordering_key"], "blocks": False}
+
+
+async def held_jobs(db: Database) -> list[dict[str, Any]]:
+    """How many pending jobs wait on a gate, per reason and type."""
+    async with db.session() as session:
+        return [dict(row) for row in await fetch_all(session, JOB_HELD_COUNT({}))]
 
 
 # Job ids an audit entry of a republish lists; the count covers the rest.

@@ -110,6 +110,17 @@ EntityIdQuery = Annotated[
         description="Your id of what the job is about, for `GET /jobs?entity_id=`.",
     ),
 ]
+OrderingKeyQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=255,
+        pattern=_TEXT_PATTERN,
+        description="Jobs of yours with the same ordering key start one at a time, in the "
+        "order they were accepted: each after the one before it has finished (a failed one "
+        'keeps the rest waiting if its type says `ordering="block"`).',
+    ),
+]
 MaxAttemptsQuery = Annotated[
     int | None,
     Query(ge=1, le=MAX_ATTEMPTS_LIMIT, description="Defaults to the job type's own limit."),
@@ -152,9 +163,9 @@ async def idempotency_key(
             alias="Idempotency-Key",
             description="Makes retries safe: the same key (per tenant and job type) and "
             "request (payload, callback_url, run_at/delay, max_attempts, entity_id, "
-            "unique_key, priority) answer the same job; a different request answers 422. A "
-            "key is kept as long as its job. 1 to 255 printable ASCII characters, else 400 "
-            "`invalid-idempotency-key`.",
+            "unique_key, priority, ordering_key) answer the same job; a different request "
+            "answers 422. A key is kept as long as its job. 1 to 255 printable ASCII "
+            "characters, else 400 `invalid-idempotency-key`.",
             # Checked by operations.check_idempotency_key (a 400, not FastAPI's 422); HTTP
             # trims spaces around a header value, so a key neither starts nor ends with one.
             json_schema_extra={
@@ -191,10 +202,12 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
         delay: DelayQuery = None,
         unique_key: UniqueKeyQuery = None,
         priority: PriorityQuery = None,
+        ordering_key: OrderingKeyQuery = None,
     ) -> Response:
         submission = operations.Submission(
             idempotency_key=key,
             entity_id=entity_id,
+            ordering_key=ordering_key,
             max_attempts=max_attempts,
             run_at=operations.schedule(run_at, delay),
             callback_url=callback_url,
@@ -208,6 +221,7 @@ def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]
                 entity_id=entity_id,
                 unique_key=unique_key,
                 priority=None if priority is None else Priority.parse(priority),
+                ordering_key=ordering_key,
             ),
             unique_key=unique_key,
         )

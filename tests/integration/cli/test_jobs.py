@@ -176,3 +176,53 @@ def test_timeline_of_an_unknown_or_malformed_id_is_one_line(settings: Settings) 
     bad = jobs_cli(settings, "timeline", "nope")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "jobcore: not a job id: 'nope'"
+
+
+HOLD_AND_FAIL = """
+UPDATE jobs SET status = CASE WHEN id = %(failed)s THEN 'failed' ELSE status END,
+                finished_at = CASE WHEN id = %(failed)s THEN now() END,
+                held_reason = CASE WHEN id = %(held)s THEN 'ordering' END,
+                held_since = CASE WHEN id = %(held)s THEN now() END
+WHERE id IN (%(failed)s, %(held)s)
+"""
+
+
+async def test_held_and_unblock(db: Database, topology: Topology, settings: Settings) -> None:
+    ids = []
+    for text in ("first", "second"):
+        async with db.unit_of_work() as uow:
+            result = await enqueue(
+                uow,
+                topology,
+                tenant="alpha",
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text=text),
+                ordering_key="k",
+            )
+            await uow.commit()
+        ids.append(result.job_id)
+    first, second = ids
+    # As the worker leaves them: the first failed, the second held behind it.
+    async with db.connection() as conn:
+        await conn.execute(HOLD_AND_FAIL, {"failed": first, "held": second})
+
+    assert jobs_json(settings, "held") == [{"held_reason": "ordering", "type": "echo", "held": 1}]
+    listed = {row["id"]: row for row in jobs_json(settings, "list")}
+    assert listed[str(second)]["held_reason"] == "ordering"
+    shown = jobs_json(settings, "show", str(second))
+    assert shown["ordering_key"] == "k"
+    assert shown["ordering_seq"] == 2
+
+    assert jobs_json(settings, "unblock", str(first)) == {
+        "job_id": str(first),
+        "ordering_key": "k",
+        "blocks": False,
+    }
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT ordering_blocks FROM jobs WHERE id = %s", (first,))
+        assert (await cur.fetchone())["ordering_blocks"] is False  # type: ignore[index]
+    # Once is enough; a job that blocks nothing is refused in one line.
+    refused = jobs_cli(settings, "unblock", str(second))
+    assert refused.returncode != 0
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "only a failed job of an ordering key" in refused.stderr

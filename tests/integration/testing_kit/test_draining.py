@@ -125,3 +125,16 @@ async def test_payloads_are_checked_as_the_api_checks_them(worker: InlineWorker)
 async def test_an_unknown_job_id_is_not_found(worker: InlineWorker) -> None:
     with pytest.raises(JobNotFound):
         await worker.job(uuid.uuid4())
+
+
+async def test_an_ordering_key_holds_a_job_until_the_one_before_it_has_retried_and_ended(
+    worker: InlineWorker,
+) -> None:
+    first = await worker.enqueue("kit_flaky", {"succeed_on_attempt": 2}, ordering_key="k")
+    second = await worker.enqueue("kit_flaky", {"succeed_on_attempt": 1}, ordering_key="k")
+    drained = await worker.drain()
+    assert drained.held >= 1
+    assert (drained.succeeded, drained.retried) == (2, 1)
+    before, after = await worker.job(first), await worker.job(second)
+    assert before["finished_at"] < after["started_at"]
+    assert after["attempts"] == 1  # held while the first retried: no attempt used

@@ -1,0 +1,62 @@
+"""Held jobs published again: one round of what the gate releaser does (jobcore.gates).
+
+Shared by the worker's gate releaser (services.worker.gates, under its maintenance lease)
+and the testing kit's InlineWorker (which has no releaser running beside it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg.rows import DictRow
+
+from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import UnitOfWork, fetch_all
+from jobcore.enqueue import message_row
+from jobcore.sql.jobs import JOB_LOCK_RELEASABLE, JOB_RELEASE_HELD, JobReleaseHeldParams
+
+# How far ahead a rate-limited key's held jobs are released (each due at its token's
+# time): a second's worth, so a fast key is not bounded by the round interval.
+RATE_HORIZON = 1.0
+
+
+async def release_held(
+    uow: UnitOfWork, topology: Topology, *, limit: int
+) -> tuple[int, Sequence[DictRow]]:
+    """Lock up to ``limit`` held jobs whose gate may let them start and write a message for
+    each one's unused attempt, in ``uow`` (the caller commits): how many it locked, and
+    the released jobs."""
+    releasable = await fetch_all(
+        uow, JOB_LOCK_RELEASABLE({"limit": limit, "horizon": RATE_HORIZON})
+    )
+    if not releasable:
+        return 0, []
+    released = await fetch_all(uow, JOB_RELEASE_HELD(_release_params(topology, releasable)))
+    return len(releasable), released
+
+
+def _release_params(topology: Topology, rows: list[DictRow]) -> JobReleaseHeldParams:
+    messages = [
+        message_row(
+            topology,
+            job_id=row["id"],
+            type_name=row["type"],
+            queue=row["queue"],
+            attempt=row["attempts"] + 1,
+            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
+        )
+        for row in rows
+    ]
+    return {
+        "ids": [row["id"] for row in rows],
+        "attempts": [row["attempts"] + 1 for row in rows],
+        "available_at": [row["due_at"] for row in rows],
+        "channel": OUTBOX_CHANNEL,
+        "message_ids": [m["message_id"] for m in messages],
+        "exchanges": [m["exchange"] for m in messages],
+        "routing_keys": [m["routing_key"] for m in messages],
+        "message_types": [m["message_type"] for m in messages],
+        "headers": [m["headers"] for m in messages],
+        "bodies": [m["body"] for m in messages],
+    }

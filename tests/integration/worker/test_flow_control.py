@@ -1,0 +1,229 @@
+"""Flow control (jobcore.gates) with real workers: concurrency limits, rate limits and
+per-key ordering hold across three workers, and held jobs use no attempt.
+
+Every check reads the job rows: intervals started_at..finished_at for the limits, the
+started_at of each job for the rates, the order of places in each ordering key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
+from jobcore.usecases.jobs import retry_job
+from services.api.views import job_view
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.support import (
+    WORKER_TEST_MODULES,
+    OutboxPump,
+    job_row,
+    submit,
+    worker_settings,
+)
+from tests.support import flow_jobtypes
+from tests.support.flow import most_starts_in_a_second, order_violations, overlap_per_key
+from tests.support.flow_jobtypes import AccountPayload, OrderedPayload
+
+pytestmark = pytest.mark.timeout(180)
+
+WORKERS = 3
+
+
+@pytest.fixture
+def wsettings(settings: Settings) -> Settings:
+    return worker_settings(
+        settings,
+        job_modules=(*WORKER_TEST_MODULES, flow_jobtypes.MODULE),
+        gate_release_interval=0.1,
+    )
+
+
+async def start_workers(start_worker: StartWorker) -> None:
+    for _ in range(WORKERS):
+        await start_worker(concurrency=4)
+
+
+async def rows_of(db: Database, job_type: str) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT * FROM jobs WHERE type = %s", (job_type,))
+        return [dict(r) for r in await cur.fetchall()]
+
+
+def all_in(*statuses: str, db: Database, job_type: str, count: int) -> Any:
+    async def probe() -> list[dict[str, Any]] | None:
+        rows = await rows_of(db, job_type)
+        done = [r for r in rows if r["status"] in statuses]
+        return rows if len(done) == count else None
+
+    return probe
+
+
+def seen_held(db: Database, job_type: str, reason: str) -> Any:
+    async def probe() -> dict[str, Any] | None:
+        held = [r for r in await rows_of(db, job_type) if r["held_reason"] == reason]
+        return held[0] if held else None
+
+    return probe
+
+
+async def test_concurrency_limit_per_key_holds_across_workers_without_using_attempts(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    await start_workers(start_worker)
+    for n in range(24):
+        await submit(db, topology, "flow_limited", AccountPayload(account=f"a{n % 2}", seconds=0.1))
+
+    held = await eventually(seen_held(db, "flow_limited", "concurrency"), what="a held job")
+    # What GET /jobs/{id} shows of a job waiting for a slot.
+    view = job_view(held)
+    assert view["status"] == "pending"
+    assert view["held_reason"] == "concurrency"
+    assert view["held_since"] is not None
+
+    rows = await eventually(
+        all_in("succeeded", db=db, job_type="flow_limited", count=24),
+        timeout=120,
+        what="every limited job to succeed",
+    )
+    overlaps = overlap_per_key(rows, "concurrency_key")
+    assert len(overlaps) == 2
+    assert max(overlaps.values()) <= flow_jobtypes.LIMIT, overlaps
+    # Held and released again and again, yet each job used one attempt.
+    assert {r["attempts"] for r in rows} == {1}
+    assert all(r["held_reason"] is None for r in rows)
+
+
+async def test_rate_limit_per_key_spaces_starts_across_workers(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    await start_workers(start_worker)
+    for n in range(20):
+        await submit(db, topology, "flow_rated", AccountPayload(account=f"r{n % 2}", seconds=0))
+
+    held = await eventually(seen_held(db, "flow_rated", "rate_limit"), what="a rate-held job")
+    assert job_view(held)["held_reason"] == "rate_limit"
+    rows = await eventually(
+        all_in("succeeded", db=db, job_type="flow_rated", count=20),
+        timeout=120,
+        what="every rate-limited job to succeed",
+    )
+    for account in ("r0", "r1"):
+        starts = [r["started_at"] for r in rows if r["payload"]["account"] == account]
+        assert most_starts_in_a_second(starts) <= flow_jobtypes.RATE, sorted(starts)
+    assert {r["attempts"] for r in rows} == {1}
+
+
+async def test_ordering_key_runs_jobs_in_enqueue_order_through_retries(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    await start_workers(start_worker)
+    keys, per_key = 6, 8
+    for n in range(per_key):
+        for k in range(keys):
+            # Every third job fails its first attempt: its retry still comes before the next.
+            payload = OrderedPayload(n=n, fail_times=1 if n % 3 == 1 else 0)
+            await submit(db, topology, "flow_ordered", payload, ordering_key=f"key-{k}")
+
+    rows = await eventually(
+        all_in("succeeded", db=db, job_type="flow_ordered", count=keys * per_key),
+        timeout=150,
+        what="every ordered job to succeed",
+    )
+    assert order_violations(rows) == []
+    for row in rows:
+        assert row["ordering_seq"] == row["payload"]["n"] + 1
+        assert row["attempts"] == (2 if row["payload"]["n"] % 3 == 1 else 1)
+
+
+async def test_a_failed_job_blocks_only_its_key_until_an_operator_retries_it(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Path,
+) -> None:
+    await start_workers(start_worker)
+    fixed = tmp_path / "fixed"
+    ids: dict[str, list[uuid.UUID]] = {"poisoned": [], "healthy": []}
+    for n in range(4):
+        for key in ids:
+            poison = key == "poisoned" and n == 1
+            payload = OrderedPayload(n=n, fail_unless=str(fixed) if poison else None)
+            ids[key].append(await submit(db, topology, "flow_ordered", payload, ordering_key=key))
+
+    async def healthy_done() -> bool:
+        return all([(await job_row(db, i))["status"] == "succeeded" for i in ids["healthy"]])
+
+    await eventually(healthy_done, timeout=60, what="the healthy key to finish")
+    poisoned = ids["poisoned"]
+    await eventually(
+        lambda: _status_is(db, poisoned[1], "failed"), timeout=60, what="the poison job to fail"
+    )
+    assert (await job_row(db, poisoned[0]))["status"] == "succeeded"
+    # The jobs after it wait, and say why.
+    for job_id in poisoned[2:]:
+        row = await eventually(
+            lambda job_id=job_id: _held(db, job_id), what="the later jobs to be held"
+        )
+        assert row["status"] == "pending"
+        assert row["attempts"] == 0
+
+    # The operator fixes the cause and retries: the copy takes the failed job's place.
+    fixed.touch()
+    outcome = await retry_job(db, wsettings, default_registry, poisoned[1], actor="test:operator")
+    copy_row = await eventually(
+        lambda: _status_is(db, outcome.job_id, "succeeded"), timeout=60, what="the copy to run"
+    )
+    for job_id in poisoned[2:]:
+        await eventually(
+            lambda job_id=job_id: _status_is(db, job_id, "succeeded"),
+            timeout=60,
+            what="the rest of the key to run",
+        )
+    later = [await job_row(db, i) for i in poisoned[2:]]
+    assert all(copy_row["finished_at"] < row["started_at"] for row in later)
+    assert order_violations(later) == []
+
+
+async def test_a_skip_type_failed_job_lets_its_key_go_on(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    tmp_path: Path,
+) -> None:
+    await start_workers(start_worker)
+    missing = str(tmp_path / "never")
+    first = await submit(
+        db,
+        topology,
+        "flow_ordered_skip",
+        OrderedPayload(n=0, fail_unless=missing),
+        ordering_key="k",
+    )
+    second = await submit(db, topology, "flow_ordered_skip", OrderedPayload(n=1), ordering_key="k")
+    done = await eventually(
+        lambda: _status_is(db, second, "succeeded"), timeout=60, what="the second job"
+    )
+    failed = await job_row(db, first)
+    assert failed["status"] == "failed"
+    assert failed["finished_at"] < done["started_at"]
+
+
+async def _status_is(db: Database, job_id: uuid.UUID, status: str) -> dict[str, Any] | None:
+    row = await job_row(db, job_id)
+    return row if row["status"] == status else None
+
+
+async def _held(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:
+    row = await job_row(db, job_id)
+    return row if row["held_reason"] == "ordering" else None
