@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup browser demo dev test test-parallel test-serial lint check-wheel lock bench bench-steady clean
+.PHONY: setup browser demo dev test test-slow test-parallel test-serial lint check-wheel lock bench bench-steady clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,13 @@ browser:
 	scripts/install_browser.sh
 
 test: setup browser
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial" -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial and not slow" -p no:cacheprovider
 	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
-	$(BIN)/pytest -m serial -p no:cacheprovider || [ $$? -eq 5 ]
+	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider || [ $$? -eq 5 ]
+
+# The full-size versions of tests CI runs small (minutes each on 2 cores), on demand.
+test-slow: setup
+	$(BIN)/pytest -m slow -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check .

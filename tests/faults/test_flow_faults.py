@@ -4,7 +4,7 @@ Ordering keys: jobs enqueued under many keys run, per key, one after another in 
 order (checked from the job rows: each job started after the one before it finished),
 with three relays and three workers, one relay and one worker SIGKILLed mid-run. The
 default suite runs 20 keys x 25 jobs; the 100 x 100 version runs on demand
-(``JOBCORE_RUN_SLOW=1``, marked ``slow``): about ten minutes on a shared 2-core machine.
+(marked ``slow``: ``make test-slow``): about ten minutes on a shared 2-core machine.
 
 Concurrency limits: a worker SIGKILLed while it holds slots does not leak them: the
 reaper returns its jobs to pending, which frees the slots, and the jobs held behind them
@@ -14,7 +14,6 @@ run. Only processes these tests started are killed.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -134,10 +133,7 @@ async def test_ordering_keys_hold_with_three_relays_and_workers_through_kills(
     await run_ordered(flow_settings, db, topology, tmp_path, keys=20, per_key=25)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("JOBCORE_RUN_SLOW") != "1", reason="run on demand: JOBCORE_RUN_SLOW=1"
-)
+@pytest.mark.slow  # deselected by `make test`; `make test-slow` runs it
 async def test_ordering_keys_hold_at_100_keys_by_100_jobs(
     flow_settings: Settings, db: Database, topology: Topology, tmp_path: Path, broker_cleanup: None
 ) -> None:

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.batch import BatchItem, enqueue_many
+from jobcore.db import Database, fetch_one
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.sql.jobs import JOB_GET_ANY_TENANT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.jobs import retry_job
 from services.api.views import job_view
@@ -51,6 +53,13 @@ async def start_workers(start_worker: StartWorker) -> None:
         await start_worker(concurrency=4)
 
 
+async def api_read(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
+    async with db.connection() as conn:
+        row = await fetch_one(conn, JOB_GET_ANY_TENANT({"id": job_id}))
+    assert row is not None
+    return dict(row)
+
+
 async def rows_of(db: Database, job_type: str) -> list[dict[str, Any]]:
     async with db.connection() as conn:
         cur = await conn.execute("SELECT * FROM jobs WHERE type = %s", (job_type,))
@@ -82,8 +91,9 @@ async def test_concurrency_limit_per_key_holds_across_workers_without_using_atte
         await submit(db, topology, "flow_limited", AccountPayload(account=f"a{n % 2}", seconds=0.1))
 
     held = await eventually(seen_held(db, "flow_limited", "concurrency"), what="a held job")
-    # What GET /jobs/{id} shows of a job waiting for a slot.
-    view = job_view(held)
+    # What GET /jobs/{id} shows of a job waiting for a slot (read as the API reads it).
+    # The read's whereabouts columns, the held row's own state (it may be released since).
+    view = job_view({**await api_read(db, held["id"]), **held})
     assert view["status"] == "pending"
     assert view["held_reason"] == "concurrency"
     assert view["held_since"] is not None
@@ -109,7 +119,7 @@ async def test_rate_limit_per_key_spaces_starts_across_workers(
         await submit(db, topology, "flow_rated", AccountPayload(account=f"r{n % 2}", seconds=0))
 
     held = await eventually(seen_held(db, "flow_rated", "rate_limit"), what="a rate-held job")
-    assert job_view(held)["held_reason"] == "rate_limit"
+    assert job_view({**await api_read(db, held["id"]), **held})["held_reason"] == "rate_limit"
     rows = await eventually(
         all_in("succeeded", db=db, job_type="flow_rated", count=20),
         timeout=120,
@@ -227,3 +237,34 @@ async def _status_is(db: Database, job_id: uuid.UUID, status: str) -> dict[str, 
 async def _held(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:
     row = await job_row(db, job_id)
     return row if row["held_reason"] == "ordering" else None
+
+
+async def test_a_batch_of_limited_jobs_takes_its_types_gates(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    job_type = default_registry.get("flow_limited")
+    items = [
+        BatchItem(
+            payload=AccountPayload(account=f"b{n % 2}", seconds=0.1).model_dump(mode="json"),
+            fingerprint=f"batch-{n}",
+        )
+        for n in range(12)
+    ]
+    async with db.unit_of_work() as uow:
+        await enqueue_many(uow, topology, tenant="t", job_type=job_type, items=items)
+        await uow.commit()
+    written = await rows_of(db, "flow_limited")
+    assert len(written) == 12
+    assert {r["concurrency_key"] is not None for r in written} == {True}
+    assert {r["concurrency_limit"] for r in written} == {flow_jobtypes.LIMIT}
+    assert len({r["concurrency_key"] for r in written}) == 2  # one gate per account
+
+    await start_workers(start_worker)
+    rows = await eventually(
+        all_in("succeeded", db=db, job_type="flow_limited", count=12),
+        timeout=120,
+        what="every batched limited job to succeed",
+    )
+    overlaps = overlap_per_key(rows, "concurrency_key")
+    assert max(overlaps.values()) <= flow_jobtypes.LIMIT, overlaps
+    assert {r["attempts"] for r in rows} == {1}

@@ -195,6 +195,7 @@ async def test_a_lost_lease_is_recorded_by_the_reaper_before_the_next_attempt(
         claim = {
             "consumer": JOBS_CONSUMER,
             "worker_id": "died-after-claim",
+            "exchange": topology.jobs_exchange,
             "message_ids": [message["message_id"]],
             "job_ids": [job_id],
             "types": ["wt_gate"],
