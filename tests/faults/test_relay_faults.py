@@ -158,8 +158,11 @@ async def test_a_silently_dead_connection_is_detected_and_replaced(
 
     [stopped] = messages_logged(log, "relay stopped")
     assert stopped["unconfirmed"] > 0, "the blackholed batch was left unconfirmed"
-    assert len(messages_logged(log, "broker connection lost")) == 1
-    assert len(messages_logged(log, "broker connected again")) == 1
+    # The blackhole is noticed; on a loaded machine a 1 s publish timeout may also have
+    # expired once before it (a slow confirm). Every loss was followed by a reconnection.
+    lost = messages_logged(log, "broker connection lost")
+    assert len(lost) >= 1
+    assert len(messages_logged(log, "broker connected again")) == len(lost)
 
 
 @pytest.mark.serial
