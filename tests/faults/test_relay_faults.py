@@ -156,12 +156,16 @@ async def test_a_silently_dead_connection_is_detected_and_replaced(
     finally:
         await proxy.stop()
 
+    # The blackhole is noticed by whichever silent request came first: a batch's confirms
+    # (the batch is then left unconfirmed, and published again) or the queue-depth read
+    # between batches; both are bounded by the publish timeout. On a loaded machine a slow
+    # confirm may also time out once before the blackhole. Every loss is followed by a
+    # reconnection.
     [stopped] = messages_logged(log, "relay stopped")
-    assert stopped["unconfirmed"] > 0, "the blackholed batch was left unconfirmed"
-    # The blackhole is noticed; on a loaded machine a 1 s publish timeout may also have
-    # expired once before it (a slow confirm). Every loss was followed by a reconnection.
     lost = messages_logged(log, "broker connection lost")
     assert len(lost) >= 1
+    by_depth_read = any("queue depths" in str(entry.get("error")) for entry in lost)
+    assert stopped["unconfirmed"] > 0 or by_depth_read, lost
     assert len(messages_logged(log, "broker connected again")) == len(lost)
 
 
