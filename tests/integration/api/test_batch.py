@@ -352,3 +352,20 @@ async def test_the_openapi_document_describes_the_batch_route_and_unique_keys(
     problem = schema["components"]["schemas"]["Problem"]["properties"]
     assert {"job_id", "retry_after"} <= set(problem)
     assert "unique_key" in schema["components"]["schemas"]["JobView"]["properties"]
+
+
+async def test_each_batched_job_gets_its_accepted_event(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    items = answered(
+        await batch(api_client, auth, [{"payload": {"text": "a"}}, {"payload": {"text": "b"}}])
+    )
+    assert [item["status"] for item in items] == ["created", "created"]
+    for item in items:
+        async with db.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT kind, detail FROM job_events WHERE job_id = %s ORDER BY id",
+                (item["job_id"],),
+            )
+            events = [tuple(row.values()) for row in await cursor.fetchall()]
+        assert events == [("accepted", {"batch": True})]
