@@ -53,13 +53,16 @@ step "building the wheel"
 "$repo/.venv/bin/python" -m build --wheel --outdir "$work/dist" "$repo" >"$work/build.log" 2>&1 \
   || { cat "$work/build.log" >&2; exit 1; }
 wheel=$(ls "$work"/dist/jobcore-*.whl)
-if unzip -l "$wheel" | grep -qE ' (tests|bench)/'; then
+# Listed once into a file: `unzip -l | grep -q` under pipefail fails whenever grep finds its
+# line and exits before unzip has written the rest (unzip dies of SIGPIPE).
+unzip -l "$wheel" >"$work/wheel.list"
+if grep -qE ' (tests|bench)/' "$work/wheel.list"; then
   echo "check_wheel: the wheel carries tests/ or bench/" >&2
   exit 1
 fi
 
 for shipped in services/ui/templates/base.html services/ui/static/ui.css services/ui/static/ui.js; do
-  if ! unzip -l "$wheel" | grep -q " $shipped\$"; then
+  if ! grep -q " $shipped\$" "$work/wheel.list"; then
     echo "check_wheel: the wheel lacks the console's $shipped" >&2
     exit 1
   fi
