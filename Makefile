@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup browser demo dev test test-slow test-parallel test-serial lint check-wheel lock bench bench-steady clean
+.PHONY: setup tools demo dev test test-slow test-parallel test-serial lint check-wheel lock bench bench-steady clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +23,12 @@ demo: setup
 dev: setup
 	$(BIN)/jobcore dev
 
-# The console's browser test needs Debian's chromium: installed here when missing, so that
-# `make test` works on a fresh machine as the README says.
-browser:
-	scripts/install_browser.sh
+# The Debian packages the suite drives (chromium, pgbouncer, wrk): installed here when
+# missing, so that `make test` works on a fresh machine as the README says.
+tools:
+	scripts/install_tools.sh
 
-test: setup browser
+test: setup tools
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial and not slow" -p no:cacheprovider
 	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider || [ $$? -eq 5 ]

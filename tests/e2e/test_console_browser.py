@@ -67,7 +67,7 @@ AUDIT = Query(
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/install_browser.sh", pytrace=False)
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install_tools.sh", pytrace=False)
     async with async_playwright() as playwright:
         # --no-sandbox: CI runs as root, where chromium's sandbox cannot start.
         launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
