@@ -4,10 +4,16 @@ Each `jobcore ...` command line in the Dockerfile, the compose file and the Kube
 manifests is parsed by the real CLI (without running it), so a renamed command or option
 fails here, not in a pod. Every ``JOBCORE_*`` variable they mention must be a setting, so
 a typo in a manifest fails here too instead of being silently ignored.
+
+Both deployments run a three-node RabbitMQ cluster and PgBouncer in transaction mode: the
+tests read the broker's and PgBouncer's own configuration files (and the RabbitmqCluster
+resource, which kubernetes-validate has no schema for, against a schema subset of the
+operator's CRD) and check that the jobcore services are wired to them.
 """
 
 from __future__ import annotations
 
+import configparser
 import importlib
 import importlib.util
 import json
@@ -17,7 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import jsonschema
 import pytest
 import typer
 import yaml
@@ -43,7 +51,12 @@ ROLES = {"api", "relay", "worker"}
 
 # Variables the deploy files may set before the code reads them (a setting being added
 # in parallel), each with a comment saying why. Empty when the code has caught up.
-PENDING_SETTINGS: set[str] = set()
+PENDING_SETTINGS: set[str] = {
+    # PgBouncer in transaction mode (issue 20): no server-side prepared statements, and
+    # LISTEN on a direct connection of its own; added to jobcore.settings in parallel.
+    "JOBCORE_DATABASE_POOLER",
+    "JOBCORE_LISTEN_DATABASE_URL",
+}
 
 # Time a process may still need after JOBCORE_SHUTDOWN_GRACE: the worker gives the leases
 # of unfinished jobs back (up to ~6 s), every process stops its health server.
@@ -113,6 +126,91 @@ def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
 
 def is_jobcore_image(image: str) -> bool:
     return image.rsplit("/", 1)[-1].split(":")[0].split("@")[0] == IMAGE
+
+
+# --- RabbitMQ, PgBouncer and PostgreSQL URLs and configuration files ---------------------
+
+
+def rabbitmq_conf(text: str) -> dict[str, str]:
+    """rabbitmq.conf (sysctl format): `key = value` lines, `#` comments."""
+    entries = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"not a `key = value` line: {raw!r}"
+        assert key.strip() not in entries, f"{key.strip()} is set twice"
+        entries[key.strip()] = value.strip()
+    return entries
+
+
+def classic_config_nodes(conf: dict[str, str]) -> set[str]:
+    """The node list of classic config peer discovery."""
+    backend = conf.get("cluster_formation.peer_discovery_backend")
+    assert backend in {"classic_config", "rabbit_peer_discovery_classic_config"}, backend
+    return {
+        value
+        for key, value in conf.items()
+        if re.fullmatch(r"cluster_formation\.classic_config\.nodes\.\d+", key)
+    }
+
+
+def pgbouncer_ini(text: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, comment_prefixes=(";", "#"))
+    parser.read_string(text)
+    return parser
+
+
+def pgbouncer_database(ini: configparser.ConfigParser, name: str) -> dict[str, str]:
+    """A [databases] entry's connection string, as a dict (`host=... port=...`)."""
+    assert ini.has_option("databases", name), f"PgBouncer serves no database {name!r}"
+    return dict(pair.split("=", 1) for pair in ini.get("databases", name).split())
+
+
+def check_transaction_pooling(ini: configparser.ConfigParser) -> None:
+    settings = ini["pgbouncer"]
+    assert settings["pool_mode"] == "transaction"
+    # Protocol-level prepared statements would be tracked (1.24's default: 200); jobcore
+    # prepares none behind PgBouncer and must not come to rely on it.
+    assert settings.get("max_prepared_statements", "0") == "0"
+    # jobcore's per-session idle_in_transaction_session_timeout is a SET, which PgBouncer
+    # cannot keep per client: PgBouncer ends silent transactions itself.
+    assert float(settings["idle_transaction_timeout"]) > 0
+
+
+def userlist(text: str) -> list[tuple[str, str]]:
+    """PgBouncer's auth_file: one `"user" "password"` per line."""
+    entries = []
+    for line in text.splitlines():
+        if line.strip():
+            match = re.fullmatch(r'\s*"([^"]+)"\s+"([^"]*)"\s*', line)
+            assert match, f"not a userlist line: {line!r}"
+            entries.append((match.group(1), match.group(2)))
+    return entries
+
+
+def pg_hosts(url: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs of a libpq URL, multi-host ones included (a,b:5433)."""
+    netloc = url.split("://", 1)[1].split("/", 1)[0]
+    hosts = []
+    for part in netloc.rpartition("@")[2].split(","):
+        host, _, port = part.partition(":")
+        hosts.append((host, int(port or 5432)))
+    return hosts
+
+
+def amqp_hosts(urls: str) -> list[tuple[str, int]]:
+    """The (host, port) of each URL of a comma-separated JOBCORE_AMQP_URL."""
+    hosts = []
+    for url in urls.split(","):
+        parts = urlsplit(url.strip())
+        assert parts.scheme in {"amqp", "amqps"}, url
+        assert parts.hostname, url
+        assert parts.username, f"{parts.hostname}: no user"
+        assert parts.password, f"{parts.hostname}: no password"
+        hosts.append((parts.hostname, parts.port or (5671 if parts.scheme == "amqps" else 5672)))
+    return hosts
 
 
 # --- the Dockerfile ---------------------------------------------------------------------
@@ -362,6 +460,7 @@ def test_every_kubernetes_object_has_kind_and_name() -> None:
         "Service",
         "PodDisruptionBudget",
         "PersistentVolumeClaim",
+        "RabbitmqCluster",
     } <= kinds
     names = [(doc["kind"], doc["metadata"]["name"]) for _, doc in objects]
     assert len(names) == len(set(names)), "two objects share a kind and name"
@@ -382,12 +481,194 @@ def test_kubernetes_objects_match_the_api_schemas(version: str) -> None:
         version = kubernetes_validate.latest_version()
     errors = []
     for path, doc in k8s_objects():
+        if doc["kind"] in CUSTOM_RESOURCE_SCHEMAS:
+            continue  # no schema in kubernetes-validate: see the custom resource tests
         try:
             # strict: unknown fields are errors (a misspelled field is otherwise ignored).
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{path.name} {doc['kind']}/{doc['metadata']['name']}: {exc}")
     assert not errors, "\n".join(errors)
+
+
+# --- custom resources -------------------------------------------------------------------
+
+# A Kubernetes quantity ("20Gi", "500m", 2): the operator's CRD takes an int or a string.
+QUANTITY: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {
+            "type": "string",
+            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+            r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        },
+    ]
+}
+STRING_MAP: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+
+# The part of the RabbitMQ Cluster Operator's CRD (rabbitmq.com/v1beta1, its Go types in
+# api/v1beta1/rabbitmqcluster_types.go) that the manifests use or could misspell: every
+# field of `spec` and of `spec.rabbitmq` is listed, so an unknown one fails as
+# kubernetes-validate's strict mode does for built-in kinds. Pod-level fields (resources,
+# affinity, tolerations) are checked against the real Pod schema instead.
+RABBITMQ_CLUSTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "rabbitmq.com/v1beta1"},
+        "kind": {"const": "RabbitmqCluster"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "labels": STRING_MAP,
+                "annotations": STRING_MAP,
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "replicas": {"type": "integer", "minimum": 0},
+                "image": {"type": "string"},
+                "imagePullSecrets": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {"name": {"type": "string"}},
+                    },
+                },
+                "service": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"enum": ["ClusterIP", "LoadBalancer", "NodePort"]},
+                        "annotations": STRING_MAP,
+                    },
+                },
+                "persistence": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"storageClassName": {"type": "string"}, "storage": QUANTITY},
+                },
+                "resources": {"type": "object"},
+                "affinity": {"type": "object"},
+                "tolerations": {"type": "array", "items": {"type": "object"}},
+                "rabbitmq": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "additionalPlugins": {
+                            "type": "array",
+                            "maxItems": 100,
+                            "items": {"type": "string", "pattern": r"^\w+$", "maxLength": 100},
+                        },
+                        "additionalConfig": {"type": "string", "maxLength": 2000},
+                        "advancedConfig": {"type": "string", "maxLength": 100000},
+                        "envConfig": {"type": "string", "maxLength": 100000},
+                    },
+                },
+                "tls": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "secretName": {"type": "string"},
+                        "caSecretName": {"type": "string"},
+                        "disableNonTLSListeners": {"type": "boolean"},
+                    },
+                },
+                "override": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "statefulSet": {"type": "object"},
+                        "service": {"type": "object"},
+                    },
+                },
+                "skipPostDeploySteps": {"type": "boolean"},
+                "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+                "secretBackend": {"type": "object"},
+            },
+        },
+    },
+}
+
+CUSTOM_RESOURCE_SCHEMAS: dict[str, dict[str, Any]] = {"RabbitmqCluster": RABBITMQ_CLUSTER_SCHEMA}
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    schema = CUSTOM_RESOURCE_SCHEMAS[doc["kind"]]
+    validator = jsonschema.Draft202012Validator(schema)
+    return [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+        for error in validator.iter_errors(doc)
+    ]
+
+
+def test_custom_resource_schemas_are_valid_json_schemas() -> None:
+    for schema in CUSTOM_RESOURCE_SCHEMAS.values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_custom_resources_match_their_schema_subset() -> None:
+    objects = [(path, doc) for path, doc in k8s_objects() if doc["kind"] in CUSTOM_RESOURCE_SCHEMAS]
+    assert objects
+    errors = [
+        f"{path.name} {doc['kind']}/{doc['metadata']['name']}: {error}"
+        for path, doc in objects
+        for error in schema_errors(doc)
+    ]
+    assert not errors, "\n".join(errors)
+
+
+def rabbitmq_cluster() -> dict[str, Any]:
+    [cluster] = objects_of_kind("RabbitmqCluster")
+    return cluster
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("spec", "replica"), 3),  # misspelled
+        (("spec", "replicas"), "3"),
+        (("spec", "rabbitmq", "additionalConfig"), "x" * 2001),
+        (("spec", "rabbitmq", "extraConfig"), "default_queue_type = quorum"),
+        (("spec", "persistence", "storage"), "20 gigabytes"),
+        (("spec", "service", "type"), "Headless"),
+    ],
+    ids=lambda v: ".".join(v) if isinstance(v, tuple) else None,
+)
+def test_the_schema_subset_rejects_what_the_operator_would(
+    where: tuple[str, ...], value: object
+) -> None:
+    """Guards the subset above: each of these would be refused by the API server."""
+    doc = json.loads(json.dumps(rabbitmq_cluster()))
+    node = doc
+    for key in where[:-1]:
+        node = node.setdefault(key, {})
+    node[where[-1]] = value
+    assert schema_errors(doc)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_rabbitmq_cluster_pod_fields_match_the_pod_schema(version: str) -> None:
+    """resources, affinity and tolerations are a Pod's types: checked as a Pod's."""
+    import kubernetes_validate
+
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    spec = rabbitmq_cluster()["spec"]
+    container = {"name": "rabbitmq", "image": spec["image"], "resources": spec["resources"]}
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    for field in ("affinity", "tolerations"):
+        if field in spec:
+            pod_spec[field] = spec[field]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rabbitmq"}, "spec": pod_spec}
+    kubernetes_validate.validate(pod, version, strict=True)
 
 
 def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
@@ -406,6 +687,12 @@ def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
     assert [image["name"] for image in kustomization["images"]] == [IMAGE]
 
 
+def config_data(kind: str, name: str) -> dict[str, str]:
+    """A ConfigMap's data or an (example) Secret's stringData."""
+    doc = only(kind, name)
+    return dict(doc.get("data" if kind == "ConfigMap" else "stringData", {}))
+
+
 def test_config_references_resolve() -> None:
     configmaps = {doc["metadata"]["name"] for doc in objects_of_kind("ConfigMap")}
     secrets = {doc["metadata"]["name"] for doc in objects_of_kind("Secret")}
@@ -415,12 +702,29 @@ def test_config_references_resolve() -> None:
         for volume in volumes.values():
             if "persistentVolumeClaim" in volume:
                 assert volume["persistentVolumeClaim"]["claimName"] in claims, where
+            sources = [*volume.get("projected", {}).get("sources", []), volume]
+            for source in sources:
+                for kind, field, key in (
+                    ("ConfigMap", "configMap", "name"),
+                    ("Secret", "secret", "secretName"),
+                ):
+                    if field not in source:
+                        continue
+                    name = source[field].get(key, source[field].get("name"))
+                    assert name in (configmaps if kind == "ConfigMap" else secrets), where
+                    for item in source[field].get("items", []):
+                        assert item["key"] in config_data(kind, name), f"{where}: {item}"
         for container in spec["containers"]:
             for source in container.get("envFrom", []):
                 if "configMapRef" in source:
                     assert source["configMapRef"]["name"] in configmaps, where
                 if "secretRef" in source:
                     assert source["secretRef"]["name"] in secrets, where
+            for item in container.get("env", []):
+                for kind, field in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                    ref = item.get("valueFrom", {}).get(field)
+                    if ref:
+                        assert ref["key"] in config_data(kind, ref["name"]), f"{where}: {item}"
             for mount in container.get("volumeMounts", []):
                 assert mount["name"] in volumes, where
 
@@ -493,15 +797,35 @@ def test_probes_hit_the_health_endpoints_on_a_declared_port(role: str) -> None:
 
 
 def effective_env(container: dict[str, Any], name: str) -> str | None:
+    """The variable's value in the container (Secrets: the example's placeholders).
+
+    `env` wins over `envFrom`; among `envFrom` sources, the last one naming it wins.
+    """
     for item in container.get("env", []):
-        if item["name"] == name:
+        if item["name"] != name:
+            continue
+        if "value" in item:
             return str(item["value"])
+        for kind, field in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+            ref = item["valueFrom"].get(field)
+            if ref:
+                return config_data(kind, ref["name"])[ref["key"]]
+        raise AssertionError(f"{name}: a valueFrom this test cannot resolve")
+    found = None
     for source in container.get("envFrom", []):
-        if "configMapRef" in source:
-            data = only("ConfigMap", source["configMapRef"]["name"]).get("data", {})
-            if name in data:
-                return str(data[name])
-    return None
+        for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            if field in source:
+                data = config_data(kind, source[field]["name"])
+                if name in data:
+                    found = str(data[name])
+    return found
+
+
+def sleep_seconds(command: list[str]) -> float:
+    """How long a preStop command sleeps: `sleep N`, alone or in a shell line."""
+    sleeps = re.findall(r"\bsleep (\d+(?:\.\d+)?)\b", " ".join(command))
+    assert len(sleeps) == 1, f"a preStop hook must sleep once: {command}"
+    return float(sleeps[0])
 
 
 def test_pods_run_unprivileged_with_resources_and_enough_grace() -> None:
@@ -521,7 +845,7 @@ def test_pods_run_unprivileged_with_resources_and_enough_grace() -> None:
             if where.startswith("Deployment/"):
                 grace = float(effective_env(container, "JOBCORE_SHUTDOWN_GRACE") or 10.0)
                 pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {})
-                pre_stop_seconds = float(pre_stop["command"][-1]) if pre_stop else 0.0
+                pre_stop_seconds = sleep_seconds(pre_stop["command"]) if pre_stop else 0.0
                 # The kubelet's SIGKILL must come after jobcore's own grace has run out,
                 # and after what follows it (a worker then gives leases back).
                 needed = pre_stop_seconds + grace + STOP_MARGIN_SECONDS
@@ -543,11 +867,109 @@ def test_results_are_shared_between_the_api_and_the_workers() -> None:
 
 
 def test_the_secret_example_holds_placeholders_only() -> None:
-    [secret] = objects_of_kind("Secret")
-    values = secret["stringData"]
-    assert set(values) == {"JOBCORE_DATABASE_URL", "JOBCORE_AMQP_URL"}
+    secrets = {doc["metadata"]["name"]: doc["stringData"] for doc in objects_of_kind("Secret")}
+    assert set(secrets) == {"jobcore-secrets", "jobcore-pgbouncer-userlist"}
+    values = secrets["jobcore-secrets"]
+    assert set(values) == {
+        "JOBCORE_DATABASE_URL",
+        "JOBCORE_LISTEN_DATABASE_URL",
+        "JOBCORE_AMQP_URL",
+    }
     assert all("CHANGE-ME" in value for value in values.values())
     assert not only("ConfigMap", "jobcore-config")["data"].keys() & values.keys()
+    assert all(
+        password == "CHANGE-ME"
+        for _, password in userlist(secrets["jobcore-pgbouncer-userlist"]["userlist.txt"])
+    )
+
+
+def rabbitmq_node_hosts(cluster: dict[str, Any]) -> set[str]:
+    """The DNS names the operator gives the cluster's pods (its headless `-nodes` Service)."""
+    name = cluster["metadata"]["name"]
+    return {f"{name}-server-{i}.{name}-nodes" for i in range(cluster["spec"]["replicas"])}
+
+
+def role_containers() -> Iterator[tuple[str, dict[str, Any]]]:
+    for role in sorted(ROLES):
+        [container] = only("Deployment", f"jobcore-{role}")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        yield role, container
+
+
+def test_rabbitmq_runs_three_nodes_with_quorum_queues_by_default() -> None:
+    spec = rabbitmq_cluster()["spec"]
+    # A quorum queue runs while a majority of its replicas do: three nodes survive one
+    # lost, and an even count adds a node without adding a tolerated loss.
+    assert spec["replicas"] >= 3
+    assert spec["replicas"] % 2 == 1
+    assert {"cpu", "memory"} <= spec["resources"]["requests"].keys()
+    assert "memory" in spec["resources"]["limits"]
+    assert spec["persistence"]["storage"]
+    conf = rabbitmq_conf(spec["rabbitmq"]["additionalConfig"])
+    assert conf["default_queue_type"] == "quorum"
+    # The broker's consumer_timeout (ms) is the one jobcore is told about.
+    told = only("ConfigMap", "jobcore-config")["data"].get("JOBCORE_AMQP_CONSUMER_TIMEOUT")
+    seconds = float(told) if told else Settings.model_fields["amqp_consumer_timeout"].default
+    assert int(conf.get("consumer_timeout", 1_800_000)) == seconds * 1000
+
+
+def test_kubernetes_amqp_url_lists_every_rabbitmq_node() -> None:
+    url = config_data("Secret", "jobcore-secrets")["JOBCORE_AMQP_URL"]
+    hosts = amqp_hosts(url)
+    assert len(hosts) == len(set(hosts))
+    assert {host for host, _ in hosts} == rabbitmq_node_hosts(rabbitmq_cluster())
+    assert {port for _, port in hosts} == {5672}
+    for role, container in role_containers():
+        assert effective_env(container, "JOBCORE_AMQP_URL") == url, role
+
+
+def test_kubernetes_services_reach_postgres_through_pgbouncer_in_transaction_mode() -> None:
+    deployment = only("Deployment", "jobcore-pgbouncer")
+    service = only("Service", "jobcore-pgbouncer")
+    assert deployment["spec"]["replicas"] >= 2, "one PgBouncer is a single point of failure"
+    assert selects_only(service["spec"]["selector"], deployment)
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    [port] = service["spec"]["ports"]
+
+    ini = pgbouncer_ini(config_data("ConfigMap", "jobcore-pgbouncer")["pgbouncer.ini"])
+    check_transaction_pooling(ini)
+    assert int(ini["pgbouncer"]["listen_port"]) == ports.get(port["targetPort"], port["targetPort"])
+    # The image runs `pgbouncer /etc/pgbouncer/pgbouncer.ini`; auth_file must be there too.
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    mounted = set()
+    for mount in container["volumeMounts"]:
+        for source in volumes[mount["name"]].get("projected", {}).get("sources", []):
+            for field in ("configMap", "secret"):
+                for item in source.get(field, {}).get("items", []):
+                    mounted.add(f"{mount['mountPath']}/{item['path']}")
+    assert {"/etc/pgbouncer/pgbouncer.ini", ini["pgbouncer"]["auth_file"]} <= mounted
+
+    url = config_data("Secret", "jobcore-secrets")["JOBCORE_DATABASE_URL"]
+    assert pg_hosts(url) == [(service["metadata"]["name"], port["port"])]
+    pgbouncer_database(ini, urlsplit(url).path.lstrip("/"))
+    for role, container in role_containers():
+        assert effective_env(container, "JOBCORE_DATABASE_URL") == url, role
+        assert effective_env(container, "JOBCORE_DATABASE_POOLER") == "pgbouncer", role
+
+
+def test_kubernetes_listen_and_migrations_go_straight_to_postgres() -> None:
+    values = config_data("Secret", "jobcore-secrets")
+    direct = values["JOBCORE_LISTEN_DATABASE_URL"]
+    hosts = {host for host, _ in pg_hosts(direct)}
+    assert only("Service", "jobcore-pgbouncer")["metadata"]["name"] not in hosts
+    # The example shows the failover form: every server, libpq picks the writable one.
+    assert len(hosts) >= 2
+    assert "target_session_attrs=read-write" in urlsplit(direct).query
+    assert urlsplit(direct).path == urlsplit(values["JOBCORE_DATABASE_URL"]).path
+    for role, container in role_containers():
+        assert effective_env(container, "JOBCORE_LISTEN_DATABASE_URL") == direct, role
+
+    [migrate] = only("Job", "jobcore-migrate")["spec"]["template"]["spec"]["containers"]
+    assert effective_env(migrate, "JOBCORE_DATABASE_URL") == direct
+    assert effective_env(migrate, "JOBCORE_DATABASE_POOLER") in {None, "none"}
 
 
 # --- compose ----------------------------------------------------------------------------
@@ -627,3 +1049,127 @@ def test_compose_waits_out_the_shutdown_grace_before_killing() -> None:
         stop = re.fullmatch(r"(\d+)s", str(service["stop_grace_period"]))
         assert stop, f"{name}: write stop_grace_period in seconds"
         assert int(stop.group(1)) >= grace + STOP_MARGIN_SECONDS, name
+
+
+def image_name(image: str) -> str:
+    return image.rsplit("/", 1)[-1].split(":")[0].split("@")[0]
+
+
+def compose_services_running(name: str) -> dict[str, dict[str, Any]]:
+    return {
+        service_name: service
+        for service_name, service in compose()["services"].items()
+        if image_name(str(service.get("image", ""))) == name
+    }
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> file on this machine, for the service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith((".", "/")):
+            mounts[target] = (COMPOSE.parent / source).resolve()
+            assert mounts[target].is_file(), f"{volume}: no such file"
+    return mounts
+
+
+def compose_pgbouncer() -> tuple[str, configparser.ConfigParser, list[tuple[str, str]]]:
+    [(name, service)] = compose_services_running("pgbouncer").items()
+    mounts = bind_mounts(service)
+    # The image runs `pgbouncer /etc/pgbouncer/pgbouncer.ini`.
+    ini = pgbouncer_ini(mounts["/etc/pgbouncer/pgbouncer.ini"].read_text(encoding="utf-8"))
+    users = userlist(mounts[ini["pgbouncer"]["auth_file"]].read_text(encoding="utf-8"))
+    return name, ini, users
+
+
+def test_compose_runs_a_three_node_rabbitmq_cluster() -> None:
+    nodes = compose_services_running("rabbitmq")
+    assert len(nodes) == 3
+    hostnames = {name: service["hostname"] for name, service in nodes.items()}
+    assert len(set(hostnames.values())) == 3
+    # Nodes talk only when they share the Erlang cookie.
+    cookies = {service["environment"]["RABBITMQ_ERLANG_COOKIE"] for service in nodes.values()}
+    assert len(cookies) == 1
+    assert all(cookies)
+
+    data_volumes = set()
+    for name, service in nodes.items():
+        mounts = bind_mounts(service)
+        [conf_file] = [
+            path
+            for target, path in mounts.items()
+            if target.startswith("/etc/rabbitmq/conf.d/") and target.endswith(".conf")
+        ]
+        conf = rabbitmq_conf(conf_file.read_text(encoding="utf-8"))
+        # The node name is rabbit@<host name>: each node lists all three.
+        assert classic_config_nodes(conf) == {f"rabbit@{h}" for h in hostnames.values()}, name
+        assert conf["default_queue_type"] == "quorum", name
+        [data] = [
+            v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == "/var/lib/rabbitmq"
+        ]
+        data_volumes.add(data)
+    assert len(data_volumes) == 3, "each node needs its own data directory"
+
+    # Started together, each node could form a cluster of its own: one starts first and
+    # the others join it once it answers.
+    [first] = [
+        name
+        for name, service in nodes.items()
+        if not nodes.keys() & service.get("depends_on", {}).keys()
+    ]
+    for name, service in nodes.items():
+        if name != first:
+            assert service["depends_on"][first]["condition"] == "service_healthy", name
+    # The same broker as in Kubernetes.
+    assert {service["image"] for service in nodes.values()} == {rabbitmq_cluster()["spec"]["image"]}
+
+
+def test_compose_runs_pgbouncer_in_transaction_mode_in_front_of_postgres() -> None:
+    _, ini, users = compose_pgbouncer()
+    check_transaction_pooling(ini)
+    [postgres] = compose_services_running("postgres")
+    environment = compose()["services"][postgres]["environment"]
+    entry = pgbouncer_database(ini, environment["POSTGRES_DB"])
+    assert (entry["host"], int(entry.get("port", 5432))) == (postgres, 5432)
+    assert (environment["POSTGRES_USER"], environment["POSTGRES_PASSWORD"]) in users
+
+
+def test_compose_services_reach_postgres_through_pgbouncer_but_listen_directly() -> None:
+    pgbouncer, ini, users = compose_pgbouncer()
+    [postgres] = compose_services_running("postgres")
+    through_pgbouncer = [(pgbouncer, int(ini["pgbouncer"]["listen_port"]))]
+    for name, service in jobcore_compose_services().items():
+        environment = service["environment"]
+        assert pg_hosts(environment["JOBCORE_LISTEN_DATABASE_URL"]) == [(postgres, 5432)], name
+        url = environment["JOBCORE_DATABASE_URL"]
+        if service["command"][0] == "migrate":
+            # Session locks, and --create-database needs the server's `postgres` database.
+            assert pg_hosts(url) == [(postgres, 5432)]
+            assert environment.get("JOBCORE_DATABASE_POOLER", "none") == "none"
+            continue
+        assert pg_hosts(url) == through_pgbouncer, name
+        assert environment["JOBCORE_DATABASE_POOLER"] == "pgbouncer", name
+        pgbouncer_database(ini, urlsplit(url).path.lstrip("/"))
+        assert (urlsplit(url).username, urlsplit(url).password) in users, name
+        assert service["depends_on"][pgbouncer]["condition"] == "service_healthy", name
+
+
+def test_compose_amqp_url_lists_every_rabbitmq_node() -> None:
+    nodes = compose_services_running("rabbitmq")
+    hostnames = {service["hostname"] for service in nodes.values()}
+    credentials = {
+        (
+            service["environment"]["RABBITMQ_DEFAULT_USER"],
+            service["environment"]["RABBITMQ_DEFAULT_PASS"],
+        )
+        for service in nodes.values()
+    }
+    for name, service in jobcore_compose_services().items():
+        url = service["environment"]["JOBCORE_AMQP_URL"]
+        hosts = amqp_hosts(url)
+        assert sorted(host for host, _ in hosts) == sorted(hostnames), name
+        assert {(urlsplit(u).username, urlsplit(u).password) for u in url.split(",")} == credentials
+        if service["command"][0] in {"relay", "worker"}:
+            for node in nodes:
+                assert service["depends_on"][node]["condition"] == "service_healthy", name
