@@ -116,14 +116,15 @@ async def test_a_primary_crash_and_promotion_is_503_meanwhile_and_loses_nothing(
     service_urls: ServiceUrls, tmp_path: Path
 ) -> None:
     with pg_pair.locked():
+        setting_up = time.monotonic()
         try:
             await asyncio.to_thread(pg_pair.ensure)
         except RuntimeError as exc:
             pytest.fail(f"cannot set up the PostgreSQL failover pair: {exc}", pytrace=False)
+        figures: dict[str, float] = {"pair_ready": time.monotonic() - setting_up}
         old = await asyncio.to_thread(pg_pair.primary)
         new = pg_pair.other(old)
         old_port, new_port = pg_pair.PORTS[old], pg_pair.PORTS[new]
-        figures: dict[str, float] = {}
         try:
             async with failover_database(service_urls, tmp_path) as settings:
                 database = settings.database_name
@@ -234,7 +235,9 @@ async def test_a_primary_crash_and_promotion_is_503_meanwhile_and_loses_nothing(
         finally:
             # The old primary becomes the replica of the new one (a fresh base backup),
             # synchronous again: the pair is whole for the next run.
+            rebuilding = time.monotonic()
             await asyncio.to_thread(pg_pair.run, "start")
+            figures["rebuild"] = time.monotonic() - rebuilding
         print(f"failover figures (s): { {k: round(v, 2) for k, v in figures.items()} }")
         nodes = await asyncio.to_thread(pg_pair.status)
         assert nodes == {new: "running primary", old: "running replica"}, nodes
