@@ -63,8 +63,9 @@ async def failover_database(service_urls: ServiceUrls, tmp_path: Path) -> AsyncI
     """Settings on a database of the test's own on the pair, reached by the multi-host URL
     (the template is migrated through it too); dropped afterwards."""
     admin = Settings(database_url=pg_pair.ADMIN_URL)
+    await asyncio.to_thread(pg_pair.drop_leftovers)
     template = await asyncio.to_thread(scratch.ensure_template, admin)
-    url = await asyncio.to_thread(scratch.clone_database, admin, template, "jobcore_fo_")
+    url = await asyncio.to_thread(scratch.clone_database, admin, template, pg_pair.DATABASE_PREFIX)
     settings = Settings(
         environment="test",
         database_url=url,

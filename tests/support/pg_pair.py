@@ -17,6 +17,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
+from psycopg import sql
+
+from jobcore.scratch import migrations_fingerprint
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pg_failover_pair.sh"
 PORTS = {"jcfail_a": 5441, "jcfail_b": 5442}
 HOSTS = ",".join(f"127.0.0.1:{port}" for port in PORTS.values())
@@ -70,6 +75,33 @@ def url(database: str, port: int | None = None) -> str:
     if port is not None:
         return f"postgresql://postgres@127.0.0.1:{port}/{database}"
     return ADMIN_URL.replace("/postgres?", f"/{database}?", 1)
+
+
+# The test's databases, and the templates it clones them from.
+DATABASE_PREFIX = "jobcore_fo_"
+TEMPLATE_PREFIX = "jobcore_tpl_"
+
+
+def drop_leftovers() -> None:
+    """Drop the databases a killed run left on the pair and the templates of older
+    migrations: every base backup copies them all. Call it holding :func:`locked`."""
+    keep = f"{TEMPLATE_PREFIX}{migrations_fingerprint()}"
+    with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+        names = [
+            str(name)
+            for (name,) in conn.execute(
+                "SELECT datname FROM pg_database WHERE (datname LIKE %s OR datname LIKE %s)"
+                " AND datname <> %s",
+                (f"{DATABASE_PREFIX}%", f"{TEMPLATE_PREFIX}%", keep),
+            ).fetchall()
+        ]
+        for name in names:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} IS_TEMPLATE false").format(sql.Identifier(name))
+            )
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 @contextlib.contextmanager
