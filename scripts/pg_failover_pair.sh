@@ -235,7 +235,7 @@ cmd_primary() {
 }
 
 node() { # node NAME: NAME if it is one of the pair's
-  [[ -n "${PORTS[${1:-}]+x}" ]] || die "unknown node ${1:-} (one of: ${NAMES[*]})"
+  [[ -n "${1:-}" && -n "${PORTS[$1]+x}" ]] || die "unknown node '${1:-}' (one of: ${NAMES[*]})"
   echo "$1"
 }
 
@@ -246,7 +246,10 @@ case "${1:-}" in
   destroy) cmd_destroy ;;
   status) cmd_status ;;
   primary) cmd_primary ;;
-  crash) ctl "$(node "${2:-}")" stop -m immediate ;;
+  crash)
+    name="$(node "${2:-}")"
+    ctl "$name" stop -m immediate
+    ;;
   promote)
     name="$(node "${2:-}")"
     set_sync "$name" ""

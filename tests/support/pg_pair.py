@@ -105,7 +105,7 @@ def drop_leftovers() -> None:
 
 
 @contextlib.contextmanager
-def locked(timeout: float = 600.0) -> Iterator[None]:
+def locked(timeout: float = 300.0) -> Iterator[None]:
     """Hold the pair alone: another run's failover test waits (up to ``timeout``)."""
     with open(LOCK_PATH, "a") as handle:
         deadline = time.monotonic() + timeout
