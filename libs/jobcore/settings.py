@@ -298,7 +298,8 @@ class Settings(BaseSettings):
         scheme = parts.scheme.split("+", 1)[0]
         if scheme not in {"postgresql", "postgres"}:
             raise ValueError("must be a postgresql:// URL")
-        if not parts.hostname and "host=" not in parts.query:
+        hosts = database_hosts(parts.netloc)  # raises for a bad host or port, value unsaid
+        if not hosts and "host=" not in parts.query:
             raise ValueError("must name a host")
         if not parts.path.strip("/"):
             raise ValueError("must name a database")
@@ -459,7 +460,20 @@ class Settings(BaseSettings):
 
     @cached_property
     def sqlalchemy_url(self) -> str:
-        return self.database_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        """The URL for SQLAlchemy (Alembic). Several hosts (a failover pair) move to the
+        query string, ``?host=a:5432&host=b:5432``, the only form SQLAlchemy parses: its URL
+        takes one port, and libpq's ``a:5432,b:5432`` is not one."""
+        parts = urlsplit(self.database_url)
+        hosts = database_hosts(parts.netloc)
+        if len(hosts) < 2:
+            return self.database_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        userinfo = parts.netloc.rpartition("@")[0]
+        query = "&".join(
+            [f"host={host}" + (f":{port}" if port else "") for host, port in hosts]
+            + ([parts.query] if parts.query else [])
+        )
+        netloc = f"{userinfo}@" if userinfo else ""
+        return urlunsplit(("postgresql+psycopg", netloc, parts.path, query, ""))
 
     @cached_property
     def database_name(self) -> str:
@@ -469,6 +483,30 @@ class Settings(BaseSettings):
         """The same server's ``postgres`` database, used to create a missing database."""
         parts = urlsplit(self.database_url)
         return urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+
+
+def database_hosts(netloc: str) -> list[tuple[str, int | None]]:
+    """The hosts of a PostgreSQL URL's network location, in order, with their ports: one,
+    or several for failover (``user@a:5432,b:5432``, libpq's form, which ``urlsplit``
+    cannot take apart: its ``.port`` raises). Empty when the URL names none (a socket
+    directory or ``?host=`` in the query). A ValueError never quotes the URL, which may
+    hold a password."""
+    hostlist = netloc.rpartition("@")[2]
+    if not hostlist:
+        return []
+    hosts: list[tuple[str, int | None]] = []
+    for number, entry in enumerate(hostlist.split(","), start=1):
+        if entry.startswith("["):  # [IPv6]:port
+            host, _, rest = entry[1:].partition("]")
+            port = rest.removeprefix(":") if rest.startswith(":") else rest
+        else:
+            host, _, port = entry.partition(":")
+        if not host:
+            raise ValueError(f"names no host in its host number {number}")
+        if port and not (port.isdigit() and 0 < int(port) <= 65535):
+            raise ValueError(f"has a bad port in its host number {number}")
+        hosts.append((f"[{host}]" if entry.startswith("[") else host, int(port) if port else None))
+    return hosts
 
 
 def load_settings(**overrides: object) -> Settings:

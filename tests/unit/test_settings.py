@@ -1,4 +1,5 @@
 import pytest
+from sqlalchemy.engine import make_url
 
 from jobcore.errors import ConfigurationError
 from jobcore.settings import Settings, load_relay_options, load_settings
@@ -63,6 +64,46 @@ def test_password_never_appears_in_the_error(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(ConfigurationError) as info:
         load_settings()
     assert "s3cret" not in str(info.value)
+
+
+MULTI_HOST = (
+    "postgresql://app:s3cret@10.0.0.1:5432,10.0.0.2:5433/jobs?target_session_attrs=read-write"
+)
+
+
+def test_a_multi_host_url_is_kept_for_libpq_and_rewritten_for_sqlalchemy() -> None:
+    settings = Settings(database_url=MULTI_HOST)
+    assert settings.database_url == MULTI_HOST  # libpq takes the comma form as it is
+    assert settings.database_name == "jobs"
+    assert settings.maintenance_database_url() == MULTI_HOST.replace("/jobs?", "/postgres?")
+    # SQLAlchemy's URL has one port: several hosts go to the query, which it does parse.
+    assert settings.sqlalchemy_url == (
+        "postgresql+psycopg://app:s3cret@/jobs?host=10.0.0.1:5432&host=10.0.0.2:5433"
+        "&target_session_attrs=read-write"
+    )
+    args = (
+        make_url(settings.sqlalchemy_url)
+        .get_dialect()()
+        .create_connect_args(make_url(settings.sqlalchemy_url))[1]
+    )
+    assert (args["host"], args["port"]) == ("10.0.0.1,10.0.0.2", "5432,5433")
+    assert args["target_session_attrs"] == "read-write"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://u:s3cret@a:5432,b:x/db", "has a bad port in its host number 2"),
+        ("postgresql://u:s3cret@a:5432,/db", "names no host in its host number 2"),
+        ("postgresql://u:s3cret@a:0/db", "has a bad port in its host number 1"),
+    ],
+)
+def test_each_host_of_a_multi_host_url_is_checked_without_quoting_it(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load_settings(database_url=url)
+    assert str(info.value) == f"JOBCORE_DATABASE_URL: {message}"
 
 
 def test_production_refuses_placeholder_broker_credentials() -> None:

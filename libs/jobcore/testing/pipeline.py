@@ -103,6 +103,9 @@ def via_port(url: str, port: int) -> str:
 
 def _target(url: str, default_port: int) -> tuple[str, int]:
     parts = urlsplit(url)
+    if "," in parts.netloc.rpartition("@")[2]:
+        # A proxy stands in front of one server; a failover pair's hosts each need their own.
+        raise ValueError("a proxy fronts one host: the URL names several (a failover pair)")
     return parts.hostname or "127.0.0.1", parts.port or default_port
 
 
