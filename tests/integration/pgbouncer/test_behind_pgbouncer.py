@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from jobcore import migrate
 from jobcore.db import Database, fetch_one
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import NoParams, Query
 from tests.e2e.stack import JOB_MODULES, E2EStack
 from tests.integration.pgbouncer.napping_jobtypes import LEASE_SECONDS
+from tests.support import databases
 from tests.support.pgbouncer import admin_console, ensure_pgbouncer, through_pgbouncer
+from tests.support.services import ServiceUrls
 
 JOBS = 20
 POLL_INTERVAL = 0.3
@@ -172,3 +176,24 @@ async def test_jobs_long_polls_and_cancels_behind_pgbouncer(
     # The listener went direct: PgBouncer never saw a listen connection.
     clients = await _clients_through_pgbouncer(settings.database_name)
     assert not any(name.endswith("-listen") or "listener" in name for name in clients), clients
+
+
+def test_migrate_runs_through_pgbouncer(service_urls: ServiceUrls) -> None:
+    """`jobcore migrate --create-database` through PgBouncer: one transaction, and its lock
+    is the transaction's, so two runs would take turns here too."""
+    name = f"jobcore_t_{uuid.uuid4().hex[:12]}"
+    direct = databases.with_database(service_urls.pg_admin_url, name)
+    settings = Settings(
+        database_url=through_pgbouncer(direct),
+        database_pooler="pgbouncer",
+        amqp_url=service_urls.amqp_url,
+    )
+    try:
+        assert migrate.create_database(settings)
+        before, after = migrate.upgrade(settings)
+        assert (before, after) == (None, migrate.head_revision())
+        assert (
+            migrate.current_revision(settings.model_copy(update={"database_url": direct})) == after
+        )
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
