@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from jobcore import migrate
@@ -121,6 +122,19 @@ async def _clients_through_pgbouncer(database: str) -> set[str]:
     return {row["application_name"] for row in rows if row["database"] == database}
 
 
+async def _listening_directly(settings: Settings) -> set[str]:
+    """The processes with a LISTEN connection (named so by jobcore) to the test database,
+    from PostgreSQL's side: PgBouncer's server connections carry their clients' names."""
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        cursor = await conn.execute(
+            "SELECT application_name FROM pg_stat_activity "
+            "WHERE datname = %s AND application_name ~ '-listen(er)?$'",
+            (settings.database_name,),
+        )
+        names = {str(row[0]) for row in await cursor.fetchall()}
+    return {name.removesuffix("-listen").removesuffix("-listener") for name in names}
+
+
 async def _health(stack: E2EStack, role: str) -> dict[str, object]:
     async with httpx.AsyncClient(timeout=5) as client:
         return dict((await client.get(f"{stack.url(role)}/healthz")).json())
@@ -173,9 +187,12 @@ async def test_jobs_long_polls_and_cancels_behind_pgbouncer(
         assert took < min(CANCEL_WITHIN, LEASE_SECONDS / 3), took
         print(f"long-poll answered after {woke:.2f}s (1 s job), cancel took {took:.2f}s")
 
-    # The listener went direct: PgBouncer never saw a listen connection.
+    # Listeners connect to PostgreSQL directly, or not at all; never through PgBouncer.
     clients = await _clients_through_pgbouncer(settings.database_name)
-    assert not any(name.endswith("-listen") or "listener" in name for name in clients), clients
+    assert not any(name.endswith(("-listen", "-listener")) for name in clients), clients
+    direct = await _listening_directly(settings)
+    expected = set() if polling else {"jobcore-api", "jobcore-relay", "jobcore-worker"}
+    assert direct == expected, direct
 
 
 def test_migrate_runs_through_pgbouncer(service_urls: ServiceUrls) -> None:
