@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
+from jobcore.db import connect_options
 from jobcore.schema import metadata
 from jobcore.settings import load_settings
 
@@ -16,6 +17,12 @@ def _url() -> str:
     return str(url) if url else load_settings().sqlalchemy_url
 
 
+def _connect_args() -> dict[str, object]:
+    """No server-side prepared statements behind PgBouncer (jobcore.db.connect_options)."""
+    args = config.attributes.get("connect_args")
+    return dict(args) if args is not None else connect_options(load_settings())
+
+
 def run_migrations_offline() -> None:
     context.configure(url=_url(), target_metadata=metadata, literal_binds=True)
     with context.begin_transaction():
@@ -23,11 +30,13 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(_url(), poolclass=pool.NullPool)
+    engine = create_engine(_url(), poolclass=pool.NullPool, connect_args=_connect_args())
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, compare_type=True)
         with context.begin_transaction():
-            # Two `jobcore migrate` at once (a deploy racing a developer) take turns.
+            # Two `jobcore migrate` at once (a deploy racing a developer) take turns. A
+            # transaction's lock, not a session's, so it holds behind PgBouncer too: the
+            # whole upgrade is one transaction.
             connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('jobcore.migrate'))"))
             context.run_migrations()
     engine.dispose()

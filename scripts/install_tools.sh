@@ -23,9 +23,10 @@ apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null || {
   apt-get update >/dev/null
   apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
 }
-# Debian starts pgbouncer as a system service on 6432; the suite runs its own instances.
-if pgrep -x pgbouncer >/dev/null; then
-  service pgbouncer stop >/dev/null 2>&1 || pkill -x pgbouncer || true
+# Debian starts pgbouncer as a system service on 6432 when it installs it; the suite runs
+# its own instances (scripts/pgbouncer.sh), so only the packaged service is stopped.
+if [[ " ${missing[*]} " == *" pgbouncer "* ]]; then
+  service pgbouncer stop >/dev/null 2>&1 || true
 fi
 for package in "${missing[@]}"; do
   [ -x "${binary[$package]}" ] || { echo "install_tools: $package did not install" >&2; exit 1; }

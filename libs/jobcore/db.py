@@ -63,6 +63,14 @@ def translate_errors(settings: Settings | None = None) -> Iterator[None]:
         raise DatabaseUnavailable(f"JOBCORE_DATABASE_URL: {first_line}") from exc
 
 
+def connect_options(settings: Settings) -> dict[str, Any]:
+    """psycopg connection options every connection to ``database_url`` takes: behind
+    PgBouncer in transaction mode, no server-side prepared statements (psycopg prepares a
+    query it ran five times on a connection; the next run may reach a server connection
+    that never saw it, or another client's prepare may collide with it)."""
+    return {} if settings.prepared_statements else {"prepare_threshold": None}
+
+
 class BoundedConnection(psycopg.AsyncConnection[DictRow]):
     """A connection on which no wait for the server lasts longer than ``operation_timeout``.
 
@@ -156,6 +164,7 @@ class Database:
                 "autocommit": True,
                 "connect_timeout": max(1, int(settings.db_connect_timeout)),
                 "application_name": name,
+                **connect_options(settings),
                 # Statements as spans when tracing is on (jobcore.dbtracing).
                 **cursor_options(),
             },
@@ -176,6 +185,10 @@ class Database:
         if isinstance(conn, BoundedConnection):
             conn.operation_timeout = self.settings.db_operation_timeout
             conn.idle_since = time.monotonic()
+        if self.settings.database_pooler == "pgbouncer":
+            # A SET would stay on the server connection, for whichever client gets it
+            # next; PgBouncer's idle_transaction_timeout does this job there.
+            return
         # A transaction whose client vanished (a cut network) would hold its locks until
         # the server's TCP keepalive gives up, hours later. Set per session, not as a
         # startup option, which PgBouncer refuses.
@@ -210,10 +223,42 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConn]:
-        """A pooled connection in autocommit mode, for single statements and LISTEN."""
+        """A pooled connection in autocommit mode, for single statements."""
         with translate_errors(self.settings):
             async with self.pool.connection() as conn:
                 yield conn
+
+    @contextlib.asynccontextmanager
+    async def listen_connection(self) -> AsyncIterator[AsyncConn]:
+        """A connection in autocommit mode for LISTEN, held while the listener runs.
+
+        A pooled one when LISTEN goes to ``database_url`` (the default); a connection of
+        its own to ``JOBCORE_LISTEN_DATABASE_URL`` when that is set. Callers check
+        ``settings.listen_url`` first: None means there is nowhere to listen (behind
+        PgBouncer with no direct URL) and they poll instead.
+        """
+        url = self.settings.listen_url
+        if url is None:
+            raise ServiceStateError("no LISTEN connection behind PgBouncer without a direct URL")
+        if not self.settings.listen_database_url:
+            async with self.connection() as conn:
+                yield conn
+            return
+        with translate_errors(self.settings):
+            conn = await BoundedConnection.connect(
+                url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, int(self.settings.db_connect_timeout)),
+                application_name=f"{self._pool.name}-listen",
+            )
+        conn.operation_timeout = self.settings.db_operation_timeout
+        try:
+            with translate_errors(self.settings):
+                yield conn
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
 
     def session(self) -> Session:
         return Session(self)

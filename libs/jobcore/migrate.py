@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import create_engine, pool
 
-from jobcore.db import translate_errors
+from jobcore.db import connect_options, translate_errors
 from jobcore.settings import Settings
 
 
@@ -29,13 +29,17 @@ def alembic_config(settings: Settings) -> Config:
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["sqlalchemy_url"] = settings.sqlalchemy_url
+    config.attributes["connect_args"] = connect_options(settings)
     return config
 
 
 def _connect(url: str, settings: Settings) -> psycopg.Connection[tuple[object, ...]]:
     with translate_errors(settings):
         return psycopg.connect(
-            url, connect_timeout=max(1, int(settings.db_connect_timeout)), autocommit=True
+            url,
+            connect_timeout=max(1, int(settings.db_connect_timeout)),
+            autocommit=True,
+            **connect_options(settings),
         )
 
 
@@ -52,7 +56,9 @@ def create_database(settings: Settings) -> bool:
 
 
 def current_revision(settings: Settings) -> str | None:
-    engine = create_engine(settings.sqlalchemy_url, poolclass=pool.NullPool)
+    engine = create_engine(
+        settings.sqlalchemy_url, poolclass=pool.NullPool, connect_args=connect_options(settings)
+    )
     try:
         with engine.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()

@@ -71,6 +71,19 @@ def _secret_overlap(value: timedelta) -> timedelta:
     return value
 
 
+def _postgres_url(value: str) -> str:
+    parts = urlsplit(value.strip())
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme not in {"postgresql", "postgres"}:
+        raise ValueError("must be a postgresql:// URL")
+    hosts = database_hosts(parts.netloc)  # raises for a bad host or port, value unsaid
+    if not hosts and "host=" not in parts.query:
+        raise ValueError("must name a host")
+    if not parts.path.strip("/"):
+        raise ValueError("must name a database")
+    return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+
+
 # A positive duration: seconds, ISO 8601 (P7D, PT1H) or 7d / 7 days / 1d,12:00:00.
 Duration = Annotated[timedelta, BeforeValidator(_seconds_or_duration), AfterValidator(_positive)]
 
@@ -97,6 +110,20 @@ class Settings(BaseSettings):
     # (no FIN, no RST) it would otherwise wait forever. The server ends a transaction left
     # idle twice as long, so one whose client vanished does not keep its locks.
     db_operation_timeout: float = Field(default=30.0, gt=0, le=3600)
+    # What sits between jobcore and PostgreSQL. "pgbouncer" (in transaction mode, where a
+    # server connection serves one client for one transaction only): no server-side
+    # prepared statements and no session state (SET, LISTEN) on database_url connections,
+    # since the next transaction of the same client may run on another server connection
+    # and the next client on this one. docs/operations.md, "PgBouncer".
+    database_pooler: Literal["none", "pgbouncer"] = "none"
+    # A direct (not pooled) URL for LISTEN connections only: one per API, relay and
+    # worker process, held for its life. Empty: database_url, unless the pooler is
+    # pgbouncer, where LISTEN hears nothing, so every listener polls instead.
+    listen_database_url: str = ""
+    # How often, with no LISTEN connection, a worker looks for cancel requests for the
+    # jobs it runs and an API process re-reads the jobs its long-polls wait for: the
+    # latency those gain, for one query per interval per process (none while idle).
+    notify_poll_interval: float = Field(default=1.0, gt=0, le=60)
 
     # RabbitMQ.
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
@@ -294,16 +321,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _normalise_database_url(cls, value: str) -> str:
-        parts = urlsplit(value.strip())
-        scheme = parts.scheme.split("+", 1)[0]
-        if scheme not in {"postgresql", "postgres"}:
-            raise ValueError("must be a postgresql:// URL")
-        hosts = database_hosts(parts.netloc)  # raises for a bad host or port, value unsaid
-        if not hosts and "host=" not in parts.query:
-            raise ValueError("must name a host")
-        if not parts.path.strip("/"):
-            raise ValueError("must name a database")
-        return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
+        return _postgres_url(value)
+
+    @field_validator("listen_database_url")
+    @classmethod
+    def _normalise_listen_url(cls, value: str) -> str:
+        return _postgres_url(value) if value.strip() else ""
 
     @field_validator("amqp_url")
     @classmethod
@@ -457,6 +480,20 @@ class Settings(BaseSettings):
         setting): ``worker_prefetch`` if set, but never more than the handler slots."""
         slots = concurrency or self.worker_concurrency
         return min(self.worker_prefetch or slots, slots)
+
+    @property
+    def prepared_statements(self) -> bool:
+        """Whether connections to ``database_url`` may prepare statements on the server
+        (psycopg prepares a query it ran five times): not behind PgBouncer in transaction
+        mode, which 1.21 and later only support with ``max_prepared_statements``."""
+        return self.database_pooler == "none"
+
+    @property
+    def listen_url(self) -> str | None:
+        """Where LISTEN connections go; None: nowhere, listeners poll instead."""
+        if self.listen_database_url:
+            return self.listen_database_url
+        return self.database_url if self.database_pooler == "none" else None
 
     @cached_property
     def sqlalchemy_url(self) -> str:

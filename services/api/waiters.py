@@ -12,10 +12,15 @@ that arrives after that read wakes it, and once more after waking or when its wa
 Re-reads are batched (:class:`JobReads`): waiters woken together — jobs finishing in a
 burst — share one checkout and one statement instead of queueing for the pool one by one.
 
-A NOTIFY can be missed (the listener was reconnecting, or a PgBouncer in transaction mode
-drops LISTEN): every waiter is woken to re-read when the listener (re)connects, waiters
-re-read every :data:`FALLBACK_POLL_SECONDS` while it is down, and each wait ends with a
-read, so a missed notification costs at most the rest of one wait, never a hang.
+A NOTIFY can be missed (the listener was reconnecting): every waiter is woken to re-read
+when the listener (re)connects, waiters re-read every :data:`FALLBACK_POLL_SECONDS` while
+it is down, and each wait ends with a read, so a missed notification costs at most the
+rest of one wait, never a hang.
+
+Behind PgBouncer in transaction mode with no direct URL to listen on
+(``JOBCORE_LISTEN_DATABASE_URL``), LISTEN hears nothing, so there is no listener: every
+``JOBCORE_NOTIFY_POLL_INTERVAL`` all parked waiters are woken together and re-read in one
+batched statement (per :data:`MAX_READ_BATCH` waiters), none while nobody waits.
 """
 
 from __future__ import annotations
@@ -116,6 +121,8 @@ class JobWaiters(Service):
         )
         self._count = 0
         self.reads = JobReads()
+        # No LISTEN connection to be had: a ticker wakes every waiter instead.
+        self.polling = settings.listen_url is None
 
     @property
     def waiting(self) -> int:
@@ -143,7 +150,7 @@ class JobWaiters(Service):
     async def park(self, event: asyncio.Event, timeout: float) -> bool:
         """Wait for ``event`` at most ``timeout`` seconds (less while the listener is down);
         True if it was set. The caller re-reads the job either way."""
-        if not self.listening:
+        if not self.listening and not self.polling:
             timeout = min(timeout, FALLBACK_POLL_SECONDS)
         self._count += 1
         if self._gauge is not None:
@@ -176,6 +183,9 @@ class JobWaiters(Service):
     # --- the listener ------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.polling:
+            await self._tick()
+            return
         failures = 0
         try:
             while not self.stopping.is_set():
@@ -199,9 +209,22 @@ class JobWaiters(Service):
             self.listening = False
             self.wake_all()
 
+    async def _tick(self) -> None:
+        """Wake every parked waiter each poll interval: woken together, their re-reads
+        share statements (JobReads), and each waiter's wait still ends with a read."""
+        interval = self.settings.notify_poll_interval
+        log.info("no LISTEN connection: long-polls re-read their jobs", extra={"every": interval})
+        try:
+            while not await self.sleep(interval):
+                if self._count:
+                    self.wake_all()
+        finally:
+            self.wake_all()
+
     async def _listen(self) -> None:
+        assert self.settings.listen_url is not None  # run() polls instead
         conn = await psycopg.AsyncConnection.connect(
-            self.settings.database_url,
+            self.settings.listen_url,
             autocommit=True,
             application_name=APPLICATION_NAME,
             connect_timeout=max(1, int(self.settings.db_connect_timeout)),

@@ -121,9 +121,7 @@ class Relay(Service):
 
     async def run(self) -> None:
         listener = (
-            asyncio.create_task(self._listen(), name="relay-listen")
-            if self.options.listen
-            else None
+            asyncio.create_task(self._listen(), name="relay-listen") if self.listens else None
         )
         failures = 0
         try:
@@ -407,12 +405,18 @@ class Relay(Service):
             for waiter in waiters:
                 waiter.cancel()
 
+    @property
+    def listens(self) -> bool:
+        """Whether NOTIFYs wake this relay: not with --no-listen, nor behind PgBouncer
+        without a direct URL to listen on; it then polls every relay_poll_interval."""
+        return self.options.listen and self.settings.listen_url is not None
+
     async def _listen(self) -> None:
         """Set the wake event on every NOTIFY; reconnect (with backoff) whenever it breaks."""
         failures = 0
         while not self.stopping.is_set():
             try:
-                async with self.db.connection() as conn:
+                async with self.db.listen_connection() as conn:
                     await execute(conn, OUTBOX_LISTEN({}))
                     if failures:
                         log.info("listening for outbox notifications again")
@@ -477,6 +481,7 @@ class Relay(Service):
                 else None
             ),
             "idle": self.idle,
+            "listens": self.listens,
             "totals": dict(self.totals),
         }
         database_ok = True
@@ -577,7 +582,9 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
                 "health_port": await _bound_port(health),
                 "batch_size": settings.relay_batch_size,
                 "lanes": options.lanes,
-                "listen": options.listen,
+                "listen": relay.listens,
+                "poll_interval": settings.relay_poll_interval,
+                "database_pooler": settings.database_pooler,
             },
         )
         # Metrics over OTLP too when the environment asks; stopped after the relay.

@@ -130,7 +130,9 @@ class Worker:
             worker_id=self.worker_id,
             metrics=self.metrics,
         )
-        self.cancels = CancelListener(self.db, self.runner.request_cancel)
+        self.cancels = CancelListener(
+            self.db, self.runner.request_cancel, running=self.runner.cancellable
+        )
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
         self.health: HealthServer | None = None
@@ -195,6 +197,7 @@ class Worker:
             "scheduler_leader": self.scheduler.is_leader if self.scheduler else None,
             "dead_letter_notes_consuming": self.dead_letter_notes.consuming,
             "cancel_listener": self.cancels.listening,
+            "cancel_polling": self.cancels.polling,
             "webhooks_consuming": self.webhooks.consuming if self.webhooks else None,
             "counters": self.metrics.snapshot(),
         }

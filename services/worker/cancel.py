@@ -1,9 +1,15 @@
-"""Listens for cancel requests (``NOTIFY jobcore_cancel, '<job id>'``) and interrupts handlers.
+"""Hears cancel requests (``NOTIFY jobcore_cancel, '<job id>'``) and interrupts handlers.
 
 The API sets ``cancel_requested_at`` on a running job and notifies; this listener
 interrupts the handler at once if this worker runs the job. A NOTIFY can be missed (the
-connection was down, or PgBouncer in transaction mode drops LISTEN), so heartbeats also
-read ``cancel_requested_at``: the listener is the fast path, never the only one.
+connection was down), so heartbeats also read ``cancel_requested_at``: the listener is
+the fast path, never the only one.
+
+Behind PgBouncer in transaction mode with no direct URL to listen on
+(``JOBCORE_LISTEN_DATABASE_URL``), LISTEN hears nothing: the listener polls instead,
+every ``JOBCORE_NOTIFY_POLL_INTERVAL``, asking which of the jobs this worker runs have a
+cancel request (one primary-key probe per running job, no query while none runs). A
+heartbeat alone would take up to a third of the job type's lease.
 """
 
 from __future__ import annotations
@@ -11,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from jobcore.db import Database, execute
+from jobcore.db import Database, execute, fetch_all
 from jobcore.errors import DatabaseUnavailable
 from jobcore.service import Service
-from jobcore.sql.jobs import JOB_CANCEL_LISTEN, JOB_CANCEL_UNLISTEN
+from jobcore.sql.jobs import JOB_CANCEL_LISTEN, JOB_CANCEL_REQUESTED, JOB_CANCEL_UNLISTEN
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +33,31 @@ POLL_SECONDS = 0.5
 class CancelListener(Service):
     name = "worker-cancel-listener"
 
-    def __init__(self, db: Database, on_cancel: Callable[[uuid.UUID], object]) -> None:
+    def __init__(
+        self,
+        db: Database,
+        on_cancel: Callable[[uuid.UUID], object],
+        running: Callable[[], Collection[uuid.UUID]] = tuple,
+    ) -> None:
         super().__init__()
         self.db = db
         self.on_cancel = on_cancel
+        # The jobs this worker runs now (what the polling mode asks about).
+        self.running_jobs = running
         self.listening = False
+        self.polling = db.settings.listen_url is None
 
     async def run(self) -> None:
+        if self.polling:
+            await self._poll()
+        else:
+            await self._listen()
+
+    async def _listen(self) -> None:
         trouble_logged = False
         while not self.stopping.is_set():
             try:
-                async with self.db.connection() as conn:
+                async with self.db.listen_connection() as conn:
                     await execute(conn, JOB_CANCEL_LISTEN({}))
                     self.listening = True
                     if trouble_logged:
@@ -62,6 +82,30 @@ class CancelListener(Service):
                     trouble_logged = True
                 if await self.sleep(1.0):
                     return
+
+    async def _poll(self) -> None:
+        interval = self.db.settings.notify_poll_interval
+        log.info("no LISTEN connection: polling for cancel requests", extra={"every": interval})
+        trouble_logged = False
+        while not await self.sleep(interval):
+            ids = list(self.running_jobs())
+            if not ids:
+                continue
+            try:
+                async with self.db.connection() as conn:
+                    rows = await fetch_all(conn, JOB_CANCEL_REQUESTED({"ids": ids}))
+            except DatabaseUnavailable as exc:
+                if not trouble_logged:
+                    log.warning(
+                        "polling for cancel requests failed; retrying (heartbeats still "
+                        "see cancels)",
+                        extra={"error": str(exc)},
+                    )
+                    trouble_logged = True
+                continue
+            trouble_logged = False
+            for row in rows:
+                self.on_cancel(row["id"])
 
     def _dispatch(self, payload: str) -> None:
         try:

@@ -173,6 +173,10 @@ class JobRunner:
         running.stop(StopReason.CANCELLED)
         return True
 
+    def cancellable(self) -> list[uuid.UUID]:
+        """The jobs running here that nothing asked to stop yet."""
+        return [job_id for job_id, running in self.running.items() if running.stop_reason is None]
+
     def release_all(self) -> None:
         """Shutdown: interrupt every handler still running; their leases are given back."""
         self._shutting_down = True

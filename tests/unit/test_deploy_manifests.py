@@ -51,12 +51,8 @@ ROLES = {"api", "relay", "worker"}
 
 # Variables the deploy files may set before the code reads them (a setting being added
 # in parallel), each with a comment saying why. Empty when the code has caught up.
-PENDING_SETTINGS: set[str] = {
-    # PgBouncer in transaction mode (issue 20): no server-side prepared statements, and
-    # LISTEN on a direct connection of its own; added to jobcore.settings in parallel.
-    "JOBCORE_DATABASE_POOLER",
-    "JOBCORE_LISTEN_DATABASE_URL",
-}
+# Settings the manifests may name before jobcore.settings has them (none today).
+PENDING_SETTINGS: set[str] = set()
 
 # Time a process may still need after JOBCORE_SHUTDOWN_GRACE: the worker gives the leases
 # of unfinished jobs back (up to ~6 s), every process stops its health server.

@@ -156,3 +156,29 @@ def test_the_fifo_claim_is_refused_with_a_queue_depth_limit(
     monkeypatch.delenv("JOBCORE_RELAY_FAIR_CLAIM")
     monkeypatch.delenv("JOBCORE_RELAY_QUEUE_DEPTH_LIMIT")
     assert (load_relay_options().fair_claim, load_relay_options().queue_depth_limit) == (True, 1000)
+
+
+def test_listen_url_is_direct_unless_behind_pgbouncer_without_one() -> None:
+    pooled = "postgresql://postgres@127.0.0.1:6441/jobcore"
+    direct = "postgres://postgres@127.0.0.1:5432/jobcore"
+    plain = Settings(database_url=pooled)
+    assert (plain.listen_url, plain.prepared_statements) == (pooled, True)
+    behind = Settings(database_url=pooled, database_pooler="pgbouncer")
+    assert (behind.listen_url, behind.prepared_statements) == (None, False)
+    given = Settings(database_url=pooled, database_pooler="pgbouncer", listen_database_url=direct)
+    assert given.listen_url == "postgresql://postgres@127.0.0.1:5432/jobcore"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("JOBCORE_DATABASE_POOLER", "pgpool", "JOBCORE_DATABASE_POOLER: "),
+        ("JOBCORE_LISTEN_DATABASE_URL", "mysql://x/y", "JOBCORE_LISTEN_DATABASE_URL: must be a"),
+    ],
+)
+def test_pooler_settings_are_checked(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=message):
+        load_settings()

@@ -644,6 +644,22 @@ JOB_CANCEL_UNLISTEN = Query[NoParams](
 )
 
 
+class JobCancelRequestedParams(TypedDict):
+    ids: list[uuid.UUID]
+
+
+# The polling twin of the cancel NOTIFY, for workers with nowhere to LISTEN (PgBouncer in
+# transaction mode): a primary-key probe per job this worker runs.
+JOB_CANCEL_REQUESTED = Query[JobCancelRequestedParams](
+    "job_cancel_requested",
+    "Which of these running jobs someone asked to cancel.",
+    """
+    SELECT id FROM jobs
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND cancel_requested_at IS NOT NULL
+    """,
+)
+
+
 class JobClaimManyParams(TypedDict):
     attempts: list[int]
     consumer: str
