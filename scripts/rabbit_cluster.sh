@@ -78,7 +78,7 @@ write_config() {
     mkdir -p "$BASE/jcr$i/mnesia" "$BASE/jcr$i/log"
     cat >"$BASE/jcr$i/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$((5680 + i))
-log.file.level = warning
+log.file.level = info
 log.console = false
 # Queue and connection statistics every minute, not every 5 s (nothing reads them).
 collect_statistics = none

@@ -86,23 +86,18 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
             rabbit_cluster.kill(leader)
             recovery = await time_to_recover(stack.db, client, timeout=RECOVERY_BOUND * 2)
 
-            async def new_leader() -> str | None:
-                current = await queue_state(rabbit_cluster, queue, via=survivor)
-                elected = str(current.get("leader", ""))
-                return (
-                    elected if elected.startswith("jcr") and elected != node_name(leader) else None
-                )
-
-            elected = await eventually(new_leader, timeout=60, what="a new leader")
-            elected_after = time.monotonic() - killed_at
-
             await asyncio.to_thread(rabbit_cluster.start_node, leader)
 
-            async def rejoined() -> bool:
+            # The new leader is read only once the node is back: with a member down,
+            # list_queues waits for it (about 25 s here), which would be measured instead.
+            async def rejoined() -> dict[str, object]:
                 current = await queue_state(rabbit_cluster, queue, via=survivor)
-                return len(current.get("online", [])) == len(NODES)  # type: ignore[arg-type]
+                online = current.get("online", [])
+                return current if len(online) == len(NODES) else {}  # type: ignore[arg-type]
 
-            await eventually(rejoined, timeout=120, what=f"{node_name(leader)} back in the queue")
+            state = await eventually(
+                rejoined, timeout=120, what=f"{node_name(leader)} back in the queue"
+            )
             back_after = time.monotonic() - killed_at
             # Some more load with the node back, then the load stops.
             done_now = (await status_counts(stack.db, stack.tenant)).get("succeeded", 0)
@@ -116,9 +111,8 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
 
     measured = {
         "killed": node_name(leader),
-        "new_leader": elected,
+        "leader_after": state["leader"],
         "recovery_seconds": round(recovery, 1) if recovery is not None else None,
-        "new_leader_seen_after_seconds": round(elected_after, 1),
         "node_back_after_seconds": round(back_after, 1),
         "succeeded_before_kill": done_before,
         "reconnected": reconnected,
