@@ -12,11 +12,11 @@ import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import psycopg
 from psycopg import sql
 
 from jobcore import migrate
+from jobcore.amqp.connection import connect
 from jobcore.amqp.topology import Topology
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
@@ -93,7 +93,7 @@ def clone_database(config: Settings, template: str, prefix: str = "jobcore_t_") 
 
 
 async def delete_topology(config: Settings) -> None:
-    connection = await aio_pika.connect(config.amqp_url, timeout=10)
+    connection = await connect(config, timeout=10)
     async with connection:
         topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
         queues = load_job_modules(config.job_modules).queues()

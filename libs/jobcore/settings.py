@@ -88,6 +88,30 @@ def _postgres_url(value: str) -> str:
 Duration = Annotated[timedelta, BeforeValidator(_seconds_or_duration), AfterValidator(_positive)]
 
 
+def split_amqp_urls(value: str) -> list[str]:
+    """The amqp:// URLs of a comma-separated list (one URL is a list of one), each checked.
+
+    An error names the bad item by its position and host, never its password."""
+    items = [item.strip() for item in value.split(",")]
+    if not any(items):
+        raise ValueError("must be an amqp:// or amqps:// URL")
+    for n, item in enumerate(items, start=1):
+        parts = urlsplit(item)
+        # Several brokers: say which one is wrong, by position and host (no password).
+        where = f"item {n} of the list ({parts.hostname or '?'}): " if len(items) > 1 else ""
+        if not item:
+            raise ValueError(f"item {n} of the list is empty (a stray comma?)")
+        if parts.scheme not in {"amqp", "amqps"}:
+            raise ValueError(f"{where}must be an amqp:// or amqps:// URL")
+        if not parts.hostname:
+            raise ValueError(f"{where}must name a host")
+        try:
+            _ = parts.port  # urlsplit checks the port only when asked
+        except ValueError as exc:
+            raise ValueError(f"{where}has a bad port: {exc}") from None
+    return items
+
+
 class Settings(BaseSettings):
     """Every setting has a default that reaches PostgreSQL and RabbitMQ on localhost."""
 
@@ -125,7 +149,8 @@ class Settings(BaseSettings):
     # latency those gain, for one query per interval per process (none while idle).
     notify_poll_interval: float = Field(default=1.0, gt=0, le=60)
 
-    # RabbitMQ.
+    # RabbitMQ: one URL, or a comma-separated list of the nodes of one cluster, tried in
+    # turn when a connection fails or drops (see amqp_urls).
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     amqp_heartbeat: int = Field(default=15, ge=0, le=600)
     # Prefix of every exchange and queue name, so test runs and tenants of one broker
@@ -331,16 +356,7 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, value: str) -> str:
-        parts = urlsplit(value.strip())
-        if parts.scheme not in {"amqp", "amqps"}:
-            raise ValueError("must be an amqp:// or amqps:// URL")
-        if not parts.hostname:
-            raise ValueError("must name a host")
-        try:
-            _ = parts.port  # urlsplit checks the port only when asked
-        except ValueError as exc:
-            raise ValueError(f"has a bad port: {exc}") from None
-        return value.strip()
+        return ",".join(split_amqp_urls(value))
 
     @field_validator("job_modules", mode="before")
     @classmethod
@@ -511,6 +527,11 @@ class Settings(BaseSettings):
         )
         netloc = f"{userinfo}@" if userinfo else ""
         return urlunsplit(("postgresql+psycopg", netloc, parts.path, query, ""))
+
+    @property
+    def amqp_urls(self) -> tuple[str, ...]:
+        """The brokers of ``amqp_url``, in the order given: the nodes of one cluster."""
+        return tuple(self.amqp_url.split(","))
 
     @cached_property
     def database_name(self) -> str:

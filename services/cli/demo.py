@@ -220,7 +220,9 @@ def proxied_url(amqp_url: str, port: int) -> str:
 
 
 async def _demo(config: Settings, console: Console, log_path: Path) -> int:
-    amqp = urlsplit(config.amqp_url)
+    # The demo cuts one broker connection through its proxy: the first broker of a list.
+    first_broker = config.amqp_urls[0]
+    amqp = urlsplit(first_broker)
     proxy = TcpProxy(amqp.hostname or "127.0.0.1", amqp.port or 5672)
     await proxy.start()
     api_port, relay_port, worker_port = free_port(), free_port(), free_port()
@@ -237,7 +239,7 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
             # Reconnect within a second of the broker coming back, not after a long backoff.
             "JOBCORE_RELAY_RECONNECT_MAX_DELAY": "1",
         },
-        broker_env={"JOBCORE_AMQP_URL": proxied_url(config.amqp_url, proxy.port)},
+        broker_env={"JOBCORE_AMQP_URL": proxied_url(first_broker, proxy.port)},
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = log_path.open("w")

@@ -34,8 +34,23 @@ async def test_a_failed_handshake_is_broker_unavailable_with_the_password_redact
     monkeypatch: pytest.MonkeyPatch, opener: Any, failure: Any
 ) -> None:
     monkeypatch.setattr(connection.aio_pika, "connect", failure)
-    monkeypatch.setattr(connection.aio_pika, "connect_robust", failure)
+    monkeypatch.setattr(connection.FailoverConnection, "connect", failure)
     with pytest.raises(BrokerUnavailable, match="JOBCORE_AMQP_URL: cannot connect") as caught:
         await opener(SETTINGS)
     assert "secret" not in str(caught.value)
     assert not str(caught.value).rstrip().endswith(":")  # a reason, never an empty one
+
+
+async def test_with_several_brokers_the_error_names_each_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(connection.aio_pika, "connect", _refused)
+    monkeypatch.setattr(connection.FailoverConnection, "connect", _refused)
+    brokers = Settings(amqp_url="amqp://u:secret@127.0.0.1:1/,amqp://u:secret@127.0.0.2:2/")
+    for opener in (connection.connect, connection.connect_robust):
+        with pytest.raises(BrokerUnavailable, match="cannot connect to any broker") as caught:
+            await opener(brokers)
+        text = str(caught.value)
+        assert "secret" not in text
+        assert "127.0.0.1:1" in text
+        assert "127.0.0.2:2" in text

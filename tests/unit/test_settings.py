@@ -43,6 +43,17 @@ def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) ->
         ),
         ("JOBCORE_AMQP_URL", "http://localhost", "JOBCORE_AMQP_URL: must be an amqp"),
         ("JOBCORE_AMQP_URL", "amqp://localhost:99999/", "JOBCORE_AMQP_URL: has a bad port"),
+        (
+            "JOBCORE_AMQP_URL",
+            "amqp://a:5681/,http://b:5682/",
+            "JOBCORE_AMQP_URL: item 2 of the list (b): must be an amqp",
+        ),
+        (
+            "JOBCORE_AMQP_URL",
+            "amqp://a:5681/,amqp://b:x/",
+            "JOBCORE_AMQP_URL: item 2 of the list (b): has a bad port",
+        ),
+        ("JOBCORE_AMQP_URL", "amqp://a:5681/,", "JOBCORE_AMQP_URL: item 2 of the list is empty"),
         ("JOBCORE_RELAY_BATCH_SIZE", "0", "JOBCORE_RELAY_BATCH_SIZE:"),
         ("JOBCORE_AMQP_PREFIX", "has space", "JOBCORE_AMQP_PREFIX:"),
         ("JOBCORE_WORKER_STALL_AFTER", "0", "JOBCORE_WORKER_STALL_AFTER:"),
@@ -104,6 +115,23 @@ def test_each_host_of_a_multi_host_url_is_checked_without_quoting_it(
     with pytest.raises(ConfigurationError) as info:
         load_settings(database_url=url)
     assert str(info.value) == f"JOBCORE_DATABASE_URL: {message}"
+
+
+def test_a_bad_broker_in_a_list_is_named_without_any_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JOBCORE_AMQP_URL", "amqp://u:s3cret@a:5681/,amqp://u:s3cret@b:99999/")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert "item 2 of the list (b)" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_a_list_of_brokers_is_kept_in_order_without_the_spaces() -> None:
+    settings = Settings(amqp_url=" amqp://u:p@a:5681/ , amqps://u:p@b:5682/vh ")
+    assert settings.amqp_urls == ("amqp://u:p@a:5681/", "amqps://u:p@b:5682/vh")
+    assert settings.amqp_url == "amqp://u:p@a:5681/,amqps://u:p@b:5682/vh"
+    assert Settings(amqp_url="amqp://u:p@a/").amqp_urls == ("amqp://u:p@a/",)
 
 
 def test_production_refuses_placeholder_broker_credentials() -> None:

@@ -1,7 +1,8 @@
 """Consuming job queues: a robust connection, prefetch, and deliveries the worker settles.
 
 The connection reconnects by itself (aio-pika's robust connection re-declares the
-topology and restarts the consumers), so a broker restart costs the worker nothing but
+topology and restarts the consumers; with several brokers configured, on the next one of
+the list, see :mod:`jobcore.amqp.connection`), so a broker restart costs the worker nothing but
 the deliveries that were in flight: their acknowledgements fail, RabbitMQ redelivers
 them, and the inbox recognises them. Settling a delivery never raises for a broken
 connection; it reports whether the broker took the answer. A delivery is settled once:
@@ -23,7 +24,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from jobcore.amqp.connection import BROKER_ERRORS, connect_robust
+from jobcore.amqp.connection import BROKER_ERRORS, connect_robust, connected_to
 from jobcore.amqp.topology import Topology
 from jobcore.errors import BrokerUnavailable, ConfigurationError
 from jobcore.retry import backoff_delay
@@ -206,10 +207,12 @@ class JobQueueConsumer:
             extra={"error": f"{type(exc).__name__}: {exc}" if exc else "closed"},
         )
 
-    def _on_reconnected(self, _: object) -> None:
+    def _on_reconnected(self, connection: object) -> None:
         if self._lost:
             self._lost = False
-            log.info("broker connected again; consuming")
+            log.info(
+                "broker connected again; consuming", extra={"broker": connected_to(connection)}
+            )
 
     async def stop_consuming(self) -> None:
         """Ask the broker for no more deliveries; unsettled ones stay ours until close."""

@@ -41,7 +41,7 @@ from pamqp.commands import Basic
 from pamqp.frame import marshal as marshal_frame
 from pamqp.header import ContentHeader
 
-from jobcore.amqp.connection import BROKER_ERRORS, connect, redact
+from jobcore.amqp.connection import BROKER_ERRORS, connect, connected_to, redact_all
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, DeclaredTopology, Topology
 from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
 from jobcore.errors import BrokerUnavailable, ConfigurationError
@@ -288,12 +288,15 @@ class ConfirmedPublisher:
         if self._down_since is not None:
             log.info(
                 "broker connected again",
-                extra={"down_seconds": round(time.monotonic() - self._down_since, 3)},
+                extra={
+                    "down_seconds": round(time.monotonic() - self._down_since, 3),
+                    "broker": connected_to(connection),
+                },
             )
             if self._on_reconnect is not None:
                 self._on_reconnect()
         elif not self._ever_connected:
-            log.info("broker connected", extra={"broker": redact(self.settings.amqp_url)})
+            log.info("broker connected", extra={"broker": connected_to(connection)})
         self._ever_connected = True
         self._down_since = None
         self._down_reported = False
@@ -322,7 +325,7 @@ class ConfirmedPublisher:
         if not self._down_reported:
             self._down_reported = True
             message = "broker connection lost" if self._ever_connected else "broker unreachable"
-            log.warning(message, extra={"error": reason, "broker": redact(self.settings.amqp_url)})
+            log.warning(message, extra={"error": reason, "broker": redact_all(self.settings)})
         self.lost.set()
 
     def _on_close(self, sender: object, exc: BaseException | None = None) -> None:

@@ -229,7 +229,10 @@ class Stack:
         self.tenant = tenant
         self.env = {**FAST_ENV, **LOAD_QUOTAS, **(env or {})}
         self.grace = float(self.env["JOBCORE_SHUTDOWN_GRACE"]) + 8.0
-        self.broker_proxy = TcpProxy(*_target(settings.amqp_url, 5672)) if broker_proxy else None
+        # With several brokers configured, the proxy stands in front of the first.
+        self.broker_proxy = (
+            TcpProxy(*_target(settings.amqp_urls[0], 5672)) if broker_proxy else None
+        )
         self.database_proxy = (
             TcpProxy(*_target(settings.database_url, 5432)) if database_proxy else None
         )
@@ -268,7 +271,7 @@ class Stack:
                 self.settings.database_url, self.database_proxy.port
             )
         if broker and self.broker_proxy is not None:
-            extra["JOBCORE_AMQP_URL"] = via_port(self.settings.amqp_url, self.broker_proxy.port)
+            extra["JOBCORE_AMQP_URL"] = via_port(self.settings.amqp_urls[0], self.broker_proxy.port)
         return settings_env(self.settings, **extra)
 
     async def start(self, *, wait_consuming: bool = True) -> None:
