@@ -148,7 +148,8 @@ async def test_messages_the_broker_nacks_are_reported_as_nacked(
         # The next batch goes out on a new channel of the same connection: on RabbitMQ
         # 3.10 a channel can stay refused by a quorum queue whose leader it met dead.
         assert publisher.channel_renewals == 1
-        assert publisher._raw is not nacked_on and nacked_on is not None
+        assert nacked_on is not None
+        assert publisher._raw is not nacked_on
         assert nacked_on.is_closed
         again = await publisher.publish_batch([message(topology)])
         assert again.confirmed == [0]
@@ -175,21 +176,28 @@ async def test_a_nacked_batch_leaves_another_lanes_batch_its_channel_until_confi
         publisher._in_flight[shared] += 1
         nacked = await publisher.publish_batch([message(topology, "full")])
         assert [reason for _, reason, _ in nacked.failed] == [Failure.NACKED]
-        assert publisher.channel_renewals == 1 and publisher._raw is not shared
+        assert publisher.channel_renewals == 1
+        assert publisher._raw is not shared
         # Left open for that batch's confirms, and closed once it is settled.
-        assert shared in publisher._retiring and not shared.is_closed
+        assert shared in publisher._retiring
+        assert not shared.is_closed
         other = await publisher.publish_batch([message(topology) for _ in range(500)])
         assert len(other.confirmed) == 500
         await publisher._batch_done(shared)
-        assert shared.is_closed and publisher._retiring == {} and not publisher._in_flight
+        assert shared.is_closed
+        assert publisher._retiring == {}
+        assert not publisher._in_flight
         # And for real: a big batch and a nacked one at once; the big one is all confirmed.
-        big = asyncio.create_task(publisher.publish_batch([message(topology) for _ in range(3000)]))
-        nacked = await publisher.publish_batch([message(topology, "full")])
+        result, nacked = await asyncio.gather(
+            publisher.publish_batch([message(topology) for _ in range(3000)]),
+            publisher.publish_batch([message(topology, "full")]),
+        )
         assert [reason for _, reason, _ in nacked.failed] == [Failure.NACKED]
-        result = await big
         assert len(result.confirmed) == 3000, (result.unconfirmed[:3], result.broker_error)
-        assert publisher.connected and publisher.channel_renewals == 2
-        assert publisher._retiring == {} and not publisher._in_flight
+        assert publisher.connected
+        assert publisher.channel_renewals == 2
+        assert publisher._retiring == {}
+        assert not publisher._in_flight
     finally:
         await full.delete(if_unused=False, if_empty=False)
 
