@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from jobcore.amqp.connection import connect
+from jobcore.amqp.publisher import BatchResult, ConfirmedPublisher, Failure, OutgoingMessage
 from jobcore.amqp.topology import Topology
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
@@ -38,6 +40,11 @@ RATE = 25.0  # jobs a second, submitted over HTTP throughout
 # and reconnecting to the next broker (immediate, a refused connect at worst), plus the
 # backlog of the stall, on 2 busy cores.
 RECOVERY_BOUND = 45.0
+# From the kill to a first confirmed publish by a publisher connected to a survivor.
+FIRST_CONFIRM_BOUND = 20.0
+# The relay's log lines for a refusal by the broker, and for the new channel after a nack.
+REFUSED_LOG = "the broker did not take outbox messages; retrying them until it does"
+RENEWED_LOG = "the broker nacked messages; publishing on a new channel"
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +118,10 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
             for p in (*stack.relays, *stack.workers)
             if p.logged("broker connected again") or p.logged("broker connected again; consuming")
         ]
+        # So that a slow recovery explains itself: refusals by the broker (nacks, after
+        # which the relay publishes on a new channel) and publishes left unconfirmed.
+        refused = [p.name for p in stack.relays if p.logged(REFUSED_LOG)]
+        renewed = [p.name for p in stack.relays if p.logged(RENEWED_LOG)]
 
     measured = {
         "killed": node_name(leader),
@@ -119,6 +130,8 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
         "node_back_after_seconds": round(back_after, 1),
         "succeeded_before_kill": done_before,
         "reconnected": reconnected,
+        "refused_by_broker": refused,
+        "new_channel_after_nack": renewed,
         "jobs": report.accepted,
         "retried": report.retried,
     }
@@ -132,3 +145,69 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
     assert recovery < RECOVERY_BOUND, measured
     assert report.lost == 0, report.as_dict()
     assert report.duplicate_effects == 0, report.as_dict()
+
+
+def one_job(topology: Topology) -> OutgoingMessage:
+    return OutgoingMessage(
+        topology.jobs_exchange, topology.routing_key(JOBS_QUEUE), str(uuid.uuid4()),
+        "effect", {}, b"{}",
+    )  # fmt: skip
+
+
+async def test_a_publisher_meeting_the_dead_leader_first_publishes_before_it_returns(
+    cluster_settings: Settings, rabbit_cluster: Cluster
+) -> None:
+    """RabbitMQ 3.10: a channel whose first publish to a quorum queue comes while the
+    queue's record still names the leader just killed is nacked, publish after publish,
+    until that node is back (rabbitmq-server#9221). The publisher opens a new channel after
+    a nacked batch, which starts from the updated record: it publishes within seconds,
+    with the node still down. (What made the load test's relay fail 1 run in 8: it
+    reconnected to a survivor and published within that window.)"""
+    topology = Topology(cluster_settings.amqp_prefix, cluster_settings.amqp_delivery_limit)
+    queues = default_registry.queues()
+    declarer = ConfirmedPublisher(cluster_settings, queues=queues)
+    await declarer.connect()  # the topology, its queues led by the node declaring them
+    await declarer.close()
+    state = await queue_state(rabbit_cluster, topology.queue_name(JOBS_QUEUE), via=1)
+    assert len(state.get("online", [])) == len(NODES), state  # type: ignore[arg-type]
+    leader = node_number(str(state["leader"]))
+    survivor = next(n for n in NODES if n != leader)
+    # Connected to a survivor, not having published to the jobs queue yet.
+    url = rabbit_cluster.urls.split(",")[survivor - 1]
+    publisher = ConfirmedPublisher(
+        cluster_settings.model_copy(update={"amqp_url": url}), queues=queues, publish_timeout=5
+    )
+    await publisher.connect()
+    results: list[BatchResult] = []
+    try:
+        killed_at = time.monotonic()
+        rabbit_cluster.kill(leader)
+
+        async def confirmed() -> bool:
+            if not publisher.connected:
+                await publisher.connect()
+            results.append(await publisher.publish_batch([one_job(topology)]))
+            return bool(results[-1].confirmed)
+
+        await eventually(
+            confirmed, timeout=FIRST_CONFIRM_BOUND, interval=0.2,
+            what=f"a publish confirmed with {node_name(leader)} down",
+        )  # fmt: skip
+        took = time.monotonic() - killed_at
+        # The node is still down: the publish did not wait for it to come back.
+        assert rabbit_cluster.pid(leader) is None
+    finally:
+        await publisher.close()
+        await asyncio.to_thread(rabbit_cluster.start_node, leader)
+
+    nacked = sum(1 for r in results for _, f, _ in r.failed if f is Failure.NACKED)
+    print(
+        f"\nfirst confirm {took:.1f}s after the kill; {len(results)} batches, {nacked} nacked,"
+        f" {publisher.channel_renewals} channels renewed"
+    )
+
+    async def rejoined() -> bool:
+        current = await queue_state(rabbit_cluster, topology.queue_name(JOBS_QUEUE), via=survivor)
+        return len(current.get("online", [])) == len(NODES)  # type: ignore[arg-type]
+
+    await eventually(rejoined, timeout=120, what=f"{node_name(leader)} back in the queue")

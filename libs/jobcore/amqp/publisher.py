@@ -19,6 +19,14 @@ what AMQP cannot encode.
 The batch goes out through aiormq's channel, one layer under aio-pika, in one socket
 write (see ``_publish_batched``); where aiormq's internals are not the expected ones the
 publisher falls back to aiormq's public per-message publish, with the same outcomes.
+
+After a batch the broker nacked, the next one goes out on a new channel of the same
+connection. RabbitMQ (3.10; fixed in 3.11.x and 3.12.x by rabbitmq-server#9221) gives each
+channel, at its first publish to a quorum queue, a client that starts from the leader its
+queue record names. If that leader was just killed and the record not yet updated, the
+client asks the dead node for its version, gets ``nodedown``, nacks the message and stays
+as it was: that channel's every publish to the queue is then nacked until the dead node
+is back, while a new channel, started from the updated record, publishes normally.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import enum
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -57,6 +66,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     aiormq.exceptions.ChannelInvalidStateError,
 )
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (BrokerUnavailable, *CONNECTION_ERRORS)
+_CHANNEL_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *CONNECTION_ERRORS)
 
 PERSISTENT = 2
 # Marshalled Basic.Publish frames are reused per (exchange, routing key); rows name a few.
@@ -250,6 +260,14 @@ class ConfirmedPublisher:
         self._down_reported = False
         # Failed connection attempts since the broker was last reachable (for /healthz).
         self.connect_failures = 0
+        # Channels opened in place of one whose batch the broker nacked (see the module's
+        # docstring), and batches nacked in a row (the first of a run is logged).
+        self.channel_renewals = 0
+        self._nacked_batches = 0
+        # Batches in flight per channel (the relay's lanes share the publisher), and the
+        # replaced channels that the last of their batches closes.
+        self._in_flight: Counter[aiormq.Channel] = Counter()
+        self._retiring: dict[aiormq.Channel, AbstractChannel] = {}
 
     @property
     def connected(self) -> bool:
@@ -269,19 +287,15 @@ class ConfirmedPublisher:
         connection = await connect(self.settings, timeout=self.connect_timeout)
         try:
             await _declare(connection, self.topology, self.queues)
-            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            # aiormq's own channel: its publish can skip waiting for each socket write.
-            raw = cast(aiormq.Channel, await channel.get_underlay_channel())
+            channel, raw = await self._open_channel(connection)
         except BaseException:
             with contextlib.suppress(Exception):
                 await connection.close()
             raise
         connection.close_callbacks.add(self._on_close)
-        channel.close_callbacks.add(self._on_close)
-        self._connection, self._channel, self._raw = connection, channel, raw
+        self._connection = connection
+        self._use_channel(channel, raw)
         self._exchanges = {"", self.topology.jobs_exchange}
-        self._method_frames.clear()  # they carry the channel number
-        self._batched_writes = self._want_batched_writes and supports_batched_writes(raw)
         if self._want_batched_writes and not self._batched_writes:
             log.warning("aiormq internals differ; publishing one message at a time")
         self.lost.clear()
@@ -301,6 +315,63 @@ class ConfirmedPublisher:
         self._down_since = None
         self._down_reported = False
         self.connect_failures = 0
+
+    @staticmethod
+    async def _open_channel(
+        connection: AbstractConnection,
+    ) -> tuple[AbstractChannel, aiormq.Channel]:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        # aiormq's own channel: its publish can skip waiting for each socket write.
+        return channel, cast(aiormq.Channel, await channel.get_underlay_channel())
+
+    def _use_channel(self, channel: AbstractChannel, raw: aiormq.Channel) -> None:
+        channel.close_callbacks.add(self._on_close)
+        self._channel, self._raw = channel, raw
+        self._method_frames.clear()  # they carry the channel number
+        self._batched_writes = self._want_batched_writes and supports_batched_writes(raw)
+
+    async def _renew_channel(self, nacked: int) -> None:
+        """Publish on a new channel of the same connection from now on, after a batch the
+        broker nacked (see the module's docstring); the connection is dropped if it cannot
+        open one."""
+        connection, old, old_raw = self._connection, self._channel, self._raw
+        if connection is None or old is None or old_raw is None:
+            return
+        self._nacked_batches += 1
+        if self._nacked_batches == 1:
+            log.warning(
+                "the broker nacked messages; publishing on a new channel",
+                extra={"messages": nacked, "broker": connected_to(connection)},
+            )
+        try:
+            channel, raw = await asyncio.wait_for(
+                self._open_channel(connection), timeout=self.publish_timeout
+            )
+        except _CHANNEL_ERRORS as exc:
+            await self._disconnect(f"opening a channel failed: {type(exc).__name__}: {exc}")
+            return
+        # Replaced first: closing the old channel then runs a callback that ignores it.
+        self._use_channel(channel, raw)
+        self.channel_renewals += 1
+        if self._in_flight[old_raw]:
+            # Another lane's batch still waits for its confirms there: closing the channel
+            # now would cost that batch its confirms and the connection.
+            self._retiring[old_raw] = old
+        else:
+            await self._close_channel(old)
+
+    async def _batch_done(self, raw: aiormq.Channel) -> None:
+        """A batch on ``raw`` is settled; the last one on a replaced channel closes it."""
+        self._in_flight[raw] -= 1
+        if self._in_flight[raw] <= 0:
+            del self._in_flight[raw]
+            retired = self._retiring.pop(raw, None)
+            if retired is not None:
+                await self._close_channel(retired)
+
+    async def _close_channel(self, channel: AbstractChannel) -> None:
+        with contextlib.suppress(*_CHANNEL_ERRORS):
+            await asyncio.wait_for(channel.close(), timeout=self.publish_timeout)
 
     async def ensure_connected(self, stopping: asyncio.Event) -> bool:
         """Connect, retrying with backoff; False if ``stopping`` was set first."""
@@ -337,6 +408,7 @@ class ConfirmedPublisher:
     async def _discard_connection(self) -> None:
         connection, self._connection = self._connection, None
         self._channel = self._raw = None
+        self._retiring.clear()  # closed with their connection
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), timeout=self.connect_timeout)
@@ -419,6 +491,7 @@ class ConfirmedPublisher:
                 sendable.append(index)
 
         started = time.monotonic()
+        self._in_flight[raw] += 1
         try:
             if self._batched_writes:
                 outcomes = await self._publish_batched(raw, messages, sendable, frames)
@@ -429,10 +502,18 @@ class ConfirmedPublisher:
             result.broker_error = f"{type(exc).__name__}: {exc}"
             await self._disconnect(result.broker_error)
             return result
+        finally:
+            await self._batch_done(raw)
         result.confirm_seconds = time.monotonic() - started
         self._settle(outcomes, messages, result)
         if result.broker_error is not None:
             await self._disconnect(result.broker_error)
+            return result
+        nacked = sum(1 for _, failure, _ in result.failed if failure is Failure.NACKED)
+        if nacked:
+            await self._renew_channel(nacked)
+        elif result.confirmed:
+            self._nacked_batches = 0
         return result
 
     async def _publish_batched(

@@ -137,6 +137,7 @@ async def test_messages_the_broker_nacks_are_reported_as_nacked(
     )
     await full.bind(exchange, routing_key="full")
     try:
+        nacked_on = publisher._raw
         result = await publisher.publish_batch([message(topology, "full") for _ in range(3)])
         assert result.confirmed == [0]
         assert [(i, reason) for i, reason, _ in result.failed] == [
@@ -144,6 +145,59 @@ async def test_messages_the_broker_nacks_are_reported_as_nacked(
             (2, Failure.NACKED),
         ]
         assert publisher.connected
+        # The next batch goes out on a new channel of the same connection: on RabbitMQ
+        # 3.10 a channel can stay refused by a quorum queue whose leader it met dead.
+        assert publisher.channel_renewals == 1
+        assert nacked_on is not None
+        assert publisher._raw is not nacked_on
+        assert nacked_on.is_closed
+        again = await publisher.publish_batch([message(topology)])
+        assert again.confirmed == [0]
+    finally:
+        await full.delete(if_unused=False, if_empty=False)
+
+
+async def test_a_nacked_batch_leaves_another_lanes_batch_its_channel_until_confirmed(
+    publisher: ConfirmedPublisher,
+    settings: Settings,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    exchange = await amqp_channel.get_exchange(topology.jobs_exchange, ensure=True)
+    full = await amqp_channel.declare_queue(
+        f"{settings.amqp_prefix}.q.full",
+        arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+    )
+    await full.bind(exchange, routing_key="full")
+    try:
+        shared = publisher._raw
+        assert shared is not None
+        # Another lane's batch in flight on the channel (held so, whatever the timing).
+        publisher._in_flight[shared] += 1
+        nacked = await publisher.publish_batch([message(topology, "full")])
+        assert [reason for _, reason, _ in nacked.failed] == [Failure.NACKED]
+        assert publisher.channel_renewals == 1
+        assert publisher._raw is not shared
+        # Left open for that batch's confirms, and closed once it is settled.
+        assert shared in publisher._retiring
+        assert not shared.is_closed
+        other = await publisher.publish_batch([message(topology) for _ in range(500)])
+        assert len(other.confirmed) == 500
+        await publisher._batch_done(shared)
+        assert shared.is_closed
+        assert publisher._retiring == {}
+        assert not publisher._in_flight
+        # And for real: a big batch and a nacked one at once; the big one is all confirmed.
+        result, nacked = await asyncio.gather(
+            publisher.publish_batch([message(topology) for _ in range(3000)]),
+            publisher.publish_batch([message(topology, "full")]),
+        )
+        assert [reason for _, reason, _ in nacked.failed] == [Failure.NACKED]
+        assert len(result.confirmed) == 3000, (result.unconfirmed[:3], result.broker_error)
+        assert publisher.connected
+        assert publisher.channel_renewals == 2
+        assert publisher._retiring == {}
+        assert not publisher._in_flight
     finally:
         await full.delete(if_unused=False, if_empty=False)
 
