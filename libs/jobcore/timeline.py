@@ -45,6 +45,9 @@ class JobTimeline:
     status: str
     where: str
     events: list[JobEvent]
+    # False when this deployment records no events (JOBCORE_JOB_EVENTS=false): the list
+    # then holds only what was recorded before they were turned off.
+    events_recorded: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class JobTimeline:
             "status": self.status,
             "where": self.where,
             "events": [event.as_dict() for event in self.events],
+            "events_recorded": self.events_recorded,
         }
 
 

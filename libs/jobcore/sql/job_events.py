@@ -16,6 +16,12 @@ from typing import TypedDict
 from jobcore.jobevents import DETAIL_TEXT_CHARS, JobEventKind
 from jobcore.sql import TERMINAL_SQL, Query
 
+# Whether this session records events. JOBCORE_JOB_EVENTS=false sets `jobcore.job_events` to
+# off on each pooled connection (jobcore.db); unset, it is on. Every event CTE inserts only
+# WHERE this holds: it names no column, so the planner makes it a one-time filter,
+# evaluated once per statement, and a statement with events off writes none at all.
+EVENTS_ON = "current_setting('jobcore.job_events', true) IS DISTINCT FROM 'off'"
+
 # What an event keeps of an error (the job row keeps up to 2,000 characters).
 _ERROR = f"left(%s, {DETAIL_TEXT_CHARS})"
 
@@ -40,7 +46,7 @@ DONE_EVENTS = f"""
                    'error', CASE WHEN done.status <> 'succeeded'
                                  THEN {short_error("done.last_error")} END))
         FROM done
-        WHERE done.status IN {TERMINAL_SQL}
+        WHERE done.status IN {TERMINAL_SQL} AND {EVENTS_ON}
         ORDER BY done.id
         RETURNING 1
     )"""

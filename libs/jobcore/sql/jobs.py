@@ -39,6 +39,7 @@ from jobcore.sql import (
 from jobcore.sql.flow_pauses import pause_kind, paused
 from jobcore.sql.job_events import (
     DONE_EVENTS,
+    EVENTS_ON,
     WHEREABOUTS_COLUMNS,
     WHEREABOUTS_JOINS,
     short_error,
@@ -122,6 +123,7 @@ def _insert_job_with_outbox() -> str:
                jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
                    || %(event_detail)s
         FROM job
+        WHERE {EVENTS_ON}
     )
     SELECT limits.tenant, job.id, job.status, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
@@ -289,6 +291,7 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT job.id, '{JobEventKind.ACCEPTED}',
                jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at, 'batch', true))
         FROM job JOIN input ON input.id = job.id
+        WHERE {EVENTS_ON}
         ORDER BY job.id
     )
     SELECT input.n, job.id, job.status, job.created_at,
@@ -544,6 +547,7 @@ JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
     ), requested AS (
         INSERT INTO job_events (job_id, kind, attempt)
         SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
+        WHERE {EVENTS_ON}
     )
     SELECT id, status, cancel_requested_at,
            pg_notify(%(channel)s, id::text) IS NULL AS notified
@@ -812,6 +816,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         SELECT id, '{JobEventKind.CLAIMED}', attempts,
                jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
         FROM claimed
+        WHERE {EVENTS_ON}
         ORDER BY id
     )
     SELECT input.message_id,
@@ -880,6 +885,7 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
            jsonb_build_object('by', 'worker', 'reason', {short_error("%(error)s")})
     FROM noted
+    WHERE {EVENTS_ON}
     """,
 )
 
@@ -1071,7 +1077,7 @@ JOB_RETRY = Query[JobRetryParams](
                jsonb_build_object('until', back.next_attempt_at,
                                   'error', {short_error("back.last_error")})
         FROM back
-        WHERE back.status = 'pending'
+        WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
@@ -1155,7 +1161,7 @@ JOB_RELEASE = Query[JobReleaseParams](
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
         FROM back
-        WHERE back.status = 'pending'
+        WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -1252,7 +1258,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
                      'error', CASE WHEN reaped.status = 'failed'
                                    THEN {short_error("reaped.last_error")} END)))
         ) AS event(n, kind, detail)
-        WHERE event.n = 1 OR reaped.status <> 'pending'
+        WHERE (event.n = 1 OR reaped.status <> 'pending') AND {EVENTS_ON}
         ORDER BY reaped.id, event.n
     ), messages AS (
         INSERT INTO outbox (
@@ -1624,6 +1630,7 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
                jsonb_build_object('reason', reason, 'silent_seconds', round(silent_seconds),
                                   'message_id', message_id)
         FROM republished
+        WHERE {EVENTS_ON}
         ORDER BY id
     ), messages AS (
         INSERT INTO outbox (
@@ -1681,6 +1688,7 @@ JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
                jsonb_strip_nulls(jsonb_build_object(
                    'by', 'broker', 'reason', %(reason)s::text, 'queue', %(queue)s::text))
         FROM noted
+        WHERE {EVENTS_ON}
     )
     SELECT id FROM noted
     """,

@@ -18,7 +18,7 @@ from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.jobevents import JobEventKind
 from jobcore.sql import NoParams, Query
 from jobcore.sql.flow_pauses import paused
-from jobcore.sql.job_events import short_error
+from jobcore.sql.job_events import EVENTS_ON, short_error
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
 OUTBOX_LISTEN = Query[NoParams](
@@ -220,6 +220,7 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
                                   'confirmed_at', clock_timestamp())
         FROM gone JOIN their_jobs AS owner
                   ON owner.id = gone.job_id AND owner.type = gone.message_type
+        WHERE {EVENTS_ON}
         ORDER BY gone.id
     )
     SELECT count(*) AS deleted FROM gone
@@ -281,6 +282,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
                                   'error', {short_error("gave_up.last_error")})
         FROM gave_up JOIN their_jobs AS owner
                      ON owner.id = gave_up.job_id AND owner.type = gave_up.message_type
+        WHERE {EVENTS_ON}
         ORDER BY gave_up.id
     )
     SELECT failed.id, failed.message_id, failed.job_id, failed.attempts, failed.last_error,

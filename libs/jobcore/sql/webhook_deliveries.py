@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.jobevents import JobEventKind
 from jobcore.sql import TERMINAL_SQL, CompletionParams, Query
-from jobcore.sql.job_events import short_error
+from jobcore.sql.job_events import EVENTS_ON, short_error
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
@@ -198,6 +198,7 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
                    'error', {short_error("%(error)s::text")},
                    'next_attempt_at', recorded.next_attempt_at))
         FROM recorded
+        WHERE {EVENTS_ON}
     )
     SELECT recorded.id, recorded.status, recorded.attempts, recorded.next_attempt_at,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified
