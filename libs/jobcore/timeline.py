@@ -78,9 +78,14 @@ WHEREABOUTS_KEYS = (
 )
 
 
+# What the `accepted` event says: the timeline shows it, the job's own view does not.
+TIMELINE_ONLY_KEYS = ("accepted_detail",)
+
+
 def with_where(job: Mapping[str, Any]) -> dict[str, Any]:
     """The job's own columns, and ``where`` in place of what it was said from."""
-    shown = {key: value for key, value in job.items() if key not in WHEREABOUTS_KEYS}
+    hidden = (*WHEREABOUTS_KEYS, *TIMELINE_ONLY_KEYS)
+    shown = {key: value for key, value in job.items() if key not in hidden}
     shown["where"] = whereabouts(job)
     return shown
 

@@ -98,8 +98,10 @@ class JobTimelineParams(TypedDict):
 
 
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
-# disagree, say a relay's commit landing between them. One row per event (none: one row
-# of NULL event columns), each with the job's columns whereabouts reads; no row at all
+# disagree, say a relay's commit landing between them. The first event, `accepted`, is
+# the job row itself (created_at, accepted_detail; id 0), which enqueue writes instead of
+# an event row; a job enqueued before migration 0019 has its `accepted` row, listed
+# instead. One row per event, each with the job's columns whereabouts reads; no row at all
 # for a job that is not there or is another tenant's. Events in order of `at`, then of
 # writing: a `published` event is dated when its relay took the row, and committed after
 # the broker's confirm, which a worker's claim can precede.
@@ -115,10 +117,19 @@ JOB_TIMELINE = Query[JobTimelineParams](
            event.attempt AS event_attempt, event.detail AS event_detail
     FROM jobs {WHEREABOUTS_JOINS}
     LEFT JOIN LATERAL (
-        SELECT id, at, kind, attempt, detail FROM job_events
-        WHERE job_events.job_id = jobs.id
-        ORDER BY job_events.id DESC
-        LIMIT %(limit)s
+        (
+            SELECT id, at, kind, attempt, detail FROM job_events
+            WHERE job_events.job_id = jobs.id
+            ORDER BY job_events.id DESC
+            LIMIT %(limit)s
+        )
+        UNION ALL
+        SELECT 0, jobs.created_at, '{JobEventKind.ACCEPTED}', NULL,
+               coalesce(jobs.accepted_detail, '{{}}'::jsonb)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_events
+            WHERE job_events.job_id = jobs.id AND job_events.kind = '{JobEventKind.ACCEPTED}'
+        )
     ) AS event ON true
     WHERE jobs.id = %(id)s AND (%(tenant)s::text IS NULL OR jobs.tenant = %(tenant)s)
     ORDER BY event.at, event.id
