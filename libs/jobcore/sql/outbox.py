@@ -199,13 +199,17 @@ def _jobs_seen_or_ended(messages: str) -> str:
     job message's job is nearly always live, and the lock on its row cost the relay a
     WAL record per row, and a MultiXact whenever a worker was claiming the job meanwhile."""
     ids = f"ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL)"
-    return f"""live_jobs AS (
-        SELECT id, type FROM jobs WHERE id = ANY({ids}) AND status NOT IN {TERMINAL_SQL}
+    # One probe per job; the ended ones (nearly never any) are looked up again, locked.
+    return f"""seen_jobs AS (
+        SELECT id, type, status IN {TERMINAL_SQL} AS ended FROM jobs WHERE id = ANY({ids})
     ), ended_jobs AS (
-        SELECT id, type FROM jobs WHERE id = ANY({ids}) AND status IN {TERMINAL_SQL}
+        SELECT id, type FROM jobs
+        WHERE id = ANY(ARRAY(SELECT id FROM seen_jobs WHERE ended))
+          AND status IN {TERMINAL_SQL}
         FOR KEY SHARE
     ), their_jobs AS (
-        SELECT id, type FROM live_jobs UNION ALL SELECT id, type FROM ended_jobs
+        SELECT id, type FROM seen_jobs WHERE NOT ended
+        UNION ALL SELECT id, type FROM ended_jobs
     )"""
 
 

@@ -54,9 +54,15 @@ def precise_cpu_seconds(pid: int) -> float:
         return cpu_seconds(pid)
 
 
-async def cpu_of_backends(probe: Database, application_name: str) -> float:
-    """CPU seconds used so far by the backends of the pool named ``application_name``."""
-    return sum(map(precise_cpu_seconds, await backend_pids(probe, application_name)))
+async def cpu_of_backends(probe: Database, application_name: str) -> dict[int, float]:
+    """CPU seconds used so far by each backend of the pool named ``application_name``."""
+    return {pid: precise_cpu_seconds(pid) for pid in await backend_pids(probe, application_name)}
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used in between: a backend that replaced another (a reconnect) counts
+    in full, one that ended in between is missed."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
 async def statements_chunk(worker: InlineWorker, n: int) -> None:
@@ -108,7 +114,7 @@ async def measure_statements(bench: Bench, section: Section) -> None:
                         await statements_chunk(workers[name], min(CHUNK, n - first))
                         wall[name] += time.perf_counter() - started
                         cpu_after = await cpu_of_backends(probe, f"statements-{name}")
-                        used[name] += cpu_after - cpu_before
+                        used[name] += cpu_between(cpu_before, cpu_after)
                 for name in ARMS:
                     pg_ms[name].append(round(1000 * used[name] / n, 3))
                     rates[name].append(round(n / wall[name], 1))
