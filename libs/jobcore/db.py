@@ -193,9 +193,11 @@ class Database:
         # the server's TCP keepalive gives up, hours later. Set per session, not as a
         # startup option, which PgBouncer refuses.
         idle_ms = int(self.settings.db_operation_timeout * 2000)
-        await conn.execute(
-            sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle_ms))
-        )
+        setup = sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle_ms))
+        if not self.settings.job_events:
+            # Read by every statement that writes an event (jobcore.sql.job_events.EVENTS_ON).
+            setup = sql.SQL("; ").join([setup, sql.SQL("SET jobcore.job_events = off")])
+        await conn.execute(setup)
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConn]:

@@ -13,7 +13,9 @@ DETAIL_TEXT_CHARS = 300
 class JobEventKind(StrEnum):
     """What happened. ``attempt`` is the job's attempt it happened to, when there is one."""
 
-    ACCEPTED = "accepted"  # written (detail: run_at, schedule)
+    # Written (detail: run_at, schedule, batch). Not a job_events row: the job row itself
+    # (created_at, accepted_detail), which the timeline's read lists as its first event.
+    ACCEPTED = "accepted"
     # The broker confirmed its message; dated when its relay took the row to publish it
     # (detail: relay, message_id, confirmed_at).
     PUBLISHED = "published"

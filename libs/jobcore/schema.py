@@ -111,6 +111,10 @@ jobs = Table(
     # last_error so a failed attempt's real error survives; and how many times the sweeper
     # published it again, which spaces out its next republish.
     Column("message_note", JSONB),
+    # What the job's `accepted` event says (its run_at, the schedule that fired it, a
+    # batch), NULL when nothing: the job row is that event, read with created_at by the
+    # timeline (jobcore.sql.job_events.JOB_TIMELINE), not a job_events row on the hot path.
+    Column("accepted_detail", JSONB),
     Column("republish_count", Integer, nullable=False, server_default=text("0")),
     # What the running handler last reported (``ctx.progress``), written by its worker under
     # its lease, at most a few times a second (services.worker.job_progress); the attempt
@@ -363,17 +367,15 @@ job_effects = Table(
 # statement that makes the change, never updated. Progress is not an event (too frequent).
 # ``detail`` stays small (no payloads, no secrets): who (worker, relay), when next, why.
 # The primary key (job_id, id) is the table's only index: it serves reading a timeline and
-# the cascade from jobs, and each event (four or more per job, on the hot path) costs one
-# index entry, not two. ``id`` alone is unique too (an identity); nothing looks it up.
+# the pruner's delete of a job's events, and each event (four or more per job, on the hot
+# path) costs one index entry, not two. ``id`` alone is unique too (an identity); nothing
+# looks it up. No foreign key to jobs (migration 0019): its check locked the job's row for
+# every event; the pruner deletes a job's events with it (JOB_PRUNE_BATCH), and every
+# statement that writes one has just written, locked or read its job.
 job_events = Table(
     "job_events",
     metadata,
-    Column(
-        "job_id",
-        UUID(as_uuid=True),
-        ForeignKey("jobs.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    Column("job_id", UUID(as_uuid=True), primary_key=True),
     Column("id", BigInteger, Identity(always=False), primary_key=True),
     _timestamp_clock("at"),
     Column("kind", Text, nullable=False),

@@ -269,6 +269,12 @@ class Settings(BaseSettings):
         timedelta, BeforeValidator(_seconds_or_duration), AfterValidator(_secret_overlap)
     ] = timedelta(hours=24)
 
+    # The job timeline (job_events, `GET /jobs/{id}/timeline`): on, every state change and
+    # hop of a job is recorded in the statement that makes it. Off, none is, and timelines
+    # say so: for throughput at the cost of the history (`jobcore bench timeline` measures
+    # what it costs). Set it alike on every process: it is each connection's to write.
+    job_events: bool = True
+
     # Retention: the workers' pruner deletes finished jobs (with their webhook deliveries,
     # effects, quarantined outbox rows and result files) this long after they finished.
     # Succeeded: 7 days. Clients read a result within minutes or hours of the job ending;

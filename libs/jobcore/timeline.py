@@ -45,6 +45,9 @@ class JobTimeline:
     status: str
     where: str
     events: list[JobEvent]
+    # False when this deployment records no events (JOBCORE_JOB_EVENTS=false): the list
+    # then holds only what was recorded before they were turned off.
+    events_recorded: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class JobTimeline:
             "status": self.status,
             "where": self.where,
             "events": [event.as_dict() for event in self.events],
+            "events_recorded": self.events_recorded,
         }
 
 
@@ -74,9 +78,14 @@ WHEREABOUTS_KEYS = (
 )
 
 
+# What the `accepted` event says: the timeline shows it, the job's own view does not.
+TIMELINE_ONLY_KEYS = ("accepted_detail",)
+
+
 def with_where(job: Mapping[str, Any]) -> dict[str, Any]:
     """The job's own columns, and ``where`` in place of what it was said from."""
-    shown = {key: value for key, value in job.items() if key not in WHEREABOUTS_KEYS}
+    hidden = (*WHEREABOUTS_KEYS, *TIMELINE_ONLY_KEYS)
+    shown = {key: value for key, value in job.items() if key not in hidden}
     shown["where"] = whereabouts(job)
     return shown
 

@@ -109,6 +109,9 @@ class JobTimelineView(BaseModel):
     status: JobStatus
     where: str
     events: list[JobEventView]
+    # False when the deployment records no events (JOBCORE_JOB_EVENTS=false): ``events``
+    # then holds only those recorded before that.
+    events_recorded: bool = True
     # The ordering key given at enqueue: jobs with the same key start in enqueue order.
     ordering_key: str | None = None
     # Why a pending job that is due waits (its type's concurrency or rate limit, or an

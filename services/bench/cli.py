@@ -32,7 +32,9 @@ def bench(
         None,
         help="Scenarios to run, in order: enqueue batch relay e2e scale backlog fair (the "
         "default), tracing, steady (about 70 minutes at its defaults), priority (its "
-        "backlog and probes are --fair-backlog and --fair-probes), and ordered.",
+        "backlog and probes are --fair-backlog and --fair-probes), ordered, timeline (the "
+        "hot path's statements with the job timeline on vs off) and timeline_e2e (the same "
+        "through the pipeline).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."

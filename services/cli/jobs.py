@@ -91,6 +91,8 @@ def timeline(
         return
     typer.echo(f"{found.job_id}  {found.type}  {found.status}  (tenant {found.tenant})")
     typer.echo(f"where: {found.where}")
+    if not found.events_recorded:
+        typer.echo("events: not being recorded (JOBCORE_JOB_EVENTS=false); older ones only")
     rows = [{**event.as_dict(), "detail": _detail_text(event.detail)} for event in found.events]
     emit(rows, as_json=False, columns=TIMELINE_COLUMNS)
 

@@ -53,9 +53,18 @@ def render_timeline(timeline: JobTimeline | None) -> Markup:
     return Markup(
         '<section id="timeline" aria-labelledby="timeline-h">'
         '<h2 id="timeline-h">Timeline</h2>'
-        '<p class="where">Now: <strong>{where}</strong></p>'
+        '<p class="where">Now: <strong>{where}</strong></p>{off}'
         '<ol class="timeline">{items}</ol></section>'
-    ).format(where=timeline.where, items=Markup("").join(items))
+    ).format(
+        where=timeline.where,
+        off=Markup("")
+        if timeline.events_recorded
+        else Markup(
+            '<p class="note">Events are not being recorded (JOBCORE_JOB_EVENTS=false): '
+            "only those written before are listed.</p>"
+        ),
+        items=Markup("").join(items),
+    )
 
 
 def _detail(detail: Mapping[str, Any]) -> Markup:

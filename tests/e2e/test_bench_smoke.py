@@ -169,3 +169,25 @@ def test_ordered_scenario_reports_ordered_against_unordered(
     keyed = figures["100 ordering keys"]
     assert keyed["runs"][0] > 0
     assert keyed["baseline_runs"] == figures["unordered"]["runs"]
+
+
+# The statements of 200 jobs per arm: seconds. The scenario itself fails if the arm with
+# events off wrote any.
+@pytest.mark.timeout(300)
+def test_timeline_scenario_reports_events_on_against_off(
+    settings: Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    result = bench_cli(
+        settings, "timeline", *("--jobs", "200", "--runs", "1", "--out", str(out)), timeout=280
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (timeline,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    figures = {f["metric"]: f for f in timeline["figures"]}
+    cpu = figures["PostgreSQL CPU ms/job"]
+    assert cpu["runs"][0] > 0
+    assert cpu["baseline_runs"][0] > 0
+    assert cpu["baseline"] == "events off"
+    # published, claimed, finished: `accepted` is the job row itself
+    assert timeline["details"]["statements"]["events_per_job_on"] == 3.0

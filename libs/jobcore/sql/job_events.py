@@ -16,6 +16,12 @@ from typing import TypedDict
 from jobcore.jobevents import DETAIL_TEXT_CHARS, JobEventKind
 from jobcore.sql import TERMINAL_SQL, Query
 
+# Whether this session records events. JOBCORE_JOB_EVENTS=false sets `jobcore.job_events` to
+# off on each pooled connection (jobcore.db); unset, it is on. Every event CTE inserts only
+# WHERE this holds: it names no column, so the planner makes it a one-time filter,
+# evaluated once per statement, and a statement with events off writes none at all.
+EVENTS_ON = "current_setting('jobcore.job_events', true) IS DISTINCT FROM 'off'"
+
 # What an event keeps of an error (the job row keeps up to 2,000 characters).
 _ERROR = f"left(%s, {DETAIL_TEXT_CHARS})"
 
@@ -40,7 +46,7 @@ DONE_EVENTS = f"""
                    'error', CASE WHEN done.status <> 'succeeded'
                                  THEN {short_error("done.last_error")} END))
         FROM done
-        WHERE done.status IN {TERMINAL_SQL}
+        WHERE done.status IN {TERMINAL_SQL} AND {EVENTS_ON}
         ORDER BY done.id
         RETURNING 1
     )"""
@@ -92,8 +98,10 @@ class JobTimelineParams(TypedDict):
 
 
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
-# disagree, say a relay's commit landing between them. One row per event (none: one row
-# of NULL event columns), each with the job's columns whereabouts reads; no row at all
+# disagree, say a relay's commit landing between them. The first event, `accepted`, is
+# the job row itself (created_at, accepted_detail; id 0), which enqueue writes instead of
+# an event row; a job enqueued before migration 0019 has its `accepted` row, listed
+# instead. One row per event, each with the job's columns whereabouts reads; no row at all
 # for a job that is not there or is another tenant's. Events in order of `at`, then of
 # writing: a `published` event is dated when its relay took the row, and committed after
 # the broker's confirm, which a worker's claim can precede.
@@ -109,10 +117,19 @@ JOB_TIMELINE = Query[JobTimelineParams](
            event.attempt AS event_attempt, event.detail AS event_detail
     FROM jobs {WHEREABOUTS_JOINS}
     LEFT JOIN LATERAL (
-        SELECT id, at, kind, attempt, detail FROM job_events
-        WHERE job_events.job_id = jobs.id
-        ORDER BY job_events.id DESC
-        LIMIT %(limit)s
+        (
+            SELECT id, at, kind, attempt, detail FROM job_events
+            WHERE job_events.job_id = jobs.id
+            ORDER BY job_events.id DESC
+            LIMIT %(limit)s
+        )
+        UNION ALL
+        SELECT 0, jobs.created_at, '{JobEventKind.ACCEPTED}', NULL,
+               coalesce(jobs.accepted_detail, '{{}}'::jsonb)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_events
+            WHERE job_events.job_id = jobs.id AND job_events.kind = '{JobEventKind.ACCEPTED}'
+        )
     ) AS event ON true
     WHERE jobs.id = %(id)s AND (%(tenant)s::text IS NULL OR jobs.tenant = %(tenant)s)
     ORDER BY event.at, event.id

@@ -1,8 +1,9 @@
 """Statements that change ``jobs`` (the outbox, inbox, job_effects, webhook_deliveries and
 job_events rows some of them write alongside the job in the same statement), and the
 reads of jobs. Each change of a job writes its event (jobcore.jobevents) in a CTE of the
-statement that makes it; the reads of one job carry what jobcore.timeline.whereabouts
-needs to say where it is.
+statement that makes it, but the first: the job row is its own `accepted` event
+(created_at and accepted_detail, which the timeline's read lists); the reads of one job
+carry what jobcore.timeline.whereabouts needs to say where it is.
 
 Sections, in the order a job meets them: enqueue; the API's reads, listing and cancel;
 the operators' and the /metrics reads; the worker's claim, heartbeat and fenced outcomes
@@ -39,6 +40,7 @@ from jobcore.sql import (
 from jobcore.sql.flow_pauses import pause_kind, paused
 from jobcore.sql.job_events import (
     DONE_EVENTS,
+    EVENTS_ON,
     WHEREABOUTS_COLUMNS,
     WHEREABOUTS_JOINS,
     short_error,
@@ -86,7 +88,7 @@ def _insert_job_with_outbox() -> str:
             unique_key, priority,
             concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
             ordering_key, ordering_seq, ordering_blocks,
-            callback_url
+            callback_url, accepted_detail
         )
         SELECT
             %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
@@ -101,7 +103,9 @@ def _insert_job_with_outbox() -> str:
                 WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
-            ))
+            )),
+            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
+                       || %(event_detail)s, '{{}}'::jsonb)
         FROM admit
         WHERE admit.last_refusal IS NULL
         ON CONFLICT DO NOTHING
@@ -116,12 +120,6 @@ def _insert_job_with_outbox() -> str:
                job.priority
         FROM job
         RETURNING id
-    ), accepted AS (
-        INSERT INTO job_events (job_id, kind, detail)
-        SELECT job.id, '{JobEventKind.ACCEPTED}',
-               jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
-                   || %(event_detail)s
-        FROM job
     )
     SELECT limits.tenant, job.id, job.status, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
@@ -150,7 +148,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
     callback_url: str | None
     channel: str
     entity_id: str | None
-    event_detail: Jsonb  # what the `accepted` event says besides run_at (its schedule)
+    # What the `accepted` event says besides run_at (its schedule): jobs.accepted_detail.
+    event_detail: Jsonb
     id: uuid.UUID
     idempotency_key: str | None
     max_attempts: int
@@ -168,8 +167,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
 
 JOB_INSERT = Query[JobInsertParams](
     "job_insert",
-    "Insert a pending job, its outbox message and its `accepted` event, and NOTIFY the relays, "
-    "in one statement.",
+    "Insert a pending job (its own `accepted` event) and its outbox message, and NOTIFY the "
+    "relays, in one statement.",
     _insert_job_with_outbox(),
 )
 
@@ -261,14 +260,15 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority, concurrency_key, concurrency_limit, rate_key,
-            rate_per_second, rate_burst, ordering_blocks, callback_url
+            rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail
         )
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
             input.payload_fingerprint, input.payload, input.entity_id, input.max_attempts,
             input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, %(priority)s,
             input.concurrency_key, %(concurrency_limit)s, input.rate_key,
-            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s, hook.url
+            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s, hook.url,
+            jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at, 'batch', true))
         FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
         WHERE fresh.rank <= room.admitted
         ORDER BY input.n
@@ -284,12 +284,6 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
                %(priority)s
         FROM job JOIN input ON input.id = job.id
         RETURNING id
-    ), accepted AS (
-        INSERT INTO job_events (job_id, kind, detail)
-        SELECT job.id, '{JobEventKind.ACCEPTED}',
-               jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at, 'batch', true))
-        FROM job JOIN input ON input.id = job.id
-        ORDER BY job.id
     )
     SELECT input.n, job.id, job.status, job.created_at,
            CASE WHEN fresh.rank > room.admitted THEN room.refusal END AS refusal,
@@ -544,6 +538,7 @@ JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
     ), requested AS (
         INSERT INTO job_events (job_id, kind, attempt)
         SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
+        WHERE {EVENTS_ON}
     )
     SELECT id, status, cancel_requested_at,
            pg_notify(%(channel)s, id::text) IS NULL AS notified
@@ -828,6 +823,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         SELECT id, '{JobEventKind.CLAIMED}', attempts,
                jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
         FROM claimed
+        WHERE {EVENTS_ON}
         ORDER BY id
     )
     SELECT input.message_id,
@@ -896,6 +892,7 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
            jsonb_build_object('by', 'worker', 'reason', {short_error("%(error)s")})
     FROM noted
+    WHERE {EVENTS_ON}
     """,
 )
 
@@ -1087,7 +1084,7 @@ JOB_RETRY = Query[JobRetryParams](
                jsonb_build_object('until', back.next_attempt_at,
                                   'error', {short_error("back.last_error")})
         FROM back
-        WHERE back.status = 'pending'
+        WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
@@ -1171,7 +1168,7 @@ JOB_RELEASE = Query[JobReleaseParams](
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
         FROM back
-        WHERE back.status = 'pending'
+        WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -1268,7 +1265,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
                      'error', CASE WHEN reaped.status = 'failed'
                                    THEN {short_error("reaped.last_error")} END)))
         ) AS event(n, kind, detail)
-        WHERE event.n = 1 OR reaped.status <> 'pending'
+        WHERE (event.n = 1 OR reaped.status <> 'pending') AND {EVENTS_ON}
         ORDER BY reaped.id, event.n
     ), messages AS (
         INSERT INTO outbox (
@@ -1640,6 +1637,7 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
                jsonb_build_object('reason', reason, 'silent_seconds', round(silent_seconds),
                                   'message_id', message_id)
         FROM republished
+        WHERE {EVENTS_ON}
         ORDER BY id
     ), messages AS (
         INSERT INTO outbox (
@@ -1697,6 +1695,7 @@ JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
                jsonb_strip_nulls(jsonb_build_object(
                    'by', 'broker', 'reason', %(reason)s::text, 'queue', %(queue)s::text))
         FROM noted
+        WHERE {EVENTS_ON}
     )
     SELECT id FROM noted
     """,
@@ -1801,7 +1800,8 @@ class JobPruneBatchParams(TypedDict):
 #
 # One batch: at most `limit` jobs past their retention, oldest first within each rule,
 # locked (SKIP LOCKED: a job someone is touching waits for the next round, nobody waits
-# for us), then deleted with what belongs to them. Effects and deliveries would go by
+# for us), then deleted with what belongs to them: its timeline's events, by its id (they
+# have no foreign key, so nothing else deletes them). Effects and deliveries would go by
 # their foreign keys' ON DELETE CASCADE (index-backed: job_effects_job_id_idx,
 # webhook_deliveries_job_created_idx); deleting them here first counts them. Quarantined
 # outbox rows of the job (never published, so never to be) go too, on
@@ -1833,6 +1833,9 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
         DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), deliveries AS (
         DELETE FROM webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+    ), timeline AS (
+        -- no foreign key cascades them (migration 0019); job_events_pkey leads with job_id
+        DELETE FROM job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
     ), messages AS (
         DELETE FROM outbox
         WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) AND quarantined_at IS NOT NULL

@@ -16,9 +16,9 @@ from typing import TypedDict
 
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.jobevents import JobEventKind
-from jobcore.sql import NoParams, Query
+from jobcore.sql import TERMINAL_SQL, NoParams, Query
 from jobcore.sql.flow_pauses import paused
-from jobcore.sql.job_events import short_error
+from jobcore.sql.job_events import EVENTS_ON, short_error
 
 # Enqueue (and every writer of outbox rows) NOTIFYs this channel in its transaction.
 OUTBOX_LISTEN = Query[NoParams](
@@ -183,11 +183,33 @@ def _message_attempt(row: str) -> str:
 
 def _jobs_of(messages: str) -> str:
     """A CTE ``their_jobs``: the jobs of the rows of the CTE ``messages`` (with ``job_id``),
-    locked FOR KEY SHARE so that the events written for them keep their foreign key."""
+    locked FOR KEY SHARE, so that the pruner (which locks a job FOR UPDATE before it
+    deletes it with its events) cannot delete one under an event written for it here."""
     return f"""their_jobs AS (
         SELECT id, type FROM jobs
         WHERE id = ANY(ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL))
         FOR KEY SHARE
+    )"""
+
+
+def _jobs_seen_or_ended(messages: str) -> str:
+    """:func:`_jobs_of` for the hot path: only the jobs that have ended are locked. The
+    pruner deletes nothing else, and a job that was live in this statement's snapshot
+    would have to end and pass its retention (days by default) before this commits; a
+    job message's job is nearly always live, and the lock on its row cost the relay a
+    WAL record per row, and a MultiXact whenever a worker was claiming the job meanwhile."""
+    ids = f"ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL)"
+    # One probe per job; the ended ones (nearly never any) are looked up again, locked.
+    return f"""seen_jobs AS (
+        SELECT id, type, status IN {TERMINAL_SQL} AS ended FROM jobs WHERE id = ANY({ids})
+    ), ended_jobs AS (
+        SELECT id, type FROM jobs
+        WHERE id = ANY(ARRAY(SELECT id FROM seen_jobs WHERE ended))
+          AND status IN {TERMINAL_SQL}
+        FOR KEY SHARE
+    ), their_jobs AS (
+        SELECT id, type FROM seen_jobs WHERE NOT ended
+        UNION ALL SELECT id, type FROM ended_jobs
     )"""
 
 
@@ -203,8 +225,9 @@ class OutboxDeletePublishedParams(TypedDict):
 # time (clock_timestamp(), in the detail) may come after the `claimed` event; timelines
 # are read in order of `at`.
 # A job can be gone (the pruner deletes a finished job whose last message was still
-# waiting): its row is locked FOR KEY SHARE first, so a job seen here stays for the event's
-# foreign key, and one deleted meanwhile is skipped rather than failing the whole batch.
+# waiting): only a job seen here gets an event, and a finished one is locked FOR KEY SHARE
+# first, so that the pruner cannot delete it (and its events) under the new event; one
+# deleted meanwhile is skipped.
 # Returns how many rows were deleted.
 OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     "outbox_delete_published",
@@ -213,13 +236,14 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     WITH gone AS (
         DELETE FROM outbox WHERE id = ANY(%(ids)s)
         RETURNING id, job_id, message_type, message_id, body
-    ), {_jobs_of("gone")}, published AS (
+    ), {_jobs_seen_or_ended("gone")}, published AS (
         INSERT INTO job_events (job_id, at, kind, attempt, detail)
         SELECT gone.job_id, now(), '{JobEventKind.PUBLISHED}', {_message_attempt("gone")},
                jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id,
                                   'confirmed_at', clock_timestamp())
         FROM gone JOIN their_jobs AS owner
                   ON owner.id = gone.job_id AND owner.type = gone.message_type
+        WHERE {EVENTS_ON}
         ORDER BY gone.id
     )
     SELECT count(*) AS deleted FROM gone
@@ -281,6 +305,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
                                   'error', {short_error("gave_up.last_error")})
         FROM gave_up JOIN their_jobs AS owner
                      ON owner.id = gave_up.job_id AND owner.type = gave_up.message_type
+        WHERE {EVENTS_ON}
         ORDER BY gave_up.id
     )
     SELECT failed.id, failed.message_id, failed.job_id, failed.attempts, failed.last_error,

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.jobevents import JobEventKind
 from jobcore.sql import TERMINAL_SQL, CompletionParams, Query
-from jobcore.sql.job_events import short_error
+from jobcore.sql.job_events import EVENTS_ON, short_error
 
 # Where jobs become terminal; the payload is the job id. The API's waiters LISTEN here.
 JOB_DONE_CHANNEL = "jobcore_job_done"
@@ -186,6 +186,11 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
         FROM recorded
         WHERE recorded.status = 'pending'
         RETURNING id
+    ), its_job AS (
+        -- locked as job_events' foreign key did before migration 0019: the pruner, which
+        -- deletes a job with its events, cannot delete it under this attempt's event
+        SELECT id FROM jobs WHERE id = (SELECT job_id FROM recorded) AND {EVENTS_ON}
+        FOR KEY SHARE
     ), attempt_event AS (
         INSERT INTO job_events (job_id, kind, detail)
         SELECT recorded.job_id, '{JobEventKind.WEBHOOK_ATTEMPT}',
@@ -197,7 +202,8 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
                    'status_code', %(status_code)s::int,
                    'error', {short_error("%(error)s::text")},
                    'next_attempt_at', recorded.next_attempt_at))
-        FROM recorded
+        FROM recorded JOIN its_job ON its_job.id = recorded.job_id
+        WHERE {EVENTS_ON}
     )
     SELECT recorded.id, recorded.status, recorded.attempts, recorded.next_attempt_at,
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM message) IS NULL AS notified

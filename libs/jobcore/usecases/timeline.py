@@ -38,5 +38,11 @@ async def job_timeline(
         if row["event_id"] is not None
     ]
     return JobTimeline(
-        job["id"], job["tenant"], job["type"], job["status"], whereabouts(job), events
+        job["id"],
+        job["tenant"],
+        job["type"],
+        job["status"],
+        whereabouts(job),
+        events,
+        events_recorded=db.settings.job_events,
     )

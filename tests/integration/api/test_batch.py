@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from jobcore.db import Database
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.usecases import keys as key_usecases
+from jobcore.usecases.timeline import job_timeline
 from services.api.app import create_app
 from services.api.problems import PROBLEM_BASE
 from services.api.schemas import BatchAnswer
@@ -362,10 +364,8 @@ async def test_each_batched_job_gets_its_accepted_event(
     )
     assert [item["status"] for item in items] == ["created", "created"]
     for item in items:
-        async with db.connection() as conn:
-            cursor = await conn.execute(
-                "SELECT kind, detail FROM job_events WHERE job_id = %s ORDER BY id",
-                (item["job_id"],),
-            )
-            events = [tuple(row.values()) for row in await cursor.fetchall()]
+        # The job row is its `accepted` event (jobs.accepted_detail), read by the timeline.
+        timeline = await job_timeline(db, uuid.UUID(item["job_id"]), tenant=None)
+        assert timeline is not None
+        events = [(event.kind, event.detail) for event in timeline.events]
         assert events == [("accepted", {"batch": True})]

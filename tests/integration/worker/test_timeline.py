@@ -14,10 +14,12 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
 from jobcore.jobevents import JobEventKind
+from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs import JOB_CLAIM_MANY
+from jobcore.testing.draining import InlineWorker
 from jobcore.testing.waiting import eventually
 from jobcore.timeline import JobTimeline
 from jobcore.usecases.jobs import cancel_job
@@ -347,3 +349,41 @@ async def test_each_webhook_attempt_is_recorded_after_the_job_finished(
     assert first.detail["delivery_id"] == second.detail["delivery_id"]
     # No URL (it may hold a token) and no body in an event.
     assert receiver.url() not in str([e.detail for e in found.events])
+
+
+async def test_with_events_off_none_is_written_and_the_timeline_says_so(
+    settings: Settings, db: Database
+) -> None:
+    """JOBCORE_JOB_EVENTS=false: the hot path's statements write no event (the timeline
+    keeps only `accepted`, which is the job row), and the timeline says events are off;
+    the same statements on a pool with events on write them all."""
+    registry = load_job_modules(("jobcore.jobtypes",))
+    off = Database(settings.model_copy(update={"job_events": False}), name="events-off")
+    await off.open(wait=True)
+    try:
+        quiet = InlineWorker(off, registry=registry)
+        quiet_id = await quiet.enqueue("noop", {})
+        assert (await quiet.drain()).succeeded == 1
+        quiet_timeline = await job_timeline(off, quiet_id, tenant=None)
+    finally:
+        await off.close()
+    loud = InlineWorker(db, registry=registry)
+    loud_id = await loud.enqueue("noop", {})
+    assert (await loud.drain()).succeeded == 1
+
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT job_id, count(*) AS n FROM job_events WHERE job_id = ANY(%s) GROUP BY 1",
+            ([quiet_id, loud_id],),
+        )
+        written = {row["job_id"]: row["n"] for row in await cur.fetchall()}
+    assert written == {loud_id: 3}  # published, claimed, finished
+    assert quiet_timeline is not None
+    assert (kinds(quiet_timeline), quiet_timeline.events_recorded) == ([ACCEPTED], False)
+    assert quiet_timeline.where.startswith("succeeded at ")
+    loud_timeline = await job_timeline(db, loud_id, tenant=None)
+    assert loud_timeline is not None
+    assert (kinds(loud_timeline), loud_timeline.events_recorded) == (
+        [ACCEPTED, PUBLISHED, CLAIMED, FINISHED],
+        True,
+    )
