@@ -461,6 +461,18 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_events_switch(self) -> Settings:
+        if not self.job_events and self.database_pooler == "pgbouncer":
+            # The switch is a session setting, which a transaction-mode pool does not keep:
+            # some statements would write events and others not, and the timeline would
+            # say none were recorded.
+            raise ValueError(
+                "JOBCORE_JOB_EVENTS=false needs a session setting, which PgBouncer in "
+                "transaction mode does not keep: keep the timeline on behind PgBouncer"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_sweeper(self) -> Settings:
         if self.sweeper_stale_after <= self.sweeper_interval:
             raise ValueError(

@@ -210,3 +210,11 @@ def test_pooler_settings_are_checked(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError, match=message):
         load_settings()
+
+
+def test_the_timeline_switch_is_refused_behind_pgbouncer() -> None:
+    """The switch is a session SET, which transaction pooling would not keep."""
+    with pytest.raises(ConfigurationError) as info:
+        load_settings(job_events=False, database_pooler="pgbouncer")
+    assert "JOBCORE_JOB_EVENTS=false" in str(info.value)
+    assert load_settings(job_events=False).job_events is False
