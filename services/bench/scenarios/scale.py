@@ -14,13 +14,15 @@ load; CPU-seconds per job does much less, so each run also reports, per job: the
 the relays, the workers, the enqueuing bench, this database's PostgreSQL backends (the
 bench's enqueue connections included; WAL writer and checkpointer left out, they serve
 every database) and the whole RabbitMQ node (shared with anything else using it), and
-the transactions this database committed per job. CPU per job that stays flat as N grows
+the transactions this database committed per job (read after a pause: PostgreSQL
+flushes an idle backend's statistics late). CPU per job that stays flat as N grows
 means the replicas scale and the cores are the ceiling; CPU per job that grows with N is
 jobcore's own overhead (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 
@@ -52,9 +54,15 @@ async def backend_pids(db: Database) -> list[int]:
     return [int(row["pid"]) for row in rows]
 
 
+# An idle backend flushes its statistics up to 10 s late (PostgreSQL 15): the commit
+# counts are read after this pause, and only for runs long enough to be worth it.
+STATS_SETTLE = 11.0
+COUNT_TRANSACTIONS_FROM = 500
+
+
 async def committed(db: Database) -> int:
-    """Transactions committed in the scenario's database so far (statistics are flushed
-    by each backend within a second: read after a pause, the count is settled enough)."""
+    """Transactions committed in the scenario's database so far, once settled."""
+    await asyncio.sleep(STATS_SETTLE)  # the statistics' flush delay, not a synchronisation
     async with db.connection() as conn:
         cur = await conn.execute(
             "SELECT pg_stat_force_next_flush(), xact_commit FROM pg_stat_database"
@@ -75,8 +83,8 @@ async def run(bench: Bench) -> Section:
         f"connections) while N relays and N workers run, N in {list(options.scale)}; jobs/s "
         f"from the first created_at to the last finished_at; baseline: N = "
         f"{options.scale[0]}; {options.runs} rounds, each running every size once on a "
-        "fresh stack (interleaved). CPU-ms per job per process group and transactions per "
-        "job are in the details.",
+        "fresh stack (interleaved). CPU-ms per job per process group, and transactions per "
+        f"job (runs of {COUNT_TRANSACTIONS_FROM:,}+ jobs), are in the details.",
     )
     by_size: dict[int, list[float]] = {size: [] for size in options.scale}
     cpu_ms: dict[int, list[float]] = {size: [] for size in options.scale}
@@ -107,7 +115,8 @@ async def run(bench: Bench) -> Section:
                             "postgres": await backend_pids(db),
                         }
                         meter = CpuMeter(groups={g: members[g].copy for g in members})
-                        xacts = await committed(db)
+                        counting = n >= COUNT_TRANSACTIONS_FROM
+                        xacts = await committed(db) if counting else 0
                         loads[size].append(round(os.getloadavg()[0], 2))
                         since = await db_now(db)
                         async with bench.profiled(section, f"{size}x", processes if last else {}):
@@ -119,11 +128,12 @@ async def run(bench: Bench) -> Section:
                             )
                             pct = meter.stop()
                         stats = await run_stats(db, since)
-                        xacts = await committed(db) - xacts
+                        xacts = await committed(db) - xacts if counting else 0
                     by_size[size].append(round(stats["jobs"] / float(stats["seconds"]), 1))
                     cpu[size].append(pct)
                     used = {g: 1000 * meter.seconds.get(g, 0.0) / n for g in GROUPS}
-                    used["transactions"] = xacts / n
+                    if counting:
+                        used["transactions"] = xacts / n
                     per_job[size].append(used)
                     cpu_ms[size].append(round(sum(used[g] for g in GROUPS), 3))
         finally:
@@ -155,6 +165,7 @@ async def run(bench: Bench) -> Section:
         size: {
             key: round(statistics.median(run[key] for run in runs), 3)
             for key in (*GROUPS, "transactions")
+            if all(key in run for run in runs)
         }
         for size, runs in per_job.items()
     }
