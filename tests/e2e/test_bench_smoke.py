@@ -64,10 +64,10 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
     assert set(scale) == {
         "1 relays + 1 workers",
         "2 relays + 2 workers",
-        "1 relays + 1 workers: CPU per job, all processes",
-        "2 relays + 2 workers: CPU per job, all processes",
+        "1 relays + 1 workers: CPU per job, own processes",
+        "2 relays + 2 workers: CPU per job, own processes",
     }
-    assert scale["2 relays + 2 workers: CPU per job, all processes"]["better"] == "lower"
+    assert scale["2 relays + 2 workers: CPU per job, own processes"]["better"] == "lower"
     # CPU per job of every process group.
     per_job = scenarios["scale"]["details"]["per_job_median"]
     assert set(per_job) == {"1", "2"}
