@@ -139,6 +139,8 @@ class Relay(Service):
             else None
         )
         failures = 0
+        # Whether the last wait ended without a NOTIFY (the poll interval, a scheduled row).
+        polled = False
         try:
             while not self.stopping.is_set():
                 if not await self.publisher.ensure_connected(self.stopping):
@@ -149,7 +151,13 @@ class Relay(Service):
                 notified = self._wake.is_set()
                 self._wake.clear()
                 try:
-                    claimed = await self._drain()
+                    if polled and not notified and not await self._any_due():
+                        # A quiet poll: one index probe instead of a room grant (a
+                        # passive declare per queue) and a fair claim that finds nothing,
+                        # every poll interval, on every replica (docs/scaling.md).
+                        claimed = 0
+                    else:
+                        claimed = await self._drain()
                     if claimed:
                         self._lost_wakeups = 0
                     elif notified:
@@ -158,6 +166,7 @@ class Relay(Service):
                         self.metrics.broker_connected.set(0)
                         continue
                     await self._wait_for_work()
+                    polled = not self._wake.is_set()
                     await self._after_lost_wakeups()
                 except DatabaseUnavailable as exc:
                     failures += 1
@@ -208,6 +217,10 @@ class Relay(Service):
             if not self._more_may_be_due(batch):
                 break
         return claimed
+
+    async def _any_due(self) -> bool:
+        row = await self._fetch_one(OUTBOX_ANY_DUE)
+        return row is not None and bool(row["due"])
 
     async def _after_lost_wakeups(self) -> None:
         """Before claiming for a NOTIFY, the back-off of a relay whose last NOTIFY-woken
