@@ -165,8 +165,9 @@ async def run(bench: Bench) -> Section:
                 better="lower",
             )
         )
+    # JSON object keys: the sizes as text.
     section.details["per_job_median"] = {
-        size: {
+        str(size): {
             key: round(statistics.median(run[key] for run in runs), 3)
             for key in (*GROUPS, "transactions")
             if all(key in run for run in runs)
@@ -174,10 +175,10 @@ async def run(bench: Bench) -> Section:
         for size, runs in per_job.items()
     }
     section.details["per_job_runs"] = {
-        size: [{k: round(v, 3) for k, v in run.items()} for run in runs]
+        str(size): [{k: round(v, 3) for k, v in run.items()} for run in runs]
         for size, runs in per_job.items()
     }
-    section.details["load_average_1m_at_run_start"] = loads
+    section.details["load_average_1m_at_run_start"] = {str(s): v for s, v in loads.items()}
     sizes = sorted(by_size)
     section.series.append(
         Series(
