@@ -241,8 +241,8 @@ class JobRunner:
         self.metrics.started(claim)
         # The lease keepers (heartbeats, watchdog) start only once a third of the lease has
         # gone: the first heartbeat is due then and the watchdog's deadline is later still.
-        # Most jobs end before, and then cost a timer instead of two tasks to create and
-        # cancel (a sixth of a no-op job's worker CPU).
+        # Most jobs end before, and then cost a timer instead of two tasks created,
+        # cancelled and gathered.
         keepers: list[asyncio.Task[None]] = []
         timer = asyncio.get_running_loop().call_later(
             claim.job_type.lease / 3, self._keep_lease, running, keepers
