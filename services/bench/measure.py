@@ -48,14 +48,22 @@ class CpuMeter:
     ``processes`` maps a name (``relay-0``) to a pid; the bench itself, PostgreSQL and
     RabbitMQ are always measured."""
 
-    def __init__(self, processes: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        processes: dict[str, int] | None = None,
+        groups: dict[str, Callable[[], list[int]]] | None = None,
+    ) -> None:
         self.groups: dict[str, Callable[[], list[int]]] = {
             "bench": lambda: [os.getpid()],
             "postgres": lambda: pids_named("postgres"),
             "rabbitmq": lambda: pids_named("beam.smp"),
+            **(groups or {}),
         }
         for name, pid in (processes or {}).items():
             self.groups[name] = lambda pid=pid: [pid]  # type: ignore[misc]
+        # CPU-seconds per group over the last start()..stop(), and that wall time.
+        self.seconds: dict[str, float] = {}
+        self.wall = 0.0
 
     def _sample(self) -> dict[str, dict[int, float]]:
         return {
@@ -72,6 +80,7 @@ class CpuMeter:
             name: sum(max(0.0, cpu - self._start[name].get(pid, 0.0)) for pid, cpu in pids.items())
             for name, pids in end.items()
         }
+        self.seconds, self.wall = used, wall
         return {name: round(100 * seconds / wall, 1) for name, seconds in used.items()}
 
 

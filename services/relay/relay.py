@@ -68,6 +68,16 @@ LISTEN_PING_SECONDS = 30.0
 PROBE_TIMEOUT = 2.0
 DATABASE_RETRY_BASE = 0.2
 DATABASE_RETRY_CAP = 5.0
+# Every relay hears every outbox NOTIFY, but the rows it announces go to whichever claims
+# first: the others find nothing. A relay that a NOTIFY woke for nothing waits this long
+# (doubling with each such wake-up in a row, up to the cap) before it answers the next
+# one, and the NOTIFYs meanwhile cost it one claim. So with N replicas a trickle is
+# relayed by the one that keeps winning, in batches that grow with the trickle, instead
+# of N relays each running a claim (and an empty one) per NOTIFY; the others join as
+# soon as their claim finds rows left (docs/scaling.md). A NOTIFY is never delayed on a
+# relay whose last NOTIFY found rows, nor after a wait that ended without one.
+LOST_WAKEUP_BACKOFF_BASE = 0.001
+LOST_WAKEUP_BACKOFF_CAP = 0.05
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -116,6 +126,9 @@ class Relay(Service):
         self._backlog: tuple[float, dict[str, Any]] | None = None
         # Monotonic time before which the topology is not declared again (throttle).
         self._next_declare_at = 0.0
+        # NOTIFY wake-ups in a row whose drain claimed nothing (another replica had the
+        # rows): the next one waits LOST_WAKEUP_BACKOFF_* before claiming.
+        self._lost_wakeups = 0
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -124,6 +137,8 @@ class Relay(Service):
             asyncio.create_task(self._listen(), name="relay-listen") if self.listens else None
         )
         failures = 0
+        # Whether the last wait ended without a NOTIFY (the poll interval, a scheduled row).
+        polled = False
         try:
             while not self.stopping.is_set():
                 if not await self.publisher.ensure_connected(self.stopping):
@@ -131,13 +146,26 @@ class Relay(Service):
                 self.metrics.broker_connected.set(1)
                 # Cleared before claiming: a NOTIFY that arrives while we drain sets it
                 # again and the wait below returns at once.
+                notified = self._wake.is_set()
                 self._wake.clear()
                 try:
-                    await self._drain()
+                    if polled and not notified and not await self._any_due():
+                        # A quiet poll: one index probe instead of a room grant (a
+                        # passive declare per queue) and a fair claim that finds nothing,
+                        # every poll interval, on every replica (docs/scaling.md).
+                        claimed = 0
+                    else:
+                        claimed = await self._drain()
+                    if claimed:
+                        self._lost_wakeups = 0
+                    elif notified:
+                        self._lost_wakeups += 1
                     if self.stopping.is_set() or not self.publisher.connected:
                         self.metrics.broker_connected.set(0)
                         continue
                     await self._wait_for_work()
+                    polled = not self._wake.is_set()
+                    await self._after_lost_wakeups()
                 except DatabaseUnavailable as exc:
                     failures += 1
                     self._report_database(exc)
@@ -156,9 +184,9 @@ class Relay(Service):
             self.metrics.broker_connected.set(0)
             log.info("relay stopped", extra=dict(self.totals))
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> int:
         """Publish until the due rows run out (or their queues are full), the broker goes,
-        or we are stopping.
+        or we are stopping; return the rows claimed.
 
         One batch first: a wake-up for a few rows costs one claim (and, with the fair
         claim, one more that finds none). Only a full batch (a backlog) starts the lanes,
@@ -166,7 +194,7 @@ class Relay(Service):
         """
         claimed = await self.relay_batch()
         if not self._more_may_be_due(claimed):
-            return
+            return claimed
         full = min(
             self.settings.relay_batch_size, self.room.limit or self.settings.relay_batch_size
         )
@@ -177,11 +205,34 @@ class Relay(Service):
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+        return claimed + sum(r for r in results if isinstance(r, int))
 
-    async def _lane(self) -> None:
+    async def _lane(self) -> int:
+        claimed = 0
         while not self.stopping.is_set() and self.publisher.connected:
-            if not self._more_may_be_due(await self.relay_batch()):
-                return
+            batch = await self.relay_batch()
+            claimed += batch
+            if not self._more_may_be_due(batch):
+                break
+        return claimed
+
+    async def _any_due(self) -> bool:
+        row = await self._fetch_one(OUTBOX_ANY_DUE)
+        return row is not None and bool(row["due"])
+
+    async def _after_lost_wakeups(self) -> None:
+        """Before claiming for a NOTIFY, the back-off of a relay whose last NOTIFY-woken
+        drains found nothing (LOST_WAKEUP_BACKOFF_*); NOTIFYs meanwhile join this claim."""
+        if not self._wake.is_set():
+            # The wait ended without a NOTIFY (a poll, a scheduled row due): a quiet spell,
+            # after which the next NOTIFY is answered at once by every relay.
+            self._lost_wakeups = 0
+        if not self._lost_wakeups:
+            return
+        delay = min(
+            LOST_WAKEUP_BACKOFF_CAP, LOST_WAKEUP_BACKOFF_BASE * 2 ** (self._lost_wakeups - 1)
+        )
+        await self.sleep(delay)
 
     def _more_may_be_due(self, claimed: int) -> bool:
         # The FIFO claim takes everything due up to the batch size; the fair one can take

@@ -243,8 +243,14 @@ class JobRunner:
         self.running[claim.job_id] = running
         self.metrics.running_handlers.inc()
         self.metrics.started(claim)
-        heartbeats = asyncio.create_task(self._heartbeat_loop(running), name="heartbeat")
-        watchdog = asyncio.create_task(self._lease_watchdog(running), name="lease-watchdog")
+        # The lease keepers (heartbeats, watchdog) start only once a third of the lease has
+        # gone: the first heartbeat is due then and the watchdog's deadline is later still.
+        # Most jobs end before, and then cost a timer instead of two tasks created,
+        # cancelled and gathered.
+        keepers: list[asyncio.Task[None]] = []
+        timer = asyncio.get_running_loop().call_later(
+            claim.job_type.lease / 3, self._keep_lease, running, keepers
+        )
         running.task = asyncio.create_task(self._call_handler(claim, context), name="handler")
         if claim.cancel_requested:
             running.stop(StopReason.CANCELLED)
@@ -254,9 +260,11 @@ class JobRunner:
             await self._finish(running)
         finally:
             running.progress.abandon()
-            heartbeats.cancel()
-            watchdog.cancel()
-            await asyncio.gather(heartbeats, watchdog, return_exceptions=True)
+            timer.cancel()
+            if keepers:
+                for keeper in keepers:
+                    keeper.cancel()
+                await asyncio.gather(*keepers, return_exceptions=True)
             del self.running[claim.job_id]
             self.metrics.running_handlers.dec()
 
@@ -570,11 +578,19 @@ class JobRunner:
 
     # --- the lease ---------------------------------------------------------------------------
 
+    def _keep_lease(self, running: RunningJob, keepers: list[asyncio.Task[None]]) -> None:
+        """A third of the lease has gone and the job still runs: start heartbeating (the
+        first one now) and watching the lease's deadline."""
+        if running.stop_reason is not None or running.committed:
+            return
+        keepers.append(asyncio.create_task(self._heartbeat_loop(running), name="heartbeat"))
+        keepers.append(asyncio.create_task(self._lease_watchdog(running), name="lease-watchdog"))
+
     async def _heartbeat_loop(self, running: RunningJob) -> None:
         interval = running.claim.job_type.lease / 3
         while running.stop_reason is None and not running.committed:
-            await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
             await self._heartbeat(running)
+            await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
 
     async def _lease_watchdog(self, running: RunningJob) -> None:
         """Stop the handler once its lease may have expired without a renewal.

@@ -61,7 +61,19 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
     backlog = scenarios["backlog"]["series"][0]
     assert backlog["y"][-1] == 0, "the backlog drain ends with an empty outbox"
     scale = {f["case"]: f for f in scenarios["scale"]["figures"]}
-    assert set(scale) == {"1 relays + 1 workers", "2 relays + 2 workers"}
+    assert set(scale) == {
+        "1 relays + 1 workers",
+        "2 relays + 2 workers",
+        "1 relays + 1 workers: CPU per job, own processes",
+        "2 relays + 2 workers: CPU per job, own processes",
+    }
+    assert scale["2 relays + 2 workers: CPU per job, own processes"]["better"] == "lower"
+    # CPU per job of every process group.
+    per_job = scenarios["scale"]["details"]["per_job_median"]
+    assert set(per_job) == {"1", "2"}
+    for size in ("1", "2"):
+        for group in ("relays", "workers", "bench", "postgres"):
+            assert per_job[size][group] > 0, (size, group, per_job)
 
     table = (out / "report.md").read_text()
     # The report renders again from its JSON alone, to the same table.
