@@ -43,6 +43,9 @@ class HeldConnections:
     def __init__(self, db: Database, size: int) -> None:
         self.db = db
         self.size = size
+        # Behind PgBouncer in transaction mode a SET would stay on a server connection for
+        # other clients, and with no prepared statements there is no plan cache to steer.
+        self._plans_generic = db.settings.database_pooler != "pgbouncer"
         # None marks a free slot with no connection yet (taken from the pool when used).
         self._free: asyncio.Queue[AsyncConn | None] = asyncio.Queue()
         for _ in range(size):
@@ -56,7 +59,8 @@ class HeldConnections:
                 if conn is None:
                     conn = await self.db.pool.getconn()
                     try:
-                        await conn.execute(GENERIC_PLANS)
+                        if self._plans_generic:
+                            await conn.execute(GENERIC_PLANS)
                     except BaseException:
                         await self._give_back(conn)
                         conn = None
@@ -84,7 +88,8 @@ class HeldConnections:
             # failure the connections go back as they are: most are broken, and a cut
             # network would make each RESET wait for the operation timeout.)
             with contextlib.suppress(Exception):
-                await conn.execute(POOL_PLANS)
+                if self._plans_generic:
+                    await conn.execute(POOL_PLANS)
         with contextlib.suppress(Exception):
             await self.db.pool.putconn(conn)
 
