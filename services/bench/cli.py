@@ -32,7 +32,8 @@ def bench(
         None,
         help="Scenarios to run, in order: enqueue batch relay e2e scale backlog fair (the "
         "default), tracing, steady (about 70 minutes at its defaults), priority (its "
-        "backlog and probes are --fair-backlog and --fair-probes), and ordered.",
+        "backlog and probes are --fair-backlog and --fair-probes), ordered, and peers (Celery "
+        "and Procrastinate on the same no-op jobs; needs the bench extra).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
@@ -83,6 +84,12 @@ def bench(
     unknown = [name for name in chosen if name not in known]
     if unknown:
         fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(known)}", code=2)
+    if "peers" in chosen:
+        from services.bench.scenarios.peers import available
+
+        why = available()
+        if why is not None:
+            fail(why)
     options = harness.Options(
         jobs=jobs,
         relay_rows=relay_rows,

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # Run when none is named.
 SCENARIOS = ("enqueue", "batch", "relay", "e2e", "scale", "backlog", "fair")
-EXTRA_SCENARIOS = ("tracing", "steady", "priority", "ordered")  # run when named
+EXTRA_SCENARIOS = ("tracing", "steady", "priority", "ordered", "peers")  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
 # publishes, and purge the queues): the queue depth limit would stop them at its size.

@@ -282,6 +282,8 @@ class ConfirmedPublisher:
         self._exchanges = {"", self.topology.jobs_exchange}
         self._method_frames.clear()  # they carry the channel number
         self._batched_writes = self._want_batched_writes and supports_batched_writes(raw)
+        if self._batched_writes:
+            settle_confirms_in_order(raw)
         if self._want_batched_writes and not self._batched_writes:
             log.warning("aiormq internals differ; publishing one message at a time")
         self.lost.clear()
@@ -701,6 +703,46 @@ class _Confirmation:
         if not self._done:
             self._done = True
             self._batch.settle(self._offset, outcome)
+
+
+def settle_confirms_in_order(raw: aiormq.Channel) -> bool:
+    """Make the channel settle a *multiple* ack or nack in time proportional to the tags it
+    covers, instead of aiormq's scan of every confirmation in flight (plus a scheduled
+    call per settled tag) on each such frame: with a thousand in flight that scan was the
+    relay's largest cost (a fifth of its samples under py-spy).
+
+    Delivery tags only grow on a channel, so the tags a multiple frame covers that are
+    still unsettled lie between the highest tag an earlier multiple frame covered and this
+    frame's tag. Each is settled by aiormq's own ``_confirm_delivery``, as before. Installed
+    on this channel object only; False (and nothing changed) where aiormq's internals are
+    not the expected ones.
+    """
+    confirm = getattr(raw, "_confirm_delivery", None)
+    confirmations = getattr(raw, "confirmations", None)
+    if not callable(confirm) or not isinstance(confirmations, dict):
+        return False
+    if not callable(getattr(raw, "_on_confirm_frame", None)):
+        return False
+    settled_through = 0
+
+    async def on_confirm_frame(frame: Any) -> None:
+        nonlocal settled_through
+        tag = frame.delivery_tag
+        if tag not in confirmations:
+            log.debug("confirm for a delivery tag no longer awaited", extra={"tag": tag})
+            return
+        if not getattr(frame, "multiple", False):
+            confirm(tag, frame)
+            return
+        for covered in range(settled_through + 1, tag + 1):
+            if covered in confirmations:
+                confirm(covered, frame)
+        settled_through = max(settled_through, tag)
+
+    # An instance attribute shadows the method: aiormq's reader calls
+    # ``self._on_confirm_frame(frame)`` for every Basic.Ack and Basic.Nack.
+    raw._on_confirm_frame = on_confirm_frame  # type: ignore[method-assign]
+    return True
 
 
 def supports_batched_writes(raw: object) -> bool:
