@@ -75,11 +75,12 @@ def test_a_trace_context_message_takes_the_fast_path_and_matches() -> None:
 
 
 def test_shapes_it_does_not_write_are_left_to_pamqp() -> None:
-    for headers in (
+    shapes: tuple[dict[str, object], ...] = (
         {"n": 1},  # a non-string value
         {ENVELOPE_HEADER: "2"},  # the envelope header given by the row
         {"k" * 129: "v"},  # a key pamqp truncates
-    ):
+    )
+    for headers in shapes:
         assert _header_frame(message(headers), 1) is None
     assert _header_frame(message({}, message_id=""), 1) is None  # pamqp omits an empty id
     assert _header_frame(message({}, message_type="t" * 256), 1) is None
