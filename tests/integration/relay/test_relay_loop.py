@@ -131,7 +131,16 @@ async def test_an_unroutable_row_is_retried_past_max_attempts_while_others_flow(
         row = await eventually(past_max_attempts, timeout=15, what="attempts past the maximum")
         more = await fill_outbox(db, topology, 50)
         await wait_received(collector, {r["message_id"] for r in more})
-        text = await relay.metrics_text()
+
+        # The consumer can have the last batch's messages before the relay has its
+        # confirms and commits (and counts) the batch: read the counter once it has.
+        async def counted() -> str | None:
+            text = await relay.metrics_text()
+            return text if "jobcore_relay_published_messages_total 250.0" in text else None
+
+        counted_text = await eventually(counted, timeout=15, what="the last batch to be counted")
+        assert counted_text is not None  # eventually returns a truthy answer or raises
+        text = counted_text
         ready, details = await relay.probe()
 
         # The queue appears (as a deploy would declare it): the row goes out, untouched.
