@@ -33,8 +33,9 @@ def bench(
         help="Scenarios to run, in order: enqueue batch relay e2e scale backlog fair (the "
         "default), tracing, steady (about 70 minutes at its defaults), priority (its "
         "backlog and probes are --fair-backlog and --fair-probes), ordered, timeline (the "
-        "hot path's statements with the job timeline on vs off) and timeline_e2e (the same "
-        "through the pipeline).",
+        "hot path's statements with the job timeline on vs off), timeline_e2e (the same "
+        "through the pipeline) and peers (Celery and Procrastinate on the same no-op jobs; "
+        "needs the bench extra).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
@@ -85,6 +86,12 @@ def bench(
     unknown = [name for name in chosen if name not in known]
     if unknown:
         fail(f"unknown scenario {unknown[0]!r}; choose from {', '.join(known)}", code=2)
+    if "peers" in chosen:
+        from services.bench.scenarios.peers import available
+
+        why = available()
+        if why is not None:
+            fail(why)
     options = harness.Options(
         jobs=jobs,
         relay_rows=relay_rows,

@@ -36,6 +36,7 @@ EXTRA_SCENARIOS = (
     "ordered",
     "timeline",
     "timeline_e2e",
+    "peers",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay

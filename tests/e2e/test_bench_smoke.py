@@ -86,6 +86,24 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
         assert f"![{name}]({name}.png)" in table
 
 
+@pytest.mark.timeout(300)
+def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
+    settings: Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "peers"
+    result = bench_cli(
+        settings, "peers", "--jobs", "40", "--runs", "1", "--out", str(out), timeout=280
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [section] = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    assert section["scenario"] == "peers"
+    assert {f["baseline"].split(",")[0] for f in section["figures"]} == {"Celery", "Procrastinate"}
+    assert {f["metric"] for f in section["figures"]} == {"pipeline jobs/s", "worker-only jobs/s"}
+    for figure in section["figures"]:
+        assert figure["runs"][0] > 0, figure
+        assert figure["ratio"] > 0, figure
+
+
 def test_bad_arguments_give_one_line_and_exit_2(settings: Settings, tmp_path: Path) -> None:
     for args, message in (
         (("nosuch",), "unknown scenario 'nosuch'"),

@@ -36,6 +36,7 @@ import contextlib
 import enum
 import logging
 import re
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ from typing import Any, cast
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import ChannelFrame
+from pamqp import encode as amqp_encode
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.frame import marshal as marshal_frame
@@ -75,6 +77,18 @@ ENVELOPE_HEADER = "x-envelope-version"
 # A frame's type, channel, size and end octets around its payload: a content header frame
 # may be at most the negotiated frame_max long, these included.
 FRAME_OVERHEAD = len(marshal_frame(ContentBody(b""), 0))
+# The content header frame of a job message, written by hand (``_header_frame``) for the
+# common shape: pamqp's generic marshalling of the properties and their headers table was
+# the relay's largest cost per message after the confirms. The flags are content_type,
+# headers, delivery_mode, message_id and type (AMQP 0-9-1, basic class properties).
+_HEADER_FLAGS = struct.pack(">H", 0x8000 | 0x2000 | 0x1000 | 0x0080 | 0x0020)
+_CONTENT_TYPE_FIELD = amqp_encode.short_string(CONTENT_TYPE)
+_ENVELOPE_KEY = ENVELOPE_HEADER.encode()
+_ENVELOPE_VALUE = amqp_encode.encode_table_value(ENVELOPE_VERSION)
+_FRAME_START = struct.Struct(">BHI")
+_HEADER_START = struct.Struct(">HHQ")
+_LONG = struct.Struct(">I")
+_FRAME_END = b"\xce"
 # How RabbitMQ (3.8 to 3.13) closes a channel that published a body over its limit.
 _MESSAGE_SIZE_REFUSED = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
 
@@ -329,6 +343,8 @@ class ConfirmedPublisher:
         self._channel, self._raw = channel, raw
         self._method_frames.clear()  # they carry the channel number
         self._batched_writes = self._want_batched_writes and supports_batched_writes(raw)
+        if self._batched_writes:
+            settle_confirms_in_order(raw)
 
     async def _renew_channel(self, nacked: int) -> None:
         """Publish on a new channel of the same connection from now on, after a batch the
@@ -590,18 +606,11 @@ class ConfirmedPublisher:
             raise _Unpublishable(Failure.TOO_LARGE, self._too_large_reason(message))
         try:
             method = self._method_frame(message.exchange, message.routing_key, raw)
-            properties = Basic.Properties(
-                content_type=CONTENT_TYPE,
-                delivery_mode=PERSISTENT,
-                message_id=message.message_id,
-                message_type=message.message_type,
-                headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
-            )
-            header = marshal_frame(
-                ContentHeader(properties=properties, body_size=len(body)), raw.number
-            )
+            header = _header_frame(message, raw.number)
         except Exception as exc:  # the encoding is pure: whatever it rejects is the message's
             raise _Unpublishable(Failure.MALFORMED, f"cannot encode: {exc}") from exc
+        if header is None:
+            header = self._generic_header_frame(message, raw)
         frame_max = raw.max_content_size + FRAME_OVERHEAD
         if len(header) > frame_max:
             raise _Unpublishable(
@@ -610,12 +619,31 @@ class ConfirmedPublisher:
                 f"frame_max of {frame_max}",
             )
         step = raw.max_content_size
+        if 0 < len(body) <= step:  # an empty body has no body frame
+            return b"".join((method, header, _body_frame(body, raw.number)))
         parts = [method, header]
         parts.extend(
             marshal_frame(ContentBody(body[i : i + step]), raw.number)
             for i in range(0, len(body), step)
         )
         return b"".join(parts)
+
+    @staticmethod
+    def _generic_header_frame(message: OutgoingMessage, raw: aiormq.Channel) -> bytes:
+        """pamqp's marshalling, for what ``_header_frame`` leaves to it."""
+        try:
+            properties = Basic.Properties(
+                content_type=CONTENT_TYPE,
+                delivery_mode=PERSISTENT,
+                message_id=message.message_id,
+                message_type=message.message_type,
+                headers={**message.headers, ENVELOPE_HEADER: ENVELOPE_VERSION},
+            )
+            return marshal_frame(
+                ContentHeader(properties=properties, body_size=len(message.body)), raw.number
+            )
+        except Exception as exc:  # the encoding is pure: whatever it rejects is the message's
+            raise _Unpublishable(Failure.MALFORMED, f"cannot encode: {exc}") from exc
 
     def _method_frame(self, exchange: str, routing_key: str, raw: aiormq.Channel) -> bytes:
         route = (exchange, routing_key)
@@ -785,6 +813,92 @@ class _Confirmation:
         if not self._done:
             self._done = True
             self._batch.settle(self._offset, outcome)
+
+
+def _header_frame(message: OutgoingMessage, channel: int) -> bytes | None:
+    """The content header frame pamqp would marshal for ``message``, built directly, for
+    the shape every job message has: string headers (trace context) with short keys, a
+    message id and a type of 1 to 255 bytes. None for anything else (pamqp then encodes
+    it, or refuses it). Byte for byte pamqp's output, keys sorted as it sorts them (a
+    property test compares the two)."""
+    headers = message.headers
+    if ENVELOPE_HEADER in headers:
+        return None
+    entries = [(_ENVELOPE_KEY, _ENVELOPE_VALUE)]
+    for key, value in headers.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+        encoded_key = key.encode()
+        if not encoded_key or len(encoded_key) > 128:
+            return None
+        encoded = value.encode()
+        entries.append((encoded_key, b"S" + _LONG.pack(len(encoded)) + encoded))
+    # pamqp sorts the keys as str; UTF-8 bytes sort in the same (code point) order.
+    entries.sort()
+    table = b"".join(bytes((len(k),)) + k + v for k, v in entries)
+    message_id = message.message_id.encode()
+    message_type = message.message_type.encode()
+    if not 0 < len(message_id) <= 255 or not 0 < len(message_type) <= 255:
+        return None
+    payload = b"".join(
+        (
+            _HEADER_START.pack(Basic.frame_id, 0, len(message.body)),
+            _HEADER_FLAGS,
+            _CONTENT_TYPE_FIELD,
+            _LONG.pack(len(table)),
+            table,
+            bytes((PERSISTENT, len(message_id))),
+            message_id,
+            bytes((len(message_type),)),
+            message_type,
+        )
+    )
+    return _FRAME_START.pack(2, channel, len(payload)) + payload + _FRAME_END
+
+
+def _body_frame(body: bytes, channel: int) -> bytes:
+    """One content body frame (a body within frame_max), as pamqp marshals it."""
+    return _FRAME_START.pack(3, channel, len(body)) + body + _FRAME_END
+
+
+def settle_confirms_in_order(raw: aiormq.Channel) -> bool:
+    """Make the channel settle a *multiple* ack or nack in time proportional to the tags it
+    covers, instead of aiormq's scan of every confirmation in flight (plus a scheduled
+    call per settled tag) on each such frame: with a thousand in flight that scan was the
+    relay's largest cost (a fifth of its samples under py-spy).
+
+    Delivery tags only grow on a channel, so the tags a multiple frame covers that are
+    still unsettled lie between the highest tag an earlier multiple frame covered and this
+    frame's tag. Each is settled by aiormq's own ``_confirm_delivery``, as before. Installed
+    on this channel object only; False (and nothing changed) where aiormq's internals are
+    not the expected ones.
+    """
+    confirm = getattr(raw, "_confirm_delivery", None)
+    confirmations = getattr(raw, "confirmations", None)
+    if not callable(confirm) or not isinstance(confirmations, dict):
+        return False
+    if not callable(getattr(raw, "_on_confirm_frame", None)):
+        return False
+    settled_through = 0
+
+    async def on_confirm_frame(frame: Any) -> None:
+        nonlocal settled_through
+        tag = frame.delivery_tag
+        if tag not in confirmations:
+            log.debug("confirm for a delivery tag no longer awaited", extra={"tag": tag})
+            return
+        if not getattr(frame, "multiple", False):
+            confirm(tag, frame)
+            return
+        for covered in range(settled_through + 1, tag + 1):
+            if covered in confirmations:
+                confirm(covered, frame)
+        settled_through = max(settled_through, tag)
+
+    # An instance attribute shadows the method: aiormq's reader calls
+    # ``self._on_confirm_frame(frame)`` for every Basic.Ack and Basic.Nack.
+    raw._on_confirm_frame = on_confirm_frame  # type: ignore[method-assign]
+    return True
 
 
 def supports_batched_writes(raw: object) -> bool:

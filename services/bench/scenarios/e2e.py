@@ -7,7 +7,10 @@ jobs / (last finished_at − first created_at), and the latencies come from the 
 (PostgreSQL's clock): enqueue→start = started_at − created_at, enqueue→done =
 finished_at − created_at. The baseline publishes the same number of persistent messages
 to a scratch quorum queue (untimed) and times consuming and acknowledging them here with
-the worker's prefetch.
+the worker's prefetch. Then the idle latency (issue 18's target: p50 <= 5 ms, p99 <= 20 ms):
+``IDLE_SAMPLES`` single jobs enqueued one at a time (job + outbox row + NOTIFY, as the API
+writes them) while nothing else runs, each after the previous one finished;
+enqueue→start = started_at − created_at from the job rows.
 """
 
 from __future__ import annotations
@@ -20,17 +23,24 @@ from typing import Any
 
 import aio_pika
 
+from jobcore.amqp.topology import Topology
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
+from jobcore.enqueue import enqueue
+from jobcore.jobtypes import NoopPayload
+from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids
 from services.bench.http import http_load, post
-from services.bench.measure import cpu_of, merge_cpu
+from services.bench.measure import cpu_of, latency_ms, merge_cpu
 from services.bench.report import Figure, Section
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
 HTTP_CLIENTS = 16
+IDLE_SAMPLES = 100
+# Between two idle samples: the relay and the worker go back to waiting for work.
+IDLE_GAP = 0.02
 
 RUN_STATS = """
 SELECT count(*) AS jobs,
@@ -51,7 +61,37 @@ FROM jobs WHERE created_at >= %(since)s
 
 
 def steps(options: Options) -> int:
-    return options.runs
+    return options.runs + 1
+
+
+async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) -> list[float]:
+    """Seconds from created_at to started_at of ``samples`` jobs enqueued one at a time."""
+    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    noop = load_job_modules(config.job_modules).get("noop")
+    seconds = []
+    for _ in range(samples):
+        async with db.unit_of_work() as uow:
+            result = await enqueue(
+                uow, topology, tenant="bench", job_type=noop, payload=NoopPayload()
+            )
+            await uow.commit()
+
+        # A one-element tuple: truthy even for a zero latency.
+        async def finished(job_id: Any = result.job_id) -> tuple[float] | None:
+            async with db.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT extract(epoch FROM started_at - created_at) AS s FROM jobs"
+                    " WHERE id = %(id)s AND finished_at IS NOT NULL",
+                    {"id": job_id},
+                )
+                row = await cur.fetchone()
+            return None if row is None else (float(row["s"]),)
+
+        found = await eventually(finished, timeout=30, interval=0.002, what="an idle job")
+        assert found is not None  # eventually returns a truthy answer or raises
+        seconds.append(found[0])
+        await asyncio.sleep(IDLE_GAP)  # idle is what is measured: no work in flight
+    return seconds
 
 
 async def db_now(db: Database) -> Any:
@@ -160,7 +200,9 @@ async def run(bench: Bench) -> Section:
         f"API, published by one relay, run by one worker (separate processes); jobs/s from "
         f"the first created_at to the last finished_at; baseline: the same number of "
         f"messages consumed and acknowledged by aio-pika with the worker's prefetch; "
-        f"{options.runs} interleaved runs.",
+        f"{options.runs} interleaved runs. Idle: {min(IDLE_SAMPLES, max(1, n // 5))} single jobs "
+        f"enqueued one at a time with nothing else running, enqueue→start from the job "
+        f"rows (target p50 ≤ 5 ms, p99 ≤ 20 ms).",
     )
     rates: dict[str, list[float]] = {"e2e": [], "raw": []}
     lat: dict[str, list[float]] = defaultdict(list)
@@ -202,11 +244,24 @@ async def run(bench: Bench) -> Section:
                     "done_max",
                 ):
                     lat[key].append(round(1000 * float(stats[key]), 1))
+            bench.step("e2e: idle enqueue→start")
+            idle_samples = min(IDLE_SAMPLES, max(1, n // 5))
+            idle = latency_ms(await idle_enqueue_to_start(config, db, idle_samples))
         finally:
             await db.close()
     section.add(Figure(f"{n:,} jobs", "jobs/s", rates["e2e"], "raw consume+ack", rates["raw"]))
     for what, label in (("start", "enqueue→start"), ("done", "enqueue→done")):
         for q in ("p50", "p99", "max"):
             section.add(Figure(label, f"{q} ms", lat[f"{what}_{q}"], better="lower"))
+    for q in ("p50", "p99"):
+        section.add(
+            Figure(
+                f"idle, {IDLE_SAMPLES} single jobs",
+                f"enqueue→start {q} ms",
+                [idle[q]],
+                better="lower",
+            )
+        )
     section.cpu_pct = {"e2e run": merge_cpu(cpu)}
+    section.details["idle_enqueue_to_start_ms"] = {**idle, "target_p50": 5.0, "target_p99": 20.0}
     return section

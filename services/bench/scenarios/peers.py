@@ -1,0 +1,369 @@
+"""peers: jobcore's no-op drain next to Celery's and Procrastinate's, same count, same run.
+
+Needs the ``bench`` extra (celery, procrastinate). Every measurement drains ``jobs``
+no-op jobs that were all written before the clock starts, and the three systems take
+turns within each run:
+
+- **jobcore pipeline**: one relay and one worker run (ready) while the ``noop`` type is
+  paused; the jobs are enqueued in batches of 1,000 (job + outbox rows) and the tables
+  analysed; the clock starts at the resume and stops at the last ``finished_at``.
+- **jobcore worker only**: a relay without a queue depth limit publishes every job's
+  message and stops; then one worker starts. jobs/s from the first ``started_at`` to the
+  last ``finished_at``.
+- **Celery** (RabbitMQ broker, prefork pool of 2, results ignored, its default classic
+  queue): the tasks are sent, then the worker starts; timed from the first message taken
+  off the queue to the queue's last (its depth, polled every 20 ms).
+- **Procrastinate** (concurrency 8, on a scratch database of its own): the jobs are
+  deferred in batches, the table analysed (as autovacuum would; without it its fetch
+  falls to tens of jobs/s), then a one-shot worker runs; timed from the first ``started``
+  event to the last ``succeeded`` one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import psycopg
+
+from jobcore.amqp.topology import Topology
+from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
+from jobcore.db import Database
+from jobcore.enqueue import request_fingerprint
+from jobcore.registry import load_job_modules
+from jobcore.scratch import database_url
+from jobcore.settings import Settings
+from jobcore.testing.processes import ROOT
+from jobcore.testing.waiting import eventually
+from jobcore.usecases.pauses import set_paused
+from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, relays_ready
+from services.bench.measure import cpu_of, merge_cpu
+from services.bench.report import Figure, Section
+from services.bench.scenarios.e2e import db_now, wait_done
+
+TITLE = "jobcore's no-op drain vs Celery and Procrastinate"
+CELERY_CONCURRENCY = 2
+PROCRASTINATE_CONCURRENCY = 8
+DEPTH_POLL = 0.02
+DRAIN_TIMEOUT = 900.0
+ACTOR = "bench:peers"
+PEER_APPS = "services.bench.peers_apps"
+
+
+def steps(options: Options) -> int:
+    return options.runs
+
+
+def available() -> str | None:
+    """Why the scenario cannot run here (None: it can)."""
+    missing = [m for m in ("celery", "procrastinate") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the peers scenario needs {' and '.join(missing)}: pip install 'jobcore[bench]'"
+    return None
+
+
+# -- jobcore ---------------------------------------------------------------------------------
+
+
+async def preload(db: Database, topology: Topology, n: int) -> None:
+    """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
+    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
+    for start in range(0, n, MAX_BATCH_ITEMS):
+        async with db.unit_of_work() as uow:
+            await enqueue_many(
+                uow,
+                topology,
+                tenant="bench",
+                job_type=noop,
+                items=[item] * min(MAX_BATCH_ITEMS, n - start),
+            )
+            await uow.commit()
+    async with db.connection() as conn:
+        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE outbox")
+
+
+async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> float:
+    async with db.connection() as conn:
+        cur = await conn.execute(query, params)
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["seconds"] is not None, "no job finished"
+    return float(row["seconds"])
+
+
+async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> float:
+    """jobs/s: preloaded while the type is paused, timed from the resume."""
+    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
+        await relays_ready(stack)
+        await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
+        since = await db_now(db)
+        await preload(db, topology, n)
+        resumed = await db_now(db)
+        await set_paused(db, "type", "noop", paused=False, actor=ACTOR)
+        await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
+        seconds = await seconds_between(
+            db,
+            "SELECT extract(epoch FROM max(finished_at) - %(t0)s) AS seconds FROM jobs"
+            " WHERE created_at >= %(since)s",
+            {"t0": resumed, "since": since},
+        )
+    return n / seconds
+
+
+async def outbox_empty(db: Database) -> bool:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT NOT EXISTS (SELECT 1 FROM outbox) AS empty")
+        row = await cur.fetchone()
+    return row is not None and bool(row["empty"])
+
+
+async def jobcore_worker_only(bench: Bench, config: Settings, db: Database, n: int) -> float:
+    """jobs/s of one worker on a queue that already holds every job's message."""
+    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    since = await db_now(db)
+    async with bench.stack(
+        config, "peers-fill", relays=1, workers=0, env=UNLIMITED_QUEUES
+    ) as stack:
+        await relays_ready(stack)
+        await preload(db, topology, n)
+        await eventually(
+            lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
+        )
+    async with bench.stack(config, "peers-worker", relays=0, workers=1) as stack:
+        await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
+    seconds = await seconds_between(
+        db,
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds FROM jobs"
+        " WHERE created_at >= %(since)s",
+        {"since": since},
+    )
+    return n / seconds
+
+
+# -- the peers -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def peer_process(argv: list[str], env: dict[str, str], log_path: Any) -> Any:
+    """A peer's worker in a session of its own (Celery forks children): stopped with
+    SIGTERM to its process group, SIGKILL after a grace period."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+
+
+def _peer_env(config: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBCORE_", "BENCH_PEERS_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env["BENCH_PEERS_AMQP_URL"] = config.amqp_url
+    env.update(extra)
+    return env
+
+
+def send_celery_tasks(config: Settings, queue: str, n: int) -> None:
+    os.environ["BENCH_PEERS_AMQP_URL"] = config.amqp_url
+    os.environ["BENCH_PEERS_CELERY_QUEUE"] = queue
+    from services.bench.peers_apps import celery_app, celery_noop
+
+    celery_app.conf.broker_url = config.amqp_url
+    celery_app.conf.task_default_queue = queue
+    with celery_app.producer_or_acquire() as producer:
+        for _ in range(n):
+            celery_noop.apply_async(producer=producer, queue=queue)
+
+
+async def queue_depth(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    count = declared.declaration_result.message_count
+    return int(count or 0)
+
+
+async def celery_drain(bench: Bench, config: Settings, n: int) -> float:
+    queue = f"{config.amqp_prefix}.celery"
+    connection = await aio_pika.connect(config.amqp_url)
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(queue, durable=True)
+        await asyncio.to_thread(send_celery_tasks, config, queue, n)
+        await eventually(
+            lambda: _depth_at_least(channel, queue, n),
+            timeout=60,
+            interval=0.05,
+            what="the Celery tasks to be queued",
+        )
+        argv = [
+            sys.executable, "-m", "celery", "-A", f"{PEER_APPS}:celery_app", "worker",
+            "-P", "prefork", "-c", str(CELERY_CONCURRENCY), "-Q", queue, "-l", "warning",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        env = _peer_env(config, BENCH_PEERS_CELERY_QUEUE=queue)
+        with peer_process(argv, env, bench.log_dir / "peers-celery.log") as proc:
+            first: float | None = None
+            deadline = time.monotonic() + DRAIN_TIMEOUT
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError("the Celery worker exited; see logs/peers-celery.log")
+                depth = await queue_depth(channel, queue)
+                now = time.perf_counter()
+                if first is None and depth < n:
+                    first = now
+                if depth == 0 and first is not None:
+                    return n / max(now - first, 1e-6)
+                await asyncio.sleep(DEPTH_POLL)  # the drain clock's resolution
+            raise RuntimeError(f"Celery did not drain {n:,} tasks in {DRAIN_TIMEOUT:.0f}s")
+    finally:
+        with contextlib.suppress(Exception):
+            cleanup = await connection.channel()
+            await cleanup.queue_delete(queue)
+        await connection.close()
+
+
+async def _depth_at_least(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
+    return await queue_depth(channel, queue) >= n
+
+
+@contextlib.asynccontextmanager
+async def procrastinate_database(config: Settings) -> AsyncIterator[str]:
+    """A scratch database with Procrastinate's schema; dropped afterwards."""
+    name = f"bench_peers_{uuid.uuid4().hex[:10]}"
+    admin = database_url(config.database_url, "postgres")
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    url = database_url(config.database_url, name)
+    try:
+        from procrastinate import schema
+
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(schema.SchemaManager.get_schema())
+        yield url
+    finally:
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def procrastinate_drain(bench: Bench, config: Settings, n: int, dsn: str) -> float:
+    import procrastinate
+    from procrastinate.tasks import configure_task
+
+    from services.bench.peers_apps import procrastinate_app
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE procrastinate_events, procrastinate_jobs CASCADE")
+    app = procrastinate_app.with_connector(procrastinate.PsycopgConnector(conninfo=dsn))
+    async with app.open_async():
+        # Bound to this app's connector (the module's app reads its DSN at import).
+        task = configure_task(name="noop", job_manager=app.job_manager)
+        for start in range(0, n, MAX_BATCH_ITEMS):
+            await task.batch_defer_async(*([{}] * min(MAX_BATCH_ITEMS, n - start)))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # As autovacuum would after a bulk insert: without statistics its fetch is slow.
+        await conn.execute("ANALYZE procrastinate_jobs")
+        await conn.execute("ANALYZE procrastinate_events")
+    argv = [
+        sys.executable, "-m", "procrastinate", "--app", f"{PEER_APPS}.procrastinate_app",
+        "--log-level", "warning", "worker", "--concurrency", str(PROCRASTINATE_CONCURRENCY),
+        "--one-shot",
+    ]  # fmt: skip
+    env = _peer_env(config, BENCH_PEERS_PROCRASTINATE_DSN=dsn)
+    with peer_process(argv, env, bench.log_dir / "peers-procrastinate.log") as proc:
+        await asyncio.wait_for(asyncio.to_thread(proc.wait), DRAIN_TIMEOUT)
+        if proc.returncode != 0:
+            raise RuntimeError("the Procrastinate worker failed; see logs/peers-procrastinate.log")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE type = 'succeeded'),"
+            " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
+            "                    - min(at) FILTER (WHERE type = 'started'))"
+            " FROM procrastinate_events"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    if row[0] != n:
+        raise RuntimeError(f"Procrastinate ran {row[0]} of {n} jobs")
+    return n / float(row[1])
+
+
+async def run(bench: Bench) -> Section:
+    why = available()
+    if why is not None:
+        raise RuntimeError(why)
+    options = bench.options
+    n = options.jobs
+    section = Section(
+        "peers",
+        TITLE,
+        f"{n:,} no-op jobs per run, written before the clock starts; jobcore: one relay + "
+        f"one worker (pipeline, timed from the resume of the paused type) and one worker "
+        f"on a full queue; Celery {_version('celery')} (RabbitMQ, prefork "
+        f"{CELERY_CONCURRENCY}, results ignored); Procrastinate {_version('procrastinate')} "
+        f"(concurrency {PROCRASTINATE_CONCURRENCY}, its table analysed after the bulk "
+        f"defer); {options.runs} interleaved runs on the same machine.",
+    )
+    rates: dict[str, list[float]] = {
+        "pipeline": [], "worker": [], "celery": [], "procrastinate": []
+    }  # fmt: skip
+    cpu: list[dict[str, float]] = []
+    async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
+        db = Database(config, min_size=1, max_size=2, name="bench-peers")
+        await db.open(wait=True)
+        try:
+            for run_number in range(options.runs):
+                bench.step(f"peers: run {run_number + 1} of {options.runs}")
+                used: dict[str, float] = {}
+                with cpu_of({}, used):
+                    rates["pipeline"].append(round(await jobcore_pipeline(bench, config, db, n), 1))
+                cpu.append(used)
+                rates["celery"].append(round(await celery_drain(bench, config, n), 1))
+                rates["worker"].append(round(await jobcore_worker_only(bench, config, db, n), 1))
+                rates["procrastinate"].append(
+                    round(await procrastinate_drain(bench, config, n, dsn), 1)
+                )
+        finally:
+            await db.close()
+    case = f"{n:,} no-op jobs"
+    celery = f"Celery, prefork {CELERY_CONCURRENCY}"
+    procrastinate = f"Procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}"
+    section.add(Figure(case, "pipeline jobs/s", rates["pipeline"], celery, rates["celery"]))
+    section.add(Figure(case, "worker-only jobs/s", rates["worker"], celery, rates["celery"]))
+    section.add(
+        Figure(case, "pipeline jobs/s", rates["pipeline"], procrastinate, rates["procrastinate"])
+    )
+    section.add(
+        Figure(case, "worker-only jobs/s", rates["worker"], procrastinate, rates["procrastinate"])
+    )
+    section.cpu_pct = {"jobcore pipeline run": merge_cpu(cpu)}
+    section.details["rates"] = rates
+    section.details["load_average"] = list(os.getloadavg())
+    return section
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
