@@ -9,9 +9,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import psycopg
 
+from jobcore.amqp.connection import connect as connect_broker
 from jobcore.settings import Settings
 
 PACKAGES = (
@@ -47,8 +47,8 @@ def _memory_gib() -> float:
     return 0.0
 
 
-async def _rabbitmq_version(url: str) -> str:
-    connection = await aio_pika.connect(url, timeout=10)
+async def _rabbitmq_version(config: Settings) -> str:
+    connection = await connect_broker(config, timeout=10)
     async with connection:
         assert connection.transport is not None
         properties = connection.transport.connection.server_properties
@@ -78,7 +78,7 @@ async def facts(config: Settings) -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "postgresql": await _postgresql_version(config.maintenance_database_url()),
-        "rabbitmq": await _rabbitmq_version(config.amqp_url),
+        "rabbitmq": await _rabbitmq_version(config),
         "packages": packages,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }

@@ -22,6 +22,7 @@ from typing import Any
 import aio_pika
 import psycopg
 
+from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.db import fetch_all
 from jobcore.priorities import WEIGHTS
@@ -134,7 +135,7 @@ async def run(bench: Bench) -> Section:
                 claims: list[tuple[int, float]] = []
                 used: dict[str, float] = {}
                 started = time.monotonic()
-                connection = await aio_pika.connect(config.amqp_url)
+                connection = await connect_broker(config)
                 try:
                     channel = await connection.channel()
                     async with bench.profiled(section, "drain", relay_pids):

@@ -23,6 +23,7 @@ from typing import Any
 
 import aio_pika
 
+from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
@@ -145,7 +146,7 @@ async def smoke_check(api_url: str, api_key: str) -> None:
 async def raw_consume_ack(config: Settings, n: int, window: int = 1000) -> float:
     """Messages acknowledged per second by a plain aio-pika consumer, prefetch as the
     worker's; the messages are published first, untimed."""
-    connection = await aio_pika.connect(config.amqp_url)
+    connection = await connect_broker(config)
     name = f"{config.amqp_prefix}.scratch"
     try:
         channel = await connection.channel(publisher_confirms=True)

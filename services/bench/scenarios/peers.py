@@ -36,6 +36,7 @@ from typing import Any
 import aio_pika
 import psycopg
 
+from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
 from jobcore.db import Database
@@ -181,17 +182,17 @@ def peer_process(argv: list[str], env: dict[str, str], log_path: Any) -> Any:
 def _peer_env(config: Settings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBCORE_", "BENCH_PEERS_"))}
     env["PYTHONPATH"] = str(ROOT)
-    env["BENCH_PEERS_AMQP_URL"] = config.amqp_url
+    env["BENCH_PEERS_AMQP_URL"] = config.amqp_urls[0]
     env.update(extra)
     return env
 
 
 def send_celery_tasks(config: Settings, queue: str, n: int) -> None:
-    os.environ["BENCH_PEERS_AMQP_URL"] = config.amqp_url
+    os.environ["BENCH_PEERS_AMQP_URL"] = config.amqp_urls[0]
     os.environ["BENCH_PEERS_CELERY_QUEUE"] = queue
     from services.bench.peers_apps import celery_app, celery_noop
 
-    celery_app.conf.broker_url = config.amqp_url
+    celery_app.conf.broker_url = config.amqp_urls[0]
     celery_app.conf.task_default_queue = queue
     with celery_app.producer_or_acquire() as producer:
         for _ in range(n):
@@ -206,7 +207,7 @@ async def queue_depth(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
 
 async def celery_drain(bench: Bench, config: Settings, n: int) -> float:
     queue = f"{config.amqp_prefix}.celery"
-    connection = await aio_pika.connect(config.amqp_url)
+    connection = await connect_broker(config)
     try:
         channel = await connection.channel()
         await channel.declare_queue(queue, durable=True)

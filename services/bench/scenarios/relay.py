@@ -28,6 +28,7 @@ import orjson
 import psycopg
 from pamqp.commands import Basic
 
+from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
@@ -259,7 +260,7 @@ async def run(bench: Bench) -> Section:
         topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
         relay_pids = pids(stack)
         relay_pids.pop("api", None)
-        connection = await aio_pika.connect(config.amqp_url)
+        connection = await connect_broker(config)
         rates: dict[str, list[float]] = {"relay": [], **{name: [] for name in RAW_PUBLISHERS}}
         cpu_us: dict[str, list[float]] = {name: [] for name in rates}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in rates}
