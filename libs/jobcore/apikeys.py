@@ -138,7 +138,8 @@ async def authenticate(session: Session, key: str) -> Principal:
     """Who ``key`` belongs to; :class:`InvalidApiKey` if it is unknown, revoked or expired.
 
     Looked up on every request (one statement: an index probe, and at most once a minute
-    a write of the key's last use), so a revocation or an expiry takes effect at once.
+    a write of the key's last use), so a revocation or an expiry takes effect at once
+    (unless the API is told to remember verified keys: JOBCORE_API_KEY_CACHE_SECONDS).
     A string that cannot be a key is refused without a lookup.
     """
     if not looks_like_key(key):
@@ -150,7 +151,17 @@ async def authenticate_hash(session: Session, key_hash: str) -> Principal:
     """:func:`authenticate` for a key known by its hash only: the console keeps the hash
     of the key a browser signed in with (never the key), and checks it on every request,
     so a revoked or expired key ends its sessions at once."""
+    principal, _ = await authenticate_hash_until(session, key_hash)
+    return principal
+
+
+async def authenticate_hash_until(
+    session: Session, key_hash: str
+) -> tuple[Principal, datetime | None]:
+    """:func:`authenticate_hash`, and when the key expires (None: never), for a caller
+    that remembers the answer for a while (``services.api.auth.KeyCache``)."""
     row = await fetch_one(session, API_KEY_AUTHENTICATE({"key_hash": key_hash}))
     if row is None:
         raise InvalidApiKey()
-    return Principal(row["id"], row["tenant"], frozenset(Scope(s) for s in row["scopes"]))
+    principal = Principal(row["id"], row["tenant"], frozenset(Scope(s) for s in row["scopes"]))
+    return principal, row["expires_at"]

@@ -177,6 +177,11 @@ class Settings(BaseSettings):
     # Long-polls (GET /jobs/{id}?wait=) parked at once in one API process, all tenants
     # together; 0: no limit. Each holds a socket and a task, never a database connection.
     api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)
+    # Seconds an API process may answer from its memory of a verified API key (0: look
+    # the key up on every request, the default). A revoked or expired key keeps working
+    # on that process for up to this long (an expiry is still checked on every request);
+    # an unknown key is always looked up. Saves one statement per request.
+    api_key_cache_seconds: float = Field(default=0.0, ge=0, le=60)
     # The longest long-poll: longer waits asked for are shortened to this many seconds
     # (clients and proxies time out idle requests).
     api_max_wait: float = Field(default=60.0, gt=0, le=3600)

@@ -20,6 +20,7 @@ from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
 from jobcore.telemetry import setup_tracing
 from services.api import problems
+from services.api.auth import KeyCache
 from services.api.deps import ApiState
 from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
@@ -74,6 +75,9 @@ def create_app(
         topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
         metrics=ApiMetrics(t.name for t in registry),
         results=LocalResultStore(settings.result_dir),
+        key_cache=KeyCache(settings.api_key_cache_seconds)
+        if settings.api_key_cache_seconds > 0
+        else None,
     )
     # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
     waiters = JobWaiters(settings, registry=state.metrics.registry)

@@ -15,7 +15,9 @@ once the request has arrived in full (a slow client never holds one).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Request, Security
@@ -39,18 +41,63 @@ bearer = HTTPBearer(
 _PRINCIPAL = "jobcore_principal"
 
 
+class KeyCache:
+    """Verified keys by hash, each for ``seconds`` (JOBCORE_API_KEY_CACHE_SECONDS), so a
+    key in steady use costs no statement per request. Bounded: at most :data:`MAX_KEYS`
+    entries (then it starts afresh). A revocation reaches a process within ``seconds``;
+    an expiry is checked against the key's own ``expires_at`` on every request."""
+
+    MAX_KEYS = 10_000
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._keys: dict[str, tuple[Principal, float, datetime | None]] = {}
+
+    def get(self, key_hash: str) -> Principal | None:
+        entry = self._keys.get(key_hash)
+        if entry is None:
+            return None
+        principal, until, expires_at = entry
+        if time.monotonic() >= until or (
+            expires_at is not None and datetime.now(UTC) >= expires_at
+        ):
+            del self._keys[key_hash]
+            return None
+        return principal
+
+    def put(self, key_hash: str, principal: Principal, expires_at: datetime | None) -> None:
+        if len(self._keys) >= self.MAX_KEYS:
+            self._keys.clear()
+        self._keys[key_hash] = (principal, time.monotonic() + self.seconds, expires_at)
+
+
+async def _lookup(request: Request, key: str) -> Principal:
+    db = request.app.state.api.db
+    if db is None:
+        # Before start-up or after shutdown: the same answer as a closed pool.
+        raise ServiceStateError("the database pool is not open")
+    cache: KeyCache | None = request.app.state.api.key_cache
+    if cache is None:
+        async with db.session() as session:
+            return await apikeys.authenticate(session, key)
+    if not apikeys.looks_like_key(key):
+        raise apikeys.InvalidApiKey()
+    key_hash = apikeys.hash_key(key)
+    principal = cache.get(key_hash)
+    if principal is None:
+        async with db.session() as session:
+            principal, expires_at = await apikeys.authenticate_hash_until(session, key_hash)
+        cache.put(key_hash, principal, expires_at)
+    return principal
+
+
 async def authenticate(request: Request, scope: Scope) -> Principal:
     """The key's principal, if the key is usable and has ``scope``: else 401 or 403."""
     credentials = await bearer(request)
     # Checked before any database work, so a request without a key costs nothing.
     if credentials is None:
         raise apikeys.MissingApiKey()
-    db = request.app.state.api.db
-    if db is None:
-        # Before start-up or after shutdown: the same answer as a closed pool.
-        raise ServiceStateError("the database pool is not open")
-    async with db.session() as session:
-        principal = await apikeys.authenticate(session, credentials.credentials)
+    principal = await _lookup(request, credentials.credentials)
     # The key's id, never the key or its hash (tests/security/test_keys_in_logs.py).
     log.debug(
         "request authenticated",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
@@ -25,6 +25,9 @@ from jobcore.registry import Registry
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from services.api.metrics import ApiMetrics
+
+if TYPE_CHECKING:
+    from services.api.auth import KeyCache
 
 
 @dataclass(slots=True)
@@ -38,6 +41,8 @@ class ApiState:
     results: LocalResultStore
     # Set while the app runs (the lifespan opens it).
     db: Database | None = None
+    # services.api.auth.KeyCache when JOBCORE_API_KEY_CACHE_SECONDS is set, else None.
+    key_cache: KeyCache | None = None
 
 
 async def get_state(request: Request) -> ApiState:

@@ -38,7 +38,10 @@ def bench(
         "needs the bench extra).",
     ),
     jobs: int = typer.Option(
-        5000, min=10, max=1_000_000, help="Requests per enqueue phase; jobs per e2e and scale run."
+        5000, min=10, max=1_000_000, help="Jobs per e2e, scale, batch and tracing run."
+    ),
+    duration: float = typer.Option(
+        10.0, min=1, max=600, help="Seconds of each enqueue run (wrk's -d)."
     ),
     relay_rows: int = typer.Option(
         100_000, min=10, max=10_000_000, help="Outbox rows the relay scenario drains per run."
@@ -94,6 +97,7 @@ def bench(
             fail(why)
     options = harness.Options(
         jobs=jobs,
+        duration=duration,
         relay_rows=relay_rows,
         backlog_rows=backlog_rows,
         runs=runs,

@@ -47,6 +47,8 @@ UNLIMITED_QUEUES = {"JOBCORE_RELAY_QUEUE_DEPTH_LIMIT": "0"}
 @dataclass(frozen=True)
 class Options:
     jobs: int = 5000
+    # Seconds of each enqueue run (wrk -d).
+    duration: float = 10.0
     relay_rows: int = 100_000
     backlog_rows: int = 1_000_000
     runs: int = 3
@@ -114,6 +116,7 @@ class Bench:
         relays: int,
         workers: int,
         env: Mapping[str, str] | None = None,
+        api_args: tuple[str, ...] = (),
     ) -> AsyncIterator[Stack]:
         """An API, relays and workers as OS processes on ``config``, with production
         defaults for what the fault harness turns down (the pool size) and the no-op route
@@ -132,6 +135,7 @@ class Bench:
             relays=relays,
             workers=workers,
             env=environment,
+            api_args=api_args,
         )
         async with stack:
             yield stack

@@ -38,7 +38,7 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
         settings,
         *ALL,
         *("--jobs", "60", "--relay-rows", "400", "--backlog-rows", "3000", "--runs", "1"),
-        *("--clients", "4", "--scale", "1,2", "--out", str(out)),
+        *("--clients", "4", "--duration", "2", "--scale", "1,2", "--out", str(out)),
     )
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -11,6 +11,7 @@ The hot paths stay readable as SQL.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,27 @@ TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status i
 # The others: the statuses in which a job holds its unique key (jobs_unique_uidx).
 LIVE_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status not in TERMINAL) + ")"
 
+# Literals and quoted identifiers (kept as they are), comments and runs of whitespace.
+_LEXEME = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|(?:--[^\n]*|/\*.*?\*/|\s+)+", re.DOTALL)
+
+
+def compact(text: str) -> str:
+    """``text`` with its comments dropped and each run of whitespace made one space,
+    outside literals and quoted identifiers.
+
+    psycopg converts a query's ``%(name)s`` placeholders on every execution, and caches
+    the conversion only for a query of at most 4,096 bytes
+    (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``): the indented enqueue statement
+    was longer, and re-parsing it took a seventh of the API's CPU per request.
+    """
+
+    def one(match: re.Match[str]) -> str:
+        lexeme = match.group(0)
+        return lexeme if lexeme[0] in "'\"" else " "
+
+    return _LEXEME.sub(one, text).strip()
+
+
 # Contravariant: a query that takes fewer parameters also takes a dict with more.
 P = TypeVar("P", bound=Mapping[str, Any], contravariant=True)
 
@@ -36,6 +58,9 @@ class Query(Generic[P]):
     name: str
     purpose: str
     sql: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sql", compact(self.sql))
 
     def __str__(self) -> str:
         return self.name

@@ -42,13 +42,13 @@ class ApiKeyAuthenticateParams(TypedDict):
 
 API_KEY_AUTHENTICATE = Query[ApiKeyAuthenticateParams](
     "api_key_authenticate",
-    "The id, tenant and scopes of a usable key, noting its use (at most once a minute).",
+    "The id, tenant, scopes and expiry of a usable key, noting its use (at most once a minute).",
     # One statement, one round trip: a unique-index probe, and a write only when
     # last_used_at is older than the resolution. SKIP LOCKED: a request never waits for
     # a lock on its key row (a rotation holding it); that touch is merely skipped.
     f"""
     WITH found AS (
-        SELECT id, tenant, scopes FROM api_keys
+        SELECT id, tenant, scopes, expires_at FROM api_keys
         WHERE key_hash = %(key_hash)s AND {USABLE}
     ), touched AS (
         UPDATE api_keys SET last_used_at = now()
@@ -60,7 +60,7 @@ API_KEY_AUTHENTICATE = Query[ApiKeyAuthenticateParams](
         )
         RETURNING id
     )
-    SELECT id, tenant, scopes FROM found
+    SELECT id, tenant, scopes, expires_at FROM found
     """,
 )
 

@@ -1,42 +1,62 @@
-"""enqueue: HTTP enqueue requests/s and latency at 1, 16 and 64 concurrent clients.
+"""enqueue: HTTP enqueue requests/s from ``wrk`` against a minimal FastAPI + psycopg app.
 
-Baselines, in the same run and interleaved with it: the raw job + outbox insert
-transaction (jobcore.enqueue.enqueue in a unit of work, from this process, on a pool the
-API's size) and a no-op POST served by the same API process (uvicorn, FastAPI, body
-reading, an orjson answer; no authentication, no database).
+The baseline (:mod:`services.bench.minimal_app`) is one uvicorn process (uvloop,
+httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction:
+no key, no idempotency, no quotas, no NOTIFY. jobcore answers the same ``POST /jobs/noop``
+with every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's
+quotas, the accepted event, NOTIFY and the tracing hooks. Both run on the same scratch
+database, one after the other: jobcore, baseline, jobcore, baseline (ABAB), so a change in
+the machine's load between runs falls on both.
+
+At the largest client count (16 or more) jobcore also runs with two API processes (``jobcore api
+--workers 2``) against the same one-process baseline: the scaling figure.
+
+``wrk`` is the load generator (:mod:`services.bench.wrk`). Its CPU is reported next to
+the servers' (from rusage and /proc), which shows it is not what limits the figure.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import subprocess
+import sys
+import uuid
 from collections import defaultdict
-from functools import partial
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
+from jobcore.settings import Settings
+from jobcore.testing.pipeline import free_port
+from jobcore.testing.processes import ROOT, settings_env
+from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids
-from services.bench.http import http_load, post, run_clients
-from services.bench.measure import cpu_of, merge_cpu, percentile
+from services.bench.http import run_clients
+from services.bench.measure import CpuMeter
 from services.bench.report import Figure, Section
+from services.bench.wrk import WrkResult, post_load
 
-TITLE = "HTTP enqueue vs the raw insert transaction and a no-op POST"
-
-
-def requests_at(options: Options, clients: int) -> int:
-    """Fewer requests at low concurrency, where each waits for the one before it."""
-    return max(100, options.jobs * min(clients, 16) // 16)
-
-
-def steps(options: Options) -> int:
-    return len(options.clients) * options.runs
+TITLE = "HTTP enqueue (wrk) vs a minimal FastAPI + psycopg app"
+BASELINE = "minimal FastAPI+psycopg app, 1 process"
+PATH = "/jobs/noop"
+WARMUP_SECONDS = 2
+TWO_PROCESS_CLIENTS = 16
+READY_TIMEOUT = 60.0
 
 
 async def raw_transactions(
     db: Database, topology: Topology, clients: int, total: int
 ) -> tuple[list[float], float, int]:
+    """``total`` job + outbox insert transactions from this process (the scale scenario's
+    enqueue): no HTTP, no authentication."""
     noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
 
     async def one(_: None) -> bool:
@@ -51,84 +71,216 @@ async def raw_transactions(
     return await run_clients(clients, total, no_state, one)
 
 
+def api_processes(options: Options, clients: int) -> tuple[int, ...]:
+    """API processes measured at ``clients``: two as well at the largest client count, if
+    it is enough to keep two busy (not in the smoke test's few-client runs)."""
+    return (1, 2) if clients == max(options.clients) and clients >= TWO_PROCESS_CLIENTS else (1,)
+
+
+def steps(options: Options) -> int:
+    return sum(len(api_processes(options, c)) for c in options.clients) * options.runs
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's supervisor and its server processes)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        todo += _children(current)
+    return pids
+
+
+def _start_minimal(config: Settings, log_path: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    port = free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        *(sys.executable, "-m", "uvicorn", "--factory"),
+        "services.bench.minimal_app:app_from_environment",
+        *("--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop"),
+        *("--http", "httptools", "--no-access-log", "--log-level", "warning"),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, env=settings_env(config), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    return port, proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def minimal_app(config: Settings, log_dir: Path) -> AsyncIterator[tuple[int, int]]:
+    """The baseline app as a process on a free port: (port, pid)."""
+    log_path = log_dir / "minimal-app.log"
+    port, proc = _start_minimal(config, log_path)
+    try:
+
+        async def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the minimal app exited; see {log_path}")
+            try:
+                async with httpx.AsyncClient(timeout=2) as client:
+                    answer = await client.post(f"http://127.0.0.1:{port}{PATH}", json={})
+                    return answer.status_code == 202
+            except httpx.HTTPError:
+                return False
+
+        await eventually(ready, timeout=READY_TIMEOUT, interval=0.1, what="the minimal app")
+        yield port, proc.pid
+    finally:
+        _stop(proc)
+
+
+async def settle(port: int, auth: str | None) -> None:
+    """Until the requests wrk left in flight when it stopped are served: one more request,
+    queued behind them (for the pool, first come first served), and its answer. Else they
+    would run during the next measurement, of the other app."""
+    headers = {"Authorization": auth} if auth else {}
+    async with httpx.AsyncClient(timeout=READY_TIMEOUT) as client:
+        answer = await client.post(f"http://127.0.0.1:{port}{PATH}", json={}, headers=headers)
+    if answer.status_code != 202:
+        raise RuntimeError(f"{PATH} answered {answer.status_code}: {answer.text[:300]}")
+
+
+async def measure(
+    port: int, server_pid: int, clients: int, seconds: float, auth: str | None
+) -> tuple[WrkResult, dict[str, float]]:
+    """One wrk run; the CPU of wrk, of the server's processes and of PostgreSQL."""
+    server = tree(server_pid)
+    meter = CpuMeter()
+    meter.groups = {"postgres": meter.groups["postgres"], "server": lambda: server}
+    meter.start()
+    result = await post_load(
+        port, PATH, connections=clients, seconds=seconds, prefix=uuid.uuid4().hex[:12], auth=auth
+    )
+    used = meter.stop()
+    await settle(port, auth)
+    if result.status_errors or result.socket_errors or not result.requests:
+        raise RuntimeError(
+            f"{result.command}: {result.status_errors} bad answers, {result.socket_errors} "
+            f"socket errors in {result.requests} requests"
+        )
+    used["wrk"] = result.cpu_pct
+    return result, used
+
+
 async def run(bench: Bench) -> Section:
     options = bench.options
+    seconds = options.duration
     section = Section(
         "enqueue",
         TITLE,
-        f"`POST /jobs/noop` with an API key over keep-alive connections "
-        f"({options.jobs} requests per phase at 16+ clients, proportionally fewer below), "
-        f"against the raw transaction on a pool of the API's size and a no-op POST on the "
-        f"same API process; {options.runs} interleaved runs per concurrency.",
+        f"`POST {PATH}` from `wrk -t1 -c<clients> -d{seconds:g}s` (a fresh Idempotency-Key "
+        "per request, made in its Lua) against jobcore's API (API key, idempotency, quotas, "
+        "events, NOTIFY, tracing hooks all on) and against "
+        f"the {BASELINE} (uvloop, httptools, a pool of 8, one transaction inserting a job "
+        f"row and an outbox row); {options.runs} runs each, interleaved ABAB on the same "
+        "database. CPU: `server` is the measured app's processes, `wrk` the load generator.",
     )
+    # Shorter for short runs (the smoke test's): a warm-up only has to open everything.
+    warmup = max(1.0, min(WARMUP_SECONDS, seconds / 2))
+    load: list[tuple[float, ...]] = [os.getloadavg()]
+    pairs: dict[str, list[float]] = defaultdict(list)
+    commands: set[str] = set()
     async with (
         bench.scratch("enqueue") as config,
-        bench.stack(config, "enqueue", relays=0, workers=0) as stack,
+        minimal_app(config, bench.log_dir / "enqueue") as (base_port, base_pid),
     ):
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
-        db = Database(
-            config, min_size=config.db_pool_max, max_size=config.db_pool_max, name="bench-raw"
-        )
-        await db.open(wait=True)
-        port = stack.api_port
-        noop_request = post(port, "/bench/noop", b"{}")
-        enqueue_request = post(
-            port, "/jobs/noop", b"{}", {"Authorization": f"Bearer {stack.api_key}"}
-        )
-        try:
-            # Warm-up: connections, the pool, the first requests' imports.
-            await http_load(port, noop_request, 16, 200)
-            await http_load(port, enqueue_request, 16, 200)
-            await raw_transactions(db, topology, 16, 200)
-            for clients in options.clients:
-                total = requests_at(options, clients)
-                rates: dict[str, list[float]] = defaultdict(list)
-                lat: dict[str, list[float]] = defaultdict(list)
-                cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
-                for run_number in range(options.runs):
-                    bench.step(f"enqueue: {clients} clients, run {run_number + 1}")
-                    phases = {
-                        "raw txn": partial(raw_transactions, db, topology, clients, total),
-                        "no-op POST": partial(http_load, port, noop_request, clients, total),
-                        "enqueue": partial(http_load, port, enqueue_request, clients, total),
-                    }
-                    last = run_number == options.runs - 1 and clients == max(options.clients)
-                    for phase, action in phases.items():
-                        used: dict[str, float] = {}
-                        profile = last and phase == "enqueue"
+        for processes in sorted({n for c in options.clients for n in api_processes(options, c)}):
+            args = ("--workers", str(processes)) if processes > 1 else ()
+            async with bench.stack(
+                config, f"enqueue-{processes}p", relays=0, workers=0, api_args=args
+            ) as stack:
+                assert stack.api is not None
+                auth = f"Bearer {stack.api_key}"
+                api_pid = stack.api.pid
+                # Warm-up: connections, pools, every server process's first requests.
+                await post_load(
+                    stack.api_port, PATH, connections=64, seconds=warmup,
+                    prefix="warmup-" + uuid.uuid4().hex[:8], auth=auth,
+                )  # fmt: skip
+                await post_load(base_port, PATH, connections=64, seconds=warmup, prefix="warmup")
+                for clients in options.clients:
+                    if processes not in api_processes(options, clients):
+                        continue
+                    case = f"{clients} clients, {processes} API process{'es' * (processes > 1)}"
+                    rates: dict[str, list[float]] = defaultdict(list)
+                    lat: dict[str, list[float]] = defaultdict(list)
+                    cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
+                    for run_number in range(options.runs):
+                        bench.step(f"enqueue: {case}, run {run_number + 1}")
+                        last = run_number == options.runs - 1
                         async with bench.profiled(
-                            section, f"{clients}c", pids(stack) if profile else {}
+                            section, f"{clients}c{processes}p", pids(stack) if last else {}
                         ):
-                            with cpu_of({"api": stack.api.pid} if stack.api else {}, used):
-                                latencies, seconds, errors = await action()
-                        if errors:
-                            raise RuntimeError(f"{phase}: {errors} of {total} requests failed")
-                        rates[phase].append(round(len(latencies) / seconds, 1))
-                        lat[f"{phase} p50"].append(round(1000 * statistics.median(latencies), 2))
-                        lat[f"{phase} p99"].append(round(1000 * percentile(latencies, 99), 2))
-                        cpu[phase].append(used)
-                case = f"{clients} clients"
-                section.add(
-                    Figure(
-                        case, "requests/s", rates["enqueue"], "raw job+outbox txn", rates["raw txn"]
+                            ours, ours_cpu = await measure(
+                                stack.api_port, api_pid, clients, seconds, auth
+                            )
+                        theirs, theirs_cpu = await measure(
+                            base_port, base_pid, clients, seconds, None
+                        )
+                        commands.add(ours.command)
+                        for name, result, used in (
+                            ("jobcore", ours, ours_cpu),
+                            ("baseline", theirs, theirs_cpu),
+                        ):
+                            rates[name].append(result.rate)
+                            # CPU per request: what a loaded, shared machine distorts least.
+                            lat[f"{name} cpu"].append(round(1e4 * used["server"] / result.rate, 1))
+                            lat[f"{name} p50"].append(result.p50_ms)
+                            lat[f"{name} p99"].append(result.p99_ms)
+                            cpu[name].append(used)
+                        pairs[case].append(round(ours.rate / theirs.rate, 3))
+                        load.append(os.getloadavg())
+                    section.add(
+                        Figure(case, "requests/s", rates["jobcore"], BASELINE, rates["baseline"])
                     )
-                )
-                section.add(
-                    Figure(case, "requests/s", rates["enqueue"], "no-op POST", rates["no-op POST"])
-                )
-                for q in ("p50", "p99"):
                     section.add(
                         Figure(
                             case,
-                            f"{q} ms",
-                            lat[f"enqueue {q}"],
-                            f"no-op POST {q}",
-                            lat[f"no-op POST {q}"],
+                            "server CPU µs/request",
+                            lat["jobcore cpu"],
+                            "baseline CPU µs/request",
+                            lat["baseline cpu"],
                             better="lower",
                         )
                     )
-                for phase, samples in cpu.items():
-                    section.cpu_pct[f"{case}, {phase}"] = merge_cpu(samples)
-        finally:
-            await db.close()
+                    for q in ("p50", "p99"):
+                        section.add(
+                            Figure(
+                                case,
+                                f"{q} ms",
+                                lat[f"jobcore {q}"],
+                                f"baseline {q}",
+                                lat[f"baseline {q}"],
+                                better="lower",
+                            )
+                        )
+                    for name, samples in cpu.items():
+                        section.cpu_pct[f"{case}, {name}"] = {
+                            k: round(statistics.median(s[k] for s in samples), 1)
+                            for k in sorted(samples[0])
+                        }
+    section.details = {
+        "ratio_per_abab_pair": dict(pairs),
+        "load_average_1_5_15": [[round(x, 2) for x in sample] for sample in load],
+        "wrk": sorted(commands),
+    }
     return section

@@ -1,0 +1,32 @@
+"""Named statements are stored compacted (jobcore.sql.compact), so psycopg caches the
+conversion of their placeholders: the hot paths' statements must stay within its limit."""
+
+from __future__ import annotations
+
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+
+from jobcore.sql import Query, compact
+from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
+from jobcore.sql.jobs import JOB_INSERT, JobInsertParams
+
+
+def test_compact_drops_comments_and_whitespace_but_keeps_literals() -> None:
+    text = """
+        SELECT 'a  --  b', "odd  name"   -- the job's id
+        FROM jobs /* many
+        lines */ WHERE note = 'it''s   here'
+    """
+    assert compact(text) == (
+        """SELECT 'a  --  b', "odd  name" FROM jobs WHERE note = 'it''s   here'"""
+    )
+
+
+def test_a_query_keeps_its_compacted_text() -> None:
+    query = Query[dict[str, int]]("q", "A test.", "\n  SELECT %(n)s  -- n\n   + 1\n")
+    assert query.sql == "SELECT %(n)s + 1"
+
+
+def test_the_enqueue_path_statements_fit_psycopgs_conversion_cache() -> None:
+    for query in (JOB_INSERT, API_KEY_AUTHENTICATE):
+        assert len(query.sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH, query.name
+    assert len(JobInsertParams.__annotations__) <= MAX_CACHED_STATEMENT_PARAMS
