@@ -199,7 +199,9 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
                     "types": ["wt_gate"],
                     "attempts": [1],
                     "lease_tokens": [uuid.uuid4()],
-                    "leases": [1.0],
+                    # Long enough to outlast a worker's start on a loaded machine: the
+                    # redelivery must meet the job still running under this claim.
+                    "leases": [5.0],
                 }
             ),
         )
@@ -215,7 +217,7 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
 
     # The dead worker's lease expires; the reaper gives the job a new message.
     row = await eventually(
-        lambda: _drain_until(outbox_pump, db, job_id, "succeeded"), what="success", timeout=15
+        lambda: _drain_until(outbox_pump, db, job_id, "succeeded"), what="success", timeout=25
     )
     assert row["attempts"] == 2
     assert row["last_error"] == "lease expired"
