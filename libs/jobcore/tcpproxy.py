@@ -59,6 +59,9 @@ class TcpProxy:
         if mode is Mode.REFUSE:
             self._close_all()
 
+    def _refusing(self) -> bool:
+        return self.mode is Mode.REFUSE
+
     def _close_all(self) -> None:
         for client, upstream in list(self._pairs):
             for writer in (client, upstream):
@@ -74,6 +77,12 @@ class TcpProxy:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.transport.abort()
+            return
+        if self._refusing():
+            # Refused while this connection was being made upstream: closing every pair
+            # could not see it, so it would have outlived the refusal.
+            writer.transport.abort()
+            up_writer.transport.abort()
             return
         pair = (writer, up_writer)
         self._pairs.add(pair)

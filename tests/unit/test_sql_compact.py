@@ -17,13 +17,22 @@ def test_compact_drops_comments_and_whitespace_but_keeps_literals() -> None:
         lines */ WHERE note = 'it''s   here'
     """
     assert compact(text) == (
-        """SELECT 'a  --  b', "odd  name" FROM jobs WHERE note = 'it''s   here'"""
+        """SELECT 'a  --  b', "odd  name"\nFROM jobs\nWHERE note = 'it''s   here'"""
     )
+
+
+def test_compact_keeps_string_constants_that_continue_on_the_next_line_apart() -> None:
+    """'a'<newline>'b' is the one constant 'ab' in SQL; 'a' 'b' on one line is an error."""
+    text = """
+        SELECT 'the relay '
+               'retries it',   'x'
+    """
+    assert compact(text) == "SELECT 'the relay '\n'retries it', 'x'"
 
 
 def test_a_query_keeps_its_compacted_text() -> None:
     query = Query[dict[str, int]]("q", "A test.", "\n  SELECT %(n)s  -- n\n   + 1\n")
-    assert query.sql == "SELECT %(n)s + 1"
+    assert query.sql == "SELECT %(n)s\n+ 1"
 
 
 def test_the_enqueue_path_statements_fit_psycopgs_conversion_cache() -> None:

@@ -31,8 +31,8 @@ _LEXEME = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|(?:--[^\n]*|/\*.*?\*/|
 
 
 def compact(text: str) -> str:
-    """``text`` with its comments dropped and each run of whitespace made one space,
-    outside literals and quoted identifiers.
+    """``text`` with its comments dropped and each run of whitespace made one space (or
+    one newline, where it held one), outside literals and quoted identifiers.
 
     psycopg converts a query's ``%(name)s`` placeholders on every execution, and caches
     the conversion only for a query of at most 4,096 bytes
@@ -42,7 +42,11 @@ def compact(text: str) -> str:
 
     def one(match: re.Match[str]) -> str:
         lexeme = match.group(0)
-        return lexeme if lexeme[0] in "'\"" else " "
+        if lexeme[0] in "'\"":
+            return lexeme
+        # A newline stays a newline: two string constants separated by whitespace with a
+        # newline are one constant in SQL ('a'\n'b' is 'ab'), and a syntax error without it.
+        return "\n" if "\n" in lexeme else " "
 
     return _LEXEME.sub(one, text).strip()
 
