@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
+from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, fetch_one
 from jobcore.envelope import JobMessage
@@ -229,6 +230,7 @@ async def enqueue(
     origin: Mapping[str, str] | None = None,
     ordering_key: str | None = None,
     ordering_seq: int | None = None,
+    key_id: uuid.UUID | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -250,7 +252,9 @@ async def enqueue(
     payload data. Jobs of the tenant with the same ``ordering_key`` start one after
     another in enqueue order (:mod:`jobcore.gates`); ``ordering_seq`` puts the job at a
     given place in its key (a retry's copy takes the place of the job it copies) instead
-    of the next one.
+    of the next one. ``key_id``: the API key the request came with, checked usable in the
+    statement that writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
+    expired by then, and nothing is written).
 
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
@@ -278,6 +282,7 @@ async def enqueue(
         "type": job_type.name,
         "queue": job_type.queue,
         "idempotency_key": idempotency_key,
+        "key_id": key_id,
         "payload_fingerprint": fingerprint,
         "payload": Jsonb(document),
         "entity_id": entity_id,
@@ -323,7 +328,8 @@ async def _insert(
     idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
     fingerprint = params["payload_fingerprint"]
     row = await fetch_one(uow, JOB_INSERT(params))
-    assert row is not None  # the statement answers one row for any tenant name
+    if row is None:  # one row for any tenant name, none for a key revoked or expired since
+        raise InvalidApiKey()
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:

@@ -25,7 +25,7 @@ from services.api.deps import ApiState
 from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
 from services.api.openapi import build_document
-from services.api.routes import admin, bench, deliveries, health, jobs
+from services.api.routes import admin, bench, deliveries, enqueue, health, jobs
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
 
@@ -78,6 +78,7 @@ def create_app(
         key_cache=KeyCache(settings.api_key_cache_seconds)
         if settings.api_key_cache_seconds > 0
         else None,
+        enqueue_keys=KeyCache(enqueue.KEY_MEMORY_SECONDS),
     )
     # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
     waiters = JobWaiters(settings, registry=state.metrics.registry)
@@ -87,7 +88,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         owned = database is None
-        db = Database(settings, name="jobcore-api") if database is None else database
+        db = (
+            Database(settings, name="jobcore-api", generic_plans=True)
+            if database is None
+            else database
+        )
         if owned:
             # Not waiting for a connection: the API starts while the database is down,
             # answers 503 meanwhile, and recovers without a restart.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar
@@ -70,13 +71,18 @@ class KeyCache:
             self._keys.clear()
         self._keys[key_hash] = (principal, time.monotonic() + self.seconds, expires_at)
 
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop the key with this id (found revoked), so its next request looks it up."""
+        for key_hash, (principal, _, _) in list(self._keys.items()):
+            if principal.key_id == key_id:
+                del self._keys[key_hash]
 
-async def _lookup(request: Request, key: str) -> Principal:
+
+async def _lookup(request: Request, key: str, cache: KeyCache | None) -> Principal:
     db = request.app.state.api.db
     if db is None:
         # Before start-up or after shutdown: the same answer as a closed pool.
         raise ServiceStateError("the database pool is not open")
-    cache: KeyCache | None = request.app.state.api.key_cache
     if cache is None:
         async with db.session() as session:
             return await apikeys.authenticate(session, key)
@@ -91,13 +97,18 @@ async def _lookup(request: Request, key: str) -> Principal:
     return principal
 
 
-async def authenticate(request: Request, scope: Scope) -> Principal:
-    """The key's principal, if the key is usable and has ``scope``: else 401 or 403."""
+async def authenticate(
+    request: Request, scope: Scope, *, cache: KeyCache | None = None
+) -> Principal:
+    """The key's principal, if the key is usable and has ``scope``: else 401 or 403.
+    Remembered by ``cache`` if given (a route whose statements check the key again), else
+    by the API's own cache if JOBCORE_API_KEY_CACHE_SECONDS is set."""
     credentials = await bearer(request)
     # Checked before any database work, so a request without a key costs nothing.
     if credentials is None:
         raise apikeys.MissingApiKey()
-    principal = await _lookup(request, credentials.credentials)
+    memory = cache if cache is not None else request.app.state.api.key_cache
+    principal = await _lookup(request, credentials.credentials, memory)
     # The key's id, never the key or its hash (tests/security/test_keys_in_logs.py).
     log.debug(
         "request authenticated",
@@ -113,14 +124,34 @@ class AuthenticatedRoute(APIRoute):
     scope: ClassVar[Scope]
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
+        handle = self.authenticated_handler()
         scope = self.scope
+        memory = self.key_memory
 
         async def authenticated(request: Request) -> Response:
-            request.scope[_PRINCIPAL] = await authenticate(request, scope)
+            request.scope[_PRINCIPAL] = await authenticate(request, scope, cache=memory(request))
             return await handle(request)
 
         return authenticated
+
+    def authenticated_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """What runs once the caller is authenticated: FastAPI's handler, unless a route
+        serves itself (services.api.routes.enqueue)."""
+        return super().get_route_handler()
+
+    def key_memory(self, request: Request) -> KeyCache | None:
+        """The verified keys this route may trust without a lookup (None: the API's
+        JOBCORE_API_KEY_CACHE_SECONDS cache, if any). Only for a route whose statements
+        check the key again."""
+        return None
+
+
+def request_principal(request: Request) -> Principal:
+    """The principal :class:`AuthenticatedRoute` authenticated for ``request``."""
+    found: Principal | None = request.scope.get(_PRINCIPAL)
+    if found is None:  # pragma: no cover - a route that asks for it is an AuthenticatedRoute
+        raise RuntimeError(f"{request.url.path}: the route is not an AuthenticatedRoute")
+    return found
 
 
 class EnqueueRoute(AuthenticatedRoute):
@@ -144,10 +175,7 @@ async def principal(
     # Only for /openapi.json, which lists the bearer scheme for every route that has it.
     _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
 ) -> Principal:
-    found: Principal | None = request.scope.get(_PRINCIPAL)
-    if found is None:  # pragma: no cover - a route that asks for it is an AuthenticatedRoute
-        raise RuntimeError(f"{request.url.path}: the route is not an AuthenticatedRoute")
-    return found
+    return request_principal(request)
 
 
 PrincipalDep = Annotated[Principal, Depends(principal)]

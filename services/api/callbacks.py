@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Query
 
 from jobcore.webhooks import MAX_URL_LENGTH, UnsafeCallbackUrl, check_callback_url
-from services.api.deps import StateDep
+from services.api.deps import ApiState, StateDep
 from services.api.problems import InvalidRequest
 
 # The shape jobcore.webhooks.parse_callback_url takes, so /openapi.json can say it: http(s),
@@ -39,6 +39,10 @@ CallbackUrlQuery = Annotated[
 async def checked_callback_url(
     state: StateDep, callback_url: CallbackUrlQuery = None
 ) -> str | None:
+    return await check_callback(callback_url, state)
+
+
+async def check_callback(callback_url: str | None, state: ApiState) -> str | None:
     """The callback URL if it may be used, else a 422 naming why."""
     if callback_url is None:
         return None

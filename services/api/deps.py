@@ -43,6 +43,8 @@ class ApiState:
     db: Database | None = None
     # services.api.auth.KeyCache when JOBCORE_API_KEY_CACHE_SECONDS is set, else None.
     key_cache: KeyCache | None = None
+    # The keys POST /jobs/{type} verified lately (services.api.routes.enqueue).
+    enqueue_keys: KeyCache | None = None
 
 
 async def get_state(request: Request) -> ApiState:

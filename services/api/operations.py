@@ -122,8 +122,10 @@ async def submit(
     payload: BaseModel,
     submission: Submission,
     quotas: Quotas,
+    key_id: uuid.UUID | None = None,
 ) -> EnqueueResult:
-    """Write the job and its outbox message (one statement: committed on a session).
+    """Write the job and its outbox message (one statement: committed on a session), if
+    the API key ``key_id`` is still usable then (:class:`~jobcore.apikeys.InvalidApiKey`).
 
     Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
     """
@@ -144,6 +146,7 @@ async def submit(
             unique_key=submission.unique_key,
             priority=submission.priority,
             ordering_key=submission.ordering_key,
+            key_id=key_id,
         )
         if span is not None:
             span.set_attributes(

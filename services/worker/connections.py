@@ -28,10 +28,9 @@ from collections.abc import AsyncIterator
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from jobcore.db import AsyncConn, Database, translate_errors
+from jobcore.db import GENERIC_PLANS, AsyncConn, Database, translate_errors
 from jobcore.errors import JobcoreError
 
-GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 POOL_PLANS = "RESET plan_cache_mode"
 
 

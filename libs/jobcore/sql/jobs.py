@@ -65,7 +65,8 @@ from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL
 def _insert_job_with_outbox() -> str:
     """The enqueue statement, for a tenant the caller has authenticated.
 
-    It returns one row: ``id`` is NULL when no job was written, because the tenant's
+    It returns one row, or none when the request's API key (``key_id``) is no longer
+    usable (nothing is written then). ``id`` is NULL when no job was written, because the tenant's
     quotas refused it (``refusal``) or the idempotency key is taken (the caller then
     reads that job). The quotas are checked in the same statement
     (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round trip; a
@@ -152,6 +153,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
     event_detail: Jsonb
     id: uuid.UUID
     idempotency_key: str | None
+    # The API key the request came with (checked usable in the statement), or None.
+    key_id: uuid.UUID | None
     max_attempts: int
     payload: Jsonb
     payload_fingerprint: str | None

@@ -18,6 +18,7 @@ from typing import TypedDict
 
 from jobcore.quotas import EPSILON
 from jobcore.sql import LIVE_SQL, Query
+from jobcore.sql.api_keys import USABLE
 
 
 class QuotaDefaultParams(TypedDict):
@@ -38,6 +39,19 @@ _LIMITS = """limits AS (
         FROM (SELECT %(tenant)s::text AS tenant) AS t
         LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
     )"""
+
+# The same, empty when the request's API key (``key_id``; NULL: a caller with no key, such
+# as the scheduler) is no longer usable: the API remembers verified keys for a few seconds
+# (services.api.auth), and this probe of the key's primary key makes a revocation or an
+# expiry stop its enqueues at once all the same. With no `limits` row nothing is admitted,
+# locked or written, and the statement answers no row.
+_KEYED_LIMITS = _LIMITS.replace(
+    "LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant",
+    f"""LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
+        WHERE %(key_id)s::uuid IS NULL OR EXISTS (
+            SELECT 1 FROM api_keys WHERE api_keys.id = %(key_id)s::uuid AND {USABLE}
+        )""",
+)
 
 
 def admission_ctes() -> str:
@@ -68,7 +82,7 @@ def admission_ctes() -> str:
         SELECT id FROM jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
-    ), {_LIMITS}, admit AS (
+    ), {_KEYED_LIMITS}, admit AS (
         INSERT INTO tenant_usage AS u (tenant, rate_tat)
         SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
         WHERE NOT EXISTS (SELECT 1 FROM existing)

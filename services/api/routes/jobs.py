@@ -2,43 +2,35 @@
 anything else, :mod:`services.api.auth`) and sees only its tenant's jobs.
 
 ``POST /jobs/{type}`` is one route per registered job type, so /openapi.json shows each
-type's payload schema; a catch-all answers 404 for any other type.
+type's payload schema (served by :mod:`services.api.routes.enqueue`); a catch-all answers
+404 for any other type.
 """
 
-# No `from __future__ import annotations` here: FastAPI reads the enqueue routes'
-# signatures, which refer to a dependency local to the function that builds each route,
-# and a string annotation could not be resolved from the module's globals.
+# No `from __future__ import annotations` here: FastAPI reads the routes' signatures.
 
 import mimetypes
 import uuid
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, Response
 
 from jobcore.batch import MAX_BATCH_ITEMS
-from jobcore.enqueue import request_fingerprint
-from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import JobNotFound, UnknownJobType
-from jobcore.payloads import validate_payload
-from jobcore.priorities import Priority
-from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
+from jobcore.registry import JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases.timeline import job_timeline
 from jobcore.webhooks import completion_params
 from services.api import operations, paths, views
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
-from services.api.body import read_json
-from services.api.callbacks import CallbackUrlDep
 from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH
 from services.api.deps import DbDep, SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
-from services.api.routes import batch, waiting
+from services.api.routes import batch, enqueue, waiting
+from services.api.routes.enqueue import EntityIdQuery
 from services.api.schemas import (
     Accepted,
     BatchAnswer,
@@ -46,19 +38,14 @@ from services.api.schemas import (
     JobPage,
     JobTimelineView,
     JobView,
-    PriorityLabel,
     Problem,
 )
 from services.api.views import JsonBody
 
-# A printable id, as PostgreSQL text takes it (the envelope's rule for a job type).
-_TEXT_PATTERN = PRINTABLE_TEXT
 _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 REF_TEMPLATE = "#/components/schemas/{model}"
-MAX_DELAY_SECONDS = 366 * 24 * 3600
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~](?:[ -~]*[!-~])?$"
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -99,149 +86,6 @@ _ENQUEUE_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     429: {"model": Problem, "headers": _RATE_HEADERS},
 }
-
-
-EntityIdQuery = Annotated[
-    str | None,
-    Query(
-        min_length=1,
-        max_length=255,
-        pattern=_TEXT_PATTERN,
-        description="Your id of what the job is about, for `GET /jobs?entity_id=`.",
-    ),
-]
-OrderingKeyQuery = Annotated[
-    str | None,
-    Query(
-        min_length=1,
-        max_length=255,
-        pattern=_TEXT_PATTERN,
-        description="Jobs of yours with the same ordering key start one at a time, in the "
-        "order they were accepted: each after the one before it has finished (a failed one "
-        'keeps the rest waiting if its type says `ordering="block"`).',
-    ),
-]
-MaxAttemptsQuery = Annotated[
-    int | None,
-    Query(ge=1, le=MAX_ATTEMPTS_LIMIT, description="Defaults to the job type's own limit."),
-]
-UniqueKeyQuery = Annotated[
-    str | None,
-    Query(
-        min_length=1,
-        max_length=255,
-        pattern=_TEXT_PATTERN,
-        description="At most one pending or running job of this type per unique key: while "
-        "one holds it, the request answers 409 `unique-job-exists` with that job's id. "
-        "Defaults to the job type's unique payload field, if it names one.",
-    ),
-]
-RunAtQuery = Annotated[
-    datetime | None,
-    Query(description="Run no earlier than this (RFC 3339 with an offset, within a year)."),
-]
-PriorityQuery = Annotated[
-    PriorityLabel | None,
-    Query(
-        description="high, normal or low; defaults to the job type's own. A worker's "
-        "queue serves higher levels first without starving lower ones (4:2:1 while all "
-        "three wait)."
-    ),
-]
-DelayQuery = Annotated[
-    float | None,
-    Query(
-        ge=0, le=MAX_DELAY_SECONDS, description="Run no earlier than this many seconds from now."
-    ),
-]
-
-
-async def idempotency_key(
-    key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="Makes retries safe: the same key (per tenant and job type) and "
-            "request (payload, callback_url, run_at/delay, max_attempts, entity_id, "
-            "unique_key, priority, ordering_key) answer the same job; a different request "
-            "answers 422. A key is kept as long as its job. 1 to 255 printable ASCII "
-            "characters, else 400 `invalid-idempotency-key`.",
-            # Checked by operations.check_idempotency_key (a 400, not FastAPI's 422); HTTP
-            # trims spaces around a header value, so a key neither starts nor ends with one.
-            json_schema_extra={
-                "minLength": 1,
-                "maxLength": operations.MAX_IDEMPOTENCY_KEY_LENGTH,
-                "pattern": IDEMPOTENCY_KEY_PATTERN,
-            },
-        ),
-    ] = None,
-) -> str | None:
-    return operations.check_idempotency_key(key)
-
-
-IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
-
-
-def _enqueue_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
-    async def read_payload(request: Request, state: StateDep) -> operations.ReceivedPayload:
-        raw = await read_json(request, state.settings.max_body_bytes)
-        return operations.ReceivedPayload(raw, validate_payload(job_type, raw))
-
-    # Parameter order is resolution order: the Idempotency-Key, the body and the callback
-    # URL are checked before a pooled connection is taken (the key was checked before all).
-    async def enqueue_job(
-        tenant: TenantDep,
-        key: IdempotencyKeyDep,
-        payload: Annotated[operations.ReceivedPayload, Depends(read_payload)],
-        callback_url: CallbackUrlDep,
-        db_session: SessionDep,
-        state: StateDep,
-        entity_id: EntityIdQuery = None,
-        max_attempts: MaxAttemptsQuery = None,
-        run_at: RunAtQuery = None,
-        delay: DelayQuery = None,
-        unique_key: UniqueKeyQuery = None,
-        priority: PriorityQuery = None,
-        ordering_key: OrderingKeyQuery = None,
-    ) -> Response:
-        submission = operations.Submission(
-            idempotency_key=key,
-            entity_id=entity_id,
-            ordering_key=ordering_key,
-            max_attempts=max_attempts,
-            run_at=operations.schedule(run_at, delay),
-            callback_url=callback_url,
-            priority=None if priority is None else Priority.parse(priority),
-            fingerprint=request_fingerprint(
-                payload.raw,
-                callback_url=callback_url,
-                run_at=run_at,
-                delay=delay,
-                max_attempts=max_attempts,
-                entity_id=entity_id,
-                unique_key=unique_key,
-                priority=None if priority is None else Priority.parse(priority),
-                ordering_key=ordering_key,
-            ),
-            unique_key=unique_key,
-        )
-        # One statement, committed on its own: the job with its outbox row, or neither.
-        result = await operations.submit(
-            db_session,
-            state.topology,
-            tenant=tenant,
-            job_type=job_type,
-            payload=payload.model,
-            submission=submission,
-            quotas=state.settings.quota_defaults,
-        )
-        state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
-        headers = {"Location": views.job_path(result.job_id), **result.rate_headers}
-        if result.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return JsonBody(views.accepted(result), status_code=202, headers=headers)
-
-    return enqueue_job
 
 
 def _unique_note(job_type: JobType[Any]) -> str:
@@ -352,7 +196,7 @@ def build_router(registry: Registry) -> APIRouter:
     for job_type in registry:
         router.add_api_route(
             f"/jobs/{job_type.name}",
-            _enqueue_route(job_type),
+            enqueue.documented_endpoint(job_type),
             name=f"{ENQUEUE_ROUTE_PREFIX}{job_type.name}",
             methods=["POST"],
             status_code=202,
@@ -363,7 +207,7 @@ def build_router(registry: Registry) -> APIRouter:
             + _unique_note(job_type),
             openapi_extra=_request_body(schema_refs[job_type.name]),
             responses=_ENQUEUE_RESPONSES,
-            route_class_override=EnqueueRoute,
+            route_class_override=enqueue.route_class(job_type),
         )
     for job_type in registry:
         router.add_api_route(

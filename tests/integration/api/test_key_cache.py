@@ -1,8 +1,9 @@
 """JOBCORE_API_KEY_CACHE_SECONDS: an API process remembers verified keys for that long.
 
 Off by default (every request looks its key up, so a revocation takes effect at once:
-test_tenants.py). On, a revoked key keeps working on the process for at most that long,
-an expired one stops at its expiry, and an unknown key is always looked up. The cache
+test_tenants.py). On, a revoked key keeps reading on the process for at most that long,
+an expired one stops at its expiry, and an unknown key is always looked up. Enqueues stop
+at once either way: the enqueue statement checks the key (test_enqueue_key_memory.py). The cache
 is long enough that a loaded machine cannot make the remembered request miss it."""
 
 from __future__ import annotations
@@ -39,16 +40,19 @@ async def cached_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
             yield c
 
 
-async def test_a_revoked_key_works_for_at_most_the_cache_time(
+async def test_a_revoked_key_reads_for_at_most_the_cache_time_and_enqueues_no_more(
     cached_client: httpx.AsyncClient, db: Database
 ) -> None:
     created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
     headers = {"Authorization": f"Bearer {created.key}"}
     started = time.monotonic()
     assert (await enqueue(cached_client, headers)).status_code == 202
+    assert (await cached_client.get("/jobs?limit=1", headers=headers)).status_code == 200
     await key_usecases.revoke_key(db, created.record.id, actor="tests")
-    # Remembered: the revocation has not reached this process yet.
-    assert (await enqueue(cached_client, headers)).status_code == 202
+    # The enqueue statement checks the key itself: refused at once, nothing written.
+    assert_problem(await enqueue(cached_client, headers), 401, "invalid-api-key")
+    # Remembered for reads: the revocation has not reached this process yet.
+    assert (await cached_client.get("/jobs?limit=1", headers=headers)).status_code == 200
     deadline = started + CACHE_SECONDS + 30
     while time.monotonic() < deadline:
         response = await cached_client.get("/jobs?limit=1", headers=headers)
@@ -59,7 +63,7 @@ async def test_a_revoked_key_works_for_at_most_the_cache_time(
     # Not before the key, remembered after the first request, was due to be looked up.
     assert time.monotonic() - started >= CACHE_SECONDS
     assert_problem(await enqueue(cached_client, headers), 401, "invalid-api-key")
-    assert (await counts(db))["jobs"] == 2
+    assert (await counts(db))["jobs"] == 1
 
 
 async def test_an_unknown_key_is_never_remembered(cached_client: httpx.AsyncClient) -> None:
