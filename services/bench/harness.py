@@ -157,6 +157,17 @@ class Bench:
                 section.profiles[f"{label}/{name}"] = summary
 
 
+async def analyze(config: Settings) -> None:
+    """ANALYZE the scratch database, as a deployment's autovacuum does within a minute of
+    its tables filling. The services plan their prepared statements once (generic plans):
+    planned on near-empty tables, where every index costs the same, a plan can pick one
+    that scans; new statistics make them plan again."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(config.database_url, autocommit=True) as conn:
+        await conn.execute("ANALYZE")
+
+
 async def relays_ready(stack: Stack) -> None:
     """Until every relay answers /readyz (database and broker connected)."""
     import httpx

@@ -38,7 +38,7 @@ from jobcore.settings import Settings
 from jobcore.testing.pipeline import free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
-from services.bench.harness import Bench, Options, pids
+from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.http import run_clients
 from services.bench.measure import CpuMeter
 from services.bench.report import Figure, Section
@@ -217,6 +217,7 @@ async def run(bench: Bench) -> Section:
                     prefix="warmup-" + uuid.uuid4().hex[:8], auth=auth,
                 )  # fmt: skip
                 await post_load(base_port, PATH, connections=64, seconds=warmup, prefix="warmup")
+                await analyze(config)
                 for clients in options.clients:
                     if processes not in api_processes(options, clients):
                         continue
