@@ -178,9 +178,10 @@ class Settings(BaseSettings):
     # together; 0: no limit. Each holds a socket and a task, never a database connection.
     api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)
     # Seconds an API process may answer from its memory of a verified API key (0: look
-    # the key up on every request, the default). A revoked or expired key keeps working
-    # on that process for up to this long (an expiry is still checked on every request);
-    # an unknown key is always looked up. Saves one statement per request.
+    # the key up on every request, the default). A revoked or expired key keeps reading
+    # on that process for up to this long (an expiry is still checked on every request;
+    # enqueues stop at once, the enqueue statement checks the key); an unknown key is
+    # always looked up. Saves one statement per request.
     api_key_cache_seconds: float = Field(default=0.0, ge=0, le=60)
     # The longest long-poll: longer waits asked for are shortened to this many seconds
     # (clients and proxies time out idle requests).

@@ -98,7 +98,11 @@ def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
     [section] = orjson.loads((out / "report.json").read_bytes())["scenarios"]
     assert section["scenario"] == "peers"
     assert {f["baseline"].split(",")[0] for f in section["figures"]} == {"Celery", "Procrastinate"}
-    assert {f["metric"] for f in section["figures"]} == {"pipeline jobs/s", "worker-only jobs/s"}
+    assert {f["metric"] for f in section["figures"]} == {
+        "pipeline jobs/s",
+        "worker-only jobs/s",
+        "worker-only jobs/s, 2 workers",
+    }
     for figure in section["figures"]:
         assert figure["runs"][0] > 0, figure
         assert figure["ratio"] > 0, figure

@@ -8,8 +8,8 @@ turns within each run:
   paused; the jobs are enqueued in batches of 1,000 (job + outbox rows) and the tables
   analysed; the clock starts at the resume and stops at the last ``finished_at``.
 - **jobcore worker only**: a relay without a queue depth limit publishes every job's
-  message and stops; then one worker starts. jobs/s from the first ``started_at`` to the
-  last ``finished_at``.
+  message and stops; then one worker starts (and, measured apart, two: as many processes
+  as Celery's pool). jobs/s from the first ``started_at`` to the last ``finished_at``.
 - **Celery** (RabbitMQ broker, prefork pool of 2, results ignored, its default classic
   queue): the tasks are sent, then the worker starts; timed from the first message taken
   off the queue to the queue's last (its depth, polled every 20 ms).
@@ -131,8 +131,11 @@ async def outbox_empty(db: Database) -> bool:
     return row is not None and bool(row["empty"])
 
 
-async def jobcore_worker_only(bench: Bench, config: Settings, db: Database, n: int) -> float:
-    """jobs/s of one worker on a queue that already holds every job's message."""
+async def jobcore_worker_only(
+    bench: Bench, config: Settings, db: Database, n: int, workers: int = 1
+) -> float:
+    """jobs/s of ``workers`` worker processes on a queue that already holds every job's
+    message (two: as many processes as Celery's prefork pool)."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     since = await db_now(db)
     async with bench.stack(
@@ -143,7 +146,7 @@ async def jobcore_worker_only(bench: Bench, config: Settings, db: Database, n: i
         await eventually(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
-    async with bench.stack(config, "peers-worker", relays=0, workers=1) as stack:
+    async with bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack:
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
     seconds = await seconds_between(
         db,
@@ -320,14 +323,14 @@ async def run(bench: Bench) -> Section:
         "peers",
         TITLE,
         f"{n:,} no-op jobs per run, written before the clock starts; jobcore: one relay + "
-        f"one worker (pipeline, timed from the resume of the paused type) and one worker "
-        f"on a full queue; Celery {_version('celery')} (RabbitMQ, prefork "
-        f"{CELERY_CONCURRENCY}, results ignored); Procrastinate {_version('procrastinate')} "
-        f"(concurrency {PROCRASTINATE_CONCURRENCY}, its table analysed after the bulk "
-        f"defer); {options.runs} interleaved runs on the same machine.",
+        f"one worker (pipeline, timed from the resume of the paused type), and one worker "
+        f"and two (Celery's process count) on a full queue; Celery {_version('celery')} "
+        f"(RabbitMQ, prefork {CELERY_CONCURRENCY}, results ignored); Procrastinate "
+        f"{_version('procrastinate')} (concurrency {PROCRASTINATE_CONCURRENCY}, its table "
+        f"analysed after the bulk defer); {options.runs} interleaved runs on the same machine.",
     )
     rates: dict[str, list[float]] = {
-        "pipeline": [], "worker": [], "celery": [], "procrastinate": []
+        "pipeline": [], "worker": [], "worker2": [], "celery": [], "procrastinate": []
     }  # fmt: skip
     cpu: list[dict[str, float]] = []
     async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
@@ -342,6 +345,9 @@ async def run(bench: Bench) -> Section:
                 cpu.append(used)
                 rates["celery"].append(round(await celery_drain(bench, config, n), 1))
                 rates["worker"].append(round(await jobcore_worker_only(bench, config, db, n), 1))
+                rates["worker2"].append(
+                    round(await jobcore_worker_only(bench, config, db, n, workers=2), 1)
+                )
                 rates["procrastinate"].append(
                     round(await procrastinate_drain(bench, config, n, dsn), 1)
                 )
@@ -352,6 +358,9 @@ async def run(bench: Bench) -> Section:
     procrastinate = f"Procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}"
     section.add(Figure(case, "pipeline jobs/s", rates["pipeline"], celery, rates["celery"]))
     section.add(Figure(case, "worker-only jobs/s", rates["worker"], celery, rates["celery"]))
+    section.add(
+        Figure(case, "worker-only jobs/s, 2 workers", rates["worker2"], celery, rates["celery"])
+    )
     section.add(
         Figure(case, "pipeline jobs/s", rates["pipeline"], procrastinate, rates["procrastinate"])
     )

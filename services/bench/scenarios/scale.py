@@ -29,7 +29,7 @@ import statistics
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from services.bench.harness import Bench, Options, pids
+from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.measure import CpuMeter, merge_cpu
 from services.bench.report import Figure, Section, Series
 from services.bench.scenarios.e2e import db_now, run_stats, wait_done
@@ -97,7 +97,15 @@ async def run(bench: Bench) -> Section:
     loads: dict[int, list[float]] = {size: [] for size in options.scale}
     async with bench.scratch("scale") as config:
         topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
-        db = Database(config, min_size=CONNECTIONS, max_size=CONNECTIONS, name="bench-scale")
+        # Generic plans, as the API's pool has: the enqueue statement planned anew for
+        # each job cost PostgreSQL more than the statement itself.
+        db = Database(
+            config,
+            min_size=CONNECTIONS,
+            max_size=CONNECTIONS,
+            name="bench-scale",
+            generic_plans=True,
+        )
         await db.open(wait=True)
         try:
             for round_number in range(options.runs):
@@ -110,6 +118,8 @@ async def run(bench: Bench) -> Section:
                         since = await db_now(db)
                         await raw_transactions(db, topology, CONNECTIONS, 100)  # warm-up
                         await wait_done(db, since, 100, stack.processes, 120)
+                        if round_number == 0 and size == options.scale[0]:
+                            await analyze(config)
                         processes = pids(stack)
                         # The groups' pids, read by the meter at start and stop (the
                         # backends' list grows by whatever connected during the run).
