@@ -139,7 +139,8 @@ async def authenticate(session: Session, key: str) -> Principal:
 
     Looked up on every request (one statement: an index probe, and at most once a minute
     a write of the key's last use), so a revocation or an expiry takes effect at once
-    (unless the API is told to remember verified keys: JOBCORE_API_KEY_CACHE_SECONDS).
+    (unless the API is told to remember verified keys: JOBCORE_API_KEY_CACHE_SECONDS; the
+    enqueue route remembers them for a few seconds and its statement checks the key).
     A string that cannot be a key is refused without a lookup.
     """
     if not looks_like_key(key):

@@ -37,12 +37,13 @@ from jobcore.sql import Statement
 AsyncConn = psycopg.AsyncConnection[DictRow]
 RV = TypeVar("RV")
 
-# A pool whose statements look rows up by key plans each prepared statement once.
-# PostgreSQL otherwise chooses between a generic plan and one planned anew for each run's
-# parameters from what the first five runs cost, and for the enqueue statement (a dozen
-# CTEs, 40 parameters) it kept planning anew: 0.7 ms of server CPU a request, more than
-# the statement's 0.4 ms of work (EXPLAIN ANALYZE, 2-core machine). Statements with an optional
-# filter that a generic plan would serve badly are split by filter (JOB_LIST_FOR_ENTITY).
+# On a pool with generic plans, the statements marked ``generic_plan`` are prepared at once
+# and planned once per connection; no other statement is prepared there, so each of those
+# is planned for its own parameters (a generic plan serves an optional filter badly: a
+# listing by status would scan). PostgreSQL otherwise chooses between a generic plan and
+# one planned anew for each run's parameters from what the first five runs cost, and for
+# the enqueue statement (a dozen CTEs, 40 parameters) it kept planning anew: 0.7 ms of
+# server CPU a request, more than the statement's 0.4 ms of work (EXPLAIN ANALYZE, 2 cores).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 _MISSING_DATABASE = re.compile(r'FATAL:\s+database ".*" does not exist')
@@ -92,6 +93,8 @@ class BoundedConnection(psycopg.AsyncConnection[DictRow]):
     operation_timeout: float | None = None
     # When the connection last went back to the pool (see check_if_suspect).
     idle_since: float | None = None
+    # Set by a pool with generic plans: statements marked generic_plan are prepared.
+    plans_generic: bool = False
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         bound = self.operation_timeout if timeout is None else timeout
@@ -207,6 +210,8 @@ class Database:
         setup = sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle_ms))
         if self.generic_plans:
             setup = sql.SQL("; ").join([setup, sql.SQL(GENERIC_PLANS)])
+            if isinstance(conn, BoundedConnection):
+                conn.plans_generic = True
         if not self.settings.job_events:
             # Read by every statement that writes an event (jobcore.sql.job_events.EVENTS_ON).
             setup = sql.SQL("; ").join([setup, sql.SQL("SET jobcore.job_events = off")])
@@ -397,11 +402,23 @@ Executor = Session | psycopg.AsyncConnection[Any]
 held ones, a LISTEN connection), whose provider translates its errors."""
 
 
+def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool | None:
+    """On a pool with generic plans (GENERIC_PLANS): prepared at once if the statement is
+    marked generic_plan, never otherwise. Elsewhere None: psycopg's rule (after five runs,
+    unless the pool prepares nothing)."""
+    if isinstance(conn, BoundedConnection) and conn.plans_generic:
+        return statement.query.generic_plan
+    return None
+
+
 async def _run(on: Executor, statement: Statement) -> psycopg.AsyncCursor[Any]:
     if isinstance(on, Session):
+        conn = on.connection
         with translate_errors(on.settings):
-            return await on.connection.execute(statement.query.sql, statement.params)
-    return await on.execute(statement.query.sql, statement.params)
+            return await conn.execute(
+                statement.query.sql, statement.params, prepare=_prepare(conn, statement)
+            )
+    return await on.execute(statement.query.sql, statement.params, prepare=_prepare(on, statement))
 
 
 async def execute(on: Executor, statement: Statement) -> int:

@@ -7,6 +7,9 @@ and solves the dependencies (resolving a callback URL among them). A dependency 
 do this: FastAPI validates every parameter and solves every dependency of a route even
 when one of them fails, so a made-up key with a bad body would get a 422 naming the bad
 field, and its callback URL would be resolved. Here it gets a 401, and nothing else runs.
+``POST /jobs/{type}`` trusts keys it verified in the last few seconds instead, because its
+statement checks the key again (services.api.routes.enqueue, which looks the key up
+before it answers an error or resolves a callback URL).
 
 The lookup holds a pooled connection for its one statement only; the route takes its own
 once the request has arrived in full (a slow client never holds one).
@@ -98,16 +101,17 @@ async def _lookup(request: Request, key: str, cache: KeyCache | None) -> Princip
 
 
 async def authenticate(
-    request: Request, scope: Scope, *, cache: KeyCache | None = None
+    request: Request, scope: Scope, *, cache: KeyCache | None = None, fresh: bool = False
 ) -> Principal:
     """The key's principal, if the key is usable and has ``scope``: else 401 or 403.
     Remembered by ``cache`` if given (a route whose statements check the key again), else
-    by the API's own cache if JOBCORE_API_KEY_CACHE_SECONDS is set."""
+    by the API's own cache if JOBCORE_API_KEY_CACHE_SECONDS is set; looked up whatever
+    either remembers when ``fresh``."""
     credentials = await bearer(request)
     # Checked before any database work, so a request without a key costs nothing.
     if credentials is None:
         raise apikeys.MissingApiKey()
-    memory = cache if cache is not None else request.app.state.api.key_cache
+    memory = None if fresh else cache if cache is not None else request.app.state.api.key_cache
     principal = await _lookup(request, credentials.credentials, memory)
     # The key's id, never the key or its hash (tests/security/test_keys_in_logs.py).
     log.debug(

@@ -62,6 +62,10 @@ class Query(Generic[P]):
     name: str
     purpose: str
     sql: str
+    # Planned once per connection where the pool plans generically (jobcore.db,
+    # ``Database(generic_plans=True)``): a statement that looks rows up by key alone, whose
+    # plan for one set of parameters serves every other.
+    generic_plan: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sql", compact(self.sql))

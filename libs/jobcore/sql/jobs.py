@@ -173,6 +173,7 @@ JOB_INSERT = Query[JobInsertParams](
     "Insert a pending job (its own `accepted` event) and its outbox message, and NOTIFY the "
     "relays, in one statement.",
     _insert_job_with_outbox(),
+    generic_plan=True,
 )
 
 

@@ -18,7 +18,7 @@ from typing import TypedDict
 
 from jobcore.quotas import EPSILON
 from jobcore.sql import LIVE_SQL, Query
-from jobcore.sql.api_keys import USABLE
+from jobcore.sql.api_keys import usable
 
 
 class QuotaDefaultParams(TypedDict):
@@ -49,9 +49,11 @@ _KEYED_LIMITS = _LIMITS.replace(
     "LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant",
     f"""LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
         WHERE %(key_id)s::uuid IS NULL OR EXISTS (
-            SELECT 1 FROM api_keys WHERE api_keys.id = %(key_id)s::uuid AND {USABLE}
+            SELECT 1 FROM api_keys AS k
+            WHERE k.id = %(key_id)s::uuid AND k.tenant = t.tenant AND {usable("k")}
         )""",
 )
+assert _KEYED_LIMITS != _LIMITS
 
 
 def admission_ctes() -> str:

@@ -32,12 +32,19 @@ from starlette.responses import Response
 from jobcore.apikeys import InvalidApiKey
 from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import ServiceStateError
+from jobcore.errors import InvalidPayload, JobcoreError, ServiceStateError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
+from jobcore.scopes import Scope
 from services.api import operations, views
-from services.api.auth import EnqueueRoute, KeyCache, TenantDep, request_principal
+from services.api.auth import (
+    EnqueueRoute,
+    KeyCache,
+    TenantDep,
+    authenticate,
+    request_principal,
+)
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep, CallbackUrlQuery, check_callback
 from services.api.deps import ApiState
@@ -192,10 +199,21 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
     async def enqueue_job(request: Request) -> Response:
         state: ApiState = request.app.state.api
         principal = request_principal(request)
-        key = operations.check_idempotency_key(request.headers.get("idempotency-key"))
-        raw = await read_json(request, state.settings.max_body_bytes)
-        model = validate_payload(job_type, raw)
-        query = parse_query(request)
+        try:
+            key = operations.check_idempotency_key(request.headers.get("idempotency-key"))
+            raw = await read_json(request, state.settings.max_body_bytes)
+            model = validate_payload(job_type, raw)
+            query = parse_query(request)
+            run_at = operations.schedule(query.run_at, query.delay)
+        except (JobcoreError, RequestValidationError):
+            # What the request got wrong is told only to a key that is usable now, not
+            # one revoked since it was remembered (DESIGN.md, invariant 13).
+            await authenticate(request, Scope.ENQUEUE, fresh=True)
+            raise
+        if query.callback_url is not None:
+            # Resolving the caller's host is work done for the caller: the key is looked
+            # up first, not taken from memory.
+            await authenticate(request, Scope.ENQUEUE, fresh=True)
         callback_url = await check_callback(query.callback_url, state)
         priority = None if query.priority is None else Priority.parse(query.priority)
         submission = operations.Submission(
@@ -203,7 +221,7 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
             entity_id=query.entity_id,
             ordering_key=query.ordering_key,
             max_attempts=query.max_attempts,
-            run_at=operations.schedule(query.run_at, query.delay),
+            run_at=run_at,
             callback_url=callback_url,
             priority=priority,
             fingerprint=request_fingerprint(
@@ -239,6 +257,10 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
             # Revoked or expired since it was remembered: looked up next time.
             if state.enqueue_keys is not None:
                 state.enqueue_keys.forget(principal.key_id)
+            raise
+        except InvalidPayload:
+            # The unique key taken from the payload is too long: for a usable key only.
+            await authenticate(request, Scope.ENQUEUE, fresh=True)
             raise
         state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
         headers = {"Location": views.job_path(result.job_id), **result.rate_headers}

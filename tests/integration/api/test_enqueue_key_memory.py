@@ -12,6 +12,7 @@ from jobcore import apikeys
 from jobcore.db import Database, execute
 from jobcore.sql import Query
 from jobcore.usecases import keys as key_usecases
+from services.api import callbacks
 from services.api.auth import KeyCache
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import assert_problem, counts, enqueue
@@ -88,3 +89,28 @@ async def test_a_replay_with_a_revoked_key_is_refused(
     assert (await enqueue(api_client, headers)).status_code == 202
     await key_usecases.revoke_key(db, created.record.id, actor="tests")
     assert_problem(await enqueue(api_client, headers), 401, "invalid-api-key")
+
+
+async def test_a_remembered_key_revoked_learns_nothing_of_its_request(
+    api_client: httpx.AsyncClient, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad body, a bad parameter or a callback URL: each makes the route look the key up
+    before it answers or resolves anything, so a revoked key gets its 401 (invariant 13)."""
+    created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
+    headers = {"Authorization": f"Bearer {created.key}"}
+    assert (await enqueue(api_client, headers)).status_code == 202
+    await key_usecases.revoke_key(db, created.record.id, actor="tests")
+    resolved: list[str] = []
+
+    async def spy(url: str, allowed: object) -> None:
+        resolved.append(url)
+
+    monkeypatch.setattr(callbacks, "check_callback_url", spy)
+    for response in (
+        await enqueue(api_client, headers, payload={"text": 5}),
+        await enqueue(api_client, headers, params={"max_attempts": "0"}),
+        await enqueue(api_client, headers, params={"callback_url": "https://example.com/h"}),
+    ):
+        assert_problem(response, 401, "invalid-api-key")
+    assert resolved == []
+    assert (await counts(db))["jobs"] == 1
