@@ -412,13 +412,14 @@ def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool |
 
 
 async def _run(on: Executor, statement: Statement) -> psycopg.AsyncCursor[Any]:
+    conn = on.connection if isinstance(on, Session) else on
+    prepare = _prepare(conn, statement)
+    # Without the argument where psycopg's own rule applies (stand-ins in tests take none).
+    options = {} if prepare is None else {"prepare": prepare}
     if isinstance(on, Session):
-        conn = on.connection
         with translate_errors(on.settings):
-            return await conn.execute(
-                statement.query.sql, statement.params, prepare=_prepare(conn, statement)
-            )
-    return await on.execute(statement.query.sql, statement.params, prepare=_prepare(on, statement))
+            return await conn.execute(statement.query.sql, statement.params, **options)
+    return await conn.execute(statement.query.sql, statement.params, **options)
 
 
 async def execute(on: Executor, statement: Statement) -> int:
