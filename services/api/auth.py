@@ -70,6 +70,8 @@ class KeyCache:
         return principal
 
     def put(self, key_hash: str, principal: Principal, expires_at: datetime | None) -> None:
+        if self.seconds <= 0:
+            return  # it would be forgotten at once
         if len(self._keys) >= self.MAX_KEYS:
             self._keys.clear()
         self._keys[key_hash] = (principal, time.monotonic() + self.seconds, expires_at)

@@ -54,6 +54,8 @@ from services.api.views import JsonBody
 # Long enough that a key in steady use costs no lookup; short enough that the key's
 # last_used_at (a minute's resolution) stays true. Revocation does not wait for it.
 KEY_MEMORY_SECONDS = 10.0
+# Remembers nothing: the key is looked up whatever JOBCORE_API_KEY_CACHE_SECONDS says.
+NO_MEMORY = KeyCache(0.0)
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~](?:[ -~]*[!-~])?$"
 
@@ -210,10 +212,6 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
             # one revoked since it was remembered (DESIGN.md, invariant 13).
             await authenticate(request, Scope.ENQUEUE, fresh=True)
             raise
-        if query.callback_url is not None:
-            # Resolving the caller's host is work done for the caller: the key is looked
-            # up first, not taken from memory.
-            await authenticate(request, Scope.ENQUEUE, fresh=True)
         callback_url = await check_callback(query.callback_url, state)
         priority = None if query.priority is None else Priority.parse(query.priority)
         submission = operations.Submission(
@@ -281,6 +279,10 @@ def route_class(job_type: JobType[Any]) -> type[EnqueueRoute]:
             return handle
 
         def key_memory(self, request: Request) -> KeyCache | None:
+            if "callback_url" in request.query_params:
+                # Resolving the caller's host is work done for the caller: such a
+                # request has its key looked up, not taken from any memory.
+                return NO_MEMORY
             memory: KeyCache | None = request.app.state.api.enqueue_keys
             return memory
 

@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore import apikeys
+from jobcore.apikeys import CreatedKey
 from jobcore.db import Database, execute
 from jobcore.sql import Query
 from jobcore.usecases import keys as key_usecases
@@ -28,6 +29,16 @@ _EXPIRE_NOW = Query[dict[str, str]](
 def memory(app: FastAPI) -> KeyCache:
     remembered: KeyCache = app.state.api.enqueue_keys
     return remembered
+
+
+async def remembered_key(
+    client: httpx.AsyncClient, db: Database
+) -> tuple[CreatedKey, dict[str, str]]:
+    """A new key of TENANT that has enqueued once (so the route remembers it)."""
+    created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
+    headers = {"Authorization": f"Bearer {created.key}"}
+    assert (await enqueue(client, headers)).status_code == 202
+    return created, headers
 
 
 async def test_a_remembered_key_enqueues_without_a_lookup(
@@ -55,9 +66,7 @@ async def test_a_remembered_key_enqueues_without_a_lookup(
 async def test_a_remembered_key_revoked_enqueues_no_more_at_once(
     api_app: FastAPI, api_client: httpx.AsyncClient, db: Database
 ) -> None:
-    created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
-    headers = {"Authorization": f"Bearer {created.key}"}
-    assert (await enqueue(api_client, headers)).status_code == 202
+    created, headers = await remembered_key(api_client, db)
     assert memory(api_app).get(apikeys.hash_key(created.key)) is not None
     await key_usecases.revoke_key(db, created.record.id, actor="tests")
     assert_problem(await enqueue(api_client, headers), 401, "invalid-api-key")
@@ -70,9 +79,7 @@ async def test_a_remembered_key_revoked_enqueues_no_more_at_once(
 async def test_a_remembered_key_expired_enqueues_no_more_at_once(
     api_app: FastAPI, api_client: httpx.AsyncClient, db: Database
 ) -> None:
-    created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
-    headers = {"Authorization": f"Bearer {created.key}"}
-    assert (await enqueue(api_client, headers)).status_code == 202
+    created, headers = await remembered_key(api_client, db)
     # The memory still holds the key as never expiring: only the statement can refuse it.
     async with db.session() as session:
         await execute(session, _EXPIRE_NOW({"id": str(created.record.id)}))
@@ -96,9 +103,7 @@ async def test_a_remembered_key_revoked_learns_nothing_of_its_request(
 ) -> None:
     """A bad body, a bad parameter or a callback URL: each makes the route look the key up
     before it answers or resolves anything, so a revoked key gets its 401 (invariant 13)."""
-    created = await key_usecases.create_key(db, TENANT, "tests", actor="tests")
-    headers = {"Authorization": f"Bearer {created.key}"}
-    assert (await enqueue(api_client, headers)).status_code == 202
+    created, headers = await remembered_key(api_client, db)
     await key_usecases.revoke_key(db, created.record.id, actor="tests")
     resolved: list[str] = []
 
