@@ -413,13 +413,25 @@ def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool |
 
 async def _run(on: Executor, statement: Statement) -> psycopg.AsyncCursor[Any]:
     conn = on.connection if isinstance(on, Session) else on
+    if isinstance(on, Session):
+        with translate_errors(on.settings):
+            return await _send(conn, statement)
+    return await _send(conn, statement)
+
+
+async def _send(
+    conn: psycopg.AsyncConnection[Any], statement: Statement
+) -> psycopg.AsyncCursor[Any]:
     prepare = _prepare(conn, statement)
     # Without the argument where psycopg's own rule applies (stand-ins in tests take none).
     options = {} if prepare is None else {"prepare": prepare}
-    if isinstance(on, Session):
-        with translate_errors(on.settings):
-            return await conn.execute(statement.query.sql, statement.params, **options)
-    return await conn.execute(statement.query.sql, statement.params, **options)
+    native = statement.query.native
+    if native is None:
+        return await conn.execute(statement.query.sql, statement.params, **options)
+    # Too long for psycopg's conversion cache: placeholders converted once (jobcore.sql).
+    sql, names = native
+    cursor = psycopg.AsyncRawCursor(conn, row_factory=conn.row_factory)
+    return await cursor.execute(sql, [statement.params[name] for name in names], **options)
 
 
 async def execute(on: Executor, statement: Statement) -> int:

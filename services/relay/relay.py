@@ -32,7 +32,7 @@ from jobcore.amqp.publisher import (
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
-from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.db import AsyncConn, Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
@@ -48,11 +48,13 @@ from jobcore.sql.outbox import (
     OUTBOX_CLAIM_DUE,
     OUTBOX_CLAIM_FAIR,
     OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_DROP_WAKE_LEASE,
     OUTBOX_LISTEN,
     OUTBOX_LISTENER_PING,
     OUTBOX_RECORD_FAILURES,
     OUTBOX_SECONDS_UNTIL_NEXT_DUE,
     OUTBOX_STATUS,
+    OUTBOX_TAKE_WAKE_LEASE,
     OUTBOX_UNLISTEN,
 )
 from jobcore.telemetry import tracing_enabled
@@ -68,14 +70,12 @@ LISTEN_PING_SECONDS = 30.0
 PROBE_TIMEOUT = 2.0
 DATABASE_RETRY_BASE = 0.2
 DATABASE_RETRY_CAP = 5.0
-# Every relay hears every outbox NOTIFY, but the rows it announces go to whichever claims
-# first: the others find nothing. A relay that a NOTIFY woke for nothing waits this long
-# (doubling with each such wake-up in a row, up to the cap) before it answers the next
-# one, and the NOTIFYs meanwhile cost it one claim. So with N replicas a trickle is
-# relayed by the one that keeps winning, in batches that grow with the trickle, instead
-# of N relays each running a claim (and an empty one) per NOTIFY; the others join as
-# soon as their claim finds rows left (docs/scaling.md). A NOTIFY is never delayed on a
-# relay whose last NOTIFY found rows, nor after a wait that ended without one.
+# Only the relay holding the wake lease answers NOTIFYs (OUTBOX_TAKE_WAKE_LEASE), but the
+# others poll, and a poll can claim the rows a NOTIFY announced. A relay that a NOTIFY
+# woke for nothing waits this long (doubling with each such wake-up in a row, up to the
+# cap) before it answers the next one, and the NOTIFYs meanwhile join one claim. A NOTIFY
+# is never delayed on a relay whose last NOTIFY found rows, nor after a wait that ended
+# without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
 # What declaring the topology again can raise: the broker holds it with other arguments,
@@ -129,6 +129,8 @@ class Relay(Service):
         # NOTIFY wake-ups in a row whose drain claimed nothing (another replica had the
         # rows): the next one waits LOST_WAKEUP_BACKOFF_* before claiming.
         self._lost_wakeups = 0
+        # Whether this relay holds the wake lease: its NOTIFYs wake it (OUTBOX_TAKE_WAKE_LEASE).
+        self.answers_notifies = False
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -463,27 +465,40 @@ class Relay(Service):
         return self.options.listen and self.settings.listen_url is not None
 
     async def _listen(self) -> None:
-        """Set the wake event on every NOTIFY; reconnect (with backoff) whenever it breaks."""
+        """Answer NOTIFYs while this relay holds the wake lease; reconnect (with backoff)
+        whenever the LISTEN connection breaks.
+
+        Only the relay holding the lease (``OUTBOX_TAKE_WAKE_LEASE``) LISTENs and sets the
+        wake event; the others try for it every poll interval and poll meanwhile, so N
+        relays cost one claim per NOTIFY, not N (docs/scaling.md).
+        """
         failures = 0
         while not self.stopping.is_set():
             try:
                 async with self.db.listen_connection() as conn:
-                    await execute(conn, OUTBOX_LISTEN({}))
-                    if failures:
-                        log.info("listening for outbox notifications again")
-                    failures = 0
-                    # Rows committed while we were not listening sent no NOTIFY we heard.
-                    self._wake.set()
                     try:
+                        if failures:
+                            log.info("listening for outbox notifications again")
+                        failures = 0
+                        if not await self._take_wake_lease(conn):
+                            return  # stopping
+                        await execute(conn, OUTBOX_LISTEN({}))
+                        # Rows committed before we listened sent no NOTIFY we heard.
+                        self._wake.set()
                         while True:
                             async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
                                 self._wake.set()
                             await execute(conn, OUTBOX_LISTENER_PING({}))
                     finally:
+                        answered = self.answers_notifies
+                        self.answers_notifies = False
                         if not conn.closed:
-                            # Best effort: the pool must not hand out a listening connection.
+                            # Best effort: a pooled connection must not go back listening
+                            # or holding the lease.
                             with contextlib.suppress(Exception):
                                 await execute(conn, OUTBOX_UNLISTEN({}))
+                                if answered:
+                                    await execute(conn, OUTBOX_DROP_WAKE_LEASE({}))
             except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
@@ -494,6 +509,29 @@ class Relay(Service):
                 await self.sleep(
                     backoff_delay(failures, base=DATABASE_RETRY_BASE, cap=DATABASE_RETRY_CAP)
                 )
+
+    async def _take_wake_lease(self, conn: AsyncConn) -> bool:
+        """Wait until this connection holds the wake lease (True), or we stop (False).
+
+        The attempt every poll interval doubles as the connection's ping; the run loop
+        polls meanwhile, so a relay without the lease still drains what is due.
+        """
+        announced = False
+        while not self.stopping.is_set():
+            row = await fetch_one(conn, OUTBOX_TAKE_WAKE_LEASE({}))
+            if row is not None and row["held"]:
+                self.answers_notifies = True
+                if announced:
+                    log.info("this relay answers outbox NOTIFYs now")
+                return True
+            if not announced:
+                announced = True
+                log.info("another relay answers outbox NOTIFYs; this one polls until it goes")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.stopping.wait(), timeout=self.settings.relay_poll_interval
+                )
+        return False
 
     def _report_database(self, error: DatabaseUnavailable | None) -> None:
         if error is not None and not self._database_down:
@@ -533,6 +571,7 @@ class Relay(Service):
             ),
             "idle": self.idle,
             "listens": self.listens,
+            "answers_notifies": self.answers_notifies,
             "totals": dict(self.totals),
         }
         database_ok = True

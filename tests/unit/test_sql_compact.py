@@ -3,11 +3,16 @@ conversion of their placeholders: the hot paths' statements must stay within its
 
 from __future__ import annotations
 
-from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+from psycopg._queries import (
+    MAX_CACHED_STATEMENT_LENGTH,
+    MAX_CACHED_STATEMENT_PARAMS,
+    PostgresQuery,
+)
+from psycopg.adapt import Transformer
 
-from jobcore.sql import Query, compact
+from jobcore.sql import PSYCOPG_CACHED_QUERY_BYTES, Query, compact, native_placeholders
 from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
-from jobcore.sql.jobs import JOB_INSERT, JobInsertParams
+from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT, JobClaimManyParams, JobInsertParams
 
 
 def test_compact_drops_comments_and_whitespace_but_keeps_literals() -> None:
@@ -39,3 +44,25 @@ def test_the_enqueue_path_statements_fit_psycopgs_conversion_cache() -> None:
     for query in (JOB_INSERT, API_KEY_AUTHENTICATE):
         assert len(query.sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH, query.name
     assert len(JobInsertParams.__annotations__) <= MAX_CACHED_STATEMENT_PARAMS
+
+
+def test_psycopgs_cache_limit_is_the_one_the_queries_assume() -> None:
+    assert PSYCOPG_CACHED_QUERY_BYTES == MAX_CACHED_STATEMENT_LENGTH
+
+
+def test_native_placeholders_number_each_name_once_and_unescape_percent() -> None:
+    sql, names = native_placeholders("SELECT %(a)s, %(b)s, %(a)s, 'x%%y' WHERE c = %(c)s")
+    assert sql == "SELECT $1, $2, $1, 'x%y' WHERE c = $3"
+    assert names == ("a", "b", "c")
+
+
+def test_statements_past_the_cache_limit_carry_psycopgs_own_conversion() -> None:
+    """The worker's claim runs with native placeholders: the same text psycopg would send."""
+    assert JOB_CLAIM_MANY.native is not None
+    assert JOB_INSERT.native is None
+    sql, names = JOB_CLAIM_MANY.native
+    params = {name: None for name in names}
+    converted = PostgresQuery(Transformer())
+    converted.convert(JOB_CLAIM_MANY.sql, params)
+    assert converted.query == sql.encode()
+    assert set(names) == set(JobClaimManyParams.__annotations__)

@@ -716,10 +716,12 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         SELECT %(consumer)s, message_id FROM input
         ON CONFLICT DO NOTHING
         RETURNING message_id
-    ), candidate AS (
-        SELECT input.message_id, input.job_id, input.attempt, jobs.tenant, jobs.created_at,
-               jobs.concurrency_key, jobs.concurrency_limit, jobs.rate_key,
-               jobs.rate_per_second, jobs.rate_burst, jobs.ordering_key, jobs.ordering_seq,
+    ), live AS (
+        -- Fresh messages whose job waits for exactly their attempt, and whether its queue
+        -- or type is paused (read once: a job's queue and type never change).
+        SELECT input.*, jobs.created_at, jobs.concurrency_key, jobs.concurrency_limit,
+               jobs.rate_key, jobs.rate_per_second, jobs.rate_burst,
+               {paused("jobs.queue", "jobs.type")} AS paused,
                CASE WHEN jobs.ordering_key IS NOT NULL AND EXISTS (
                    SELECT 1 FROM jobs AS earlier
                    WHERE earlier.tenant = jobs.tenant
@@ -734,19 +736,19 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         WHERE jobs.status = 'pending'
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
-          AND NOT {paused("jobs.queue", "jobs.type")}
     ), concurrency AS (
-        SELECT candidate.*,
+        SELECT live.*,
                CASE WHEN held IS NULL AND concurrency_key IS NOT NULL
                          AND (SELECT count(*) FROM jobs AS running
-                              WHERE running.concurrency_key = candidate.concurrency_key
+                              WHERE running.concurrency_key = live.concurrency_key
                                 AND running.status = 'running')
                              + row_number() OVER (
                                  PARTITION BY concurrency_key, held IS NULL
                                  ORDER BY created_at, job_id)
                              > concurrency_limit
                     THEN 'concurrency' ELSE held END AS held_after
-        FROM candidate
+        FROM live
+        WHERE NOT paused
     ), rate AS (
         SELECT concurrency.*,
                CASE WHEN held_after IS NULL AND rate_key IS NOT NULL
@@ -782,26 +784,26 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id, jobs.held_reason
     ), claimed AS (
+        -- Status and attempt again: a row another claim changed since the snapshot is
+        -- re-checked in its new version (READ COMMITTED), and then left alone.
         UPDATE jobs
         SET status = 'running',
             attempts = jobs.attempts + 1,
-            lease_token = input.lease_token,
-            lease_expires_at = now() + make_interval(secs => input.lease),
+            lease_token = rate.lease_token,
+            lease_expires_at = now() + make_interval(secs => rate.lease),
             worker_id = %(worker_id)s,
             started_at = coalesce(jobs.started_at, statement_timestamp()),
             held_reason = NULL,
             held_since = NULL,
             updated_at = now()
-        FROM input JOIN rate USING (message_id)
-        WHERE jobs.id = input.job_id
+        FROM rate
+        WHERE jobs.id = rate.job_id
           AND rate.verdict IS NULL
           AND jobs.status = 'pending'
-          AND jobs.type = input.type
-          AND jobs.attempts + 1 = input.attempt
-          AND NOT {paused("jobs.queue", "jobs.type")}
-        RETURNING input.message_id, input.lease_token, jobs.id, jobs.payload, jobs.attempts,
-                  jobs.max_attempts, jobs.cancel_requested_at, jobs.traceparent,
-                  jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
+          AND jobs.attempts + 1 = rate.attempt
+        RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
+                  jobs.payload, jobs.attempts, jobs.max_attempts, jobs.cancel_requested_at,
+                  jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), parked AS (
         INSERT INTO outbox (
@@ -812,15 +814,11 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
                jsonb_strip_nulls(jsonb_build_object(
                    'traceparent', jobs.traceparent, 'tracestate', jobs.tracestate)),
                convert_to(jsonb_build_object(
-                   'v', 1, 'job_id', jobs.id, 'attempt', input.attempt, 'type', jobs.type
+                   'v', 1, 'job_id', jobs.id, 'attempt', live.attempt, 'type', jobs.type
                )::text, 'UTF8'),
                jobs.id, jobs.tenant, jobs.priority
-        FROM input JOIN received USING (message_id)
-        JOIN jobs ON jobs.id = input.job_id
-        WHERE jobs.status = 'pending'
-          AND jobs.type = input.type
-          AND jobs.attempts + 1 = input.attempt
-          AND {paused("jobs.queue", "jobs.type")}
+        FROM live JOIN jobs ON jobs.id = live.job_id
+        WHERE live.paused
         RETURNING job_id
     ), claim_events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
@@ -835,13 +833,11 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
            parked.job_id IS NOT NULL AS parked,
            before.status AS status_before,
            held.held_reason,
-           claimed.id, claimed.lease_token, claimed.payload, claimed.attempts,
-           claimed.max_attempts, claimed.cancel_requested_at, claimed.traceparent,
-           claimed.tracestate, claimed.created_at, claimed.due_at
+           claimed.*
     FROM input
     LEFT JOIN received USING (message_id)
     LEFT JOIN jobs AS before ON before.id = input.job_id
-    LEFT JOIN claimed ON claimed.message_id = input.message_id
+    LEFT JOIN claimed ON claimed.claimed_message_id = input.message_id
     LEFT JOIN parked ON parked.job_id = input.job_id
     LEFT JOIN held ON held.message_id = input.message_id
     """,

@@ -31,6 +31,29 @@ OUTBOX_UNLISTEN = Query[NoParams](
 )
 
 
+# One relay at a time answers the outbox NOTIFYs: the one whose LISTEN connection holds
+# this session lock. A relay that does not hold it polls (relay_poll_interval) and claims
+# whatever is due then, so a backlog is still drained by every replica; a trickle is
+# relayed by one, in batches instead of one empty claim per replica per NOTIFY. The
+# lock is the connection's: it goes when the holder's connection does (a relay killed,
+# its database connection cut), and the next relay to try takes it. The LISTEN
+# connection is always a direct one (never through PgBouncer), so a session lock holds.
+OUTBOX_WAKE_LOCK = "jobcore.outbox.wake"
+
+OUTBOX_TAKE_WAKE_LEASE = Query[NoParams](
+    "outbox_take_wake_lease",
+    "Whether this connection now holds the lock of the relay that answers NOTIFYs.",
+    f"SELECT pg_try_advisory_lock(hashtext('{OUTBOX_WAKE_LOCK}')) AS held",
+)
+
+
+OUTBOX_DROP_WAKE_LEASE = Query[NoParams](
+    "outbox_drop_wake_lease",
+    "Release that lock before the connection goes back to a pool.",
+    f"SELECT pg_advisory_unlock(hashtext('{OUTBOX_WAKE_LOCK}')) AS released",
+)
+
+
 OUTBOX_LISTENER_PING = Query[NoParams](
     "outbox_listener_ping", "A round trip, to notice a connection that died silently.", "SELECT 1"
 )

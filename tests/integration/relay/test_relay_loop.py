@@ -3,6 +3,7 @@ rows the broker refuses, and what it reports to operators."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +15,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
+from services.relay.relay import Relay
 from tests.integration.relay.helpers import (
     TRACEPARENT,
     collect,
@@ -229,3 +231,54 @@ async def test_stop_commits_the_batch_in_flight_and_claims_no_more(
     # nothing was lost between the two.
     assert not (collector.distinct & left)
     assert collector.distinct | left == {r["message_id"] for r in rows}
+
+
+async def test_one_relay_answers_notifies_and_the_other_stands_by(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    collector = await collect(amqp_channel, topology)
+    # Polls a minute apart: within the test, only a NOTIFY moves a row.
+    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
+    async with running_relay(slow_poll, db) as first:
+        await wait_idle(first)
+        await eventually(lambda: _answers(first), what="the first relay to take the wake lease")
+        async with running_relay(slow_poll, db) as second:
+            await wait_idle(second)
+            rows = await fill_outbox(db, topology, 20, notify=True)
+            await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
+            await wait_drained(db, timeout=10)
+            assert first.answers_notifies
+            assert not second.answers_notifies
+            assert first.totals["published"] == 20
+            assert second.totals["published"] == 0
+
+
+async def test_a_standby_relay_takes_the_wake_lease_when_its_holder_stops(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    collector = await collect(amqp_channel, topology)
+    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
+    # The standby tries for the lease every poll interval.
+    quick_poll = settings.model_copy(update={"relay_poll_interval": 0.2})
+    async with contextlib.AsyncExitStack() as stack:
+        async with running_relay(slow_poll, db) as holder:
+            await eventually(lambda: _answers(holder), what="the first relay to take the lease")
+            standby = await stack.enter_async_context(running_relay(quick_poll, db))
+            await wait_idle(standby)
+            assert not standby.answers_notifies
+        # The holder stopped, and gave the lease back with its pooled connection.
+        await eventually(lambda: _answers(standby), what="the standby to take the wake lease")
+        await wait_idle(standby)
+        rows = await fill_outbox(db, topology, 5, notify=True)
+        await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
+        await wait_drained(db, timeout=10)
+
+
+async def _answers(relay: Relay) -> bool:
+    return relay.answers_notifies
