@@ -45,6 +45,7 @@ from jobcore.settings import RelayOptions, Settings
 from jobcore.sql import NoParams, Query
 from jobcore.sql.outbox import (
     OUTBOX_ANY_DUE,
+    OUTBOX_ANY_OVERDUE,
     OUTBOX_CLAIM_DUE,
     OUTBOX_CLAIM_FAIR,
     OUTBOX_DELETE_PUBLISHED,
@@ -194,8 +195,8 @@ class Relay(Service):
         claim, one more that finds none). Only a full batch (a backlog) starts the lanes,
         whose claims and commits overlap each other's confirms.
         """
-        claimed = await self.relay_batch()
-        if not self._more_may_be_due(claimed):
+        claimed, more = await self.relay_batch()
+        if not more:
             return claimed
         full = min(
             self.settings.relay_batch_size, self.room.limit or self.settings.relay_batch_size
@@ -212,15 +213,26 @@ class Relay(Service):
     async def _lane(self) -> int:
         claimed = 0
         while not self.stopping.is_set() and self.publisher.connected:
-            batch = await self.relay_batch()
+            batch, more = await self.relay_batch()
             claimed += batch
-            if not self._more_may_be_due(batch):
+            if not more:
                 break
         return claimed
 
     async def _any_due(self) -> bool:
-        row = await self._fetch_one(OUTBOX_ANY_DUE)
+        if self.stands_by:
+            # The lease holder publishes what is due; this relay helps with a backlog.
+            async with self.db.connection() as conn:
+                seconds = self.settings.relay_poll_interval
+                row = await fetch_one(conn, OUTBOX_ANY_OVERDUE({"seconds": seconds}))
+        else:
+            row = await self._fetch_one(OUTBOX_ANY_DUE)
         return row is not None and bool(row["due"])
+
+    @property
+    def stands_by(self) -> bool:
+        """Listening, but another relay holds the wake lease (OUTBOX_TAKE_WAKE_LEASE)."""
+        return self.listens and not self.answers_notifies
 
     async def _after_lost_wakeups(self) -> None:
         """Before claiming for a NOTIFY, the back-off of a relay whose last NOTIFY-woken
@@ -236,16 +248,9 @@ class Relay(Service):
         )
         await self.sleep(delay)
 
-    def _more_may_be_due(self, claimed: int) -> bool:
-        # The FIFO claim takes everything due up to the batch size; the fair one can take
-        # less with more due (a tenant's share left unused, a queue's room), so only a
-        # claim that found nothing ends the drain.
-        if self.options.fair_claim:
-            return claimed > 0
-        return claimed >= self.settings.relay_batch_size
-
-    async def relay_batch(self) -> int:
-        """Claim, publish and settle one batch in one transaction; return rows claimed."""
+    async def relay_batch(self) -> tuple[int, bool]:
+        """Claim, publish and settle one batch in one transaction; return the rows claimed
+        and whether more may be due."""
         if not self.options.fair_claim:
             return await self._settle_batch(None)
         grant = await self.room.grant(self.publisher.connection)
@@ -255,13 +260,13 @@ class Relay(Service):
             await self.publisher.disconnect(grant.broker_error)
         try:
             if grant.empty:
-                return 0
+                return 0, False
             return await self._settle_batch(grant)
         finally:
             # After the commit: the confirmed messages count in the queues' depths now.
             await self.room.release(grant)
 
-    async def _settle_batch(self, grant: Grant | None) -> int:
+    async def _settle_batch(self, grant: Grant | None) -> tuple[int, bool]:
         async with self.db.unit_of_work() as uow:
             if grant is None:
                 claim = OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size})
@@ -281,7 +286,11 @@ class Relay(Service):
             if grant is not None:
                 await self.room.keep(grant, Counter(row["routing_key"] for row in rows))
             if not rows:
-                return 0
+                return 0, False
+            limit = self.settings.relay_batch_size
+            # The FIFO claim takes everything due up to the limit; the fair one says whether
+            # it left rows due (OUTBOX_CLAIM_FAIR's more_due).
+            more = len(rows) >= limit or (grant is not None and bool(rows[0]["more_due"]))
             messages = [
                 OutgoingMessage(
                     row["exchange"],
@@ -322,7 +331,7 @@ class Relay(Service):
         missing = self._missing_route(messages, result)
         if missing is not None:
             await self._redeclare_topology(missing)
-        return len(rows)
+        return len(rows), more
 
     async def _record_failures(
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult
@@ -437,7 +446,8 @@ class Relay(Service):
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
         timeout = self.settings.relay_poll_interval
-        row = await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE)
+        # A scheduled row is the lease holder's to publish when it is due.
+        row = None if self.stands_by else await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE)
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)

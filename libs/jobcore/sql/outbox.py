@@ -109,7 +109,11 @@ class OutboxClaimFairParams(TypedDict):
 # at most lanes - 1 rows more than it publishes (they wait for the next claim), and a lane
 # with fewer due rows leaves its share unused for this batch (the relay claims again).
 # PostgreSQL refuses a window function next to FOR UPDATE, so a row's turn in its lane is
-# counted outside the locking subquery. 100,000 due rows of one tenant and a few of
+# counted outside the locking subquery. `more_due` (on every row) says whether rows may
+# be left due: a lane locked its whole share, or locked rows lost their slot to the
+# budget. Without it, every due row of the snapshot was claimed (or is another claim's,
+# locked), and the relay need not run one more claim to find nothing; rows committed
+# since come with their NOTIFY. 100,000 due rows of one tenant and a few of
 # others: under 1 ms.
 #
 # The BETWEEN restates the tenant equality on purpose. With statistics that see one
@@ -154,7 +158,7 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
                     / sum(weight) OVER (PARTITION BY routing_key))::int AS share
         FROM weighted
     ), locked AS (
-        SELECT budgeted.budget, budgeted.weight, o.*
+        SELECT budgeted.budget, budgeted.weight, budgeted.share, o.*
         FROM budgeted CROSS JOIN LATERAL (
             SELECT o.id, o.message_id, o.exchange, o.routing_key, o.message_type, o.headers,
                    o.body, o.attempts, o.tenant, o.priority, o.available_at
@@ -176,17 +180,21 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         SELECT locked.*,
                row_number() OVER (
                    PARTITION BY routing_key, tenant, priority ORDER BY available_at, id
-               )::float8 / weight AS turn
+               )::float8 / weight AS turn,
+               count(*) OVER (PARTITION BY routing_key, tenant, priority) AS lane_rows
         FROM locked
     ), slots AS (
         SELECT turns.*,
                row_number() OVER (
                    PARTITION BY routing_key ORDER BY turn, priority DESC, available_at, id
-               ) AS slot
+               ) AS slot,
+               bool_or(lane_rows >= share) OVER () AS lane_full,
+               count(*) OVER () AS locked_rows
         FROM turns
     )
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
-           headers, body, attempts, tenant, priority
+           headers, body, attempts, tenant, priority,
+           lane_full OR locked_rows > count(*) OVER () AS more_due
     FROM slots
     WHERE slot <= budget
     ORDER BY turn, priority DESC, available_at, id
@@ -358,6 +366,27 @@ OUTBOX_ANY_DUE = Query[NoParams](
     """
     SELECT EXISTS (
         SELECT 1 FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+    ) AS due
+    """,
+)
+
+
+class OutboxAnyOverdueParams(TypedDict):
+    seconds: float
+
+
+# What a relay without the wake lease looks for when it polls: rows that have been due
+# for longer than a poll interval, which the relay holding the lease would have published
+# by then had it kept up (or were it still there). So standby relays claim nothing while
+# the holder keeps up, and drain with it once a backlog builds.
+OUTBOX_ANY_OVERDUE = Query[OutboxAnyOverdueParams](
+    "outbox_any_overdue",
+    "Whether any unquarantined row has been due for longer than this many seconds.",
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM outbox
+        WHERE available_at <= now() - make_interval(secs => %(seconds)s)
+          AND quarantined_at IS NULL
     ) AS due
     """,
 )

@@ -3,11 +3,17 @@ routing key's budget, locks that other claimers skip, and the rows it must leave
 
 from __future__ import annotations
 
+from typing import Any
+
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all
 from jobcore.priorities import WEIGHTS
 from jobcore.sql import Statement
-from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR, OUTBOX_RECORD_FAILURES
+from jobcore.sql.outbox import (
+    OUTBOX_CLAIM_FAIR,
+    OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_RECORD_FAILURES,
+)
 from tests.integration.relay.helpers import fill_outbox
 
 
@@ -104,3 +110,29 @@ async def test_scheduled_and_quarantined_rows_are_not_claimed(
         rows = await fetch_all(uow, claim({"testq": 10}))
     assert [r["id"] for r in rows] == [due["id"]]
     assert scheduled["id"] not in {r["id"] for r in rows}
+
+
+async def test_a_claim_says_whether_it_left_rows_due(db: Database, topology: Topology) -> None:
+    """So a drain ends on the claim that took the last rows, not on one more that finds none."""
+    await fill_outbox(db, topology, 30, tenant="a")
+    await fill_outbox(db, topology, 3, tenant="b")
+
+    async with db.unit_of_work() as uow:
+        # a's share of 20 is 10 of its 30 rows: rows are left.
+        rows = await fetch_all(uow, claim({"testq": 20}))
+        assert len(rows) == 13
+        assert {r["more_due"] for r in rows} == {True}
+        await execute(uow, _delete(rows))
+        await uow.commit()
+
+    async with db.unit_of_work() as uow:
+        # 20 rows of a left, a share of 40: all of them, and nothing is left.
+        rows = await fetch_all(uow, claim({"testq": 40}))
+        assert len(rows) == 20
+        assert {r["more_due"] for r in rows} == {False}
+        await execute(uow, _delete(rows))
+        await uow.commit()
+
+
+def _delete(rows: list[Any]) -> Statement:
+    return OUTBOX_DELETE_PUBLISHED({"ids": [r["id"] for r in rows], "relay": "test"})

@@ -12,8 +12,9 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, execute, fetch_one
 from jobcore.settings import Settings
+from jobcore.sql.outbox import OUTBOX_DROP_WAKE_LEASE, OUTBOX_TAKE_WAKE_LEASE
 from jobcore.testing.waiting import eventually
 from services.relay.relay import Relay
 from tests.integration.relay.helpers import (
@@ -282,3 +283,29 @@ async def test_a_standby_relay_takes_the_wake_lease_when_its_holder_stops(
 
 async def _answers(relay: Relay) -> bool:
     return relay.answers_notifies
+
+
+async def test_a_standby_relay_publishes_rows_the_lease_holder_leaves_overdue(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    """A holder that publishes nothing (stuck, or its broker gone): the standby's polls
+    find the rows overdue and drain them."""
+    collector = await collect(amqp_channel, topology)
+    quick_poll = settings.model_copy(update={"relay_poll_interval": 0.2})
+    async with db.connection() as holder:
+        taken = await fetch_one(holder, OUTBOX_TAKE_WAKE_LEASE({}))
+        assert taken is not None
+        assert taken["held"]
+        try:
+            async with running_relay(quick_poll, db) as standby:
+                await wait_idle(standby)
+                assert not standby.answers_notifies
+                rows = await fill_outbox(db, topology, 50, notify=True)
+                await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
+                await wait_drained(db, timeout=10)
+                assert not standby.answers_notifies
+        finally:
+            await execute(holder, OUTBOX_DROP_WAKE_LEASE({}))
