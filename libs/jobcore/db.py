@@ -283,8 +283,8 @@ class Database:
     def session(self) -> Session:
         return Session(self)
 
-    def unit_of_work(self) -> UnitOfWork:
-        return UnitOfWork(self)
+    def unit_of_work(self, *, begin_with_first_statement: bool = False) -> UnitOfWork:
+        return UnitOfWork(self, begin_with_first_statement=begin_with_first_statement)
 
     async def ping(self) -> None:
         async with self.connection() as conn:
@@ -345,20 +345,37 @@ class UnitOfWork(Session):
 
     ``async with db.unit_of_work() as uow: ...; await uow.commit()``. Given a
     ``connection`` (:meth:`Session.transaction`), it uses that one and leaves it checked out.
+
+    With ``begin_with_first_statement``, BEGIN goes out with the first statement, in one
+    round trip (psycopg's pipeline mode), instead of one of its own: for a hot path whose
+    every statement goes through the gateway (a statement sent on ``connection`` directly
+    before the first gateway one would run outside the transaction). The relay's claim
+    on an idle machine, where a round trip costs ~0.6 ms, started half a millisecond later
+    with BEGIN on its own.
     """
 
     _kind = "unit of work"
 
-    def __init__(self, db: Database, *, connection: AsyncConn | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        connection: AsyncConn | None = None,
+        begin_with_first_statement: bool = False,
+    ) -> None:
         super().__init__(db)
         self._borrowed = connection
         self._committed = False
+        # True until BEGIN was sent (with the first statement, when deferred).
+        self.begin_pending = begin_with_first_statement
 
     async def __aenter__(self) -> Self:
         if self._borrowed is not None:
             self._conn = self._borrowed
         else:
             await super().__aenter__()
+        if self.begin_pending:
+            return self
         try:
             with translate_errors(self._db.settings):
                 await self.connection.execute("BEGIN")
@@ -375,7 +392,7 @@ class UnitOfWork(Session):
     ) -> None:
         conn = self.connection
         try:
-            if not self._committed and not conn.closed:
+            if not self._committed and not self.begin_pending and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
         finally:
@@ -385,13 +402,15 @@ class UnitOfWork(Session):
         raise ServiceStateError("already in a transaction")
 
     async def commit(self) -> None:
-        with translate_errors(self._db.settings):
-            await self.connection.execute("COMMIT")
+        if not self.begin_pending:  # else no statement ran: nothing to commit
+            with translate_errors(self._db.settings):
+                await self.connection.execute("COMMIT")
         self._committed = True
 
     async def rollback(self) -> None:
-        with translate_errors(self._db.settings):
-            await self.connection.execute("ROLLBACK")
+        if not self.begin_pending:
+            with translate_errors(self._db.settings):
+                await self.connection.execute("ROLLBACK")
         self._committed = True  # nothing left to roll back on exit
 
 
@@ -413,6 +432,14 @@ def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool |
 
 async def _run(on: Executor, statement: Statement) -> psycopg.AsyncCursor[Any]:
     conn = on.connection if isinstance(on, Session) else on
+    if isinstance(on, UnitOfWork) and on.begin_pending:
+        # From here on the transaction is open (or aborted): the exit rolls it back.
+        on.begin_pending = False
+        with translate_errors(on.settings):
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                cursor = await _send(conn, statement)
+            return cursor
     if isinstance(on, Session):
         with translate_errors(on.settings):
             return await _send(conn, statement)

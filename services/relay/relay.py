@@ -267,7 +267,8 @@ class Relay(Service):
             await self.room.release(grant)
 
     async def _settle_batch(self, grant: Grant | None) -> tuple[int, bool]:
-        async with self.db.unit_of_work() as uow:
+        # BEGIN with the claim: one round trip less before the first publish.
+        async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             if grant is None:
                 claim = OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size})
             else:
@@ -645,6 +646,9 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
         # A connection per lane, the LISTEN connection, and one for probes and waits.
         max_size=max(settings.db_pool_max, options.lanes + 3),
         name="jobcore-relay",
+        # The claims and the delete (marked generic_plan) are planned once per connection:
+        # planned anew, the fair claim took 2.5 ms a run where its plan runs in 0.9.
+        generic_plans=True,
     )
     await db.open(wait=True)
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ from jobcore.errors import BrokerUnavailable
 # messages meanwhile, well under the default limit of 1,000.
 REFILL_FRACTION = 4
 RECHECK_SECONDS = 0.05
+# Depths read this recently are reused while every queue stays under half the limit by
+# them, plus what this relay claimed for it since (workers only take messages out): no
+# passive declares on the way of a trickle's message (two broker round trips, 0.5 ms each
+# on an idle machine), nor per batch under load. Another relay's messages of the meantime
+# go uncounted for that long: with one relay answering NOTIFYs (the wake lease) the others
+# publish little, and the limit holds per relay anyway.
+DEPTH_REUSE_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -82,6 +90,10 @@ class QueueRoom:
             topology.routing_key(q): topology.queue_name(q) for q in {*queues, WEBHOOKS_QUEUE}
         }
         self._in_flight: Counter[str] = Counter()
+        # The last depths read, when (monotonic), and what this relay settled since.
+        self._depths: dict[str, int] | None = None
+        self._depths_read_at = 0.0
+        self._settled_since_read: Counter[str] = Counter()
         self._lock = asyncio.Lock()
         self._channel: AbstractChannel | None = None
         # The connection the channel was opened on: after a reconnect it is dropped.
@@ -94,7 +106,9 @@ class QueueRoom:
             return Grant(dict.fromkeys(self._queues, self.batch_size), self.batch_size)
         async with self._lock:
             try:
-                depths = await self._depths(connection)
+                depths = self._recent_depths()
+                if depths is None:
+                    depths = await self._read_depths(connection)
             except BrokerUnavailable as exc:
                 # Nothing is claimed for the limited queues until the publisher has
                 # connected again (the relay drops the connection on broker_error).
@@ -127,9 +141,11 @@ class QueueRoom:
 
     async def release(self, grant: Grant) -> None:
         """The batch is settled: its confirmed messages count in the queues' depths now."""
-        await self._give_back(grant, Counter(grant.reserved))
+        await self._give_back(grant, Counter(grant.reserved), settled=True)
 
-    async def _give_back(self, grant: Grant, amounts: Counter[str]) -> None:
+    async def _give_back(
+        self, grant: Grant, amounts: Counter[str], *, settled: bool = False
+    ) -> None:
         if self.limit == 0:
             return
         async with self._lock:
@@ -137,8 +153,30 @@ class QueueRoom:
                 n = min(n, grant.reserved[routing_key])
                 grant.reserved[routing_key] -= n
                 self._in_flight[routing_key] -= n
+                if settled:
+                    # At most n of them were confirmed: an upper bound of what went in.
+                    self._settled_since_read[routing_key] += n
 
-    async def _depths(self, connection: AbstractConnection | None) -> dict[str, int]:
+    def _recent_depths(self) -> dict[str, int] | None:
+        """The last depths read plus what this relay settled since, if recent and every
+        queue is under half the limit by them (DEPTH_REUSE_SECONDS); else None."""
+        if self._depths is None:
+            return None
+        if time.monotonic() - self._depths_read_at > DEPTH_REUSE_SECONDS:
+            return None
+        depths = {rk: d + self._settled_since_read[rk] for rk, d in self._depths.items()}
+        if any(depth + self._in_flight[rk] >= self.limit // 2 for rk, depth in depths.items()):
+            return None
+        return depths
+
+    async def _read_depths(self, connection: AbstractConnection | None) -> dict[str, int]:
+        self._depths = None
+        depths = await self._depths_of(connection)
+        self._depths, self._depths_read_at = depths, time.monotonic()
+        self._settled_since_read.clear()
+        return depths
+
+    async def _depths_of(self, connection: AbstractConnection | None) -> dict[str, int]:
         """Ready messages per routing key; a queue that is not there yet holds none."""
         if connection is None:
             raise BrokerUnavailable("no broker connection to read queue depths on")

@@ -243,3 +243,38 @@ async def test_the_checkout_check_queries_only_a_suspect_connection(
         assert queried == [pid]
     finally:
         await database.close()
+
+
+TXID = Query("txid", "This transaction's id.", "SELECT txid_current() AS txid")
+FAIL = Query("fail", "A statement that fails.", "SELECT 1 / 0 AS never")
+
+
+async def test_a_unit_of_work_can_begin_with_its_first_statement(
+    db: Database, topology: Topology
+) -> None:
+    noop = default_registry.get("noop")
+    async with db.unit_of_work(begin_with_first_statement=True) as uow:
+        first = await fetch_one(uow, TXID({}))
+        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        second = await fetch_one(uow, TXID({}))
+    # One transaction (BEGIN went out with the first statement), rolled back on exit.
+    assert first is not None
+    assert second is not None
+    assert first["txid"] == second["txid"]
+    assert await counts(db) == (0, 0)
+
+    async with db.unit_of_work(begin_with_first_statement=True) as uow:
+        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await uow.commit()
+    assert await counts(db) == (1, 1)
+
+    # A first statement that fails leaves an aborted transaction, rolled back on exit: the
+    # pooled connection comes back clean.
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        async with db.unit_of_work(begin_with_first_statement=True) as uow:
+            await fetch_one(uow, FAIL({}))
+    assert await counts(db) == (1, 1)
+
+    # No statement at all: nothing to begin, commit or roll back.
+    async with db.unit_of_work(begin_with_first_statement=True) as uow:
+        await uow.commit()

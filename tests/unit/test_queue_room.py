@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -10,16 +11,20 @@ import aiormq
 from aio_pika.abc import AbstractConnection
 
 from jobcore.amqp.topology import Topology
-from services.relay.room import QueueRoom
+from services.relay.room import DEPTH_REUSE_SECONDS, QueueRoom
 
 
-def room_with_depths(depths: dict[str, int], *, limit: int = 100) -> QueueRoom:
+def room_with_depths(
+    depths: dict[str, int], *, limit: int = 100, reads: list[int] | None = None
+) -> QueueRoom:
     room = QueueRoom(Topology("p"), ["q"], limit=limit, batch_size=500, timeout=1.0)
 
     async def read(connection: AbstractConnection | None) -> dict[str, int]:
+        if reads is not None:
+            reads.append(1)
         return dict(depths)
 
-    room._depths = read  # type: ignore[method-assign]  # the broker's answer, without one
+    room._depths_of = read  # type: ignore[method-assign]  # the broker's answer, without one
     return room
 
 
@@ -98,3 +103,35 @@ async def test_a_channel_on_a_connection_closed_by_another_lane_is_a_broker_erro
     assert grant.broker_error is not None
     assert "No active transport" in grant.broker_error
     assert not any(grant.budgets.values())
+
+
+async def test_recent_depths_are_reused_while_far_from_the_limit() -> None:
+    depths = {"q": 0, "webhooks": 0}
+    reads: list[int] = []
+    room = room_with_depths(depths, reads=reads)
+
+    first = await room.grant(None)
+    await room.keep(first, {"q": 5})
+    await room.release(first)
+    # Just read, and 5 claimed since: 95 left, without asking the broker again.
+    second = await room.grant(None)
+    assert len(reads) == 1
+    assert second.budgets["q"] == 95
+    await room.keep(second, {"q": 60})
+    await room.release(second)
+
+    # 65 may be in the queue now, past half the limit: the broker is asked.
+    depths["q"] = 40
+    third = await room.grant(None)
+    assert len(reads) == 2
+    assert third.budgets["q"] == 60
+
+
+async def test_depths_older_than_the_reuse_window_are_read_again(monkeypatch: Any) -> None:
+    reads: list[int] = []
+    room = room_with_depths({"q": 0, "webhooks": 0}, reads=reads)
+    await room.release(await room.grant(None))
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + DEPTH_REUSE_SECONDS + 0.1)
+    await room.release(await room.grant(None))
+    assert len(reads) == 2

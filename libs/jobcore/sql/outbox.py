@@ -79,6 +79,7 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
     """,
+    generic_plan=True,
 )
 
 
@@ -200,6 +201,7 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
     ORDER BY turn, priority DESC, available_at, id
     LIMIT %(limit)s
     """,
+    generic_plan=True,
 )
 
 
@@ -279,6 +281,7 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     )
     SELECT count(*) AS deleted FROM gone
     """,
+    generic_plan=True,
 )
 
 
