@@ -29,7 +29,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobcore.dbtracing import cursor_options
+from jobcore.dbtracing import TracedCursor, TracedRawCursor, cursor_options
 from jobcore.errors import DatabaseMissing, DatabaseUnavailable, ServiceStateError
 from jobcore.settings import Settings
 from jobcore.sql import Statement
@@ -453,11 +453,14 @@ async def _send(
     # Without the argument where psycopg's own rule applies (stand-ins in tests take none).
     options = {} if prepare is None else {"prepare": prepare}
     native = statement.query.native
-    if native is None:
+    if native is None or not isinstance(conn, psycopg.AsyncConnection):
         return await conn.execute(statement.query.sql, statement.params, **options)
     # Too long for psycopg's conversion cache: placeholders converted once (jobcore.sql).
     sql, names = native
-    cursor = psycopg.AsyncRawCursor(conn, row_factory=conn.row_factory)
+    raw = (
+        TracedRawCursor if issubclass(conn.cursor_factory, TracedCursor) else psycopg.AsyncRawCursor
+    )
+    cursor = raw(conn, row_factory=conn.row_factory)
     return await cursor.execute(sql, [statement.params[name] for name in names], **options)
 
 

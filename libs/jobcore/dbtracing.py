@@ -60,6 +60,8 @@ def _statement_names() -> dict[str, str]:
             for value in vars(module).values():
                 if isinstance(value, Query):
                     names[value.sql] = value.name
+                    if value.native is not None:  # sent through a raw cursor as this text
+                        names[value.native[0]] = value.name
         _names = names
     return _names
 
@@ -166,3 +168,7 @@ class TracedCursor(psycopg.AsyncCursor[DictRow]):
 def cursor_options() -> dict[str, Any]:
     """Extra connection arguments for a pool: the traced cursor when tracing is on."""
     return {"cursor_factory": TracedCursor} if tracing_enabled() else {}
+
+
+class TracedRawCursor(psycopg.AsyncRawCursor[DictRow], TracedCursor):
+    """The traced cursor for statements with native placeholders (jobcore.sql.Query.native)."""
