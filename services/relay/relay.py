@@ -42,7 +42,7 @@ from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import RelayOptions, Settings
-from jobcore.sql import NoParams, Query
+from jobcore.sql import Statement
 from jobcore.sql.outbox import (
     OUTBOX_ANY_DUE,
     OUTBOX_ANY_OVERDUE,
@@ -191,9 +191,9 @@ class Relay(Service):
         """Publish until the due rows run out (or their queues are full), the broker goes,
         or we are stopping; return the rows claimed.
 
-        One batch first: a wake-up for a few rows costs one claim (and, with the fair
-        claim, one more that finds none). Only a full batch (a backlog) starts the lanes,
-        whose claims and commits overlap each other's confirms.
+        One batch first: a wake-up for a few rows costs one claim (the claim says whether
+        it left rows due). Only a full batch (a backlog) starts the lanes, whose claims and
+        commits overlap each other's confirms.
         """
         claimed, more = await self.relay_batch()
         if not more:
@@ -220,13 +220,13 @@ class Relay(Service):
         return claimed
 
     async def _any_due(self) -> bool:
-        if self.stands_by:
-            # The lease holder publishes what is due; this relay helps with a backlog.
-            async with self.db.connection() as conn:
-                seconds = self.settings.relay_poll_interval
-                row = await fetch_one(conn, OUTBOX_ANY_OVERDUE({"seconds": seconds}))
-        else:
-            row = await self._fetch_one(OUTBOX_ANY_DUE)
+        # A standby leaves what is due to the lease holder and helps with a backlog.
+        probe = (
+            OUTBOX_ANY_OVERDUE({"seconds": self.settings.relay_poll_interval})
+            if self.stands_by
+            else OUTBOX_ANY_DUE({})
+        )
+        row = await self._fetch_one(probe)
         return row is not None and bool(row["due"])
 
     @property
@@ -448,13 +448,13 @@ class Relay(Service):
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
         timeout = self.settings.relay_poll_interval
         # A scheduled row is the lease holder's to publish when it is due.
-        row = None if self.stands_by else await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE)
+        row = None if self.stands_by else await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE({}))
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
         if self.room.throttled:
             # A full queue is not announced: look again soon while rows wait for room.
-            due = await self._fetch_one(OUTBOX_ANY_DUE)
+            due = await self._fetch_one(OUTBOX_ANY_DUE({}))
             if due is not None and due["due"]:
                 timeout = min(timeout, RECHECK_SECONDS)
         waiters = [
@@ -552,9 +552,9 @@ class Relay(Service):
             self._database_down = False
             log.info("database reachable again")
 
-    async def _fetch_one(self, query: Query[NoParams]) -> dict[str, Any] | None:
+    async def _fetch_one(self, statement: Statement) -> dict[str, Any] | None:
         async with self.db.connection() as conn:
-            return await fetch_one(conn, query({}))
+            return await fetch_one(conn, statement)
 
     # -- what operators see ----------------------------------------------------------------
 
@@ -565,7 +565,7 @@ class Relay(Service):
             and now - self._backlog[0] < self.options.backlog_cache_seconds
         ):
             return self._backlog[1]
-        row = await self._fetch_one(OUTBOX_STATUS)
+        row = await self._fetch_one(OUTBOX_STATUS({}))
         backlog = dict(row) if row else {}
         self._backlog = (now, backlog)
         return backlog
