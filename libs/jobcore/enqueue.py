@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session, fetch_one
+from jobcore.db import Session, UnitOfWork, fetch_one
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
     EnqueueRateExceeded,
@@ -231,6 +231,7 @@ async def enqueue(
     ordering_key: str | None = None,
     ordering_seq: int | None = None,
     key_id: uuid.UUID | None = None,
+    wake_relays: Callable[[], None] | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -256,6 +257,11 @@ async def enqueue(
     statement that writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
     expired by then, and nothing is written).
 
+    ``wake_relays`` (:meth:`jobcore.wakeups.RelayWakeups.wake`): on a session, the
+    statement does not NOTIFY the relays; this is called once it committed a new job
+    (why: :mod:`jobcore.wakeups`). In a unit of work, or without it, the statement
+    NOTIFYs, and the relays hear it when the caller commits.
+
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
     the same key, no job is written and :class:`UniqueJobExists` names that job (checked
@@ -276,6 +282,7 @@ async def enqueue(
             ordering_key=ordering_key,
         )
     job_id = uuid.uuid4()
+    woken_after = wake_relays is not None and not isinstance(uow, UnitOfWork)
     params: JobInsertParams = {
         "id": job_id,
         "tenant": tenant,
@@ -294,6 +301,7 @@ async def enqueue(
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,
+        "notify": not woken_after,
         "default_rate": quotas.enqueue_rate,
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
@@ -310,6 +318,9 @@ async def enqueue(
     for _ in range(UNIQUE_KEY_TRIES):
         outcome = await _insert(uow, params, legacy=payload)
         if outcome is not None:
+            if woken_after and not outcome.replayed:
+                assert wake_relays is not None
+                wake_relays()
             return outcome
     raise ServiceStateError("the unique key's holder kept changing; retry")
 

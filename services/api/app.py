@@ -19,6 +19,7 @@ from jobcore.registry import load_job_modules
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
 from jobcore.telemetry import setup_tracing
+from jobcore.wakeups import RelayWakeups
 from services.api import problems
 from services.api.auth import KeyCache
 from services.api.deps import ApiState
@@ -98,6 +99,7 @@ def create_app(
             # answers 503 meanwhile, and recovers without a restart.
             await db.open()
         state.db = db
+        state.relay_wakeups = RelayWakeups(db)
         await waiters.start()
         if export is not None:
             await export.start()
@@ -108,7 +110,10 @@ def create_app(
             await waiters.stop(WAITERS_STOP_GRACE)
             if export is not None:
                 await export.stop(WAITERS_STOP_GRACE)
+            wakeups, state.relay_wakeups = state.relay_wakeups, None
             state.db = None
+            if wakeups is not None:
+                await wakeups.close()
             if owned:
                 await db.close()
 

@@ -24,6 +24,7 @@ from jobcore.errors import ServiceStateError
 from jobcore.registry import Registry
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
+from jobcore.wakeups import RelayWakeups
 from services.api.metrics import ApiMetrics
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class ApiState:
     key_cache: KeyCache | None = None
     # The keys POST /jobs/{type} verified lately (services.api.routes.enqueue).
     enqueue_keys: KeyCache | None = None
+    # Set with db: the relays' wake-ups after enqueues commit (jobcore.wakeups).
+    relay_wakeups: RelayWakeups | None = None
 
 
 async def get_state(request: Request) -> ApiState:

@@ -9,6 +9,7 @@ indistinguishable from a job that does not exist.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -123,9 +124,11 @@ async def submit(
     submission: Submission,
     quotas: Quotas,
     key_id: uuid.UUID | None = None,
+    wake_relays: Callable[[], None] | None = None,
 ) -> EnqueueResult:
     """Write the job and its outbox message (one statement: committed on a session), if
-    the API key ``key_id`` is still usable then (:class:`~jobcore.apikeys.InvalidApiKey`).
+    the API key ``key_id`` is still usable then (:class:`~jobcore.apikeys.InvalidApiKey`);
+    ``wake_relays``: see :func:`jobcore.enqueue.enqueue`.
 
     Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
     """
@@ -147,6 +150,7 @@ async def submit(
             priority=submission.priority,
             ordering_key=submission.ordering_key,
             key_id=key_id,
+            wake_relays=wake_relays,
         )
         if span is not None:
             span.set_attributes(

@@ -53,6 +53,16 @@ class MaintenanceService(Service):
     def is_leader(self) -> bool:
         return self.token is not None
 
+    @property
+    def standby_interval(self) -> float:
+        """How often a worker without the lease tries for it: a third of the lease's life.
+
+        A holder's lease runs out ``lease_ttl`` after its last renewal, so trying more
+        often takes over no sooner; it only costs a transaction per try on every standby
+        (the gate releaser's lease outlives 25 of its 0.2 s rounds: N − 1 workers tried
+        five times a second for a lease that could not be free)."""
+        return max(self.interval, self.lease_ttl / 3)
+
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[Any]]:
         """One batch: how many candidates it took (a full batch means: look again), and
         what it changed (rows, or a use case's answers)."""
@@ -75,7 +85,7 @@ class MaintenanceService(Service):
                             "%s: database unavailable", self.lease_name, extra={"error": str(exc)}
                         )
                         trouble_logged = True
-                if await self.sleep(self.interval):
+                if await self.sleep(self.interval if self.is_leader else self.standby_interval):
                     break
         finally:
             await self._release()

@@ -123,7 +123,8 @@ def _insert_job_with_outbox() -> str:
         RETURNING id
     )
     SELECT limits.tenant, job.id, job.status, job.created_at,
-           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
+           (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s) IS NULL
+               AS notified,
            {ADMISSION_COLUMNS}
     FROM limits LEFT JOIN admit ON true LEFT JOIN job ON true
     """
@@ -148,6 +149,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
 
     callback_url: str | None
     channel: str
+    # False: the caller wakes the relays itself once the statement committed (OUTBOX_WAKE).
+    notify: bool
     entity_id: str | None
     # What the `accepted` event says besides run_at (its schedule): jobs.accepted_detail.
     event_detail: Jsonb

@@ -26,6 +26,22 @@ OUTBOX_LISTEN = Query[NoParams](
 )
 
 
+# PostgreSQL serialises the commits of every transaction that NOTIFYs (a lock on the
+# database held until the commit is flushed), so an enqueue that NOTIFYs in its own
+# transaction waits for every other one's WAL flush, and a tenant's usage row stays locked
+# meanwhile. Sent after the rows committed instead, in a transaction of its own that does
+# not wait for its flush: the lock is held for microseconds, and a NOTIFY lost in a crash
+# only leaves the rows to the relays' poll.
+OUTBOX_WAKE = Query[NoParams](
+    "outbox_wake",
+    "Wake the relays for outbox rows already committed, without waiting for a WAL flush.",
+    f"""
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit,
+           pg_notify('{OUTBOX_CHANNEL}', '') IS NULL AS notified
+    """,
+)
+
+
 OUTBOX_UNLISTEN = Query[NoParams](
     "outbox_unlisten", "Stop receiving them before the connection is reused.", "UNLISTEN *"
 )

@@ -47,7 +47,7 @@ from jobcore.settings import Settings
 from jobcore.testing.processes import ROOT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.pauses import set_paused
-from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, relays_ready
+from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, merge_cpu
 from services.bench.report import Figure, Section
 from services.bench.scenarios.e2e import db_now, wait_done
@@ -132,7 +132,7 @@ async def outbox_empty(db: Database) -> bool:
 
 
 async def jobcore_worker_only(
-    bench: Bench, config: Settings, db: Database, n: int, workers: int = 1
+    bench: Bench, section: Section, config: Settings, db: Database, n: int, workers: int = 1
 ) -> float:
     """jobs/s of ``workers`` worker processes on a queue that already holds every job's
     message (two: as many processes as Celery's prefork pool)."""
@@ -146,7 +146,10 @@ async def jobcore_worker_only(
         await eventually(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
-    async with bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack:
+    async with (
+        bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
+        bench.profiled(section, f"worker{workers}", pids(stack)),
+    ):
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
     seconds = await seconds_between(
         db,
@@ -344,9 +347,11 @@ async def run(bench: Bench) -> Section:
                     rates["pipeline"].append(round(await jobcore_pipeline(bench, config, db, n), 1))
                 cpu.append(used)
                 rates["celery"].append(round(await celery_drain(bench, config, n), 1))
-                rates["worker"].append(round(await jobcore_worker_only(bench, config, db, n), 1))
+                rates["worker"].append(
+                    round(await jobcore_worker_only(bench, section, config, db, n), 1)
+                )
                 rates["worker2"].append(
-                    round(await jobcore_worker_only(bench, config, db, n, workers=2), 1)
+                    round(await jobcore_worker_only(bench, section, config, db, n, workers=2), 1)
                 )
                 rates["procrastinate"].append(
                     round(await procrastinate_drain(bench, config, n, dsn), 1)

@@ -1,0 +1,66 @@
+"""Relay wake-ups sent after enqueues commit, one NOTIFY for all that committed meanwhile.
+
+A NOTIFY in the enqueue's own statement makes PostgreSQL hold a lock on the database
+from that transaction's commit until its WAL reached the disk: every enqueue and every
+other notifying commit then flushes one after another, never together, and a tenant's
+usage row stays locked while it waits (measured: the scale bench's enqueues spent most
+of their time in that wait, more so with more workers committing). An enqueue that runs
+on a session (its statement commits on its own) instead calls :meth:`RelayWakeups.wake`
+once it committed, and a task of this object sends ``OUTBOX_WAKE``: at once when it is
+idle, and under load one NOTIFY for every enqueue that committed while the previous one
+was on its way.
+
+A wake-up is a hint. One that fails (the database is down) is dropped: the relays poll
+every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from jobcore.db import Database, execute
+from jobcore.errors import DatabaseUnavailable, ServiceStateError
+from jobcore.sql.outbox import OUTBOX_WAKE
+
+log = logging.getLogger(__name__)
+
+
+class RelayWakeups:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._wanted = False
+        self._sending: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    def wake(self) -> None:
+        """Have the relays woken for rows committed before this call."""
+        self._wanted = True
+        if self._sending is None:
+            self._sending = asyncio.create_task(self._send(), name="relay-wakeups")
+
+    async def _send(self) -> None:
+        try:
+            while self._wanted:
+                self._wanted = False
+                try:
+                    async with self.db.session() as session:
+                        await execute(session, OUTBOX_WAKE({}))
+                    self.sent += 1
+                except (DatabaseUnavailable, ServiceStateError) as exc:
+                    log.debug("relay wake-up not sent; the relays poll", extra={"error": str(exc)})
+        finally:
+            self._sending = None
+
+    async def close(self) -> None:
+        """Send what is still wanted (within a second), then stop."""
+        task = self._sending
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,132 @@
+"""Relay wake-ups sent after the enqueue committed (jobcore.wakeups), against PostgreSQL.
+
+Notifications reach a listener in commit order, so a marker NOTIFY sent after the enqueue
+shows whether the enqueue's own statement notified: its NOTIFY would arrive first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import Database
+from jobcore.enqueue import enqueue
+from jobcore.jobtypes import NoopPayload
+from jobcore.registry import default_registry
+from jobcore.settings import Settings
+from jobcore.wakeups import RelayWakeups
+
+NOOP = default_registry.get("noop")
+
+
+@pytest.fixture
+async def listener(settings: Settings) -> AsyncIterator[psycopg.AsyncConnection[object]]:
+    conn = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+    await conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def next_payload(listener: psycopg.AsyncConnection[object]) -> str:
+    notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    return notify.payload
+
+
+async def send_marker(db: Database) -> None:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_notify(%s, 'marker')", [OUTBOX_CHANNEL])
+
+
+async def test_on_a_session_the_enqueue_leaves_the_notify_to_the_waker(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    calls: list[None] = []
+    async with db.session() as session:
+        await enqueue(
+            session,
+            topology,
+            tenant="t",
+            job_type=NOOP,
+            payload=NoopPayload(),
+            wake_relays=lambda: calls.append(None),
+        )
+    assert calls == [None]
+    await send_marker(db)
+    assert await next_payload(listener) == "marker"
+
+
+async def test_in_a_unit_of_work_the_statement_notifies_and_the_waker_is_not_called(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    calls: list[None] = []
+    async with db.unit_of_work() as uow:
+        await enqueue(
+            uow,
+            topology,
+            tenant="t",
+            job_type=NOOP,
+            payload=NoopPayload(),
+            wake_relays=lambda: calls.append(None),
+        )
+        await uow.commit()
+    await send_marker(db)
+    assert await next_payload(listener) == ""  # the enqueue's own NOTIFY, first
+    assert calls == []
+
+
+async def test_a_replayed_enqueue_wakes_no_relay(db: Database, topology: Topology) -> None:
+    calls: list[None] = []
+    for _ in range(2):
+        async with db.session() as session:
+            await enqueue(
+                session,
+                topology,
+                tenant="t",
+                job_type=NOOP,
+                payload=NoopPayload(),
+                idempotency_key="same",
+                wake_relays=lambda: calls.append(None),
+            )
+    assert calls == [None]
+
+
+async def test_wakeups_asked_for_together_send_one_notify(
+    db: Database, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RelayWakeups(db)
+    for _ in range(50):
+        wakeups.wake()
+    await wakeups.close()
+    assert wakeups.sent == 1
+    assert await next_payload(listener) == ""
+    await send_marker(db)
+    assert await next_payload(listener) == "marker"  # no second wake-up was queued
+
+
+async def test_a_wakeup_while_one_is_on_its_way_is_sent_after_it(
+    db: Database, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RelayWakeups(db)
+    wakeups.wake()
+    await asyncio.sleep(0)  # the sending task starts and takes its wake-up
+    wakeups.wake()  # committed after that one was taken: needs a NOTIFY of its own
+    await wakeups.close()
+    assert wakeups.sent == 2
+    # One generator for both: one read from the socket can bring both notifications.
+    heard = listener.notifies(timeout=5, stop_after=2)
+    assert [n.payload async for n in heard] == ["", ""]
+
+
+async def test_a_wakeup_with_the_database_closed_is_dropped(settings: Settings) -> None:
+    closed = Database(settings, min_size=1, max_size=1, name="closed")
+    wakeups = RelayWakeups(closed)
+    wakeups.wake()
+    await wakeups.close()
+    assert wakeups.sent == 0
