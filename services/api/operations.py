@@ -9,7 +9,6 @@ indistinguishable from a job that does not exist.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,6 +32,7 @@ from jobcore.sql.jobs import (
 )
 from jobcore.sql.tenant_quotas import TENANT_MAX_LONG_POLLS
 from jobcore.states import JobStatus
+from jobcore.wakeups import RelayWakeups
 from services.api.cursor import decode_cursor, encode_cursor
 from services.api.problems import InvalidIdempotencyKey, InvalidRequest
 from services.api.tracing import enqueue_span
@@ -124,11 +124,11 @@ async def submit(
     submission: Submission,
     quotas: Quotas,
     key_id: uuid.UUID | None = None,
-    wake_relays: Callable[[], None] | None = None,
+    wakeups: RelayWakeups | None = None,
 ) -> EnqueueResult:
     """Write the job and its outbox message (one statement: committed on a session), if
     the API key ``key_id`` is still usable then (:class:`~jobcore.apikeys.InvalidApiKey`);
-    ``wake_relays``: see :func:`jobcore.enqueue.enqueue`.
+    ``wakeups``: see :func:`jobcore.enqueue.enqueue`.
 
     Inside the ``enqueue`` span, so the outbox row carries that span's trace context.
     """
@@ -150,7 +150,7 @@ async def submit(
             priority=submission.priority,
             ordering_key=submission.ordering_key,
             key_id=key_id,
-            wake_relays=wake_relays,
+            wakeups=wakeups,
         )
         if span is not None:
             span.set_attributes(

@@ -44,10 +44,20 @@ async def send_marker(db: Database) -> None:
         await conn.execute("SELECT pg_notify(%s, 'marker')", [OUTBOX_CHANNEL])
 
 
-async def test_on_a_session_the_enqueue_leaves_the_notify_to_the_waker(
-    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+class RecordedWakeups(RelayWakeups):
+    """Counts the wake-ups asked for instead of sending them."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.asked = 0
+
+    def wake(self) -> None:
+        self.asked += 1
+
+
+async def enqueue_on_session(
+    db: Database, topology: Topology, wakeups: RelayWakeups, key: str | None = None
 ) -> None:
-    calls: list[None] = []
     async with db.session() as session:
         await enqueue(
             session,
@@ -55,46 +65,53 @@ async def test_on_a_session_the_enqueue_leaves_the_notify_to_the_waker(
             tenant="t",
             job_type=NOOP,
             payload=NoopPayload(),
-            wake_relays=lambda: calls.append(None),
+            idempotency_key=key,
+            wakeups=wakeups,
         )
-    assert calls == [None]
+
+
+async def test_beside_another_enqueue_the_statement_leaves_the_notify_to_the_wakeups(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RecordedWakeups(db)
+    with wakeups.enqueuing():  # another enqueue of the process in flight
+        await enqueue_on_session(db, topology, wakeups)
+    assert wakeups.asked == 1
     await send_marker(db)
     assert await next_payload(listener) == "marker"
 
 
-async def test_in_a_unit_of_work_the_statement_notifies_and_the_waker_is_not_called(
+async def test_alone_the_statement_notifies_itself(
     db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
 ) -> None:
-    calls: list[None] = []
-    async with db.unit_of_work() as uow:
-        await enqueue(
-            uow,
-            topology,
-            tenant="t",
-            job_type=NOOP,
-            payload=NoopPayload(),
-            wake_relays=lambda: calls.append(None),
-        )
-        await uow.commit()
+    wakeups = RecordedWakeups(db)
+    await enqueue_on_session(db, topology, wakeups)
+    assert wakeups.asked == 0
     await send_marker(db)
     assert await next_payload(listener) == ""  # the enqueue's own NOTIFY, first
-    assert calls == []
+
+
+async def test_in_a_unit_of_work_the_statement_notifies_and_asks_for_no_wakeup(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RecordedWakeups(db)
+    with wakeups.enqueuing():
+        async with db.unit_of_work() as uow:
+            await enqueue(
+                uow, topology, tenant="t", job_type=NOOP, payload=NoopPayload(), wakeups=wakeups
+            )
+            await uow.commit()
+    await send_marker(db)
+    assert await next_payload(listener) == ""
+    assert wakeups.asked == 0
 
 
 async def test_a_replayed_enqueue_wakes_no_relay(db: Database, topology: Topology) -> None:
-    calls: list[None] = []
-    for _ in range(2):
-        async with db.session() as session:
-            await enqueue(
-                session,
-                topology,
-                tenant="t",
-                job_type=NOOP,
-                payload=NoopPayload(),
-                idempotency_key="same",
-                wake_relays=lambda: calls.append(None),
-            )
-    assert calls == [None]
+    wakeups = RecordedWakeups(db)
+    with wakeups.enqueuing():
+        for _ in range(2):
+            await enqueue_on_session(db, topology, wakeups, key="same")
+    assert wakeups.asked == 1
 
 
 async def test_wakeups_asked_for_together_send_one_notify(

@@ -250,9 +250,7 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
                     submission=submission,
                     quotas=state.settings.quota_defaults,
                     key_id=principal.key_id,
-                    wake_relays=(
-                        state.relay_wakeups.wake if state.relay_wakeups is not None else None
-                    ),
+                    wakeups=state.relay_wakeups,
                 )
         except InvalidApiKey:
             # Revoked or expired since it was remembered: looked up next time.

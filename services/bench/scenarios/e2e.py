@@ -32,6 +32,7 @@ from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, pids
 from services.bench.http import http_load, post
 from services.bench.measure import cpu_of, latency_ms, merge_cpu
@@ -70,11 +71,18 @@ async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) ->
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     noop = load_job_modules(config.job_modules).get("noop")
     seconds = []
+    # As the API wakes them: after the commit, in a transaction of their own.
+    wakeups = RelayWakeups(db)
     for _ in range(samples):
         # On a session, as the API enqueues: the one statement commits on its own.
         async with db.session() as session:
             result = await enqueue(
-                session, topology, tenant="bench", job_type=noop, payload=NoopPayload()
+                session,
+                topology,
+                tenant="bench",
+                job_type=noop,
+                payload=NoopPayload(),
+                wakeups=wakeups,
             )
 
         # A one-element tuple: truthy even for a zero latency.
@@ -92,6 +100,7 @@ async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) ->
         assert found is not None  # eventually returns a truthy answer or raises
         seconds.append(found[0])
         await asyncio.sleep(IDLE_GAP)  # idle is what is measured: no work in flight
+    await wakeups.close()
     return seconds
 
 

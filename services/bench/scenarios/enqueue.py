@@ -78,7 +78,7 @@ async def raw_transactions(
                 tenant=tenant,
                 job_type=noop,
                 payload=NoopPayload(),
-                wake_relays=wakeups.wake,
+                wakeups=wakeups,
             )
         return True
 
