@@ -19,6 +19,7 @@ from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.testing.waiting import eventually
 from jobcore.wakeups import RelayWakeups
 
 NOOP = default_registry.get("noop")
@@ -127,13 +128,17 @@ async def test_wakeups_asked_for_together_send_one_notify(
     assert await next_payload(listener) == "marker"  # no second wake-up was queued
 
 
-async def test_a_wakeup_while_one_is_on_its_way_is_sent_after_it(
+async def test_a_wakeup_after_one_went_is_sent_too(
     db: Database, listener: psycopg.AsyncConnection[object]
 ) -> None:
     wakeups = RelayWakeups(db)
     wakeups.wake()
-    await asyncio.sleep(0)  # the sending task starts and takes its wake-up
-    wakeups.wake()  # committed after that one was taken: needs a NOTIFY of its own
+
+    async def first_sent() -> bool:
+        return wakeups.sent == 1
+
+    await eventually(first_sent, timeout=5, interval=0.001, what="the first wake-up")
+    wakeups.wake()  # committed after that one went: needs a NOTIFY of its own
     await wakeups.close()
     assert wakeups.sent == 2
     # One generator for both: one read from the socket can bring both notifications.
