@@ -6,9 +6,8 @@ other notifying commit then flushes one after another, never together, and a ten
 usage row stays locked while it waits (measured: the scale bench's enqueues spent most
 of their time in that wait, more so with more workers committing). An enqueue that runs
 on a session (its statement commits on its own) instead calls :meth:`RelayWakeups.wake`
-once it committed, and a task of this object sends ``OUTBOX_WAKE``: at once when it is
-idle, and under load one NOTIFY for every enqueue that committed while the previous one
-was on its way.
+once it committed, and a task of this object sends ``OUTBOX_WAKE``: one NOTIFY for
+every enqueue that committed while the previous one was on its way.
 
 Only under concurrency, though. An enqueue that is the process's only one in flight,
 with no wake-up on its way, still NOTIFYs in its statement (:meth:`RelayWakeups.enqueuing`
