@@ -71,7 +71,7 @@ async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) ->
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     noop = load_job_modules(config.job_modules).get("noop")
     seconds = []
-    # As the API wakes them: after the commit, in a transaction of their own.
+    # As the API wakes them (an idle enqueue is alone in flight: its statement NOTIFYs).
     wakeups = RelayWakeups(db)
     for _ in range(samples):
         # On a session, as the API enqueues: the one statement commits on its own.

@@ -18,7 +18,6 @@ the servers' (from rusage and /proc), which shows it is not what limits the figu
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import statistics
 import subprocess
@@ -55,7 +54,7 @@ READY_TIMEOUT = 60.0
 
 
 async def raw_transactions(
-    db: Database, topology: Topology, clients: int, total: int, *, tenants: int = 1
+    db: Database, topology: Topology, clients: int, total: int
 ) -> tuple[list[float], float, int]:
     """``total`` job + outbox insert transactions from this process (the scale scenario's
     enqueue): no HTTP, no authentication.
@@ -67,26 +66,25 @@ async def raw_transactions(
     one worker, 149/s beside four of each: the scenario measured this convoy, not them)."""
     noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
 
-    names = itertools.cycle([f"raw-{i}" for i in range(tenants)] if tenants > 1 else ["raw"])
     wakeups = RelayWakeups(db)
 
-    async def one(tenant: str) -> bool:
+    async def one(_: None) -> bool:
         async with db.session() as session:
             await enqueue(
                 session,
                 topology,
-                tenant=tenant,
+                tenant="raw",
                 job_type=noop,
                 payload=NoopPayload(),
                 wakeups=wakeups,
             )
         return True
 
-    async def client_tenant() -> str:
-        return next(names)
+    async def no_state() -> None:
+        return None
 
     try:
-        return await run_clients(clients, total, client_tenant, one)
+        return await run_clients(clients, total, no_state, one)
     finally:
         await wakeups.close()
 
