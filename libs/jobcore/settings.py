@@ -25,6 +25,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from jobcore.errors import ConfigurationError
 from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
 
+# RabbitMQ takes any signed 32-bit x-priority; this bound keeps random ones well inside it.
+MAX_CONSUMER_PRIORITY = 1_000_000
+
 ENV_PREFIX = "JOBCORE_"
 # An audit log actor (jobcore.audit) is 1 to this many printable characters.
 MAX_ACTOR_LENGTH = 200
@@ -217,6 +220,11 @@ class Settings(BaseSettings):
     # and each requeue counts toward the quorum queue's delivery limit
     # (amqp_delivery_limit), so restarts alone could dead-letter a healthy job.
     worker_prefetch: int | None = Field(default=None, ge=1, le=10_000)
+    # The worker's consumer priority on its job queues (RabbitMQ's x-priority): a queue's
+    # messages go to the highest-priority worker with a free slot, so a trickle is batched
+    # by one worker rather than split over all (services/worker/intake.py). Empty: a random
+    # one per process. Set it to prefer some workers (a bigger machine) to others.
+    worker_consumer_priority: int | None = Field(default=None, ge=0, le=MAX_CONSUMER_PRIORITY)
     worker_health_port: int = Field(default=8002, ge=0, le=65535)
     result_dir: Path = Path("var/results")
     # Results whose JSON is larger than this go to the result store, not the job row.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from jobcore.errors import (
 )
 from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.service import Service
-from jobcore.settings import Settings
+from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs import (
     JOB_CLAIM_MANY,
@@ -65,6 +66,7 @@ from jobcore.sql.jobs import (
 from services.worker.batching import Batcher
 from services.worker.claims import Claim
 from services.worker.connections import HeldConnections, TransientConflict
+from services.worker.intake import Intake
 from services.worker.metrics import WorkerMetrics
 from services.worker.progress import Progress
 from services.worker.runner import JobRunner
@@ -125,6 +127,8 @@ class Consumer(Service):
         self._broker_server = broker_server(settings)
         self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
         self._slots = asyncio.Semaphore(concurrency)
+        self.intake = Intake(self.broker, concurrency)
+        self.priority = consumer_priority(settings)
         self.prefetch = settings.job_prefetch(concurrency)
         self._deliveries: set[asyncio.Task[None]] = set()
         self.progress = Progress(settings.worker_stall_after)
@@ -143,14 +147,24 @@ class Consumer(Service):
             return
         try:
             self.consuming = True
-            log.info("worker consuming", extra={"queues": self.queues, "worker_id": self.worker_id})
+            self.intake.start()
+            log.info(
+                "worker consuming",
+                extra={
+                    "queues": self.queues,
+                    "worker_id": self.worker_id,
+                    "consumer_priority": self.priority,
+                },
+            )
             await self.stopping.wait()
             log.info("worker stopping: no new deliveries", extra={"in_flight": self.in_flight})
             self.consuming = False
+            await self.intake.stop()
             await self.broker.stop_consuming()
             await self._drain()
         finally:
             self.consuming = False
+            await self.intake.stop()
             await self.broker.close()
             await self.claims.close()
 
@@ -158,7 +172,9 @@ class Consumer(Service):
         logged = False
         while not self.stopping.is_set():
             try:
-                await self.broker.start(self._on_delivery, prefetch=self.prefetch)
+                await self.broker.start(
+                    self._on_delivery, prefetch=self.prefetch, priority=self.priority
+                )
                 return True
             except BrokerUnavailable as exc:
                 if not logged:
@@ -215,7 +231,11 @@ class Consumer(Service):
                     await self._ack_after_error(message, claim, exc)
                     return
                 if claim is not None and payload is not None:
-                    await self.runner.run(claim, payload)
+                    self.intake.handler_started()
+                    try:
+                        await self.runner.run(claim, payload)
+                    finally:
+                        self.intake.handler_ended()
 
     async def _take(self, message: Delivery) -> Taken | None:
         """Decode and claim: the claim commits last. None when the delivery is done with
@@ -461,6 +481,14 @@ class Consumer(Service):
             self.progress.progressed()
         else:
             log.debug("reject failed; the message will be redelivered and rejected again")
+
+
+def consumer_priority(settings: Settings) -> int:
+    """This worker's consumer priority: the setting, else a random one for the process
+    (any order of the workers concentrates a trickle; equal ones share it round-robin)."""
+    if settings.worker_consumer_priority is not None:
+        return settings.worker_consumer_priority
+    return random.randint(1, MAX_CONSUMER_PRIORITY)
 
 
 def _fields(message: Delivery, envelope: JobMessage | None) -> dict[str, Any]:

@@ -32,6 +32,9 @@ from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# Seconds a consume or a cancel may wait for the broker's answer.
+CONSUME_TIMEOUT = 10.0
+_CONSUME_ERRORS: tuple[type[BaseException], ...] = (*BROKER_ERRORS, TimeoutError)
 REQUEUE_PAUSE_BASE = 1.0
 REQUEUE_PAUSE_CAP = 30.0
 
@@ -129,20 +132,28 @@ class JobQueueConsumer:
         self.queues = sorted(set(queues))
         self._connection: AbstractRobustConnection | None = None
         self._consumers: list[tuple[AbstractQueue, str]] = []
+        # What resume() needs to consume again: each queue and its callback.
+        self._consumable: list[tuple[AbstractQueue, Callable[[AbstractIncomingMessage], Any]]] = []
+        self._arguments: dict[str, Any] = {}
         self._lost = False
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and self._connection.connected.is_set()
 
-    async def start(self, on_delivery: OnDelivery, *, prefetch: int) -> None:
+    async def start(
+        self, on_delivery: OnDelivery, *, prefetch: int, priority: int | None = None
+    ) -> None:
         """Connect, declare the topology (idempotent) and start consuming, with at most
-        ``prefetch`` deliveries unsettled over all the queues together.
+        ``prefetch`` deliveries unsettled over all the queues together, as consumers of
+        ``priority`` (RabbitMQ's ``x-priority``: a queue's messages go to its
+        highest-priority consumer with room, round-robin among equals).
 
         Raises :class:`~jobcore.errors.BrokerUnavailable` if the broker cannot be reached,
         :class:`~jobcore.errors.ConfigurationError` if ``prefetch`` is below the queues.
         """
         shares = self.prefetch_shares(prefetch)
+        self._arguments = {} if priority is None else {"x-priority": priority}
         connection = await connect_robust(self.settings)
         try:
 
@@ -172,18 +183,19 @@ class JobQueueConsumer:
                 channel = await connection.channel()
                 await channel.set_qos(prefetch_count=share)
                 queue = await self.declare_queue(channel, name)
-                self._consumers.append((queue, await queue.consume(deliverer(queue.name))))
+                self._consumable.append((queue, deliverer(queue.name)))
+            await self.resume()
         except (TimeoutError, ConnectionError) as exc:
             # The broker closed the whole connection mid set-up. RabbitMQ 3.10 does that
             # (541 INTERNAL_ERROR) for a consume on a quorum queue whose replica has not
             # started yet: transient, so the caller's retry loop takes it, like a refused
             # connect. A channel error (a queue declared with other arguments) still fails.
-            self._consumers = []
+            self._consumers, self._consumable = [], []
             with contextlib.suppress(*BROKER_ERRORS):
                 await connection.close()
             raise BrokerUnavailable(f"the broker closed the connection: {exc!r}") from exc
         except BaseException:
-            self._consumers = []
+            self._consumers, self._consumable = [], []
             await connection.close()
             raise
         connection.close_callbacks.add(self._on_lost)
@@ -214,19 +226,51 @@ class JobQueueConsumer:
                 "broker connected again; consuming", extra={"broker": connected_to(connection)}
             )
 
-    async def stop_consuming(self) -> None:
-        """Ask the broker for no more deliveries; unsettled ones stay ours until close."""
+    @property
+    def consuming(self) -> bool:
+        """Whether the broker may send deliveries (started and not paused)."""
+        return bool(self._consumers)
+
+    async def resume(self) -> bool:
+        """Consume every queue again after :meth:`pause` (at start: for the first time).
+        False when the broker did not take it (it is away): nothing is restored by the
+        connection then, so the caller tries again once it is back."""
+        consuming = {queue.name for queue, _ in self._consumers}
+        for queue, callback in self._consumable:
+            if queue.name in consuming:
+                continue
+            try:
+                tag = await queue.consume(
+                    callback, arguments=self._arguments, timeout=CONSUME_TIMEOUT
+                )
+            except _CONSUME_ERRORS as exc:
+                if not self._connection:
+                    raise  # during start(): its own handling says what failed
+                log.debug("could not consume again; retrying", extra={"error": repr(exc)})
+                return False
+            self._consumers.append((queue, tag))
+        return True
+
+    async def pause(self) -> None:
+        """Ask the broker for no more deliveries until :meth:`resume`; those already sent
+        stay ours to settle. A reconnect restores no paused consumer (aio-pika forgets a
+        cancelled one before the broker answers), so this never needs a retry."""
         consumers, self._consumers = self._consumers, []
         for queue, tag in consumers:
             try:
-                await queue.cancel(tag)
-            except BROKER_ERRORS:
+                await queue.cancel(tag, timeout=CONSUME_TIMEOUT)
+            except _CONSUME_ERRORS:
                 log.debug("could not cancel a consumer; closing the channel ends it anyway")
+
+    async def stop_consuming(self) -> None:
+        """Ask the broker for no more deliveries; unsettled ones stay ours until close."""
+        self._consumable = []
+        await self.pause()
 
     async def close(self) -> None:
         """Close the connection; the broker requeues every delivery not yet settled."""
         connection, self._connection = self._connection, None
-        self._consumers = []
+        self._consumers, self._consumable = [], []
         if connection is not None:
             try:
                 await connection.close()
