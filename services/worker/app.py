@@ -189,6 +189,9 @@ class Worker:
             "consuming": self.consumer.consuming,
             "trouble": trouble,
             "running_handlers": len(self.runner.running),
+            "consumer_priority": self.consumer.priority,
+            # False while every handler slot runs a job (services.worker.intake).
+            "taking_deliveries": self.consumer.broker.consuming,
             "reaper_leader": self.reaper.is_leader,
             "rescuer_leader": self.rescuer.is_leader,
             "pruner_leader": self.pruner.is_leader,

@@ -33,6 +33,8 @@ async def test_health_and_metrics_report_the_worker(
     assert ready.json()["ready"] is True
     assert health["broker_connected"] is True
     assert health["running_handlers"] == 0
+    assert health["taking_deliveries"] is True
+    assert health["consumer_priority"] == worker.consumer.priority >= 1
     assert health["queues"] == sorted(worker.registry.queues())
     assert health["counters"]["processed.succeeded"] == 1
     assert 'jobcore_worker_jobs_processed_total{outcome="succeeded"} 1.0' in metrics
