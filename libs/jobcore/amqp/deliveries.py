@@ -11,6 +11,7 @@ settling it again does nothing, so a catch-all can settle whatever is still unse
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -21,6 +22,7 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
     AbstractQueue,
+    AbstractRobustChannel,
     AbstractRobustConnection,
 )
 
@@ -135,6 +137,9 @@ class JobQueueConsumer:
         # What resume() needs to consume again: each queue and its callback.
         self._consumable: list[tuple[AbstractQueue, Callable[[AbstractIncomingMessage], Any]]] = []
         self._arguments: dict[str, Any] = {}
+        # Each paused queue's last consumer tag, and cancels sent again after a reopen.
+        self._cancelled: dict[str, str] = {}
+        self._recancels: set[asyncio.Task[None]] = set()
         self._lost = False
 
     @property
@@ -184,6 +189,10 @@ class JobQueueConsumer:
                 await channel.set_qos(prefetch_count=share)
                 queue = await self.declare_queue(channel, name)
                 self._consumable.append((queue, deliverer(queue.name)))
+                if isinstance(channel, AbstractRobustChannel):
+                    channel.reopen_callbacks.add(
+                        lambda _, queue=queue: self._on_reopened(queue), weak=False
+                    )
             await self.resume()
         except (TimeoutError, ConnectionError) as exc:
             # The broker closed the whole connection mid set-up. RabbitMQ 3.10 does that
@@ -253,14 +262,32 @@ class JobQueueConsumer:
 
     async def pause(self) -> None:
         """Ask the broker for no more deliveries until :meth:`resume`; those already sent
-        stay ours to settle. A reconnect restores no paused consumer (aio-pika forgets a
-        cancelled one before the broker answers), so this never needs a retry."""
-        consumers, self._consumers = self._consumers, []
-        for queue, tag in consumers:
+        stay ours to settle. A consumer whose cancel was interrupted stays listed, so the
+        next pause (or :meth:`stop_consuming`) cancels it; one whose channel is gone ended
+        with it."""
+        for entry in list(self._consumers):
+            queue, tag = entry
+            self._cancelled[queue.name] = tag
             try:
                 await queue.cancel(tag, timeout=CONSUME_TIMEOUT)
             except _CONSUME_ERRORS:
                 log.debug("could not cancel a consumer; closing the channel ends it anyway")
+            self._consumers.remove(entry)
+
+    def _on_reopened(self, queue: AbstractQueue) -> None:
+        """A channel came back (alone, or with the connection). aio-pika forgets a cancelled
+        consumer, but a restore that had already listed it brings it back: if this queue is
+        paused, cancel its last tag again (a tag the broker does not know is ignored)."""
+        tag = self._cancelled.get(queue.name)
+        if tag is None or any(q.name == queue.name for q, _ in self._consumers):
+            return
+        task = asyncio.create_task(self._cancel_again(queue, tag), name="consumer-recancel")
+        self._recancels.add(task)
+        task.add_done_callback(self._recancels.discard)
+
+    async def _cancel_again(self, queue: AbstractQueue, tag: str) -> None:
+        with contextlib.suppress(*_CONSUME_ERRORS):
+            await queue.cancel(tag, timeout=CONSUME_TIMEOUT)
 
     async def stop_consuming(self) -> None:
         """Ask the broker for no more deliveries; unsettled ones stay ours until close."""
@@ -271,6 +298,8 @@ class JobQueueConsumer:
         """Close the connection; the broker requeues every delivery not yet settled."""
         connection, self._connection = self._connection, None
         self._consumers, self._consumable = [], []
+        for task in self._recancels:
+            task.cancel()
         if connection is not None:
             try:
                 await connection.close()
