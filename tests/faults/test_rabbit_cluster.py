@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +35,10 @@ from tests.support.rabbit_cluster import NODES, Cluster, ensure_cluster, node_na
 
 # Starting the cluster on a fresh machine takes up to a minute or two of this.
 pytestmark = pytest.mark.timeout(600)
+# Beside the cluster's directory (scripts/rabbit_cluster.sh), apart from the script's lock.
+CLUSTER_LOCK = os.environ.get("JOBCORE_RABBIT_CLUSTER_DIR", "/tmp/jobcore-rabbit-cluster") + (
+    ".tests.lock"
+)
 
 JOBS_QUEUE = "testq"  # the `effect` job type's queue (jobcore.testing.jobtypes)
 RATE = 25.0  # jobs a second, submitted over HTTP throughout
@@ -56,9 +62,32 @@ def rabbit_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture
-async def cluster_settings(settings: Settings, rabbit_cluster: Cluster) -> AsyncIterator[Settings]:
-    """The test's settings with the three brokers; its topology deleted afterwards."""
-    clustered = settings.model_copy(update={"amqp_url": rabbit_cluster.urls})
+def cluster_to_ourselves(rabbit_cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster for this test alone: both tests kill a node, and with the suite's two
+    xdist workers one would otherwise read the cluster while the other has a node down."""
+    with open(CLUSTER_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield rabbit_cluster
+
+
+@pytest.fixture
+async def cluster_settings(
+    settings: Settings, cluster_to_ourselves: Cluster
+) -> AsyncIterator[Settings]:
+    """The test's settings with the three brokers, once every node runs its broker (a node
+    the previous test killed and started again may still be booting); its topology
+    deleted afterwards."""
+
+    async def every_node_answers() -> bool:
+        for n in NODES:
+            try:
+                await asyncio.to_thread(cluster_to_ourselves.queues, n)
+            except RuntimeError:
+                return False
+        return True
+
+    await eventually(every_node_answers, timeout=180, interval=0.5, what="every node up")
+    clustered = settings.model_copy(update={"amqp_url": cluster_to_ourselves.urls})
     yield clustered
     with contextlib.suppress(Exception):
         connection = await connect(clustered, timeout=10)
