@@ -1,6 +1,7 @@
 """Intake (services.worker.intake): the workers' consumer priorities send a trickle of jobs
-to one worker, and a worker whose every slot runs a handler takes no more deliveries, so
-new jobs go to a worker that can start them instead of waiting behind long ones."""
+to one worker, and a worker whose every slot has run a handler for a moment (0.1 s) takes
+no more deliveries, so new jobs go to a worker that can start them instead of waiting
+behind long ones."""
 
 from __future__ import annotations
 
