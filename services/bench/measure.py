@@ -42,6 +42,30 @@ def pids_named(name: str) -> list[int]:
     return pids
 
 
+def pids_in_group(pgid: int) -> list[int]:
+    """The processes of a process group: a peer's worker started in a session of its own
+    and the children it forked (Celery's prefork pool)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                pids.append(int(entry.name))
+    return pids
+
+
+def ms_per_job(seconds: dict[str, float], jobs: int) -> dict[str, float]:
+    """CPU-seconds per process group over a drain of ``jobs`` jobs, as CPU-ms per job, with
+    the sum of the system's groups as ``all`` (``bench``, the measuring process, is shown
+    but not counted)."""
+    per_job = {name: round(1000 * used / jobs, 3) for name, used in seconds.items()}
+    per_job["all"] = round(sum(v for name, v in per_job.items() if name != "bench"), 3)
+    return per_job
+
+
 class CpuMeter:
     """Percent of one core used by named groups of processes between start() and stop().
 

@@ -73,6 +73,9 @@ class Section:
     method: str
     figures: list[Figure] = field(default_factory=list)
     cpu_pct: dict[str, dict[str, float]] = field(default_factory=dict)
+    # CPU-ms per job of each process group, by case (median over runs): where a job's
+    # cost goes, comparable between systems where a rate on shared cores is not.
+    cpu_ms_per_job: dict[str, dict[str, float]] = field(default_factory=dict)
     profiles: dict[str, dict[str, object]] = field(default_factory=dict)
     series: list[Series] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +93,7 @@ class Section:
             "seconds": round(self.seconds, 1),
             "figures": [f.as_dict() for f in self.figures],
             "cpu_pct": self.cpu_pct,
+            "cpu_ms_per_job": self.cpu_ms_per_job,
             "profiles": self.profiles,
             "series": [asdict(s) for s in self.series],
             "details": self.details,
@@ -159,6 +163,13 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
             for case, cpu in section.cpu_pct.items():
                 busy = ", ".join(f"{k} {v:g}" for k, v in cpu.items())
                 lines.append(f"- {case}: {busy}")
+            lines.append("")
+        if section.cpu_ms_per_job:
+            lines.append("CPU-ms per job by process group (median over runs):")
+            lines.append("")
+            for case, per_job in section.cpu_ms_per_job.items():
+                split = ", ".join(f"{k} {v:.3f}" for k, v in per_job.items())
+                lines.append(f"- {case}: {split}")
             lines.append("")
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
@@ -260,6 +271,7 @@ def load(out: Path) -> tuple[dict[str, Any], list[Section], dict[str, Any]]:
         ]
         section.series = [Series(**s) for s in data["series"]]
         section.cpu_pct = data["cpu_pct"]
+        section.cpu_ms_per_job = data.get("cpu_ms_per_job", {})
         section.profiles = data["profiles"]
         section.details = data["details"]
         section.seconds = data["seconds"]

@@ -92,20 +92,37 @@ def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
 ) -> None:
     out = tmp_path / "peers"
     result = bench_cli(
-        settings, "peers", "--jobs", "40", "--runs", "1", "--out", str(out), timeout=280
+        settings, "peers", "--jobs", "300", "--runs", "1", "--out", str(out), timeout=280
     )
     assert result.returncode == 0, result.stderr[-3000:]
     [section] = orjson.loads((out / "report.json").read_bytes())["scenarios"]
     assert section["scenario"] == "peers"
-    assert {f["baseline"].split(",")[0] for f in section["figures"]} == {"Celery", "Procrastinate"}
+    assert {f["baseline"] for f in section["figures"]} == {
+        "Celery, prefork 2",
+        "Celery, prefork 2, quorum queue",
+        "Procrastinate, concurrency 8",
+    }
     assert {f["metric"] for f in section["figures"]} == {
         "pipeline jobs/s",
         "worker-only jobs/s",
         "worker-only jobs/s, 2 workers",
+        "worker-only CPU-ms/job, all processes",
     }
     for figure in section["figures"]:
         assert figure["runs"][0] > 0, figure
         assert figure["ratio"] > 0, figure
+    # Where each system's CPU went: its own processes, PostgreSQL's and RabbitMQ's.
+    per_job = section["cpu_ms_per_job"]
+    for case, groups in (
+        ("jobcore pipeline", ("relay", "worker", "postgres", "rabbitmq")),
+        ("jobcore worker-only", ("worker", "postgres", "rabbitmq")),
+        ("Celery, prefork 2", ("celery", "rabbitmq")),
+        ("Celery, prefork 2, quorum queue", ("celery", "rabbitmq")),
+    ):
+        for group in groups:
+            assert per_job[case][group] > 0, (case, group, per_job)
+        # Each figure is rounded to the µs on its own.
+        assert per_job[case]["all"] >= sum(per_job[case][g] for g in groups) - 0.01, per_job
 
 
 def test_bad_arguments_give_one_line_and_exit_2(settings: Settings, tmp_path: Path) -> None:

@@ -26,11 +26,14 @@ import contextlib
 import importlib.util
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
@@ -44,11 +47,12 @@ from jobcore.enqueue import request_fingerprint
 from jobcore.registry import load_job_modules
 from jobcore.scratch import database_url
 from jobcore.settings import Settings
+from jobcore.testing.pipeline import Stack
 from jobcore.testing.processes import ROOT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
-from services.bench.measure import cpu_of, merge_cpu
+from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
 from services.bench.scenarios.e2e import db_now, wait_done
 
@@ -59,6 +63,28 @@ DEPTH_POLL = 0.02
 DRAIN_TIMEOUT = 900.0
 ACTOR = "bench:peers"
 PEER_APPS = "services.bench.peers_apps"
+# Celery's queue types: its default (classic) and the quorum queue jobcore uses.
+CELERY_QUEUE_TYPES = ("classic", "quorum")
+
+
+@dataclass(frozen=True)
+class Drain:
+    """One drain: its rate, and the CPU-ms per job of each process group while it ran."""
+
+    rate: float
+    cpu_ms: dict[str, float]
+
+
+def stack_groups(stack: Stack) -> dict[str, Callable[[], list[int]]]:
+    """The stack's processes grouped by role (``worker-0`` and ``worker-1``: ``worker``)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for name, pid in pids(stack).items():
+        members[name.partition("-")[0]].append(pid)
+    return {role: _these(found) for role, found in members.items()}
+
+
+def _these(found: list[int]) -> Callable[[], list[int]]:
+    return lambda: list(found)
 
 
 def steps(options: Options) -> int:
@@ -104,7 +130,7 @@ async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> f
     return float(row["seconds"])
 
 
-async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> float:
+async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> Drain:
     """jobs/s: preloaded while the type is paused, timed from the resume."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
@@ -113,15 +139,30 @@ async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int)
         since = await db_now(db)
         await preload(db, topology, n)
         resumed = await db_now(db)
+        meter = CpuMeter(groups=stack_groups(stack))
+        meter.start()
         await set_paused(db, "type", "noop", paused=False, actor=ACTOR)
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
+        meter.stop()
         seconds = await seconds_between(
             db,
             "SELECT extract(epoch FROM max(finished_at) - %(t0)s) AS seconds FROM jobs"
             " WHERE created_at >= %(since)s",
             {"t0": resumed, "since": since},
         )
-    return n / seconds
+    return Drain(n / seconds, ms_per_job(meter.seconds, n))
+
+
+async def finished(db: Database, since: Any) -> int:
+    """How many of the jobs created since ``since`` have finished."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+            " AND finished_at IS NOT NULL",
+            {"since": since},
+        )
+        row = await cur.fetchone()
+    return 0 if row is None else int(row["n"])
 
 
 async def outbox_empty(db: Database) -> bool:
@@ -133,7 +174,7 @@ async def outbox_empty(db: Database) -> bool:
 
 async def jobcore_worker_only(
     bench: Bench, section: Section, config: Settings, db: Database, n: int, workers: int = 1
-) -> float:
+) -> Drain:
     """jobs/s of ``workers`` worker processes on a queue that already holds every job's
     message (two: as many processes as Celery's prefork pool)."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
@@ -150,14 +191,23 @@ async def jobcore_worker_only(
         bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
         bench.profiled(section, f"worker{workers}", pids(stack)),
     ):
+        # The workers start consuming before the stack reports them ready: CPU per job
+        # counts the jobs that finished while it was measured.
+        meter = CpuMeter(groups=stack_groups(stack))
+        meter.start()
+        before = await finished(db, since)
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
+        meter.stop()
     seconds = await seconds_between(
         db,
         "SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds FROM jobs"
         " WHERE created_at >= %(since)s",
         {"since": since},
     )
-    return n / seconds
+    measured = n - before
+    # A drain so short that the workers ran it all before they reported ready says
+    # nothing about CPU per job (the smoke test's sizes).
+    return Drain(n / seconds, ms_per_job(meter.seconds, measured) if measured else {})
 
 
 # -- the peers -------------------------------------------------------------------------------
@@ -193,16 +243,20 @@ def _peer_env(config: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def send_celery_tasks(config: Settings, queue: str, n: int) -> None:
+def send_celery_tasks(config: Settings, queue: str, queue_type: str, n: int) -> None:
     os.environ["BENCH_PEERS_AMQP_URL"] = config.amqp_urls[0]
     os.environ["BENCH_PEERS_CELERY_QUEUE"] = queue
+    from kombu.entity import Queue
+
     from services.bench.peers_apps import celery_app, celery_noop
 
     celery_app.conf.broker_url = config.amqp_urls[0]
     celery_app.conf.task_default_queue = queue
+    # Named with its type: the app keeps the queues it made for earlier runs' names.
+    target = Queue(queue, queue_arguments={"x-queue-type": queue_type})  # type: ignore[no-untyped-call]
     with celery_app.producer_or_acquire() as producer:
         for _ in range(n):
-            celery_noop.apply_async(producer=producer, queue=queue)
+            celery_noop.apply_async(producer=producer, queue=target)
 
 
 async def queue_depth(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
@@ -211,13 +265,14 @@ async def queue_depth(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
     return int(count or 0)
 
 
-async def celery_drain(bench: Bench, config: Settings, n: int) -> float:
-    queue = f"{config.amqp_prefix}.celery"
+async def celery_drain(bench: Bench, config: Settings, n: int, queue_type: str) -> Drain:
+    """Celery's drain of ``n`` no-op tasks on a queue of ``queue_type`` (classic, quorum)."""
+    queue = f"{config.amqp_prefix}.celery.{queue_type}"
     connection = await connect_broker(config)
     try:
         channel = await connection.channel()
-        await channel.declare_queue(queue, durable=True)
-        await asyncio.to_thread(send_celery_tasks, config, queue, n)
+        await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": queue_type})
+        await asyncio.to_thread(send_celery_tasks, config, queue, queue_type, n)
         await eventually(
             lambda: _depth_at_least(channel, queue, n),
             timeout=60,
@@ -229,19 +284,26 @@ async def celery_drain(bench: Bench, config: Settings, n: int) -> float:
             "-P", "prefork", "-c", str(CELERY_CONCURRENCY), "-Q", queue, "-l", "warning",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
-        env = _peer_env(config, BENCH_PEERS_CELERY_QUEUE=queue)
-        with peer_process(argv, env, bench.log_dir / "peers-celery.log") as proc:
+        env = _peer_env(
+            config, BENCH_PEERS_CELERY_QUEUE=queue, BENCH_PEERS_CELERY_QUEUE_TYPE=queue_type
+        )
+        log_path = bench.log_dir / f"peers-celery-{queue_type}.log"
+        with peer_process(argv, env, log_path) as proc:
+            # Celery's worker and the pool processes it forks: its own process group.
+            meter = CpuMeter(groups={"celery": lambda: pids_in_group(proc.pid)})
             first: float | None = None
             deadline = time.monotonic() + DRAIN_TIMEOUT
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    raise RuntimeError("the Celery worker exited; see logs/peers-celery.log")
+                    raise RuntimeError(f"the Celery worker exited; see logs/{log_path.name}")
                 depth = await queue_depth(channel, queue)
                 now = time.perf_counter()
                 if first is None and depth < n:
                     first = now
+                    meter.start()
                 if depth == 0 and first is not None:
-                    return n / max(now - first, 1e-6)
+                    meter.stop()
+                    return Drain(n / max(now - first, 1e-6), ms_per_job(meter.seconds, n))
                 await asyncio.sleep(DEPTH_POLL)  # the drain clock's resolution
             raise RuntimeError(f"Celery did not drain {n:,} tasks in {DRAIN_TIMEOUT:.0f}s")
     finally:
@@ -327,55 +389,87 @@ async def run(bench: Bench) -> Section:
         TITLE,
         f"{n:,} no-op jobs per run, written before the clock starts; jobcore: one relay + "
         f"one worker (pipeline, timed from the resume of the paused type), and one worker "
-        f"and two (Celery's process count) on a full queue; Celery {_version('celery')} "
-        f"(RabbitMQ, prefork {CELERY_CONCURRENCY}, results ignored); Procrastinate "
+        f"and two (Celery's process count) on a full quorum queue; Celery "
+        f"{_version('celery')} (RabbitMQ, prefork {CELERY_CONCURRENCY}, results ignored) on "
+        f"its default classic queue and on a quorum queue; Procrastinate "
         f"{_version('procrastinate')} (concurrency {PROCRASTINATE_CONCURRENCY}, its table "
-        f"analysed after the bulk defer); {options.runs} interleaved runs on the same machine.",
+        f"analysed after the bulk defer); {options.runs} interleaved runs on the same machine. "
+        f"CPU-ms per job: utime + stime of each process group over the drain (PostgreSQL's "
+        f"and RabbitMQ's processes included) over the jobs it ran; `all` sums the groups "
+        f"but the bench's own.",
     )
-    rates: dict[str, list[float]] = {
-        "pipeline": [], "worker": [], "worker2": [], "celery": [], "procrastinate": []
-    }  # fmt: skip
-    cpu: list[dict[str, float]] = []
+    drains: dict[str, list[Drain]] = defaultdict(list)
     async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
         db = Database(config, min_size=1, max_size=2, name="bench-peers")
         await db.open(wait=True)
         try:
             for run_number in range(options.runs):
                 bench.step(f"peers: run {run_number + 1} of {options.runs}")
-                used: dict[str, float] = {}
-                with cpu_of({}, used):
-                    rates["pipeline"].append(round(await jobcore_pipeline(bench, config, db, n), 1))
-                cpu.append(used)
-                rates["celery"].append(round(await celery_drain(bench, config, n), 1))
-                rates["worker"].append(
-                    round(await jobcore_worker_only(bench, section, config, db, n), 1)
+                drains["pipeline"].append(await jobcore_pipeline(bench, config, db, n))
+                for queue_type in CELERY_QUEUE_TYPES:
+                    drains[f"celery {queue_type}"].append(
+                        await celery_drain(bench, config, n, queue_type)
+                    )
+                drains["worker"].append(await jobcore_worker_only(bench, section, config, db, n))
+                drains["worker2"].append(
+                    await jobcore_worker_only(bench, section, config, db, n, workers=2)
                 )
-                rates["worker2"].append(
-                    round(await jobcore_worker_only(bench, section, config, db, n, workers=2), 1)
-                )
-                rates["procrastinate"].append(
-                    round(await procrastinate_drain(bench, config, n, dsn), 1)
+                drains["procrastinate"].append(
+                    Drain(await procrastinate_drain(bench, config, n, dsn), {})
                 )
         finally:
             await db.close()
+    rates = {name: [round(d.rate, 1) for d in runs] for name, runs in drains.items()}
     case = f"{n:,} no-op jobs"
     celery = f"Celery, prefork {CELERY_CONCURRENCY}"
+    celery_quorum = f"{celery}, quorum queue"
     procrastinate = f"Procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}"
-    section.add(Figure(case, "pipeline jobs/s", rates["pipeline"], celery, rates["celery"]))
-    section.add(Figure(case, "worker-only jobs/s", rates["worker"], celery, rates["celery"]))
-    section.add(
-        Figure(case, "worker-only jobs/s, 2 workers", rates["worker2"], celery, rates["celery"])
-    )
-    section.add(
-        Figure(case, "pipeline jobs/s", rates["pipeline"], procrastinate, rates["procrastinate"])
-    )
-    section.add(
-        Figure(case, "worker-only jobs/s", rates["worker"], procrastinate, rates["procrastinate"])
-    )
-    section.cpu_pct = {"jobcore pipeline run": merge_cpu(cpu)}
+    for metric, ours in (
+        ("pipeline jobs/s", "pipeline"),
+        ("worker-only jobs/s", "worker"),
+        ("worker-only jobs/s, 2 workers", "worker2"),
+    ):
+        section.add(Figure(case, metric, rates[ours], celery, rates["celery classic"]))
+    for metric, ours in (("pipeline jobs/s", "pipeline"), ("worker-only jobs/s", "worker")):
+        section.add(Figure(case, metric, rates[ours], celery_quorum, rates["celery quorum"]))
+        section.add(Figure(case, metric, rates[ours], procrastinate, rates["procrastinate"]))
+    cpu_all = {name: [d.cpu_ms["all"] for d in runs if d.cpu_ms] for name, runs in drains.items()}
+    for baseline, name in ((celery, "celery classic"), (celery_quorum, "celery quorum")):
+        if cpu_all["worker"] and cpu_all[name]:
+            section.add(
+                Figure(
+                    case,
+                    "worker-only CPU-ms/job, all processes",
+                    cpu_all["worker"],
+                    baseline,
+                    cpu_all[name],
+                    better="lower",
+                )
+            )
+    labels = {
+        "pipeline": "jobcore pipeline",
+        "worker": "jobcore worker-only",
+        "worker2": "jobcore worker-only, 2 workers",
+        "celery classic": celery,
+        "celery quorum": celery_quorum,
+    }
+    section.cpu_ms_per_job = {
+        labels[name]: median_per_group([d.cpu_ms for d in drains[name] if d.cpu_ms])
+        for name in labels
+        if any(d.cpu_ms for d in drains[name])
+    }
     section.details["rates"] = rates
+    section.details["cpu_ms_per_job_runs"] = {
+        labels[name]: [d.cpu_ms for d in drains[name]] for name in labels
+    }
     section.details["load_average"] = list(os.getloadavg())
     return section
+
+
+def median_per_group(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each group's CPU-ms per job over the runs, ``all`` last."""
+    groups = [*sorted({g for run in runs for g in run} - {"all"}), "all"]
+    return {g: round(statistics.median(run.get(g, 0.0) for run in runs), 3) for g in groups}
 
 
 def _version(package: str) -> str:
