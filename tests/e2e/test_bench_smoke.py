@@ -58,6 +58,11 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
                 assert figure["ratio"] > 0, figure
         assert (out / f"{section['scenario']}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
+    # The idle path's floor, each of its parts measured in the same run.
+    floor = scenarios["e2e"]["details"]["idle_floor_p50_ms"]
+    assert set(floor) == {"durable commit", "round trip", "broker publish→consume", "sum"}
+    assert all(v > 0 for v in floor.values()), floor
+    assert floor["sum"] >= floor["broker publish→consume"], floor
     backlog = scenarios["backlog"]["series"][0]
     assert backlog["y"][-1] == 0, "the backlog drain ends with an empty outbox"
     scale = {f["case"]: f for f in scenarios["scale"]["figures"]}
