@@ -4,7 +4,9 @@ the API, a relay, a worker and `jobcore ui` as separate processes.
 An operator signs in, finds a running job, opens its page and cancels it; requeues a
 quarantined outbox row; replays a dead letter. After each step the test checks what the
 page shows and what the database (and the broker) hold. Each page's screenshot is saved
-under docs/ui/ (the README shows one).
+in a temporary directory, or under ``$JOBCORE_UI_SHOTS`` when set:
+``JOBCORE_UI_SHOTS=docs/ui pytest tests/e2e/test_console_browser.py`` refreshes the ones
+the README shows (a run of the suite leaves the checkout as it was).
 
 Set-up, as the other tests make these: the flaky job's outbox row is quarantined with the
 UPDATE the relay would make (before any relay runs, so none publishes it first); the echo
@@ -15,6 +17,7 @@ takes its place before the replay.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -33,7 +36,11 @@ from jobcore.usecases import dlq
 from jobcore.usecases import keys as key_usecases
 
 CHROMIUM = "/usr/bin/chromium"
-SHOTS = ROOT / "docs" / "ui"
+SHOTS = (
+    ROOT / os.environ["JOBCORE_UI_SHOTS"]
+    if os.environ.get("JOBCORE_UI_SHOTS")
+    else Path(tempfile.mkdtemp(prefix="jobcore-ui-shots-"))
+)
 ALL_TYPES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
 # The first worker lacks the test job types: their messages are dead-lettered.
 NO_ECHO = "jobcore.jobtypes,jobcore.demojobs"

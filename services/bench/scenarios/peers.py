@@ -52,7 +52,7 @@ from jobcore.testing.processes import ROOT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
-from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
+from services.bench.measure import CpuMeter, cpu_seconds, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
 from services.bench.scenarios.e2e import db_now, wait_done
 
@@ -75,16 +75,32 @@ class Drain:
     cpu_ms: dict[str, float]
 
 
-def stack_groups(stack: Stack) -> dict[str, Callable[[], list[int]]]:
-    """The stack's processes grouped by role (``worker-0`` and ``worker-1``: ``worker``)."""
+def roles(stack: Stack) -> dict[str, list[int]]:
+    """The stack's processes by role (``worker-0`` and ``worker-1``: ``worker``)."""
     members: dict[str, list[int]] = defaultdict(list)
     for name, pid in pids(stack).items():
         members[name.partition("-")[0]].append(pid)
-    return {role: _these(found) for role, found in members.items()}
+    return dict(members)
+
+
+def stack_groups(stack: Stack) -> dict[str, Callable[[], list[int]]]:
+    """A CpuMeter's groups for the stack's roles."""
+    return {role: _these(found) for role, found in roles(stack).items()}
 
 
 def _these(found: list[int]) -> Callable[[], list[int]]:
     return lambda: list(found)
+
+
+def _when_started(started: dict[str, list[int]], role: str) -> Callable[[], list[int]]:
+    return lambda: started.get(role, [])
+
+
+async def startup_cpu(bench: Bench, config: Settings, workers: int) -> dict[str, float]:
+    """CPU-seconds each role of a worker-only stack spends starting, until its workers
+    consume (on an empty queue): what a drain counted from the processes' start takes off."""
+    async with bench.stack(config, f"peers-start{workers}", relays=0, workers=workers) as stack:
+        return {role: sum(map(cpu_seconds, found)) for role, found in roles(stack).items()}
 
 
 def steps(options: Options) -> int:
@@ -153,18 +169,6 @@ async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int)
     return Drain(n / seconds, ms_per_job(meter.seconds, n))
 
 
-async def finished(db: Database, since: Any) -> int:
-    """How many of the jobs created since ``since`` have finished."""
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
-            " AND finished_at IS NOT NULL",
-            {"since": since},
-        )
-        row = await cur.fetchone()
-    return 0 if row is None else int(row["n"])
-
-
 async def outbox_empty(db: Database) -> bool:
     async with db.connection() as conn:
         cur = await conn.execute("SELECT NOT EXISTS (SELECT 1 FROM outbox) AS empty")
@@ -173,10 +177,17 @@ async def outbox_empty(db: Database) -> bool:
 
 
 async def jobcore_worker_only(
-    bench: Bench, section: Section, config: Settings, db: Database, n: int, workers: int = 1
+    bench: Bench,
+    section: Section,
+    config: Settings,
+    db: Database,
+    n: int,
+    startup: dict[str, float],
+    workers: int = 1,
 ) -> Drain:
     """jobs/s of ``workers`` worker processes on a queue that already holds every job's
-    message (two: as many processes as Celery's prefork pool)."""
+    message (two: as many processes as Celery's prefork pool); ``startup`` is what starting
+    such a stack costs (:func:`startup_cpu`)."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     since = await db_now(db)
     async with bench.stack(
@@ -187,15 +198,16 @@ async def jobcore_worker_only(
         await eventually(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
+    # The workers consume as soon as they start, before the stack reports them ready: their
+    # CPU is counted from their start, less what starting costs (``startup``).
+    started: dict[str, list[int]] = {}
+    meter = CpuMeter(groups={role: _when_started(started, role) for role in startup})
+    meter.start()
     async with (
         bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
         bench.profiled(section, f"worker{workers}", pids(stack)),
     ):
-        # The workers start consuming before the stack reports them ready: CPU per job
-        # counts the jobs that finished while it was measured.
-        meter = CpuMeter(groups=stack_groups(stack))
-        meter.start()
-        before = await finished(db, since)
+        started.update(roles(stack))
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
         meter.stop()
     seconds = await seconds_between(
@@ -204,10 +216,8 @@ async def jobcore_worker_only(
         " WHERE created_at >= %(since)s",
         {"since": since},
     )
-    measured = n - before
-    # A drain so short that the workers ran it all before they reported ready says
-    # nothing about CPU per job (the smoke test's sizes).
-    return Drain(n / seconds, ms_per_job(meter.seconds, measured) if measured else {})
+    used = {group: max(0.0, cpu - startup.get(group, 0.0)) for group, cpu in meter.seconds.items()}
+    return Drain(n / seconds, ms_per_job(used, n))
 
 
 # -- the peers -------------------------------------------------------------------------------
@@ -403,6 +413,7 @@ async def run(bench: Bench) -> Section:
         db = Database(config, min_size=1, max_size=2, name="bench-peers")
         await db.open(wait=True)
         try:
+            startup = {w: await startup_cpu(bench, config, w) for w in (1, 2)}
             for run_number in range(options.runs):
                 bench.step(f"peers: run {run_number + 1} of {options.runs}")
                 drains["pipeline"].append(await jobcore_pipeline(bench, config, db, n))
@@ -410,10 +421,12 @@ async def run(bench: Bench) -> Section:
                     drains[f"celery {queue_type}"].append(
                         await celery_drain(bench, config, n, queue_type)
                     )
-                drains["worker"].append(await jobcore_worker_only(bench, section, config, db, n))
-                drains["worker2"].append(
-                    await jobcore_worker_only(bench, section, config, db, n, workers=2)
-                )
+                for workers, name in ((1, "worker"), (2, "worker2")):
+                    drains[name].append(
+                        await jobcore_worker_only(
+                            bench, section, config, db, n, startup[workers], workers
+                        )
+                    )
                 drains["procrastinate"].append(
                     Drain(await procrastinate_drain(bench, config, n, dsn), {})
                 )
