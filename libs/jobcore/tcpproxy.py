@@ -30,6 +30,7 @@ class TcpProxy:
         self.listen_port = listen_port
         self.mode = Mode.FORWARD
         self._server: asyncio.Server | None = None
+        self._stopped = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -40,9 +41,12 @@ class TcpProxy:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
+        self._stopped = False
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.listen_port)
 
     async def stop(self) -> None:
+        # First: a connection accepted meanwhile, still connecting upstream, closes itself.
+        self._stopped = True
         if self._server is not None:
             self._server.close()
             self._close_all()
@@ -70,7 +74,13 @@ class TcpProxy:
         self._pairs.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode is Mode.REFUSE:
+        # Tracked like the pipes, so stop() cancels an accept still connecting upstream:
+        # left to finish after the stop, its sockets were never closed.
+        accepting = asyncio.current_task()
+        if accepting is not None:
+            self._tasks.add(accepting)
+            accepting.add_done_callback(self._tasks.discard)
+        if self.mode is Mode.REFUSE or self._stopped:
             writer.transport.abort()
             return
         try:
@@ -78,9 +88,12 @@ class TcpProxy:
         except OSError:
             writer.transport.abort()
             return
-        if self._refusing():
-            # Refused while this connection was being made upstream: closing every pair
-            # could not see it, so it would have outlived the refusal.
+        except asyncio.CancelledError:
+            writer.transport.abort()
+            raise
+        if self._refusing() or self._stopped:
+            # Refused (or stopped) while this connection was being made upstream: closing
+            # every pair could not see it, so it would have outlived the refusal.
             writer.transport.abort()
             up_writer.transport.abort()
             return

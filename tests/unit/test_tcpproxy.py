@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from jobcore import tcpproxy
 from jobcore.tcpproxy import Mode, TcpProxy
 
 
@@ -48,6 +51,38 @@ async def test_forward_refuse_and_blackhole() -> None:
         w3.close()
         writer.close()
     finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_still_connecting_upstream_is_closed_by_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The upstream connect hangs until released: stop() comes while it is pending.
+    connecting = asyncio.Event()
+    release = asyncio.Event()
+    real_open_connection = asyncio.open_connection
+
+    async def slow_open_connection(*args: object, **kwargs: object) -> object:
+        connecting.set()
+        await release.wait()
+        return await real_open_connection(*args, **kwargs)  # type: ignore[arg-type]
+
+    server = await _echo_server()
+    proxy = TcpProxy("127.0.0.1", server.sockets[0].getsockname()[1])
+    await proxy.start()
+    monkeypatch.setattr(tcpproxy.asyncio, "open_connection", slow_open_connection)
+    try:
+        reader, writer = await real_open_connection("127.0.0.1", proxy.port)
+        await asyncio.wait_for(connecting.wait(), 2)
+        await proxy.stop()
+        # The client's connection is closed, not left to the garbage collector.
+        assert await asyncio.wait_for(reader.read(4), 2) == b""
+        assert not proxy._tasks
+        writer.close()
+    finally:
+        release.set()
         await proxy.stop()
         server.close()
         await server.wait_closed()
