@@ -18,8 +18,8 @@ celery_app = Celery(
 celery_app.conf.update(
     task_ignore_result=True,
     task_default_queue=os.environ.get("BENCH_PEERS_CELERY_QUEUE", "bench_peers"),
-    # classic (Celery's default) or quorum (what jobcore's queues are); the queue the
-    # scenario names is created as a missing queue, whose type is the second setting.
+    # classic (Celery's default) or quorum (what jobcore's queues are), for the worker's
+    # default queue and for any queue named that the app does not declare (Celery 5.5+).
     task_default_queue_type=os.environ.get("BENCH_PEERS_CELERY_QUEUE_TYPE", "classic"),
     task_create_missing_queue_type=os.environ.get("BENCH_PEERS_CELERY_QUEUE_TYPE", "classic"),
     worker_hijack_root_logger=False,

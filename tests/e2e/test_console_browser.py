@@ -16,6 +16,7 @@ takes its place before the replay.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -36,11 +37,6 @@ from jobcore.usecases import dlq
 from jobcore.usecases import keys as key_usecases
 
 CHROMIUM = "/usr/bin/chromium"
-SHOTS = (
-    ROOT / os.environ["JOBCORE_UI_SHOTS"]
-    if os.environ.get("JOBCORE_UI_SHOTS")
-    else Path(tempfile.mkdtemp(prefix="jobcore-ui-shots-"))
-)
 ALL_TYPES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
 # The first worker lacks the test job types: their messages are dead-lettered.
 NO_ECHO = "jobcore.jobtypes,jobcore.demojobs"
@@ -144,9 +140,20 @@ async def job_status_is(db: Database, job_id: str, status: str) -> bool:
     return (await job(db, job_id))["status"] == status
 
 
+@functools.cache
+def shots_dir() -> Path:
+    """$JOBCORE_UI_SHOTS (docs/ui to refresh the README's), else a temporary directory
+    made on the first screenshot."""
+    named = os.environ.get("JOBCORE_UI_SHOTS")
+    if named:
+        return ROOT / named
+    return Path(tempfile.mkdtemp(prefix="jobcore-ui-shots-"))
+
+
 async def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    shots = shots_dir()
+    shots.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
 
 async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(

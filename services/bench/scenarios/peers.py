@@ -10,13 +10,20 @@ turns within each run:
 - **jobcore worker only**: a relay without a queue depth limit publishes every job's
   message and stops; then one worker starts (and, measured apart, two: as many processes
   as Celery's pool). jobs/s from the first ``started_at`` to the last ``finished_at``.
-- **Celery** (RabbitMQ broker, prefork pool of 2, results ignored, its default classic
-  queue): the tasks are sent, then the worker starts; timed from the first message taken
-  off the queue to the queue's last (its depth, polled every 20 ms).
+- **Celery** (RabbitMQ broker, prefork pool of 2, results ignored), on its default classic
+  queue and on a quorum queue (jobcore's kind): the tasks are sent, then the worker
+  starts; timed from the first message taken off the queue to the queue's last (its
+  depth, polled every 20 ms; the pool's prefetch of 8 is in flight at both ends).
 - **Procrastinate** (concurrency 8, on a scratch database of its own): the jobs are
   deferred in batches, the table analysed (as autovacuum would; without it its fetch
   falls to tens of jobs/s), then a one-shot worker runs; timed from the first ``started``
   event to the last ``succeeded`` one.
+
+Each drain of jobcore and of Celery also reports the CPU-ms per job of every process
+group over its clock's window: its own processes, PostgreSQL (the backends of the
+scenario's database: jobcore's; Celery uses none) and RabbitMQ (the whole node: it runs
+nothing else here). A worker-only drain's window opens once its stack reports ready, so
+it counts the jobs that finished inside it (the workers consume from their start).
 """
 
 from __future__ import annotations
@@ -52,9 +59,10 @@ from jobcore.testing.processes import ROOT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
-from services.bench.measure import CpuMeter, cpu_seconds, ms_per_job, pids_in_group
+from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
 from services.bench.scenarios.e2e import db_now, wait_done
+from services.bench.scenarios.scale import backend_pids
 
 TITLE = "jobcore's no-op drain vs Celery and Procrastinate"
 CELERY_CONCURRENCY = 2
@@ -72,7 +80,8 @@ class Drain:
     """One drain: its rate, and the CPU-ms per job of each process group while it ran."""
 
     rate: float
-    cpu_ms: dict[str, float]
+    # Empty where not measured (Procrastinate; a drain over before its window opened).
+    cpu_ms_per_job: dict[str, float]
 
 
 def roles(stack: Stack) -> dict[str, list[int]]:
@@ -83,24 +92,33 @@ def roles(stack: Stack) -> dict[str, list[int]]:
     return dict(members)
 
 
-def stack_groups(stack: Stack) -> dict[str, Callable[[], list[int]]]:
-    """A CpuMeter's groups for the stack's roles."""
-    return {role: _these(found) for role, found in roles(stack).items()}
+class DrainMeter:
+    """CPU per process group over a drain: the stack's roles, RabbitMQ, and PostgreSQL as
+    the backends of the scenario's database (read at both ends: one that connected in
+    between counts from its start)."""
+
+    def __init__(self, stack: Stack, db: Database) -> None:
+        self.db = db
+        self.backends: list[int] = []
+        groups: dict[str, Callable[[], list[int]]] = {
+            role: _fixed_pids(found) for role, found in roles(stack).items()
+        }
+        groups["postgres"] = lambda: list(self.backends)
+        self.meter = CpuMeter(groups=groups)
+
+    async def start(self) -> None:
+        self.backends = await backend_pids(self.db)
+        self.meter.start()
+
+    async def stop(self, jobs: int) -> dict[str, float]:
+        """CPU-ms per job of each group over ``jobs`` jobs."""
+        self.backends = sorted(set(self.backends) | set(await backend_pids(self.db)))
+        self.meter.stop()
+        return ms_per_job(self.meter.seconds, jobs)
 
 
-def _these(found: list[int]) -> Callable[[], list[int]]:
+def _fixed_pids(found: list[int]) -> Callable[[], list[int]]:
     return lambda: list(found)
-
-
-def _when_started(started: dict[str, list[int]], role: str) -> Callable[[], list[int]]:
-    return lambda: started.get(role, [])
-
-
-async def startup_cpu(bench: Bench, config: Settings, workers: int) -> dict[str, float]:
-    """CPU-seconds each role of a worker-only stack spends starting, until its workers
-    consume (on an empty queue): what a drain counted from the processes' start takes off."""
-    async with bench.stack(config, f"peers-start{workers}", relays=0, workers=workers) as stack:
-        return {role: sum(map(cpu_seconds, found)) for role, found in roles(stack).items()}
 
 
 def steps(options: Options) -> int:
@@ -147,7 +165,7 @@ async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> f
 
 
 async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> Drain:
-    """jobs/s: preloaded while the type is paused, timed from the resume."""
+    """Preloaded while the type is paused, timed from the resume."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
         await relays_ready(stack)
@@ -155,18 +173,18 @@ async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int)
         since = await db_now(db)
         await preload(db, topology, n)
         resumed = await db_now(db)
-        meter = CpuMeter(groups=stack_groups(stack))
-        meter.start()
+        meter = DrainMeter(stack, db)
+        await meter.start()
         await set_paused(db, "type", "noop", paused=False, actor=ACTOR)
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
-        meter.stop()
+        cpu_ms_per_job = await meter.stop(n)
         seconds = await seconds_between(
             db,
             "SELECT extract(epoch FROM max(finished_at) - %(t0)s) AS seconds FROM jobs"
             " WHERE created_at >= %(since)s",
             {"t0": resumed, "since": since},
         )
-    return Drain(n / seconds, ms_per_job(meter.seconds, n))
+    return Drain(n / seconds, cpu_ms_per_job)
 
 
 async def outbox_empty(db: Database) -> bool:
@@ -176,18 +194,23 @@ async def outbox_empty(db: Database) -> bool:
     return row is not None and bool(row["empty"])
 
 
+async def finished(db: Database, since: Any) -> int:
+    """How many of the jobs created since ``since`` have finished."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+            " AND finished_at IS NOT NULL",
+            {"since": since},
+        )
+        row = await cur.fetchone()
+    return 0 if row is None else int(row["n"])
+
+
 async def jobcore_worker_only(
-    bench: Bench,
-    section: Section,
-    config: Settings,
-    db: Database,
-    n: int,
-    startup: dict[str, float],
-    workers: int = 1,
+    bench: Bench, section: Section, config: Settings, db: Database, n: int, workers: int = 1
 ) -> Drain:
-    """jobs/s of ``workers`` worker processes on a queue that already holds every job's
-    message (two: as many processes as Celery's prefork pool); ``startup`` is what starting
-    such a stack costs (:func:`startup_cpu`)."""
+    """``workers`` worker processes on a queue that already holds every job's message
+    (two: as many processes as Celery's prefork pool)."""
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
     since = await db_now(db)
     async with bench.stack(
@@ -198,26 +221,26 @@ async def jobcore_worker_only(
         await eventually(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
-    # The workers consume as soon as they start, before the stack reports them ready: their
-    # CPU is counted from their start, less what starting costs (``startup``).
-    started: dict[str, list[int]] = {}
-    meter = CpuMeter(groups={role: _when_started(started, role) for role in startup})
-    meter.start()
     async with (
         bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
         bench.profiled(section, f"worker{workers}", pids(stack)),
     ):
-        started.update(roles(stack))
+        # The workers consume from their start, before the stack reports them ready: CPU
+        # per job is over the jobs that finished while it was measured.
+        meter = DrainMeter(stack, db)
+        await meter.start()
+        before = await finished(db, since)
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
-        meter.stop()
+        measured = n - before
+        # None inside the window (a drain shorter than the stack's start): no figure.
+        cpu_ms_per_job = await meter.stop(measured) if measured else {}
     seconds = await seconds_between(
         db,
         "SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds FROM jobs"
         " WHERE created_at >= %(since)s",
         {"since": since},
     )
-    used = {group: max(0.0, cpu - startup.get(group, 0.0)) for group, cpu in meter.seconds.items()}
-    return Drain(n / seconds, ms_per_job(used, n))
+    return Drain(n / seconds, cpu_ms_per_job)
 
 
 # -- the peers -------------------------------------------------------------------------------
@@ -262,7 +285,8 @@ def send_celery_tasks(config: Settings, queue: str, queue_type: str, n: int) -> 
 
     celery_app.conf.broker_url = config.amqp_urls[0]
     celery_app.conf.task_default_queue = queue
-    # Named with its type: the app keeps the queues it made for earlier runs' names.
+    # A Queue, not a name: a name would be declared with the queue type of the app as
+    # this process first configured it (an earlier run's).
     target = Queue(queue, queue_arguments={"x-queue-type": queue_type})  # type: ignore[no-untyped-call]
     with celery_app.producer_or_acquire() as producer:
         for _ in range(n):
@@ -299,8 +323,11 @@ async def celery_drain(bench: Bench, config: Settings, n: int, queue_type: str) 
         )
         log_path = bench.log_dir / f"peers-celery-{queue_type}.log"
         with peer_process(argv, env, log_path) as proc:
-            # Celery's worker and the pool processes it forks: its own process group.
-            meter = CpuMeter(groups={"celery": lambda: pids_in_group(proc.pid)})
+            # Celery's worker and the pool processes it forks: its own process group. It
+            # uses no database.
+            meter = CpuMeter(
+                groups={"celery": lambda: pids_in_group(proc.pid), "postgres": lambda: []}
+            )
             first: float | None = None
             deadline = time.monotonic() + DRAIN_TIMEOUT
             while time.monotonic() < deadline:
@@ -313,6 +340,7 @@ async def celery_drain(bench: Bench, config: Settings, n: int, queue_type: str) 
                     meter.start()
                 if depth == 0 and first is not None:
                     meter.stop()
+                    meter.seconds.pop("postgres")
                     return Drain(n / max(now - first, 1e-6), ms_per_job(meter.seconds, n))
                 await asyncio.sleep(DEPTH_POLL)  # the drain clock's resolution
             raise RuntimeError(f"Celery did not drain {n:,} tasks in {DRAIN_TIMEOUT:.0f}s")
@@ -404,16 +432,17 @@ async def run(bench: Bench) -> Section:
         f"its default classic queue and on a quorum queue; Procrastinate "
         f"{_version('procrastinate')} (concurrency {PROCRASTINATE_CONCURRENCY}, its table "
         f"analysed after the bulk defer); {options.runs} interleaved runs on the same machine. "
-        f"CPU-ms per job: utime + stime of each process group over the drain (PostgreSQL's "
-        f"and RabbitMQ's processes included) over the jobs it ran; `all` sums the groups "
-        f"but the bench's own.",
+        f"CPU-ms per job (jobcore and Celery): utime + stime of each process group over the "
+        f"drain's window, PostgreSQL as the backends of the scenario's database, RabbitMQ "
+        f"as its node, over the jobs finished in it; `all` sums a run's groups but the "
+        f"bench's own (each group's figure below is its median over the runs, and so is "
+        f"`all`).",
     )
     drains: dict[str, list[Drain]] = defaultdict(list)
     async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
         db = Database(config, min_size=1, max_size=2, name="bench-peers")
         await db.open(wait=True)
         try:
-            startup = {w: await startup_cpu(bench, config, w) for w in (1, 2)}
             for run_number in range(options.runs):
                 bench.step(f"peers: run {run_number + 1} of {options.runs}")
                 drains["pipeline"].append(await jobcore_pipeline(bench, config, db, n))
@@ -423,9 +452,7 @@ async def run(bench: Bench) -> Section:
                     )
                 for workers, name in ((1, "worker"), (2, "worker2")):
                     drains[name].append(
-                        await jobcore_worker_only(
-                            bench, section, config, db, n, startup[workers], workers
-                        )
+                        await jobcore_worker_only(bench, section, config, db, n, workers)
                     )
                 drains["procrastinate"].append(
                     Drain(await procrastinate_drain(bench, config, n, dsn), {})
@@ -446,7 +473,10 @@ async def run(bench: Bench) -> Section:
     for metric, ours in (("pipeline jobs/s", "pipeline"), ("worker-only jobs/s", "worker")):
         section.add(Figure(case, metric, rates[ours], celery_quorum, rates["celery quorum"]))
         section.add(Figure(case, metric, rates[ours], procrastinate, rates["procrastinate"]))
-    cpu_all = {name: [d.cpu_ms["all"] for d in runs if d.cpu_ms] for name, runs in drains.items()}
+    cpu_all = {
+        name: [d.cpu_ms_per_job["all"] for d in runs if d.cpu_ms_per_job]
+        for name, runs in drains.items()
+    }
     for baseline, name in ((celery, "celery classic"), (celery_quorum, "celery quorum")):
         if cpu_all["worker"] and cpu_all[name]:
             section.add(
@@ -467,13 +497,13 @@ async def run(bench: Bench) -> Section:
         "celery quorum": celery_quorum,
     }
     section.cpu_ms_per_job = {
-        labels[name]: median_per_group([d.cpu_ms for d in drains[name] if d.cpu_ms])
+        labels[name]: median_per_group([d.cpu_ms_per_job for d in drains[name] if d.cpu_ms_per_job])
         for name in labels
-        if any(d.cpu_ms for d in drains[name])
+        if any(d.cpu_ms_per_job for d in drains[name])
     }
     section.details["rates"] = rates
     section.details["cpu_ms_per_job_runs"] = {
-        labels[name]: [d.cpu_ms for d in drains[name]] for name in labels
+        labels[name]: [d.cpu_ms_per_job for d in drains[name]] for name in labels
     }
     section.details["load_average"] = list(os.getloadavg())
     return section
