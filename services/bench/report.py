@@ -133,6 +133,17 @@ def table_rows(sections: list[Section]) -> list[str]:
     return rows
 
 
+def _by_case(heading: str, cases: dict[str, dict[str, float]], spec: str) -> list[str]:
+    """A list of each case's figures per process group under ``heading`` (none: nothing)."""
+    if not cases:
+        return []
+    rows = [
+        f"- {case}: {', '.join(f'{k} {v:{spec}}' for k, v in groups.items())}"
+        for case, groups in cases.items()
+    ]
+    return [heading, "", *rows, ""]
+
+
 def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str, Any]) -> str:
     lines = ["# jobcore bench report", ""]
     lines.append(
@@ -157,20 +168,10 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
     lines.append("")
     for section in sections:
         lines += [f"## {section.scenario}: {section.title}", "", section.method, ""]
-        if section.cpu_pct:
-            lines.append("CPU, % of one core (median over runs):")
-            lines.append("")
-            for case, cpu in section.cpu_pct.items():
-                busy = ", ".join(f"{k} {v:g}" for k, v in cpu.items())
-                lines.append(f"- {case}: {busy}")
-            lines.append("")
-        if section.cpu_ms_per_job:
-            lines.append("CPU-ms per job by process group (median over runs):")
-            lines.append("")
-            for case, per_job in section.cpu_ms_per_job.items():
-                split = ", ".join(f"{k} {v:.3f}" for k, v in per_job.items())
-                lines.append(f"- {case}: {split}")
-            lines.append("")
+        lines += _by_case("CPU, % of one core (median over runs):", section.cpu_pct, "g")
+        lines += _by_case(
+            "CPU-ms per job by process group (median over runs):", section.cpu_ms_per_job, ".3f"
+        )
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
             assert isinstance(self_time, list)

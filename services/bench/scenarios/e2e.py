@@ -175,6 +175,18 @@ async def db_now(db: Database) -> Any:
     return row["now"]
 
 
+async def count_finished(db: Database, since: Any) -> int:
+    """How many of the jobs created since ``since`` are terminal."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+            " AND status IN ('succeeded', 'failed', 'cancelled')",
+            {"since": since},
+        )
+        row = await cur.fetchone()
+    return 0 if row is None else int(row["n"])
+
+
 async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout: float) -> None:
     """Until ``n`` jobs created since ``since`` are terminal; fail if a process died."""
 
@@ -182,14 +194,7 @@ async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout:
         dead = [p.name for p in alive if not p.alive]
         if dead:
             raise RuntimeError(f"{', '.join(dead)} exited during the run; see the logs")
-        async with db.connection() as conn:
-            cur = await conn.execute(
-                "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
-                " AND status IN ('succeeded', 'failed', 'cancelled')",
-                {"since": since},
-            )
-            row = await cur.fetchone()
-        return row is not None and row["n"] >= n
+        return await count_finished(db, since) >= n
 
     await eventually(done, timeout=timeout, interval=0.05, what=f"{n:,} jobs to finish")
 

@@ -61,7 +61,7 @@ from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
-from services.bench.scenarios.e2e import db_now, wait_done
+from services.bench.scenarios.e2e import count_finished, db_now, wait_done
 from services.bench.scenarios.scale import backend_pids
 
 TITLE = "jobcore's no-op drain vs Celery and Procrastinate"
@@ -194,18 +194,6 @@ async def outbox_empty(db: Database) -> bool:
     return row is not None and bool(row["empty"])
 
 
-async def finished(db: Database, since: Any) -> int:
-    """How many of the jobs created since ``since`` have finished."""
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
-            " AND finished_at IS NOT NULL",
-            {"since": since},
-        )
-        row = await cur.fetchone()
-    return 0 if row is None else int(row["n"])
-
-
 async def jobcore_worker_only(
     bench: Bench, section: Section, config: Settings, db: Database, n: int, workers: int = 1
 ) -> Drain:
@@ -229,7 +217,7 @@ async def jobcore_worker_only(
         # per job is over the jobs that finished while it was measured.
         meter = DrainMeter(stack, db)
         await meter.start()
-        before = await finished(db, since)
+        before = await count_finished(db, since)
         await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
         measured = n - before
         # None inside the window (a drain shorter than the stack's start): no figure.
