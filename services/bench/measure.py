@@ -30,31 +30,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def pids_named(name: str) -> list[int]:
+def _pids_where(matches: Callable[[Path], bool]) -> list[int]:
+    """The processes whose /proc entry ``matches`` (one that vanished meanwhile: not)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == name:
+                if matches(entry):
                     pids.append(int(entry.name))
             except OSError:
                 continue
     return pids
 
 
+def pids_named(name: str) -> list[int]:
+    return _pids_where(lambda entry: (entry / "comm").read_text().strip() == name)
+
+
 def pids_in_group(pgid: int) -> list[int]:
     """The processes of a process group: a peer's worker started in a session of its own
     and the children it forked (Celery's prefork pool)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                pids.append(int(entry.name))
-    return pids
+    return _pids_where(
+        lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid
+    )
 
 
 def ms_per_job(seconds: dict[str, float], jobs: int) -> dict[str, float]:

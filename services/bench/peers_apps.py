@@ -15,13 +15,14 @@ celery_app = Celery(
     "bench_peers",
     broker=os.environ.get("BENCH_PEERS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"),
 )
+# classic (Celery's default) or quorum (what jobcore's queues are).
+_queue_type = os.environ.get("BENCH_PEERS_CELERY_QUEUE_TYPE", "classic")
 celery_app.conf.update(
     task_ignore_result=True,
     task_default_queue=os.environ.get("BENCH_PEERS_CELERY_QUEUE", "bench_peers"),
-    # classic (Celery's default) or quorum (what jobcore's queues are), for the worker's
-    # default queue and for any queue named that the app does not declare (Celery 5.5+).
-    task_default_queue_type=os.environ.get("BENCH_PEERS_CELERY_QUEUE_TYPE", "classic"),
-    task_create_missing_queue_type=os.environ.get("BENCH_PEERS_CELERY_QUEUE_TYPE", "classic"),
+    # For the worker's default queue and any named queue the app does not declare (5.5+).
+    task_default_queue_type=_queue_type,
+    task_create_missing_queue_type=_queue_type,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
 )
