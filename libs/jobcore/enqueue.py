@@ -1,6 +1,6 @@
 """Enqueueing a job: the job row and its outbox message, written together.
 
-This is invariant 1 of DESIGN.md in code: nothing here talks to the broker. The relay
+This is invariant 1 of docs/design.md in code: nothing here talks to the broker. The relay
 publishes the outbox row later; the NOTIFY in the same statement wakes it.
 """
 

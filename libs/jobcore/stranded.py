@@ -1,4 +1,4 @@
-"""Anti-entropy: no accepted job is stranded by a message that vanished (DESIGN.md, 11).
+"""Anti-entropy: no accepted job is stranded by a vanished message (docs/design.md, 11).
 
 A pending job waits for its message. The message can vanish without the database
 hearing of it: RabbitMQ dead-letters it at the queue's delivery limit after repeated

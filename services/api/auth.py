@@ -1,4 +1,4 @@
-"""Authentication before anything else (DESIGN.md, invariant 13).
+"""Authentication before anything else (docs/design.md, invariant 13).
 
 Every route under ``/jobs`` and ``/admin`` is an :class:`AuthenticatedRoute`: its handler
 checks the API key against the database and the key's scope for the route, and only then

@@ -1,4 +1,4 @@
-"""Authentication comes first (DESIGN.md, invariant 13): a request whose key is made up,
+"""Authentication comes first (docs/design.md, invariant 13): a request whose key is made up,
 revoked or expired is answered 401 before its body is read, its parameters validated or
 its callback URL resolved, so an unauthenticated caller learns nothing from error texts
 (not even whether an internal host name resolves); the same key with the right scope

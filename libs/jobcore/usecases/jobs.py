@@ -1,7 +1,7 @@
 """Job use cases: cancel (a tenant's job, or any job for operators), retry, list and show.
 
 Cancel is the same function for `POST /jobs/{id}/cancel` and `jobcore jobs cancel`. Retry
-never revives a finished job (terminal states are final, DESIGN.md): it enqueues a copy
+never revives a finished job (terminal states are final, docs/design.md): it enqueues a copy
 with the same type, payload and entity. What operators do (cancel any job, retry,
 republish) is audited (:mod:`jobcore.audit`); a tenant cancelling its own job is not an
 admin action.

@@ -209,7 +209,7 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
             run_at = operations.schedule(query.run_at, query.delay)
         except (JobcoreError, RequestValidationError):
             # What the request got wrong is told only to a key that is usable now, not
-            # one revoked since it was remembered (DESIGN.md, invariant 13).
+            # one revoked since it was remembered (docs/design.md, invariant 13).
             await authenticate(request, Scope.ENQUEUE, fresh=True)
             raise
         callback_url = await check_callback(query.callback_url, state)
