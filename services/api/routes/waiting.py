@@ -132,7 +132,7 @@ async def get_job(
         first = row
         if is_terminal(row["status"]):
             return JsonBody(views.job_view(row))
-        # Only a wait that would park takes a slot (after authentication, docs/design.md, invariant 13).
+        # Only a wait that would park takes a slot (after authentication: docs/design.md, 13).
         with slots.hold(tenant, cap):
             while not answered(row, first, on):
                 remaining = deadline - loop.time()
