@@ -64,6 +64,8 @@ class Series:
     y: list[float]
     x_label: str
     y_label: str
+    # A sweep over orders of magnitude (10 → 1,000,000) is drawn on a log x axis.
+    x_log: bool = False
 
 
 @dataclass
@@ -144,6 +146,18 @@ def _by_case(heading: str, cases: dict[str, dict[str, float]], spec: str) -> lis
     return [heading, "", *rows, ""]
 
 
+def _targets(targets: list[dict[str, Any]]) -> list[str]:
+    """A scenario's targets (ratios of figures from the same run), each PASS or FAIL."""
+    if not targets:
+        return []
+    rows = [
+        f"- **{t['verdict']}** {t['target']}: {t['ratio']:.2f}× (limit {t['limit']}; "
+        f"{t['measured']})"
+        for t in targets
+    ]
+    return ["Targets (ratios measured in this run):", "", *rows, ""]
+
+
 def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str, Any]) -> str:
     lines = ["# jobcore bench report", ""]
     lines.append(
@@ -172,6 +186,7 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
         lines += _by_case(
             "CPU-ms per job by process group (median over runs):", section.cpu_ms_per_job, ".3f"
         )
+        lines += _targets(section.details.get("targets", []))
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
             assert isinstance(self_time, list)
@@ -234,6 +249,8 @@ def plot(section: Section, path: Path) -> None:
         for series in group:
             marker = "." if len(series.x) < 50 else None
             ax.plot(series.x, series.y, marker=marker, label=series.label)
+        if any(series.x_log for series in group):
+            ax.set_xscale("log")
         ax.set_xlabel(group[0].x_label)
         ax.set_ylabel(y_label)
         ax.legend(fontsize=8)
