@@ -214,10 +214,16 @@ def plot(section: Section, path: Path) -> None:
     if not panels:
         return
     widths = [max(6.5, 1.3 * len(rates))] * int(bool(rates)) + [6.5] * len(panels_of_series)
-    fig, axes = plt.subplots(
-        1, panels, figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths
-    )
-    ax_iter = iter(axes[0])
+    if panels <= 3:
+        fig, axes = plt.subplots(
+            1, panels, figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths
+        )
+    else:  # a sweep of many quantities: a grid of three a row, readable on a page
+        rows = -(-panels // 3)
+        fig, axes = plt.subplots(rows, 3, figsize=(3 * max(widths), 4.6 * rows), squeeze=False)
+        for spare in axes.flat[panels:]:
+            spare.set_visible(False)
+    ax_iter = iter(axes.flat)
     if rates:
         ax = next(ax_iter)
         width = 0.38
@@ -251,6 +257,8 @@ def plot(section: Section, path: Path) -> None:
             ax.plot(series.x, series.y, marker=marker, label=series.label)
         if any(series.x_log for series in group):
             ax.set_xscale("log")
+            # A sweep's figures against its first step: from zero, so a ratio reads as one.
+            ax.set_ylim(bottom=0)
         ax.set_xlabel(group[0].x_label)
         ax.set_ylabel(y_label)
         ax.legend(fontsize=8)
