@@ -27,6 +27,21 @@ def _positive_list(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+def _step_list(text: str | None, what: str, low: int, high: int) -> tuple[int, ...]:
+    """An ascending list of step sizes (``10,1000,100000``); None or empty: the size's."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f"--{what} takes comma-separated whole numbers, got {text!r}", code=2)
+    if not values or min(values) < low or max(values) > high:
+        fail(f"--{what} takes numbers from {low:,} to {high:,}, got {text!r}", code=2)
+    if list(values) != sorted(set(values)):
+        fail(f"--{what} takes ascending numbers, got {text!r}", code=2)
+    return values
+
+
 def bench(
     scenarios: list[str] = typer.Argument(
         None,
@@ -34,8 +49,9 @@ def bench(
         "default), tracing, steady (about 70 minutes at its defaults), priority (its "
         "backlog and probes are --fair-backlog and --fair-probes), ordered, timeline (the "
         "hot path's statements with the job timeline on vs off), timeline_e2e (the same "
-        "through the pipeline) and peers (Celery and Procrastinate on the same no-op jobs; "
-        "needs the bench extra).",
+        "through the pipeline), peers (Celery and Procrastinate on the same no-op jobs; "
+        "needs the bench extra) and cardinality (tenants, ordering keys, held jobs and gate "
+        "keys swept over orders of magnitude; --size).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Jobs per e2e, scale, batch and tracing run."
@@ -73,6 +89,24 @@ def bench(
     batch_size: int = typer.Option(
         1000, min=1, max=1000, help="Items per request in the batch scenario."
     ),
+    size: str = typer.Option(
+        "full",
+        help="The cardinality scenario's size: small (about a minute, what CI runs) or full "
+        "(the issue's sweeps, 10 to 10,000 tenants, 10 to 1,000,000 ordering keys, 1,000 to "
+        "100,000 held jobs, 1,000,000 gate keys: tens of minutes).",
+    ),
+    tenant_steps: str = typer.Option(
+        None, help="Cardinality: tenants with a delayed job, per step (e.g. 10,1000)."
+    ),
+    key_steps: str = typer.Option(
+        None, help="Cardinality: ordering keys in the database, per step."
+    ),
+    held_steps: str = typer.Option(
+        None, help="Cardinality: held jobs behind the rate key, per step."
+    ),
+    gate_keys: int = typer.Option(
+        0, min=0, max=10_000_000, help="Cardinality: distinct gate keys over all waves."
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -95,6 +129,8 @@ def bench(
         why = available()
         if why is not None:
             fail(why)
+    if size not in ("small", "full"):
+        fail(f"--size takes small or full, got {size!r}", code=2)
     options = harness.Options(
         jobs=jobs,
         duration=duration,
@@ -111,6 +147,11 @@ def bench(
         fair_backlog=fair_backlog,
         fair_probes=fair_probes,
         batch_size=batch_size,
+        cardinality_size=size,
+        tenant_steps=_step_list(tenant_steps, "tenant-steps", 1, 1_000_000),
+        key_steps=_step_list(key_steps, "key-steps", 1, 10_000_000),
+        held_steps=_step_list(held_steps, "held-steps", 1, 10_000_000),
+        gate_keys=gate_keys,
     )
     config = settings()
     with Progress(

@@ -37,6 +37,7 @@ EXTRA_SCENARIOS = (
     "timeline",
     "timeline_e2e",
     "peers",
+    "cardinality",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
@@ -62,6 +63,13 @@ class Options:
     fair_backlog: int = 100_000
     fair_probes: int = 20
     batch_size: int = 1000
+    # The cardinality scenario: its size, and step lists that replace the size's (empty:
+    # the size's own).
+    cardinality_size: str = "full"
+    tenant_steps: tuple[int, ...] = ()
+    key_steps: tuple[int, ...] = ()
+    held_steps: tuple[int, ...] = ()
+    gate_keys: int = 0
 
 
 class Scenario(Protocol):

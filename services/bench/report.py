@@ -64,6 +64,8 @@ class Series:
     y: list[float]
     x_label: str
     y_label: str
+    # A sweep over orders of magnitude (10 → 1,000,000) is drawn on a log x axis.
+    x_log: bool = False
 
 
 @dataclass
@@ -144,6 +146,18 @@ def _by_case(heading: str, cases: dict[str, dict[str, float]], spec: str) -> lis
     return [heading, "", *rows, ""]
 
 
+def _targets(targets: list[dict[str, Any]]) -> list[str]:
+    """A scenario's targets (ratios of figures from the same run), each PASS or FAIL."""
+    if not targets:
+        return []
+    rows = [
+        f"- **{t['verdict']}** {t['target']}: {t['ratio']:.2f}× (limit {t['limit']}; "
+        f"{t['measured']})"
+        for t in targets
+    ]
+    return ["Targets (ratios measured in this run):", "", *rows, ""]
+
+
 def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str, Any]) -> str:
     lines = ["# jobcore bench report", ""]
     lines.append(
@@ -172,6 +186,7 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
         lines += _by_case(
             "CPU-ms per job by process group (median over runs):", section.cpu_ms_per_job, ".3f"
         )
+        lines += _targets(section.details.get("targets", []))
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
             assert isinstance(self_time, list)
@@ -199,10 +214,16 @@ def plot(section: Section, path: Path) -> None:
     if not panels:
         return
     widths = [max(6.5, 1.3 * len(rates))] * int(bool(rates)) + [6.5] * len(panels_of_series)
-    fig, axes = plt.subplots(
-        1, panels, figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths
-    )
-    ax_iter = iter(axes[0])
+    if panels <= 3:
+        fig, axes = plt.subplots(
+            1, panels, figsize=(sum(widths), 4.6), squeeze=False, width_ratios=widths
+        )
+    else:  # a sweep of many quantities: a grid of three a row, readable on a page
+        rows = -(-panels // 3)
+        fig, axes = plt.subplots(rows, 3, figsize=(3 * max(widths), 4.6 * rows), squeeze=False)
+        for spare in axes.flat[panels:]:
+            spare.set_visible(False)
+    ax_iter = iter(axes.flat)
     if rates:
         ax = next(ax_iter)
         width = 0.38
@@ -234,6 +255,10 @@ def plot(section: Section, path: Path) -> None:
         for series in group:
             marker = "." if len(series.x) < 50 else None
             ax.plot(series.x, series.y, marker=marker, label=series.label)
+        if any(series.x_log for series in group):
+            ax.set_xscale("log")
+            # A sweep's figures against its first step: from zero, so a ratio reads as one.
+            ax.set_ylim(bottom=0)
         ax.set_xlabel(group[0].x_label)
         ax.set_ylabel(y_label)
         ax.legend(fontsize=8)
