@@ -145,7 +145,7 @@ async def enqueue_due(
         "tick": due.latest,
         "job_id": made[-1].job_id if made else None,
         "refused_tick": refused[-1].tick if refused else None,
-        "refusal_reason": refused[-1].refusal if refused else None,
+        "refusal_reason": str(refused[-1].refusal) if refused else None,
     }
     await execute(uow, SCHEDULE_ADVANCE(advance))
     return ScheduleRound(schedule.name, False, enqueued, due.skipped, due.latest)
@@ -154,6 +154,10 @@ async def enqueue_due(
 async def _enqueue_tick(
     uow: UnitOfWork, topology: Topology, schedule: Schedule, tick: datetime, quotas: Quotas
 ) -> EnqueuedTick:
+    # A savepoint per tick: a refusal undoes this tick's writes only, whatever the enqueue
+    # wrote before it refused. Each is a subtransaction; a catch-up of more than 64 ticks
+    # overflows PostgreSQL's per-backend cache of them, and other sessions then check
+    # pg_subtrans while this round's transaction is open: a short, rare round.
     try:
         async with uow.savepoint():
             result = await _enqueue_tick_job(uow, topology, schedule, tick, quotas)
