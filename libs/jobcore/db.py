@@ -413,6 +413,28 @@ class UnitOfWork(Session):
                 await self.connection.execute("ROLLBACK")
         self._committed = True  # nothing left to roll back on exit
 
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A part of the transaction that an exception undoes alone: the block's writes
+        are rolled back to the savepoint, the exception goes on, and so may the
+        transaction (the scheduler: one tick refused, the others kept)."""
+        if self.begin_pending:
+            raise ServiceStateError("a savepoint needs the transaction begun")
+        with translate_errors(self._db.settings):
+            await self.connection.execute("SAVEPOINT jobcore_part")
+        try:
+            yield
+        except BaseException:
+            # Should this fail too (the connection lost), the transaction is gone anyway:
+            # the block's exception is the one to see.
+            if not self.connection.closed:
+                with contextlib.suppress(psycopg.Error):
+                    await self.connection.execute("ROLLBACK TO SAVEPOINT jobcore_part")
+                    await self.connection.execute("RELEASE SAVEPOINT jobcore_part")
+            raise
+        with translate_errors(self._db.settings):
+            await self.connection.execute("RELEASE SAVEPOINT jobcore_part")
+
 
 # --- the gateway: every named statement runs through these -----------------------------------
 

@@ -253,9 +253,10 @@ async def enqueue(
     event (the schedule that enqueued it, the job it retries): a few short strings, never
     payload data. Jobs of the tenant with the same ``ordering_key`` start one after
     another in enqueue order (:mod:`jobcore.gates`); ``ordering_seq`` puts the job at a
-    given place in its key (a retry's copy takes the place of the job it copies) instead
-    of the next one. ``key_id``: the API key the request came with, checked usable in the
-    statement that writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
+    given place in its key (the retry of a failed job that still blocks its key takes
+    that job's place, :func:`jobcore.usecases.jobs.retry_job`) instead of the next one.
+    ``key_id``: the API key the request came with, checked usable in the statement that
+    writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
     expired by then, and nothing is written).
 
     ``wakeups``: on a session, while other enqueues of the process are in flight, the

@@ -329,6 +329,11 @@ schedules = Table(
     _timestamp("last_enqueued_at"),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("updated_at", nullable=False, default_now=True),
+    # The latest tick refused (a unique key held, a quota): when, which tick, and why
+    # (jobcore.scheduling.Refusal). The schedule moved on past it (migration 0020).
+    _timestamp("last_refusal_at"),
+    _timestamp("last_refused_tick"),
+    Column("last_refusal_reason", Text),
 )
 
 PAUSE_KINDS = ("queue", "type")

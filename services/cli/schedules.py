@@ -48,8 +48,9 @@ def _shown(status: schedule_usecases.ScheduleStatus) -> dict[str, Any]:
 @schedules_app.command("list")
 def list_(as_json: bool = JSON_OPTION) -> None:
     """Every schedule: its cron, time zone and policy, whether it is paused, its last tick
-    enqueued and its next tick. A state left by a schedule no longer declared is listed as
-    `undeclared` (ignored by the workers)."""
+    enqueued and its next tick, and the last tick refused (when, and why: unique_key,
+    enqueue_rate, max_unfinished). A state left by a schedule no longer declared is listed
+    as `undeclared` (ignored by the workers)."""
     config, schedules = _loaded()
     now = datetime.now(UTC)
     rows = run(with_db(config, lambda db: schedule_usecases.list_schedules(db, schedules, now=now)))
@@ -68,6 +69,8 @@ def list_(as_json: bool = JSON_OPTION) -> None:
             "last_tick",
             "next_tick",
             "last_job_id",
+            "last_refusal_at",
+            "last_refusal_reason",
         ],
     )
 

@@ -4,8 +4,9 @@ Every worker runs it when schedules are declared (:mod:`jobcore.schedules`); onl
 holder of the ``scheduler`` maintenance lease (:mod:`services.worker.maintenance`)
 enqueues. Every ``JOBCORE_SCHEDULER_INTERVAL`` it reads the schedules' state and, for each
 schedule with a tick due, enqueues it in a transaction of its own that renews the lease
-(:func:`jobcore.scheduling.enqueue_due`): one job per tick however many workers run, and
-a schedule refused by its tenant's quota does not hold up the others.
+(:func:`jobcore.scheduling.enqueue_due`): one job per tick however many workers run. A
+tick the enqueue refuses (its unique key held, its tenant's quota) is recorded and passed,
+and holds up neither the schedule's later ticks nor the other schedules.
 
 Every worker, leader or not, refreshes the schedule gauges from the database each round,
 so each reports the same values (aggregate with ``max``).
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
-from jobcore.errors import DatabaseUnavailable, JobcoreError, QuotaExceeded
+from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.schedules import Schedule
 from jobcore.scheduling import (
     ScheduleRound,
@@ -63,8 +64,9 @@ class SchedulerMetrics:
         )
         self._refused = Counter(
             "jobcore_schedule_enqueue_refusals",
-            "Rounds whose ticks the schedule's tenant's quotas refused (due again next round).",
-            ["schedule"],
+            "Schedule ticks the enqueue refused, by schedule and reason (unique_key, "
+            "enqueue_rate, max_unfinished): each made no job and is not tried again.",
+            ["schedule", "reason"],
             registry=registry,
         )
         self._next_tick = Gauge(
@@ -93,9 +95,9 @@ class SchedulerMetrics:
             self._enqueued.labels(done.name).inc(made)
         if done.skipped:
             self._skipped.labels(done.name).inc(done.skipped)
-
-    def refused(self, name: str) -> None:
-        self._refused.labels(name).inc()
+        for tick in done.enqueued:
+            if tick.refusal is not None:
+                self._refused.labels(done.name, tick.refusal).inc()
 
     def states(
         self, schedules: Sequence[Schedule], states: dict[str, ScheduleState], now: datetime
@@ -161,7 +163,7 @@ class Scheduler(MaintenanceService):
                 if self.token is None:
                     return enqueued  # the lease went to another worker: it carries on
                 continue
-            enqueued += len(done.enqueued)
+            enqueued += sum(1 for tick in done.enqueued if tick.refusal is None)
         return enqueued
 
     async def _enqueue(self, schedule: Schedule, now: datetime) -> ScheduleRound | None:
@@ -172,13 +174,6 @@ class Scheduler(MaintenanceService):
                     return None
                 done = await enqueue_due(uow, self.topology, schedule, now, quotas=self.quotas)
                 await uow.commit()
-        except QuotaExceeded as exc:
-            self.metrics.refused(schedule.name)
-            log.warning(
-                "schedule tick refused by its tenant's quota; due again next round",
-                extra={"schedule": schedule.name, "tenant": schedule.tenant, "error": str(exc)},
-            )
-            return None
         except DatabaseUnavailable:
             raise  # the round ends; run() logs it once and keeps the token
         except JobcoreError as exc:
@@ -193,7 +188,17 @@ class Scheduler(MaintenanceService):
     def _report(self, done: ScheduleRound) -> None:
         self.metrics.round(done)
         for tick in done.enqueued:
-            if tick.replayed:
+            if tick.refusal is not None:
+                log.warning(
+                    "schedule tick refused; passed, not tried again",
+                    extra={
+                        "schedule": done.name,
+                        "tick": tick.tick.isoformat(),
+                        "reason": str(tick.refusal),
+                        "error": tick.detail,
+                    },
+                )
+            elif tick.replayed:
                 log.warning(
                     "schedule tick already enqueued",
                     extra={"schedule": done.name, "tick": tick.tick.isoformat()},

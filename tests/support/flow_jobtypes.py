@@ -4,6 +4,7 @@ in-process by them, and by worker processes through JOBCORE_JOB_MODULES."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,14 +66,24 @@ class OrderedPayload(BaseModel):
     fail_times: int = Field(default=0, ge=0)
     # Fails for good while this file does not exist (none: never).
     fail_unless: str | None = None
+    # The handler waits until this file exists (none: it does not wait).
+    gate: str | None = None
 
 
 async def _ordered(ctx: JobContext[OrderedPayload]) -> dict[str, int]:
+    # When the handler ran, by the machine's clock (every worker of a test shares it),
+    # recorded as an effect of its successful attempt: the tests compare these intervals.
+    started = time.time()
     if ctx.payload.fail_unless is not None and not Path(ctx.payload.fail_unless).exists():
         raise PermanentError("the file this job needs is missing")
     if ctx.attempt <= ctx.payload.fail_times:
         raise RuntimeError(f"planned failure on attempt {ctx.attempt}")
+    if ctx.payload.gate is not None:
+        gate = Path(ctx.payload.gate)
+        while not gate.exists():
+            await asyncio.sleep(0.02)  # polling a file the test creates
     await asyncio.sleep(ctx.payload.seconds)  # the job's work
+    ctx.record_effect("ran", {"n": ctx.payload.n, "started": started, "ended": time.time()})
     return {"n": ctx.payload.n}
 
 

@@ -1375,6 +1375,23 @@ JOB_ORDERING_UNBLOCK = Query[JobOrderingUnblockParams](
 )
 
 
+# An operator's retry: the copy takes the failed job's place in its key only while the job
+# still blocks it, for then no later job of the key has started since (all were held
+# behind it). Otherwise (cancelled, a type with ordering="skip", unblocked by hand) later
+# jobs may have run or be running, and the copy goes to the back of the key (no row: the
+# enqueue takes the next place). The row lock decides: of two retries at once, one only
+# takes the place.
+JOB_ORDERING_TAKE_PLACE = Query[JobOrderingUnblockParams](
+    "job_ordering_take_place",
+    "Hand a failed job's place in its ordering key to its retry, if it still blocks the key.",
+    """
+    UPDATE jobs SET ordering_blocks = false, updated_at = now()
+    WHERE id = %(id)s AND status = 'failed' AND ordering_key IS NOT NULL AND ordering_blocks
+    RETURNING ordering_seq
+    """,
+)
+
+
 # --- the gate releaser (services.worker.gates) --------------------------------------------
 
 

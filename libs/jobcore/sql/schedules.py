@@ -35,7 +35,7 @@ SCHEDULE_LIST = Query[NoParams](
     "Every schedule's state, by name.",
     """
     SELECT name, last_tick, paused, paused_at, last_job_id, last_enqueued_at, created_at,
-           updated_at
+           updated_at, last_refusal_at, last_refused_tick, last_refusal_reason
     FROM schedules ORDER BY name
     """,
 )
@@ -50,7 +50,7 @@ SCHEDULE_LOCK = Query[ScheduleLockParams](
     "Lock one schedule's state and read it, before enqueueing its ticks or changing it.",
     """
     SELECT name, last_tick, paused, paused_at, last_job_id, last_enqueued_at, created_at,
-           updated_at
+           updated_at, last_refusal_at, last_refused_tick, last_refusal_reason
     FROM schedules WHERE name = %(name)s FOR UPDATE
     """,
 )
@@ -60,17 +60,28 @@ class ScheduleAdvanceParams(TypedDict):
     name: str
     tick: datetime
     job_id: uuid.UUID | None
+    # The round's latest refused tick and why (None: none was refused).
+    refused_tick: datetime | None
+    refusal_reason: str | None
 
 
+# A refused tick is handled too: last_tick moves past it, and the refusal is kept until a
+# later one replaces it.
 SCHEDULE_ADVANCE = Query[ScheduleAdvanceParams](
     "schedule_advance",
-    "Record the latest tick handled (never backwards) and the job enqueued for it.",
+    "Record the latest tick handled (never backwards), the job enqueued for it and the "
+    "latest tick refused.",
     """
     UPDATE schedules
     SET last_tick = greatest(last_tick, %(tick)s),
         last_job_id = coalesce(%(job_id)s, last_job_id),
         last_enqueued_at = CASE WHEN %(job_id)s::uuid IS NULL THEN last_enqueued_at
                                 ELSE now() END,
+        last_refusal_at = CASE WHEN %(refused_tick)s::timestamptz IS NULL THEN last_refusal_at
+                               ELSE now() END,
+        last_refused_tick = coalesce(%(refused_tick)s, last_refused_tick),
+        last_refusal_reason = CASE WHEN %(refused_tick)s::timestamptz IS NULL
+                                   THEN last_refusal_reason ELSE %(refusal_reason)s END,
         updated_at = now()
     WHERE name = %(name)s
     """,
@@ -96,6 +107,6 @@ SCHEDULE_SET_PAUSED = Query[ScheduleSetPausedParams](
         updated_at = now()
     WHERE name = %(name)s
     RETURNING name, last_tick, paused, paused_at, last_job_id, last_enqueued_at, created_at,
-              updated_at
+              updated_at, last_refusal_at, last_refused_tick, last_refusal_reason
     """,
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
-from jobcore.db import Database, Session, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.registry import Registry
@@ -29,6 +29,7 @@ from jobcore.sql.jobs import (
     JOB_HELD_COUNT,
     JOB_LIST_ALL_TENANTS,
     JOB_LOCK_FOR_CANCEL,
+    JOB_ORDERING_TAKE_PLACE,
     JOB_ORDERING_UNBLOCK,
     JOB_REQUEST_CANCEL,
     JobListAllTenantsParams,
@@ -146,6 +147,13 @@ async def retry_job(
         if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise JobNotRetryable(f"job {job_id} is {job['status']}; only failed or cancelled jobs")
         job_type = registry.get(job["type"])
+        # In an ordering key the copy takes the job's place while the job still blocks the
+        # key (the jobs after it then wait for the copy), else it goes to the back of the
+        # key as if newly enqueued: a later job of the key may be running, and the copy
+        # must not run beside it.
+        place = None
+        if job["ordering_key"] is not None:
+            place = await fetch_one(work.uow, JOB_ORDERING_TAKE_PLACE({"id": job_id}))
         result = await enqueue(
             work.uow,
             topology,
@@ -158,14 +166,12 @@ async def retry_job(
             # retry is refused (UniqueJobExists) like any duplicate.
             unique_key=job["unique_key"],
             origin={"retry_of": str(job_id)},
-            # In an ordering key the copy takes the job's place, and the job stops
-            # holding back the jobs after it (the copy does, until it finishes).
             ordering_key=job["ordering_key"],
-            ordering_seq=job["ordering_seq"],
+            ordering_seq=None if place is None else place["ordering_seq"],
         )
-        if job["ordering_key"] is not None:
-            await execute(work.uow, JOB_ORDERING_UNBLOCK({"id": job_id}))
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
+        if job["ordering_key"] is not None:
+            work.entry.details["ordering"] = "in its place" if place else "at the back"
         await work.commit()
     return RetryOutcome(job_id, result.job_id, result.status)
 

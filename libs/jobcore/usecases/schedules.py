@@ -44,6 +44,11 @@ class ScheduleStatus:
     last_enqueued_at: datetime | None
     # False: a state row left by a schedule no longer declared (it is ignored).
     declared: bool
+    # The latest tick the enqueue refused (passed, not tried again), when and why
+    # (jobcore.scheduling.Refusal: unique_key, enqueue_rate, max_unfinished).
+    last_refusal_at: datetime | None = None
+    last_refused_tick: datetime | None = None
+    last_refusal_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +75,9 @@ def _status(
         last_job_id=state.last_job_id if state else None,
         last_enqueued_at=state.last_enqueued_at if state else None,
         declared=schedule is not None,
+        last_refusal_at=state.last_refusal_at if state else None,
+        last_refused_tick=state.last_refused_tick if state else None,
+        last_refusal_reason=state.last_refusal_reason if state else None,
     )
 
 

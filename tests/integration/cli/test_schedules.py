@@ -5,15 +5,20 @@ with a non-zero exit."""
 from __future__ import annotations
 
 import subprocess
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from jobcore.db import Database, fetch_all
+from jobcore.registry import default_registry
+from jobcore.schedules import load_schedules
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.testing.processes import jobcore_command, settings_env
+from services.worker.scheduler import Scheduler
 
 SCHEDULES = {
     "nightly": {
@@ -123,3 +128,39 @@ def test_refusals_are_one_line_and_a_non_zero_exit(
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("jobcore: ")
     assert message in lines[0]
+
+
+async def test_list_shows_the_last_refused_tick_and_why(settings: Settings, db: Database) -> None:
+    # Each tick's job holds the type's unique key while it is live: the second and third
+    # ticks of a catch-up are refused, and the schedule moves past them.
+    declared = {
+        "syncing": {
+            "job_type": "sync_account",
+            "cron": "* * * * * *",
+            "payload": {"account": "a1"},
+            "missed": "catch_up:3",
+        }
+    }
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    clock = [start]
+    scheduler = Scheduler(
+        settings,
+        db,
+        owner="a",
+        schedules=load_schedules(declared, default_registry, in_code={}),
+        metrics_registry=CollectorRegistry(),
+        clock=lambda: clock[0],
+    )
+    await scheduler.tick()
+    clock[0] = start + timedelta(seconds=3.5)
+    assert await scheduler.tick() == 1
+
+    [row] = ok(cli(settings, "schedules", "list", "--json", schedules=declared))
+    assert row["last_refusal_reason"] == "unique_key"
+    assert row["last_refused_tick"] == (start + timedelta(seconds=3)).isoformat()
+    assert row["last_refusal_at"] is not None
+    table = cli(settings, "schedules", "list", schedules=declared)
+    assert table.returncode == 0, table.stderr
+    header, line = table.stdout.splitlines()
+    assert header.split()[-2:] == ["LAST_REFUSAL_AT", "LAST_REFUSAL_REASON"]
+    assert line.split()[-1] == "unique_key"

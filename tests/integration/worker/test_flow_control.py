@@ -20,12 +20,13 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql.jobs import JOB_GET_ANY_TENANT
 from jobcore.testing.waiting import eventually
-from jobcore.usecases.jobs import retry_job
+from jobcore.usecases.jobs import retry_job, unblock_job
 from services.api.views import job_view
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
     WORKER_TEST_MODULES,
     OutboxPump,
+    effects,
     job_row,
     submit,
     worker_settings,
@@ -227,6 +228,91 @@ async def test_a_skip_type_failed_job_lets_its_key_go_on(
     failed = await job_row(db, first)
     assert failed["status"] == "failed"
     assert failed["finished_at"] < done["started_at"]
+
+
+@pytest.mark.parametrize(
+    ("job_type", "unblock"),
+    [("flow_ordered_skip", False), ("flow_ordered", True)],
+    ids=["skip-type", "unblocked-block-type"],
+)
+async def test_a_retried_job_never_runs_beside_a_later_job_of_its_key(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Path,
+    job_type: str,
+    unblock: bool,
+) -> None:
+    await start_workers(start_worker)
+    fixed, gate = tmp_path / "fixed", tmp_path / "gate"
+    first = await submit(
+        db, topology, job_type, OrderedPayload(n=0, fail_unless=str(fixed)), ordering_key="k"
+    )
+    later = await submit(
+        db, topology, job_type, OrderedPayload(n=1, gate=str(gate)), ordering_key="k"
+    )
+    await eventually(lambda: _status_is(db, first, "failed"), timeout=60, what="the first to fail")
+    if unblock:  # a blocking type's failed job, let go by hand: the key goes on
+        await unblock_job(db, first, actor="test:operator")
+    # The later job of the key runs (its handler waits for the gate file).
+    await eventually(lambda: _status_is(db, later, "running"), timeout=60, what="the later job")
+
+    fixed.touch()
+    outcome = await retry_job(db, wsettings, default_registry, first, actor="test:operator")
+
+    # The copy goes to the back of the key: it waits for the running job, it does not run.
+    async def copy_waits_or_ran() -> dict[str, Any] | None:
+        row = await job_row(db, outcome.job_id)
+        return row if row["held_reason"] == "ordering" or row["status"] != "pending" else None
+
+    copy_now = await eventually(copy_waits_or_ran, timeout=60, what="the copy to be claimed")
+    assert (copy_now["status"], copy_now["held_reason"]) == ("pending", "ordering")
+    assert (await job_row(db, later))["status"] == "running"
+
+    gate.touch()
+    done = [
+        await eventually(
+            lambda job_id=job_id: _status_is(db, job_id, "succeeded"),
+            timeout=60,
+            what="the later job and the copy to succeed",
+        )
+        for job_id in (later, outcome.job_id)
+    ]
+    # Where the copy went: after the later job in its key.
+    assert (
+        done[1]["ordering_seq"]
+        > done[0]["ordering_seq"]
+        > (await job_row(db, first))["ordering_seq"]
+    )
+    assert order_violations(done) == []
+    # The handlers' own intervals (recorded by each run) do not overlap.
+    ran = [(await effects(db, row["id"]))[0]["detail"] for row in done]
+    assert [r["n"] for r in ran] == [1, 0]
+    assert ran[0]["ended"] <= ran[1]["started"], ran
+
+
+async def test_retrying_a_blocking_job_twice_gives_its_place_once(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    first = await submit(db, topology, "flow_ordered", OrderedPayload(n=0), ordering_key="k")
+    second = await submit(db, topology, "flow_ordered", OrderedPayload(n=1), ordering_key="k")
+    async with db.connection() as conn:  # the first failed for good; the second waits
+        await conn.execute(
+            "UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", (first,)
+        )
+    place = (await job_row(db, first))["ordering_seq"]
+
+    copy = await retry_job(db, wsettings, default_registry, first, actor="test:operator")
+    again = await retry_job(db, wsettings, default_registry, first, actor="test:operator")
+    # The first retry takes the blocking job's place (the second job waits for it); the
+    # job no longer blocks then, so the next retry goes to the back of the key.
+    assert (await job_row(db, copy.job_id))["ordering_seq"] == place
+    assert (await job_row(db, first))["ordering_blocks"] is False
+    assert (await job_row(db, again.job_id))["ordering_seq"] > (await job_row(db, second))[
+        "ordering_seq"
+    ]
 
 
 async def _status_is(db: Database, job_id: uuid.UUID, status: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import schedules as schedule_usecases
+from jobcore.usecases.jobs import cancel_any_job
 from jobcore.usecases.timeline import job_timeline
 from services.worker.app import Worker
 from services.worker.scheduler import Scheduler
@@ -36,7 +37,11 @@ SCHEDULE_JOBS = Query(
 STATE = Query(
     "test_schedule_state",
     "Every schedule's state row.",
-    "SELECT name, last_tick, paused, last_job_id FROM schedules ORDER BY name",
+    """
+    SELECT name, last_tick, paused, last_job_id, last_refused_tick, last_refusal_reason,
+           last_refusal_at
+    FROM schedules ORDER BY name
+    """,
 )
 AUDIT = Query(
     "test_schedule_audit",
@@ -296,12 +301,9 @@ async def test_list_shows_state_and_next_tick_and_undeclared_rows(
     assert by_name["gone"].next_tick is None
 
 
-async def test_a_quota_refusal_leaves_the_tick_due_and_is_counted(
-    settings: Settings, db: Database
-) -> None:
-    schedules = declare(capped=dict(tenant="capped"), free=dict())
-    await quota_usecases.set_quotas(db, "capped", max_unfinished=1)
-    clock = Clock(T0)
+def counting_scheduler(
+    settings: Settings, db: Database, schedules: Sequence[Schedule], clock: Clock
+) -> tuple[Scheduler, CollectorRegistry]:
     registry = CollectorRegistry()
     worker = Scheduler(
         settings,
@@ -312,21 +314,121 @@ async def test_a_quota_refusal_leaves_the_tick_due_and_is_counted(
         interval=1.0,
         clock=clock,
     )
+    return worker, registry
+
+
+def refusals(registry: CollectorRegistry, schedule: str, reason: str) -> float | None:
+    return registry.get_sample_value(
+        "jobcore_schedule_enqueue_refusals_total", {"schedule": schedule, "reason": reason}
+    )
+
+
+async def test_a_quota_refused_tick_is_recorded_and_passed_not_tried_every_round(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(capped=dict(tenant="capped"), free=dict())
+    await quota_usecases.set_quotas(db, "capped", max_unfinished=1)
+    clock = Clock(T0)
+    worker, registry = counting_scheduler(settings, db, schedules, clock)
     await worker.tick()
     clock.set(1.2)
     assert await worker.tick() == 2
     clock.set(2.2)
     assert await worker.tick() == 1  # capped is at its limit: only free's tick
+    # The same second again: `skip` passed the refused tick, it is not tried every round.
+    clock.set(2.6)
+    assert await worker.tick() == 0
     assert await keys(db, "capped") == at(1)
-    assert (await states(db))["capped"]["last_tick"] == T0 + timedelta(seconds=1)
-    assert sample(registry, "enqueue_refusals_total", "capped") == 1
+    capped = (await states(db))["capped"]
+    assert capped["last_tick"] == T0 + timedelta(seconds=2)
+    assert capped["last_refused_tick"] == T0 + timedelta(seconds=2)
+    assert capped["last_refusal_reason"] == "max_unfinished"
+    assert capped["last_refusal_at"] is not None
+    assert (await states(db))["free"]["last_refusal_reason"] is None
+    assert refusals(registry, "capped", "max_unfinished") == 1
     assert sample(registry, "jobs_enqueued_total", "free") == 2
-    # The quota raised: the refused tick is made at the next round (skip: the latest).
+    # The quota raised: the next tick is made; the refused one stays passed.
     await quota_usecases.set_quotas(db, "capped", max_unfinished=None)
     clock.set(3.4)
     assert await worker.tick() == 2
     assert await keys(db, "capped") == at(1, 3)
-    assert sample(registry, "ticks_skipped_total", "capped") == 1
+    assert sample(registry, "ticks_skipped_total", "capped") is None
+    listed = await schedule_usecases.list_schedules(db, schedules, now=clock())
+    shown = {status.name: status for status in listed}["capped"]
+    assert shown.last_refused_tick == T0 + timedelta(seconds=2)
+    assert shown.last_refusal_reason == "max_unfinished"
+
+
+async def test_catch_up_of_a_unique_type_makes_the_first_tick_and_records_the_rest(
+    settings: Settings, db: Database
+) -> None:
+    # Every tick's job holds the same unique key (the payload's account) while it is live.
+    schedules = declare(
+        syncing=dict(job_type="sync_account", payload={"account": "a1"}, missed="catch_up:3")
+    )
+    clock = Clock(T0)
+    worker, registry = counting_scheduler(settings, db, schedules, clock)
+    await worker.tick()
+    clock.set(3.5)
+    assert await worker.tick() == 1
+    assert await keys(db, "syncing") == at(1)
+    state = (await states(db))["syncing"]
+    assert state["last_tick"] == T0 + timedelta(seconds=3)
+    assert (state["last_refused_tick"], state["last_refusal_reason"]) == (
+        T0 + timedelta(seconds=3),
+        "unique_key",
+    )
+    assert refusals(registry, "syncing", "unique_key") == 2
+    # Nothing is due again: the refused ticks are not tried every round.
+    assert await worker.tick() == 0
+    assert refusals(registry, "syncing", "unique_key") == 2
+
+
+async def test_a_refused_tick_does_not_block_the_ticks_after_it(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(
+        syncing=dict(job_type="sync_account", payload={"account": "a1"}, missed="catch_up:5")
+    )
+    clock = Clock(T0)
+    worker, _ = counting_scheduler(settings, db, schedules, clock)
+    await worker.tick()
+    clock.set(1.2)
+    assert await worker.tick() == 1
+    clock.set(2.2)
+    assert await worker.tick() == 0  # tick 1's job holds the key: tick 2 is refused
+    # Tick 1's job ends (cancelled): it frees the key, and the next tick is made at once,
+    # not held behind the refused one.
+    [first] = await jobs(db)
+    await cancel_any_job(db, settings, first["id"], actor=ACTOR)
+    clock.set(3.2)
+    assert await worker.tick() == 1
+    assert await keys(db, "syncing") == at(1, 3)
+    state = (await states(db))["syncing"]
+    assert state["last_tick"] == T0 + timedelta(seconds=3)
+    assert state["last_refused_tick"] == T0 + timedelta(seconds=2)
+
+
+async def test_a_catch_up_larger_than_the_tenants_burst_makes_what_the_quota_admits(
+    settings: Settings, db: Database
+) -> None:
+    schedules = declare(bursty=dict(tenant="bursty", missed="catch_up:5"))
+    # A burst of 2 and a rate slow enough that no token comes back during the test.
+    await quota_usecases.set_quotas(db, "bursty", enqueue_rate=0.01, enqueue_burst=2)
+    clock = Clock(T0)
+    worker, registry = counting_scheduler(settings, db, schedules, clock)
+    await worker.tick()
+    clock.set(6.5)  # six ticks due (five missed, caught up, and the latest)
+    assert await worker.tick() == 2
+    assert await keys(db, "bursty") == at(1, 2)
+    state = (await states(db))["bursty"]
+    assert state["last_tick"] == T0 + timedelta(seconds=6)
+    assert (state["last_refused_tick"], state["last_refusal_reason"]) == (
+        T0 + timedelta(seconds=6),
+        "enqueue_rate",
+    )
+    assert refusals(registry, "bursty", "enqueue_rate") == 4
+    assert await worker.tick() == 0
 
 
 async def test_gauges_show_next_and_last_tick_and_pause_on_every_worker(
