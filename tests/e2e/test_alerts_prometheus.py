@@ -162,13 +162,10 @@ async def test_relay_lag_alert_fires_while_the_broker_is_down_and_resolves(
 
         async def targets_up() -> bool:
             data = await get("/api/v1/targets")
-            healthy = {t["labels"]["job"] for t in (data or {}).get("activeTargets", [])}
-            healthy &= {
-                t["labels"]["job"]
-                for t in (data or {}).get("activeTargets", [])
-                if t["health"] == "up"
+            health = {
+                t["labels"]["job"]: t["health"] for t in (data or {}).get("activeTargets", [])
             }
-            return healthy == {"jobcore-api", "jobcore-relay", "jobcore-worker"}
+            return health == {"jobcore-api": "up", "jobcore-relay": "up", "jobcore-worker": "up"}
 
         async def relay_lag_alert() -> str | None:
             data = await get("/api/v1/alerts")
