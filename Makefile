@@ -42,6 +42,9 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@command -v promtool >/dev/null || { echo "lint: promtool not found (Debian package prometheus): run scripts/install_tools.sh" >&2; exit 1; }
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts.test.yaml
 
 # Build the wheel, install it in a new virtual environment and run `jobcore demo`, chaos and
 # a quick bench from outside the checkout (about 4 minutes; CI runs it).

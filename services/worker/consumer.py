@@ -43,6 +43,7 @@ from pydantic import BaseModel
 
 from jobcore.amqp.connection import broker_server
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
+from jobcore.amqp.topology import Topology
 from jobcore.db import execute, fetch_all
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
@@ -123,6 +124,9 @@ class Consumer(Service):
         self.worker_id = worker_id
         self.metrics = metrics
         self.broker = JobQueueConsumer(settings, self.queues)
+        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self._queue_of = {topology.queue_name(queue): queue for queue in self.queues}
+        metrics.consuming(self.queues)
         # server.address / server.port of the process spans.
         self._broker_server = broker_server(settings)
         self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
@@ -203,6 +207,7 @@ class Consumer(Service):
     async def _on_delivery(self, message: Delivery) -> None:
         if self.stopping.is_set():
             return  # left unacknowledged: the broker requeues it when the channel closes
+        self.metrics.delivered(self._queue_of.get(message.queue, message.queue))
         task = asyncio.create_task(self._handle(message), name="delivery")
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)

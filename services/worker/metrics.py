@@ -18,7 +18,7 @@ from jobcore.retention import TABLES as PRUNED_TABLES
 from jobcore.states import TERMINAL
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from jobcore.retention import Kind
     from services.worker.claims import Claim
@@ -188,6 +188,7 @@ class WorkerMetrics:
             "rising means the pruner is not keeping up.",
             registry=self.registry,
         )
+        self._overdue_queues: set[str] = set()
         for table in PRUNED_TABLES:
             self._pruned.labels(table)
         for status in sorted(TERMINAL):
@@ -206,6 +207,23 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.counts: collections.Counter[str] = collections.Counter()
+        # For alerts (deploy/prometheus/alerts.yaml): a queue with ready messages whose
+        # deliveries stopped, and due jobs that wait too long.
+        self._deliveries = Counter(
+            "jobcore_worker_deliveries",
+            "Messages the broker delivered to this worker, by job queue (webhooks: the "
+            "webhook queue), whatever became of them.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self._overdue = Gauge(
+            "jobcore_jobs_overdue_seconds",
+            "How long the longest-waiting due pending job of each queue has been due (0: "
+            "none), not counting jobs a gate holds; surveyed each sweeper round by the "
+            "sweeper's lease holder (0 on the other workers): aggregate with max.",
+            ["queue"],
+            registry=self.registry,
+        )
         # Anti-entropy (jobcore.stranded): the sweeper and the dead-letter notes.
         self._republished = Counter(
             "jobcore_worker_republished_jobs",
@@ -294,6 +312,22 @@ class WorkerMetrics:
             ages = [kind.oldest_age for kind in kinds if kind.status == status]
             self._oldest_terminal.labels(status).set(max(ages, default=0.0))
         self._prune_overdue.set(max((kind.overdue for kind in kinds), default=0.0))
+
+    def consuming(self, queues: Iterable[str]) -> None:
+        """Start these queues' delivery counts at zero, so rate() reads 0, not no data."""
+        for queue in queues:
+            self._deliveries.labels(queue)
+
+    def delivered(self, queue: str) -> None:
+        self._deliveries.labels(queue).inc()
+
+    def overdue(self, seconds_by_queue: Mapping[str, float]) -> None:
+        """The sweeper's survey: a queue no longer listed reads 0."""
+        for queue in self._overdue_queues - seconds_by_queue.keys():
+            self._overdue.labels(queue).set(0)
+        for queue, seconds in seconds_by_queue.items():
+            self._overdue.labels(queue).set(seconds)
+        self._overdue_queues |= seconds_by_queue.keys()
 
     def republished(self, reason: str, count: int = 1) -> None:
         self._republished.labels(reason).inc(count)

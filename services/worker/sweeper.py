@@ -4,7 +4,9 @@ Every ``JOBCORE_SWEEPER_INTERVAL`` the holder of the ``sweeper`` maintenance lea
 (:mod:`services.worker.maintenance`) republishes, through the outbox, the current attempt
 of each pending job that has been due with no outbox row and no change for
 ``JOBCORE_SWEEPER_STALE_AFTER`` (:func:`jobcore.stranded.republish_stale` says why a
-spare copy is harmless and how often a job can get one).
+spare copy is harmless and how often a job can get one). After each round the holder
+also measures how long each queue's longest-waiting due job has been due
+(``jobcore_jobs_overdue_seconds``, for the alert in deploy/prometheus/alerts.yaml).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import logging
 from collections.abc import Sequence
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import Database, UnitOfWork, fetch_all
 from jobcore.settings import Settings
+from jobcore.sql.jobs import JOB_OVERDUE_BY_QUEUE
 from jobcore.stranded import Republished, republish_stale
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
@@ -46,6 +49,17 @@ class Sweeper(MaintenanceService):
         self.metrics = metrics
         self.stale_after = settings.sweeper_stale_after
         self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+
+    async def tick(self) -> int:
+        """A round, then (lease holder only) how long due jobs have waited, per queue."""
+        taken = await super().tick()
+        if self.is_leader:
+            async with self.db.connection() as conn:
+                rows = await fetch_all(conn, JOB_OVERDUE_BY_QUEUE({}))
+            self.metrics.overdue({row["queue"]: float(row["overdue_seconds"]) for row in rows})
+        else:
+            self.metrics.overdue({})  # the holder reports; max() over workers reads it
+        return taken
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[Republished]]:
         return await republish_stale(

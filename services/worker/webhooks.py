@@ -190,6 +190,10 @@ class WebhookDeliverer(Service):
             "Webhook messages acknowledged without a request (already handled, or overtaken).",
             registry=metrics.registry,
         )
+        # Every outcome from the start, so rate() reads 0 rather than no data.
+        for outcome in Outcome:
+            self._attempts.labels(outcome.value)
+        metrics.consuming([WEBHOOKS_QUEUE])
         self._tasks: set[asyncio.Task[None]] = set()
         self.progress = Progress(settings.worker_stall_after)
         self.consuming = False
@@ -232,6 +236,7 @@ class WebhookDeliverer(Service):
     async def _on_delivery(self, message: Delivery) -> None:
         if self.stopping.is_set():
             return  # left unacknowledged: the broker requeues it when the channel closes
+        self.metrics.delivered(WEBHOOKS_QUEUE)
         task = asyncio.create_task(self._handle(message), name="webhook-delivery")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -56,6 +56,8 @@ class E2EStack:
     settings: Settings
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
+    # Per role, on top of env: e.g. one role's broker URL through a proxy.
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     api_key: str = ""
@@ -91,7 +93,12 @@ class E2EStack:
         }
         args = {"api": ("api", "--port", str(self.ports["api"])), "relay": ("relay",)}
         for role in ROLES:
-            env = settings_env(self.settings, **common, OTEL_SERVICE_NAME=f"jobcore-{role}-e2e")
+            env = settings_env(
+                self.settings,
+                **common,
+                OTEL_SERVICE_NAME=f"jobcore-{role}-e2e",
+                **self.role_env.get(role, {}),
+            )
             log = open(self.log_path(role), "wb")  # noqa: SIM115 - the child keeps it
             self.processes[role] = subprocess.Popen(
                 jobcore_command(*args.get(role, (role,))),

@@ -65,6 +65,12 @@ async def test_counters_and_backlog_gauges_after_20_jobs(stack: E2EStack) -> Non
     assert worker[("jobcore_worker_duplicate_messages_total", ())] == 0
     assert worker[("jobcore_worker_retries_scheduled_total", ())] == 0
     assert worker[("jobcore_worker_running_handlers", ())] == 0
+    # Per queue, for the alert on a queue whose deliveries stopped (the webhook queue
+    # starts at 0: no job here has a callback).
+    assert worker[("jobcore_worker_deliveries_total", (("queue", QUEUE),))] == JOBS
+    assert worker[("jobcore_worker_deliveries_total", (("queue", "webhooks"),))] == 0
+    for outcome in ("delivered", "retry", "failed"):
+        assert worker[("jobcore_worker_webhook_attempts_total", (("outcome", outcome),))] == 0
 
     # The relay: everything published, nothing waiting (gauges are cached for a second,
     # so poll until a scrape after the last job reads the empty backlog).

@@ -596,6 +596,26 @@ JOB_COUNT_OPEN_BY_QUEUE = Query[NoParams](
 )
 
 
+# Once per sweeper round, by the sweeper's lease holder (services/worker/sweeper.py), for
+# the alert on due jobs that wait (deploy/prometheus/alerts.yaml): a job is due from
+# greatest(created_at, next_attempt_at), as JOB_LOCK_STALE counts it; gated ones wait on
+# purpose. Not per scrape: it reads every pending row.
+JOB_OVERDUE_BY_QUEUE = Query[NoParams](
+    "job_overdue_by_queue",
+    "Per queue, how long its longest-waiting due pending job (not held by a gate) has been due.",
+    """
+    SELECT queue,
+           extract(epoch FROM now() - min(greatest(created_at, next_attempt_at)))::float8
+               AS overdue_seconds
+    FROM jobs
+    WHERE status = 'pending'
+      AND held_reason IS NULL
+      AND greatest(created_at, next_attempt_at) <= now()
+    GROUP BY queue
+    """,
+)
+
+
 # --- long-poll waiters ----------------------------------------------------------------
 
 JOB_DONE_LISTEN = Query[NoParams](

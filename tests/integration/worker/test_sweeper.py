@@ -327,3 +327,36 @@ async def _state(db: Database, job_id: uuid.UUID) -> tuple[Any, ...]:
         row["updated_at"],
         [m["message_id"] for m in messages],
     )
+
+
+def overdue(metrics: WorkerMetrics, queue: str = "testq") -> float | None:
+    return metrics.registry.get_sample_value("jobcore_jobs_overdue_seconds", {"queue": queue})
+
+
+async def test_the_lease_holder_reports_how_long_due_jobs_have_waited(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    """jobcore_jobs_overdue_seconds (the JobcoreJobsOverdue alert): due pending jobs count
+    from when they became due; scheduled ones, held ones and finished ones do not."""
+    later = await submit(db, topology, "effect", EffectPayload(n=1))
+    await set_job(db, later, due_in=HOUR)
+    await backdate(db, later, 2 * HOUR)  # created long ago, but due in an hour
+    holder = Sweeper(wsettings, db, owner="a", metrics=WorkerMetrics())
+    standby = Sweeper(wsettings, db, owner="b", metrics=WorkerMetrics())
+    await holder.tick()
+    assert overdue(holder.metrics) is None  # no due job in any queue
+
+    due = await submit(db, topology, "effect", EffectPayload(n=2))
+    await backdate(db, due, HOUR)
+    await holder.tick()
+    await standby.tick()
+    assert holder.is_leader
+    assert not standby.is_leader
+    waited = overdue(holder.metrics)
+    assert waited is not None
+    assert HOUR <= waited < HOUR + 60
+    assert overdue(standby.metrics) is None  # only the holder measures
+
+    await set_job(db, due, status="succeeded")
+    await holder.tick()
+    assert overdue(holder.metrics) == 0  # the queue no longer has one: back to 0
