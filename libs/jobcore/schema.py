@@ -264,9 +264,8 @@ outbox = Table(
         "id",
         postgresql_where=text("quarantined_at IS NULL"),
     ),
-    # The fair claim (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR): a skip scan finds the (routing
-    # key, tenant, priority) lanes with rows, then each lane's due rows are a range scan,
-    # oldest first, however large another lane's backlog is.
+    # The fair claim (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR): each lane's due rows are a
+    # range scan of this index, oldest first, however large another lane's backlog is.
     Index(
         "outbox_fair_due_idx",
         "routing_key",
@@ -275,6 +274,25 @@ outbox = Table(
         "available_at",
         "id",
         postgresql_where=text("quarantined_at IS NULL"),
+    ),
+    # Which lanes the fair claim shares a queue's room between: those with a row that was
+    # due when it was written (a skip scan of this index, one probe per such lane)...
+    Index(
+        "outbox_ready_lanes_idx",
+        "routing_key",
+        "tenant",
+        "priority",
+        postgresql_where=text("quarantined_at IS NULL AND available_at <= created_at"),
+    ),
+    # ... and those of the oldest rows written for later that are due now (a range of
+    # this one from its start, read as far as the batch size). Lanes holding only rows
+    # for later are in neither, so they cost a claim nothing.
+    Index(
+        "outbox_later_due_idx",
+        "available_at",
+        "id",
+        postgresql_include=["routing_key", "tenant", "priority"],
+        postgresql_where=text("quarantined_at IS NULL AND available_at > created_at"),
     ),
     # The rescuer's scan (every worker_rescuer_interval) reads only quarantined rows, so a
     # backlog of due rows does not make it a full scan; quarantined rows are rare, so the

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all
 from jobcore.priorities import WEIGHTS
@@ -132,6 +134,123 @@ async def test_a_claim_says_whether_it_left_rows_due(db: Database, topology: Top
         assert {r["more_due"] for r in rows} == {False}
         await execute(uow, _delete(rows))
         await uow.commit()
+
+
+async def test_lanes_holding_only_rows_for_later_take_no_share(
+    db: Database, topology: Topology
+) -> None:
+    """A queue's budget goes to the lanes with due rows only: one tenant's backlog next to
+    many tenants' delayed jobs takes the whole budget, not budget / lanes."""
+    for n in range(50):
+        await fill_outbox(db, topology, 1, tenant=f"later-{n}", delay=3600)
+    backlog = await fill_outbox(db, topology, 300, tenant="big")
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 200}, limit=200))
+    assert [r["id"] for r in rows] == [r["id"] for r in backlog[:200]]
+    assert {r["more_due"] for r in rows} == {True}
+
+
+async def test_a_claim_reads_no_more_with_more_lanes_holding_only_rows_for_later(
+    db: Database, topology: Topology
+) -> None:
+    """Lanes whose rows are all for later are not read by a claim: its scans of the outbox
+    stay the same with 0 and with 1,000 of them (each used to cost two index probes)."""
+    await fill_outbox(db, topology, 600, tenant="big")
+    alone = await _claim_reads(db)
+    async with db.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, "
+            "body, tenant, available_at) "
+            "SELECT gen_random_uuid(), %s, 'testq', 'echo', '{}', '\\x00', 'later-' || n, "
+            "now() + interval '1 hour' FROM generate_series(1, 1000) AS n",
+            (topology.jobs_exchange,),
+        )
+    with_later = await _claim_reads(db)
+
+    assert alone["rows"] == with_later["rows"] == 500
+    # The same scans, returning the same entries; an index a level deeper at most.
+    assert with_later["scans"] == alone["scans"], (alone, with_later)
+    assert with_later["entries"] == alone["entries"], (alone, with_later)
+    assert with_later["buffers"] <= alone["buffers"] + 10, (alone, with_later)
+
+
+async def test_rows_pushed_back_take_their_turn_once_due(db: Database, topology: Topology) -> None:
+    """A row written for later (here a failed publish retried at once) joins the lanes
+    when it is due, and shares the budget like any other."""
+    await fill_outbox(db, topology, 30, tenant="a")
+    pushed = await fill_outbox(db, topology, 3, tenant="b")
+    await _push_back(db, pushed)
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 12}))
+    assert [r["tenant"] for r in rows] == ["a", "b", "a", "b", "a", "b", "a", "a", "a"]
+    assert [r["id"] for r in rows if r["tenant"] == "b"] == [r["id"] for r in pushed]
+
+
+async def test_due_rows_for_later_past_the_batch_size_are_said_to_be_left(
+    db: Database, topology: Topology
+) -> None:
+    """The lanes of rows written for later come from the oldest due ones, as many as the
+    batch size: when that many were read, more may be due in lanes not read."""
+    first = await fill_outbox(db, topology, 2, tenant="b")
+    await _push_back(db, first)
+    second = await fill_outbox(db, topology, 2, tenant="c")
+    await _push_back(db, second)
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 10}, limit=2))
+    assert [r["id"] for r in rows] == [r["id"] for r in first]
+    assert {r["more_due"] for r in rows} == {True}
+
+
+async def _push_back(db: Database, rows: list[Any]) -> None:
+    """Record a failed publish retried with no delay: the rows are due again, in a
+    transaction later than the one that wrote them."""
+    async with db.unit_of_work() as uow:
+        await execute(
+            uow,
+            OUTBOX_RECORD_FAILURES(
+                {
+                    "ids": [r["id"] for r in rows],
+                    "errors": ["x"] * len(rows),
+                    "delays": [0.0] * len(rows),
+                    "quarantine": [False] * len(rows),
+                }
+            ),
+        )
+        await uow.commit()
+
+
+async def _claim_reads(db: Database) -> dict[str, int]:
+    """What the fair claim read from the outbox table and its indexes (EXPLAIN ANALYZE
+    BUFFERS, rolled back): entries returned and buffers touched by the scans of
+    ``outbox``, and the rows claimed. The scans only: the plan of the rest (the pauses'
+    anti-join, say) changes with statistics and has nothing to do with lanes."""
+    statement = claim({"testq": 500})
+    async with db.connection() as conn:
+        await conn.execute("ANALYZE outbox")
+        async with conn.transaction(force_rollback=True):
+            cur = await conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.query.sql,
+                dict(statement.params),
+            )
+            row = await cur.fetchone()
+    assert row is not None
+    explained = next(iter(row.values())) if isinstance(row, dict) else row[0]
+    plan = (orjson.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    reads = {"rows": int(plan["Actual Rows"]), "entries": 0, "buffers": 0, "scans": 0}
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "outbox":
+            reads["entries"] += int(node["Actual Rows"]) * int(node["Actual Loops"])
+            reads["buffers"] += int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+            reads["scans"] += int(node["Actual Loops"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan)
+    return reads
 
 
 def _delete(rows: list[Any]) -> Statement:

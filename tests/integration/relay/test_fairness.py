@@ -141,6 +141,36 @@ async def test_with_fairness_off_the_outbox_goes_out_oldest_first(
     assert order == [r["message_id"] for r in backlog] + [quiet["message_id"]]
 
 
+async def test_a_backlog_next_to_many_tenants_delayed_jobs_goes_out_in_whole_batches(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    """Lanes whose rows are all for later take no share of a batch: 600 due rows of one
+    tenant next to 100 tenants' delayed jobs go out in two batches (500 + 100), not in
+    batches of ceil(500 / 101) = 5."""
+    await topology.declare(amqp_channel, default_registry.queues())
+    for n in range(100):
+        await fill_outbox(db, topology, 1, tenant=f"later-{n}", delay=3600, notify=False)
+    await fill_outbox(db, topology, 600, tenant="big")
+
+    async with running_relay(settings, db, queue_depth_limit=0) as relay:
+
+        async def only_later_rows_left() -> bool:
+            return await outbox_count(db) == 100
+
+        await eventually(only_later_rows_left, timeout=30, what="the due rows published")
+        registry = relay.metrics.registry
+        batches = registry.get_sample_value("jobcore_relay_batch_rows_count")
+        rows = registry.get_sample_value("jobcore_relay_batch_rows_sum")
+
+    assert settings.relay_batch_size == 500
+    assert rows == 600
+    assert batches is not None
+    assert batches <= 3, f"{batches} batches for 600 rows"
+
+
 async def _take_when_there(
     channel: aio_pika.abc.AbstractChannel, topology: Topology, n: int
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:
