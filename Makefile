@@ -42,6 +42,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@# Every migration safe under traffic: squawk over each revision's offline SQL.
+	$(BIN)/python scripts/lint_migrations.py
 
 # Build the wheel, install it in a new virtual environment and run `jobcore demo`, chaos and
 # a quick bench from outside the checkout (about 4 minutes; CI runs it).
