@@ -85,7 +85,10 @@ class Marker:
 
 
 def own_version() -> str:
-    return importlib.metadata.version("jobcore")
+    try:
+        return importlib.metadata.version("jobcore")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout not installed
+        return "unknown"
 
 
 @functools.cache
