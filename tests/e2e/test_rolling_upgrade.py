@@ -36,6 +36,8 @@ import orjson
 import pytest
 
 from jobcore import schema_version
+from jobcore.amqp.connection import connect as amqp_connect
+from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.release_record import previous_release
 from jobcore.settings import Settings
@@ -460,3 +462,15 @@ async def test_rolling_upgrade_from_the_previous_release_under_load(
         rollout.kill_all()
         await db.close()
         databases.drop_database(service_urls.pg_admin_url, name)
+        await delete_topology(settings)
+
+
+async def delete_topology(settings: Settings) -> None:
+    """The run's queues and exchanges, which its processes declared, go with it."""
+    connection = await amqp_connect(settings)
+    try:
+        channel = await connection.channel()
+        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        await topology.delete(channel, [upgrade_jobtypes.QUEUE])
+    finally:
+        await connection.close()
