@@ -45,6 +45,8 @@ lint: setup
 	@command -v promtool >/dev/null || { echo "lint: promtool not found (Debian package prometheus): run scripts/install_tools.sh" >&2; exit 1; }
 	promtool check rules deploy/prometheus/alerts.yaml
 	promtool test rules deploy/prometheus/alerts.test.yaml
+	@# Every migration safe under traffic: squawk over each revision's offline SQL.
+	$(BIN)/python scripts/lint_migrations.py
 
 # Build the wheel, install it in a new virtual environment and run `jobcore demo`, chaos and
 # a quick bench from outside the checkout (about 4 minutes; CI runs it).

@@ -7,6 +7,7 @@ from sqlalchemy import create_engine, pool, text
 
 from jobcore.db import connect_options
 from jobcore.schema import metadata
+from jobcore.schema_version import marker_after_migration
 from jobcore.settings import load_settings
 
 config = context.config
@@ -39,6 +40,13 @@ def run_migrations_online() -> None:
             # whole upgrade is one transaction.
             connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('jobcore.migrate'))"))
             context.run_migrations()
+            # What the schema now is and which release's code it runs with, for processes
+            # of older releases (jobcore.schema_version), in the migration's transaction.
+            revision = context.get_context().get_current_revision()
+            if revision is not None:
+                # A utility statement takes no bound parameter: a quoted literal.
+                comment = marker_after_migration(revision).comment().replace("'", "''")
+                connection.execute(text(f"COMMENT ON TABLE alembic_version IS '{comment}'"))
     engine.dispose()
 
 

@@ -15,6 +15,7 @@ import typer
 
 from jobcore.audit import InvalidActor, check_actor, cli_actor
 from jobcore.db import Database
+from jobcore.schema_version import check_schema_on
 from jobcore.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -71,6 +72,8 @@ async def with_db(
     db = Database(config, min_size=0, max_size=1, name=name)
     await db.open(wait=True)
     try:
+        async with db.connection() as conn:
+            await check_schema_on(conn)  # a schema over one release newer: one line, exit 1
         return await action(db)
     finally:
         await db.close()

@@ -18,6 +18,7 @@ from uvicorn.supervisors import Multiprocess
 from jobcore.logs import configure_logging
 from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
+from jobcore.schema_version import check_schema
 from jobcore.settings import load_relay_options
 from jobcore.telemetry import setup_tracing
 from services.cli.common import fail, run, settings
@@ -41,6 +42,8 @@ def api(
     if ui and workers > 1:
         fail("--ui runs in one process (its sign-ins live in memory): drop --workers")
     check_job_types(load_job_modules(config.job_modules), config)
+    # Checked when the database answers: the API also starts while it is down.
+    check_schema(config, unreachable_ok=True)
     configure_logging("api", config.log_level)
     server_config = uvicorn.Config(
         "services.cli.ui:api_with_console_from_environment"
@@ -93,6 +96,7 @@ def relay(
 
     config = settings()
     options = load_relay_options(**({} if listen else {"listen": False}))
+    check_schema(config, unreachable_ok=True)
     configure_logging("relay", config.log_level)
     setup_tracing("jobcore-relay")
     raise typer.Exit(run(serve(config, options)))
@@ -116,6 +120,7 @@ def worker(
     from services.worker.app import Worker
 
     config = settings()  # a bad setting stops here with one line
+    check_schema(config, unreachable_ok=True)
     configure_logging("worker", config.log_level)
     setup_tracing("jobcore-worker")
     app = Worker(config, queues=queue or None, concurrency=concurrency)

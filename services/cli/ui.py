@@ -12,6 +12,7 @@ import typer
 import uvicorn
 
 from jobcore.logs import configure_logging
+from jobcore.schema_version import check_schema
 from jobcore.settings import load_settings
 from services.cli.common import fail, settings
 from services.cli.serve import ApiServer
@@ -34,6 +35,7 @@ def ui(
     from services.ui.app import standalone_app
 
     config = settings()  # a bad setting stops here, with one line
+    check_schema(config)
     configure_logging("ui", config.log_level)
     server_config = uvicorn.Config(
         standalone_app(config, session_ttl=session_hours * 3600),

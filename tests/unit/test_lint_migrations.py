@@ -1,0 +1,88 @@
+"""`make lint`'s migration check (scripts/lint_migrations.py): squawk over each revision's
+offline SQL, whatever revisions exist; a new migration that would block traffic fails it,
+one written as docs/operations.md says passes, the released ones are not linted."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobcore.migrate import migrations_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+UNSAFE = """
+from alembic import op
+import sqlalchemy as sa
+
+revision = "0020"
+down_revision = "0019"
+
+
+def upgrade() -> None:
+    op.add_column("jobs", sa.Column("region", sa.Text(), nullable=True))
+    op.create_index("jobs_region_idx", "jobs", ["region"])
+"""
+
+SAFE = """
+from alembic import op
+
+revision = "0020"
+down_revision = "0019"
+
+
+def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS region text")
+    with op.get_context().autocommit_block():
+        op.execute("SET lock_timeout = '5s'")
+        op.create_index(
+            "jobs_region_idx", "jobs", ["region"],
+            postgresql_concurrently=True, if_not_exists=True,
+        )
+"""
+
+
+def _lint(tmp_path: Path, migration: str) -> subprocess.CompletedProcess[str]:
+    migrations = tmp_path / "migrations"
+    shutil.copytree(migrations_dir(), migrations, ignore=shutil.ignore_patterns("__pycache__"))
+    (migrations / "versions" / "0020_region.py").write_text(migration)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "lint_migrations.py"),
+            "--migrations",
+            str(migrations),
+            "--out",
+            str(tmp_path / "sql"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("migration", "flagged"),
+    [(UNSAFE, True), (SAFE, False)],
+    ids=["index-without-concurrently-or-lock-timeout", "expand-step-as-documented"],
+)
+def test_a_new_migration_is_linted(tmp_path: Path, migration: str, flagged: bool) -> None:
+    result = _lint(tmp_path, migration)
+    # Every revision's SQL is written, the new one included.
+    assert (tmp_path / "sql" / "0001.sql").exists()
+    assert "CREATE INDEX" in (tmp_path / "sql" / "0020.sql").read_text()
+    if flagged:
+        assert result.returncode != 0, result.stdout
+        assert "require-concurrent-index-creation" in result.stdout
+        assert "require-lock-timeout" in result.stdout
+        assert "0020.sql" in result.stdout
+        assert "0019.sql" not in result.stdout  # released: not linted
+    else:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 of 20 migrations linted, none flagged" in result.stdout
