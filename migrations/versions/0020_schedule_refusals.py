@@ -26,30 +26,17 @@ depends_on: str | Sequence[str] | None = None
 COLUMNS = ('last_refusal_at', 'last_refused_tick', 'last_refusal_reason')
 
 
-def _with_short_lock_timeout(change: list[sa.Column[object]] | None) -> None:
-    bind = op.get_bind()
-    # The whole upgrade is one transaction (migrations/env.py): the previous value is put
-    # back, for the migrations after this one.
-    before = bind.execute(sa.text("SELECT current_setting('lock_timeout')")).scalar_one()
-    bind.execute(sa.text("SET LOCAL lock_timeout = '5s'"))
-    if change is None:
-        for name in COLUMNS:
-            op.drop_column('schedules', name)
-    else:
-        for column in change:
-            op.add_column('schedules', column)
-    bind.execute(sa.text("SELECT set_config('lock_timeout', :value, true)"), {"value": before})
-
-
 def upgrade() -> None:
-    _with_short_lock_timeout(
-        [
-            sa.Column('last_refusal_at', sa.DateTime(timezone=True), nullable=True),
-            sa.Column('last_refused_tick', sa.DateTime(timezone=True), nullable=True),
-            sa.Column('last_refusal_reason', sa.Text(), nullable=True),
-        ]
-    )
+    # Fail fast (run it again) rather than queue behind a long transaction on `schedules`
+    # and stall every reader of it behind ADD COLUMN's ACCESS EXCLUSIVE lock. SET LOCAL
+    # lasts to the transaction's end: the migrations after this one keep the bound too.
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.add_column('schedules', sa.Column('last_refusal_at', sa.DateTime(timezone=True)))
+    op.add_column('schedules', sa.Column('last_refused_tick', sa.DateTime(timezone=True)))
+    op.add_column('schedules', sa.Column('last_refusal_reason', sa.Text()))
 
 
 def downgrade() -> None:
-    _with_short_lock_timeout(None)
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    for name in COLUMNS:
+        op.drop_column('schedules', name)
