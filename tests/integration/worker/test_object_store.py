@@ -4,6 +4,7 @@ reference, a store outage mid-run, and the pruner's deletes and sweep."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 
@@ -13,10 +14,12 @@ from jobcore import retention as retention_module
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.objectstore import open_result_store
+from jobcore.registry import default_registry
 from jobcore.retention import Retention
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.jobs import retry_job
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import BlobPayload
 from tests.integration.worker.support import OutboxPump, job_row, status_is, submit
@@ -163,3 +166,25 @@ async def test_the_pruner_deletes_objects_with_their_jobs_and_sweeps_orphan_uplo
 
 async def _no_rest(_: float) -> bool:
     return False
+
+
+async def test_a_retry_copies_a_payload_stored_by_reference(
+    db: Database, topology: Topology, wsettings: Settings, bucket: str
+) -> None:
+    config = s3.s3_settings(wsettings, bucket, inline_payload_max_bytes=INLINE_MAX)
+    store = open_result_store(config)
+    payload = BlobPayload(data="r" * (INLINE_MAX * 2))
+    job_id = await submit(
+        db, topology, "wt_blob", payload, payload_store=store, inline_payload_max_bytes=INLINE_MAX
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", (job_id,)
+        )
+
+    outcome = await retry_job(db, config, default_registry, job_id, actor="tests")
+
+    copy = await job_row(db, outcome.job_id)
+    assert copy["payload_ref"] == f"payloads/{outcome.job_id.hex}.json"
+    stored = await asyncio.to_thread(store.get, copy["payload_ref"])
+    assert BlobPayload.model_validate_json(stored) == payload
