@@ -154,14 +154,18 @@ async def test_the_pruner_deletes_objects_with_their_jobs_and_sweeps_orphan_uplo
     before = set(objects(bucket))
     assert {f"jc/{orphan}", f"jc/payloads/{kept.hex}.json", f"jc/results/{result_key}"} <= before
 
-    # Every object is older than the grace period now.
+    # The pruned job's objects go with it, in the same pass, without the sweep.
+    report = await Retention(config, db).prune(pause=_no_rest, sweep_files=False)
+    assert report.tables["jobs"] == 1
+    assert report.tables["result_files"] == 2
+    assert set(objects(bucket)) == {f"jc/{orphan}", f"jc/payloads/{kept.hex}.json"}
+
+    # The sweep deletes the upload no row names once it is older than the grace period
+    # (every object is, now), and keeps the live job's payload.
     monkeypatch.setattr(retention_module, "STALE_FILE_AGE", 0.0)
     report = await Retention(config, db).prune(pause=_no_rest)
-
-    after = set(objects(bucket))
-    assert after == {f"jc/payloads/{kept.hex}.json"}
-    assert report.tables["jobs"] == 1
-    assert report.tables["result_files"] == 3
+    assert report.tables["result_files"] == 1
+    assert set(objects(bucket)) == {f"jc/payloads/{kept.hex}.json"}
 
 
 async def _no_rest(_: float) -> bool:
