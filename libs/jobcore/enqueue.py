@@ -402,8 +402,9 @@ async def _insert(
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:
+        # A new job is pending (the column's default): the statement does not return it.
         return EnqueueResult(
-            tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
+            tenant, row["id"], JobStatus.PENDING, row["created_at"], False, headers
         )
     if row["refusal"] is not None and idempotency_key is None and unique_key is None:
         raise quota_refusal(row, limit, headers)

@@ -84,7 +84,7 @@ def _insert_job_with_outbox() -> str:
         RETURNING counter
     ), job AS (
         INSERT INTO jobs (
-            id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
+            id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority,
             concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
@@ -92,7 +92,7 @@ def _insert_job_with_outbox() -> str:
             callback_url, accepted_detail, payload_ref
         )
         SELECT
-            %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
+            %(id)s, admit.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
@@ -111,7 +111,7 @@ def _insert_job_with_outbox() -> str:
         FROM admit
         WHERE admit.last_refusal IS NULL
         ON CONFLICT DO NOTHING
-        RETURNING id, tenant, status, created_at, priority
+        RETURNING id, tenant, created_at, priority
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
@@ -123,7 +123,7 @@ def _insert_job_with_outbox() -> str:
         FROM job
         RETURNING id
     )
-    SELECT limits.tenant, job.id, job.status, job.created_at,
+    SELECT limits.tenant, job.id, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s) IS NULL
                AS notified,
            {ADMISSION_COLUMNS}
