@@ -84,3 +84,12 @@ def s3_settings(
             **extra,
         }
     )
+
+
+def remove_bucket(bucket: str) -> None:
+    """Delete a test's bucket with its objects (moto keeps them in memory for its life)."""
+    s3 = client()
+    listing = s3.list_objects_v2(Bucket=bucket)
+    for item in listing.get("Contents", []):
+        s3.delete_object(Bucket=bucket, Key=item["Key"])
+    s3.delete_bucket(Bucket=bucket)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import orjson
@@ -24,11 +24,13 @@ INLINE_MAX = 64
 
 
 @pytest.fixture
-def bucket() -> str:
+def bucket() -> Iterator[str]:
     try:
-        return s3.new_bucket()
+        name = s3.new_bucket()
     except Exception as exc:
         pytest.fail(f"the suite's S3 server is not reachable: {exc}", pytrace=False)
+    yield name
+    s3.remove_bucket(name)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,11 +31,13 @@ INLINE_MAX = 4096
 
 
 @pytest.fixture
-def bucket() -> str:
+def bucket() -> Iterator[str]:
     try:
-        return s3.new_bucket()
+        name = s3.new_bucket()
     except Exception as exc:
         pytest.fail(f"the suite's S3 server is not reachable: {exc}", pytrace=False)
+    yield name
+    s3.remove_bucket(name)
 
 
 def objects(bucket: str) -> dict[str, dict[str, object]]:
