@@ -195,3 +195,50 @@ async def test_a_retry_copies_a_payload_stored_by_reference(
     assert copy["payload_ref"] == f"payloads/{outcome.job_id.hex}.json"
     stored = await asyncio.to_thread(store.get, copy["payload_ref"])
     assert BlobPayload.model_validate_json(stored) == payload
+
+
+async def test_a_payload_the_store_cannot_give_back_fails_the_attempt_not_the_job(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    store = open_result_store(s3.s3_settings(wsettings, bucket))
+    proxy = TcpProxy("127.0.0.1", s3.PORT)
+    await proxy.start()
+    try:
+        config = s3.s3_settings(
+            wsettings,
+            bucket,
+            endpoint=f"http://127.0.0.1:{proxy.port}",
+            s3_timeout=1.0,
+            retry_backoff_base=0.5,
+            retry_backoff_cap=0.5,
+        )
+        proxy.set_mode(Mode.REFUSE)
+        await start_worker(config)
+        data = "z" * (INLINE_MAX * 2)
+        job_id = await submit(
+            db,
+            topology,
+            "wt_blob",
+            BlobPayload(data=data),
+            payload_store=store,
+            inline_payload_max_bytes=INLINE_MAX,
+        )
+
+        async def retried() -> dict[str, object] | None:
+            row = await job_row(db, job_id)
+            return row if row["attempts"] >= 2 and row["last_error"] else None
+
+        row = await eventually(retried, what="attempts failing while the store is away")
+        assert str(row["last_error"]).startswith("reading the payload failed: StoreUnavailable")
+        assert s3.SECRET_KEY not in str(row["last_error"])
+
+        proxy.set_mode(Mode.FORWARD)
+        row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
+    finally:
+        await proxy.stop()
+    assert row["result"]["payload_sha256"] == hashlib.sha256(data.encode()).hexdigest()
