@@ -6,7 +6,9 @@ publishes the outbox row later; the NOTIFY in the same statement wakes it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from jobcore.gates import gate_key
 from jobcore.priorities import Priority
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
+from jobcore.results import ResultStore
 from jobcore.sql import OutboxMessageParams
 from jobcore.sql.jobs import (
     JOB_GET_BY_IDEMPOTENCY_KEY,
@@ -46,6 +49,8 @@ from jobcore.sql.jobs import (
 from jobcore.states import JobStatus
 from jobcore.telemetry import capture_trace_headers
 from jobcore.wakeups import RelayWakeups
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +238,8 @@ async def enqueue(
     ordering_seq: int | None = None,
     key_id: uuid.UUID | None = None,
     wakeups: RelayWakeups | None = None,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -268,6 +275,12 @@ async def enqueue(
     :func:`unique_key_of`): while a pending or running job of this tenant and type holds
     the same key, no job is written and :class:`UniqueJobExists` names that job (checked
     after the idempotency key: a replay is answered as a replay). Neither uses quota.
+
+    ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
+    is stored there first (``payloads/<job id>.json``) and the row keeps its key in
+    ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
+    store cannot take it. An upload whose job is not written (refused, replayed, the
+    statement failed) is deleted at once when possible, else by the pruner's sweep.
     """
     trace = capture_trace_headers()
     document = payload.model_dump(mode="json")
@@ -284,6 +297,11 @@ async def enqueue(
             ordering_key=ordering_key,
         )
     job_id = uuid.uuid4()
+    payload_ref: str | None = None
+    if payload_store is not None and inline_payload_max_bytes is not None:
+        encoded = orjson.dumps(document)
+        if len(encoded) > inline_payload_max_bytes:
+            payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, encoded)
     params: JobInsertParams = {
         "id": job_id,
         "tenant": tenant,
@@ -292,7 +310,8 @@ async def enqueue(
         "idempotency_key": idempotency_key,
         "key_id": key_id,
         "payload_fingerprint": fingerprint,
-        "payload": Jsonb(document),
+        "payload": Jsonb({} if payload_ref is not None else document),
+        "payload_ref": payload_ref,
         "entity_id": entity_id,
         "max_attempts": max_attempts or job_type.max_attempts,
         "priority": int(job_type.priority if priority is None else priority),
@@ -314,14 +333,43 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
+    if payload_ref is None or payload_store is None:
+        return await _write(uow, params, legacy=payload, wakeups=wakeups)
+    try:
+        outcome = await _write(uow, params, legacy=payload, wakeups=wakeups)
+    except (InvalidApiKey, QuotaExceeded, IdempotencyConflict, UniqueJobExists):
+        # Refused: no job was written. After any other error (a lost connection, a
+        # cancellation) the job may have committed: the sweep decides, by its row.
+        await _forget_upload(payload_store, payload_ref)
+        raise
+    if outcome.job_id != job_id:  # a replay answered with the earlier job
+        await _forget_upload(payload_store, payload_ref)
+    return outcome
+
+
+async def _write(
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel, wakeups: RelayWakeups | None
+) -> EnqueueResult:
     if wakeups is None or isinstance(uow, UnitOfWork):
-        return await _insert_until_answered(uow, params, legacy=payload)
+        return await _insert_until_answered(uow, params, legacy=legacy)
     with wakeups.enqueuing() as alone:
         params["notify"] = alone
-        outcome = await _insert_until_answered(uow, params, legacy=payload)
+        outcome = await _insert_until_answered(uow, params, legacy=legacy)
     if not alone and not outcome.replayed:
         wakeups.wake()
     return outcome
+
+
+async def _forget_upload(store: ResultStore, key: str) -> None:
+    """Delete a payload upload whose job was not written; on failure the pruner's sweep
+    deletes it (jobcore.retention)."""
+    try:
+        await asyncio.to_thread(store.delete, key)
+    except OSError as exc:
+        log.info(
+            "could not delete an unused payload upload; the pruner's sweep will",
+            extra={"key": key, "error": str(exc)},
+        )
 
 
 async def _insert_until_answered(
@@ -355,8 +403,9 @@ async def _insert(
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:
+        # A new job is pending (the column's default): the statement does not return it.
         return EnqueueResult(
-            tenant, row["id"], JobStatus(row["status"]), row["created_at"], False, headers
+            tenant, row["id"], JobStatus.PENDING, row["created_at"], False, headers
         )
     if row["refusal"] is not None and idempotency_key is None and unique_key is None:
         raise quota_refusal(row, limit, headers)

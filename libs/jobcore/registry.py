@@ -34,7 +34,7 @@ from jobcore.jobprogress import checked_progress
 from jobcore.priorities import DEFAULT_PRIORITY, Priority
 
 if TYPE_CHECKING:
-    from jobcore.results import LocalResultStore
+    from jobcore.results import ResultStore
     from jobcore.settings import Settings
 
 P = TypeVar("P", bound=BaseModel)
@@ -63,7 +63,7 @@ class JobContext(Generic[P]):
     # Set by the worker. Effects are buffered here and written to ``job_effects`` in the
     # transaction that records success, so a failed or abandoned attempt leaves none.
     effects: list[Effect] = field(default_factory=list)
-    result_store: LocalResultStore | None = None
+    result_store: ResultStore | None = None
     result_ref: str | None = None
     settings: Settings | None = None
     # Set by the worker: this attempt's lease token (ctx.fence), what opens a transaction

@@ -1,8 +1,11 @@
-"""The result store: where results too large for the job row live.
+"""The result store: where results too large for the job row live, and payloads too
+large to keep inline (``payload_ref``).
 
-A local directory by default (``JOBCORE_RESULT_DIR``). Keys are opaque to callers; the job
-row holds the key in ``result_ref`` and the API serves the bytes at
-``GET /jobs/{id}/result``.
+A local directory by default (``JOBCORE_RESULT_DIR``), or an S3-compatible bucket
+(:mod:`jobcore.objectstore`, ``JOBCORE_RESULT_STORE=s3://...``); both answer
+:class:`ResultStore`. Keys are opaque to callers; the job row holds the key in
+``result_ref`` and the API serves the bytes at ``GET /jobs/{id}/result``. A result's key
+is ``<job id hex>.<suffix>``, a payload's ``payloads/<job id hex>.json``.
 """
 
 from __future__ import annotations
@@ -14,10 +17,17 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
 
 from jobcore.errors import JobcoreError
 
 _KEY_RE = re.compile(r"^[0-9a-f]{32}(\.[a-z0-9]{1,10})?$")
+# Payloads stored by reference (jobcore.enqueue) live under their own prefix, so the sweep
+# of uploads whose job never committed can tell them apart.
+PAYLOADS_PREFIX = "payloads/"
+_PAYLOAD_KEY_RE = re.compile(r"^payloads/[0-9a-f]{32}\.json$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # put() writes aside under this prefix, then renames into place.
 _TEMP_PREFIX = ".tmp-"
 _TEMP_RE = re.compile(r"^\.tmp-[A-Za-z0-9_]{1,64}$")
@@ -25,6 +35,67 @@ _TEMP_RE = re.compile(r"^\.tmp-[A-Za-z0-9_]{1,64}$")
 
 class ResultNotFound(JobcoreError):
     """The result is not in the result store."""
+
+
+class StoreUnavailable(JobcoreError, OSError):
+    """The object store could not be reached or refused the request: retry later. An
+    OSError, like a full disk under the local store, so every caller that survives one
+    survives the other. Its message names no credential."""
+
+
+def payload_key(job_id: uuid.UUID) -> str:
+    return f"{PAYLOADS_PREFIX}{job_id.hex}.json"
+
+
+def job_of_key(name: str) -> uuid.UUID | None:
+    """The job a result or payload key belongs to (None: not one of the store's keys)."""
+    if _KEY_RE.match(name):
+        return uuid.UUID(hex=name[:32])
+    if _PAYLOAD_KEY_RE.match(name):
+        return uuid.UUID(hex=name[len(PAYLOADS_PREFIX) : len(PAYLOADS_PREFIX) + 32])
+    return None
+
+
+def parse_store_url(value: str) -> str | None:
+    """The bucket of an ``s3://BUCKET`` store setting; None for a local directory.
+    ValueError (naming no credential: the URL holds none) when it is malformed."""
+    if not value.startswith("s3://"):
+        return None
+    parts = urlsplit(value)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(
+            "must be s3://BUCKET (put a key prefix in JOBCORE_S3_PREFIX, credentials in "
+            "JOBCORE_S3_ACCESS_KEY_ID / JOBCORE_S3_SECRET_ACCESS_KEY)"
+        )
+    if not _BUCKET_RE.match(parts.netloc):
+        raise ValueError("names no valid bucket (3-63 lower-case letters, digits, '.' or '-')")
+    return parts.netloc
+
+
+class ResultStore(Protocol):
+    """What the worker, the API and the pruner need of a store. Blocking calls: run them in
+    a thread (``asyncio.to_thread``)."""
+
+    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str: ...
+
+    def put_chunks(
+        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+    ) -> tuple[str, int]: ...
+
+    def put_payload(self, job_id: uuid.UUID, data: bytes) -> str: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def delete(self, name: str) -> bool: ...
+
+    def stale_files(self, older_than: float) -> Iterator[tuple[str, uuid.UUID | None]]: ...
+
+    def presigned_url(self, key: str) -> str | None:
+        """A short-lived URL the client may fetch the result from, or None: the API streams
+        it (:meth:`path`)."""
+        ...
+
+    def path(self, key: str) -> Path: ...
 
 
 class LocalResultStore:
@@ -61,6 +132,26 @@ class LocalResultStore:
             raise
         return key, size
 
+    def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:
+        """Store a job's payload (before its row commits); its key."""
+        key = payload_key(job_id)
+        directory = self.root / PAYLOADS_PREFIX
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TEMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.root / key)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return key
+
+    def presigned_url(self, key: str) -> str | None:
+        return None
+
     def path(self, key: str) -> Path:
         """The file behind a key; keys that could escape the store are refused."""
         if not _KEY_RE.match(key):
@@ -71,12 +162,17 @@ class LocalResultStore:
         return path
 
     def get(self, key: str) -> bytes:
+        if _PAYLOAD_KEY_RE.match(key):
+            try:
+                return (self.root / key).read_bytes()
+            except FileNotFoundError:
+                raise ResultNotFound(f"no payload {key!r}") from None
         return self.path(key).read_bytes()
 
     def delete(self, name: str) -> bool:
         """Delete a result by its key, or a file :meth:`stale_files` listed; False if it
         was not there or the name is not one of the store's."""
-        if not (_KEY_RE.match(name) or _TEMP_RE.match(name)):
+        if not (_KEY_RE.match(name) or _TEMP_RE.match(name) or _PAYLOAD_KEY_RE.match(name)):
             return False
         try:
             (self.root / name).unlink()
@@ -92,6 +188,19 @@ class LocalResultStore:
         if not self.root.is_dir():
             return
         cutoff = time.time() - older_than
+        payloads = self.root / PAYLOADS_PREFIX
+        if payloads.is_dir():
+            with os.scandir(payloads) as entries:
+                for entry in entries:
+                    name = PAYLOADS_PREFIX + entry.name
+                    if not _PAYLOAD_KEY_RE.match(name):
+                        continue
+                    try:
+                        if entry.stat(follow_symlinks=False).st_mtime > cutoff:
+                            continue
+                    except FileNotFoundError:
+                        continue
+                    yield name, job_of_key(name)
         with os.scandir(self.root) as entries:
             for entry in entries:
                 is_temp = bool(_TEMP_RE.match(entry.name))

@@ -37,7 +37,8 @@ from typing import Any
 
 from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
 from jobcore.errors import JobcoreError
-from jobcore.results import LocalResultStore
+from jobcore.objectstore import open_result_store
+from jobcore.results import ResultStore
 from jobcore.settings import Settings
 from jobcore.sql.audit_log import (
     AUDIT_LOG_PRUNE_BATCH,
@@ -163,12 +164,12 @@ class Retention:
         settings: Settings,
         db: Database,
         *,
-        store: LocalResultStore | None = None,
+        store: ResultStore | None = None,
         batch_size: int | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
-        self.store = store if store is not None else LocalResultStore(settings.result_dir)
+        self.store = store if store is not None else open_result_store(settings)
         self.batch_size = batch_size or settings.pruner_batch_size
 
     async def survey(self) -> list[Kind]:
@@ -233,7 +234,10 @@ class Retention:
             for table in ("job_effects", "webhook_deliveries", "outbox"):
                 batch.counts[table] = rows[0][table] if rows else 0
             batch.jobs.update((row["status"], row["type"]) for row in rows)
-            batch.files = [row["result_ref"] for row in rows if row["result_ref"]]
+            # Its result and a payload stored by reference go with the job.
+            batch.files = [
+                ref for row in rows for ref in (row["result_ref"], row["payload_ref"]) if ref
+            ]
             return batch
 
         async def inbox_batch(uow: UnitOfWork) -> _Batch:

@@ -15,6 +15,7 @@ from pydantic import (
     AfterValidator,
     BeforeValidator,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -24,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobcore.errors import ConfigurationError
 from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
+from jobcore.results import parse_store_url
 
 # RabbitMQ takes any signed 32-bit x-priority; this bound keeps random ones well inside it.
 MAX_CONSUMER_PRIORITY = 1_000_000
@@ -229,6 +231,26 @@ class Settings(BaseSettings):
     result_dir: Path = Path("var/results")
     # Results whose JSON is larger than this go to the result store, not the job row.
     inline_result_max_bytes: int = Field(default=16 * 1024, ge=0, le=1024 * 1024)
+    # The result store (jobcore.objectstore): empty, the directory result_dir; a path, that
+    # directory; s3://BUCKET, an S3-compatible bucket, with the s3_* settings below. Checked
+    # at start-up (jobcore.objectstore.parse_store_url).
+    result_store: str = ""
+    s3_endpoint_url: str = ""  # empty: AWS's own endpoint for s3_region
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""  # empty: the AWS_* environment / instance credentials
+    s3_secret_access_key: SecretStr = SecretStr("")
+    s3_prefix: str = ""  # prepended to every object key, e.g. "jobcore/"
+    # A presigned result URL (GET /jobs/{id}/result answers 302 to it) lasts this long.
+    s3_presign_expiry: int = Field(default=300, ge=1, le=7 * 86_400)
+    # Multipart upload part size: S3's minimum is 5 MiB (all parts but the last).
+    s3_part_size: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=5 * 1024**3)
+    # Seconds one store request may take, its retries included: then the attempt fails
+    # (retried later) or the enqueue answers 503.
+    s3_timeout: float = Field(default=30.0, gt=0, le=600)
+    # Payloads whose JSON is larger than this go to the result store before the job row
+    # commits (payload_ref); the default equals max_body_bytes' default, so nothing goes by
+    # reference until the body limit is raised above it.
+    inline_payload_max_bytes: int = Field(default=256 * 1024, ge=0, le=1024**3)
     # A failed attempt waits a random time in [0, min(cap, base * 2**(attempt-1))] seconds.
     retry_backoff_base: float = Field(default=2.0, gt=0, le=3600)
     retry_backoff_cap: float = Field(default=600.0, gt=0, le=86_400)
@@ -355,6 +377,12 @@ class Settings(BaseSettings):
         ):
             raise ValueError("must map schedule names to JSON objects")
         return value
+
+    @field_validator("result_store")
+    @classmethod
+    def _check_result_store(cls, value: str) -> str:
+        parse_store_url(value.strip())
+        return value.strip()
 
     @field_validator("actor")
     @classmethod

@@ -13,10 +13,10 @@ from fastapi import FastAPI
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.logs import configure_logging
+from jobcore.objectstore import open_result_store
 from jobcore.otel_metrics import MetricsText, metrics_pusher
 from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
-from jobcore.results import LocalResultStore
 from jobcore.settings import Settings, load_settings
 from jobcore.telemetry import setup_tracing
 from jobcore.wakeups import RelayWakeups
@@ -75,7 +75,7 @@ def create_app(
         registry=registry,
         topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
         metrics=ApiMetrics(t.name for t in registry),
-        results=LocalResultStore(settings.result_dir),
+        results=open_result_store(settings),
         key_cache=KeyCache(settings.api_key_cache_seconds)
         if settings.api_key_cache_seconds > 0
         else None,

@@ -22,7 +22,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, Session
 from jobcore.errors import ServiceStateError
 from jobcore.registry import Registry
-from jobcore.results import LocalResultStore
+from jobcore.results import ResultStore
 from jobcore.settings import Settings
 from jobcore.wakeups import RelayWakeups
 from services.api.metrics import ApiMetrics
@@ -39,7 +39,7 @@ class ApiState:
     registry: Registry
     topology: Topology
     metrics: ApiMetrics
-    results: LocalResultStore
+    results: ResultStore
     # Set while the app runs (the lifespan opens it).
     db: Database | None = None
     # services.api.auth.KeyCache when JOBCORE_API_KEY_CACHE_SECONDS is set, else None.

@@ -23,6 +23,7 @@ from jobcore.errors import JobNotFound, ResultNotReady
 from jobcore.priorities import Priority
 from jobcore.quotas import Quotas
 from jobcore.registry import JobType
+from jobcore.results import ResultStore
 from jobcore.sql.jobs import (
     JOB_GET,
     JOB_GET_RESULT,
@@ -125,6 +126,8 @@ async def submit(
     quotas: Quotas,
     key_id: uuid.UUID | None = None,
     wakeups: RelayWakeups | None = None,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
 ) -> EnqueueResult:
     """Write the job and its outbox message (one statement: committed on a session), if
     the API key ``key_id`` is still usable then (:class:`~jobcore.apikeys.InvalidApiKey`);
@@ -151,6 +154,8 @@ async def submit(
             ordering_key=submission.ordering_key,
             key_id=key_id,
             wakeups=wakeups,
+            payload_store=payload_store,
+            inline_payload_max_bytes=inline_payload_max_bytes,
         )
         if span is not None:
             span.set_attributes(

@@ -42,7 +42,7 @@ from jobcore.errors import (
 )
 from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError
-from jobcore.results import ResultNotFound
+from jobcore.results import ResultNotFound, StoreUnavailable
 from services.api.paths import allowed_methods
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     TooManyUnfinishedJobs: ProblemType(429, "too-many-unfinished-jobs", "Too many unfinished jobs"),
     TooManyLongPolls: ProblemType(429, "too-many-long-polls", "Too many long-polls"),
     DatabaseUnavailable: UNAVAILABLE,
+    StoreUnavailable: ProblemType(503, "store-unavailable", "Object store unavailable"),
     # The pool is closed: the app is shutting down or never started.
     ServiceStateError: ProblemType(503, "unavailable", "Service unavailable"),
 }
@@ -141,6 +142,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
 _GENERIC_DETAIL: dict[str, str] = {
     UNAVAILABLE.slug: "the database cannot be reached; retry later",
     "unavailable": "the service cannot take requests right now; retry later",
+    "store-unavailable": "the object store cannot be reached; retry later",
 }
 
 _HTTP_TYPES: dict[int, ProblemType] = {

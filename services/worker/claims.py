@@ -30,6 +30,9 @@ class Claim:
     created_at: datetime | None = None
     # When the job became due: created_at, or the run_at it was scheduled for.
     due_at: datetime | None = None
+    # The payload's key in the result store when it was too large to keep inline
+    # (raw_payload is then {}): the runner reads it before the handler runs.
+    payload_ref: str | None = None
 
     @property
     def log_fields(self) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from jobcore.errors import (
     UnknownJobType,
 )
 from jobcore.registry import InvalidPayloadError, JobType, Registry
+from jobcore.results import ResultNotFound
 from jobcore.service import Service
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
@@ -285,6 +286,7 @@ class Consumer(Service):
             message_id=taken.message_id,
             created_at=row["created_at"],
             due_at=row["due_at"],
+            payload_ref=row.get("payload_ref"),
         )
 
     async def _start(
@@ -321,7 +323,15 @@ class Consumer(Service):
             await self._ack(message)
             return None
         try:
-            payload: BaseModel = taken.job_type.validate_payload(claim.raw_payload)
+            raw_payload = await self.runner.load_payload(claim)
+        except (OSError, ResultNotFound) as exc:
+            # The store is away (or the object is): this attempt fails and is retried
+            # later, like a result the store could not take.
+            await self._ack(message)
+            await self.runner.fail_attempt(claim, exc, during="reading the payload")
+            return None
+        try:
+            payload: BaseModel = taken.job_type.validate_payload(raw_payload)
         except InvalidPayloadError as exc:
             await self.runner.fail_invalid_payload(claim, exc)
             await self._dead_letter(message, "invalid_payload", str(exc), taken.envelope)

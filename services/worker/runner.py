@@ -48,8 +48,8 @@ from jobcore.errors import (
     ServiceStateError,
 )
 from jobcore.handlertx import JobTransaction
+from jobcore.objectstore import open_result_store
 from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import OutboxMessageParams, Statement
@@ -155,7 +155,7 @@ class JobRunner:
         self.metrics = metrics
         # Every outcome statement that ends a job also records its completion webhook.
         self.completion = completion_params(topology, settings)
-        self.result_store = LocalResultStore(settings.result_dir)
+        self.result_store = open_result_store(settings)
         self.running: dict[uuid.UUID, RunningJob] = {}
         self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
         self._shutting_down = False
@@ -196,6 +196,14 @@ class JobRunner:
             JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": text}),
         )
         self.metrics.processed("failed", claim)
+
+    async def load_payload(self, claim: Claim) -> Any:
+        """The job's payload as JSON: the row's, or the one stored by reference
+        (``payload_ref``). OSError (the store is unavailable) or ResultNotFound."""
+        if claim.payload_ref is None:
+            return claim.raw_payload
+        data = await asyncio.to_thread(self.result_store.get, claim.payload_ref)
+        return orjson.loads(data)
 
     async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
         """End an attempt that failed outside its handler as a retryable failure whose

@@ -36,6 +36,7 @@ try:  # typer >= 0.22 vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
+from jobcore.results import parse_store_url
 from jobcore.settings import ENV_PREFIX, Settings
 from services.cli import app
 
@@ -455,7 +456,6 @@ def test_every_kubernetes_object_has_kind_and_name() -> None:
         "Deployment",
         "Service",
         "PodDisruptionBudget",
-        "PersistentVolumeClaim",
         "RabbitmqCluster",
     } <= kinds
     names = [(doc["kind"], doc["metadata"]["name"]) for _, doc in objects]
@@ -848,18 +848,18 @@ def test_pods_run_unprivileged_with_resources_and_enough_grace() -> None:
                 assert spec["terminationGracePeriodSeconds"] >= needed, where
 
 
-def test_results_are_shared_between_the_api_and_the_workers() -> None:
-    result_dir = only("ConfigMap", "jobcore-config")["data"]["JOBCORE_RESULT_DIR"]
-    claims = {}
+def test_results_live_in_a_bucket_and_no_pod_needs_a_shared_volume() -> None:
+    config = only("ConfigMap", "jobcore-config")["data"]
+    parse_store_url(config["JOBCORE_RESULT_STORE"])  # the worker and API would refuse it
+    assert config["JOBCORE_RESULT_STORE"].startswith("s3://")
+    assert "JOBCORE_RESULT_DIR" not in config
+    assert not objects_of_kind("PersistentVolumeClaim")
     for role in ("api", "worker"):
         spec = only("Deployment", f"jobcore-{role}")["spec"]["template"]["spec"]
+        assert not [v for v in spec["volumes"] if "persistentVolumeClaim" in v], role
         [container] = spec["containers"]
-        [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == result_dir]
-        [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-        claims[role] = volume["persistentVolumeClaim"]["claimName"]
-    assert claims["api"] == claims["worker"]
-    pvc = only("PersistentVolumeClaim", claims["api"])
-    assert "ReadWriteMany" in pvc["spec"]["accessModes"]
+        sources = {s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s}
+        assert "jobcore-secrets" in sources, role
 
 
 def test_the_secret_example_holds_placeholders_only() -> None:
@@ -870,6 +870,8 @@ def test_the_secret_example_holds_placeholders_only() -> None:
         "JOBCORE_DATABASE_URL",
         "JOBCORE_LISTEN_DATABASE_URL",
         "JOBCORE_AMQP_URL",
+        "JOBCORE_S3_ACCESS_KEY_ID",
+        "JOBCORE_S3_SECRET_ACCESS_KEY",
     }
     assert all("CHANGE-ME" in value for value in values.values())
     assert not only("ConfigMap", "jobcore-config")["data"].keys() & values.keys()

@@ -84,15 +84,15 @@ def _insert_job_with_outbox() -> str:
         RETURNING counter
     ), job AS (
         INSERT INTO jobs (
-            id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
+            id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority,
             concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
             ordering_key, ordering_seq, ordering_blocks,
-            callback_url, accepted_detail
+            callback_url, accepted_detail, payload_ref
         )
         SELECT
-            %(id)s, admit.tenant, %(type)s, %(queue)s, 'pending', %(idempotency_key)s,
+            %(id)s, admit.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
@@ -106,11 +106,12 @@ def _insert_job_with_outbox() -> str:
                 LIMIT 1
             )),
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
-                       || %(event_detail)s, '{{}}'::jsonb)
+                       || %(event_detail)s, '{{}}'::jsonb),
+            %(payload_ref)s
         FROM admit
         WHERE admit.last_refusal IS NULL
         ON CONFLICT DO NOTHING
-        RETURNING id, tenant, status, created_at, priority
+        RETURNING id, tenant, created_at, priority
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
@@ -122,7 +123,7 @@ def _insert_job_with_outbox() -> str:
         FROM job
         RETURNING id
     )
-    SELECT limits.tenant, job.id, job.status, job.created_at,
+    SELECT limits.tenant, job.id, job.created_at,
            (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s) IS NULL
                AS notified,
            {ADMISSION_COLUMNS}
@@ -156,6 +157,9 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
     event_detail: Jsonb
     id: uuid.UUID
     idempotency_key: str | None
+    # The payload's key in the object store (jobcore.objectstore) when it is too large to
+    # keep inline; ``payload`` is then {}.
+    payload_ref: str | None
     # The API key the request came with (checked usable in the statement), or None.
     key_id: uuid.UUID | None
     max_attempts: int
@@ -825,7 +829,8 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.status = 'pending'
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
-                  jobs.payload, jobs.attempts, jobs.max_attempts, jobs.cancel_requested_at,
+                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), parked AS (
@@ -1882,9 +1887,9 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
         RETURNING 1
     ), gone AS (
         DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
-        RETURNING id, status, type, result_ref
+        RETURNING id, status, type, result_ref, payload_ref
     )
-    SELECT gone.id, gone.status, gone.type, gone.result_ref,
+    SELECT gone.id, gone.status, gone.type, gone.result_ref, gone.payload_ref,
            (SELECT count(*) FROM effects) AS job_effects,
            (SELECT count(*) FROM deliveries) AS webhook_deliveries,
            (SELECT count(*) FROM messages) AS outbox

@@ -51,10 +51,10 @@ from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
+from jobcore.objectstore import open_result_store
 from jobcore.payloads import validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
 from jobcore.releases import release_held
-from jobcore.results import LocalResultStore
 from jobcore.retry import backoff_delay
 from jobcore.sql import Statement
 from jobcore.sql.inbox import JOBS_CONSUMER
@@ -125,7 +125,7 @@ class InlineWorker:
         self.worker_id = worker_id
         self.topology = Topology(self.settings.amqp_prefix, self.settings.amqp_delivery_limit)
         self.completion = completion_params(self.topology, self.settings)
-        self.result_store = LocalResultStore(self.settings.result_dir)
+        self.result_store = open_result_store(self.settings)
         self._webhooks_key = self.topology.routing_key(WEBHOOKS_QUEUE)
 
     # --- what the test does --------------------------------------------------------------

@@ -42,6 +42,21 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
             "PYTHONPATH": str(ROOT),
         }
     )
+    if settings.result_store:
+        # The object store too (jobcore.objectstore), secret included: a child's own.
+        env.update(
+            {
+                "JOBCORE_RESULT_STORE": settings.result_store,
+                "JOBCORE_S3_ENDPOINT_URL": settings.s3_endpoint_url,
+                "JOBCORE_S3_REGION": settings.s3_region,
+                "JOBCORE_S3_ACCESS_KEY_ID": settings.s3_access_key_id,
+                "JOBCORE_S3_SECRET_ACCESS_KEY": settings.s3_secret_access_key.get_secret_value(),
+                "JOBCORE_S3_PREFIX": settings.s3_prefix,
+                "JOBCORE_S3_TIMEOUT": str(settings.s3_timeout),
+                "JOBCORE_S3_PART_SIZE": str(settings.s3_part_size),
+                "JOBCORE_INLINE_PAYLOAD_MAX_BYTES": str(settings.inline_payload_max_bytes),
+            }
+        )
     env.update(extra)
     return env
 

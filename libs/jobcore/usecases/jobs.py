@@ -9,16 +9,20 @@ admin action.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
 from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.objectstore import open_result_store
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
@@ -154,12 +158,21 @@ async def retry_job(
         place = None
         if job["ordering_key"] is not None:
             place = await fetch_one(work.uow, JOB_ORDERING_TAKE_PLACE({"id": job_id}))
+        raw_payload = job["payload"]
+        store = None
+        if job.get("payload_ref"):
+            # Stored by reference: read back, and stored again under the copy's own id
+            # (the original's object goes when the original is pruned).
+            store = open_result_store(settings)
+            raw_payload = orjson.loads(await asyncio.to_thread(store.get, job["payload_ref"]))
         result = await enqueue(
             work.uow,
             topology,
             tenant=job["tenant"],
             job_type=job_type,
-            payload=job_type.validate_payload(job["payload"]),
+            payload=job_type.validate_payload(raw_payload),
+            payload_store=store,
+            inline_payload_max_bytes=settings.inline_payload_max_bytes,
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
             # The copy takes the original's key: while another live job holds it, the

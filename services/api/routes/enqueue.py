@@ -251,6 +251,8 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
                     quotas=state.settings.quota_defaults,
                     key_id=principal.key_id,
                     wakeups=state.relay_wakeups,
+                    payload_store=state.results,
+                    inline_payload_max_bytes=state.settings.inline_payload_max_bytes,
                 )
         except InvalidApiKey:
             # Revoked or expired since it was remembered: looked up next time.

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from pydantic.json_schema import models_json_schema
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, RedirectResponse, Response
 
 from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.errors import JobNotFound, UnknownJobType
@@ -176,6 +176,10 @@ async def get_result(
     row = await operations.job_result(db_session, tenant, job_id)
     if row["result_ref"] is None:
         return JsonBody(row["result"])
+    url = state.results.presigned_url(row["result_ref"])
+    if url is not None:
+        # A bucket: the client fetches it from the store, with a URL that soon expires.
+        return RedirectResponse(url, status_code=302, headers={"Cache-Control": "no-store"})
     path = state.results.path(row["result_ref"])
     media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return FileResponse(path, media_type=media_type)
@@ -280,6 +284,17 @@ def build_router(registry: Registry) -> APIRouter:
                 "content": {
                     "application/json": {"schema": {}},
                     "*/*": {"schema": {"type": "string", "format": "binary"}},
+                },
+            },
+            302: {
+                "description": "The stored result is in an S3-compatible bucket "
+                "(`JOBCORE_RESULT_STORE=s3://...`): `Location` is a presigned URL for it, "
+                "valid `JOBCORE_S3_PRESIGN_EXPIRY` seconds.",
+                "headers": {
+                    "Location": {
+                        "description": "A short-lived presigned URL of the result.",
+                        "schema": {"type": "string", "format": "uri"},
+                    }
                 },
             },
             **_problems(404, 409, 422),

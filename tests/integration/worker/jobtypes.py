@@ -4,8 +4,10 @@ processes through JOBCORE_JOB_MODULES)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -219,3 +221,29 @@ async def wt_progress(ctx: JobContext[ProgressPayload]) -> None:
     for i in range(ctx.payload.reports):
         await ctx.progress(0.5 + 0.5 * i / ctx.payload.reports, f"step {i}")
     await ctx.progress(1.0, "done")
+
+
+class BlobPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Padding that makes the payload large (stored by reference above the inline limit).
+    data: str = ""
+    # Bytes of the result file the handler streams (ctx.put_result_chunks), 1 MiB a chunk.
+    result_bytes: int = Field(default=0, ge=0)
+
+
+@job("wt_blob", payload=BlobPayload, queue="testq", max_attempts=20, timeout=60, lease=10)
+async def wt_blob(ctx: JobContext[BlobPayload]) -> dict[str, object]:
+    """Streams a result file of ``result_bytes`` and says what payload it saw."""
+    size = ctx.payload.result_bytes
+
+    def chunks() -> Iterator[bytes]:
+        for offset in range(0, size, 1 << 20):
+            yield bytes([offset >> 20 & 0xFF]) * min(1 << 20, size - offset)
+
+    if size:
+        await ctx.put_result_chunks(chunks(), suffix="bin")
+    return {
+        "attempt": ctx.attempt,
+        "payload_sha256": hashlib.sha256(ctx.payload.data.encode()).hexdigest(),
+    }

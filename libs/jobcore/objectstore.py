@@ -1,0 +1,220 @@
+"""Results and large payloads in an S3-compatible bucket (``JOBCORE_RESULT_STORE=s3://B``).
+
+The client is obstore (the Rust ``object_store`` crate's S3 client): it signs every request
+itself (SigV4), streams a result of unknown length as a multipart upload of
+``JOBCORE_S3_PART_SIZE`` parts, two in flight, so a worker holds at most a few parts of a
+result in memory, and signs presigned ``GET`` URLs locally. Why obstore and not
+aiobotocore: docs/operations.md, "Object storage".
+
+Layout under ``JOBCORE_S3_PREFIX``: ``results/<job id hex>.<suffix>`` for results,
+``payloads/<job id hex>.json`` for payloads stored by reference. The keys the job rows
+hold are the store-independent ones of :mod:`jobcore.results` (``<hex>.<suffix>``,
+``payloads/<hex>.json``), so a row means the same under either store.
+
+Every failure other than a missing object is :class:`~jobcore.results.StoreUnavailable`
+(an OSError): an attempt that meets one is retried, an enqueue answers 503. Requests give
+up after ``JOBCORE_S3_TIMEOUT`` (retries included) rather than obstore's default of
+minutes, so an outage costs an attempt, not a stuck handler slot.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import obstore
+from obstore.exceptions import BaseError as ObstoreError
+from obstore.exceptions import NotFoundError
+from obstore.store import S3Store
+
+from jobcore.results import (
+    _KEY_RE,
+    PAYLOADS_PREFIX,
+    LocalResultStore,
+    ResultNotFound,
+    ResultStore,
+    StoreUnavailable,
+    job_of_key,
+    parse_store_url,
+    payload_key,
+)
+
+if TYPE_CHECKING:
+    from jobcore.settings import Settings
+
+RESULTS_PREFIX = "results/"
+# Parts uploaded at once per result: memory per upload stays about this many parts.
+UPLOAD_CONCURRENCY = 2
+
+
+def open_result_store(settings: Settings) -> ResultStore:
+    """The store ``JOBCORE_RESULT_STORE`` names: a bucket, or a local directory (empty:
+    ``JOBCORE_RESULT_DIR``)."""
+    bucket = parse_store_url(settings.result_store)
+    if bucket is None:
+        return LocalResultStore(Path(settings.result_store or settings.result_dir))
+    return S3ResultStore(settings, bucket)
+
+
+class S3ResultStore:
+    """:class:`~jobcore.results.ResultStore` in a bucket. Blocking calls (obstore's own
+    runtime does the I/O): the callers run them in threads, like the local store's."""
+
+    def __init__(self, settings: Settings, bucket: str) -> None:
+        self.bucket = bucket
+        self.part_size = settings.s3_part_size
+        self.presign_expiry = timedelta(seconds=settings.s3_presign_expiry)
+        secret = settings.s3_secret_access_key.get_secret_value()
+        # Only to scrub it from error messages, should a library ever echo it.
+        self._secret = secret
+        timeout = timedelta(seconds=settings.s3_timeout)
+        config: dict[str, object] = {"region": settings.s3_region}
+        if settings.s3_access_key_id:
+            config["access_key_id"] = settings.s3_access_key_id
+            config["secret_access_key"] = secret
+        if settings.s3_endpoint_url:
+            config["endpoint"] = settings.s3_endpoint_url
+        self._store = S3Store(
+            bucket,
+            prefix=settings.s3_prefix.strip("/") or None,
+            config=config,  # type: ignore[arg-type]
+            client_options={
+                "allow_http": settings.s3_endpoint_url.startswith("http://"),
+                "connect_timeout": timedelta(seconds=min(5.0, settings.s3_timeout)),
+                "timeout": timeout,
+            },
+            retry_config={
+                "max_retries": 2,
+                "retry_timeout": timeout,
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=100),
+                    "max_backoff": timedelta(seconds=2),
+                    "base": 2,
+                },
+            },
+        )
+
+    # --- keys --------------------------------------------------------------------------
+
+    @staticmethod
+    def _object(key: str) -> str:
+        """Where a row's key lives in the bucket (under the store's prefix)."""
+        if _KEY_RE.match(key):
+            return RESULTS_PREFIX + key
+        if job_of_key(key) is not None:  # a payload key
+            return key
+        raise ResultNotFound(f"no result {key!r}")
+
+    def _unavailable(self, exc: BaseException) -> NoReturn:
+        text = " ".join(str(exc).split())[:300]
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        raise StoreUnavailable(
+            f"object store s3://{self.bucket}: {type(exc).__name__}: {text}"
+        ) from None
+
+    # --- ResultStore -------------------------------------------------------------------
+
+    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
+        key, _ = self.put_chunks(job_id, (data,), suffix=suffix)
+        return key
+
+    def put_chunks(
+        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+    ) -> tuple[str, int]:
+        """Upload the concatenation of ``chunks``; a multipart upload once it outgrows a
+        part, so memory stays about ``UPLOAD_CONCURRENCY`` parts. An object appears whole
+        or not at all (a failed multipart upload is aborted)."""
+        key = f"{job_id.hex}.{suffix}"
+        if not _KEY_RE.match(key):
+            raise ValueError(f"bad result suffix {suffix!r}")
+        size = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal size
+            for chunk in chunks:
+                size += len(chunk)
+                yield chunk
+
+        try:
+            obstore.put(
+                self._store,
+                RESULTS_PREFIX + key,
+                counted(),
+                chunk_size=self.part_size,
+                max_concurrency=UPLOAD_CONCURRENCY,
+            )
+        except ObstoreError as exc:
+            self._unavailable(exc)
+        return key, size
+
+    def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:
+        key = payload_key(job_id)
+        try:
+            obstore.put(
+                self._store,
+                key,
+                data,
+                chunk_size=self.part_size,
+                max_concurrency=UPLOAD_CONCURRENCY,
+            )
+        except ObstoreError as exc:
+            self._unavailable(exc)
+        return key
+
+    def get(self, key: str) -> bytes:
+        try:
+            return bytes(obstore.get(self._store, self._object(key)).bytes())
+        except NotFoundError:
+            raise ResultNotFound(f"no object {key!r}") from None
+        except ObstoreError as exc:
+            self._unavailable(exc)
+
+    def delete(self, name: str) -> bool:
+        """Delete an object by its row key (S3 answers a delete of a missing key as a
+        success: True then too). False for a name that is not one of the store's."""
+        try:
+            path = self._object(name)
+        except ResultNotFound:
+            return False
+        try:
+            obstore.delete(self._store, path)
+        except NotFoundError:
+            return False
+        except ObstoreError as exc:
+            self._unavailable(exc)
+        return True
+
+    def stale_files(self, older_than: float) -> Iterator[tuple[str, uuid.UUID | None]]:
+        """Objects under ``results/`` and ``payloads/`` unchanged for ``older_than``
+        seconds, by row key, with their job's id. An interrupted multipart upload leaves
+        no object (S3 keeps its parts until it is aborted; a bucket lifecycle rule
+        ``AbortIncompleteMultipartUpload`` clears those, docs/operations.md)."""
+        cutoff = time.time() - older_than
+        try:
+            for prefix in (RESULTS_PREFIX, PAYLOADS_PREFIX):
+                for batch in obstore.list(self._store, prefix, chunk_size=1000):
+                    for meta in batch:
+                        path = meta["path"]
+                        key = path.removeprefix(RESULTS_PREFIX)
+                        job_id = job_of_key(key)
+                        if job_id is None or meta["last_modified"].timestamp() > cutoff:
+                            continue
+                        yield key, job_id
+        except ObstoreError as exc:
+            self._unavailable(exc)
+
+    def presigned_url(self, key: str) -> str | None:
+        """A presigned GET URL, valid ``JOBCORE_S3_PRESIGN_EXPIRY`` seconds; signed here,
+        no request is made."""
+        try:
+            return obstore.sign(self._store, "GET", self._object(key), self.presign_expiry)
+        except ObstoreError as exc:
+            self._unavailable(exc)
+
+    def path(self, key: str) -> Path:
+        raise ResultNotFound("results in a bucket are served by presigned URL")

@@ -1,0 +1,244 @@
+"""Results and large payloads in an S3-compatible bucket (jobcore.objectstore), against
+the suite's real S3 server (moto's, scripts/s3.sh): multipart results, payloads by
+reference, a store outage mid-run, and the pruner's deletes and sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from jobcore import retention as retention_module
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.objectstore import open_result_store
+from jobcore.registry import default_registry
+from jobcore.retention import Retention
+from jobcore.settings import Settings
+from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.waiting import eventually
+from jobcore.usecases.jobs import retry_job
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import BlobPayload
+from tests.integration.worker.support import OutboxPump, job_row, status_is, submit
+from tests.support import s3
+
+MiB = 1 << 20
+INLINE_MAX = 4096
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    try:
+        name = s3.new_bucket()
+    except Exception as exc:
+        pytest.fail(f"the suite's S3 server is not reachable: {exc}", pytrace=False)
+    yield name
+    s3.remove_bucket(name)
+
+
+def objects(bucket: str) -> dict[str, dict[str, object]]:
+    listing = s3.client().list_objects_v2(Bucket=bucket)
+    return {item["Key"]: item for item in listing.get("Contents", [])}
+
+
+async def test_a_large_result_goes_up_in_parts_and_a_large_payload_by_reference(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    config = s3.s3_settings(wsettings, bucket, inline_payload_max_bytes=INLINE_MAX)
+    store = open_result_store(config)
+    await start_worker(config)
+    data = "p" * (INLINE_MAX * 3)
+    job_id = await submit(
+        db,
+        topology,
+        "wt_blob",
+        BlobPayload(data=data, result_bytes=11 * MiB),
+        payload_store=store,
+        inline_payload_max_bytes=config.inline_payload_max_bytes,
+    )
+    # The row keeps the key, not the payload; the object is there before the job runs.
+    row = await job_row(db, job_id)
+    assert row["payload_ref"] == f"payloads/{job_id.hex}.json"
+    assert row["payload"] == {}
+
+    row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
+
+    # The handler saw the same payload.
+    assert row["result"]["payload_sha256"] == hashlib.sha256(data.encode()).hexdigest()
+    assert row["result_ref"] == f"{job_id.hex}.bin"
+    stored = objects(bucket)
+    assert f"jc/payloads/{job_id.hex}.json" in stored
+    # 11 MiB in 5 MiB parts: a multipart upload of three parts (S3's ETag says "-3").
+    head = s3.client().head_object(Bucket=bucket, Key=f"jc/results/{job_id.hex}.bin")
+    assert head["ContentLength"] == 11 * MiB
+    assert head["ETag"].strip('"').endswith("-3")
+    body = store.get(row["result_ref"])
+    assert len(body) == 11 * MiB
+    assert (body[:1], body[-1:]) == (b"\x00", b"\x0a")
+
+
+async def test_a_store_outage_retries_the_attempt_and_the_job_succeeds_after(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    proxy = TcpProxy("127.0.0.1", s3.PORT)
+    await proxy.start()
+    try:
+        config = s3.s3_settings(
+            wsettings,
+            bucket,
+            endpoint=f"http://127.0.0.1:{proxy.port}",
+            s3_timeout=1.0,
+            retry_backoff_base=0.5,
+            retry_backoff_cap=0.5,
+        )
+        await start_worker(config)
+        proxy.set_mode(Mode.REFUSE)
+        job_id = await submit(db, topology, "wt_blob", BlobPayload(result_bytes=2 * MiB))
+
+        async def retried() -> dict[str, object] | None:
+            row = await job_row(db, job_id)
+            return row if row["attempts"] >= 2 and row["last_error"] else None
+
+        row = await eventually(retried, what="attempts failing while the store is away")
+        assert row["status"] in ("pending", "running")
+        assert "storing the result" in str(row["last_error"]) or "object store" in str(
+            row["last_error"]
+        )
+        assert s3.SECRET_KEY not in str(row["last_error"])
+
+        proxy.set_mode(Mode.FORWARD)
+        row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
+    finally:
+        await proxy.stop()
+    assert row["attempts"] >= 2
+    body = open_result_store(s3.s3_settings(wsettings, bucket)).get(row["result_ref"])
+    assert len(body) == 2 * MiB
+
+
+async def test_the_pruner_deletes_objects_with_their_jobs_and_sweeps_orphan_uploads(
+    db: Database,
+    topology: Topology,
+    wsettings: Settings,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = s3.s3_settings(wsettings, bucket, inline_payload_max_bytes=INLINE_MAX)
+    store = open_result_store(config)
+    big = BlobPayload(data="q" * (INLINE_MAX * 2))
+    kept = await submit(
+        db, topology, "wt_blob", big, payload_store=store, inline_payload_max_bytes=INLINE_MAX
+    )
+    pruned = await submit(
+        db, topology, "wt_blob", big, payload_store=store, inline_payload_max_bytes=INLINE_MAX
+    )
+    result_key = store.put(pruned, b"result", suffix="bin")
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'succeeded', result_ref = %(ref)s, "
+            "finished_at = now() - interval '30 days' WHERE id = %(id)s",
+            {"ref": result_key, "id": pruned},
+        )
+    # An upload whose job never committed: no row names it.
+    orphan = store.put_payload(uuid.uuid4(), b"{}")
+    before = set(objects(bucket))
+    assert {f"jc/{orphan}", f"jc/payloads/{kept.hex}.json", f"jc/results/{result_key}"} <= before
+
+    # The pruned job's objects go with it, in the same pass, without the sweep.
+    report = await Retention(config, db).prune(pause=_no_rest, sweep_files=False)
+    assert report.tables["jobs"] == 1
+    assert report.tables["result_files"] == 2
+    assert set(objects(bucket)) == {f"jc/{orphan}", f"jc/payloads/{kept.hex}.json"}
+
+    # The sweep deletes the upload no row names once it is older than the grace period
+    # (every object is, now), and keeps the live job's payload.
+    monkeypatch.setattr(retention_module, "STALE_FILE_AGE", 0.0)
+    report = await Retention(config, db).prune(pause=_no_rest)
+    assert report.tables["result_files"] == 1
+    assert set(objects(bucket)) == {f"jc/payloads/{kept.hex}.json"}
+
+
+async def _no_rest(_: float) -> bool:
+    return False
+
+
+async def test_a_retry_copies_a_payload_stored_by_reference(
+    db: Database, topology: Topology, wsettings: Settings, bucket: str
+) -> None:
+    config = s3.s3_settings(wsettings, bucket, inline_payload_max_bytes=INLINE_MAX)
+    store = open_result_store(config)
+    payload = BlobPayload(data="r" * (INLINE_MAX * 2))
+    job_id = await submit(
+        db, topology, "wt_blob", payload, payload_store=store, inline_payload_max_bytes=INLINE_MAX
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", (job_id,)
+        )
+
+    outcome = await retry_job(db, config, default_registry, job_id, actor="tests")
+
+    copy = await job_row(db, outcome.job_id)
+    assert copy["payload_ref"] == f"payloads/{outcome.job_id.hex}.json"
+    stored = await asyncio.to_thread(store.get, copy["payload_ref"])
+    assert BlobPayload.model_validate_json(stored) == payload
+
+
+async def test_a_payload_the_store_cannot_give_back_fails_the_attempt_not_the_job(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    store = open_result_store(s3.s3_settings(wsettings, bucket))
+    proxy = TcpProxy("127.0.0.1", s3.PORT)
+    await proxy.start()
+    try:
+        config = s3.s3_settings(
+            wsettings,
+            bucket,
+            endpoint=f"http://127.0.0.1:{proxy.port}",
+            s3_timeout=1.0,
+            retry_backoff_base=0.5,
+            retry_backoff_cap=0.5,
+        )
+        proxy.set_mode(Mode.REFUSE)
+        await start_worker(config)
+        data = "z" * (INLINE_MAX * 2)
+        job_id = await submit(
+            db,
+            topology,
+            "wt_blob",
+            BlobPayload(data=data),
+            payload_store=store,
+            inline_payload_max_bytes=INLINE_MAX,
+        )
+
+        async def retried() -> dict[str, object] | None:
+            row = await job_row(db, job_id)
+            return row if row["attempts"] >= 2 and row["last_error"] else None
+
+        row = await eventually(retried, what="attempts failing while the store is away")
+        assert str(row["last_error"]).startswith("reading the payload failed: StoreUnavailable")
+        assert s3.SECRET_KEY not in str(row["last_error"])
+
+        proxy.set_mode(Mode.FORWARD)
+        row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
+    finally:
+        await proxy.stop()
+    assert row["result"]["payload_sha256"] == hashlib.sha256(data.encode()).hexdigest()
