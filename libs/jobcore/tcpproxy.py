@@ -4,6 +4,12 @@
 answering 202 while the broker is unreachable; the fault tests use the ``blackhole``
 mode to cut connections *silently* (no FIN, no RST: bytes just stop), which only
 heartbeats and timeouts can detect.
+
+:meth:`TcpProxy.cut_after_commit` is a one-shot for PostgreSQL connections: the next
+statement (whose request carries given bytes) reaches the server and runs to its end —
+in autocommit, commits — but its answer is swallowed and the connection closed. The client
+sees a broken connection and cannot tell whether the statement took effect: the case a
+retry must recognise (docs/operations.md, "Statements whose commit is unknown").
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ import logging
 
 log = logging.getLogger(__name__)
 
+# PostgreSQL's ReadyForQuery message: the server finished the request (and, outside a
+# transaction block, committed it) and waits for the next one.
+READY_FOR_QUERY = ord("Z")
+
 
 class Mode(enum.Enum):
     FORWARD = "forward"
@@ -22,6 +32,31 @@ class Mode(enum.Enum):
     REFUSE = "refuse"
     # Keep connections open but forward nothing (like a cable pulled mid-flight).
     BLACKHOLE = "blackhole"
+
+
+class _ReplyCut:
+    """An armed one-shot cut: which request it waits for, and the future it completes."""
+
+    def __init__(self, match: bytes, done: asyncio.Future[None]) -> None:
+        self.match = match
+        self.done = done
+        self.answer = b""  # the server's bytes swallowed so far, up to a whole message
+
+    def ready_for_query(self, data: bytes) -> bool:
+        """Whether the server's answer (fed in pieces) has reached its ReadyForQuery.
+
+        The answer is read as backend messages (a type byte, then a length that counts
+        itself) from its first byte: the request went out on an idle connection, whose
+        previous answer the client had read whole."""
+        self.answer += data
+        while len(self.answer) >= 5:
+            length = int.from_bytes(self.answer[1:5], "big")
+            if len(self.answer) < 1 + length:
+                return False
+            if self.answer[0] == READY_FOR_QUERY:
+                return True
+            self.answer = self.answer[1 + length :]
+        return False
 
 
 class TcpProxy:
@@ -33,6 +68,10 @@ class TcpProxy:
         self._stopped = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # An armed cut_after_commit, until a request takes it; then the connection's.
+        self._armed: _ReplyCut | None = None
+        self._cutting: dict[asyncio.StreamWriter, _ReplyCut] = {}
+        self.cuts = 0
 
     @property
     def port(self) -> int:
@@ -63,8 +102,38 @@ class TcpProxy:
         if mode is Mode.REFUSE:
             self._close_all()
 
+    def cut_after_commit(self, match: bytes = b"") -> asyncio.Future[None]:
+        """Arm a one-shot for PostgreSQL connections: the next request sent through the
+        proxy that contains ``match`` (any request when empty) is forwarded, the server's
+        whole answer to it, up to its ReadyForQuery, is swallowed, and then the connection
+        is closed on both sides. The future completes when the cut is done; cancelling it
+        disarms the cut. A new arming replaces one not yet taken."""
+        if self._armed is not None and not self._armed.done.done():
+            self._armed.done.cancel()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._armed = _ReplyCut(match, done)
+        return done
+
+    def _take_armed(self, data: bytes) -> _ReplyCut | None:
+        armed = self._armed
+        if armed is None or armed.done.done() or armed.match not in data:
+            return None
+        self._armed = None
+        return armed
+
     def _refusing(self) -> bool:
         return self.mode is Mode.REFUSE
+
+    def _cut(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], cut: _ReplyCut) -> None:
+        for writer in pair:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._pairs.discard(pair)
+        self._cutting.pop(pair[0], None)
+        self.cuts += 1
+        log.info("proxy to %s:%s cut a connection after its statement's answer", *self.target)
+        if not cut.done.done():
+            cut.done.set_result(None)
 
     def _close_all(self) -> None:
         for client, upstream in list(self._pairs):
@@ -100,7 +169,7 @@ class TcpProxy:
         pair = (writer, up_writer)
         self._pairs.add(pair)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst, pair))
+            task = asyncio.create_task(self._pipe(src, dst, pair, to_server=dst is up_writer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -109,16 +178,34 @@ class TcpProxy:
         src: asyncio.StreamReader,
         dst: asyncio.StreamWriter,
         pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        *,
+        to_server: bool,
     ) -> None:
+        client = pair[0]
         try:
             while data := await src.read(65536):
                 if self.mode is Mode.BLACKHOLE:
                     continue  # swallow: the peer never hears back, and never hears a close
+                if to_server:
+                    # Marked before the request goes out: its answer cannot come sooner.
+                    armed = self._take_armed(data)
+                    if armed is not None:
+                        self._cutting[client] = armed
+                elif (cut := self._cutting.get(client)) is not None:
+                    if cut.ready_for_query(data):
+                        self._cut(pair, cut)
+                        return
+                    continue  # the answer is swallowed: the client never hears it
                 dst.write(data)
                 await dst.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
+            cut = self._cutting.pop(client, None) if not to_server else None
+            if cut is not None and not cut.done.done():
+                # The connection ended before the answer did: nothing was cut after a
+                # commit, so the next request takes the cut instead.
+                self._armed = self._armed or cut
             if self.mode is not Mode.BLACKHOLE:
                 for writer in pair:
                     with contextlib.suppress(Exception):

@@ -1,0 +1,99 @@
+"""Statements whose commit went unanswered: the worker recognises its own earlier commit.
+
+The worker reaches PostgreSQL through a proxy that lets one chosen statement run to its
+commit and then cuts the connection before the answer (TcpProxy.cut_after_commit): the
+worker sees a broken connection, retries, and must take what it finds as its own doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.settings import Settings
+from jobcore.tcpproxy import TcpProxy
+from jobcore.testing.pipeline import via_port
+from jobcore.testing.waiting import eventually
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import TripwirePayload
+from tests.integration.worker.support import OutboxPump, effects, status_is, submit
+
+CUT_TIMEOUT = 30.0
+
+
+async def _proxy(settings: Settings) -> TcpProxy:
+    target = urlsplit(settings.database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    return proxy
+
+
+async def test_the_proxy_lets_a_statement_commit_and_cuts_its_answer(
+    db: Database, wsettings: Settings
+) -> None:
+    proxy = await _proxy(wsettings)
+    marker = uuid.uuid4().hex
+    try:
+        url = via_port(wsettings.database_url, proxy.port)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("CREATE TABLE cut_probe (note text)")
+            cut = proxy.cut_after_commit(marker.encode())
+            with pytest.raises(psycopg.OperationalError):
+                await conn.execute("INSERT INTO cut_probe VALUES (%s)", (marker,))
+            await asyncio.wait_for(cut, CUT_TIMEOUT)
+            assert conn.closed or conn.broken
+        async with db.connection() as direct:
+            cur = await direct.execute("SELECT note FROM cut_probe")
+            assert [row["note"] for row in await cur.fetchall()] == [marker]
+        assert proxy.cuts == 1
+    finally:
+        await proxy.stop()
+
+
+async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Path,
+) -> None:
+    proxy = await _proxy(wsettings)
+    try:
+        worker = await start_worker(
+            wsettings.model_copy(
+                update={"database_url": via_port(wsettings.database_url, proxy.port)}
+            )
+        )
+        # Its last attempt: a claim read as a duplicate would leave it to the reaper,
+        # which fails it without its handler having run.
+        job_id = await submit(
+            db,
+            topology,
+            "wt_tripwire",
+            TripwirePayload(tripwire=str(tmp_path / "never-made")),
+            max_attempts=1,
+        )
+        # The claim is the first statement of the worker's that names the job.
+        cut = proxy.cut_after_commit(str(job_id).encode())
+        await outbox_pump.drain()
+        await asyncio.wait_for(cut, CUT_TIMEOUT)
+
+        row = await eventually(
+            lambda: status_is(db, job_id, "succeeded", "failed"),
+            timeout=30,
+            what="the job to end",
+        )
+        assert (row["status"], row["attempts"]) == ("succeeded", 1), row["last_error"]
+        assert [e["attempt"] for e in await effects(db, job_id)] == [1]
+        assert worker.metrics.counts["duplicates"] == 0
+        assert proxy.cuts == 1
+    finally:
+        await proxy.stop()
