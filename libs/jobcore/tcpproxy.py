@@ -34,29 +34,52 @@ class Mode(enum.Enum):
     BLACKHOLE = "blackhole"
 
 
-class _ReplyCut:
-    """An armed one-shot cut: which request it waits for, and the future it completes."""
+class _Armed:
+    """An armed one-shot cut: which request's answer it waits for, and its future."""
 
-    def __init__(self, match: bytes, done: asyncio.Future[None]) -> None:
+    def __init__(self, match: bytes, transaction_end: bool, done: asyncio.Future[None]) -> None:
         self.match = match
+        self.transaction_end = transaction_end
         self.done = done
-        self.answer = b""  # the server's bytes swallowed so far, up to a whole message
 
-    def ready_for_query(self, data: bytes) -> bool:
-        """Whether the server's answer (fed in pieces) has reached its ReadyForQuery.
 
-        The answer is read as backend messages (a type byte, then a length that counts
-        itself) from its first byte: the request went out on an idle connection, whose
-        previous answer the client had read whole."""
-        self.answer += data
-        while len(self.answer) >= 5:
-            length = int.from_bytes(self.answer[1:5], "big")
-            if len(self.answer) < 1 + length:
-                return False
-            if self.answer[0] == READY_FOR_QUERY:
-                return True
-            self.answer = self.answer[1 + length :]
-        return False
+class _Answer:
+    """A request's answer, held back (read as backend messages: a type byte, then a length
+    that counts itself) until its ReadyForQuery says how the request left the connection.
+
+    Reading starts at the answer's first byte: the request went out on a connection whose
+    previous answer the client had read whole."""
+
+    def __init__(self, armed: _Armed, *, doomed: bool) -> None:
+        self.armed = armed
+        self.doomed = doomed  # cut whatever it says (the request matched)
+        self.held = bytearray()
+        self._at = 0
+        self.status: int | None = None  # ReadyForQuery's: I (idle), T (in a block), E
+
+    def complete(self, data: bytes) -> bool:
+        self.held += data
+        while self.status is None and len(self.held) - self._at >= 5:
+            end = self._at + 1 + int.from_bytes(self.held[self._at + 1 : self._at + 5], "big")
+            if len(self.held) < end:
+                break
+            if self.held[self._at] == READY_FOR_QUERY:
+                self.status = self.held[end - 1]
+            self._at = end
+        return self.status is not None
+
+
+class _Watch:
+    """A connection watched while a cut is armed."""
+
+    def __init__(self) -> None:
+        self.answer: _Answer | None = None
+        # The transaction status its last answer left (None: not seen since armed).
+        self.status: int | None = None
+
+
+IN_BLOCK = ord("T")
+IDLE = ord("I")
 
 
 class TcpProxy:
@@ -68,9 +91,9 @@ class TcpProxy:
         self._stopped = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        # An armed cut_after_commit, until a request takes it; then the connection's.
-        self._armed: _ReplyCut | None = None
-        self._cutting: dict[asyncio.StreamWriter, _ReplyCut] = {}
+        # An armed cut_after_commit (until it is done), and the connections it watches.
+        self._armed: _Armed | None = None
+        self._watches: dict[asyncio.StreamWriter, _Watch] = {}
         self.cuts = 0
 
     @property
@@ -102,38 +125,71 @@ class TcpProxy:
         if mode is Mode.REFUSE:
             self._close_all()
 
-    def cut_after_commit(self, match: bytes = b"") -> asyncio.Future[None]:
-        """Arm a one-shot for PostgreSQL connections: the next request sent through the
-        proxy that contains ``match`` (any request when empty) is forwarded, the server's
-        whole answer to it, up to its ReadyForQuery, is swallowed, and then the connection
-        is closed on both sides. The future completes when the cut is done; cancelling it
-        disarms the cut. A new arming replaces one not yet taken."""
+    def cut_after_commit(
+        self, match: bytes = b"", *, transaction_end: bool = False
+    ) -> asyncio.Future[None]:
+        """Arm a one-shot for PostgreSQL connections: a request is forwarded and runs to
+        its end on the server, its whole answer (up to its ReadyForQuery) is swallowed,
+        and the connection is closed on both sides. Which request: the next one that
+        contains ``match`` (any when empty), or with ``transaction_end`` the next one that
+        ends a transaction block (a COMMIT: its connection's previous answer said "in a
+        block", its own says "idle"). The future completes when the cut is done;
+        cancelling it disarms the cut. A new arming replaces one not yet done."""
         if self._armed is not None and not self._armed.done.done():
             self._armed.done.cancel()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._armed = _ReplyCut(match, done)
+        self._armed = _Armed(match, transaction_end, done)
+        self._watches.clear()
         return done
 
-    def _take_armed(self, data: bytes) -> _ReplyCut | None:
+    def _request(self, client: asyncio.StreamWriter, data: bytes) -> None:
+        """A request goes out on ``client``'s connection: hold its answer back if the armed
+        cut may take it. Called before it is forwarded: its answer cannot come sooner."""
         armed = self._armed
-        if armed is None or armed.done.done() or armed.match not in data:
+        if armed is None or armed.done.done():
+            self._watches.clear()
+            return
+        if not data or data[0] == 0:
+            return  # an untyped start-up packet (SSLRequest's answer is one bare byte)
+        watch = self._watches.setdefault(client, _Watch())
+        if armed.transaction_end:
+            watch.answer = _Answer(armed, doomed=False)
+        elif armed.match in data and not any(
+            w.answer is not None and w.answer.doomed for w in self._watches.values()
+        ):
+            watch.answer = _Answer(armed, doomed=True)
+
+    def _answered(
+        self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], data: bytes
+    ) -> bytes | None:
+        """The server's bytes to pass on to the client (None: hold them, or the connection
+        was cut)."""
+        watch = self._watches.get(pair[0])
+        if watch is None or watch.answer is None:
+            return data
+        answer = watch.answer
+        if not answer.complete(data):
             return None
-        self._armed = None
-        return armed
+        watch.answer = None
+        before, watch.status = watch.status, answer.status
+        ends_block = before == IN_BLOCK and answer.status == IDLE
+        if not answer.armed.done.done() and (answer.doomed or ends_block):
+            self._cut(pair, answer.armed)
+            return None
+        return bytes(answer.held)
 
     def _refusing(self) -> bool:
         return self.mode is Mode.REFUSE
 
-    def _cut(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], cut: _ReplyCut) -> None:
+    def _cut(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], armed: _Armed) -> None:
         for writer in pair:
             with contextlib.suppress(Exception):
                 writer.transport.abort()
         self._pairs.discard(pair)
-        self._cutting.pop(pair[0], None)
+        self._watches.pop(pair[0], None)
         self.cuts += 1
         log.info("proxy to %s:%s cut a connection after its statement's answer", *self.target)
-        if not cut.done.done():
-            cut.done.set_result(None)
+        armed.done.set_result(None)
 
     def _close_all(self) -> None:
         for client, upstream in list(self._pairs):
@@ -187,25 +243,19 @@ class TcpProxy:
                 if self.mode is Mode.BLACKHOLE:
                     continue  # swallow: the peer never hears back, and never hears a close
                 if to_server:
-                    # Marked before the request goes out: its answer cannot come sooner.
-                    armed = self._take_armed(data)
-                    if armed is not None:
-                        self._cutting[client] = armed
-                elif (cut := self._cutting.get(client)) is not None:
-                    if cut.ready_for_query(data):
-                        self._cut(pair, cut)
-                        return
-                    continue  # the answer is swallowed: the client never hears it
+                    self._request(client, data)
+                else:
+                    passed = self._answered(pair, data)
+                    if passed is None:
+                        continue  # held back, or swallowed by a cut
+                    data = passed
                 dst.write(data)
                 await dst.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            cut = self._cutting.pop(client, None) if not to_server else None
-            if cut is not None and not cut.done.done():
-                # The connection ended before the answer did: nothing was cut after a
-                # commit, so the next request takes the cut instead.
-                self._armed = self._armed or cut
+            if not to_server:
+                self._watches.pop(client, None)
             if self.mode is not Mode.BLACKHOLE:
                 for writer in pair:
                     with contextlib.suppress(Exception):

@@ -48,11 +48,20 @@ async def test_the_proxy_lets_a_statement_commit_and_cuts_its_answer(
             with pytest.raises(psycopg.OperationalError):
                 await conn.execute("INSERT INTO cut_probe VALUES (%s)", (marker,))
             await asyncio.wait_for(cut, CUT_TIMEOUT)
-            assert conn.closed or conn.broken
+            assert conn.broken
+        # A transaction: its statements are answered, its COMMIT is not.
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            cut = proxy.cut_after_commit(transaction_end=True)
+            with pytest.raises(psycopg.OperationalError):
+                async with conn.transaction():
+                    await conn.execute("INSERT INTO cut_probe VALUES ('in a block')")
+                    await conn.execute("SELECT 1")  # answered: only the COMMIT is cut
+            await asyncio.wait_for(cut, CUT_TIMEOUT)
+            assert conn.broken
         async with db.connection() as direct:
-            cur = await direct.execute("SELECT note FROM cut_probe")
-            assert [row["note"] for row in await cur.fetchall()] == [marker]
-        assert proxy.cuts == 1
+            cur = await direct.execute("SELECT note FROM cut_probe ORDER BY note")
+            assert [row["note"] for row in await cur.fetchall()] == [marker, "in a block"]
+        assert proxy.cuts == 2
     finally:
         await proxy.stop()
 
@@ -81,8 +90,9 @@ async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
             TripwirePayload(tripwire=str(tmp_path / "never-made")),
             max_attempts=1,
         )
-        # The claim is the first statement of the worker's that names the job.
-        cut = proxy.cut_after_commit(str(job_id).encode())
+        # The claim is the first statement of the worker's that names the job (psycopg
+        # sends a uuid as its hex digits).
+        cut = proxy.cut_after_commit(job_id.hex.encode())
         await outbox_pump.drain()
         await asyncio.wait_for(cut, CUT_TIMEOUT)
 
