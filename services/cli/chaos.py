@@ -5,17 +5,20 @@ a broker prefix of its own, created for the run and removed after it; the relays
 workers reach RabbitMQ, and every process reaches PostgreSQL, through proxies it controls.
 While jobs arrive at a steady rate it throws one fault at a time — a relay or a worker
 killed with SIGKILL (and restarted), RabbitMQ stopped and started, PostgreSQL restarted,
-the broker or the database connections cut silently — and after each measures how long
+the broker or the database connections cut silently, one worker's or relay's statements
+let commit and their answers cut — and after each measures how long
 a new job then takes to succeed end to end. When the time is up it stops the load, waits
 (bounded) for quiescence and checks in the database that no accepted job was lost and no
-effect was recorded twice. Exit 0 only when both hold.
+effect was recorded twice, and that no job ended failed without a handler having run.
+Exit 0 only when all hold.
 
 Two of its faults, ``broker_restart`` and ``postgres_restart``, stop the machine's shared
 RabbitMQ and PostgreSQL: a run that throws either holds, for its whole length, the lock
 the disruptive tests take (:mod:`jobcore.testing.chaos`), and starts them again at the
 end whatever happened. The other faults touch only the run's own processes and proxies,
-so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut``
-leaves the shared services alone (the wheel check in CI runs that, next to the tests).
+so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut
+--fault worker_commit_cut --fault relay_commit_cut`` leaves the shared services alone
+(the wheel check in CI runs that, next to the tests).
 The stack machinery and the job type it submits are the library's testing kit
 (:mod:`jobcore.testing`), which the tests use too.
 """
@@ -53,7 +56,18 @@ FAULTS = (
     "postgres_restart",
     "broker_cut",
     "database_cut",
+    "worker_commit_cut",
+    "relay_commit_cut",
 )
+# "commit, then cut before the answer" (TcpProxy.cut_after_commit), aimed at one process's
+# own database proxy: every statement of a worker (claims, outcomes, maintenance) may be
+# the one cut; a relay's cut falls on a COMMIT, after its batch was published. The fault
+# cuts one answer after another, for its length.
+COMMIT_CUT_FAULTS = {"worker_commit_cut": "worker", "relay_commit_cut": "relay"}
+# The pause after one cut before the next is armed (the process reconnects meanwhile).
+COMMIT_CUT_PAUSE = 0.2
+# What a worker logs when a claim's retry finds its first try committed (services.worker).
+RESUMED_CLAIM_LOG = "the claim's first try committed unanswered; running the job it claimed"
 # How long one fault lasts (an outage, a cut, the wait before a killed process restarts).
 # The faults that stop the shared services rather than this run's processes or proxies.
 SHARED_SERVICE_FAULTS = frozenset({"broker_restart", "postgres_restart"})
@@ -204,6 +218,8 @@ class Chaos:
             async with postgres_down(locked=True):
                 await asyncio.sleep(seconds)  # the outage
             return "postgresql"
+        if kind in COMMIT_CUT_FAULTS:
+            return await self._commit_cuts(kind, seconds)
         proxy = stack.broker_proxy if kind == "broker_cut" else stack.database_proxy
         assert proxy is not None
         proxy.set_mode(Mode.BLACKHOLE)
@@ -212,6 +228,40 @@ class Chaos:
         finally:
             proxy.set_mode(Mode.FORWARD)
         return "broker proxy" if kind == "broker_cut" else "database proxy"
+
+    async def _commit_cuts(self, kind: str, seconds: float) -> str:
+        """For ``seconds``, let one process's statements commit and cut their answers,
+        one after another; the target names the process and how many answers were cut."""
+        stack = self.stack
+        process = self.rng.choice(
+            stack.workers if COMMIT_CUT_FAULTS[kind] == "worker" else stack.relays
+        )
+        proxy = stack.process_proxies[process.name]
+        cuts = proxy.cuts
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            cut = proxy.cut_after_commit(transaction_end=kind == "relay_commit_cut")
+            try:
+                await asyncio.wait_for(asyncio.shield(cut), left)
+            except TimeoutError:
+                break
+            finally:
+                cut.cancel()  # disarmed if still waiting: the fault is over
+            await asyncio.sleep(COMMIT_CUT_PAUSE)  # the process reconnects between cuts
+        return f"{process.name} ({proxy.cuts - cuts} answers cut)"
+
+
+def resumed_claims(stack: Stack) -> int:
+    """Claims whose first try committed unanswered and whose retry ran the job anyway."""
+    from jobcore.testing.pipeline import log_records
+
+    return sum(
+        1
+        for worker in stack.workers
+        for incarnation in range(1, worker.incarnation + 1)
+        for record in log_records(worker.log_dir / f"{worker.name}.{incarnation}.log")
+        if record.get("msg") == RESUMED_CLAIM_LOG
+    )
 
 
 @contextlib.asynccontextmanager
@@ -257,6 +307,7 @@ async def _soak(
         workers=workers,
         broker_proxy=True,
         database_proxy=True,
+        process_database_proxies=bool(set(COMMIT_CUT_FAULTS).intersection(faults)),
         env=MAINTENANCE_ENV,
     )
     async with stack, stack.submitter(give_up=RECOVERY_TIMEOUT) as submitter:
@@ -285,6 +336,7 @@ async def _soak(
             "faults_by_kind": {k: sum(1 for r in chaos.records if r.kind == k) for k in faults},
             "longest_recovery_seconds": round(max(recoveries, default=0.0), 2),
             "unrecovered_faults": unrecovered,
+            "resumed_claims": resumed_claims(stack),
             "fault_errors": sum(1 for r in chaos.records if r.error),
             "settle_seconds": round(settled, 2),
             "longest_overdue_lease_seconds": round(leases.worst, 2),
@@ -297,6 +349,7 @@ async def _soak(
                 or report.duplicate_effects
                 or report.missing_effects
                 or report.stray_effects
+                or report.failed_without_handler
             ),
         }
 
@@ -310,9 +363,11 @@ SUMMARY_KEYS = (
     "duplicate_effects",
     "missing_effects",
     "stray_effects",
+    "failed_without_handler",
     "faults",
     "longest_recovery_seconds",
     "unrecovered_faults",
+    "resumed_claims",
     "fault_errors",
     "retried",
     "reaped",
@@ -379,7 +434,8 @@ def chaos(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Throw a seeded random schedule of faults at the whole stack under load; report
-    lost jobs and duplicated effects (exit 0 only when there are none)."""
+    lost jobs, duplicated effects and jobs failed without a handler having run (exit 0 only
+    when there are none)."""
     # Imported here, like the stack machinery: every other command starts without it.
     from jobcore.testing import chaos as chaos_support
 
