@@ -59,9 +59,9 @@ FAULTS = (
     "worker_commit_cut",
     "relay_commit_cut",
 )
-# "commit, then cut before the answer" (TcpProxy.cut_after_commit), aimed at one process's
-# own database proxy: every statement of a worker (claims, outcomes, maintenance) may be
-# the one cut; a relay's cut falls on a COMMIT, after its batch was published. The fault
+# "commit, then cut before the answer" (TcpProxy.cut_after_commit), aimed at the processes'
+# own database proxies: every statement of one worker (claims, outcomes, maintenance) may
+# be the one cut; the relays' cuts fall on COMMITs, after a batch was published. The fault
 # cuts one answer after another, for its length.
 COMMIT_CUT_FAULTS = {"worker_commit_cut": "worker", "relay_commit_cut": "relay"}
 # The pause after one cut before the next is armed (the process reconnects meanwhile).
@@ -230,25 +230,27 @@ class Chaos:
         return "broker proxy" if kind == "broker_cut" else "database proxy"
 
     async def _commit_cuts(self, kind: str, seconds: float) -> str:
-        """For ``seconds``, let one process's statements commit and cut their answers,
-        one after another; the target names the process and how many answers were cut."""
+        """For ``seconds``, let statements commit and cut their answers, one after
+        another: a worker's (one chosen at random), or the relays' COMMITs (all of them are
+        armed: only the relay holding the wake lease may be publishing). The target names
+        the processes and how many answers were cut."""
         stack = self.stack
-        process = self.rng.choice(
-            stack.workers if COMMIT_CUT_FAULTS[kind] == "worker" else stack.relays
-        )
-        proxy = stack.process_proxies[process.name]
-        cuts = proxy.cuts
+        relays = COMMIT_CUT_FAULTS[kind] == "relay"
+        processes = stack.relays if relays else [self.rng.choice(stack.workers)]
+        proxies = [stack.process_proxies[p.name] for p in processes]
+        before = [proxy.cuts for proxy in proxies]
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0:
-            cut = proxy.cut_after_commit(transaction_end=kind == "relay_commit_cut")
+            cuts = [proxy.cut_after_commit(transaction_end=relays) for proxy in proxies]
             try:
-                await asyncio.wait_for(asyncio.shield(cut), left)
-            except TimeoutError:
-                break
+                await asyncio.wait(cuts, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                cut.cancel()  # disarmed if still waiting: the fault is over
-            await asyncio.sleep(COMMIT_CUT_PAUSE)  # the process reconnects between cuts
-        return f"{process.name} ({proxy.cuts - cuts} answers cut)"
+                for cut in cuts:
+                    cut.cancel()  # disarmed if still waiting: one cut at a time
+            await asyncio.sleep(COMMIT_CUT_PAUSE)  # the processes reconnect between cuts
+        counts = [proxy.cuts - n for proxy, n in zip(proxies, before, strict=True)]
+        names = ", ".join(f"{p.name} {n}" for p, n in zip(processes, counts, strict=True))
+        return f"answers cut: {names}"
 
 
 def resumed_claims(stack: Stack) -> int:

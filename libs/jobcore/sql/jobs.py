@@ -1135,6 +1135,37 @@ JOB_RETRY = Query[JobRetryParams](
 )
 
 
+class JobOutcomeWrittenParams(TypedDict):
+    consumer: str
+    id: uuid.UUID
+    lease_token: uuid.UUID
+    message_id: uuid.UUID | None
+
+
+# Only on the retry path of an outcome whose earlier try broke off, and then found no row
+# to update: did that try commit unanswered (docs/operations.md, "Statements whose commit
+# is unknown")? Ended under this lease token (success and failure keep the token), or the
+# next message the outcome wrote (a retry's, a release's) is in the outbox, or already in
+# the jobs inbox. NULL: the lease was lost to someone else. A retry or release that ended
+# the job cancelled wrote neither: it counts as a lost lease (nothing else is affected).
+JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
+    "job_outcome_written",
+    "Which outcome an attempt's own earlier, unanswered try wrote, if it did.",
+    """
+    SELECT CASE
+               WHEN status IN ('succeeded', 'failed', 'cancelled')
+                    AND lease_token = %(lease_token)s THEN status
+               WHEN EXISTS (SELECT 1 FROM outbox WHERE message_id = %(message_id)s)
+                    OR EXISTS (SELECT 1 FROM inbox
+                               WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
+                   THEN 'pending'
+           END AS status
+    FROM jobs
+    WHERE id = %(id)s
+    """,
+)
+
+
 class JobEndRunningParams(JobFencedParams):
     status: Literal["failed", "cancelled"]
     error: str

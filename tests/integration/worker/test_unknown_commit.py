@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -22,8 +24,13 @@ from jobcore.tcpproxy import TcpProxy
 from jobcore.testing.pipeline import via_port
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
-from tests.integration.worker.jobtypes import TripwirePayload
-from tests.integration.worker.support import OutboxPump, effects, status_is, submit
+from tests.integration.worker.jobtypes import GatePayload, TripwirePayload
+from tests.integration.worker.support import (
+    OutboxPump,
+    effects,
+    status_is,
+    submit,
+)
 
 CUT_TIMEOUT = 30.0
 
@@ -107,3 +114,56 @@ async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
         assert proxy.cuts == 1
     finally:
         await proxy.stop()
+
+
+@pytest.mark.parametrize(
+    ("payload", "cut_on", "status", "counted"),
+    [
+        # The success carries its effects as JSON, the only statement with the dashed id.
+        (GatePayload(), None, "succeeded", "processed.succeeded"),
+        (GatePayload(fail_times=1), b"planned failure on attempt 1", "succeeded", "retries"),
+        (GatePayload(permanent=True), b"this job can never work", "failed", "processed.failed"),
+    ],
+    ids=["success", "retry", "failure"],
+)
+async def test_an_outcome_whose_commit_went_unanswered_counts_as_written(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    payload: GatePayload,
+    cut_on: bytes | None,
+    status: str,
+    counted: str,
+) -> None:
+    proxy = await _proxy(wsettings)
+    try:
+        worker = await start_worker(
+            wsettings.model_copy(
+                update={"database_url": via_port(wsettings.database_url, proxy.port)}
+            )
+        )
+        job_id = await submit(db, topology, "wt_gate", payload)
+        cut = proxy.cut_after_commit(cut_on or str(job_id).encode())
+        await outbox_pump.drain()
+        await asyncio.wait_for(cut, CUT_TIMEOUT)
+
+        async def ended() -> dict[str, Any] | None:
+            await outbox_pump.drain()  # the retry's message, once due
+            return await status_is(db, job_id, status)
+
+        row = await eventually(ended, timeout=30, what=f"the job {status}")
+        assert row["attempts"] == 1 + payload.fail_times
+        # The outcome's retry found its own first try's doing, not a lost lease.
+        await eventually(
+            lambda: _counted(worker.metrics.counts, counted), what=f"{counted} counted"
+        )
+        assert worker.metrics.counts["processed.lease_lost"] == 0
+        assert proxy.cuts == 1
+    finally:
+        await proxy.stop()
+
+
+async def _counted(counts: Mapping[str, int], name: str) -> bool:
+    return counts[name] == 1
