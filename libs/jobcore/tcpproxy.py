@@ -152,6 +152,8 @@ class TcpProxy:
         if not data or data[0] == 0:
             return  # an untyped start-up packet (SSLRequest's answer is one bare byte)
         watch = self._watches.setdefault(client, _Watch())
+        if watch.answer is not None:
+            return  # more of a pipelined request: its answer is already held back whole
         if armed.transaction_end:
             watch.answer = _Answer(armed, doomed=False)
         elif armed.match in data and not any(
