@@ -64,6 +64,9 @@ FAULTS = (
 # be the one cut; the relays' cuts fall on COMMITs, after a batch was published. The fault
 # cuts one answer after another, for its length.
 COMMIT_CUT_FAULTS = {"worker_commit_cut": "worker", "relay_commit_cut": "relay"}
+# The bytes of a claim of the run's job type (jobcore.testing.pipeline.JOB_TYPE): its
+# `types` parameter, a text array.
+CLAIM_REQUEST = b"{effect}"
 # The pause after one cut before the next is armed (the process reconnects meanwhile).
 COMMIT_CUT_PAUSE = 0.2
 # What a worker logs when a claim's retry finds its first try committed (services.worker).
@@ -240,8 +243,13 @@ class Chaos:
         proxies = [stack.process_proxies[p.name] for p in processes]
         before = [proxy.cuts for proxy in proxies]
         until = time.monotonic() + seconds
+        armed = 0
         while (left := until - time.monotonic()) > 0:
-            cuts = [proxy.cut_after_commit(transaction_end=relays) for proxy in proxies]
+            # A worker's every other cut waits for a claim (the only statement sending the
+            # job types as a text array); the others fall on whatever statement comes next.
+            match = CLAIM_REQUEST if not relays and armed % 2 else b""
+            armed += 1
+            cuts = [proxy.cut_after_commit(match, transaction_end=relays) for proxy in proxies]
             try:
                 await asyncio.wait(cuts, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
