@@ -87,7 +87,8 @@ JOBCORE_DATABASE_URL=$db_url JOBCORE_AMQP_PREFIX=$prefix \
 
 step "jobcore chaos --duration ${CHAOS_SECONDS}"
 jobcore chaos --duration "$CHAOS_SECONDS" --log-dir "$work/chaos" \
-  --fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut
+  --fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut \
+  --fault worker_commit_cut --fault relay_commit_cut
 
 step "jobcore bench e2e (quick)"
 jobcore bench e2e --jobs 200 --runs 1 --out "$work/bench"

@@ -4,6 +4,12 @@
 answering 202 while the broker is unreachable; the fault tests use the ``blackhole``
 mode to cut connections *silently* (no FIN, no RST: bytes just stop), which only
 heartbeats and timeouts can detect.
+
+:meth:`TcpProxy.cut_after_commit` is a one-shot for PostgreSQL connections: the next
+statement (whose request carries given bytes) reaches the server and runs to its end —
+in autocommit, commits — but its answer is swallowed and the connection closed. The client
+sees a broken connection and cannot tell whether the statement took effect: the case a
+retry must recognise (docs/operations.md, "Statements whose commit is unknown").
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ import logging
 
 log = logging.getLogger(__name__)
 
+# PostgreSQL's ReadyForQuery message: the server finished the request (and, outside a
+# transaction block, committed it) and waits for the next one.
+READY_FOR_QUERY = ord("Z")
+
 
 class Mode(enum.Enum):
     FORWARD = "forward"
@@ -22,6 +32,54 @@ class Mode(enum.Enum):
     REFUSE = "refuse"
     # Keep connections open but forward nothing (like a cable pulled mid-flight).
     BLACKHOLE = "blackhole"
+
+
+class _Armed:
+    """An armed one-shot cut: which request's answer it waits for, and its future."""
+
+    def __init__(self, match: bytes, transaction_end: bool, done: asyncio.Future[None]) -> None:
+        self.match = match
+        self.transaction_end = transaction_end
+        self.done = done
+
+
+class _Answer:
+    """A request's answer, held back (read as backend messages: a type byte, then a length
+    that counts itself) until its ReadyForQuery says how the request left the connection.
+
+    Reading starts at the answer's first byte: the request went out on a connection whose
+    previous answer the client had read whole."""
+
+    def __init__(self, armed: _Armed, *, doomed: bool) -> None:
+        self.armed = armed
+        self.doomed = doomed  # cut whatever it says (the request matched)
+        self.held = bytearray()
+        self._at = 0
+        self.status: int | None = None  # ReadyForQuery's: I (idle), T (in a block), E
+
+    def complete(self, data: bytes) -> bool:
+        self.held += data
+        while self.status is None and len(self.held) - self._at >= 5:
+            end = self._at + 1 + int.from_bytes(self.held[self._at + 1 : self._at + 5], "big")
+            if len(self.held) < end:
+                break
+            if self.held[self._at] == READY_FOR_QUERY:
+                self.status = self.held[end - 1]
+            self._at = end
+        return self.status is not None
+
+
+class _Watch:
+    """A connection watched while a cut is armed."""
+
+    def __init__(self) -> None:
+        self.answer: _Answer | None = None
+        # The transaction status its last answer left (None: not seen since armed).
+        self.status: int | None = None
+
+
+IN_BLOCK = ord("T")
+IDLE = ord("I")
 
 
 class TcpProxy:
@@ -33,6 +91,10 @@ class TcpProxy:
         self._stopped = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # An armed cut_after_commit (until it is done), and the connections it watches.
+        self._armed: _Armed | None = None
+        self._watches: dict[asyncio.StreamWriter, _Watch] = {}
+        self.cuts = 0
 
     @property
     def port(self) -> int:
@@ -63,8 +125,73 @@ class TcpProxy:
         if mode is Mode.REFUSE:
             self._close_all()
 
+    def cut_after_commit(
+        self, match: bytes = b"", *, transaction_end: bool = False
+    ) -> asyncio.Future[None]:
+        """Arm a one-shot for PostgreSQL connections: a request is forwarded and runs to
+        its end on the server, its whole answer (up to its ReadyForQuery) is swallowed,
+        and the connection is closed on both sides. Which request: the next one that
+        contains ``match`` (any when empty), or with ``transaction_end`` the next one that
+        ends a transaction block (a COMMIT: its connection's previous answer said "in a
+        block", its own says "idle"). The future completes when the cut is done;
+        cancelling it disarms the cut. A new arming replaces one not yet done."""
+        if self._armed is not None and not self._armed.done.done():
+            self._armed.done.cancel()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._armed = _Armed(match, transaction_end, done)
+        self._watches.clear()
+        return done
+
+    def _request(self, client: asyncio.StreamWriter, data: bytes) -> None:
+        """A request goes out on ``client``'s connection: hold its answer back if the armed
+        cut may take it. Called before it is forwarded: its answer cannot come sooner."""
+        armed = self._armed
+        if armed is None or armed.done.done():
+            self._watches.clear()
+            return
+        if not data or data[0] == 0:
+            return  # an untyped start-up packet (SSLRequest's answer is one bare byte)
+        watch = self._watches.setdefault(client, _Watch())
+        if watch.answer is not None:
+            return  # more of a pipelined request: its answer is already held back whole
+        if armed.transaction_end:
+            watch.answer = _Answer(armed, doomed=False)
+        elif armed.match in data and not any(
+            w.answer is not None and w.answer.doomed for w in self._watches.values()
+        ):
+            watch.answer = _Answer(armed, doomed=True)
+
+    def _answered(
+        self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], data: bytes
+    ) -> bytes | None:
+        """The server's bytes to pass on to the client (None: hold them, or the connection
+        was cut)."""
+        watch = self._watches.get(pair[0])
+        if watch is None or watch.answer is None:
+            return data
+        answer = watch.answer
+        if not answer.complete(data):
+            return None
+        watch.answer = None
+        before, watch.status = watch.status, answer.status
+        ends_block = before == IN_BLOCK and answer.status == IDLE
+        if not answer.armed.done.done() and (answer.doomed or ends_block):
+            self._cut(pair, answer.armed)
+            return None
+        return bytes(answer.held)
+
     def _refusing(self) -> bool:
         return self.mode is Mode.REFUSE
+
+    def _cut(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], armed: _Armed) -> None:
+        for writer in pair:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._pairs.discard(pair)
+        self._watches.pop(pair[0], None)
+        self.cuts += 1
+        log.info("proxy to %s:%s cut a connection after its statement's answer", *self.target)
+        armed.done.set_result(None)
 
     def _close_all(self) -> None:
         for client, upstream in list(self._pairs):
@@ -100,7 +227,7 @@ class TcpProxy:
         pair = (writer, up_writer)
         self._pairs.add(pair)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst, pair))
+            task = asyncio.create_task(self._pipe(src, dst, pair, to_server=dst is up_writer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -109,16 +236,28 @@ class TcpProxy:
         src: asyncio.StreamReader,
         dst: asyncio.StreamWriter,
         pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        *,
+        to_server: bool,
     ) -> None:
+        client = pair[0]
         try:
             while data := await src.read(65536):
                 if self.mode is Mode.BLACKHOLE:
                     continue  # swallow: the peer never hears back, and never hears a close
+                if to_server:
+                    self._request(client, data)
+                else:
+                    passed = self._answered(pair, data)
+                    if passed is None:
+                        continue  # held back, or swallowed by a cut
+                    data = passed
                 dst.write(data)
                 await dst.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
+            if not to_server:
+                self._watches.pop(client, None)
             if self.mode is not Mode.BLACKHOLE:
                 for writer in pair:
                     with contextlib.suppress(Exception):

@@ -5,17 +5,20 @@ a broker prefix of its own, created for the run and removed after it; the relays
 workers reach RabbitMQ, and every process reaches PostgreSQL, through proxies it controls.
 While jobs arrive at a steady rate it throws one fault at a time — a relay or a worker
 killed with SIGKILL (and restarted), RabbitMQ stopped and started, PostgreSQL restarted,
-the broker or the database connections cut silently — and after each measures how long
+the broker or the database connections cut silently, one worker's or relay's statements
+let commit and their answers cut — and after each measures how long
 a new job then takes to succeed end to end. When the time is up it stops the load, waits
 (bounded) for quiescence and checks in the database that no accepted job was lost and no
-effect was recorded twice. Exit 0 only when both hold.
+effect was recorded twice, and that no job ended failed without a handler having run.
+Exit 0 only when all hold.
 
 Two of its faults, ``broker_restart`` and ``postgres_restart``, stop the machine's shared
 RabbitMQ and PostgreSQL: a run that throws either holds, for its whole length, the lock
 the disruptive tests take (:mod:`jobcore.testing.chaos`), and starts them again at the
 end whatever happened. The other faults touch only the run's own processes and proxies,
-so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut``
-leaves the shared services alone (the wheel check in CI runs that, next to the tests).
+so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut
+--fault worker_commit_cut --fault relay_commit_cut`` leaves the shared services alone
+(the wheel check in CI runs that, next to the tests).
 The stack machinery and the job type it submits are the library's testing kit
 (:mod:`jobcore.testing`), which the tests use too.
 """
@@ -53,7 +56,21 @@ FAULTS = (
     "postgres_restart",
     "broker_cut",
     "database_cut",
+    "worker_commit_cut",
+    "relay_commit_cut",
 )
+# "commit, then cut before the answer" (TcpProxy.cut_after_commit), aimed at the processes'
+# own database proxies: every statement of one worker (claims, outcomes, maintenance) may
+# be the one cut; the relays' cuts fall on COMMITs, after a batch was published. The fault
+# cuts one answer after another, for its length.
+COMMIT_CUT_FAULTS = {"worker_commit_cut": "worker", "relay_commit_cut": "relay"}
+# The bytes of a claim of the run's job type (jobcore.testing.pipeline.JOB_TYPE): its
+# `types` parameter, a text array.
+CLAIM_REQUEST = b"{effect}"
+# The pause after one cut before the next is armed (the process reconnects meanwhile).
+COMMIT_CUT_PAUSE = 0.2
+# What a worker logs when a claim's retry finds its first try committed (services.worker).
+RESUMED_CLAIM_LOG = "the claim's first try committed unanswered; running the job it claimed"
 # How long one fault lasts (an outage, a cut, the wait before a killed process restarts).
 # The faults that stop the shared services rather than this run's processes or proxies.
 SHARED_SERVICE_FAULTS = frozenset({"broker_restart", "postgres_restart"})
@@ -204,6 +221,8 @@ class Chaos:
             async with postgres_down(locked=True):
                 await asyncio.sleep(seconds)  # the outage
             return "postgresql"
+        if kind in COMMIT_CUT_FAULTS:
+            return await self._commit_cuts(kind, seconds)
         proxy = stack.broker_proxy if kind == "broker_cut" else stack.database_proxy
         assert proxy is not None
         proxy.set_mode(Mode.BLACKHOLE)
@@ -212,6 +231,47 @@ class Chaos:
         finally:
             proxy.set_mode(Mode.FORWARD)
         return "broker proxy" if kind == "broker_cut" else "database proxy"
+
+    async def _commit_cuts(self, kind: str, seconds: float) -> str:
+        """For ``seconds``, let statements commit and cut their answers, one after
+        another: a worker's (one chosen at random), or the relays' COMMITs (all of them are
+        armed: only the relay holding the wake lease may be publishing). The target names
+        the processes and how many answers were cut."""
+        stack = self.stack
+        relays = COMMIT_CUT_FAULTS[kind] == "relay"
+        processes = stack.relays if relays else [self.rng.choice(stack.workers)]
+        proxies = [stack.process_proxies[p.name] for p in processes]
+        before = [proxy.cuts for proxy in proxies]
+        until = time.monotonic() + seconds
+        armed = 0
+        while (left := until - time.monotonic()) > 0:
+            # A worker's every other cut waits for a claim (the only statement sending the
+            # job types as a text array); the others fall on whatever statement comes next.
+            match = CLAIM_REQUEST if not relays and armed % 2 else b""
+            armed += 1
+            cuts = [proxy.cut_after_commit(match, transaction_end=relays) for proxy in proxies]
+            try:
+                await asyncio.wait(cuts, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for cut in cuts:
+                    cut.cancel()  # disarmed if still waiting: one cut at a time
+            await asyncio.sleep(COMMIT_CUT_PAUSE)  # the processes reconnect between cuts
+        counts = [proxy.cuts - n for proxy, n in zip(proxies, before, strict=True)]
+        names = ", ".join(f"{p.name} {n}" for p, n in zip(processes, counts, strict=True))
+        return f"answers cut: {names}"
+
+
+def resumed_claims(stack: Stack) -> int:
+    """Claims whose first try committed unanswered and whose retry ran the job anyway."""
+    from jobcore.testing.pipeline import log_records
+
+    return sum(
+        1
+        for worker in stack.workers
+        for incarnation in range(1, worker.incarnation + 1)
+        for record in log_records(worker.log_dir / f"{worker.name}.{incarnation}.log")
+        if record.get("msg") == RESUMED_CLAIM_LOG
+    )
 
 
 @contextlib.asynccontextmanager
@@ -257,6 +317,7 @@ async def _soak(
         workers=workers,
         broker_proxy=True,
         database_proxy=True,
+        process_database_proxies=bool(set(COMMIT_CUT_FAULTS).intersection(faults)),
         env=MAINTENANCE_ENV,
     )
     async with stack, stack.submitter(give_up=RECOVERY_TIMEOUT) as submitter:
@@ -285,6 +346,7 @@ async def _soak(
             "faults_by_kind": {k: sum(1 for r in chaos.records if r.kind == k) for k in faults},
             "longest_recovery_seconds": round(max(recoveries, default=0.0), 2),
             "unrecovered_faults": unrecovered,
+            "resumed_claims": resumed_claims(stack),
             "fault_errors": sum(1 for r in chaos.records if r.error),
             "settle_seconds": round(settled, 2),
             "longest_overdue_lease_seconds": round(leases.worst, 2),
@@ -297,6 +359,7 @@ async def _soak(
                 or report.duplicate_effects
                 or report.missing_effects
                 or report.stray_effects
+                or report.failed_without_handler
             ),
         }
 
@@ -310,9 +373,11 @@ SUMMARY_KEYS = (
     "duplicate_effects",
     "missing_effects",
     "stray_effects",
+    "failed_without_handler",
     "faults",
     "longest_recovery_seconds",
     "unrecovered_faults",
+    "resumed_claims",
     "fault_errors",
     "retried",
     "reaped",
@@ -379,7 +444,8 @@ def chaos(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Throw a seeded random schedule of faults at the whole stack under load; report
-    lost jobs and duplicated effects (exit 0 only when there are none)."""
+    lost jobs, duplicated effects and jobs failed without a handler having run (exit 0 only
+    when there are none)."""
     # Imported here, like the stack machinery: every other command starts without it.
     from jobcore.testing import chaos as chaos_support
 

@@ -266,6 +266,11 @@ class Consumer(Service):
         row = await self._claim(message_id, envelope, job_type)
         if row is None:
             return None  # stopping while the database was away: the broker redelivers
+        if row.get("resumed"):
+            log.info(
+                "the claim's first try committed unanswered; running the job it claimed",
+                extra={"message_id": str(message_id), "job_id": str(envelope.job_id)},
+            )
         return Taken(message_id, envelope, job_type, row)
 
     @staticmethod
@@ -399,6 +404,9 @@ class Consumer(Service):
     async def _claim(
         self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
     ) -> dict[str, Any] | None:
+        # The lease token is drawn once, before the first try: a retry whose first try
+        # committed unanswered finds the job running under it, and takes it as its own
+        # (JOB_CLAIM_MANY's `resumed`) instead of reading its own inbox row as a duplicate.
         request = ClaimRequest(
             message_id=message_id,
             job_id=envelope.job_id,

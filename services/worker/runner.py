@@ -53,9 +53,11 @@ from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import OutboxMessageParams, Statement
+from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs import (
     JOB_END_RUNNING,
     JOB_HEARTBEAT,
+    JOB_OUTCOME_WRITTEN,
     JOB_PROGRESS_SET,
     JOB_RELEASE,
     JOB_RETRY,
@@ -394,6 +396,7 @@ class JobRunner:
                 claim,
                 "release",
                 JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL}),
+                message_id=message["message_id"],
             )
             if row is None:
                 return
@@ -420,7 +423,17 @@ class JobRunner:
             # A full disk or a broken mount: this attempt failed; another may not.
             await self._attempt_failed(claim, exc, during="storing the result")
             return
-        if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
+        tries = 0
+
+        async def write() -> bool:
+            nonlocal tries
+            tries += 1
+            won = await self.successes.submit(success)
+            if not won and tries > 1:
+                won = await self._earlier_outcome(claim, None) == "succeeded"
+            return won
+
+        if await self._write_outcome(claim, "succeed", write):
             self.metrics.processed("succeeded", claim)
 
     async def _success_of(self, running: RunningJob, result: Any) -> Success:
@@ -488,7 +501,9 @@ class JobRunner:
             "delay": delay,
             "channel": OUTBOX_CHANNEL,
         }
-        row = await self._write_fenced(claim, "retry", JOB_RETRY(params))
+        row = await self._write_fenced(
+            claim, "retry", JOB_RETRY(params), message_id=message["message_id"]
+        )
         if row is None:
             return
         if row["status"] == "cancelled":
@@ -530,20 +545,55 @@ class JobRunner:
         return {**self.completion, "id": claim.job_id, "lease_token": claim.lease_token}
 
     async def _write_fenced(
-        self, claim: Claim, outcome: str, statement: Statement
+        self,
+        claim: Claim,
+        outcome: str,
+        statement: Statement,
+        *,
+        message_id: uuid.UUID | None = None,
     ) -> dict[str, Any] | None:
-        """Run an outcome statement; its row, or None when the lease was lost."""
+        """Run an outcome statement; its row, or None when the lease was lost.
+        ``message_id``: the next message the statement writes, if it writes one."""
         written: dict[str, Any] | None = None
+        tries = 0
 
         async def write() -> bool:
-            nonlocal written
+            nonlocal written, tries
+            tries += 1
             async with self.connections.connection() as conn:
                 # Every outcome statement returns a row exactly when its fence let it write.
                 row = await fetch_one(conn, statement)
             written = None if row is None else dict(row)
+            if written is None and tries > 1:
+                status = await self._earlier_outcome(claim, message_id)
+                written = None if status is None else {"status": status}
             return written is not None
 
         return written if await self._write_outcome(claim, outcome, write) else None
+
+    async def _earlier_outcome(self, claim: Claim, message_id: uuid.UUID | None) -> str | None:
+        """After a try that broke off, a retry found no row to update: the status the
+        earlier try left if it committed unanswered (so the outcome counts as written),
+        None if the lease went to someone else (JOB_OUTCOME_WRITTEN)."""
+        async with self.connections.connection() as conn:
+            row = await fetch_one(
+                conn,
+                JOB_OUTCOME_WRITTEN(
+                    {
+                        "id": claim.job_id,
+                        "lease_token": claim.lease_token,
+                        "message_id": message_id,
+                        "consumer": JOBS_CONSUMER,
+                    }
+                ),
+            )
+        status = None if row is None else row["status"]
+        if status is not None:
+            log.info(
+                "the outcome's first try committed unanswered; counted as written",
+                extra={**claim.log_fields, "status": status},
+            )
+        return status
 
     async def _write_outcome(
         self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]

@@ -60,6 +60,7 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
     assert report["ok"] is True
     assert report["lost"] == 0, summary
     assert report["duplicate_effects"] == 0, summary
+    assert report["failed_without_handler"] == 0, summary
     assert report["accepted"] >= 500, summary
     assert report["accepted"] == report["succeeded"] + report["failed"], summary
     # The pruner deleted finished jobs while the faults went on (and the check still saw

@@ -64,3 +64,42 @@ async def test_without_the_archive_a_pruned_job_is_lost(db: Database, topology: 
     report = await check(db, "t", [str(job_id)])
 
     assert report.lost == 1
+
+
+FAIL_JOB = Query(
+    "test_fail_job",
+    "Mark a job failed after `attempts` attempts, with the attempt its handler last reported.",
+    """
+    UPDATE jobs SET status = 'failed', attempts = %(attempts)s, finished_at = now(),
+                    progress_fraction = CASE WHEN %(reported)s::int IS NOT NULL THEN 0 END,
+                    progress_attempt = %(reported)s, progress_updated_at = now()
+    WHERE id = %(id)s
+    """,
+)
+
+
+async def _failed_job(
+    db: Database, topology: Topology, *, reported: int | None, pruned: bool
+) -> uuid.UUID:
+    job_id = await submit(db, topology, "effect", EffectPayload())
+    async with db.unit_of_work() as uow:
+        await execute(uow, FAIL_JOB({"id": job_id, "attempts": 1, "reported": reported}))
+        if pruned:
+            await execute(uow, DELETE_JOB({"id": job_id}))
+        await uow.commit()
+    return job_id
+
+
+async def test_a_job_failed_without_its_handler_having_run_is_counted(
+    db: Database, topology: Topology
+) -> None:
+    await archive_pruned(db)
+    ran = await _failed_job(db, topology, reported=1, pruned=False)
+    never_ran = await _failed_job(db, topology, reported=None, pruned=False)
+    never_ran_pruned = await _failed_job(db, topology, reported=None, pruned=True)
+
+    report = await check(db, "t", [str(ran), str(never_ran), str(never_ran_pruned)])
+
+    assert report.statuses == {"failed": 3}
+    assert report.failed_without_handler == 2
+    assert not report.ok

@@ -708,6 +708,13 @@ class JobClaimManyParams(TypedDict):
 # pruned, or a copy of a message the job has moved past) finds the job further along and
 # does nothing. `status_before` is what the job was when the statement began.
 #
+# A claim is retried after its connection broke, and the first try may have committed
+# unanswered (docs/operations.md, "Statements whose commit is unknown"): its message is
+# then in the inbox, and the retry would read it as a duplicate and leave the job running
+# with no handler until the reaper took it back, an attempt burnt. So a message already
+# received whose job is `running` under the request's own lease token is *resumed*:
+# answered fresh and claimed (`resumed` true), its lease renewed, no second event.
+#
 # A job whose queue or type is paused is not claimed: its message is *parked*, a copy (a
 # new message id, the same attempt) written to the outbox, where the relays leave it until
 # the pause ends, and the delivery is acknowledged. Nothing is burnt: not an attempt (the
@@ -833,6 +840,27 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
                   jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), resumed AS (
+        -- A retry of this claim after its commit went unanswered: the message is in the
+        -- inbox already, and its job runs under the lease token of this very request
+        -- (drawn per request before the first try: no other claim holds it). The job is
+        -- this claim's: its lease counts again from now, and it is answered as claimed.
+        UPDATE jobs
+        SET lease_expires_at = now() + make_interval(secs => again.lease),
+            updated_at = now()
+        FROM (
+            SELECT input.* FROM input LEFT JOIN received USING (message_id)
+            WHERE received.message_id IS NULL
+        ) AS again
+        WHERE jobs.id = again.job_id
+          AND jobs.status = 'running'
+          AND jobs.lease_token = again.lease_token
+        RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
+                  jobs.payload, jobs.attempts, jobs.max_attempts, jobs.cancel_requested_at,
+                  jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
+                  greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), taken AS (
+        SELECT * FROM claimed UNION ALL SELECT * FROM resumed
     ), parked AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -857,15 +885,17 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
         ORDER BY id
     )
     SELECT input.message_id,
-           received.message_id IS NOT NULL AS fresh,
+           received.message_id IS NOT NULL OR resumed.id IS NOT NULL AS fresh,
+           resumed.id IS NOT NULL AS resumed,
            parked.job_id IS NOT NULL AS parked,
            before.status AS status_before,
            held.held_reason,
-           claimed.*
+           taken.*
     FROM input
     LEFT JOIN received USING (message_id)
     LEFT JOIN jobs AS before ON before.id = input.job_id
-    LEFT JOIN claimed ON claimed.claimed_message_id = input.message_id
+    LEFT JOIN taken ON taken.claimed_message_id = input.message_id
+    LEFT JOIN resumed ON resumed.claimed_message_id = input.message_id
     LEFT JOIN parked ON parked.job_id = input.job_id
     LEFT JOIN held ON held.message_id = input.message_id
     """,
@@ -1127,6 +1157,37 @@ JOB_RETRY = Query[JobRetryParams](
     )
     SELECT back.id, back.status, back.next_attempt_at,"""
     + _NOTIFY_BACK,
+)
+
+
+class JobOutcomeWrittenParams(TypedDict):
+    consumer: str
+    id: uuid.UUID
+    lease_token: uuid.UUID
+    message_id: uuid.UUID | None
+
+
+# Only on the retry path of an outcome whose earlier try broke off, and then found no row
+# to update: did that try commit unanswered (docs/operations.md, "Statements whose commit
+# is unknown")? Ended under this lease token (success and failure keep the token), or the
+# next message the outcome wrote (a retry's, a release's) is in the outbox, or already in
+# the jobs inbox. NULL: the lease was lost to someone else. A retry or release that ended
+# the job cancelled wrote neither: it counts as a lost lease (nothing else is affected).
+JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
+    "job_outcome_written",
+    "Which outcome an attempt's own earlier, unanswered try wrote, if it did.",
+    """
+    SELECT CASE
+               WHEN status IN ('succeeded', 'failed', 'cancelled')
+                    AND lease_token = %(lease_token)s THEN status
+               WHEN EXISTS (SELECT 1 FROM outbox WHERE message_id = %(message_id)s)
+                    OR EXISTS (SELECT 1 FROM inbox
+                               WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
+                   THEN 'pending'
+           END AS status
+    FROM jobs
+    WHERE id = %(id)s
+    """,
 )
 
 

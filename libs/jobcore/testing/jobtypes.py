@@ -57,7 +57,12 @@ class EffectPayload(BaseModel):
 # so the faults a test throws at it do not use them up.
 @job("effect", payload=EffectPayload, queue="testq", max_attempts=25, timeout=30, lease=2)
 async def effect(ctx: JobContext[EffectPayload]) -> dict[str, object]:
-    """Records one effect in the ledger (``job_effects``), committed only with its success."""
+    """Records one effect in the ledger (``job_effects``), committed only with its success.
+
+    Its first act is a progress report, which the worker writes before the outcome: a job
+    with no progress_attempt never had a handler start (what `jobcore chaos` checks of
+    the failed ones)."""
+    await ctx.progress(0.0, "started")
     if ctx.payload.seconds:
         await asyncio.sleep(ctx.payload.seconds)
     ctx.record_effect("effect", {"n": ctx.payload.n})

@@ -220,6 +220,7 @@ class Stack:
         workers: int = 1,
         broker_proxy: bool = False,
         database_proxy: bool = False,
+        process_database_proxies: bool = False,
         env: Mapping[str, str] | None = None,
         api_args: tuple[str, ...] = (),
     ) -> None:
@@ -236,6 +237,11 @@ class Stack:
         self.database_proxy = (
             TcpProxy(*_target(settings.database_url, 5432)) if database_proxy else None
         )
+        # One more proxy per relay and worker, behind which only that process reaches
+        # PostgreSQL (through the shared one, when there is one): for faults aimed at one
+        # process's database connections (TcpProxy.cut_after_commit). By process name.
+        self._process_database_proxies = process_database_proxies
+        self.process_proxies: dict[str, TcpProxy] = {}
         self.db = Database(settings, min_size=0, max_size=3, name="jobcore-pipeline")
         self.api_port = 0
         self.api_key = ""
@@ -264,12 +270,11 @@ class Stack:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _env(self, *, broker: bool) -> dict[str, str]:
+    def _env(self, *, broker: bool, own_proxy: TcpProxy | None = None) -> dict[str, str]:
         extra = dict(self.env)
-        if self.database_proxy is not None:
-            extra["JOBCORE_DATABASE_URL"] = via_port(
-                self.settings.database_url, self.database_proxy.port
-            )
+        proxy = own_proxy or self.database_proxy
+        if proxy is not None:
+            extra["JOBCORE_DATABASE_URL"] = via_port(self.settings.database_url, proxy.port)
         if broker and self.broker_proxy is not None:
             extra["JOBCORE_AMQP_URL"] = via_port(self.settings.amqp_urls[0], self.broker_proxy.port)
         return settings_env(self.settings, **extra)
@@ -293,11 +298,13 @@ class Stack:
             self.log_dir,
         )
         self.relays = [
-            Process(f"relay-{i}", ("relay",), self._env(broker=True), self.log_dir)
+            Process(f"relay-{i}", ("relay",), await self._process_env(f"relay-{i}"), self.log_dir)
             for i in range(self._relay_count)
         ]
         self.workers = [
-            Process(f"worker-{i}", ("worker",), self._env(broker=True), self.log_dir)
+            Process(
+                f"worker-{i}", ("worker",), await self._process_env(f"worker-{i}"), self.log_dir
+            )
             for i in range(self._worker_count)
         ]
         for process in self.processes:
@@ -306,6 +313,20 @@ class Stack:
         if wait_consuming:
             for worker in self.workers:
                 await self.wait_consuming(worker)
+
+    async def _process_env(self, name: str) -> dict[str, str]:
+        """A relay's or a worker's environment, with its own database proxy if asked."""
+        if not self._process_database_proxies:
+            return self._env(broker=True)
+        target = (
+            ("127.0.0.1", self.database_proxy.port)
+            if self.database_proxy is not None
+            else _target(self.settings.database_url, 5432)
+        )
+        proxy = TcpProxy(*target)
+        await proxy.start()
+        self.process_proxies[name] = proxy
+        return self._env(broker=True, own_proxy=proxy)
 
     def _start(self, process: Process) -> None:
         extra = {}
@@ -323,7 +344,11 @@ class Stack:
             for process, result in zip(self.processes, results, strict=True):
                 codes[process.name] = result if isinstance(result, int) else None
         finally:
-            for proxy in (self.broker_proxy, self.database_proxy):
+            for proxy in (
+                *self.process_proxies.values(),
+                self.broker_proxy,
+                self.database_proxy,
+            ):
                 if proxy is not None:
                     with contextlib.suppress(Exception):
                         await proxy.stop()
@@ -539,7 +564,7 @@ JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     "pipeline_jobs_with_effects",
     "Every job of a tenant with its status, attempts and how many effects it recorded.",
     """
-    SELECT j.id::text AS id, j.status, j.attempts, j.last_error,
+    SELECT j.id::text AS id, j.status, j.attempts, j.last_error, j.progress_attempt,
            count(e.id) AS effects
     FROM jobs j LEFT JOIN job_effects e ON e.job_id = j.id
     WHERE j.tenant = %(tenant)s
@@ -558,7 +583,7 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
             """
             CREATE TABLE IF NOT EXISTS pruned_jobs (
                 id uuid PRIMARY KEY, tenant text NOT NULL, status text NOT NULL,
-                attempts int NOT NULL, last_error text,
+                attempts int NOT NULL, last_error text, progress_attempt int,
                 pruned_at timestamptz NOT NULL DEFAULT now()
             )
             """,
@@ -572,8 +597,13 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
             CREATE OR REPLACE FUNCTION pipeline_archive_job() RETURNS trigger
             LANGUAGE plpgsql AS $$
             BEGIN
-                INSERT INTO pruned_jobs (id, tenant, status, attempts, last_error)
-                VALUES (OLD.id, OLD.tenant, OLD.status, OLD.attempts, OLD.last_error);
+                INSERT INTO pruned_jobs (
+                    id, tenant, status, attempts, last_error, progress_attempt
+                )
+                VALUES (
+                    OLD.id, OLD.tenant, OLD.status, OLD.attempts, OLD.last_error,
+                    OLD.progress_attempt
+                );
                 RETURN OLD;
             END $$
             """,
@@ -612,18 +642,20 @@ ALL_JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     "Like pipeline_jobs_with_effects, with the pruned jobs and effects counted too.",
     """
     WITH every_job AS (
-        SELECT id, status, attempts, last_error FROM jobs WHERE tenant = %(tenant)s
+        SELECT id, status, attempts, last_error, progress_attempt
+        FROM jobs WHERE tenant = %(tenant)s
         UNION ALL
-        SELECT id, status, attempts, last_error FROM pruned_jobs WHERE tenant = %(tenant)s
+        SELECT id, status, attempts, last_error, progress_attempt
+        FROM pruned_jobs WHERE tenant = %(tenant)s
     ), every_effect AS (
         SELECT id, job_id FROM job_effects
         UNION ALL
         SELECT id, job_id FROM pruned_effects
     )
-    SELECT j.id::text AS id, j.status, j.attempts, j.last_error,
+    SELECT j.id::text AS id, j.status, j.attempts, j.last_error, j.progress_attempt,
            count(e.id) AS effects
     FROM every_job j LEFT JOIN every_effect e ON e.job_id = j.id
-    GROUP BY j.id, j.status, j.attempts, j.last_error
+    GROUP BY j.id, j.status, j.attempts, j.last_error, j.progress_attempt
     """,
 )
 OPEN_WORK: Query[Mapping[str, Any]] = Query(
@@ -666,6 +698,9 @@ class Report:
     duplicate_effects: int  # jobs whose effect is in the ledger more than once
     missing_effects: int  # succeeded jobs without their effect
     stray_effects: int  # effects of jobs that did not succeed
+    # Jobs that ended failed though no handler of theirs ever started: the 'effect' job
+    # type reports progress first thing, which sets progress_attempt (jobs.progress_attempt).
+    failed_without_handler: int
     retried: int  # jobs that took more than one attempt
     most_attempts: int
     reaped: int  # jobs whose last error says a lease expired
@@ -680,6 +715,7 @@ class Report:
             or self.duplicate_effects
             or self.missing_effects
             or self.stray_effects
+            or self.failed_without_handler
             or self.quarantined
         )
 
@@ -695,6 +731,7 @@ class Report:
             "duplicate_effects": self.duplicate_effects,
             "missing_effects": self.missing_effects,
             "stray_effects": self.stray_effects,
+            "failed_without_handler": self.failed_without_handler,
             "retried": self.retried,
             "most_attempts": self.most_attempts,
             "reaped": self.reaped,
@@ -732,6 +769,9 @@ async def check(db: Database, tenant: str, accepted: list[str]) -> Report:
             1 for row in rows if row["status"] == "succeeded" and row["effects"] == 0
         ),
         stray_effects=sum(1 for row in rows if row["status"] != "succeeded" and row["effects"]),
+        failed_without_handler=sum(
+            1 for row in rows if row["status"] == "failed" and row["progress_attempt"] is None
+        ),
         retried=sum(1 for row in rows if row["attempts"] > 1),
         most_attempts=max((int(row["attempts"]) for row in rows), default=0),
         reaped=sum(1 for row in rows if row["last_error"] == "lease expired"),

@@ -1,0 +1,163 @@
+"""Statements whose commit went unanswered: the worker recognises its own earlier commit.
+
+The worker reaches PostgreSQL through a proxy that lets one chosen statement run to its
+commit and then cuts the connection before the answer (TcpProxy.cut_after_commit): the
+worker sees a broken connection, retries, and must take what it finds as its own doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database
+from jobcore.settings import Settings
+from jobcore.tcpproxy import TcpProxy
+from jobcore.testing.pipeline import via_port
+from jobcore.testing.waiting import eventually
+from tests.integration.worker.conftest import StartWorker
+from tests.integration.worker.jobtypes import GatePayload, TripwirePayload
+from tests.integration.worker.support import (
+    OutboxPump,
+    effects,
+    status_is,
+    submit,
+)
+
+CUT_TIMEOUT = 30.0
+
+
+@pytest.fixture
+async def db_proxy(wsettings: Settings) -> AsyncIterator[TcpProxy]:
+    """A proxy in front of PostgreSQL. Requested before start_worker, it stops after the
+    workers do (a worker stopping behind a stopped proxy waits out its pool's timeouts)."""
+    target = urlsplit(wsettings.database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def test_the_proxy_lets_a_statement_commit_and_cuts_its_answer(
+    db: Database, db_proxy: TcpProxy, wsettings: Settings
+) -> None:
+    marker = uuid.uuid4().hex
+    url = via_port(wsettings.database_url, db_proxy.port)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE cut_probe (note text)")
+        cut = db_proxy.cut_after_commit(marker.encode())
+        with pytest.raises(psycopg.OperationalError):
+            await conn.execute("INSERT INTO cut_probe VALUES (%s)", (marker,))
+        await asyncio.wait_for(cut, CUT_TIMEOUT)
+        assert conn.broken
+    # A transaction: its statements are answered, its COMMIT is not.
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cut = db_proxy.cut_after_commit(transaction_end=True)
+        with pytest.raises(psycopg.OperationalError):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO cut_probe VALUES ('in a block')")
+                await conn.execute("SELECT 1")  # answered: only the COMMIT is cut
+        await asyncio.wait_for(cut, CUT_TIMEOUT)
+        assert conn.broken
+    async with db.connection() as direct:
+        cur = await direct.execute("SELECT note FROM cut_probe ORDER BY note")
+        assert [row["note"] for row in await cur.fetchall()] == [marker, "in a block"]
+    assert db_proxy.cuts == 2
+
+
+async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
+    db: Database,
+    db_proxy: TcpProxy,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Path,
+) -> None:
+    worker = await start_worker(
+        wsettings.model_copy(
+            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
+        )
+    )
+    # Its last attempt: a claim read as a duplicate would leave it to the reaper,
+    # which fails it without its handler having run.
+    job_id = await submit(
+        db,
+        topology,
+        "wt_tripwire",
+        TripwirePayload(tripwire=str(tmp_path / "never-made")),
+        max_attempts=1,
+    )
+    # The claim is the first statement of the worker's that names the job (psycopg
+    # sends a uuid as its hex digits).
+    cut = db_proxy.cut_after_commit(job_id.hex.encode())
+    await outbox_pump.drain()
+    await asyncio.wait_for(cut, CUT_TIMEOUT)
+
+    row = await eventually(
+        lambda: status_is(db, job_id, "succeeded", "failed"),
+        timeout=30,
+        what="the job to end",
+    )
+    assert (row["status"], row["attempts"]) == ("succeeded", 1), row["last_error"]
+    assert [e["attempt"] for e in await effects(db, job_id)] == [1]
+    assert worker.metrics.counts["duplicates"] == 0
+    assert db_proxy.cuts == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "cut_on", "status", "counted"),
+    [
+        # The success carries its effects as JSON, the only statement with the dashed id.
+        (GatePayload(), None, "succeeded", "processed.succeeded"),
+        (GatePayload(fail_times=1), b"planned failure on attempt 1", "succeeded", "retries"),
+        (GatePayload(permanent=True), b"this job can never work", "failed", "processed.failed"),
+    ],
+    ids=["success", "retry", "failure"],
+)
+async def test_an_outcome_whose_commit_went_unanswered_counts_as_written(
+    db: Database,
+    db_proxy: TcpProxy,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    payload: GatePayload,
+    cut_on: bytes | None,
+    status: str,
+    counted: str,
+) -> None:
+    worker = await start_worker(
+        wsettings.model_copy(
+            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
+        )
+    )
+    job_id = await submit(db, topology, "wt_gate", payload)
+    cut = db_proxy.cut_after_commit(cut_on or str(job_id).encode())
+    await outbox_pump.drain()
+    await asyncio.wait_for(cut, CUT_TIMEOUT)
+
+    async def ended() -> dict[str, Any] | None:
+        await outbox_pump.drain()  # the retry's message, once due
+        return await status_is(db, job_id, status)
+
+    row = await eventually(ended, timeout=30, what=f"the job {status}")
+    assert row["attempts"] == 1 + payload.fail_times
+    # The outcome's retry found its own first try's doing, not a lost lease.
+    await eventually(lambda: _counted(worker.metrics.counts, counted), what=f"{counted} counted")
+    assert worker.metrics.counts["processed.lease_lost"] == 0
+    assert db_proxy.cuts == 1
+
+
+async def _counted(counts: Mapping[str, int], name: str) -> bool:
+    return counts[name] == 1
