@@ -697,10 +697,10 @@ class JobClaimManyParams(TypedDict):
 # rank among the batch's would pass the limit), rate (GCRA on the key's job_gates row:
 # admitted while the tat stays within `burst` intervals of now). A job a gate stops is
 # *held*: it stays pending with `held_reason` set, its attempt unused; its message is done
-# with (the inbox has it), and the gate releaser publishes a new one later. A batch whose
-# types declare concurrency or rate limits runs JOB_GATES_LOCK first in the same
-# transaction: the counts here then come from a snapshot taken after every other claim of
-# those keys committed. Times are statement_timestamp(), so a job's started_at is later
+# with (the inbox has it), and the gate releaser publishes a new one later. Every batch
+# runs JOB_GATES_LOCK first in the same transaction (pipelined: one round trip), whatever
+# the worker's registry declares: the counts here then come from a snapshot taken after
+# every other claim of those keys committed. Times are statement_timestamp(), so a job's started_at is later
 # than the finished_at of whatever it waited for.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
@@ -851,8 +851,9 @@ class JobGatesLockParams(TypedDict):
     job_ids: list[uuid.UUID]
 
 
-# Before a claim of jobs with concurrency or rate gates, in its transaction: create and
-# lock their keys' job_gates rows, in key order (two claimers lock in the same order).
+# Before every claim, in its transaction: create and lock the job_gates rows of the
+# concurrency and rate keys on the jobs' rows, in key order (two claimers lock in the same
+# order); jobs with no such key lock nothing.
 # ON CONFLICT DO UPDATE ... WHERE false locks an existing row without writing a version.
 JOB_GATES_LOCK = Query[JobGatesLockParams](
     "job_gates_lock",
