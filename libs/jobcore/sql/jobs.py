@@ -700,8 +700,8 @@ class JobClaimManyParams(TypedDict):
 # with (the inbox has it), and the gate releaser publishes a new one later. Every batch
 # runs JOB_GATES_LOCK first in the same transaction (pipelined: one round trip), whatever
 # the worker's registry declares: the counts here then come from a snapshot taken after
-# every other claim of those keys committed. Times are statement_timestamp(), so a job's started_at is later
-# than the finished_at of whatever it waited for.
+# every other claim of those keys committed. Times are statement_timestamp(), so a job's
+# started_at is later than the finished_at of whatever it waited for.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
     "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
