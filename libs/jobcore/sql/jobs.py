@@ -853,8 +853,9 @@ class JobGatesLockParams(TypedDict):
 
 # Before every claim, in its transaction: create and lock the job_gates rows of the
 # concurrency and rate keys on the jobs' rows, in key order (two claimers lock in the same
-# order); jobs with no such key lock nothing.
-# ON CONFLICT DO UPDATE ... WHERE false locks an existing row without writing a version.
+# order); jobs with no such key lock nothing. ON CONFLICT DO UPDATE locks an existing row,
+# and writes a version only to note, at most once a minute, that the key is in use
+# (updated_at: the pruner deletes rows idle for JOBCORE_GATE_RETENTION, jobcore.sql.job_gates).
 JOB_GATES_LOCK = Query[JobGatesLockParams](
     "job_gates_lock",
     "Create and lock, in key order, the gate rows of the concurrency and rate keys of jobs.",
@@ -866,7 +867,8 @@ JOB_GATES_LOCK = Query[JobGatesLockParams](
     WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND jobs.status = 'pending'
       AND gate.key IS NOT NULL
     ORDER BY gate.key
-    ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key WHERE false
+    ON CONFLICT (key) DO UPDATE SET updated_at = statement_timestamp()
+    WHERE job_gates.updated_at < statement_timestamp() - interval '1 minute'
     """,
 )
 
@@ -1571,19 +1573,18 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
           AND jobs.attempts + 1 = input.attempt
         RETURNING jobs.id, jobs.tenant, jobs.rate_key, jobs.rate_per_second, jobs.priority
     ), handed_out AS (
-        UPDATE job_gates
-        SET released_until = greatest(job_gates.released_until, next.start),
+        -- An upsert: a key's row the pruner took (idle, its state all past) comes back.
+        INSERT INTO job_gates AS gate (key, released_until)
+        SELECT released.rate_key,
+               max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
+        FROM released JOIN input USING (id)
+        WHERE released.rate_key IS NOT NULL
+        GROUP BY released.rate_key
+        ORDER BY released.rate_key
+        ON CONFLICT (key) DO UPDATE
+        SET released_until = greatest(gate.released_until, EXCLUDED.released_until),
             updated_at = now()
-        FROM (
-            SELECT released.rate_key,
-                   max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
-                       AS start
-            FROM released JOIN input USING (id)
-            WHERE released.rate_key IS NOT NULL
-            GROUP BY released.rate_key
-        ) AS next
-        WHERE job_gates.key = next.rate_key
-        RETURNING job_gates.key
+        RETURNING gate.key
     ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
