@@ -501,3 +501,17 @@ async def fetch_all(on: Session | AsyncConn, statement: Statement) -> list[DictR
     """Run a statement; return all its rows."""
     rows: list[DictRow] = await (await _run(on, statement)).fetchall()
     return rows
+
+
+async def fetch_all_after(conn: AsyncConn, first: Statement, statement: Statement) -> list[DictRow]:
+    """BEGIN, ``first``, ``statement`` and COMMIT in one round trip (psycopg's pipeline
+    mode): ``statement``'s rows. ``statement`` runs with a snapshot taken once ``first``
+    is done, in the same transaction (``first`` takes locks that it then counts behind).
+    On an error the connection is left in its transaction: its provider discards it."""
+    async with conn.pipeline():
+        await conn.execute("BEGIN")
+        await _send(conn, first)
+        cursor = await _send(conn, statement)
+        await conn.execute("COMMIT")
+    rows: list[DictRow] = await cursor.fetchall()
+    return rows

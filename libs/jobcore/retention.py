@@ -1,9 +1,10 @@
-"""Retention: finished jobs, inbox rows, result files and audit entries go once their
-time is up.
+"""Retention: finished jobs, inbox rows, result files, audit entries and idle gate rows
+go once their time is up.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
-``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``), in batches of
+``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``:
+jobcore.sql.job_gates), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -46,6 +47,11 @@ from jobcore.sql.audit_log import (
     AuditLogPruneCountParams,
 )
 from jobcore.sql.inbox import INBOX_PRUNE_BATCH, INBOX_PRUNE_COUNT, InboxPruneCountParams
+from jobcore.sql.job_gates import (
+    JOB_GATES_PRUNE_BATCH,
+    JOB_GATES_PRUNE_COUNT,
+    JobGatesPruneCountParams,
+)
 from jobcore.sql.jobs import (
     JOB_IDS_EXISTING,
     JOB_PRUNE_BATCH,
@@ -74,6 +80,7 @@ TABLES = (
     "outbox",
     "inbox",
     "audit_log",
+    "job_gates",
     "result_files",
 )
 # A result file is swept only when unchanged this long: a write in progress (a temporary
@@ -201,6 +208,8 @@ class Retention:
             report.tables["inbox"] = inbox["inbox"] if inbox else 0
             audit = await fetch_one(uow, AUDIT_LOG_PRUNE_COUNT(self._audit_params()))
             report.tables["audit_log"] = audit["audit_log"] if audit else 0
+            gates = await fetch_one(uow, JOB_GATES_PRUNE_COUNT(self._gates_params()))
+            report.tables["job_gates"] = gates["job_gates"] if gates else 0
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
         return report
@@ -252,7 +261,15 @@ class Retention:
             )
             return _Batch(collections.Counter(audit_log=deleted), deleted >= self.batch_size)
 
-        steps = [jobs_batch, inbox_batch, audit_batch] if kinds else [inbox_batch, audit_batch]
+        async def gates_batch(uow: UnitOfWork) -> _Batch:
+            deleted = await execute(
+                uow, JOB_GATES_PRUNE_BATCH({**self._gates_params(), "limit": self.batch_size})
+            )
+            return _Batch(collections.Counter(job_gates=deleted), deleted >= self.batch_size)
+
+        # Gates after jobs: an ordering key's row goes once its last job has gone.
+        steps = [jobs_batch] if kinds else []
+        steps += [inbox_batch, audit_batch, gates_batch]
         for step in steps:
             if not await self._batches(step, fence, pause, committed):
                 report.complete = False
@@ -291,6 +308,9 @@ class Retention:
 
     def _audit_params(self) -> AuditLogPruneCountParams:
         return {"keep": self.settings.audit_retention.total_seconds()}
+
+    def _gates_params(self) -> JobGatesPruneCountParams:
+        return {"keep": self.settings.gate_retention.total_seconds()}
 
     async def _delete_files(self, names: Sequence[str]) -> int:
         """Delete result-store files off the event loop; a failure is logged, never raised

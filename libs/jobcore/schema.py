@@ -211,6 +211,40 @@ jobs = Table(
         "held_since",
         postgresql_where=text("status = 'pending' AND held_reason IS NOT NULL"),
     ),
+    # The gate releaser's (migration 0022): the keys that have held jobs, and each key's
+    # held jobs oldest first, so a round reads what it can release, not all that is held;
+    # and an ordering key's blocking jobs, whose first entry says whether its next may go.
+    Index(
+        "jobs_held_concurrency_idx",
+        "concurrency_key",
+        "created_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND held_reason = 'concurrency'"),
+    ),
+    Index(
+        "jobs_held_rate_idx",
+        "rate_key",
+        "created_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND held_reason = 'rate_limit'"),
+    ),
+    Index(
+        "jobs_held_ordering_idx",
+        "tenant",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text("status = 'pending' AND held_reason = 'ordering'"),
+    ),
+    Index(
+        "jobs_ordering_blocking_idx",
+        "tenant",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text(
+            "ordering_key IS NOT NULL AND (status IN ('pending', 'running') "
+            "OR (status = 'failed' AND ordering_blocks))"
+        ),
+    ),
 )
 
 # One row per gate key (jobcore.gates): the row the claims of a concurrency or rate key

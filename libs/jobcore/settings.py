@@ -337,6 +337,10 @@ class Settings(BaseSettings):
     # plus a month, the window a yearly review or a payments audit looks back over. Kept
     # by the pruner; an entry is ~300 bytes, and admin actions are few.
     audit_retention: Duration = timedelta(days=400)
+    # Gate rows (job_gates, jobcore.gates): one per ordering, concurrency and rate key seen.
+    # The pruner deletes a row idle this long with nothing waiting on it (an ordering key's
+    # once its jobs are all gone): a key used again gets a fresh row, at the cost of an insert.
+    gate_retention: Duration = timedelta(days=1)
     # Who the audit log names for a command's admin action (`jobcore --actor` wins; unset:
     # cli:<os user>@<host>). Only the command line reads it; a service's actions are
     # audited under the caller's identity (an API key's id).

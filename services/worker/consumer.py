@@ -44,7 +44,7 @@ from pydantic import BaseModel
 from jobcore.amqp.connection import broker_server
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.db import execute, fetch_all
+from jobcore.db import execute, fetch_all_after
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
     BrokerUnavailable,
@@ -453,14 +453,14 @@ class Consumer(Service):
             "leases": [r.lease for r in unique],
         }
         async with self.connections.connection() as conn:
-            if any(self._gated(r.job_type) for r in unique):
-                # The gates' rows are locked first, so the claim counts from a snapshot
-                # that every other claim of those keys has committed before.
-                async with conn.transaction():
-                    await execute(conn, JOB_GATES_LOCK({"job_ids": params["job_ids"]}))
-                    claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
-            else:
-                claimed = await fetch_all(conn, JOB_CLAIM_MANY(params))
+            # Every claim locks the gate rows of its jobs' concurrency and rate keys first,
+            # read from the job rows (written at enqueue), not from this worker's registry:
+            # a worker deployed before a type's limit still takes the lock and counts behind
+            # it. The claim then counts from a snapshot every other claim of those keys
+            # committed before. One round trip: BEGIN, lock, claim and COMMIT pipelined.
+            claimed = await fetch_all_after(
+                conn, JOB_GATES_LOCK({"job_ids": params["job_ids"]}), JOB_CLAIM_MANY(params)
+            )
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []
@@ -472,13 +472,6 @@ class Consumer(Service):
             answered.add(request.message_id)
             answers.append(row)
         return answers
-
-    def _gated(self, type_name: str) -> bool:
-        """Whether jobs of this type pass a concurrency or rate gate (jobcore.gates)."""
-        if type_name not in self.registry:
-            return False
-        job_type = self.registry.get(type_name)
-        return job_type.concurrency is not None or job_type.rate is not None
 
     async def _ack(self, message: Delivery) -> None:
         if message.settled:

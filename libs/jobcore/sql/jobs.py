@@ -728,11 +728,11 @@ class JobClaimManyParams(TypedDict):
 # rank among the batch's would pass the limit), rate (GCRA on the key's job_gates row:
 # admitted while the tat stays within `burst` intervals of now). A job a gate stops is
 # *held*: it stays pending with `held_reason` set, its attempt unused; its message is done
-# with (the inbox has it), and the gate releaser publishes a new one later. A batch whose
-# types declare concurrency or rate limits runs JOB_GATES_LOCK first in the same
-# transaction: the counts here then come from a snapshot taken after every other claim of
-# those keys committed. Times are statement_timestamp(), so a job's started_at is later
-# than the finished_at of whatever it waited for.
+# with (the inbox has it), and the gate releaser publishes a new one later. Every batch
+# runs JOB_GATES_LOCK first in the same transaction (pipelined: one round trip), whatever
+# the worker's registry declares: the counts here then come from a snapshot taken after
+# every other claim of those keys committed. Times are statement_timestamp(), so a job's
+# started_at is later than the finished_at of whatever it waited for.
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
     "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
@@ -906,9 +906,11 @@ class JobGatesLockParams(TypedDict):
     job_ids: list[uuid.UUID]
 
 
-# Before a claim of jobs with concurrency or rate gates, in its transaction: create and
-# lock their keys' job_gates rows, in key order (two claimers lock in the same order).
-# ON CONFLICT DO UPDATE ... WHERE false locks an existing row without writing a version.
+# Before every claim, in its transaction: create and lock the job_gates rows of the
+# concurrency and rate keys on the jobs' rows, in key order (two claimers lock in the same
+# order); jobs with no such key lock nothing. ON CONFLICT DO UPDATE locks an existing row,
+# and writes a version only to note, at most once a minute, that the key is in use
+# (updated_at: the pruner deletes rows idle for JOBCORE_GATE_RETENTION, jobcore.sql.job_gates).
 JOB_GATES_LOCK = Query[JobGatesLockParams](
     "job_gates_lock",
     "Create and lock, in key order, the gate rows of the concurrency and rate keys of jobs.",
@@ -920,7 +922,8 @@ JOB_GATES_LOCK = Query[JobGatesLockParams](
     WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND jobs.status = 'pending'
       AND gate.key IS NOT NULL
     ORDER BY gate.key
-    ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key WHERE false
+    ON CONFLICT (key) DO UPDATE SET updated_at = statement_timestamp()
+    WHERE job_gates.updated_at < statement_timestamp() - interval '1 minute'
     """,
 )
 
@@ -1486,74 +1489,150 @@ class JobLockReleasableParams(TypedDict):
     limit: int
 
 
-# Held jobs whose gate may let them through now: for ordering, no earlier job of the key
-# blocks it any more; for concurrency, the first (limit - running) held jobs of the key,
-# oldest first; for a rate limit, those of the key whose start falls within `horizon`
-# seconds, each due when its token comes: starts spaced 1/rate from the later of the GCRA
-# state and what earlier rounds handed out (released_until, which JOB_RELEASE_HELD moves
-# on), so a burst of releases is not a burst of claims that hold them again. A release
-# is a hint: the claim checks the gates again and may hold the job again, so counting here
-# without locks is safe. The second step locks the chosen jobs, skipping any a claim or a
-# cancel is changing.
+# Held jobs whose gate may let them through now: for ordering, the key's first held job
+# once no earlier job of the key blocks it; for concurrency, the first (limit - running)
+# held jobs of the key, oldest first; for a rate limit, those of the key whose start falls
+# within `horizon` seconds, each due when its token comes: starts spaced 1/rate from the
+# later of the GCRA state and what earlier rounds handed out (released_until, which
+# JOB_RELEASE_HELD moves on), so a burst of releases is not a burst of claims that hold
+# them again. A key's limit, rate and burst are its oldest held job's.
+#
+# A round reads what it can release, not all that is held: each kind walks the keys that
+# have held jobs (a loose scan of its index, jobs_held_*_idx: one probe per key) and reads
+# per key only the jobs it releases (a LIMIT on the same index), so 100,000 jobs held
+# behind one key cost what ten do. A release is a hint: the claim checks the gates again
+# and may hold the job again, so counting here without locks is safe. The last step locks
+# the chosen jobs, skipping any a claim or a cancel is changing.
 JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
     "job_lock_releasable",
     "Lock a batch of held jobs whose gate may let them start, with when each is due.",
     """
-    WITH held AS (
-        SELECT id, tenant, held_reason, created_at, concurrency_key, concurrency_limit,
-               rate_key, rate_per_second, rate_burst, ordering_key, ordering_seq,
-               row_number() OVER (
-                   PARTITION BY held_reason,
-                                CASE held_reason WHEN 'concurrency' THEN concurrency_key
-                                                 WHEN 'rate_limit' THEN rate_key END
-                   ORDER BY created_at, id
-               ) AS rank
-        FROM jobs
-        WHERE status = 'pending' AND held_reason IS NOT NULL
-    ), releasable AS (
+    WITH RECURSIVE ordering_keys AS (
+        (SELECT tenant, ordering_key FROM jobs
+         WHERE status = 'pending' AND held_reason = 'ordering'
+         ORDER BY tenant, ordering_key LIMIT 1)
+        UNION ALL
+        SELECT next.tenant, next.ordering_key
+        FROM ordering_keys AS done
+        CROSS JOIN LATERAL (
+            SELECT tenant, ordering_key FROM jobs
+            WHERE status = 'pending' AND held_reason = 'ordering'
+              AND (tenant, ordering_key) > (done.tenant, done.ordering_key)
+            ORDER BY tenant, ordering_key LIMIT 1
+        ) AS next
+    ), concurrency_keys AS (
+        (SELECT concurrency_key AS key FROM jobs
+         WHERE status = 'pending' AND held_reason = 'concurrency'
+         ORDER BY concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT next.key
+        FROM concurrency_keys AS done
+        CROSS JOIN LATERAL (
+            SELECT concurrency_key AS key FROM jobs
+            WHERE status = 'pending' AND held_reason = 'concurrency'
+              AND concurrency_key > done.key
+            ORDER BY concurrency_key LIMIT 1
+        ) AS next
+    ), rate_keys AS (
+        (SELECT rate_key AS key FROM jobs
+         WHERE status = 'pending' AND held_reason = 'rate_limit'
+         ORDER BY rate_key LIMIT 1)
+        UNION ALL
+        SELECT next.key
+        FROM rate_keys AS done
+        CROSS JOIN LATERAL (
+            SELECT rate_key AS key FROM jobs
+            WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key > done.key
+            ORDER BY rate_key LIMIT 1
+        ) AS next
+    ), ordering_due AS (
+        SELECT head.id, now() AS due_at
+        FROM ordering_keys AS k
+        CROSS JOIN LATERAL (
+            SELECT id, ordering_seq FROM jobs
+            WHERE status = 'pending' AND held_reason = 'ordering'
+              AND tenant = k.tenant AND ordering_key = k.ordering_key
+            ORDER BY ordering_seq LIMIT 1
+        ) AS head
+        -- The key's first blocking job before it, if any: one probe of
+        -- jobs_ordering_blocking_idx (a NOT EXISTS may be planned as a scan of the key).
+        LEFT JOIN LATERAL (
+            SELECT true AS blocked FROM jobs AS earlier
+            WHERE earlier.tenant = k.tenant
+              AND earlier.ordering_key = k.ordering_key
+              AND earlier.ordering_seq < head.ordering_seq
+              AND (earlier.status IN ('pending', 'running')
+                   OR (earlier.status = 'failed' AND earlier.ordering_blocks))
+            ORDER BY earlier.ordering_seq LIMIT 1
+        ) AS earlier ON true
+        WHERE earlier.blocked IS NULL
+    ), concurrency_due AS (
+        SELECT held.id, now() AS due_at
+        FROM concurrency_keys AS k
+        CROSS JOIN LATERAL (
+            SELECT concurrency_limit FROM jobs
+            WHERE status = 'pending' AND held_reason = 'concurrency' AND concurrency_key = k.key
+            ORDER BY created_at, id LIMIT 1
+        ) AS head
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM jobs AS running
+            WHERE running.concurrency_key = k.key AND running.status = 'running'
+        ) AS running
+        CROSS JOIN LATERAL (
+            SELECT id FROM jobs
+            WHERE status = 'pending' AND held_reason = 'concurrency' AND concurrency_key = k.key
+            ORDER BY created_at, id
+            LIMIT least(%(limit)s, greatest(head.concurrency_limit - running.n, 0))
+        ) AS held
+    ), rate_heads AS (
+        SELECT k.key, head.rate_per_second AS rate,
+               greatest(
+                   now(),
+                   gate.released_until,
+                   gate.tat - make_interval(secs => (head.rate_burst - 1) / head.rate_per_second)
+               ) AS first_start
+        FROM rate_keys AS k
+        CROSS JOIN LATERAL (
+            SELECT rate_per_second, rate_burst FROM jobs
+            WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key = k.key
+            ORDER BY created_at, id LIMIT 1
+        ) AS head
+        LEFT JOIN job_gates AS gate ON gate.key = k.key
+    ), rate_due AS (
         SELECT held.id,
-               CASE WHEN held.held_reason = 'rate_limit'
-                    THEN greatest(
-                        now(),
-                        gate.released_until,
-                        gate.tat - make_interval(
-                            secs => (held.rate_burst - 1) / held.rate_per_second)
-                    ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
-                    ELSE now()
-               END AS due_at
-        FROM held LEFT JOIN job_gates AS gate ON gate.key = held.rate_key
-        WHERE CASE held.held_reason
-            WHEN 'ordering' THEN NOT EXISTS (
-                SELECT 1 FROM jobs AS earlier
-                WHERE earlier.tenant = held.tenant
-                  AND earlier.ordering_key = held.ordering_key
-                  AND earlier.ordering_seq < held.ordering_seq
-                  AND (earlier.status IN ('pending', 'running')
-                       OR (earlier.status = 'failed' AND earlier.ordering_blocks))
-            )
-            WHEN 'concurrency' THEN held.rank <= held.concurrency_limit - (
-                SELECT count(*) FROM jobs AS running
-                WHERE running.concurrency_key = held.concurrency_key
-                  AND running.status = 'running'
-            )
-            WHEN 'rate_limit' THEN
-                greatest(
-                    now(),
-                    gate.released_until,
-                    gate.tat - make_interval(
-                        secs => (held.rate_burst - 1) / held.rate_per_second)
-                ) + make_interval(secs => (held.rank - 1) / held.rate_per_second)
-                <= now() + make_interval(secs => %(horizon)s)
-            ELSE false
-        END
+               h.first_start + make_interval(secs => (held.rank - 1) / h.rate) AS due_at
+        FROM rate_heads AS h
+        CROSS JOIN LATERAL (
+            SELECT id, row_number() OVER (ORDER BY created_at, id) AS rank
+            FROM (
+                SELECT id, created_at FROM jobs
+                WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key = h.key
+                ORDER BY created_at, id
+                -- The starts that fall within the horizon: 1 + floor(room * rate).
+                LIMIT least(%(limit)s, 1 + floor(
+                    extract(epoch FROM now() + make_interval(secs => %(horizon)s)
+                                       - h.first_start) * h.rate)::bigint)
+            ) AS first
+        ) AS held
+        WHERE h.first_start <= now() + make_interval(secs => %(horizon)s)
+    ), releasable AS (
+        SELECT id, due_at FROM ordering_due
+        UNION ALL SELECT id, due_at FROM concurrency_due
+        UNION ALL SELECT id, due_at FROM rate_due
         ORDER BY due_at
         LIMIT %(limit)s
     )
-    SELECT jobs.id, jobs.type, jobs.queue, jobs.attempts, jobs.traceparent, jobs.tracestate,
-           releasable.due_at
-    FROM jobs JOIN releasable USING (id)
-    WHERE jobs.status = 'pending' AND jobs.held_reason IS NOT NULL
-    FOR UPDATE OF jobs SKIP LOCKED
+    -- Each chosen job by its primary key (a join may be planned as a scan of jobs).
+    SELECT job.*, releasable.due_at
+    FROM releasable
+    CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.type, jobs.queue, jobs.attempts, jobs.traceparent,
+               jobs.tracestate
+        FROM jobs
+        WHERE jobs.id = releasable.id
+          AND jobs.status = 'pending' AND jobs.held_reason IS NOT NULL
+        FOR UPDATE SKIP LOCKED
+    ) AS job
     """,
 )
 
@@ -1597,19 +1676,18 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
           AND jobs.attempts + 1 = input.attempt
         RETURNING jobs.id, jobs.tenant, jobs.rate_key, jobs.rate_per_second, jobs.priority
     ), handed_out AS (
-        UPDATE job_gates
-        SET released_until = greatest(job_gates.released_until, next.start),
+        -- An upsert: a key's row the pruner took (idle, its state all past) comes back.
+        INSERT INTO job_gates AS gate (key, released_until)
+        SELECT released.rate_key,
+               max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
+        FROM released JOIN input USING (id)
+        WHERE released.rate_key IS NOT NULL
+        GROUP BY released.rate_key
+        ORDER BY released.rate_key
+        ON CONFLICT (key) DO UPDATE
+        SET released_until = greatest(gate.released_until, EXCLUDED.released_until),
             updated_at = now()
-        FROM (
-            SELECT released.rate_key,
-                   max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
-                       AS start
-            FROM released JOIN input USING (id)
-            WHERE released.rate_key IS NOT NULL
-            GROUP BY released.rate_key
-        ) AS next
-        WHERE job_gates.key = next.rate_key
-        RETURNING job_gates.key
+        RETURNING gate.key
     ), messages AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,

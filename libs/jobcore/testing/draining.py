@@ -47,7 +47,7 @@ from jobcore.attempts import (
     storable,
 )
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, execute, fetch_all, fetch_one
+from jobcore.db import Database, execute, fetch_all, fetch_all_after, fetch_one, translate_errors
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
@@ -61,6 +61,7 @@ from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs import (
     JOB_CLAIM_MANY,
     JOB_END_RUNNING,
+    JOB_GATES_LOCK,
     JOB_GET_ANY_TENANT,
     JOB_HEARTBEAT,
     JOB_RETRY,
@@ -243,22 +244,25 @@ class InlineWorker:
         job_type = self.registry.get(envelope.type)  # unknown: the test forgot to register it
         lease_token = uuid.uuid4()
         async with self.db.session() as session:
-            rows = await fetch_all(
-                session,
-                JOB_CLAIM_MANY(
-                    {
-                        "consumer": JOBS_CONSUMER,
-                        "exchange": self.topology.jobs_exchange,
-                        "worker_id": self.worker_id,
-                        "message_ids": [uuid.UUID(message["message_id"])],
-                        "job_ids": [envelope.job_id],
-                        "types": [envelope.type],
-                        "attempts": [envelope.attempt],
-                        "lease_tokens": [lease_token],
-                        "leases": [job_type.lease],
-                    }
-                ),
-            )
+            # As a worker claims: the gate rows its job's row names locked first.
+            with translate_errors(self.db.settings):
+                rows = await fetch_all_after(
+                    session.connection,
+                    JOB_GATES_LOCK({"job_ids": [envelope.job_id]}),
+                    JOB_CLAIM_MANY(
+                        {
+                            "consumer": JOBS_CONSUMER,
+                            "exchange": self.topology.jobs_exchange,
+                            "worker_id": self.worker_id,
+                            "message_ids": [uuid.UUID(message["message_id"])],
+                            "job_ids": [envelope.job_id],
+                            "types": [envelope.type],
+                            "attempts": [envelope.attempt],
+                            "lease_tokens": [lease_token],
+                            "leases": [job_type.lease],
+                        }
+                    ),
+                )
         row = rows[0]
         if not row["fresh"]:
             drained.duplicates += 1

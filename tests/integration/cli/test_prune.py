@@ -24,6 +24,7 @@ EXPECTED_TABLES = {
     "outbox": 1,
     "inbox": 2,
     "audit_log": 1,
+    "job_gates": 0,
     "result_files": 3,
 }
 
@@ -99,7 +100,9 @@ async def test_dry_run_shows_what_would_go_then_a_pass_deletes_exactly_that(
     assert done["tables"] == EXPECTED_TABLES
     after = await table_counts(db)
     assert {t: before[t] - after[t] for t in after} == {
-        t: n for t, n in EXPECTED_TABLES.items() if t not in ("result_files", "audit_log")
+        t: n
+        for t, n in EXPECTED_TABLES.items()
+        if t not in ("result_files", "audit_log", "job_gates")
     }
     # The old entry went, the recent one stayed, and the pass recorded what it deleted;
     # the dry run recorded nothing.

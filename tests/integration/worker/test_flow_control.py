@@ -7,6 +7,7 @@ started_at of each job for the rates, the order of places in each ordering key.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.batch import BatchItem, enqueue_many
 from jobcore.db import Database, fetch_one
-from jobcore.registry import default_registry
+from jobcore.registry import Registry, default_registry, load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql.jobs import JOB_GET_ANY_TENANT
 from jobcore.testing.waiting import eventually
@@ -354,3 +355,54 @@ async def test_a_batch_of_limited_jobs_takes_its_types_gates(
     overlaps = overlap_per_key(rows, "concurrency_key")
     assert max(overlaps.values()) <= flow_jobtypes.LIMIT, overlaps
     assert {r["attempts"] for r in rows} == {1}
+
+
+def registry_without_limits(settings: Settings, job_type: str) -> Registry:
+    """A registry as a worker deployed before ``job_type`` declared its limits has it."""
+    old = Registry()
+    for declared in load_job_modules(settings.job_modules):
+        if declared.name == job_type:
+            declared = dataclasses.replace(declared, concurrency=None, rate=None)
+        old.register(declared)
+    return old
+
+
+async def test_a_worker_whose_registry_lacks_the_rate_limit_still_keeps_it(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    # A rolling deploy: the API (and one worker) know flow_rated's Rate, another worker
+    # still runs a registry without it. The limit is on the job rows; both workers keep it.
+    jobs = 24
+    for _ in range(jobs):
+        await submit(db, topology, "flow_rated", AccountPayload(account="deploy", seconds=0))
+    written = await rows_of(db, "flow_rated")
+    assert {(r["rate_per_second"], r["rate_burst"]) for r in written} == {(flow_jobtypes.RATE, 1)}
+
+    # Same consumer priority: RabbitMQ shares the deliveries between the two workers. The
+    # old worker starts first, so it claims the first batch before any gate row exists.
+    same = wsettings.model_copy(update={"worker_consumer_priority": 10})
+    old = registry_without_limits(wsettings, "flow_rated")
+    assert old.get("flow_rated").rate is None
+    old_worker = await start_worker(same, registry=old, concurrency=8)
+    await eventually(lambda: _any_started(db, "flow_rated"), what="the old worker to start a job")
+    new_worker = await start_worker(same, concurrency=8)
+
+    rows = await eventually(
+        all_in("succeeded", db=db, job_type="flow_rated", count=jobs),
+        timeout=120,
+        what="every rate-limited job to succeed",
+    )
+    starts = [r["started_at"] for r in rows]
+    # burst 1: no window of one second holds more than RATE starts.
+    assert most_starts_in_a_second(starts) <= flow_jobtypes.RATE, sorted(starts)
+    ran = {r["worker_id"] for r in rows}
+    assert {old_worker.worker_id, new_worker.worker_id} <= ran, ran
+    assert {r["attempts"] for r in rows} == {1}
+
+
+async def _any_started(db: Database, job_type: str) -> bool:
+    return any(r["started_at"] is not None for r in await rows_of(db, job_type))

@@ -1,6 +1,6 @@
 """outbox: the indexes that tell the fair claim which lanes have due rows
 
-Revision ID: 0024
+Revision ID: 0021
 Revises: 0020
 Create Date: 2026-12-03 16:30:00.000000
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = '0024'
+revision: str = '0021'
 down_revision: str | None = '0020'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
