@@ -856,7 +856,8 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
           AND jobs.status = 'running'
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
-                  jobs.payload, jobs.attempts, jobs.max_attempts, jobs.cancel_requested_at,
+                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), taken AS (
