@@ -1,10 +1,14 @@
 """enqueue: HTTP enqueue requests/s from ``wrk`` against a minimal FastAPI + psycopg app.
 
 The baseline (:mod:`services.bench.minimal_app`) is one uvicorn process (uvloop,
-httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction:
-no key, no idempotency, no quotas, no NOTIFY. jobcore answers the same ``POST /jobs/noop``
-with every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's
-quotas, the accepted event, NOTIFY and the tracing hooks. Both run on the same scratch
+httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction,
+into trigger-free copies of jobcore's tables (same columns and indexes): no key, no
+idempotency, no quotas, no NOTIFY. Until issue 36 it wrote jobcore's own tables, whose
+quota trigger made it queue on one ``tenant_usage`` row at 64 clients, and the ratio read
+1.00× where a hand-run wrk read 0.5×. jobcore answers the same ``POST /jobs/noop`` with
+every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's quotas
+(:data:`QUOTAS`: checked on every request, limits far above the rate), the accepted event,
+NOTIFY and the tracing hooks. Both run on the same scratch
 database, one after the other: jobcore, baseline, jobcore, baseline (ABAB), so a change in
 the machine's load between runs falls on both.
 
@@ -46,7 +50,10 @@ from services.bench.report import Figure, Section
 from services.bench.wrk import WrkResult, post_load
 
 TITLE = "HTTP enqueue (wrk) vs a minimal FastAPI + psycopg app"
-BASELINE = "minimal FastAPI+psycopg app, 1 process"
+BASELINE = "minimal FastAPI+psycopg app, 1 process, no triggers"
+# What every case's label says about jobcore's tenant quotas: the bench stacks check them
+# on every request (jobcore.testing.pipeline.LOAD_QUOTAS) with limits no run reaches.
+QUOTAS = "quotas on"
 PATH = "/jobs/noop"
 WARMUP_SECONDS = 2
 TWO_PROCESS_CLIENTS = 16
@@ -206,11 +213,13 @@ async def run(bench: Bench) -> Section:
         "enqueue",
         TITLE,
         f"`POST {PATH}` from `wrk -t1 -c<clients> -d{seconds:g}s` (a fresh Idempotency-Key "
-        "per request, made in its Lua) against jobcore's API (API key, idempotency, quotas, "
-        "events, NOTIFY, tracing hooks all on) and against "
-        f"the {BASELINE} (uvloop, httptools, a pool of 8, one transaction inserting a job "
-        f"row and an outbox row); {options.runs} runs each, interleaved ABAB on the same "
-        "database. CPU: `server` is the measured app's processes, `wrk` the load generator.",
+        "per request, made in its Lua) against jobcore's API (API key, idempotency, tenant "
+        "quotas on (checked on every request, limits far above the rate), events, NOTIFY, "
+        f"tracing hooks all on) and against the {BASELINE} (uvloop, httptools, a pool of 8, "
+        "one transaction inserting a job row and an outbox row into trigger-free copies of "
+        f"jobcore's tables: same columns and indexes); {options.runs} runs each, interleaved "
+        "ABAB on the same database. CPU: `server` is the measured app's processes, `wrk` "
+        "the load generator. By hand: scripts/enqueue_probe.sh.",
     )
     # Shorter for short runs (the smoke test's): a warm-up only has to open everything.
     warmup = max(1.0, min(WARMUP_SECONDS, seconds / 2))
@@ -239,7 +248,10 @@ async def run(bench: Bench) -> Section:
                 for clients in options.clients:
                     if processes not in api_processes(options, clients):
                         continue
-                    case = f"{clients} clients, {processes} API process{'es' * (processes > 1)}"
+                    case = (
+                        f"{clients} clients, {processes} API process{'es' * (processes > 1)}, "
+                        f"{QUOTAS}"
+                    )
                     rates: dict[str, list[float]] = defaultdict(list)
                     lat: dict[str, list[float]] = defaultdict(list)
                     cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
@@ -301,5 +313,7 @@ async def run(bench: Bench) -> Section:
         "ratio_per_abab_pair": dict(pairs),
         "load_average_1_5_15": [[round(x, 2) for x in sample] for sample in load],
         "wrk": sorted(commands),
+        "quotas": QUOTAS,
+        "baseline_tables": "own",
     }
     return section
