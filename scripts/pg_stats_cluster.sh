@@ -11,7 +11,8 @@
 # settings (/etc/postgresql/15/main/postgresql.conf and conf.d: shared_buffers 128MB,
 # max_connections 100, fsync on, autovacuum off, WAL sizes), so a per-statement figure
 # measured here matches what the shared server does. Trust authentication on 127.0.0.1
-# only. `start` creates the cluster when missing and does nothing when it already answers;
+# only. `start` creates the cluster when missing and does nothing when it already answers
+# (either way it prints the URL);
 # `stop` stops it (the data stays), `drop` stops and deletes it. `url` prints the URL.
 set -euo pipefail
 
@@ -63,6 +64,7 @@ EOF
 case "${1:-}" in
   start)
     if answers; then
+      echo "postgresql://postgres@127.0.0.1:$port/postgres"
       exit 0
     fi
     exists || create

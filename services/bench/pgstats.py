@@ -217,8 +217,8 @@ class WaitSampler:
     backends: int = 0
     # The sampler's own backend (its CPU is the bench's).
     backend_pid: int = 0
-    # (state, wait_event_type:wait_event or "CPU") -> backend-samples
-    waits: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # (state, wait_event_type:wait_event or "CPU", statement) -> backend-samples
+    waits: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     # (locktype mode target, waiting statement, blocking statement) -> backend-samples
     locks: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _task: asyncio.Task[None] | None = None
@@ -251,11 +251,14 @@ class WaitSampler:
                         if row["wait_event_type"]
                         else "CPU (no wait event)"
                     )
-                    self.waits[(str(row["state"]), event)] += 1
+                    statement = short(row["query"] or "", 70)
+                    self.waits[(str(row["state"]), event, statement)] += 1
                 for row in locks:
                     target = row["target"] or ""
                     if row["locktype"] == "tuple":
-                        target += f" (page {row['page']}, tuple {row['tuple']})"
+                        # Not by page and tuple: an updated row moves (a new version),
+                        # and a hot row's versions are the one row.
+                        target += " (a row)"
                     elif row["locktype"] == "object":
                         target += f" (objid {row['objid']})"
                     elif row["locktype"] == "transactionid" and row["row_of"]:
@@ -276,11 +279,12 @@ class WaitSampler:
             [
                 state,
                 event,
+                statement,
                 count,
                 round(count / samples, 3),
                 round(100 * count / max(1, self.backends), 1),
             ]
-            for (state, event), count in self.waits.most_common(TOP_WAITS)
+            for (state, event, statement), count in self.waits.most_common(TOP_WAITS)
         ]
         locks = [
             [what, query, blocker, count, round(count / samples, 3)]
@@ -298,6 +302,7 @@ class WaitSampler:
                 "columns": [
                     "state",
                     "wait event",
+                    "statement (the last one, if idle in transaction)",
                     "backend-samples",
                     "per sample",
                     "% of backends",
