@@ -30,6 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -46,6 +47,7 @@ from jobcore.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.http import run_clients
 from services.bench.measure import CpuMeter
+from services.bench.pgstats import Statements
 from services.bench.report import Figure, Section
 from services.bench.wrk import WrkResult, post_load
 
@@ -225,6 +227,7 @@ async def run(bench: Bench) -> Section:
     warmup = max(1.0, min(WARMUP_SECONDS, seconds / 2))
     load: list[tuple[float, ...]] = [os.getloadavg()]
     pairs: dict[str, list[float]] = defaultdict(list)
+    tables: list[dict[str, Any]] = []
     commands: set[str] = set()
     async with (
         bench.scratch("enqueue") as config,
@@ -258,15 +261,39 @@ async def run(bench: Bench) -> Section:
                     for run_number in range(options.runs):
                         bench.step(f"enqueue: {case}, run {run_number + 1}")
                         last = run_number == options.runs - 1
+                        # --pg-stats: each side's statements per request, last run.
+                        counted = last and bool(options.pg_stats_url)
+                        ours_stats = Statements(config.database_url)
+                        if counted:
+                            await ours_stats.start()
                         async with bench.profiled(
                             section, f"{clients}c{processes}p", pids(stack) if last else {}
                         ):
                             ours, ours_cpu = await measure(
                                 stack.api_port, api_pid, clients, seconds, auth
                             )
+                        theirs_stats = Statements(config.database_url)
+                        if counted:
+                            await ours_stats.stop()
+                            await theirs_stats.start()
                         theirs, theirs_cpu = await measure(
                             base_port, base_pid, clients, seconds, None
                         )
+                        if counted:
+                            await theirs_stats.stop()
+                            for who, stats, result in (
+                                ("jobcore", ours_stats, ours),
+                                ("baseline", theirs_stats, theirs),
+                            ):
+                                # + 1: settle()'s request, served inside the window.
+                                tables.append(
+                                    stats.table(
+                                        f"enqueue, {case}, {who}: statements per request",
+                                        result.requests + 1,
+                                        f"One wrk run of {seconds:g} s; load average "
+                                        f"{os.getloadavg()[0]:.2f}.",
+                                    )
+                                )
                         commands.add(ours.command)
                         for name, result, used in (
                             ("jobcore", ours, ours_cpu),
@@ -316,4 +343,6 @@ async def run(bench: Bench) -> Section:
         "quotas": QUOTAS,
         "baseline_tables": "own",
     }
+    if tables:
+        section.details["tables"] = tables
     return section
