@@ -40,9 +40,10 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
+from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
+from jobcore.enqueue import enqueue, request_fingerprint
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
@@ -55,6 +56,7 @@ from services.bench.pgstats import BENCH_MARK, TOP_STATEMENTS, Statements, WaitS
 from services.bench.report import Figure, Section
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
+ACTOR = "bench:e2e"
 HTTP_CLIENTS = 16
 IDLE_SAMPLES = 100
 # Between two idle samples: the relay and the worker go back to waiting for work.
@@ -115,6 +117,25 @@ async def pg_stats_window(
     tables.extend(sampler.tables(title))
 
 
+async def preload(db: Database, topology: Topology, n: int) -> None:
+    """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
+    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
+    for start in range(0, n, MAX_BATCH_ITEMS):
+        async with db.unit_of_work() as uow:
+            await enqueue_many(
+                uow,
+                topology,
+                tenant="bench",
+                job_type=noop,
+                items=[item] * min(MAX_BATCH_ITEMS, n - start),
+            )
+            await uow.commit()
+    async with db.connection() as conn:
+        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE outbox")
+
+
 async def pipeline_drain(
     bench: Bench, config: Settings, db: Database, stack: Any, tables: list[dict[str, Any]]
 ) -> None:
@@ -122,7 +143,6 @@ async def pipeline_drain(
     of 1,000, then ANALYZE), drained by the stack's relay and worker from the resume, with
     the per-statement and wait tables over the drain."""
     from jobcore.usecases.pauses import set_paused
-    from services.bench.scenarios.peers import ACTOR, preload
 
     n = bench.options.jobs
     topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)

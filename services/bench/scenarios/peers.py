@@ -59,10 +59,8 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
+from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.db import Database
-from jobcore.enqueue import request_fingerprint
-from jobcore.registry import load_job_modules
 from jobcore.scratch import database_url
 from jobcore.settings import Settings
 from jobcore.testing.pipeline import Stack, free_port
@@ -73,7 +71,7 @@ from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relay
 from services.bench.http import http_load, post
 from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
-from services.bench.scenarios.e2e import count_finished, db_now, wait_done
+from services.bench.scenarios.e2e import count_finished, db_now, preload, wait_done
 from services.bench.scenarios.scale import backend_pids
 
 TITLE = "jobcore's no-op drain vs Celery and Procrastinate"
@@ -146,25 +144,6 @@ def available() -> str | None:
 
 
 # -- jobcore ---------------------------------------------------------------------------------
-
-
-async def preload(db: Database, topology: Topology, n: int) -> None:
-    """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
-    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
-    for start in range(0, n, MAX_BATCH_ITEMS):
-        async with db.unit_of_work() as uow:
-            await enqueue_many(
-                uow,
-                topology,
-                tenant="bench",
-                job_type=noop,
-                items=[item] * min(MAX_BATCH_ITEMS, n - start),
-            )
-            await uow.commit()
-    async with db.connection() as conn:
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
 
 
 async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> float:
