@@ -81,7 +81,7 @@ FROM jobs WHERE created_at >= %(since)s
 
 
 def steps(options: Options) -> int:
-    return options.runs + 1 + bool(options.pg_stats_url)
+    return options.runs + 2 + bool(options.pg_stats_url)
 
 
 @contextlib.asynccontextmanager
