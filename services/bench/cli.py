@@ -107,6 +107,16 @@ def bench(
     gate_keys: int = typer.Option(
         0, min=0, max=10_000_000, help="Cardinality: distinct gate keys over all waves."
     ),
+    pg_stats: bool = typer.Option(
+        False,
+        help="Run on the bench's own PostgreSQL with pg_stat_statements (start it with "
+        "scripts/pg_stats_cluster.sh start) and add to the e2e scenario the cost of each "
+        "statement per job and the wait events, for its last run and a pipeline drain.",
+    ),
+    pg_stats_url: str = typer.Option(
+        "postgresql://postgres@127.0.0.1:5451/postgres",
+        help="The --pg-stats server (scripts/pg_stats_cluster.sh url).",
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -127,6 +137,12 @@ def bench(
         from services.bench.scenarios.peers import available
 
         why = available()
+        if why is not None:
+            fail(why)
+    if pg_stats:
+        from services.bench import pgstats
+
+        why = asyncio.run(pgstats.check_server(pg_stats_url))
         if why is not None:
             fail(why)
     if size not in ("small", "full"):
@@ -152,6 +168,7 @@ def bench(
         key_steps=_step_list(key_steps, "key-steps", 1, 10_000_000),
         held_steps=_step_list(held_steps, "held-steps", 1, 10_000_000),
         gate_keys=gate_keys,
+        pg_stats_url=pg_stats_url if pg_stats else "",
     )
     config = settings()
     with Progress(

@@ -70,6 +70,10 @@ class Options:
     key_steps: tuple[int, ...] = ()
     held_steps: tuple[int, ...] = ()
     gate_keys: int = 0
+    # --pg-stats: every scratch database on this server (one that preloads
+    # pg_stat_statements: scripts/pg_stats_cluster.sh), and the e2e scenario's
+    # per-statement and wait-event tables (services/bench/pgstats.py). Empty: off.
+    pg_stats_url: str = ""
 
 
 class Scenario(Protocol):
@@ -113,6 +117,10 @@ class Bench:
             result_dir=self.out / "results",
         )
         async with scratch(config):
+            if self.options.pg_stats_url:
+                from services.bench import pgstats
+
+                await pgstats.enable(config.database_url)
             yield config
 
     @contextlib.asynccontextmanager
@@ -206,6 +214,14 @@ async def run(
     step: Callable[[str], None],
     config: Settings,
 ) -> list[report.Section]:
+    if options.pg_stats_url:
+        from services.bench import pgstats
+
+        why = await pgstats.check_server(options.pg_stats_url)
+        if why is not None:
+            raise RuntimeError(why)
+        # The scratch databases (named from this URL) go to the stats server.
+        config = load_settings(database_url=options.pg_stats_url)
     bench = Bench(options, config, out, step)
     facts = await machine.facts(config)
     sections = []
@@ -220,7 +236,12 @@ async def run(
 
 
 def options_dict(options: Options) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
+    shown = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
+    if options.pg_stats_url:
+        from services.bench.pgstats import where
+
+        shown["pg_stats_url"] = where(options.pg_stats_url)  # a URL may hold a password
+    return shown
 
 
 def total_steps(names: list[str], options: Options) -> int:

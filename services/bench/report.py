@@ -158,6 +158,32 @@ def _targets(targets: list[dict[str, Any]]) -> list[str]:
     return ["Targets (ratios measured in this run):", "", *rows, ""]
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|")
+
+
+def _tables(tables: list[dict[str, Any]]) -> list[str]:
+    """A scenario's extra tables (``details["tables"]``: the --pg-stats ones): a title, a
+    note, optional per-job totals, columns and rows."""
+    lines: list[str] = []
+    for table in tables:
+        lines += [f"**{table['title']}**", ""]
+        if table.get("note"):
+            lines += [table["note"], ""]
+        if table.get("totals"):
+            shown = ", ".join(f"{k} {_cell(v)}" for k, v in table["totals"].items())
+            lines += [f"Per job, all top-level statements: {shown}.", ""]
+        lines.append("| " + " | ".join(table["columns"]) + " |")
+        lines.append("|" + "|".join("---" for _ in table["columns"]) + "|")
+        lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table["rows"]]
+        lines.append("")
+    return lines
+
+
 def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str, Any]) -> str:
     lines = ["# jobcore bench report", ""]
     lines.append(
@@ -187,6 +213,7 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
             "CPU-ms per job by process group (median over runs):", section.cpu_ms_per_job, ".3f"
         )
         lines += _targets(section.details.get("targets", []))
+        lines += _tables(section.details.get("tables", []))
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
             assert isinstance(self_time, list)

@@ -16,12 +16,20 @@ same run: a durable commit of a one-row insert (the enqueue's commit), a round t
 relay's claim), and a persistent message from publish to a consumer through a quorum
 queue (the broker's part), the p50 of each, summed. Each part is measured after an idle
 gap, so it includes the wake-ups the real path pays.
+
+With ``--pg-stats`` (services/bench/pgstats.py) the last run also reports what each SQL
+statement cost PostgreSQL per job (pg_stat_statements) and what the backends waited on
+(pg_stat_activity and ungranted pg_locks every 50 ms); and so does a pipeline drain of
+the same number of jobs through the same stack, preloaded while the ``noop`` type is
+paused (the peers scenario's jobcore pipeline), measured from the resume: the e2e path
+without HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections import defaultdict
@@ -32,9 +40,10 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
+from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
+from jobcore.enqueue import enqueue, request_fingerprint
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
@@ -43,9 +52,11 @@ from jobcore.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, pids
 from services.bench.http import http_load, post
 from services.bench.measure import cpu_of, latency_ms, merge_cpu
+from services.bench.pgstats import BENCH_MARK, TOP_STATEMENTS, Statements, WaitSampler
 from services.bench.report import Figure, Section
 
 TITLE = "POST to succeeded vs the broker's raw consume+ack"
+ACTOR = "bench:e2e"
 HTTP_CLIENTS = 16
 IDLE_SAMPLES = 100
 # Between two idle samples: the relay and the worker go back to waiting for work.
@@ -70,7 +81,81 @@ FROM jobs WHERE created_at >= %(since)s
 
 
 def steps(options: Options) -> int:
-    return options.runs + 1
+    return options.runs + 2 + bool(options.pg_stats_url)
+
+
+@contextlib.asynccontextmanager
+async def pg_stats_window(
+    config: Settings, on: bool, title: str, jobs: int, tables: list[dict[str, Any]], note: str
+) -> Any:
+    """With --pg-stats (``on``): the statements' counters reset at the start and read at
+    the end, the wait sampler between; their tables appended to ``tables``."""
+    if not on:
+        yield
+        return
+    statements = Statements(config.database_url)
+    sampler = WaitSampler(config.database_url)
+    await statements.start()
+    await sampler.start()
+    try:
+        yield
+    finally:
+        await sampler.stop()
+    await statements.stop(exclude=(sampler.backend_pid,))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    shown = min(TOP_STATEMENTS, len(statements.rows))
+    tables.append(
+        statements.table(
+            f"{title}: statements by PostgreSQL exec time, per job",
+            jobs,
+            f"{note} pg_stat_statements (track = all: `nested` rows are run by a top-level "
+            f"statement, whose time includes theirs); the top {shown} "
+            f"of {len(statements.rows)} statements; cpu_ms is the bench cluster's "
+            f"processes' CPU per job over the window; load average at the end {load}.",
+        )
+    )
+    tables.extend(sampler.tables(title))
+
+
+async def preload(db: Database, topology: Topology, n: int) -> None:
+    """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
+    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
+    for start in range(0, n, MAX_BATCH_ITEMS):
+        async with db.unit_of_work() as uow:
+            await enqueue_many(
+                uow,
+                topology,
+                tenant="bench",
+                job_type=noop,
+                items=[item] * min(MAX_BATCH_ITEMS, n - start),
+            )
+            await uow.commit()
+    async with db.connection() as conn:
+        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE outbox")
+
+
+async def pipeline_drain(
+    bench: Bench, config: Settings, db: Database, stack: Any, tables: list[dict[str, Any]]
+) -> None:
+    """``jobs`` no-op jobs written while their type is paused (job + outbox rows in batches
+    of 1,000, then ANALYZE), drained by the stack's relay and worker from the resume, with
+    the per-statement and wait tables over the drain."""
+    from jobcore.usecases.pauses import set_paused
+
+    n = bench.options.jobs
+    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
+    since = await db_now(db)
+    await preload(db, topology, n)
+    note = (
+        f"{n:,} no-op jobs preloaded while their type was paused, then resumed: one relay "
+        f"and one worker drain them (no HTTP); from the resume to the last job done."
+    )
+    async with pg_stats_window(config, True, "pipeline drain", n, tables, note):
+        await set_paused(db, "type", "noop", paused=False, actor=ACTOR)
+        await wait_done(db, since, n, stack.processes, 600)
 
 
 async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) -> list[float]:
@@ -169,7 +254,7 @@ async def idle_floor(config: Settings, samples: int) -> dict[str, float]:
 
 async def db_now(db: Database) -> Any:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT clock_timestamp() AS now")
+        cur = await conn.execute(BENCH_MARK + " SELECT clock_timestamp() AS now")
         row = await cur.fetchone()
     assert row is not None
     return row["now"]
@@ -179,7 +264,7 @@ async def count_finished(db: Database, since: Any) -> int:
     """How many of the jobs created since ``since`` are terminal."""
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+            BENCH_MARK + " SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
             " AND status IN ('succeeded', 'failed', 'cancelled')",
             {"since": since},
         )
@@ -284,6 +369,7 @@ async def run(bench: Bench) -> Section:
         f"enqueued one at a time with nothing else running, enqueue→start from the job "
         f"rows (target p50 ≤ 5 ms, p99 ≤ 20 ms).",
     )
+    tables: list[dict[str, Any]] = []
     rates: dict[str, list[float]] = {"e2e": [], "raw": []}
     lat: dict[str, list[float]] = defaultdict(list)
     cpu: list[dict[str, float]] = []
@@ -307,7 +393,19 @@ async def run(bench: Bench) -> Section:
                 since = await db_now(db)
                 used: dict[str, float] = {}
                 last = run_number == options.runs - 1
-                async with bench.profiled(section, "e2e", pids(stack) if last else {}):
+                window = pg_stats_window(
+                    config,
+                    last and bool(options.pg_stats_url),
+                    f"e2e run {run_number + 1}",
+                    n,
+                    tables,
+                    f"{n:,} no-op jobs POSTed over {HTTP_CLIENTS} connections to one API, one "
+                    f"relay, one worker; from the first POST to the last job done.",
+                )
+                async with (
+                    window,
+                    bench.profiled(section, "e2e", pids(stack) if last else {}),
+                ):
                     with cpu_of(pids(stack), used):
                         _, _, errors = await http_load(port, request, HTTP_CLIENTS, n)
                         if errors:
@@ -329,6 +427,9 @@ async def run(bench: Bench) -> Section:
             idle = latency_ms(await idle_enqueue_to_start(config, db, idle_samples))
             bench.step("e2e: the idle path's floor")
             floor = await idle_floor(config, idle_samples)
+            if options.pg_stats_url:
+                bench.step("e2e: a pipeline drain, per statement")
+                await pipeline_drain(bench, config, db, stack, tables)
         finally:
             await db.close()
     section.add(Figure(f"{n:,} jobs", "jobs/s", rates["e2e"], "raw consume+ack", rates["raw"]))
@@ -357,4 +458,6 @@ async def run(bench: Bench) -> Section:
     section.cpu_pct = {"e2e run": merge_cpu(cpu)}
     section.details["idle_enqueue_to_start_ms"] = {**idle, "target_p50": 5.0, "target_p99": 20.0}
     section.details["idle_floor_p50_ms"] = {**floor, "sum": floor_ms}
+    if tables:
+        section.details["tables"] = tables
     return section

@@ -1,10 +1,14 @@
 """enqueue: HTTP enqueue requests/s from ``wrk`` against a minimal FastAPI + psycopg app.
 
 The baseline (:mod:`services.bench.minimal_app`) is one uvicorn process (uvloop,
-httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction:
-no key, no idempotency, no quotas, no NOTIFY. jobcore answers the same ``POST /jobs/noop``
-with every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's
-quotas, the accepted event, NOTIFY and the tracing hooks. Both run on the same scratch
+httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction,
+into trigger-free copies of jobcore's tables (same columns and indexes): no key, no
+idempotency, no quotas, no NOTIFY. Until issue 36 it wrote jobcore's own tables, whose
+quota trigger made it queue on one ``tenant_usage`` row at 64 clients, and the ratio read
+1.00× where a hand-run wrk read 0.5×. jobcore answers the same ``POST /jobs/noop`` with
+every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's quotas
+(:data:`QUOTAS`: checked on every request, limits far above the rate), the accepted event,
+NOTIFY and the tracing hooks. Both run on the same scratch
 database, one after the other: jobcore, baseline, jobcore, baseline (ABAB), so a change in
 the machine's load between runs falls on both.
 
@@ -26,6 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -42,11 +47,15 @@ from jobcore.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.http import run_clients
 from services.bench.measure import CpuMeter
+from services.bench.pgstats import Statements
 from services.bench.report import Figure, Section
 from services.bench.wrk import WrkResult, post_load
 
 TITLE = "HTTP enqueue (wrk) vs a minimal FastAPI + psycopg app"
-BASELINE = "minimal FastAPI+psycopg app, 1 process"
+BASELINE = "minimal FastAPI+psycopg app, 1 process, no triggers"
+# What every case's label says about jobcore's tenant quotas: the bench stacks check them
+# on every request (jobcore.testing.pipeline.LOAD_QUOTAS) with limits no run reaches.
+QUOTAS = "quotas on"
 PATH = "/jobs/noop"
 WARMUP_SECONDS = 2
 TWO_PROCESS_CLIENTS = 16
@@ -206,16 +215,19 @@ async def run(bench: Bench) -> Section:
         "enqueue",
         TITLE,
         f"`POST {PATH}` from `wrk -t1 -c<clients> -d{seconds:g}s` (a fresh Idempotency-Key "
-        "per request, made in its Lua) against jobcore's API (API key, idempotency, quotas, "
-        "events, NOTIFY, tracing hooks all on) and against "
-        f"the {BASELINE} (uvloop, httptools, a pool of 8, one transaction inserting a job "
-        f"row and an outbox row); {options.runs} runs each, interleaved ABAB on the same "
-        "database. CPU: `server` is the measured app's processes, `wrk` the load generator.",
+        "per request, made in its Lua) against jobcore's API (API key, idempotency, tenant "
+        "quotas on (checked on every request, limits far above the rate), events, NOTIFY, "
+        f"tracing hooks all on) and against the {BASELINE} (uvloop, httptools, a pool of 8, "
+        "one transaction inserting a job row and an outbox row into trigger-free copies of "
+        f"jobcore's tables: same columns and indexes); {options.runs} runs each, interleaved "
+        "ABAB on the same database. CPU: `server` is the measured app's processes, `wrk` "
+        "the load generator. By hand: scripts/enqueue_probe.sh.",
     )
     # Shorter for short runs (the smoke test's): a warm-up only has to open everything.
     warmup = max(1.0, min(WARMUP_SECONDS, seconds / 2))
     load: list[tuple[float, ...]] = [os.getloadavg()]
     pairs: dict[str, list[float]] = defaultdict(list)
+    tables: list[dict[str, Any]] = []
     commands: set[str] = set()
     async with (
         bench.scratch("enqueue") as config,
@@ -239,22 +251,49 @@ async def run(bench: Bench) -> Section:
                 for clients in options.clients:
                     if processes not in api_processes(options, clients):
                         continue
-                    case = f"{clients} clients, {processes} API process{'es' * (processes > 1)}"
+                    case = (
+                        f"{clients} clients, {processes} API process{'es' * (processes > 1)}, "
+                        f"{QUOTAS}"
+                    )
                     rates: dict[str, list[float]] = defaultdict(list)
                     lat: dict[str, list[float]] = defaultdict(list)
                     cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
                     for run_number in range(options.runs):
                         bench.step(f"enqueue: {case}, run {run_number + 1}")
                         last = run_number == options.runs - 1
+                        # --pg-stats: each side's statements per request, last run.
+                        counted = last and bool(options.pg_stats_url)
+                        ours_stats = Statements(config.database_url)
+                        if counted:
+                            await ours_stats.start()
                         async with bench.profiled(
                             section, f"{clients}c{processes}p", pids(stack) if last else {}
                         ):
                             ours, ours_cpu = await measure(
                                 stack.api_port, api_pid, clients, seconds, auth
                             )
+                        theirs_stats = Statements(config.database_url)
+                        if counted:
+                            await ours_stats.stop()
+                            await theirs_stats.start()
                         theirs, theirs_cpu = await measure(
                             base_port, base_pid, clients, seconds, None
                         )
+                        if counted:
+                            await theirs_stats.stop()
+                            for who, stats, result in (
+                                ("jobcore", ours_stats, ours),
+                                ("baseline", theirs_stats, theirs),
+                            ):
+                                # + 1: settle()'s request, served inside the window.
+                                tables.append(
+                                    stats.table(
+                                        f"enqueue, {case}, {who}: statements per request",
+                                        result.requests + 1,
+                                        f"One wrk run of {seconds:g} s; load average "
+                                        f"{os.getloadavg()[0]:.2f}.",
+                                    )
+                                )
                         commands.add(ours.command)
                         for name, result, used in (
                             ("jobcore", ours, ours_cpu),
@@ -301,5 +340,9 @@ async def run(bench: Bench) -> Section:
         "ratio_per_abab_pair": dict(pairs),
         "load_average_1_5_15": [[round(x, 2) for x in sample] for sample in load],
         "wrk": sorted(commands),
+        "quotas": QUOTAS,
+        "baseline_tables": "own",
     }
+    if tables:
+        section.details["tables"] = tables
     return section

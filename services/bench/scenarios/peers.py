@@ -19,6 +19,16 @@ turns within each run:
   falls to tens of jobs/s), then a one-shot worker runs; timed from the first ``started``
   event to the last ``succeeded`` one.
 
+Over HTTP (issue 36), each run also POSTs ``min(jobs, 2000)`` no-op jobs at 16 and at 64
+connections, with the e2e scenario's load generator, to jobcore (one API, one relay, one
+worker) and to the baseline a user would build with Celery
+(:mod:`services.bench.peers_http_app`: FastAPI calling ``apply_async`` and answering 202
+with the task id, a prefork-2 worker with ``acks_late`` and ``task_track_started``, the
+PostgreSQL result backend on a scratch database); each run waits until every job
+succeeded. Reported: jobs/s from the first enqueue to the last done, and enqueue→start
+p50/p99 (jobcore: the job rows; Celery: the enqueue time the API passes to the task, the
+start time the task returns, and the backend's ``date_done``).
+
 Each drain of jobcore and of Celery also reports the CPU-ms per job of every process
 group over its clock's window: its own processes, PostgreSQL (the backends of the
 scenario's database: jobcore's; Celery uses none) and RabbitMQ (the whole node: it runs
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import os
 import signal
@@ -48,20 +59,19 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
+from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.db import Database
-from jobcore.enqueue import request_fingerprint
-from jobcore.registry import load_job_modules
 from jobcore.scratch import database_url
 from jobcore.settings import Settings
-from jobcore.testing.pipeline import Stack
+from jobcore.testing.pipeline import Stack, free_port
 from jobcore.testing.processes import ROOT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
+from services.bench.http import http_load, post
 from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.report import Figure, Section
-from services.bench.scenarios.e2e import count_finished, db_now, wait_done
+from services.bench.scenarios.e2e import count_finished, db_now, preload, wait_done
 from services.bench.scenarios.scale import backend_pids
 
 TITLE = "jobcore's no-op drain vs Celery and Procrastinate"
@@ -134,25 +144,6 @@ def available() -> str | None:
 
 
 # -- jobcore ---------------------------------------------------------------------------------
-
-
-async def preload(db: Database, topology: Topology, n: int) -> None:
-    """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
-    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
-    for start in range(0, n, MAX_BATCH_ITEMS):
-        async with db.unit_of_work() as uow:
-            await enqueue_many(
-                uow,
-                topology,
-                tenant="bench",
-                job_type=noop,
-                items=[item] * min(MAX_BATCH_ITEMS, n - start),
-            )
-            await uow.commit()
-    async with db.connection() as conn:
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
 
 
 async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> float:
@@ -424,9 +415,15 @@ async def run(bench: Bench) -> Section:
         f"drain's window, PostgreSQL as the backends of the scenario's database, RabbitMQ "
         f"as its node, over the jobs finished in it; `all` sums a run's groups but the "
         f"bench's own (each group's figure below is its median over the runs, and so is "
-        f"`all`).",
+        f"`all`). Over HTTP: {min(n, HTTP_JOBS):,} no-op jobs POSTed over "
+        f"{' and '.join(map(str, HTTP_CLIENTS))} connections (the e2e scenario's load "
+        f"generator) to jobcore (one API, relay, worker) and to {CELERY_HTTP} (a FastAPI "
+        f"app answering 202 with the task id, Celery's PostgreSQL result backend); jobs/s "
+        f"from the first enqueue to the last done, enqueue→start from each job's times.",
     )
     drains: dict[str, list[Drain]] = defaultdict(list)
+    http: dict[str, list[dict[int, HttpRun]]] = defaultdict(list)
+    http_n = min(n, HTTP_JOBS)
     async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
         db = Database(config, min_size=1, max_size=2, name="bench-peers")
         await db.open(wait=True)
@@ -445,6 +442,8 @@ async def run(bench: Bench) -> Section:
                 drains["procrastinate"].append(
                     Drain(await procrastinate_drain(bench, config, n, dsn), {})
                 )
+                http["jobcore"].append(await jobcore_http(bench, config, db, http_n))
+                http["celery"].append(await celery_http(bench, config, http_n))
         finally:
             await db.close()
     rates = {name: [round(d.rate, 1) for d in runs] for name, runs in drains.items()}
@@ -461,6 +460,23 @@ async def run(bench: Bench) -> Section:
     for metric, ours in (("pipeline jobs/s", "pipeline"), ("worker-only jobs/s", "worker")):
         section.add(Figure(case, metric, rates[ours], celery_quorum, rates["celery quorum"]))
         section.add(Figure(case, metric, rates[ours], procrastinate, rates["procrastinate"]))
+    for clients in HTTP_CLIENTS:
+        http_case = f"{http_n:,} jobs POSTed over {clients} connections"
+        for metric, attribute, better in (
+            ("POST→succeeded jobs/s", "rate", "higher"),
+            ("enqueue→start p50 ms", "start_p50", "lower"),
+            ("enqueue→start p99 ms", "start_p99", "lower"),
+        ):
+            section.add(
+                Figure(
+                    http_case,
+                    metric,
+                    [round(getattr(r[clients], attribute), 2) for r in http["jobcore"]],
+                    CELERY_HTTP,
+                    [round(getattr(r[clients], attribute), 2) for r in http["celery"]],
+                    better=better,
+                )
+            )
     cpu_all = {
         name: [d.cpu_ms_per_job["all"] for d in runs if d.cpu_ms_per_job]
         for name, runs in drains.items()
@@ -507,3 +523,181 @@ def _version(package: str) -> str:
     from importlib.metadata import version
 
     return version(package)
+
+
+# -- the HTTP baseline a user would build with Celery (issue 36) ----------------------------
+
+HTTP_APP = "services.bench.peers_http_app"
+# The connection counts of the HTTP comparison (jobcore's e2e POSTs over 16).
+HTTP_CLIENTS = (16, 64)
+# Jobs per HTTP run (at most: --jobs if fewer), bounded: each run waits for every job.
+HTTP_JOBS = 2000
+CELERY_HTTP = f"FastAPI + Celery apply_async, prefork {CELERY_CONCURRENCY}, acks_late, PG results"
+HTTP_LATENCY = """
+SELECT count(*) AS jobs,
+       extract(epoch FROM max(finished_at) - min(created_at)) AS seconds,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           AS start_p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           AS start_p99
+FROM jobs WHERE created_at >= %(since)s
+"""
+
+
+@dataclass(frozen=True)
+class HttpRun:
+    """POST→succeeded jobs/s and enqueue→start p50/p99 (ms) of one HTTP run."""
+
+    rate: float
+    start_p50: float
+    start_p99: float
+
+
+def http_run(enqueued: list[float], started: list[float], done: list[float]) -> HttpRun:
+    """An HTTP run from each task's enqueue, start and done times (epoch seconds)."""
+    waits = sorted(s - e for e, s in zip(enqueued, started, strict=True))
+
+    def quantile(q: float) -> float:
+        return 1000 * statistics.quantiles(waits, n=100, method="inclusive")[round(100 * q) - 1]
+
+    seconds = max(max(done) - min(enqueued), 1e-6)
+    return HttpRun(len(enqueued) / seconds, round(quantile(0.5), 2), round(quantile(0.99), 2))
+
+
+@contextlib.asynccontextmanager
+async def celery_backend_database(config: Settings) -> AsyncIterator[str]:
+    """A scratch database for Celery's result backend: its SQLAlchemy URL."""
+    name = f"bench_celery_{uuid.uuid4().hex[:10]}"
+    admin = database_url(config.database_url, "postgres")
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    url = database_url(config.database_url, name)
+    try:
+        yield url
+    finally:
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def celery_results(dsn: str, since: float) -> tuple[list[float], list[float], list[float]]:
+    """(enqueued, started, done) epoch seconds of the succeeded tasks enqueued since
+    ``since``, from the result backend's table."""
+    import json
+    import pickle
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT result, extract(epoch FROM date_done AT TIME ZONE 'UTC') FROM celery_taskmeta"
+            " WHERE status = 'SUCCESS'"
+        )
+        rows = await cur.fetchall()
+    times: tuple[list[float], list[float], list[float]] = ([], [], [])
+    for raw, done in rows:
+        # PickleType around the JSON the backend encoded: the bench's own rows.
+        value = pickle.loads(raw)
+        result = json.loads(value) if isinstance(value, (str, bytes)) else value
+        if result["enqueued"] >= since:
+            times[0].append(float(result["enqueued"]))
+            times[1].append(float(result["started"]))
+            times[2].append(float(done))
+    return times
+
+
+async def _succeeded(dsn: str) -> int:
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'"
+            )
+            row = await cur.fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0  # the backend creates its table with its first result
+    return 0 if row is None else int(row[0])
+
+
+async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpRun]:
+    """``n`` POSTs to the Celery app at each of :data:`HTTP_CLIENTS` connections, each run
+    waited on until every task succeeded in the result backend."""
+    queue = f"{config.amqp_prefix}.celery.http"
+    runs: dict[int, HttpRun] = {}
+    async with celery_backend_database(config) as dsn:
+        backend = "db+postgresql+psycopg://" + dsn.split("://", 1)[1]
+        env = _peer_env(config, BENCH_PEERS_CELERY_QUEUE=queue, BENCH_PEERS_CELERY_BACKEND=backend)
+        port = free_port()
+        worker_argv = [
+            sys.executable, "-m", "celery", "-A", f"{HTTP_APP}:celery_http", "worker",
+            "-P", "prefork", "-c", str(CELERY_CONCURRENCY), "-Q", queue, "-l", "warning",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        api_argv = [
+            sys.executable, "-m", "uvicorn", f"{HTTP_APP}:api", "--host", "127.0.0.1",
+            "--port", str(port), "--loop", "uvloop", "--http", "httptools",
+            "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+        request = post(port, "/jobs/noop", b"{}")
+        with (
+            peer_process(worker_argv, env, bench.log_dir / "peers-celery-http-worker.log"),
+            peer_process(api_argv, env, bench.log_dir / "peers-celery-http-api.log"),
+        ):
+            try:
+
+                async def answers() -> bool:
+                    try:
+                        _, _, errors = await http_load(port, request, 1, 1)
+                    except OSError:
+                        return False
+                    return errors == 0
+
+                await eventually(answers, timeout=60, interval=0.2, what="the Celery HTTP app")
+                await eventually(
+                    lambda: _at_least(dsn, 1), timeout=60, interval=0.1, what="a Celery task"
+                )
+                for clients in HTTP_CLIENTS:
+                    done_before = await _succeeded(dsn)
+                    since = time.time()
+                    _, _, errors = await http_load(port, request, clients, n)
+                    if errors:
+                        raise RuntimeError(f"{errors} of {n} POSTs to the Celery app failed")
+                    await eventually(
+                        functools.partial(_at_least, dsn, done_before + n),
+                        timeout=DRAIN_TIMEOUT,
+                        interval=0.1,
+                        what=f"{n:,} Celery tasks to succeed",
+                    )
+                    runs[clients] = http_run(*await celery_results(dsn, since))
+            finally:
+                with contextlib.suppress(Exception):
+                    connection = await connect_broker(config)
+                    async with connection:
+                        await (await connection.channel()).queue_delete(queue)
+    return runs
+
+
+async def _at_least(dsn: str, n: int) -> bool:
+    return await _succeeded(dsn) >= n
+
+
+async def jobcore_http(bench: Bench, config: Settings, db: Database, n: int) -> dict[int, HttpRun]:
+    """jobcore's e2e path at each of :data:`HTTP_CLIENTS` connections: ``n`` POSTs to one
+    API, one relay, one worker; from the job rows."""
+    runs: dict[int, HttpRun] = {}
+    async with bench.stack(config, "peers-http", relays=1, workers=1) as stack:
+        await relays_ready(stack)
+        auth = {"Authorization": f"Bearer {stack.api_key}"}
+        request = post(stack.api_port, "/jobs/noop", b"{}", auth)
+        for clients in HTTP_CLIENTS:
+            since = await db_now(db)
+            _, _, errors = await http_load(stack.api_port, request, clients, n)
+            if errors:
+                raise RuntimeError(f"{errors} of {n} POSTs to jobcore failed")
+            await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
+            async with db.connection() as conn:
+                cur = await conn.execute(HTTP_LATENCY, {"since": since})
+                row = await cur.fetchone()
+            assert row is not None
+            runs[clients] = HttpRun(
+                row["jobs"] / float(row["seconds"]),
+                round(1000 * float(row["start_p50"]), 2),
+                round(1000 * float(row["start_p99"]), 2),
+            )
+    return runs

@@ -1,0 +1,55 @@
+"""The baseline a user would build for `jobcore bench peers`' HTTP comparison: a minimal
+FastAPI app that sends a Celery task with ``apply_async`` and answers 202 with its id
+(``GET /jobs/{id}`` answers the task's state from the result backend), a Celery worker
+with ``acks_late`` and ``task_track_started``, and Celery's PostgreSQL result backend
+(``db+postgresql+psycopg://``). Configured from the environment the scenario sets
+(``BENCH_PEERS_*``); needs the ``bench`` extra (celery, SQLAlchemy).
+
+The task returns when it was enqueued (the API's clock) and when it started (the
+worker's): the same machine's clock, read from the backend's rows afterwards with its
+``date_done``, gives POST→succeeded and enqueue→start as jobcore's job rows do.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery  # type: ignore[import-untyped]
+from celery.result import AsyncResult  # type: ignore[import-untyped]
+from fastapi import FastAPI
+
+celery_http = Celery(
+    "bench_peers_http",
+    broker=os.environ.get("BENCH_PEERS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    backend=os.environ.get("BENCH_PEERS_CELERY_BACKEND", "db+postgresql+psycopg:///postgres"),
+)
+celery_http.conf.update(
+    task_default_queue=os.environ.get("BENCH_PEERS_CELERY_QUEUE", "bench_peers_http"),
+    task_acks_late=True,
+    task_track_started=True,
+    result_serializer="json",
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@celery_http.task(name="noop_http")  # type: ignore[untyped-decorator]
+def noop_http(enqueued: float) -> dict[str, float]:
+    return {"enqueued": enqueued, "started": time.time()}
+
+
+api = FastAPI()
+
+
+@api.post("/jobs/noop", status_code=202)
+def enqueue() -> dict[str, str]:
+    # A plain def: FastAPI runs it in its thread pool, as Celery's blocking publish needs.
+    result = noop_http.apply_async((time.time(),))
+    return {"id": str(result.id), "status": "pending"}
+
+
+@api.get("/jobs/{task_id}")
+def status(task_id: str) -> dict[str, Any]:
+    return {"id": task_id, "state": AsyncResult(task_id, app=celery_http).state}

@@ -1,0 +1,137 @@
+"""`jobcore bench e2e --pg-stats` on the bench's own cluster (scripts/pg_stats_cluster.sh,
+127.0.0.1:5451, started here when it does not run): the per-statement and wait tables are
+in the report, shaped as documented. Structure only: no figure's size is asserted, only
+counts that hold on any machine (the enqueue statement runs once per POSTed job)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from jobcore.settings import Settings
+from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from services.bench import report as report_module
+from services.bench.pgstats import BENCH_MARK
+
+SCRIPT = ROOT / "scripts" / "pg_stats_cluster.sh"
+PORT = 5451
+START_TIMEOUT = 120.0
+
+
+def bench_cli(
+    settings: Settings, *args: str, timeout: float = 400
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobcore_command("bench", *args),
+        env=settings_env(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def stats_url() -> str:
+    """The stats cluster's URL, the cluster created and started unless it runs."""
+    try:
+        result = subprocess.run(
+            [str(SCRIPT), "start"],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            env={"PATH": "/usr/sbin:/usr/bin:/bin", "PG_STATS_PORT": str(PORT)},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{SCRIPT} start did not finish in {START_TIMEOUT:g}s", pytrace=False)
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip()[-2000:]
+        pytest.fail(f"{SCRIPT} start failed ({result.returncode}): {said}", pytrace=False)
+    return result.stdout.strip().splitlines()[-1]
+
+
+TITLES = [
+    "e2e run 1: statements by PostgreSQL exec time, per job",
+    "e2e run 1: what the backends were doing (pg_stat_activity)",
+    "e2e run 1: ungranted locks (pg_locks)",
+    "pipeline drain: statements by PostgreSQL exec time, per job",
+    "pipeline drain: what the backends were doing (pg_stat_activity)",
+    "pipeline drain: ungranted locks (pg_locks)",
+]
+
+
+@pytest.mark.timeout(400)
+def test_pg_stats_adds_per_statement_and_wait_tables_to_e2e(
+    settings: Settings, stats_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    jobs = 60
+    result = bench_cli(
+        settings,
+        *("e2e", "--pg-stats", "--pg-stats-url", stats_url),
+        *("--jobs", str(jobs), "--runs", "1", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = orjson.loads((out / "report.json").read_bytes())
+    # The report names the server, never its whole URL.
+    assert document["options"]["pg_stats_url"] == f"127.0.0.1:{PORT}"
+    [section] = document["scenarios"]
+    tables = section["details"]["tables"]
+    assert [t["title"] for t in tables] == TITLES
+    for statements in (tables[0], tables[3]):
+        assert statements["columns"][:4] == ["statement", "top-level", "calls/job", "exec ms/job"]
+        assert statements["rows"], statements["title"]
+        totals = statements["totals"]
+        assert totals["calls"] > 0
+        assert totals["exec_ms"] > 0
+        assert totals["wal_bytes"] > 0
+        assert totals["cpu_ms"] > 0, "the stats cluster's CPU over the window"
+        shown = [row[0] for row in statements["rows"]]
+        assert not [s for s in shown if BENCH_MARK in s], "the bench's own statements are out"
+        for row in statements["rows"]:
+            assert len(row) == len(statements["columns"])
+            assert row[1] in ("yes", "nested")
+    # Every POST inserted one job: one top-level statement (the enqueue) ran once per job.
+    inserts = [
+        row for row in tables[0]["rows"] if row[1] == "yes" and row[2] == 1.0 and row[6] >= 1
+    ]
+    assert inserts, tables[0]["rows"]
+    # The drain's claims and completions: each row of theirs is one job.
+    assert any(row[1] == "yes" and row[6] == 1.0 for row in tables[3]["rows"])
+    for waits in (tables[1], tables[4]):
+        assert "samples, every 50 ms" in waits["note"]
+        assert waits["rows"], "a backend was busy in some sample"
+        assert all(len(row) == len(waits["columns"]) for row in waits["rows"])
+    markdown = (out / "report.md").read_text()
+    for title in TITLES:
+        assert f"**{title}**" in markdown
+    # The tables render again from the JSON alone.
+    again = tmp_path / "again"
+    report_module.write(again, *report_module.load(out))
+    assert (again / "report.md").read_text() == markdown
+
+
+def test_pg_stats_refuses_a_server_it_cannot_use_in_one_line(settings: Settings) -> None:
+    # Nothing listens on port 1; the password must not reach the output.
+    unreachable = bench_cli(
+        settings,
+        *("e2e", "--pg-stats", "--pg-stats-url", "postgresql://postgres:hunter2@127.0.0.1:1/x"),
+        timeout=60,
+    )
+    assert unreachable.returncode != 0
+    said = (unreachable.stderr + unreachable.stdout).strip()
+    assert "pg_stats_cluster.sh start" in said, said
+    assert "127.0.0.1:1" in said, said
+    assert "hunter2" not in said
+    assert len(said.splitlines()) == 1, said
+    # The shared server does not preload pg_stat_statements (and is never restarted for it).
+    shared = bench_cli(
+        settings, "e2e", "--pg-stats", "--pg-stats-url", settings.database_url, timeout=60
+    )
+    assert shared.returncode != 0
+    assert "does not preload pg_stat_statements" in shared.stderr + shared.stdout
