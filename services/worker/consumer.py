@@ -324,9 +324,14 @@ class Consumer(Service):
             return None
         try:
             raw_payload = await self.runner.load_payload(claim)
-        except (OSError, ResultNotFound) as exc:
-            # The store is away (or the object is): this attempt fails and is retried
-            # later, like a result the store could not take.
+        except OSError as exc:
+            # The store is away: not the job's fault, so it goes back to pending without
+            # consuming an attempt, like a result the store could not take.
+            await self._ack(message)
+            await self.runner.give_back(claim, exc, during="reading the payload")
+            return None
+        except ResultNotFound as exc:
+            # The object is gone: this attempt fails and is retried later.
             await self._ack(message)
             await self.runner.fail_attempt(claim, exc, during="reading the payload")
             return None
