@@ -19,6 +19,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.objectstore import open_result_store
 from jobcore.registry import default_registry
+from jobcore.results import StoreUnavailable
 from jobcore.retention import Retention
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
@@ -178,6 +179,40 @@ async def test_a_store_outage_while_storing_the_result_gives_the_job_back_unfail
         "attempt": 1,
         "payload_sha256": hashlib.sha256(data.encode()).hexdigest(),
     }
+
+
+async def test_a_blip_of_the_store_is_ridden_out_within_the_lease(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first put of the result fails: the worker tries again before giving the job
+    back (the result is only in memory), so the job succeeds in its only attempt."""
+    worker = await start_worker(s3.s3_settings(wsettings, bucket, inline_result_max_bytes=16))
+    store = worker.runner.result_store
+    real_put = store.put
+    puts: list[uuid.UUID] = []
+
+    def put_after_a_blip(job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
+        puts.append(job_id)
+        if len(puts) == 1:
+            raise StoreUnavailable("object store s3://test: injected failure")
+        return real_put(job_id, data, suffix=suffix)
+
+    monkeypatch.setattr(store, "put", put_after_a_blip)
+    job_id = await submit(db, topology, "wt_blob", BlobPayload(data="b" * 64), max_attempts=1)
+
+    row = await eventually(lambda: status_is(db, job_id, "succeeded", "failed"), what="the end")
+    assert (row["status"], row["attempts"], row["last_error"]) == ("succeeded", 1, None)
+    assert puts == [job_id, job_id]
+    assert await released_events(db, job_id) == []
+    assert worker.metrics.counts["processed.store_unavailable"] == 0
+    body = open_result_store(s3.s3_settings(wsettings, bucket)).get(row["result_ref"])
+    assert orjson.loads(body)["attempt"] == 1
 
 
 async def test_a_store_outage_in_the_handlers_own_upload_gives_the_job_back_unfailed(
