@@ -218,7 +218,7 @@ class JobRunner:
         self._store_outages = 0
         return orjson.loads(data)
 
-    async def give_back(self, claim: Claim, exc: OSError, *, during: str) -> None:
+    async def give_back(self, claim: Claim, exc: StoreUnavailable, *, during: str) -> None:
         """The object store failed (``exc``) while ``during``: through no fault of the job,
         so it goes back to pending without consuming an attempt, even its last one, with
         a new message due after a backoff delay and last_error saying why. Never raises:
@@ -481,10 +481,15 @@ class JobRunner:
         except ResultNotRecordable as exc:
             await self._fail(claim, str(exc))
             return
-        except OSError as exc:
-            # The store is down (or the disk full): the job's fault it is not, so it does
-            # not cost an attempt; the handler runs again once the store is back.
+        except StoreUnavailable as exc:
+            # The object store is down: the job's fault it is not, so it does not cost an
+            # attempt; the handler runs again once the store is back.
             await self.give_back(claim, exc, during="storing the result")
+            return
+        except OSError as exc:
+            # The local result directory cannot be written (a full disk, a broken mount, a
+            # wrong path): this attempt failed, as itself; another may not.
+            await self._attempt_failed(claim, exc, during="storing the result")
             return
         if await self._write_outcome(claim, "succeed", lambda: self.successes.submit(success)):
             self.metrics.processed("succeeded", claim)
@@ -492,7 +497,7 @@ class JobRunner:
     async def _success_of(self, running: RunningJob, result: Any) -> Success:
         """What recording the attempt's success writes: the result (inline, or stored when
         large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
-        when the result store failed."""
+        (StoreUnavailable: the object store) when the result store failed."""
         claim, context = running.claim, running.context
         effects = effect_rows(context, claim.lease_token)
         try:
@@ -517,8 +522,8 @@ class JobRunner:
 
     async def _put_result(self, running: RunningJob, encoded: bytes) -> str:
         """Store a large result, trying again a few times (within the lease) when the
-        store fails: the result exists only in memory. The last OSError when it never
-        took it."""
+        store fails: the result exists only in memory. The last OSError (StoreUnavailable
+        from the object store) when it never took it."""
         claim = running.claim
         pause = RESULT_PUT_PAUSE
         for tried in range(1, RESULT_PUT_TRIES + 1):
