@@ -21,7 +21,9 @@ class JobEventKind(StrEnum):
     PUBLISHED = "published"
     CLAIMED = "claimed"  # a worker took it (detail: worker, lease_until)
     RETRY_SCHEDULED = "retry_scheduled"  # an attempt failed (detail: until, error)
-    RELEASED = "released"  # its worker shut down mid-attempt (detail: worker)
+    # Its worker shut down mid-attempt, or met an object store outage (detail: worker; for
+    # an outage also error, until): the attempt does not count.
+    RELEASED = "released"
     LEASE_LOST = "lease_lost"  # the reaper found its lease expired (detail: worker, then)
     CANCEL_REQUESTED = "cancel_requested"  # while running (the worker is told)
     QUARANTINED = "quarantined"  # the relay gave up on its message (detail: outbox_id, error)

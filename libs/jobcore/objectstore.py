@@ -12,9 +12,10 @@ hold are the store-independent ones of :mod:`jobcore.results` (``<hex>.<suffix>`
 ``payloads/<hex>.json``), so a row means the same under either store.
 
 Every failure other than a missing object is :class:`~jobcore.results.StoreUnavailable`
-(an OSError): an attempt that meets one is retried, an enqueue answers 503. Requests give
+(an OSError): a worker that meets one gives the job back without spending its attempt
+(services/worker/runner.py, ``JobRunner.give_back``), an enqueue answers 503. Requests give
 up after ``JOBCORE_S3_TIMEOUT`` (retries included) rather than obstore's default of
-minutes, so an outage costs an attempt, not a stuck handler slot.
+minutes, so an outage delays a job, not a stuck handler slot.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from jobcore.errors import (
     UnknownJobType,
 )
 from jobcore.registry import InvalidPayloadError, JobType, Registry
-from jobcore.results import ResultNotFound
+from jobcore.results import ResultNotFound, StoreUnavailable
 from jobcore.service import Service
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
@@ -329,9 +329,15 @@ class Consumer(Service):
             return None
         try:
             raw_payload = await self.runner.load_payload(claim)
+        except StoreUnavailable as exc:
+            # The object store is away: not the job's fault, so it goes back to pending
+            # without consuming an attempt, like a result the store could not take.
+            await self._ack(message)
+            await self.runner.give_back(claim, exc, during="reading the payload")
+            return None
         except (OSError, ResultNotFound) as exc:
-            # The store is away (or the object is): this attempt fails and is retried
-            # later, like a result the store could not take.
+            # The object is gone (or the local directory unreadable): this attempt fails
+            # and is retried later.
             await self._ack(message)
             await self.runner.fail_attempt(claim, exc, during="reading the payload")
             return None

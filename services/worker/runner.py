@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -50,7 +51,8 @@ from jobcore.errors import (
 from jobcore.handlertx import JobTransaction
 from jobcore.objectstore import open_result_store
 from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.retry import backoff_delay
+from jobcore.results import StoreUnavailable
+from jobcore.retry import backoff_ceiling, backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import OutboxMessageParams, Statement
 from jobcore.sql.inbox import JOBS_CONSUMER
@@ -65,6 +67,7 @@ from jobcore.sql.jobs import (
     JobFencedParams,
     JobHeartbeatParams,
     JobProgressSetParams,
+    JobReleaseParams,
     JobRetryParams,
     JobSucceedManyParams,
 )
@@ -77,6 +80,12 @@ from services.worker.metrics import WorkerMetrics
 from services.worker.tracing import handler_span
 
 log = logging.getLogger(__name__)
+
+# Storing a large result: tries within the lease before the job is given back (the result
+# is in memory, and a blip of the store should not cost a whole run of the handler), and
+# the pause before the second one (doubled before each next).
+RESULT_PUT_TRIES = 3
+RESULT_PUT_PAUSE = 0.2
 
 
 class ResultNotRecordable(PermanentError):
@@ -161,6 +170,9 @@ class JobRunner:
         self.running: dict[uuid.UUID, RunningJob] = {}
         self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
         self._shutting_down = False
+        # Store outages met in a row by this worker: the delay before a job given back
+        # for one grows with it, so jobs do not hot-loop against a store that is down.
+        self._store_outages = 0
 
     async def close(self) -> None:
         await self.successes.close()
@@ -205,7 +217,51 @@ class JobRunner:
         if claim.payload_ref is None:
             return claim.raw_payload
         data = await asyncio.to_thread(self.result_store.get, claim.payload_ref)
+        self._store_outages = 0
         return orjson.loads(data)
+
+    async def give_back(self, claim: Claim, exc: StoreUnavailable, *, during: str) -> None:
+        """The object store failed (``exc``) while ``during``: through no fault of the job,
+        so it goes back to pending without consuming an attempt, even its last one, with
+        a new message due after a backoff delay and last_error saying why. Never raises:
+        if even that cannot be written, the lease expires and the reaper takes the job
+        back."""
+        self._store_outages += 1
+        ceiling = backoff_ceiling(
+            self._store_outages,
+            base=self.settings.retry_backoff_base,
+            cap=self.settings.retry_backoff_cap,
+        )
+        # Half the ceiling at least: full jitter could draw ~0 and retry a dead store at once.
+        delay = ceiling * (0.5 + random.random() / 2)
+        error = f"{during} failed: object store unavailable: {error_text(exc)}"
+        params: JobReleaseParams = {
+            **self._fence(claim),
+            **self._message(claim, attempt=claim.attempt),
+            "channel": OUTBOX_CHANNEL,
+            "delay": delay,
+            "error": error[:ERROR_MAX_CHARS],
+        }
+        try:
+            row = await self._write_fenced(
+                claim, "release", JOB_RELEASE(params), message_id=params["message_id"]
+            )
+        except Exception:
+            log.exception(
+                "could not give the job back after a store outage; its lease will expire",
+                extra={**claim.log_fields, "during": during},
+            )
+            return
+        if row is None:
+            return
+        if row["status"] == "cancelled":
+            self._cancelled(claim)
+        else:
+            self.metrics.processed("store_unavailable")
+            log.warning(
+                "object store unavailable; job given back without consuming an attempt",
+                extra={**claim.log_fields, "error": error, "delay": round(delay, 3)},
+            )
 
     async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
         """End an attempt that failed outside its handler as a retryable failure whose
@@ -323,6 +379,9 @@ class JobRunner:
                 )
             elif isinstance(error, PermanentError):
                 await self._fail(claim, error_text(error))
+            elif isinstance(error, StoreUnavailable):
+                # The handler's own use of the store (ctx.put_result...) met the outage.
+                await self.give_back(claim, error, during="running the handler")
             else:
                 await self._attempt_failed(claim, error)
         else:
@@ -395,7 +454,15 @@ class JobRunner:
             row = await self._write_fenced(
                 claim,
                 "release",
-                JOB_RELEASE({**self._fence(claim), **message, "channel": OUTBOX_CHANNEL}),
+                JOB_RELEASE(
+                    {
+                        **self._fence(claim),
+                        **message,
+                        "channel": OUTBOX_CHANNEL,
+                        "delay": 0.0,
+                        "error": None,
+                    }
+                ),
                 message_id=message["message_id"],
             )
             if row is None:
@@ -419,8 +486,14 @@ class JobRunner:
         except ResultNotRecordable as exc:
             await self._fail(claim, str(exc))
             return
+        except StoreUnavailable as exc:
+            # The object store is down: the job's fault it is not, so it does not cost an
+            # attempt; the handler runs again once the store is back.
+            await self.give_back(claim, exc, during="storing the result")
+            return
         except OSError as exc:
-            # A full disk or a broken mount: this attempt failed; another may not.
+            # The local result directory cannot be written (a full disk, a broken mount, a
+            # wrong path): this attempt failed, as itself; another may not.
             await self._attempt_failed(claim, exc, during="storing the result")
             return
         tries = 0
@@ -439,7 +512,7 @@ class JobRunner:
     async def _success_of(self, running: RunningJob, result: Any) -> Success:
         """What recording the attempt's success writes: the result (inline, or stored when
         large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
-        when the result store failed."""
+        (StoreUnavailable: the object store) when the result store failed."""
         claim, context = running.claim, running.context
         effects = effect_rows(context, claim.lease_token)
         try:
@@ -452,9 +525,7 @@ class JobRunner:
                 raise ResultNotRecordable(
                     "the handler stored a result file and returned a too large result"
                 )
-            result_ref = await asyncio.to_thread(
-                self.result_store.put, claim.job_id, encoded, suffix="json"
-            )
+            result_ref = await self._put_result(running, encoded)
             encoded = None
         return Success(
             claim.job_id,
@@ -463,6 +534,31 @@ class JobRunner:
             result_ref,
             effects,
         )
+
+    async def _put_result(self, running: RunningJob, encoded: bytes) -> str:
+        """Store a large result, trying again a few times (within the lease) when the
+        store fails: the result exists only in memory. The last OSError (StoreUnavailable
+        from the object store) when it never took it."""
+        claim = running.claim
+        pause = RESULT_PUT_PAUSE
+        for tried in range(1, RESULT_PUT_TRIES + 1):
+            try:
+                key = await asyncio.to_thread(
+                    self.result_store.put, claim.job_id, encoded, suffix="json"
+                )
+            except OSError as exc:
+                if tried == RESULT_PUT_TRIES or time.monotonic() + pause > running.lease_deadline:
+                    raise
+                log.info(
+                    "storing the result failed; trying again",
+                    extra={**claim.log_fields, "error": error_text(exc), "tried": tried},
+                )
+                await asyncio.sleep(pause)  # pacing between tries against a failing store
+                pause *= 2
+            else:
+                self._store_outages = 0
+                return key
+        raise AssertionError("unreachable")
 
     def _success_params(self, batch: Sequence[Success]) -> JobSucceedManyParams:
         return {

@@ -1231,14 +1231,19 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
 
 class JobReleaseParams(JobFencedParams, OutboxMessageParams):
     channel: str
+    # 0 and None at shutdown. A store outage (the worker could not read the payload or
+    # store the result) gives the job back after `delay` seconds with `error` as last_error.
+    delay: float
+    error: str | None
 
 
-# A shutdown interrupted the attempt through no fault of the job: it does not count, and
-# the new message carries the same attempt number, due at once.
+# A shutdown (or an object store outage) interrupted the attempt through no fault of the
+# job: it does not count, and the new message carries the same attempt number, due after
+# `delay` (0: at once).
 JOB_RELEASE = Query[JobReleaseParams](
     "job_release",
-    "Give back a running job's lease on shutdown: pending again, with a new message due now "
-    "(or end it cancelled if that was requested).",
+    "Give back a running job's lease on shutdown or a store outage: pending again, with a "
+    "new message due after a delay (or end it cancelled if that was requested).",
     """
     WITH back AS (
         UPDATE jobs
@@ -1248,32 +1253,41 @@ JOB_RELEASE = Query[JobReleaseParams](
             attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
             lease_token = NULL,
             lease_expires_at = NULL,
-            next_attempt_at = NULL,
+            last_error = coalesce(%(error)s::text, last_error),
+            next_attempt_at = CASE
+                WHEN cancel_requested_at IS NULL AND %(delay)s::float8 > 0
+                THEN now() + make_interval(secs => %(delay)s::float8)
+            END,
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
         """
     + _BACK_RETURNING
-    + """
+    + """, next_attempt_at
     ), """
     + _CANCELLED_ARE_DONE
     + f""", release_events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
+               || CASE WHEN %(error)s::text IS NULL THEN '{{}}'::jsonb
+                       ELSE jsonb_build_object('until', back.next_attempt_at,
+                                               'error', {short_error("back.last_error")})
+                  END
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
-            priority
+            available_at, priority
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, back.id, back.tenant, back.priority
+               %(headers)s, %(body)s, back.id, back.tenant,
+               coalesce(back.next_attempt_at, now()), back.priority
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
     )
-    SELECT back.id, back.status,"""
+    SELECT back.id, back.status, back.next_attempt_at,"""
     + _NOTIFY_BACK,
 )
 
