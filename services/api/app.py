@@ -73,7 +73,7 @@ def create_app(
     state = ApiState(
         settings=settings,
         registry=registry,
-        topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
+        topology=Topology.from_settings(settings),
         metrics=ApiMetrics(t.name for t in registry),
         results=open_result_store(settings),
         key_cache=KeyCache(settings.api_key_cache_seconds)

@@ -113,7 +113,7 @@ async def run(bench: Bench) -> Section:
             f"drain; the drain rate over the first and the last {EDGE:.0%} of the rows. One "
             f"drain (the min–max are over the claim samples).",
         )
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         async with await psycopg.AsyncConnection.connect(
             config.database_url, autocommit=True
         ) as conn:

@@ -257,7 +257,7 @@ async def run(bench: Bench) -> Section:
             f"Idle latency: {LATENCY_SAMPLES} single jobs, commit→consumed.",
         )
         await relays_ready(stack)
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         relay_pids = pids(stack)
         relay_pids.pop("api", None)
         connection = await connect_broker(config)

@@ -108,7 +108,7 @@ async def run(bench: Bench) -> Section:
     cpu: dict[int, list[dict[str, float]]] = {size: [] for size in options.scale}
     loads: dict[int, list[float]] = {size: [] for size in options.scale}
     async with bench.scratch("scale") as config:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         # Generic plans, as the API's pool has: the enqueue statement planned anew for
         # each job cost PostgreSQL more than the statement itself.
         db = Database(
