@@ -239,7 +239,8 @@ def cpu_us_per_message(used_pct: float, seconds: float, messages: int) -> float:
 
 async def run(bench: Bench) -> Section:
     options = bench.options
-    lanes = RelayOptions().lanes
+    relay_options = RelayOptions()
+    lanes = relay_options.lanes
     rows = options.relay_rows
     async with (
         bench.scratch("relay") as config,
@@ -249,7 +250,7 @@ async def run(bench: Bench) -> Section:
             "relay",
             TITLE,
             f"{rows:,} outbox rows per run drained by one `jobcore relay` (batch "
-            f"{config.relay_batch_size}, {lanes} lanes), from the fill's commit until the "
+            f"{relay_options.batch_size}, {lanes} lanes), from the fill's commit until the "
             f"outbox is empty; baseline: the same number of persistent, mandatory messages "
             f"to the same quorum queue published by raw aio-pika and raw aiormq with "
             f"confirms, {RAW_WINDOW:,} in flight, the faster of the two (median); CPU per "
