@@ -356,6 +356,18 @@ class Settings(BaseSettings):
     # enqueued, and how long a dead scheduler's successor may take.
     scheduler_interval: float = Field(default=1.0, gt=0, le=60)
 
+    # The benchmark's own routes on the API (POST /bench/noop: an enqueue without
+    # authentication or database, services/api/routes/bench.py). Only `jobcore bench` turns
+    # them on, for the API processes it starts; refused in production.
+    bench_routes: bool = False
+
+    @field_validator("bench_routes")
+    @classmethod
+    def _refuse_bench_routes_in_production(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("environment") == "production":
+            raise ValueError("the bench's unauthenticated routes are refused in production")
+        return value
+
     @field_validator("schedules", mode="before")
     @classmethod
     def _parse_schedules(cls, value: object) -> object:

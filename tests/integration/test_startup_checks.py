@@ -116,3 +116,24 @@ def test_a_bad_relay_option_stops_the_command_with_one_line_naming_it(
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith(f"jobcore: {name}: "), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_the_bench_routes_are_refused_in_production() -> None:
+    settings = Settings(environment="test", job_modules=TEST_JOB_MODULES)
+    env = {
+        **UNREACHABLE,
+        "JOBCORE_ENVIRONMENT": "production",
+        "JOBCORE_AMQP_URL": "amqp://jobcore:secret@127.0.0.1:9/",
+        "JOBCORE_BENCH_ROUTES": "true",
+    }
+    done = subprocess.run(
+        jobcore_command("api"),
+        env=settings_env(settings, **env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("jobcore: JOBCORE_BENCH_ROUTES: "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

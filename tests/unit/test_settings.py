@@ -272,3 +272,21 @@ def test_a_bad_relay_option_gives_one_line_naming_it(
     text = str(info.value)
     assert text.startswith(f"{env}: ")
     assert "\n" not in text
+
+
+def test_the_bench_routes_are_a_setting_refused_in_production(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("JOBCORE_BENCH_ROUTES", raising=False)
+    assert load_settings().bench_routes is False
+    monkeypatch.setenv("JOBCORE_BENCH_ROUTES", "true")
+    assert load_settings().bench_routes is True
+    monkeypatch.setenv("JOBCORE_ENVIRONMENT", "production")
+    monkeypatch.setenv("JOBCORE_AMQP_URL", "amqp://jobcore:secret@rabbit.example:5672/")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert str(info.value) == (
+        "JOBCORE_BENCH_ROUTES: the bench's unauthenticated routes are refused in production"
+    )
+    monkeypatch.setenv("JOBCORE_BENCH_ROUTES", "false")
+    assert load_settings().environment == "production"
