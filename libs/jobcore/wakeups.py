@@ -13,9 +13,9 @@ NOTIFYs in its statement (:meth:`RelayWakeups.enqueuing` says which): alone it w
 no other flush, and a wake-up after the commit would reach the relays later.
 
 A wake-up is a hint. One that fails (the database is down) is dropped: the relays poll
-every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway (docs/design.md: the
-outbox row, not the NOTIFY, is what publishes a job). The measurements behind the split
-and the linger are in docs/bench/measurements.md ("Relay wake-ups").
+every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway (the outbox row committed
+with the job is what gets it published: docs/design.md, invariant 1). The measurements
+behind the split and the linger are in docs/bench/measurements.md ("Relay wake-ups").
 """
 
 from __future__ import annotations
