@@ -3,7 +3,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from jobcore.errors import ConfigurationError
-from jobcore.settings import Settings, load_relay_options, load_settings
+from jobcore.settings import RelayOptions, Settings, load_relay_options, load_settings
 
 
 def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,12 +218,19 @@ def test_the_timeline_switch_is_refused_behind_pgbouncer() -> None:
     assert load_settings(job_events=False).job_events is False
 
 
-RELAY_VARIABLES = (
-    "JOBCORE_RELAY_BATCH_SIZE",
-    "JOBCORE_RELAY_POLL_INTERVAL",
-    "JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS",
-    "JOBCORE_RELAY_HEALTH_PORT",
-)
+# The relay settings that moved from Settings to RelayOptions, with their defaults.
+RELAY_VARIABLES = {
+    "JOBCORE_RELAY_BATCH_SIZE": 500,
+    "JOBCORE_RELAY_POLL_INTERVAL": 1.0,
+    "JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS": 10,
+    "JOBCORE_RELAY_HEALTH_PORT": 8001,
+}
+
+
+def _moved(options: RelayOptions) -> list[float]:
+    return [
+        getattr(options, name.removeprefix("JOBCORE_RELAY_").lower()) for name in RELAY_VARIABLES
+    ]
 
 
 def test_the_relay_options_are_read_from_their_old_variables(
@@ -232,24 +239,12 @@ def test_the_relay_options_are_read_from_their_old_variables(
     """Moved from Settings to RelayOptions under the same names: deployments keep them."""
     for name in RELAY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    defaults = load_relay_options()
-    assert (
-        defaults.batch_size,
-        defaults.poll_interval,
-        defaults.max_publish_attempts,
-        defaults.health_port,
-    ) == (500, 1.0, 10, 8001)
-    monkeypatch.setenv("JOBCORE_RELAY_BATCH_SIZE", "250")
-    monkeypatch.setenv("JOBCORE_RELAY_POLL_INTERVAL", "0.25")
-    monkeypatch.setenv("JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS", "3")
-    monkeypatch.setenv("JOBCORE_RELAY_HEALTH_PORT", "9101")
+    assert _moved(load_relay_options()) == list(RELAY_VARIABLES.values())
+    given = ["250", "0.25", "3", "9101"]
+    for name, value in zip(RELAY_VARIABLES, given, strict=True):
+        monkeypatch.setenv(name, value)
     options = load_relay_options()
-    assert (
-        options.batch_size,
-        options.poll_interval,
-        options.max_publish_attempts,
-        options.health_port,
-    ) == (250, 0.25, 3, 9101)
+    assert _moved(options) == [250, 0.25, 3, 9101]
     with pytest.raises(ValidationError):
         options.batch_size = 1  # type: ignore[misc]
 
