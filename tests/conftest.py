@@ -80,7 +80,7 @@ async def db(settings: Settings) -> AsyncIterator[Database]:
 
 @pytest.fixture
 def topology(settings: Settings) -> Topology:
-    return Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    return Topology.from_settings(settings)
 
 
 @pytest.fixture

@@ -95,7 +95,7 @@ def clone_database(config: Settings, template: str, prefix: str = "jobcore_t_") 
 async def delete_topology(config: Settings) -> None:
     connection = await connect(config, timeout=10)
     async with connection:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         queues = load_job_modules(config.job_modules).queues()
         await topology.delete(await connection.channel(), queues)
 

@@ -202,16 +202,7 @@ class Settings(BaseSettings):
     # Where the relay's and the worker's health servers listen (0.0.0.0 in containers).
     health_host: str = "127.0.0.1"
 
-    # Relay.
-    relay_batch_size: int = Field(default=500, ge=1, le=10_000)
-    relay_poll_interval: float = Field(default=1.0, gt=0, le=60)
-    # Only for a publish that fails in a way nothing classifies (an error the AMQP client
-    # raises for one message: neither the broker's refusal nor a broken connection): a
-    # row failing so this many times is quarantined. A nack, a return or a missing
-    # exchange is retried until the broker takes it; a malformed or too large message is
-    # quarantined at once (jobcore.amqp.publisher.Failure).
-    relay_max_publish_attempts: int = Field(default=10, ge=1, le=1000)
-    relay_health_port: int = Field(default=8001, ge=0, le=65535)
+    # The relay's settings (JOBCORE_RELAY_*) are RelayOptions, below.
 
     # Worker.
     worker_concurrency: int = Field(default=16, ge=1, le=10_000)
@@ -364,6 +355,18 @@ class Settings(BaseSettings):
     # the workers, by lease; it lasts three intervals): how late a tick's job may be
     # enqueued, and how long a dead scheduler's successor may take.
     scheduler_interval: float = Field(default=1.0, gt=0, le=60)
+
+    # The benchmark's own routes on the API (POST /bench/noop: an enqueue without
+    # authentication or database, services/api/routes/bench.py). Only `jobcore bench` turns
+    # them on, for the API processes it starts; refused in production.
+    bench_routes: bool = False
+
+    @field_validator("bench_routes")
+    @classmethod
+    def _refuse_bench_routes_in_production(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("environment") == "production":
+            raise ValueError("the bench's unauthenticated routes are refused in production")
+        return value
 
     @field_validator("schedules", mode="before")
     @classmethod
@@ -660,6 +663,18 @@ class RelayOptions(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=RELAY_ENV_PREFIX, extra="ignore", frozen=True)
 
+    # Outbox rows claimed per batch (JOBCORE_RELAY_BATCH_SIZE).
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    # Seconds between polls when no NOTIFY arrives (JOBCORE_RELAY_POLL_INTERVAL).
+    poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # Only for a publish that fails in a way nothing classifies (an error the AMQP client
+    # raises for one message: neither the broker's refusal nor a broken connection): a
+    # row failing so this many times is quarantined. A nack, a return or a missing
+    # exchange is retried until the broker takes it; a malformed or too large message is
+    # quarantined at once (jobcore.amqp.publisher.Failure).
+    max_publish_attempts: int = Field(default=10, ge=1, le=1000)
+    # The relay's health and metrics server (JOBCORE_RELAY_HEALTH_PORT; 0: any free port).
+    health_port: int = Field(default=8001, ge=0, le=65535)
     # LISTEN on the outbox channel; with it off the relay finds work by polling alone
     # (as behind PgBouncer in transaction mode, where NOTIFY does not arrive).
     listen: bool = True

@@ -1,28 +1,21 @@
 """Relay wake-ups sent after enqueues commit, one NOTIFY for all that committed meanwhile.
 
-A NOTIFY in the enqueue's own statement makes PostgreSQL hold a lock on the database
-from that transaction's commit until its WAL reached the disk: every enqueue and every
-other notifying commit then flushes one after another, never together, and a tenant's
-usage row stays locked while it waits (measured: the scale bench's enqueues spent most
-of their time in that wait, more so with more workers committing). An enqueue that runs
-on a session (its statement commits on its own) instead calls :meth:`RelayWakeups.wake`
-once it committed, and a task of this object sends ``OUTBOX_WAKE``: one NOTIFY for
-every enqueue that committed while the previous one was on its way.
+A NOTIFY in the enqueue's own statement makes PostgreSQL hold a lock on the database from
+that transaction's commit until its WAL reached the disk, so notifying commits flush one
+after another and a tenant's usage row stays locked meanwhile. Under concurrency an
+enqueue that runs on a session (its statement commits on its own) therefore calls
+:meth:`RelayWakeups.wake` once it committed, and a task of this object sends
+``OUTBOX_WAKE``: one NOTIFY for every enqueue that committed while the previous one was on
+its way, sent after ``linger`` so that it gathers the commits of that moment.
 
-Only under concurrency, though. An enqueue that is the process's only one in flight,
-with no wake-up on its way, still NOTIFYs in its statement (:meth:`RelayWakeups.enqueuing`
-says which): alone, it has no other enqueue's flush to wait for, and a wake-up sent after
-the commit would reach the relays a checkout and a round trip later (measured on an idle
-stack: enqueue → start p50 9.1 ms with every wake-up sent after, 7.8 ms in the statement).
-
-Under concurrency a wake-up also waits ``linger`` (5 ms) before it goes, gathering the
-enqueues that commit meanwhile: sent as soon as wanted, nearly every other enqueue paid a
-pooled checkout and a statement for its own wake-up (the API's CPU per request rose by a
-tenth at 64 clients), and the relays claimed a row or two a time. Those enqueues wait
-behind others' anyway (p50 over 100 ms at 64 clients here); 5 ms is not what they see.
+An enqueue that is the process's only one in flight, with no wake-up on its way, still
+NOTIFYs in its statement (:meth:`RelayWakeups.enqueuing` says which): alone it waits for
+no other flush, and a wake-up after the commit would reach the relays later.
 
 A wake-up is a hint. One that fails (the database is down) is dropped: the relays poll
-every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway.
+every ``JOBCORE_RELAY_POLL_INTERVAL`` and find the rows anyway (the outbox row committed
+with the job is what gets it published: docs/design.md, invariant 1). The measurements
+behind the split and the linger are in docs/bench/measurements.md ("Relay wake-ups").
 """
 
 from __future__ import annotations

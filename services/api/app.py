@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,7 +31,6 @@ from services.api.waiters import JobWaiters
 
 log = logging.getLogger(__name__)
 
-BENCH_NOOP_ENV = "JOBCORE_BENCH_NOOP"
 # How long shutdown waits for the long-poll listener to let go of its connection.
 WAITERS_STOP_GRACE = 2.0
 
@@ -63,7 +61,6 @@ def create_app(
     settings: Settings | None = None,
     *,
     database: Database | None = None,
-    bench_noop: bool | None = None,
 ) -> FastAPI:
     """Build the API. Without ``database`` the app opens and closes its own pool in its
     lifespan; a database passed in must be open already and is never closed here."""
@@ -73,7 +70,7 @@ def create_app(
     state = ApiState(
         settings=settings,
         registry=registry,
-        topology=Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
+        topology=Topology.from_settings(settings),
         metrics=ApiMetrics(t.name for t in registry),
         results=open_result_store(settings),
         key_cache=KeyCache(settings.api_key_cache_seconds)
@@ -135,7 +132,7 @@ def create_app(
     app.include_router(deliveries.router)
     app.include_router(admin.router)
     app.include_router(health.router)
-    if bench_noop if bench_noop is not None else os.environ.get(BENCH_NOOP_ENV) == "1":
+    if settings.bench_routes:  # only `jobcore bench` sets it (refused in production)
         app.include_router(bench.router)
 
     _, payload_definitions = jobs.payload_schemas(registry)

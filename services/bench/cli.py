@@ -1,7 +1,7 @@
 """`jobcore bench`: every scenario next to its baseline in the same run, and a report.
 
 The harness is this package (``services/bench/``, shipped in the wheel); this module is its
-command line, which `jobcore` adds by name (services.cli's ``UPPER_COMMAND_MODULES``). Its
+command line, which the `jobcore` program (:mod:`services.entry`) adds beside the CLI's. Its
 plots need matplotlib, which only the ``bench`` extra installs (``pip install
 'jobcore[bench]'``): without it the command says so and stops before running anything.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from services.cli.common import fail, settings
+from services.commandline import fail, settings
 
 
 def _positive_list(text: str, what: str) -> tuple[int, ...]:

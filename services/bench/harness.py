@@ -141,7 +141,7 @@ class Bench:
 
         environment = {
             "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
-            "JOBCORE_BENCH_NOOP": "1",
+            "JOBCORE_BENCH_ROUTES": "true",
             **(env or {}),
         }
         stack = Stack(

@@ -124,9 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             amqp_prefix=f"bench.terminal.{run_id}",
         )
     ) as settings:
-        extra = completion_params(
-            Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
-        )
+        extra = completion_params(Topology.from_settings(settings), settings)
         heard = [0]
         stop = asyncio.Event()
         listener = asyncio.create_task(listen(settings, heard, stop))

@@ -4,12 +4,12 @@ Every command lives in this package, one module per verb or verb group, each add
 commands through a ``register(app)`` function, so this module stays a list; their shared
 plumbing (settings, a database for one command, ``--json``, one-line failures) is
 :mod:`services.cli.common`. A jobcore error ends the program with one line on stderr and exit 1;
-bad arguments exit 2 (typer's usage errors).
+bad arguments exit 2 (typer's usage errors). The program itself, these commands and
+`jobcore bench` in one app, is :mod:`services.entry` (the bench is not imported here).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
@@ -20,41 +20,64 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from jobcore.errors import JobcoreError
+from services.cli import (
+    audit,
+    chaos,
+    database,
+    demo,
+    dev,
+    dlq,
+    flow,
+    jobs,
+    keys,
+    outbox,
+    prune,
+    schedules,
+    serve,
+    tenants,
+    topology,
+    ui,
+    webhooks,
+)
 from services.cli.common import set_actor
 
+# In the order `jobcore --help` lists them.
 COMMAND_MODULES = (
-    "services.cli.database",
-    "services.cli.topology",
-    "services.cli.serve",
-    "services.cli.keys",
-    "services.cli.tenants",
-    "services.cli.outbox",
-    "services.cli.dlq",
-    "services.cli.webhooks",
-    "services.cli.jobs",
-    "services.cli.prune",
-    "services.cli.schedules",
-    "services.cli.flow",
-    "services.cli.audit",
-    "services.cli.dev",
-    "services.cli.demo",
-    "services.cli.chaos",
-    "services.cli.ui",
-)
-# Commands that sit above this package (they use its plumbing): imported by name, so the
-# import rules (pyproject.toml) see no upward import.
-UPPER_COMMAND_MODULES = ("services.bench.cli",)
-
-app = typer.Typer(
-    name="jobcore",
-    help="User-visible background jobs: API, outbox relay, workers and their tools.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+    database,
+    topology,
+    serve,
+    keys,
+    tenants,
+    outbox,
+    dlq,
+    webhooks,
+    jobs,
+    prune,
+    schedules,
+    flow,
+    audit,
+    dev,
+    demo,
+    chaos,
+    ui,
 )
 
 
-@app.callback()
+def build_app() -> typer.Typer:
+    """A `jobcore` app with every command of this package (services.entry adds the bench)."""
+    app = typer.Typer(
+        name="jobcore",
+        help="User-visible background jobs: API, outbox relay, workers and their tools.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_root)
+    for module in COMMAND_MODULES:
+        module.register(app)
+    return app
+
+
 def _root(
     actor: str | None = typer.Option(
         None,
@@ -67,11 +90,8 @@ def _root(
     set_actor(actor)
 
 
-for _module in (*COMMAND_MODULES, *UPPER_COMMAND_MODULES):
-    importlib.import_module(_module).register(app)
-
-
-def main(argv: list[str] | None = None) -> None:
+def run_program(app: typer.Typer, argv: list[str] | None = None) -> None:
+    """Run ``app`` as the `jobcore` program: one line and an exit code for each failure."""
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="jobcore", standalone_mode=False)

@@ -1,6 +1,7 @@
 """The plumbing every command shares: settings, the actor the audit log names, a database
 for one command, the ``--json`` option, one-line failures (non-zero exit) and JSON or
-table output."""
+table output. Settings and one-line failures come from :mod:`services.commandline`, which the
+bench's command shares."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 import typer
@@ -16,15 +17,14 @@ import typer
 from jobcore.audit import InvalidActor, check_actor, cli_actor
 from jobcore.db import Database
 from jobcore.schema_version import check_schema_on
-from jobcore.settings import Settings, load_settings
+from jobcore.settings import Settings
+from services.commandline import fail, settings
+
+__all__ = ["JSON_OPTION", "actor", "emit", "fail", "run", "set_actor", "settings", "with_db"]
 
 T = TypeVar("T")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of a table.")
-
-
-def settings() -> Settings:
-    return load_settings()
 
 
 # Set once per process by the root callback (`--actor`).
@@ -46,11 +46,6 @@ def actor() -> str:
     """Who the audit log says did this command's admin action: `--actor`, else
     JOBCORE_ACTOR, else the OS user at this host."""
     return _given_actor or settings().actor or cli_actor()
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"jobcore: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

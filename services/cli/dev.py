@@ -15,7 +15,7 @@ import typer
 
 from jobcore import migrate
 from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.settings import Settings, load_relay_options
 from jobcore.usecases import keys as key_usecases
 from services.cli.common import actor, settings
 from services.cli.supervisor import Supervisor
@@ -100,12 +100,12 @@ def stop_event() -> tuple[asyncio.Event, Callable[[], None]]:
     return event, remove
 
 
-async def _dev(config: Settings, port: int) -> int:
+async def _dev(config: Settings, port: int, relay_health_port: int) -> int:
     key = await create_key(config, "dev", "jobcore dev")
     supervisor = start_stack(
         config,
         api_port=port,
-        relay_health_port=config.relay_health_port,
+        relay_health_port=relay_health_port,
         worker_health_port=config.worker_health_port,
     )
     stopped, remove_handlers = stop_event()
@@ -114,7 +114,7 @@ async def _dev(config: Settings, port: int) -> int:
     try:
         await wait_until_ready(url, supervisor)
         typer.echo(
-            f"\njobcore is running: {url}  (relay health :{config.relay_health_port}, "
+            f"\njobcore is running: {url}  (relay health :{relay_health_port}, "
             f"worker health :{config.worker_health_port})\n"
             f"development API key (tenant 'dev'): {key}\n"
             f"try:\n  curl -si -X POST {url}/jobs/send_email -H 'Authorization: Bearer {key}' "
@@ -145,8 +145,9 @@ def dev(
 ) -> None:
     """Migrate, then run the API, one relay and one worker with their logs interleaved."""
     config = settings()
+    relay_health_port = load_relay_options().health_port
     prepare_database(config)
-    sys.exit(asyncio.run(_dev(config, port or config.api_port)))
+    sys.exit(asyncio.run(_dev(config, port or config.api_port, relay_health_port)))
 
 
 def register(app: typer.Typer) -> None:

@@ -174,7 +174,7 @@ def republish_stale(
     harmless (the worker acknowledges it with no effect).
     """
     config = settings()
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    topology = Topology.from_settings(config)
     staleness = config.sweeper_stale_after if stale_after is None else stale_after
 
     async def action(database: Database) -> list[dict[str, Any]]:

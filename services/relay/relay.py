@@ -112,7 +112,7 @@ class Relay(Service):
             publisher.topology,
             publisher.queues,
             limit=options.queue_depth_limit,
-            batch_size=settings.relay_batch_size,
+            batch_size=options.batch_size,
             timeout=options.publish_timeout,
             on_full=lambda routing_key: metrics.queue_full.labels(queue=routing_key).inc(),
         )
@@ -198,9 +198,7 @@ class Relay(Service):
         claimed, more = await self.relay_batch()
         if not more:
             return claimed
-        full = min(
-            self.settings.relay_batch_size, self.room.limit or self.settings.relay_batch_size
-        )
+        full = min(self.options.batch_size, self.room.limit or self.options.batch_size)
         lanes = self.options.lanes if claimed >= full else 1
         results = await asyncio.gather(
             *(self._lane() for _ in range(lanes)), return_exceptions=True
@@ -222,7 +220,7 @@ class Relay(Service):
     async def _any_due(self) -> bool:
         # A standby leaves what is due to the lease holder and helps with a backlog.
         probe = (
-            OUTBOX_ANY_OVERDUE({"seconds": self.settings.relay_poll_interval})
+            OUTBOX_ANY_OVERDUE({"seconds": self.options.poll_interval})
             if self.stands_by
             else OUTBOX_ANY_DUE({})
         )
@@ -270,7 +268,7 @@ class Relay(Service):
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             if grant is None:
-                claim = OUTBOX_CLAIM_DUE({"limit": self.settings.relay_batch_size})
+                claim = OUTBOX_CLAIM_DUE({"limit": self.options.batch_size})
             else:
                 routing_keys = list(grant.budgets)
                 claim = OUTBOX_CLAIM_FAIR(
@@ -278,7 +276,7 @@ class Relay(Service):
                         "routing_keys": routing_keys,
                         "budgets": [grant.budgets[rk] for rk in routing_keys],
                         "other_budget": grant.other_budget,
-                        "limit": self.settings.relay_batch_size,
+                        "limit": self.options.batch_size,
                         "priorities": [int(p) for p in WEIGHTS],
                         "weights": list(WEIGHTS.values()),
                     }
@@ -288,7 +286,7 @@ class Relay(Service):
                 await self.room.keep(grant, Counter(row["routing_key"] for row in rows))
             if not rows:
                 return 0, False
-            limit = self.settings.relay_batch_size
+            limit = self.options.batch_size
             # The FIFO claim takes everything due up to the limit; the fair one says whether
             # it left rows due (OUTBOX_CLAIM_FAIR's more_due).
             more = len(rows) >= limit or (grant is not None and bool(rows[0]["more_due"]))
@@ -351,9 +349,7 @@ class Relay(Service):
                     cap=self.options.retry_max_delay,
                 )
             )
-            quarantine.append(
-                failure.quarantines(attempts, self.settings.relay_max_publish_attempts)
-            )
+            quarantine.append(failure.quarantines(attempts, self.options.max_publish_attempts))
             self.metrics.failed.labels(reason=failure.value).inc()
             if attempts == 1 and not quarantine[-1]:
                 first_failures.append((row["message_id"], failure, error))
@@ -446,7 +442,7 @@ class Relay(Service):
 
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
-        timeout = self.settings.relay_poll_interval
+        timeout = self.options.poll_interval
         # A scheduled row is the lease holder's to publish when it is due.
         row = None if self.stands_by else await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE({}))
         if row is not None and row["seconds"] is not None:
@@ -472,7 +468,7 @@ class Relay(Service):
     @property
     def listens(self) -> bool:
         """Whether NOTIFYs wake this relay: not with --no-listen, nor behind PgBouncer
-        without a direct URL to listen on; it then polls every relay_poll_interval."""
+        without a direct URL to listen on; it then polls every options.poll_interval."""
         return self.options.listen and self.settings.listen_url is not None
 
     async def _listen(self) -> None:
@@ -539,9 +535,7 @@ class Relay(Service):
                 announced = True
                 log.info("another relay answers outbox NOTIFYs; this one polls until it goes")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.stopping.wait(), timeout=self.settings.relay_poll_interval
-                )
+                await asyncio.wait_for(self.stopping.wait(), timeout=self.options.poll_interval)
         return False
 
     def _report_database(self, error: DatabaseUnavailable | None) -> None:
@@ -675,7 +669,7 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
         health = HealthServer(
             "relay",
             settings.health_host,
-            settings.relay_health_port,
+            options.health_port,
             relay.probe,
             metrics_text,
         )
@@ -684,10 +678,10 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
             "relay starting",
             extra={
                 "health_port": await _bound_port(health),
-                "batch_size": settings.relay_batch_size,
+                "batch_size": options.batch_size,
                 "lanes": options.lanes,
                 "listen": relay.listens,
-                "poll_interval": settings.relay_poll_interval,
+                "poll_interval": options.poll_interval,
                 "database_pooler": settings.database_pooler,
             },
         )

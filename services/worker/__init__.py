@@ -1,10 +1,21 @@
-"""The jobcore worker service: consume job messages, run handlers under leases.
+"""The jobcore worker service (`jobcore worker`): consume job messages, run handlers under
+leases, and keep the maintenance services running. Invariants: docs/design.md.
 
-- ``consumer``: deliveries → one claim statement (inbox + fenced claim) → ack after commit.
-  Its docstring says why the ack follows the commit and why the lease protects the job.
-- ``runner``: a claimed job's handler, heartbeats, timeout, and its fenced outcome.
+- ``app``: the composition root (pools, consumers, maintenance, health server), wired from
+  settings; `jobcore worker` (services/cli/serve.py) and the tests build it here.
+- ``consumer``: deliveries → one claim statement (inbox + fenced claim) → ack after
+  commit; its docstring says why. ``intake``: take deliveries only while a handler slot
+  could start one. ``claims``: the claimed job every module shares (a leaf).
 - ``batching``: claims and successes share commits when they queue up.
-- ``reaper``: expired leases back to pending (one reaper at a time, through a lease row).
-- ``cancel``: cancel requests by NOTIFY (heartbeats catch the ones it misses).
-- ``app``: the composition root; ``cli``: `jobcore worker` and `jobcore dlq`.
+  ``connections``: the connections held for the hot path.
+- ``runner``: a claimed job's handler, heartbeats, timeout and its fenced outcome;
+  ``job_progress``: its throttled progress reports; ``cancel``: cancel requests by NOTIFY
+  (heartbeats catch the ones it misses).
+- ``maintenance``: one holder at a time, by lease row, of the ``reaper`` (expired leases),
+  ``rescuer`` (jobs whose message was quarantined), ``sweeper`` (pending jobs whose
+  message vanished), ``pruner`` (retention), ``gates`` (held jobs released) and
+  ``scheduler`` (periodic jobs).
+- ``deadletter_notes``: each dead letter noted on its job; ``webhooks``: completion
+  webhooks sent, signed.
+- ``progress``: what turns ``/readyz`` red; ``metrics``, ``tracing``: /metrics and spans.
 """

@@ -111,7 +111,7 @@ class Worker:
             **({"webhook deliverer": 1} if webhooks else {}),
         }
         self.connections = HeldConnections(self.db, held_connections(settings, pool_users))
-        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        topology = Topology.from_settings(settings)
         # Handlers' own transactions (ctx.transaction): at most one per running handler, on
         # a pool of their own that opens connections only when handlers use it.
         self.handler_db = Database(

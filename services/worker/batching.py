@@ -1,13 +1,13 @@
 """Many jobs' statements in one commit: claims and successes are batched.
 
 A commit waits for the WAL to reach the disk, and on a busy machine that wait, not the
-CPU, is what bounds a worker (measured: ~5 ms a statement, two per job, throughput flat
-from 6 to 32 connections). So claims — and, separately, successes — go through a
-:class:`Batcher`: whatever was submitted while the previous batch was committing goes
-out as the next batch. One batch is in flight at a time, so at low load an item goes
-out at once (no timer, no added latency), and under load a batch holds everything that
-queued up behind the last commit. Each caller still gets its own answer, after the
-commit.
+CPU, is what bounds a worker (more connections did not raise its throughput:
+docs/bench/measurements.md, "Batched commits"). So claims — and, separately, successes —
+go through a :class:`Batcher`: whatever was submitted while the previous batch was
+committing goes out as the next batch. One batch is in flight at a time, so at low load
+an item goes out at once (no timer, no added latency), and under load a batch holds
+everything that queued up behind the last commit. Each caller still gets its own answer,
+after the commit.
 
 One batch at a time also means this worker never runs two batches that could lock the
 same rows in opposite orders; a deadlock with another process (duplicate messages in two

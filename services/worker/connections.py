@@ -1,12 +1,11 @@
 """A few pool connections held by the worker for its hot path (claim, outcome, heartbeat).
 
 Held connections skip the pool's checkout and its check (which looks at the socket, and
-only then queries; when the check was an empty query on every checkout, it was a round
-trip and a fifth of the worker's CPU in a no-op job profile, for each of the two
-statements a job costs). One that comes back from
-a failed or interrupted statement in any state but idle goes back to the pool (which
-resets or discards it), together with every idle held one, and slots are refilled from
-the pool (checked) on next use: a restarted database costs one failed statement.
+only then queries: a query per checkout was a round trip for each of the two statements a
+job costs). One that comes back from a failed or interrupted statement in any state but
+idle goes back to the pool (which resets or discards it), together with every idle held
+one, and slots are refilled from the pool (checked) on next use: a restarted database
+costs one failed statement.
 
 A held connection plans its statements once (``plan_cache_mode = force_generic_plan``,
 reset when the worker gives its held connections back to the pool). Its statements are
@@ -14,9 +13,9 @@ prepared after a few runs (psycopg's ``prepare_threshold``), and PostgreSQL then
 between a generic plan and one planned anew for each run's parameters from what the first
 five runs cost. The claim's first runs are small batches (a worker starting, a trickle, or
 one of several replicas): re-planning then looked cheaper, and every claim after that was
-planned again, ~3 ms of PostgreSQL CPU a statement on this 2-core machine against
-0.2-0.6 ms a job for the generic plan (docs/scaling.md). These statements look rows up
-by key in parameter arrays: one plan serves every batch size.
+planned again, at several times the generic plan's cost (figures: docs/scaling.md and
+docs/bench/measurements.md, "Held connections"). These statements look rows up by key in
+parameter arrays: one plan serves every batch size.
 """
 
 from __future__ import annotations

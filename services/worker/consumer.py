@@ -125,7 +125,7 @@ class Consumer(Service):
         self.worker_id = worker_id
         self.metrics = metrics
         self.broker = JobQueueConsumer(settings, self.queues)
-        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        topology = Topology.from_settings(settings)
         self._queue_of = {topology.queue_name(queue): queue for queue in self.queues}
         metrics.consuming(self.queues)
         # server.address / server.port of the process spans.

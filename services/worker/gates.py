@@ -52,7 +52,7 @@ class GateReleaser(MaintenanceService):
         # A short interval must not make the lease flap between workers on a slow round.
         self.lease_ttl = max(self.lease_ttl, 5.0)
         self.metrics = metrics
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
         return await release_held(uow, self.topology, limit=BATCH_SIZE)

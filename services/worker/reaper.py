@@ -64,7 +64,7 @@ class Reaper(MaintenanceService):
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
         expired = await fetch_all(uow, JOB_LOCK_EXPIRED({"limit": BATCH_SIZE}))

@@ -53,7 +53,7 @@ class Rescuer(MaintenanceService):
             interval=interval if interval is not None else settings.worker_rescuer_interval,
         )
         self.metrics = metrics
-        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        topology = Topology.from_settings(settings)
         self.completion = completion_params(topology, settings)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:

@@ -133,7 +133,7 @@ class Scheduler(MaintenanceService):
             interval=interval if interval is not None else settings.scheduler_interval,
         )
         self.schedules = tuple(schedules)
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
         self.quotas = settings.quota_defaults
         self.metrics = SchedulerMetrics(metrics_registry)
         self.clock = clock

@@ -48,7 +48,7 @@ class Sweeper(MaintenanceService):
         )
         self.metrics = metrics
         self.stale_after = settings.sweeper_stale_after
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
 
     async def tick(self) -> int:
         """A round, then (lease holder only) how long due jobs have waited, per queue."""

@@ -175,7 +175,7 @@ class WebhookDeliverer(Service):
         # Short checkouts from the worker's pool, never held across a request.
         self.db = db
         self.metrics = metrics
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
         self.completion = completion_params(self.topology, settings)
         self.broker = JobQueueConsumer(settings, [WEBHOOKS_QUEUE])
         self.sender = WebhookSender(settings)

@@ -470,7 +470,7 @@ async def delete_topology(settings: Settings) -> None:
     connection = await amqp_connect(settings)
     try:
         channel = await connection.channel()
-        topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        topology = Topology.from_settings(settings)
         await topology.delete(channel, [upgrade_jobtypes.QUEUE])
     finally:
         await connection.close()

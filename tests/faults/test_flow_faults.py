@@ -51,7 +51,7 @@ async def broker_cleanup(flow_settings: Settings) -> Any:
 
     connection = await aio_pika.connect(flow_settings.amqp_url, timeout=10)
     async with connection:
-        topology = Topology(flow_settings.amqp_prefix, flow_settings.amqp_delivery_limit)
+        topology = Topology.from_settings(flow_settings)
         await topology.delete(await connection.channel(), default_registry.queues())
 
 

@@ -81,7 +81,7 @@ async def failover_database(service_urls: ServiceUrls, tmp_path: Path) -> AsyncI
         with contextlib.suppress(Exception):
             connection = await aio_pika.connect(settings.amqp_url, timeout=10)
             async with connection:
-                topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+                topology = Topology.from_settings(settings)
                 await topology.delete(await connection.channel(), default_registry.queues())
         with contextlib.suppress(Exception):  # the pair may be half down if the test failed
             await asyncio.to_thread(scratch.drop_database, settings)

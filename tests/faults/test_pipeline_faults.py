@@ -116,7 +116,7 @@ async def broker_cleanup(settings: Settings) -> AsyncIterator[None]:
     with contextlib.suppress(Exception):
         connection = await aio_pika.connect(settings.amqp_url, timeout=10)
         async with connection:
-            topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+            topology = Topology.from_settings(settings)
             await topology.delete(await connection.channel(), default_registry.queues())
 
 
@@ -125,7 +125,7 @@ async def queue_depth(
     settings: Settings, queue: str
 ) -> AsyncIterator[Callable[[], Awaitable[int]]]:
     """A probe for the number of messages ready in one of the test's job queues."""
-    name = Topology(settings.amqp_prefix, settings.amqp_delivery_limit).queue_name(queue)
+    name = Topology.from_settings(settings).queue_name(queue)
     connection = await aio_pika.connect(settings.amqp_url, timeout=10)
     try:
         channel = await connection.channel()

@@ -92,7 +92,7 @@ async def cluster_settings(
     with contextlib.suppress(Exception):
         connection = await connect(clustered, timeout=10)
         async with connection:
-            topology = Topology(clustered.amqp_prefix, clustered.amqp_delivery_limit)
+            topology = Topology.from_settings(clustered)
             await topology.delete(await connection.channel(), default_registry.queues())
 
 
@@ -106,7 +106,7 @@ async def test_killing_the_node_that_leads_the_jobs_queue_loses_and_repeats_noth
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    queue = Topology(cluster_settings.amqp_prefix).queue_name(JOBS_QUEUE)
+    queue = Topology.from_settings(cluster_settings).queue_name(JOBS_QUEUE)
     async with (
         Stack(cluster_settings, tmp_path / "logs", relays=1, workers=1) as stack,
         stack.submitter() as client,
@@ -192,7 +192,7 @@ async def test_a_publisher_meeting_the_dead_leader_first_publishes_before_it_ret
     a nacked batch, which starts from the updated record: it publishes within seconds,
     with the node still down. (What made the load test's relay fail 1 run in 8: it
     reconnected to a survivor and published within that window.)"""
-    topology = Topology(cluster_settings.amqp_prefix, cluster_settings.amqp_delivery_limit)
+    topology = Topology.from_settings(cluster_settings)
     queues = default_registry.queues()
     declarer = ConfirmedPublisher(cluster_settings, queues=queues)
     await declarer.connect()  # the topology, its queues led by the node declaring them

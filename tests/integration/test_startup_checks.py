@@ -87,3 +87,53 @@ def test_a_setting_that_could_deadlock_stops_the_command_with_one_line(
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith(f"jobcore: {line}")
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "value"),
+    [
+        (("relay",), "JOBCORE_RELAY_BATCH_SIZE", "0"),
+        (("relay",), "JOBCORE_RELAY_POLL_INTERVAL", "0"),
+        (("relay",), "JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS", "many"),
+        (("relay",), "JOBCORE_RELAY_HEALTH_PORT", "70000"),
+        (("dev",), "JOBCORE_RELAY_HEALTH_PORT", "-1"),
+    ],
+)
+def test_a_bad_relay_option_stops_the_command_with_one_line_naming_it(
+    args: tuple[str, ...], name: str, value: str
+) -> None:
+    # The relay's options live on RelayOptions (JOBCORE_RELAY_*), validated at start-up
+    # before anything connects, like the flat settings.
+    settings = Settings(environment="test", job_modules=TEST_JOB_MODULES)
+    done = subprocess.run(
+        jobcore_command(*args),
+        env=settings_env(settings, **{**UNREACHABLE, name: value}),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"jobcore: {name}: "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_the_bench_routes_are_refused_in_production() -> None:
+    settings = Settings(environment="test", job_modules=TEST_JOB_MODULES)
+    env = {
+        **UNREACHABLE,
+        "JOBCORE_ENVIRONMENT": "production",
+        "JOBCORE_AMQP_URL": "amqp://jobcore:secret@127.0.0.1:9/",
+        "JOBCORE_BENCH_ROUTES": "true",
+    }
+    done = subprocess.run(
+        jobcore_command("api"),
+        env=settings_env(settings, **env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("jobcore: JOBCORE_BENCH_ROUTES: "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

@@ -128,7 +128,7 @@ def jobcore(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 
 async def published_message(settings: Settings) -> aio_pika.abc.AbstractIncomingMessage:
     """The first message the relay put on the test's job queue (no worker takes it)."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     connection = await aio_pika.connect(settings.amqp_url, timeout=10)
     async with connection:
         channel = await connection.channel()

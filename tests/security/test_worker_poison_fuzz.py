@@ -165,7 +165,7 @@ async def publisher(settings: Settings, db: Database) -> AsyncIterator[OutboxPum
         await pump.close()
         connection = await aio_pika.connect(settings.amqp_url, timeout=10)
         async with connection:
-            topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+            topology = Topology.from_settings(settings)
             await topology.delete(await connection.channel(), default_registry.queues())
 
 

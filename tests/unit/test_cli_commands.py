@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from services.cli import app
+from services.entry import app
 
 
 def _names(group: Any) -> dict[str, object]:

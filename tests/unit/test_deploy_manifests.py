@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 from jobcore.results import parse_store_url
 from jobcore.settings import ENV_PREFIX, Settings
-from services.cli import app
+from services.entry import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -1,8 +1,9 @@
 import pytest
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from jobcore.errors import ConfigurationError
-from jobcore.settings import Settings, load_relay_options, load_settings
+from jobcore.settings import RelayOptions, Settings, load_relay_options, load_settings
 
 
 def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,13 +19,11 @@ def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(
         "JOBCORE_DATABASE_URL", "postgres+psycopg://u@db.example:6543/x?sslmode=require"
     )
-    monkeypatch.setenv("JOBCORE_RELAY_BATCH_SIZE", "250")
     monkeypatch.setenv("JOBCORE_JOB_MODULES", "a.b, c.d")
     settings = load_settings()
     # Normalised: one scheme for psycopg, the driver suffix dropped.
     assert settings.database_url == "postgresql://u@db.example:6543/x?sslmode=require"
     assert settings.database_name == "x"
-    assert settings.relay_batch_size == 250
     assert settings.job_modules == ("a.b", "c.d")
 
 
@@ -54,7 +53,6 @@ def test_environment_is_read_with_one_prefix(monkeypatch: pytest.MonkeyPatch) ->
             "JOBCORE_AMQP_URL: item 2 of the list (b): has a bad port",
         ),
         ("JOBCORE_AMQP_URL", "amqp://a:5681/,", "JOBCORE_AMQP_URL: item 2 of the list is empty"),
-        ("JOBCORE_RELAY_BATCH_SIZE", "0", "JOBCORE_RELAY_BATCH_SIZE:"),
         ("JOBCORE_AMQP_PREFIX", "has space", "JOBCORE_AMQP_PREFIX:"),
         ("JOBCORE_WORKER_STALL_AFTER", "0", "JOBCORE_WORKER_STALL_AFTER:"),
     ],
@@ -218,3 +216,72 @@ def test_the_timeline_switch_is_refused_behind_pgbouncer() -> None:
         load_settings(job_events=False, database_pooler="pgbouncer")
     assert "JOBCORE_JOB_EVENTS=false" in str(info.value)
     assert load_settings(job_events=False).job_events is False
+
+
+# The relay settings that moved from Settings to RelayOptions, with their defaults.
+RELAY_VARIABLES = {
+    "JOBCORE_RELAY_BATCH_SIZE": 500,
+    "JOBCORE_RELAY_POLL_INTERVAL": 1.0,
+    "JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS": 10,
+    "JOBCORE_RELAY_HEALTH_PORT": 8001,
+}
+
+
+def _moved(options: RelayOptions) -> list[float]:
+    return [
+        getattr(options, name.removeprefix("JOBCORE_RELAY_").lower()) for name in RELAY_VARIABLES
+    ]
+
+
+def test_the_relay_options_are_read_from_their_old_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Moved from Settings to RelayOptions under the same names: deployments keep them."""
+    for name in RELAY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert _moved(load_relay_options()) == list(RELAY_VARIABLES.values())
+    given = ["250", "0.25", "3", "9101"]
+    for name, value in zip(RELAY_VARIABLES, given, strict=True):
+        monkeypatch.setenv(name, value)
+    options = load_relay_options()
+    assert _moved(options) == [250, 0.25, 3, 9101]
+    with pytest.raises(ValidationError):
+        options.batch_size = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ("JOBCORE_RELAY_BATCH_SIZE", "0"),
+        ("JOBCORE_RELAY_POLL_INTERVAL", "61"),
+        ("JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS", "x"),
+        ("JOBCORE_RELAY_HEALTH_PORT", "65536"),
+    ],
+)
+def test_a_bad_relay_option_gives_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigurationError) as info:
+        load_relay_options()
+    text = str(info.value)
+    assert text.startswith(f"{env}: ")
+    assert "\n" not in text
+
+
+def test_the_bench_routes_are_a_setting_refused_in_production(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("JOBCORE_BENCH_ROUTES", raising=False)
+    assert load_settings().bench_routes is False
+    monkeypatch.setenv("JOBCORE_BENCH_ROUTES", "true")
+    assert load_settings().bench_routes is True
+    monkeypatch.setenv("JOBCORE_ENVIRONMENT", "production")
+    monkeypatch.setenv("JOBCORE_AMQP_URL", "amqp://jobcore:secret@rabbit.example:5672/")
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert str(info.value) == (
+        "JOBCORE_BENCH_ROUTES: the bench's unauthenticated routes are refused in production"
+    )
+    monkeypatch.setenv("JOBCORE_BENCH_ROUTES", "false")
+    assert load_settings().environment == "production"

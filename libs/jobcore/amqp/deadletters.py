@@ -166,7 +166,7 @@ class DeadLetterQueue:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
 
     async def _open(self) -> tuple[aio_pika.abc.AbstractConnection, AbstractChannel, AbstractQueue]:
         connection = await connect(self.settings, timeout=self.settings.db_connect_timeout)

@@ -130,7 +130,7 @@ class JobQueueConsumer:
 
     def __init__(self, settings: Settings, queues: Iterable[str]) -> None:
         self.settings = settings
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
         self.queues = sorted(set(queues))
         self._connection: AbstractRobustConnection | None = None
         self._consumers: list[tuple[AbstractQueue, str]] = []

@@ -211,7 +211,7 @@ async def declare_topology(
     settings: Settings, queues: Collection[str], *, connect_timeout: float = 5.0
 ) -> dict[str, Any]:
     """Declare the topology on demand (`jobcore topology`); return what was declared."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     connection = await connect(settings, timeout=connect_timeout)
     try:
         try:
@@ -243,7 +243,7 @@ class ConfirmedPublisher:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.settings = settings
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
         self.queues = frozenset(queues)
         # The routes that declaring this topology creates: a return for one of them means a
         # queue or binding was deleted under us, and declaring again cures it.

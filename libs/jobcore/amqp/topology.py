@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
 from jobcore.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,12 @@ class DeclaredTopology:
 class Topology:
     prefix: str
     delivery_limit: int = 20
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topology:
+        """The topology a process with ``settings`` declares and uses
+        (``JOBCORE_AMQP_PREFIX``, ``JOBCORE_AMQP_DELIVERY_LIMIT``)."""
+        return cls(settings.amqp_prefix, settings.amqp_delivery_limit)
 
     @property
     def jobs_exchange(self) -> str:

@@ -49,7 +49,7 @@ OUTBOX_UNLISTEN = Query[NoParams](
 
 
 # One relay at a time answers the outbox NOTIFYs: the one whose LISTEN connection holds
-# this session lock. A relay that does not hold it polls (relay_poll_interval) and claims
+# this session lock. A relay that does not hold it polls (JOBCORE_RELAY_POLL_INTERVAL) and claims
 # whatever is due then, so a backlog is still drained by every replica; a trickle is
 # relayed by one, in batches instead of one empty claim per replica per NOTIFY. The
 # lock is the connection's: it goes when the holder's connection does (a relay killed,

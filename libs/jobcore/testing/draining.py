@@ -124,7 +124,7 @@ class InlineWorker:
         self.settings = db.settings
         self.registry = registry
         self.worker_id = worker_id
-        self.topology = Topology(self.settings.amqp_prefix, self.settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(self.settings)
         self.completion = completion_params(self.topology, self.settings)
         self.result_store = open_result_store(self.settings)
         self._webhooks_key = self.topology.routing_key(WEBHOOKS_QUEUE)

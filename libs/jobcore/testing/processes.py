@@ -16,8 +16,8 @@ from jobcore.settings import Settings
 
 def _services_root() -> Path:
     """The directory holding the ``services`` package (the checkout, or site-packages): the
-    children run ``python -m services.cli`` from there. Located, not imported: the library
-    never imports the services."""
+    children run ``python -m services`` (the `jobcore` program) from there. Located, not
+    imported: the library never imports the services."""
     spec = importlib.util.find_spec("services")
     if spec is None or spec.origin is None:
         return Path.cwd()
@@ -62,7 +62,7 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def jobcore_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "services.cli", *args]
+    return [sys.executable, "-m", "services", *args]
 
 
 @contextmanager

@@ -118,7 +118,7 @@ async def cancel_any_job(
     db: Database, settings: Settings, job_id: uuid.UUID, *, actor: str
 ) -> CancelOutcome:
     """:func:`cancel_job` for operators: whatever the job's tenant, committed and audited."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     target = Target("job", str(job_id))
     async with audited(db, actor=actor, action=AuditAction.JOB_CANCEL, target=target) as work:
         tenant = (await find_job(work.uow, job_id))["tenant"]
@@ -143,7 +143,7 @@ async def retry_job(
 ) -> RetryOutcome:
     """Enqueue a copy of a failed or cancelled job (same type, payload, entity and unique
     key)."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     target = Target("job", str(job_id))
     async with audited(db, actor=actor, action=AuditAction.JOB_RETRY, target=target) as work:
         job = await find_job(work.uow, job_id)

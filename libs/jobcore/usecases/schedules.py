@@ -143,7 +143,7 @@ async def trigger_schedule(
     db: Database, settings: Settings, schedules: Sequence[Schedule], name: str, *, actor: str
 ) -> TriggerOutcome:
     """Enqueue one job of the schedule now (its tenant's quotas apply)."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     target = Target("schedule", name)
     async with audited(db, actor=actor, action=AuditAction.SCHEDULE_TRIGGER, target=target) as work:
         schedule = find(tuple(schedules), name)

@@ -130,7 +130,7 @@ async def redeliver(
     db: Database, settings: Settings, delivery_id: uuid.UUID, *, actor: str
 ) -> DictRow:
     """A new attempt of a delivery, now, through the outbox (a failed one too)."""
-    topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+    topology = Topology.from_settings(settings)
     target = Target("webhook_delivery", str(delivery_id))
     async with audited(
         db, actor=actor, action=AuditAction.WEBHOOK_REDELIVER, target=target

@@ -1,4 +1,5 @@
-"""A no-op enqueue for benchmarks (served only with JOBCORE_BENCH_NOOP=1): the same server
+"""A no-op enqueue for benchmarks (served only with JOBCORE_BENCH_ROUTES=true, which `jobcore
+bench` sets for its own API processes; refused in production): the same server
 stack, body reading and JSON answer, without authentication or the database."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.db import fetch_all
 from jobcore.priorities import WEIGHTS
+from jobcore.settings import RelayOptions
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, merge_cpu
@@ -104,7 +105,7 @@ def edge_rates(points: list[tuple[float, int]], total: int) -> tuple[float, floa
 async def run(bench: Bench) -> Section:
     rows = bench.options.backlog_rows
     async with bench.scratch("backlog") as config:
-        limit = config.relay_batch_size
+        limit = RelayOptions().batch_size
         section = Section(
             "backlog",
             TITLE,
@@ -113,7 +114,7 @@ async def run(bench: Bench) -> Section:
             f"drain; the drain rate over the first and the last {EDGE:.0%} of the rows. One "
             f"drain (the min–max are over the claim samples).",
         )
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         async with await psycopg.AsyncConnection.connect(
             config.database_url, autocommit=True
         ) as conn:

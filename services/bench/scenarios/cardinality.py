@@ -266,7 +266,7 @@ async def tenants_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[st
         await relays_ready(stack)
         relay_pids = pids(stack)
         relay_pids.pop("api", None)
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         connection = await connect_broker(config)
         try:
             channel = await connection.channel()
@@ -415,7 +415,7 @@ async def keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
         bench.scratch("cardinality-keys") as config,
         bench.stack(config, "cardinality-keys", relays=1, workers=1) as stack,
     ):
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         db = Database(config, min_size=1, max_size=2, name="bench-cardinality")
         await db.open(wait=True)
         try:
@@ -560,7 +560,7 @@ async def _round_cost(
 async def held_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     async with bench.scratch("cardinality-held") as config:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         # One connection, configured as the worker's pool configures its own.
         db = Database(config, min_size=1, max_size=1, name="bench-gate-releaser")
         await db.open(wait=True)

@@ -145,7 +145,7 @@ async def pipeline_drain(
     from jobcore.usecases.pauses import set_paused
 
     n = bench.options.jobs
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    topology = Topology.from_settings(config)
     await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
     since = await db_now(db)
     await preload(db, topology, n)
@@ -160,7 +160,7 @@ async def pipeline_drain(
 
 async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) -> list[float]:
     """Seconds from created_at to started_at of ``samples`` jobs enqueued one at a time."""
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    topology = Topology.from_settings(config)
     noop = load_job_modules(config.job_modules).get("noop")
     seconds = []
     # As the API wakes them (an idle enqueue is alone in flight: its statement NOTIFYs).

@@ -69,7 +69,7 @@ async def run(bench: Bench) -> Section:
     )
     results: dict[str, list[float]] = {"unordered": [], "ordered": []}
     async with bench.scratch("ordered") as config:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         db = Database(config, min_size=CONNECTIONS, max_size=CONNECTIONS, name="bench-ordered")
         await db.open(wait=True)
         try:

@@ -157,7 +157,7 @@ async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> f
 
 async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> Drain:
     """Preloaded while the type is paused, timed from the resume."""
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    topology = Topology.from_settings(config)
     async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
         await relays_ready(stack)
         await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
@@ -190,7 +190,7 @@ async def jobcore_worker_only(
 ) -> Drain:
     """``workers`` worker processes on a queue that already holds every job's message
     (two: as many processes as Celery's prefork pool)."""
-    topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+    topology = Topology.from_settings(config)
     since = await db_now(db)
     async with bench.stack(
         config, "peers-fill", relays=1, workers=0, env=UNLIMITED_QUEUES

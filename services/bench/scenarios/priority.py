@@ -163,7 +163,7 @@ async def one_run(bench: Bench, mode: str) -> tuple[dict[str, Any], list[Any], d
         db = Database(config, min_size=1, max_size=2, name="bench-priority")
         await db.open(wait=True)
         try:
-            topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+            topology = Topology.from_settings(config)
             used: dict[str, float] = {}
             with cpu_of(pids(stack), used):
                 await fill_backlog(db, topology, backlog, MODES[mode][0])

@@ -239,7 +239,8 @@ def cpu_us_per_message(used_pct: float, seconds: float, messages: int) -> float:
 
 async def run(bench: Bench) -> Section:
     options = bench.options
-    lanes = RelayOptions().lanes
+    relay_options = RelayOptions()
+    lanes = relay_options.lanes
     rows = options.relay_rows
     async with (
         bench.scratch("relay") as config,
@@ -249,7 +250,7 @@ async def run(bench: Bench) -> Section:
             "relay",
             TITLE,
             f"{rows:,} outbox rows per run drained by one `jobcore relay` (batch "
-            f"{config.relay_batch_size}, {lanes} lanes), from the fill's commit until the "
+            f"{relay_options.batch_size}, {lanes} lanes), from the fill's commit until the "
             f"outbox is empty; baseline: the same number of persistent, mandatory messages "
             f"to the same quorum queue published by raw aio-pika and raw aiormq with "
             f"confirms, {RAW_WINDOW:,} in flight, the faster of the two (median); CPU per "
@@ -257,7 +258,7 @@ async def run(bench: Bench) -> Section:
             f"Idle latency: {LATENCY_SAMPLES} single jobs, commit→consumed.",
         )
         await relays_ready(stack)
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         relay_pids = pids(stack)
         relay_pids.pop("api", None)
         connection = await connect_broker(config)

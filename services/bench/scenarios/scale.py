@@ -29,7 +29,7 @@ import statistics
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.settings import RelayOptions, Settings
 from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.measure import CpuMeter, merge_cpu
 from services.bench.report import Figure, Section, Series
@@ -46,7 +46,7 @@ CONNECTIONS = 8
 # CPU a second with them, 37 with these).
 PRODUCTION_INTERVALS = {
     "JOBCORE_WORKER_REAPER_INTERVAL": str(Settings.model_fields["worker_reaper_interval"].default),
-    "JOBCORE_RELAY_POLL_INTERVAL": str(Settings.model_fields["relay_poll_interval"].default),
+    "JOBCORE_RELAY_POLL_INTERVAL": str(RelayOptions.model_fields["poll_interval"].default),
 }
 # The process groups whose CPU per job is reported (the API process idles: left out).
 GROUPS = ("relays", "workers", "bench", "postgres", "rabbitmq")
@@ -108,7 +108,7 @@ async def run(bench: Bench) -> Section:
     cpu: dict[int, list[dict[str, float]]] = {size: [] for size in options.scale}
     loads: dict[int, list[float]] = {size: [] for size in options.scale}
     async with bench.scratch("scale") as config:
-        topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+        topology = Topology.from_settings(config)
         # Generic plans, as the API's pool has: the enqueue statement planned anew for
         # each job cost PostgreSQL more than the statement itself.
         db = Database(

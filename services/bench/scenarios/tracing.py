@@ -118,7 +118,7 @@ async def measure(bench: Bench, mode: str, sink: Sink) -> tuple[float, float, in
             if errors:
                 raise RuntimeError(f"{errors} of {n} POSTs were not accepted")
             enqueue_rate = len(latencies) / seconds
-            topology = Topology(config.amqp_prefix, config.amqp_delivery_limit)
+            topology = Topology.from_settings(config)
             async with await psycopg.AsyncConnection.connect(
                 config.database_url, autocommit=True
             ) as conn:

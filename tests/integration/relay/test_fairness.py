@@ -165,7 +165,7 @@ async def test_a_backlog_next_to_many_tenants_delayed_jobs_goes_out_in_whole_bat
         batches = registry.get_sample_value("jobcore_relay_batch_rows_count")
         rows = registry.get_sample_value("jobcore_relay_batch_rows_sum")
 
-    assert settings.relay_batch_size == 500
+    assert relay.options.batch_size == 500
     assert rows == 600
     assert batches is not None
     assert batches <= 3, f"{batches} batches for 600 rows"

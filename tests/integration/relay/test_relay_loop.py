@@ -65,8 +65,7 @@ async def test_notify_wakes_an_idle_relay_long_before_its_poll_interval(
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
-    async with running_relay(slow_poll, db) as relay:
+    async with running_relay(settings, db, poll_interval=60.0) as relay:
         # Let the relay finish its first (empty) pass and go to sleep for a minute.
         await wait_idle(relay)
         rows = await fill_outbox(db, topology, 20, notify=True)
@@ -81,8 +80,7 @@ async def test_without_listen_the_relay_finds_rows_by_polling(
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    fast_poll = settings.model_copy(update={"relay_poll_interval": 0.1})
-    async with running_relay(fast_poll, db, listen=False) as relay:
+    async with running_relay(settings, db, poll_interval=0.1, listen=False) as relay:
         await wait_idle(relay)
         # No NOTIFY at all: as behind PgBouncer in transaction mode.
         rows = await fill_outbox(db, topology, 300, notify=False)
@@ -97,8 +95,7 @@ async def test_a_scheduled_row_is_published_when_due_not_at_the_next_poll(
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
-    async with running_relay(slow_poll, db) as relay:
+    async with running_relay(settings, db, poll_interval=60.0) as relay:
         await wait_idle(relay)
         [row] = await fill_outbox(db, topology, 1, delay=1.5, notify=True)
         stored = await outbox_row(db, row["id"])
@@ -119,12 +116,9 @@ async def test_an_unroutable_row_is_retried_past_max_attempts_while_others_flow(
     JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS, never quarantined, and published once a queue is
     bound; operators see it failing meanwhile. Rows behind it are not held up."""
     collector = await collect(amqp_channel, topology)
-    config = settings.model_copy(
-        update={"relay_max_publish_attempts": 3, "relay_poll_interval": 0.1}
-    )
     [bad] = await fill_outbox(db, topology, 1, routing_key="nowhere")
     good = await fill_outbox(db, topology, 200)
-    async with running_relay(config, db) as relay:
+    async with running_relay(settings, db, max_publish_attempts=3, poll_interval=0.1) as relay:
         await wait_received(collector, {r["message_id"] for r in good})
 
         async def past_max_attempts() -> dict[str, Any] | None:
@@ -174,11 +168,10 @@ async def test_a_row_naming_a_missing_exchange_is_retried_without_breaking_the_b
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    config = settings.model_copy(update={"relay_max_publish_attempts": 2})
     exchange = f"{settings.amqp_prefix}.late"
     [bad] = await fill_outbox(db, topology, 1, exchange=exchange)
     good = await fill_outbox(db, topology, 100)
-    async with running_relay(config, db):
+    async with running_relay(settings, db, max_publish_attempts=2):
         await wait_received(collector, {r["message_id"] for r in good})
 
         async def past_max_attempts() -> dict[str, Any] | None:
@@ -206,16 +199,15 @@ async def test_stop_commits_the_batch_in_flight_and_claims_no_more(
 ) -> None:
     collector = await collect(amqp_channel, topology)
     rows = await fill_outbox(db, topology, 20_000)
-    config = settings.model_copy(update={"relay_batch_size": 1000})
-    async with running_relay(config, db, lanes=1) as relay:
+    async with running_relay(settings, db, batch_size=1000, lanes=1) as relay:
 
         async def flowing() -> bool:
             return bool(collector.ids)
 
         await eventually(flowing, what="the first message")
         started = time.monotonic()
-        await relay.stop(config.shutdown_grace)
-        assert time.monotonic() - started < config.shutdown_grace
+        await relay.stop(settings.shutdown_grace)
+        assert time.monotonic() - started < settings.shutdown_grace
         assert not relay.running
 
     left = await outbox_message_ids(db)
@@ -242,11 +234,10 @@ async def test_one_relay_answers_notifies_and_the_other_stands_by(
 ) -> None:
     collector = await collect(amqp_channel, topology)
     # Polls a minute apart: within the test, only a NOTIFY moves a row.
-    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
-    async with running_relay(slow_poll, db) as first:
+    async with running_relay(settings, db, poll_interval=60.0) as first:
         await wait_idle(first)
         await eventually(lambda: _answers(first), what="the first relay to take the wake lease")
-        async with running_relay(slow_poll, db) as second:
+        async with running_relay(settings, db, poll_interval=60.0) as second:
             await wait_idle(second)
             rows = await fill_outbox(db, topology, 20, notify=True)
             await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
@@ -264,13 +255,13 @@ async def test_a_standby_relay_takes_the_wake_lease_when_its_holder_stops(
     amqp_channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     collector = await collect(amqp_channel, topology)
-    slow_poll = settings.model_copy(update={"relay_poll_interval": 60.0})
     # The standby tries for the lease every poll interval.
-    quick_poll = settings.model_copy(update={"relay_poll_interval": 0.2})
     async with contextlib.AsyncExitStack() as stack:
-        async with running_relay(slow_poll, db) as holder:
+        async with running_relay(settings, db, poll_interval=60.0) as holder:
             await eventually(lambda: _answers(holder), what="the first relay to take the lease")
-            standby = await stack.enter_async_context(running_relay(quick_poll, db))
+            standby = await stack.enter_async_context(
+                running_relay(settings, db, poll_interval=0.2)
+            )
             await wait_idle(standby)
             assert not standby.answers_notifies
         # The holder stopped, and gave the lease back with its pooled connection.
@@ -294,13 +285,12 @@ async def test_a_standby_relay_publishes_rows_the_lease_holder_leaves_overdue(
     """A holder that publishes nothing (stuck, or its broker gone): the standby's polls
     find the rows overdue and drain them."""
     collector = await collect(amqp_channel, topology)
-    quick_poll = settings.model_copy(update={"relay_poll_interval": 0.2})
     async with db.connection() as holder:
         taken = await fetch_one(holder, OUTBOX_TAKE_WAKE_LEASE({}))
         assert taken is not None
         assert taken["held"]
         try:
-            async with running_relay(quick_poll, db) as standby:
+            async with running_relay(settings, db, poll_interval=0.2) as standby:
                 await wait_idle(standby)
                 assert not standby.answers_notifies
                 rows = await fill_outbox(db, topology, 50, notify=True)

@@ -80,7 +80,7 @@ async def add_job(
     async with db.unit_of_work() as uow:
         result = await enqueue(
             uow,
-            Topology(settings.amqp_prefix, settings.amqp_delivery_limit),
+            Topology.from_settings(settings),
             tenant=tenant,
             job_type=job_type,
             payload=job_type.validate_payload({"text": text}),

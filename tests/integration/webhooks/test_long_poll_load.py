@@ -101,9 +101,7 @@ def finish_jobs(settings: Settings, ids: list[uuid.UUID]) -> dict[str, tuple[flo
     """Succeed the jobs one statement each, with the worker's own success statement (and
     its NOTIFY), in a thread of its own so the times around each commit are taken at once;
     each job's (sent, committed) monotonic times."""
-    completion = completion_params(
-        Topology(settings.amqp_prefix, settings.amqp_delivery_limit), settings
-    )
+    completion = completion_params(Topology.from_settings(settings), settings)
     times: dict[str, tuple[float, float]] = {}
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         for job_id in ids:

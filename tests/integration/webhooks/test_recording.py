@@ -143,9 +143,7 @@ async def test_a_rolled_back_cancel_records_no_delivery(
         headers=auth,
     )
     job_id = uuid.UUID(response.json()["job_id"])
-    completion = completion_params(
-        Topology(hsettings.amqp_prefix, hsettings.amqp_delivery_limit), hsettings
-    )
+    completion = completion_params(Topology.from_settings(hsettings), hsettings)
     async with db.unit_of_work() as uow:
         outcome = await cancel_job(uow, TENANT, job_id, completion=completion)
         assert outcome.status == "cancelled"

@@ -149,7 +149,7 @@ class OutboxPump:
     def __init__(self, settings: Settings, db: Database) -> None:
         self.settings = settings
         self.db = db
-        self.topology = Topology(settings.amqp_prefix, settings.amqp_delivery_limit)
+        self.topology = Topology.from_settings(settings)
         self.published: list[PublishedRow] = []
         self.paused = asyncio.Event()
         self._connection: aio_pika.abc.AbstractConnection | None = None

@@ -73,7 +73,7 @@ async def test_a_message_dead_lettered_at_the_delivery_limit_is_noted_and_its_jo
     pump: OutboxPump,
     start_worker: StartWorker,
 ) -> None:
-    topology = Topology(wsettings.amqp_prefix, wsettings.amqp_delivery_limit)
+    topology = Topology.from_settings(wsettings)
     job_id = await submit(db, topology, "effect", EffectPayload(n=7))
 
     async def published() -> bool:
@@ -121,7 +121,7 @@ async def test_a_message_a_worker_rejected_is_counted_once_not_as_a_broker_dead_
     outbox_pump: OutboxPump,
     start_worker: StartWorker,
 ) -> None:
-    topology = Topology(wsettings.amqp_prefix, wsettings.amqp_delivery_limit)
+    topology = Topology.from_settings(wsettings)
     worker = await start_worker()
     channel = await outbox_pump.channel()
     exchange = await channel.get_exchange(topology.jobs_exchange)
@@ -158,7 +158,7 @@ async def test_a_dead_letter_with_nul_in_its_properties_is_noted_without_them(
     db: Database, wsettings: Settings
 ) -> None:
     # PostgreSQL text cannot hold NUL; a foreign publisher's message id or headers can.
-    topology = Topology(wsettings.amqp_prefix, wsettings.amqp_delivery_limit)
+    topology = Topology.from_settings(wsettings)
     job_id = await submit(db, topology, "effect", EffectPayload(n=1))
     body = JobMessage(job_id=job_id, attempt=1, type="effect").encode()
     headers = {"x-first-death-reason": "expired\x00", "x-first-death-queue": "q\x00"}

@@ -1,0 +1,3 @@
+from services.entry import main
+
+main()
