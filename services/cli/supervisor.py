@@ -61,7 +61,7 @@ class Supervisor:
         self.quiet = False
 
     def add(self, name: str, *args: str, **env: str) -> Child:
-        child = Child(name, [sys.executable, "-m", "services.cli", *args], env)
+        child = Child(name, [sys.executable, "-m", "services", *args], env)
         self.children.append(child)
         return child
 
