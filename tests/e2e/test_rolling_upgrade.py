@@ -17,6 +17,7 @@ the documented 503 (with Retry-After).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -44,10 +45,30 @@ from jobcore.settings import Settings
 from jobcore.testing.pipeline import check
 from jobcore.testing.processes import ROOT, jobcore_command
 from tests.e2e.stack import free_port
-from tests.support import databases, upgrade_jobtypes
+from tests.support import databases
 from tests.support import previous_release as previous_build
 from tests.support.flow import most_starts_in_a_second, overlap_per_key
 from tests.support.services import ServiceUrls
+
+# The job types both versions load. Never imported here: importing declares them in this
+# process's registry, and every test a pytest worker runs after collecting this module
+# would then consume their queue too.
+UPGRADE_JOBTYPES = Path(__file__).parents[1] / "support" / "upgrade_jobtypes.py"
+
+
+def _declared(name: str) -> Any:
+    """A module-level constant of UPGRADE_JOBTYPES, read without importing it."""
+    for node in ast.parse(UPGRADE_JOBTYPES.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{UPGRADE_JOBTYPES} declares no {name}")
+
+
+UPGRADE_QUEUE: str = _declared("QUEUE")
+UPGRADE_LIMIT: int = _declared("LIMIT")
+UPGRADE_RATE: float = _declared("RATE")
 
 # At least a minute of old and new relays and workers side by side (the brief of the
 # rollout); JOBCORE_UPGRADE_OVERLAP shortens it for a quick local run.
@@ -320,7 +341,7 @@ async def test_rolling_upgrade_from_the_previous_release_under_load(
     )
     modules = tmp_path / "modules"
     modules.mkdir()
-    shutil.copy(Path(upgrade_jobtypes.__file__), modules / "upgrade_jobtypes.py")
+    shutil.copy(UPGRADE_JOBTYPES, modules / "upgrade_jobtypes.py")
     rollout = Rollout(settings, tmp_path, old_bin, modules)
     db = Database(settings, min_size=0, max_size=2, name="upgrade-check")
     try:
@@ -455,9 +476,9 @@ async def test_rolling_upgrade_from_the_previous_release_under_load(
         assert len(limited) > 25, summary
         for account in ("r0", "r1"):
             starts = [r["started_at"] for r in rated if r["payload"]["account"] == account]
-            assert most_starts_in_a_second(starts) <= upgrade_jobtypes.RATE, sorted(starts)
+            assert most_starts_in_a_second(starts) <= UPGRADE_RATE, sorted(starts)
         overlaps = overlap_per_key(limited, "concurrency_key")
-        assert max(overlaps.values()) <= upgrade_jobtypes.LIMIT, overlaps
+        assert max(overlaps.values()) <= UPGRADE_LIMIT, overlaps
     finally:
         rollout.kill_all()
         await db.close()
@@ -471,6 +492,6 @@ async def delete_topology(settings: Settings) -> None:
     try:
         channel = await connection.channel()
         topology = Topology.from_settings(settings)
-        await topology.delete(channel, [upgrade_jobtypes.QUEUE])
+        await topology.delete(channel, [UPGRADE_QUEUE])
     finally:
         await connection.close()
