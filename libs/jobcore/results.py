@@ -116,8 +116,20 @@ class LocalResultStore:
         key = f"{job_id.hex}.{suffix}"
         if not _KEY_RE.match(key):
             raise ValueError(f"bad result suffix {suffix!r}")
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP_PREFIX)
+        return key, self._write_atomically(key, chunks)
+
+    def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:
+        """Store a job's payload (before its row commits); its key."""
+        key = payload_key(job_id)
+        self._write_atomically(key, (data,))
+        return key
+
+    def _write_atomically(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Write ``chunks`` to a temporary file beside ``key`` and rename it into place (a
+        reader never sees half); the size written."""
+        target = self.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_TEMP_PREFIX)
         size = 0
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -126,28 +138,11 @@ class LocalResultStore:
                     size += len(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, self.root / key)
+            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return key, size
-
-    def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:
-        """Store a job's payload (before its row commits); its key."""
-        key = payload_key(job_id)
-        directory = self.root / PAYLOADS_PREFIX
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TEMP_PREFIX)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.root / key)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return key
+        return size
 
     def presigned_url(self, key: str) -> str | None:
         return None
