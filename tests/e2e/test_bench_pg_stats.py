@@ -12,27 +12,14 @@ import orjson
 import pytest
 
 from jobcore.settings import Settings
-from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.processes import ROOT
 from services.bench import report as report_module
 from services.bench.pgstats import BENCH_MARK
+from tests.e2e.test_bench_smoke import bench_cli
 
 SCRIPT = ROOT / "scripts" / "pg_stats_cluster.sh"
 PORT = 5451
 START_TIMEOUT = 120.0
-
-
-def bench_cli(
-    settings: Settings, *args: str, timeout: float = 400
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        jobcore_command("bench", *args),
-        env=settings_env(settings),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
