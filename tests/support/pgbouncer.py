@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.support.scripts import start_with_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "pgbouncer.sh"
 PORT = 6441
@@ -22,21 +24,7 @@ PSQL += ("-U", "postgres", "-d", "pgbouncer")
 
 def ensure_pgbouncer() -> None:
     """Start the suite's PgBouncer unless it runs; raise with its own words if it cannot."""
-    try:
-        result = subprocess.run(
-            [str(SCRIPT), "start"],
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            env={"PATH": "/usr/sbin:/usr/bin:/bin", "PGBOUNCER_PORT": str(PORT)},
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{SCRIPT} start did not finish in {START_TIMEOUT:g}s") from None
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{SCRIPT} start failed ({result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()}"
-        )
+    start_with_script(SCRIPT, {"PGBOUNCER_PORT": str(PORT)}, timeout=START_TIMEOUT)
 
 
 def through_pgbouncer(url: str) -> str:

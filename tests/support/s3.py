@@ -7,7 +7,6 @@ its own (:func:`new_bucket`), so parallel tests never see each other's objects.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from botocore.config import Config
 from pydantic import SecretStr
 
 from jobcore.settings import Settings
+from tests.support.scripts import start_with_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "s3.sh"
@@ -30,21 +30,7 @@ SECRET_KEY = "jobcore-test-secret-do-not-log"
 
 def ensure_s3() -> None:
     """Start the suite's S3 server unless it runs; raise with its own words if it cannot."""
-    try:
-        result = subprocess.run(
-            [str(SCRIPT), "start"],
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            env={"PATH": "/usr/sbin:/usr/bin:/bin", "S3_PORT": str(PORT)},
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{SCRIPT} start did not finish in {START_TIMEOUT:g}s") from None
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{SCRIPT} start failed ({result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()}"
-        )
+    start_with_script(SCRIPT, {"S3_PORT": str(PORT)}, timeout=START_TIMEOUT)
 
 
 def client(endpoint: str = ENDPOINT) -> Any:
