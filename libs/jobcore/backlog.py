@@ -24,7 +24,7 @@ from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database, fetch_all
 from jobcore.errors import DatabaseUnavailable
 from jobcore.sql.flow_pauses import FLOW_PAUSE_LIST
-from jobcore.sql.jobs import JOB_COUNT_OPEN_BY_QUEUE
+from jobcore.store import job_store
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class BacklogGauges:
     async def _refresh_jobs(self) -> None:
         try:
             async with asyncio.timeout(self.timeout), self.db.connection() as conn:
-                rows = await fetch_all(conn, JOB_COUNT_OPEN_BY_QUEUE({}))
+                rows = await job_store.count_open_by_queue(conn)
                 pauses = await fetch_all(conn, FLOW_PAUSE_LIST({}))
         except (DatabaseUnavailable, TimeoutError):
             self.refresh_failures.labels("database").inc()

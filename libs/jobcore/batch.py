@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session, execute, fetch_all
+from jobcore.db import Session, execute
 from jobcore.enqueue import UNIQUE_KEY_TRIES, job_gates, quota_refusal, seconds_of
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
@@ -33,13 +33,9 @@ from jobcore.errors import (
 )
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.registry import JobType
-from jobcore.sql.jobs import (
-    JOB_GET_BATCH_HOLDERS,
-    JOB_INSERT_MANY,
-    JobInsertManyParams,
-)
 from jobcore.sql.tenant_quotas import TENANT_USAGE_LOCK
 from jobcore.states import JobStatus
+from jobcore.store import JobInsertManyParams, job_store
 from jobcore.telemetry import capture_trace_headers
 
 # The most items one batch may hold (the API's limit, and what one statement is sized for).
@@ -115,11 +111,9 @@ async def enqueue_many(
     # An item whose unique key's holder ended between the insert and the read is tried
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):
-        rows = await fetch_all(
+        rows = await job_store.insert_many(
             uow,
-            JOB_INSERT_MANY(
-                _insert_params(topology, tenant, job_type, items, todo, callback_url, quotas, trace)
-            ),
+            _insert_params(topology, tenant, job_type, items, todo, callback_url, quotas, trace),
         )
         limit = RateLimit(float(rows[0]["rate"]), int(rows[0]["burst"]))
         headers = rate_headers(limit, seconds_of(rows[0]["rate_tat"]), rows[0]["now"].timestamp())
@@ -210,17 +204,15 @@ async def _answer_taken(
     free again, to try again."""
     if not taken:
         return []
-    rows = await fetch_all(
+    rows = await job_store.batch_holders(
         uow,
-        JOB_GET_BATCH_HOLDERS(
-            {
-                "ns": taken,
-                "idempotency_keys": [items[n].idempotency_key for n in taken],
-                "unique_keys": [items[n].unique_key for n in taken],
-                "tenant": tenant,
-                "type": job_type.name,
-            }
-        ),
+        {
+            "ns": taken,
+            "idempotency_keys": [items[n].idempotency_key for n in taken],
+            "unique_keys": [items[n].unique_key for n in taken],
+            "tenant": tenant,
+            "type": job_type.name,
+        },
     )
     again = []
     for row in rows:

@@ -55,8 +55,9 @@ def _statement_names() -> dict[str, str]:
         from jobcore.sql import Query
 
         names: dict[str, str] = {}
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        # Recursive: the jobs statements are a package of their own (jobcore.sql.jobs).
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            module = importlib.import_module(info.name)
             for value in vars(module).values():
                 if isinstance(value, Query):
                     names[value.sql] = value.name

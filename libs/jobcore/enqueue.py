@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session, UnitOfWork, fetch_one
+from jobcore.db import Session, UnitOfWork
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
     EnqueueRateExceeded,
@@ -39,14 +39,8 @@ from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
 from jobcore.sql import OutboxMessageParams
-from jobcore.sql.jobs import (
-    JOB_GET_BY_IDEMPOTENCY_KEY,
-    JOB_GET_UNIQUE_HOLDER,
-    JOB_INSERT,
-    JobGateParams,
-    JobInsertParams,
-)
 from jobcore.states import JobStatus
+from jobcore.store import JobGateParams, JobInsertParams, job_store
 from jobcore.telemetry import capture_trace_headers
 from jobcore.wakeups import RelayWakeups
 
@@ -397,7 +391,7 @@ async def _insert(
     tenant, job_type = params["tenant"], params["type"]
     idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
     fingerprint = params["payload_fingerprint"]
-    row = await fetch_one(uow, JOB_INSERT(params))
+    row = await job_store.insert(uow, params)
     if row is None:  # one row for any tenant name, none for a key revoked or expired since
         raise InvalidApiKey()
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
@@ -416,11 +410,8 @@ async def _insert(
     # refused one then queued behind. A new statement (a new snapshot under READ
     # COMMITTED) sees that job either way, and a retry of accepted work is not refused.
     if idempotency_key is not None:
-        existing = await fetch_one(
-            uow,
-            JOB_GET_BY_IDEMPOTENCY_KEY(
-                {"tenant": tenant, "type": job_type, "idempotency_key": idempotency_key}
-            ),
+        existing = await job_store.get_by_idempotency_key(
+            uow, {"tenant": tenant, "type": job_type, "idempotency_key": idempotency_key}
         )
         if existing is not None:
             if existing["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(legacy)):
@@ -437,9 +428,8 @@ async def _insert(
                 headers,
             )
     if unique_key is not None:
-        holder = await fetch_one(
-            uow,
-            JOB_GET_UNIQUE_HOLDER({"tenant": tenant, "type": job_type, "unique_key": unique_key}),
+        holder = await job_store.get_unique_holder(
+            uow, {"tenant": tenant, "type": job_type, "unique_key": unique_key}
         )
         if holder is not None:
             raise UniqueJobExists(holder["id"], holder["status"])

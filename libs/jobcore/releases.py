@@ -12,9 +12,9 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import UnitOfWork, fetch_all
+from jobcore.db import UnitOfWork
 from jobcore.enqueue import message_row
-from jobcore.sql.jobs import JOB_LOCK_RELEASABLE, JOB_RELEASE_HELD, JobReleaseHeldParams
+from jobcore.store import JobReleaseHeldParams, job_store
 
 # How far ahead a rate-limited key's held jobs are released (each due at its token's
 # time): a second's worth, so a fast key is not bounded by the round interval.
@@ -27,12 +27,10 @@ async def release_held(
     """Lock up to ``limit`` held jobs whose gate may let them start and write a message for
     each one's unused attempt, in ``uow`` (the caller commits): how many it locked, and
     the released jobs."""
-    releasable = await fetch_all(
-        uow, JOB_LOCK_RELEASABLE({"limit": limit, "horizon": RATE_HORIZON})
-    )
+    releasable = await job_store.lock_releasable(uow, {"limit": limit, "horizon": RATE_HORIZON})
     if not releasable:
         return 0, []
-    released = await fetch_all(uow, JOB_RELEASE_HELD(_release_params(topology, releasable)))
+    released = await job_store.release_held(uow, _release_params(topology, releasable))
     return len(releasable), released
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import Database, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.db import Database, UnitOfWork, execute, fetch_one
 from jobcore.errors import JobcoreError
 from jobcore.objectstore import open_result_store
 from jobcore.results import ResultStore
@@ -52,13 +52,6 @@ from jobcore.sql.job_gates import (
     JOB_GATES_PRUNE_COUNT,
     JobGatesPruneCountParams,
 )
-from jobcore.sql.jobs import (
-    JOB_IDS_EXISTING,
-    JOB_PRUNE_BATCH,
-    JOB_PRUNE_COUNT,
-    JOB_TERMINAL_KINDS,
-    JobPruneCountParams,
-)
 from jobcore.sql.maintenance_leases import (
     MAINTENANCE_LEASE_ACQUIRE,
     MAINTENANCE_LEASE_GET_HOLDER,
@@ -66,6 +59,7 @@ from jobcore.sql.maintenance_leases import (
     MAINTENANCE_LEASE_RENEW,
     MaintenanceLeaseParams,
 )
+from jobcore.store import JobPruneCountParams, job_store
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +176,7 @@ class Retention:
     async def survey(self) -> list[Kind]:
         """Every (status, type) of finished jobs, with its retention and oldest job."""
         async with self.db.session() as session:
-            rows = await fetch_all(session, JOB_TERMINAL_KINDS({}))
+            rows = await job_store.terminal_kinds(session)
         return [
             Kind(
                 status=row["status"],
@@ -199,7 +193,7 @@ class Retention:
         report = PruneReport(dry_run=True, kinds=kinds)
         async with self.db.unit_of_work() as uow:
             if kinds:
-                for row in await fetch_all(uow, JOB_PRUNE_COUNT(_rules(kinds))):
+                for row in await job_store.prune_count(uow, _rules(kinds)):
                     report.jobs[(row["status"], row["type"])] = row["jobs"]
                     for table in ("jobs", "job_effects", "webhook_deliveries", "outbox"):
                         report.tables[table] += row[table]
@@ -236,9 +230,7 @@ class Retention:
                 on_batch(batch.counts)
 
         async def jobs_batch(uow: UnitOfWork) -> _Batch:
-            rows = await fetch_all(
-                uow, JOB_PRUNE_BATCH({**_rules(kinds), "limit": self.batch_size})
-            )
+            rows = await job_store.prune_batch(uow, {**_rules(kinds), "limit": self.batch_size})
             batch = _Batch(collections.Counter(jobs=len(rows)), len(rows) >= self.batch_size)
             for table in ("job_effects", "webhook_deliveries", "outbox"):
                 batch.counts[table] = rows[0][table] if rows else 0
@@ -352,7 +344,7 @@ class Retention:
                 async with self.db.unit_of_work() as uow:
                     if fence is not None and not await fence(uow):
                         return found, False
-                    rows = await fetch_all(uow, JOB_IDS_EXISTING({"ids": ids})) if ids else []
+                    rows = await job_store.ids_existing(uow, {"ids": ids}) if ids else []
                     await uow.commit()
                 alive = {row["id"] for row in rows}
                 orphans = [name for name, job_id in chunk if job_id not in alive]

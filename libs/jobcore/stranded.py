@@ -30,14 +30,9 @@ from dataclasses import dataclass
 from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Session, UnitOfWork
 from jobcore.enqueue import message_row
-from jobcore.sql.jobs import (
-    JOB_LOCK_STALE,
-    JOB_NOTE_DEAD_LETTER,
-    JOB_REPUBLISH_STALE,
-    JobRepublishStaleParams,
-)
+from jobcore.store import JobRepublishStaleParams, job_store
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
 # hours apart.
@@ -67,11 +62,8 @@ async def republish_stale(
     Returns how many candidates were locked (``limit`` of them: look again) and the jobs
     republished.
     """
-    locked = await fetch_all(
-        uow,
-        JOB_LOCK_STALE(
-            {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit}
-        ),
+    locked = await job_store.lock_stale(
+        uow, {"stale_after": stale_after, "max_doublings": MAX_DOUBLINGS, "limit": limit}
     )
     if not locked:
         return 0, []
@@ -99,7 +91,7 @@ async def republish_stale(
         "bodies": [m["body"] for m in messages],
         "channel": OUTBOX_CHANNEL,
     }
-    rows = await fetch_all(uow, JOB_REPUBLISH_STALE(params))
+    rows = await job_store.republish_stale(uow, params)
     return len(locked), [
         Republished(row["id"], row["attempt"], row["reason"], row["republish_count"])
         for row in rows
@@ -115,19 +107,17 @@ async def note_dead_letter(session: Session, letter: DeadLetter) -> bool:
     # driver refuses to send it: the statement would fail, and the copy be dropped uncounted.
     if "\x00" in letter.message_type:
         return False
-    row = await fetch_one(
+    row = await job_store.note_dead_letter(
         session,
-        JOB_NOTE_DEAD_LETTER(
-            {
-                "job_id": uuid.UUID(letter.job_id),
-                "type": letter.message_type,
-                "attempt": letter.attempt,
-                "reason": _storable(letter.reason),
-                "queue": _storable(letter.queue),
-                "message_id": _storable(letter.message_id),
-                "dead_lettered_at": _storable(letter.dead_lettered_at),
-            }
-        ),
+        {
+            "job_id": uuid.UUID(letter.job_id),
+            "type": letter.message_type,
+            "attempt": letter.attempt,
+            "reason": _storable(letter.reason),
+            "queue": _storable(letter.queue),
+            "message_id": _storable(letter.message_id),
+            "dead_lettered_at": _storable(letter.dead_lettered_at),
+        },
     )
     return row is not None
 

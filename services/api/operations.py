@@ -24,7 +24,7 @@ from jobcore.priorities import Priority
 from jobcore.quotas import Quotas
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
-from jobcore.sql.jobs import (
+from jobcore.sql.jobs.reads import (
     JOB_GET,
     JOB_GET_RESULT,
     JOB_LIST,

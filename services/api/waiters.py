@@ -40,7 +40,7 @@ from jobcore.channels import JOB_PROGRESS_CHANNEL
 from jobcore.db import Database, execute, fetch_all
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_DONE_LISTEN, JOB_GET_WAITED, JOB_PROGRESS_LISTEN
+from jobcore.sql.jobs.reads import JOB_DONE_LISTEN, JOB_GET_WAITED, JOB_PROGRESS_LISTEN
 
 log = logging.getLogger(__name__)
 

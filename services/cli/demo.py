@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -28,9 +28,9 @@ from rich.table import Table
 from rich.text import Text
 
 from jobcore.client import AsyncClient, JobStatus, WaitTimeout
-from jobcore.db import Database, fetch_all
+from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.store import job_store
 from jobcore.tcpproxy import Mode, TcpProxy
 from services.cli.common import settings
 from services.cli.dev import (
@@ -41,30 +41,9 @@ from services.cli.dev import (
     wait_until_ready,
 )
 
-
-class TenantParams(TypedDict):
-    tenant: str
-
-
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 OUTAGE_SECONDS = 4.0
 WAIT_SECONDS = 120.0
-
-COUNT_BY_TYPE_AND_STATUS = Query[TenantParams](
-    "demo_counts",
-    "Jobs of one tenant, counted by type and status.",
-    "SELECT type, status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY 1, 2",
-)
-FINISHED_JOBS = Query[TenantParams](
-    "demo_finished",
-    "Every job of one tenant with its timings and attempts.",
-    """
-    SELECT id, type, status, attempts,
-           extract(epoch FROM started_at - created_at) AS to_start,
-           extract(epoch FROM finished_at - created_at) AS to_finish
-    FROM jobs WHERE tenant = %(tenant)s
-    """,
-)
 
 
 @dataclass
@@ -159,7 +138,7 @@ class Demo:
     # -- display ---------------------------------------------------------------------
     async def counts(self, db: Database) -> dict[str, dict[str, int]]:
         async with db.unit_of_work() as uow:
-            rows = await fetch_all(uow, COUNT_BY_TYPE_AND_STATUS({"tenant": self.tenant}))
+            rows = await job_store.count_by_type_and_status(uow, {"tenant": self.tenant})
         table: dict[str, dict[str, int]] = {}
         for row in rows:
             table.setdefault(row["type"], {})[row["status"]] = row["n"]
@@ -301,7 +280,7 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
 async def summarise(demo: Demo, db: Database, worker_metrics: str, elapsed: float) -> int:
     console = demo.console
     async with db.unit_of_work() as uow:
-        rows = await fetch_all(uow, FINISHED_JOBS({"tenant": demo.tenant}))
+        rows = await job_store.timings(uow, {"tenant": demo.tenant})
     by_id = {str(row["id"]): row for row in rows}
     wrong = [
         f"{s.type} {s.job_id}: {by_id[s.job_id]['status'] if s.job_id in by_id else 'missing'}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import typer
 
-from jobcore.sql.flow_pauses import PauseKind
 from jobcore.usecases import pauses as pause_usecases
 from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
 
@@ -29,7 +28,7 @@ QUEUE_ARGUMENT = typer.Argument(..., help="The queue's name (a job type's `queue
 TYPE_ARGUMENT = typer.Argument(..., help="The job type's name.")
 
 
-def _set(kind: PauseKind, name: str, *, paused: bool, as_json: bool) -> None:
+def _set(kind: pause_usecases.PauseKind, name: str, *, paused: bool, as_json: bool) -> None:
     problem = pause_usecases.bad_name(kind, name)
     if problem is not None:
         fail(problem, 2)

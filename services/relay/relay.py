@@ -21,8 +21,11 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
+
+from psycopg.rows import DictRow
 
 from jobcore.amqp.connection import BROKER_ERRORS, broker_server
 from jobcore.amqp.publisher import (
@@ -32,7 +35,7 @@ from jobcore.amqp.publisher import (
     OutgoingMessage,
 )
 from jobcore.backlog import BacklogGauges
-from jobcore.db import AsyncConn, Database, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.db import AsyncConn, Database, UnitOfWork
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
 from jobcore.otel_metrics import metrics_pusher
@@ -42,22 +45,7 @@ from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import RelayOptions, Settings
-from jobcore.sql import Statement
-from jobcore.sql.outbox import (
-    OUTBOX_ANY_DUE,
-    OUTBOX_ANY_OVERDUE,
-    OUTBOX_CLAIM_DUE,
-    OUTBOX_CLAIM_FAIR,
-    OUTBOX_DELETE_PUBLISHED,
-    OUTBOX_DROP_WAKE_LEASE,
-    OUTBOX_LISTEN,
-    OUTBOX_LISTENER_PING,
-    OUTBOX_RECORD_FAILURES,
-    OUTBOX_SECONDS_UNTIL_NEXT_DUE,
-    OUTBOX_STATUS,
-    OUTBOX_TAKE_WAKE_LEASE,
-    OUTBOX_UNLISTEN,
-)
+from jobcore.store import outbox_store
 from jobcore.telemetry import tracing_enabled
 from services.relay.metrics import RelayMetrics
 from services.relay.room import RECHECK_SECONDS, Grant, QueueRoom
@@ -219,12 +207,13 @@ class Relay(Service):
 
     async def _any_due(self) -> bool:
         # A standby leaves what is due to the lease holder and helps with a backlog.
-        probe = (
-            OUTBOX_ANY_OVERDUE({"seconds": self.options.poll_interval})
-            if self.stands_by
-            else OUTBOX_ANY_DUE({})
-        )
-        row = await self._fetch_one(probe)
+        seconds = self.options.poll_interval
+        async with self.db.connection() as conn:
+            row = await (
+                outbox_store.any_overdue(conn, {"seconds": seconds})
+                if self.stands_by
+                else outbox_store.any_due(conn)
+            )
         return row is not None and bool(row["due"])
 
     @property
@@ -268,10 +257,11 @@ class Relay(Service):
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             if grant is None:
-                claim = OUTBOX_CLAIM_DUE({"limit": self.options.batch_size})
+                rows = await outbox_store.claim_due(uow, {"limit": self.options.batch_size})
             else:
                 routing_keys = list(grant.budgets)
-                claim = OUTBOX_CLAIM_FAIR(
+                rows = await outbox_store.claim_fair(
+                    uow,
                     {
                         "routing_keys": routing_keys,
                         "budgets": [grant.budgets[rk] for rk in routing_keys],
@@ -279,9 +269,8 @@ class Relay(Service):
                         "limit": self.options.batch_size,
                         "priorities": [int(p) for p in WEIGHTS],
                         "weights": list(WEIGHTS.values()),
-                    }
+                    },
                 )
-            rows = await fetch_all(uow, claim)
             if grant is not None:
                 await self.room.keep(grant, Counter(row["routing_key"] for row in rows))
             if not rows:
@@ -312,8 +301,8 @@ class Relay(Service):
             gone = 0
             if result.confirmed:
                 ids = [rows[i]["id"] for i in result.confirmed]
-                deleted = await fetch_one(
-                    uow, OUTBOX_DELETE_PUBLISHED({"ids": ids, "relay": self.relay_id})
+                deleted = await outbox_store.delete_published(
+                    uow, {"ids": ids, "relay": self.relay_id}
                 )
                 assert deleted is not None  # a count answers one row
                 gone = len(ids) - int(deleted["deleted"])
@@ -366,11 +355,8 @@ class Relay(Service):
                     "error": error,
                 },
             )
-        updated = await fetch_all(
-            uow,
-            OUTBOX_RECORD_FAILURES(
-                {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine}
-            ),
+        updated = await outbox_store.record_failures(
+            uow, {"ids": ids, "errors": errors, "delays": delays, "quarantine": quarantine}
         )
         return [dict(row) for row in updated if row["quarantined"]]
 
@@ -444,13 +430,13 @@ class Relay(Service):
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
         timeout = self.options.poll_interval
         # A scheduled row is the lease holder's to publish when it is due.
-        row = None if self.stands_by else await self._fetch_one(OUTBOX_SECONDS_UNTIL_NEXT_DUE({}))
+        row = None if self.stands_by else await self._fetch_one(outbox_store.seconds_until_next_due)
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
         if self.room.throttled:
             # A full queue is not announced: look again soon while rows wait for room.
-            due = await self._fetch_one(OUTBOX_ANY_DUE({}))
+            due = await self._fetch_one(outbox_store.any_due)
             if due is not None and due["due"]:
                 timeout = min(timeout, RECHECK_SECONDS)
         waiters = [
@@ -489,13 +475,13 @@ class Relay(Service):
                         failures = 0
                         if not await self._take_wake_lease(conn):
                             return  # stopping
-                        await execute(conn, OUTBOX_LISTEN({}))
+                        await outbox_store.listen(conn)
                         # Rows committed before we listened sent no NOTIFY we heard.
                         self._wake.set()
                         while True:
                             async for _ in conn.notifies(timeout=LISTEN_PING_SECONDS):
                                 self._wake.set()
-                            await execute(conn, OUTBOX_LISTENER_PING({}))
+                            await outbox_store.listener_ping(conn)
                     finally:
                         answered = self.answers_notifies
                         self.answers_notifies = False
@@ -503,9 +489,9 @@ class Relay(Service):
                             # Best effort: a pooled connection must not go back listening
                             # or holding the lease.
                             with contextlib.suppress(Exception):
-                                await execute(conn, OUTBOX_UNLISTEN({}))
+                                await outbox_store.unlisten(conn)
                                 if answered:
-                                    await execute(conn, OUTBOX_DROP_WAKE_LEASE({}))
+                                    await outbox_store.drop_wake_lease(conn)
             except Exception as exc:  # whatever broke it, polling covers meanwhile
                 failures += 1
                 if failures == 1:
@@ -525,7 +511,7 @@ class Relay(Service):
         """
         announced = False
         while not self.stopping.is_set():
-            row = await fetch_one(conn, OUTBOX_TAKE_WAKE_LEASE({}))
+            row = await outbox_store.take_wake_lease(conn)
             if row is not None and row["held"]:
                 self.answers_notifies = True
                 if announced:
@@ -546,9 +532,11 @@ class Relay(Service):
             self._database_down = False
             log.info("database reachable again")
 
-    async def _fetch_one(self, statement: Statement) -> dict[str, Any] | None:
+    async def _fetch_one(
+        self, read: Callable[[AsyncConn], Awaitable[DictRow | None]]
+    ) -> dict[str, Any] | None:
         async with self.db.connection() as conn:
-            return await fetch_one(conn, statement)
+            return await read(conn)
 
     # -- what operators see ----------------------------------------------------------------
 
@@ -559,7 +547,7 @@ class Relay(Service):
             and now - self._backlog[0] < self.options.backlog_cache_seconds
         ):
             return self._backlog[1]
-        row = await self._fetch_one(OUTBOX_STATUS({}))
+        row = await self._fetch_one(outbox_store.status)
         backlog = dict(row) if row else {}
         self._backlog = (now, backlog)
         return backlog

@@ -19,10 +19,10 @@ import logging
 import uuid
 from collections.abc import Callable, Collection
 
-from jobcore.db import Database, execute, fetch_all
+from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable
 from jobcore.service import Service
-from jobcore.sql.jobs import JOB_CANCEL_LISTEN, JOB_CANCEL_REQUESTED, JOB_CANCEL_UNLISTEN
+from jobcore.store import job_store
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class CancelListener(Service):
         while not self.stopping.is_set():
             try:
                 async with self.db.listen_connection() as conn:
-                    await execute(conn, JOB_CANCEL_LISTEN({}))
+                    await job_store.listen_cancel(conn)
                     self.listening = True
                     if trouble_logged:
                         log.info("listening for cancel requests again")
@@ -72,7 +72,7 @@ class CancelListener(Service):
                         if not conn.closed:
                             # The pool must not hand out a connection that still listens.
                             with contextlib.suppress(Exception):
-                                await execute(conn, JOB_CANCEL_UNLISTEN({}))
+                                await job_store.unlisten_cancel(conn)
             except DatabaseUnavailable as exc:
                 if not trouble_logged:
                     log.warning(
@@ -93,7 +93,7 @@ class CancelListener(Service):
                 continue
             try:
                 async with self.db.connection() as conn:
-                    rows = await fetch_all(conn, JOB_CANCEL_REQUESTED({"ids": ids}))
+                    rows = await job_store.cancel_requested(conn, {"ids": ids})
             except DatabaseUnavailable as exc:
                 if not trouble_logged:
                     log.warning(

@@ -44,7 +44,6 @@ from pydantic import BaseModel
 from jobcore.amqp.connection import broker_server
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.db import execute, fetch_all_after
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
     BrokerUnavailable,
@@ -57,13 +56,11 @@ from jobcore.registry import InvalidPayloadError, JobType, Registry
 from jobcore.results import ResultNotFound, StoreUnavailable
 from jobcore.service import Service
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import (
-    JOB_CLAIM_MANY,
-    JOB_GATES_LOCK,
-    JOB_NOTE_UNDELIVERABLE,
+from jobcore.store import (
+    JOBS_CONSUMER,
     JobClaimManyParams,
     JobNoteUndeliverableParams,
+    job_store,
 )
 from services.worker.batching import Batcher
 from services.worker.claims import Claim
@@ -395,7 +392,7 @@ class Consumer(Service):
         }
         try:
             async with self.connections.connection() as conn:
-                await execute(conn, JOB_NOTE_UNDELIVERABLE(params))
+                await job_store.note_undeliverable(conn, params)
         except JobcoreError as exc_db:
             log.info("could not note the undeliverable job", extra={"error": str(exc_db)})
         except psycopg.DataError as exc_data:
@@ -464,9 +461,7 @@ class Consumer(Service):
             # a worker deployed before a type's limit still takes the lock and counts behind
             # it. The claim then counts from a snapshot every other claim of those keys
             # committed before. One round trip: BEGIN, lock, claim and COMMIT pipelined.
-            claimed = await fetch_all_after(
-                conn, JOB_GATES_LOCK({"job_ids": params["job_ids"]}), JOB_CLAIM_MANY(params)
-            )
+            claimed = await job_store.claim(conn, params)
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []

@@ -18,11 +18,11 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, UnitOfWork, fetch_all
+from jobcore.db import Database, UnitOfWork
 from jobcore.enqueue import job_message_row
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_LOCK_EXPIRED, JOB_REAP_EXPIRED, JobReapExpiredParams
+from jobcore.store import JobReapExpiredParams, job_store
 from jobcore.webhooks import completion_params
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
@@ -67,10 +67,10 @@ class Reaper(MaintenanceService):
         self.topology = Topology.from_settings(settings)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        expired = await fetch_all(uow, JOB_LOCK_EXPIRED({"limit": BATCH_SIZE}))
+        expired = await job_store.lock_expired(uow, {"limit": BATCH_SIZE})
         if not expired:
             return 0, []
-        return len(expired), await fetch_all(uow, JOB_REAP_EXPIRED(self._reap_params(expired)))
+        return len(expired), await job_store.reap_expired(uow, self._reap_params(expired))
 
     def report(self, rows: Sequence[DictRow]) -> None:
         outcomes = {"pending": 0, "failed": 0, "cancelled": 0}

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork, fetch_all
+from jobcore.db import Database, UnitOfWork
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_FAIL_QUARANTINED
+from jobcore.store import job_store
 from jobcore.webhooks import completion_params
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
@@ -57,7 +57,7 @@ class Rescuer(MaintenanceService):
         self.completion = completion_params(topology, settings)
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        rows = await fetch_all(uow, JOB_FAIL_QUARANTINED({**self.completion, "limit": BATCH_SIZE}))
+        rows = await job_store.fail_quarantined(uow, {**self.completion, "limit": BATCH_SIZE})
         return len(rows), rows
 
     def report(self, rows: Sequence[DictRow]) -> None:

@@ -40,7 +40,7 @@ from jobcore.attempts import (
     storable,
 )
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_all, fetch_one
+from jobcore.db import Database, fetch_one
 from jobcore.enqueue import job_message_row
 from jobcore.errors import (
     DatabaseUnavailable,
@@ -54,22 +54,17 @@ from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.results import StoreUnavailable
 from jobcore.retry import backoff_ceiling, backoff_delay
 from jobcore.settings import Settings
-from jobcore.sql import OutboxMessageParams, Statement
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import (
-    JOB_END_RUNNING,
-    JOB_HEARTBEAT,
-    JOB_OUTCOME_WRITTEN,
-    JOB_PROGRESS_SET,
-    JOB_RELEASE,
-    JOB_RETRY,
-    JOB_SUCCEED_MANY,
+from jobcore.store import (
+    JOBS_CONSUMER,
     JobFencedParams,
     JobHeartbeatParams,
     JobProgressSetParams,
     JobReleaseParams,
     JobRetryParams,
     JobSucceedManyParams,
+    OutboxMessageParams,
+    Statement,
+    job_store,
 )
 from jobcore.webhooks import completion_params
 from services.worker.batching import Batcher
@@ -207,7 +202,9 @@ class JobRunner:
         await self._write_fenced(
             claim,
             "fail",
-            JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": text}),
+            job_store.end_running_statement(
+                {**self._fence(claim), "status": "failed", "error": text}
+            ),
         )
         self.metrics.processed("failed", claim)
 
@@ -244,7 +241,10 @@ class JobRunner:
         }
         try:
             row = await self._write_fenced(
-                claim, "release", JOB_RELEASE(params), message_id=params["message_id"]
+                claim,
+                "release",
+                job_store.release_statement(params),
+                message_id=params["message_id"],
             )
         except Exception:
             log.exception(
@@ -423,7 +423,7 @@ class JobRunner:
                 # and raising rolls everything back.
                 await running.progress.flush()
                 success = await self._success_of(running, tx.result)
-                won = await fetch_all(conn, JOB_SUCCEED_MANY(self._success_params([success])))
+                won = await job_store.succeed_many(conn, self._success_params([success]))
                 if not won:
                     raise LeaseLost(
                         f"the lease of job {claim.job_id} attempt {claim.attempt} was lost: "
@@ -442,7 +442,7 @@ class JobRunner:
                 await self._write_fenced(
                     claim,
                     "cancel_running",
-                    JOB_END_RUNNING(
+                    job_store.end_running_statement(
                         {**self._fence(claim), "status": "cancelled", "error": "cancelled"}
                     ),
                 )
@@ -454,7 +454,7 @@ class JobRunner:
             row = await self._write_fenced(
                 claim,
                 "release",
-                JOB_RELEASE(
+                job_store.release_statement(
                     {
                         **self._fence(claim),
                         **message,
@@ -573,7 +573,7 @@ class JobRunner:
     async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
         params = self._success_params(batch)
         async with self.connections.connection() as conn:
-            won = {row["id"] for row in await fetch_all(conn, JOB_SUCCEED_MANY(params))}
+            won = {row["id"] for row in await job_store.succeed_many(conn, params)}
         return [s.job_id in won for s in batch]
 
     async def _attempt_failed(
@@ -598,7 +598,7 @@ class JobRunner:
             "channel": OUTBOX_CHANNEL,
         }
         row = await self._write_fenced(
-            claim, "retry", JOB_RETRY(params), message_id=message["message_id"]
+            claim, "retry", job_store.retry_statement(params), message_id=message["message_id"]
         )
         if row is None:
             return
@@ -621,7 +621,9 @@ class JobRunner:
             await self._write_fenced(
                 claim,
                 "fail",
-                JOB_END_RUNNING({**self._fence(claim), "status": "failed", "error": error}),
+                job_store.end_running_statement(
+                    {**self._fence(claim), "status": "failed", "error": error}
+                ),
             )
             is not None
         ):
@@ -672,16 +674,14 @@ class JobRunner:
         earlier try left if it committed unanswered (so the outcome counts as written),
         None if the lease went to someone else (JOB_OUTCOME_WRITTEN)."""
         async with self.connections.connection() as conn:
-            row = await fetch_one(
+            row = await job_store.outcome_written(
                 conn,
-                JOB_OUTCOME_WRITTEN(
-                    {
-                        "id": claim.job_id,
-                        "lease_token": claim.lease_token,
-                        "message_id": message_id,
-                        "consumer": JOBS_CONSUMER,
-                    }
-                ),
+                {
+                    "id": claim.job_id,
+                    "lease_token": claim.lease_token,
+                    "message_id": message_id,
+                    "consumer": JOBS_CONSUMER,
+                },
             )
         status = None if row is None else row["status"]
         if status is not None:
@@ -778,7 +778,7 @@ class JobRunner:
         sent = time.monotonic()
         try:
             async with self.connections.connection() as conn:
-                row = await fetch_one(conn, JOB_HEARTBEAT(params))
+                row = await job_store.heartbeat(conn, params)
         except DatabaseUnavailable as exc:
             if not running.db_trouble_logged:
                 running.db_trouble_logged = True
@@ -810,6 +810,6 @@ class JobRunner:
             "message": message,
         }
         async with self.connections.connection() as conn:
-            row = await fetch_one(conn, JOB_PROGRESS_SET(params))
+            row = await job_store.set_progress(conn, params)
         if row is None and not running.committed and not running.in_transaction:
             running.stop(StopReason.LEASE_LOST)

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Sequence
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork, fetch_all
+from jobcore.db import Database, UnitOfWork
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_OVERDUE_BY_QUEUE
+from jobcore.store import job_store
 from jobcore.stranded import Republished, republish_stale
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
@@ -55,7 +55,7 @@ class Sweeper(MaintenanceService):
         taken = await super().tick()
         if self.is_leader:
             async with self.db.connection() as conn:
-                rows = await fetch_all(conn, JOB_OVERDUE_BY_QUEUE({}))
+                rows = await job_store.overdue_by_queue(conn)
             self.metrics.overdue({row["queue"]: float(row["overdue_seconds"]) for row in rows})
         else:
             self.metrics.overdue({})  # the holder reports; max() over workers reads it

@@ -37,16 +37,15 @@ from psycopg.types.json import Jsonb
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database, fetch_one
+from jobcore.db import Database
 from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.inbox import WEBHOOKS_CONSUMER
-from jobcore.sql.webhook_deliveries import (
-    WEBHOOK_DELIVERY_GET_FOR_ATTEMPT,
-    WEBHOOK_DELIVERY_RECORD_ATTEMPT,
+from jobcore.store import (
     WEBHOOK_MESSAGE_TYPE,
+    WEBHOOKS_CONSUMER,
     WebhookDeliveryRecordAttemptParams,
+    webhook_delivery_store,
 )
 from jobcore.usecases.webhooks import signing_secrets, tenant_secret
 from jobcore.webhooks import (
@@ -315,15 +314,13 @@ class WebhookDeliverer(Service):
     ) -> tuple[DictRow | None, list[str]]:
         """The delivery and the secrets to sign it with (the current one first)."""
         async with self.db.unit_of_work() as uow:
-            delivery = await fetch_one(
+            delivery = await webhook_delivery_store.get_for_attempt(
                 uow,
-                WEBHOOK_DELIVERY_GET_FOR_ATTEMPT(
-                    {
-                        "id": envelope.delivery_id,
-                        "consumer": WEBHOOKS_CONSUMER,
-                        "message_id": message_id,
-                    }
-                ),
+                {
+                    "id": envelope.delivery_id,
+                    "consumer": WEBHOOKS_CONSUMER,
+                    "message_id": message_id,
+                },
             )
             if delivery is None:
                 return None, []
@@ -360,7 +357,7 @@ class WebhookDeliverer(Service):
             "next_body": next_message.encode(),
         }
         async with self.db.unit_of_work() as uow:
-            row = await fetch_one(uow, WEBHOOK_DELIVERY_RECORD_ATTEMPT(params))
+            row = await webhook_delivery_store.record_attempt(uow, params)
             await uow.commit()
         # No row: the message was recorded by someone else meanwhile (a duplicate copy).
         return {**row, "delay": round(delay, 3)} if row is not None else {}

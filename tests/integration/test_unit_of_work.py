@@ -19,7 +19,7 @@ from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_GET
+from jobcore.sql.jobs.reads import JOB_GET
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 

@@ -12,7 +12,8 @@ from psycopg.adapt import Transformer
 
 from jobcore.sql import PSYCOPG_CACHED_QUERY_BYTES, Query, compact, native_placeholders
 from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
-from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT, JobClaimManyParams, JobInsertParams
+from jobcore.sql.jobs.enqueue import JOB_INSERT, JobInsertParams
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JobClaimManyParams
 
 
 def test_compact_drops_comments_and_whitespace_but_keeps_literals() -> None:

@@ -18,7 +18,8 @@ from jobcore.dbtracing import operation_name, statement_name
 from jobcore.logs import JsonFormatter
 from jobcore.semconv import process_destination, publish_destination
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_INSERT
+from jobcore.sql.jobs.enqueue import JOB_INSERT
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY
 from jobcore.telemetry import (
     JsonLinesSpanExporter,
     capture_trace_headers,

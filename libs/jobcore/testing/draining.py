@@ -47,7 +47,7 @@ from jobcore.attempts import (
     storable,
 )
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, execute, fetch_all, fetch_all_after, fetch_one, translate_errors
+from jobcore.db import Database, fetch_one, translate_errors
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
@@ -56,22 +56,7 @@ from jobcore.payloads import validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
 from jobcore.releases import release_held
 from jobcore.retry import backoff_delay
-from jobcore.sql import Statement
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import (
-    JOB_CLAIM_MANY,
-    JOB_END_RUNNING,
-    JOB_GATES_LOCK,
-    JOB_GET_ANY_TENANT,
-    JOB_HEARTBEAT,
-    JOB_RETRY,
-    JOB_SUCCEED_MANY,
-)
-from jobcore.sql.outbox import (
-    OUTBOX_CLAIM_DUE,
-    OUTBOX_DELETE_PUBLISHED,
-    OUTBOX_SECONDS_UNTIL_NEXT_DUE,
-)
+from jobcore.store import JOBS_CONSUMER, Statement, job_store, outbox_store
 from jobcore.testing.inline import as_sent
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
@@ -166,7 +151,7 @@ class InlineWorker:
         """The job's row as the API reads it (status, attempts, result, last_error, ...,
         and ``where`` it is now)."""
         async with self.db.session() as session:
-            row = await fetch_one(session, JOB_GET_ANY_TENANT({"id": job_id}))
+            row = await job_store.get_any_tenant(session, {"id": job_id})
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         return with_where(row)
@@ -218,18 +203,18 @@ class InlineWorker:
 
     async def _take_due(self) -> list[DictRow]:
         async with self.db.unit_of_work() as uow:
-            rows = await fetch_all(uow, OUTBOX_CLAIM_DUE({"limit": BATCH}))
+            rows = await outbox_store.claim_due(uow, {"limit": BATCH})
             # Completion webhooks are the worker's webhook sender's: not sent here.
             jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
             if jobs:
                 ids = [r["id"] for r in jobs]
-                await execute(uow, OUTBOX_DELETE_PUBLISHED({"ids": ids, "relay": "inline"}))
+                await outbox_store.delete_published(uow, {"ids": ids, "relay": "inline"})
             await uow.commit()
         return jobs
 
     async def _seconds_until_next_due(self) -> float | None:
         async with self.db.session() as session:
-            row = await fetch_one(session, OUTBOX_SECONDS_UNTIL_NEXT_DUE({}))
+            row = await outbox_store.seconds_until_next_due(session)
         return None if row is None or row["seconds"] is None else max(0.0, row["seconds"])
 
     # --- the worker's part ------------------------------------------------------------------
@@ -246,22 +231,19 @@ class InlineWorker:
         async with self.db.session() as session:
             # As a worker claims: the gate rows its job's row names locked first.
             with translate_errors(self.db.settings):
-                rows = await fetch_all_after(
+                rows = await job_store.claim(
                     session.connection,
-                    JOB_GATES_LOCK({"job_ids": [envelope.job_id]}),
-                    JOB_CLAIM_MANY(
-                        {
-                            "consumer": JOBS_CONSUMER,
-                            "exchange": self.topology.jobs_exchange,
-                            "worker_id": self.worker_id,
-                            "message_ids": [uuid.UUID(message["message_id"])],
-                            "job_ids": [envelope.job_id],
-                            "types": [envelope.type],
-                            "attempts": [envelope.attempt],
-                            "lease_tokens": [lease_token],
-                            "leases": [job_type.lease],
-                        }
-                    ),
+                    {
+                        "consumer": JOBS_CONSUMER,
+                        "exchange": self.topology.jobs_exchange,
+                        "worker_id": self.worker_id,
+                        "message_ids": [uuid.UUID(message["message_id"])],
+                        "job_ids": [envelope.job_id],
+                        "types": [envelope.type],
+                        "attempts": [envelope.attempt],
+                        "lease_tokens": [lease_token],
+                        "leases": [job_type.lease],
+                    },
                 )
         row = rows[0]
         if not row["fresh"]:
@@ -317,15 +299,13 @@ class InlineWorker:
         """Extend the lease; a cancel request sets ``ctx.cancel_requested``. (A lost lease
         needs nothing here: the outcome's fence drops what the handler returns.)"""
         async with self.db.session() as session:
-            row = await fetch_one(
+            row = await job_store.heartbeat(
                 session,
-                JOB_HEARTBEAT(
-                    {
-                        "id": claimed.row["id"],
-                        "lease_token": claimed.lease_token,
-                        "lease": claimed.job_type.lease,
-                    }
-                ),
+                {
+                    "id": claimed.row["id"],
+                    "lease_token": claimed.lease_token,
+                    "lease": claimed.job_type.lease,
+                },
             )
         if row is not None and row["cancel_requested_at"] is not None:
             context.cancel_requested.set()
@@ -349,7 +329,7 @@ class InlineWorker:
                 self.result_store.put, claimed.row["id"], encoded, suffix="json"
             )
             encoded = None
-        statement = JOB_SUCCEED_MANY(
+        statement = job_store.succeed_many_statement(
             {
                 **self.completion,
                 "ids": [claimed.row["id"]],
@@ -368,7 +348,7 @@ class InlineWorker:
             await self._end(claimed, "failed", error_text(exc), drained)
             return
         trace = {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
-        statement = JOB_RETRY(
+        statement = job_store.retry_statement(
             {
                 **self.completion,
                 "id": row["id"],
@@ -404,7 +384,7 @@ class InlineWorker:
         error: str,
         drained: Drained,
     ) -> None:
-        statement = JOB_END_RUNNING(
+        statement = job_store.end_running_statement(
             {
                 **self.completion,
                 "id": claimed.row["id"],

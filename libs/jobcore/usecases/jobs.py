@@ -19,26 +19,15 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
-from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Database, Session, UnitOfWork
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.objectstore import open_result_store
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
-from jobcore.sql.jobs import (
-    CANCEL_CHANNEL,
-    JOB_CANCEL_PENDING,
-    JOB_GET_ANY_TENANT,
-    JOB_HELD_COUNT,
-    JOB_LIST_ALL_TENANTS,
-    JOB_LOCK_FOR_CANCEL,
-    JOB_ORDERING_TAKE_PLACE,
-    JOB_ORDERING_UNBLOCK,
-    JOB_REQUEST_CANCEL,
-    JobListAllTenantsParams,
-)
 from jobcore.states import JobStatus, check_transition, is_terminal
+from jobcore.store import CANCEL_CHANNEL, JobListAllTenantsParams, job_store
 from jobcore.stranded import Republished, republish_stale
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
@@ -65,7 +54,7 @@ async def cancel_job(
     commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
     completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
     """
-    locked = await fetch_one(uow, JOB_LOCK_FOR_CANCEL({"id": job_id, "tenant": tenant}))
+    locked = await job_store.lock_for_cancel(uow, {"id": job_id, "tenant": tenant})
     if locked is None:
         raise JobNotFound("no job with that id")
     status = JobStatus(locked["status"])
@@ -73,9 +62,9 @@ async def cancel_job(
         raise JobNotCancellable(status.value)
     check_transition(status, JobStatus.CANCELLED)
     if status is JobStatus.PENDING:
-        row = await fetch_one(uow, JOB_CANCEL_PENDING({**completion, "id": job_id}))
+        row = await job_store.cancel_pending(uow, {**completion, "id": job_id})
     else:
-        row = await fetch_one(uow, JOB_REQUEST_CANCEL({"id": job_id, "channel": CANCEL_CHANNEL}))
+        row = await job_store.request_cancel(uow, {"id": job_id, "channel": CANCEL_CHANNEL})
     # The lock held the status still, so the fenced UPDATE found the row.
     assert row is not None, f"job {job_id} changed status under its row lock"
     return CancelOutcome(row["id"], JobStatus(row["status"]), row["cancel_requested_at"])
@@ -83,7 +72,7 @@ async def cancel_job(
 
 async def find_job(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
     """Everything the database knows about one job, whatever its tenant (operators)."""
-    row = await fetch_one(session, JOB_GET_ANY_TENANT({"id": job_id}))
+    row = await job_store.get_any_tenant(session, {"id": job_id})
     if row is None:
         raise JobNotFound(f"no job {job_id}")
     return dict(row)
@@ -111,7 +100,7 @@ async def list_jobs(db: Database, where: AdminJobFilter, *, limit: int) -> list[
         "limit": limit,
     }
     async with db.unit_of_work() as uow:
-        return [dict(r) for r in await fetch_all(uow, JOB_LIST_ALL_TENANTS(params))]
+        return [dict(r) for r in await job_store.list_all_tenants(uow, params)]
 
 
 async def cancel_any_job(
@@ -157,7 +146,7 @@ async def retry_job(
         # must not run beside it.
         place = None
         if job["ordering_key"] is not None:
-            place = await fetch_one(work.uow, JOB_ORDERING_TAKE_PLACE({"id": job_id}))
+            place = await job_store.ordering_take_place(work.uow, {"id": job_id})
         raw_payload = job["payload"]
         store = None
         if job.get("payload_ref"):
@@ -196,7 +185,7 @@ async def unblock_job(db: Database, job_id: uuid.UUID, *, actor: str) -> dict[st
     async with audited(db, actor=actor, action=AuditAction.JOB_UNBLOCK, target=target) as work:
         job = await find_job(work.uow, job_id)
         work.entry.tenant = job["tenant"]
-        row = await fetch_one(work.uow, JOB_ORDERING_UNBLOCK({"id": job_id}))
+        row = await job_store.ordering_unblock(work.uow, {"id": job_id})
         if row is None:
             raise JobNotBlocking(
                 f"job {job_id} is {job['status']}"
@@ -211,7 +200,7 @@ async def unblock_job(db: Database, job_id: uuid.UUID, *, actor: str) -> dict[st
 async def held_jobs(db: Database) -> list[dict[str, Any]]:
     """How many pending jobs wait on a gate, per reason and type."""
     async with db.session() as session:
-        return [dict(row) for row in await fetch_all(session, JOB_HELD_COUNT({}))]
+        return [dict(row) for row in await job_store.held_count(session)]
 
 
 # Job ids an audit entry of a republish lists; the count covers the rest.

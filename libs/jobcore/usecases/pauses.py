@@ -26,7 +26,9 @@ from jobcore.sql.flow_pauses import (
     FLOW_PAUSE_LIST,
     FLOW_PAUSE_SET,
     FLOW_QUEUE_OVERVIEW,
-    PauseKind,
+)
+from jobcore.sql.flow_pauses import (
+    PauseKind as PauseKind,  # re-exported: the CLI names a kind without jobcore.sql
 )
 
 # The registry's rule for queue and job type names (jobcore.registry).

@@ -24,10 +24,9 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.db import fetch_all
 from jobcore.priorities import WEIGHTS
 from jobcore.settings import RelayOptions
-from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
+from jobcore.store import outbox_store
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, merge_cpu
 from services.bench.report import Figure, Section, Series
@@ -50,18 +49,16 @@ async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
     """One claim on its own transaction, rolled back: its time in milliseconds."""
     started = time.perf_counter()
     async with conn.transaction(force_rollback=True):
-        await fetch_all(
+        await outbox_store.claim_fair(
             conn,
-            OUTBOX_CLAIM_FAIR(
-                {
-                    "routing_keys": [QUEUE],
-                    "budgets": [limit],
-                    "other_budget": limit,
-                    "limit": limit,
-                    "priorities": [int(p) for p in WEIGHTS],
-                    "weights": list(WEIGHTS.values()),
-                }
-            ),
+            {
+                "routing_keys": [QUEUE],
+                "budgets": [limit],
+                "other_budget": limit,
+                "limit": limit,
+                "priorities": [int(p) for p in WEIGHTS],
+                "weights": list(WEIGHTS.values()),
+            },
         )
     return 1000 * (time.perf_counter() - started)
 

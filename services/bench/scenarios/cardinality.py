@@ -56,7 +56,7 @@ from jobcore.db import Database
 from jobcore.releases import RATE_HORIZON, release_held
 from jobcore.retention import Retention, prune_exclusively
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_LOCK_RELEASABLE
+from jobcore.store import job_store
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, cpu_seconds, merge_cpu
 from services.bench.report import Figure, Section, Series
@@ -548,11 +548,9 @@ async def _round_cost(
             cost["pgss_scan_blocks_per_call"] = round(blocks / calls, 1)
     # The scan's own buffers, from the plan (the same SQL and parameters, rolled back).
     async with conn.transaction(force_rollback=True):
-        cur = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + JOB_LOCK_RELEASABLE.sql,
-            {"limit": BATCH_SIZE, "horizon": RATE_HORIZON},
+        row = await job_store.explain_lock_releasable(
+            conn, {"limit": BATCH_SIZE, "horizon": RATE_HORIZON}
         )
-        row = await cur.fetchone()
     assert row is not None
     document: list[dict[str, Any]] = (
         orjson.loads(row[0]) if isinstance(row[0], str | bytes) else row[0]

@@ -9,7 +9,7 @@ import psycopg
 
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql.jobs import CANCEL_CHANNEL
+from jobcore.sql.jobs.cancel import CANCEL_CHANNEL
 from services.api.schemas import CancelAnswer
 from tests.integration.api.support import (
     assert_problem,

@@ -21,7 +21,7 @@ from jobcore.registry import default_registry
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_INSERT, JOB_INSERT_MANY
+from jobcore.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_MANY
 from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases

@@ -21,7 +21,7 @@ from jobcore.settings import Settings
 from jobcore.sql import Query, Statement
 from jobcore.sql.flow_pauses import FLOW_PAUSE_CLEAR, FLOW_PAUSE_SET, PauseKind
 from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 from jobcore.testing.jobtypes import EchoPayload
 from tests.integration.worker.support import outcome_params

@@ -20,7 +20,7 @@ from jobcore.db import Database, fetch_all_after
 from jobcore.retention import Retention
 from jobcore.settings import Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import JOB_CLAIM_MANY, JOB_GATES_LOCK
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_GATES_LOCK
 from tests.support.flow import max_overlap
 
 pytestmark = pytest.mark.timeout(120)

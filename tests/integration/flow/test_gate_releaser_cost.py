@@ -12,7 +12,7 @@ import pytest
 
 from jobcore.db import Database
 from jobcore.releases import RATE_HORIZON
-from jobcore.sql.jobs import JOB_LOCK_RELEASABLE
+from jobcore.sql.jobs.gates import JOB_LOCK_RELEASABLE
 
 SMALL, LARGE = 2_000, 20_000
 LIMIT = 500

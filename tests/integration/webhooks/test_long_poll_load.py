@@ -23,7 +23,7 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_SUCCEED_MANY
+from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
 from jobcore.testing.chaos import disruption_lock
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually

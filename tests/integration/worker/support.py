@@ -29,7 +29,7 @@ from jobcore.enqueue import enqueue, job_message_row
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_SUCCEED_MANY
+from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.webhooks import completion_params
 from tests.conftest import TEST_JOB_MODULES

@@ -13,7 +13,8 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import CANCEL_CHANNEL, JOB_RELEASE, JOB_RETRY
+from jobcore.sql.jobs.cancel import CANCEL_CHANNEL
+from jobcore.sql.jobs.run import JOB_RELEASE, JOB_RETRY
 from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker

@@ -19,7 +19,7 @@ from jobcore.batch import BatchItem, enqueue_many
 from jobcore.db import Database, fetch_one
 from jobcore.registry import Registry, default_registry, load_job_modules
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_GET_ANY_TENANT
+from jobcore.sql.jobs.reads import JOB_GET_ANY_TENANT
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.jobs import retry_job, unblock_job
 from services.api.views import job_view

@@ -16,7 +16,7 @@ from jobcore.channels import JOB_PROGRESS_CHANNEL
 from jobcore.db import Database, execute, fetch_one
 from jobcore.jobtypes import CreditAccountPayload
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_PROGRESS_SET
+from jobcore.sql.jobs.run import JOB_PROGRESS_SET
 from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker

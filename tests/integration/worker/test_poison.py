@@ -15,10 +15,10 @@ from jobcore.envelope import JobMessage
 from jobcore.registry import Registry, default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
+from jobcore.sql.jobs.run import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
+from jobcore.store import jobs as job_statements
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
-from services.worker import consumer
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
@@ -136,7 +136,8 @@ async def test_a_note_the_database_refuses_does_not_hold_back_an_unknown_type(
     refused = Query[JobNoteUndeliverableParams](
         JOB_NOTE_UNDELIVERABLE.name, JOB_NOTE_UNDELIVERABLE.purpose, "SELECT %(type)s::int"
     )
-    monkeypatch.setattr(consumer, "JOB_NOTE_UNDELIVERABLE", refused)
+    # The store runs the statement it finds in its module when called.
+    monkeypatch.setattr(job_statements, "JOB_NOTE_UNDELIVERABLE", refused)
     worker = await start_worker()
     await publish_raw(
         outbox_pump,

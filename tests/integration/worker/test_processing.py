@@ -17,7 +17,7 @@ from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, cs
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import JOB_CLAIM_MANY
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from services.worker.consumer import ClaimRequest

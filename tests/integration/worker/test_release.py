@@ -10,7 +10,7 @@ from typing import Any
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_all
 from jobcore.settings import Settings
-from jobcore.sql.jobs import JOB_RELEASE
+from jobcore.sql.jobs.run import JOB_RELEASE
 from tests.integration.worker.support import outcome_params, running_echo_job
 
 OUTAGE = "storing the result failed: object store unavailable: StoreUnavailable: refused"

@@ -18,7 +18,7 @@ from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs import JOB_CLAIM_MANY
+from jobcore.sql.jobs.run import JOB_CLAIM_MANY
 from jobcore.testing.draining import InlineWorker
 from jobcore.testing.waiting import eventually
 from jobcore.timeline import JobTimeline

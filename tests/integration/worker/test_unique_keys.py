@@ -17,7 +17,7 @@ from jobcore.errors import UniqueJobExists
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
-from jobcore.sql.jobs import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
+from jobcore.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from jobcore.states import TERMINAL, JobStatus
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
