@@ -183,7 +183,7 @@ jobs = Table(
         postgresql_where=text("status = 'running'"),
     ),
     # The pruner's: each (status, type) retention rule is one range scan of it, and its
-    # (status, type) pairs are found by a loose scan (jobcore.sql.jobs). Partial, so a
+    # (status, type) pairs are found by a loose scan (jobcore.sql.jobs.prune). Partial, so a
     # job enters it once, when it finishes; the pending/running churn never touches it.
     Index(
         "jobs_finished_idx",

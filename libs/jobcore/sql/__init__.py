@@ -1,4 +1,5 @@
-"""Named SQL statements, one module per table they change.
+"""Named SQL statements, one module per table they change (``jobs``: a package, one module
+per part of a job's life, run only through :class:`jobcore.store.JobStore`).
 
 Every statement is a :class:`Query`: a name, a one-line purpose, and the SQL itself, with
 psycopg named parameters (``%(name)s``). A query is generic over the ``TypedDict`` of its

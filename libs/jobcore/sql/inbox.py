@@ -1,6 +1,6 @@
 """Statements that change ``inbox`` on their own: the pruner's. (The claim and a webhook
 attempt insert their inbox row in the same statement as their main change:
-:data:`jobcore.sql.jobs.JOB_CLAIM_MANY`,
+:data:`jobcore.sql.jobs.run.JOB_CLAIM_MANY`,
 :data:`jobcore.sql.webhook_deliveries.WEBHOOK_DELIVERY_RECORD_ATTEMPT`.)
 """
 
@@ -39,7 +39,7 @@ class InboxPruneBatchParams(TypedDict):
 # found by the subquery still names it in the same statement, and the delete is a TID scan
 # (a join on the primary key was planned as a hash join over the whole inbox). A
 # redelivery that arrives while its old row is being deleted waits for this commit, then
-# inserts a new row and meets the claim's fence (jobcore.sql.jobs.JOB_CLAIM_MANY).
+# inserts a new row and meets the claim's fence (jobcore.sql.jobs.run.JOB_CLAIM_MANY).
 INBOX_PRUNE_BATCH = Query[InboxPruneBatchParams](
     "inbox_prune_batch",
     "Delete a batch of inbox rows older than the inbox window, oldest first.",

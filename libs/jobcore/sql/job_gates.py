@@ -10,7 +10,7 @@ at all, so a place is never handed out twice while a job holds it.
 
 No race with a claim or an enqueue about to use the row: the prune locks the rows it
 deletes (FOR UPDATE SKIP LOCKED, skipping those a claim holds); the claims' lock
-(jobcore.sql.jobs.JOB_GATES_LOCK) and the enqueue's place (an INSERT ... ON CONFLICT DO
+(jobcore.sql.jobs.run.JOB_GATES_LOCK) and the enqueue's place (an INSERT ... ON CONFLICT DO
 UPDATE) wait for that lock and then write a fresh row. A row written since the prune's
 snapshot (an enqueue's place, a claim's rate token, a claim's lock, which touches
 ``updated_at`` at most once a minute) is checked again in its new version when locked,
@@ -33,7 +33,7 @@ class JobGatesPruneBatchParams(JobGatesPruneCountParams):
     limit: int
 
 
-# An ordering key's row is 'ordering:<tenant>:<key>' (jobcore.sql.jobs, the enqueue), and a
+# An ordering key's row is 'ordering:<tenant>:<key>' (jobcore.sql.jobs.enqueue), and a
 # tenant has no ':' (jobcore.apikeys): its jobs are found by jobs_ordering_idx.
 _IDLE = """
     gate.updated_at < now() - make_interval(secs => %(keep)s)

@@ -1,7 +1,7 @@
 """Statements on ``tenant_quotas`` (operators' per-tenant overrides) and ``tenant_usage``
 (what the quotas are checked against), and the enqueue's admission fragment.
 
-The enqueue's admission is part of the enqueue statement (:mod:`jobcore.sql.jobs`), so a
+The enqueue's admission is part of the enqueue statement (:mod:`jobcore.sql.jobs.enqueue`), so a
 quota costs no round trip: :func:`admission_ctes` gives its CTEs. ``tenant_usage`` has one
 row per tenant; the admission upserts it, which locks it until the enqueue commits, so
 enqueues of one tenant are admitted one at a time (on any API process) and each sees the

@@ -3,7 +3,7 @@
 A pause is a row in ``flow_pauses``, read by every claim in its own statement: relays
 leave the paused rows in the outbox (the claim skips a paused queue's lane and a paused
 type's rows), and a worker that receives a message of a paused queue or type parks it back
-in the outbox instead of claiming its job (:data:`jobcore.sql.jobs.JOB_CLAIM_MANY`), so
+in the outbox instead of claiming its job (:data:`jobcore.sql.jobs.run.JOB_CLAIM_MANY`), so
 nothing starts and nothing is burnt. Enqueueing is untouched: it still answers 202.
 Resuming deletes the row and NOTIFYs the relays, which publish the waiting rows at once.
 Both are admin actions, audited (:mod:`jobcore.audit`) under ``queue:<name>`` or

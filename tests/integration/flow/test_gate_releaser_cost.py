@@ -1,4 +1,4 @@
-"""What one round of the gate releaser reads (jobcore.sql.jobs.JOB_LOCK_RELEASABLE): the
+"""What one round of the gate releaser reads (jobcore.sql.jobs.gates.JOB_LOCK_RELEASABLE): the
 jobs it can release, not every held job. Held jobs are written straight into the table
 (many of them, behind one key); the round's statement runs under EXPLAIN (ANALYZE,
 BUFFERS) and the test counts the rows its plan read from `jobs`, at a small and a large
