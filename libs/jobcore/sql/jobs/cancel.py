@@ -46,7 +46,7 @@ class JobCancelPendingParams(CompletionParams):
 JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
     "job_cancel_pending",
     "Cancel a job that no worker runs yet (fenced on status = 'pending').",
-    """
+    f"""
     WITH done AS (
         UPDATE jobs
         SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
@@ -54,14 +54,8 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
         WHERE id = %(id)s AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
                   cancel_requested_at, attempts, last_error
-    ), """
-    + COMPLETION_WEBHOOKS
-    + ", "
-    + DONE_EVENTS
-    + """
-    SELECT done.id, done.status, done.cancel_requested_at, """
-    + NOTIFY_JOB_DONE
-    + """
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    SELECT done.id, done.status, done.cancel_requested_at, {NOTIFY_JOB_DONE}
     FROM done
     """,
 )

@@ -65,7 +65,7 @@ class JobReapExpiredParams(CompletionParams):
 JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
     "job_reap_expired",
     "Return locked jobs with expired leases to pending (with a new message), or end them.",
-    """
+    f"""
     WITH reaped AS (
         UPDATE jobs
         SET status = CASE
@@ -86,9 +86,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
                   attempts, last_error, worker_id
     ), done AS (
         SELECT * FROM reaped WHERE status <> 'pending'
-    ), """
-    + COMPLETION_WEBHOOKS
-    + f""", reap_events AS (
+    ), {COMPLETION_WEBHOOKS}, reap_events AS (
         -- lease_lost, then (for a job that ends here) cancelled or finished, in that order
         INSERT INTO job_events (job_id, kind, attempt, detail)
         SELECT reaped.id, event.kind, reaped.attempts, event.detail
@@ -126,9 +124,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
            (SELECT pg_notify(%(webhook_outbox_channel)s, '') FROM hook_messages LIMIT 1)
                IS NULL AS webhook_notified,
            CASE WHEN reaped.status <> 'pending'
-                THEN pg_notify('"""
-    + JOB_DONE_CHANNEL
-    + """', reaped.id::text) END IS NULL AS done_notified
+                THEN pg_notify('{JOB_DONE_CHANNEL}', reaped.id::text) END IS NULL AS done_notified
     FROM reaped
     """,
 )
@@ -151,7 +147,7 @@ class JobFailQuarantinedParams(CompletionParams):
 JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
     "job_fail_quarantined",
     "Fail pending jobs whose message the relay quarantined, with their completion webhooks.",
-    """
+    f"""
     WITH stuck AS (
         SELECT jobs.id, outbox.last_error
         FROM outbox JOIN jobs ON jobs.id = outbox.job_id
@@ -181,14 +177,8 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
         WHERE jobs.id = stuck.id AND jobs.status = 'pending'
         RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
                   jobs.tracestate, jobs.last_error, jobs.attempts
-    ), """
-    + COMPLETION_WEBHOOKS
-    + ", "
-    + DONE_EVENTS
-    + """
-    SELECT done.id, done.last_error, """
-    + NOTIFY_JOB_DONE
-    + """
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    SELECT done.id, done.last_error, {NOTIFY_JOB_DONE}
     FROM done
     """,
 )

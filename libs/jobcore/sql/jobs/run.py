@@ -364,7 +364,7 @@ class JobSucceedManyParams(CompletionParams):
 JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
     "job_succeed_many",
     "Record successes with their results and effects, each fenced by its lease token.",
-    """
+    f"""
     WITH input AS (
         SELECT *
         FROM unnest(
@@ -393,53 +393,10 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
                  AND done.lease_token = (effect.item ->> 'lease_token')::uuid
         ORDER BY effect.n
         RETURNING id
-    ), """
-    + COMPLETION_WEBHOOKS
-    + ", "
-    + DONE_EVENTS
-    + """
-    SELECT done.id, """
-    + NOTIFY_JOB_DONE
-    + """
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    SELECT done.id, {NOTIFY_JOB_DONE}
     FROM done
     """,
-)
-
-
-# A retry and a shutdown's release put the job back to pending with a new message, unless
-# its cancellation was requested while it ran: the handler failed, or was interrupted,
-# before the worker heard of the request (a NOTIFY can be missed, heartbeats are
-# periodic), and the job ends `cancelled` with its completion webhook instead. These
-# fragments are shared by both statements; the statement's first CTE is `back`, and only
-# its `pending` rows get the job message.
-_PENDING_UNLESS_CANCEL_REQUESTED = """
-            status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-            finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,"""
-
-
-_BACK_RETURNING = (
-    "RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority, "
-    "attempts, last_error, worker_id"
-)
-
-
-_CANCELLED_ARE_DONE = (
-    """done AS (
-        SELECT * FROM back WHERE status = 'cancelled'
-    ), """
-    + COMPLETION_WEBHOOKS
-    + ", "
-    + DONE_EVENTS
-)
-
-
-_NOTIFY_BACK = (
-    """
-    (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified, """
-    + NOTIFY_JOB_DONE
-    + """
-    FROM back LEFT JOIN done ON done.id = back.id
-    """
 )
 
 
@@ -463,12 +420,12 @@ JOB_RETRY = Query[JobRetryParams](
     "job_retry",
     "Put a failed attempt back to pending with a delay and its next message (or end it "
     "cancelled if that was requested).",
-    """
+    f"""
     WITH back AS (
         UPDATE jobs
-        SET"""
-    + _PENDING_UNLESS_CANCEL_REQUESTED
-    + """
+        SET
+            status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+            finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
             last_error = %(error)s,
             next_attempt_at = CASE
                 WHEN cancel_requested_at IS NULL THEN now() + make_interval(secs => %(delay)s)
@@ -478,12 +435,11 @@ JOB_RETRY = Query[JobRetryParams](
             lease_expires_at = NULL,
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        """
-    + _BACK_RETURNING
-    + """, next_attempt_at
-    ), """
-    + _CANCELLED_ARE_DONE
-    + f""", retry_events AS (
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
+                  attempts, last_error, worker_id, next_attempt_at
+    ), done AS (
+        SELECT * FROM back WHERE status = 'cancelled'
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, retry_events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
         SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
                jsonb_build_object('until', back.next_attempt_at,
@@ -502,8 +458,11 @@ JOB_RETRY = Query[JobRetryParams](
         WHERE back.status = 'pending'
         RETURNING id
     )
-    SELECT back.id, back.status, back.next_attempt_at,"""
-    + _NOTIFY_BACK,
+    SELECT back.id, back.status, back.next_attempt_at,
+           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
+           {NOTIFY_JOB_DONE}
+    FROM back LEFT JOIN done ON done.id = back.id
+    """,
 )
 
 
@@ -548,7 +507,7 @@ class JobEndRunningParams(JobFencedParams):
 JOB_END_RUNNING = Query[JobEndRunningParams](
     "job_end_running",
     "Record that a running job ended failed or cancelled, fenced by the lease token.",
-    """
+    f"""
     WITH done AS (
         UPDATE jobs
         SET status = %(status)s,
@@ -559,14 +518,8 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
         RETURNING id, tenant, status, callback_url, traceparent, tracestate, attempts,
                   last_error
-    ), """
-    + COMPLETION_WEBHOOKS
-    + ", "
-    + DONE_EVENTS
-    + """
-    SELECT done.id, """
-    + NOTIFY_JOB_DONE
-    + """
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    SELECT done.id, {NOTIFY_JOB_DONE}
     FROM done
     """,
 )
@@ -587,12 +540,12 @@ JOB_RELEASE = Query[JobReleaseParams](
     "job_release",
     "Give back a running job's lease on shutdown or a store outage: pending again, with a "
     "new message due after a delay (or end it cancelled if that was requested).",
-    """
+    f"""
     WITH back AS (
         UPDATE jobs
-        SET"""
-    + _PENDING_UNLESS_CANCEL_REQUESTED
-    + """
+        SET
+            status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+            finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
             attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
             lease_token = NULL,
             lease_expires_at = NULL,
@@ -603,12 +556,11 @@ JOB_RELEASE = Query[JobReleaseParams](
             END,
             updated_at = now()
         WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
-        """
-    + _BACK_RETURNING
-    + """, next_attempt_at
-    ), """
-    + _CANCELLED_ARE_DONE
-    + f""", release_events AS (
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
+                  attempts, last_error, worker_id, next_attempt_at
+    ), done AS (
+        SELECT * FROM back WHERE status = 'cancelled'
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, release_events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
@@ -630,6 +582,9 @@ JOB_RELEASE = Query[JobReleaseParams](
         WHERE back.status = 'pending'
         RETURNING id
     )
-    SELECT back.id, back.status, back.next_attempt_at,"""
-    + _NOTIFY_BACK,
+    SELECT back.id, back.status, back.next_attempt_at,
+           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
+           {NOTIFY_JOB_DONE}
+    FROM back LEFT JOIN done ON done.id = back.id
+    """,
 )
