@@ -39,7 +39,7 @@ from services.cli import (
     ui,
     webhooks,
 )
-from services.cli.common import set_actor
+from services.cli.common import example, set_actor
 
 # In the order `jobcore --help` lists them.
 COMMAND_MODULES = (
@@ -71,6 +71,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        epilog=example("jobcore --actor ops:alice jobs retry 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"),
     )
     app.callback()(_root)
     for module in COMMAND_MODULES:

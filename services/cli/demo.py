@@ -32,7 +32,7 @@ from jobcore.db import Database, fetch_all
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.tcpproxy import Mode, TcpProxy
-from services.cli.common import settings
+from services.cli.common import example, settings
 from services.cli.dev import (
     create_key,
     free_port,
@@ -356,4 +356,4 @@ def demo(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo)
+    app.command("demo", epilog=example("jobcore demo --log var/demo/stack.log"))(demo)
