@@ -113,6 +113,7 @@ def test_every_example_uses_only_loopback_addresses(command: Command) -> None:
 
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
 def test_every_help_shows_its_example(command: Command) -> None:
+    example_words(command)  # there is one
     shown = CliRunner().invoke(app, [*command.path, "--help"])
     assert shown.exit_code == 0, shown.output
     # The help may wrap a long line; the words are what a reader copies.
