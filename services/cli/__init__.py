@@ -1,11 +1,13 @@
 """The `jobcore` command line: the composition root of every process.
 
 Every command lives in this package, one module per verb or verb group, each adding its
-commands through a ``register(app)`` function, so this module stays a list; their shared
-plumbing (settings, a database for one command, ``--json``, one-line failures) is
-:mod:`services.cli.common`. A jobcore error ends the program with one line on stderr and exit 1;
-bad arguments exit 2 (typer's usage errors). The program itself, these commands and
-`jobcore bench` in one app, is :mod:`services.entry` (the bench is not imported here).
+commands through a ``register(app)`` function, so this module stays a list. Every command and
+group ends its ``--help`` with one example (``epilog=example("jobcore ...")``), which
+tests/unit/test_cli_examples.py parses. Their shared plumbing (settings, a database for one
+command, ``--json``, one-line failures) is :mod:`services.cli.common`. A jobcore error ends
+the program with one line on stderr and exit 1; bad arguments exit 2 (typer's usage errors).
+The program itself, these commands and `jobcore bench` in one app, is :mod:`services.entry`
+(the bench is not imported here).
 """
 
 from __future__ import annotations
