@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from services.commandline import fail, settings
+from services.commandline import example, fail, settings
 
 
 def _positive_list(text: str, what: str) -> tuple[int, ...]:
@@ -192,4 +192,6 @@ def bench(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)
+    app.command(
+        "bench", epilog=example("jobcore bench e2e --jobs 2000 --runs 3 --out var/bench/e2e")
+    )(bench)

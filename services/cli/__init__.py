@@ -1,11 +1,13 @@
 """The `jobcore` command line: the composition root of every process.
 
 Every command lives in this package, one module per verb or verb group, each adding its
-commands through a ``register(app)`` function, so this module stays a list; their shared
-plumbing (settings, a database for one command, ``--json``, one-line failures) is
-:mod:`services.cli.common`. A jobcore error ends the program with one line on stderr and exit 1;
-bad arguments exit 2 (typer's usage errors). The program itself, these commands and
-`jobcore bench` in one app, is :mod:`services.entry` (the bench is not imported here).
+commands through a ``register(app)`` function, so this module stays a list. Every command and
+group ends its ``--help`` with one example (``epilog=example("jobcore ...")``), which
+tests/unit/test_cli_examples.py parses. Their shared plumbing (settings, a database for one
+command, ``--json``, one-line failures) is :mod:`services.cli.common`. A jobcore error ends
+the program with one line on stderr and exit 1; bad arguments exit 2 (typer's usage errors).
+The program itself, these commands and `jobcore bench` in one app, is :mod:`services.entry`
+(the bench is not imported here).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from services.cli import (
     ui,
     webhooks,
 )
-from services.cli.common import set_actor
+from services.cli.common import example, set_actor
 
 # In the order `jobcore --help` lists them.
 COMMAND_MODULES = (
@@ -71,6 +73,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        epilog=example("jobcore --actor ops:alice jobs retry 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"),
     )
     app.callback()(_root)
     for module in COMMAND_MODULES:

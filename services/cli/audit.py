@@ -12,7 +12,7 @@ import typer
 
 from jobcore.audit import AuditAction
 from jobcore.usecases.audit import AuditFilter, list_audit_entries
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, emit, example, fail, run, settings, with_db
 
 COLUMNS = ("at", "actor", "action", "target", "tenant", "outcome", "details")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -90,4 +90,6 @@ def audit(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("audit")(audit)
+    app.command(
+        "audit", epilog=example("jobcore audit --since 7d --action key.rotate --tenant acme")
+    )(audit)

@@ -44,7 +44,7 @@ import typer
 from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings, load_settings
 from jobcore.tcpproxy import Mode
-from services.cli.common import emit, fail, settings
+from services.cli.common import emit, example, fail, settings
 
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack, Submitter
@@ -499,4 +499,9 @@ def chaos(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("chaos")(chaos)
+    app.command(
+        "chaos",
+        epilog=example(
+            "jobcore chaos --duration 60 --seed 7 --fault kill_relay --fault kill_worker"
+        ),
+    )(chaos)

@@ -18,9 +18,19 @@ from jobcore.audit import InvalidActor, check_actor, cli_actor
 from jobcore.db import Database
 from jobcore.schema_version import check_schema_on
 from jobcore.settings import Settings
-from services.commandline import fail, settings
+from services.commandline import example, fail, settings
 
-__all__ = ["JSON_OPTION", "actor", "emit", "fail", "run", "set_actor", "settings", "with_db"]
+__all__ = [
+    "JSON_OPTION",
+    "actor",
+    "emit",
+    "example",
+    "fail",
+    "run",
+    "set_actor",
+    "settings",
+    "with_db",
+]
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ import typer
 
 from jobcore import migrate as migrations
 from jobcore import schema_version
-from services.cli.common import fail, settings
+from services.cli.common import example, fail, settings
 
 
 def migrate(
@@ -40,4 +40,4 @@ def migrate(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("migrate")(migrate)
+    app.command("migrate", epilog=example("jobcore migrate --create-database"))(migrate)

@@ -32,7 +32,7 @@ from jobcore.db import Database
 from jobcore.settings import Settings
 from jobcore.store import job_store
 from jobcore.tcpproxy import Mode, TcpProxy
-from services.cli.common import settings
+from services.cli.common import example, settings
 from services.cli.dev import (
     create_key,
     free_port,
@@ -335,4 +335,4 @@ def demo(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo)
+    app.command("demo", epilog=example("jobcore demo --log var/demo/stack.log"))(demo)

@@ -17,7 +17,7 @@ from jobcore import migrate
 from jobcore.db import Database
 from jobcore.settings import Settings, load_relay_options
 from jobcore.usecases import keys as key_usecases
-from services.cli.common import actor, settings
+from services.cli.common import actor, example, settings
 from services.cli.supervisor import Supervisor
 
 
@@ -151,4 +151,4 @@ def dev(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("dev")(dev)
+    app.command("dev", epilog=example("jobcore dev --port 8000"))(dev)

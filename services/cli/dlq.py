@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from jobcore.usecases import dlq
-from services.cli.common import JSON_OPTION, actor, emit, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, run, settings, with_db
 
 LIST_COLUMNS = (
     "message_id",
@@ -23,10 +23,11 @@ dlq_app = typer.Typer(
     name="dlq",
     help="Look at and replay the dead-letter queue (poison messages).",
     no_args_is_help=True,
+    epilog=example("jobcore dlq list --limit 10"),
 )
 
 
-@dlq_app.command("list")
+@dlq_app.command("list", epilog=example("jobcore dlq list --limit 10 --json"))
 def dlq_list(
     limit: int = typer.Option(50, min=1, max=100_000, help="At most this many messages."),
     as_json: bool = JSON_OPTION,
@@ -36,7 +37,7 @@ def dlq_list(
     emit([letter.as_dict() for letter in letters], as_json=as_json, columns=LIST_COLUMNS)
 
 
-@dlq_app.command("replay")
+@dlq_app.command("replay", epilog=example("jobcore dlq replay --limit 100"))
 def dlq_replay(
     limit: int = typer.Option(100, min=1, max=100_000, help="At most this many messages."),
     as_json: bool = JSON_OPTION,

@@ -11,17 +11,19 @@ from __future__ import annotations
 import typer
 
 from jobcore.usecases import pauses as pause_usecases
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 queues_app = typer.Typer(
     name="queues",
     help="Job queues: list them (open jobs, paused or not), pause or resume one.",
     no_args_is_help=True,
+    epilog=example("jobcore queues pause exports"),
 )
 types_app = typer.Typer(
     name="types",
     help="Job types: list the paused ones, pause or resume one (all its queues' jobs).",
     no_args_is_help=True,
+    epilog=example("jobcore types pause send_email"),
 )
 
 QUEUE_ARGUMENT = typer.Argument(..., help="The queue's name (a job type's `queue=`).")
@@ -42,7 +44,7 @@ def _set(kind: pause_usecases.PauseKind, name: str, *, paused: bool, as_json: bo
     emit(change.as_dict(), as_json=as_json)
 
 
-@queues_app.command("list")
+@queues_app.command("list", epilog=example("jobcore queues list --json"))
 def list_queues(as_json: bool = JSON_OPTION) -> None:
     """Each queue with pending or running jobs, or paused: its counts and whether (since
     when, by whom) it is paused."""
@@ -54,33 +56,33 @@ def list_queues(as_json: bool = JSON_OPTION) -> None:
     )
 
 
-@queues_app.command("pause")
+@queues_app.command("pause", epilog=example("jobcore queues pause exports"))
 def pause_queue(name: str = QUEUE_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Stop starting the queue's jobs, on every relay and worker, until it is resumed
     (enqueueing still answers 202; running jobs finish)."""
     _set("queue", name, paused=True, as_json=as_json)
 
 
-@queues_app.command("resume")
+@queues_app.command("resume", epilog=example("jobcore queues resume exports"))
 def resume_queue(name: str = QUEUE_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Start the queue's jobs again: the relays publish its waiting rows at once."""
     _set("queue", name, paused=False, as_json=as_json)
 
 
-@types_app.command("list")
+@types_app.command("list", epilog=example("jobcore types list --json"))
 def list_types(as_json: bool = JSON_OPTION) -> None:
     """Every pause in force, of a queue or a job type."""
     rows = run(with_db(settings(), pause_usecases.list_pauses))
     emit(rows, as_json=as_json, columns=["kind", "name", "paused_at", "paused_by"])
 
 
-@types_app.command("pause")
+@types_app.command("pause", epilog=example("jobcore types pause send_email"))
 def pause_type(name: str = TYPE_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Stop starting jobs of this type, whatever their queue, until it is resumed."""
     _set("type", name, paused=True, as_json=as_json)
 
 
-@types_app.command("resume")
+@types_app.command("resume", epilog=example("jobcore types resume send_email"))
 def resume_type(name: str = TYPE_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Start jobs of this type again."""
     _set("type", name, paused=False, as_json=as_json)

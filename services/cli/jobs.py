@@ -20,10 +20,11 @@ from jobcore.settings import Settings
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases.timeline import job_timeline
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 jobs_app = typer.Typer(
-    help="List, inspect, cancel, retry and republish jobs (operators, all tenants)."
+    help="List, inspect, cancel, retry and republish jobs (operators, all tenants).",
+    epilog=example("jobcore jobs list --status failed --tenant acme"),
 )
 
 T = TypeVar("T")
@@ -52,7 +53,10 @@ async def _with_db(config: Settings, action: Callable[[Database], Awaitable[T]])
     return await with_db(config, action, name="jobcore-admin")
 
 
-@jobs_app.command("list")
+@jobs_app.command(
+    "list",
+    epilog=example("jobcore jobs list --tenant acme --status failed --type send_email --limit 20"),
+)
 def list_(
     tenant: str | None = typer.Option(None, help="Only this tenant's jobs."),
     status: JobStatus | None = typer.Option(None, help="Only jobs in this status."),
@@ -66,7 +70,7 @@ def list_(
     emit(rows, as_json=as_json, columns=LIST_COLUMNS)
 
 
-@jobs_app.command("show")
+@jobs_app.command("show", epilog=example("jobcore jobs show 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"))
 def show(
     job_id: str = typer.Argument(..., help="The job's id."),
     as_json: bool = JSON_OPTION,
@@ -76,7 +80,9 @@ def show(
     emit(run(_with_db(settings(), lambda db: job_usecases.show_job(db, ident))), as_json=as_json)
 
 
-@jobs_app.command("timeline")
+@jobs_app.command(
+    "timeline", epilog=example("jobcore jobs timeline 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a --json")
+)
 def timeline(
     job_id: str = typer.Argument(..., help="The job's id."),
     as_json: bool = JSON_OPTION,
@@ -101,7 +107,9 @@ def _detail_text(detail: dict[str, Any]) -> str:
     return " ".join(f"{key}={value}" for key, value in detail.items())
 
 
-@jobs_app.command("cancel")
+@jobs_app.command(
+    "cancel", epilog=example("jobcore jobs cancel 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def cancel(
     job_id: str = typer.Argument(..., help="The job's id."),
     as_json: bool = JSON_OPTION,
@@ -120,7 +128,9 @@ def cancel(
     emit(shown, as_json=as_json)
 
 
-@jobs_app.command("retry")
+@jobs_app.command(
+    "retry", epilog=example("jobcore jobs retry 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def retry(
     job_id: str = typer.Argument(..., help="The id of a failed or cancelled job."),
     as_json: bool = JSON_OPTION,
@@ -139,7 +149,9 @@ def retry(
     emit(shown, as_json=as_json)
 
 
-@jobs_app.command("unblock")
+@jobs_app.command(
+    "unblock", epilog=example("jobcore jobs unblock 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def unblock(
     job_id: str = typer.Argument(..., help="The id of a failed job of an ordering key."),
     as_json: bool = JSON_OPTION,
@@ -150,14 +162,16 @@ def unblock(
     emit(shown, as_json=as_json)
 
 
-@jobs_app.command("held")
+@jobs_app.command("held", epilog=example("jobcore jobs held --json"))
 def held(as_json: bool = JSON_OPTION) -> None:
     """Pending jobs waiting on a gate (concurrency, rate_limit, ordering), per type."""
     rows = run(_with_db(settings(), job_usecases.held_jobs))
     emit(rows, as_json=as_json, columns=["held_reason", "type", "held"])
 
 
-@jobs_app.command("republish-stale")
+@jobs_app.command(
+    "republish-stale", epilog=example("jobcore jobs republish-stale --stale-after 300")
+)
 def republish_stale(
     stale_after: float | None = typer.Option(
         None,

@@ -13,12 +13,13 @@ import typer
 from jobcore import apikeys
 from jobcore.scopes import DEFAULT_SCOPES, Scope
 from jobcore.usecases import keys as key_usecases
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 keys_app = typer.Typer(
     name="keys",
     help="Create, list, revoke and rotate API keys (one tenant per key, with scopes).",
     no_args_is_help=True,
+    epilog=example("jobcore keys create --tenant acme --label billing"),
 )
 
 LIST_COLUMNS = (
@@ -76,7 +77,12 @@ def _shown(key: apikeys.ApiKey) -> dict[str, Any]:
     return shown
 
 
-@keys_app.command("create")
+@keys_app.command(
+    "create",
+    epilog=example(
+        "jobcore keys create --tenant acme --label billing --scope enqueue --expires-in 90d"
+    ),
+)
 def create(
     tenant: str = typer.Option(..., help="The tenant whose jobs the key sees."),
     label: str | None = typer.Option(None, help="A note for people (where the key is used)."),
@@ -127,7 +133,7 @@ def _show_created(created: apikeys.CreatedKey, as_json: bool) -> None:
         typer.echo("\nStore the key now: it cannot be shown again.", err=True)
 
 
-@keys_app.command("list")
+@keys_app.command("list", epilog=example("jobcore keys list --tenant acme"))
 def list_(
     tenant: str | None = typer.Option(None, help="Only this tenant's keys."),
     as_json: bool = JSON_OPTION,
@@ -139,7 +145,9 @@ def list_(
     emit([_shown(k) for k in keys], as_json=as_json, columns=LIST_COLUMNS)
 
 
-@keys_app.command("revoke")
+@keys_app.command(
+    "revoke", epilog=example("jobcore keys revoke 5f0c9a8e-2b7d-4c1e-8a3f-6d2e1b0c9a74")
+)
 def revoke(
     key_id: str = typer.Argument(..., metavar="ID", help="The key's id (from `keys list`)."),
     as_json: bool = JSON_OPTION,
@@ -153,7 +161,10 @@ def revoke(
         typer.echo(f"revoked key {revoked.id} ({revoked.prefix}…) of tenant {revoked.tenant}")
 
 
-@keys_app.command("rotate")
+@keys_app.command(
+    "rotate",
+    epilog=example("jobcore keys rotate 5f0c9a8e-2b7d-4c1e-8a3f-6d2e1b0c9a74 --overlap 24h"),
+)
 def rotate(
     key_id: str = typer.Argument(..., metavar="ID", help="The key's id (from `keys list`)."),
     overlap: str = typer.Option(

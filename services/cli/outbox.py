@@ -9,12 +9,13 @@ from typing import Any
 import typer
 
 from jobcore.usecases import outbox
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 outbox_app = typer.Typer(
     name="outbox",
     help="Inspect the outbox (failing and quarantined rows); requeue or discard quarantined ones.",
     no_args_is_help=True,
+    epilog=example("jobcore outbox list-quarantined"),
 )
 
 
@@ -28,14 +29,14 @@ def _row_key(ident: str) -> outbox.OutboxRowKey:
         fail(f"{ident!r} is neither an outbox id nor a message id")
 
 
-@outbox_app.command("status")
+@outbox_app.command("status", epilog=example("jobcore outbox status --json"))
 def status(as_json: bool = JSON_OPTION) -> None:
     """Rows due, scheduled, failing and quarantined; how long the oldest due row has waited
     and the longest-failing row has been refused."""
     emit(run(with_db(settings(), outbox.outbox_status)), as_json=as_json)
 
 
-@outbox_app.command("list-failing")
+@outbox_app.command("list-failing", epilog=example("jobcore outbox list-failing --limit 20"))
 def list_failing(
     as_json: bool = JSON_OPTION,
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
@@ -49,7 +50,7 @@ def list_failing(
     )
 
 
-@outbox_app.command("list-quarantined")
+@outbox_app.command("list-quarantined", epilog=example("jobcore outbox list-quarantined --json"))
 def list_quarantined(
     as_json: bool = JSON_OPTION,
     limit: int = typer.Option(100, min=1, max=10_000, help="Show at most this many rows."),
@@ -71,7 +72,7 @@ def _show_acted_on(row: dict[str, Any], verb: str, as_json: bool) -> None:
         typer.echo(f"{verb} outbox row {row['id']}, message {row['message_id']}{job}")
 
 
-@outbox_app.command("requeue")
+@outbox_app.command("requeue", epilog=example("jobcore outbox requeue 41"))
 def requeue(
     ident: str = typer.Argument(..., metavar="ID", help="Outbox id or message id."),
     as_json: bool = JSON_OPTION,
@@ -82,7 +83,7 @@ def requeue(
     _show_acted_on(row, "requeued", as_json)
 
 
-@outbox_app.command("discard")
+@outbox_app.command("discard", epilog=example("jobcore outbox discard 41"))
 def discard(
     ident: str = typer.Argument(..., metavar="ID", help="Outbox id or message id."),
     as_json: bool = JSON_OPTION,

@@ -17,7 +17,7 @@ import typer
 
 from jobcore.db import Database
 from jobcore.usecases.prune import prune as prune_usecase
-from services.cli.common import actor, emit, run, settings, with_db
+from services.cli.common import actor, emit, example, run, settings, with_db
 
 
 def _duration(seconds: float) -> str:
@@ -69,4 +69,4 @@ def prune(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prune")(prune)
+    app.command("prune", epilog=example("jobcore prune --dry-run"))(prune)

@@ -18,12 +18,13 @@ from jobcore.registry import load_job_modules
 from jobcore.schedules import NAME_PATTERN, Schedule, load_schedules
 from jobcore.settings import Settings
 from jobcore.usecases import schedules as schedule_usecases
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 schedules_app = typer.Typer(
     name="schedules",
     help="Periodic jobs: list them, pause, resume or trigger one.",
     no_args_is_help=True,
+    epilog=example("jobcore schedules list"),
 )
 
 NAME_ARGUMENT = typer.Argument(..., help="The schedule's name (`jobcore schedules list`).")
@@ -45,7 +46,7 @@ def _shown(status: schedule_usecases.ScheduleStatus) -> dict[str, Any]:
     return row
 
 
-@schedules_app.command("list")
+@schedules_app.command("list", epilog=example("jobcore schedules list --json"))
 def list_(as_json: bool = JSON_OPTION) -> None:
     """Every schedule: its cron, time zone and policy, whether it is paused, its last tick
     enqueued and its next tick, and the last tick refused (when, and why: unique_key,
@@ -75,7 +76,7 @@ def list_(as_json: bool = JSON_OPTION) -> None:
     )
 
 
-@schedules_app.command("pause")
+@schedules_app.command("pause", epilog=example("jobcore schedules pause nightly_export"))
 def pause(name: str = NAME_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Stop enqueueing the schedule's ticks, on every worker, until it is resumed."""
     _check_name(name)
@@ -92,7 +93,7 @@ def pause(name: str = NAME_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     emit(status.as_dict() if as_json else _shown(status), as_json=as_json)
 
 
-@schedules_app.command("resume")
+@schedules_app.command("resume", epilog=example("jobcore schedules resume nightly_export"))
 def resume(name: str = NAME_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Enqueue the schedule's ticks again, from the first after now (the ticks that passed
     while it was paused are not made up)."""
@@ -110,7 +111,7 @@ def resume(name: str = NAME_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     emit(status.as_dict() if as_json else _shown(status), as_json=as_json)
 
 
-@schedules_app.command("trigger")
+@schedules_app.command("trigger", epilog=example("jobcore schedules trigger nightly_export"))
 def trigger(name: str = NAME_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Enqueue one job of the schedule now, outside its ticks (paused or not)."""
     _check_name(name)

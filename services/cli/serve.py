@@ -21,7 +21,7 @@ from jobcore.registry import load_job_modules
 from jobcore.schema_version import check_schema
 from jobcore.settings import load_relay_options
 from jobcore.telemetry import setup_tracing
-from services.cli.common import fail, run, settings
+from services.cli.common import example, fail, run, settings
 
 
 def api(
@@ -128,6 +128,6 @@ def worker(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("api")(api)
-    app.command("relay")(relay)
-    app.command("worker")(worker)
+    app.command("api", epilog=example("jobcore api --host 127.0.0.1 --port 8000 --workers 2"))(api)
+    app.command("relay", epilog=example("jobcore relay --no-listen"))(relay)
+    app.command("worker", epilog=example("jobcore worker --queue exports --concurrency 32"))(worker)

@@ -18,12 +18,13 @@ from jobcore import apikeys
 from jobcore.errors import JobcoreError
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases.quotas import KEEP, check_quota
-from services.cli.common import JSON_OPTION, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, emit, example, fail, run, settings, with_db
 
 tenants_app = typer.Typer(
     name="tenants",
     help="Per-tenant quotas: enqueue rate, unfinished jobs, long-polls.",
     no_args_is_help=True,
+    epilog=example("jobcore tenants show acme"),
 )
 
 DEFAULT = "default"
@@ -81,7 +82,10 @@ def _option(text: str | None, parse: Any) -> Any:
     return KEEP if text is None else parse(text)
 
 
-@tenants_app.command("set-quota")
+@tenants_app.command(
+    "set-quota",
+    epilog=example("jobcore tenants set-quota acme --enqueue-rate 50/s --max-unfinished 20000"),
+)
 def set_quota(
     tenant: str = typer.Argument(..., help="The tenant (as in `jobcore keys create`)."),
     enqueue_rate: str | None = typer.Option(
@@ -143,7 +147,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@tenants_app.command("show")
+@tenants_app.command("show", epilog=example("jobcore tenants show acme --json"))
 def show(
     tenant: str = typer.Argument(..., help="The tenant."),
     as_json: bool = JSON_OPTION,
@@ -161,7 +165,7 @@ def show(
     emit(row if as_json else _shown(row), as_json=as_json)
 
 
-@tenants_app.command("list")
+@tenants_app.command("list", epilog=example("jobcore tenants list"))
 def list_(as_json: bool = JSON_OPTION) -> None:
     """Tenants with an override or a job: their overrides (empty: the default) and their
     unfinished jobs."""

@@ -7,7 +7,7 @@ import typer
 from jobcore.amqp.publisher import declare_topology
 from jobcore.registry import load_job_modules
 from jobcore.settings import load_relay_options
-from services.cli.common import JSON_OPTION, emit, run, settings
+from services.cli.common import JSON_OPTION, emit, example, run, settings
 
 
 def topology(as_json: bool = JSON_OPTION) -> None:
@@ -35,4 +35,4 @@ def topology(as_json: bool = JSON_OPTION) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("topology")(topology)
+    app.command("topology", epilog=example("jobcore topology --json"))(topology)

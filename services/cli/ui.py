@@ -14,7 +14,7 @@ import uvicorn
 from jobcore.logs import configure_logging
 from jobcore.schema_version import check_schema
 from jobcore.settings import load_settings
-from services.cli.common import fail, settings
+from services.cli.common import example, fail, settings
 from services.cli.serve import ApiServer
 
 DEFAULT_PORT = 8090
@@ -74,4 +74,4 @@ def api_with_console_from_environment() -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("ui")(ui)
+    app.command("ui", epilog=example("jobcore ui --host 127.0.0.1 --port 8090"))(ui)

@@ -10,7 +10,7 @@ import typer
 
 from jobcore.registry import load_job_modules
 from jobcore.usecases import webhooks as records
-from services.cli.common import JSON_OPTION, actor, emit, fail, run, settings, with_db
+from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 
 LIST_COLUMNS = (
     "id",
@@ -29,11 +29,13 @@ webhooks_app = typer.Typer(
     name="webhooks",
     help="Completion webhooks: deliveries, signing secrets, default endpoints.",
     no_args_is_help=True,
+    epilog=example("jobcore webhooks list --status failed"),
 )
 endpoint_app = typer.Typer(
     name="endpoint",
     help="Tenants' default webhook endpoints (used when a job names no callback_url).",
     no_args_is_help=True,
+    epilog=example("jobcore webhooks endpoint list --tenant acme"),
 )
 
 
@@ -44,7 +46,12 @@ def _uuid(value: str, what: str) -> uuid.UUID:
         fail(f"{value!r} is not a {what} (a UUID)", code=2)
 
 
-@webhooks_app.command("list")
+@webhooks_app.command(
+    "list",
+    epilog=example(
+        "jobcore webhooks list --job 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a --status failed"
+    ),
+)
 def list_(
     job: str | None = typer.Option(None, "--job", help="Only this job's deliveries."),
     status: str | None = typer.Option(
@@ -67,7 +74,9 @@ def list_(
     emit(shown, as_json=as_json, columns=None if as_json else LIST_COLUMNS)
 
 
-@webhooks_app.command("redeliver")
+@webhooks_app.command(
+    "redeliver", epilog=example("jobcore webhooks redeliver 9d8e7f6a-1b2c-4d3e-8f4a-5b6c7d8e9f01")
+)
 def redeliver(
     delivery_id: str = typer.Argument(..., metavar="DELIVERY_ID", help="From `webhooks list`."),
     as_json: bool = JSON_OPTION,
@@ -82,7 +91,7 @@ def redeliver(
         typer.echo(f"delivery {row['id']}: attempt {row['attempt']} queued")
 
 
-@webhooks_app.command("secret")
+@webhooks_app.command("secret", epilog=example("jobcore webhooks secret --tenant acme --rotate"))
 def secret(
     tenant: str = typer.Option(..., "--tenant", help="The tenant whose webhooks it signs."),
     rotate: bool = typer.Option(
@@ -107,7 +116,13 @@ def secret(
     emit(shown, as_json=as_json)
 
 
-@endpoint_app.command("set")
+@endpoint_app.command(
+    "set",
+    epilog=example(
+        "jobcore webhooks endpoint set --tenant acme"
+        " --url http://127.0.0.1:9000/hooks --type export_csv"
+    ),
+)
 def endpoint_set(
     tenant: str = typer.Option(..., "--tenant", help="The tenant."),
     url: str = typer.Option(..., "--url", help="Where its jobs' webhooks go (http or https)."),
@@ -130,7 +145,7 @@ def endpoint_set(
     emit(dict(row), as_json=as_json)
 
 
-@endpoint_app.command("list")
+@endpoint_app.command("list", epilog=example("jobcore webhooks endpoint list --json"))
 def endpoint_list(
     tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's."),
     as_json: bool = JSON_OPTION,
@@ -144,7 +159,9 @@ def endpoint_list(
     )
 
 
-@endpoint_app.command("remove")
+@endpoint_app.command(
+    "remove", epilog=example("jobcore webhooks endpoint remove --tenant acme --type export_csv")
+)
 def endpoint_remove(
     tenant: str = typer.Option(..., "--tenant", help="The tenant."),
     job_type: str = typer.Option(records.ANY_JOB_TYPE, "--type", help="The job type ('*')."),
