@@ -411,6 +411,7 @@ def _job_routes(app: FastAPI, state: Console) -> None:
         key_kind: str = "",
         key: str = "",
         after: str = "",
+        limit: str = "",
     ) -> Response:
         job_id = console.parse_job_id(q) if q else None
         if job_id is not None:
@@ -423,16 +424,20 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             key_kind=key_kind if key_kind in console.KEY_COLUMNS else "ordering",
             key=key.strip() or None,
         )
+        per_page = _bounded_int(limit, default=LIST_LIMIT, high=LIST_LIMIT)
         found = await console.search_jobs(
-            _db(request), where, limit=LIST_LIMIT, after=after.strip() or None
+            _db(request), where, limit=per_page, after=after.strip() or None
         )
+        filters = where.query()
+        if per_page != LIST_LIMIT:
+            filters["limit"] = str(per_page)
         return page(
             request,
             "jobs.html",
             who,
             rows=found.rows,
             where=where,
-            filters=where.query(),
+            filters=filters,
             after=after.strip(),
             next_after=found.next_after,
             key_kinds=list(console.KEY_COLUMNS),
