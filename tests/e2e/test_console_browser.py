@@ -446,7 +446,6 @@ async def test_the_job_page_answers_first_for_each_kind_of_job(
         context = await browser.new_context(viewport={"width": 1280, "height": 900})
         page = await context.new_page()
         page.set_default_timeout(30_000)
-        page.on("dialog", lambda dialog: dialog.accept())
         await page.goto(f"{console}/login")
         await page.get_by_label("Admin key").fill(admin.key)
         await page.get_by_label("Admin key").press("Enter")
