@@ -269,3 +269,35 @@ async def test_the_list_pages_by_keyset_keeps_its_filters_and_filters_by_key(
     assert job_ids_listed(answer.text) == {str(unique.job_id)}
     answer = await client.get("/jobs", params={"key_kind": "ordering", "key": "A-1"}, headers=HTML)
     assert job_ids_listed(answer.text) == set()
+
+
+async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_does(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_type = default_registry.get("echo")
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            Topology.from_settings(settings),
+            tenant="acme",
+            job_type=job_type,
+            payload=job_type.validate_payload({"text": "first"}),
+            ordering_key="acct-1",
+        )
+        await uow.commit()
+    job_id = str(result.job_id)
+    await run(db, FAIL_JOB({"id": job_id}))
+    page = await client.get(f"/jobs/{job_id}", headers=HTML)
+    assert "Last error</strong>, attempt" in page.text
+    assert "Lets the later jobs of ordering key acct-1 go on" in page.text
+    assert "takes this job&#39;s place in ordering key acct-1" in page.text
+    token = csrf_of(page.text)
+    done = await client.post(f"/jobs/{job_id}/unblock", data={"csrf": token}, headers=ORIGIN)
+    assert done.status_code == 303
+    after = await client.get(done.headers["location"], headers=HTML)
+    assert "Ordering key acct-1 goes on without this job." in after.text
+    # Unblocked: the action is gone, and retry now goes to the back of the key.
+    assert "Unblock its key" not in after.text
+    assert "goes to the back of ordering key acct-1" in after.text
+    entries = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
+    assert [(e["action"], e["outcome"]) for e in entries] == [("job.unblock", "succeeded")]
