@@ -527,6 +527,8 @@ async def test_the_job_page_answers_first_for_each_kind_of_job(
         await eventually(
             lambda: _more_than(receiver, received), timeout=START, what="the redelivery"
         )
+        first, again = receiver.requests[0], receiver.requests[-1]
+        assert again.headers["webhook-id"] == first.headers["webhook-id"]
 
         # The list: every filter in the URL, so the link opens the same list.
         await page.goto(f"{console}/jobs")
