@@ -46,8 +46,8 @@ from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import webhooks as webhook_usecases
-from jobcore.usecases.timeline import job_timeline
 from services.ui.charts import sparkline
+from services.ui.jobpage import job_actions
 from services.ui.sessions import (
     COOKIE_NAME,
     CSRF_FIELD,
@@ -58,6 +58,14 @@ from services.ui.sessions import (
     same_origin,
 )
 from services.ui.timeline import render_timeline
+
+# How the jobs list and the job page name each kind of key.
+KEY_KIND_WORDS = {
+    "ordering": "ordering key",
+    "concurrency": "concurrency limit",
+    "rate": "rate limit",
+    "unique": "unique key",
+}
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +170,7 @@ def _templates() -> Jinja2Templates:
         is_terminal=lambda status: is_terminal(JobStatus(status)),
         origin_of=lambda url: url_fingerprint(url)["url_origin"],
         live_interval_ms=LIVE_INTERVAL_MS,
+        key_kind_words=KEY_KIND_WORDS,
     )
     templates.env.filters["age"] = _age
     return templates
@@ -305,6 +314,10 @@ def create_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) 
     async def not_found(request: Request, exc: JobNotFound) -> Response:
         return _problem(request, 404, "Not found", str(exc))
 
+    @app.exception_handler(console.InvalidPageCursor)
+    async def bad_cursor(request: Request, exc: console.InvalidPageCursor) -> Response:
+        return _problem(request, 400, "Bad page link", str(exc))
+
     @app.exception_handler(DatabaseUnavailable)
     @app.exception_handler(BrokerUnavailable)
     @app.exception_handler(ServiceStateError)
@@ -395,6 +408,10 @@ def _job_routes(app: FastAPI, state: Console) -> None:
         type: str = "",
         status: str = "",
         entity_id: str = "",
+        key_kind: str = "",
+        key: str = "",
+        after: str = "",
+        limit: str = "",
     ) -> Response:
         job_id = console.parse_job_id(q) if q else None
         if job_id is not None:
@@ -404,30 +421,45 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             type=type.strip() or None,
             status=JobStatus(status) if status in {s.value for s in JobStatus} else None,
             entity_id=(entity_id.strip() or q.strip()) or None,
+            key_kind=key_kind if key_kind in console.KEY_COLUMNS else "ordering",
+            key=key.strip() or None,
         )
-        rows = await console.search_jobs(_db(request), where, limit=LIST_LIMIT)
-        return page(request, "jobs.html", who, rows=rows, where=where, q=q)
+        per_page = _bounded_int(limit, default=LIST_LIMIT, high=LIST_LIMIT)
+        found = await console.search_jobs(
+            _db(request), where, limit=per_page, after=after.strip() or None
+        )
+        filters = where.query()
+        if per_page != LIST_LIMIT:
+            filters["limit"] = str(per_page)
+        return page(
+            request,
+            "jobs.html",
+            who,
+            rows=found.rows,
+            where=where,
+            filters=filters,
+            after=after.strip(),
+            next_after=found.next_after,
+            key_kinds=list(console.KEY_COLUMNS),
+        )
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     async def job_page(
         request: Request, who: OperatorDep, job_id: uuid.UUID, show: str = ""
     ) -> Response:
-        job = await job_usecases.show_job(_db(request), job_id)
-        deliveries = await webhook_usecases.list_deliveries(
-            _db(request), job_id=job_id, status=None, limit=20
-        )
+        view = await console.job_view(_db(request), job_id)
         shown = show == "payload"
-        timeline = await job_timeline(_db(request), job_id, tenant=None)
         return page(
             request,
             "job.html",
             who,
-            job=job,
-            timeline=timeline,
-            fields=_shown_fields(job),
-            payload=_pretty(job.get("payload")) if shown else None,
-            result=_pretty(job.get("result")) if shown else None,
-            deliveries=deliveries,
+            job=view.job,
+            view=view,
+            actions=job_actions(view),
+            fields=_shown_fields(view.job),
+            payload=_pretty(view.job.get("payload")) if shown else None,
+            result=_pretty(view.job.get("result")) if shown else None,
+            deliveries=view.deliveries,
         )
 
     @app.post("/jobs/{job_id}/cancel")
@@ -449,6 +481,14 @@ def _job_routes(app: FastAPI, state: Console) -> None:
                 _db(request), state.settings, state.registry, job_id, actor=who.session.actor
             )
             return f"Retried as job {outcome.job_id}."
+
+        return await act(request, who, f"/jobs/{job_id}", run)
+
+    @app.post("/jobs/{job_id}/unblock")
+    async def unblock(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            row = await job_usecases.unblock_job(_db(request), job_id, actor=who.session.actor)
+            return f"Ordering key {row['ordering_key']} goes on without this job."
 
         return await act(request, who, f"/jobs/{job_id}", run)
 
@@ -519,13 +559,18 @@ def _operator_routes(app: FastAPI, state: Console) -> None:
 
     @app.post("/webhooks/{delivery_id}/redeliver")
     async def redeliver(request: Request, who: ActionDep, delivery_id: uuid.UUID) -> Response:
+        # From a job's page, back to it; else to the deliveries list.
+        from_job = (await request.form()).get("job")
+        job_id = console.parse_job_id(from_job) if isinstance(from_job, str) else None
+        to = f"/jobs/{job_id}" if job_id is not None else "/webhooks"
+
         async def run() -> str:
             row = await webhook_usecases.redeliver(
                 _db(request), state.settings, delivery_id, actor=who.session.actor
             )
             return f"Delivery {row['id']} queued again (attempt {row['attempt']})."
 
-        return await act(request, who, "/webhooks", run)
+        return await act(request, who, to, run)
 
     @app.get("/tenants", response_class=HTMLResponse)
     async def tenants_page(request: Request, who: OperatorDep) -> Response:
@@ -535,20 +580,21 @@ def _operator_routes(app: FastAPI, state: Console) -> None:
         return page(request, "tenants.html", who, keys=keys, quotas=quotas)
 
 
-# What the job page leaves out (payload, result: behind "show payload"), and what it shows
-# only in part: a callback URL by its origin (webhook URLs carry tokens), the lease token
-# (the worker's fence, no use to a person) by whether there is one.
-HIDDEN_FIELDS = frozenset({"payload", "result"})
+# What the details table leaves out: payload and result (behind "show payload"), and
+# `where` (the page's first line). What it shows only in part: a callback URL by its origin
+# (webhook URLs carry tokens), the lease token (the worker's fence, no use to a person) by
+# whether there is one. Columns without a value are left out.
+HIDDEN_FIELDS = frozenset({"payload", "result", "where"})
 
 
 def _shown_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
     shown: list[tuple[str, Any]] = []
     for name, value in job.items():
-        if name in HIDDEN_FIELDS:
+        if name in HIDDEN_FIELDS or value is None:
             continue
-        if name == "callback_url" and value is not None:
+        if name == "callback_url":
             value = url_fingerprint(value)["url_origin"] + "/…"
-        elif name == "lease_token" and value is not None:
+        elif name == "lease_token":
             value = "(held)"
         shown.append((name, value))
     return shown

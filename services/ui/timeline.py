@@ -31,8 +31,9 @@ KIND_WORDS = {
 }
 
 
-def render_timeline(timeline: JobTimeline | None) -> Markup:
-    """The section: the ``where`` sentence, then the events as an ordered list."""
+def render_timeline(timeline: JobTimeline | None, *, with_where: bool = True) -> Markup:
+    """The section: the ``where`` sentence (unless the page says it already), then the
+    events as an ordered list."""
     if timeline is None:
         return Markup('<section id="timeline"><h2>Timeline</h2><p>No such job.</p></section>')
     items = [
@@ -53,10 +54,14 @@ def render_timeline(timeline: JobTimeline | None) -> Markup:
     return Markup(
         '<section id="timeline" aria-labelledby="timeline-h">'
         '<h2 id="timeline-h">Timeline</h2>'
-        '<p class="where">Now: <strong>{where}</strong></p>{off}'
+        "{where}{off}"
         '<ol class="timeline">{items}</ol></section>'
     ).format(
-        where=timeline.where,
+        where=Markup('<p class="where">Now: <strong>{where}</strong></p>').format(
+            where=timeline.where
+        )
+        if with_where
+        else "",
         off=Markup("")
         if timeline.events_recorded
         else Markup(

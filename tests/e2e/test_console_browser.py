@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
+from playwright.async_api import Browser, Dialog, Locator, Page, async_playwright, expect
 
 from jobcore.db import Database, fetch_all, fetch_one
 from jobcore.scopes import Scope
@@ -35,6 +35,8 @@ from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import dlq
 from jobcore.usecases import keys as key_usecases
+from tests.integration.webhooks.support import Receiver
+from tests.support import console_jobtypes
 
 CHROMIUM = "/usr/bin/chromium"
 ALL_TYPES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
@@ -59,6 +61,11 @@ RESCUER_LEASE = Query(
     "test_rescuer_lease",
     "The rescuer's lease.",
     "SELECT 1 FROM maintenance_leases WHERE name = 'rescuer'",
+)
+DELIVERIES = Query(
+    "test_deliveries",
+    "A job's webhook deliveries.",
+    "SELECT id, status, attempts FROM webhook_deliveries WHERE job_id = %(id)s",
 )
 AUDIT = Query(
     "test_audit",
@@ -265,7 +272,7 @@ async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(
         await expect(timeline.locator("li.event-accepted")).to_have_count(1)
         await expect(timeline.locator("li.event-published")).to_have_count(1)
         await expect(timeline.locator("li.event-claimed")).to_contain_text("started")
-        await expect(timeline.locator(".where")).to_contain_text("running on worker")
+        await expect(page.locator("#where")).to_contain_text("running on worker")
         # The payload only when asked for.
         # (The payload's text, not a bare 300: a timestamp's microseconds may hold that.)
         assert '"seconds"' not in await page.locator("#fields").inner_text()
@@ -349,3 +356,238 @@ async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(
         await procs.stop_all()
     # No key in anything the console wrote.
     assert admin.key not in ui.all_logs()
+
+
+async def held_by_ordering(db: Database, job_id: str) -> bool:
+    row = await job(db, job_id)
+    return row["status"] == "pending" and row["held_reason"] == "ordering"
+
+
+async def progress_reported(db: Database, job_id: str) -> bool:
+    row = await job(db, job_id)
+    return row["status"] == "running" and row["progress_fraction"] is not None
+
+
+async def delivered(db: Database, job_id: str) -> bool:
+    async with db.session() as session:
+        rows = await fetch_all(session, DELIVERIES({"id": job_id}))
+    return [r["status"] for r in rows] == ["delivered"]
+
+
+async def test_the_job_page_answers_first_for_each_kind_of_job(
+    settings: Settings,
+    db: Database,
+    browser: Browser,
+    tmp_path: Path,
+    amqp_channel: object,  # deletes the test's queues afterwards
+) -> None:
+    """Five real jobs, made through the API and run by a real worker: pending (due in an
+    hour), held (behind the running job of its ordering key), running with progress (its
+    handler waits for a file the test creates), failed after its retries, and succeeded
+    with a webhook delivered to a receiver. Each job page says first what the operator
+    came for; the raw columns wait behind "details"; the list filters and pages by URL."""
+    procs = Processes(settings, tmp_path / "logs")
+    procs.log_dir.mkdir()
+    admin = await key_usecases.create_key(db, "ops", "console", scopes=[Scope.ADMIN], actor="tests")
+    client_key = (await key_usecases.create_key(db, "acme", "client", actor="tests")).key
+    actor = f"ui:key:{admin.record.id}"
+    hooks = {"JOBCORE_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
+    modules = f"{ALL_TYPES},{console_jobtypes.MODULE}"
+    gate = tmp_path / "finish-the-progress-job"
+    receiver = Receiver()
+    await receiver.start()
+    try:
+        api_port, ui_port = free_port(), free_port()
+        api = procs.start("api", "api", "--port", str(api_port), modules=modules, **hooks)
+        ui = procs.start("ui", "ui", "--port", str(ui_port), modules=modules)
+        procs.start("relay", "relay", modules=modules)
+        worker = procs.start(
+            "worker", "worker", "--queue", "default", "--queue", "testq", modules=modules, **hooks
+        )
+        console = f"http://127.0.0.1:{ui_port}/ui"
+        await until_http_ok(api, f"http://127.0.0.1:{api_port}/readyz")
+        await until_http_ok(ui, f"{console}/login")
+        await until_consuming(worker)
+
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{api_port}",
+            headers={"Authorization": f"Bearer {client_key}"},
+            timeout=10,
+        ) as http:
+
+            async def enqueue(
+                job_type: str, payload: dict[str, object], **params: str | int
+            ) -> str:
+                answer = await http.post(f"/jobs/{job_type}", json=payload, params=params)
+                assert answer.status_code == 202, answer.text
+                return str(answer.json()["job_id"])
+
+            pending = await enqueue("echo", {"text": "later"}, delay=3600, entity_id="order-9")
+            running = await enqueue(
+                "console_progress",
+                {"fraction": 0.4, "message": "step 2 of 5", "gate": str(gate)},
+                ordering_key="acct-7",
+                entity_id="order-9",
+            )
+            await eventually(
+                lambda: progress_reported(db, running), timeout=START, what="progress reported"
+            )
+            held = await enqueue("echo", {"text": "after"}, ordering_key="acct-7")
+            failed = await enqueue("doomed", {"reason": "the upstream said no"})
+            succeeded = await enqueue("echo", {"text": "hooked"}, callback_url=receiver.url())
+            await eventually(
+                lambda: held_by_ordering(db, held), timeout=START, what="echo held by its key"
+            )
+            await eventually(
+                lambda: job_status_is(db, failed, "failed"), timeout=START, what="doomed failed"
+            )
+            await eventually(lambda: delivered(db, succeeded), timeout=START, what="webhook sent")
+
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        page = await context.new_page()
+        page.set_default_timeout(30_000)
+        await page.goto(f"{console}/login")
+        await page.get_by_label("Admin key").fill(admin.key)
+        await page.get_by_label("Admin key").press("Enter")
+        await expect(page).to_have_url(f"{console}/")
+
+        # Pending: when it is due, in words; cancel says it will not run.
+        await page.goto(f"{console}/jobs/{pending}")
+        await expect(page.locator("#job-status")).to_have_text("pending")
+        await expect(page.locator("#where")).to_contain_text("due at")
+        await expect(page.locator("#hold")).to_have_count(0)
+        await expect(page.locator("#action-cancel")).to_contain_text("it will not run")
+        await expect(page.locator("#action-retry")).to_have_count(0)
+        # The raw columns: behind "details", closed, without the empty ones.
+        fields = page.locator("#fields")
+        await expect(fields).to_be_hidden()
+        await page.locator("#details summary").click()
+        await expect(fields).to_be_visible()
+        await expect(fields.locator("th", has_text="entity_id")).to_have_count(1)
+        await expect(fields.locator("th", has_text="lease_token")).to_have_count(0)
+        await expect(fields.locator("th", has_text="rate_burst")).to_have_count(0)
+        await expect(fields.locator("td", has_text="–")).to_have_count(0)
+        await shot(page, "job-pending")
+
+        # Running with progress: the bar, its message, and what cancel would do now.
+        await page.goto(f"{console}/jobs/{running}")
+        await expect(page.locator("#job-status")).to_have_text("running")
+        await expect(page.locator("#where")).to_contain_text("running on worker")
+        await expect(page.locator("#progress-bar")).to_have_attribute("value", "0.4")
+        await expect(page.locator("#progress-percent")).to_have_text("40%")
+        await expect(page.locator("#progress-message")).to_have_text("step 2 of 5")
+        await expect(page.locator("#action-cancel")).to_contain_text("Asks the worker")
+        await expect(page.locator("#keys")).to_contain_text("acct-7")
+        await shot(page, "job-running")
+
+        # Held: which key holds it, the job it waits for, and the key's other jobs.
+        await page.goto(f"{console}/jobs/{held}")
+        await expect(page.locator("#job-status")).to_have_text("pending")
+        hold = page.locator("#hold")
+        await expect(hold).to_contain_text("Held by ordering key acct-7 of tenant acme")
+        await expect(hold.locator("#hold-waits-for")).to_have_text(running)
+        await expect(page.locator("#where")).to_contain_text("held: an earlier job")
+        await shot(page, "job-held")
+        await hold.locator("#hold-others").click()
+        await expect(page).to_have_url(f"{console}/jobs?tenant=acme&key_kind=ordering&key=acct-7")
+        rows = page.locator("#jobs tbody tr")
+        await expect(rows).to_have_count(2)
+        await expect(page.locator("#jobs")).to_contain_text(held[:8])
+        await expect(page.locator("#jobs")).to_contain_text(running[:8])
+        await expect(page.locator("#jobs")).to_contain_text("held (ordering)")
+        await hold_link_row(page, running).click()
+        await expect(page).to_have_url(f"{console}/jobs/{running}")
+
+        # Failed after its retries: the last error with its attempt, and what retry does.
+        await page.goto(f"{console}/jobs/{failed}")
+        await expect(page.locator("#job-status")).to_have_text("failed")
+        await expect(page.locator("#last-error")).to_contain_text("the upstream said no")
+        await expect(page.locator("#last-error-attempt")).to_have_text("3")
+        await expect(page.locator("#where")).to_contain_text("after attempt 3 of 3")
+        await expect(page.locator("#timeline li.event-retry_scheduled")).to_have_count(2)
+        await expect(page.locator("#action-retry")).to_contain_text("this job stays failed")
+        await expect(page.locator("#action-cancel")).to_have_count(0)
+        await shot(page, "job-failed")
+
+        # Succeeded with a webhook: the delivery, and a redelivery from the job's page.
+        await page.goto(f"{console}/jobs/{succeeded}")
+        await expect(page.locator("#job-status")).to_have_text("succeeded")
+        await expect(page.locator("#where")).to_contain_text("succeeded at")
+        deliveries = page.locator("#deliveries tbody tr")
+        await expect(deliveries).to_have_count(1)
+        await expect(deliveries.first).to_contain_text("delivered")
+        await expect(deliveries.first).to_contain_text("http://127.0.0.1:")
+        await expect(page.locator("#deliveries")).to_contain_text("sends the completion webhook")
+        await expect(page.locator("#actions")).to_contain_text("Nothing")
+        await shot(page, "job-succeeded")
+        received = len(receiver.requests)
+        await deliveries.first.get_by_role("button", name="Redeliver").click()
+        await expect(page).to_have_url(f"{console}/jobs/{succeeded}")
+        await expect(page.locator(".flash.ok")).to_contain_text("queued again (attempt 2)")
+        await eventually(
+            lambda: _more_than(receiver, received), timeout=START, what="the redelivery"
+        )
+        first, again = receiver.requests[0], receiver.requests[-1]
+        assert again.headers["webhook-id"] == first.headers["webhook-id"]
+
+        # The list: every filter in the URL, so the link opens the same list.
+        await page.goto(f"{console}/jobs")
+        await page.get_by_label("Status").select_option("failed")
+        await page.get_by_label("Type").fill("doomed")
+        await page.get_by_label("Tenant").fill("acme")
+        await page.get_by_role("button", name="Search").click()
+        await expect(page).to_have_url(
+            f"{console}/jobs?status=failed&type=doomed&tenant=acme&entity_id=&key_kind=ordering&key="
+        )
+        await expect(rows).to_have_count(1)
+        await expect(rows.first).to_contain_text(failed[:8])
+        shared = await context.new_page()
+        await shared.goto(f"{console}/jobs?entity_id=order-9")
+        await expect(shared.locator("#jobs tbody tr")).to_have_count(2)
+        await expect(shared.locator("#jobs")).to_contain_text(pending[:8])
+        await expect(shared.locator("#jobs")).to_contain_text(running[:8])
+        await shared.close()
+        # Keyset pages of two: every job once, newest first, the filters kept.
+        await page.goto(f"{console}/jobs?tenant=acme&limit=2")
+        listed: list[str] = []
+        while True:
+            links = page.locator("#jobs tbody tr a")
+            await expect(links.first).to_be_visible()
+            for href in await links.evaluate_all("(links) => links.map((a) => a.href)"):
+                listed.append(href.rsplit("/", 1)[1])
+            nxt = page.locator("#next-page")
+            if await nxt.count() == 0:
+                break
+            assert "tenant=acme" in (await nxt.get_attribute("href") or "")
+            await nxt.click()
+            await expect(page.locator("#first-page")).to_be_visible()
+        assert sorted(listed) == sorted([pending, running, held, failed, succeeded])
+
+        # Let the progress job finish: the held job runs after it.
+        gate.touch()
+        await eventually(
+            lambda: job_status_is(db, held, "succeeded"), timeout=START, what="held ran"
+        )
+        await page.goto(f"{console}/jobs/{held}")
+        await expect(page.locator("#job-status")).to_have_text("succeeded")
+        await expect(page.locator("#hold")).to_have_count(0)
+
+        async with db.session() as s:
+            audited = [
+                (r["action"], r["outcome"]) for r in await fetch_all(s, AUDIT({"actor": actor}))
+            ]
+        assert audited == [("webhook.redeliver", "succeeded")]
+        await context.close()
+    finally:
+        gate.touch()
+        await procs.stop_all()
+        await receiver.close()
+    assert admin.key not in ui.all_logs()
+
+
+def hold_link_row(page: Page, job_id: str) -> Locator:
+    return page.locator("#jobs tbody tr a", has_text=job_id[:8])
+
+
+async def _more_than(receiver: Receiver, count: int) -> bool:
+    return len(receiver.requests) > count

@@ -4,6 +4,8 @@ statements grouped by the table they change; each is served by an existing index
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import TypedDict
 
 from jobcore.sql import NoParams, Query
@@ -102,28 +104,84 @@ CONSOLE_FAILED_WEBHOOKS = Query[NoParams](
 
 
 class ConsoleJobSearchParams(TypedDict):
+    after_created_at: datetime | None
+    after_id: uuid.UUID | None
+    concurrency_key: str | None
     entity_id: str | None
     limit: int
+    ordering_key: str | None
+    rate_key: str | None
     status: str | None
     tenant: str | None
     type: str | None
+    unique_key: str | None
 
 
-# With a tenant, jobs_tenant_created_idx (or the entity index) serves it; across tenants by
-# entity alone it scans newest first until `limit` rows match (an operator's search).
+# One keyset page, newest first: the rows after (created_at, id) of the previous page's
+# last row. With a tenant, jobs_tenant_created_idx (tenant, created_at DESC, id DESC) serves
+# the order and the cursor exactly; by status, jobs_status_created_idx (status, created_at);
+# a tenant and entity, jobs_tenant_entity_created_idx; a tenant and ordering key,
+# jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id): the
+# statement then scans newest first until `limit` rows match (an operator's search).
 CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
     "console_job_search",
-    "The newest jobs matching any of tenant, type, status and entity id.",
+    "A page of the newest jobs matching tenant, type, status, entity id and a key, after "
+    "a (created_at, id) cursor.",
     """
     SELECT id, tenant, type, queue, status, entity_id, attempts, max_attempts, last_error,
-           created_at, finished_at
+           held_reason, ordering_key, progress_fraction, created_at, finished_at
     FROM jobs
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
       AND (%(entity_id)s::text IS NULL OR entity_id = %(entity_id)s)
+      AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+      AND (%(concurrency_key)s::text IS NULL OR concurrency_key = %(concurrency_key)s)
+      AND (%(rate_key)s::text IS NULL OR rate_key = %(rate_key)s)
+      AND (%(unique_key)s::text IS NULL OR unique_key = %(unique_key)s)
+      AND (%(after_created_at)s::timestamptz IS NULL
+           OR (created_at, id) < (%(after_created_at)s::timestamptz, %(after_id)s::uuid))
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
+    """,
+)
+
+
+class ConsoleOrderingBlockerParams(TypedDict):
+    ordering_key: str
+    ordering_seq: int
+    tenant: str
+
+
+# jobs_ordering_blocking_idx: the first job before this one in its key that still blocks it.
+CONSOLE_ORDERING_BLOCKER = Query[ConsoleOrderingBlockerParams](
+    "console_ordering_blocker",
+    "The earliest job of an ordering key, before a given place, that has not let the key "
+    "go on (pending, running, or failed and blocking).",
+    """
+    SELECT id, status, type
+    FROM jobs
+    WHERE tenant = %(tenant)s AND ordering_key = %(ordering_key)s
+      AND ordering_seq < %(ordering_seq)s
+      AND (status IN ('pending', 'running') OR (status = 'failed' AND ordering_blocks))
+    ORDER BY ordering_seq
+    LIMIT 1
+    """,
+)
+
+
+class ConsoleGateRunningParams(TypedDict):
+    concurrency_key: str
+
+
+# jobs_concurrency_running_idx.
+CONSOLE_GATE_RUNNING = Query[ConsoleGateRunningParams](
+    "console_gate_running",
+    "How many jobs of a concurrency key are running.",
+    """
+    SELECT count(*) AS running
+    FROM jobs
+    WHERE status = 'running' AND concurrency_key = %(concurrency_key)s
     """,
 )
 

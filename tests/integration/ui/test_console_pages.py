@@ -5,6 +5,7 @@ webhook URLs shown by their origin only."""
 
 from __future__ import annotations
 
+import html
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -145,6 +146,13 @@ async def test_the_job_page_shows_the_payload_only_when_asked(
     assert 'id="timeline"' in page.text
     assert "private-words" not in page.text
     assert "Cancel job" in page.text
+    # The raw columns sit behind "details", the empty ones left out (a pending job has no
+    # lease, worker or result).
+    details = page.text[page.text.index('<details id="details">') :]
+    assert ">tenant<" in details
+    assert "lease_token" not in details
+    assert "worker_id" not in details
+    assert "–" not in details
     shown = await client.get(f"/jobs/{job_id}", params={"show": "payload"}, headers=HTML)
     assert "private-words" in shown.text
     async with db.unit_of_work() as uow:
@@ -212,3 +220,84 @@ async def test_retry_discard_and_redeliver_are_the_commands_use_cases_audited(
         ("webhook.redeliver", "succeeded"),
         ("outbox.discard", "refused"),
     ]
+
+
+def next_page_link(page: str) -> str | None:
+    found = re.search(r'id="next-page" rel="next" href="([^"]+)"', page)
+    return html.unescape(found.group(1)) if found else None
+
+
+async def test_the_list_pages_by_keyset_keeps_its_filters_and_filters_by_key(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    ids = [await add_job(db, settings, "acme", f"e-{n}") for n in range(5)]
+    other = await add_job(db, settings, "globex", "e-0")
+    seen: list[set[str]] = []
+    url: str | None = "/jobs?tenant=acme&limit=2"
+    while url is not None:
+        answer = await client.get(url, headers=HTML)
+        assert answer.status_code == 200
+        seen.append(job_ids_listed(answer.text))
+        url = next_page_link(answer.text)
+        if len(seen) == 1:
+            assert url is not None
+            assert "tenant=acme" in url
+            assert "limit=2" in url
+            # A job enqueued while the operator reads page 1 does not shift page 2.
+            await add_job(db, settings, "acme", "late")
+    assert [len(p) for p in seen] == [2, 2, 1]
+    assert set().union(*seen) == set(ids)
+    assert other not in set().union(*seen)
+
+    broken = await client.get("/jobs?after=yesterday_x", headers={})
+    assert broken.status_code == 400
+    assert broken.headers["content-type"] == "application/problem+json"
+
+    job_type = default_registry.get("sync_account")
+    async with db.unit_of_work() as uow:
+        unique = await enqueue(
+            uow,
+            Topology.from_settings(settings),
+            tenant="acme",
+            job_type=job_type,
+            payload=job_type.validate_payload({"account": "A-1"}),
+        )
+        await uow.commit()
+    answer = await client.get(
+        "/jobs", params={"key_kind": "unique", "key": "A-1", "tenant": "acme"}, headers=HTML
+    )
+    assert job_ids_listed(answer.text) == {str(unique.job_id)}
+    answer = await client.get("/jobs", params={"key_kind": "ordering", "key": "A-1"}, headers=HTML)
+    assert job_ids_listed(answer.text) == set()
+
+
+async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_does(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_type = default_registry.get("echo")
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            Topology.from_settings(settings),
+            tenant="acme",
+            job_type=job_type,
+            payload=job_type.validate_payload({"text": "first"}),
+            ordering_key="acct-1",
+        )
+        await uow.commit()
+    job_id = str(result.job_id)
+    await run(db, FAIL_JOB({"id": job_id}))
+    page = await client.get(f"/jobs/{job_id}", headers=HTML)
+    assert "Last error</strong>, attempt" in page.text
+    assert "Lets the later jobs of ordering key acct-1 go on" in page.text
+    assert "takes this job&#39;s place in ordering key acct-1" in page.text
+    token = csrf_of(page.text)
+    done = await client.post(f"/jobs/{job_id}/unblock", data={"csrf": token}, headers=ORIGIN)
+    assert done.status_code == 303
+    after = await client.get(done.headers["location"], headers=HTML)
+    assert "Ordering key acct-1 goes on without this job." in after.text
+    # Unblocked: the action is gone, and retry now goes to the back of the key.
+    assert "Unblock its key" not in after.text
+    assert "goes to the back of ordering key acct-1" in after.text
+    entries = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
+    assert [(e["action"], e["outcome"]) for e in entries] == [("job.unblock", "succeeded")]
