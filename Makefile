@@ -49,11 +49,11 @@ lint: setup
 	$(BIN)/python scripts/lint_migrations.py
 	@# The documentation site: a broken link, a missing page or a reference page that no
 	@# longer generates from the code fails here.
-	$(BIN)/mkdocs build --strict --quiet --site-dir var/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir var/site
 
 # The documentation site at http://127.0.0.1:8088/ (rebuilt as its pages change).
 docs: setup
-	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8088
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8088
 
 # Build the wheel, install it in a new virtual environment and run `jobcore demo`, chaos and
 # a quick bench from outside the checkout (about 4 minutes; CI runs it).

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!-- generated: ([a-z]+) -->$", re.MULTILINE)
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_NOTES = ROOT / "docs" / "reference" / "settings.yml"
 
 
-class GeneratedReferenceError(Exception):
+class GeneratedReferenceError(PluginError):
     """A reference table cannot be generated: the build stops with this message."""
 
 
