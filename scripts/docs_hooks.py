@@ -67,10 +67,7 @@ def _default(field: Any) -> str:
 
     from pydantic import SecretStr
 
-    if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+    value = field.default_factory() if field.default_factory is not None else field.default
     if value is None:
         return "none"
     if isinstance(value, SecretStr):
@@ -176,10 +173,7 @@ def _command_section(command: Any, ctx: Any, path: list[str]) -> str:
 
 def _escape_prose(text: str) -> str:
     # Help text is plain text: keep its paragraphs, show its words as written.
-    return "\n\n".join(
-        _plain(" ".join(paragraph.split()))
-        for paragraph in text.split("\n\n")
-    )
+    return "\n\n".join(_plain(" ".join(paragraph.split())) for paragraph in text.split("\n\n"))
 
 
 def _params_table(params: Iterable[Any]) -> str:
