@@ -288,14 +288,23 @@ def _registries() -> dict[str, Any]:
     api = create_app(Settings()).state.api.metrics.registry
     relay = RelayMetrics().registry
     BacklogGauges(relay, None, Topology("jobcore"), [], lambda: None)  # type: ignore[arg-type]
-    # A schedule, so that the worker builds its scheduler and the scheduler's metrics.
-    job_type = next(iter(load_job_modules(Settings().job_modules))).name
-    try:
-        worker = Worker(Settings(schedules={"docs": {"job_type": job_type, "cron": "0 3 * * *"}}))
-        worker_registry: CollectorRegistry = worker.metrics.registry
-    except Exception:
-        worker_registry = Worker(Settings()).metrics.registry
+    # A schedule, so that the worker builds its scheduler and the scheduler's metrics: of
+    # the first job type whose payload may be empty (a schedule's default payload).
+    registry = load_job_modules(Settings().job_modules)
+    job_type = next(kind.name for kind in registry if _accepts_empty_payload(kind))
+    worker = Worker(Settings(schedules={"docs": {"job_type": job_type, "cron": "0 3 * * *"}}))
+    worker_registry: CollectorRegistry = worker.metrics.registry
     return {"API": api, "relay": relay, "worker": worker_registry}
+
+
+def _accepts_empty_payload(kind: Any) -> bool:
+    from jobcore.registry import InvalidPayloadError
+
+    try:
+        kind.validate_payload({})
+    except InvalidPayloadError:
+        return False
+    return True
 
 
 def metrics_reference() -> str:
