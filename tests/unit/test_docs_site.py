@@ -1,6 +1,6 @@
 """The documentation site's promises that no link checker sees: the README fits on two
 screens and starts with its two commands, and every citation of the old operators' guide
-(`docs/operations.md, "Section"`, in code comments, messages and deploy files) names a
+(the page and a quoted section title, in code comments, messages and deploy files) names a
 section that docs/operations.md still maps to its new page."""
 
 from __future__ import annotations
@@ -63,3 +63,13 @@ def test_the_readme_fits_on_two_screens_and_starts_with_its_two_commands() -> No
         ["make", "demo"],
         ["make", "test"],
     ]
+
+
+def test_the_readmes_handler_is_the_tutorials_which_the_suite_runs() -> None:
+    # The README's ten lines are cut from docs/tutorial.md's greetings.py, which
+    # tests/e2e/test_tutorial.py runs against the real services.
+    handler = README.read_text(encoding="utf-8").split("```python\n", 1)[1].split("```", 1)[0]
+    tutorial = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+    greetings = tutorial.split('```python title="greetings.py"\n', 1)[1].split("```", 1)[0]
+    assert handler.strip()
+    assert handler in greetings
