@@ -188,7 +188,10 @@ def _params_table(params: Iterable[Any]) -> str:
             name = ", ".join(f"`{opt}`" for opt in [*param.opts, *param.secondary_opts])
             kind = "option" + (" (required)" if param.required else "")
         default = param.default
-        if callable(default) or default in (None, False, (), []) or param.is_flag is True:
+        if getattr(param, "is_flag", False) and param.secondary_opts:
+            # An on/off pair: the default is whichever of the two is on.
+            shown = f"`{param.opts[0] if default else param.secondary_opts[0]}`"
+        elif callable(default) or default in (None, False, (), []) or param.is_flag is True:
             shown = ""
         else:
             shown = _code(

@@ -45,10 +45,15 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
-# The operators' guides (what docs/operations.md was before it became the site's how-to
-# pages), the README and the tutorial.
+# The operators' guides: what docs/operations.md was before it became the site's how-to
+# pages (every variable they name is a setting).
 HOW_TO = sorted((ROOT / "docs" / "how-to").glob("*.md"))
-DOCUMENTATION = [ROOT / "README.md", ROOT / "docs" / "tutorial.md", *HOW_TO]
+# The README and every page of the site but the bench's reports (every `jobcore ...` in
+# them is a real command).
+DOCUMENTATION = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "bench" not in p.parts),
+]
 
 IMAGE = "jobcore"
 ROLES = {"api", "relay", "worker"}
