@@ -7,7 +7,9 @@ A page asks for a table with a marker on a line of its own, ``<!-- generated: NA
   bounds read from the model and its meaning from ``docs/reference/settings.yml``;
 - ``cli``: every command of the ``jobcore`` program (the typer app of ``services.entry``);
 - ``http``: every route of the API's OpenAPI document (``services.api.app.create_app``);
-- ``metrics``: every metric the API, the relay and the worker register.
+- ``metrics``: every metric the API, the relay and the worker register;
+- ``bench``: every report `jobcore bench` wrote under ``docs/bench/``, with its plots (for
+  a page one folder below ``docs/``).
 
 The tables are built from the public objects (the settings models, the typer app, the
 FastAPI app, the processes' metric registries), never from lists of modules, so a module
@@ -340,9 +342,29 @@ def _label_names(registry: Any) -> dict[str, tuple[str, ...]]:
     return names
 
 
+# --- the benchmark reports ------------------------------------------------------------------
+
+
+def bench_reports() -> str:
+    """Links to the reports and their plots as `jobcore bench` wrote them: the figures are
+    never typed here, and a new report appears by itself."""
+    bench = ROOT / "docs" / "bench"
+    lines = []
+    for report in sorted(bench.rglob("report.md"), key=lambda p: (p.parent != bench, p)):
+        folder = report.parent.relative_to(ROOT / "docs").as_posix()
+        name = "all scenarios" if report.parent == bench else report.parent.name
+        lines.append(f"- [`{folder}/report.md`](../{folder}/report.md): {name}")
+        plots = sorted(report.parent.glob("*.png"))
+        lines += [f"\n    ![{name}: {plot.stem}](../{folder}/{plot.name})\n" for plot in plots]
+    if not lines:
+        raise GeneratedReferenceError("docs/bench holds no report.md")
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "cli": cli_reference,
     "http": http_reference,
     "metrics": metrics_reference,
+    "bench": bench_reports,
 }
