@@ -23,7 +23,7 @@ from tests.support import databases
 from tests.support.services import ServiceUrls, locate_services
 
 # The fixtures jobcore ships for handler authors (jobcore_settings, jobcore_db,
-# jobcore_worker), enabled here exactly as the README tells its users to.
+# jobcore_worker), enabled here exactly as docs/how-to/test-handlers.md tells its users to.
 pytest_plugins = ["jobcore.testing.pytest_plugin"]
 
 TEST_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")

@@ -3,7 +3,7 @@
 The API, a relay and a worker run as separate processes and append their spans to one
 file. The request span, the enqueue span, the publish span, the process span and the
 handler span must share the trace id of the caller's ``traceparent`` and form one chain
-of parents. A retry (documented in the README, "Tracing and metrics") stays in the same
+of parents. A retry (documented in docs/explanation/tracing.md) stays in the same
 trace: its message carries the job's stored context, so the second publish is a child
 of the same enqueue span.
 """

@@ -1,5 +1,5 @@
 """deploy/prometheus: the alerts name metrics the code serves and scrape jobs the example
-config defines, each has a runbook section in docs/operations.md, and the promtool unit
+config defines, each has a runbook section in docs/how-to/alerts.md, and the promtool unit
 tests (alerts.test.yaml, run by `make lint`) fire and spare every alert."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
-OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOKS = ROOT / "docs" / "how-to" / "alerts.md"
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 PORTS = {
@@ -55,16 +55,16 @@ def test_every_metric_an_alert_reads_is_served() -> None:
 def test_alerts_carry_a_severity_and_a_runbook_section() -> None:
     anchors = {
         github_anchor(line.lstrip("#"))
-        for line in OPERATIONS.read_text().splitlines()
+        for line in RUNBOOKS.read_text().splitlines()
         if line.startswith("#")
     }
     for rule in alerts():
         assert rule["labels"]["severity"] in {"page", "ticket"}, rule["alert"]
         assert {"summary", "description", "runbook_url"} <= rule["annotations"].keys()
         page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert page == "docs/operations.md", rule["alert"]
+        assert page == "docs/how-to/alerts.md", rule["alert"]
         assert anchor == rule["alert"].lower(), rule["alert"]
-        assert anchor in anchors, f"docs/operations.md has no section #{anchor}"
+        assert anchor in anchors, f"docs/how-to/alerts.md has no section #{anchor}"
 
 
 def test_the_scrape_config_defines_the_jobs_the_alerts_name() -> None:

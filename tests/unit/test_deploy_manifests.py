@@ -45,7 +45,15 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
-OPERATIONS = ROOT / "docs" / "operations.md"
+# The operators' guides: what docs/operations.md was before it became the site's how-to
+# pages (every variable they name is a setting).
+HOW_TO = sorted((ROOT / "docs" / "how-to").glob("*.md"))
+# The README and every page of the site but the bench's reports (every `jobcore ...` in
+# them is a real command).
+DOCUMENTATION = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "bench" not in p.parts),
+]
 
 IMAGE = "jobcore"
 ROLES = {"api", "relay", "worker"}
@@ -290,15 +298,25 @@ def command_lines() -> list[CommandLine]:
 
 
 def documented_command_lines() -> list[CommandLine]:
-    """`jobcore ...` in the operations guide: inline code and lines of code blocks."""
-    text = OPERATIONS.read_text(encoding="utf-8")
-    spans = re.findall(r"`(jobcore(?: [^`]*)?)`", text)
-    for block in re.findall(r"^\s*```[a-z]*\n(.*?)^\s*```", text, flags=re.MULTILINE | re.DOTALL):
-        spans += [
-            line.strip() for line in block.splitlines() if line.strip().startswith("jobcore ")
-        ]
-    unique = dict.fromkeys(tuple(shlex.split(span)[1:]) for span in spans)
-    return [CommandLine("docs/operations.md", args) for args in unique]
+    """`jobcore ...` in the README and the docs: inline code and lines of code blocks (a
+    shell comment and a trailing `&` are not the command's)."""
+    found: dict[tuple[str, ...], str] = {}
+    for page in DOCUMENTATION:
+        text = page.read_text(encoding="utf-8")
+        spans = re.findall(r"`(jobcore(?: [^`]*)?)`", text)
+        blocks = re.findall(r"^\s*```[^\n]*\n(.*?)^\s*```", text, flags=re.MULTILINE | re.DOTALL)
+        for block in blocks:
+            spans += [
+                line.strip() for line in block.splitlines() if line.strip().startswith("jobcore ")
+            ]
+        for span in spans:
+            args = shlex.split(span, comments=True)[1:]
+            if not args:  # the program's name in prose
+                continue
+            found.setdefault(
+                tuple(args[:-1] if args[-1:] == ["&"] else args), str(page.relative_to(ROOT))
+            )
+    return [CommandLine(page, args) for args, page in found.items()]
 
 
 COMMAND_LINES = command_lines()
@@ -387,7 +405,7 @@ def setting_names() -> set[str]:
 
 
 def files_naming_settings() -> list[Path]:
-    files = [p for p in DEPLOY.rglob("*") if p.is_file()] + [OPERATIONS]
+    files = [p for p in DEPLOY.rglob("*") if p.is_file()] + HOW_TO
     return sorted(p for p in files if p.suffix not in {".png", ".svg"})
 
 

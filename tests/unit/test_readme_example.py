@@ -1,4 +1,5 @@
-"""The README's example of the testing kit is the test the suite runs, word for word."""
+"""The testing kit's example (docs/how-to/test-handlers.md) is the test the suite runs, word for
+word."""
 
 from __future__ import annotations
 
@@ -8,6 +9,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "integration" / "testing_kit" / "test_readme_example.py"
 
 
-def test_the_readme_shows_the_example_test_as_it_is() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert f"```python\n{EXAMPLE.read_text()}```\n" in readme
+def test_the_docs_show_the_example_test_as_it_is() -> None:
+    page = (ROOT / "docs" / "how-to" / "test-handlers.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```\n" in page

@@ -1,5 +1,6 @@
-"""The README's "Layout" block and its "Where things go" paragraph name files, folders and
-modules that exist: a module moved or renamed fails here until the README follows."""
+"""The layout block (docs/reference/layout.md) and the README's "Where things go" paragraph
+name files, folders and modules that exist: a module moved or renamed fails here until the
+documentation follows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from jobcore.settings import RelayOptions, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+LAYOUT = (ROOT / "docs" / "reference" / "layout.md").read_text(encoding="utf-8")
 
 
 def _where_things_go() -> str:
@@ -21,9 +23,9 @@ def _where_things_go() -> str:
 
 
 def _layout_block() -> str:
-    start = README.index("## Layout")
-    opening = README.index("```\n", start) + 4
-    return README[opening : README.index("```", opening)]
+    start = LAYOUT.index("# Layout")
+    opening = LAYOUT.index("```\n", start) + 4
+    return LAYOUT[opening : LAYOUT.index("```", opening)]
 
 
 def _paths(text: str) -> set[str]:
