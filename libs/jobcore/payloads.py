@@ -1,18 +1,23 @@
-"""What a payload must be to be enqueued: valid for its job type's model, and storable.
+"""What a payload must be to be enqueued: valid for its job type's model, and storable;
+and how a runner of handlers reads a claimed job's payload (:func:`read_payload`).
 
 The API checks every request body with :func:`validate_payload`, and so does the testing
-kit (:mod:`jobcore.testing`), so a handler's test refuses exactly what the API would.
+kit (:mod:`jobcore.testing`), so a handler's test refuses exactly what the API would; the
+worker and the testing kit's in-process worker read payloads stored by reference alike.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 
 from jobcore.errors import InvalidPayload
 from jobcore.registry import JobType
+from jobcore.results import ResultStore
 
 
 class UnstorablePayload(InvalidPayload):
@@ -60,3 +65,14 @@ def _collect_unstorable(value: Any, loc: list[str | int], errors: list[dict[str,
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _collect_unstorable(item, [*loc, index], errors)
+
+
+async def read_payload(store: ResultStore, payload: Any, payload_ref: str | None) -> Any:
+    """A claimed job's payload as JSON: the row's ``payload``, or the one stored by
+    reference (``payload_ref``, a payload too large to keep inline) read from ``store``.
+    OSError (:class:`~jobcore.results.StoreUnavailable`: the object store) or
+    :class:`~jobcore.results.ResultNotFound` when it cannot be read."""
+    if payload_ref is None:
+        return payload
+    data = await asyncio.to_thread(store.get, payload_ref)
+    return orjson.loads(data)

@@ -52,8 +52,9 @@ from jobcore.errors import (
     PoisonMessage,
     UnknownJobType,
 )
+from jobcore.outcomes import undeliverable_note
 from jobcore.registry import InvalidPayloadError, JobType, Registry
-from jobcore.results import ResultNotFound, StoreUnavailable
+from jobcore.results import ResultNotFound
 from jobcore.service import Service
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
 from jobcore.store import (
@@ -326,17 +327,12 @@ class Consumer(Service):
             return None
         try:
             raw_payload = await self.runner.load_payload(claim)
-        except StoreUnavailable as exc:
-            # The object store is away: not the job's fault, so it goes back to pending
-            # without consuming an attempt, like a result the store could not take.
-            await self._ack(message)
-            await self.runner.give_back(claim, exc, during="reading the payload")
-            return None
         except (OSError, ResultNotFound) as exc:
-            # The object is gone (or the local directory unreadable): this attempt fails
-            # and is retried later.
+            # The object store is away (not the job's fault: it goes back to pending without
+            # consuming an attempt, like a result the store could not take), or the object
+            # is gone, the local directory unreadable (this attempt fails, retried later).
             await self._ack(message)
-            await self.runner.fail_attempt(claim, exc, during="reading the payload")
+            await self.runner.after_store_error(claim, exc, during="reading the payload")
             return None
         try:
             payload: BaseModel = taken.job_type.validate_payload(raw_payload)
@@ -379,11 +375,7 @@ class Consumer(Service):
     async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
         """Tell the job's pollers why it stays pending (best effort: the message is kept in
         the dead-letter queue whether or not this is written)."""
-        # Worded to stay true after a replay ran the job: last_error is the last error seen.
-        error = (
-            f"attempt {envelope.attempt}'s message was dead-lettered by a worker that does "
-            f"not know the job type ({exc}); `jobcore dlq replay` runs it once one does"
-        )
+        error = undeliverable_note(envelope.attempt, exc)
         params: JobNoteUndeliverableParams = {
             "job_id": envelope.job_id,
             "type": envelope.type,

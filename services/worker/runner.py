@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -30,15 +29,7 @@ from typing import Any
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.attempts import (
-    ERROR_MAX_CHARS,
-    UnstorableOutcome,
-    call_handler,
-    effect_rows,
-    encode_result,
-    error_text,
-    storable,
-)
+from jobcore.attempts import call_handler, error_text
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one
 from jobcore.enqueue import job_message_row
@@ -50,9 +41,22 @@ from jobcore.errors import (
 )
 from jobcore.handlertx import JobTransaction
 from jobcore.objectstore import open_result_store
+from jobcore.outcomes import (
+    CANCEL,
+    Fail,
+    GiveBack,
+    OutcomeLimits,
+    Retry,
+    Succeed,
+    attempt_failed,
+    give_back_delay,
+    handler_failed,
+    invalid_payload,
+    store_failed,
+    success,
+)
+from jobcore.payloads import read_payload
 from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.results import StoreUnavailable
-from jobcore.retry import backoff_ceiling, backoff_delay
 from jobcore.settings import Settings
 from jobcore.store import (
     JOBS_CONSUMER,
@@ -95,11 +99,11 @@ class StopReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Success:
+    """A success waiting for its batch (its result already stored when large)."""
+
     job_id: uuid.UUID
     lease_token: uuid.UUID
-    result: str | None  # JSON text
-    result_ref: str | None
-    effects: list[dict[str, Any]]
+    outcome: Succeed
 
 
 @dataclass(slots=True)
@@ -161,6 +165,8 @@ class JobRunner:
         self.metrics = metrics
         # Every outcome statement that ends a job also records its completion webhook.
         self.completion = completion_params(topology, settings)
+        # What an attempt's outcome is: jobcore.outcomes, shared with the testing kit.
+        self.limits = OutcomeLimits.from_settings(settings)
         self.result_store = open_result_store(settings)
         self.running: dict[uuid.UUID, RunningJob] = {}
         self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
@@ -195,15 +201,11 @@ class JobRunner:
     # --- one job ---------------------------------------------------------------------------
 
     async def fail_invalid_payload(self, claim: Claim, error: InvalidPayloadError) -> None:
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in error.errors
-        )
-        text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
         await self._write_fenced(
             claim,
             "fail",
             job_store.end_running_statement(
-                {**self._fence(claim), "status": "failed", "error": text}
+                {**self._fence(claim), "status": "failed", "error": invalid_payload(error).error}
             ),
         )
         self.metrics.processed("failed", claim)
@@ -213,31 +215,45 @@ class JobRunner:
         (``payload_ref``). OSError (the store is unavailable) or ResultNotFound."""
         if claim.payload_ref is None:
             return claim.raw_payload
-        data = await asyncio.to_thread(self.result_store.get, claim.payload_ref)
+        payload = await read_payload(self.result_store, claim.raw_payload, claim.payload_ref)
         self._store_outages = 0
-        return orjson.loads(data)
+        return payload
 
-    async def give_back(self, claim: Claim, exc: StoreUnavailable, *, during: str) -> None:
-        """The object store failed (``exc``) while ``during``: through no fault of the job,
-        so it goes back to pending without consuming an attempt, even its last one, with
-        a new message due after a backoff delay and last_error saying why. Never raises:
-        if even that cannot be written, the lease expires and the reaper takes the job
-        back."""
-        self._store_outages += 1
-        ceiling = backoff_ceiling(
-            self._store_outages,
-            base=self.settings.retry_backoff_base,
-            cap=self.settings.retry_backoff_cap,
+    async def after_store_error(self, claim: Claim, exc: BaseException, *, during: str) -> None:
+        """The result store failed (``exc``) while ``during``: the job is given back if the
+        object store is unavailable, else the attempt failed (:func:`jobcore.outcomes.
+        store_failed`). Never raises: if even that cannot be written, the lease expires and
+        the reaper takes the job back."""
+        outcome = store_failed(
+            exc,
+            during=during,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            limits=self.limits,
         )
-        # Half the ceiling at least: full jitter could draw ~0 and retry a dead store at once.
-        delay = ceiling * (0.5 + random.random() / 2)
-        error = f"{during} failed: object store unavailable: {error_text(exc)}"
+        try:
+            await self._apply(claim, outcome)
+        except Exception:
+            log.exception(
+                "could not record the attempt's failure; its lease will expire",
+                extra={**claim.log_fields, "during": during},
+            )
+
+    async def give_back(self, claim: Claim, outcome: GiveBack) -> None:
+        """The object store was unavailable: the job goes back to pending without consuming
+        an attempt, even its last one (:class:`jobcore.outcomes.GiveBack`), its new message
+        due after a delay that grows with the outages met in a row, last_error saying why.
+        Never raises: if even that cannot be written, the lease expires and the reaper takes
+        the job back."""
+        self._store_outages += 1
+        delay = give_back_delay(self._store_outages, self.limits)
+        error = outcome.error
         params: JobReleaseParams = {
             **self._fence(claim),
             **self._message(claim, attempt=claim.attempt),
             "channel": OUTBOX_CHANNEL,
             "delay": delay,
-            "error": error[:ERROR_MAX_CHARS],
+            "error": error,
         }
         try:
             row = await self._write_fenced(
@@ -249,7 +265,7 @@ class JobRunner:
         except Exception:
             log.exception(
                 "could not give the job back after a store outage; its lease will expire",
-                extra={**claim.log_fields, "during": during},
+                extra={**claim.log_fields, "during": outcome.during},
             )
             return
         if row is None:
@@ -377,13 +393,14 @@ class JobRunner:
                     "lease lost before the handler's transaction committed; it was rolled back",
                     extra=claim.log_fields,
                 )
-            elif isinstance(error, PermanentError):
-                await self._fail(claim, error_text(error))
-            elif isinstance(error, StoreUnavailable):
-                # The handler's own use of the store (ctx.put_result...) met the outage.
-                await self.give_back(claim, error, during="running the handler")
             else:
-                await self._attempt_failed(claim, error)
+                outcome = handler_failed(
+                    error,
+                    attempt=claim.attempt,
+                    max_attempts=claim.max_attempts,
+                    limits=self.limits,
+                )
+                await self._apply(claim, outcome)
         else:
             await self._succeed(running, result)
 
@@ -443,7 +460,7 @@ class JobRunner:
                     claim,
                     "cancel_running",
                     job_store.end_running_statement(
-                        {**self._fence(claim), "status": "cancelled", "error": "cancelled"}
+                        {**self._fence(claim), "status": "cancelled", "error": CANCEL.error}
                     ),
                 )
                 is not None
@@ -486,15 +503,17 @@ class JobRunner:
         except ResultNotRecordable as exc:
             await self._fail(claim, str(exc))
             return
-        except StoreUnavailable as exc:
-            # The object store is down: the job's fault it is not, so it does not cost an
-            # attempt; the handler runs again once the store is back.
-            await self.give_back(claim, exc, during="storing the result")
-            return
         except OSError as exc:
-            # The local result directory cannot be written (a full disk, a broken mount, a
-            # wrong path): this attempt failed, as itself; another may not.
-            await self._attempt_failed(claim, exc, during="storing the result")
+            # The object store is down (the job is given back: it does not cost an
+            # attempt), or the local result directory cannot be written (the attempt failed).
+            outcome = store_failed(
+                exc,
+                during="storing the result",
+                attempt=claim.attempt,
+                max_attempts=claim.max_attempts,
+                limits=self.limits,
+            )
+            await self._apply(claim, outcome)
             return
         tries = 0
 
@@ -513,27 +532,13 @@ class JobRunner:
         """What recording the attempt's success writes: the result (inline, or stored when
         large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
         (StoreUnavailable: the object store) when the result store failed."""
-        claim, context = running.claim, running.context
-        effects = effect_rows(context, claim.lease_token)
-        try:
-            encoded = encode_result(result, effects)
-        except UnstorableOutcome as exc:
-            raise ResultNotRecordable(str(exc)) from None
-        result_ref = context.result_ref
-        if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
-            if result_ref is not None:
-                raise ResultNotRecordable(
-                    "the handler stored a result file and returned a too large result"
-                )
-            result_ref = await self._put_result(running, encoded)
-            encoded = None
-        return Success(
-            claim.job_id,
-            claim.lease_token,
-            encoded.decode() if encoded is not None else None,
-            result_ref,
-            effects,
-        )
+        claim = running.claim
+        outcome = success(result, running.context, claim.lease_token, self.limits)
+        if isinstance(outcome, Fail):
+            raise ResultNotRecordable(outcome.error)
+        if outcome.to_store is not None:
+            outcome = outcome.stored(await self._put_result(running, outcome.to_store))
+        return Success(claim.job_id, claim.lease_token, outcome)
 
     async def _put_result(self, running: RunningJob, encoded: bytes) -> str:
         """Store a large result, trying again a few times (within the lease) when the
@@ -564,9 +569,9 @@ class JobRunner:
         return {
             "ids": [s.job_id for s in batch],
             "lease_tokens": [s.lease_token for s in batch],
-            "results": [s.result for s in batch],
-            "result_refs": [s.result_ref for s in batch],
-            "effects": orjson.dumps([e for s in batch for e in s.effects]).decode(),
+            "results": [s.outcome.result for s in batch],
+            "result_refs": [s.outcome.result_ref for s in batch],
+            "effects": orjson.dumps([e for s in batch for e in s.outcome.effects]).decode(),
             **self.completion,
         }
 
@@ -579,16 +584,26 @@ class JobRunner:
     async def _attempt_failed(
         self, claim: Claim, exc: BaseException, *, during: str | None = None
     ) -> None:
-        error = error_text(exc) if during is None else f"{during} failed: {error_text(exc)}"
-        error = error[:ERROR_MAX_CHARS]
-        if claim.attempt >= claim.max_attempts:
-            await self._fail(claim, error)
-            return
-        delay = backoff_delay(
-            claim.attempt,
-            base=self.settings.retry_backoff_base,
-            cap=self.settings.retry_backoff_cap,
+        outcome = attempt_failed(
+            exc,
+            attempt=claim.attempt,
+            max_attempts=claim.max_attempts,
+            limits=self.limits,
+            during=during,
         )
+        await self._apply(claim, outcome)
+
+    async def _apply(self, claim: Claim, outcome: Retry | Fail | GiveBack) -> None:
+        """Write an attempt's failure as :mod:`jobcore.outcomes` decided it."""
+        if isinstance(outcome, Retry):
+            await self._retry(claim, outcome)
+        elif isinstance(outcome, Fail):
+            await self._fail(claim, outcome.error)
+        else:
+            await self.give_back(claim, outcome)
+
+    async def _retry(self, claim: Claim, outcome: Retry) -> None:
+        error, delay = outcome.error, outcome.delay
         message = self._message(claim, attempt=claim.attempt + 1)
         params: JobRetryParams = {
             **self._fence(claim),
