@@ -5,10 +5,15 @@ It takes the path a job takes in production, minus RabbitMQ in the middle: the o
 the relay would publish are claimed and deleted with the relay's own statements (as if the
 broker had confirmed them), each message body is decoded by the worker's envelope decoder
 and claimed with the worker's claim statement (inbox row and lease, so a duplicate has no
-effect), the handler runs in a real :class:`~jobcore.registry.JobContext` under its
-timeout (:mod:`jobcore.attempts`, shared with the worker), and its outcome is written by
-the worker's fenced statements: success with result and effects, a retry through the
-outbox with the configured backoff, failure, cancellation. What it leaves out: the broker
+effect), a payload stored by reference is read from the result store as the worker reads
+it (:func:`jobcore.payloads.read_payload`), the handler runs in a real
+:class:`~jobcore.registry.JobContext` under its timeout (:mod:`jobcore.attempts`, shared
+with the worker), its outcome is decided by the worker's policy (:mod:`jobcore.outcomes`)
+and written by the worker's fenced statements: success with result and effects (a large
+result in the result store), a retry through the outbox with the configured backoff,
+failure, cancellation, a job given back when the object store is unavailable. Jobs are
+enqueued as the API enqueues them (a large payload stored by reference). What it leaves
+out: the broker
 (queues, delivery limits, dead-lettering), concurrency (jobs run one at a time, in
 order), automatic heartbeats, and completion webhooks (their outbox rows stay unsent).
 
@@ -37,26 +42,40 @@ import orjson
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.attempts import (
-    ERROR_MAX_CHARS,
-    UnstorableOutcome,
-    call_handler,
-    effect_rows,
-    encode_result,
-    error_text,
-    storable,
-)
+from jobcore.attempts import call_handler
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one, translate_errors
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
-from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
+from jobcore.errors import JobNotFound, PoisonMessage
 from jobcore.objectstore import open_result_store
-from jobcore.payloads import validate_payload
+from jobcore.outcomes import (
+    CANCEL,
+    Cancel,
+    Fail,
+    GiveBack,
+    Outcome,
+    OutcomeLimits,
+    Retry,
+    Succeed,
+    give_back_delay,
+    handler_failed,
+    invalid_payload,
+    store_failed,
+    success,
+)
+from jobcore.payloads import read_payload, validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
 from jobcore.releases import release_held
-from jobcore.retry import backoff_delay
-from jobcore.store import JOBS_CONSUMER, Statement, job_store, outbox_store
+from jobcore.results import ResultNotFound
+from jobcore.store import (
+    JOBS_CONSUMER,
+    JobFencedParams,
+    OutboxMessageParams,
+    Statement,
+    job_store,
+    outbox_store,
+)
 from jobcore.testing.inline import as_sent
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
@@ -78,6 +97,9 @@ class Drained:
     skipped: int = 0
     # Claims a gate held (jobcore.gates): the job waited, and ran once its turn came.
     held: int = 0
+    # Attempts given back because the object store was unavailable (as the worker does:
+    # they consume no attempt, and are not counted in attempts).
+    given_back: int = 0
     # Seconds until the next message left in the outbox falls due (a job scheduled later
     # than the drain waits for); None when none waits.
     next_due_in: float | None = None
@@ -111,7 +133,10 @@ class InlineWorker:
         self.worker_id = worker_id
         self.topology = Topology.from_settings(self.settings)
         self.completion = completion_params(self.topology, self.settings)
+        self.limits = OutcomeLimits.from_settings(self.settings)
         self.result_store = open_result_store(self.settings)
+        # Store outages met in a row: the delay before a job given back grows with them.
+        self._store_outages = 0
         self._webhooks_key = self.topology.routing_key(WEBHOOKS_QUEUE)
 
     # --- what the test does --------------------------------------------------------------
@@ -144,6 +169,8 @@ class InlineWorker:
                 max_attempts=max_attempts,
                 run_at=run_at,
                 ordering_key=ordering_key,
+                payload_store=self.result_store,
+                inline_payload_max_bytes=self.settings.inline_payload_max_bytes,
             )
         return result.job_id
 
@@ -259,18 +286,23 @@ class InlineWorker:
         await self._run(_Claimed(job_type, row, lease_token), drained)
 
     async def _run(self, claimed: _Claimed, drained: Drained) -> None:
+        """Run a claimed job's attempt as the worker does; its outcome is decided by
+        :mod:`jobcore.outcomes`, as the worker's is, and written by the same statements."""
         job_type, row = claimed.job_type, claimed.row
         try:
-            payload = job_type.validate_payload(row["payload"])
-        except InvalidPayloadError as exc:
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors
+            raw_payload = await read_payload(self.result_store, row["payload"], row["payload_ref"])
+        except (OSError, ResultNotFound) as exc:
+            await self._write(
+                claimed, self._store_failed(claimed, exc, "reading the payload"), drained
             )
-            text = storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS]
-            await self._end(claimed, "failed", text, drained)
+            return
+        try:
+            payload = job_type.validate_payload(raw_payload)
+        except InvalidPayloadError as exc:
+            await self._write(claimed, invalid_payload(exc), drained)
             return
         if row["cancel_requested_at"] is not None:
-            await self._end(claimed, "cancelled", "cancelled", drained)
+            await self._write(claimed, CANCEL, drained)
             return
         context: JobContext[Any] = JobContext(
             job_id=row["id"],
@@ -283,17 +315,43 @@ class InlineWorker:
             result_store=self.result_store,
             settings=self.settings,
         )
+        outcome: Outcome
         try:
             result = await call_handler(job_type, context)
-        except PermanentError as exc:
-            await self._end(claimed, "failed", error_text(exc), drained)
         except Exception as exc:
             if context.cancel_requested.is_set():
-                await self._end(claimed, "cancelled", "cancelled", drained)
+                # As the worker's heartbeat stops a handler whose cancellation was asked for.
+                outcome = CANCEL
             else:
-                await self._attempt_failed(claimed, exc, drained)
+                outcome = handler_failed(
+                    exc,
+                    attempt=row["attempts"],
+                    max_attempts=row["max_attempts"],
+                    limits=self.limits,
+                )
         else:
-            await self._succeed(claimed, context, result, drained)
+            outcome = success(result, context, claimed.lease_token, self.limits)
+            if isinstance(outcome, Succeed) and outcome.to_store is not None:
+                try:
+                    key = await asyncio.to_thread(
+                        self.result_store.put, row["id"], outcome.to_store, suffix="json"
+                    )
+                except OSError as exc:
+                    outcome = self._store_failed(claimed, exc, "storing the result")
+                else:
+                    outcome = outcome.stored(key)
+        await self._write(claimed, outcome, drained)
+
+    def _store_failed(
+        self, claimed: _Claimed, exc: BaseException, during: str
+    ) -> Retry | Fail | GiveBack:
+        return store_failed(
+            exc,
+            during=during,
+            attempt=claimed.row["attempts"],
+            max_attempts=claimed.row["max_attempts"],
+            limits=self.limits,
+        )
 
     async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:
         """Extend the lease; a cancel request sets ``ctx.cancel_requested``. (A lost lease
@@ -310,97 +368,80 @@ class InlineWorker:
         if row is not None and row["cancel_requested_at"] is not None:
             context.cancel_requested.set()
 
-    async def _succeed(
-        self, claimed: _Claimed, context: JobContext[Any], result: Any, drained: Drained
-    ) -> None:
-        effects = effect_rows(context, claimed.lease_token)
-        try:
-            encoded = encode_result(result, effects)
-        except UnstorableOutcome as exc:
-            await self._end(claimed, "failed", str(exc), drained)
-            return
-        result_ref = context.result_ref
-        if encoded is not None and len(encoded) > self.settings.inline_result_max_bytes:
-            if result_ref is not None:
-                text = "the handler stored a result file and returned a too large result"
-                await self._end(claimed, "failed", text, drained)
-                return
-            result_ref = await asyncio.to_thread(
-                self.result_store.put, claimed.row["id"], encoded, suffix="json"
-            )
-            encoded = None
-        statement = job_store.succeed_many_statement(
-            {
-                **self.completion,
-                "ids": [claimed.row["id"]],
-                "lease_tokens": [claimed.lease_token],
-                "results": [None if encoded is None else encoded.decode()],
-                "result_refs": [result_ref],
-                "effects": orjson.dumps(effects).decode(),
-            }
-        )
-        if await self._write(statement):
-            drained.succeeded += 1
-
-    async def _attempt_failed(self, claimed: _Claimed, exc: Exception, drained: Drained) -> None:
+    async def _write(self, claimed: _Claimed, outcome: Outcome, drained: Drained) -> None:
+        """Write the attempt's outcome with the worker's fenced statement, and count it
+        (nothing when the fence refused it)."""
         row = claimed.row
-        if row["attempts"] >= row["max_attempts"]:
-            await self._end(claimed, "failed", error_text(exc), drained)
-            return
-        trace = {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
-        statement = job_store.retry_statement(
-            {
-                **self.completion,
-                "id": row["id"],
-                "lease_token": claimed.lease_token,
-                **job_message_row(
-                    self.topology,
-                    job_id=row["id"],
-                    job_type=claimed.job_type,
-                    attempt=row["attempts"] + 1,
-                    trace_headers=trace,
-                ),
-                "error": error_text(exc),
-                "delay": backoff_delay(
-                    row["attempts"],
-                    base=self.settings.retry_backoff_base,
-                    cap=self.settings.retry_backoff_cap,
-                ),
-                "channel": OUTBOX_CHANNEL,
-            }
-        )
+        fence: JobFencedParams = {
+            **self.completion,
+            "id": row["id"],
+            "lease_token": claimed.lease_token,
+        }
+        statement: Statement
+        if isinstance(outcome, Succeed):
+            statement = job_store.succeed_many_statement(
+                {
+                    **self.completion,
+                    "ids": [row["id"]],
+                    "lease_tokens": [claimed.lease_token],
+                    "results": [outcome.result],
+                    "result_refs": [outcome.result_ref],
+                    "effects": orjson.dumps(outcome.effects).decode(),
+                }
+            )
+        elif isinstance(outcome, Retry):
+            statement = job_store.retry_statement(
+                {
+                    **fence,
+                    **self._message(claimed, attempt=row["attempts"] + 1),
+                    "error": outcome.error,
+                    "delay": outcome.delay,
+                    "channel": OUTBOX_CHANNEL,
+                }
+            )
+        elif isinstance(outcome, GiveBack):
+            self._store_outages += 1
+            statement = job_store.release_statement(
+                {
+                    **fence,
+                    **self._message(claimed, attempt=row["attempts"]),
+                    "error": outcome.error,
+                    "delay": give_back_delay(self._store_outages, self.limits),
+                    "channel": OUTBOX_CHANNEL,
+                }
+            )
+        else:
+            status: Literal["failed", "cancelled"] = (
+                "failed" if isinstance(outcome, Fail) else "cancelled"
+            )
+            statement = job_store.end_running_statement(
+                {**fence, "status": status, "error": outcome.error}
+            )
         written = await self._fetch_written(statement)
         if written is None:
             return
-        if written["status"] == "cancelled":
+        if isinstance(outcome, Succeed):
+            drained.succeeded += 1
+        elif isinstance(outcome, Fail):
+            drained.failed += 1
+        elif isinstance(outcome, Cancel) or written["status"] == "cancelled":
+            # A retry or give-back of a job whose cancellation was asked for cancels it.
             drained.cancelled += 1
-        else:
+        elif isinstance(outcome, Retry):
             drained.retried += 1
+        else:
+            drained.given_back += 1
 
-    async def _end(
-        self,
-        claimed: _Claimed,
-        status: Literal["failed", "cancelled"],
-        error: str,
-        drained: Drained,
-    ) -> None:
-        statement = job_store.end_running_statement(
-            {
-                **self.completion,
-                "id": claimed.row["id"],
-                "lease_token": claimed.lease_token,
-                "status": status,
-                "error": error,
-            }
+    def _message(self, claimed: _Claimed, *, attempt: int) -> OutboxMessageParams:
+        row = claimed.row
+        trace = {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
+        return job_message_row(
+            self.topology,
+            job_id=row["id"],
+            job_type=claimed.job_type,
+            attempt=attempt,
+            trace_headers=trace,
         )
-        if await self._write(statement):
-            if status == "failed":
-                drained.failed += 1
-            else:
-                drained.cancelled += 1
-
-    async def _write(self, statement: Statement) -> bool:
-        return await self._fetch_written(statement) is not None
 
     async def _fetch_written(self, statement: Statement) -> DictRow | None:
         """Run a fenced outcome statement: its row, or None when the fence refused it."""

@@ -32,7 +32,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from jobcore.attempts import UnstorableOutcome, call_handler, effect_rows, encode_result
+from jobcore.attempts import UnstorableOutcome, call_handler
+from jobcore.outcomes import Fail, OutcomeLimits, success
 from jobcore.payloads import validate_payload
 from jobcore.registry import Effect, JobContext, Registry, default_registry
 from jobcore.results import LocalResultStore
@@ -110,13 +111,15 @@ async def run_inline_job(
     if cancel_requested:
         context.cancel_requested.set()
     result = await call_handler(kind, context)
-    encoded = encode_result(result, effect_rows(context, uuid.uuid4()))
-    if encoded is not None and len(encoded) > config.inline_result_max_bytes:
-        if context.result_ref is not None:
-            raise UnstorableOutcome(
-                "the handler stored a result file and returned a too large result"
-            )
+    # What the worker would record (jobcore.outcomes): refused as it would refuse it.
+    outcome = success(result, context, uuid.uuid4(), OutcomeLimits.from_settings(config))
+    if isinstance(outcome, Fail):
+        raise UnstorableOutcome(outcome.error)
+    encoded = outcome.to_store
+    if encoded is not None:
         context.result_ref = await asyncio.to_thread(store.put, the_id, encoded, suffix="json")
+    elif outcome.result is not None:
+        encoded = outcome.result.encode()
     shown = None if encoded is None else orjson.loads(encoded)
     return InlineRun(result=shown, context=context, heartbeats=beats, stored_result=encoded)
 
