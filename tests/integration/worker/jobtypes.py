@@ -123,6 +123,34 @@ async def wt_put_result(ctx: JobContext[NoPayload]) -> None:
     await ctx.put_result(b"a,b\n1,2\n", suffix="csv")
 
 
+@job("wt_cancel_self", payload=NoPayload, queue="testq", max_attempts=3, timeout=60, lease=2)
+async def wt_cancel_self(ctx: JobContext[NoPayload]) -> None:
+    """Has its cancellation requested (as the API writes it, without the NOTIFY), then
+    heartbeats until its runner tells it of the request, and stops with an error."""
+    assert ctx.settings is not None
+    async with await psycopg.AsyncConnection.connect(
+        ctx.settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(REQUEST_CANCEL, (ctx.job_id,))
+    while not ctx.cancel_requested.is_set():
+        await ctx.heartbeat()
+        await asyncio.sleep(0.02)  # polling for what the heartbeat brings back
+    raise RuntimeError("stopped: its cancellation was requested")
+
+
+@job("wt_file_and_result", payload=NoPayload, queue="testq", max_attempts=2, timeout=60, lease=2)
+async def wt_file_and_result(ctx: JobContext[NoPayload]) -> dict[str, str]:
+    """Stores a result file and returns a large result as well (which cannot be stored)."""
+    await ctx.put_result(b"a,b\n1,2\n", suffix="csv")
+    return {"blob": "x" * (ctx.settings.inline_result_max_bytes + 1 if ctx.settings else 1)}
+
+
+@job("wt_nul_result", payload=NoPayload, queue="testq", max_attempts=2, timeout=60, lease=2)
+async def wt_nul_result(ctx: JobContext[NoPayload]) -> dict[str, str]:
+    """Returns a result PostgreSQL's jsonb refuses."""
+    return {"text": "nul \x00 here"}
+
+
 # --- handler transactions (ctx.transaction) and progress (ctx.progress) -------------------
 
 # A worker process started with this variable set SIGKILLs itself at the named point of
