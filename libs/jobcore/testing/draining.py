@@ -296,6 +296,8 @@ class InlineWorker:
                 claimed, self._store_failed(claimed, exc, "reading the payload"), drained
             )
             return
+        if row["payload_ref"] is not None:
+            self._store_outages = 0
         try:
             payload = job_type.validate_payload(raw_payload)
         except InvalidPayloadError as exc:
@@ -339,6 +341,7 @@ class InlineWorker:
                 except OSError as exc:
                     outcome = self._store_failed(claimed, exc, "storing the result")
                 else:
+                    self._store_outages = 0
                     outcome = outcome.stored(key)
         await self._write(claimed, outcome, drained)
 

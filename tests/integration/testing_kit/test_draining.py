@@ -14,6 +14,7 @@ from jobcore.db import Database
 from jobcore.errors import JobNotFound
 from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError
+from jobcore.results import StoreUnavailable
 from jobcore.testing import InlineWorker
 from jobcore.usecases.jobs import cancel_job
 from tests.integration.testing_kit.jobtypes import REGISTRY
@@ -66,6 +67,29 @@ async def test_a_large_result_is_stored_as_a_file(worker: InlineWorker) -> None:
     assert job["result"] is None
     assert job["result_ref"] is not None
     assert worker.result_store.path(job["result_ref"]).stat().st_size > 50_000
+
+
+async def test_a_store_outage_gives_the_job_back_without_spending_an_attempt(
+    worker: InlineWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put = worker.result_store.put
+    tries = 0
+
+    def put_once_unavailable(*args: Any, **kwargs: Any) -> str:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise StoreUnavailable("the bucket is away")
+        return put(*args, **kwargs)
+
+    monkeypatch.setattr(worker.result_store, "put", put_once_unavailable)
+    job_id = await worker.enqueue("kit_note", {"text": "big", "size": 50_000})
+    drained = await worker.drain()
+    job = await worker.job(job_id)
+    assert (drained.given_back, drained.succeeded, drained.retried) == (1, 1, 0)
+    # As in the worker: the attempt the outage interrupted is not counted.
+    assert (job["status"], job["attempts"], tries) == ("succeeded", 1, 2)
+    assert job["result_ref"] is not None
 
 
 async def test_a_message_delivered_twice_runs_once(worker: InlineWorker) -> None:
