@@ -320,7 +320,10 @@ class InlineWorker:
         outcome: Outcome
         try:
             result = await call_handler(job_type, context)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            current = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and current and current.cancelling():
+                raise  # the drain itself is cancelled, not the handler by itself
             if context.cancel_requested.is_set():
                 # As the worker's heartbeat stops a handler whose cancellation was asked for.
                 outcome = CANCEL

@@ -275,3 +275,9 @@ async def wt_blob(ctx: JobContext[BlobPayload]) -> dict[str, object]:
         "attempt": ctx.attempt,
         "payload_sha256": hashlib.sha256(ctx.payload.data.encode()).hexdigest(),
     }
+
+
+@job("wt_self_cancelled", payload=NoPayload, queue="testq", max_attempts=2, timeout=60, lease=2)
+async def wt_self_cancelled(ctx: JobContext[NoPayload]) -> None:
+    """Raises CancelledError itself (nothing asked it to stop): a failed attempt."""
+    raise asyncio.CancelledError

@@ -62,6 +62,7 @@ CASES = {
     "result_file_and_too_large_result": Case("wt_file_and_result", status="failed"),
     "cancelled_while_running": Case("wt_cancel_self", status="cancelled"),
     "cancelled_then_failed": Case("wt_cancel_then_fail", status="cancelled"),
+    "cancelled_itself": Case("wt_self_cancelled", status="failed"),
 }
 
 TERMINAL = ("succeeded", "failed", "cancelled")
