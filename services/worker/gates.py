@@ -21,7 +21,7 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
-from jobcore.releases import release_held
+from jobcore.maintenance.releases import release_held
 from jobcore.settings import Settings
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from jobcore.retention import TABLES as PRUNED_TABLES
+from jobcore.maintenance.retention import TABLES as PRUNED_TABLES
 from jobcore.states import TERMINAL
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from jobcore.retention import Kind
+    from jobcore.maintenance.retention import Kind
     from services.worker.claims import Claim
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
@@ -224,7 +224,7 @@ class WorkerMetrics:
             ["queue"],
             registry=self.registry,
         )
-        # Anti-entropy (jobcore.stranded): the sweeper and the dead-letter notes.
+        # Anti-entropy (jobcore.maintenance.stranded): the sweeper and the dead-letter notes.
         self._republished = Counter(
             "jobcore_worker_republished_jobs",
             "Pending jobs whose message was published again by the sweeper, by reason "

@@ -3,7 +3,7 @@ pruner at a time.
 
 Every worker runs a pruner; only the holder of the ``pruner`` maintenance lease prunes
 (:mod:`services.worker.maintenance`), renewing it in every batch's transaction so a holder
-that lost it stops at once. The work is the library's (:mod:`jobcore.retention`, which
+that lost it stops at once. The work is the library's (:mod:`jobcore.maintenance.retention`, which
 ``jobcore prune`` runs too): this wraps it in the worker's loop, rests between batches
 as long as each batch took, and feeds the metrics. Every pruner, leader or not, refreshes
 the finished-jobs gauges after its round, so they are current on every worker.
@@ -15,8 +15,8 @@ import logging
 import time
 
 from jobcore.db import Database, UnitOfWork, fetch_one
+from jobcore.maintenance.retention import LEASE_NAME, Retention
 from jobcore.registry import Registry
-from jobcore.retention import LEASE_NAME, Retention
 from jobcore.settings import Settings
 from jobcore.sql.maintenance_leases import MAINTENANCE_LEASE_RENEW
 from services.worker.maintenance import MaintenanceService

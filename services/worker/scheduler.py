@@ -4,7 +4,7 @@ Every worker runs it when schedules are declared (:mod:`jobcore.schedules`); onl
 holder of the ``scheduler`` maintenance lease (:mod:`services.worker.maintenance`)
 enqueues. Every ``JOBCORE_SCHEDULER_INTERVAL`` it reads the schedules' state and, for each
 schedule with a tick due, enqueues it in a transaction of its own that renews the lease
-(:func:`jobcore.scheduling.enqueue_due`): one job per tick however many workers run. A
+(:func:`jobcore.maintenance.scheduling.enqueue_due`): one job per tick however many workers run. A
 tick the enqueue refuses (its unique key held, its tenant's quota) is recorded and passed,
 and holds up neither the schedule's later ticks nor the other schedules.
 
@@ -24,14 +24,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable, JobcoreError
-from jobcore.schedules import Schedule
-from jobcore.scheduling import (
+from jobcore.maintenance.scheduling import (
     ScheduleRound,
     ScheduleState,
     enqueue_due,
     ensure_states,
     read_states,
 )
+from jobcore.schedules import Schedule
 from jobcore.settings import Settings
 from services.worker.maintenance import MaintenanceService
 

@@ -3,7 +3,7 @@
 Every ``JOBCORE_SWEEPER_INTERVAL`` the holder of the ``sweeper`` maintenance lease
 (:mod:`services.worker.maintenance`) republishes, through the outbox, the current attempt
 of each pending job that has been due with no outbox row and no change for
-``JOBCORE_SWEEPER_STALE_AFTER`` (:func:`jobcore.stranded.republish_stale` says why a
+``JOBCORE_SWEEPER_STALE_AFTER`` (:func:`jobcore.maintenance.stranded.republish_stale` says why a
 spare copy is harmless and how often a job can get one). After each round the holder
 also measures how long each queue's longest-waiting due job has been due
 (``jobcore_jobs_overdue_seconds``, for the alert in deploy/prometheus/alerts.yaml).
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
+from jobcore.maintenance.stranded import Republished, republish_stale
 from jobcore.settings import Settings
 from jobcore.store import job_store
-from jobcore.stranded import Republished, republish_stale
 from services.worker.maintenance import BATCH_SIZE, MaintenanceService
 from services.worker.metrics import WorkerMetrics
 

@@ -51,10 +51,10 @@ from jobcore.db import Database, fetch_one, translate_errors
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
+from jobcore.maintenance.releases import release_held
 from jobcore.objectstore import open_result_store
 from jobcore.payloads import validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
-from jobcore.releases import release_held
 from jobcore.retry import backoff_delay
 from jobcore.store import JOBS_CONSUMER, Statement, job_store, outbox_store
 from jobcore.testing.inline import as_sent

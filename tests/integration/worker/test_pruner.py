@@ -11,8 +11,8 @@ import httpx
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import job_message_row
+from jobcore.maintenance.retention import LEASE_NAME
 from jobcore.registry import default_registry
-from jobcore.retention import LEASE_NAME
 from jobcore.settings import Settings
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
