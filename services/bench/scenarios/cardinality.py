@@ -53,6 +53,7 @@ from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
+from jobcore.maintenance import BATCH_SIZE
 from jobcore.maintenance.releases import RATE_HORIZON, release_held
 from jobcore.maintenance.retention import Retention, prune_exclusively
 from jobcore.settings import Settings
@@ -62,7 +63,6 @@ from services.bench.measure import cpu_of, cpu_seconds, merge_cpu
 from services.bench.report import Figure, Section, Series
 from services.bench.scenarios.e2e import wait_done
 from services.bench.scenarios.relay import QUEUE, purge
-from services.worker.maintenance import BATCH_SIZE
 
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
