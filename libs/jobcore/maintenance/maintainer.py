@@ -112,7 +112,7 @@ class Maintainer(Service):
             log.info("maintenance lease lost to another worker")
             term.end(lost=True)
         if self.term is not None:
-            await self._end_term()
+            await self.step_down()
         if self.stopping.is_set():
             return False
         async with self.db.unit_of_work() as uow:
@@ -127,7 +127,7 @@ class Maintainer(Service):
             self._announce()
         return token is not None
 
-    async def _end_term(self) -> None:
+    async def step_down(self) -> None:
         """The term is over: services stop leading; its rows go back (those still ours)."""
         term, self.term = self.term, None
         if term is None:
@@ -182,7 +182,7 @@ class Maintainer(Service):
             finally:
                 for task in tasks:
                     task.cancel()
-            await self._end_term()
+            await self.step_down()
 
     async def _elections(self) -> None:
         trouble_logged = False
