@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from typing import Protocol
 
@@ -93,7 +92,6 @@ class Term:
         self.lease = lease
         self.token = token
         self.db = db
-        self.renewed_at = time.monotonic()
         self.lost = False
         self.ended = asyncio.Event()
         self._stopping = stopping
@@ -131,7 +129,6 @@ class Term:
             log.info("maintenance lease lost to another worker", extra={"service": service.name})
             self.end(lost=True)
             return False
-        self.renewed_at = time.monotonic()
         if not row["serving"]:
             if service.name not in self._busy:
                 # A worker of the previous release, or `jobcore prune`: it does the work.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +36,8 @@ MIN_LEASE_TTL = 5.0
 
 @dataclass(frozen=True)
 class MaintainerConfig:
-    """The leader lease's life. Renewed by every working transaction, and on its own a
-    third of its life after the last renewal; standbys try for it as often."""
+    """The leader lease's life. Renewed by every working transaction, and on its own every
+    third of its life; standbys try for it as often."""
 
     lease_ttl: float = MIN_LEASE_TTL
 
@@ -97,17 +96,16 @@ class Maintainer(Service):
     # --- the election -----------------------------------------------------------------
 
     async def elect(self) -> bool:
-        """Keep the lease (renewing it unless a working transaction just did) or try to
-        take it; whether this worker leads now."""
+        """Renew the lease, or try to take it; whether this worker leads now.
+
+        The leader renews it here too, not only in its working transactions: one that
+        rolled back renewed nothing."""
         term = self.term
         if term is not None and not term.over:
-            if time.monotonic() - term.renewed_at < self.config.renew_every:
-                return True
             async with self.db.unit_of_work() as uow:
                 renewed = await self.lease.renew(uow, term.token)
                 await uow.commit()
             if renewed:
-                term.renewed_at = time.monotonic()
                 return True
             log.info("maintenance lease lost to another worker")
             term.end(lost=True)
