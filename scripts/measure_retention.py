@@ -4,7 +4,7 @@ Fills a scratch database with finished jobs (with effects, webhook deliveries an
 rows, about half of them past the default retention), then, while one connection enqueues
 jobs at a steady modest rate and records each enqueue's latency:
 
-1. runs the pruner's pass (``jobcore.retention``) as the workers do, resting between
+1. runs the pruner's pass (``jobcore.maintenance.retention``) as the workers do, resting between
    batches as long as each batch took, and again without the rests, at two batch sizes;
 2. drops one day's partition of a day-partitioned copy of the inbox.
 
@@ -33,8 +33,8 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
+from jobcore.maintenance.retention import Retention
 from jobcore.registry import load_job_modules
-from jobcore.retention import Retention
 from jobcore.settings import Settings
 from jobcore.sql.inbox import INBOX_PRUNE_BATCH
 

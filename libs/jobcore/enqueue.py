@@ -356,7 +356,7 @@ async def _write(
 
 async def _forget_upload(store: ResultStore, key: str) -> None:
     """Delete a payload upload whose job was not written; on failure the pruner's sweep
-    deletes it (jobcore.retention)."""
+    deletes it (jobcore.maintenance.retention)."""
     try:
         await asyncio.to_thread(store.delete, key)
     except OSError as exc:

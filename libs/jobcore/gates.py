@@ -2,8 +2,8 @@
 
 A job that may not start now is *held*: its claim leaves it ``pending`` with a
 ``held_reason``, acknowledges its message (no attempt is used, no broker redelivery is
-counted), and the gate releaser (services.worker.gates) publishes it again through the
-outbox once its gate may let it through. The claim statement checks the gates
+counted), and the gate releaser (jobcore.maintenance.gate_releaser) publishes it again
+through the outbox once its gate may let it through. The claim statement checks the gates
 (:data:`jobcore.sql.jobs.run.JOB_CLAIM_MANY`); slots are counted from ``running`` job rows,
 so a dead worker's slot is freed when the reaper returns its job to pending, and nothing
 is kept in any process.

@@ -106,10 +106,10 @@ jobs = Table(
     _timestamp("updated_at", nullable=False, default_now=True),
     _timestamp("started_at"),
     _timestamp("finished_at"),
-    # Anti-entropy (jobcore.stranded): what was last noticed about the job's message (the
-    # broker dead-lettered it, the sweeper published it again), as JSON, kept apart from
-    # last_error so a failed attempt's real error survives; and how many times the sweeper
-    # published it again, which spaces out its next republish.
+    # Anti-entropy (jobcore.maintenance.stranded): what was last noticed about the job's
+    # message (the broker dead-lettered it, the sweeper published it again), as JSON, kept
+    # apart from last_error so a failed attempt's real error survives; and how many times
+    # the sweeper published it again, which spaces out its next republish.
     Column("message_note", JSONB),
     # What the job's `accepted` event says (its run_at, the schedule that fired it, a
     # batch), NULL when nothing: the job row is that event, read with created_at by the
@@ -382,7 +382,7 @@ schedules = Table(
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("updated_at", nullable=False, default_now=True),
     # The latest tick refused (a unique key held, a quota): when, which tick, and why
-    # (jobcore.scheduling.Refusal). The schedule moved on past it (migration 0020).
+    # (jobcore.maintenance.scheduling.Refusal). The schedule moved on past it (migration 0020).
     _timestamp("last_refusal_at"),
     _timestamp("last_refused_tick"),
     Column("last_refusal_reason", Text),

@@ -521,16 +521,6 @@ class Settings(BaseSettings):
             )
         return self
 
-    @model_validator(mode="after")
-    def _check_sweeper(self) -> Settings:
-        if self.sweeper_stale_after <= self.sweeper_interval:
-            raise ValueError(
-                "JOBCORE_SWEEPER_STALE_AFTER must be longer than JOBCORE_SWEEPER_INTERVAL: the "
-                "sweeper looks once per interval, so a shorter staleness would not mean what "
-                "it says"
-            )
-        return self
-
     @property
     def longest_redelivery(self) -> float:
         """Seconds within which the broker has redelivered (or dead-lettered) a message

@@ -1,6 +1,6 @@
 """`jobcore prune [--dry-run] [--json]`: retention by hand.
 
-The same pass as the workers' pruner (jobcore.retention), under the same ``pruner``
+The same pass as the workers' pruner (jobcore.maintenance.retention), under the same ``pruner``
 maintenance lease, so it never runs beside one: while a worker's pruner holds the lease it
 is refused with one line (that pruner does the work every ``JOBCORE_PRUNER_INTERVAL``).
 ``--dry-run`` takes no lease and changes nothing: it counts what a pass would delete now.

@@ -11,10 +11,9 @@ leases, and keep the maintenance services running. Invariants: docs/design.md.
 - ``runner``: a claimed job's handler, heartbeats, timeout and its fenced outcome;
   ``job_progress``: its throttled progress reports; ``cancel``: cancel requests by NOTIFY
   (heartbeats catch the ones it misses).
-- ``maintenance``: one holder at a time, by lease row, of the ``reaper`` (expired leases),
-  ``rescuer`` (jobs whose message was quarantined), ``sweeper`` (pending jobs whose
-  message vanished), ``pruner`` (retention), ``gates`` (held jobs released) and
-  ``scheduler`` (periodic jobs).
+- maintenance (reaper, rescuer, sweeper, pruner, gate releaser, scheduler) is the
+  library's (:mod:`jobcore.maintenance`: one leader per database); ``app`` composes its
+  ``Maintainer`` and passes ``metrics`` in.
 - ``deadletter_notes``: each dead letter noted on its job; ``webhooks``: completion
   webhooks sent, signed.
 - ``progress``: what turns ``/readyz`` red; ``metrics``, ``tracing``: /metrics and spans.

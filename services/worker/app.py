@@ -1,7 +1,7 @@
-"""The worker's composition root: one database pool, the consumer, the maintenance services
-(reaper, rescuer, sweeper, and the scheduler when schedules are declared), dead-letter
-notes, cancel listener and health server, wired from settings. ``jobcore worker`` and the
-tests both build it here.
+"""The worker's composition root: one database pool, the consumer, the maintainer (every
+maintenance service under one leader lease: jobcore.maintenance), dead-letter notes, cancel
+listener and health server, wired from settings. ``jobcore worker`` and the tests both
+build it here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from jobcore.amqp.deliveries import split_prefetch
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.health import HealthServer
+from jobcore.maintenance import Maintainer, Scheduler, services_from_settings
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_job_types, held_connections
 from jobcore.registry import Registry, load_job_modules
@@ -26,15 +27,8 @@ from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.deadletter_notes import DeadLetterNotes
-from services.worker.gates import GateReleaser
-from services.worker.maintenance import MaintenanceService
-from services.worker.metrics import WorkerMetrics
-from services.worker.pruner import Pruner
-from services.worker.reaper import Reaper
-from services.worker.rescuer import Rescuer
+from services.worker.metrics import SchedulerMetrics, WorkerMetrics
 from services.worker.runner import JobRunner
-from services.worker.scheduler import Scheduler
-from services.worker.sweeper import Sweeper
 from services.worker.webhooks import WebhookDeliverer
 
 
@@ -65,48 +59,28 @@ class Worker:
         check_job_types(self.registry, settings)
         concurrency = concurrency or settings.worker_concurrency
         split_prefetch(settings.job_prefetch(concurrency), self.queues)
-        self.reaper = Reaper(
-            settings, self.db, registry=self.registry, owner=self.worker_id, metrics=self.metrics
-        )
-        self.rescuer = Rescuer(settings, self.db, owner=self.worker_id, metrics=self.metrics)
-        # Retention: finished jobs, inbox rows and result files past their time go.
-        self.pruner = Pruner(
-            settings, self.db, owner=self.worker_id, metrics=self.metrics, registry=self.registry
-        )
-        # Anti-entropy: stranded pending jobs published again; dead letters noted on jobs.
-        self.sweeper = Sweeper(settings, self.db, owner=self.worker_id, metrics=self.metrics)
         self.dead_letter_notes = DeadLetterNotes(settings, self.db, self.metrics)
-        # Flow control: held jobs published again once their gate may let them start.
-        self.gate_releaser = GateReleaser(
-            settings, self.db, owner=self.worker_id, metrics=self.metrics
-        )
-        self.maintenance: list[MaintenanceService] = [
-            self.reaper,
-            self.rescuer,
-            self.pruner,
-            self.sweeper,
-            self.gate_releaser,
-        ]
-        # Periodic jobs: only with schedules declared (then it needs a connection too).
+        # Maintenance: the reaper, rescuer, pruner, sweeper, gate releaser and (with
+        # schedules declared) scheduler, all under one leader lease per database, on one
+        # pool connection taken in turn. Their configs are checked here: a bad value stops
+        # the worker with one line.
         schedules = load_schedules(settings.schedules, self.registry)
-        self.scheduler = (
-            Scheduler(
+        self.maintainer = Maintainer(
+            self.db,
+            services_from_settings(
                 settings,
-                self.db,
-                owner=self.worker_id,
+                registry=self.registry,
+                metrics=self.metrics,
                 schedules=schedules,
-                metrics_registry=self.metrics.registry,
-            )
-            if schedules
-            else None
+                schedule_metrics=SchedulerMetrics(self.metrics.registry) if schedules else None,
+            ),
+            owner=self.worker_id,
         )
-        if self.scheduler is not None:
-            self.maintenance.append(self.scheduler)
         # Whatever else takes pool connections at once, one each; claims and outcomes keep
         # the rest (held, see services.worker.connections).
         pool_users = {
             "cancel listener": 1,
-            **{service.lease_name: 1 for service in self.maintenance},
+            "maintainer": 1,
             "dead-letter notes": 1,
             **({"webhook deliverer": 1} if webhooks else {}),
         }
@@ -148,6 +122,11 @@ class Worker:
             )
 
     @property
+    def scheduler(self) -> Scheduler | None:
+        found = [s for s in self.maintainer.services if isinstance(s, Scheduler)]
+        return found[0] if found else None
+
+    @property
     def services(self) -> list[Service]:
         # Stopped in reverse: the consumer first (it may wait out the grace period), while
         # the cancel listener and health server keep working until it is done.
@@ -158,7 +137,7 @@ class Worker:
         return [
             *head,
             self.cancels,
-            *self.maintenance,
+            self.maintainer,
             self.dead_letter_notes,
             *hooks,
             self.consumer,
@@ -181,6 +160,7 @@ class Worker:
 
     async def probe(self) -> tuple[bool, dict[str, Any]]:
         trouble = self.trouble()
+        leading = self.maintainer.is_leader
         ready = self.consumer.consuming and self.consumer.broker_connected and not trouble
         return ready, {
             "worker_id": self.worker_id,
@@ -192,12 +172,15 @@ class Worker:
             "consumer_priority": self.consumer.priority,
             # False while every handler slot runs a job (services.worker.intake).
             "taking_deliveries": self.consumer.broker.consuming,
-            "reaper_leader": self.reaper.is_leader,
-            "rescuer_leader": self.rescuer.is_leader,
-            "pruner_leader": self.pruner.is_leader,
-            "sweeper_leader": self.sweeper.is_leader,
+            # One leader runs every maintenance service; the per-service keys say the same
+            # (kept for dashboards that read them).
+            "maintenance_leader": leading,
+            "reaper_leader": leading,
+            "rescuer_leader": leading,
+            "pruner_leader": leading,
+            "sweeper_leader": leading,
             # None: no schedule is declared, so this worker runs no scheduler.
-            "scheduler_leader": self.scheduler.is_leader if self.scheduler else None,
+            "scheduler_leader": leading if self.scheduler is not None else None,
             "dead_letter_notes_consuming": self.dead_letter_notes.consuming,
             "cancel_listener": self.cancels.listening,
             "cancel_polling": self.cancels.polling,

@@ -8,7 +8,7 @@ worker consumes here, one message at a time per worker:
   its job (where there is one) and counted it; the copy is acknowledged and nothing else.
 - any other reason (``delivery_limit``, ``expired``, ``maxlen``): counted in
   ``jobcore_worker_broker_dead_letters_total{reason}`` and, for the message of a pending
-  job's current attempt, noted on the job (:func:`jobcore.stranded.note_dead_letter`).
+  job's current attempt, noted on the job (:func:`jobcore.maintenance.stranded.note_dead_letter`).
   The sweeper publishes such a job again once it is stale.
 
 A copy is acknowledged once its note committed; while the database is away it is held,
@@ -24,9 +24,9 @@ from jobcore.amqp.deadletters import DeadLetter, DeadLetterNotesFeed, describe_p
 from jobcore.amqp.deliveries import Delivery
 from jobcore.db import Database
 from jobcore.errors import BrokerUnavailable, DatabaseUnavailable
+from jobcore.maintenance.stranded import REJECTED_BY_A_WORKER, note_dead_letter
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.stranded import REJECTED_BY_A_WORKER, note_dead_letter
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)

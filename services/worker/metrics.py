@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from jobcore.retention import TABLES as PRUNED_TABLES
+from jobcore.maintenance.retention import TABLES as PRUNED_TABLES
 from jobcore.states import TERMINAL
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from jobcore.retention import Kind
+    from jobcore.maintenance.retention import Kind
+    from jobcore.maintenance.scheduling import ScheduleRound, ScheduleState
+    from jobcore.schedules import Schedule
     from services.worker.claims import Claim
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
@@ -224,7 +226,7 @@ class WorkerMetrics:
             ["queue"],
             registry=self.registry,
         )
-        # Anti-entropy (jobcore.stranded): the sweeper and the dead-letter notes.
+        # Anti-entropy (jobcore.maintenance.stranded): the sweeper and the dead-letter notes.
         self._republished = Counter(
             "jobcore_worker_republished_jobs",
             "Pending jobs whose message was published again by the sweeper, by reason "
@@ -346,3 +348,70 @@ class WorkerMetrics:
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+class SchedulerMetrics:
+    """The scheduler's instruments, on the worker's collector registry: made only when
+    schedules are declared (the scheduler runs only then)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._enqueued = Counter(
+            "jobcore_schedule_jobs_enqueued",
+            "Jobs enqueued for schedule ticks, by schedule (the scheduler lease's holder).",
+            ["schedule"],
+            registry=registry,
+        )
+        self._skipped = Counter(
+            "jobcore_schedule_ticks_skipped",
+            "Missed ticks the missed-tick policy left out, by schedule (at least).",
+            ["schedule"],
+            registry=registry,
+        )
+        self._refused = Counter(
+            "jobcore_schedule_enqueue_refusals",
+            "Schedule ticks the enqueue refused, by schedule and reason (unique_key, "
+            "enqueue_rate, max_unfinished): each made no job and is not tried again.",
+            ["schedule", "reason"],
+            registry=registry,
+        )
+        self._next_tick = Gauge(
+            "jobcore_schedule_next_tick_timestamp_seconds",
+            "When the schedule's next tick is due (Unix time; 0 while paused).",
+            ["schedule"],
+            registry=registry,
+        )
+        self._last_tick = Gauge(
+            "jobcore_schedule_last_tick_timestamp_seconds",
+            "The latest tick enqueued (Unix time; before the first, when the schedule was "
+            "first seen).",
+            ["schedule"],
+            registry=registry,
+        )
+        self._paused = Gauge(
+            "jobcore_schedule_paused",
+            "1 while the schedule is paused (jobcore schedules pause).",
+            ["schedule"],
+            registry=registry,
+        )
+
+    def round(self, done: ScheduleRound) -> None:
+        made = sum(1 for tick in done.enqueued if tick.job_id is not None and not tick.replayed)
+        if made:
+            self._enqueued.labels(done.name).inc(made)
+        if done.skipped:
+            self._skipped.labels(done.name).inc(done.skipped)
+        for tick in done.enqueued:
+            if tick.refusal is not None:
+                self._refused.labels(done.name, tick.refusal).inc()
+
+    def states(
+        self, schedules: Sequence[Schedule], states: dict[str, ScheduleState], now: datetime
+    ) -> None:
+        for schedule in schedules:
+            state = states.get(schedule.name)
+            if state is None:
+                continue
+            upcoming = None if state.paused else schedule.next_tick(max(state.last_tick, now))
+            self._next_tick.labels(schedule.name).set(upcoming.timestamp() if upcoming else 0)
+            self._last_tick.labels(schedule.name).set(state.last_tick.timestamp())
+            self._paused.labels(schedule.name).set(1 if state.paused else 0)

@@ -1,4 +1,4 @@
-"""Retention (jobcore.retention): what is pruned, what stays, what goes with a job."""
+"""Retention (jobcore.maintenance.retention): what is pruned, what stays, what goes with a job."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
+from jobcore.maintenance.retention import STALE_FILE_AGE, Retention
 from jobcore.results import LocalResultStore
-from jobcore.retention import STALE_FILE_AGE, Retention
 from jobcore.settings import Settings
 from tests.support.retention import (
     Made,

@@ -28,11 +28,16 @@ UNREACHABLE = {
         pytest.param(
             ("worker",),
             {"JOBCORE_DB_POOL_MAX": "5"},
-            "JOBCORE_DB_POOL_MAX: 5 connections are too few for this worker, which needs 10 "
-            "at once (2 for claims and outcomes, 1 for the cancel listener, 1 for the reaper, "
-            "1 for the rescuer, 1 for the pruner, 1 for the sweeper, 1 for the gate_releaser, "
-            "1 for the dead-letter notes, 1 for the webhook deliverer)",
+            "JOBCORE_DB_POOL_MAX: 5 connections are too few for this worker, which needs 6 "
+            "at once (2 for claims and outcomes, 1 for the cancel listener, 1 for the "
+            "maintainer, 1 for the dead-letter notes, 1 for the webhook deliverer)",
             id="worker-pool",
+        ),
+        pytest.param(
+            ("worker",),
+            {"JOBCORE_SWEEPER_INTERVAL": "120", "JOBCORE_SWEEPER_STALE_AFTER": "60"},
+            "JOBCORE_SWEEPER_STALE_AFTER: 60s must be longer than JOBCORE_SWEEPER_INTERVAL (120s)",
+            id="worker-maintenance-config",
         ),
         pytest.param(
             ("worker", "--concurrency", "1"),

@@ -155,20 +155,6 @@ def test_a_prefetch_above_the_concurrency_is_refused(monkeypatch: pytest.MonkeyP
         load_settings()
 
 
-def test_the_sweeper_staleness_must_be_longer_than_its_interval(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    defaults = Settings()
-    assert (defaults.sweeper_interval, defaults.sweeper_stale_after) == (60.0, 3600.0)
-    monkeypatch.setenv("JOBCORE_SWEEPER_INTERVAL", "120")
-    monkeypatch.setenv("JOBCORE_SWEEPER_STALE_AFTER", "60")
-    with pytest.raises(ConfigurationError) as info:
-        load_settings()
-    text = str(info.value)
-    assert "JOBCORE_SWEEPER_STALE_AFTER must be longer than JOBCORE_SWEEPER_INTERVAL" in text
-    assert "\n" not in text
-
-
 def test_the_fifo_claim_is_refused_with_a_queue_depth_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

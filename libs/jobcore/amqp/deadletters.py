@@ -18,7 +18,7 @@ the broker confirmed the publish. Messages that cannot be routed go back to the 
 
 The dead-letter exchange is a fanout: it also feeds the notes queue, whose copies the
 workers consume (:class:`DeadLetterNotesFeed`) to note each dead letter on its job
-(:mod:`jobcore.stranded`). Neither listing nor replaying goes through the exchange, so
+(:mod:`jobcore.maintenance.stranded`). Neither listing nor replaying goes through the exchange, so
 neither adds notes.
 """
 

@@ -3,7 +3,7 @@
 One direct exchange for jobs, one durable quorum queue per job queue (routing key = the
 queue name), and a dead-letter exchange (fanout) feeding two queues: the dead-letter queue
 that operators list and replay, and the dead-letter notes queue that workers consume to
-note each dead letter on its job (:mod:`jobcore.stranded`). Quorum queues take
+note each dead letter on its job (:mod:`jobcore.maintenance.stranded`). Quorum queues take
 ``x-delivery-limit``, which with the dead-letter exchange stops a message that keeps
 being returned from looping forever.
 

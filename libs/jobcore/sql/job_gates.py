@@ -1,4 +1,4 @@
-"""The pruner's statements on ``job_gates`` (jobcore.retention): idle gate rows go.
+"""The pruner's statements on ``job_gates`` (jobcore.maintenance.retention): idle gate rows go.
 
 A gate row (jobcore.gates) is one per ordering key, per concurrency key and per rate key
 ever seen. It is *idle*, and deleted, when it has not been written for ``keep`` seconds,

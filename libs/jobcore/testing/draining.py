@@ -66,7 +66,7 @@ from jobcore.outcomes import (
 )
 from jobcore.payloads import read_payload, validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
-from jobcore.releases import release_held
+from jobcore.maintenance.releases import release_held
 from jobcore.results import ResultNotFound
 from jobcore.store import (
     JOBS_CONSUMER,

@@ -22,13 +22,13 @@ from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, reco
 from jobcore.db import Database, Session, UnitOfWork
 from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.maintenance.stranded import Republished, republish_stale
 from jobcore.objectstore import open_result_store
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
 from jobcore.states import JobStatus, check_transition, is_terminal
 from jobcore.store import CANCEL_CHANNEL, JobListAllTenantsParams, job_store
-from jobcore.stranded import Republished, republish_stale
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
 
@@ -210,9 +210,10 @@ AUDITED_JOB_IDS = 100
 async def republish_stale_jobs(
     db: Database, topology: Topology, *, stale_after: float, actor: str, batch_size: int = 500
 ) -> list[Republished]:
-    """Republish every stale pending job now (:func:`jobcore.stranded.republish_stale`), a
-    batch per transaction, for operators who need not wait for the sweeper's next round
-    (no lease: locked rows are skipped). Each batch that republished jobs is audited in
+    """Republish every stale pending job now
+    (:func:`jobcore.maintenance.stranded.republish_stale`), a batch per transaction, for
+    operators who need not wait for the sweeper's next round (no lease: locked rows are
+    skipped). Each batch that republished jobs is audited in
     its own transaction; a run that found none records one entry saying so."""
     check_actor(actor)
     republished: list[Republished] = []

@@ -1,8 +1,8 @@
 """Retention by hand (`jobcore prune`): the same pass as the workers' pruner
-(:mod:`jobcore.retention`), under the same ``pruner`` maintenance lease, so it never runs
-beside one: while a worker's pruner holds the lease it is refused
-(:class:`~jobcore.retention.PrunerBusy`). A dry run takes no lease and changes nothing: it
-counts what a pass would delete now.
+(:mod:`jobcore.maintenance.retention`), under the same ``pruner`` maintenance lease, so it
+never runs beside one: while a worker's pruner holds the lease it is refused
+(:class:`~jobcore.maintenance.retention.PrunerBusy`). A dry run takes no lease and changes
+nothing: it counts what a pass would delete now.
 
 A pass that deletes is audited once it is done (it is many short transactions, each
 deleting what the retention settings say, not what the operator chose), with what it
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jobcore.audit import AuditAction, Entry, Target, check_actor, record_done, record_refused
 from jobcore.db import Database
-from jobcore.retention import PrunerBusy, PruneReport, Retention, prune_exclusively
+from jobcore.maintenance.retention import PrunerBusy, PruneReport, Retention, prune_exclusively
 from jobcore.settings import Settings
 
 # The lease a hand-run prune takes lasts at least this long (it is renewed by every batch

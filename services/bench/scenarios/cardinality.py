@@ -17,7 +17,7 @@ and the outbox (and inbox) is vacuumed before each drain, whose rows the last on
   every step), while one relay and one worker drain them. Pipeline throughput is jobs /
   (commit → last finished_at), from the job rows.
 - **held jobs**: N jobs held by one rate key of 10/s (pending, held_reason rate_limit, its
-  job_gates row just spent). A gate releaser round (jobcore.releases.release_held, what
+  job_gates row just spent). A gate releaser round (jobcore.maintenance.releases.release_held, what
   the worker's releaser runs under its lease) is run repeatedly on one connection, each
   rolled back so every round sees the same N; the PostgreSQL backend's CPU (utime +
   stime from /proc) and wall time per round, and the shared blocks (hit + read) of the
@@ -25,7 +25,7 @@ and the outbox (and inbox) is vacuumed before each drain, whose rows the last on
   pg_stat_statements is read instead only where the server preloads it.
 - **gate keys**: waves of distinct gate keys (ordering, rate and concurrency, a third
   each), each key with its job_gates row, one finished job past its retention and that
-  job's inbox row past its own; after each wave the pruner runs (jobcore.retention, the
+  job's inbox row past its own; after each wave the pruner runs (jobcore.maintenance.retention, the
   pass `jobcore prune` and the workers run) and then VACUUM, as autovacuum would. The
   size of job_gates, jobs, outbox and inbox (pg_total_relation_size) before and after.
 
@@ -53,8 +53,9 @@ from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.releases import RATE_HORIZON, release_held
-from jobcore.retention import Retention, prune_exclusively
+from jobcore.maintenance import BATCH_SIZE
+from jobcore.maintenance.releases import RATE_HORIZON, release_held
+from jobcore.maintenance.retention import Retention, prune_exclusively
 from jobcore.settings import Settings
 from jobcore.store import job_store
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
@@ -62,7 +63,6 @@ from services.bench.measure import cpu_of, cpu_seconds, merge_cpu
 from services.bench.report import Figure, Section, Series
 from services.bench.scenarios.e2e import wait_done
 from services.bench.scenarios.relay import QUEUE, purge
-from services.worker.maintenance import BATCH_SIZE
 
 if TYPE_CHECKING:
     from jobcore.testing.pipeline import Stack
@@ -869,12 +869,12 @@ async def run(bench: Bench) -> Section:
         f" own (no job waits for another) drained by one relay and one worker: jobs/s from the"
         f" commit to the last finished_at. {bench.options.runs} drain(s) per step. Held jobs"
         f" {', '.join(f'{n:,}' for n in p.held)} behind one rate key of {RATE_PER_SECOND:g}/s:"
-        f" gate releaser rounds (jobcore.releases.release_held, at least {p.rounds} and"
+        f" gate releaser rounds (jobcore.maintenance.releases.release_held, at least {p.rounds} and"
         f" {p.round_seconds:g} s, each rolled back), the PostgreSQL backend's CPU per round"
         f" (/proc) and the scan's shared blocks (EXPLAIN BUFFERS). {p.gate_keys:,} distinct"
         f" gate keys in {p.waves} waves, each key's job_gates row, finished job and inbox row"
-        f" past retention; after each wave the pruner (jobcore.retention) and VACUUM; sizes"
-        f" by pg_total_relation_size. Rows written in bulk, then ANALYZE. Targets are ratios"
+        f" past retention; after each wave the pruner (jobcore.maintenance.retention) and VACUUM;"
+        f" sizes by pg_total_relation_size. Rows written in bulk, then ANALYZE. Targets are ratios"
         f" of figures from this run.",
     )
     tenants = await tenants_sweep(bench, p, section)

@@ -10,11 +10,11 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.maintenance import Maintainer, Pruner
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from services.worker.metrics import WorkerMetrics
-from services.worker.pruner import Pruner
 from tests.support.retention import audit_entry, inbox_row, make_job, table_counts
 
 EXPECTED_TABLES = {
@@ -125,9 +125,14 @@ async def test_dry_run_shows_what_would_go_then_a_pass_deletes_exactly_that(
 async def test_refused_while_a_workers_pruner_holds_the_lease(
     db: Database, topology: Topology, settings: Settings
 ) -> None:
+    # A worker leads maintenance; its pruner's round holds the pruner's row (nothing to
+    # prune yet).
+    holder = Maintainer(
+        db, [Pruner.from_settings(settings, metrics=WorkerMetrics())], owner="worker-7"
+    )
+    await holder.tick()
+    assert holder.is_leader
     await old_rows(db, topology, settings)
-    holder = Pruner(settings, db, owner="worker-7", metrics=WorkerMetrics(), interval=60)
-    await holder._hold_lease()
     before = await table_counts(db)
 
     refused = jobcore(settings, "prune")

@@ -13,12 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from jobcore.db import Database, fetch_all
+from jobcore.maintenance import Maintainer, Scheduler
 from jobcore.registry import default_registry
 from jobcore.schedules import load_schedules
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.testing.processes import jobcore_command, settings_env
-from services.worker.scheduler import Scheduler
+from services.worker.metrics import SchedulerMetrics
 
 SCHEDULES = {
     "nightly": {
@@ -143,17 +144,16 @@ async def test_list_shows_the_last_refused_tick_and_why(settings: Settings, db: 
     }
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
     clock = [start]
-    scheduler = Scheduler(
+    scheduler = Scheduler.from_settings(
         settings,
-        db,
-        owner="a",
         schedules=load_schedules(declared, default_registry, in_code={}),
-        metrics_registry=CollectorRegistry(),
+        metrics=SchedulerMetrics(CollectorRegistry()),
         clock=lambda: clock[0],
     )
-    await scheduler.tick()
+    maintainer = Maintainer(db, [scheduler], owner="a")
+    await maintainer.tick()
     clock[0] = start + timedelta(seconds=3.5)
-    assert await scheduler.tick() == 1
+    assert (await maintainer.tick())["scheduler"] == 1
 
     [row] = ok(cli(settings, "schedules", "list", "--json", schedules=declared))
     assert row["last_refusal_reason"] == "unique_key"

@@ -17,7 +17,7 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_all_after
-from jobcore.retention import Retention
+from jobcore.maintenance.retention import Retention
 from jobcore.settings import Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_GATES_LOCK

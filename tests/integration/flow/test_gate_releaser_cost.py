@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobcore.db import Database
-from jobcore.releases import RATE_HORIZON
+from jobcore.maintenance.releases import RATE_HORIZON
 from jobcore.sql.jobs.gates import JOB_LOCK_RELEASABLE
 
 SMALL, LARGE = 2_000, 20_000

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_all
+from jobcore.maintenance import Maintainer, Reaper
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
@@ -21,7 +22,6 @@ from jobcore.usecases.webhooks import set_endpoint
 from jobcore.webhooks import completion_params
 from services.api.app import create_app
 from services.worker.metrics import WorkerMetrics
-from services.worker.reaper import Reaper
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import deliveries, webhook_outbox_rows
 
@@ -188,8 +188,8 @@ async def test_the_reaper_records_the_webhook_of_a_job_it_fails(
             " lease_expires_at = now() - interval '1 second' WHERE id = %s",
             (job_id,),
         )
-    reaper = Reaper(hsettings, db, registry=default_registry, owner="test", metrics=WorkerMetrics())
-    assert await reaper.tick() == 1
+    reaper = Reaper.from_settings(hsettings, registry=default_registry, metrics=WorkerMetrics())
+    assert (await Maintainer(db, [reaper], owner="test").tick())["reaper"] == 1
     [delivery] = await deliveries(db, job_id)
     assert delivery["event"] == "job.failed"
     assert len(await webhook_outbox_rows(db)) == 1

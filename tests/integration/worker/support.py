@@ -26,12 +26,14 @@ from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import enqueue, job_message_row
+from jobcore.maintenance import Maintainer, MaintenanceService
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.webhooks import completion_params
+from services.worker.metrics import WorkerMetrics
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes
 
@@ -415,3 +417,27 @@ async def readiness(port: int) -> tuple[int, dict[str, Any]]:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
         response = await client.get("/readyz")
     return response.status_code, response.json()
+
+
+class Maintenance:
+    """One maintainer running the given services, driven by hand (``await m.round()``)."""
+
+    def __init__(
+        self,
+        db: Database,
+        owner: str,
+        *services: MaintenanceService[Any],
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.maintainer = Maintainer(db, list(services), owner=owner)
+        self.services = services
+        # What the services count to (the one they were built with).
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.maintainer.is_leader
+
+    async def round(self) -> int:
+        """An election, then a round of each service: what they did, together."""
+        return sum((await self.maintainer.tick()).values())

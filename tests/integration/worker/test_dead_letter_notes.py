@@ -16,8 +16,8 @@ from jobcore.amqp.deadletters import DeadLetter, describe_parts
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import JobMessage
+from jobcore.maintenance.stranded import note_dead_letter
 from jobcore.settings import Settings
-from jobcore.stranded import note_dead_letter
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker

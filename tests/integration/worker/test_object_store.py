@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 import pytest
 
-from jobcore import retention as retention_module
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.maintenance import retention as retention_module
+from jobcore.maintenance.retention import Retention
 from jobcore.objectstore import open_result_store
 from jobcore.registry import default_registry
 from jobcore.results import StoreUnavailable
-from jobcore.retention import Retention
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually

@@ -1,5 +1,5 @@
-"""The worker's pruner: one at a time by lease, metrics, and a message redelivered after its
-inbox row was pruned still has no second effect."""
+"""The worker's pruner: only the maintenance leader's prunes, metrics, and a message
+redelivered after its inbox row was pruned still has no second effect."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import httpx
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.enqueue import job_message_row
+from jobcore.maintenance import LEADER_LEASE, Pruner
 from jobcore.registry import default_registry
-from jobcore.retention import LEASE_NAME
 from jobcore.settings import Settings
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
-from services.worker.pruner import Pruner
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
+    Maintenance,
     OutboxPump,
     effects,
     job_row,
@@ -33,8 +33,10 @@ DAY = timedelta(days=1)
 _OLDEST = 'jobcore_oldest_terminal_job_age_seconds{{status="{}"}}'
 
 
-def pruner(settings: Settings, db: Database, owner: str) -> Pruner:
-    return Pruner(settings, db, owner=owner, metrics=WorkerMetrics(), interval=1)
+def pruner(settings: Settings, db: Database, owner: str) -> Maintenance:
+    """A maintainer running only a pruner."""
+    metrics = WorkerMetrics()
+    return Maintenance(db, owner, Pruner.from_settings(settings, metrics=metrics), metrics=metrics)
 
 
 async def jobs_left(db: Database) -> int:
@@ -44,24 +46,24 @@ async def jobs_left(db: Database) -> int:
     return int(row["n"]) if row else -1
 
 
-async def test_only_the_lease_holder_prunes(
+async def test_only_the_leader_prunes(
     db: Database, topology: Topology, wsettings: Settings
 ) -> None:
     first, second = pruner(wsettings, db, "first"), pruner(wsettings, db, "second")
     for _ in range(2):
         await make_job(db, topology)
 
-    await first.tick()
-    await second.tick()
+    await first.round()
+    await second.round()
 
     assert (first.is_leader, second.is_leader) == (True, False)
     assert await jobs_left(db) == 0
     for _ in range(2):
         await make_job(db, topology)
-    await second.tick()
+    await second.round()
     assert await jobs_left(db) == 2  # not the holder: prunes nothing
     assert second.metrics.counts["pruned.jobs"] == 0
-    await first.tick()
+    await first.round()
     assert await jobs_left(db) == 0
     assert first.metrics.counts["pruned.jobs"] == 4
 
@@ -71,8 +73,10 @@ async def test_a_pruner_that_loses_its_lease_mid_pass_stops_at_the_next_batch(
 ) -> None:
     settings = wsettings.model_copy(update={"pruner_batch_size": 2})
     holder = pruner(settings, db, "holder")
-    await holder.tick()
+    await holder.round()
     assert holder.is_leader
+    term = holder.maintainer.term
+    assert term is not None
     for _ in range(6):
         await make_job(db, topology, effect=False, delivery=False)
 
@@ -82,12 +86,12 @@ async def test_a_pruner_that_loses_its_lease_mid_pass_stops_at_the_next_batch(
             await conn.execute(
                 "UPDATE maintenance_leases SET owner = 'successor', token = gen_random_uuid() "
                 "WHERE name = %s",
-                (LEASE_NAME,),
+                (LEADER_LEASE,),
             )
         return False
 
-    holder.sleep = taken_over  # type: ignore[method-assign]
-    await holder.tick()
+    term.sleep = taken_over  # type: ignore[method-assign]
+    await holder.round()
 
     assert not holder.is_leader
     assert await jobs_left(db) == 4  # one batch of 2, then the fence stopped it
@@ -102,9 +106,9 @@ async def test_metrics_count_pruned_rows_and_the_oldest_finished_job(
     await make_job(db, topology, status="failed", age=2 * DAY)
     await make_job(db, topology, age=DAY)
     holder, other = pruner(wsettings, db, "holder"), pruner(wsettings, db, "other")
-    await holder._hold_lease()  # the other one is not the leader
+    await holder.maintainer.elect()  # the other one is not the leader
 
-    await other.tick()  # not the holder: it only surveys
+    await other.round()  # not the holder: it only surveys
 
     metrics = other.metrics.render()
     assert await jobs_left(db) == 5
@@ -114,7 +118,7 @@ async def test_metrics_count_pruned_rows_and_the_oldest_finished_job(
     assert _gauge(metrics, "jobcore_prune_overdue_seconds") > 2 * 86_400  # 9 days - 7
     assert 'jobcore_worker_pruned_rows_total{table="jobs"} 0.0' in metrics
 
-    await holder.tick()
+    await holder.round()
 
     metrics = holder.metrics.render()
     assert 'jobcore_worker_pruned_rows_total{table="jobs"} 3.0' in metrics

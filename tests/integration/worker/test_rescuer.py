@@ -15,17 +15,18 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute
+from jobcore.maintenance import Rescuer
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
-from services.worker.rescuer import Rescuer
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
     TAKE_OVER,
+    Maintenance,
     job_row,
     outbox_rows,
     status_is,
@@ -72,18 +73,18 @@ async def test_a_pending_job_whose_message_was_quarantined_fails_with_its_webhoo
         await execute(uow, TAKE_OVER({"id": running, "token": uuid.uuid4()}))
         await uow.commit()
 
-    rescuer = Rescuer(wsettings, db, owner="a", metrics=WorkerMetrics())
-    other = Rescuer(wsettings, db, owner="b", metrics=WorkerMetrics())
+    rescuer = Maintenance(db, "a", Rescuer.from_settings(wsettings, metrics=WorkerMetrics()))
+    other = Maintenance(db, "b", Rescuer.from_settings(wsettings, metrics=WorkerMetrics()))
     listener = await psycopg.AsyncConnection.connect(wsettings.database_url, autocommit=True)
     try:
         await listener.execute(f"LISTEN {JOB_DONE_CHANNEL}")
-        assert await rescuer.tick() == 1
+        assert await rescuer.round() == 1
         notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
     finally:
         await listener.close()
-    assert await other.tick() == 0  # one rescuer at a time
+    assert await other.round() == 0  # one leader at a time
     assert not other.is_leader
-    assert await rescuer.tick() == 0  # nothing left
+    assert await rescuer.round() == 0  # nothing left
 
     row = await job_row(db, stuck)
     assert row["status"] == "failed"
@@ -95,7 +96,8 @@ async def test_a_pending_job_whose_message_was_quarantined_fails_with_its_webhoo
         assert [r["event"] for r in await cur.fetchall()] == ["job.failed"]
     messages = await outbox_rows(db, stuck)
     assert sorted(m["message_type"] for m in messages) == sorted(["wt_gate", WEBHOOK_MESSAGE_TYPE])
-    assert rescuer.metrics.counts["rescued.quarantined"] == 1
+    [service] = rescuer.services
+    assert service.metrics.counts["rescued.quarantined"] == 1  # type: ignore[attr-defined]
 
     # A job that still has a live message, or that some worker already runs, is left alone.
     assert (await job_row(db, with_live_message))["status"] == "pending"
@@ -124,7 +126,8 @@ async def test_a_quarantined_pending_jobs_message_is_requeued_while_the_job_wait
     assert requeued.returncode == 0, requeued.stderr
     [row] = await outbox_rows(db, job_id)
     assert row["quarantined_at"] is None
-    assert await Rescuer(wsettings, db, owner="a", metrics=WorkerMetrics()).tick() == 0
+    rescuer = Maintenance(db, "a", Rescuer.from_settings(wsettings, metrics=WorkerMetrics()))
+    assert await rescuer.round() == 0
     assert (await job_row(db, job_id))["status"] == "pending"
 
 
@@ -139,7 +142,7 @@ async def test_every_worker_runs_a_rescuer(
 
     row = await eventually(lambda: status_is(db, job_id, "failed"), what="the rescue")
     assert row["last_error"] == f"outbox row quarantined: {RELAY_ERROR}"
-    assert worker.rescuer.is_leader
+    assert worker.maintainer.is_leader
 
 
 def _outbox_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,6 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from jobcore.db import Database, fetch_all
+from jobcore.maintenance import Scheduler
+from jobcore.maintenance.scheduler import Clock as SchedulerClock
 from jobcore.registry import default_registry
 from jobcore.schedules import Schedule, ScheduleConfigError, ScheduleNotFound, load_schedules
 from jobcore.settings import Settings
@@ -22,7 +24,8 @@ from jobcore.usecases import schedules as schedule_usecases
 from jobcore.usecases.jobs import cancel_any_job
 from jobcore.usecases.timeline import job_timeline
 from services.worker.app import Worker
-from services.worker.scheduler import Scheduler
+from services.worker.metrics import SchedulerMetrics
+from tests.integration.worker.support import Maintenance
 
 ACTOR = "test:scheduler"
 SCHEDULE_JOBS = Query(
@@ -75,18 +78,33 @@ def declare(**declarations: dict[str, Any]) -> tuple[Schedule, ...]:
     return load_schedules(specs, default_registry, in_code={})
 
 
+class Scheduling(Maintenance):
+    """A maintainer running only a scheduler, its instruments on ``registry``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        schedules: Sequence[Schedule],
+        clock: SchedulerClock,
+        owner: str,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        metrics = SchedulerMetrics(self.registry)
+        service = Scheduler.from_settings(
+            settings, schedules=schedules, metrics=metrics, clock=clock
+        )
+        super().__init__(db, owner, service)
+
+    async def tick(self) -> int:
+        return await self.round()
+
+
 def scheduler(
     settings: Settings, db: Database, schedules: Sequence[Schedule], clock: Clock, owner: str = "a"
-) -> Scheduler:
-    return Scheduler(
-        settings,
-        db,
-        owner=owner,
-        schedules=schedules,
-        metrics_registry=CollectorRegistry(),
-        interval=1.0,
-        clock=clock,
-    )
+) -> Scheduling:
+    return Scheduling(settings, db, schedules, clock, owner)
 
 
 async def jobs(db: Database) -> list[dict[str, Any]]:
@@ -179,7 +197,7 @@ async def test_two_schedulers_on_separate_connections_make_each_tick_once(
     assert made == 7
     assert await keys(db, "every") == at(1, 2, 3, 4, 5, 6, 7)
     # The leader stops (its lease given back): the other takes over from the last tick.
-    await first._release()
+    await first.maintainer.step_down()
     clock.set(10.3)
     assert await second.tick() == 3
     assert second.is_leader
@@ -210,7 +228,7 @@ async def test_clock_steps_and_restarts_never_make_a_tick_twice(
     await worker.tick()
     clock.set(3.5)
     assert await worker.tick() == 3
-    await worker._release()
+    await worker.maintainer.step_down()
 
     # A restarted worker whose clock stepped back two seconds: nothing again.
     clock.set(1.5)
@@ -303,18 +321,9 @@ async def test_list_shows_state_and_next_tick_and_undeclared_rows(
 
 def counting_scheduler(
     settings: Settings, db: Database, schedules: Sequence[Schedule], clock: Clock
-) -> tuple[Scheduler, CollectorRegistry]:
-    registry = CollectorRegistry()
-    worker = Scheduler(
-        settings,
-        db,
-        owner="a",
-        schedules=schedules,
-        metrics_registry=registry,
-        interval=1.0,
-        clock=clock,
-    )
-    return worker, registry
+) -> tuple[Scheduling, CollectorRegistry]:
+    worker = scheduler(settings, db, schedules, clock)
+    return worker, worker.registry
 
 
 def refusals(registry: CollectorRegistry, schedule: str, reason: str) -> float | None:
@@ -437,16 +446,8 @@ async def test_gauges_show_next_and_last_tick_and_pause_on_every_worker(
     schedules = declare(every=dict(cron="*/5 * * * * *"))
     clock = Clock(T0)
     leader = scheduler(settings, db, schedules, clock, owner="leader")
-    registry = CollectorRegistry()
-    follower = Scheduler(
-        settings,
-        second_db,
-        owner="follower",
-        schedules=schedules,
-        metrics_registry=registry,
-        interval=1.0,
-        clock=clock,
-    )
+    follower = scheduler(settings, second_db, schedules, clock, owner="follower")
+    registry = follower.registry
     await leader.tick()
     clock.set(5.5)
     await leader.tick()
@@ -470,13 +471,13 @@ def test_a_worker_runs_a_scheduler_only_with_schedules_and_refuses_bad_ones(
 ) -> None:
     plain = Worker(wsettings, health=False)
     assert plain.scheduler is None
-    assert "scheduler" not in {service.lease_name for service in plain.maintenance}
+    assert "scheduler" not in {service.name for service in plain.maintainer.services}
     declared = wsettings.model_copy(
         update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *"}}}
     )
     scheduling = Worker(declared, health=False)
     assert scheduling.scheduler is not None
-    assert scheduling.scheduler in scheduling.maintenance
+    assert scheduling.scheduler in scheduling.maintainer.services
     assert [s.name for s in scheduling.scheduler.schedules] == ["s"]
     bad = wsettings.model_copy(
         update={"schedules": {"s": {"job_type": "noop", "cron": "*/5 * * * *", "missed": "all"}}}

@@ -16,17 +16,18 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute
+from jobcore.maintenance import Sweeper
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
-from services.worker.sweeper import Sweeper
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
     HOUR,
     TAKE_OVER,
+    Maintenance,
     OutboxPump,
     backdate,
     effects,
@@ -66,6 +67,12 @@ SET_OUTBOX = Query(
     WHERE job_id = %(id)s
     """,
 )
+
+
+def sweeper(settings: Settings, db: Database, owner: str) -> Maintenance:
+    """A maintainer running only a sweeper."""
+    metrics = WorkerMetrics()
+    return Maintenance(db, owner, Sweeper.from_settings(settings, metrics=metrics), metrics=metrics)
 
 
 async def run(db: Database, query: Query, **params: Any) -> None:
@@ -119,8 +126,8 @@ async def test_a_job_whose_queue_was_purged_is_published_again_once_stale_and_ru
     assert purged.message_count == 1
 
     # Not stale yet: a sweeper leaves it alone (the message may only be slow).
-    early = Sweeper(wsettings, db, owner="early", metrics=WorkerMetrics(), interval=0.01)
-    assert await early.tick() == 0
+    early = sweeper(wsettings, db, "early")
+    assert await early.round() == 0
     worker = await start_worker()
     await backdate(db, job_id)
 
@@ -138,7 +145,7 @@ async def test_a_job_whose_queue_was_purged_is_published_again_once_stale_and_ru
     )
     assert note["silent_seconds"] >= 2 * HOUR - 60
     assert worker.metrics.counts["republished.stale"] == 1
-    assert worker.sweeper.is_leader
+    assert worker.maintainer.is_leader
 
     # The worker shows its sweeper's leadership and the counter.
     assert worker.health is not None
@@ -164,8 +171,8 @@ async def test_a_spare_copy_of_a_message_still_in_the_queue_is_harmless(
     assert await outbox_pump.drain() == 1  # the original waits in the queue: no worker yet
     await backdate(db, job_id)
 
-    sweeping = Sweeper(wsettings, db, owner="a", metrics=WorkerMetrics())
-    assert await sweeping.tick() == 1
+    sweeping = sweeper(wsettings, db, "a")
+    assert await sweeping.round() == 1
     [copy] = await outbox_rows(db, job_id)
     assert await outbox_pump.drain() == 1
     assert await queue_depth(wsettings, topology.queue_name("testq")) == 2
@@ -235,9 +242,9 @@ async def test_only_stranded_jobs_are_published_again_and_each_less_often(
     await backdate(db, untouched["republished"], 1.5 * HOUR)
 
     before = {name: await _state(db, job_id) for name, job_id in untouched.items()}
-    sweeping = Sweeper(wsettings, db, owner="a", metrics=WorkerMetrics())
-    assert await sweeping.tick() == 1
-    assert await sweeping.tick() == 0  # it has an outbox row now
+    sweeping = sweeper(wsettings, db, "a")
+    assert await sweeping.round() == 1
+    assert await sweeping.round() == 0  # it has an outbox row now
     assert {name: await _state(db, job_id) for name, job_id in untouched.items()} == before
     [message] = await outbox_rows(db, stranded)
     assert message["available_at"] <= message["created_at"]  # due at once
@@ -248,9 +255,9 @@ async def test_only_stranded_jobs_are_published_again_and_each_less_often(
     # Published, and silent again: the second republish waits two stalenesses.
     await run(db, FORGET_MESSAGES, id=stranded)
     await backdate(db, stranded, 1.5 * HOUR)
-    assert await sweeping.tick() == 0
+    assert await sweeping.round() == 0
     await backdate(db, stranded, HOUR)
-    assert await sweeping.tick() == 1
+    assert await sweeping.round() == 1
     row = await job_row(db, stranded)
     assert row["republish_count"] == 2
     assert row["message_note"]["count"] == 2
@@ -262,12 +269,12 @@ async def test_one_sweeper_at_a_time(db: Database, topology: Topology, wsettings
     await run(db, FORGET_MESSAGES, id=job_id)
     await backdate(db, job_id)
 
-    first = Sweeper(wsettings, db, owner="a", metrics=WorkerMetrics())
-    second = Sweeper(wsettings, db, owner="b", metrics=WorkerMetrics())
-    assert await first.tick() == 1
+    first = sweeper(wsettings, db, "a")
+    second = sweeper(wsettings, db, "b")
+    assert await first.round() == 1
     await run(db, FORGET_MESSAGES, id=job_id)
     await backdate(db, job_id, 10 * HOUR)  # stale again, but not the second sweeper's to take
-    assert await second.tick() == 0
+    assert await second.round() == 0
     assert not second.is_leader
     assert first.is_leader
     assert second.metrics.counts["republished.stale"] == 0
@@ -341,15 +348,15 @@ async def test_the_lease_holder_reports_how_long_due_jobs_have_waited(
     later = await submit(db, topology, "effect", EffectPayload(n=1))
     await set_job(db, later, due_in=HOUR)
     await backdate(db, later, 2 * HOUR)  # created long ago, but due in an hour
-    holder = Sweeper(wsettings, db, owner="a", metrics=WorkerMetrics())
-    standby = Sweeper(wsettings, db, owner="b", metrics=WorkerMetrics())
-    await holder.tick()
+    holder = sweeper(wsettings, db, "a")
+    standby = sweeper(wsettings, db, "b")
+    await holder.round()
     assert overdue(holder.metrics) is None  # no due job in any queue
 
     due = await submit(db, topology, "effect", EffectPayload(n=2))
     await backdate(db, due, HOUR)
-    await holder.tick()
-    await standby.tick()
+    await holder.round()
+    await standby.round()
     assert holder.is_leader
     assert not standby.is_leader
     waited = overdue(holder.metrics)
@@ -358,5 +365,5 @@ async def test_the_lease_holder_reports_how_long_due_jobs_have_waited(
     assert overdue(standby.metrics) is None  # only the holder measures
 
     await set_job(db, due, status="succeeded")
-    await holder.tick()
+    await holder.round()
     assert overdue(holder.metrics) == 0  # the queue no longer has one: back to 0

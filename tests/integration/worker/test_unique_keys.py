@@ -14,6 +14,7 @@ from jobcore.batch import BatchItem, ItemStatus, enqueue_many
 from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import enqueue
 from jobcore.errors import UniqueJobExists
+from jobcore.maintenance import Maintainer, Reaper, Rescuer
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
@@ -22,8 +23,6 @@ from jobcore.states import TERMINAL, JobStatus
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
-from services.worker.reaper import Reaper
-from services.worker.rescuer import Rescuer
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
     TAKE_OVER,
@@ -135,10 +134,8 @@ async def test_the_reaper_frees_the_key_of_a_job_it_ends_and_keeps_a_retried_one
         if cancel_requested:
             await execute(uow, CANCEL_REQUESTED({"id": job_id}))
         await uow.commit()
-    reaper = Reaper(
-        settings, db, registry=default_registry, owner="a", metrics=WorkerMetrics(), interval=1
-    )
-    assert await reaper.tick() == 1
+    reaper = Reaper.from_settings(settings, registry=default_registry, metrics=WorkerMetrics())
+    assert (await Maintainer(db, [reaper], owner="a").tick())["reaper"] == 1
     assert await job_status(db, job_id) == status
     assert await key_is_free(db, topology) is (status != "pending")
 
@@ -151,7 +148,8 @@ async def test_the_rescuer_frees_the_key_of_a_job_whose_message_was_quarantined(
         await execute(uow, QUARANTINE({"id": job_id}))
         await uow.commit()
     assert not await key_is_free(db, topology)
-    assert await Rescuer(settings, db, owner="a", metrics=WorkerMetrics()).tick() == 1
+    rescuer = Rescuer.from_settings(settings, metrics=WorkerMetrics())
+    assert (await Maintainer(db, [rescuer], owner="a").tick())["rescuer"] == 1
     assert await job_status(db, job_id) == "failed"
     assert await key_is_free(db, topology)
 

@@ -1,4 +1,4 @@
-"""The pruner (jobcore.retention): finished jobs past their retention, counted and
+"""The pruner (jobcore.maintenance.retention): finished jobs past their retention, counted and
 deleted in batches with what belongs to them.
 
 The pruner's *rules* are parallel arrays ``statuses``, ``types``, ``keep`` (seconds), one
@@ -17,7 +17,7 @@ from jobcore.sql import (
     Query,
 )
 
-# --- the pruner (jobcore.retention) -----------------------------------------------------
+# --- the pruner (jobcore.maintenance.retention) -----------------------------------------
 
 
 _RULES = """

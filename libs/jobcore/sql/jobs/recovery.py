@@ -184,7 +184,7 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
 )
 
 
-# --- anti-entropy (jobcore.stranded) ----------------------------------------------------
+# --- anti-entropy (jobcore.maintenance.stranded) ----------------------------------------
 
 
 class JobLockStaleParams(TypedDict):

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import Database, UnitOfWork, execute, fetch_one
+from jobcore.db import UnitOfWork, execute, fetch_one
 from jobcore.errors import JobcoreError
+from jobcore.maintenance.connection import Transactions
 from jobcore.objectstore import open_result_store
 from jobcore.results import ResultStore
 from jobcore.settings import Settings
@@ -163,7 +164,7 @@ class Retention:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        db: Transactions,
         *,
         store: ResultStore | None = None,
         batch_size: int | None = None,

@@ -1,6 +1,6 @@
 """Held jobs published again: one round of what the gate releaser does (jobcore.gates).
 
-Shared by the worker's gate releaser (services.worker.gates, under its maintenance lease)
+Shared by the gate releaser (jobcore.maintenance.gate_releaser, under the maintenance lease)
 and the testing kit's InlineWorker (which has no releaser running beside it).
 """
 

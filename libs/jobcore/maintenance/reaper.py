@@ -1,35 +1,36 @@
-"""The reaper: jobs whose lease expired go back to pending (or fail), one reaper at a time.
+"""The reaper: jobs whose lease expired go back to pending (or fail).
 
 A worker that died mid-handler stops heartbeating; once its lease expires, the job is
 returned to ``pending`` with ``last_error = 'lease expired'`` and a new outbox message
-for the next attempt, or ``failed`` if its attempts are used up. Every worker runs a
-reaper; only the holder of the ``reaper`` maintenance lease works
-(:mod:`services.worker.maintenance`).
+for the next attempt, or ``failed`` if its attempts are used up (``cancelled`` if its
+cancellation was requested). The maintenance leader's reaper does it
+(:mod:`jobcore.maintenance.maintainer`), every ``JOBCORE_WORKER_REAPER_INTERVAL``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, UnitOfWork
+from jobcore.db import UnitOfWork
 from jobcore.enqueue import job_message_row
+from jobcore.maintenance.base import BatchService, ServiceConfig
+from jobcore.maintenance.metrics import ReaperMetrics
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
+from jobcore.sql import CompletionParams
 from jobcore.store import JobReapExpiredParams, job_store
 from jobcore.webhooks import completion_params
-from services.worker.maintenance import BATCH_SIZE, MaintenanceService
-from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "reaper"
 LEASE_EXPIRED = "lease expired"
 _OUTCOME_WORDS = {
     "pending": "returned to pending",
@@ -42,32 +43,48 @@ async def _no_handler(_: Any) -> None:  # pragma: no cover - never called
     raise RuntimeError("placeholder job type used only to address a message")
 
 
-class Reaper(MaintenanceService):
-    name = "worker-reaper"
-    lease_name = LEASE_NAME
+@dataclass(frozen=True)
+class ReaperConfig(ServiceConfig):
+    variables: ClassVar = {"interval": "JOBCORE_WORKER_REAPER_INTERVAL"}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReaperConfig:
+        return cls(interval=settings.worker_reaper_interval)
+
+
+class Reaper(BatchService[ReaperConfig]):
+    name = "reaper"
 
     def __init__(
         self,
-        settings: Settings,
-        db: Database,
+        config: ReaperConfig,
         *,
+        topology: Topology,
+        completion: CompletionParams,
         registry: Registry,
-        owner: str,
-        metrics: WorkerMetrics,
-        interval: float | None = None,
+        metrics: ReaperMetrics,
     ) -> None:
-        super().__init__(
-            db,
-            owner=owner,
-            interval=interval if interval is not None else settings.worker_reaper_interval,
-        )
-        self.settings = settings
+        super().__init__(config)
+        self.topology = topology
+        self.completion = completion
         self.registry = registry
         self.metrics = metrics
-        self.topology = Topology.from_settings(settings)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, registry: Registry, metrics: ReaperMetrics
+    ) -> Reaper:
+        topology = Topology.from_settings(settings)
+        return cls(
+            ReaperConfig.from_settings(settings),
+            topology=topology,
+            completion=completion_params(topology, settings),
+            registry=registry,
+            metrics=metrics,
+        )
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        expired = await job_store.lock_expired(uow, {"limit": BATCH_SIZE})
+        expired = await job_store.lock_expired(uow, {"limit": self.config.batch_size})
         if not expired:
             return 0, []
         return len(expired), await job_store.reap_expired(uow, self._reap_params(expired))
@@ -100,7 +117,7 @@ class Reaper(MaintenanceService):
             if row["attempts"] < row["max_attempts"]
         ]
         return {
-            **completion_params(self.topology, self.settings),
+            **self.completion,
             "ids": [row["id"] for row in expired],
             "error": LEASE_EXPIRED,
             "channel": OUTBOX_CHANNEL,

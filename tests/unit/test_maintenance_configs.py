@@ -1,0 +1,83 @@
+"""Each maintenance service's config: built from the settings, frozen, and checked when
+built (one line naming the variable); the leader lease's life follows the services."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobcore.errors import ConfigurationError
+from jobcore.maintenance import (
+    GateReleaser,
+    GateReleaserConfig,
+    MaintainerConfig,
+    PrunerConfig,
+    ReaperConfig,
+    RescuerConfig,
+    SchedulerConfig,
+    SweeperConfig,
+    services_from_settings,
+)
+from jobcore.registry import Registry
+from jobcore.settings import Settings
+from services.worker.metrics import WorkerMetrics
+
+
+def one_line(error: pytest.ExceptionInfo[ConfigurationError]) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+def test_configs_come_from_the_settings_and_are_frozen() -> None:
+    settings = Settings(worker_reaper_interval=2.0, pruner_batch_size=50, sweeper_stale_after=90)
+    reaper = ReaperConfig.from_settings(settings)
+    assert (reaper.interval, reaper.batch_size, reaper.row_ttl) == (2.0, 500, 6.0)
+    pruner = PrunerConfig.from_settings(settings)
+    assert (pruner.interval, pruner.batch_size) == (60.0, 50)
+    assert SweeperConfig.from_settings(settings).stale_after == 90
+    assert RescuerConfig.from_settings(settings).interval == 30.0
+    assert SchedulerConfig.from_settings(settings).interval == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        reaper.interval = 1.0  # type: ignore[misc]
+
+
+def test_a_bad_value_is_refused_in_one_line_naming_its_variable() -> None:
+    with pytest.raises(ConfigurationError) as error:
+        ReaperConfig(interval=0)
+    assert one_line(error) == "JOBCORE_WORKER_REAPER_INTERVAL: must be above zero, not 0"
+    with pytest.raises(ConfigurationError) as error:
+        PrunerConfig(interval=60, batch_size=0)
+    assert one_line(error) == "JOBCORE_PRUNER_BATCH_SIZE: must be above zero, not 0"
+    with pytest.raises(ConfigurationError) as error:
+        ReaperConfig.from_settings(Settings()).replace(interval=-1.0)
+    assert one_line(error).startswith("JOBCORE_WORKER_REAPER_INTERVAL: must be above zero")
+
+
+def test_the_sweeper_staleness_must_be_longer_than_its_interval() -> None:
+    defaults = Settings()
+    assert (defaults.sweeper_interval, defaults.sweeper_stale_after) == (60.0, 3600.0)
+    settings = Settings(sweeper_interval=120, sweeper_stale_after=60)  # only the worker minds
+    with pytest.raises(ConfigurationError) as error:
+        services_from_settings(settings, registry=Registry(), metrics=WorkerMetrics())
+    assert one_line(error) == (
+        "JOBCORE_SWEEPER_STALE_AFTER: 60s must be longer than JOBCORE_SWEEPER_INTERVAL (120s): "
+        "the sweeper looks once per interval, so a shorter staleness would not mean what it says"
+    )
+
+
+def test_the_gate_releasers_own_row_outlives_its_short_rounds() -> None:
+    assert GateReleaserConfig(interval=0.2).row_ttl == 5.0
+    assert GateReleaserConfig(interval=10).row_ttl == 30.0
+
+
+def test_the_leader_lease_lasts_three_of_the_shortest_interval_and_at_least_five_seconds() -> None:
+    services = services_from_settings(Settings(), registry=Registry(), metrics=WorkerMetrics())
+    assert [s.name for s in services] == ["reaper", "rescuer", "pruner", "sweeper", "gate_releaser"]
+    assert MaintainerConfig.for_services(services).lease_ttl == 5.0  # the releaser's 0.2 s
+    slow = [GateReleaser(GateReleaserConfig(interval=4.0), topology=None, metrics=None)]  # type: ignore[arg-type]
+    assert MaintainerConfig.for_services(slow).lease_ttl == 12.0
+    assert MaintainerConfig.for_services(slow).renew_every == 4.0
+    with pytest.raises(ConfigurationError):
+        MaintainerConfig(lease_ttl=0)
