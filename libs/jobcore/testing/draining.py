@@ -48,6 +48,7 @@ from jobcore.db import Database, fetch_one, translate_errors
 from jobcore.enqueue import enqueue, job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PoisonMessage
+from jobcore.maintenance.releases import release_held
 from jobcore.objectstore import open_result_store
 from jobcore.outcomes import (
     CANCEL,
@@ -66,7 +67,6 @@ from jobcore.outcomes import (
 )
 from jobcore.payloads import read_payload, validate_payload
 from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
-from jobcore.maintenance.releases import release_held
 from jobcore.results import ResultNotFound
 from jobcore.store import (
     JOBS_CONSUMER,
