@@ -31,7 +31,6 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.scratch import database_url, scratch
@@ -39,6 +38,7 @@ from jobcore.settings import Settings
 from jobcore.testing.pipeline import FAST_ENV, Process, free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue import EnqueueRequest, enqueue
 
 BASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -57,9 +57,9 @@ async def fill(config: Settings, tenants: int, jobs: int) -> None:
                     await enqueue(
                         uow,
                         topology,
-                        tenant=f"t{n % tenants}",
-                        job_type=noop,
-                        payload=NoopPayload(),
+                        EnqueueRequest(
+                            tenant=f"t{n % tenants}", job_type=noop, payload=NoopPayload()
+                        ),
                     )
                 await uow.commit()
 

@@ -9,7 +9,8 @@ declaration against the registry at start-up; anything wrong is one
 :class:`ScheduleConfigError` naming the schedule and the field.
 
 This module is pure: tick arithmetic and validation, no database. Enqueueing the due ticks
-exactly once is :mod:`jobcore.scheduling`; the worker's scheduler runs it under a lease.
+exactly once is :mod:`jobcore.usecases.scheduling`; the worker's scheduler runs it under a
+lease.
 
 - **Missed ticks**: the ticks due since the last one enqueued, other than the latest, were
   missed (the workers were down, the clock jumped forward). ``skip`` enqueues the latest

@@ -382,7 +382,7 @@ schedules = Table(
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("updated_at", nullable=False, default_now=True),
     # The latest tick refused (a unique key held, a quota): when, which tick, and why
-    # (jobcore.scheduling.Refusal). The schedule moved on past it (migration 0020).
+    # (jobcore.usecases.scheduling.Refusal). The schedule moved on past it (migration 0020).
     _timestamp("last_refusal_at"),
     _timestamp("last_refused_tick"),
     Column("last_refusal_reason", Text),

@@ -4,9 +4,9 @@ Every worker runs it when schedules are declared (:mod:`jobcore.schedules`); onl
 holder of the ``scheduler`` maintenance lease (:mod:`services.worker.maintenance`)
 enqueues. Every ``JOBCORE_SCHEDULER_INTERVAL`` it reads the schedules' state and, for each
 schedule with a tick due, enqueues it in a transaction of its own that renews the lease
-(:func:`jobcore.scheduling.enqueue_due`): one job per tick however many workers run. A
-tick the enqueue refuses (its unique key held, its tenant's quota) is recorded and passed,
-and holds up neither the schedule's later ticks nor the other schedules.
+(:func:`jobcore.usecases.scheduling.enqueue_due`): one job per tick however many workers
+run. A tick the enqueue refuses (its unique key held, its tenant's quota) is recorded and
+passed, and holds up neither the schedule's later ticks nor the other schedules.
 
 Every worker, leader or not, refreshes the schedule gauges from the database each round,
 so each reports the same values (aggregate with ``max``).
@@ -25,14 +25,14 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, UnitOfWork
 from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.schedules import Schedule
-from jobcore.scheduling import (
+from jobcore.settings import Settings
+from jobcore.usecases.scheduling import (
     ScheduleRound,
     ScheduleState,
     enqueue_due,
     ensure_states,
     read_states,
 )
-from jobcore.settings import Settings
 from services.worker.maintenance import MaintenanceService
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Statements on ``schedules``: the state of each periodic job schedule (jobcore.scheduling).
+"""Statements on ``schedules``: the state of each periodic job schedule
+(jobcore.usecases.scheduling).
 
 ``last_tick`` only moves forward (``greatest``), so a clock that steps back never makes a
 tick again; the scheduler changes a row only under its lock (``SCHEDULE_LOCK``), in the

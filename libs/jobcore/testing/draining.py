@@ -48,7 +48,7 @@ from jobcore.attempts import (
 )
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one, translate_errors
-from jobcore.enqueue import enqueue, job_message_row
+from jobcore.enqueue import job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PermanentError, PoisonMessage
 from jobcore.objectstore import open_result_store
@@ -59,6 +59,7 @@ from jobcore.retry import backoff_delay
 from jobcore.store import JOBS_CONSUMER, Statement, job_store, outbox_store
 from jobcore.testing.inline import as_sent
 from jobcore.timeline import with_where
+from jobcore.usecases.enqueue import EnqueueRequest, enqueue
 from jobcore.webhooks import completion_params
 
 # Outbox rows taken per round, like one relay batch.
@@ -128,23 +129,21 @@ class InlineWorker:
         run_at: datetime | None = None,
         ordering_key: str | None = None,
     ) -> uuid.UUID:
-        """Enqueue a job as the API does (payload checked the same way, job and outbox row
-        in one statement, :func:`jobcore.enqueue.enqueue`); its id."""
+        """Enqueue a job as the API does (payload and request checked the same way, job and
+        outbox row in one statement, :func:`jobcore.usecases.enqueue.enqueue`); its id."""
         kind = self.registry.get(job_type)
-        model = validate_payload(kind, as_sent(payload))
+        request = EnqueueRequest(
+            tenant=tenant,
+            job_type=kind,
+            payload=validate_payload(kind, as_sent(payload)),
+            idempotency_key=idempotency_key,
+            entity_id=entity_id,
+            max_attempts=max_attempts,
+            run_at=run_at,
+            ordering_key=ordering_key,
+        )
         async with self.db.session() as session:
-            result = await enqueue(
-                session,
-                self.topology,
-                tenant=tenant,
-                job_type=kind,
-                payload=model,
-                idempotency_key=idempotency_key,
-                entity_id=entity_id,
-                max_attempts=max_attempts,
-                run_at=run_at,
-                ordering_key=ordering_key,
-            )
+            result = await enqueue(session, self.topology, request)
         return result.job_id
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:

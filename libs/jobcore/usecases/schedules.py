@@ -21,9 +21,9 @@ from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Target, audited
 from jobcore.db import Database, fetch_one
 from jobcore.schedules import Schedule, find
-from jobcore.scheduling import ScheduleState, enqueue_now, ensure_states, read_states
 from jobcore.settings import Settings
 from jobcore.sql.schedules import SCHEDULE_LOCK, SCHEDULE_SET_PAUSED
+from jobcore.usecases.scheduling import ScheduleState, enqueue_now, ensure_states, read_states
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class ScheduleStatus:
     # False: a state row left by a schedule no longer declared (it is ignored).
     declared: bool
     # The latest tick the enqueue refused (passed, not tried again), when and why
-    # (jobcore.scheduling.Refusal: unique_key, enqueue_rate, max_unfinished).
+    # (jobcore.usecases.scheduling.Refusal: unique_key, enqueue_rate, max_unfinished).
     last_refusal_at: datetime | None = None
     last_refused_tick: datetime | None = None
     last_refusal_reason: str | None = None

@@ -10,11 +10,11 @@ import aio_pika
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue import EnqueueRequest, enqueue
 from services.relay.relay import Relay
 from services.relay.room import REFILL_FRACTION
 from services.worker.app import Worker
@@ -244,9 +244,11 @@ async def _enqueue_echo(db: Database, topology: Topology, tenant: str, n: int) -
             result = await enqueue(
                 uow,
                 topology,
-                tenant=tenant,
-                job_type=default_registry.get("echo"),
-                payload=EchoPayload(text=f"{tenant}{i}"),
+                EnqueueRequest(
+                    tenant=tenant,
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text=f"{tenant}{i}"),
+                ),
             )
             ids.append(result.job_id)
         await uow.commit()
