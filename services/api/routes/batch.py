@@ -194,6 +194,7 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
     async def enqueue_batch(
         tenant: TenantDep,
         items: Annotated[CheckedItems, Depends(checked_items)],
+        # Each item's request holds it (checked_items); named here as /openapi.json has it.
         callback_url: CallbackUrlDep,
         db_session: SessionDep,
         state: StateDep,
