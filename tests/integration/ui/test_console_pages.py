@@ -260,9 +260,11 @@ async def test_the_list_pages_by_keyset_keeps_its_filters_and_filters_by_key(
         unique = await enqueue(
             uow,
             Topology.from_settings(settings),
-            tenant="acme",
-            job_type=job_type,
-            payload=job_type.validate_payload({"account": "A-1"}),
+            EnqueueRequest(
+                tenant="acme",
+                job_type=job_type,
+                payload=job_type.validate_payload({"account": "A-1"}),
+            ),
         )
         await uow.commit()
     answer = await client.get(
@@ -281,10 +283,12 @@ async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_doe
         result = await enqueue(
             uow,
             Topology.from_settings(settings),
-            tenant="acme",
-            job_type=job_type,
-            payload=job_type.validate_payload({"text": "first"}),
-            ordering_key="acct-1",
+            EnqueueRequest(
+                tenant="acme",
+                job_type=job_type,
+                payload=job_type.validate_payload({"text": "first"}),
+                ordering_key="acct-1",
+            ),
         )
         await uow.commit()
     job_id = str(result.job_id)

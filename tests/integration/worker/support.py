@@ -28,6 +28,7 @@ from jobcore.db import Database, execute, fetch_all
 from jobcore.enqueue import job_message_row
 from jobcore.maintenance import Maintainer, MaintenanceService
 from jobcore.registry import default_registry
+from jobcore.results import ResultStore
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
@@ -226,13 +227,23 @@ async def submit(
     topology: Topology,
     job_type: str,
     payload: BaseModel,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
     **kwargs: Any,
 ) -> uuid.UUID:
+    """Enqueue as the API does; ``kwargs`` are the request's fields, the two stores' options
+    are how it is written."""
     async with db.unit_of_work() as uow:
         request = EnqueueRequest(
             tenant="t", job_type=default_registry.get(job_type), payload=payload, **kwargs
         )
-        result = await enqueue(uow, topology, request)
+        result = await enqueue(
+            uow,
+            topology,
+            request,
+            payload_store=payload_store,
+            inline_payload_max_bytes=inline_payload_max_bytes,
+        )
         await uow.commit()
     return result.job_id
 
