@@ -11,7 +11,7 @@ A page asks for a table with a marker on a line of its own, ``<!-- generated: NA
 - ``bench``: every report `jobcore bench` wrote under ``docs/bench/``, with its plots (for
   a page one folder below ``docs/``);
 - ``bench-report FOLDER [SCENARIO]``: the table and plots of the one report ``jobcore bench
-  --out FOLDER`` wrote (``FOLDER`` is ``docs/bench`` or a folder right under it), with the
+  --out FOLDER`` wrote (``FOLDER`` is ``docs/bench`` or a folder under it), with the
   run's date and machine; with ``SCENARIO``, only that scenario's rows and plot. A page
   that discusses a run embeds its figures this way instead of typing them.
 
@@ -35,7 +35,7 @@ from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!-- generated: ([a-z]+) -->$", re.MULTILINE)
 BENCH_REPORT_MARKER = re.compile(
-    r"^<!-- generated: bench-report (docs/bench(?:/[a-z0-9-]+)?)(?: ([a-z_0-9]+))? -->$",
+    r"^<!-- generated: bench-report (docs/bench(?:/[a-z0-9-]+)*)(?: ([a-z_0-9]+))? -->$",
     re.MULTILINE,
 )
 # Anything that looks like a marker: one that matches neither pattern above is a typo that

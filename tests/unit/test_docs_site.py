@@ -98,12 +98,6 @@ PROSE_PAGES = sorted(
         ROOT / "docs" / "bench" / "measurements.md",
     ]
 )
-# Pages whose hand-typed figures are still to be moved into generated reports, each with
-# what holds them. A page is listed only while it still types figures (asserted below).
-NOT_YET_GENERATED = {
-    "docs/scaling.md": "the capacity model's tables and the history of the scale fixes",
-    "docs/how-to/retention.md": "sizing, and the batched deletes of scripts/measure_retention.py",
-}
 
 
 def typed_figures(text: str) -> list[str]:
@@ -146,9 +140,6 @@ def test_the_figure_pattern_tells_measurements_from_settings_and_targets() -> No
 def test_no_page_types_a_measured_figure(page: Path) -> None:
     name = page.relative_to(ROOT).as_posix()
     figures = typed_figures(page.read_text(encoding="utf-8"))
-    if name in NOT_YET_GENERATED:
-        assert figures, f"{name} types no figure now: drop it from NOT_YET_GENERATED"
-        return
     assert not figures, (
         f"{name} types measured figures (embed the report with "
         f"`<!-- generated: bench-report docs/bench/FOLDER -->` or link it): {figures}"
