@@ -31,12 +31,12 @@ from psycopg import sql
 from jobcore import migrate
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.maintenance.retention import Retention
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql.inbox import INBOX_PRUNE_BATCH
+from jobcore.submit import EnqueueRequest, enqueue
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "jobcore_measure_retention"
@@ -117,7 +117,9 @@ class Enqueuer:
                 started = time.monotonic()
                 async with db.session() as session:
                     await enqueue(
-                        session, topology, tenant="m", job_type=noop, payload=NoopPayload()
+                        session,
+                        topology,
+                        EnqueueRequest(tenant="m", job_type=noop, payload=NoopPayload()),
                     )
                 self.marks.append((started, time.monotonic() - started))
                 next_at += interval

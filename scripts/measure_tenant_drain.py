@@ -31,11 +31,11 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.scratch import database_url, scratch
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.pipeline import FAST_ENV, Process, free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
@@ -57,9 +57,9 @@ async def fill(config: Settings, tenants: int, jobs: int) -> None:
                     await enqueue(
                         uow,
                         topology,
-                        tenant=f"t{n % tenants}",
-                        job_type=noop,
-                        payload=NoopPayload(),
+                        EnqueueRequest(
+                            tenant=f"t{n % tenants}", job_type=noop, payload=NoopPayload()
+                        ),
                     )
                 await uow.commit()
 

@@ -1,4 +1,5 @@
-"""Enqueueing many jobs of one type at once: one multi-row insert for every item.
+"""Writing many jobs of one type at once: one multi-row insert for every item (the
+requests come checked from :func:`jobcore.submit.enqueue_many`).
 
 The items that are written are written together (their jobs and outbox rows commit in
 one transaction, the caller's); each item has its own outcome: created, replayed (its
@@ -44,9 +45,10 @@ MAX_BATCH_ITEMS = 1000
 
 @dataclass(frozen=True, slots=True)
 class BatchItem:
-    """One job of a batch, checked by the caller: ``payload`` is the validated payload as
-    JSON, ``fingerprint`` the :func:`jobcore.enqueue.request_fingerprint` of the item as
-    sent, ``unique_key`` the job's key (:func:`jobcore.enqueue.unique_key_of`)."""
+    """The columns of one job of a batch, from its
+    :class:`~jobcore.submit.EnqueueRequest`: ``payload`` is the validated
+    payload as JSON, ``fingerprint`` the request's, ``unique_key`` the key the job holds,
+    ``run_at`` when it is due."""
 
     payload: Any
     fingerprint: str
@@ -86,7 +88,7 @@ class BatchResult:
         return sum(1 for outcome in self.outcomes if outcome.status is status)
 
 
-async def enqueue_many(
+async def write_batch(
     uow: Session,
     topology: Topology,
     *,

@@ -1,7 +1,11 @@
-"""Enqueueing a job: the job row and its outbox message, written together.
+"""Writing an enqueue: the job row and its outbox message, in one statement, and what its
+answer means (created, a replay, a unique key taken, a quota refused).
 
 This is invariant 1 of docs/design.md in code: nothing here talks to the broker. The relay
-publishes the outbox row later; the NOTIFY in the same statement wakes it.
+publishes the outbox row later; the NOTIFY in the same statement wakes it. What is written
+comes from an :class:`~jobcore.submit.EnqueueRequest`, checked when it was built
+(:func:`jobcore.submit.enqueue` is the entry); the rows of a job message are
+built here for the retries, the reaper and the sweeper too.
 """
 
 from __future__ import annotations
@@ -10,9 +14,8 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -21,27 +24,23 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
-from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, UnitOfWork
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
     EnqueueRateExceeded,
     IdempotencyConflict,
-    InvalidPayload,
     QuotaExceeded,
     ServiceStateError,
     TooManyUnfinishedJobs,
     UniqueJobExists,
 )
 from jobcore.gates import gate_key
-from jobcore.priorities import Priority
-from jobcore.quotas import UNLIMITED, Quotas, RateLimit, Refusal, rate_headers
+from jobcore.quotas import RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
 from jobcore.sql import OutboxMessageParams
 from jobcore.states import JobStatus
 from jobcore.store import JobGateParams, JobInsertParams, job_store
-from jobcore.telemetry import capture_trace_headers
 from jobcore.wakeups import RelayWakeups
 
 log = logging.getLogger(__name__)
@@ -59,89 +58,9 @@ class EnqueueResult:
     rate_headers: dict[str, str] = field(default_factory=dict)
 
 
-def request_fingerprint(
-    payload: Any,
-    *,
-    callback_url: str | None = None,
-    run_at: datetime | None = None,
-    delay: float | None = None,
-    max_attempts: int | None = None,
-    entity_id: str | None = None,
-    unique_key: str | None = None,
-    priority: Priority | None = None,
-    ordering_key: str | None = None,
-) -> str:
-    """A stable hash of an enqueue request as the client sent it: the payload's JSON (key
-    order and whitespace do not matter) and every parameter that changes the job.
-    ``unique_key`` counts only when given, so requests without one hash as they did
-    before unique keys existed (their retries still replay).
-
-    ``payload`` is the parsed request body, not the validated model: a model that gains a
-    defaulted field in a deploy would otherwise change the fingerprint of a request the
-    client did not change, and its retry would be refused as a different request. ``delay``
-    is kept as sent (the same delay is the same request, whenever it is retried);
-    ``run_at`` as an instant in UTC. ``priority`` counts only when the request named one, so
-    the fingerprints of requests made before priorities existed do not change.
-    """
-    request: dict[str, Any] = {
-        "payload": payload,
-        "callback_url": callback_url,
-        "run_at": None if run_at is None else _instant(run_at),
-        "delay": delay,
-        "max_attempts": max_attempts,
-        "entity_id": entity_id,
-    }
-    if unique_key is not None:
-        request["unique_key"] = unique_key
-    if priority is not None:
-        request["priority"] = int(priority)
-    # Only when given, so the fingerprints of requests without one did not change.
-    if ordering_key is not None:
-        request["ordering_key"] = ordering_key
-    canonical = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(canonical).hexdigest()
-
-
-MAX_UNIQUE_KEY_LENGTH = 255
-
-
-class InvalidUniqueKey(InvalidPayload):
-    """A unique key is at most 255 characters."""
-
-    def __init__(self, loc: list[str | int], message: str) -> None:
-        self.errors: list[dict[str, Any]] = [{"loc": loc, "msg": message, "type": "unique_key"}]
-        super().__init__(message)
-
-
-def unique_key_of(job_type: JobType[Any], payload: Any, explicit: str | None) -> str | None:
-    """The job's unique key: ``explicit`` (the request's ``unique_key``), else the value of
-    the payload field the job type names (``unique_field``; a string as it is, anything
-    else as canonical JSON), else none. ``payload`` is the validated payload as JSON."""
-    if explicit is not None:
-        if not 1 <= len(explicit) <= MAX_UNIQUE_KEY_LENGTH or "\x00" in explicit:
-            raise InvalidUniqueKey(
-                ["query", "unique_key"], "a unique key is 1 to 255 characters, without NUL"
-            )
-        return explicit
-    if job_type.unique_field is None:
-        return None
-    value = payload.get(job_type.unique_field) if isinstance(payload, dict) else None
-    if value is None:
-        return None
-    key = value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    if isinstance(key, bytes):
-        key = key.decode()
-    if len(key) > MAX_UNIQUE_KEY_LENGTH:
-        raise InvalidUniqueKey(
-            ["body", job_type.unique_field],
-            f"the job type's unique key is this field, at most {MAX_UNIQUE_KEY_LENGTH} "
-            "characters (as JSON unless a string)",
-        )
-    return key
-
-
 def legacy_fingerprint(payload: BaseModel) -> str:
-    """The fingerprint of jobs enqueued before :func:`request_fingerprint`: the validated
+    """The fingerprint of jobs enqueued before
+    :func:`~jobcore.submit.request_fingerprint`: the validated
     payload alone. A retry of such a job after the upgrade still finds it (the two hash
     different inputs, so a newer job never matches this one). Can go once every job from
     before the upgrade has been pruned."""
@@ -165,10 +84,6 @@ def job_gates(
         "ordering_seq": None,
         "ordering_blocks": job_type.ordering == "block",
     }
-
-
-def _instant(when: datetime) -> str:
-    return (when.astimezone(UTC) if when.tzinfo is not None else when).isoformat()
 
 
 def job_message_row(
@@ -211,139 +126,15 @@ def message_row(
     }
 
 
-async def enqueue(
-    uow: Session,
-    topology: Topology,
-    *,
-    tenant: str,
-    job_type: JobType[Any],
-    payload: BaseModel,
-    idempotency_key: str | None = None,
-    entity_id: str | None = None,
-    max_attempts: int | None = None,
-    run_at: datetime | None = None,
-    callback_url: str | None = None,
-    fingerprint: str | None = None,
-    quotas: Quotas = UNLIMITED,
-    unique_key: str | None = None,
-    priority: Priority | None = None,
-    origin: Mapping[str, str] | None = None,
-    ordering_key: str | None = None,
-    ordering_seq: int | None = None,
-    key_id: uuid.UUID | None = None,
-    wakeups: RelayWakeups | None = None,
-    payload_store: ResultStore | None = None,
-    inline_payload_max_bytes: int | None = None,
-) -> EnqueueResult:
-    """Write a pending job and its outbox message through ``uow``.
-
-    The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
-    commit together on their own; in a unit of work, the caller commits.
-
-    With an idempotency key already used for this tenant and type, returns the existing
-    job (``replayed``) when the request's ``fingerprint`` is the same, and raises
-    :class:`IdempotencyConflict` when it differs. The API passes the
-    :func:`request_fingerprint` of the request as sent; without one, it is taken from
-    the validated payload and these arguments. ``callback_url`` (checked by the caller)
-    receives the completion webhook; without one, the tenant's default endpoint does.
-    ``quotas``: the defaults for a tenant without overrides (``tenant_quotas``); over its
-    rate limit or its cap of unfinished jobs the job is not written and
-    :class:`EnqueueRateExceeded` or :class:`TooManyUnfinishedJobs` is raised, except for a
-    replay, which answers its job whatever the quotas. ``priority``: the job type's default
-    unless given (:mod:`jobcore.priorities`). ``origin`` goes into the job's ``accepted``
-    event (the schedule that enqueued it, the job it retries): a few short strings, never
-    payload data. Jobs of the tenant with the same ``ordering_key`` start one after
-    another in enqueue order (:mod:`jobcore.gates`); ``ordering_seq`` puts the job at a
-    given place in its key (the retry of a failed job that still blocks its key takes
-    that job's place, :func:`jobcore.usecases.jobs.retry_job`) instead of the next one.
-    ``key_id``: the API key the request came with, checked usable in the statement that
-    writes (:class:`~jobcore.apikeys.InvalidApiKey` if it is revoked or
-    expired by then, and nothing is written).
-
-    ``wakeups``: on a session, while other enqueues of the process are in flight, the
-    statement does not NOTIFY the relays; they are woken through it once the job
-    committed (why: :mod:`jobcore.wakeups`). Alone, in a unit of work, or without it, the
-    statement NOTIFYs, and the relays hear it when it commits.
-
-    ``unique_key`` (else the job type's ``unique_field`` of the payload,
-    :func:`unique_key_of`): while a pending or running job of this tenant and type holds
-    the same key, no job is written and :class:`UniqueJobExists` names that job (checked
-    after the idempotency key: a replay is answered as a replay). Neither uses quota.
-
-    ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
-    is stored there first (``payloads/<job id>.json``) and the row keeps its key in
-    ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
-    store cannot take it. An upload whose job is not written (refused, replayed, the
-    statement failed) is deleted at once when possible, else by the pruner's sweep.
-    """
-    trace = capture_trace_headers()
-    document = payload.model_dump(mode="json")
-    key = unique_key_of(job_type, document, unique_key)
-    if fingerprint is None:
-        fingerprint = request_fingerprint(
-            document,
-            callback_url=callback_url,
-            run_at=run_at,
-            max_attempts=max_attempts,
-            entity_id=entity_id,
-            unique_key=unique_key,
-            priority=priority,
-            ordering_key=ordering_key,
-        )
-    job_id = uuid.uuid4()
-    payload_ref: str | None = None
-    if payload_store is not None and inline_payload_max_bytes is not None:
-        encoded = orjson.dumps(document)
-        if len(encoded) > inline_payload_max_bytes:
-            payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, encoded)
-    params: JobInsertParams = {
-        "id": job_id,
-        "tenant": tenant,
-        "type": job_type.name,
-        "queue": job_type.queue,
-        "idempotency_key": idempotency_key,
-        "key_id": key_id,
-        "payload_fingerprint": fingerprint,
-        "payload": Jsonb({} if payload_ref is not None else document),
-        "payload_ref": payload_ref,
-        "entity_id": entity_id,
-        "max_attempts": max_attempts or job_type.max_attempts,
-        "priority": int(job_type.priority if priority is None else priority),
-        "run_at": run_at,
-        "callback_url": callback_url,
-        "event_detail": Jsonb(dict(origin or {})),
-        "traceparent": trace.get("traceparent"),
-        "tracestate": trace.get("tracestate"),
-        "channel": OUTBOX_CHANNEL,
-        "notify": True,
-        "default_rate": quotas.enqueue_rate,
-        "default_burst": quotas.enqueue_burst,
-        "default_max_unfinished": quotas.max_unfinished,
-        "default_max_long_polls": quotas.max_long_polls,
-        "unique_key": key,
-        **job_gates(job_type, tenant=tenant, payload=document, ordering_key=ordering_key),
-        "ordering_seq": ordering_seq,
-        **job_message_row(
-            topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
-        ),
-    }
-    if payload_ref is None or payload_store is None:
-        return await _write(uow, params, legacy=payload, wakeups=wakeups)
-    try:
-        outcome = await _write(uow, params, legacy=payload, wakeups=wakeups)
-    except (InvalidApiKey, QuotaExceeded, IdempotencyConflict, UniqueJobExists):
-        # Refused: no job was written. After any other error (a lost connection, a
-        # cancellation) the job may have committed: the sweep decides, by its row.
-        await _forget_upload(payload_store, payload_ref)
-        raise
-    if outcome.job_id != job_id:  # a replay answered with the earlier job
-        await _forget_upload(payload_store, payload_ref)
-    return outcome
-
-
-async def _write(
+async def write_job(
     uow: Session, params: JobInsertParams, *, legacy: BaseModel, wakeups: RelayWakeups | None
 ) -> EnqueueResult:
+    """Insert the job ``params`` describe, with its outbox message, and answer for it:
+    created, or the job its idempotency key names (``replayed``; ``legacy``: the
+    validated payload, for a job from before request fingerprints), or
+    :class:`~jobcore.errors.IdempotencyConflict`, :class:`~jobcore.errors.UniqueJobExists`,
+    a :class:`~jobcore.errors.QuotaExceeded`, :class:`~jobcore.apikeys.InvalidApiKey`.
+    ``wakeups``: see :func:`jobcore.submit.enqueue`."""
     if wakeups is None or isinstance(uow, UnitOfWork):
         return await _insert_until_answered(uow, params, legacy=legacy)
     with wakeups.enqueuing() as alone:
@@ -354,7 +145,7 @@ async def _write(
     return outcome
 
 
-async def _forget_upload(store: ResultStore, key: str) -> None:
+async def forget_upload(store: ResultStore, key: str) -> None:
     """Delete a payload upload whose job was not written; on failure the pruner's sweep
     deletes it (jobcore.maintenance.retention)."""
     try:
@@ -385,9 +176,8 @@ UNIQUE_KEY_TRIES = 3
 async def _insert(
     uow: Session, params: JobInsertParams, *, legacy: BaseModel
 ) -> EnqueueResult | None:
-    """One try of :func:`enqueue`: its answer, or None when the unique key it found taken
-    is free again. ``legacy``: the payload, for a replay of a job from before
-    :func:`request_fingerprint`."""
+    """One try of :func:`write_job`: its answer, or None when the unique key it found
+    taken is free again."""
     tenant, job_type = params["tenant"], params["type"]
     idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
     fingerprint = params["payload_fingerprint"]

@@ -45,6 +45,35 @@ class InvalidPayload(JobcoreError):
     """The payload does not validate against the job type's model."""
 
 
+class InvalidField(JobcoreError):
+    """A field of the request is invalid."""
+
+    def __init__(
+        self, field: str, reason: str, *, kind: str, path: tuple[str | int, ...] = ()
+    ) -> None:
+        # The field by its name in the request (``run_at``, ``unique_key``, ``payload``),
+        # where in it (a path in the payload), why, and what kind of error that is. Where
+        # the field came from (a query parameter, a batch item) is the caller's to say.
+        self.field = field
+        self.path = path
+        self.reason = reason
+        self.kind = kind
+        where = ".".join(str(part) for part in (field, *path))
+        super().__init__(f"{where}: {reason}")
+
+
+class InvalidIdempotencyKey(InvalidField):
+    """An idempotency key is 1 to 255 printable ASCII characters."""
+
+    def __init__(self) -> None:
+        reason = "an idempotency key is 1 to 255 printable ASCII characters"
+        super().__init__("idempotency_key", reason, kind="idempotency_key")
+
+
+class InvalidUniqueKey(InvalidPayload, InvalidField):
+    """A unique key is 1 to 255 characters, without NUL."""
+
+
 class IdempotencyConflict(JobcoreError):
     """That idempotency key was already used with a different request."""
 

@@ -18,12 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
-from jobcore.enqueue import InvalidUniqueKey
 from jobcore.errors import (
     DatabaseUnavailable,
     EnqueueRateExceeded,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidField,
+    InvalidIdempotencyKey,
     InvalidPayload,
     JobcoreError,
     JobNotCancellable,
@@ -68,10 +69,6 @@ class BodyTooLarge(JobcoreError):
     """The request body is larger than allowed."""
 
 
-class InvalidIdempotencyKey(JobcoreError):
-    """An Idempotency-Key is 1 to 255 printable ASCII characters."""
-
-
 class InvalidCursor(JobcoreError):
     """The cursor is not one this API handed out."""
 
@@ -82,6 +79,27 @@ class InvalidRequest(JobcoreError):
     def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
         self.errors = errors
         super().__init__(message)
+
+
+class InvalidPayloadField(InvalidPayload):
+    """The payload is invalid."""
+
+    def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
+        self.errors = errors
+        super().__init__(message)
+
+
+def located(exc: InvalidField, where: list[str | int] | None) -> JobcoreError:
+    """The API's error for a request field the library refused, located at ``where``
+    (where this request carries the field: ``["query", "run_at"]``, ``["body"]``, a batch
+    item's) and the field's own path (a payload field's name). ``where`` None: the field
+    is a header, which the problem's type names (``exc`` itself, no ``errors``)."""
+    if where is None:
+        return exc
+    errors = [{"loc": [*where, *exc.path], "msg": exc.reason, "type": exc.kind}]
+    if isinstance(exc, InvalidPayload):
+        return InvalidPayloadField(errors, exc.reason)
+    return InvalidRequest(errors)
 
 
 # --- The mapping ----------------------------------------------------------------------
@@ -126,6 +144,8 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     UnsupportedMediaType: ProblemType(415, "unsupported-media-type", "Unsupported media type"),
     InvalidPayload: ProblemType(422, "invalid-payload", "Invalid payload"),
     InvalidRequest: ProblemType(422, "invalid-request", "Invalid request"),
+    # A field not located by its route (located() does): named as the library names it.
+    InvalidField: ProblemType(422, "invalid-request", "Invalid request"),
     IdempotencyConflict: ProblemType(
         422, "idempotency-key-reused", "Idempotency key reused with a different request"
     ),
@@ -138,8 +158,10 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     ServiceStateError: ProblemType(503, "unavailable", "Service unavailable"),
 }
 
-# Errors whose own message is not for clients (it names hosts, URLs, internals).
+# Errors whose own message is not for clients (it names hosts, URLs, internals; or a
+# field by the library's name where the API takes a header).
 _GENERIC_DETAIL: dict[str, str] = {
+    "invalid-idempotency-key": "An Idempotency-Key is 1 to 255 printable ASCII characters.",
     UNAVAILABLE.slug: "the database cannot be reached; retry later",
     "unavailable": "the service cannot take requests right now; retry later",
     "store-unavailable": "the object store cannot be reached; retry later",
@@ -236,8 +258,13 @@ def _problem_parts(exc: JobcoreError) -> tuple[ProblemType, dict[str, Any], dict
     kind = problem_type_for(exc)
     extensions: dict[str, Any] = {}
     headers: dict[str, str] = {}
-    if isinstance(exc, InvalidPayloadError | InvalidRequest | UnstorablePayload | InvalidUniqueKey):
+    if isinstance(
+        exc, InvalidPayloadError | InvalidRequest | UnstorablePayload | InvalidPayloadField
+    ):
         extensions["errors"] = _field_errors(exc.errors)
+    elif isinstance(exc, InvalidField) and not isinstance(exc, InvalidIdempotencyKey):
+        loc = [exc.field, *exc.path]
+        extensions["errors"] = _field_errors([{"loc": loc, "msg": exc.reason, "type": exc.kind}])
     if isinstance(exc, JobNotCancellable | ResultNotReady):
         extensions["job_status"] = exc.job_status
     if isinstance(exc, UniqueJobExists):

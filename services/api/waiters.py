@@ -37,10 +37,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from psycopg.rows import DictRow
 
 from jobcore.channels import JOB_PROGRESS_CHANNEL
-from jobcore.db import Database, execute, fetch_all
+from jobcore.db import Database
 from jobcore.service import Service
 from jobcore.settings import Settings
-from jobcore.sql.jobs.reads import JOB_DONE_LISTEN, JOB_GET_WAITED, JOB_PROGRESS_LISTEN
+from jobcore.usecases.waiting import WaitedJob, listen_for_jobs, read_waited_jobs
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,6 @@ RECONNECT_CAP = 5.0
 FALLBACK_POLL_SECONDS = 1.0
 # Most jobs one re-read statement asks for.
 MAX_READ_BATCH = 500
-
-WaitedJob = tuple[str, uuid.UUID]  # (tenant, job id)
 
 
 class JobReads:
@@ -82,13 +80,7 @@ class JobReads:
             wanted = list({key for key, _ in batch})
             try:
                 async with db.connection() as conn:
-                    found = await fetch_all(
-                        conn,
-                        JOB_GET_WAITED(
-                            {"ids": [j for _, j in wanted], "tenants": [t for t, _ in wanted]}
-                        ),
-                    )
-                    rows = {(row["tenant"], row["id"]): row for row in found}
+                    rows = await read_waited_jobs(conn, wanted)
             except Exception as exc:  # each waiter answers it (a 503 for DatabaseUnavailable)
                 for _, future in batch:
                     if not future.done():
@@ -230,8 +222,7 @@ class JobWaiters(Service):
             connect_timeout=max(1, int(self.settings.db_connect_timeout)),
         )
         try:
-            await execute(conn, JOB_DONE_LISTEN({}))
-            await execute(conn, JOB_PROGRESS_LISTEN({}))
+            await listen_for_jobs(conn)
             self.listening = True
             log.info("long-poll listener connected")
             # A job may have finished while nobody listened: everyone re-reads.

@@ -19,10 +19,10 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.priorities import Priority
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
@@ -98,10 +98,12 @@ async def test_a_high_job_starts_within_one_claim_batch_of_a_10k_low_backlog(
             high = await enqueue(
                 uow,
                 topology,
-                tenant="t",
-                job_type=default_registry.get("echo"),
-                payload=EchoPayload(text="high"),
-                priority=Priority.HIGH,
+                EnqueueRequest(
+                    tenant="t",
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text="high"),
+                    priority=Priority.HIGH,
+                ),
             )
             await uow.commit()
 

@@ -15,10 +15,10 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.waiting import eventually
 from jobcore.wakeups import RelayWakeups
 
@@ -63,10 +63,7 @@ async def enqueue_on_session(
         await enqueue(
             session,
             topology,
-            tenant="t",
-            job_type=NOOP,
-            payload=NoopPayload(),
-            idempotency_key=key,
+            EnqueueRequest(tenant="t", job_type=NOOP, payload=NoopPayload(), idempotency_key=key),
             wakeups=wakeups,
         )
 
@@ -99,7 +96,10 @@ async def test_in_a_unit_of_work_the_statement_notifies_and_asks_for_no_wakeup(
     with wakeups.enqueuing():
         async with db.unit_of_work() as uow:
             await enqueue(
-                uow, topology, tenant="t", job_type=NOOP, payload=NoopPayload(), wakeups=wakeups
+                uow,
+                topology,
+                EnqueueRequest(tenant="t", job_type=NOOP, payload=NoopPayload()),
+                wakeups=wakeups,
             )
             await uow.commit()
     await send_marker(db)

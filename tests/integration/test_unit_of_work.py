@@ -12,7 +12,6 @@ from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one
-from jobcore.enqueue import enqueue
 from jobcore.envelope import decode
 from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
 from jobcore.jobtypes import NoopPayload
@@ -20,6 +19,7 @@ from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.reads import JOB_GET
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 
@@ -42,17 +42,23 @@ async def counts(db: Database) -> tuple[int, int]:
 async def test_unit_of_work_rolls_back_unless_committed(db: Database, topology: Topology) -> None:
     noop = default_registry.get("noop")
     async with db.unit_of_work() as uow:
-        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await enqueue(
+            uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+        )
     assert await counts(db) == (0, 0)
 
     with pytest.raises(RuntimeError):
         async with db.unit_of_work() as uow:
-            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+            await enqueue(
+                uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+            )
             raise RuntimeError("boom")
     assert await counts(db) == (0, 0)
 
     async with db.unit_of_work() as uow:
-        result = await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        result = await enqueue(
+            uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+        )
         await uow.commit()
     assert await counts(db) == (1, 1)
     async with db.unit_of_work() as uow:
@@ -73,10 +79,9 @@ async def test_enqueue_writes_a_job_message_and_notifies(
         result = await enqueue(
             uow,
             topology,
-            tenant="t",
-            job_type=echo,
-            payload=EchoPayload(text="hi"),
-            entity_id="order-1",
+            EnqueueRequest(
+                tenant="t", job_type=echo, payload=EchoPayload(text="hi"), entity_id="order-1"
+            ),
         )
         await uow.commit()
     notify = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
@@ -103,10 +108,9 @@ async def test_idempotency_key_replays_and_conflicts(db: Database, topology: Top
             result = await enqueue(
                 uow,
                 topology,
-                tenant="t",
-                job_type=echo,
-                payload=EchoPayload(text=text),
-                idempotency_key=key,
+                EnqueueRequest(
+                    tenant="t", job_type=echo, payload=EchoPayload(text=text), idempotency_key=key
+                ),
             )
             await uow.commit()
         return result.job_id
@@ -146,15 +150,21 @@ async def test_a_session_commits_each_statement_and_opens_transactions_on_its_co
     noop = default_registry.get("noop")
     async with db.session() as session:
         # The enqueue is one statement: on a session it is committed when it returns.
-        await enqueue(session, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await enqueue(
+            session, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+        )
         assert await counts(db) == (1, 1)
         pid = session.connection.info.backend_pid
         async with session.transaction() as uow:
             assert uow.connection.info.backend_pid == pid
-            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+            await enqueue(
+                uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+            )
         assert await counts(db) == (1, 1)  # not committed: rolled back
         async with session.transaction() as uow:
-            await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+            await enqueue(
+                uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+            )
             await uow.commit()
         # The session's connection is still checked out and usable after its transactions.
         assert session.connection.info.backend_pid == pid
@@ -203,7 +213,9 @@ async def test_a_failed_transaction_on_a_session_rolls_back_and_leaves_it_usable
         pid = session.connection.info.backend_pid
         with pytest.raises(RuntimeError):
             async with session.transaction() as uow:
-                await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+                await enqueue(
+                    uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+                )
                 raise RuntimeError("boom")
         assert session.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         async with session.transaction():
@@ -255,7 +267,9 @@ async def test_a_unit_of_work_can_begin_with_its_first_statement(
     noop = default_registry.get("noop")
     async with db.unit_of_work(begin_with_first_statement=True) as uow:
         first = await fetch_one(uow, TXID({}))
-        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await enqueue(
+            uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+        )
         second = await fetch_one(uow, TXID({}))
     # One transaction (BEGIN went out with the first statement), rolled back on exit.
     assert first is not None
@@ -264,7 +278,9 @@ async def test_a_unit_of_work_can_begin_with_its_first_statement(
     assert await counts(db) == (0, 0)
 
     async with db.unit_of_work(begin_with_first_statement=True) as uow:
-        await enqueue(uow, topology, tenant="t", job_type=noop, payload=NoopPayload())
+        await enqueue(
+            uow, topology, EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+        )
         await uow.commit()
     assert await counts(db) == (1, 1)
 

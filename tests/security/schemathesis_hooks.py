@@ -28,9 +28,9 @@ from typing import Any
 import schemathesis
 from schemathesis import GenerationMode
 
+from jobcore.submit import MAX_SCHEDULE_AHEAD
 from services.api.callbacks import CALLBACK_URL_PATTERN
 from services.api.cursor import encode_cursor
-from services.api.operations import MAX_SCHEDULE_AHEAD
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
 # Discard (port 9) on loopback: nothing is delivered, no worker runs during the test.

@@ -16,10 +16,10 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.results import LocalResultStore
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 
 PAYLOADS: dict[str, BaseModel] = {"echo": EchoPayload(text="x"), "noop": NoopPayload()}
@@ -72,9 +72,9 @@ async def make_job(
             await enqueue(
                 uow,
                 topology,
-                tenant="t",
-                job_type=default_registry.get(job_type),
-                payload=PAYLOADS[job_type],
+                EnqueueRequest(
+                    tenant="t", job_type=default_registry.get(job_type), payload=PAYLOADS[job_type]
+                ),
             )
         ).job_id
         await uow.commit()

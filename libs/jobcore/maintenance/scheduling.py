@@ -1,4 +1,5 @@
-"""Enqueueing a schedule's due ticks, one job per tick, through the usual enqueue path.
+"""Enqueueing a schedule's due ticks, one job per tick, through the enqueue use case
+(:func:`jobcore.submit.enqueue`).
 
 One transaction per schedule: its state row locked (``schedules``), a job for each tick
 the missed-tick policy keeps (:meth:`jobcore.schedules.Schedule.due`), with the tick as
@@ -25,7 +26,7 @@ from typing import Any
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Session, UnitOfWork, execute, fetch_all, fetch_one
-from jobcore.enqueue import EnqueueResult, enqueue
+from jobcore.enqueue import EnqueueResult
 from jobcore.errors import IdempotencyConflict, QuotaExceeded, UniqueJobExists
 from jobcore.quotas import Quotas
 from jobcore.schedules import Schedule, tick_key
@@ -36,6 +37,7 @@ from jobcore.sql.schedules import (
     SCHEDULE_LOCK,
     ScheduleAdvanceParams,
 )
+from jobcore.submit import EnqueueRequest, enqueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +176,7 @@ async def _enqueue_tick(
 async def _enqueue_tick_job(
     uow: UnitOfWork, topology: Topology, schedule: Schedule, tick: datetime, quotas: Quotas
 ) -> EnqueueResult:
-    return await enqueue(
-        uow,
-        topology,
+    request = EnqueueRequest(
         tenant=schedule.tenant,
         job_type=schedule.job_type,
         payload=schedule.payload,
@@ -184,9 +184,9 @@ async def _enqueue_tick_job(
         entity_id=schedule.entity_id,
         max_attempts=schedule.max_attempts,
         run_at=schedule.run_at(tick),
-        quotas=quotas,
         origin={"schedule": schedule.name},
     )
+    return await enqueue(uow, topology, request, quotas=quotas)
 
 
 async def enqueue_now(
@@ -194,14 +194,12 @@ async def enqueue_now(
 ) -> EnqueueResult:
     """One job of ``schedule`` now, outside its ticks (``jobcore schedules trigger``): no
     idempotency key, and the schedule's state is left as it is."""
-    return await enqueue(
-        uow,
-        topology,
+    request = EnqueueRequest(
         tenant=schedule.tenant,
         job_type=schedule.job_type,
         payload=schedule.payload,
         entity_id=schedule.entity_id,
         max_attempts=schedule.max_attempts,
-        quotas=quotas,
         origin={"schedule": schedule.name, "triggered": "by hand"},
     )
+    return await enqueue(uow, topology, request, quotas=quotas)

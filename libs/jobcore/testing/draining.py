@@ -45,7 +45,7 @@ from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.attempts import call_handler
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, fetch_one, translate_errors
-from jobcore.enqueue import enqueue, job_message_row
+from jobcore.enqueue import job_message_row
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PoisonMessage
 from jobcore.maintenance.releases import release_held
@@ -76,6 +76,7 @@ from jobcore.store import (
     job_store,
     outbox_store,
 )
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.inline import as_sent
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
@@ -153,22 +154,24 @@ class InlineWorker:
         run_at: datetime | None = None,
         ordering_key: str | None = None,
     ) -> uuid.UUID:
-        """Enqueue a job as the API does (payload checked the same way, job and outbox row
-        in one statement, :func:`jobcore.enqueue.enqueue`); its id."""
+        """Enqueue a job as the API does (payload and request checked the same way, job and
+        outbox row in one statement, :func:`jobcore.submit.enqueue`); its id."""
         kind = self.registry.get(job_type)
-        model = validate_payload(kind, as_sent(payload))
+        request = EnqueueRequest(
+            tenant=tenant,
+            job_type=kind,
+            payload=validate_payload(kind, as_sent(payload)),
+            idempotency_key=idempotency_key,
+            entity_id=entity_id,
+            max_attempts=max_attempts,
+            run_at=run_at,
+            ordering_key=ordering_key,
+        )
         async with self.db.session() as session:
             result = await enqueue(
                 session,
                 self.topology,
-                tenant=tenant,
-                job_type=kind,
-                payload=model,
-                idempotency_key=idempotency_key,
-                entity_id=entity_id,
-                max_attempts=max_attempts,
-                run_at=run_at,
-                ordering_key=ordering_key,
+                request,
                 payload_store=self.result_store,
                 inline_payload_max_bytes=self.settings.inline_payload_max_bytes,
             )

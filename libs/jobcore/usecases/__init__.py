@@ -1,6 +1,14 @@
 """What operators and clients can do, one typed function each: the HTTP routes, every
 `jobcore` command and the web console call the same functions.
 
+- :mod:`~jobcore.submit`: enqueue one job or a batch, each from an
+  :class:`~jobcore.submit.EnqueueRequest` (its fields checked, its fingerprint
+  computed, when it is built): the API, the scheduler, retries and the testing kit. It is
+  a use case that lives one level down, beside this package, because the maintenance
+  package's scheduler enqueues too;
+- :mod:`~jobcore.usecases.reads`: a tenant's reads of its jobs (one, a page, a result);
+- :mod:`~jobcore.usecases.waiting`: what a long-poll reads (the job and its tenant's cap of
+  long-polls, the jobs waited for) and listens to;
 - :mod:`~jobcore.usecases.jobs`: cancel, retry, unblock, list (the held ones too), show and
   republish stale jobs;
 - :mod:`~jobcore.usecases.timeline`: a job's events and where it is now;
@@ -9,7 +17,8 @@
 - :mod:`~jobcore.usecases.dlq`: list and replay dead letters;
 - :mod:`~jobcore.usecases.keys`: create, list, revoke and rotate API keys;
 - :mod:`~jobcore.usecases.quotas`: tenants' quota overrides, effective quotas and usage;
-- :mod:`~jobcore.usecases.webhooks`: signing secrets, deliveries (redeliver), endpoints;
+- :mod:`~jobcore.usecases.webhooks`: signing secrets, deliveries (a job's, redeliver),
+  endpoints;
 - :mod:`~jobcore.usecases.schedules`: list, pause, resume and trigger periodic jobs;
 - :mod:`~jobcore.usecases.pauses`: pause and resume a queue or a job type;
 - :mod:`~jobcore.usecases.prune`: retention by hand;
@@ -17,8 +26,9 @@
 - :mod:`~jobcore.usecases.console`: what only the web console reads (its overview, the
   job search).
 
-Each takes the :class:`~jobcore.db.Database` (or a unit of work, when the caller's
-transaction must include it) and typed arguments, returns a typed result and raises
-:class:`~jobcore.errors.JobcoreError` subclasses; the caller turns those into an HTTP
-problem or one line on stderr. Invariants they keep: docs/design.md.
+Each takes the :class:`~jobcore.db.Database` (or a session or unit of work, when the
+caller's transaction or connection must include it) and typed arguments, returns a typed
+result and raises :class:`~jobcore.errors.JobcoreError` subclasses (a bad field of a
+request: :class:`~jobcore.errors.InvalidField`, which names the field); the caller turns
+those into an HTTP problem or one line on stderr. Invariants they keep: docs/design.md.
 """

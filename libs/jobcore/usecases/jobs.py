@@ -20,7 +20,6 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
 from jobcore.db import Database, Session, UnitOfWork
-from jobcore.enqueue import enqueue
 from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
 from jobcore.maintenance.stranded import Republished, republish_stale
 from jobcore.objectstore import open_result_store
@@ -29,6 +28,7 @@ from jobcore.settings import Settings
 from jobcore.sql import CompletionParams
 from jobcore.states import JobStatus, check_transition, is_terminal
 from jobcore.store import CANCEL_CHANNEL, JobListAllTenantsParams, job_store
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params
 
@@ -154,14 +154,10 @@ async def retry_job(
             # (the original's object goes when the original is pruned).
             store = open_result_store(settings)
             raw_payload = orjson.loads(await asyncio.to_thread(store.get, job["payload_ref"]))
-        result = await enqueue(
-            work.uow,
-            topology,
+        request = EnqueueRequest(
             tenant=job["tenant"],
             job_type=job_type,
             payload=job_type.validate_payload(raw_payload),
-            payload_store=store,
-            inline_payload_max_bytes=settings.inline_payload_max_bytes,
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
             # The copy takes the original's key: while another live job holds it, the
@@ -170,6 +166,13 @@ async def retry_job(
             origin={"retry_of": str(job_id)},
             ordering_key=job["ordering_key"],
             ordering_seq=None if place is None else place["ordering_seq"],
+        )
+        result = await enqueue(
+            work.uow,
+            topology,
+            request,
+            payload_store=store,
+            inline_payload_max_bytes=settings.inline_payload_max_bytes,
         )
         work.entry.details = {"new_job_id": result.job_id, "type": job["type"]}
         if job["ordering_key"] is not None:

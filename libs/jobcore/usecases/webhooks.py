@@ -1,6 +1,6 @@
-"""Webhook use cases: tenants' signing secrets (show, rotate), deliveries (list, redeliver)
-and default endpoints — what the `jobcore webhooks` commands do, and the secret the worker
-signs with."""
+"""Webhook use cases: tenants' signing secrets (show, rotate), deliveries (list, redeliver,
+a tenant's job's) and default endpoints — what the `jobcore webhooks` commands and
+``GET /jobs/{id}/deliveries`` do, and the secret the worker signs with."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ from psycopg.rows import DictRow
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import check_tenant_name
 from jobcore.audit import AuditAction, Target, audited, url_fingerprint
-from jobcore.db import Database, UnitOfWork, fetch_all, fetch_one
-from jobcore.errors import JobcoreError
+from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.errors import JobcoreError, JobNotFound
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.sql.tenant_webhook_secrets import WEBHOOK_SECRET_ENSURE, WEBHOOK_SECRET_ROTATE
-from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST, WEBHOOK_DELIVERY_REDELIVER
+from jobcore.sql.webhook_deliveries import (
+    WEBHOOK_DELIVERY_LIST,
+    WEBHOOK_DELIVERY_LIST_FOR_JOB,
+    WEBHOOK_DELIVERY_REDELIVER,
+)
 from jobcore.sql.webhook_endpoints import (
     WEBHOOK_ENDPOINT_DELETE,
     WEBHOOK_ENDPOINT_LIST,
@@ -124,6 +128,16 @@ async def list_deliveries(
         return await fetch_all(
             uow, WEBHOOK_DELIVERY_LIST({"job_id": job_id, "status": status, "limit": limit})
         )
+
+
+async def job_deliveries(uow: Session, tenant: str, job_id: uuid.UUID) -> list[DictRow]:
+    """The webhook deliveries of the tenant's job, oldest first;
+    :class:`~jobcore.errors.JobNotFound` for a job the tenant does not have."""
+    rows = await fetch_all(uow, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": tenant}))
+    if not rows:
+        raise JobNotFound("no job with that id")
+    # The job without deliveries is one row of NULL delivery columns.
+    return [row for row in rows if row["id"] is not None]
 
 
 async def redeliver(

@@ -23,18 +23,17 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
-from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, BatchResult, ItemStatus, enqueue_many
-from jobcore.enqueue import InvalidUniqueKey, request_fingerprint, unique_key_of
+from jobcore.batch import MAX_BATCH_ITEMS, BatchResult, ItemStatus
 from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import JobcoreError, QuotaExceeded, UnknownJobType
+from jobcore.errors import InvalidField, JobcoreError, QuotaExceeded, UnknownJobType
 from jobcore.payloads import validate_payload
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
-from services.api import operations
+from jobcore.submit import MAX_IDEMPOTENCY_KEY_LENGTH, EnqueueRequest, enqueue_many
 from services.api.auth import TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep
 from services.api.deps import ApiState, SessionDep, StateDep
-from services.api.problems import BodyTooLarge, InvalidRequest, problem_document
+from services.api.problems import BodyTooLarge, InvalidRequest, located, problem_document
 from services.api.tracing import enqueue_span
 from services.api.views import JsonBody
 
@@ -51,7 +50,7 @@ class BatchItemFields(BaseModel):
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,
-        max_length=operations.MAX_IDEMPOTENCY_KEY_LENGTH,
+        max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
         pattern=r"^[ -~]+$",
         description="As the Idempotency-Key header: the same key and item answer the same "
         "job (`replayed`); with another item, `invalid` (idempotency-key-reused).",
@@ -119,9 +118,14 @@ def _items_of(body: Any) -> list[Any]:
 
 
 def _checked_item(
-    job_type: JobType[Any], index: int, raw: Any, callback_url: str | None, max_payload: int
-) -> BatchItem:
-    """The item ready to write, or :class:`Invalid`."""
+    job_type: JobType[Any],
+    tenant: str,
+    index: int,
+    raw: Any,
+    callback_url: str | None,
+    max_payload: int,
+) -> EnqueueRequest:
+    """The item's request, or :class:`Invalid`."""
     try:
         fields = BatchItemFields.model_validate(raw)
     except ValidationError as exc:
@@ -133,33 +137,25 @@ def _checked_item(
     try:
         if len(orjson.dumps(fields.payload)) > max_payload:
             raise BodyTooLarge(f"item {index}'s payload is larger than {max_payload} bytes")
-        payload = validate_payload(job_type, fields.payload).model_dump(mode="json")
-        return BatchItem(
-            payload=payload,
-            fingerprint=request_fingerprint(
-                fields.payload,
-                callback_url=callback_url,
-                run_at=fields.run_at,
-                delay=fields.delay,
-                max_attempts=fields.max_attempts,
-                entity_id=fields.entity_id,
-                unique_key=fields.unique_key,
-            ),
+        return EnqueueRequest(
+            tenant=tenant,
+            job_type=job_type,
+            payload=validate_payload(job_type, fields.payload),
+            sent=fields.payload,
             idempotency_key=fields.idempotency_key,
-            unique_key=unique_key_of(job_type, payload, fields.unique_key),
+            unique_key=fields.unique_key,
             entity_id=fields.entity_id,
             max_attempts=fields.max_attempts,
-            run_at=operations.schedule(fields.run_at, fields.delay),
+            run_at=fields.run_at,
+            delay=fields.delay,
+            callback_url=callback_url,
         )
-    except InvalidUniqueKey as exc:
-        # Located in the payload, as the item's other invalid-payload errors are.
-        [field_error] = exc.errors
-        relocated = InvalidUniqueKey(field_error["loc"][1:], field_error["msg"])
-        raise Invalid(relocated) from None
-    except InvalidRequest as exc:
-        # The single enqueue's query parameters are this item's fields.
-        errors = [{**e, "loc": ["items", index, *e["loc"][1:]]} for e in exc.errors]
-        raise Invalid(InvalidRequest(errors, f"item {index} is invalid")) from None
+    except InvalidField as exc:
+        # The single enqueue's query parameters are this item's fields; its payload's
+        # fields are located in the item as its other invalid-payload errors are.
+        where: list[str | int] = ["items", index]
+        error = located(exc, where if exc.field == "payload" else [*where, exc.field])
+        raise Invalid(error) from None
     except (JobcoreError, orjson.JSONEncodeError) as exc:
         raise Invalid(exc if isinstance(exc, JobcoreError) else BodyTooLarge(str(exc))) from None
 
@@ -170,7 +166,7 @@ class CheckedItems:
     by index in the request)."""
 
     total: int
-    valid: list[tuple[int, BatchItem]]
+    valid: list[tuple[int, EnqueueRequest]]
     invalid: dict[int, JobcoreError]
 
 
@@ -178,14 +174,14 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
     # Dependencies, resolved in order: the body is read and every item checked before
     # the route takes a pooled connection (the key was checked before all).
     async def checked_items(
-        request: Request, state: StateDep, callback_url: CallbackUrlDep
+        request: Request, tenant: TenantDep, state: StateDep, callback_url: CallbackUrlDep
     ) -> CheckedItems:
         raw_items = _items_of(await read_json(request, state.settings.max_batch_body_bytes))
         checked = CheckedItems(len(raw_items), [], {})
         for index, raw in enumerate(raw_items):
             try:
                 item = _checked_item(
-                    job_type, index, raw, callback_url, state.settings.max_body_bytes
+                    job_type, tenant, index, raw, callback_url, state.settings.max_body_bytes
                 )
             except Invalid as exc:
                 checked.invalid[index] = exc.error
@@ -198,6 +194,7 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
     async def enqueue_batch(
         tenant: TenantDep,
         items: Annotated[CheckedItems, Depends(checked_items)],
+        # Each item's request holds it (checked_items); named here as /openapi.json has it.
         callback_url: CallbackUrlDep,
         db_session: SessionDep,
         state: StateDep,
@@ -209,10 +206,7 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
                     result = await enqueue_many(
                         uow,
                         state.topology,
-                        tenant=tenant,
-                        job_type=job_type,
-                        items=[item for _, item in items.valid],
-                        callback_url=callback_url,
+                        [item for _, item in items.valid],
                         quotas=state.settings.quota_defaults,
                     )
                     await uow.commit()

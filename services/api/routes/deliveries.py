@@ -10,9 +10,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from jobcore.db import fetch_all
-from jobcore.errors import JobNotFound
-from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
+from jobcore.usecases.webhooks import job_deliveries
 from services.api.auth import ReadRoute, TenantDep
 from services.api.deps import SessionDep
 from services.api.schemas import Problem
@@ -53,12 +51,6 @@ router = APIRouter(tags=["jobs"], default_response_class=JsonBody, route_class=R
 )
 async def list_deliveries(job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep) -> Response:
     """The job's webhook deliveries, oldest first (none unless it has a callback URL)."""
-    rows = await fetch_all(
-        db_session, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": tenant})
-    )
-    if not rows:
-        raise JobNotFound("no job with that id")
-    items: list[dict[str, Any]] = [
-        {column: row[column] for column in _COLUMNS} for row in rows if row["id"] is not None
-    ]
+    rows = await job_deliveries(db_session, tenant, job_id)
+    items: list[dict[str, Any]] = [{column: row[column] for column in _COLUMNS} for row in rows]
     return JsonBody({"job_id": job_id, "items": items})

@@ -8,8 +8,9 @@ dependencies) was 30% of the API process's CPU, more than the enqueue statement'
 handler reads the same parameters with one pydantic model built from the same
 ``Annotated`` declarations (:class:`EnqueueQuery`), so the rules and the 422s they give
 are the ones /openapi.json shows, in the order the documented signature resolved them:
-the key, the ``Idempotency-Key``, the body, the query, the callback URL's host; a pooled
-connection is taken only after all of them, for the one statement.
+the key, the ``Idempotency-Key``, the body, the query (then the rules between its fields,
+which building the :class:`~jobcore.submit.EnqueueRequest` checks), the callback
+URL's host; a pooled connection is taken only after all of them, for the one statement.
 
 The API key is authenticated before anything else, as on every route, from a memory of
 keys this process verified in the last :data:`KEY_MEMORY_SECONDS` (a lookup otherwise);
@@ -30,14 +31,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
 from jobcore.apikeys import InvalidApiKey
-from jobcore.enqueue import request_fingerprint
 from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import InvalidPayload, JobcoreError, ServiceStateError
+from jobcore.errors import InvalidField, JobcoreError, ServiceStateError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
 from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
 from jobcore.scopes import Scope
-from services.api import operations, views
+from jobcore.submit import (
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    EnqueueRequest,
+    check_idempotency_key,
+    enqueue,
+)
+from services.api import views
 from services.api.auth import (
     EnqueueRoute,
     KeyCache,
@@ -48,7 +54,9 @@ from services.api.auth import (
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep, CallbackUrlQuery, check_callback
 from services.api.deps import ApiState
+from services.api.problems import located
 from services.api.schemas import PriorityLabel
+from services.api.tracing import enqueue_span
 from services.api.views import JsonBody
 
 # Long enough that a key in steady use costs no lookup; short enough that the key's
@@ -157,17 +165,18 @@ async def idempotency_key(
             "unique_key, priority, ordering_key) answer the same job; a different request "
             "answers 422. A key is kept as long as its job. 1 to 255 printable ASCII "
             "characters, else 400 `invalid-idempotency-key`.",
-            # Checked by operations.check_idempotency_key (a 400, not FastAPI's 422); HTTP
-            # trims spaces around a header value, so a key neither starts nor ends with one.
+            # Checked by jobcore.submit (a 400, not FastAPI's 422); HTTP trims
+            # spaces around a header value, so a key neither starts nor ends with one.
             json_schema_extra={
                 "minLength": 1,
-                "maxLength": operations.MAX_IDEMPOTENCY_KEY_LENGTH,
+                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
                 "pattern": IDEMPOTENCY_KEY_PATTERN,
             },
         ),
     ] = None,
 ) -> str | None:
-    return operations.check_idempotency_key(key)
+    check_idempotency_key(key)
+    return key
 
 
 IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
@@ -195,6 +204,16 @@ def documented_endpoint(job_type: JobType[Any]) -> Callable[..., Awaitable[Respo
     return enqueue_job
 
 
+def field_location(field: str) -> list[str | int] | None:
+    """Where ``POST /jobs/{type}`` carries a field of its :class:`EnqueueRequest`: the
+    body, a query parameter, or (None) the ``Idempotency-Key`` header."""
+    if field == "payload":
+        return ["body"]
+    if field == "idempotency_key":
+        return None
+    return ["query", field]
+
+
 def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, Response]]:
     """The handler of ``POST /jobs/{job_type}``, once its caller is authenticated."""
 
@@ -202,66 +221,67 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
         state: ApiState = request.app.state.api
         principal = request_principal(request)
         try:
-            key = operations.check_idempotency_key(request.headers.get("idempotency-key"))
+            key = request.headers.get("idempotency-key")
+            # Before the body is read, as the documented signature resolves it; the
+            # request checks it again with its other fields, at no noticeable cost.
+            check_idempotency_key(key)
             raw = await read_json(request, state.settings.max_body_bytes)
             model = validate_payload(job_type, raw)
             query = parse_query(request)
-            run_at = operations.schedule(query.run_at, query.delay)
-        except (JobcoreError, RequestValidationError):
+            wanted = EnqueueRequest(
+                tenant=principal.tenant,
+                job_type=job_type,
+                payload=model,
+                sent=raw,
+                idempotency_key=key,
+                unique_key=query.unique_key,
+                entity_id=query.entity_id,
+                max_attempts=query.max_attempts,
+                run_at=query.run_at,
+                delay=query.delay,
+                priority=None if query.priority is None else Priority.parse(query.priority),
+                ordering_key=query.ordering_key,
+                # Checked below, before the request takes a pooled connection.
+                callback_url=query.callback_url,
+                key_id=principal.key_id,
+            )
+        except (JobcoreError, RequestValidationError) as exc:
             # What the request got wrong is told only to a key that is usable now, not
             # one revoked since it was remembered (docs/design.md, invariant 13).
             await authenticate(request, Scope.ENQUEUE, fresh=True)
+            if isinstance(exc, InvalidField):
+                raise located(exc, field_location(exc.field)) from None
             raise
-        callback_url = await check_callback(query.callback_url, state)
-        priority = None if query.priority is None else Priority.parse(query.priority)
-        submission = operations.Submission(
-            idempotency_key=key,
-            entity_id=query.entity_id,
-            ordering_key=query.ordering_key,
-            max_attempts=query.max_attempts,
-            run_at=run_at,
-            callback_url=callback_url,
-            priority=priority,
-            fingerprint=request_fingerprint(
-                raw,
-                callback_url=callback_url,
-                run_at=query.run_at,
-                delay=query.delay,
-                max_attempts=query.max_attempts,
-                entity_id=query.entity_id,
-                unique_key=query.unique_key,
-                priority=priority,
-                ordering_key=query.ordering_key,
-            ),
-            unique_key=query.unique_key,
-        )
+        await check_callback(wanted.callback_url, state)
         if state.db is None:
             # Before start-up or after shutdown: the same answer as a closed pool.
             raise ServiceStateError("the database pool is not open")
         try:
             # One statement, committed on its own: the job with its outbox row, or neither.
+            # Inside the enqueue span, so the outbox row carries that span's context.
             async with state.db.session() as session:
-                result = await operations.submit(
-                    session,
-                    state.topology,
-                    tenant=principal.tenant,
-                    job_type=job_type,
-                    payload=model,
-                    submission=submission,
-                    quotas=state.settings.quota_defaults,
-                    key_id=principal.key_id,
-                    wakeups=state.relay_wakeups,
-                    payload_store=state.results,
-                    inline_payload_max_bytes=state.settings.inline_payload_max_bytes,
-                )
+                with enqueue_span(job_type.name) as span:
+                    result = await enqueue(
+                        session,
+                        state.topology,
+                        wanted,
+                        quotas=state.settings.quota_defaults,
+                        wakeups=state.relay_wakeups,
+                        payload_store=state.results,
+                        inline_payload_max_bytes=state.settings.inline_payload_max_bytes,
+                    )
+                    if span is not None:
+                        span.set_attributes(
+                            {
+                                "tenant": result.tenant,
+                                "job.id": str(result.job_id),
+                                "job.replayed": result.replayed,
+                            }
+                        )
         except InvalidApiKey:
             # Revoked or expired since it was remembered: looked up next time.
             if state.enqueue_keys is not None:
                 state.enqueue_keys.forget(principal.key_id)
-            raise
-        except InvalidPayload:
-            # The unique key taken from the payload is too long: for a usable key only.
-            await authenticate(request, Scope.ENQUEUE, fresh=True)
             raise
         state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
         headers = {"Location": views.job_path(result.job_id), **result.rate_headers}

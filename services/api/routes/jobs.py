@@ -22,11 +22,12 @@ from jobcore.errors import JobNotFound, UnknownJobType
 from jobcore.registry import JobType, Registry
 from jobcore.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
+from jobcore.usecases import reads
 from jobcore.usecases.timeline import job_timeline
 from jobcore.webhooks import completion_params
-from services.api import operations, paths, views
+from services.api import paths, views
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
-from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH
+from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH, decode_cursor, encode_cursor
 from services.api.deps import DbDep, SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
 from services.api.routes import batch, enqueue, waiting
@@ -141,16 +142,16 @@ async def list_jobs(
     ] = None,
 ) -> Response:
     """The tenant's jobs, newest first, a page at a time (follow ``links.next``)."""
-    where = operations.JobFilter(entity_id=entity_id, status=status, type=type)
-    rows, next_cursor = await operations.list_jobs(
-        db_session, tenant, where, limit=limit, cursor=cursor
-    )
+    where = reads.JobFilter(entity_id=entity_id, status=status, type=type)
+    after = decode_cursor(cursor) if cursor else None
+    page = await reads.list_jobs(db_session, tenant, where, limit=limit, after=after)
+    next_cursor = None if page.next_after is None else encode_cursor(*page.next_after)
     next_link = None
     if next_cursor is not None:
         query = {**request.query_params, "cursor": next_cursor}
         next_link = f"{request.url.path}?{urlencode(query)}"
     body = {
-        "items": [views.job_summary(row) for row in rows],
+        "items": [views.job_summary(row) for row in page.rows],
         "next_cursor": next_cursor,
         "links": {"next": next_link},
     }
@@ -173,7 +174,7 @@ async def get_result(
     job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep, state: StateDep
 ) -> Response:
     """A succeeded job's result: inline JSON, or the stored file with its content type."""
-    row = await operations.job_result(db_session, tenant, job_id)
+    row = await reads.job_result(db_session, tenant, job_id)
     if row["result_ref"] is None:
         return JsonBody(row["result"])
     url = state.results.presigned_url(row["result_ref"])

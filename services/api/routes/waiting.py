@@ -23,7 +23,9 @@ from starlette.responses import Response
 from jobcore.db import Database
 from jobcore.errors import JobNotFound, ServiceStateError
 from jobcore.states import is_terminal
-from services.api import operations, views
+from jobcore.usecases import reads
+from jobcore.usecases.waiting import job_to_wait_for
+from services.api import views
 from services.api.auth import TenantDep
 from services.api.deps import DbDep, StateDep
 from services.api.longpolls import LongPollSlots
@@ -92,7 +94,7 @@ def long_poll_slots(request: Request) -> LongPollSlots:
 async def read_job(db: Database, tenant: str, job_id: uuid.UUID) -> DictRow:
     """The tenant's job, on a briefly held connection."""
     async with db.session() as db_session:
-        return await operations.get_job(db_session, tenant, job_id)
+        return await reads.get_job(db_session, tenant, job_id)
 
 
 async def read_job_to_wait(
@@ -100,9 +102,7 @@ async def read_job_to_wait(
 ) -> tuple[DictRow, int]:
     """The same and how many long-polls the tenant may park here (read only for a wait)."""
     async with db.session() as db_session:
-        row = await operations.get_job(db_session, tenant, job_id)
-        cap = await operations.tenant_max_long_polls(db_session, tenant, default_max_long_polls)
-        return row, cap
+        return await job_to_wait_for(db_session, tenant, job_id, default_max_long_polls)
 
 
 async def get_job(

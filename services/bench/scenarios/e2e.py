@@ -40,13 +40,13 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.batch import MAX_BATCH_ITEMS, BatchItem, enqueue_many
+from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
-from jobcore.enqueue import enqueue, request_fingerprint
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue, enqueue_many
 from jobcore.testing.waiting import eventually
 from jobcore.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, pids
@@ -120,16 +120,10 @@ async def pg_stats_window(
 async def preload(db: Database, topology: Topology, n: int) -> None:
     """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
     noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
-    item = BatchItem(payload={}, fingerprint=request_fingerprint({}))
+    request = EnqueueRequest(tenant="bench", job_type=noop, payload=NoopPayload())
     for start in range(0, n, MAX_BATCH_ITEMS):
         async with db.unit_of_work() as uow:
-            await enqueue_many(
-                uow,
-                topology,
-                tenant="bench",
-                job_type=noop,
-                items=[item] * min(MAX_BATCH_ITEMS, n - start),
-            )
+            await enqueue_many(uow, topology, [request] * min(MAX_BATCH_ITEMS, n - start))
             await uow.commit()
     async with db.connection() as conn:
         await conn.execute("ANALYZE jobs")
@@ -171,9 +165,7 @@ async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) ->
             result = await enqueue(
                 session,
                 topology,
-                tenant="bench",
-                job_type=noop,
-                payload=NoopPayload(),
+                EnqueueRequest(tenant="bench", job_type=noop, payload=NoopPayload()),
                 wakeups=wakeups,
             )
 

@@ -36,10 +36,10 @@ import httpx
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.pipeline import free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
@@ -82,9 +82,7 @@ async def raw_transactions(
             await enqueue(
                 session,
                 topology,
-                tenant="raw",
-                job_type=noop,
-                payload=NoopPayload(),
+                EnqueueRequest(tenant="raw", job_type=noop, payload=NoopPayload()),
                 wakeups=wakeups,
             )
         return True

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
+from jobcore.submit import EnqueueRequest, enqueue
 from services.bench.harness import Bench, Options
 from services.bench.http import run_clients
 from services.bench.report import Figure, Section
@@ -42,10 +42,12 @@ async def enqueue_noops(db: Database, topology: Topology, total: int, *, keys: i
             await enqueue(
                 uow,
                 topology,
-                tenant="bench",
-                job_type=noop,
-                payload=NoopPayload(),
-                ordering_key=f"key-{n % keys}" if keys else None,
+                EnqueueRequest(
+                    tenant="bench",
+                    job_type=noop,
+                    payload=NoopPayload(),
+                    ordering_key=f"key-{n % keys}" if keys else None,
+                ),
             )
             await uow.commit()
         return True

@@ -32,11 +32,11 @@ from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.envelope import JobMessage
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import RelayOptions, Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from services.bench.harness import UNLIMITED_QUEUES, Bench, pids, relays_ready
 from services.bench.measure import cpu_of, latency_ms, merge_cpu
 from services.bench.report import Figure, Section
@@ -209,7 +209,9 @@ async def idle_latency(
         for _ in range(samples):
             async with db.unit_of_work() as uow:
                 result = await enqueue(
-                    uow, topology, tenant="bench", job_type=noop, payload=NoopPayload()
+                    uow,
+                    topology,
+                    EnqueueRequest(tenant="bench", job_type=noop, payload=NoopPayload()),
                 )
                 await uow.commit()
             committed = time.perf_counter()

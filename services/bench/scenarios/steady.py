@@ -30,9 +30,9 @@ import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.registry import load_job_modules
 from jobcore.states import TERMINAL
+from jobcore.submit import EnqueueRequest, enqueue
 from services.bench.harness import Bench, Options, pids, relays_ready
 from services.bench.jobtypes import SteadyNoopPayload
 from services.bench.measure import cpu_of, merge_cpu
@@ -130,7 +130,9 @@ class Load:
                     self.worst_lag = max(self.worst_lag, now - due)
                 async with db.unit_of_work() as uow:
                     await enqueue(
-                        uow, topology, tenant=tenant, job_type=noop, payload=SteadyNoopPayload()
+                        uow,
+                        topology,
+                        EnqueueRequest(tenant=tenant, job_type=noop, payload=SteadyNoopPayload()),
                     )
                     await uow.commit()
                 self.submitted += 1

@@ -17,12 +17,12 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
-from jobcore.enqueue import enqueue as enqueue_job
-from jobcore.enqueue import request_fingerprint
 from jobcore.quotas import Quotas
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.submit import EnqueueRequest
+from jobcore.submit import enqueue as enqueue_job
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
@@ -408,16 +408,15 @@ async def test_a_retry_racing_its_own_first_attempt_gets_its_job_not_a_refusal(
     key = "export-race"
     async with api(config) as (_, client):
         async with db.unit_of_work() as first:
-            accepted = await enqueue_job(
-                first,
-                topology,
+            request = EnqueueRequest(
                 tenant=TENANT,
                 job_type=default_registry.get("echo"),
                 payload=EchoPayload(text="hello"),
+                # The retry's body as the API takes it (`enqueue` posts this).
+                sent={"text": "hello"},
                 idempotency_key=key,
-                # What the API takes from the retry's body as sent (`enqueue` posts this).
-                fingerprint=request_fingerprint({"text": "hello"}),
             )
+            accepted = await enqueue_job(first, topology, request)
             retry = asyncio.create_task(enqueue(client, auth, headers={"Idempotency-Key": key}))
 
             async def retry_queued() -> Any:
@@ -459,9 +458,11 @@ async def new_job(db: Database, topology: Topology, tenant: str) -> uuid.UUID:
         result = await enqueue_job(
             session,
             topology,
-            tenant=tenant,
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="hello"),
+            EnqueueRequest(
+                tenant=tenant,
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="hello"),
+            ),
             quotas=CAPPED,
         )
     return result.job_id
@@ -489,9 +490,11 @@ async def test_ending_jobs_of_two_tenants_in_opposite_orders_waits_for_nobody(
                 enqueue_job(
                     enqueuer,
                     topology,
-                    tenant=TENANT,
-                    job_type=default_registry.get("echo"),
-                    payload=EchoPayload(text="while they end"),
+                    EnqueueRequest(
+                        tenant=TENANT,
+                        job_type=default_registry.get("echo"),
+                        payload=EchoPayload(text="while they end"),
+                    ),
                     quotas=CAPPED,
                 ),
                 UNBLOCKED,
@@ -528,9 +531,11 @@ async def test_an_admission_queued_behind_a_fold_counts_the_folded_jobs_once(
             await enqueue_job(
                 first,
                 topology,
-                tenant=TENANT,
-                job_type=default_registry.get("echo"),
-                payload=EchoPayload(text="hello"),
+                EnqueueRequest(
+                    tenant=TENANT,
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text="hello"),
+                ),
                 quotas=config.quota_defaults,
             )
             second = asyncio.create_task(enqueue(client, auth))

@@ -13,15 +13,16 @@ import httpx
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.batch import BatchItem, ItemStatus, enqueue_many
+from jobcore.batch import ItemStatus
 from jobcore.db import Database, Session, execute, fetch_one
-from jobcore.enqueue import enqueue as enqueue_job
 from jobcore.errors import UniqueJobExists
 from jobcore.registry import default_registry
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_MANY
+from jobcore.submit import EnqueueRequest, enqueue_many
+from jobcore.submit import enqueue as enqueue_job
 from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
@@ -193,10 +194,9 @@ async def test_an_operators_retry_keeps_the_key_and_is_refused_while_another_hol
         failed = await enqueue_job(
             session,
             topology,
-            tenant=TENANT,
-            job_type=echo,
-            payload=EchoPayload(text="x"),
-            unique_key="retryable",
+            EnqueueRequest(
+                tenant=TENANT, job_type=echo, payload=EchoPayload(text="x"), unique_key="retryable"
+            ),
         )
     await start_job(db, failed.job_id)
     await finish_job(db, failed.job_id, "failed", last_error="boom")
@@ -210,18 +210,19 @@ async def test_an_operators_retry_keeps_the_key_and_is_refused_while_another_hol
         holder = await enqueue_job(
             session,
             topology,
-            tenant=TENANT,
-            job_type=default_registry.get("sync_account"),
-            payload=SyncPayload(),
-            unique_key="retryable",
+            EnqueueRequest(
+                tenant=TENANT,
+                job_type=default_registry.get("sync_account"),
+                payload=SyncPayload(),
+                unique_key="retryable",
+            ),
         )
         live = await enqueue_job(
             session,
             topology,
-            tenant=TENANT,
-            job_type=echo,
-            payload=EchoPayload(text="y"),
-            unique_key="retryable",
+            EnqueueRequest(
+                tenant=TENANT, job_type=echo, payload=EchoPayload(text="y"), unique_key="retryable"
+            ),
         )
     assert holder.job_id != live.job_id
     with pytest.raises(UniqueJobExists) as refused:
@@ -275,20 +276,19 @@ async def test_a_key_freed_between_the_insert_and_its_read_is_taken_on_the_next_
         holder = await enqueue_job(
             session,
             topology,
-            tenant=TENANT,
-            job_type=echo,
-            payload=EchoPayload(text="x"),
-            unique_key="k",
+            EnqueueRequest(
+                tenant=TENANT, job_type=echo, payload=EchoPayload(text="x"), unique_key="k"
+            ),
         )
     async with db.connection() as conn:
         racing = EndsHolderAfterInsert(
             conn, db, JOB_INSERT_MANY if many else JOB_INSERT, holder.job_id
         )
         if many:
-            item = BatchItem(payload={"text": "y"}, fingerprint="f", unique_key="k")
-            result = await enqueue_many(
-                cast(Session, racing), topology, tenant=TENANT, job_type=echo, items=[item]
+            item = EnqueueRequest(
+                tenant=TENANT, job_type=echo, payload=EchoPayload(text="y"), unique_key="k"
             )
+            result = await enqueue_many(cast(Session, racing), topology, [item])
             [outcome] = result.outcomes
             created = outcome.job_id if outcome.status is ItemStatus.CREATED else None
         else:
@@ -296,10 +296,9 @@ async def test_a_key_freed_between_the_insert_and_its_read_is_taken_on_the_next_
                 await enqueue_job(
                     cast(Session, racing),
                     topology,
-                    tenant=TENANT,
-                    job_type=echo,
-                    payload=EchoPayload(text="y"),
-                    unique_key="k",
+                    EnqueueRequest(
+                        tenant=TENANT, job_type=echo, payload=EchoPayload(text="y"), unique_key="k"
+                    ),
                 )
             ).job_id
     assert racing.inserts == 2

@@ -17,11 +17,11 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Entry, Target, audited, cli_actor, record
 from jobcore.db import Database, fetch_one
-from jobcore.enqueue import enqueue
 from jobcore.errors import JobcoreError
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql.api_keys import API_KEY_REVOKE
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.usecases import keys as key_usecases
@@ -74,9 +74,9 @@ async def submit(db: Database, topology: Topology, tenant: str = "alpha") -> uui
         result = await enqueue(
             uow,
             topology,
-            tenant=tenant,
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
+            EnqueueRequest(
+                tenant=tenant, job_type=default_registry.get("echo"), payload=EchoPayload(text="x")
+            ),
         )
         await uow.commit()
     return result.job_id

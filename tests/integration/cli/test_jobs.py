@@ -10,10 +10,10 @@ import orjson
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 
@@ -39,10 +39,12 @@ async def submit(db: Database, topology: Topology, tenant: str, text: str) -> uu
         result = await enqueue(
             uow,
             topology,
-            tenant=tenant,
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text=text),
-            entity_id=f"e-{text}",
+            EnqueueRequest(
+                tenant=tenant,
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text=text),
+                entity_id=f"e-{text}",
+            ),
         )
         await uow.commit()
     return result.job_id
@@ -93,7 +95,11 @@ async def test_retry_refuses_a_job_that_is_not_finished_badly(
 ) -> None:
     async with db.unit_of_work() as uow:
         result = await enqueue(
-            uow, topology, tenant="t", job_type=default_registry.get("noop"), payload=NoopPayload()
+            uow,
+            topology,
+            EnqueueRequest(
+                tenant="t", job_type=default_registry.get("noop"), payload=NoopPayload()
+            ),
         )
         await uow.commit()
     refused = jobs_cli(settings, "retry", str(result.job_id))
@@ -107,13 +113,21 @@ async def test_retry_of_a_job_whose_unique_key_another_holds_is_one_line_naming_
     echo = default_registry.get("echo")
     async with db.unit_of_work() as uow:
         first = await enqueue(
-            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="a"), unique_key="u"
+            uow,
+            topology,
+            EnqueueRequest(
+                tenant="t", job_type=echo, payload=EchoPayload(text="a"), unique_key="u"
+            ),
         )
         await uow.commit()
     assert jobs_json(settings, "cancel", str(first.job_id))["status"] == "cancelled"
     async with db.unit_of_work() as uow:
         holder = await enqueue(
-            uow, topology, tenant="t", job_type=echo, payload=EchoPayload(text="b"), unique_key="u"
+            uow,
+            topology,
+            EnqueueRequest(
+                tenant="t", job_type=echo, payload=EchoPayload(text="b"), unique_key="u"
+            ),
         )
         await uow.commit()
     refused = jobs_cli(settings, "retry", str(first.job_id))
@@ -194,10 +208,12 @@ async def test_held_and_unblock(db: Database, topology: Topology, settings: Sett
             result = await enqueue(
                 uow,
                 topology,
-                tenant="alpha",
-                job_type=default_registry.get("echo"),
-                payload=EchoPayload(text=text),
-                ordering_key="k",
+                EnqueueRequest(
+                    tenant="alpha",
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text=text),
+                    ordering_key="k",
+                ),
             )
             await uow.commit()
         ids.append(result.job_id)

@@ -11,10 +11,10 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.errors import TooManyUnfinishedJobs
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 
@@ -67,9 +67,11 @@ async def test_set_show_and_list(db: Database, topology: Topology, settings: Set
                 await enqueue(
                     uow,
                     topology,
-                    tenant="acme",
-                    job_type=default_registry.get("echo"),
-                    payload=EchoPayload(text="x"),
+                    EnqueueRequest(
+                        tenant="acme",
+                        job_type=default_registry.get("echo"),
+                        payload=EchoPayload(text="x"),
+                    ),
                 )
             except TooManyUnfinishedJobs:
                 assert attempt == 1

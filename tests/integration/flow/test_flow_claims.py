@@ -13,7 +13,6 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.enqueue import enqueue
 from jobcore.envelope import decode
 from jobcore.priorities import WEIGHTS, Priority
 from jobcore.registry import default_registry
@@ -23,6 +22,7 @@ from jobcore.sql.flow_pauses import FLOW_PAUSE_CLEAR, FLOW_PAUSE_SET, PauseKind
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
 from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from tests.integration.worker.support import outcome_params
 
@@ -187,10 +187,12 @@ async def test_a_worker_parks_a_paused_jobs_message_in_the_outbox_without_burnin
         job = await enqueue(
             uow,
             topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-            priority=Priority.HIGH,
+            EnqueueRequest(
+                tenant="t",
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="x"),
+                priority=Priority.HIGH,
+            ),
         )
         await uow.commit()
     [first] = await job_outbox(db, job.job_id)
@@ -237,10 +239,12 @@ async def test_a_retry_or_a_release_keeps_the_jobs_priority(
         job = await enqueue(
             uow,
             topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-            priority=Priority.LOW,
+            EnqueueRequest(
+                tenant="t",
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="x"),
+                priority=Priority.LOW,
+            ),
         )
         await uow.commit()
     [first] = await job_outbox(db, job.job_id)

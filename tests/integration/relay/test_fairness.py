@@ -10,9 +10,9 @@ import aio_pika
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from services.relay.relay import Relay
@@ -244,9 +244,11 @@ async def _enqueue_echo(db: Database, topology: Topology, tenant: str, n: int) -
             result = await enqueue(
                 uow,
                 topology,
-                tenant=tenant,
-                job_type=default_registry.get("echo"),
-                payload=EchoPayload(text=f"{tenant}{i}"),
+                EnqueueRequest(
+                    tenant=tenant,
+                    job_type=default_registry.get("echo"),
+                    payload=EchoPayload(text=f"{tenant}{i}"),
+                ),
             )
             ids.append(result.job_id)
         await uow.commit()

@@ -16,11 +16,11 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.enqueue import enqueue
 from jobcore.registry import default_registry
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.usecases import keys as key_usecases
 from services.ui.app import create_app
 
@@ -82,10 +82,12 @@ async def add_job(
         result = await enqueue(
             uow,
             Topology.from_settings(settings),
-            tenant=tenant,
-            job_type=job_type,
-            payload=job_type.validate_payload({"text": text}),
-            entity_id=entity,
+            EnqueueRequest(
+                tenant=tenant,
+                job_type=job_type,
+                payload=job_type.validate_payload({"text": text}),
+                entity_id=entity,
+            ),
         )
         await uow.commit()
     return str(result.job_id)

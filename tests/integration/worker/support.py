@@ -25,12 +25,13 @@ from pydantic import BaseModel
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, execute, fetch_all
-from jobcore.enqueue import enqueue, job_message_row
+from jobcore.enqueue import job_message_row
 from jobcore.maintenance import Maintainer, MaintenanceService
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
+from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.webhooks import completion_params
 from services.worker.metrics import WorkerMetrics
@@ -77,9 +78,9 @@ async def running_echo_job(db: Database, topology: Topology, token: uuid.UUID) -
         job = await enqueue(
             uow,
             topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
+            EnqueueRequest(
+                tenant="t", job_type=default_registry.get("echo"), payload=EchoPayload(text="x")
+            ),
         )
         await execute(uow, TAKE_OVER({"id": job.job_id, "token": token}))
         await uow.commit()
@@ -228,14 +229,10 @@ async def submit(
     **kwargs: Any,
 ) -> uuid.UUID:
     async with db.unit_of_work() as uow:
-        result = await enqueue(
-            uow,
-            topology,
-            tenant="t",
-            job_type=default_registry.get(job_type),
-            payload=payload,
-            **kwargs,
+        request = EnqueueRequest(
+            tenant="t", job_type=default_registry.get(job_type), payload=payload, **kwargs
         )
+        result = await enqueue(uow, topology, request)
         await uow.commit()
     return result.job_id
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.batch import BatchItem, enqueue_many
 from jobcore.db import Database, fetch_one
 from jobcore.registry import Registry, default_registry, load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql.jobs.reads import JOB_GET_ANY_TENANT
+from jobcore.submit import EnqueueRequest, enqueue_many
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.jobs import retry_job, unblock_job
 from services.api.views import job_view
@@ -331,14 +331,13 @@ async def test_a_batch_of_limited_jobs_takes_its_types_gates(
 ) -> None:
     job_type = default_registry.get("flow_limited")
     items = [
-        BatchItem(
-            payload=AccountPayload(account=f"b{n % 2}", seconds=0.1).model_dump(mode="json"),
-            fingerprint=f"batch-{n}",
+        EnqueueRequest(
+            tenant="t", job_type=job_type, payload=AccountPayload(account=f"b{n % 2}", seconds=0.1)
         )
         for n in range(12)
     ]
     async with db.unit_of_work() as uow:
-        await enqueue_many(uow, topology, tenant="t", job_type=job_type, items=items)
+        await enqueue_many(uow, topology, items)
         await uow.commit()
     written = await rows_of(db, "flow_limited")
     assert len(written) == 12

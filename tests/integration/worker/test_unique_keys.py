@@ -10,9 +10,8 @@ import uuid
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.batch import BatchItem, ItemStatus, enqueue_many
+from jobcore.batch import ItemStatus
 from jobcore.db import Database, execute, fetch_all
-from jobcore.enqueue import enqueue
 from jobcore.errors import UniqueJobExists
 from jobcore.maintenance import Maintainer, Reaper, Rescuer
 from jobcore.registry import default_registry
@@ -20,7 +19,8 @@ from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
 from jobcore.states import TERMINAL, JobStatus
-from jobcore.testing.jobtypes import EchoPayload
+from jobcore.submit import EnqueueRequest, enqueue, enqueue_many
+from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.conftest import StartWorker
@@ -62,10 +62,12 @@ async def keyed_job(db: Database, topology: Topology, *, running: bool) -> uuid.
         job = await enqueue(
             uow,
             topology,
-            tenant="t",
-            job_type=default_registry.get("echo"),
-            payload=EchoPayload(text="x"),
-            unique_key=KEY,
+            EnqueueRequest(
+                tenant="t",
+                job_type=default_registry.get("echo"),
+                payload=EchoPayload(text="x"),
+                unique_key=KEY,
+            ),
         )
         if running:
             await execute(uow, TAKE_OVER({"id": job.job_id, "token": TOKEN}))
@@ -168,10 +170,13 @@ async def test_a_batchs_jobs_run_like_any_and_their_keys_are_free_once_they_succ
     db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
 ) -> None:
     await start_worker()
-    items = [BatchItem(payload={"account": f"acct-{n}"}, fingerprint=str(n)) for n in range(40)]
     sync = default_registry.get("sync_account")
+    items = [
+        EnqueueRequest(tenant="t", job_type=sync, payload=SyncPayload(account=f"acct-{n}"))
+        for n in range(40)
+    ]
     async with db.unit_of_work() as uow:
-        result = await enqueue_many(uow, topology, tenant="t", job_type=sync, items=items)
+        result = await enqueue_many(uow, topology, items)
         await uow.commit()
     assert result.count(ItemStatus.CREATED) == 40
     for outcome in result.outcomes:
@@ -180,6 +185,6 @@ async def test_a_batchs_jobs_run_like_any_and_their_keys_are_free_once_they_succ
             lambda job_id=outcome.job_id: status_is(db, job_id, "succeeded"), what="success"
         )
     async with db.unit_of_work() as uow:
-        again = await enqueue_many(uow, topology, tenant="t", job_type=sync, items=items)
+        again = await enqueue_many(uow, topology, items)
         await uow.commit()
     assert again.count(ItemStatus.CREATED) == 40

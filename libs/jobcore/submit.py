@@ -1,0 +1,373 @@
+"""The enqueue use case: one :class:`EnqueueRequest` per job, for one job
+(:func:`enqueue`) or a batch of them (:func:`enqueue_many`).
+
+It sits beside :mod:`jobcore.usecases`, not in it, because both layers that call into each
+other need it: the maintenance package's scheduler enqueues its ticks, and the use cases
+call the maintenance package (a prune, a schedule triggered by hand), so a module inside
+either package would close an import circle between them.
+
+Every caller that enqueues builds the request: ``POST /jobs/{type}`` and its batch route,
+the scheduler's ticks (:mod:`jobcore.maintenance.scheduling`), a retry
+(:mod:`jobcore.usecases.jobs`), the testing kit (:mod:`jobcore.testing`) and the bench.
+Building it checks its fields (the rules are here and nowhere else) and computes what
+follows from them: when the job is due, its unique key, and the fingerprint an
+idempotency key is matched on. A field that breaks a rule raises
+:class:`~jobcore.errors.InvalidField` naming the field; where the field came from (a
+query parameter, a batch item) is for the caller to say.
+
+Writing is :mod:`jobcore.enqueue` (the job and its outbox message in one statement,
+invariant 1 of docs/design.md) and :mod:`jobcore.batch` (many in one transaction). The
+payload itself is checked before the request is built (:func:`jobcore.payloads.
+validate_payload`), so that the API can answer a bad body before its query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel
+
+from jobcore.amqp.topology import Topology
+from jobcore.apikeys import InvalidApiKey
+from jobcore.batch import BatchItem, BatchResult, write_batch
+from jobcore.channels import OUTBOX_CHANNEL
+from jobcore.db import Session
+from jobcore.enqueue import EnqueueResult, forget_upload, job_gates, job_message_row, write_job
+from jobcore.errors import (
+    IdempotencyConflict,
+    InvalidField,
+    InvalidIdempotencyKey,
+    InvalidUniqueKey,
+    QuotaExceeded,
+    UniqueJobExists,
+)
+from jobcore.priorities import Priority
+from jobcore.quotas import UNLIMITED, Quotas
+from jobcore.registry import JobType
+from jobcore.results import ResultStore
+from jobcore.store import JobInsertParams
+from jobcore.telemetry import capture_trace_headers
+from jobcore.wakeups import RelayWakeups
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+MAX_UNIQUE_KEY_LENGTH = 255
+# How far ahead a job may be scheduled.
+MAX_SCHEDULE_AHEAD = timedelta(days=366)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRequest:
+    """What one enqueue asks for, checked when built (:class:`~jobcore.errors.InvalidField`).
+
+    A plain frozen dataclass, not a pydantic model: it is built once per ``POST /jobs``,
+    from values the caller has parsed already (the payload validated by its job type's
+    model, the API's query by its own schema), so what is left to check is a handful of
+    rules between fields, cheaper written out than run through a validator.
+
+    ``payload``: the job type's model, validated (:func:`jobcore.payloads.
+    validate_payload`); ``sent``: the payload as the client sent it, parsed, when it came
+    as JSON (the fingerprint covers what was sent, so that a model gaining a defaulted
+    field in a deploy does not turn a client's retry into a different request); None: the
+    payload's own JSON.
+
+    ``idempotency_key``: with a key already used for this tenant and type, the enqueue
+    answers that job when the request's fingerprint is the same, and refuses it
+    (:class:`~jobcore.errors.IdempotencyConflict`) when it differs. ``unique_key``: while a
+    pending or running job of the tenant and type holds the key, no job is written
+    (:class:`~jobcore.errors.UniqueJobExists`); without one, the job type's
+    ``unique_field`` of the payload, if it names one. ``run_at`` (with a time zone) or
+    ``delay`` (seconds from now), as sent: when the job may first run. ``priority``: the
+    job type's unless given. Jobs of the tenant with the same ``ordering_key`` start one
+    after another in enqueue order (:mod:`jobcore.gates`). ``callback_url`` (checked by
+    the caller: :func:`jobcore.webhooks.check_callback_url`) receives the completion
+    webhook; without one, the tenant's default endpoint does.
+
+    Not from clients: ``key_id``, the API key the request came with, checked usable in
+    the statement that writes (:class:`~jobcore.apikeys.InvalidApiKey` if it was revoked
+    or expired by then); ``origin``, for the job's ``accepted`` event (the schedule that
+    enqueued it, the job it retries: a few short strings, never payload data);
+    ``ordering_seq``, a place in the ordering key (a retry taking the place of the failed
+    job that blocks its key, :func:`jobcore.usecases.jobs.retry_job`) instead of the next.
+    """
+
+    tenant: str
+    job_type: JobType[Any]
+    payload: BaseModel
+    sent: Any = None
+    idempotency_key: str | None = None
+    unique_key: str | None = None
+    entity_id: str | None = None
+    max_attempts: int | None = None
+    run_at: datetime | None = None
+    delay: float | None = None
+    priority: Priority | None = None
+    ordering_key: str | None = None
+    callback_url: str | None = None
+    key_id: uuid.UUID | None = None
+    origin: Mapping[str, str] | None = None
+    ordering_seq: int | None = None
+    # What follows from the fields above, set when the request is built.
+    # The payload as JSON: what is stored.
+    document: Any = field(init=False, repr=False, compare=False)
+    # When the job may first run (None: now).
+    due_at: datetime | None = field(init=False, repr=False, compare=False)
+    # The unique key the job holds: unique_key, else the payload's unique field, else none.
+    held_key: str | None = field(init=False, repr=False, compare=False)
+    # What an idempotency key is matched on (request_fingerprint).
+    fingerprint: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The order the API reports a request's first error in: its key, when it runs,
+        # its unique key.
+        check_idempotency_key(self.idempotency_key)
+        document = self.payload.model_dump(mode="json")
+        object.__setattr__(self, "document", document)
+        object.__setattr__(self, "due_at", _due_at(self.run_at, self.delay))
+        object.__setattr__(self, "held_key", _held_key(self.job_type, document, self.unique_key))
+        object.__setattr__(self, "fingerprint", request_fingerprint(self))
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """1 to 255 printable ASCII characters (space to tilde), or no key at all."""
+    if key is None:
+        return
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        raise InvalidIdempotencyKey()
+
+
+def _due_at(run_at: datetime | None, delay: float | None) -> datetime | None:
+    """When a job may first run: ``run_at``, or now + ``delay`` seconds, or now (None)."""
+    if run_at is not None and delay is not None:
+        raise InvalidField("delay", "give run_at or delay, not both", kind="conflict")
+    if delay is not None:
+        return datetime.now(UTC) + timedelta(seconds=delay)
+    if run_at is None:
+        return None
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidField("run_at", "needs a time zone offset", kind="timezone")
+    try:
+        when = run_at.astimezone(UTC)
+    except OverflowError:
+        when = None
+    if when is None or when - datetime.now(UTC) > MAX_SCHEDULE_AHEAD:
+        reason = f"must be within {MAX_SCHEDULE_AHEAD.days} days from now"
+        raise InvalidField("run_at", reason, kind="range")
+    return when
+
+
+def _held_key(job_type: JobType[Any], document: Any, explicit: str | None) -> str | None:
+    """The job's unique key: ``explicit`` (the request's ``unique_key``), else the value of
+    the payload field the job type names (``unique_field``; a string as it is, anything
+    else as canonical JSON), else none. ``document``: the validated payload as JSON."""
+    if explicit is not None:
+        if not 1 <= len(explicit) <= MAX_UNIQUE_KEY_LENGTH or "\x00" in explicit:
+            raise InvalidUniqueKey(
+                "unique_key", "a unique key is 1 to 255 characters, without NUL", kind="unique_key"
+            )
+        return explicit
+    if job_type.unique_field is None:
+        return None
+    value = document.get(job_type.unique_field) if isinstance(document, dict) else None
+    if value is None:
+        return None
+    key = value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if isinstance(key, bytes):
+        key = key.decode()
+    if len(key) > MAX_UNIQUE_KEY_LENGTH:
+        raise InvalidUniqueKey(
+            "payload",
+            f"the job type's unique key is this field, at most {MAX_UNIQUE_KEY_LENGTH} "
+            "characters (as JSON unless a string)",
+            kind="unique_key",
+            path=(job_type.unique_field,),
+        )
+    return key
+
+
+def request_fingerprint(request: EnqueueRequest) -> str:
+    """A stable hash of the request as the client sent it: the payload's JSON (key order
+    and whitespace do not matter) and every field that changes the job. The only place an
+    enqueue's fingerprint is computed (it is stored with the job, so a change here turns
+    every client's retry of an earlier request into a different request).
+
+    The payload as sent (``sent``), else its JSON. ``delay`` is kept as sent (the same
+    delay is the same request, whenever it is retried); ``run_at`` as an instant in UTC.
+    ``unique_key``, ``priority`` and ``ordering_key`` count only when given, so requests
+    without them hash as they did before those existed (their retries still replay).
+    """
+    fields: dict[str, Any] = {
+        "payload": request.document if request.sent is None else request.sent,
+        "callback_url": request.callback_url,
+        "run_at": None if request.run_at is None else _instant(request.run_at),
+        "delay": request.delay,
+        "max_attempts": request.max_attempts,
+        "entity_id": request.entity_id,
+    }
+    if request.unique_key is not None:
+        fields["unique_key"] = request.unique_key
+    if request.priority is not None:
+        fields["priority"] = int(request.priority)
+    if request.ordering_key is not None:
+        fields["ordering_key"] = request.ordering_key
+    canonical = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def _instant(when: datetime) -> str:
+    return (when.astimezone(UTC) if when.tzinfo is not None else when).isoformat()
+
+
+async def enqueue(
+    uow: Session,
+    topology: Topology,
+    request: EnqueueRequest,
+    *,
+    quotas: Quotas = UNLIMITED,
+    wakeups: RelayWakeups | None = None,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
+) -> EnqueueResult:
+    """Write a pending job and its outbox message through ``uow``.
+
+    The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
+    commit together on their own; in a unit of work, the caller commits.
+
+    A replay (the request's idempotency key and fingerprint match a job) answers that job,
+    whatever the quotas and the unique key. ``quotas``: the defaults for a tenant without
+    overrides (``tenant_quotas``); over its rate limit or its cap of unfinished jobs the
+    job is not written and :class:`~jobcore.errors.EnqueueRateExceeded` or
+    :class:`~jobcore.errors.TooManyUnfinishedJobs` is raised. A live job holding the
+    request's unique key: :class:`~jobcore.errors.UniqueJobExists` (checked after the
+    idempotency key); neither uses quota.
+
+    ``wakeups``: on a session, while other enqueues of the process are in flight, the
+    statement does not NOTIFY the relays; they are woken through it once the job
+    committed (why: :mod:`jobcore.wakeups`). Alone, in a unit of work, or without it, the
+    statement NOTIFYs, and the relays hear it when it commits.
+
+    ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
+    is stored there first (``payloads/<job id>.json``) and the row keeps its key in
+    ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
+    store cannot take it. An upload whose job is not written (refused, replayed, the
+    statement failed) is deleted at once when possible, else by the pruner's sweep.
+    """
+    trace = capture_trace_headers()
+    job_type = request.job_type
+    job_id = uuid.uuid4()
+    payload_ref: str | None = None
+    if payload_store is not None and inline_payload_max_bytes is not None:
+        encoded = orjson.dumps(request.document)
+        if len(encoded) > inline_payload_max_bytes:
+            payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, encoded)
+    params: JobInsertParams = {
+        "id": job_id,
+        "tenant": request.tenant,
+        "type": job_type.name,
+        "queue": job_type.queue,
+        "idempotency_key": request.idempotency_key,
+        "key_id": request.key_id,
+        "payload_fingerprint": request.fingerprint,
+        "payload": Jsonb({} if payload_ref is not None else request.document),
+        "payload_ref": payload_ref,
+        "entity_id": request.entity_id,
+        "max_attempts": request.max_attempts or job_type.max_attempts,
+        "priority": int(job_type.priority if request.priority is None else request.priority),
+        "run_at": request.due_at,
+        "callback_url": request.callback_url,
+        "event_detail": Jsonb(dict(request.origin or {})),
+        "traceparent": trace.get("traceparent"),
+        "tracestate": trace.get("tracestate"),
+        "channel": OUTBOX_CHANNEL,
+        "notify": True,
+        "default_rate": quotas.enqueue_rate,
+        "default_burst": quotas.enqueue_burst,
+        "default_max_unfinished": quotas.max_unfinished,
+        "default_max_long_polls": quotas.max_long_polls,
+        "unique_key": request.held_key,
+        **job_gates(
+            job_type,
+            tenant=request.tenant,
+            payload=request.document,
+            ordering_key=request.ordering_key,
+        ),
+        "ordering_seq": request.ordering_seq,
+        **job_message_row(
+            topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
+        ),
+    }
+    if payload_ref is None or payload_store is None:
+        return await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
+    try:
+        outcome = await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
+    except (InvalidApiKey, QuotaExceeded, IdempotencyConflict, UniqueJobExists):
+        # Refused: no job was written. After any other error (a lost connection, a
+        # cancellation) the job may have committed: the sweep decides, by its row.
+        await forget_upload(payload_store, payload_ref)
+        raise
+    if outcome.job_id != job_id:  # a replay answered with the earlier job
+        await forget_upload(payload_store, payload_ref)
+    return outcome
+
+
+async def enqueue_many(
+    uow: Session,
+    topology: Topology,
+    requests: Sequence[EnqueueRequest],
+    *,
+    quotas: Quotas = UNLIMITED,
+) -> BatchResult:
+    """Write the jobs of 1 to :data:`~jobcore.batch.MAX_BATCH_ITEMS` requests through
+    ``uow``, a unit of work the caller commits: each request's outcome, in order
+    (:func:`jobcore.batch.write_batch`).
+
+    The requests are of one tenant, job type and callback URL, with the job type's
+    priority, no ordering key and no API key to check (what one multi-row statement
+    writes); anything else is a ValueError.
+    """
+    if not requests:
+        raise ValueError("a batch holds at least one request")
+    first = requests[0]
+    for request in requests:
+        if (request.tenant, request.job_type, request.callback_url) != (
+            first.tenant,
+            first.job_type,
+            first.callback_url,
+        ):
+            raise ValueError("a batch's requests share their tenant, job type and callback URL")
+        if (
+            request.priority is not None
+            or request.ordering_key is not None
+            or request.ordering_seq is not None
+            or request.key_id is not None
+            or request.origin
+        ):
+            raise ValueError("a batch's requests take no priority, ordering key, API key or origin")
+    items = [
+        BatchItem(
+            payload=request.document,
+            fingerprint=request.fingerprint,
+            idempotency_key=request.idempotency_key,
+            unique_key=request.held_key,
+            entity_id=request.entity_id,
+            max_attempts=request.max_attempts,
+            run_at=request.due_at,
+        )
+        for request in requests
+    ]
+    return await write_batch(
+        uow,
+        topology,
+        tenant=first.tenant,
+        job_type=first.job_type,
+        items=items,
+        callback_url=first.callback_url,
+        quotas=quotas,
+    )
