@@ -9,17 +9,22 @@ A page asks for a table with a marker on a line of its own, ``<!-- generated: NA
 - ``http``: every route of the API's OpenAPI document (``services.api.app.create_app``);
 - ``metrics``: every metric the API, the relay and the worker register;
 - ``bench``: every report `jobcore bench` wrote under ``docs/bench/``, with its plots (for
-  a page one folder below ``docs/``).
+  a page one folder below ``docs/``);
+- ``bench-report FOLDER [SCENARIO]``: the table and plots of the one report ``jobcore bench
+  --out FOLDER`` wrote (``FOLDER`` is ``docs/bench`` or a folder under it), with the
+  run's date and machine; with ``SCENARIO``, only that scenario's rows and plot. A page
+  that discusses a run embeds its figures this way instead of typing them.
 
 The tables are built from the public objects (the settings models, the typer app, the
 FastAPI app, the processes' metric registries), never from lists of modules, so a module
 that moves changes nothing here. What cannot be generated fails the strict build: a
 setting with no meaning in settings.yml, a meaning for a setting that no longer exists,
-an unknown marker.
+an unknown marker, a marker that does not parse, a report that is not there.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +34,13 @@ import yaml
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!-- generated: ([a-z]+) -->$", re.MULTILINE)
+BENCH_REPORT_MARKER = re.compile(
+    r"^<!-- generated: bench-report (docs/bench(?:/[a-z0-9-]+)*)(?: ([a-z_0-9]+))? -->$",
+    re.MULTILINE,
+)
+# Anything that looks like a marker: one that matches neither pattern above is a typo that
+# would otherwise stay an invisible HTML comment.
+ANY_MARKER = re.compile(r"^[ \t]*<!--[ \t]*generated\b.*$", re.MULTILINE)
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_NOTES = ROOT / "docs" / "reference" / "settings.yml"
 
@@ -44,7 +56,13 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
             raise GeneratedReferenceError(f"{page.file.src_path}: no generated table {match[1]!r}")
         return generator()
 
-    return MARKER.sub(table, markdown)
+    def report(match: re.Match[str]) -> str:
+        return bench_report(match[1], match[2], page.file.src_path)
+
+    for line in ANY_MARKER.findall(markdown):
+        if not (MARKER.fullmatch(line) or BENCH_REPORT_MARKER.fullmatch(line)):
+            raise GeneratedReferenceError(f"{page.file.src_path}: malformed marker {line!r}")
+    return BENCH_REPORT_MARKER.sub(report, MARKER.sub(table, markdown))
 
 
 def _cell(text: object) -> str:
@@ -359,6 +377,74 @@ def bench_reports() -> str:
     if not lines:
         raise GeneratedReferenceError("docs/bench holds no report.md")
     return "\n".join(lines) + "\n"
+
+
+def _report_table(lines: list[str]) -> tuple[list[str], list[str]]:
+    """The report's table: its header (two lines) and its rows."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("| scenario |")), None)
+    if start is None:
+        return [], []
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start : start + 2], lines[start + 2 : end]
+
+
+def _targets(lines: list[str], scenario: str | None) -> list[str]:
+    """The PASS/FAIL list a scenario with targets writes under its section."""
+    found: list[str] = []
+    section = None
+    in_targets = False
+    for line in lines:
+        if line.startswith("## "):
+            section = line[3:].split(":", 1)[0]
+            in_targets = False
+        elif line.startswith("Targets"):
+            in_targets = scenario is None or section == scenario
+            if in_targets:
+                found += [line, ""]
+        elif in_targets and line.startswith("- "):
+            found.append(line)
+        elif in_targets and line.strip():
+            in_targets = False
+    return [*found, ""] if found else []
+
+
+def bench_report(folder: str, scenario: str | None, page_path: str) -> str:
+    """One report's table and plots, as `jobcore bench --out FOLDER` wrote them, for the
+    page at ``page_path`` (relative to ``docs/``): a page explains a run in words and
+    shows its figures through this, so they change only when the bench runs again."""
+    directory = ROOT / folder
+    report = directory / "report.md"
+    where = f"{page_path}: bench-report {folder}"
+    if not report.is_file():
+        raise GeneratedReferenceError(f"{where}: no {folder}/report.md")
+    lines = report.read_text(encoding="utf-8").splitlines()
+    header, rows = _report_table(lines)
+    if scenario is not None:
+        rows = [row for row in rows if row.split("|")[1].strip() == scenario]
+    if not rows:
+        wanted = f"rows of scenario {scenario!r}" if scenario else "table"
+        raise GeneratedReferenceError(f"{where}: {folder}/report.md has no {wanted}")
+    if scenario is not None:
+        plots = [plot for plot in [directory / f"{scenario}.png"] if plot.is_file()]
+    else:
+        plots = sorted(directory.glob("*.png"))
+    page_dir = posixpath.dirname(page_path)
+    in_docs = directory.relative_to(ROOT / "docs").as_posix()
+    link = posixpath.relpath(f"{in_docs}/report.md", page_dir)
+    run = next((line for line in lines if line.startswith("Run at ")), "")
+    when = run.removeprefix("Run at ").split(" with ", 1)[0]
+    machine = next((line for line in lines if line.startswith("Machine: ")), "")
+    machine = machine.removeprefix("Machine: ").split("; load average", 1)[0]
+    caption = f"From [`docs/{in_docs}/report.md`]({link})" + (f", run at {when}" if when else "")
+    if machine:
+        caption += f" on {machine}"
+    parts = [caption + ":", "", *header, *rows, "", *_targets(lines, scenario)]
+    for plot in plots:
+        target = posixpath.relpath(f"{in_docs}/{plot.name}", page_dir)
+        parts += [f"![docs/{in_docs}: {plot.stem}]({target})", ""]
+    return "\n".join(parts)
 
 
 GENERATORS: dict[str, Callable[[], str]] = {

@@ -73,3 +73,129 @@ def test_the_readmes_handler_is_the_tutorials_which_the_suite_runs() -> None:
     greetings = tutorial.split('```python title="greetings.py"\n', 1)[1].split("```", 1)[0]
     assert handler.strip()
     assert handler in greetings
+
+
+# --- measured figures come from `jobcore bench`, never typed (issue 34) -----------------
+
+# A measurement as prose types it: a rate, a cost per unit of work, a ratio, a percentile.
+# A setting ("`JOBCORE_...=2`", "every 50 ms") matches none of these; a target states its
+# bar with ≥ or ≤ and its line is left alone.
+MEASURED_FIGURE = re.compile(
+    r"""
+      \d[\d,.]*\s?(?:jobs|req|requests|rows|msg|messages|enqueues)/s\b
+    | \d[\d.]*\s?(?:ms|µs)(?:/job|/request|/message|\s(?:a|per)\s(?:job|request|message)\b)
+    | \d\.\d+\s?×
+    | \bp(?:50|99)\s+(?:of\s+)?\d[\d.]*\s?m?s\b
+    """,
+    re.VERBOSE,
+)
+PROSE_PAGES = sorted(
+    [
+        README,
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "docs" / "explanation").glob("*.md"),
+        *(ROOT / "docs" / "how-to").glob("*.md"),
+        ROOT / "docs" / "bench" / "measurements.md",
+    ]
+)
+
+
+def typed_figures(text: str) -> list[str]:
+    """Measured figures in a page's prose: outside code blocks and generated markers (which
+    the build replaces with a report's own lines), on lines that state no ≥ / ≤ target."""
+    found = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("<!-- generated:") or "≥" in line or "≤" in line:
+            continue
+        found += [f"{number}: {match[0]!r}" for match in MEASURED_FIGURE.finditer(line)]
+    return found
+
+
+def test_the_figure_pattern_tells_measurements_from_settings_and_targets() -> None:
+    measured = [
+        "Its last run showed 589 jobs/s against Celery's 1,145.",
+        "the relay at 31 µs a message against 289 µs",
+        "0.51× Celery's rate",
+        "idle enqueue→start p50 8.5 ms",
+        "the API answered 273 req/s",
+        "drained 10 300 jobs/s",
+    ]
+    kept = [
+        "`JOBCORE_DB_CONNECT_TIMEOUT=2` and a poll every 50 ms",
+        "the target is p50 ≤ 5 ms, p99 ≤ 20 ms",
+        "relay throughput at the largest step ≥ 0.8× at the smallest",
+        "```\njobcore bench peers --jobs 20000  # 589 jobs/s\n```",
+        "<!-- generated: bench-report docs/bench/peers -->",
+        "a batch of 1,000 items, retries due within 10 ms",
+    ]
+    assert all(typed_figures(text) for text in measured)
+    assert not [text for text in kept if typed_figures(text)]
+
+
+@pytest.mark.parametrize("page", PROSE_PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_page_types_a_measured_figure(page: Path) -> None:
+    name = page.relative_to(ROOT).as_posix()
+    figures = typed_figures(page.read_text(encoding="utf-8"))
+    assert not figures, (
+        f"{name} types measured figures (embed the report with "
+        f"`<!-- generated: bench-report docs/bench/FOLDER -->` or link it): {figures}"
+    )
+
+
+# --- the bench-report marker ------------------------------------------------------------
+
+
+def _hooks():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Page:
+    class file:  # mkdocs' attribute name
+        src_path = "explanation/benchmarks.md"
+
+
+def test_a_bench_report_marker_embeds_the_reports_own_rows_and_plot() -> None:
+    hooks = _hooks()
+    report = (ROOT / "docs" / "bench" / "peers" / "report.md").read_text(encoding="utf-8")
+    rows = [line for line in report.splitlines() if line.startswith("| peers |")]
+    rendered = hooks.on_page_markdown("<!-- generated: bench-report docs/bench/peers -->", _Page)
+    assert rows
+    assert all(row in rendered for row in rows)
+    assert "](../bench/peers/peers.png)" in rendered
+    assert "](../bench/peers/report.md)" in rendered
+
+
+def test_a_scenario_of_the_full_report_embeds_that_scenarios_rows_only() -> None:
+    rendered = _hooks().on_page_markdown("<!-- generated: bench-report docs/bench relay -->", _Page)
+    rows = [line for line in rendered.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["relay"] * (len(rows) - 1)
+    assert len(rows) > 1
+    assert "](../bench/relay.png)" in rendered
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "<!-- generated: bench-report docs/bench/no-such-run -->",
+        "<!-- generated: bench-report docs/bench no_such_scenario -->",
+        "<!-- generated: bench-report ../etc -->",
+        "<!-- generated: bench-report -->",
+        "<!--generated: bench -->",
+        "<!-- generated: no-such-table -->",
+    ],
+)
+def test_a_marker_that_cannot_be_generated_fails_the_build(marker: str) -> None:
+    hooks = _hooks()
+    with pytest.raises(hooks.GeneratedReferenceError):
+        hooks.on_page_markdown(f"text\n{marker}\nmore\n", _Page)
