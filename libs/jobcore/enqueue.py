@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ from jobcore.gates import gate_key
 from jobcore.quotas import RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
-from jobcore.sql import OutboxMessageParams
+from jobcore.sql import OutboxMessageParams, OutboxMessagesParams
 from jobcore.states import JobStatus
 from jobcore.store import JobGateParams, JobInsertParams, job_store
 from jobcore.wakeups import RelayWakeups
@@ -103,6 +104,36 @@ def job_message_row(
         attempt=attempt,
         trace_headers=trace_headers,
     )
+
+
+def trace_headers_of(row: Mapping[str, Any]) -> dict[str, str]:
+    """The trace context a job row keeps, as message headers."""
+    return {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
+
+
+def next_attempt_message(topology: Topology, row: Mapping[str, Any]) -> OutboxMessageParams:
+    """The message for the next attempt of a locked job row (id, type, queue, attempts and
+    its trace context): what the gate releaser and the anti-entropy sweeper publish."""
+    return message_row(
+        topology,
+        job_id=row["id"],
+        type_name=row["type"],
+        queue=row["queue"],
+        attempt=row["attempts"] + 1,
+        trace_headers=trace_headers_of(row),
+    )
+
+
+def message_columns(messages: Sequence[OutboxMessageParams]) -> OutboxMessagesParams:
+    """Messages as the parallel arrays a many-row statement unnests."""
+    return {
+        "message_ids": [m["message_id"] for m in messages],
+        "exchanges": [m["exchange"] for m in messages],
+        "routing_keys": [m["routing_key"] for m in messages],
+        "message_types": [m["message_type"] for m in messages],
+        "headers": [m["headers"] for m in messages],
+        "bodies": [m["body"] for m in messages],
+    }
 
 
 def message_row(

@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from jobcore.amqp.connection import broker_server
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
+from jobcore.enqueue import trace_headers_of
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
     BrokerUnavailable,
@@ -285,7 +286,7 @@ class Consumer(Service):
             max_attempts=row["max_attempts"],
             lease_token=row["lease_token"],
             cancel_requested=row["cancel_requested_at"] is not None,
-            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
+            trace_headers=trace_headers_of(row),
             message_id=taken.message_id,
             created_at=row["created_at"],
             due_at=row["due_at"],

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import UnitOfWork
-from jobcore.enqueue import job_message_row
+from jobcore.enqueue import job_message_row, message_columns, trace_headers_of
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.metrics import ReaperMetrics
 from jobcore.registry import JobType, Registry
@@ -109,24 +109,17 @@ class Reaper(BatchService[ReaperConfig]):
                 job_id=row["id"],
                 job_type=self._job_type(row),
                 attempt=row["attempts"] + 1,
-                trace_headers={
-                    k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None
-                },
+                trace_headers=trace_headers_of(row),
             )
             for row in expired
             if row["attempts"] < row["max_attempts"]
         ]
         return {
             **self.completion,
+            **message_columns(messages),
             "ids": [row["id"] for row in expired],
             "error": LEASE_EXPIRED,
             "channel": OUTBOX_CHANNEL,
-            "message_ids": [m["message_id"] for m in messages],
-            "exchanges": [m["exchange"] for m in messages],
-            "routing_keys": [m["routing_key"] for m in messages],
-            "message_types": [m["message_type"] for m in messages],
-            "headers": [m["headers"] for m in messages],
-            "bodies": [m["body"] for m in messages],
             "job_ids": [row["id"] for row in expired if row["attempts"] < row["max_attempts"]],
         }
 

@@ -13,7 +13,7 @@ from psycopg.rows import DictRow
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import UnitOfWork
-from jobcore.enqueue import message_row
+from jobcore.enqueue import message_columns, next_attempt_message
 from jobcore.store import JobReleaseHeldParams, job_store
 
 # How far ahead a rate-limited key's held jobs are released (each due at its token's
@@ -35,26 +35,11 @@ async def release_held(
 
 
 def _release_params(topology: Topology, rows: list[DictRow]) -> JobReleaseHeldParams:
-    messages = [
-        message_row(
-            topology,
-            job_id=row["id"],
-            type_name=row["type"],
-            queue=row["queue"],
-            attempt=row["attempts"] + 1,
-            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
-        )
-        for row in rows
-    ]
+    messages = [next_attempt_message(topology, row) for row in rows]
     return {
+        **message_columns(messages),
         "ids": [row["id"] for row in rows],
         "attempts": [row["attempts"] + 1 for row in rows],
         "available_at": [row["due_at"] for row in rows],
         "channel": OUTBOX_CHANNEL,
-        "message_ids": [m["message_id"] for m in messages],
-        "exchanges": [m["exchange"] for m in messages],
-        "routing_keys": [m["routing_key"] for m in messages],
-        "message_types": [m["message_type"] for m in messages],
-        "headers": [m["headers"] for m in messages],
-        "bodies": [m["body"] for m in messages],
     }

@@ -31,7 +31,7 @@ from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, UnitOfWork
-from jobcore.enqueue import message_row
+from jobcore.enqueue import message_columns, next_attempt_message
 from jobcore.store import JobRepublishStaleParams, job_store
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
@@ -67,28 +67,13 @@ async def republish_stale(
     )
     if not locked:
         return 0, []
-    messages = [
-        message_row(
-            topology,
-            job_id=row["id"],
-            type_name=row["type"],
-            queue=row["queue"],
-            attempt=row["attempts"] + 1,
-            trace_headers={k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None},
-        )
-        for row in locked
-    ]
+    messages = [next_attempt_message(topology, row) for row in locked]
     params: JobRepublishStaleParams = {
+        **message_columns(messages),
         "ids": [row["id"] for row in locked],
         "attempts": [row["attempts"] + 1 for row in locked],
         "reasons": [row["reason"] for row in locked],
         "silent": [row["silent_seconds"] for row in locked],
-        "message_ids": [m["message_id"] for m in messages],
-        "exchanges": [m["exchange"] for m in messages],
-        "routing_keys": [m["routing_key"] for m in messages],
-        "message_types": [m["message_type"] for m in messages],
-        "headers": [m["headers"] for m in messages],
-        "bodies": [m["body"] for m in messages],
         "channel": OUTBOX_CHANNEL,
     }
     rows = await job_store.republish_stale(uow, params)

@@ -131,6 +131,18 @@ class CompletionParams(TypedDict):
     webhook_outbox_channel: str
 
 
+class OutboxMessagesParams(TypedDict):
+    """Many outbox messages as parallel arrays, one element per job
+    (:func:`jobcore.enqueue.message_columns`)."""
+
+    message_ids: list[uuid.UUID]
+    exchanges: list[str]
+    routing_keys: list[str]
+    message_types: list[str]
+    headers: list[Jsonb]
+    bodies: list[bytes]
+
+
 class OutboxMessageParams(TypedDict):
     """The columns of one outbox message (:func:`jobcore.enqueue.message_row`)."""
 

@@ -10,11 +10,7 @@ import uuid
 from datetime import datetime
 from typing import TypedDict
 
-from psycopg.types.json import Jsonb
-
-from jobcore.sql import (
-    Query,
-)
+from jobcore.sql import OutboxMessagesParams, Query
 
 
 class JobOrderingUnblockParams(TypedDict):
@@ -207,17 +203,11 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
 )
 
 
-class JobReleaseHeldParams(TypedDict):
+class JobReleaseHeldParams(OutboxMessagesParams):
     attempts: list[int]
     available_at: list[datetime]
-    bodies: list[bytes]
     channel: str
-    exchanges: list[str]
-    headers: list[Jsonb]
     ids: list[uuid.UUID]
-    message_ids: list[uuid.UUID]
-    message_types: list[str]
-    routing_keys: list[str]
 
 
 # The caller locked the jobs (JOB_LOCK_RELEASABLE, same transaction) and built one message

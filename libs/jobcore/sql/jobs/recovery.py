@@ -10,11 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import TypedDict
 
-from psycopg.types.json import Jsonb
-
 from jobcore.jobevents import JobEventKind
 from jobcore.sql import (
     CompletionParams,
+    OutboxMessagesParams,
     Query,
 )
 from jobcore.sql.job_events import (
@@ -45,17 +44,11 @@ JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
 )
 
 
-class JobReapExpiredParams(CompletionParams):
-    bodies: list[bytes]
+class JobReapExpiredParams(CompletionParams, OutboxMessagesParams):
     channel: str
     error: str
-    exchanges: list[str]
-    headers: list[Jsonb]
     ids: list[uuid.UUID]
     job_ids: list[uuid.UUID]
-    message_ids: list[uuid.UUID]
-    message_types: list[str]
-    routing_keys: list[str]
 
 
 # The caller locked the rows and prepared one message per job that may get another
@@ -229,17 +222,11 @@ JOB_LOCK_STALE = Query[JobLockStaleParams](
 )
 
 
-class JobRepublishStaleParams(TypedDict):
+class JobRepublishStaleParams(OutboxMessagesParams):
     attempts: list[int]
-    bodies: list[bytes]
     channel: str
-    exchanges: list[str]
-    headers: list[Jsonb]
     ids: list[uuid.UUID]
-    message_ids: list[uuid.UUID]
-    message_types: list[str]
     reasons: list[str]
-    routing_keys: list[str]
     silent: list[float]
 
 
