@@ -90,7 +90,9 @@ set_sync() { # set_sync NAME '*'|''
 
 make_cluster() { # make_cluster NAME: an empty, stopped cluster with the pair's settings
   local name="$1" conf
-  pg_createcluster "$VERSION" "$name" -p "${PORTS[$name]}" --start-conf manual >/dev/null
+  # UTF-8 whatever the caller's locale (without one the cluster would be SQL_ASCII).
+  pg_createcluster "$VERSION" "$name" -p "${PORTS[$name]}" --start-conf manual \
+    --locale=C.UTF-8 --encoding=UTF8 >/dev/null
   conf="$(confdir "$name")"
   mkdir -p "$conf/conf.d"
   cat >"$conf/conf.d/50-jobcore-pair.conf" <<EOF

@@ -25,7 +25,20 @@ usage() { echo "usage: $0 start|stop|drop|status|url" >&2; exit 2; }
 
 answers() { pg_isready -q -h 127.0.0.1 -p "$port" -t 2 -U postgres; }
 
-exists() { [ -d "$conf" ]; }
+wait_answers() {
+  for _ in $(seq 1 100); do
+    answers && return 0
+    sleep 0.1 # bounded: 10 s at most
+  done
+  answers
+}
+
+encoding() {
+  psql -Atq -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+    -c "SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = 'template1'"
+}
+
+exists() { [ -f "$conf/postgresql.conf" ]; }
 
 create() {
   if [ "$name" = main ]; then
@@ -33,8 +46,10 @@ create() {
     exit 1
   fi
   # --start-conf=manual: never started with the machine's services, only by this script.
+  # UTF-8 as the shared cluster, whatever the caller's locale: created from a process
+  # without LANG the cluster would be SQL_ASCII, whose text psycopg answers as bytes.
   pg_createcluster "$version" "$name" -p "$port" --start-conf=manual \
-    -- --auth-local=trust --auth-host=trust >/dev/null
+    --locale=C.UTF-8 --encoding=UTF8 -- --auth-local=trust --auth-host=trust >/dev/null
   cat >"$conf/conf.d/90-jobcore-stats.conf" <<EOF
 # scripts/pg_stats_cluster.sh: the shared cluster's settings, and pg_stat_statements.
 listen_addresses = '127.0.0.1'
@@ -63,17 +78,21 @@ EOF
 
 case "${1:-}" in
   start)
-    if answers; then
+    if answers && [ "$(encoding)" = UTF8 ]; then
       echo "postgresql://postgres@127.0.0.1:$port/postgres"
       exit 0
     fi
+    # A cluster an earlier version of this script made without an encoding (SQL_ASCII
+    # when its caller had no locale) is made again: it holds nothing but statistics.
+    if answers || { exists && pg_ctlcluster "$version" "$name" start && wait_answers; }; then
+      if [ "$(encoding)" != UTF8 ]; then
+        pg_dropcluster "$version" "$name" --stop
+        rm -rf "$conf" # pg_dropcluster leaves the conf.d file this script wrote
+      fi
+    fi
     exists || create
-    pg_ctlcluster "$version" "$name" start
-    for _ in $(seq 1 100); do
-      answers && break
-      sleep 0.1 # bounded: 10 s at most
-    done
-    answers || { echo "pg_stats_cluster: $name did not answer on $port" >&2; exit 1; }
+    answers || pg_ctlcluster "$version" "$name" start
+    wait_answers || { echo "pg_stats_cluster: $name did not answer on $port" >&2; exit 1; }
     psql -q -h 127.0.0.1 -p "$port" -U postgres -d postgres \
       -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
     echo "postgresql://postgres@127.0.0.1:$port/postgres"
@@ -87,6 +106,7 @@ case "${1:-}" in
     if exists; then
       pg_dropcluster "$version" "$name" --stop
     fi
+    rm -rf "$conf"
     ;;
   status)
     answers && echo "running on $port" || { echo "not running"; exit 1; }
