@@ -43,6 +43,9 @@ class JobProgress:
         self._last_write: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleeping = False
+        # Set while a flush waits for the loop: a loop task that has not started yet must
+        # not begin a throttle sleep the flush would then wait out.
+        self._hurry = False
         self._closed = False
         self._failure_logged = False
         self.writes = 0
@@ -64,7 +67,7 @@ class JobProgress:
         try:
             while self._pending is not None:
                 delay = self._wait_before_next()
-                if delay > 0:
+                if delay > 0 and not self._hurry:
                     self._sleeping = True
                     try:
                         await asyncio.sleep(delay)  # the throttle: one write per interval
@@ -94,10 +97,14 @@ class JobProgress:
         """Write what is pending now (waiting for a write in flight), past the throttle."""
         task = self._task
         if task is not None:
-            if self._sleeping:
-                task.cancel()
-            # Waits without raising the task's cancellation (or taking on our own).
-            await asyncio.wait([task])
+            self._hurry = True
+            try:
+                if self._sleeping:
+                    task.cancel()
+                # Waits without raising the task's cancellation (or taking on our own).
+                await asyncio.wait([task])
+            finally:
+                self._hurry = False
         await self._write_pending()
 
     async def close(self) -> None:

@@ -114,6 +114,19 @@ async def test_a_failing_write_does_not_reach_the_handler() -> None:
     assert progress.writes == 0
 
 
+async def test_close_right_after_a_report_writes_it_without_waiting_out_the_throttle() -> None:
+    # The report's loop task has not started when close() comes: it must not begin the
+    # interval's sleep (60 s here) that the close would then wait for.
+    recorder = Recorder()
+    progress = JobProgress(recorder, interval=60.0, clock=FrozenClock())
+    progress.report(0.1, None)
+    await settle()
+    progress.report(0.2, "done")
+    async with asyncio.timeout(10):  # not wait_for: its task would let the loop start first
+        await progress.close()
+    assert recorder.writes == [(0.1, None), (0.2, "done")]
+
+
 async def test_abandoned_progress_writes_nothing_more() -> None:
     recorder = Recorder()
     progress = JobProgress(recorder, interval=60.0, clock=FrozenClock())
