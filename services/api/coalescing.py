@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +108,11 @@ class EnqueueCoalescer:
         """After a write of the group: the queued requests go next, or the group is idle."""
         group.writing = None
         if any(not waiting.answer.done() for waiting in group.queued):
-            group.writing = asyncio.create_task(self._write_queued(key, group), name="enqueue")
+            # In a context of its own, not the finished request's: the group's statements
+            # belong to no one request's trace (each job carries its request's own).
+            group.writing = asyncio.create_task(
+                self._write_queued(key, group), name="enqueue-group", context=contextvars.Context()
+            )
         else:
             group.queued.clear()
             del self._groups[key]
