@@ -11,6 +11,7 @@ invalid before (a payload that does not validate) never get here.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,10 +19,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from jobcore.amqp.topology import Topology
+from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Session, execute
 from jobcore.enqueue import UNIQUE_KEY_TRIES, job_gates, quota_refusal, seconds_of
@@ -57,6 +60,16 @@ class BatchItem:
     entity_id: str | None = None
     max_attempts: int | None = None
     run_at: datetime | None = None
+    # What a coalesced single enqueue (jobcore.submit.enqueue_coalesced) has of its own;
+    # a batch's items take the defaults. ``priority``: the job type's when None;
+    # ``trace``: the trace context the batch was written in when None; ``event_detail``:
+    # what the `accepted` event says besides run_at; ``legacy_replay``: an idempotency
+    # key's job from before request fingerprints answers a replay (as a single enqueue's).
+    priority: int | None = None
+    callback_url: str | None = None
+    trace: dict[str, str] | None = None
+    event_detail: dict[str, Any] = field(default_factory=lambda: {"batch": True})
+    legacy_replay: bool = False
 
 
 class ItemStatus(StrEnum):
@@ -73,6 +86,8 @@ class ItemOutcome:
     # The job written or replayed, or the one holding the unique key.
     job_id: uuid.UUID | None = None
     job_status: JobStatus | None = None
+    # When the job written or replayed was accepted.
+    created_at: datetime | None = None
     # Why the item was not written (UniqueJobExists, a QuotaExceeded, IdempotencyConflict).
     error: JobcoreError | None = None
 
@@ -83,6 +98,11 @@ class BatchResult:
     outcomes: list[ItemOutcome]
     # RateLimit and RateLimit-Policy after the batch's turn (none: unlimited).
     rate_headers: dict[str, str] = field(default_factory=dict)
+    # The tenant's rate limit, its theoretical arrival time after the batch's turn (epoch
+    # seconds) and the statement's clock: for headers of each item's own turn.
+    limit: RateLimit | None = None
+    rate_tat: float | None = None
+    now: float = 0.0
 
     def count(self, status: ItemStatus) -> int:
         return sum(1 for outcome in self.outcomes if outcome.status is status)
@@ -97,12 +117,19 @@ async def write_batch(
     items: Sequence[BatchItem],
     callback_url: str | None = None,
     quotas: Quotas = UNLIMITED,
+    key_id: uuid.UUID | None = None,
+    notify: bool = True,
 ) -> BatchResult:
     """Write the batch's jobs and outbox messages through ``uow``, a unit of work the
     caller commits, in two statements (the tenant's usage row is locked first, so
     admissions of one tenant take turns as single enqueues do) and, when some items found
     their keys taken, one more to read the jobs that hold them. Outcomes are in the
-    items' order."""
+    items' order.
+
+    ``callback_url``: of the items that name none. ``key_id``: the API key the items came
+    with, checked usable by the insert (:class:`~jobcore.apikeys.InvalidApiKey`, nothing
+    written, when it is not). ``notify``: False when the caller wakes the relays itself
+    after the commit (:mod:`jobcore.wakeups`)."""
     if not 1 <= len(items) <= MAX_BATCH_ITEMS:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH_ITEMS} items")
     trace = capture_trace_headers()
@@ -113,17 +140,23 @@ async def write_batch(
     # An item whose unique key's holder ended between the insert and the read is tried
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):
-        rows = await job_store.insert_many(
-            uow,
-            _insert_params(topology, tenant, job_type, items, todo, callback_url, quotas, trace),
+        params = _insert_params(
+            topology, tenant, job_type, items, todo, callback_url, quotas, trace
         )
+        params["key_id"], params["notify"] = key_id, notify
+        rows = await job_store.insert_many(uow, params)
+        if not rows:  # the API key was revoked or expired since it was verified
+            raise InvalidApiKey()
         limit = RateLimit(float(rows[0]["rate"]), int(rows[0]["burst"]))
-        headers = rate_headers(limit, seconds_of(rows[0]["rate_tat"]), rows[0]["now"].timestamp())
+        tat, now = seconds_of(rows[0]["rate_tat"]), rows[0]["now"].timestamp()
+        headers = rate_headers(limit, tat, now)
         taken: list[int] = []
         for row in rows:
             n = row["n"]
             if row["id"] is not None:
-                outcomes[n] = ItemOutcome(ItemStatus.CREATED, row["id"], JobStatus(row["status"]))
+                outcomes[n] = ItemOutcome(
+                    ItemStatus.CREATED, row["id"], JobStatus(row["status"]), row["created_at"]
+                )
             elif row["refusal"] is not None:
                 outcomes[n] = ItemOutcome(
                     ItemStatus.REFUSED, error=quota_refusal(row, limit, headers)
@@ -135,7 +168,7 @@ async def write_batch(
             break
     if todo:  # pragma: no cover - a key freed three times over within one batch
         raise ServiceStateError("the unique keys' holders kept changing; retry")
-    return BatchResult(tenant, [o for o in outcomes if o is not None], headers)
+    return BatchResult(tenant, [o for o in outcomes if o is not None], headers, limit, tat, now)
 
 
 def _insert_params(
@@ -155,6 +188,8 @@ def _insert_params(
         for item in chosen
     ]
     limit, rate = job_type.concurrency, job_type.rate
+    traces = [trace if item.trace is None else item.trace for item in chosen]
+    type_priority = int(job_type.priority)
     return {
         "ns": todo,
         "ids": ids,
@@ -172,24 +207,30 @@ def _insert_params(
         "tenant": tenant,
         "type": job_type.name,
         "queue": job_type.queue,
-        "priority": int(job_type.priority),
+        "priorities": [
+            type_priority if item.priority is None else item.priority for item in chosen
+        ],
         "concurrency_keys": [gate["concurrency_key"] for gate in gates],
         "concurrency_limit": None if limit is None else limit.n,
         "rate_keys": [gate["rate_key"] for gate in gates],
         "rate_per_second": None if rate is None else rate.per_second,
         "rate_burst": None if rate is None else rate.burst,
         "ordering_blocks": job_type.ordering == "block",
-        "callback_url": callback_url,
-        "traceparent": trace.get("traceparent"),
-        "tracestate": trace.get("tracestate"),
+        "callback_urls": [item.callback_url or callback_url for item in chosen],
+        "traceparents": [t.get("traceparent") for t in traces],
+        "tracestates": [t.get("tracestate") for t in traces],
+        "event_details": [Jsonb(item.event_detail) for item in chosen],
         "exchange": topology.jobs_exchange,
         "routing_key": topology.routing_key(job_type.queue),
-        "headers": Jsonb(trace),
+        "headers": [Jsonb(t) for t in traces],
         "channel": OUTBOX_CHANNEL,
         "default_rate": quotas.enqueue_rate,
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
+        # The call's own (write_batch sets them).
+        "key_id": None,
+        "notify": True,
     }
 
 
@@ -229,15 +270,28 @@ async def _answer_taken(
 def _holder_outcome(row: DictRow, item: BatchItem) -> ItemOutcome | None:
     # The idempotency key first: a replay is answered as a replay, as a single enqueue is.
     if row["keyed_id"] is not None:
-        if row["payload_fingerprint"] != item.fingerprint:
+        if row["payload_fingerprint"] != item.fingerprint and not (
+            item.legacy_replay and row["payload_fingerprint"] == _legacy_fingerprint(item)
+        ):
             error = IdempotencyConflict(
                 f"idempotency key already used for job {row['keyed_id']} with a different request"
             )
             return ItemOutcome(ItemStatus.INVALID, error=error)
-        return ItemOutcome(ItemStatus.REPLAYED, row["keyed_id"], JobStatus(row["keyed_status"]))
+        return ItemOutcome(
+            ItemStatus.REPLAYED,
+            row["keyed_id"],
+            JobStatus(row["keyed_status"]),
+            row["keyed_created_at"],
+        )
     if row["live_id"] is not None:
         held = UniqueJobExists(row["live_id"], row["live_status"])
         return ItemOutcome(
-            ItemStatus.UNIQUE_CONFLICT, row["live_id"], JobStatus(row["live_status"]), held
+            ItemStatus.UNIQUE_CONFLICT, row["live_id"], JobStatus(row["live_status"]), error=held
         )
     return None
+
+
+def _legacy_fingerprint(item: BatchItem) -> str:
+    """:func:`jobcore.enqueue.legacy_fingerprint` of the item's payload (its JSON)."""
+    canonical = orjson.dumps(item.payload, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()

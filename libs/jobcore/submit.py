@@ -24,6 +24,7 @@ validate_payload`), so that the API can answer a bad body before its query.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
@@ -37,20 +38,21 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
-from jobcore.batch import BatchItem, BatchResult, write_batch
+from jobcore.batch import BatchItem, BatchResult, ItemStatus, write_batch
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session
+from jobcore.db import Database, Session
 from jobcore.enqueue import EnqueueResult, forget_upload, job_gates, job_message_row, write_job
 from jobcore.errors import (
     IdempotencyConflict,
     InvalidField,
     InvalidIdempotencyKey,
     InvalidUniqueKey,
+    JobcoreError,
     QuotaExceeded,
     UniqueJobExists,
 )
 from jobcore.priorities import Priority
-from jobcore.quotas import UNLIMITED, Quotas
+from jobcore.quotas import UNLIMITED, Quotas, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
 from jobcore.store import JobInsertParams
@@ -234,6 +236,7 @@ async def enqueue(
     wakeups: RelayWakeups | None = None,
     payload_store: ResultStore | None = None,
     inline_payload_max_bytes: int | None = None,
+    trace: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -258,8 +261,11 @@ async def enqueue(
     ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
     store cannot take it. An upload whose job is not written (refused, replayed, the
     statement failed) is deleted at once when possible, else by the pruner's sweep.
+
+    ``trace``: the trace context the job carries; None: the caller's current one.
     """
-    trace = capture_trace_headers()
+    if trace is None:
+        trace = capture_trace_headers()
     job_type = request.job_type
     job_id = uuid.uuid4()
     payload_ref: str | None = None
@@ -371,3 +377,132 @@ async def enqueue_many(
         callback_url=first.callback_url,
         quotas=quotas,
     )
+
+
+def coalescable(request: EnqueueRequest, inline_payload_max_bytes: int | None) -> bool:
+    """Whether :func:`enqueue_coalesced` writes ``request`` exactly as :func:`enqueue`
+    would: not with an ordering key (its place is taken in the single statement), nor a
+    payload that goes to the object store (larger than ``inline_payload_max_bytes``)."""
+    if request.ordering_key is not None or request.ordering_seq is not None:
+        return False
+    if inline_payload_max_bytes is None:
+        return True
+    return len(orjson.dumps(request.document)) <= inline_payload_max_bytes
+
+
+def coalescing_key(request: EnqueueRequest) -> tuple[str, str, uuid.UUID | None]:
+    """Requests :func:`enqueue_coalesced` may write together share this: the tenant, the
+    job type and the API key (the statement checks one key)."""
+    return (request.tenant, request.job_type.name, request.key_id)
+
+
+async def enqueue_coalesced(
+    db: Database,
+    topology: Topology,
+    requests: Sequence[EnqueueRequest],
+    traces: Sequence[dict[str, str]],
+    *,
+    quotas: Quotas = UNLIMITED,
+    wakeups: RelayWakeups | None = None,
+) -> list[EnqueueResult | JobcoreError]:
+    """Write the jobs of several single enqueues (one :func:`coalescing_key`, each
+    :func:`coalescable`, no two with the same idempotency or unique key) in one
+    transaction, and answer each as :func:`enqueue` would have answered it alone had they
+    come one after another in this order: its :class:`EnqueueResult` (with the RateLimit
+    headers of its own turn), or the error it would have raised
+    (:class:`~jobcore.errors.UniqueJobExists`, a
+    :class:`~jobcore.errors.QuotaExceeded`, :class:`~jobcore.errors.IdempotencyConflict`).
+    ``traces``: each request's trace context (captured where its request was served).
+
+    Each job is written as :func:`enqueue` writes it (the same columns, its own outbox
+    message and trace context); they commit together, with one lock of the tenant's usage
+    row and one commit (:func:`jobcore.batch.write_batch`). A failure of the transaction
+    (:class:`~jobcore.errors.DatabaseUnavailable`, :class:`~jobcore.apikeys.InvalidApiKey`
+    for a key revoked since) is raised: it is every request's answer. ``wakeups``: as for
+    :func:`enqueue`, for the transaction as a whole.
+    """
+    if not requests or len(requests) != len(traces):
+        raise ValueError("one trace context per request, at least one request")
+    first = requests[0]
+    key = coalescing_key(first)
+    idempotency_keys: set[str] = set()
+    unique_keys: set[str] = set()
+    for request in requests:
+        if coalescing_key(request) != key or not coalescable(request, None):
+            raise ValueError("coalesced requests share tenant, job type and API key")
+        for taken, value in (
+            (idempotency_keys, request.idempotency_key),
+            (unique_keys, request.held_key),
+        ):
+            if value is not None:
+                if value in taken:
+                    raise ValueError("coalesced requests hold different keys")
+                taken.add(value)
+    items = [
+        BatchItem(
+            payload=request.document,
+            fingerprint=request.fingerprint,
+            idempotency_key=request.idempotency_key,
+            unique_key=request.held_key,
+            entity_id=request.entity_id,
+            max_attempts=request.max_attempts,
+            run_at=request.due_at,
+            priority=None if request.priority is None else int(request.priority),
+            callback_url=request.callback_url,
+            trace=trace,
+            event_detail=dict(request.origin or {}),
+            legacy_replay=True,
+        )
+        for request, trace in zip(requests, traces, strict=True)
+    ]
+    alone = True
+    with contextlib.ExitStack() as stack:
+        if wakeups is not None:
+            alone = stack.enter_context(wakeups.enqueuing())
+        async with db.unit_of_work(begin_with_first_statement=True) as uow:
+            result = await write_batch(
+                uow,
+                topology,
+                tenant=first.tenant,
+                job_type=first.job_type,
+                items=items,
+                quotas=quotas,
+                key_id=first.key_id,
+                notify=alone,
+            )
+            await uow.commit()
+    created = result.count(ItemStatus.CREATED)
+    if wakeups is not None and not alone and created:
+        wakeups.wake()
+    return _single_answers(result, created)
+
+
+def _single_answers(result: BatchResult, created: int) -> list[EnqueueResult | JobcoreError]:
+    """Each item's outcome as its single enqueue's answer; the RateLimit headers as they
+    stood after its own turn (the jobs created before it in the group's order)."""
+    answers: list[EnqueueResult | JobcoreError] = []
+    seen = 0
+    for outcome in result.outcomes:
+        if outcome.status is ItemStatus.CREATED:
+            seen += 1
+        if outcome.error is not None:
+            answers.append(outcome.error)
+            continue
+        assert outcome.job_id is not None
+        assert outcome.job_status is not None
+        assert outcome.created_at is not None
+        headers = result.rate_headers
+        limit, tat = result.limit, result.rate_tat
+        if limit is not None and limit.limited and tat is not None and seen < created:
+            headers = rate_headers(limit, tat - (created - seen) / limit.rate, result.now)
+        answers.append(
+            EnqueueResult(
+                result.tenant,
+                outcome.job_id,
+                outcome.job_status,
+                outcome.created_at,
+                outcome.status is ItemStatus.REPLAYED,
+                headers,
+            )
+        )
+    return answers

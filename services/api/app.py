@@ -97,6 +97,7 @@ def create_app(
             await db.open()
         state.db = db
         state.relay_wakeups = RelayWakeups(db)
+        state.enqueues = enqueue.coalescer(state, db)
         await waiters.start()
         if export is not None:
             await export.start()
@@ -107,6 +108,9 @@ def create_app(
             await waiters.stop(WAITERS_STOP_GRACE)
             if export is not None:
                 await export.stop(WAITERS_STOP_GRACE)
+            enqueues, state.enqueues = state.enqueues, None
+            if enqueues is not None:
+                await enqueues.close(WAITERS_STOP_GRACE)
             wakeups, state.relay_wakeups = state.relay_wakeups, None
             state.db = None
             if wakeups is not None:

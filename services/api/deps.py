@@ -29,6 +29,7 @@ from services.api.metrics import ApiMetrics
 
 if TYPE_CHECKING:
     from services.api.auth import KeyCache
+    from services.api.coalescing import EnqueueCoalescer
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class ApiState:
     enqueue_keys: KeyCache | None = None
     # Set with db: the relays' wake-ups after enqueues commit (jobcore.wakeups).
     relay_wakeups: RelayWakeups | None = None
+    # Set with db: POST /jobs/{type}'s writes, coalesced per tenant (services.api.coalescing).
+    enqueues: EnqueueCoalescer | None = None
 
 
 async def get_state(request: Request) -> ApiState:

@@ -13,6 +13,7 @@ from jobcore.quotas import Refusal
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
+ENQUEUE_WRITE_WAYS = ("single", "coalesced")
 # The reasons of jobcore_api_quota_refusals (jobcore.quotas.Refusal).
 QUOTA_REFUSALS = tuple(Refusal)
 # Names of the enqueue routes start with this, so an error answer can count as rejected.
@@ -57,6 +58,21 @@ class ApiMetrics:
         )
         for reason in QUOTA_REFUSALS:
             self.quota_refusals.labels(reason)
+        self.enqueue_writes = Counter(
+            "jobcore_api_enqueue_writes",
+            "Transactions that wrote POST /jobs/{type} requests, by way: single (one "
+            "request's statement) or coalesced (requests of one tenant that queued behind "
+            "one in flight, written together: services.api.coalescing).",
+            ["way"],
+            registry=self.registry,
+        )
+        for way in ENQUEUE_WRITE_WAYS:
+            self.enqueue_writes.labels(way)
+        self.coalesced_enqueues = Counter(
+            "jobcore_api_coalesced_enqueues",
+            "POST /jobs/{type} requests written by coalesced writes.",
+            registry=self.registry,
+        )
         self.internal_errors = Counter(
             "jobcore_api_internal_errors",
             "Requests answered 500 (a bug: every expected failure has its own answer).",
@@ -70,6 +86,15 @@ class ApiMetrics:
         else:
             self.enqueue_requests.labels(job_type, "accepted").inc(jobs)
             self.jobs_enqueued.labels(job_type).inc(jobs)
+
+    def count_write(self, *, requests: int | None = None) -> None:
+        """An enqueue write: a single one (``requests`` None), or a coalesced one of so
+        many requests."""
+        if requests is None:
+            self.enqueue_writes.labels("single").inc()
+        else:
+            self.enqueue_writes.labels("coalesced").inc()
+            self.coalesced_enqueues.inc(requests)
 
     def count_error(self, route_name: str | None, status: int) -> None:
         """Called for every error answer; counts the ones to enqueue requests."""

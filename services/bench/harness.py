@@ -141,6 +141,9 @@ class Bench:
 
         environment = {
             "JOBCORE_DB_POOL_MAX": str(config.db_pool_max),
+            # As the bench was run with, so coalescing can be compared on and off
+            # (the stack's processes get no JOBCORE_* of the bench's environment).
+            "JOBCORE_API_ENQUEUE_COALESCE_MAX": str(config.api_enqueue_coalesce_max),
             "JOBCORE_BENCH_ROUTES": "true",
             **(env or {}),
         }

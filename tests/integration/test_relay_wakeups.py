@@ -18,7 +18,7 @@ from jobcore.db import Database
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.submit import EnqueueRequest, enqueue, enqueue_coalesced
 from jobcore.testing.waiting import eventually
 from jobcore.wakeups import RelayWakeups
 
@@ -152,3 +152,31 @@ async def test_a_wakeup_with_the_database_closed_is_dropped(settings: Settings) 
     wakeups.wake()
     await wakeups.close()
     assert wakeups.sent == 0
+
+
+def noop_requests(n: int) -> list[EnqueueRequest]:
+    return [EnqueueRequest(tenant="t", job_type=NOOP, payload=NoopPayload()) for _ in range(n)]
+
+
+async def test_a_coalesced_group_alone_notifies_once_in_its_transaction(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RecordedWakeups(db)
+    await enqueue_coalesced(db, topology, noop_requests(5), [{}] * 5, wakeups=wakeups)
+    assert wakeups.asked == 0
+    await send_marker(db)
+    # The group's own NOTIFY, once, then the marker (one generator: one read from the
+    # socket can bring both).
+    heard = listener.notifies(timeout=5, stop_after=2)
+    assert [n.payload async for n in heard] == ["", "marker"]
+
+
+async def test_beside_another_enqueue_a_group_asks_for_one_wakeup(
+    db: Database, topology: Topology, listener: psycopg.AsyncConnection[object]
+) -> None:
+    wakeups = RecordedWakeups(db)
+    with wakeups.enqueuing():  # another enqueue of the process in flight
+        await enqueue_coalesced(db, topology, noop_requests(5), [{}] * 5, wakeups=wakeups)
+    assert wakeups.asked == 1
+    await send_marker(db)
+    assert await next_payload(listener) == "marker"

@@ -160,9 +160,11 @@ def batch_admission_ctes() -> str:
     The same rules as :func:`admission_ctes`, for k items at once: GCRA admits k when
     max(tat, now) + k/rate is at most burst/rate ahead of now; the cap admits up to
     max_unfinished minus the unfinished jobs (the row's count plus its deltas).
-    Needs ``wanted`` (a CTE with one row and its column ``n``).
+    Needs ``wanted`` (a CTE with one row and its column ``n``). With an API key
+    (``key_id``) that is no longer usable, ``limits`` is empty and so is everything that
+    follows: nothing is admitted or charged.
     """
-    return f"""{_LIMITS}, usage AS (
+    return f"""{_KEYED_LIMITS}, usage AS (
         SELECT u.rate_tat, clock_timestamp() AS at,
                u.unfinished + (
                    SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d

@@ -21,7 +21,7 @@ an expiry stops enqueues at once (:mod:`jobcore.sql.tenant_quotas`).
 # No `from __future__ import annotations`: FastAPI reads documented_endpoint's signature,
 # which refers to a dependency local to the function that builds it.
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -31,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
 from jobcore.apikeys import InvalidApiKey
+from jobcore.db import Database
+from jobcore.enqueue import EnqueueResult
 from jobcore.envelope import PRINTABLE_TEXT
 from jobcore.errors import InvalidField, JobcoreError, ServiceStateError
 from jobcore.payloads import validate_payload
@@ -41,7 +43,9 @@ from jobcore.submit import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     EnqueueRequest,
     check_idempotency_key,
+    coalescable,
     enqueue,
+    enqueue_coalesced,
 )
 from services.api import views
 from services.api.auth import (
@@ -53,6 +57,7 @@ from services.api.auth import (
 )
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep, CallbackUrlQuery, check_callback
+from services.api.coalescing import EnqueueCoalescer
 from services.api.deps import ApiState
 from services.api.problems import located
 from services.api.schemas import PriorityLabel
@@ -253,31 +258,23 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
                 raise located(exc, field_location(exc.field)) from None
             raise
         await check_callback(wanted.callback_url, state)
-        if state.db is None:
+        if state.db is None or state.enqueues is None:
             # Before start-up or after shutdown: the same answer as a closed pool.
             raise ServiceStateError("the database pool is not open")
         try:
-            # One statement, committed on its own: the job with its outbox row, or neither.
-            # Inside the enqueue span, so the outbox row carries that span's context.
-            async with state.db.session() as session:
-                with enqueue_span(job_type.name) as span:
-                    result = await enqueue(
-                        session,
-                        state.topology,
-                        wanted,
-                        quotas=state.settings.quota_defaults,
-                        wakeups=state.relay_wakeups,
-                        payload_store=state.results,
-                        inline_payload_max_bytes=state.settings.inline_payload_max_bytes,
+            # Its job with its outbox row, committed alone or with others of the tenant's
+            # that queued meanwhile (services.api.coalescing). Inside the enqueue span, so
+            # the outbox row carries that span's context.
+            with enqueue_span(job_type.name) as span:
+                result = await state.enqueues.enqueue(wanted)
+                if span is not None:
+                    span.set_attributes(
+                        {
+                            "tenant": result.tenant,
+                            "job.id": str(result.job_id),
+                            "job.replayed": result.replayed,
+                        }
                     )
-                    if span is not None:
-                        span.set_attributes(
-                            {
-                                "tenant": result.tenant,
-                                "job.id": str(result.job_id),
-                                "job.replayed": result.replayed,
-                            }
-                        )
         except InvalidApiKey:
             # Revoked or expired since it was remembered: looked up next time.
             if state.enqueue_keys is not None:
@@ -290,6 +287,51 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
         return JsonBody(views.accepted(result), status_code=202, headers=headers)
 
     return enqueue_job
+
+
+def coalescer(state: ApiState, db: Database) -> EnqueueCoalescer:
+    """How ``POST /jobs/{type}`` writes its jobs while ``db`` is open: one statement
+    each, or coalesced per tenant under load (JOBCORE_API_ENQUEUE_COALESCE_MAX)."""
+    settings = state.settings
+
+    async def write_one(request: EnqueueRequest) -> EnqueueResult:
+        # One statement, committed on its own: the job with its outbox row, or neither.
+        async with db.session() as session:
+            result = await enqueue(
+                session,
+                state.topology,
+                request,
+                quotas=settings.quota_defaults,
+                wakeups=state.relay_wakeups,
+                payload_store=state.results,
+                inline_payload_max_bytes=settings.inline_payload_max_bytes,
+            )
+        state.metrics.count_write()
+        return result
+
+    async def write_many(
+        requests: Sequence[EnqueueRequest], traces: Sequence[dict[str, str]]
+    ) -> list[EnqueueResult | JobcoreError]:
+        answers = await enqueue_coalesced(
+            db,
+            state.topology,
+            requests,
+            traces,
+            quotas=settings.quota_defaults,
+            wakeups=state.relay_wakeups,
+        )
+        state.metrics.count_write(requests=len(requests))
+        return answers
+
+    def may_coalesce(request: EnqueueRequest) -> bool:
+        return coalescable(request, settings.inline_payload_max_bytes)
+
+    return EnqueueCoalescer(
+        write_one,
+        write_many,
+        coalescable=may_coalesce,
+        max_items=settings.api_enqueue_coalesce_max,
+    )
 
 
 def route_class(job_type: JobType[Any]) -> type[EnqueueRoute]:

@@ -158,25 +158,31 @@ JOB_INSERT = Query[JobInsertParams](
 
 
 class JobInsertManyParams(QuotaDefaultParams):
-    """A batch of one job type for one tenant, as parallel arrays (one element per item;
-    ``ns`` numbers them for the answer), and the batch's shared columns."""
+    """Jobs of one job type for one tenant, as parallel arrays (one element per item;
+    ``ns`` numbers them for the answer), and their shared columns."""
 
     bodies: list[bytes]
-    callback_url: str | None
+    callback_urls: list[str | None]
     channel: str
     entity_ids: list[str | None]
+    # What each job's `accepted` event says besides run_at (jobs.accepted_detail).
+    event_details: list[Jsonb]
     exchange: str
     fingerprints: list[str]
-    headers: Jsonb
+    headers: list[Jsonb]
     idempotency_keys: list[str | None]
     ids: list[uuid.UUID]
+    # The API key the items came with (checked usable in the statement), or None.
+    key_id: uuid.UUID | None
     max_attempts: list[int]
     message_ids: list[uuid.UUID]
+    # False: the caller wakes the relays itself once the transaction committed.
+    notify: bool
     ns: list[int]
     payloads: list[Jsonb]
-    priority: int
+    priorities: list[int]
     # Flow control (jobcore.gates): each item's keys, the type's limits (no ordering key:
-    # a batch's items take none).
+    # these items take none).
     concurrency_keys: list[str | None]
     concurrency_limit: int | None
     rate_keys: list[str | None]
@@ -187,24 +193,26 @@ class JobInsertManyParams(QuotaDefaultParams):
     routing_key: str
     run_ats: list[datetime | None]
     tenant: str
-    traceparent: str | None
-    tracestate: str | None
+    traceparents: list[str | None]
+    tracestates: list[str | None]
     type: str
     unique_keys: list[str | None]
 
 
-# Batch enqueue (jobcore.batch): one multi-row insert of the jobs and one of their outbox
-# rows. The caller holds the tenant's usage row (TENANT_USAGE_LOCK). An item is new when
-# no job holds its idempotency key and no live job its unique key (at this snapshot): the
-# first `room.admitted` new items are inserted, the rest are refused by the quota named
-# in `refusal`. ON CONFLICT DO NOTHING (either unique index) covers what the snapshot
+# Batch enqueue (jobcore.batch), and the API's coalesced single enqueues: one multi-row
+# insert of the jobs and one of their outbox rows, each row's columns its own. The caller
+# holds the tenant's usage row (TENANT_USAGE_LOCK). An item is new when no job holds its
+# idempotency key and no live job its unique key (at this snapshot): the first
+# `room.admitted` new items are inserted, the rest are refused by the quota named in
+# `refusal`. ON CONFLICT DO NOTHING (either unique index) covers what the snapshot
 # could not see: a racing insert of the same key (it waits for that transaction), and an
 # earlier item of the same batch with the same key. An item with no job and no refusal
 # is answered from the jobs that hold its keys (JOB_GET_BATCH_HOLDERS).
 JOB_INSERT_MANY = Query[JobInsertManyParams](
     "job_insert_many",
     "Insert a batch of pending jobs with their outbox messages, as many as the tenant's "
-    "quotas admit, and NOTIFY the relays, in one statement.",
+    "quotas admit (none if the API key is no longer usable), and NOTIFY the relays, in "
+    "one statement.",
     f"""
     WITH input AS (
         SELECT *
@@ -213,9 +221,12 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             %(fingerprints)s::text[], %(payloads)s::jsonb[], %(entity_ids)s::text[],
             %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(unique_keys)s::text[],
             %(message_ids)s::uuid[], %(bodies)s::bytea[], %(concurrency_keys)s::text[],
-            %(rate_keys)s::text[]
+            %(rate_keys)s::text[], %(priorities)s::int[], %(callback_urls)s::text[],
+            %(traceparents)s::text[], %(tracestates)s::text[], %(headers)s::jsonb[],
+            %(event_details)s::jsonb[]
         ) AS i(n, id, idempotency_key, payload_fingerprint, payload, entity_id,
-               max_attempts, run_at, unique_key, message_id, body, concurrency_key, rate_key)
+               max_attempts, run_at, unique_key, message_id, body, concurrency_key, rate_key,
+               priority, callback_url, traceparent, tracestate, headers, event_detail)
     ), fresh AS (
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
@@ -233,12 +244,12 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     ), wanted AS (
         SELECT count(*) AS n FROM fresh
     ), {batch_admission_ctes()}, hook AS (
-        SELECT coalesce(%(callback_url)s, (
+        SELECT (
             SELECT url FROM webhook_endpoints
             WHERE tenant = %(tenant)s::text AND job_type IN (%(type)s, '*')
             ORDER BY job_type = '*'
             LIMIT 1
-        )) AS url
+        ) AS url
     ), job AS (
         INSERT INTO jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
@@ -249,10 +260,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
             input.payload_fingerprint, input.payload, input.entity_id, input.max_attempts,
-            input.run_at, %(traceparent)s, %(tracestate)s, input.unique_key, %(priority)s,
-            input.concurrency_key, %(concurrency_limit)s, input.rate_key,
-            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s, hook.url,
-            jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at, 'batch', true))
+            input.run_at, input.traceparent, input.tracestate, input.unique_key,
+            input.priority, input.concurrency_key, %(concurrency_limit)s, input.rate_key,
+            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s,
+            coalesce(input.callback_url, hook.url),
+            -- As the single enqueue writes it (JOB_INSERT).
+            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
+                       || input.event_detail, '{{}}'::jsonb)
         FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
         WHERE fresh.rank <= room.admitted
         ORDER BY input.n
@@ -263,15 +277,16 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
-        SELECT input.message_id, %(exchange)s, %(routing_key)s, %(type)s, %(headers)s,
+        SELECT input.message_id, %(exchange)s, %(routing_key)s, %(type)s, input.headers,
                input.body, job.id, %(tenant)s::text, coalesce(input.run_at, now()),
-               %(priority)s
+               input.priority
         FROM job JOIN input ON input.id = job.id
         RETURNING id
     )
     SELECT input.n, job.id, job.status, job.created_at,
            CASE WHEN fresh.rank > room.admitted THEN room.refusal END AS refusal,
-           (SELECT pg_notify(%(channel)s, '') FROM message LIMIT 1) IS NULL AS notified,
+           (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s LIMIT 1) IS NULL
+               AS notified,
            limits.rate, limits.burst, limits.max_unfinished,
            (SELECT rate_tat FROM charged) AS rate_tat, clock_timestamp() AS now
     FROM input
