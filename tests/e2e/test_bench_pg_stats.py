@@ -58,10 +58,14 @@ def test_pg_stats_adds_per_statement_and_wait_tables_to_e2e(
 ) -> None:
     out = tmp_path / "report"
     jobs = 60
+    # Coalescing off: each POST is then exactly one enqueue statement, which the table's
+    # counts are checked against (coalesced, the split between single and group writes
+    # depends on timing).
     result = bench_cli(
         settings,
         *("e2e", "--pg-stats", "--pg-stats-url", stats_url),
         *("--jobs", str(jobs), "--runs", "1", "--out", str(out)),
+        JOBCORE_API_ENQUEUE_COALESCE_MAX="1",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     document = orjson.loads((out / "report.json").read_bytes())

@@ -17,11 +17,11 @@ ALL = ("enqueue", "relay", "e2e", "scale", "backlog", "tracing")
 
 
 def bench_cli(
-    settings: Settings, *args: str, timeout: float = 400
+    settings: Settings, *args: str, timeout: float = 400, **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         jobcore_command("bench", *args),
-        env=settings_env(settings),
+        env=settings_env(settings, **env),
         cwd=ROOT,
         capture_output=True,
         text=True,
