@@ -131,12 +131,14 @@ class Bench:
         *,
         relays: int,
         workers: int,
+        api: bool = True,
         env: Mapping[str, str] | None = None,
         api_args: tuple[str, ...] = (),
     ) -> AsyncIterator[Stack]:
-        """An API, relays and workers as OS processes on ``config``, with production
-        defaults for what the fault harness turns down (the pool size) and the no-op route
-        the enqueue baseline uses."""
+        """An API (without ``api``: none, for a scenario that writes to the database
+        itself), relays and workers as OS processes on ``config``, with production defaults
+        for what the fault harness turns down (the pool size) and the no-op route the
+        enqueue baseline uses."""
         from jobcore.testing.pipeline import Stack
 
         environment = {
@@ -153,6 +155,7 @@ class Bench:
             tenant="bench",
             relays=relays,
             workers=workers,
+            api=api,
             env=environment,
             api_args=api_args,
         )

@@ -33,7 +33,9 @@ Each drain of jobcore and of Celery also reports the CPU-ms per job of every pro
 group over its clock's window: its own processes, PostgreSQL (the backends of the
 scenario's database: jobcore's; Celery uses none) and RabbitMQ (the whole node: it runs
 nothing else here). A worker-only drain's window opens once its stack reports ready, so
-it counts the jobs that finished inside it (the workers consume from their start).
+it counts the jobs that finished inside it (the workers consume from their start). The
+drains' stacks run no API (the jobs are written to the database directly): none starts
+beside the workers, and none idles in a drain's window.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> f
 async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> Drain:
     """Preloaded while the type is paused, timed from the resume."""
     topology = Topology.from_settings(config)
-    async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
+    async with bench.stack(config, "peers-pipeline", relays=1, workers=1, api=False) as stack:
         await relays_ready(stack)
         await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
         since = await db_now(db)
@@ -193,7 +195,7 @@ async def jobcore_worker_only(
     topology = Topology.from_settings(config)
     since = await db_now(db)
     async with bench.stack(
-        config, "peers-fill", relays=1, workers=0, env=UNLIMITED_QUEUES
+        config, "peers-fill", relays=1, workers=0, api=False, env=UNLIMITED_QUEUES
     ) as stack:
         await relays_ready(stack)
         await preload(db, topology, n)
@@ -201,7 +203,9 @@ async def jobcore_worker_only(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
     async with (
-        bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
+        bench.stack(
+            config, f"peers-worker{workers}", relays=0, workers=workers, api=False
+        ) as stack,
         bench.profiled(section, f"worker{workers}", pids(stack)),
     ):
         # The workers consume from their start, before the stack reports them ready: CPU
