@@ -50,6 +50,8 @@ class Options:
     jobs: int = 5000
     # Seconds of each enqueue run (wrk -d).
     duration: float = 10.0
+    # Jobs per HTTP run of the peers scenario (at most ``jobs``).
+    http_jobs: int = 2000
     relay_rows: int = 100_000
     backlog_rows: int = 1_000_000
     runs: int = 3
