@@ -65,6 +65,13 @@ def bench(
     backlog_rows: int = typer.Option(
         1_000_000, min=100, max=10_000_000, help="Pending outbox rows in the backlog scenario."
     ),
+    http_jobs: int = typer.Option(
+        2000,
+        min=10,
+        max=1_000_000,
+        help="Jobs the peers scenario POSTs per HTTP run, at each connection count (at most "
+        "--jobs; e.g. 200 for a quick check).",
+    ),
     runs: int = typer.Option(3, min=1, max=20, help="Runs of each measurement (medians)."),
     clients: str = typer.Option("1,16,64", help="Concurrent HTTP clients of the enqueue runs."),
     scale: str = typer.Option("1,2,4", help="Relays and workers (each) of the scale runs."),
@@ -150,6 +157,7 @@ def bench(
     options = harness.Options(
         jobs=jobs,
         duration=duration,
+        http_jobs=http_jobs,
         relay_rows=relay_rows,
         backlog_rows=backlog_rows,
         runs=runs,

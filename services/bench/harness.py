@@ -50,6 +50,8 @@ class Options:
     jobs: int = 5000
     # Seconds of each enqueue run (wrk -d).
     duration: float = 10.0
+    # Jobs per HTTP run of the peers scenario (at most ``jobs``).
+    http_jobs: int = 2000
     relay_rows: int = 100_000
     backlog_rows: int = 1_000_000
     runs: int = 3
@@ -131,12 +133,14 @@ class Bench:
         *,
         relays: int,
         workers: int,
+        api: bool = True,
         env: Mapping[str, str] | None = None,
         api_args: tuple[str, ...] = (),
     ) -> AsyncIterator[Stack]:
-        """An API, relays and workers as OS processes on ``config``, with production
-        defaults for what the fault harness turns down (the pool size) and the no-op route
-        the enqueue baseline uses."""
+        """An API (without ``api``: none, for a scenario that writes to the database
+        itself), relays and workers as OS processes on ``config``, with production defaults
+        for what the fault harness turns down (the pool size) and the no-op route the
+        enqueue baseline uses."""
         from jobcore.testing.pipeline import Stack
 
         environment = {
@@ -153,6 +157,7 @@ class Bench:
             tenant="bench",
             relays=relays,
             workers=workers,
+            api=api,
             env=environment,
             api_args=api_args,
         )

@@ -2,11 +2,13 @@
 
 Its commit comes from the release record (jobcore.release_record), not from a tag: CI's
 fresh clone may carry none. `git archive` of that commit, `python -m build --wheel`, and a
-venv with the wheel, cached under var/previous-release/<commit>/ so reruns are fast. Its
-dependencies are its own requirements.lock's pins: when every one of them is what the
-current venv has installed (the usual case from one release to the next) the venv reuses
-the current venv's site-packages for them (a .pth line; the current venv's own .pth files,
-the editable jobcore among them, are not read from there), else pip installs them.
+venv with the wheel, cached under var/previous-release/<commit>/ so reruns are fast (CI's
+fresh clone builds it every run). Its dependencies are its own requirements.lock's pins:
+the venv reuses the current venv's site-packages (a .pth line; the current venv's own .pth
+files, the editable jobcore among them, are not read from there) for every pin that is
+what the current venv has installed, and pip installs the others into the venv itself,
+ahead of that line on sys.path. The lock pins every dependency, so the venv then holds
+exactly its pins; a lock with one pin moved no longer means installing all of them.
 """
 
 from __future__ import annotations
@@ -92,11 +94,9 @@ def _build(release: Release, target: Path) -> None:
     pip = [str(target / "venv" / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     lock = (source / "requirements.lock").read_text()
     here = _installed_here()
-    if all(here.get(name) == version for name, version in _pins(lock).items()):
-        _run(*pip, "install", "--quiet", "--no-deps", str(wheel))
-        [site_dir] = (target / "venv" / "lib").glob("python*/site-packages")
-        (site_dir / "_current_dependencies.pth").write_text(
-            "\n".join(site.getsitepackages()) + "\n"
-        )
-    else:
-        _run(*pip, "install", "--quiet", "-c", str(source / "requirements.lock"), str(wheel))
+    moved = [
+        f"{name}=={version}" for name, version in _pins(lock).items() if here.get(name) != version
+    ]
+    _run(*pip, "install", "--quiet", "--no-deps", str(wheel), *moved)
+    [site_dir] = (target / "venv" / "lib").glob("python*/site-packages")
+    (site_dir / "_current_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")

@@ -2,10 +2,10 @@
 
 Shared by the fault tests (``tests/faults/test_pipeline_faults.py``) and ``jobcore chaos``:
 
-- :class:`Stack` runs one API, N relays and M workers as child processes (``jobcore api``,
-  ``jobcore relay``, ``jobcore worker``), optionally reaching RabbitMQ and/or PostgreSQL
-  through a :class:`~jobcore.tcpproxy.TcpProxy` the caller controls, and kills, restarts
-  and stops them.
+- :class:`Stack` runs one API (or none), N relays and M workers as child processes
+  (``jobcore api``, ``jobcore relay``, ``jobcore worker``), optionally reaching RabbitMQ
+  and/or PostgreSQL through a :class:`~jobcore.tcpproxy.TcpProxy` the caller controls, and
+  kills, restarts and stops them.
 - :class:`Submitter` enqueues ``effect`` jobs over HTTP with an API key, each with its own
   Idempotency-Key, retrying a 503 or a lost connection with the same key (the way a client
   should), and counts every answer it got.
@@ -207,8 +207,9 @@ class Process:
 
 
 class Stack:
-    """An API, relays and workers as separate processes, with optional proxies in front of
-    the broker (for the relays and workers) and of PostgreSQL (for all three)."""
+    """An API (unless ``api`` is off), relays and workers as separate processes, with
+    optional proxies in front of the broker (for the relays and workers) and of PostgreSQL
+    (for all three)."""
 
     def __init__(
         self,
@@ -218,6 +219,7 @@ class Stack:
         tenant: str = "pipeline",
         relays: int = 1,
         workers: int = 1,
+        api: bool = True,
         broker_proxy: bool = False,
         database_proxy: bool = False,
         process_database_proxies: bool = False,
@@ -250,6 +252,9 @@ class Stack:
         self.workers: list[Process] = []
         self._relay_count = relays
         self._worker_count = workers
+        # Off for a caller that drives the relays and workers through the database alone:
+        # one process fewer to start, and none idling beside what it measures.
+        self._with_api = api
 
     @property
     def api_url(self) -> str:
@@ -290,13 +295,14 @@ class Stack:
                 self.db, self.tenant, "pipeline", actor="testing:pipeline"
             )
         ).key
-        self.api_port = free_port()
-        self.api = Process(
-            "api",
-            ("api", "--port", str(self.api_port), *self.api_args),
-            self._env(broker=False),
-            self.log_dir,
-        )
+        if self._with_api:
+            self.api_port = free_port()
+            self.api = Process(
+                "api",
+                ("api", "--port", str(self.api_port), *self.api_args),
+                self._env(broker=False),
+                self.log_dir,
+            )
         self.relays = [
             Process(f"relay-{i}", ("relay",), await self._process_env(f"relay-{i}"), self.log_dir)
             for i in range(self._relay_count)
@@ -309,7 +315,8 @@ class Stack:
         ]
         for process in self.processes:
             self._start(process)
-        await self.wait_api_ready()
+        if self.api is not None:
+            await self.wait_api_ready()
         if wait_consuming:
             for worker in self.workers:
                 await self.wait_consuming(worker)

@@ -124,11 +124,10 @@ async def run(bench: Bench) -> Section:
             assert first is not None
             bench.step(f"backlog: draining {rows:,} rows")
             async with bench.stack(
-                config, "backlog", relays=1, workers=0, env=UNLIMITED_QUEUES
+                config, "backlog", relays=1, workers=0, api=False, env=UNLIMITED_QUEUES
             ) as stack:
                 await relays_ready(stack)
                 relay_pids = pids(stack)
-                relay_pids.pop("api", None)
                 points: list[tuple[float, int]] = []
                 claims: list[tuple[int, float]] = []
                 used: dict[str, float] = {}

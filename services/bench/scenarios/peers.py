@@ -19,21 +19,23 @@ turns within each run:
   falls to tens of jobs/s), then a one-shot worker runs; timed from the first ``started``
   event to the last ``succeeded`` one.
 
-Over HTTP (issue 36), each run also POSTs ``min(jobs, 2000)`` no-op jobs at 16 and at 64
-connections, with the e2e scenario's load generator, to jobcore (one API, one relay, one
-worker) and to the baseline a user would build with Celery
-(:mod:`services.bench.peers_http_app`: FastAPI calling ``apply_async`` and answering 202
-with the task id, a prefork-2 worker with ``acks_late`` and ``task_track_started``, the
-PostgreSQL result backend on a scratch database); each run waits until every job
-succeeded. Reported: jobs/s from the first enqueue to the last done, and enqueue→start
-p50/p99 (jobcore: the job rows; Celery: the enqueue time the API passes to the task, the
-start time the task returns, and the backend's ``date_done``).
+Over HTTP (issue 36), each run also POSTs ``min(jobs, http_jobs)`` no-op jobs
+(``--http-jobs``, 2,000 by default) at 16 and at 64 connections, with the e2e scenario's
+load generator, to jobcore (one API, one relay, one worker) and to the baseline a user
+would build with Celery (:mod:`services.bench.peers_http_app`: FastAPI calling
+``apply_async`` and answering 202 with the task id, a prefork-2 worker with ``acks_late``
+and ``task_track_started``, the PostgreSQL result backend on a scratch database); each run
+waits until every job succeeded. Reported: jobs/s from the first enqueue to the last done,
+and enqueue→start p50/p99 (jobcore: the job rows; Celery: the enqueue time the API passes
+to the task, the start time the task returns, and the backend's ``date_done``).
 
 Each drain of jobcore and of Celery also reports the CPU-ms per job of every process
 group over its clock's window: its own processes, PostgreSQL (the backends of the
 scenario's database: jobcore's; Celery uses none) and RabbitMQ (the whole node: it runs
 nothing else here). A worker-only drain's window opens once its stack reports ready, so
-it counts the jobs that finished inside it (the workers consume from their start).
+it counts the jobs that finished inside it (the workers consume from their start). The
+drains' stacks run no API (the jobs are written to the database directly): none starts
+beside the workers, and none idles in a drain's window.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ async def seconds_between(db: Database, query: str, params: dict[str, Any]) -> f
 async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int) -> Drain:
     """Preloaded while the type is paused, timed from the resume."""
     topology = Topology.from_settings(config)
-    async with bench.stack(config, "peers-pipeline", relays=1, workers=1) as stack:
+    async with bench.stack(config, "peers-pipeline", relays=1, workers=1, api=False) as stack:
         await relays_ready(stack)
         await set_paused(db, "type", "noop", paused=True, actor=ACTOR)
         since = await db_now(db)
@@ -193,7 +195,7 @@ async def jobcore_worker_only(
     topology = Topology.from_settings(config)
     since = await db_now(db)
     async with bench.stack(
-        config, "peers-fill", relays=1, workers=0, env=UNLIMITED_QUEUES
+        config, "peers-fill", relays=1, workers=0, api=False, env=UNLIMITED_QUEUES
     ) as stack:
         await relays_ready(stack)
         await preload(db, topology, n)
@@ -201,7 +203,9 @@ async def jobcore_worker_only(
             lambda: outbox_empty(db), timeout=DRAIN_TIMEOUT, interval=0.1, what="the outbox"
         )
     async with (
-        bench.stack(config, f"peers-worker{workers}", relays=0, workers=workers) as stack,
+        bench.stack(
+            config, f"peers-worker{workers}", relays=0, workers=workers, api=False
+        ) as stack,
         bench.profiled(section, f"worker{workers}", pids(stack)),
     ):
         # The workers consume from their start, before the stack reports them ready: CPU
@@ -401,6 +405,8 @@ async def run(bench: Bench) -> Section:
         raise RuntimeError(why)
     options = bench.options
     n = options.jobs
+    # Bounded apart from the drains': each HTTP run waits for every job it POSTed.
+    http_n = min(n, options.http_jobs)
     section = Section(
         "peers",
         TITLE,
@@ -415,7 +421,7 @@ async def run(bench: Bench) -> Section:
         f"drain's window, PostgreSQL as the backends of the scenario's database, RabbitMQ "
         f"as its node, over the jobs finished in it; `all` sums a run's groups but the "
         f"bench's own (each group's figure below is its median over the runs, and so is "
-        f"`all`). Over HTTP: {min(n, HTTP_JOBS):,} no-op jobs POSTed over "
+        f"`all`). Over HTTP: {http_n:,} no-op jobs POSTed over "
         f"{' and '.join(map(str, HTTP_CLIENTS))} connections (the e2e scenario's load "
         f"generator) to jobcore (one API, relay, worker) and to {CELERY_HTTP} (a FastAPI "
         f"app answering 202 with the task id, Celery's PostgreSQL result backend); jobs/s "
@@ -423,7 +429,6 @@ async def run(bench: Bench) -> Section:
     )
     drains: dict[str, list[Drain]] = defaultdict(list)
     http: dict[str, list[dict[int, HttpRun]]] = defaultdict(list)
-    http_n = min(n, HTTP_JOBS)
     async with bench.scratch("peers") as config, procrastinate_database(config) as dsn:
         db = Database(config, min_size=1, max_size=2, name="bench-peers")
         await db.open(wait=True)
@@ -530,8 +535,6 @@ def _version(package: str) -> str:
 HTTP_APP = "services.bench.peers_http_app"
 # The connection counts of the HTTP comparison (jobcore's e2e POSTs over 16).
 HTTP_CLIENTS = (16, 64)
-# Jobs per HTTP run (at most: --jobs if fewer), bounded: each run waits for every job.
-HTTP_JOBS = 2000
 CELERY_HTTP = f"FastAPI + Celery apply_async, prefork {CELERY_CONCURRENCY}, acks_late, PG results"
 HTTP_LATENCY = """
 SELECT count(*) AS jobs,

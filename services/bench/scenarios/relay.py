@@ -246,7 +246,7 @@ async def run(bench: Bench) -> Section:
     rows = options.relay_rows
     async with (
         bench.scratch("relay") as config,
-        bench.stack(config, "relay", relays=1, workers=0, env=UNLIMITED_QUEUES) as stack,
+        bench.stack(config, "relay", relays=1, workers=0, api=False, env=UNLIMITED_QUEUES) as stack,
     ):
         section = Section(
             "relay",
@@ -262,7 +262,6 @@ async def run(bench: Bench) -> Section:
         await relays_ready(stack)
         topology = Topology.from_settings(config)
         relay_pids = pids(stack)
-        relay_pids.pop("api", None)
         connection = await connect_broker(config)
         rates: dict[str, list[float]] = {"relay": [], **{name: [] for name in RAW_PUBLISHERS}}
         cpu_us: dict[str, list[float]] = {name: [] for name in rates}
