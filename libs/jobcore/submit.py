@@ -356,18 +356,7 @@ async def enqueue_many(
             or request.origin
         ):
             raise ValueError("a batch's requests take no priority, ordering key, API key or origin")
-    items = [
-        BatchItem(
-            payload=request.document,
-            fingerprint=request.fingerprint,
-            idempotency_key=request.idempotency_key,
-            unique_key=request.held_key,
-            entity_id=request.entity_id,
-            max_attempts=request.max_attempts,
-            run_at=request.due_at,
-        )
-        for request in requests
-    ]
+    items = [_batch_item(request) for request in requests]
     return await write_batch(
         uow,
         topology,
@@ -376,6 +365,21 @@ async def enqueue_many(
         items=items,
         callback_url=first.callback_url,
         quotas=quotas,
+    )
+
+
+def _batch_item(request: EnqueueRequest, **more: Any) -> BatchItem:
+    """The columns of ``request``'s job as a :class:`~jobcore.batch.BatchItem` (``more``:
+    the per-item ones a coalesced write sets and a batch takes from its type)."""
+    return BatchItem(
+        payload=request.document,
+        fingerprint=request.fingerprint,
+        idempotency_key=request.idempotency_key,
+        unique_key=request.held_key,
+        entity_id=request.entity_id,
+        max_attempts=request.max_attempts,
+        run_at=request.due_at,
+        **more,
     )
 
 
@@ -439,14 +443,8 @@ async def enqueue_coalesced(
                     raise ValueError("coalesced requests hold different keys")
                 taken.add(value)
     items = [
-        BatchItem(
-            payload=request.document,
-            fingerprint=request.fingerprint,
-            idempotency_key=request.idempotency_key,
-            unique_key=request.held_key,
-            entity_id=request.entity_id,
-            max_attempts=request.max_attempts,
-            run_at=request.due_at,
+        _batch_item(
+            request,
             priority=None if request.priority is None else int(request.priority),
             callback_url=request.callback_url,
             trace=trace,
