@@ -5,7 +5,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PYTEST_WORKERS ?= 2
+# Three on two cores: most tests wait on processes, brokers and databases rather than
+# compute; worksteal keeps a long test from leaving one worker alone at the end.
+PYTEST_WORKERS ?= 3
 
 .PHONY: setup tools demo dev test test-slow test-parallel test-serial lint docs check-wheel lock bench bench-steady bench-cardinality clean
 
@@ -29,7 +31,7 @@ tools:
 	scripts/install_tools.sh
 
 test: setup tools
-	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not serial and not slow" -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not serial and not slow" -p no:cacheprovider
 	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider || [ $$? -eq 5 ]
 
