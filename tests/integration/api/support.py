@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 from psycopg.types.json import Jsonb
 
 from jobcore.db import Database, execute, fetch_all, fetch_one
+from jobcore.settings import Settings
 from jobcore.sql import Query
+from services.api.app import create_app
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
 COUNT_ROWS = Query(
@@ -131,3 +136,13 @@ async def enqueue(
         headers={**auth, **kwargs.pop("headers", {})},
         **kwargs,
     )
+
+
+@contextlib.asynccontextmanager
+async def api(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app on ``settings`` through its lifespan, and a client that calls it in-process."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://jobcore.test") as c:
+            yield app, c

@@ -5,25 +5,22 @@ quotas count items; what is wrong with the batch as a whole answers as a single 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
 
 from jobcore.db import Database
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases.timeline import job_timeline
-from services.api.app import create_app
 from services.api.problems import PROBLEM_BASE
 from services.api.schemas import BatchAnswer
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import (
+    api,
     assert_problem,
     counts,
     enqueue,
@@ -58,15 +55,6 @@ def answered(response: httpx.Response) -> list[dict[str, Any]]:
 def problem_slug(item: dict[str, Any]) -> str:
     assert item["problem"]["type"].startswith(PROBLEM_BASE), item
     return str(item["problem"]["type"].removeprefix(PROBLEM_BASE))
-
-
-@contextlib.asynccontextmanager
-async def api(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://jobcore.test") as c:
-            yield app, c
 
 
 def unlimited(settings: Settings, **quotas: Any) -> Settings:

@@ -6,16 +6,14 @@ uncoalesced."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
@@ -32,8 +30,8 @@ from jobcore.submit import EnqueueRequest, enqueue, enqueue_coalesced
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
-from services.api.app import create_app
 from tests.integration.api.conftest import OTHER_TENANT, TENANT
+from tests.integration.api.support import api
 from tests.integration.api.support import enqueue as post
 
 # One request per 100 s: nothing refills while a test runs, so every count is exact.
@@ -62,15 +60,6 @@ EVENTS_OF = Query(
     WHERE j.tenant = %(t)s GROUP BY j.id
     """,
 )
-
-
-@contextlib.asynccontextmanager
-async def api(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://jobcore.test") as c:
-            yield app, c
 
 
 def unlimited(settings: Settings, coalesce_max: int = 64) -> Settings:

@@ -6,10 +6,8 @@ notices."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,10 +24,10 @@ from jobcore.submit import enqueue as enqueue_job
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
-from services.api.app import create_app
 from services.api.longpolls import LongPollSlots
 from tests.integration.api.conftest import OTHER_TENANT, TENANT
 from tests.integration.api.support import (
+    api,
     assert_problem,
     counts,
     enqueue,
@@ -57,15 +55,6 @@ JOBS_OF = Query(
     "How many jobs a tenant has.",
     "SELECT count(*) AS n FROM jobs WHERE tenant = %(t)s",
 )
-
-
-@contextlib.asynccontextmanager
-async def api(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://jobcore.test") as c:
-            yield app, c
 
 
 def quota_settings(settings: Settings, **quotas: Any) -> Settings:
