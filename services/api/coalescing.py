@@ -19,6 +19,13 @@ the group's transaction is every member's answer. Requests the multi-row stateme
 not write exactly as the single one (an ordering key, a payload stored by reference), and
 two requests with the same idempotency or unique key (the second waits for the next
 write, so it sees the first as its single enqueue would), are not put together.
+
+After a group's write failed, its group goes alone until a single enqueue of it works
+again: the requests queued behind the failure, and those that come meanwhile, each take
+their own write. A connection left dead by a silent network cut fails only after the
+operation timeout; written one group after another, every such connection in the pool
+would cost the whole group that timeout in turn, while single writes find the live
+connections at once, side by side.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from jobcore.enqueue import EnqueueResult
-from jobcore.errors import JobcoreError
+from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.submit import EnqueueRequest, coalescing_key
 from jobcore.telemetry import capture_trace_headers
 
@@ -43,11 +50,18 @@ WriteMany = Callable[
 GroupKey = tuple[str, str, uuid.UUID | None]
 
 
+class _GoAlone:
+    """A queued request's answer when its group stopped coalescing: write it alone."""
+
+
+GO_ALONE = _GoAlone()
+
+
 @dataclass(slots=True)
 class _Waiting:
     request: EnqueueRequest
     trace: dict[str, str]
-    answer: asyncio.Future[EnqueueResult]
+    answer: asyncio.Future[EnqueueResult | _GoAlone]
 
 
 @dataclass(slots=True)
@@ -77,6 +91,8 @@ class EnqueueCoalescer:
         self._coalescable = coalescable
         self.max_items = max_items
         self._groups: dict[GroupKey, _Group] = {}
+        # Groups whose last group write failed: written alone until one single write works.
+        self._alone: set[GroupKey] = set()
         # Coalesced writes made, and the requests they answered.
         self.groups_written = 0
         self.requests_coalesced = 0
@@ -88,11 +104,16 @@ class EnqueueCoalescer:
         if self.max_items <= 1:
             return await self._write_one(request)
         key = coalescing_key(request)
+        if key in self._alone:
+            return await self._write_alone(key, request)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group()
             try:
                 return await self._write_one(request)
+            except DatabaseUnavailable:
+                self._alone.add(key)
+                raise
             finally:
                 self._next(key, group)
         if not self._coalescable(request):
@@ -102,7 +123,21 @@ class EnqueueCoalescer:
         )
         group.queued.append(waiting)
         # Cancelled (the client went away): this request's future is, not the write.
-        return await waiting.answer
+        answer = await waiting.answer
+        if isinstance(answer, _GoAlone):
+            return await self._write_alone(key, request)
+        return answer
+
+    async def _write_alone(self, key: GroupKey, request: EnqueueRequest) -> EnqueueResult:
+        try:
+            result = await self._write_one(request)
+        except DatabaseUnavailable:
+            raise
+        except JobcoreError:
+            self._alone.discard(key)  # an answer (a quota, a key taken): the database works
+            raise
+        self._alone.discard(key)  # the database answers again: coalesce from now on
+        return result
 
     def _next(self, key: GroupKey, group: _Group) -> None:
         """After a write of the group: the queued requests go next, or the group is idle."""
@@ -120,9 +155,15 @@ class EnqueueCoalescer:
     async def _write_queued(self, key: GroupKey, group: _Group) -> None:
         try:
             while True:
+                if key in self._alone:
+                    for waiting in group.queued:
+                        if not waiting.answer.done():
+                            waiting.answer.set_result(GO_ALONE)
+                    group.queued.clear()
+                    break
                 chosen = self._take(group)
                 if chosen:
-                    await self._write(chosen)
+                    await self._write(key, chosen)
                 if not group.queued:
                     break
         finally:
@@ -159,7 +200,7 @@ class EnqueueCoalescer:
         group.queued = left
         return chosen
 
-    async def _write(self, chosen: list[_Waiting]) -> None:
+    async def _write(self, key: GroupKey, chosen: list[_Waiting]) -> None:
         try:
             answers = await self._write_many(
                 [waiting.request for waiting in chosen], [waiting.trace for waiting in chosen]
@@ -170,6 +211,7 @@ class EnqueueCoalescer:
             raise
         except Exception as exc:
             # What each one's single enqueue would have raised.
+            self._alone.add(key)
             for waiting in chosen:
                 if not waiting.answer.done():
                     waiting.answer.set_exception(exc)

@@ -246,3 +246,63 @@ async def test_close_lets_a_write_in_flight_finish() -> None:
     writes.many_gate.set()
     await closing
     assert await later[0] is writes.answers["b"]
+
+
+async def test_after_a_failed_group_write_its_group_goes_alone_until_a_write_works() -> None:
+    # A silent network cut leaves dead connections in the pool, each failing only after
+    # the operation timeout: the requests must then find the live ones side by side, not
+    # wait for one group write after another.
+    writes = Writes()
+    subject = coalescer(writes)
+    first = await in_flight(writes, subject, "a")
+    failed = await queued(subject, request("b"), request("c"))
+    writes.many_gate.clear()
+    writes.gate.set()
+    await first
+    await asyncio.sleep(0)
+    assert writes.log[-1] == ("many", ["b", "c"])
+    later = await queued(subject, request("d"), request("e"))
+    writes.fail_with = DatabaseUnavailable("wait timeout expired")
+    writes.gate.clear()  # the single writes that follow are held, to see them side by side
+    writes.many_gate.set()
+    for task in failed:
+        with pytest.raises(DatabaseUnavailable):
+            await task
+    await asyncio.sleep(0)
+    # Queued behind the failure: each in its own write, both in flight at once.
+    assert writes.log[-2:] == [("one", ["d"]), ("one", ["e"])]
+    writes.fail_with = None
+    writes.gate.set()
+    await asyncio.gather(*later)
+    # A write worked: the group coalesces again.
+    writes.gate.clear()
+    leader = asyncio.create_task(subject.enqueue(request("f")))
+    await asyncio.sleep(0)
+    behind = await queued(subject, request("g"), request("h"))
+    writes.gate.set()
+    await asyncio.gather(leader, *behind)
+    assert writes.log[-2:] == [("one", ["f"]), ("many", ["g", "h"])]
+
+
+async def test_a_leader_that_meets_an_outage_sends_its_queue_alone() -> None:
+    writes = Writes()
+
+    async def unavailable(req: EnqueueRequest) -> EnqueueResult:
+        writes.log.append(("one", [writes.text(req)]))
+        await writes.gate.wait()
+        if writes.text(req) == "a":
+            raise DatabaseUnavailable("wait timeout expired")
+        return answer(req)
+
+    # The leader's single write meets the outage; the single writes after it work.
+    subject = EnqueueCoalescer(unavailable, writes.many, coalescable=lambda _: True, max_items=64)
+    writes.gate.clear()
+    first = asyncio.create_task(subject.enqueue(request("a")))
+    await asyncio.sleep(0)
+    later = await queued(subject, request("b"), request("c"))
+    writes.gate.set()
+    with pytest.raises(DatabaseUnavailable):
+        await first
+    await asyncio.gather(*later)
+    assert [entry for entry in writes.log if entry[0] == "many"] == []
+    assert writes.log[-2:] == [("one", ["b"]), ("one", ["c"])]

@@ -170,9 +170,16 @@ async def sample(
 
 
 def quarter_rate(samples: Samples, start: float, end: float) -> float:
-    """Jobs finished per second between the samples nearest ``start`` and ``end``."""
+    """Jobs finished per second between the samples nearest ``start`` and ``end``, or, when
+    that is one sample (on a busy machine a sample can take longer than a quarter), between
+    it and its neighbour."""
     first = min(range(len(samples.seconds)), key=lambda i: abs(samples.seconds[i] - start))
     last = min(range(len(samples.seconds)), key=lambda i: abs(samples.seconds[i] - end))
+    if first == last:
+        if last + 1 < len(samples.seconds):
+            last += 1
+        elif first > 0:
+            first -= 1
     span = samples.seconds[last] - samples.seconds[first]
     return (samples.finished[last] - samples.finished[first]) / span if span > 0 else 0.0
 
