@@ -30,7 +30,10 @@ class Mode(enum.Enum):
     FORWARD = "forward"
     # Close every connection and refuse new ones (like a broker that went away).
     REFUSE = "refuse"
-    # Keep connections open but forward nothing (like a cable pulled mid-flight).
+    # Keep connections open but forward nothing (like a cable pulled mid-flight). A
+    # connection made meanwhile reaches no server. When the cut ends, a connection one side
+    # of which closed during it is closed on the other side too: across a healed network
+    # the peer's next keepalive probe or write meets a reset.
     BLACKHOLE = "blackhole"
 
 
@@ -90,6 +93,10 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._stopped = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        # During a blackhole: pairs one side of which closed, and connections accepted
+        # without a server behind them (both closed when it ends).
+        self._closed_in_cut: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._unconnected: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         # An armed cut_after_commit (until it is done), and the connections it watches.
         self._armed: _Armed | None = None
@@ -121,9 +128,24 @@ class TcpProxy:
     def set_mode(self, mode: Mode) -> None:
         if mode is not self.mode:
             log.info("proxy to %s:%s now %s", *self.target, mode.value)
+        leaving_cut = self.mode is Mode.BLACKHOLE and mode is not Mode.BLACKHOLE
         self.mode = mode
+        if leaving_cut:
+            self._end_cut()
         if mode is Mode.REFUSE:
             self._close_all()
+
+    def _end_cut(self) -> None:
+        for pair in self._closed_in_cut:
+            for writer in pair:
+                with contextlib.suppress(Exception):
+                    writer.transport.abort()
+            self._pairs.discard(pair)
+        self._closed_in_cut.clear()
+        for writer in self._unconnected:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._unconnected.clear()
 
     def cut_after_commit(
         self, match: bytes = b"", *, transaction_end: bool = False
@@ -199,6 +221,11 @@ class TcpProxy:
                 with contextlib.suppress(Exception):
                     writer.transport.abort()
         self._pairs.clear()
+        self._closed_in_cut.clear()
+        for writer in self._unconnected:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._unconnected.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Tracked like the pipes, so stop() cancels an accept still connecting upstream:
@@ -209,6 +236,19 @@ class TcpProxy:
             accepting.add_done_callback(self._tasks.discard)
         if self.mode is Mode.REFUSE or self._stopped:
             writer.transport.abort()
+            return
+        if self.mode is Mode.BLACKHOLE:
+            # A connection attempt across a cut network never reaches the server (which
+            # would otherwise hold a backend for it). Its bytes go nowhere.
+            self._unconnected.add(writer)
+            try:
+                while await reader.read(65536):
+                    pass
+            except OSError:
+                pass
+            finally:
+                self._unconnected.discard(writer)
+                writer.transport.abort()
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
@@ -258,7 +298,10 @@ class TcpProxy:
         finally:
             if not to_server:
                 self._watches.pop(client, None)
-            if self.mode is not Mode.BLACKHOLE:
+            if self.mode is Mode.BLACKHOLE:
+                if pair in self._pairs:
+                    self._closed_in_cut.add(pair)
+            else:
                 for writer in pair:
                     with contextlib.suppress(Exception):
                         writer.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -86,3 +87,51 @@ async def test_a_connection_still_connecting_upstream_is_closed_by_stop(
         await proxy.stop()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_blackhole_reaches_no_server_and_its_closes_arrive_when_it_ends() -> None:
+    """A connection made during a cut never reaches the server, and one whose client closed
+    during the cut is closed at the server when the cut ends: a PostgreSQL backend behind
+    either would otherwise live (holding its locks) until the proxy stops."""
+    accepted: list[asyncio.StreamReader] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(reader)
+        writers.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    proxy = TcpProxy("127.0.0.1", server.sockets[0].getsockname()[1])
+    await proxy.start()
+    try:
+        _, before = await asyncio.open_connection("127.0.0.1", proxy.port)
+        await eventually_true(lambda: len(accepted) == 1)
+        proxy.set_mode(Mode.BLACKHOLE)
+        during_reader, during = await asyncio.open_connection("127.0.0.1", proxy.port)
+        during.write(b"startup")
+        before.close()  # the client gives up during the cut
+        server_side = accepted[0]
+        try:
+            await asyncio.wait_for(server_side.read(1), 0.3)
+            raise AssertionError("the server heard of the close during the cut")
+        except TimeoutError:
+            pass
+        assert len(accepted) == 1  # the connection made during the cut reached no server
+
+        proxy.set_mode(Mode.FORWARD)
+        assert await asyncio.wait_for(server_side.read(1), 2) == b""  # closed now
+        assert await asyncio.wait_for(during_reader.read(1), 2) == b""  # reset, not forwarded
+        assert len(accepted) == 1
+        during.close()
+    finally:
+        await proxy.stop()
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def eventually_true(probe: Callable[[], bool], timeout: float = 2.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not probe():
+            await asyncio.sleep(0.01)
