@@ -153,6 +153,43 @@ async def _mark_idle(conn: AsyncConn) -> None:
         conn.idle_since = time.monotonic()
 
 
+# How often a backend running a statement (waiting for a lock, say) looks whether its
+# client is still there (PostgreSQL 14 and later).
+CLIENT_CHECK_MS = 1000
+
+
+def vanished_client_settings(settings: Settings, server_version: int) -> list[sql.Composed]:
+    """Session settings that end a backend whose client is gone, where the idle-in-
+    transaction timeout does not: that one is armed only once the server answered a whole
+    request. A request cut off mid-way by a silent network cut (its first messages ran,
+    a BEGIN and a lock, say; the rest never came) leaves the backend waiting for the rest
+    with its locks held, and statements queued behind those locks wait too, long after
+    their clients gave up at ``db_operation_timeout``.
+
+    - TCP keepalives from the server, so a client that vanished is found within about
+      twice the operation timeout rather than the kernel's two hours;
+    - ``client_connection_check_interval``: a backend whose client closed its connection
+      stops its statement (a wait for a lock) instead of running it to the end.
+    """
+    seconds = max(1, int(settings.db_operation_timeout))
+    keepalives = {
+        "tcp_keepalives_idle": seconds,
+        "tcp_keepalives_interval": max(1, seconds // 3),
+        "tcp_keepalives_count": 3,
+    }
+    statements = [
+        sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
+        for name, value in keepalives.items()
+    ]
+    if server_version >= 140000:
+        statements.append(
+            sql.SQL("SET client_connection_check_interval = {}").format(
+                sql.Literal(CLIENT_CHECK_MS)
+            )
+        )
+    return statements
+
+
 class Database:
     """Owns one connection pool. Opened and closed explicitly; using it closed fails fast."""
 
@@ -207,7 +244,14 @@ class Database:
         # the server's TCP keepalive gives up, hours later. Set per session, not as a
         # startup option, which PgBouncer refuses.
         idle_ms = int(self.settings.db_operation_timeout * 2000)
-        setup = sql.SQL("SET idle_in_transaction_session_timeout = {}").format(sql.Literal(idle_ms))
+        setup = sql.SQL("; ").join(
+            [
+                sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
+                    sql.Literal(idle_ms)
+                ),
+                *vanished_client_settings(self.settings, conn.info.server_version),
+            ]
+        )
         if self.generic_plans:
             setup = sql.SQL("; ").join([setup, sql.SQL(GENERIC_PLANS)])
             if isinstance(conn, BoundedConnection):
@@ -500,6 +544,27 @@ async def fetch_one(on: Session | AsyncConn, statement: Statement) -> DictRow | 
 async def fetch_all(on: Session | AsyncConn, statement: Statement) -> list[DictRow]:
     """Run a statement; return all its rows."""
     rows: list[DictRow] = await (await _run(on, statement)).fetchall()
+    return rows
+
+
+async def fetch_all_behind(
+    uow: UnitOfWork, first: Statement, statement: Statement
+) -> list[DictRow]:
+    """``first``, then ``statement``, in ``uow``'s transaction and one round trip (with its
+    BEGIN when that is still to go): ``statement``'s rows, read with a snapshot taken once
+    ``first`` is done. The locks ``first`` takes are held for no round trip of the
+    client's before ``statement`` runs: behind a hot row, the time it stays locked is what
+    the others wait."""
+    conn = uow.connection
+    with translate_errors(uow.settings):
+        async with conn.pipeline():
+            if uow.begin_pending:
+                # From here on the transaction is open (or aborted): the exit rolls it back.
+                uow.begin_pending = False
+                await conn.execute("BEGIN")
+            await _send(conn, first)
+            cursor = await _send(conn, statement)
+        rows: list[DictRow] = await cursor.fetchall()
     return rows
 
 

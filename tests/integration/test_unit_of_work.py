@@ -294,3 +294,59 @@ async def test_a_unit_of_work_can_begin_with_its_first_statement(
     # No statement at all: nothing to begin, commit or roll back.
     async with db.unit_of_work(begin_with_first_statement=True) as uow:
         await uow.commit()
+
+
+async def test_a_backend_waiting_for_a_lock_ends_when_its_client_goes_away(
+    settings: Settings,
+) -> None:
+    """A statement queued behind a lock whose client gave up (it closed its connection at
+    the operation timeout) is stopped by its server, not left waiting with a backend slot
+    until the lock frees: behind a lock held by a vanished client, such backends pile up
+    until the server refuses connections."""
+    database = Database(settings, min_size=1, max_size=1)
+    await database.open(wait=True)
+    lock_key = 736_201
+    try:
+        async with (
+            await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as holder,
+            # Not the holder: within a transaction, pg_stat_activity is read once.
+            await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as admin,
+        ):
+            await holder.execute("BEGIN")
+            await holder.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key,))
+            async with database.session() as session:
+                conn = session.connection
+                waiter = conn.info.backend_pid
+                waiting = asyncio.create_task(
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key,))
+                )
+
+                async def backend_state() -> str | None:
+                    cur = await admin.execute(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                        (waiter,),
+                    )
+                    row = await cur.fetchone()
+                    return None if row is None else str(row[0])
+
+                async def waits_for_the_lock() -> bool:
+                    return await backend_state() == "Lock"
+
+                await eventually(waits_for_the_lock, what=f"backend {waiter} to wait")
+                conn.pgconn.finish()  # the client goes away mid-statement
+                with pytest.raises(psycopg.OperationalError):
+                    await waiting
+
+                async def waiter_is_gone() -> bool:
+                    return await backend_state() is None
+
+                await eventually(waiter_is_gone, timeout=10, what=f"backend {waiter} to end")
+            # The lock was never released meanwhile: the backend ended on its own.
+            cur = await holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND pid = pg_backend_pid()"
+            )
+            assert (await cur.fetchone()) == (1,)
+            await holder.execute("ROLLBACK")
+    finally:
+        await database.close()
