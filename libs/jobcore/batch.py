@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import InvalidApiKey
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Session, execute
+from jobcore.db import Session
 from jobcore.enqueue import UNIQUE_KEY_TRIES, job_gates, quota_refusal, seconds_of
 from jobcore.envelope import JobMessage
 from jobcore.errors import (
@@ -37,6 +37,7 @@ from jobcore.errors import (
 )
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.registry import JobType
+from jobcore.sql import Statement
 from jobcore.sql.tenant_quotas import TENANT_USAGE_LOCK
 from jobcore.states import JobStatus
 from jobcore.store import JobInsertManyParams, job_store
@@ -136,7 +137,8 @@ async def write_batch(
     outcomes: list[ItemOutcome | None] = [None] * len(items)
     headers: dict[str, str] = {}
     todo = list(range(len(items)))
-    await execute(uow, TENANT_USAGE_LOCK({"tenant": tenant}))
+    # The usage row is locked by a statement of its own, sent with the first insert.
+    lock: Statement | None = TENANT_USAGE_LOCK({"tenant": tenant})
     # An item whose unique key's holder ended between the insert and the read is tried
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):
@@ -144,7 +146,8 @@ async def write_batch(
             topology, tenant, job_type, items, todo, callback_url, quotas, trace
         )
         params["key_id"], params["notify"] = key_id, notify
-        rows = await job_store.insert_many(uow, params)
+        rows = await job_store.insert_many(uow, params, behind=lock)
+        lock = None
         if not rows:  # the API key was revoked or expired since it was verified
             raise InvalidApiKey()
         limit = RateLimit(float(rows[0]["rate"]), int(rows[0]["burst"]))

@@ -16,7 +16,17 @@ from typing import Any
 import psycopg
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Executor, Session, execute, fetch_all, fetch_all_after, fetch_one
+from jobcore.db import (
+    AsyncConn,
+    Executor,
+    Session,
+    UnitOfWork,
+    execute,
+    fetch_all,
+    fetch_all_after,
+    fetch_all_behind,
+    fetch_one,
+)
 from jobcore.sql import NoParams, Statement
 from jobcore.sql.jobs.cancel import (
     CANCEL_CHANNEL,
@@ -183,8 +193,16 @@ class JobStore:
         """Write one job with its outbox message, quotas checked, in one statement."""
         return await fetch_one(on, JOB_INSERT(params))
 
-    async def insert_many(self, on: Reader, params: JobInsertManyParams) -> list[DictRow]:
-        """Write a batch of one type, as many as the quotas admit: a row per item."""
+    async def insert_many(
+        self, on: Reader, params: JobInsertManyParams, *, behind: Statement | None = None
+    ) -> list[DictRow]:
+        """Write a batch of one type, as many as the quotas admit: a row per item.
+        ``behind``: a statement to run first, in the same round trip (``on`` a unit of
+        work: :func:`jobcore.db.fetch_all_behind`)."""
+        if behind is not None and isinstance(on, UnitOfWork):
+            return await fetch_all_behind(on, behind, JOB_INSERT_MANY(params))
+        if behind is not None:
+            await execute(on, behind)
         return await fetch_all(on, JOB_INSERT_MANY(params))
 
     async def batch_holders(self, on: Reader, params: JobGetBatchHoldersParams) -> list[DictRow]:
