@@ -184,9 +184,8 @@ class Settings(BaseSettings):
     api_max_long_polls: int = Field(default=1000, ge=0, le=1_000_000)
     # The most single enqueues of one tenant (and job type and API key) an API process
     # writes in one transaction, when they arrive while one of theirs is being written
-    # (services.api.coalescing); 1: each its own statement. Off (1) by default until a
-    # silent database cut no longer stalls a group's recovery (CI's outage test; issue 36).
-    api_enqueue_coalesce_max: int = Field(default=1, ge=1, le=1000)
+    # (services.api.coalescing); 1: each its own statement.
+    api_enqueue_coalesce_max: int = Field(default=64, ge=1, le=1000)
     # Seconds an API process may answer from its memory of a verified API key (0: look
     # the key up on every request, the default). A revoked or expired key keeps reading
     # on that process for up to this long (an expiry is still checked on every request;
