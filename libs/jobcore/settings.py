@@ -711,6 +711,10 @@ class RelayOptions(BaseSettings):
     # of its rate without a limit (`jobcore bench fair`), with 1,000 it did not slow down,
     # and a quiet tenant's job still started within about a second. 0: no limit.
     queue_depth_limit: int = Field(default=1000, ge=0, le=1_000_000)
+    # VACUUM the outbox after this relay deleted this many rows since its last one
+    # (jobcore.maintenance.outbox_vacuum): without it, the dead index entries a drain
+    # leaves slow every later claim until autovacuum comes by. 0: leave it to autovacuum.
+    vacuum_every: int = Field(default=100_000, ge=0, le=100_000_000)
 
     @model_validator(mode="after")
     def _depth_limit_needs_fair_claim(self) -> RelayOptions:

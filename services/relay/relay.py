@@ -38,6 +38,7 @@ from jobcore.backlog import BacklogGauges
 from jobcore.db import AsyncConn, Database, UnitOfWork
 from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.health import HealthServer
+from jobcore.maintenance.outbox_vacuum import OutboxVacuum
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_relay_timeouts
 from jobcore.priorities import WEIGHTS
@@ -120,6 +121,8 @@ class Relay(Service):
         self._lost_wakeups = 0
         # Whether this relay holds the wake lease: its NOTIFYs wake it (OUTBOX_TAKE_WAKE_LEASE).
         self.answers_notifies = False
+        # Frees the index pages of the rows this relay deleted, every so many of them.
+        self.vacuum = OutboxVacuum(settings, options.vacuum_every)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -171,6 +174,7 @@ class Relay(Service):
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
             await self.room.close()
+            await self.vacuum.close()
             await self.publisher.close()
             self.metrics.broker_connected.set(0)
             log.info("relay stopped", extra=dict(self.totals))
@@ -309,6 +313,7 @@ class Relay(Service):
             quarantined = await self._record_failures(uow, rows, result) if result.failed else []
             await uow.commit()
         self._account(len(rows), result, gone, quarantined)
+        self.vacuum.deleted(len(result.confirmed) - gone)
         recovered = sum(1 for i in result.confirmed if rows[i]["attempts"])
         if recovered:
             log.info(
