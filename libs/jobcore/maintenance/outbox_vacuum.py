@@ -33,7 +33,10 @@ from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 
-OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED) outbox"
+# TRUNCATE false: giving the empty pages at the end of the file back to the system takes
+# an ACCESS EXCLUSIVE lock, which every claim and enqueue would wait for. PARALLEL 0: a
+# background chore takes one backend, not one per index besides the relay's own.
+OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) outbox"
 # A VACUUM that takes longer is given up (its connection closed): a cut network must not
 # stop every later one.
 VACUUM_TIMEOUT = 600.0

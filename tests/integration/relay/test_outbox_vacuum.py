@@ -1,0 +1,129 @@
+"""What keeps the claim as cheap at the end of a long drain as at its start: the relay's
+VACUUM of the outbox (jobcore.maintenance.outbox_vacuum) and no JIT on its connections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aio_pika
+
+from jobcore.amqp.topology import Topology
+from jobcore.db import Database, fetch_all
+from jobcore.maintenance.outbox_vacuum import OutboxVacuum
+from jobcore.priorities import WEIGHTS
+from jobcore.settings import Settings
+from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
+from jobcore.testing.waiting import eventually
+from tests.integration.relay.helpers import collect, fill_outbox, running_relay, wait_drained
+
+CLAIM = {
+    "routing_keys": ["testq"],
+    "budgets": [10],
+    "other_budget": 10,
+    "limit": 10,
+    "priorities": [int(p) for p in WEIGHTS],
+    "weights": list(WEIGHTS.values()),
+}
+
+
+async def claim_and_buffers(db: Database) -> tuple[list[Any], int]:
+    """The rows the relay's claim takes now (rolled back), and the buffers it read."""
+    async with db.unit_of_work() as uow:
+        rows = [(r["tenant"], r["id"]) for r in await fetch_all(uow, OUTBOX_CLAIM_FAIR(CLAIM))]
+    async with db.connection() as conn, conn.transaction(force_rollback=True):
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + OUTBOX_CLAIM_FAIR.sql, CLAIM
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    plan = next(iter(row.values()))[0]["Plan"]
+    return rows, int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+async def delete_oldest(db: Database, ids: list[int]) -> None:
+    """As the relay deletes what it published: batch by batch, oldest first."""
+    for start in range(0, len(ids), 500):
+        async with db.connection() as conn:
+            await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (ids[start : start + 500],))
+
+
+async def vacuum_counts(db: Database) -> int:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["vacuum_count"])
+
+
+async def test_a_drained_head_slows_the_claim_until_the_relays_vacuum_frees_it(
+    settings: Settings, db: Database, topology: Topology
+) -> None:
+    a = await fill_outbox(db, topology, 40_000, tenant="a", notify=False)
+    b = await fill_outbox(db, topology, 5, tenant="b", notify=False)
+    async with db.connection() as conn:
+        await conn.execute("ANALYZE outbox")
+    drained = [r["id"] for r in a[:39_000]]
+    await delete_oldest(db, drained)
+    await claim_and_buffers(db)  # as the relay's next claim: marks the dead entries it passes
+
+    before, dead_head = await claim_and_buffers(db)
+    vacuum = OutboxVacuum(settings, every=10_000)
+    vacuum.deleted(9_999)
+    assert not vacuum.running
+    vacuum.deleted(len(drained) - 9_999)
+    assert vacuum.running
+    vacuum.deleted(50_000)  # one VACUUM at a time: counted for the next one
+
+    async def done() -> bool:
+        return not vacuum.running
+
+    await eventually(done, timeout=30, what="the outbox VACUUM")
+    await vacuum.close()
+    after, vacuumed = await claim_and_buffers(db)
+
+    # The claim walked every leaf page of the 39,000 deleted rows' index entries; after
+    # the VACUUM it reads about what it reads on an outbox that was never drained.
+    assert vacuum.runs == 1
+    assert vacuumed * 4 < dead_head, (vacuumed, dead_head)
+    # And it claims the same rows: the oldest left of each tenant, in turn.
+    assert after == before
+    left = [r["id"] for r in a[39_000:]]
+    assert after == [pair for i in range(5) for pair in (("a", left[i]), ("b", b[i]["id"]))]
+
+
+async def test_vacuum_every_zero_never_vacuums(settings: Settings) -> None:
+    vacuum = OutboxVacuum(settings, every=0)
+    vacuum.deleted(10_000_000)
+    assert not vacuum.running
+
+
+async def test_the_relay_vacuums_the_outbox_after_every_so_many_rows_it_deleted(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    await collect(amqp_channel, topology)
+    vacuums = await vacuum_counts(db)
+    async with running_relay(settings, db, vacuum_every=100, batch_size=50) as relay:
+        await fill_outbox(db, topology, 250)
+        await wait_drained(db)
+
+        async def vacuumed() -> bool:
+            return relay.vacuum.runs >= 1 and not relay.vacuum.running
+
+        await eventually(vacuumed, timeout=30, what="the relay's VACUUM of the outbox")
+    assert await vacuum_counts(db) > vacuums
+
+
+async def test_the_pools_run_without_jit(db: Database) -> None:
+    """A generic plan of the claim on a large outbox is costed far past jit_above_cost:
+    compiled at every run, it took 0.6 s for 2 ms of work."""
+    async with db.connection() as conn:
+        cur = await conn.execute("SHOW jit")
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["jit"] == "off"
