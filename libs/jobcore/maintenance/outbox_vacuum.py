@@ -73,7 +73,8 @@ class OutboxVacuum:
                 conn = await psycopg.AsyncConnection.connect(
                     self.settings.database_url,
                     autocommit=True,
-                    connect_timeout=max(1, round(self.settings.db_connect_timeout)),
+                    connect_timeout=max(1, int(self.settings.db_connect_timeout)),
+                    application_name="jobcore-relay-vacuum",
                     **connect_options(self.settings),
                 )
                 async with conn:
