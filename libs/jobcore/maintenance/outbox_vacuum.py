@@ -40,6 +40,9 @@ OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) outbox"
 # A VACUUM that takes longer is given up (its connection closed): a cut network must not
 # stop every later one.
 VACUUM_TIMEOUT = 600.0
+# After a VACUUM that failed (no connection to be had: the server's max_connections, say),
+# the next is tried this long after, not after as many rows again.
+RETRY_SECONDS = 1.0
 
 
 class OutboxVacuum:
@@ -51,6 +54,7 @@ class OutboxVacuum:
         self.deleted_since = 0
         self.runs = 0
         self._task: asyncio.Task[None] | None = None
+        self._retry_at = 0.0
 
     @property
     def running(self) -> bool:
@@ -62,6 +66,8 @@ class OutboxVacuum:
             return
         self.deleted_since += rows
         if self.deleted_since < self.every or self.running:
+            return
+        if time.monotonic() < self._retry_at:
             return
         self.deleted_since = 0
         self._task = asyncio.create_task(self._vacuum(), name="relay-outbox-vacuum")
@@ -84,6 +90,9 @@ class OutboxVacuum:
                 "VACUUM of the outbox failed; the relay tries again later",
                 extra={"error": f"{type(exc).__name__}: {exc}".strip()},
             )
+            # Still owed: tried again after RETRY_SECONDS, at the next batch deleted.
+            self.deleted_since += self.every
+            self._retry_at = time.monotonic() + RETRY_SECONDS
             return
         self.runs += 1
         log.debug("outbox vacuumed", extra={"seconds": round(time.monotonic() - started, 3)})

@@ -127,3 +127,25 @@ async def test_the_pools_run_without_jit(db: Database) -> None:
         row = await cur.fetchone()
     assert row is not None
     assert row["jit"] == "off"
+
+
+async def test_a_vacuum_that_failed_is_tried_again_soon_not_after_as_many_rows(
+    settings: Settings,
+) -> None:
+    refused = settings.model_copy(
+        update={"database_url": "postgresql://postgres@127.0.0.1:1/nowhere"}
+    )
+    vacuum = OutboxVacuum(refused, every=1_000)
+    vacuum.deleted(1_000)
+
+    async def failed() -> bool:
+        return not vacuum.running
+
+    await eventually(failed, timeout=30, what="the VACUUM to fail")
+    assert vacuum.runs == 0
+    vacuum.deleted(1)  # within RETRY_SECONDS: not yet
+    assert not vacuum.running
+    vacuum._retry_at = 0.0  # as after RETRY_SECONDS
+    vacuum.deleted(1)
+    assert vacuum.running
+    await vacuum.close()
