@@ -33,9 +33,20 @@ def celery_noop() -> None:
     return None
 
 
+
+
+def _procrastinate_pool() -> dict[str, Any]:
+    """The connector's pool size: BENCH_PEERS_PROCRASTINATE_POOL_MAX connections (the HTTP
+    app's: as many as jobcore's API may hold, one to start); unset, psycopg_pool's default
+    (the workers')."""
+    size = os.environ.get("BENCH_PEERS_PROCRASTINATE_POOL_MAX")
+    return {} if size is None else {"min_size": 1, "max_size": int(size)}
+
+
 procrastinate_app = procrastinate.App(
     connector=procrastinate.PsycopgConnector(
-        conninfo=os.environ.get("BENCH_PEERS_PROCRASTINATE_DSN", "postgresql:///postgres")
+        conninfo=os.environ.get("BENCH_PEERS_PROCRASTINATE_DSN", "postgresql:///postgres"),
+        **_procrastinate_pool(),
     )
 )
 

@@ -1,24 +1,37 @@
-"""The baseline a user would build for `jobcore bench peers`' HTTP comparison: a minimal
-FastAPI app that sends a Celery task with ``apply_async`` and answers 202 with its id
-(``GET /jobs/{id}`` answers the task's state from the result backend), a Celery worker
-with ``acks_late`` and ``task_track_started``, and Celery's PostgreSQL result backend
-(``db+postgresql+psycopg://``). Configured from the environment the scenario sets
-(``BENCH_PEERS_*``); needs the ``bench`` extra (celery, SQLAlchemy).
+"""The baselines a user would build for `jobcore bench peers`' HTTP comparison, each a
+minimal FastAPI app in one process:
 
-The task returns when it was enqueued (the API's clock) and when it started (the
+- ``api``: sends a Celery task with ``apply_async`` and answers 202 with its id (``GET
+  /jobs/{id}`` answers the task's state from the result backend), for a Celery worker with
+  ``acks_late`` and ``task_track_started`` and Celery's PostgreSQL result backend
+  (``db+postgresql+psycopg://``);
+- ``procrastinate_api``: defers the no-op Procrastinate task of
+  :mod:`services.bench.peers_apps` with ``defer_async`` over its ``PsycopgConnector``'s
+  pool and answers 202 with the job id (``GET /jobs/{id}``: the job's status from
+  ``procrastinate_jobs``), for a Procrastinate worker on the same database.
+
+Configured from the environment the scenario sets (``BENCH_PEERS_*``); needs the ``bench``
+extra (celery, SQLAlchemy, procrastinate).
+
+The Celery task returns when it was enqueued (the API's clock) and when it started (the
 worker's): the same machine's clock, read from the backend's rows afterwards with its
 ``date_done``, gives POST→succeeded and enqueue→start as jobcore's job rows do.
+Procrastinate records both itself (``procrastinate_events``: deferred, started, succeeded).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from celery import Celery  # type: ignore[import-untyped]
 from celery.result import AsyncResult  # type: ignore[import-untyped]
 from fastapi import FastAPI
+
+from services.bench.peers_apps import procrastinate_app, procrastinate_noop
 
 celery_http = Celery(
     "bench_peers_http",
@@ -53,3 +66,24 @@ def enqueue() -> dict[str, str]:
 @api.get("/jobs/{task_id}")
 def status(task_id: str) -> dict[str, Any]:
     return {"id": task_id, "state": AsyncResult(task_id, app=celery_http).state}
+
+
+@asynccontextmanager
+async def _procrastinate_open(_: FastAPI) -> AsyncIterator[None]:
+    async with procrastinate_app.open_async():
+        yield
+
+
+procrastinate_api = FastAPI(lifespan=_procrastinate_open)
+
+
+@procrastinate_api.post("/jobs/noop", status_code=202)
+async def defer() -> dict[str, Any]:
+    job_id = await procrastinate_noop.defer_async()
+    return {"id": job_id, "status": "todo"}
+
+
+@procrastinate_api.get("/jobs/{job_id}")
+async def job_status(job_id: int) -> dict[str, Any]:
+    status = await procrastinate_app.job_manager.get_job_status_async(job_id)
+    return {"id": job_id, "status": status.value}
