@@ -93,7 +93,7 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
 
 # 1,500 jobs: enough that a worker-only drain outlasts its stack's start, whose end opens
 # the window its CPU per job is measured in. The HTTP runs wait for every job they POST
-# (Celery's, behind its result backend, at tens a second): 200 each.
+# (Celery's, behind its result backend, at tens a second; Procrastinate's too): 200 each.
 @pytest.mark.timeout(600)
 def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
     settings: Settings, tmp_path: Path
@@ -113,6 +113,7 @@ def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
         "Celery, prefork 2, quorum queue",
         "Procrastinate, concurrency 8",
         "FastAPI + Celery apply_async, prefork 2, acks_late, PG results",
+        "FastAPI + Procrastinate defer_async, concurrency 8",
     }
     assert {f["metric"] for f in section["figures"]} == {
         "pipeline jobs/s",
@@ -129,6 +130,26 @@ def test_the_peers_scenario_measures_jobcore_celery_and_procrastinate(
         "200 jobs POSTed over 16 connections",
         "200 jobs POSTed over 64 connections",
     }
+    # Each HTTP case against both baselines a user would build, on every metric.
+    http_rows = {
+        (f["case"], f["metric"], f["baseline"])
+        for f in section["figures"]
+        if f["case"] in http_cases
+    }
+    assert len(http_rows) == 2 * 3 * 2, http_rows
+    # The load generator's side (POSTs/s, its CPU, the e2e rate), per system and count.
+    [load_table] = section["details"]["tables"]
+    assert [(row[0], row[1]) for row in load_table["rows"]] == [
+        (system, clients)
+        for clients in (16, 64)
+        for system in (
+            "jobcore",
+            "FastAPI + Celery apply_async, prefork 2, acks_late, PG results",
+            "FastAPI + Procrastinate defer_async, concurrency 8",
+        )
+    ]
+    for row in load_table["rows"]:
+        assert all(value > 0 for value in row[2:]), row
     for figure in section["figures"]:
         assert figure["runs"][0] > 0, figure
         assert figure["ratio"] > 0, figure

@@ -21,13 +21,19 @@ turns within each run:
 
 Over HTTP (issue 36), each run also POSTs ``min(jobs, http_jobs)`` no-op jobs
 (``--http-jobs``, 2,000 by default) at 16 and at 64 connections, with the e2e scenario's
-load generator, to jobcore (one API, one relay, one worker) and to the baseline a user
-would build with Celery (:mod:`services.bench.peers_http_app`: FastAPI calling
-``apply_async`` and answering 202 with the task id, a prefork-2 worker with ``acks_late``
-and ``task_track_started``, the PostgreSQL result backend on a scratch database); each run
-waits until every job succeeded. Reported: jobs/s from the first enqueue to the last done,
-and enqueue→start p50/p99 (jobcore: the job rows; Celery: the enqueue time the API passes
-to the task, the start time the task returns, and the backend's ``date_done``).
+load generator, to jobcore (one API, one relay, one worker) and to the baselines a user
+would build (:mod:`services.bench.peers_http_app`, one process each): FastAPI calling
+Celery's ``apply_async`` and answering 202 with the task id, a prefork-2 worker with
+``acks_late`` and ``task_track_started``, the PostgreSQL result backend on a scratch
+database; and FastAPI calling Procrastinate's ``defer_async`` over its connector's pool
+(as many connections as jobcore's API may hold) and answering 202 with the job id, a
+Procrastinate worker of concurrency 8, on the drain's database (the drain's jobs, done,
+stay in its table, as a deployment's history would). Each run waits until every job
+succeeded. Reported: jobs/s from the first enqueue to the last done, and enqueue→start
+p50/p99 (jobcore: the job rows; Celery: the enqueue time the API passes to the task, the
+start time the task returns, and the backend's ``date_done``; Procrastinate: its
+``deferred``, ``started`` and ``succeeded`` events), and the load generator's side: its
+POSTs/s and its CPU (this process's, % of one core, over the POSTs).
 
 Each drain of jobcore and of Celery also reports the CPU-ms per job of every process
 group over its clock's window: its own processes, PostgreSQL (the backends of the
@@ -53,7 +59,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import aio_pika
@@ -423,9 +429,13 @@ async def run(bench: Bench) -> Section:
         f"bench's own (each group's figure below is its median over the runs, and so is "
         f"`all`). Over HTTP: {http_n:,} no-op jobs POSTed over "
         f"{' and '.join(map(str, HTTP_CLIENTS))} connections (the e2e scenario's load "
-        f"generator) to jobcore (one API, relay, worker) and to {CELERY_HTTP} (a FastAPI "
-        f"app answering 202 with the task id, Celery's PostgreSQL result backend); jobs/s "
-        f"from the first enqueue to the last done, enqueue→start from each job's times.",
+        f"generator) to jobcore (one API, relay, worker), to {CELERY_HTTP} (a FastAPI "
+        f"app answering 202 with the task id, Celery's PostgreSQL result backend) and to "
+        f"{PROCRASTINATE_HTTP} (a FastAPI app answering 202 with the job id, its "
+        f"connector's pool of up to {bench.config.db_pool_max} connections, the drain's "
+        f"database); jobs/s from the first enqueue to the last done, enqueue→start from each "
+        f"job's times (Procrastinate: its deferred and started events). The load "
+        f"generator's POSTs/s and CPU (% of one core over the POSTs) are in the table below.",
     )
     drains: dict[str, list[Drain]] = defaultdict(list)
     http: dict[str, list[dict[int, HttpRun]]] = defaultdict(list)
@@ -449,6 +459,7 @@ async def run(bench: Bench) -> Section:
                 )
                 http["jobcore"].append(await jobcore_http(bench, config, db, http_n))
                 http["celery"].append(await celery_http(bench, config, http_n))
+                http["procrastinate"].append(await procrastinate_http(bench, config, http_n, dsn))
         finally:
             await db.close()
     rates = {name: [round(d.rate, 1) for d in runs] for name, runs in drains.items()}
@@ -472,16 +483,22 @@ async def run(bench: Bench) -> Section:
             ("enqueue→start p50 ms", "start_p50", "lower"),
             ("enqueue→start p99 ms", "start_p99", "lower"),
         ):
-            section.add(
-                Figure(
-                    http_case,
-                    metric,
-                    [round(getattr(r[clients], attribute), 2) for r in http["jobcore"]],
-                    CELERY_HTTP,
-                    [round(getattr(r[clients], attribute), 2) for r in http["celery"]],
-                    better=better,
+            for baseline, peer in ((CELERY_HTTP, "celery"), (PROCRASTINATE_HTTP, "procrastinate")):
+                section.add(
+                    Figure(
+                        http_case,
+                        metric,
+                        [round(getattr(r[clients], attribute), 2) for r in http["jobcore"]],
+                        baseline,
+                        [round(getattr(r[clients], attribute), 2) for r in http[peer]],
+                        better=better,
+                    )
                 )
-            )
+    section.details.setdefault("tables", []).append(load_generator_table(http))
+    section.details["http_runs"] = {
+        name: [{str(c): asdict(r) for c, r in run.items()} for run in runs]
+        for name, runs in http.items()
+    }
     cpu_all = {
         name: [d.cpu_ms_per_job["all"] for d in runs if d.cpu_ms_per_job]
         for name, runs in drains.items()
@@ -536,6 +553,7 @@ HTTP_APP = "services.bench.peers_http_app"
 # The connection counts of the HTTP comparison (jobcore's e2e POSTs over 16).
 HTTP_CLIENTS = (16, 64)
 CELERY_HTTP = f"FastAPI + Celery apply_async, prefork {CELERY_CONCURRENCY}, acks_late, PG results"
+PROCRASTINATE_HTTP = f"FastAPI + Procrastinate defer_async, concurrency {PROCRASTINATE_CONCURRENCY}"
 HTTP_LATENCY = """
 SELECT count(*) AS jobs,
        extract(epoch FROM max(finished_at) - min(created_at)) AS seconds,
@@ -549,11 +567,65 @@ FROM jobs WHERE created_at >= %(since)s
 
 @dataclass(frozen=True)
 class HttpRun:
-    """POST→succeeded jobs/s and enqueue→start p50/p99 (ms) of one HTTP run."""
+    """POST→succeeded jobs/s and enqueue→start p50/p99 (ms) of one HTTP run, and the load
+    generator's side: its POSTs/s and its CPU over the POSTs (% of one core)."""
 
     rate: float
     start_p50: float
     start_p99: float
+    posts_per_s: float = 0.0
+    load_cpu_pct: float = 0.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """The load generator's side of one HTTP run."""
+
+    errors: int
+    posts_per_s: float
+    cpu_pct: float
+
+    def into(self, run: HttpRun) -> HttpRun:
+        return replace(run, posts_per_s=self.posts_per_s, load_cpu_pct=self.cpu_pct)
+
+
+async def load(port: int, request: bytes, clients: int, n: int) -> Load:
+    """``n`` POSTs over ``clients`` connections; the load generator is this process (the
+    bench does nothing else meanwhile), so its CPU over them shows whether it, and not the
+    server, set the pace (near 100 % of a core: it did)."""
+    cpu = time.process_time()
+    _, seconds, errors = await http_load(port, request, clients, n)
+    used = time.process_time() - cpu
+    return Load(errors, round(n / max(seconds, 1e-6), 1), round(100 * used / max(seconds, 1e-6), 1))
+
+
+def load_generator_table(http: dict[str, list[dict[int, HttpRun]]]) -> dict[str, Any]:
+    """The load generator's POSTs/s and CPU per system and connection count (medians)."""
+    names = {"jobcore": "jobcore", "celery": CELERY_HTTP, "procrastinate": PROCRASTINATE_HTTP}
+    rows = []
+    for clients in HTTP_CLIENTS:
+        for name, label in names.items():
+            runs = [run[clients] for run in http.get(name, []) if clients in run]
+            if runs:
+                rows.append(
+                    [
+                        label,
+                        clients,
+                        round(statistics.median(r.posts_per_s for r in runs), 1),
+                        round(statistics.median(r.load_cpu_pct for r in runs), 1),
+                        round(statistics.median(r.rate for r in runs), 1),
+                    ]
+                )
+    return {
+        "title": "Over HTTP: the load generator (median over runs)",
+        "note": (
+            "The load generator is the bench's own process (asyncio, keep-alive connections). "
+            "Its CPU is its utime + stime over the POSTs, in % of one core: well below 100 %, "
+            "the servers set the pace. POSTs/s counts the answers (202) over the same time."
+        ),
+        "columns": ["system", "connections", "POSTs/s", "load generator CPU %", "e2e jobs/s"],
+        "rows": rows,
+    }
 
 
 def http_run(enqueued: list[float], started: list[float], done: list[float]) -> HttpRun:
@@ -658,16 +730,16 @@ async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpR
                 for clients in HTTP_CLIENTS:
                     done_before = await _succeeded(dsn)
                     since = time.time()
-                    _, _, errors = await http_load(port, request, clients, n)
-                    if errors:
-                        raise RuntimeError(f"{errors} of {n} POSTs to the Celery app failed")
+                    sent = await load(port, request, clients, n)
+                    if sent.errors:
+                        raise RuntimeError(f"{sent.errors} of {n} POSTs to the Celery app failed")
                     await eventually(
                         functools.partial(_at_least, dsn, done_before + n),
                         timeout=DRAIN_TIMEOUT,
                         interval=0.1,
                         what=f"{n:,} Celery tasks to succeed",
                     )
-                    runs[clients] = http_run(*await celery_results(dsn, since))
+                    runs[clients] = sent.into(http_run(*await celery_results(dsn, since)))
             finally:
                 with contextlib.suppress(Exception):
                     connection = await connect_broker(config)
@@ -690,17 +762,122 @@ async def jobcore_http(bench: Bench, config: Settings, db: Database, n: int) -> 
         request = post(stack.api_port, "/jobs/noop", b"{}", auth)
         for clients in HTTP_CLIENTS:
             since = await db_now(db)
-            _, _, errors = await http_load(stack.api_port, request, clients, n)
-            if errors:
-                raise RuntimeError(f"{errors} of {n} POSTs to jobcore failed")
+            sent = await load(stack.api_port, request, clients, n)
+            if sent.errors:
+                raise RuntimeError(f"{sent.errors} of {n} POSTs to jobcore failed")
             await wait_done(db, since, n, stack.processes, DRAIN_TIMEOUT)
             async with db.connection() as conn:
                 cur = await conn.execute(HTTP_LATENCY, {"since": since})
                 row = await cur.fetchone()
             assert row is not None
-            runs[clients] = HttpRun(
-                row["jobs"] / float(row["seconds"]),
-                round(1000 * float(row["start_p50"]), 2),
-                round(1000 * float(row["start_p99"]), 2),
+            runs[clients] = sent.into(
+                HttpRun(
+                    row["jobs"] / float(row["seconds"]),
+                    round(1000 * float(row["start_p50"]), 2),
+                    round(1000 * float(row["start_p99"]), 2),
+                )
             )
+    return runs
+
+
+# -- the HTTP baseline a user would build with Procrastinate (issue 36) ---------------------
+
+# Each job's deferred, started and succeeded times (epoch seconds), from Procrastinate's
+# own events, for the jobs after ``after`` (the run's: ids only grow).
+PROCRASTINATE_TIMES = """
+SELECT extract(epoch FROM min(at) FILTER (WHERE type = 'deferred')) AS deferred,
+       extract(epoch FROM min(at) FILTER (WHERE type = 'started')) AS started,
+       extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')) AS succeeded
+FROM procrastinate_events WHERE job_id > %(after)s GROUP BY job_id
+"""
+
+
+async def _procrastinate_scalar(dsn: str, query: str, params: dict[str, Any]) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params)
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _procrastinate_done(dsn: str, after: int, n: int) -> bool:
+    """Whether ``n`` jobs after id ``after`` succeeded (one failed: an error)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+            " count(*) FILTER (WHERE status IN ('failed', 'aborted', 'cancelled'))"
+            " FROM procrastinate_jobs WHERE id > %(after)s",
+            {"after": after},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    if row[1]:
+        raise RuntimeError(f"{row[1]} Procrastinate jobs did not succeed")
+    return int(row[0]) >= n
+
+
+async def procrastinate_http(
+    bench: Bench, config: Settings, n: int, dsn: str
+) -> dict[int, HttpRun]:
+    """``n`` POSTs to the Procrastinate app at each of :data:`HTTP_CLIENTS` connections,
+    each run waited on until every job succeeded; from Procrastinate's events."""
+    runs: dict[int, HttpRun] = {}
+    max_id = "SELECT coalesce(max(id), 0) FROM procrastinate_jobs"
+    port = free_port()
+    worker_argv = [
+        sys.executable, "-m", "procrastinate", "--app", f"{PEER_APPS}.procrastinate_app",
+        "--log-level", "warning", "worker", "--concurrency", str(PROCRASTINATE_CONCURRENCY),
+    ]  # fmt: skip
+    api_argv = [
+        sys.executable, "-m", "uvicorn", f"{HTTP_APP}:procrastinate_api", "--host", "127.0.0.1",
+        "--port", str(port), "--loop", "uvloop", "--http", "httptools",
+        "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    worker_env = _peer_env(config, BENCH_PEERS_PROCRASTINATE_DSN=dsn)
+    api_env = _peer_env(
+        config,
+        BENCH_PEERS_PROCRASTINATE_DSN=dsn,
+        BENCH_PEERS_PROCRASTINATE_POOL_MAX=str(config.db_pool_max),
+    )
+    request = post(port, "/jobs/noop", b"{}")
+    with (
+        peer_process(
+            worker_argv, worker_env, bench.log_dir / "peers-procrastinate-http-worker.log"
+        ),
+        peer_process(api_argv, api_env, bench.log_dir / "peers-procrastinate-http-api.log"),
+    ):
+        before = await _procrastinate_scalar(dsn, max_id, {})
+
+        async def answers() -> bool:
+            try:
+                _, _, errors = await http_load(port, request, 1, 1)
+            except OSError:
+                return False
+            return errors == 0
+
+        await eventually(answers, timeout=60, interval=0.2, what="the Procrastinate HTTP app")
+        await eventually(
+            functools.partial(_procrastinate_done, dsn, before, 1),
+            timeout=60,
+            interval=0.1,
+            what="a Procrastinate job",
+        )
+        for clients in HTTP_CLIENTS:
+            after = await _procrastinate_scalar(dsn, max_id, {})
+            sent = await load(port, request, clients, n)
+            if sent.errors:
+                raise RuntimeError(f"{sent.errors} of {n} POSTs to the Procrastinate app failed")
+            await eventually(
+                functools.partial(_procrastinate_done, dsn, after, n),
+                timeout=DRAIN_TIMEOUT,
+                interval=0.1,
+                what=f"{n:,} Procrastinate jobs to succeed",
+            )
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                cur = await conn.execute(PROCRASTINATE_TIMES, {"after": after})
+                rows = await cur.fetchall()
+            if len(rows) != n or any(None in row for row in rows):
+                raise RuntimeError(f"Procrastinate's events cover {len(rows)} of {n} jobs")
+            deferred, started, succeeded = ([float(row[i]) for row in rows] for i in range(3))
+            runs[clients] = sent.into(http_run(deferred, started, succeeded))
     return runs
