@@ -678,13 +678,16 @@ async def celery_results(dsn: str, since: float) -> tuple[list[float], list[floa
     return times
 
 
-async def _succeeded(dsn: str) -> int:
+# The HTTP runs' polls share one connection held from before the load: a connection
+# every 0.1 s would fork a backend each time on the cores being measured, and on a shared
+# server it can find every slot taken.
+Watch = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+async def _succeeded(conn: Watch) -> int:
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            cur = await conn.execute(
-                "SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'"
-            )
-            row = await cur.fetchone()
+        cur = await conn.execute("SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")
+        row = await cur.fetchone()
     except psycopg.errors.UndefinedTable:
         return 0  # the backend creates its table with its first result
     return 0 if row is None else int(row[0])
@@ -714,6 +717,7 @@ async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpR
             peer_process(worker_argv, env, bench.log_dir / "peers-celery-http-worker.log"),
             peer_process(api_argv, env, bench.log_dir / "peers-celery-http-api.log"),
         ):
+            watch = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
             try:
 
                 async def answers() -> bool:
@@ -725,22 +729,23 @@ async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpR
 
                 await eventually(answers, timeout=60, interval=0.2, what="the Celery HTTP app")
                 await eventually(
-                    lambda: _at_least(dsn, 1), timeout=60, interval=0.1, what="a Celery task"
+                    lambda: _at_least(watch, 1), timeout=60, interval=0.1, what="a Celery task"
                 )
                 for clients in HTTP_CLIENTS:
-                    done_before = await _succeeded(dsn)
+                    done_before = await _succeeded(watch)
                     since = time.time()
                     sent = await load(port, request, clients, n)
                     if sent.errors:
                         raise RuntimeError(f"{sent.errors} of {n} POSTs to the Celery app failed")
                     await eventually(
-                        functools.partial(_at_least, dsn, done_before + n),
+                        functools.partial(_at_least, watch, done_before + n),
                         timeout=DRAIN_TIMEOUT,
                         interval=0.1,
                         what=f"{n:,} Celery tasks to succeed",
                     )
                     runs[clients] = sent.into(http_run(*await celery_results(dsn, since)))
             finally:
+                await watch.close()
                 with contextlib.suppress(Exception):
                     connection = await connect_broker(config)
                     async with connection:
@@ -748,8 +753,8 @@ async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpR
     return runs
 
 
-async def _at_least(dsn: str, n: int) -> bool:
-    return await _succeeded(dsn) >= n
+async def _at_least(conn: Watch, n: int) -> bool:
+    return await _succeeded(conn) >= n
 
 
 async def jobcore_http(bench: Bench, config: Settings, db: Database, n: int) -> dict[int, HttpRun]:
@@ -792,24 +797,22 @@ FROM procrastinate_events WHERE job_id > %(after)s GROUP BY job_id
 """
 
 
-async def _procrastinate_scalar(dsn: str, query: str, params: dict[str, Any]) -> int:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(query, params)
-        row = await cur.fetchone()
+async def _last_job_id(conn: Watch) -> int:
+    cur = await conn.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs")
+    row = await cur.fetchone()
     assert row is not None
     return int(row[0])
 
 
-async def _procrastinate_done(dsn: str, after: int, n: int) -> bool:
+async def _procrastinate_done(conn: Watch, after: int, n: int) -> bool:
     """Whether ``n`` jobs after id ``after`` succeeded (one failed: an error)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
-            " count(*) FILTER (WHERE status IN ('failed', 'aborted', 'cancelled'))"
-            " FROM procrastinate_jobs WHERE id > %(after)s",
-            {"after": after},
-        )
-        row = await cur.fetchone()
+    cur = await conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+        " count(*) FILTER (WHERE status IN ('failed', 'aborted', 'cancelled'))"
+        " FROM procrastinate_jobs WHERE id > %(after)s",
+        {"after": after},
+    )
+    row = await cur.fetchone()
     assert row is not None
     if row[1]:
         raise RuntimeError(f"{row[1]} Procrastinate jobs did not succeed")
@@ -822,7 +825,6 @@ async def procrastinate_http(
     """``n`` POSTs to the Procrastinate app at each of :data:`HTTP_CLIENTS` connections,
     each run waited on until every job succeeded; from Procrastinate's events."""
     runs: dict[int, HttpRun] = {}
-    max_id = "SELECT coalesce(max(id), 0) FROM procrastinate_jobs"
     port = free_port()
     worker_argv = [
         sys.executable, "-m", "procrastinate", "--app", f"{PEER_APPS}.procrastinate_app",
@@ -846,38 +848,40 @@ async def procrastinate_http(
         ),
         peer_process(api_argv, api_env, bench.log_dir / "peers-procrastinate-http-api.log"),
     ):
-        before = await _procrastinate_scalar(dsn, max_id, {})
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
+            before = await _last_job_id(watch)
 
-        async def answers() -> bool:
-            try:
-                _, _, errors = await http_load(port, request, 1, 1)
-            except OSError:
-                return False
-            return errors == 0
+            async def answers() -> bool:
+                try:
+                    _, _, errors = await http_load(port, request, 1, 1)
+                except OSError:
+                    return False
+                return errors == 0
 
-        await eventually(answers, timeout=60, interval=0.2, what="the Procrastinate HTTP app")
-        await eventually(
-            functools.partial(_procrastinate_done, dsn, before, 1),
-            timeout=60,
-            interval=0.1,
-            what="a Procrastinate job",
-        )
-        for clients in HTTP_CLIENTS:
-            after = await _procrastinate_scalar(dsn, max_id, {})
-            sent = await load(port, request, clients, n)
-            if sent.errors:
-                raise RuntimeError(f"{sent.errors} of {n} POSTs to the Procrastinate app failed")
+            await eventually(answers, timeout=60, interval=0.2, what="the Procrastinate HTTP app")
             await eventually(
-                functools.partial(_procrastinate_done, dsn, after, n),
-                timeout=DRAIN_TIMEOUT,
+                functools.partial(_procrastinate_done, watch, before, 1),
+                timeout=60,
                 interval=0.1,
-                what=f"{n:,} Procrastinate jobs to succeed",
+                what="a Procrastinate job",
             )
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                cur = await conn.execute(PROCRASTINATE_TIMES, {"after": after})
+            for clients in HTTP_CLIENTS:
+                after = await _last_job_id(watch)
+                sent = await load(port, request, clients, n)
+                if sent.errors:
+                    raise RuntimeError(
+                        f"{sent.errors} of {n} POSTs to the Procrastinate app failed"
+                    )
+                await eventually(
+                    functools.partial(_procrastinate_done, watch, after, n),
+                    timeout=DRAIN_TIMEOUT,
+                    interval=0.1,
+                    what=f"{n:,} Procrastinate jobs to succeed",
+                )
+                cur = await watch.execute(PROCRASTINATE_TIMES, {"after": after})
                 rows = await cur.fetchall()
-            if len(rows) != n or any(None in row for row in rows):
-                raise RuntimeError(f"Procrastinate's events cover {len(rows)} of {n} jobs")
-            deferred, started, succeeded = ([float(row[i]) for row in rows] for i in range(3))
-            runs[clients] = sent.into(http_run(deferred, started, succeeded))
+                if len(rows) != n or any(None in row for row in rows):
+                    raise RuntimeError(f"Procrastinate's events cover {len(rows)} of {n} jobs")
+                deferred, started, succeeded = ([float(row[i]) for row in rows] for i in range(3))
+                runs[clients] = sent.into(http_run(deferred, started, succeeded))
     return runs
