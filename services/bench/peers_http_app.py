@@ -43,6 +43,10 @@ celery_http.conf.update(
     task_acks_late=True,
     task_track_started=True,
     result_serializer="json",
+    # One backend for the API's threads (FastAPI runs the plain-def handler in a pool of
+    # up to 40): per thread, each made its own on its first task and connected to create
+    # the tables, up to 40 connections at once, past a shared server's max_connections.
+    result_backend_thread_safe=True,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
 )
