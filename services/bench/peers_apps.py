@@ -33,8 +33,6 @@ def celery_noop() -> None:
     return None
 
 
-
-
 def _procrastinate_pool() -> dict[str, Any]:
     """The connector's pool size: BENCH_PEERS_PROCRASTINATE_POOL_MAX connections (the HTTP
     app's: as many as jobcore's API may hold, one to start); unset, psycopg_pool's default
