@@ -454,6 +454,8 @@ class Consumer(Service):
             # a worker deployed before a type's limit still takes the lock and counts behind
             # it. The claim then counts from a snapshot every other claim of those keys
             # committed before. One round trip: BEGIN, lock, claim and COMMIT pipelined.
+            # Jobs whose rows name no key are claimed first, by one statement that locks
+            # nothing (most batches: that statement is the whole claim).
             claimed = await job_store.claim(conn, params)
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()

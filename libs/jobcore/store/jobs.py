@@ -111,6 +111,7 @@ from jobcore.sql.jobs.recovery import (
 )
 from jobcore.sql.jobs.run import (
     JOB_CLAIM_MANY,
+    JOB_CLAIM_UNGATED,
     JOB_END_RUNNING,
     JOB_GATES_LOCK,
     JOB_HEARTBEAT,
@@ -291,11 +292,24 @@ class JobStore:
     # --- the worker's run (jobcore.sql.jobs.run) -------------------------------------------
 
     async def claim(self, conn: AsyncConn, params: JobClaimManyParams) -> list[DictRow]:
-        """Lock the jobs' gate rows, then claim: BEGIN, JOB_GATES_LOCK, JOB_CLAIM_MANY and
-        COMMIT in one round trip (jobcore.db.fetch_all_after). A row per message."""
-        return await fetch_all_after(
-            conn, JOB_GATES_LOCK({"job_ids": params["job_ids"]}), JOB_CLAIM_MANY(params)
+        """Claim: a row per message. The messages of jobs with no concurrency or rate key
+        are claimed by JOB_CLAIM_UNGATED, one statement committing alone (most jobs: no
+        gate row to lock). It leaves the others out, and only they lock their jobs' gate
+        rows, then claim: BEGIN, JOB_GATES_LOCK, JOB_CLAIM_MANY and COMMIT in one round
+        trip (jobcore.db.fetch_all_after). Each part is a claim by itself, so a retry of
+        the whole after an unanswered commit of either resumes what that part took."""
+        rows = await fetch_all(conn, JOB_CLAIM_UNGATED(params))
+        if len(rows) == len(params["message_ids"]):
+            return rows
+        answered = {row["message_id"] for row in rows}
+        keyed = [
+            i for i, message_id in enumerate(params["message_ids"]) if message_id not in answered
+        ]
+        rest = _claim_subset(params, keyed)
+        rows += await fetch_all_after(
+            conn, JOB_GATES_LOCK({"job_ids": rest["job_ids"]}), JOB_CLAIM_MANY(rest)
         )
+        return rows
 
     async def note_undeliverable(self, on: Executor, params: JobNoteUndeliverableParams) -> int:
         return await execute(on, JOB_NOTE_UNDELIVERABLE(params))
@@ -392,4 +406,21 @@ class JobStore:
 
 
 job_store = JobStore()
+
+
+def _claim_subset(params: JobClaimManyParams, keep: list[int]) -> JobClaimManyParams:
+    """The claim of the messages at positions ``keep`` of ``params``."""
+    return {
+        "consumer": params["consumer"],
+        "exchange": params["exchange"],
+        "worker_id": params["worker_id"],
+        "message_ids": [params["message_ids"][i] for i in keep],
+        "job_ids": [params["job_ids"][i] for i in keep],
+        "types": [params["types"][i] for i in keep],
+        "attempts": [params["attempts"][i] for i in keep],
+        "lease_tokens": [params["lease_tokens"][i] for i in keep],
+        "leases": [params["leases"][i] for i in keep],
+    }
+
+
 """The store: stateless, so one serves every caller."""

@@ -1,5 +1,6 @@
 """The worker's hot path: the claim (with the inbox insert, gates and parking, after
-JOB_GATES_LOCK in the same round trip), heartbeat, progress, and the fenced outcomes.
+JOB_GATES_LOCK in the same round trip for jobs with a concurrency or rate key), heartbeat,
+progress, and the fenced outcomes.
 
 Each statement is one round trip and one transaction: the inbox insert and the claim, or
 an outcome and the outbox row of a retry, commit together or not at all. Every write after
@@ -72,22 +73,23 @@ class JobClaimManyParams(TypedDict):
 # admitted while the tat stays within `burst` intervals of now). A job a gate stops is
 # *held*: it stays pending with `held_reason` set, its attempt unused; its message is done
 # with (the inbox has it), and the gate releaser publishes a new one later. Every batch
-# runs JOB_GATES_LOCK first in the same transaction (pipelined: one round trip), whatever
-# the worker's registry declares: the counts here then come from a snapshot taken after
-# every other claim of those keys committed. Times are statement_timestamp(), so a job's
-# started_at is later than the finished_at of whatever it waited for.
-JOB_CLAIM_MANY = Query[JobClaimManyParams](
-    "job_claim_many",
-    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
-    "if their gates let them start (each with its `claimed` event), else hold them, or park "
-    "them in the outbox while their queue or type is paused.",
-    f"""
+# with a job of a concurrency or rate key runs JOB_GATES_LOCK first in the same transaction
+# (pipelined: one round trip), whatever the worker's registry declares: the counts here
+# then come from a snapshot taken after every other claim of those keys committed (the
+# jobs with neither key are claimed apart, by JOB_CLAIM_UNGATED, with no lock). Times are
+# statement_timestamp(), so a job's started_at is later than the finished_at of whatever it
+# waited for.
+def _claim_sql(only: str) -> str:
+    """The claim statement over the batch's messages that pass ``only`` (a condition on
+    ``i``, a message of the batch): the others are left out, neither recorded nor answered."""
+    return f"""
     WITH input AS (
         SELECT *
         FROM unnest(
             %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
             %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[]
         ) AS i(message_id, job_id, type, attempt, lease_token, lease)
+        WHERE {only}
     ), received AS (
         INSERT INTO inbox (consumer, message_id)
         SELECT %(consumer)s, message_id FROM input
@@ -242,7 +244,35 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
     LEFT JOIN resumed ON resumed.claimed_message_id = input.message_id
     LEFT JOIN parked ON parked.job_id = input.job_id
     LEFT JOIN held ON held.message_id = input.message_id
-    """,
+    """
+
+
+JOB_CLAIM_MANY = Query[JobClaimManyParams](
+    "job_claim_many",
+    "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
+    "if their gates let them start (each with its `claimed` event), else hold them, or park "
+    "them in the outbox while their queue or type is paused.",
+    _claim_sql("true"),
+)
+
+# A job with no concurrency or rate key has no gate row to lock: JOB_GATES_LOCK locks
+# nothing for it, and the claim's concurrency and rate gates let it through. So the messages
+# of such jobs are claimed by this statement on its own (one statement, committing by
+# itself: no BEGIN, no lock statement, no COMMIT), and only the others go through
+# JOB_GATES_LOCK and JOB_CLAIM_MANY (jobcore.store.jobs.JobStore.claim). Which jobs those
+# are is read from the job rows, as the lock reads them (keys are written at enqueue and
+# never change: invariant 15), not from the worker's registry. A message whose job has a
+# key is left out here, not recorded in the inbox: JOB_CLAIM_MANY records it. For the
+# messages it keeps, this is JOB_CLAIM_MANY word for word (inbox, fence, ordering, parking,
+# resuming an unanswered commit of itself), so it answers what JOB_CLAIM_MANY would.
+JOB_CLAIM_UNGATED = Query[JobClaimManyParams](
+    "job_claim_ungated",
+    "Record messages in the inbox and claim their pending jobs, as job_claim_many does, for "
+    "the messages whose jobs have no concurrency or rate key (the others are left out).",
+    _claim_sql(
+        "NOT EXISTS (SELECT 1 FROM jobs AS keyed WHERE keyed.id = i.job_id"
+        " AND (keyed.concurrency_key IS NOT NULL OR keyed.rate_key IS NOT NULL))"
+    ),
 )
 
 
