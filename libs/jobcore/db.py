@@ -577,6 +577,26 @@ async def fetch_all_behind(
     return rows
 
 
+async def fetch_all_beside(
+    conn: AsyncConn, first: Statement, statement: Statement, alone: Statement
+) -> tuple[list[DictRow], list[DictRow]]:
+    """BEGIN, ``first``, ``statement`` and COMMIT (as :func:`fetch_all_after`), then
+    ``alone`` in a transaction of its own, all in one round trip: the rows of ``statement``
+    and of ``alone``. (``alone`` comes after the COMMIT: sent before the BEGIN, with no
+    sync between them, it would join the transaction.) A failed transaction skips
+    ``alone``. On an error the connection may be left in a transaction: its provider
+    discards it."""
+    async with conn.pipeline():
+        await conn.execute("BEGIN")
+        await _send(conn, first)
+        cursor = await _send(conn, statement)
+        await conn.execute("COMMIT")
+        alone_cursor = await _send(conn, alone)
+    rows: list[DictRow] = await cursor.fetchall()
+    after: list[DictRow] = await alone_cursor.fetchall()
+    return rows, after
+
+
 async def fetch_all_after(conn: AsyncConn, first: Statement, statement: Statement) -> list[DictRow]:
     """BEGIN, ``first``, ``statement`` and COMMIT in one round trip (psycopg's pipeline
     mode): ``statement``'s rows. ``statement`` runs with a snapshot taken once ``first``

@@ -84,6 +84,9 @@ class ClaimRequest:
     attempt: int
     lease_token: uuid.UUID
     lease: float
+    # Its type declares a concurrency or rate limit here: its job likely has a key (only
+    # how the claim is sent depends on it; the key is read from the job row).
+    limited: bool = False
 
 
 # After the handlers' grace period, how long giving back the remaining leases may take.
@@ -410,6 +413,7 @@ class Consumer(Service):
             attempt=envelope.attempt,
             lease_token=uuid.uuid4(),
             lease=job_type.lease,
+            limited=job_type.concurrency is not None or job_type.rate is not None,
         )
         failures = 0
         warned = False
@@ -456,7 +460,7 @@ class Consumer(Service):
             # committed before. One round trip: BEGIN, lock, claim and COMMIT pipelined.
             # Jobs whose rows name no key are claimed first, by one statement that locks
             # nothing (most batches: that statement is the whole claim).
-            claimed = await job_store.claim(conn, params)
+            claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in unique))
             rows = {row["message_id"]: row for row in claimed}
         self.progress.progressed()
         answers: list[dict[str, Any]] = []

@@ -25,6 +25,7 @@ from jobcore.db import (
     fetch_all,
     fetch_all_after,
     fetch_all_behind,
+    fetch_all_beside,
     fetch_one,
 )
 from jobcore.sql import NoParams, Statement
@@ -110,6 +111,7 @@ from jobcore.sql.jobs.recovery import (
     JobRepublishStaleParams,
 )
 from jobcore.sql.jobs.run import (
+    JOB_CLAIM_KEYED,
     JOB_CLAIM_MANY,
     JOB_CLAIM_UNGATED,
     JOB_END_RUNNING,
@@ -291,21 +293,37 @@ class JobStore:
 
     # --- the worker's run (jobcore.sql.jobs.run) -------------------------------------------
 
-    async def claim(self, conn: AsyncConn, params: JobClaimManyParams) -> list[DictRow]:
+    async def claim(
+        self, conn: AsyncConn, params: JobClaimManyParams, *, keyed: bool = False
+    ) -> list[DictRow]:
         """Claim: a row per message. The messages of jobs with no concurrency or rate key
         are claimed by JOB_CLAIM_UNGATED, one statement committing alone (most jobs: no
         gate row to lock). It leaves the others out, and only they lock their jobs' gate
         rows, then claim: BEGIN, JOB_GATES_LOCK, JOB_CLAIM_MANY and COMMIT in one round
         trip (jobcore.db.fetch_all_after). Each part is a claim by itself, so a retry of
-        the whole after an unanswered commit of either resumes what that part took."""
+        the whole after an unanswered commit of either resumes what that part took.
+
+        ``keyed``: the caller expects jobs with a key in the batch (their types declare a
+        limit), so both parts go in one round trip: the keyed jobs' transaction first
+        (JOB_CLAIM_KEYED, the complement of JOB_CLAIM_UNGATED, behind the lock), then
+        JOB_CLAIM_UNGATED committing by itself. Only a cost: the split comes from the job
+        rows either way, and a keyed job not expected is claimed by a second round trip."""
+        if keyed:
+            gated, ungated = await fetch_all_beside(
+                conn,
+                JOB_GATES_LOCK({"job_ids": params["job_ids"]}),
+                JOB_CLAIM_KEYED(params),
+                JOB_CLAIM_UNGATED(params),
+            )
+            return gated + ungated
         rows = await fetch_all(conn, JOB_CLAIM_UNGATED(params))
         if len(rows) == len(params["message_ids"]):
             return rows
         answered = {row["message_id"] for row in rows}
-        keyed = [
+        left_out = [
             i for i, message_id in enumerate(params["message_ids"]) if message_id not in answered
         ]
-        rest = _claim_subset(params, keyed)
+        rest = _claim_subset(params, left_out)
         rows += await fetch_all_after(
             conn, JOB_GATES_LOCK({"job_ids": rest["job_ids"]}), JOB_CLAIM_MANY(rest)
         )

@@ -61,19 +61,26 @@ def params(topology: Topology, job_ids: list[uuid.UUID]) -> JobClaimManyParams:
 def locked(monkeypatch: pytest.MonkeyPatch) -> list[list[uuid.UUID]]:
     """The job ids of every gate lock the claims ran (JOB_GATES_LOCK's parameter)."""
     calls: list[list[uuid.UUID]] = []
-    real = jobcore_db.fetch_all_after
+    after = jobcore_db.fetch_all_after
+    beside = jobcore_db.fetch_all_beside
 
-    async def spy(conn: Any, first: Any, statement: Any) -> Any:
+    async def spy_after(conn: Any, first: Any, statement: Any) -> Any:
         calls.append(list(first.params["job_ids"]))
-        return await real(conn, first, statement)
+        return await after(conn, first, statement)
 
-    monkeypatch.setattr(store_jobs, "fetch_all_after", spy)
+    async def spy_beside(conn: Any, first: Any, statement: Any, alone: Any) -> Any:
+        calls.append(list(first.params["job_ids"]))
+        return await beside(conn, first, statement, alone)
+
+    monkeypatch.setattr(store_jobs, "fetch_all_after", spy_after)
+    monkeypatch.setattr(store_jobs, "fetch_all_beside", spy_beside)
     return calls
 
 
 async def test_jobs_without_keys_are_claimed_with_no_gate_lock(
     db: Database, topology: Topology, locked: list[list[uuid.UUID]]
 ) -> None:
+    """Unless the caller expects keyed jobs, a batch of gate-less ones is one statement."""
     job_ids = [await job(db) for _ in range(3)]
     claim = params(topology, job_ids)
     async with db.connection() as conn:
@@ -88,16 +95,19 @@ async def test_jobs_without_keys_are_claimed_with_no_gate_lock(
     assert inbox[0]["n"] == 3
 
 
+@pytest.mark.parametrize("expected", [False, True], ids=["found", "expected"])
 async def test_keyed_jobs_of_a_batch_still_lock_and_keep_their_limits(
-    db: Database, topology: Topology, locked: list[list[uuid.UUID]]
+    db: Database, topology: Topology, locked: list[list[uuid.UUID]], expected: bool
 ) -> None:
+    """Keyed jobs found by the claim of the gate-less ones (a second round trip), or
+    expected by the caller (one round trip, the gate lock beside that claim)."""
     await job(db, "running", concurrency_key=KEY, concurrency_limit=1, attempts=1)
     free = await job(db)
     limited = await job(db, concurrency_key=KEY, concurrency_limit=1)
     rated = [await job(db, rate_key=RATE_KEY, rate_per_second=0.01, rate_burst=1) for _ in range(2)]
     claim = params(topology, [free, limited, *rated])
     async with db.connection() as conn:
-        rows = await job_store.claim(conn, claim)
+        rows = await job_store.claim(conn, claim, keyed=expected)
     job_of = dict(zip(claim["message_ids"], claim["job_ids"], strict=True))
     by_job = {job_of[row["message_id"]]: row for row in rows}
     assert by_job[free]["id"] == free
@@ -105,14 +115,15 @@ async def test_keyed_jobs_of_a_batch_still_lock_and_keep_their_limits(
     # Burst 1: the first of the rate key's jobs starts, the second waits.
     assert [by_job[r]["held_reason"] for r in rated] == [None, "rate_limit"]
     assert all(row["fresh"] for row in rows)
-    # Only the keyed jobs went through the gate lock, and it made their rows.
-    assert locked == [[limited, *rated]]
+    # One gate lock, over the keyed jobs (or, expected, over the batch: it locks only keys).
+    assert locked == [claim["job_ids"] if expected else [limited, *rated]]
     keys = {row["key"] for row in await run(db, "SELECT key FROM job_gates")}
     assert keys == {KEY, RATE_KEY}
 
 
+@pytest.mark.parametrize("expected", [False, True], ids=["found", "expected"])
 async def test_racing_mixed_batches_keep_the_concurrency_limit(
-    db: Database, topology: Topology
+    db: Database, topology: Topology, expected: bool
 ) -> None:
     limit = 2
     keyed = [await job(db, concurrency_key=KEY, concurrency_limit=limit) for _ in range(16)]
@@ -121,7 +132,7 @@ async def test_racing_mixed_batches_keep_the_concurrency_limit(
 
     async def claim(job_ids: list[uuid.UUID]) -> list[Any]:
         async with db.connection() as conn:
-            return await job_store.claim(conn, params(topology, job_ids))
+            return await job_store.claim(conn, params(topology, job_ids), keyed=expected)
 
     answers = await asyncio.gather(*(claim(batch) for batch in batches))
     assert sum(len(rows) for rows in answers) == 32

@@ -265,14 +265,25 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
 # key is left out here, not recorded in the inbox: JOB_CLAIM_MANY records it. For the
 # messages it keeps, this is JOB_CLAIM_MANY word for word (inbox, fence, ordering, parking,
 # resuming an unanswered commit of itself), so it answers what JOB_CLAIM_MANY would.
+_KEYED = (
+    "EXISTS (SELECT 1 FROM jobs AS keyed WHERE keyed.id = i.job_id"
+    " AND (keyed.concurrency_key IS NOT NULL OR keyed.rate_key IS NOT NULL))"
+)
 JOB_CLAIM_UNGATED = Query[JobClaimManyParams](
     "job_claim_ungated",
     "Record messages in the inbox and claim their pending jobs, as job_claim_many does, for "
     "the messages whose jobs have no concurrency or rate key (the others are left out).",
-    _claim_sql(
-        "NOT EXISTS (SELECT 1 FROM jobs AS keyed WHERE keyed.id = i.job_id"
-        " AND (keyed.concurrency_key IS NOT NULL OR keyed.rate_key IS NOT NULL))"
-    ),
+    _claim_sql(f"NOT {_KEYED}"),
+)
+
+# Its complement, after JOB_GATES_LOCK: JOB_CLAIM_MANY for the messages JOB_CLAIM_UNGATED
+# leaves out. A batch expected to hold such jobs sends both at once, with no round trip
+# between them (jobcore.store.jobs.JobStore.claim).
+JOB_CLAIM_KEYED = Query[JobClaimManyParams](
+    "job_claim_keyed",
+    "Record messages in the inbox and claim their pending jobs, as job_claim_many does, for "
+    "the messages whose jobs have a concurrency or rate key (the others are left out).",
+    _claim_sql(_KEYED),
 )
 
 
