@@ -41,14 +41,16 @@ from jobcore.usecases import keys as key_usecases
 from tests.e2e.stack import free_port
 from tests.security.schemathesis_hooks import CALLBACK_HOST
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(540)
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # Per operation and phase: about 35 s for the whole API on this 2-core machine.
 EXAMPLES = 20
 SEED = "20261201"
 START_TIMEOUT = 60.0
-RUN_TIMEOUT = 240.0
+# A guard against a hang, not a speed bar: quiet, the run takes about 45 s; beside three
+# test workers and benchmarks on the same two cores it once passed 240 s.
+RUN_TIMEOUT = 420.0
 
 
 QUARANTINE = Query(
