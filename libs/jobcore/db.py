@@ -172,7 +172,13 @@ def vanished_client_settings(settings: Settings, server_version: int) -> list[sq
     - TCP keepalives from the server, so a client that vanished is found within about
       twice the operation timeout rather than the kernel's two hours;
     - ``client_connection_check_interval``: a backend whose client closed its connection
-      stops its statement (a wait for a lock) instead of running it to the end.
+      stops its statement (a wait for a lock) instead of running it to the end. Servers on
+      platforms that cannot check (Windows; PostgreSQL 14 without POLLRDHUP) refuse any
+      value but 0: there it is left off, not an error that would fail every connection.
+
+    Not sent behind PgBouncer, which keeps the server's sockets alive whatever its clients
+    do: there PgBouncer's own keepalives (``tcp_keepidle`` and friends) find a vanished
+    client (docs/how-to/pgbouncer.md).
     """
     seconds = max(1, int(settings.db_operation_timeout))
     keepalives = {
@@ -186,9 +192,10 @@ def vanished_client_settings(settings: Settings, server_version: int) -> list[sq
     ]
     if server_version >= 140000:
         statements.append(
-            sql.SQL("SET client_connection_check_interval = {}").format(
-                sql.Literal(CLIENT_CHECK_MS)
-            )
+            sql.SQL(
+                "DO $$BEGIN PERFORM set_config('client_connection_check_interval', {}, false);"
+                " EXCEPTION WHEN invalid_parameter_value THEN NULL; END$$"
+            ).format(sql.Literal(str(CLIENT_CHECK_MS)))
         )
     return statements
 

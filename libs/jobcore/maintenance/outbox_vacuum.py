@@ -40,8 +40,10 @@ OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) outbox"
 # A VACUUM that takes longer is given up (its connection closed): a cut network must not
 # stop every later one.
 VACUUM_TIMEOUT = 600.0
-# After a VACUUM that failed (no connection to be had: the server's max_connections, say),
-# the next is tried this long after, not after as many rows again.
+# After a VACUUM that could not start (no connection to be had: the server's
+# max_connections, say), the next is tried this long after, not after as many rows again.
+# One that failed once started (a statement_timeout, VACUUM_TIMEOUT) waits for as many rows
+# again: tried again at once, it would redo most of its work and fail the same way.
 RETRY_SECONDS = 1.0
 
 
@@ -74,6 +76,7 @@ class OutboxVacuum:
 
     async def _vacuum(self) -> None:
         started = time.monotonic()
+        connected = False
         try:
             async with asyncio.timeout(VACUUM_TIMEOUT):
                 conn = await psycopg.AsyncConnection.connect(
@@ -83,6 +86,7 @@ class OutboxVacuum:
                     application_name="jobcore-relay-vacuum",
                     **connect_options(self.settings),
                 )
+                connected = True
                 async with conn:
                     await conn.execute(OUTBOX_VACUUM)
         except (psycopg.Error, OSError, TimeoutError) as exc:
@@ -90,9 +94,10 @@ class OutboxVacuum:
                 "VACUUM of the outbox failed; the relay tries again later",
                 extra={"error": f"{type(exc).__name__}: {exc}".strip()},
             )
-            # Still owed: tried again after RETRY_SECONDS, at the next batch deleted.
-            self.deleted_since += self.every
-            self._retry_at = time.monotonic() + RETRY_SECONDS
+            if not connected:
+                # Still owed: tried again after RETRY_SECONDS, at the next batch deleted.
+                self.deleted_since += self.every
+                self._retry_at = time.monotonic() + RETRY_SECONDS
             return
         self.runs += 1
         log.debug("outbox vacuumed", extra={"seconds": round(time.monotonic() - started, 3)})

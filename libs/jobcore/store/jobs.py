@@ -317,12 +317,14 @@ class JobStore:
             )
             return gated + ungated
         rows = await fetch_all(conn, JOB_CLAIM_UNGATED(params))
-        if len(rows) == len(params["message_ids"]):
-            return rows
+        # By message, not by count: two rows for one message (two fresh deliveries of one
+        # parked job) must not stand in for a keyed message left out.
         answered = {row["message_id"] for row in rows}
         left_out = [
             i for i, message_id in enumerate(params["message_ids"]) if message_id not in answered
         ]
+        if not left_out:
+            return rows
         rest = _claim_subset(params, left_out)
         rows += await fetch_all_after(
             conn, JOB_GATES_LOCK({"job_ids": rest["job_ids"]}), JOB_CLAIM_MANY(rest)

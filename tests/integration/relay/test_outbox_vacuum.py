@@ -4,6 +4,7 @@ VACUUM of the outbox (jobcore.maintenance.outbox_vacuum) and no JIT on its conne
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 
@@ -149,3 +150,33 @@ async def test_a_vacuum_that_failed_is_tried_again_soon_not_after_as_many_rows(
     vacuum.deleted(1)
     assert vacuum.running
     await vacuum.close()
+
+
+async def test_a_vacuum_that_failed_once_started_waits_for_as_many_rows_again(
+    settings: Settings,
+) -> None:
+    """Cut off once started (by a statement_timeout set on the role, say), a VACUUM tried
+    again a second later would redo most of its work and fail the same way, forever. Here
+    the connection works and the VACUUM fails: its search_path finds no outbox."""
+    refusing = settings.model_copy(
+        update={"database_url": with_options(settings.database_url, "-c search_path=nowhere")}
+    )
+    vacuum = OutboxVacuum(refusing, every=1_000)
+    vacuum.deleted(1_000)
+
+    async def failed() -> bool:
+        return not vacuum.running
+
+    await eventually(failed, timeout=30, what="the VACUUM to fail")
+    assert vacuum.runs == 0
+    vacuum._retry_at = 0.0  # whatever the clock says
+    vacuum.deleted(999)
+    assert not vacuum.running  # not owed any more: as many rows again first
+    vacuum.deleted(1)
+    assert vacuum.running
+    await vacuum.close()
+
+
+def with_options(url: str, options: str) -> str:
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options={quote(options)}"
