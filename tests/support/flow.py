@@ -1,12 +1,16 @@
-"""Checks of flow control from job rows: overlapping runs, start rates, order per key."""
+"""Checks of flow control from job rows (overlapping runs, start rates, order per key),
+and the rows the flow tests write."""
 
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+
+from jobcore.db import Database
 
 
 def max_overlap(intervals: Iterable[tuple[datetime, datetime]]) -> int:
@@ -60,3 +64,22 @@ def order_violations(rows: Sequence[dict[str, Any]]) -> list[str]:
                     f"(#{before['ordering_seq']}) finished at {before['finished_at']}"
                 )
     return problems
+
+
+async def run(db: Database, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+    async with db.connection() as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def job(db: Database, status: str = "pending", **columns: Any) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    names = ["id", "tenant", "type", "queue", "status", *columns]
+    values = {"id": job_id, "tenant": "t", "type": "flow_x", "queue": "testq", "status": status}
+    values.update(columns)
+    await run(
+        db,
+        f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join(f'%({n})s' for n in names)})",
+        values,
+    )
+    return job_id

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from jobcore import tcpproxy
 from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.waiting import eventually
 
 
 async def _echo_server() -> asyncio.Server:
@@ -105,7 +105,11 @@ async def test_a_blackhole_reaches_no_server_and_its_closes_arrive_when_it_ends(
     await proxy.start()
     try:
         _, before = await asyncio.open_connection("127.0.0.1", proxy.port)
-        await eventually_true(lambda: len(accepted) == 1)
+
+        async def server_accepted() -> bool:
+            return len(accepted) == 1
+
+        await eventually(server_accepted, timeout=2, what="the server's accept")
         proxy.set_mode(Mode.BLACKHOLE)
         during_reader, during = await asyncio.open_connection("127.0.0.1", proxy.port)
         during.write(b"startup")
@@ -129,9 +133,3 @@ async def test_a_blackhole_reaches_no_server_and_its_closes_arrive_when_it_ends(
             writer.close()
         server.close()
         await server.wait_closed()
-
-
-async def eventually_true(probe: Callable[[], bool], timeout: float = 2.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not probe():
-            await asyncio.sleep(0.01)

@@ -689,6 +689,15 @@ async def celery_results(dsn: str, since: float) -> tuple[list[float], list[floa
 Watch = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
+async def _answers(port: int, request: bytes) -> bool:
+    """Whether the HTTP app on ``port`` answers one POST without an error."""
+    try:
+        _, _, errors = await http_load(port, request, 1, 1)
+    except OSError:
+        return False
+    return errors == 0
+
+
 async def _succeeded(conn: Watch) -> int:
     try:
         cur = await conn.execute("SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")
@@ -724,15 +733,12 @@ async def celery_http(bench: Bench, config: Settings, n: int) -> dict[int, HttpR
         ):
             watch = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
             try:
-
-                async def answers() -> bool:
-                    try:
-                        _, _, errors = await http_load(port, request, 1, 1)
-                    except OSError:
-                        return False
-                    return errors == 0
-
-                await eventually(answers, timeout=60, interval=0.2, what="the Celery HTTP app")
+                await eventually(
+                    functools.partial(_answers, port, request),
+                    timeout=60,
+                    interval=0.2,
+                    what="the Celery HTTP app",
+                )
                 await eventually(
                     lambda: _at_least(watch, 1), timeout=60, interval=0.1, what="a Celery task"
                 )
@@ -856,14 +862,12 @@ async def procrastinate_http(
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
             before = await _last_job_id(watch)
 
-            async def answers() -> bool:
-                try:
-                    _, _, errors = await http_load(port, request, 1, 1)
-                except OSError:
-                    return False
-                return errors == 0
-
-            await eventually(answers, timeout=60, interval=0.2, what="the Procrastinate HTTP app")
+            await eventually(
+                functools.partial(_answers, port, request),
+                timeout=60,
+                interval=0.2,
+                what="the Procrastinate HTTP app",
+            )
             await eventually(
                 functools.partial(_procrastinate_done, watch, before, 1),
                 timeout=60,

@@ -11,7 +11,6 @@ import random
 import time
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
@@ -21,17 +20,11 @@ from jobcore.maintenance.retention import Retention
 from jobcore.settings import Settings
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_GATES_LOCK
-from tests.support.flow import max_overlap
+from tests.support.flow import job, max_overlap, run
 
 pytestmark = pytest.mark.timeout(120)
 
 OLD = "now() - interval '2 days'"  # past the default JOBCORE_GATE_RETENTION (1 day)
-
-
-async def run(db: Database, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
-    async with db.connection() as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
 
 
 async def gate(db: Database, key: str, *, updated: str = OLD, **state: str) -> None:
@@ -42,19 +35,6 @@ async def gate(db: Database, key: str, *, updated: str = OLD, **state: str) -> N
         f"INSERT INTO job_gates ({', '.join(columns)}) VALUES ({', '.join(values)})",
         {"key": key},
     )
-
-
-async def job(db: Database, status: str, **columns: Any) -> uuid.UUID:
-    job_id = uuid.uuid4()
-    names = ["id", "tenant", "type", "queue", "status", *columns]
-    values = {"id": job_id, "tenant": "t", "type": "flow_x", "queue": "testq", "status": status}
-    values.update(columns)
-    await run(
-        db,
-        f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join(f'%({n})s' for n in names)})",
-        values,
-    )
-    return job_id
 
 
 async def test_gates_of_finished_keys_are_pruned_and_gates_in_use_are_not(

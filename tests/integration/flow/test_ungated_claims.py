@@ -17,30 +17,12 @@ from jobcore.db import Database
 from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.store import JobClaimManyParams, job_store
 from jobcore.store import jobs as store_jobs
+from tests.support.flow import job, run
 
 pytestmark = pytest.mark.timeout(120)
 
 KEY = "concurrency:flow_x:tenant=t:account=a"
 RATE_KEY = "rate:flow_x:tenant=t:account=a"
-
-
-async def run(db: Database, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
-    async with db.connection() as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def job(db: Database, status: str = "pending", **columns: Any) -> uuid.UUID:
-    job_id = uuid.uuid4()
-    names = ["id", "tenant", "type", "queue", "status", *columns]
-    values = {"id": job_id, "tenant": "t", "type": "flow_x", "queue": "testq", "status": status}
-    values.update(columns)
-    await run(
-        db,
-        f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join(f'%({n})s' for n in names)})",
-        values,
-    )
-    return job_id
 
 
 def params(topology: Topology, job_ids: list[uuid.UUID]) -> JobClaimManyParams:

@@ -136,14 +136,7 @@ async def test_a_vacuum_that_failed_is_tried_again_soon_not_after_as_many_rows(
     refused = settings.model_copy(
         update={"database_url": "postgresql://postgres@127.0.0.1:1/nowhere"}
     )
-    vacuum = OutboxVacuum(refused, every=1_000)
-    vacuum.deleted(1_000)
-
-    async def failed() -> bool:
-        return not vacuum.running
-
-    await eventually(failed, timeout=30, what="the VACUUM to fail")
-    assert vacuum.runs == 0
+    vacuum = await failed_vacuum(refused)
     vacuum.deleted(1)  # within RETRY_SECONDS: not yet
     assert not vacuum.running
     vacuum._retry_at = 0.0  # as after RETRY_SECONDS
@@ -161,7 +154,18 @@ async def test_a_vacuum_that_failed_once_started_waits_for_as_many_rows_again(
     refusing = settings.model_copy(
         update={"database_url": with_options(settings.database_url, "-c search_path=nowhere")}
     )
-    vacuum = OutboxVacuum(refusing, every=1_000)
+    vacuum = await failed_vacuum(refusing)
+    vacuum._retry_at = 0.0  # whatever the clock says
+    vacuum.deleted(999)
+    assert not vacuum.running  # not owed any more: as many rows again first
+    vacuum.deleted(1)
+    assert vacuum.running
+    await vacuum.close()
+
+
+async def failed_vacuum(settings: Settings) -> OutboxVacuum:
+    """An OutboxVacuum whose first VACUUM (owed after 1,000 rows) failed."""
+    vacuum = OutboxVacuum(settings, every=1_000)
     vacuum.deleted(1_000)
 
     async def failed() -> bool:
@@ -169,12 +173,7 @@ async def test_a_vacuum_that_failed_once_started_waits_for_as_many_rows_again(
 
     await eventually(failed, timeout=30, what="the VACUUM to fail")
     assert vacuum.runs == 0
-    vacuum._retry_at = 0.0  # whatever the clock says
-    vacuum.deleted(999)
-    assert not vacuum.running  # not owed any more: as many rows again first
-    vacuum.deleted(1)
-    assert vacuum.running
-    await vacuum.close()
+    return vacuum
 
 
 def with_options(url: str, options: str) -> str:
