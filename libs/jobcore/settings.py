@@ -259,6 +259,10 @@ class Settings(BaseSettings):
     # concurrency slot, rate token or turn in their ordering key has come: the longest a
     # freed slot waits to be reused. A round with nothing held is one index probe.
     gate_release_interval: float = Field(default=0.2, gt=0, le=60)
+    # How often the maintenance leader looks for jobcore tables whose planner statistics
+    # are stale where autovacuum will not refresh them soon (jobcore.maintenance.analyzer):
+    # one catalog read a round, an ANALYZE only when one is due.
+    worker_analyze_interval: float = Field(default=2.0, gt=0, le=3600)
 
     # Anti-entropy: the sweeper publishes again (through the outbox) the message of a
     # pending job that has been due, with no outbox row of its own, for sweeper_stale_after

@@ -74,7 +74,14 @@ def test_the_gate_releasers_own_row_outlives_its_short_rounds() -> None:
 
 def test_the_leader_lease_lasts_three_of_the_shortest_interval_and_at_least_five_seconds() -> None:
     services = services_from_settings(Settings(), registry=Registry(), metrics=WorkerMetrics())
-    assert [s.name for s in services] == ["reaper", "rescuer", "pruner", "sweeper", "gate_releaser"]
+    assert [s.name for s in services] == [
+        "reaper",
+        "rescuer",
+        "pruner",
+        "sweeper",
+        "gate_releaser",
+        "analyzer",
+    ]
     assert MaintainerConfig.for_services(services).lease_ttl == 5.0  # the releaser's 0.2 s
     slow = [GateReleaser(GateReleaserConfig(interval=4.0), topology=None, metrics=None)]  # type: ignore[arg-type]
     assert MaintainerConfig.for_services(slow).lease_ttl == 12.0

@@ -7,7 +7,7 @@ library half, run under one leader per database.
   transaction;
 - :mod:`.base`: what the services share (a frozen config checked when built, the batch
   loop);
-- the services: :mod:`.reaper`, :mod:`.rescuer`, :mod:`.sweeper` (with
+- the services: :mod:`.analyzer`, :mod:`.reaper`, :mod:`.rescuer`, :mod:`.sweeper` (with
   :mod:`.stranded`), :mod:`.pruner` (with :mod:`.retention`, which ``jobcore prune`` runs
   too), :mod:`.gate_releaser` (with :mod:`.releases`), :mod:`.scheduler` (with
   :mod:`.scheduling`, which ``jobcore schedules`` uses too);
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jobcore.maintenance.analyzer import Analyzer, AnalyzerConfig
 from jobcore.maintenance.base import BATCH_SIZE, MaintenanceService, ServiceConfig
 from jobcore.maintenance.connection import SharedConnection
 from jobcore.maintenance.gate_releaser import GateReleaser, GateReleaserConfig
@@ -40,6 +41,8 @@ from jobcore.settings import Settings
 __all__ = [
     "BATCH_SIZE",
     "LEADER_LEASE",
+    "Analyzer",
+    "AnalyzerConfig",
     "GateReleaser",
     "GateReleaserConfig",
     "Maintainer",
@@ -78,6 +81,7 @@ def services_from_settings(
         Pruner.from_settings(settings, metrics=metrics, registry=registry),
         Sweeper.from_settings(settings, metrics=metrics),
         GateReleaser.from_settings(settings, metrics=metrics),
+        Analyzer.from_settings(settings),
     ]
     if schedules:
         if schedule_metrics is None:
