@@ -27,6 +27,23 @@ TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status i
 # The others: the statuses in which a job holds its unique key (jobs_unique_uidx).
 LIVE_SQL = "(" + ", ".join(f"'{status}'" for status in JobStatus if status not in TERMINAL) + ")"
 
+
+def status_is(column: str, status: JobStatus) -> str:
+    """SQL for "the job's ``column`` is ``status``" in a statement that reaches its jobs by
+    id: the same test (the column is NOT NULL), but one no index answers, so the job is
+    found through its primary key whatever the statistics say.
+
+    ANALYZE mostly runs while few jobs are pending or running (they finish within
+    moments), so the statistics see almost none, and a generic plan (prepared once per
+    connection, jobcore.db) then reached the jobs of ``jobs.id = ... AND jobs.status =
+    'pending'`` through ``jobs_status_created_idx`` (for ``'running'``, the partial
+    ``jobs_lease_expiry_idx``), reading every pending job per claim: a backlog made each
+    claim slower, until autovacuum analyzed the table again. No index matches ``(...) IS
+    TRUE``.
+    """
+    return f"({column} = '{status.value}') IS TRUE"
+
+
 # Literals and quoted identifiers (kept as they are), comments and runs of whitespace.
 _LEXEME = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|(?:--[^\n]*|/\*.*?\*/|\s+)+", re.DOTALL)
 

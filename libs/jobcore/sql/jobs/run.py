@@ -20,6 +20,7 @@ from jobcore.sql import (
     CompletionParams,
     OutboxMessageParams,
     Query,
+    status_is,
 )
 from jobcore.sql.flow_pauses import paused
 from jobcore.sql.job_events import (
@@ -28,6 +29,12 @@ from jobcore.sql.job_events import (
     short_error,
 )
 from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
+from jobcore.states import JobStatus
+
+# Every write after the claim: the job is still running under the lease this worker holds.
+LEASE_FENCE = (
+    f"id = %(id)s AND {status_is('status', JobStatus.RUNNING)} AND lease_token = %(lease_token)s"
+)
 
 
 class JobClaimManyParams(TypedDict):
@@ -112,7 +119,7 @@ def _claim_sql(only: str) -> str:
         FROM input
         JOIN received USING (message_id)
         JOIN jobs ON jobs.id = input.job_id
-        WHERE jobs.status = 'pending'
+        WHERE {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
     ), concurrency AS (
@@ -159,7 +166,7 @@ def _claim_sql(only: str) -> str:
         FROM rate
         WHERE jobs.id = rate.job_id
           AND rate.verdict IS NOT NULL
-          AND jobs.status = 'pending'
+          AND {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id, jobs.held_reason
     ), claimed AS (
@@ -178,7 +185,7 @@ def _claim_sql(only: str) -> str:
         FROM rate
         WHERE jobs.id = rate.job_id
           AND rate.verdict IS NULL
-          AND jobs.status = 'pending'
+          AND {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
@@ -198,7 +205,7 @@ def _claim_sql(only: str) -> str:
             WHERE received.message_id IS NULL
         ) AS again
         WHERE jobs.id = again.job_id
-          AND jobs.status = 'running'
+          AND {status_is("jobs.status", JobStatus.RUNNING)}
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
@@ -299,12 +306,12 @@ class JobGatesLockParams(TypedDict):
 JOB_GATES_LOCK = Query[JobGatesLockParams](
     "job_gates_lock",
     "Create and lock, in key order, the gate rows of the concurrency and rate keys of jobs.",
-    """
+    f"""
     INSERT INTO job_gates (key)
     SELECT DISTINCT gate.key
     FROM jobs
     CROSS JOIN LATERAL (VALUES (jobs.concurrency_key), (jobs.rate_key)) AS gate(key)
-    WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND jobs.status = 'pending'
+    WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND {status_is("jobs.status", JobStatus.PENDING)}
       AND gate.key IS NOT NULL
     ORDER BY gate.key
     ON CONFLICT (key) DO UPDATE SET updated_at = statement_timestamp()
@@ -330,7 +337,7 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     f"""
     WITH noted AS (
         UPDATE jobs SET last_error = %(error)s, updated_at = now()
-        WHERE id = %(job_id)s AND type = %(type)s AND status = 'pending'
+        WHERE id = %(job_id)s AND type = %(type)s AND {status_is("status", JobStatus.PENDING)}
           AND attempts + 1 = %(attempt)s
         RETURNING id
     )
@@ -352,10 +359,10 @@ class JobHeartbeatParams(TypedDict):
 JOB_HEARTBEAT = Query[JobHeartbeatParams](
     "job_heartbeat",
     "Extend a running job's lease if this worker still holds it; report a cancel request.",
-    """
+    f"""
     UPDATE jobs
     SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
-    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+    WHERE {LEASE_FENCE}
     RETURNING cancel_requested_at
     """,
 )
@@ -380,7 +387,7 @@ JOB_PROGRESS_SET = Query[JobProgressSetParams](
         progress_message = %(message)s,
         progress_attempt = attempts,
         progress_updated_at = now()
-    WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+    WHERE {LEASE_FENCE}
     RETURNING id, pg_notify('{JOB_PROGRESS_CHANNEL}', id::text) IS NULL AS notified
     """,
 )
@@ -422,7 +429,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
             updated_at = now()
         FROM input
         WHERE jobs.id = input.id
-          AND jobs.status = 'running'
+          AND {status_is("jobs.status", JobStatus.RUNNING)}
           AND jobs.lease_token = input.lease_token
         RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
                   jobs.traceparent, jobs.tracestate, jobs.lease_token, jobs.last_error
@@ -475,7 +482,7 @@ JOB_RETRY = Query[JobRetryParams](
             lease_token = NULL,
             lease_expires_at = NULL,
             updated_at = now()
-        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        WHERE {LEASE_FENCE}
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
                   attempts, last_error, worker_id, next_attempt_at
     ), done AS (
@@ -556,7 +563,7 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
             lease_expires_at = NULL,
             finished_at = now(),
             updated_at = now()
-        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        WHERE {LEASE_FENCE}
         RETURNING id, tenant, status, callback_url, traceparent, tracestate, attempts,
                   last_error
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
@@ -596,7 +603,7 @@ JOB_RELEASE = Query[JobReleaseParams](
                 THEN now() + make_interval(secs => %(delay)s::float8)
             END,
             updated_at = now()
-        WHERE id = %(id)s AND status = 'running' AND lease_token = %(lease_token)s
+        WHERE {LEASE_FENCE}
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
                   attempts, last_error, worker_id, next_attempt_at
     ), done AS (
