@@ -13,10 +13,11 @@ off``, or off for a table), and a new database waits for its first round.
 So the maintenance leader looks every ``JOBCORE_WORKER_ANALYZE_INTERVAL`` (one catalog
 read) for the tables that changed by more than autovacuum's own threshold since their
 last ANALYZE (:data:`BASE` + :data:`SCALE` × their rows) and that autovacuum will not
-analyze soon: a table never analyzed, at once; where autovacuum is off, one last analyzed
-more than a naptime ago (:data:`PAUSE`; a small busy table passes the threshold every
-round, and each ANALYZE makes every connection plan its statements again). It analyzes
-them: on a connection of its own, as it may take longer than a
+analyze soon: a table never analyzed, at once; where autovacuum is off, one whose live
+rows doubled or halved since (its plans were made for another size), at once, and any
+other one last analyzed more than a naptime ago (:data:`PAUSE`: a small busy table passes
+the threshold every round, and each ANALYZE makes every connection plan its statements
+again). It analyzes them: on a connection of its own, as it may take longer than a
 statement's timeout on a large table, ``SKIP_LOCKED`` so that one running already
 (autovacuum's, another leader's) is not waited for. ANALYZE takes no lock that a claim,
 an enqueue or a delete waits for. A role that does not own the tables gets a warning from

@@ -18,10 +18,11 @@ class StaleStatisticsParams(TypedDict):
 # Autovacuum's own rule for when a table is due an ANALYZE (autovacuum_analyze_threshold
 # + autovacuum_analyze_scale_factor × its rows, PostgreSQL's defaults as `base` and
 # `scale`), asked of the tables autovacuum will not look at soon: one never analyzed at
-# all (a new database, whose first autovacuum round may be a minute away), at once; and
-# where autovacuum is off (for the server, or for the table), one last analyzed more than
-# `pause` seconds ago, as autovacuum would come by once a naptime. Tables are named as the
-# statements name them, through the search path.
+# all (a new database, whose first autovacuum round may be a minute away), at once; and,
+# where autovacuum is off (for the server, or for the table), one whose live rows doubled
+# or halved since (the plans depend on its size), at once, else one last analyzed more
+# than `pause` seconds ago, as autovacuum would come by once a naptime. Tables are named
+# as the statements name them, through the search path.
 TABLES_WITH_STALE_STATISTICS = Query[StaleStatisticsParams](
     "tables_with_stale_statistics",
     "The tables whose planner statistics are stale and which autovacuum will not analyze "
@@ -37,8 +38,10 @@ TABLES_WITH_STALE_STATISTICS = Query[StaleStatisticsParams](
           OR ((NOT current_setting('autovacuum')::bool
                OR coalesce(c.reloptions, '{}') && ARRAY[
                    'autovacuum_enabled=false', 'autovacuum_enabled=off', 'autovacuum_enabled=0'])
-              AND greatest(s.last_analyze, s.last_autoanalyze)
-                  < now() - make_interval(secs => %(pause)s)))
+              AND (s.n_live_tup > 2 * greatest(c.reltuples, 0) + %(base)s
+                   OR s.n_live_tup < c.reltuples / 2 - %(base)s
+                   OR greatest(s.last_analyze, s.last_autoanalyze)
+                      < now() - make_interval(secs => %(pause)s))))
     ORDER BY s.relname
     """,
 )

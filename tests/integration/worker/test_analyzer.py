@@ -49,6 +49,20 @@ async def last_analyze(db: Database) -> datetime | None:
     return when
 
 
+async def autovacuum_is_off(db: Database) -> None:
+    """This machine's server runs without autovacuum; where it runs, the analyzer leaves
+    analyzed tables to it."""
+    async with db.session() as session:
+        cur = await session.connection.execute("SHOW autovacuum")
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["autovacuum"] == "off"
+
+
+async def analyzed(maintenance: Maintenance) -> bool:
+    return await maintenance.round() > 0
+
+
 async def test_a_plan_cached_on_empty_tables_is_made_again_once_the_jobs_grew(
     db: Database, settings: Settings
 ) -> None:
@@ -63,11 +77,9 @@ async def test_a_plan_cached_on_empty_tables_is_made_again_once_the_jobs_grew(
 
         await add_pending_jobs(settings, 2000)
         analyzer = Maintenance(db, "a", Analyzer.from_settings(settings))
-
-        async def analyzed() -> bool:
-            return await analyzer.round() > 0
-
-        await eventually(analyzed, timeout=30, what="the analyzer to ANALYZE the jobs")
+        await eventually(
+            lambda: analyzed(analyzer), timeout=30, what="the analyzer to ANALYZE the jobs"
+        )
 
         # ANALYZE invalidated the cached plan: made again, it reaches a job by its key.
         by_id = await plan(conn)
@@ -80,25 +92,36 @@ async def test_a_plan_cached_on_empty_tables_is_made_again_once_the_jobs_grew(
         assert await analyzer.round() == 0
 
 
-async def test_where_autovacuum_is_off_a_table_is_analyzed_again_after_a_pause(
+async def test_where_autovacuum_is_off_a_table_whose_rows_doubled_is_analyzed_again(
+    db: Database, settings: Settings
+) -> None:
+    await autovacuum_is_off(db)
+    analyzer = Maintenance(db, "a", Analyzer.from_settings(settings))
+    await add_pending_jobs(settings, 2000)
+    await eventually(lambda: analyzed(analyzer), timeout=30, what="the first ANALYZE")
+    first = await last_analyze(db)
+    await add_pending_jobs(settings, 2500)  # 4,500 rows: more than twice the 2,000 seen
+    await eventually(lambda: analyzed(analyzer), timeout=30, what="an ANALYZE of the grown table")
+    again = await last_analyze(db)
+    assert first is not None
+    assert again is not None
+    assert again > first
+
+
+async def test_where_autovacuum_is_off_a_table_that_only_changed_waits_a_pause(
     db: Database, settings: Settings
 ) -> None:
     """A busy table passes the threshold every round: analyzed at once each time, it
     would make every connection plan its statements again every round."""
-    async with db.session() as session:
-        cur = await session.connection.execute("SHOW autovacuum")
-        row = await cur.fetchone()
-    assert row is not None
-    assert row["autovacuum"] == "off"
+    await autovacuum_is_off(db)
     patient = Maintenance(db, "a", Analyzer.from_settings(settings))
-    eager = Analyzer(AnalyzerConfig(interval=1.0, pause=0.0), settings=settings)
-
-    async def analyzed(maintenance: Maintenance) -> bool:
-        return await maintenance.round() > 0
-
     await add_pending_jobs(settings, 2000)
     await eventually(lambda: analyzed(patient), timeout=30, what="the first ANALYZE")
-    await add_pending_jobs(settings, 2000)
+    first = await last_analyze(db)
+    async with await psycopg.AsyncConnection.connect(
+        settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute("UPDATE jobs SET priority = priority")  # as many rows, all changed
 
     async def changed_again() -> bool:
         async with db.session() as session:
@@ -106,11 +129,11 @@ async def test_where_autovacuum_is_off_a_table_is_analyzed_again_after_a_pause(
             row = await cur.fetchone()
         return row is not None and row["n_mod_since_analyze"] >= 2000
 
-    await eventually(changed_again, timeout=30, what="the new rows in pg_stat_user_tables")
-    # Past the threshold again, but analyzed less than PAUSE ago: left alone.
+    await eventually(changed_again, timeout=30, what="the changes in pg_stat_user_tables")
+    # Past the threshold again, the same size, analyzed less than PAUSE ago: left alone.
     assert await patient.round() == 0
-    first = await last_analyze(db)
     await patient.maintainer.step_down()
+    eager = Analyzer(AnalyzerConfig(interval=1.0, pause=0.0), settings=settings)
     assert await Maintenance(db, "b", eager).round() > 0
     again = await last_analyze(db)
     assert first is not None
