@@ -109,6 +109,10 @@ class Relay(Service):
         # Who published, in the jobs' `published` events.
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}"
         self.totals = {"published": 0, "failed": 0, "quarantined": 0, "unconfirmed": 0}
+        # Whether the last claim left nothing due: the next one first tries OUTBOX_CLAIM_FEW.
+        self._drained = True
+        # Claims that OUTBOX_CLAIM_FEW answered with rows (every due row fitted a batch).
+        self.few_claims = 0
         self._wake = asyncio.Event()
         # True while the loop waits for work (nothing due, connected): shown on /healthz.
         self.idle = False
@@ -260,9 +264,17 @@ class Relay(Service):
     async def _settle_batch(self, grant: Grant | None) -> tuple[int, bool]:
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
+            rows = None
             if grant is None:
                 rows = await outbox_store.claim_due(uow, {"limit": self.options.batch_size})
-            else:
+            elif self._drained and grant.takes_whole(self.options.batch_size):
+                # The last claim left nothing due, so few rows are likely: if they fit one
+                # batch, fairness has nothing to share out (OUTBOX_CLAIM_FEW).
+                rows = await outbox_store.claim_few(uow, {"limit": self.options.batch_size})
+                if rows:
+                    self.few_claims += 1
+            if rows is None:
+                assert grant is not None  # claim_due answers rows
                 routing_keys = list(grant.budgets)
                 rows = await outbox_store.claim_fair(
                     uow,
@@ -278,11 +290,13 @@ class Relay(Service):
             if grant is not None:
                 await self.room.keep(grant, Counter(row["routing_key"] for row in rows))
             if not rows:
+                self._drained = True
                 return 0, False
             limit = self.options.batch_size
             # The FIFO claim takes everything due up to the limit; the fair one says whether
             # it left rows due (OUTBOX_CLAIM_FAIR's more_due).
             more = len(rows) >= limit or (grant is not None and bool(rows[0]["more_due"]))
+            self._drained = not more
             messages = [
                 OutgoingMessage(
                     row["exchange"],

@@ -64,6 +64,14 @@ class Grant:
     def empty(self) -> bool:
         return self.other_budget == 0 and not any(self.budgets.values())
 
+    def takes_whole(self, batch: int) -> bool:
+        """Whether every routing key, named or not, has room for ``batch`` messages."""
+        return (
+            not self.withheld
+            and self.other_budget >= batch
+            and all(budget >= batch for budget in self.budgets.values())
+        )
+
 
 class QueueRoom:
     """Room per broker queue under ``limit`` (0: no limit, every queue always has room)."""

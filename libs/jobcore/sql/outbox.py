@@ -100,6 +100,48 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
 )
 
 
+# The fair claim's lanes, shares and turns matter only when more is due than a batch
+# takes: when every due row fits, the fair claim takes them all, as FIFO does. This
+# statement looks at the oldest `limit` + 1 due rows (paused ones too: it does not sort
+# them out), and only if there are at most `limit` locks them, skipping the paused ones
+# and rows another relay holds; `fits` (on the one row it answers when it locked none)
+# says whether they fitted, else the relay runs the fair claim. An idle relay woken for a
+# few rows pays a probe of outbox_due_idx instead of the lanes' skip scan and window
+# functions. The relay asks it only while the last claim left nothing due and every
+# routing key's budget takes a whole batch (services/relay/relay.py).
+OUTBOX_CLAIM_FEW = Query[OutboxClaimDueParams](
+    "outbox_claim_few",
+    "Lock every due, unquarantined row of queues and types not paused, oldest first, if at "
+    "most `limit` rows are due, skipping rows another relay holds; `fits` says whether they "
+    "were that few.",
+    f"""
+    WITH due AS (
+        SELECT id FROM outbox
+        WHERE available_at <= now() AND quarantined_at IS NULL
+        ORDER BY available_at, id
+        LIMIT %(limit)s + 1
+    ), verdict AS (
+        SELECT count(*) <= %(limit)s AS fits FROM due
+    ), locked AS (
+        SELECT o.id, o.message_id::text AS message_id, o.exchange, o.routing_key,
+               o.message_type, o.headers, o.body, o.attempts, o.tenant, o.priority,
+               o.available_at
+        FROM outbox AS o
+        WHERE o.id IN (SELECT id FROM due) AND (SELECT fits FROM verdict)
+          AND o.available_at <= now() AND o.quarantined_at IS NULL
+          AND NOT {paused("o.routing_key", "o.message_type")}
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT verdict.fits, locked.id, locked.message_id, locked.exchange, locked.routing_key,
+           locked.message_type, locked.headers, locked.body, locked.attempts, locked.tenant,
+           locked.priority, false AS more_due
+    FROM verdict LEFT JOIN locked ON true
+    ORDER BY locked.available_at, locked.id
+    """,
+    generic_plan=True,
+)
+
+
 class OutboxClaimFairParams(TypedDict):
     budgets: list[int]
     limit: int

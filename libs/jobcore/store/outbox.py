@@ -16,6 +16,7 @@ from jobcore.sql.outbox import (
     OUTBOX_ANY_OVERDUE,
     OUTBOX_CLAIM_DUE,
     OUTBOX_CLAIM_FAIR,
+    OUTBOX_CLAIM_FEW,
     OUTBOX_DELETE_PUBLISHED,
     OUTBOX_DROP_WAKE_LEASE,
     OUTBOX_LISTEN,
@@ -55,6 +56,14 @@ class OutboxStore:
     async def claim_due(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow]:
         """Lock the oldest due rows (FIFO)."""
         return await fetch_all(on, OUTBOX_CLAIM_DUE(params))
+
+    async def claim_few(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow] | None:
+        """Lock every due row if at most ``limit`` are due (FIFO, the same rows the fair
+        claim would take); None if more are due."""
+        rows = await fetch_all(on, OUTBOX_CLAIM_FEW(params))
+        if not rows[0]["fits"]:
+            return None
+        return [row for row in rows if row["id"] is not None]
 
     async def claim_fair(self, on: Reader, params: OutboxClaimFairParams) -> list[DictRow]:
         """Lock due rows lane by lane, within each queue's budget."""
