@@ -83,6 +83,21 @@ def connect_options(settings: Settings) -> dict[str, Any]:
     return {} if settings.prepared_statements else {"prepare_threshold": None}
 
 
+async def connect_for_chore(
+    settings: Settings, application_name: str
+) -> psycopg.AsyncConnection[Any]:
+    """A connection of its own, outside every pool, in autocommit, for a background chore
+    that may run longer than a statement's timeout or cannot run in a transaction
+    (VACUUM, ANALYZE)."""
+    return await psycopg.AsyncConnection.connect(
+        settings.database_url,
+        autocommit=True,
+        connect_timeout=max(1, int(settings.db_connect_timeout)),
+        application_name=application_name,
+        **connect_options(settings),
+    )
+
+
 class BoundedConnection(psycopg.AsyncConnection[DictRow]):
     """A connection on which no wait for the server lasts longer than ``operation_timeout``.
 

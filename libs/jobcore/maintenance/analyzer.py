@@ -36,7 +36,7 @@ from typing import ClassVar
 import psycopg
 from psycopg import sql
 
-from jobcore.db import connect_options, fetch_all
+from jobcore.db import connect_for_chore, fetch_all
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.lease import Term
 from jobcore.schema import metadata
@@ -135,13 +135,7 @@ class Analyzer(MaintenanceService[AnalyzerConfig]):
         )
         try:
             async with asyncio.timeout(ANALYZE_TIMEOUT):
-                conn = await psycopg.AsyncConnection.connect(
-                    self.settings.database_url,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self.settings.db_connect_timeout)),
-                    application_name="jobcore-worker-analyze",
-                    **connect_options(self.settings),
-                )
+                conn = await connect_for_chore(self.settings, "jobcore-worker-analyze")
                 async with conn:
                     await conn.execute(statement)
         except (psycopg.Error, OSError, TimeoutError) as exc:

@@ -28,7 +28,7 @@ import time
 
 import psycopg
 
-from jobcore.db import connect_options
+from jobcore.db import connect_for_chore
 from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -79,13 +79,7 @@ class OutboxVacuum:
         connected = False
         try:
             async with asyncio.timeout(VACUUM_TIMEOUT):
-                conn = await psycopg.AsyncConnection.connect(
-                    self.settings.database_url,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self.settings.db_connect_timeout)),
-                    application_name="jobcore-relay-vacuum",
-                    **connect_options(self.settings),
-                )
+                conn = await connect_for_chore(self.settings, "jobcore-relay-vacuum")
                 connected = True
                 async with conn:
                     await conn.execute(OUTBOX_VACUUM)
