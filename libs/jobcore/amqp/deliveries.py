@@ -189,6 +189,14 @@ class ChannelAcks:
             sent = True
         except BROKER_ERRORS:
             sent = False  # the channel is gone: the broker requeues what it held
+        except Exception as exc:
+            # Not the broker's doing: each caller gets the error, as from its own ack,
+            # and the tags stay SENDING (whether the frame went out is unknown).
+            for tag in tags:
+                _, future = batch.pop(tag)
+                if not future.done():
+                    future.set_exception(exc)
+            return
         for tag in tags:
             if sent:
                 del self._open[tag]
