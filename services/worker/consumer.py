@@ -13,6 +13,11 @@ Why the acknowledgement comes after the claim commits, and why the lease protect
   kept at most the concurrency (:meth:`~jobcore.settings.Settings.job_prefetch`): a
   waiting delivery is requeued when the worker stops, and every requeue counts toward
   the queue's delivery limit.
+- A claim batch's commit makes many deliveries of a channel ackable at once: their acks
+  go out together, as one ``multiple`` ack where the channel allows
+  (:class:`~jobcore.amqp.deliveries.ChannelAcks`). One never covers a delivery whose
+  claim has not committed: a delivery still waiting, or being requeued or dead-lettered,
+  ends the run of tags a multiple ack settles.
 - From then on the *lease* protects the job: a worker that dies stops heartbeating, the
   lease expires, and the reaper returns the job to pending with a new message. Every
   write the old worker might still attempt is fenced by its lease token and is dropped.

@@ -7,12 +7,21 @@ the deliveries that were in flight: their acknowledgements fail, RabbitMQ redeli
 them, and the inbox recognises them. Settling a delivery never raises for a broken
 connection; it reports whether the broker took the answer. A delivery is settled once:
 settling it again does nothing, so a catch-all can settle whatever is still unsettled.
+
+Acknowledgements are coalesced per channel (:class:`ChannelAcks`): the acks asked for
+while the event loop was busy (a claim batch's commit makes many deliveries ackable at
+once) go out together, as one ``basic.ack`` with ``multiple`` up to the highest tag
+below which every delivery of the channel is acked now or settled before, and singly for
+the rest. A multiple ack settles every unsettled delivery up to its tag, so a delivery
+still waiting for its claim, or being requeued or dead-lettered, ends the covered run:
+nothing is acknowledged before its claim committed (docs/design.md, invariant 5).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +50,163 @@ REQUEUE_PAUSE_BASE = 1.0
 REQUEUE_PAUSE_CAP = 30.0
 
 
+class _Answer(enum.Enum):
+    WAITING = "waiting"  # no answer asked for yet
+    QUEUED = "queued"  # an ack, waiting for the channel's next flush
+    SENDING = "sending"  # an answer on its way (or cut off: its fate is unknown)
+
+
+class ChannelAcks:
+    """The deliveries of one channel that are not settled yet, and their acks, coalesced.
+
+    A delivery is registered when it arrives and leaves once an answer for it was sent.
+    :meth:`ack` queues the delivery's ack; a flush, started on the next turn of the event
+    loop, sends every ack queued meanwhile: one ``basic.ack`` with ``multiple`` for the
+    queued tags below the lowest unsettled tag that is not queued (RabbitMQ settles every
+    unsettled tag up to the one given), one each for the others. A flush holds an ack for
+    one turn of the loop, not longer: a held ack keeps a prefetch slot.
+
+    Tags are those of one channel (they restart at 1 on a new one, so a reopened channel
+    gets a new ``ChannelAcks``). A multiple ack also needs every tag below it to have been
+    registered: a delivery the client dropped (aiormq drops one for a consumer it no
+    longer knows) is unsettled on the broker but unknown here. So a tag that arrives out
+    of sequence turns multiple acks off for the rest of the channel's life.
+    """
+
+    def __init__(self, channel: object = None) -> None:
+        # The client's channel the tags belong to (compared by identity only).
+        self.channel = channel
+        # Every tag up to this one was registered, in sequence.
+        self._seen_upto = 0
+        self._in_sequence = True
+        # Registered tags not settled yet: bounded by the prefetch while the channel lives.
+        self._open: dict[int, _Answer] = {}
+        self._queued: dict[int, tuple[AbstractIncomingMessage, asyncio.Future[bool]]] = {}
+        self._flushing: asyncio.Task[None] | None = None
+
+    def register(self, tag: int) -> None:
+        """A delivery arrived with ``tag``."""
+        if tag != self._seen_upto + 1:
+            if self._in_sequence:
+                log.debug(
+                    "delivery tags out of sequence; acknowledging one by one on this channel",
+                    extra={"tag": tag, "expected": self._seen_upto + 1},
+                )
+            self._in_sequence = False
+        self._seen_upto = max(self._seen_upto, tag)
+        self._open.setdefault(tag, _Answer.WAITING)
+
+    def settled(self, tag: int) -> bool:
+        """Whether an answer for ``tag`` was sent (alone or covered by a multiple ack)."""
+        return tag not in self._open
+
+    async def answer(self, tag: int, send: Callable[[], Awaitable[None]]) -> bool:
+        """Send an answer other than an ack (a reject) for ``tag`` at once. Until it is
+        sent, no multiple ack covers the tag (its frame would reach the broker first)."""
+        if self._open.get(tag) is not _Answer.WAITING:
+            return False
+        self._open[tag] = _Answer.SENDING
+        try:
+            await send()
+        except BROKER_ERRORS:
+            # Not sent: the channel is gone, and with it every delivery it held.
+            self._open[tag] = _Answer.WAITING
+            return False
+        # Cut off (cancelled) mid-send, it stays SENDING: sent or not, it is not
+        # answered again, and no multiple ack passes over it.
+        del self._open[tag]
+        return True
+
+    async def ack(self, message: AbstractIncomingMessage) -> bool:
+        """Acknowledge ``message`` in the channel's next flush; whether the ack was sent."""
+        tag = message.delivery_tag
+        if tag is None or self._open.get(tag) is not _Answer.WAITING:
+            return False
+        self._open[tag] = _Answer.QUEUED
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queued[tag] = (message, future)
+        if self._flushing is None:
+            # A task starts after the callbacks already scheduled: the deliveries the same
+            # commit woke up queue their acks before it runs.
+            self._flushing = asyncio.create_task(self._flush(), name="acks")
+        # A caller that gives up leaves its ack queued: the claim committed all the same.
+        return await future
+
+    async def _flush(self) -> None:
+        batch: dict[int, tuple[AbstractIncomingMessage, asyncio.Future[bool]]] = {}
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, {}
+                for tag in batch:
+                    self._open[tag] = _Answer.SENDING
+                for tags, multiple in self._frames(sorted(batch)):
+                    await self._send(batch, tags, multiple=multiple)
+                batch = {}
+        finally:
+            self._flushing = None
+            # Only left if the flush was cancelled: what was not sent is answered no (what
+            # was being sent stays SENDING), so no caller waits for ever.
+            for tag, (_, future) in self._queued.items():
+                self._open[tag] = _Answer.WAITING
+                if not future.done():
+                    future.set_result(False)
+            self._queued.clear()
+            for _, future in batch.values():
+                if not future.done():
+                    future.set_result(False)
+
+    def _frames(self, tags: list[int]) -> list[tuple[list[int], bool]]:
+        """The acks for the sorted ``tags``: one multiple ack for those below every other
+        unsettled tag, one each for the rest."""
+        covered: list[int] = []
+        if self._in_sequence:
+            # Every tag up to self._seen_upto was registered, so one not in self._open was
+            # settled: those below the lowest unsettled tag of another delivery (waiting,
+            # being rejected, or queued for the next flush) are all in ``tags``.
+            batch = set(tags)
+            bound = min((t for t in self._open if t not in batch), default=self._seen_upto + 1)
+            covered = [t for t in tags if t < bound]
+        frames: list[tuple[list[int], bool]] = []
+        if len(covered) > 1:
+            frames.append((covered, True))
+        else:
+            covered = []
+        frames.extend(([t], False) for t in tags if t not in covered)
+        return frames
+
+    async def _send(
+        self,
+        batch: dict[int, tuple[AbstractIncomingMessage, asyncio.Future[bool]]],
+        tags: list[int],
+        *,
+        multiple: bool,
+    ) -> None:
+        # The highest tag's message carries the frame; aio-pika marks only that message
+        # processed: the others covered are settled by leaving self._open.
+        message, _ = batch[tags[-1]]
+        try:
+            await message.ack(multiple=multiple)
+            sent = True
+        except BROKER_ERRORS:
+            sent = False  # the channel is gone: the broker requeues what it held
+        except Exception as exc:
+            # Not the broker's doing: each caller gets the error, as from its own ack,
+            # and the tags stay SENDING (whether the frame went out is unknown).
+            for tag in tags:
+                _, future = batch.pop(tag)
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for tag in tags:
+            if sent:
+                del self._open[tag]
+            else:
+                self._open[tag] = _Answer.WAITING
+            _, future = batch.pop(tag)
+            if not future.done():
+                future.set_result(sent)
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message as the worker sees it, and the three ways to settle it."""
@@ -56,11 +222,17 @@ class Delivery:
     queue: str
     delivery_tag: int | None
     _message: AbstractIncomingMessage
+    # Its channel's unsettled deliveries; None: each answer is sent on its own.
+    _acks: ChannelAcks | None = None
 
     @property
     def settled(self) -> bool:
-        """Whether an answer (ack, requeue, dead letter) was sent."""
-        return self._message.processed
+        """Whether an answer (ack, requeue, dead letter) was sent: for this delivery, or
+        for a later one of its channel by a multiple ack that covered it."""
+        if self._message.processed:
+            return True
+        tag = self.delivery_tag
+        return self._acks is not None and tag is not None and self._acks.settled(tag)
 
     @property
     def delivery_count(self) -> int:
@@ -78,7 +250,13 @@ class Delivery:
         )
 
     async def ack(self) -> bool:
-        return await self._settle(self._message.ack)
+        """Acknowledge, with the other acks of its channel asked for meanwhile (at most
+        one turn of the event loop later; see :class:`ChannelAcks`)."""
+        if self.settled:
+            return False
+        if self._acks is None:
+            return await self._settle(self._message.ack)
+        return await self._acks.ack(self._message)
 
     async def requeue(self) -> bool:
         """Give the message back to its queue, for this or another worker to take again.
@@ -96,6 +274,8 @@ class Delivery:
         gone: the broker then requeues the message when it sees the channel close)."""
         if self.settled:
             return False
+        if self._acks is not None and self.delivery_tag is not None:
+            return await self._acks.answer(self.delivery_tag, answer)
         try:
             await answer()
         except BROKER_ERRORS:
@@ -163,7 +343,23 @@ class JobQueueConsumer:
         try:
 
             def deliverer(queue: str) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+                # The acks of the queue's channel; a new one when the channel was reopened
+                # (its delivery tags start again at 1).
+                acks = ChannelAcks()
+
                 async def deliver(message: AbstractIncomingMessage) -> None:
+                    nonlocal acks
+                    tracked: ChannelAcks | None = None
+                    if message.delivery_tag and not message.processed:
+                        try:
+                            channel = message.channel
+                        except BROKER_ERRORS:
+                            channel = None  # closed already: its answers fail, one by one
+                        if channel is not None:
+                            if acks.channel is not channel:
+                                acks = ChannelAcks(channel)
+                            acks.register(message.delivery_tag)
+                            tracked = acks
                     await on_delivery(
                         Delivery(
                             message_id=message.message_id,
@@ -176,6 +372,7 @@ class JobQueueConsumer:
                             queue=queue,
                             delivery_tag=message.delivery_tag,
                             _message=message,
+                            _acks=tracked,
                         )
                     )
 
