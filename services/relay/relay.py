@@ -181,7 +181,7 @@ class Relay(Service):
             await self.vacuum.close()
             await self.publisher.close()
             self.metrics.broker_connected.set(0)
-            log.info("relay stopped", extra=dict(self.totals))
+            log.info("relay stopped", extra={**self.totals, "few_claims": self.few_claims})
 
     async def _drain(self) -> int:
         """Publish until the due rows run out (or their queues are full), the broker goes,
@@ -447,6 +447,10 @@ class Relay(Service):
 
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
+        if self._wake.is_set() or self.stopping.is_set():
+            # A NOTIFY came while we drained: claim again without asking when the next
+            # scheduled row is due (a round trip per batch under a steady trickle).
+            return
         timeout = self.options.poll_interval
         # A scheduled row is the lease holder's to publish when it is due.
         row = None if self.stands_by else await self._fetch_one(outbox_store.seconds_until_next_due)

@@ -88,6 +88,32 @@ async def test_without_listen_the_relay_finds_rows_by_polling(
         await wait_drained(db, timeout=10)
 
 
+async def test_a_notify_heard_during_a_drain_is_answered_without_a_wait_query(
+    settings: Settings, db: Database, topology: Topology
+) -> None:
+    # Under a steady trickle a NOTIFY arrives during nearly every batch: the next claim
+    # must follow at once, not after asking when the next scheduled row is due.
+    asked: list[str] = []
+    async with running_relay(settings, db, poll_interval=0.2) as relay:
+        await wait_idle(relay)
+        await relay.stop(settings.shutdown_grace)  # its loop is out of the way
+        relay.stopping.clear()
+        relay.answers_notifies = True  # the lease holder, which asks for the next due row
+        fetch = relay._fetch_one
+
+        async def counted(read: Any) -> dict[str, Any] | None:
+            asked.append(read.__name__)
+            return await fetch(read)
+
+        relay._fetch_one = counted  # type: ignore[method-assign]
+        relay._wake.set()
+        await relay._wait_for_work()
+        assert asked == []
+        relay._wake.clear()
+        await relay._wait_for_work()  # the poll interval passes
+        assert asked == ["seconds_until_next_due"]
+
+
 async def test_a_scheduled_row_is_published_when_due_not_at_the_next_poll(
     settings: Settings,
     db: Database,
