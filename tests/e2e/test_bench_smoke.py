@@ -63,6 +63,16 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
     assert set(floor) == {"durable commit", "round trip", "broker publish→consume", "sum"}
     assert all(v > 0 for v in floor.values()), floor
     assert floor["sum"] >= floor["broker publish→consume"], floor
+    # enqueue→start split at the relay's claim (the jobs' `published` events).
+    e2e = {(f["case"], f["metric"]): f["median"] for f in scenarios["e2e"]["figures"]}
+    hops = {metric: v for (case, metric), v in e2e.items() if case == "enqueue→start, by hop"}
+    assert set(hops) == {
+        "enqueue→relay's claim p50 ms",
+        "relay's claim→confirm p50 ms",
+        "relay's claim→start p50 ms",
+    }
+    for part in ("enqueue→relay's claim p50 ms", "relay's claim→start p50 ms"):
+        assert hops[part] <= e2e[("enqueue→start", "max ms")], (part, e2e)
     backlog = scenarios["backlog"]["series"][0]
     assert backlog["y"][-1] == 0, "the backlog drain ends with an empty outbox"
     scale = {f["case"]: f for f in scenarios["scale"]["figures"]}

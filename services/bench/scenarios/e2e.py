@@ -276,6 +276,27 @@ async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout:
     await eventually(done, timeout=timeout, interval=0.05, what=f"{n:,} jobs to finish")
 
 
+# Where a job's enqueue→start goes, from its `published` event: dated the start of the
+# relay's claiming transaction, with the relay's confirm time in its detail. p50s of the
+# jobs that have one (all of them while the job timeline is on, the default).
+HOPS = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - j.created_at))
+           AS to_claim,
+       percentile_cont(0.5) WITHIN GROUP (
+           ORDER BY extract(epoch FROM (e.detail->>'confirmed_at')::timestamptz - e.at)
+       ) AS claim_to_confirm,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - e.at))
+           AS claim_to_start
+FROM jobs AS j JOIN job_events AS e ON e.job_id = j.id AND e.kind = 'published'
+WHERE j.created_at >= %(since)s
+"""
+HOP_LABELS = {
+    "to_claim": "enqueue→relay's claim p50 ms",
+    "claim_to_confirm": "relay's claim→confirm p50 ms",
+    "claim_to_start": "relay's claim→start p50 ms",
+}
+
+
 async def run_stats(db: Database, since: Any) -> dict[str, Any]:
     async with db.connection() as conn:
         cur = await conn.execute(RUN_STATS, {"since": since})
@@ -283,7 +304,10 @@ async def run_stats(db: Database, since: Any) -> dict[str, Any]:
     assert row is not None
     if row["succeeded"] != row["jobs"]:
         raise RuntimeError(f"{row['jobs'] - row['succeeded']} jobs did not succeed")
-    return dict(row)
+    async with db.connection() as conn:
+        cur = await conn.execute(BENCH_MARK + HOPS, {"since": since})
+        hops = await cur.fetchone()
+    return {**row, **(hops or {})}
 
 
 async def smoke_check(api_url: str, api_key: str) -> None:
@@ -357,7 +381,8 @@ async def run(bench: Bench) -> Section:
         f"API, published by one relay, run by one worker (separate processes); jobs/s from "
         f"the first created_at to the last finished_at; baseline: the same number of "
         f"messages consumed and acknowledged by aio-pika with the worker's prefetch; "
-        f"{options.runs} interleaved runs. Idle: {idle_samples} single jobs "
+        f"{options.runs} interleaved runs; enqueue→start by hop from each job's `published` "
+        f"event (dated the relay's claim, with its confirm time). Idle: {idle_samples} single jobs "
         f"enqueued one at a time with nothing else running, enqueue→start from the job "
         f"rows (target p50 ≤ 5 ms, p99 ≤ 20 ms).",
     )
@@ -415,6 +440,9 @@ async def run(bench: Bench) -> Section:
                     "done_max",
                 ):
                     lat[key].append(round(1000 * float(stats[key]), 1))
+                for key in HOP_LABELS:
+                    if stats[key] is not None:
+                        lat[key].append(round(1000 * float(stats[key]), 2))
             bench.step("e2e: idle enqueue→start")
             idle = latency_ms(await idle_enqueue_to_start(config, db, idle_samples))
             bench.step("e2e: the idle path's floor")
@@ -428,6 +456,9 @@ async def run(bench: Bench) -> Section:
     for what, label in (("start", "enqueue→start"), ("done", "enqueue→done")):
         for q in ("p50", "p99", "max"):
             section.add(Figure(label, f"{q} ms", lat[f"{what}_{q}"], better="lower"))
+    for key, label in HOP_LABELS.items():
+        if lat[key]:
+            section.add(Figure("enqueue→start, by hop", label, lat[key], better="lower"))
     floor_ms = round(sum(floor.values()), 2)
     section.add(
         Figure(
