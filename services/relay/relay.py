@@ -447,7 +447,7 @@ class Relay(Service):
 
     async def _wait_for_work(self) -> None:
         """Until a NOTIFY, the next scheduled row's due time, the poll interval, or a stop."""
-        if self._wake.is_set() or self.stopping.is_set():
+        if self._wake.is_set():
             # A NOTIFY came while we drained: claim again without asking when the next
             # scheduled row is due (a round trip per batch under a steady trickle).
             return

@@ -110,10 +110,10 @@ class Analyzer(MaintenanceService[AnalyzerConfig]):
             await uow.commit()
         names = [row["name"] for row in due]
         analyze = asyncio.ensure_future(self._analyze(names))
+        # A stopping worker does not wait for a long ANALYZE; PostgreSQL ends it when its
+        # connection goes.
+        ended = asyncio.ensure_future(term.sleep(ANALYZE_TIMEOUT))
         try:
-            # A stopping worker does not wait for a long ANALYZE; PostgreSQL ends it when
-            # its connection goes.
-            ended = asyncio.ensure_future(term.sleep(ANALYZE_TIMEOUT))
             await asyncio.wait({analyze, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (analyze, ended):

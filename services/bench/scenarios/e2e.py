@@ -43,6 +43,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.client import AsyncClient, JobStatus
 from jobcore.db import Database
+from jobcore.jobevents import JobEventKind
 from jobcore.jobtypes import NoopPayload
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
@@ -279,7 +280,7 @@ async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout:
 # Where a job's enqueue→start goes, from its `published` event: dated the start of the
 # relay's claiming transaction, with the relay's confirm time in its detail. p50s of the
 # jobs that have one (all of them while the job timeline is on, the default).
-HOPS = """
+HOPS = f"""
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - j.created_at))
            AS to_claim,
        percentile_cont(0.5) WITHIN GROUP (
@@ -287,7 +288,7 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - j.c
        ) AS claim_to_confirm,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - e.at))
            AS claim_to_start
-FROM jobs AS j JOIN job_events AS e ON e.job_id = j.id AND e.kind = 'published'
+FROM jobs AS j JOIN job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
 WHERE j.created_at >= %(since)s
 """
 HOP_LABELS = {
@@ -301,12 +302,11 @@ async def run_stats(db: Database, since: Any) -> dict[str, Any]:
     async with db.connection() as conn:
         cur = await conn.execute(RUN_STATS, {"since": since})
         row = await cur.fetchone()
+        cur = await conn.execute(HOPS, {"since": since})
+        hops = await cur.fetchone()
     assert row is not None
     if row["succeeded"] != row["jobs"]:
         raise RuntimeError(f"{row['jobs'] - row['succeeded']} jobs did not succeed")
-    async with db.connection() as conn:
-        cur = await conn.execute(BENCH_MARK + HOPS, {"since": since})
-        hops = await cur.fetchone()
     return {**row, **(hops or {})}
 
 

@@ -13,8 +13,7 @@ from jobcore.settings import Settings
 from jobcore.sql.flow_pauses import FLOW_PAUSE_SET
 from jobcore.sql.outbox import OUTBOX_RECORD_FAILURES
 from jobcore.store import outbox_store
-from jobcore.testing.waiting import eventually
-from tests.integration.relay.helpers import fill_outbox, outbox_count, running_relay
+from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
 
 
 async def test_every_due_row_is_claimed_oldest_first_when_they_fit_a_batch(
@@ -63,7 +62,7 @@ async def test_an_idle_relay_claims_a_few_rows_without_the_fair_claim_and_a_back
     await topology.declare(amqp_channel, default_registry.queues())
     async with running_relay(settings, db, batch_size=50) as relay:
         await fill_outbox(db, topology, 3, tenant="a")
-        await eventually(lambda: outbox_empty(db), timeout=20, what="3 rows published")
+        await wait_drained(db, timeout=20)
         assert relay.few_claims >= 1
         few = relay.few_claims
         # More than a batch, announced once both tenants' rows are in: the claim woken by
@@ -71,10 +70,6 @@ async def test_an_idle_relay_claims_a_few_rows_without_the_fair_claim_and_a_back
         # drained again is fair.
         await fill_outbox(db, topology, 120, tenant="b", notify=False)
         await fill_outbox(db, topology, 1, tenant="c")
-        await eventually(lambda: outbox_empty(db), timeout=20, what="121 rows published")
+        await wait_drained(db, timeout=20)
         assert relay.few_claims == few
         assert relay.totals["published"] == 124
-
-
-async def outbox_empty(db: Database) -> bool:
-    return await outbox_count(db) == 0
