@@ -79,6 +79,13 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+        self.client_disconnects = Counter(
+            "jobcore_api_client_disconnects",
+            "Requests whose client closed the connection before their body arrived "
+            "(nothing answered; not an error of the API).",
+            registry=self.registry,
+        )
+
     def count_enqueued(self, job_type: str, *, replayed: bool, jobs: int = 1) -> None:
         """``jobs``: how many (a batch counts each of its items as a request)."""
         if replayed:

@@ -15,6 +15,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
@@ -52,6 +53,10 @@ PROBLEM_BASE = "https://jobcore.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 # How long a client should wait before retrying while the database is unreachable.
 RETRY_AFTER_SECONDS = 2
+# The status a request gets when its client left before it could be answered: nobody
+# receives it (the server drops what is sent after a disconnect), but the request's span
+# records it. nginx's "client closed request", outside the range of errors of the API.
+CLIENT_CLOSED_REQUEST = 499
 
 
 # --- The API's own errors: bad input and states a request cannot be served in ---------
@@ -325,6 +330,22 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     return _counted(request, problem(kind, str(exc.detail), headers=headers))
 
 
+async def _on_client_disconnect(request: Request, exc: Exception) -> Response:
+    """The client closed its connection before its body arrived (a load generator
+    stopping, a client's timeout): not a failure of the API, so one line and a count, not
+    an error with a traceback, and no answer (there is no one to read it)."""
+    assert isinstance(exc, ClientDisconnect)
+    route = request.scope.get("route")
+    state = getattr(request.app.state, "api", None)
+    if state is not None:
+        state.metrics.client_disconnects.inc()
+    log.info(
+        "client disconnected before its request body arrived",
+        extra={"method": request.method, "route": getattr(route, "name", None)},
+    )
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
     # Starlette logs the exception and re-raises it after this answer is sent.
     return _counted(request, problem(INTERNAL, "the server failed to handle this request"))
@@ -378,4 +399,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(JobcoreError, _on_jobcore_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(ClientDisconnect, _on_client_disconnect)
     app.add_exception_handler(Exception, _on_unexpected_error)

@@ -444,37 +444,44 @@ class Consumer(Service):
                     return None
 
     async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[dict[str, Any]]:
-        """One statement for the batch; a message id twice in it is a duplicate the 2nd time."""
-        unique = list({r.message_id: r for r in reversed(requests)}.values())
-        params: JobClaimManyParams = {
-            "consumer": JOBS_CONSUMER,
-            "exchange": self.broker.topology.jobs_exchange,
-            "worker_id": self.worker_id,
-            "message_ids": [r.message_id for r in unique],
-            "job_ids": [r.job_id for r in unique],
-            "types": [r.job_type for r in unique],
-            "attempts": [r.attempt for r in unique],
-            "lease_tokens": [r.lease_token for r in unique],
-            "leases": [r.lease for r in unique],
-        }
+        """The batch's claims, one statement per round of distinct message ids (one round
+        unless a message came twice); a request repeated (its message and token) is a
+        duplicate the 2nd time."""
+        rows: dict[tuple[uuid.UUID, uuid.UUID], dict[str, Any]] = {}
         async with self.connections.connection() as conn:
-            # Every claim locks the gate rows of its jobs' concurrency and rate keys first,
-            # read from the job rows (written at enqueue), not from this worker's registry:
-            # a worker deployed before a type's limit still takes the lock and counts behind
-            # it. The claim then counts from a snapshot every other claim of those keys
-            # committed before. One round trip: BEGIN, lock, claim and COMMIT pipelined.
-            # Jobs whose rows name no key are claimed first, by one statement that locks
-            # nothing (most batches: that statement is the whole claim).
-            claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in unique))
-            rows = {row["message_id"]: row for row in claimed}
+            for round_ in _claim_rounds(requests):
+                params: JobClaimManyParams = {
+                    "consumer": JOBS_CONSUMER,
+                    "exchange": self.broker.topology.jobs_exchange,
+                    "worker_id": self.worker_id,
+                    "message_ids": [r.message_id for r in round_],
+                    "job_ids": [r.job_id for r in round_],
+                    "types": [r.job_type for r in round_],
+                    "attempts": [r.attempt for r in round_],
+                    "lease_tokens": [r.lease_token for r in round_],
+                    "leases": [r.lease for r in round_],
+                }
+                # Every claim locks the gate rows of its jobs' concurrency and rate keys
+                # first, read from the job rows (written at enqueue), not from this worker's
+                # registry: a worker deployed before a type's limit still takes the lock and
+                # counts behind it. The claim then counts from a snapshot every other claim
+                # of those keys committed before. One round trip: BEGIN, lock, claim and
+                # COMMIT pipelined. Jobs whose rows name no key are claimed first, by one
+                # statement that locks nothing (most batches: that statement is the whole
+                # claim).
+                claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in round_))
+                by_message = {row["message_id"]: row for row in claimed}
+                for r in round_:
+                    rows[r.message_id, r.lease_token] = dict(by_message[r.message_id])
         self.progress.progressed()
         answers: list[dict[str, Any]] = []
-        answered: set[uuid.UUID] = set()
+        answered: set[tuple[uuid.UUID, uuid.UUID]] = set()
         for request in requests:
-            row = dict(rows[request.message_id])
-            if request.message_id in answered:
+            key = (request.message_id, request.lease_token)
+            row = dict(rows[key])
+            if key in answered:
                 row.update(fresh=False, id=None)
-            answered.add(request.message_id)
+            answered.add(key)
             answers.append(row)
         return answers
 
@@ -502,6 +509,31 @@ class Consumer(Service):
             self.progress.progressed()
         else:
             log.debug("reject failed; the message will be redelivered and rejected again")
+
+
+def _claim_rounds(requests: Sequence[ClaimRequest]) -> list[list[ClaimRequest]]:
+    """The batch's distinct requests (message and lease token) in rounds, each holding a
+    message at most once: the claim statement takes distinct message ids.
+
+    Two requests for one message with different tokens are a redelivery and a retry whose
+    first try may have committed unanswered. Sent in the same statement, one would have
+    to be dropped, and dropping the retry loses the job: the redelivery finds the message
+    received and is a duplicate, the retry never resumes, and the job runs with no handler
+    until the reaper takes it back, an attempt burnt. In rounds, each committing before the
+    next, whichever comes first sees the other's doing: the retry whose try committed is
+    resumed, in any order, and every other request for that message is a duplicate; if
+    none committed, the first round's claims the job and the later ones are duplicates."""
+    rounds: list[list[ClaimRequest]] = []
+    seen: dict[uuid.UUID, set[uuid.UUID]] = {}
+    for request in requests:
+        tokens = seen.setdefault(request.message_id, set())
+        if request.lease_token in tokens:
+            continue  # the same request again: answered as a duplicate
+        if len(tokens) == len(rounds):
+            rounds.append([])
+        rounds[len(tokens)].append(request)
+        tokens.add(request.lease_token)
+    return rounds
 
 
 def consumer_priority(settings: Settings) -> int:

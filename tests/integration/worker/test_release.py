@@ -5,6 +5,7 @@ delay, last_error and the timeline say why)."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from jobcore.amqp.topology import Topology
@@ -41,7 +42,7 @@ async def release(
         )
         message = await cur.fetchone()
         cur = await conn.execute(
-            "SELECT attempt, detail FROM job_events WHERE job_id = %s AND kind = 'released'",
+            "SELECT at, attempt, detail FROM job_events WHERE job_id = %s AND kind = 'released'",
             (job_id,),
         )
         [event] = await cur.fetchall()
@@ -58,7 +59,7 @@ async def test_a_shutdown_release_is_due_at_once_and_keeps_the_last_error(
     assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 0, "earlier")
     assert row["next_attempt_at"] is None
     assert message["available_at"] <= row["db_now"]
-    assert event == {"attempt": 1, "detail": {"worker": "w1"}}
+    assert (event["attempt"], event["detail"]) == (1, {"worker": "w1"})
 
 
 async def test_a_store_outage_release_is_due_after_its_delay_and_says_why(
@@ -72,3 +73,14 @@ async def test_a_store_outage_release_is_due_after_its_delay_and_says_why(
     assert event["detail"]["worker"] == "w1"
     assert event["detail"]["error"] == OUTAGE
     assert event["detail"]["until"] is not None
+
+
+async def test_a_release_after_the_shortest_delay_is_due_at_its_event_not_before(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    # One microsecond, the least a due time can differ by: the event's `until` is its own
+    # time plus the delay, read from one clock, never a moment before the event.
+    row, message, event = await release(db, topology, settings, delay=1e-6, error=OUTAGE)
+    until = datetime.fromisoformat(event["detail"]["until"])
+    assert until == row["next_attempt_at"] == message["available_at"]
+    assert until - event["at"] == timedelta(microseconds=1)

@@ -5,16 +5,18 @@ where it is now."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from jobcore import outcomes
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
 from jobcore.jobevents import JobEventKind
 from jobcore.registry import load_job_modules
+from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.inbox import JOBS_CONSUMER
@@ -119,8 +121,30 @@ async def test_a_retry_records_why_and_until_when_then_the_next_attempt(
     retry = found.events[3]
     assert retry.attempt == 1
     assert "planned failure on attempt 1" in retry.detail["error"]
-    assert datetime.fromisoformat(retry.detail["until"]) > retry.at
+    # Full jitter draws the delay from [0, ceiling]: the retry is due at its event or later.
+    assert datetime.fromisoformat(retry.detail["until"]) >= retry.at
     assert [e.attempt for e in found.events[4:]] == [2, 2, 2]
+    assert found.events[-1].detail == {"status": "succeeded"}
+
+
+async def test_a_retry_drawn_without_delay_is_due_at_its_event_not_before(
+    db: Database,
+    topology: Topology,
+    relay: Relay,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def lowest_draw(attempt: int, *, base: float, cap: float, rng: Callable[[], float]) -> float:
+        return backoff_delay(attempt, base=base, cap=cap, rng=lambda: 0.0)
+
+    # The retry policy's jitter at its lowest draw: the worker runs in this process.
+    monkeypatch.setattr(outcomes, "backoff_delay", lowest_draw)
+    await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload(fail_times=1))
+    found = await ended(db, job_id)
+
+    [retry] = [e for e in found.events if e.kind == JobEventKind.RETRY_SCHEDULED]
+    assert datetime.fromisoformat(retry.detail["until"]) == retry.at
     assert found.events[-1].detail == {"status": "succeeded"}
 
 

@@ -19,15 +19,20 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.envelope import JobMessage
+from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.tcpproxy import TcpProxy
 from jobcore.testing.pipeline import via_port
 from jobcore.testing.waiting import eventually
+from services.worker.consumer import ClaimRequest, Consumer, Taken
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, TripwirePayload
 from tests.integration.worker.support import (
     OutboxPump,
     effects,
+    job_row,
+    outbox_rows,
     status_is,
     submit,
 )
@@ -113,6 +118,92 @@ async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
     assert [e["attempt"] for e in await effects(db, job_id)] == [1]
     assert worker.metrics.counts["duplicates"] == 0
     assert db_proxy.cuts == 1
+
+
+@pytest.mark.parametrize(
+    "order",
+    ["copy, retry", "retry, copy", "copy, retry, copy", "retry, copy, retry"],
+)
+async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
+    db: Database,
+    db_proxy: TcpProxy,
+    topology: Topology,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    tmp_path: Path,
+    order: str,
+) -> None:
+    """A claim's first try commits unanswered; a redelivery of its message (a fresh lease
+    token) lands in the same batch as the retry. The retry must come back resumed, in any
+    order, and the redelivery be answered as the duplicate it is."""
+    worker = await start_worker(
+        wsettings.model_copy(
+            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
+        ),
+        queues=["nothing_arrives_here"],  # the test hands the consumer its claims
+    )
+    consumer = worker.consumer
+    # Its last attempt: a retry dropped as a duplicate leaves the job to the reaper,
+    # which fails it without its handler having run.
+    job_id = await submit(
+        db,
+        topology,
+        "wt_tripwire",
+        TripwirePayload(tripwire=str(tmp_path / "never-made")),
+        max_attempts=1,
+    )
+    [message] = await outbox_rows(db, job_id)
+
+    def request() -> ClaimRequest:
+        # A long lease: the reaper must not take the job back while the test looks at it.
+        return ClaimRequest(message["message_id"], job_id, "wt_tripwire", 1, uuid.uuid4(), 60.0)
+
+    retry = request()
+    cut = db_proxy.cut_after_commit(job_id.hex.encode())
+    with pytest.raises(DatabaseUnavailable):
+        await consumer.claims.submit(retry)
+    await asyncio.wait_for(cut, CUT_TIMEOUT)
+    job = await job_row(db, job_id)
+    assert (job["status"], job["lease_token"]) == ("running", retry.lease_token)
+
+    copies = {"copy": request(), "retry": retry}
+    batch = [copies[name] for name in order.split(", ")]
+    if order == "copy, retry, copy":
+        batch[2] = request()  # a second redelivery, with a token of its own
+    answers = await consumer._claim_batch(batch)
+
+    by_request = list(zip(batch, answers, strict=True))
+    [resumed] = [answer for request_, answer in by_request if answer["id"] is not None]
+    assert (resumed["fresh"], resumed["resumed"]) == (True, True)
+    assert (resumed["id"], resumed["lease_token"]) == (job_id, retry.lease_token)
+    for request_, answer in by_request:
+        if answer is not resumed:
+            assert (answer["fresh"], answer["id"]) == (False, None), request_
+    # The retry's first answer is the resumed one; a repeat of it is a duplicate.
+    first_retry = next(i for i, r in enumerate(batch) if r is retry)
+    assert answers[first_retry] is resumed
+
+    # The consumer runs the resumed claim, under the first try's token, and nothing else.
+    taken = [
+        Taken(request_.message_id, _envelope(request_), worker.registry.get("wt_tripwire"), row)
+        for request_, row in by_request
+    ]
+    claims = [claim for claim in map(Consumer._claim_of, taken) if claim is not None]
+    assert [claim.lease_token for claim in claims] == [retry.lease_token]
+    [claim] = claims
+    payload = claim.job_type.validate_payload(await worker.runner.load_payload(claim))
+    await worker.runner.run(claim, payload)
+    row = await eventually(
+        lambda: status_is(db, job_id, "succeeded", "failed"), timeout=30, what="the job to end"
+    )
+    assert (row["status"], row["attempts"]) == ("succeeded", 1), row["last_error"]
+    assert [e["attempt"] for e in await effects(db, job_id)] == [1]
+    assert worker.metrics.counts["reaped.failed"] == 0
+    assert db_proxy.cuts == 1
+
+
+def _envelope(request: ClaimRequest) -> JobMessage:
+    return JobMessage(job_id=request.job_id, attempt=request.attempt, type=request.job_type)
 
 
 @pytest.mark.parametrize(

@@ -463,7 +463,10 @@ class JobRetryParams(JobFencedParams, OutboxMessageParams):
 
 
 # The retry's message goes through the outbox like any other, due when the backoff ends,
-# so it survives a broker outage and shows in the database while it waits.
+# so it survives a broker outage and shows in the database while it waits. Its event is
+# dated by the same clock read as the due time (statement_timestamp(), not the column's
+# clock_timestamp(), which is read later): a delay of 0, which full jitter can draw, is due
+# at its event, never before it.
 JOB_RETRY = Query[JobRetryParams](
     "job_retry",
     "Put a failed attempt back to pending with a delay and its next message (or end it "
@@ -476,7 +479,8 @@ JOB_RETRY = Query[JobRetryParams](
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
             last_error = %(error)s,
             next_attempt_at = CASE
-                WHEN cancel_requested_at IS NULL THEN now() + make_interval(secs => %(delay)s)
+                WHEN cancel_requested_at IS NULL
+                THEN statement_timestamp() + make_interval(secs => %(delay)s)
                 ELSE next_attempt_at
             END,
             lease_token = NULL,
@@ -488,10 +492,11 @@ JOB_RETRY = Query[JobRetryParams](
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, retry_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
                jsonb_build_object('until', back.next_attempt_at,
-                                  'error', {short_error("back.last_error")})
+                                  'error', {short_error("back.last_error")}),
+               statement_timestamp()
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
@@ -583,7 +588,7 @@ class JobReleaseParams(JobFencedParams, OutboxMessageParams):
 
 # A shutdown (or an object store outage) interrupted the attempt through no fault of the
 # job: it does not count, and the new message carries the same attempt number, due after
-# `delay` (0: at once).
+# `delay` (0: at once). As for JOB_RETRY, the event and the due time read one clock.
 JOB_RELEASE = Query[JobReleaseParams](
     "job_release",
     "Give back a running job's lease on shutdown or a store outage: pending again, with a "
@@ -600,7 +605,7 @@ JOB_RELEASE = Query[JobReleaseParams](
             last_error = coalesce(%(error)s::text, last_error),
             next_attempt_at = CASE
                 WHEN cancel_requested_at IS NULL AND %(delay)s::float8 > 0
-                THEN now() + make_interval(secs => %(delay)s::float8)
+                THEN statement_timestamp() + make_interval(secs => %(delay)s::float8)
             END,
             updated_at = now()
         WHERE {LEASE_FENCE}
@@ -609,13 +614,14 @@ JOB_RELEASE = Query[JobReleaseParams](
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, release_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
                || CASE WHEN %(error)s::text IS NULL THEN '{{}}'::jsonb
                        ELSE jsonb_build_object('until', back.next_attempt_at,
                                                'error', {short_error("back.last_error")})
-                  END
+                  END,
+               statement_timestamp()
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
