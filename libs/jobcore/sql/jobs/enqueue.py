@@ -208,6 +208,11 @@ class JobInsertManyParams(QuotaDefaultParams):
 # could not see: a racing insert of the same key (it waits for that transaction), and an
 # earlier item of the same batch with the same key. An item with no job and no refusal
 # is answered from the jobs that hold its keys (JOB_GET_BATCH_HOLDERS).
+# Each item's keys are looked up on their own (LATERAL ... LIMIT 1, which the planner
+# cannot turn into a join): as NOT EXISTS, a generic plan made while the table had no
+# statistics (a new database, autovacuum off or behind) anti-joined the batch to every
+# job of the tenant and type, read once per batch through the idempotency index, so each
+# batch read all of them and the enqueue rate fell as jobs piled up (docs/bench/enqueue).
 JOB_INSERT_MANY = Query[JobInsertManyParams](
     "job_insert_many",
     "Insert a batch of pending jobs with their outbox messages, as many as the tenant's "
@@ -230,17 +235,20 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     ), fresh AS (
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
-        WHERE NOT EXISTS (
-                  SELECT 1 FROM jobs
-                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
-                    AND jobs.idempotency_key = input.idempotency_key
-              )
-          AND NOT EXISTS (
-                  SELECT 1 FROM jobs
-                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
-                    AND jobs.unique_key = input.unique_key
-                    AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
-              )
+        LEFT JOIN LATERAL (
+            SELECT 1 AS held FROM jobs
+            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+              AND jobs.idempotency_key = input.idempotency_key
+            LIMIT 1
+        ) AS keyed ON true
+        LEFT JOIN LATERAL (
+            SELECT 1 AS held FROM jobs
+            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+              AND jobs.unique_key = input.unique_key
+              AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
+            LIMIT 1
+        ) AS live ON true
+        WHERE keyed.held IS NULL AND live.held IS NULL
     ), wanted AS (
         SELECT count(*) AS n FROM fresh
     ), {batch_admission_ctes()}, hook AS (
