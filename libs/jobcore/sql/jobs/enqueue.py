@@ -48,9 +48,9 @@ def _insert_job_with_outbox() -> str:
     return f"""
     WITH {admission_ctes()}, place AS (
         INSERT INTO job_gates (key, counter)
-        SELECT 'ordering:' || admit.tenant || ':' || %(ordering_key)s, 1
-        FROM admit
-        WHERE admit.last_refusal IS NULL AND %(ordering_key)s::text IS NOT NULL
+        SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
+        FROM go
+        WHERE %(ordering_key)s::text IS NOT NULL
           AND %(ordering_seq)s::bigint IS NULL
         ON CONFLICT (key) DO UPDATE
         SET counter = job_gates.counter + 1, updated_at = now()
@@ -65,7 +65,7 @@ def _insert_job_with_outbox() -> str:
             callback_url, accepted_detail, payload_ref
         )
         SELECT
-            %(id)s, admit.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
+            %(id)s, go.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
@@ -74,15 +74,14 @@ def _insert_job_with_outbox() -> str:
             %(ordering_blocks)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
-                WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
+                WHERE tenant = go.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
             )),
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
                        || %(event_detail)s, '{{}}'::jsonb),
             %(payload_ref)s
-        FROM admit
-        WHERE admit.last_refusal IS NULL
+        FROM go
         ON CONFLICT DO NOTHING
         RETURNING id, tenant, created_at, priority
     ), message AS (
@@ -296,7 +295,8 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
            (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s LIMIT 1) IS NULL
                AS notified,
            limits.rate, limits.burst, limits.max_unfinished,
-           (SELECT rate_tat FROM charged) AS rate_tat, clock_timestamp() AS now
+           coalesce((SELECT rate_tat FROM charged), (SELECT rate_tat FROM usage)) AS rate_tat,
+           clock_timestamp() AS now
     FROM input
     LEFT JOIN fresh USING (n)
     LEFT JOIN job ON job.id = input.id
