@@ -81,6 +81,7 @@ def test_the_leader_lease_lasts_three_of_the_shortest_interval_and_at_least_five
         "sweeper",
         "gate_releaser",
         "analyzer",
+        "usage_folder",
     ]
     assert MaintainerConfig.for_services(services).lease_ttl == 5.0  # the releaser's 0.2 s
     slow = [GateReleaser(GateReleaserConfig(interval=4.0), topology=None, metrics=None)]  # type: ignore[arg-type]

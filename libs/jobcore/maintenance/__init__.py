@@ -34,6 +34,7 @@ from jobcore.maintenance.reaper import Reaper, ReaperConfig
 from jobcore.maintenance.rescuer import Rescuer, RescuerConfig
 from jobcore.maintenance.scheduler import Scheduler, SchedulerConfig
 from jobcore.maintenance.sweeper import Sweeper, SweeperConfig
+from jobcore.maintenance.usage_folder import UsageFolder, UsageFolderConfig
 from jobcore.registry import Registry
 from jobcore.schedules import Schedule
 from jobcore.settings import Settings
@@ -60,6 +61,8 @@ __all__ = [
     "SharedConnection",
     "Sweeper",
     "SweeperConfig",
+    "UsageFolder",
+    "UsageFolderConfig",
     "services_from_settings",
 ]
 
@@ -82,6 +85,7 @@ def services_from_settings(
         Sweeper.from_settings(settings, metrics=metrics),
         GateReleaser.from_settings(settings, metrics=metrics),
         Analyzer.from_settings(settings),
+        UsageFolder.from_settings(settings),
     ]
     if schedules:
         if schedule_metrics is None:

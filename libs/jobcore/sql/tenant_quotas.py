@@ -59,8 +59,13 @@ assert _KEYED_LIMITS != _LIMITS
 def admission_ctes() -> str:
     """``existing`` (the job that already holds the idempotency key, or the live job that
     holds the unique key: a replay or a duplicate is not new work, so it is never refused
-    and uses no quota), ``limits`` and ``admit``: the tenant's usage row after
-    this request's turn, whose ``last_refusal`` is NULL when the job may be inserted.
+    and uses no quota), ``limits``, ``admit``: the tenant's usage row after this request's
+    turn, whose ``last_refusal`` is NULL when the job may be inserted, and ``go``: one row
+    (the tenant) when the job may be inserted.
+
+    A tenant with neither a rate limit nor a cap has nothing to check: its usage row is
+    not touched (``admit`` is empty), so its enqueues write no row version there (behind
+    a pinned xmin horizon none could be pruned) and are not serialised.
 
     The rate limit is GCRA (:class:`jobcore.quotas.RateLimit` is the same rule in Python):
     admitted when max(tat, now) + 1/rate is at most burst/rate ahead of now. A refused
@@ -71,10 +76,10 @@ def admission_ctes() -> str:
     otherwise look early by its wait, and be refused for it.
 
     The count of unfinished jobs is the row's plus the tenant's ``tenant_usage_deltas``
-    (the jobs that ended since an enqueue last folded them in, migration 0010). Those
-    are read ``FOR UPDATE``, which, under READ COMMITTED, skips the deltas the admission
-    this one queued behind folded into the row (deleted) and committed: this statement's
-    snapshot, taken before it waited, still shows them, and would count them twice.
+    (a +1 per job added, a -1 per job ended, not yet folded in: migration 0023). It is
+    compared with the cap by ``jobcore_tenant_at_cap``, once the row is locked, with a
+    snapshot of its own: this statement's snapshot, taken before it waited, would miss the
+    +1 of the admission it queued behind.
     """
     return f"""existing AS (
         SELECT id FROM jobs
@@ -85,23 +90,19 @@ def admission_ctes() -> str:
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ), {_KEYED_LIMITS}, admit AS (
-        INSERT INTO tenant_usage AS u (tenant, rate_tat)
-        SELECT tenant, clock_timestamp() + make_interval(secs => 1.0 / nullif(rate, 0)) FROM limits
-        WHERE NOT EXISTS (SELECT 1 FROM existing)
+        INSERT INTO tenant_usage AS u (tenant, rate_tat, last_refusal)
+        SELECT tenant, CASE WHEN NOT c THEN clock_timestamp()
+                            + make_interval(secs => 1.0 / nullif(rate, 0)) END,
+               CASE WHEN c THEN 'max_unfinished' END
+        FROM (SELECT *, jobcore_tenant_at_cap(tenant, max_unfinished) AS c FROM limits) AS l
+        WHERE NOT EXISTS (SELECT 1 FROM existing) AND (rate > 0 OR max_unfinished > 0)
         ON CONFLICT (tenant) DO UPDATE SET (rate_tat, last_refusal, last_refused_at) = (
             SELECT CASE WHEN v.refusal IS NULL THEN v.next_tat ELSE u.rate_tat END,
                    v.refusal,
                    CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE v.at END
             FROM (
                 SELECT CASE
-                           WHEN l.max_unfinished > 0
-                                AND u.unfinished + (
-                                    SELECT coalesce(sum(d.delta), 0) FROM (
-                                        SELECT delta FROM tenant_usage_deltas
-                                        WHERE tenant = u.tenant
-                                        FOR UPDATE
-                                    ) AS d
-                                ) >= l.max_unfinished
+                           WHEN jobcore_tenant_at_cap(u.tenant, l.max_unfinished)
                                THEN 'max_unfinished'
                            WHEN n.next_tat
                                 > c.at + make_interval(secs => l.burst / nullif(l.rate, 0))
@@ -116,7 +117,10 @@ def admission_ctes() -> str:
                      ) AS n
             ) AS v
         )
-        RETURNING u.tenant, u.rate_tat, u.last_refusal, u.unfinished
+        RETURNING u.rate_tat, u.last_refusal
+    ), go AS (
+        SELECT limits.tenant FROM limits LEFT JOIN admit ON true
+        WHERE admit.last_refusal IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
     )"""
 
 
@@ -136,7 +140,8 @@ class TenantUsageLockParams(TypedDict):
 
 # A batch enqueue (jobcore.batch) takes its tenant's usage row first, in a statement of
 # its own: DO UPDATE locks the row as last committed (a row another admission inserted
-# after this statement's snapshot too), so the batch statement that follows reads the
+# after this statement's snapshot too) even when its WHERE lets it update nothing, so no
+# row version is written for the lock; the batch statement that follows reads the
 # row and the deltas with a snapshot taken under the lock, and admits as many items as
 # the quotas leave room for (batch_admission_ctes) without the FOR UPDATE subtleties of
 # the one-statement admission above.
@@ -145,7 +150,7 @@ TENANT_USAGE_LOCK = Query[TenantUsageLockParams](
     "Lock a tenant's usage row (creating it) until the transaction ends.",
     """
     INSERT INTO tenant_usage AS u (tenant) VALUES (%(tenant)s)
-    ON CONFLICT (tenant) DO UPDATE SET tenant = excluded.tenant
+    ON CONFLICT (tenant) DO UPDATE SET tenant = excluded.tenant WHERE false
     """,
 )
 
@@ -165,12 +170,10 @@ def batch_admission_ctes() -> str:
     follows: nothing is admitted or charged.
     """
     return f"""{_KEYED_LIMITS}, usage AS (
-        SELECT u.rate_tat, clock_timestamp() AS at,
-               u.unfinished + (
-                   SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
-                   WHERE d.tenant = u.tenant
-               ) AS unfinished
-        FROM tenant_usage AS u WHERE u.tenant = %(tenant)s::text
+        SELECT u.rate_tat, u.last_refusal, clock_timestamp() AS at,
+               CASE WHEN l.max_unfinished > 0 THEN jobcore_tenant_unfinished(u.tenant) END
+                   AS unfinished
+        FROM tenant_usage AS u, limits AS l WHERE u.tenant = %(tenant)s::text
     ), capacity AS (
         SELECT wanted.n AS wanted,
                CASE WHEN l.max_unfinished > 0
@@ -199,6 +202,8 @@ def batch_admission_ctes() -> str:
                                    ELSE usage.at END
         FROM room, limits AS l, usage
         WHERE u.tenant = %(tenant)s::text
+          AND ((l.rate > 0 AND room.admitted > 0) OR room.refusal IS NOT NULL
+               OR usage.last_refusal IS NOT NULL)
         RETURNING u.rate_tat
     )"""
 
@@ -317,5 +322,42 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
     FROM tenant_quotas AS q
     FULL JOIN tenant_usage AS u ON u.tenant = q.tenant
     ORDER BY 1
+    """,
+)
+
+
+class TenantUsageFoldParams(TypedDict):
+    limit: int
+
+
+# The deltas a job added or ended appended (migration 0023) are folded into their
+# tenants' rows by the maintenance leader (jobcore.maintenance.usage_folder), oldest
+# first: one row version per tenant per batch, however many jobs. Deleting them and
+# adding their sum commit together, so a reader (jobcore_tenant_unfinished, a snapshot)
+# sees each delta either in the row or in the table, never both or neither. The rows are
+# taken in tenant order, and each admission holds one row only: no deadlock.
+TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
+    "tenant_usage_fold",
+    "Fold up to `limit` of the oldest usage deltas into their tenants' rows; how many.",
+    """
+    WITH folded AS (
+        DELETE FROM tenant_usage_deltas
+        WHERE (tenant, id) IN (
+            SELECT tenant, id FROM tenant_usage_deltas
+            ORDER BY id LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING tenant, delta
+    ), sums AS (
+        SELECT tenant, sum(delta)::bigint AS delta FROM folded GROUP BY tenant
+    ), rows AS (
+        INSERT INTO tenant_usage AS u (tenant, unfinished)
+        SELECT tenant, greatest(delta, 0) FROM sums ORDER BY tenant
+        ON CONFLICT (tenant) DO UPDATE
+        SET unfinished = greatest(u.unfinished + (
+            SELECT delta FROM sums WHERE sums.tenant = excluded.tenant), 0)
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM folded) AS deltas, (SELECT count(*) FROM rows) AS tenants
     """,
 )

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
+from jobcore.maintenance.usage_folder import UsageFolder, UsageFolderConfig
 from jobcore.quotas import Quotas
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
@@ -38,16 +39,18 @@ from tests.integration.api.support import (
 # One request per 100 s: nothing refills while a test runs, so every count is exact.
 SLOW_RATE = 0.01
 
-# The count of unfinished jobs is the row's plus the deltas not yet folded into it.
+# The count of unfinished jobs is the row's plus the deltas not yet folded into it (a
+# tenant with no quotas has no row until the usage folder makes one).
 TENANT_USAGE = Query(
     "tenant_usage_row",
     "A tenant's usage row, with its count of unfinished jobs.",
     """
-    SELECT tenant, rate_tat, last_refusal, last_refused_at,
-           unfinished + (
+    SELECT t.tenant, u.rate_tat, u.last_refusal, u.last_refused_at,
+           coalesce(u.unfinished, 0) + (
                SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas WHERE tenant = %(t)s
            ) AS unfinished
-    FROM tenant_usage WHERE tenant = %(t)s
+    FROM (SELECT %(t)s::text AS tenant) AS t
+    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
     """,
 )
 JOBS_OF = Query(
@@ -493,8 +496,11 @@ async def test_ending_jobs_of_two_tenants_in_opposite_orders_waits_for_nobody(
         await second.commit()
     assert (await usage(db, TENANT))["unfinished"] == 1
     assert (await usage(db, OTHER_TENANT))["unfinished"] == 0
-    # The next admitted enqueue of X folds X's ended jobs into its row.
+    # The maintenance leader's usage folder folds X's deltas into its row.
     await new_job(db, topology, TENANT)
+    async with db.unit_of_work() as uow:
+        await UsageFolder(UsageFolderConfig(interval=1.0)).work(uow)
+        await uow.commit()
     async with db.connection() as conn:
         deltas = await fetch_one(conn, DELTAS_OF({"t": TENANT}))
     assert deltas is not None

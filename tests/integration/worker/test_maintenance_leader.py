@@ -37,7 +37,7 @@ EXPIRED_RUNNING = """
                     started_at = now()
     WHERE id = %s
 """
-SERVICES = {"reaper", "rescuer", "pruner", "sweeper", "gate_releaser", "scheduler"}
+SERVICES = {"reaper", "rescuer", "pruner", "sweeper", "gate_releaser", "scheduler", "usage_folder"}
 
 
 async def leases(db: Database) -> list[dict[str, object]]:
@@ -79,12 +79,12 @@ async def test_two_workers_elect_one_leader_whose_services_all_run_and_a_success
         if leader is None or not leader["live"] or set(by_name) != {LEADER_LEASE, *SERVICES}:
             return None
         # Every service's own row was taken by its working transaction, under the term's
-        # token: all six ran under the one leader.
+        # token: all seven ran under the one leader.
         if any(row["owner"] != leader["owner"] or row["token"] != leader["token"] for row in rows):
             return None
         return str(leader["owner"])
 
-    leader_id = await eventually(one_leader_with_every_service, what="one leader, six services")
+    leader_id = await eventually(one_leader_with_every_service, what="one leader, seven services")
     leader = workers[leader_id]
     [standby] = [w for w in workers.values() if w is not leader]
     assert leader.maintainer.is_leader

@@ -48,9 +48,9 @@ def _insert_job_with_outbox() -> str:
     return f"""
     WITH {admission_ctes()}, place AS (
         INSERT INTO job_gates (key, counter)
-        SELECT 'ordering:' || admit.tenant || ':' || %(ordering_key)s, 1
-        FROM admit
-        WHERE admit.last_refusal IS NULL AND %(ordering_key)s::text IS NOT NULL
+        SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
+        FROM go
+        WHERE %(ordering_key)s::text IS NOT NULL
           AND %(ordering_seq)s::bigint IS NULL
         ON CONFLICT (key) DO UPDATE
         SET counter = job_gates.counter + 1, updated_at = now()
@@ -65,7 +65,7 @@ def _insert_job_with_outbox() -> str:
             callback_url, accepted_detail, payload_ref
         )
         SELECT
-            %(id)s, admit.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
+            %(id)s, go.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
             %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
@@ -74,15 +74,14 @@ def _insert_job_with_outbox() -> str:
             %(ordering_blocks)s,
             coalesce(%(callback_url)s, (
                 SELECT url FROM webhook_endpoints
-                WHERE tenant = admit.tenant AND job_type IN (%(type)s, '*')
+                WHERE tenant = go.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
             )),
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
                        || %(event_detail)s, '{{}}'::jsonb),
             %(payload_ref)s
-        FROM admit
-        WHERE admit.last_refusal IS NULL
+        FROM go
         ON CONFLICT DO NOTHING
         RETURNING id, tenant, created_at, priority
     ), message AS (
@@ -208,6 +207,11 @@ class JobInsertManyParams(QuotaDefaultParams):
 # could not see: a racing insert of the same key (it waits for that transaction), and an
 # earlier item of the same batch with the same key. An item with no job and no refusal
 # is answered from the jobs that hold its keys (JOB_GET_BATCH_HOLDERS).
+# Each item's keys are looked up on their own (LATERAL ... LIMIT 1, which the planner
+# cannot turn into a join): as NOT EXISTS, a generic plan made while the table had no
+# statistics (a new database, autovacuum off or behind) anti-joined the batch to every
+# job of the tenant and type, read once per batch through the idempotency index, so each
+# batch read all of them and the enqueue rate fell as jobs piled up (docs/bench/enqueue).
 JOB_INSERT_MANY = Query[JobInsertManyParams](
     "job_insert_many",
     "Insert a batch of pending jobs with their outbox messages, as many as the tenant's "
@@ -230,17 +234,20 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     ), fresh AS (
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
-        WHERE NOT EXISTS (
-                  SELECT 1 FROM jobs
-                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
-                    AND jobs.idempotency_key = input.idempotency_key
-              )
-          AND NOT EXISTS (
-                  SELECT 1 FROM jobs
-                  WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
-                    AND jobs.unique_key = input.unique_key
-                    AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
-              )
+        LEFT JOIN LATERAL (
+            SELECT 1 AS held FROM jobs
+            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+              AND jobs.idempotency_key = input.idempotency_key
+            LIMIT 1
+        ) AS keyed ON true
+        LEFT JOIN LATERAL (
+            SELECT 1 AS held FROM jobs
+            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+              AND jobs.unique_key = input.unique_key
+              AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
+            LIMIT 1
+        ) AS live ON true
+        WHERE keyed.held IS NULL AND live.held IS NULL
     ), wanted AS (
         SELECT count(*) AS n FROM fresh
     ), {batch_admission_ctes()}, hook AS (
@@ -288,7 +295,8 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
            (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s LIMIT 1) IS NULL
                AS notified,
            limits.rate, limits.burst, limits.max_unfinished,
-           (SELECT rate_tat FROM charged) AS rate_tat, clock_timestamp() AS now
+           coalesce((SELECT rate_tat FROM charged), (SELECT rate_tat FROM usage)) AS rate_tat,
+           clock_timestamp() AS now
     FROM input
     LEFT JOIN fresh USING (n)
     LEFT JOIN job ON job.id = input.id
