@@ -79,6 +79,7 @@ from jobcore.sql.jobs.reads import (
     JOB_DONE_LISTEN,
     JOB_GET,
     JOB_GET_ANY_TENANT,
+    JOB_GET_PAYLOAD,
     JOB_GET_RESULT,
     JOB_GET_WAITED,
     JOB_HELD_COUNT,
@@ -239,6 +240,9 @@ class JobStore:
 
     async def get_result(self, on: Reader, params: JobGetResultParams) -> DictRow | None:
         return await fetch_one(on, JOB_GET_RESULT(params))
+
+    async def get_payload(self, on: Reader, params: JobGetResultParams) -> DictRow | None:
+        return await fetch_one(on, JOB_GET_PAYLOAD(params))
 
     async def list_all_tenants(self, on: Reader, params: JobListAllTenantsParams) -> list[DictRow]:
         return await fetch_all(on, JOB_LIST_ALL_TENANTS(params))
