@@ -218,12 +218,23 @@ async def test_a_payload_in_the_local_store_is_served_at_its_link(
     assert linked.json() == {"text": "more than ten bytes", "count": 1}
 
 
+@pytest.mark.parametrize(
+    ("quotas", "refusal"),
+    [
+        ({"quota_enqueue_rate": SLOW_RATE, "quota_enqueue_burst": 1}, "enqueue-rate-limited"),
+        ({"quota_max_unfinished": 1}, "too-many-unfinished-jobs"),
+    ],
+    ids=["rate", "unfinished"],
+)
 async def test_a_replayed_or_refused_enqueue_uploads_nothing(
-    s3_config: Settings, db: Database, bucket: str, proxy: TcpProxy, auth: dict[str, str]
+    s3_config: Settings,
+    bucket: str,
+    proxy: TcpProxy,
+    auth: dict[str, str],
+    quotas: dict[str, float],
+    refusal: str,
 ) -> None:
-    config = s3_config.model_copy(
-        update={"quota_enqueue_rate": SLOW_RATE, "quota_enqueue_burst": 1}
-    )
+    config = s3_config.model_copy(update=quotas)
     large = {"text": "z" * (INLINE_MAX * 4)}
     async with api(config) as (app, client):
         first = await enqueue(
@@ -259,7 +270,7 @@ async def test_a_replayed_or_refused_enqueue_uploads_nothing(
         taken = await enqueue(client, auth, payload=large, params={"unique_key": "u1"})
         assert_problem(taken, 409, "unique-job-exists")
         over = await enqueue(client, auth, payload=large, headers={"Idempotency-Key": "k2"})
-        assert_problem(over, 429, "enqueue-rate-limited")
+        assert_problem(over, 429, refusal)
         assert over.headers["retry-after"].isdigit()
         assert uploads(app) == 1
         proxy.set_mode(Mode.FORWARD)
