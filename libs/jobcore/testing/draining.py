@@ -336,6 +336,7 @@ class InlineWorker:
                     attempt=row["attempts"],
                     max_attempts=row["max_attempts"],
                     limits=self.limits,
+                    give_backs=row["store_give_backs"],
                 )
         else:
             outcome = success(result, context, claimed.lease_token, self.limits)
@@ -360,6 +361,7 @@ class InlineWorker:
             attempt=claimed.row["attempts"],
             max_attempts=claimed.row["max_attempts"],
             limits=self.limits,
+            give_backs=claimed.row["store_give_backs"],
         )
 
     async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:

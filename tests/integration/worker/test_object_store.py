@@ -347,3 +347,138 @@ async def test_a_store_outage_while_reading_the_payload_gives_the_job_back_unfai
         "attempt": 1,
         "payload_sha256": hashlib.sha256(data.encode()).hexdigest(),
     }
+
+
+def deny(bucket: str, action: str, prefix: str) -> None:
+    """A bucket policy refusing ``action`` on the objects under ``prefix``: the server
+    answers such a request 403 from now on, as S3 does for credentials without it."""
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": action,
+                "Resource": f"arn:aws:s3:::{bucket}/{prefix}*",
+            }
+        ],
+    }
+    s3.client().put_bucket_policy(Bucket=bucket, Policy=orjson.dumps(policy).decode())
+
+
+async def claims(db: Database, job_id: uuid.UUID) -> int:
+    """How many times a worker claimed the job: each claim is one run of its handler."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM job_events WHERE job_id = %s AND kind = 'claimed'",
+            (job_id,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def ended_without_a_give_back(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:
+    """A probe: the job's row once it ended; fails at once if it was given back, which a
+    refusal of the store must never cause (it would be given back for ever)."""
+    assert await released_events(db, job_id) == [], "a refusal was taken for an outage"
+    return await status_is(db, job_id, "succeeded", "failed")
+
+
+async def test_a_store_that_refuses_the_result_fails_the_attempt_once(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    """Credentials without PutObject on results/: no outage, so the job is not given back
+    (which would run its handler again and again, for ever); its only attempt fails, with
+    a last_error that says the store refused, and the handler ran once."""
+    deny(bucket, "s3:PutObject", "jc/results/")
+    # Any result above 16 bytes goes to the store (the handler's is about 100).
+    worker = await start_worker(s3.s3_settings(wsettings, bucket, inline_result_max_bytes=16))
+    job_id = await submit(db, topology, "wt_blob", BlobPayload(data="d" * 64), max_attempts=1)
+
+    row = await eventually(
+        lambda: ended_without_a_give_back(db, job_id), timeout=30, what="the job to end"
+    )
+    assert (row["status"], row["attempts"], row["result_ref"]) == ("failed", 1, None)
+    error = str(row["last_error"])
+    assert error.startswith("storing the result failed: StoreRefused: object store s3://"), error
+    assert "403" in error
+    assert s3.SECRET_KEY not in error
+    assert await claims(db, job_id) == 1
+    assert worker.metrics.counts["processed.store_unavailable"] == 0
+    assert worker.metrics.counts["processed.failed"] == 1
+
+
+async def test_a_payload_the_store_refuses_to_read_fails_the_job_not_waits(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    config = s3.s3_settings(wsettings, bucket, inline_payload_max_bytes=INLINE_MAX)
+    store = open_result_store(config)
+    job_id = await submit(
+        db,
+        topology,
+        "wt_blob",
+        BlobPayload(data="g" * (INLINE_MAX * 2)),
+        payload_store=store,
+        inline_payload_max_bytes=INLINE_MAX,
+        max_attempts=1,
+    )
+    # Stored; from now on it can never be read back.
+    deny(bucket, "s3:GetObject", "jc/payloads/")
+    await start_worker(config)
+
+    row = await eventually(
+        lambda: ended_without_a_give_back(db, job_id), timeout=30, what="the job to end"
+    )
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    error = str(row["last_error"])
+    assert error.startswith("reading the payload failed: StoreRefused: object store s3://"), error
+    assert "403" in error
+    assert s3.SECRET_KEY not in error
+
+
+async def test_an_outage_gives_a_job_back_a_bounded_number_of_times(
+    db: Database,
+    topology: Topology,
+    pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+    bucket: str,
+) -> None:
+    """The store stays away (nothing listens behind the proxy): the job is given back
+    JOBCORE_MAX_STORE_GIVE_BACKS times without spending its attempt, then the next outage
+    counts as its attempt, here its only one, and it fails saying why."""
+    proxy = TcpProxy("127.0.0.1", s3.PORT)
+    await proxy.start()
+    try:
+        config = outage_settings(
+            wsettings, bucket, proxy, inline_result_max_bytes=16, max_store_give_backs=2
+        )
+        proxy.set_mode(Mode.REFUSE)
+        worker = await start_worker(config)
+        job_id = await submit(db, topology, "wt_blob", BlobPayload(data="h" * 64), max_attempts=1)
+        row = await eventually(
+            lambda: status_is(db, job_id, "succeeded", "failed"), timeout=30, what="the end"
+        )
+    finally:
+        await proxy.stop()
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    error = str(row["last_error"])
+    assert error.startswith(
+        "storing the result failed: object store unavailable, and the job was given back "
+        "2 times already: StoreUnavailable"
+    ), error
+    assert [event["attempt"] for event in await released_events(db, job_id)] == [1, 1]
+    assert await claims(db, job_id) == 3
+    assert worker.metrics.counts["processed.store_unavailable"] == 2
+    assert worker.metrics.counts["processed.failed"] == 1
