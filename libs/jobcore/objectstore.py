@@ -6,10 +6,12 @@ itself (SigV4), streams a result of unknown length as a multipart upload of
 result in memory, and signs presigned ``GET`` URLs locally. Why obstore and not
 aiobotocore: docs/operations.md, "Object storage".
 
-Layout under ``JOBCORE_S3_PREFIX``: ``results/<job id hex>.<suffix>`` for results,
+Layout under ``JOBCORE_S3_PREFIX``: ``results/<job id hex>-<lease token hex>.<suffix>``
+for results (one object per attempt: :func:`jobcore.results.result_key`),
 ``payloads/<job id hex>.json`` for payloads stored by reference. The keys the job rows
-hold are the store-independent ones of :mod:`jobcore.results` (``<hex>.<suffix>``,
-``payloads/<hex>.json``), so a row means the same under either store.
+hold are the store-independent ones of :mod:`jobcore.results` (``<hex>-<token>.<suffix>``,
+or ``<hex>.<suffix>`` from older releases, and ``payloads/<hex>.json``), so a row means
+the same under either store.
 
 A failure is one of three (:func:`store_error`, both of the last two OSErrors):
 
@@ -61,6 +63,7 @@ from jobcore.results import (
     job_of_key,
     parse_store_url,
     payload_key,
+    result_key,
 )
 
 if TYPE_CHECKING:
@@ -192,19 +195,30 @@ class S3ResultStore:
 
     # --- ResultStore -------------------------------------------------------------------
 
-    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
-        key, _ = self.put_chunks(job_id, (data,), suffix=suffix)
+    def put(
+        self,
+        job_id: uuid.UUID,
+        data: bytes,
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
+    ) -> str:
+        key, _ = self.put_chunks(job_id, (data,), suffix=suffix, lease_token=lease_token)
         return key
 
     def put_chunks(
-        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+        self,
+        job_id: uuid.UUID,
+        chunks: Iterable[bytes],
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
     ) -> tuple[str, int]:
-        """Upload the concatenation of ``chunks``; a multipart upload once it outgrows a
+        """Upload the concatenation of ``chunks`` (the attempt under ``lease_token``'s
+        object: :func:`~jobcore.results.result_key`); a multipart upload once it outgrows a
         part, so memory stays about ``UPLOAD_CONCURRENCY`` parts. An object appears whole
         or not at all (a failed multipart upload is aborted)."""
-        key = f"{job_id.hex}.{suffix}"
-        if not _KEY_RE.match(key):
-            raise ValueError(f"bad result suffix {suffix!r}")
+        key = result_key(job_id, suffix, lease_token)
         size = 0
 
         def counted() -> Iterator[bytes]:

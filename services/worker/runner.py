@@ -555,7 +555,11 @@ class JobRunner:
         for tried in range(1, RESULT_PUT_TRIES + 1):
             try:
                 key = await asyncio.to_thread(
-                    self.result_store.put, claim.job_id, encoded, suffix="json"
+                    self.result_store.put,
+                    claim.job_id,
+                    encoded,
+                    suffix="json",
+                    lease_token=claim.lease_token,
                 )
             except StoreRefused:
                 raise

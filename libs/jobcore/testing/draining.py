@@ -319,6 +319,7 @@ class InlineWorker:
             heartbeat=lambda: self._heartbeat(claimed, context),
             result_store=self.result_store,
             settings=self.settings,
+            lease_token=claimed.lease_token,
         )
         outcome: Outcome
         try:
@@ -343,7 +344,11 @@ class InlineWorker:
             if isinstance(outcome, Succeed) and outcome.to_store is not None:
                 try:
                     key = await asyncio.to_thread(
-                        self.result_store.put, row["id"], outcome.to_store, suffix="json"
+                        self.result_store.put,
+                        row["id"],
+                        outcome.to_store,
+                        suffix="json",
+                        lease_token=claimed.lease_token,
                     )
                 except OSError as exc:
                     outcome = self._store_failed(claimed, exc, "storing the result")
