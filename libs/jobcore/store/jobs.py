@@ -67,11 +67,11 @@ from jobcore.sql.jobs.gates import (
     JobReleaseHeldParams,
 )
 from jobcore.sql.jobs.prune import (
-    JOB_IDS_EXISTING,
+    JOB_FILES_KEPT,
     JOB_PRUNE_BATCH,
     JOB_PRUNE_COUNT,
     JOB_TERMINAL_KINDS,
-    JobIdsExistingParams,
+    JobFilesKeptParams,
     JobPruneBatchParams,
     JobPruneCountParams,
 )
@@ -146,6 +146,7 @@ __all__ = [
     "JobEndRunningParams",
     "JobFailQuarantinedParams",
     "JobFencedParams",
+    "JobFilesKeptParams",
     "JobGateParams",
     "JobGetAnyTenantParams",
     "JobGetBatchHoldersParams",
@@ -155,7 +156,6 @@ __all__ = [
     "JobGetUniqueHolderParams",
     "JobGetWaitedParams",
     "JobHeartbeatParams",
-    "JobIdsExistingParams",
     "JobInsertManyParams",
     "JobInsertParams",
     "JobInsertPreviewParams",
@@ -433,8 +433,8 @@ class JobStore:
     async def prune_batch(self, on: Reader, params: JobPruneBatchParams) -> list[DictRow]:
         return await fetch_all(on, JOB_PRUNE_BATCH(params))
 
-    async def ids_existing(self, on: Reader, params: JobIdsExistingParams) -> list[DictRow]:
-        return await fetch_all(on, JOB_IDS_EXISTING(params))
+    async def files_kept(self, on: Reader, params: JobFilesKeptParams) -> list[DictRow]:
+        return await fetch_all(on, JOB_FILES_KEPT(params))
 
 
 job_store = JobStore()
