@@ -69,7 +69,7 @@ _RATE_HEADERS = {
     },
 }
 _ENQUEUE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **_problems(400, 409, 413, 415, 422),
+    **_problems(400, 409, 413, 415, 422, 502),
     202: {
         "description": "Accepted: the job and its outbox message are stored.",
         "headers": {

@@ -150,6 +150,26 @@ async def test_an_enqueue_whose_upload_fails_is_a_503_that_writes_nothing(
     assert (await enqueue(client, auth, payload={"text": "hi"})).status_code == 202
 
 
+async def test_an_enqueue_whose_upload_the_store_refuses_is_a_502_that_writes_nothing(
+    client: httpx.AsyncClient, db: Database, bucket: str, auth: dict[str, str]
+) -> None:
+    # A refusal is no outage: retrying cannot help until an operator fixes the bucket's
+    # policy or the credentials, so the answer is not a 503 with Retry-After.
+    s3.deny(bucket, "s3:PutObject", "jc/payloads/")
+
+    answer = await enqueue(client, auth, payload={"text": "y" * (INLINE_MAX * 4)})
+
+    body = assert_problem(answer, 502, "store-refused")
+    assert "retry-after" not in answer.headers
+    assert s3.SECRET_KEY not in answer.text
+    assert "127.0.0.1" not in body["detail"]
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM jobs")
+        count = await cur.fetchone()
+    assert count is not None
+    assert count["n"] == 0
+
+
 def stored_payloads(bucket: str) -> list[str]:
     """The keys under payloads/ in the bucket, as the S3 server lists them."""
     listing = s3.client().list_objects_v2(Bucket=bucket, Prefix="jc/payloads/")

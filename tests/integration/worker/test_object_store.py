@@ -358,23 +358,6 @@ async def test_a_store_outage_while_reading_the_payload_gives_the_job_back_unfai
     }
 
 
-def deny(bucket: str, action: str, prefix: str) -> None:
-    """A bucket policy refusing ``action`` on the objects under ``prefix``: the server
-    answers such a request 403 from now on, as S3 does for credentials without it."""
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Deny",
-                "Principal": "*",
-                "Action": action,
-                "Resource": f"arn:aws:s3:::{bucket}/{prefix}*",
-            }
-        ],
-    }
-    s3.client().put_bucket_policy(Bucket=bucket, Policy=orjson.dumps(policy).decode())
-
-
 async def claims(db: Database, job_id: uuid.UUID) -> int:
     """How many times a worker claimed the job: each claim is one run of its handler."""
     async with db.connection() as conn:
@@ -405,7 +388,7 @@ async def test_a_store_that_refuses_the_result_fails_the_attempt_once(
     """Credentials without PutObject on results/: no outage, so the job is not given back
     (which would run its handler again and again, for ever); its only attempt fails, with
     a last_error that says the store refused, and the handler ran once."""
-    deny(bucket, "s3:PutObject", "jc/results/")
+    s3.deny(bucket, "s3:PutObject", "jc/results/")
     # Any result above 16 bytes goes to the store (the handler's is about 100).
     worker = await start_worker(s3.s3_settings(wsettings, bucket, inline_result_max_bytes=16))
     job_id = await submit(db, topology, "wt_blob", BlobPayload(data="d" * 64), max_attempts=1)
@@ -443,7 +426,7 @@ async def test_a_payload_the_store_refuses_to_read_fails_the_job_not_waits(
         max_attempts=1,
     )
     # Stored; from now on it can never be read back.
-    deny(bucket, "s3:GetObject", "jc/payloads/")
+    s3.deny(bucket, "s3:GetObject", "jc/payloads/")
     await start_worker(config)
 
     row = await eventually(
