@@ -224,6 +224,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/jobs/{job_id}/payload": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Payload
+         * @description The job's payload as JSON: the one kept in the job, or the one stored by reference
+         *     (``payload_ref``), which ``GET /jobs/{id}`` answers as null.
+         */
+        get: operations["get_payload_jobs__job_id__payload_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/jobs/{job_id}/timeline": {
         parameters: {
             query?: never;
@@ -599,7 +620,9 @@ export interface components {
             /** Payload */
             payload: {
                 [key: string]: unknown;
-            };
+            } | null;
+            /** Payload Ref */
+            payload_ref?: string | null;
             /** Run At */
             run_at: string | null;
             /** Result */
@@ -858,6 +881,8 @@ export interface components {
             cancel: string;
             /** Timeline */
             timeline: string;
+            /** Payload */
+            payload: string;
         };
         /**
          * JobPage
@@ -1000,7 +1025,9 @@ export interface components {
             /** Payload */
             payload: {
                 [key: string]: unknown;
-            };
+            } | null;
+            /** Payload Ref */
+            payload_ref?: string | null;
             /** Run At */
             run_at: string | null;
             /** Result */
@@ -1315,6 +1342,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Service Unavailable */
             503: {
                 headers: {
@@ -1454,6 +1490,15 @@ export interface operations {
                     "RateLimit-Policy"?: string;
                     /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
                     RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {
@@ -1605,6 +1650,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Service Unavailable */
             503: {
                 headers: {
@@ -1744,6 +1798,15 @@ export interface operations {
                     "RateLimit-Policy"?: string;
                     /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
                     RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {
@@ -2469,6 +2532,88 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_payload_jobs__job_id__payload_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The payload as JSON, as the job was enqueued with it (after its type's validation and defaults). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": Record<string, never>;
+                };
+            };
+            /** @description The payload is stored by reference (larger than `JOBCORE_INLINE_PAYLOAD_MAX_BYTES`) in an S3-compatible bucket: `Location` is a presigned URL for it, valid `JOBCORE_S3_PRESIGN_EXPIRY` seconds. */
+            302: {
+                headers: {
+                    /** @description A short-lived presigned URL of the payload. */
+                    Location?: string;
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
