@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # compute; worksteal keeps a long test from leaving one worker alone at the end.
 PYTEST_WORKERS ?= 3
 
-.PHONY: setup tools demo dev test test-slow test-parallel test-serial lint docs check-wheel lock bench bench-steady bench-cardinality clean
+.PHONY: setup tools ts-deps ts-client demo dev test test-slow test-parallel test-serial lint docs check-wheel lock bench bench-steady bench-cardinality clean
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,21 @@ dev: setup
 tools:
 	scripts/install_tools.sh
 
-test: setup tools
+# The TypeScript client's packages (clients/typescript), installed from its lock file when
+# it changed: its tests run under `make test`, against a real API. Node.js 20 or later.
+TS_CLIENT := clients/typescript
+$(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	@command -v npm >/dev/null || { echo "ts-deps: npm not found: install Node.js 20 or later" >&2; exit 1; }
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+ts-deps: $(TS_CLIENT)/node_modules/.package-lock.json
+
+# Regenerate the TypeScript client's OpenAPI document and types after an API change.
+ts-client: setup ts-deps
+	PYTHON=$(BIN)/python scripts/ts_client.sh
+
+test: setup tools ts-deps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not serial and not slow" -p no:cacheprovider
 	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider || [ $$? -eq 5 ]

@@ -24,6 +24,7 @@ def test_every_verb_is_registered() -> None:
         "api": None,
         "relay": None,
         "worker": None,
+        "openapi": None,
         "prune": None,
         "audit": None,
         "dev": None,
