@@ -30,6 +30,7 @@ default of minutes, so an outage delays a job, not a stuck handler slot.
 
 from __future__ import annotations
 
+import mimetypes
 import re
 import time
 import uuid
@@ -139,6 +140,11 @@ def open_result_store(settings: Settings) -> ResultStore:
     return S3ResultStore(settings, bucket)
 
 
+def content_type(key: str) -> str:
+    """The type a presigned GET answers an object with: from its name's suffix, as the
+    API answers a file of the local store, so a result reads the same from either."""
+    return mimetypes.guess_type(key)[0] or "application/octet-stream"
+
 class S3ResultStore:
     """:class:`~jobcore.results.ResultStore` in a bucket. Blocking calls (obstore's own
     runtime does the I/O): the callers run them in threads, like the local store's."""
@@ -234,6 +240,7 @@ class S3ResultStore:
                 counted(),
                 chunk_size=self.part_size,
                 max_concurrency=UPLOAD_CONCURRENCY,
+                attributes={"Content-Type": content_type(key)},
             )
         except (ObstoreError, FileNotFoundError) as exc:
             self._failed(exc, missing_is_bucket=True)
@@ -248,6 +255,7 @@ class S3ResultStore:
                 data,
                 chunk_size=self.part_size,
                 max_concurrency=UPLOAD_CONCURRENCY,
+                attributes={"Content-Type": content_type(key)},
             )
         except (ObstoreError, FileNotFoundError) as exc:
             self._failed(exc, missing_is_bucket=True)

@@ -96,6 +96,8 @@ async def test_a_stored_result_is_a_redirect_to_a_presigned_url_for_its_tenant_o
         fetched = await outside.get(location)
     assert fetched.status_code == 200
     assert fetched.content == b"a,b\n1,2\n"
+    # Typed by its suffix, as the API answers a file of the local store.
+    assert fetched.headers["content-type"] == "text/csv"
 
     # Another tenant's job is not found, as for an inline result.
     assert_problem(
