@@ -145,6 +145,7 @@ def content_type(key: str) -> str:
     API answers a file of the local store, so a result reads the same from either."""
     return mimetypes.guess_type(key)[0] or "application/octet-stream"
 
+
 class S3ResultStore:
     """:class:`~jobcore.results.ResultStore` in a bucket. Blocking calls (obstore's own
     runtime does the I/O): the callers run them in threads, like the local store's."""
