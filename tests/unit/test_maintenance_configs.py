@@ -35,7 +35,7 @@ def test_configs_come_from_the_settings_and_are_frozen() -> None:
     reaper = ReaperConfig.from_settings(settings)
     assert (reaper.interval, reaper.batch_size, reaper.row_ttl) == (2.0, 500, 6.0)
     pruner = PrunerConfig.from_settings(settings)
-    assert (pruner.interval, pruner.batch_size) == (60.0, 50)
+    assert (pruner.interval, pruner.batch_size, pruner.lock_timeout) == (60.0, 50, 0.2)
     assert SweeperConfig.from_settings(settings).stale_after == 90
     assert RescuerConfig.from_settings(settings).interval == 30.0
     assert SchedulerConfig.from_settings(settings).interval == 1.0
@@ -50,6 +50,9 @@ def test_a_bad_value_is_refused_in_one_line_naming_its_variable() -> None:
     with pytest.raises(ConfigurationError) as error:
         PrunerConfig(interval=60, batch_size=0)
     assert one_line(error) == "JOBCORE_PRUNER_BATCH_SIZE: must be above zero, not 0"
+    with pytest.raises(ConfigurationError) as error:
+        PrunerConfig(interval=60, lock_timeout=0)
+    assert one_line(error) == "PrunerConfig.lock_timeout: must be above zero, not 0"
     with pytest.raises(ConfigurationError) as error:
         ReaperConfig.from_settings(Settings()).replace(interval=-1.0)
     assert one_line(error).startswith("JOBCORE_WORKER_REAPER_INTERVAL: must be above zero")
