@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from alembic import context
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import Engine, create_engine, pool, text
 
 from jobcore.db import connect_options
+from jobcore.migrate import LOCK_KEY
 from jobcore.schema import metadata
 from jobcore.schema_version import marker_after_migration
 from jobcore.settings import load_settings
@@ -30,15 +34,28 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+@contextlib.contextmanager
+def _taking_turns(engine: Engine) -> Iterator[None]:
+    """Two `jobcore migrate` at once (a deploy racing a developer) take turns, for the
+    whole run: a session's advisory lock, on a connection of its own that runs nothing
+    else. A transaction's lock would end at the first autocommit block (a CONCURRENTLY
+    build commits the migration's transaction), and the other run would then see a
+    half-built index by its name and record the revision. Behind PgBouncer in transaction
+    mode a session lock holds nothing, so `jobcore migrate` refuses to run there."""
+    # Closing the connection (NullPool: really closed) releases the lock, whatever failed.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as lock:
+        key = {"key": LOCK_KEY}
+        if not lock.execute(text("SELECT pg_try_advisory_lock(hashtext(:key))"), key).scalar():
+            print("another `jobcore migrate` runs on this database: waiting for it", flush=True)
+            lock.execute(text("SELECT pg_advisory_lock(hashtext(:key))"), key)
+        yield
+
+
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool, connect_args=_connect_args())
-    with engine.connect() as connection:
+    with _taking_turns(engine), engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, compare_type=True)
         with context.begin_transaction():
-            # Two `jobcore migrate` at once (a deploy racing a developer) take turns. A
-            # transaction's lock, not a session's, so it holds behind PgBouncer too: the
-            # whole upgrade is one transaction.
-            connection.execute(text("SELECT pg_advisory_xact_lock(hashtext('jobcore.migrate'))"))
             context.run_migrations()
             # What the schema now is and which release's code it runs with, for processes
             # of older releases (jobcore.schema_version), in the migration's transaction.

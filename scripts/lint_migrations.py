@@ -1,6 +1,9 @@
 """`make lint`: every migration is safe to run under traffic.
 
-Writes each revision's offline SQL (`alembic upgrade <previous>:<revision> --sql`) to
+Refuses a migration that builds an index CONCURRENTLY other than through
+jobcore.migration_steps.create_indexes_concurrently, the one build that replaces an index
+an interrupted build left INVALID (which ``IF NOT EXISTS`` would keep). Then writes each
+revision's offline SQL (`alembic upgrade <previous>:<revision> --sql`) to
 var/squawk/<revision>.sql and runs squawk over them with .squawk.toml, which says which
 rules are off and which already released revisions are not linted. Iterates over whatever
 revisions the migrations directory holds, so a new migration is linted with no change here.
@@ -9,7 +12,9 @@ revisions the migrations directory holds, so a new migration is linted with no c
 from __future__ import annotations
 
 import argparse
+import ast
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +31,44 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "var" / "squawk"
 # Offline mode renders SQL for this dialect and never connects.
 OFFLINE_URL = "postgresql+psycopg://lint@127.0.0.1/lint"
+
+
+# A concurrent build written out in a migration's SQL, not asked of the helper.
+CONCURRENT_BUILD = re.compile(r"CREATE\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY", re.IGNORECASE)
+HELPER = "jobcore.migration_steps.create_indexes_concurrently"
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the module's, classes' and functions' docstring nodes: prose may name
+    the statement."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def unhelped_concurrent_builds(versions: Path) -> list[str]:
+    """``file:line`` of each concurrent index build a migration makes by itself: a
+    ``CREATE INDEX CONCURRENTLY`` in its SQL or ``postgresql_concurrently=`` on
+    ``op.create_index``."""
+    found = []
+    for path in sorted(versions.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        prose = _docstrings(tree)
+        for node in ast.walk(tree):
+            written = (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in prose
+                and CONCURRENT_BUILD.search(node.value) is not None
+            )
+            asked = isinstance(node, ast.keyword) and node.arg == "postgresql_concurrently"
+            if written or asked:
+                found.append(f"{path.name}:{getattr(node, 'lineno', 0)}")
+    return found
 
 
 def _config(migrations: Path, buffer: io.StringIO | None = None) -> Config:
@@ -60,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
+    unhelped = unhelped_concurrent_builds(args.migrations / "versions")
+    if unhelped:
+        print(
+            f"lint_migrations: {', '.join(unhelped)}: build indexes CONCURRENTLY with {HELPER}, "
+            "which builds again an index an interrupted build left INVALID"
+        )
+        return 1
     paths = write_offline_sql(args.migrations, out)
     config = ROOT / ".squawk.toml"
     excluded = set(tomllib.loads(config.read_text()).get("excluded_paths", []))

@@ -13,11 +13,12 @@ never a psycopg exception.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import select
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -30,7 +31,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobcore.dbtracing import TracedCursor, TracedRawCursor, cursor_options
-from jobcore.errors import DatabaseMissing, DatabaseUnavailable, ServiceStateError
+from jobcore.errors import DatabaseMissing, DatabaseUnavailable, JobcoreError, ServiceStateError
 from jobcore.settings import Settings
 from jobcore.sql import Statement
 
@@ -222,7 +223,15 @@ def vanished_client_settings(settings: Settings, server_version: int) -> list[sq
 
 
 class Database:
-    """Owns one connection pool. Opened and closed explicitly; using it closed fails fast."""
+    """Owns one connection pool. Opened and closed explicitly; using it closed fails fast.
+
+    With ``first_check`` (jobcore.schema_version.check_schema_on for the services), every
+    new connection runs it before the pool hands it out, until one has passed: a process
+    that started while the database was down makes its start-up check when the database
+    answers, before any statement of its own. A :class:`~jobcore.errors.JobcoreError` the
+    check raises is kept in ``refusal`` (``refused`` is set) and refuses every later
+    connection, so nothing runs on them; the process's owner stops it.
+    """
 
     def __init__(
         self,
@@ -232,8 +241,12 @@ class Database:
         max_size: int | None = None,
         name: str = "jobcore",
         generic_plans: bool = False,
+        first_check: Callable[[AsyncConn], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
+        self._first_check = first_check
+        self.refusal: JobcoreError | None = None
+        self.refused = asyncio.Event()
         # GENERIC_PLANS on every connection (not behind PgBouncer: see _configure).
         self.generic_plans = generic_plans
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
@@ -263,10 +276,24 @@ class Database:
         )
         self._opened = False
 
+    async def _check_first(self, conn: AsyncConn) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        if self._first_check is None:
+            return
+        try:
+            await self._first_check(conn)
+        except JobcoreError as exc:
+            self.refusal = exc
+            self.refused.set()
+            raise
+        self._first_check = None  # passed: later connections go straight to work
+
     async def _configure(self, conn: AsyncConn) -> None:
         if isinstance(conn, BoundedConnection):
             conn.operation_timeout = self.settings.db_operation_timeout
             conn.idle_since = time.monotonic()
+        await self._check_first(conn)
         if self.settings.database_pooler == "pgbouncer":
             # A SET would stay on the server connection, for whichever client gets it
             # next; PgBouncer's idle_transaction_timeout does this job there.
@@ -309,6 +336,36 @@ class Database:
         with translate_errors(self.settings):
             await self._pool.open(wait=wait, timeout=self.settings.db_connect_timeout)
         self._opened = True
+
+    async def wait_reachable(
+        self,
+        timeout: float,
+        *,
+        interval: float = 1.0,
+        waiting: Callable[[DatabaseUnavailable], None] | None = None,
+    ) -> None:
+        """Wait up to ``timeout`` for a first connection, trying again every ``interval``
+        (the pool gives up on an attempt that failed: PostgreSQL still starting, say), and
+        calling ``waiting`` after the first failed try. Raises ``refusal`` as soon as the
+        first check refused, else :class:`~jobcore.errors.DatabaseUnavailable` at the end."""
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            left = max(0.01, min(interval, deadline - time.monotonic()))
+            try:
+                with translate_errors(self.settings):
+                    async with self.pool.connection(timeout=left):
+                        return
+            except DatabaseUnavailable as exc:
+                if self.refusal is not None:
+                    raise self.refusal from None
+                if time.monotonic() >= deadline:
+                    raise DatabaseUnavailable(
+                        f"JOBCORE_DATABASE_URL: no connection within {timeout:g}s"
+                    ) from exc
+                if waiting is not None and not told:
+                    waiting(exc)
+                    told = True
 
     async def close(self) -> None:
         if self._opened:

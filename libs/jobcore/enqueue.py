@@ -176,6 +176,57 @@ async def write_job(
     return outcome
 
 
+async def answer_before_upload(
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+) -> EnqueueResult | None:
+    """What :func:`write_job` would answer for ``params`` without writing a job, read
+    before a payload is uploaded for it, so that a replay, a taken key or a refusal costs
+    the object store nothing: the replay of the job holding the idempotency key, or
+    :class:`~jobcore.errors.IdempotencyConflict`, :class:`~jobcore.errors.UniqueJobExists`,
+    a :class:`~jobcore.errors.QuotaExceeded`, :class:`~jobcore.apikeys.InvalidApiKey`, in
+    the order the insert checks them. None: the insert would write the job as things
+    stand, and remains the judge (what changes meanwhile is decided there, under the lock
+    of the tenant's usage row). A read, as early as a request that came a moment sooner:
+    nothing is locked or changed."""
+    row = await job_store.preview_insert(
+        uow,
+        {
+            "tenant": params["tenant"],
+            "type": params["type"],
+            "idempotency_key": params["idempotency_key"],
+            "unique_key": params["unique_key"],
+            "key_id": params["key_id"],
+            "default_rate": params["default_rate"],
+            "default_burst": params["default_burst"],
+            "default_max_unfinished": params["default_max_unfinished"],
+            "default_max_long_polls": params["default_max_long_polls"],
+        },
+    )
+    if row is None:
+        raise InvalidApiKey()
+    limit = RateLimit(float(row["rate"]), int(row["burst"]))
+    headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
+    if row["keyed_id"] is not None:
+        fingerprint = params["payload_fingerprint"]
+        if row["payload_fingerprint"] not in (fingerprint, legacy_fingerprint(legacy)):
+            raise IdempotencyConflict(
+                f"idempotency key already used for job {row['keyed_id']} with a different request"
+            )
+        return EnqueueResult(
+            params["tenant"],
+            row["keyed_id"],
+            JobStatus(row["keyed_status"]),
+            row["keyed_created_at"],
+            True,
+            headers,
+        )
+    if row["live_id"] is not None:
+        raise UniqueJobExists(row["live_id"], row["live_status"])
+    if row["refusal"] is not None:
+        raise quota_refusal(row, limit, headers)
+    return None
+
+
 async def forget_upload(store: ResultStore, key: str) -> None:
     """Delete a payload upload whose job was not written; on failure the pruner's sweep
     deletes it (jobcore.maintenance.retention)."""

@@ -141,6 +141,14 @@ class PermanentError(JobcoreError):
     """The job failed and retrying cannot help."""
 
 
+class StoreRefused(JobcoreError, OSError):
+    """The object store refused the request, and would refuse it again as it is: check the
+    bucket, its policy and the credentials. An OSError like
+    :class:`~jobcore.results.StoreUnavailable`, so every caller that survives a store
+    failure survives this one; unlike an outage, it fails the attempt that met it. Its
+    message names no credential."""
+
+
 class LeaseLost(JobcoreError):
     """This attempt's lease was lost (the job went back to pending or to another attempt):
     nothing it wrote in its transaction was committed."""

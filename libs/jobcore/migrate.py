@@ -11,9 +11,19 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import create_engine, pool
+from sqlalchemy import exc as sa_exc
 
 from jobcore.db import connect_options, translate_errors
+from jobcore.errors import ConfigurationError, JobcoreError
 from jobcore.settings import Settings
+
+# The session advisory lock two `jobcore migrate` on one database take turns with
+# (migrations/env.py).
+LOCK_KEY = "jobcore.migrate"
+
+
+class MigrationFailed(JobcoreError):
+    """A migration failed; the schema stays at the last revision that completed."""
 
 
 def migrations_dir() -> Path:
@@ -72,10 +82,39 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(config).get_current_head()
 
 
+def _next_revision(current: str | None, target: str) -> str | None:
+    """The revision after ``current`` on the way to ``target``: the one that failed."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    steps = list(ScriptDirectory.from_config(config).iterate_revisions(target, current or "base"))
+    return steps[-1].revision if steps else None
+
+
 def upgrade(settings: Settings, revision: str = "head") -> tuple[str | None, str | None]:
-    """Migrate to ``revision``; return (revision before, revision after)."""
+    """Migrate to ``revision``; return (revision before, revision after).
+
+    Refused behind PgBouncer in transaction mode: two runs take turns with a session's
+    advisory lock (migrations/env.py), which such a pooler would leave on whichever server
+    connection took it. A migration that fails raises :class:`MigrationFailed`, naming it.
+    """
+    if settings.database_pooler == "pgbouncer":
+        raise ConfigurationError(
+            "JOBCORE_DATABASE_POOLER=pgbouncer: `jobcore migrate` runs against PostgreSQL "
+            "directly (two runs take turns with a session lock, which PgBouncer in "
+            "transaction mode does not keep): set JOBCORE_DATABASE_URL to PostgreSQL's "
+            "address and JOBCORE_DATABASE_POOLER=none for it"
+        )
     # Fail with a translated one-line error before Alembic wraps it in a traceback.
     _connect(settings.database_url, settings).close()
     before = current_revision(settings)
-    command.upgrade(alembic_config(settings), revision)
+    try:
+        command.upgrade(alembic_config(settings), revision)
+    except sa_exc.DBAPIError as exc:
+        at = current_revision(settings)
+        failed = _next_revision(at, revision)
+        reason = (str(exc.orig).strip().splitlines() or ["no reason given"])[0]
+        raise MigrationFailed(
+            f"migration {failed} failed: {reason}; the schema stays at {at or 'empty'}, "
+            "run `jobcore migrate` again"
+        ) from exc
     return before, current_revision(settings)

@@ -6,20 +6,31 @@ itself (SigV4), streams a result of unknown length as a multipart upload of
 result in memory, and signs presigned ``GET`` URLs locally. Why obstore and not
 aiobotocore: docs/operations.md, "Object storage".
 
-Layout under ``JOBCORE_S3_PREFIX``: ``results/<job id hex>.<suffix>`` for results,
+Layout under ``JOBCORE_S3_PREFIX``: ``results/<job id hex>-<lease token hex>.<suffix>``
+for results (one object per attempt: :func:`jobcore.results.result_key`),
 ``payloads/<job id hex>.json`` for payloads stored by reference. The keys the job rows
-hold are the store-independent ones of :mod:`jobcore.results` (``<hex>.<suffix>``,
-``payloads/<hex>.json``), so a row means the same under either store.
+hold are the store-independent ones of :mod:`jobcore.results` (``<hex>-<token>.<suffix>``,
+or ``<hex>.<suffix>`` from older releases, and ``payloads/<hex>.json``), so a row means
+the same under either store.
 
-Every failure other than a missing object is :class:`~jobcore.results.StoreUnavailable`
-(an OSError): a worker that meets one gives the job back without spending its attempt
-(services/worker/runner.py, ``JobRunner.give_back``), an enqueue answers 503. Requests give
-up after ``JOBCORE_S3_TIMEOUT`` (retries included) rather than obstore's default of
-minutes, so an outage delays a job, not a stuck handler slot.
+A failure is one of three (:func:`store_error`, both of the last two OSErrors):
+
+- a missing object: :class:`~jobcore.results.ResultNotFound`;
+- an outage, which retrying later can cure (no connection, a timeout, a 5xx, throttling:
+  429, 503 SlowDown): :class:`~jobcore.results.StoreUnavailable`. A worker that meets one
+  gives the job back without spending its attempt, a bounded number of times
+  (services/worker/runner.py, ``JobRunner.give_back``); an enqueue answers 503;
+- a refusal, which the same request meets again until someone changes the bucket, its
+  policy or the credentials (401, 403, a missing bucket, 412 and the other 4xx):
+  :class:`~jobcore.errors.StoreRefused`. It fails the attempt, like any error.
+
+Requests give up after ``JOBCORE_S3_TIMEOUT`` (retries included) rather than obstore's
+default of minutes, so an outage delays a job, not a stuck handler slot.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -28,10 +39,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import obstore
+from obstore.exceptions import (
+    AlreadyExistsError,
+    InvalidPathError,
+    NotModifiedError,
+    NotSupportedError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+    UnknownConfigurationKeyError,
+)
 from obstore.exceptions import BaseError as ObstoreError
-from obstore.exceptions import NotFoundError
 from obstore.store import S3Store
 
+from jobcore.errors import JobcoreError, StoreRefused
 from jobcore.results import (
     _KEY_RE,
     PAYLOADS_PREFIX,
@@ -42,6 +63,7 @@ from jobcore.results import (
     job_of_key,
     parse_store_url,
     payload_key,
+    result_key,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +72,62 @@ if TYPE_CHECKING:
 RESULTS_PREFIX = "results/"
 # Parts uploaded at once per result: memory per upload stays about this many parts.
 UPLOAD_CONCURRENCY = 2
+
+# What obstore (the object_store crate) raises for 401, 403, 409, 304, 412, and for a
+# request it cannot even make: the same request would meet the same answer.
+_REFUSALS = (
+    PermissionDeniedError,
+    UnauthenticatedError,
+    AlreadyExistsError,
+    NotModifiedError,
+    PreconditionError,
+    InvalidPathError,
+    NotSupportedError,
+    UnknownConfigurationKeyError,
+)
+# The status in object_store's message of a request that failed with one ("Server
+# returned non-2xx status code: 400 Bad Request: <body>"), once its retries are spent.
+_STATUS_RE = re.compile(r"status code: (\d{3})\b")
+# 4xx answers that are worth a later try: a timeout, throttling, and S3's own
+# RequestTimeout (a 400 when the upload's socket went quiet).
+_TRANSIENT_4XX = frozenset({408, 429})
+_TRANSIENT_CODES = ("<Code>RequestTimeout</Code>",)
+# A redirect with no Location: a bucket in another region than JOBCORE_S3_REGION.
+_BARE_REDIRECT = "redirect without LOCATION"
+# A 404 on a bucket, not a key: every request to it will be answered the same.
+_NO_BUCKET = "<Code>NoSuchBucket</Code>"
+
+
+def store_error(
+    exc: BaseException, bucket: str, *, secret: str = "", missing_is_bucket: bool = False
+) -> JobcoreError:
+    """What an obstore error means for its caller: :class:`~jobcore.results.ResultNotFound`
+    (a missing object on a read), :class:`~jobcore.errors.StoreRefused` (the store will
+    refuse it again) or :class:`~jobcore.results.StoreUnavailable` (an outage: try later).
+    ``missing_is_bucket``: the request names no object that could be missing (a put, a
+    listing): its 404 means the bucket is.
+    The message names the bucket and the store's answer, never ``secret``."""
+    text = " ".join(str(exc).split())
+    if secret:
+        text = text.replace(secret, "***")
+    status_match = _STATUS_RE.search(text)
+    status = int(status_match.group(1)) if status_match else None
+    described = f"{type(exc).__name__}: {text[:300]}"
+    if isinstance(exc, FileNotFoundError):
+        # obstore raises the built-in for a 404 (its NotFoundError is deprecated).
+        if missing_is_bucket or _NO_BUCKET in text:
+            return StoreRefused(
+                f"object store s3://{bucket} refused the request (HTTP 404, no such "
+                f"bucket): {described}"
+            )
+        return ResultNotFound(f"no object in s3://{bucket}: {described}")
+    refused = isinstance(exc, _REFUSALS) or _BARE_REDIRECT in text
+    if status is not None and 400 <= status < 500:
+        refused = status not in _TRANSIENT_4XX and not any(c in text for c in _TRANSIENT_CODES)
+    if refused:
+        answer = f" (HTTP {status})" if status is not None else ""
+        return StoreRefused(f"object store s3://{bucket} refused the request{answer}: {described}")
+    return StoreUnavailable(f"object store s3://{bucket}: {described}")
 
 
 def open_result_store(settings: Settings) -> ResultStore:
@@ -110,29 +188,37 @@ class S3ResultStore:
             return key
         raise ResultNotFound(f"no result {key!r}")
 
-    def _unavailable(self, exc: BaseException) -> NoReturn:
-        text = " ".join(str(exc).split())[:300]
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        raise StoreUnavailable(
-            f"object store s3://{self.bucket}: {type(exc).__name__}: {text}"
+    def _failed(self, exc: BaseException, *, missing_is_bucket: bool = False) -> NoReturn:
+        raise store_error(
+            exc, self.bucket, secret=self._secret, missing_is_bucket=missing_is_bucket
         ) from None
 
     # --- ResultStore -------------------------------------------------------------------
 
-    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
-        key, _ = self.put_chunks(job_id, (data,), suffix=suffix)
+    def put(
+        self,
+        job_id: uuid.UUID,
+        data: bytes,
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
+    ) -> str:
+        key, _ = self.put_chunks(job_id, (data,), suffix=suffix, lease_token=lease_token)
         return key
 
     def put_chunks(
-        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+        self,
+        job_id: uuid.UUID,
+        chunks: Iterable[bytes],
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
     ) -> tuple[str, int]:
-        """Upload the concatenation of ``chunks``; a multipart upload once it outgrows a
+        """Upload the concatenation of ``chunks`` (the attempt under ``lease_token``'s
+        object: :func:`~jobcore.results.result_key`); a multipart upload once it outgrows a
         part, so memory stays about ``UPLOAD_CONCURRENCY`` parts. An object appears whole
         or not at all (a failed multipart upload is aborted)."""
-        key = f"{job_id.hex}.{suffix}"
-        if not _KEY_RE.match(key):
-            raise ValueError(f"bad result suffix {suffix!r}")
+        key = result_key(job_id, suffix, lease_token)
         size = 0
 
         def counted() -> Iterator[bytes]:
@@ -149,8 +235,8 @@ class S3ResultStore:
                 chunk_size=self.part_size,
                 max_concurrency=UPLOAD_CONCURRENCY,
             )
-        except ObstoreError as exc:
-            self._unavailable(exc)
+        except (ObstoreError, FileNotFoundError) as exc:
+            self._failed(exc, missing_is_bucket=True)
         return key, size
 
     def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:
@@ -163,17 +249,15 @@ class S3ResultStore:
                 chunk_size=self.part_size,
                 max_concurrency=UPLOAD_CONCURRENCY,
             )
-        except ObstoreError as exc:
-            self._unavailable(exc)
+        except (ObstoreError, FileNotFoundError) as exc:
+            self._failed(exc, missing_is_bucket=True)
         return key
 
     def get(self, key: str) -> bytes:
         try:
             return bytes(obstore.get(self._store, self._object(key)).bytes())
-        except NotFoundError:
-            raise ResultNotFound(f"no object {key!r}") from None
-        except ObstoreError as exc:
-            self._unavailable(exc)
+        except (ObstoreError, FileNotFoundError) as exc:
+            self._failed(exc)
 
     def delete(self, name: str) -> bool:
         """Delete an object by its row key (S3 answers a delete of a missing key as a
@@ -184,10 +268,11 @@ class S3ResultStore:
             return False
         try:
             obstore.delete(self._store, path)
-        except NotFoundError:
-            return False
-        except ObstoreError as exc:
-            self._unavailable(exc)
+        except (ObstoreError, FileNotFoundError) as exc:
+            error = store_error(exc, self.bucket, secret=self._secret)
+            if isinstance(error, ResultNotFound):
+                return False
+            raise error from None
         return True
 
     def stale_files(self, older_than: float) -> Iterator[tuple[str, uuid.UUID | None]]:
@@ -206,8 +291,8 @@ class S3ResultStore:
                         if job_id is None or meta["last_modified"].timestamp() > cutoff:
                             continue
                         yield key, job_id
-        except ObstoreError as exc:
-            self._unavailable(exc)
+        except (ObstoreError, FileNotFoundError) as exc:
+            self._failed(exc, missing_is_bucket=True)
 
     def presigned_url(self, key: str) -> str | None:
         """A presigned GET URL, valid ``JOBCORE_S3_PRESIGN_EXPIRY`` seconds; signed here,
@@ -215,7 +300,7 @@ class S3ResultStore:
         try:
             return obstore.sign(self._store, "GET", self._object(key), self.presign_expiry)
         except ObstoreError as exc:
-            self._unavailable(exc)
+            self._failed(exc)
 
     def path(self, key: str) -> Path:
         raise ResultNotFound("results in a bucket are served by presigned URL")

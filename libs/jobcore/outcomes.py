@@ -5,7 +5,8 @@ The worker (``services/worker/runner.py``) and the testing kit's in-process work
 so a handler's test sees the rows production writes: the result as stored (inline, or in
 the result store when larger than ``JOBCORE_INLINE_RESULT_MAX_BYTES``), a retry after the
 configured backoff or the failure of the last attempt, a permanent failure, a cancellation,
-a job given back when the object store is unavailable, and every ``last_error`` text.
+a job given back when the object store is unavailable (a bounded number of times), an
+attempt failed when the store refused it, and every ``last_error`` text.
 
 Pure code: each function takes what the attempt came to (the handler's result or error,
 the attempt's number, the limits) and returns a frozen outcome; the caller writes it with
@@ -52,6 +53,8 @@ class OutcomeLimits:
     inline_result_max_bytes: int
     retry_backoff_base: float
     retry_backoff_cap: float
+    # Store outages that give a job back without spending an attempt, in its life.
+    max_store_give_backs: int = 10
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutcomeLimits:
@@ -59,6 +62,7 @@ class OutcomeLimits:
             inline_result_max_bytes=settings.inline_result_max_bytes,
             retry_backoff_base=settings.retry_backoff_base,
             retry_backoff_cap=settings.retry_backoff_cap,
+            max_store_give_backs=settings.max_store_give_backs,
         )
 
 
@@ -105,7 +109,8 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class GiveBack:
     """The object store was unavailable: through no fault of the job, which goes back to
-    pending without consuming an attempt (even its last one). Its new message is due after
+    pending without consuming an attempt (even its last one), at most
+    ``max_store_give_backs`` times in its life. Its new message is due after
     :func:`give_back_delay` (it grows with the outages the runner met in a row, which only
     the runner counts)."""
 
@@ -149,6 +154,17 @@ def attempt_failed(
     job's failure when it was the last attempt. ``during``: what failed, outside the
     handler (``"storing the result"``), named in the error."""
     error = error_text(exc) if during is None else f"{during} failed: {error_text(exc)}"
+    return _failed(error, attempt=attempt, max_attempts=max_attempts, limits=limits, rng=rng)
+
+
+def _failed(
+    error: str,
+    *,
+    attempt: int,
+    max_attempts: int,
+    limits: OutcomeLimits,
+    rng: Callable[[], float] = random.random,
+) -> Retry | Fail:
     error = error[:ERROR_MAX_CHARS]
     if attempt >= max_attempts:
         return Fail(error)
@@ -159,15 +175,29 @@ def attempt_failed(
 
 
 def handler_failed(
-    exc: BaseException, *, attempt: int, max_attempts: int, limits: OutcomeLimits
+    exc: BaseException,
+    *,
+    attempt: int,
+    max_attempts: int,
+    limits: OutcomeLimits,
+    give_backs: int = 0,
 ) -> Retry | Fail | GiveBack:
     """The handler raised ``exc`` (not because its runner stopped it): a permanent error
-    fails the job, the object store's outage gives it back, anything else is retried."""
+    fails the job, the object store's outage gives it back (``give_backs``: the times one
+    already did, :func:`store_failed`), anything else is retried (a refusal of the store,
+    :class:`~jobcore.errors.StoreRefused`, too: it is no outage)."""
     if isinstance(exc, PermanentError):
         return Fail(error_text(exc))
     if isinstance(exc, StoreUnavailable):
         # The handler's own use of the store (ctx.put_result...) met the outage.
-        return store_outage(exc, during="running the handler")
+        return store_failed(
+            exc,
+            during="running the handler",
+            attempt=attempt,
+            max_attempts=max_attempts,
+            limits=limits,
+            give_backs=give_backs,
+        )
     return attempt_failed(exc, attempt=attempt, max_attempts=max_attempts, limits=limits)
 
 
@@ -178,12 +208,22 @@ def store_failed(
     attempt: int,
     max_attempts: int,
     limits: OutcomeLimits,
+    give_backs: int = 0,
 ) -> Retry | Fail | GiveBack:
-    """The result store failed while ``during`` (reading the payload, storing the result):
-    an outage of the object store gives the job back; anything else (a missing object, a
-    local directory that cannot be written) fails this attempt, as itself; another may not."""
+    """The result store failed while ``during`` (reading the payload, storing the result).
+    An outage of the object store gives the job back, unless outages already did
+    ``give_backs`` >= ``max_store_give_backs`` times: then this one counts as the attempt's
+    failure, so a store that stays away ends in the job's failure rather than give-backs
+    for ever. Anything else (the store refused the request, a missing object, a local
+    directory that cannot be written) fails this attempt, as itself; another may not."""
     if isinstance(exc, StoreUnavailable):
-        return store_outage(exc, during=during)
+        if give_backs < limits.max_store_give_backs:
+            return store_outage(exc, during=during)
+        error = (
+            f"{during} failed: object store unavailable, and the job was given back "
+            f"{give_backs} times already: {error_text(exc)}"
+        )
+        return _failed(error, attempt=attempt, max_attempts=max_attempts, limits=limits)
     return attempt_failed(
         exc, attempt=attempt, max_attempts=max_attempts, limits=limits, during=during
     )

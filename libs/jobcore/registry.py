@@ -119,12 +119,15 @@ class JobContext(Generic[P]):
     async def put_result(self, data: bytes, *, suffix: str) -> str:
         """Store a result file for this job; the job's ``result_ref`` will name it.
 
-        The key depends only on the job id, so a retry overwrites (atomically) rather
-        than adding a second file.
+        The key names this attempt's lease token, so an attempt that lost its lease while
+        its upload still ran never replaces the result of the attempt that succeeded; the
+        pruner's sweep deletes the files of attempts that did not.
         """
         if self.result_store is None:
             raise ServiceStateError("this context has no result store")
-        key = await asyncio.to_thread(self.result_store.put, self.job_id, data, suffix=suffix)
+        key = await asyncio.to_thread(
+            self.result_store.put, self.job_id, data, suffix=suffix, lease_token=self.lease_token
+        )
         self.result_ref = key
         return key
 
@@ -135,7 +138,11 @@ class JobContext(Generic[P]):
         if self.result_store is None:
             raise ServiceStateError("this context has no result store")
         key, size = await asyncio.to_thread(
-            self.result_store.put_chunks, self.job_id, chunks, suffix=suffix
+            self.result_store.put_chunks,
+            self.job_id,
+            chunks,
+            suffix=suffix,
+            lease_token=self.lease_token,
         )
         self.result_ref = key
         return key, size

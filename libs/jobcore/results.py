@@ -5,7 +5,15 @@ A local directory by default (``JOBCORE_RESULT_DIR``), or an S3-compatible bucke
 (:mod:`jobcore.objectstore`, ``JOBCORE_RESULT_STORE=s3://...``); both answer
 :class:`ResultStore`. Keys are opaque to callers; the job row holds the key in
 ``result_ref`` and the API serves the bytes at ``GET /jobs/{id}/result``. A result's key
-is ``<job id hex>.<suffix>``, a payload's ``payloads/<job id hex>.json``.
+is ``<job id hex>-<lease token hex>.<suffix>`` (:func:`result_key`), a payload's
+``payloads/<job id hex>.json``.
+
+A result's key names the attempt's lease token, so each attempt (each claim: a job given
+back runs its attempt again under a new token) writes an object of its own. An attempt
+fenced out after its lease expired cannot stop its upload (it runs in a thread), but it
+can only write its own object, never the one a later attempt's success names. Objects of
+attempts whose job ended naming another are the pruner's sweep's to delete. Keys without
+the token (``<job id hex>.<suffix>``) are older releases' and stay valid.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from urllib.parse import urlsplit
 
 from jobcore.errors import JobcoreError
 
-_KEY_RE = re.compile(r"^[0-9a-f]{32}(\.[a-z0-9]{1,10})?$")
+_KEY_RE = re.compile(r"^[0-9a-f]{32}(-[0-9a-f]{32})?(\.[a-z0-9]{1,10})?$")
 # Payloads stored by reference (jobcore.enqueue) live under their own prefix, so the sweep
 # of uploads whose job never committed can tell them apart.
 PAYLOADS_PREFIX = "payloads/"
@@ -41,6 +49,19 @@ class StoreUnavailable(JobcoreError, OSError):
     """The object store could not be reached or refused the request: retry later. An
     OSError, like a full disk under the local store, so every caller that survives one
     survives the other. Its message names no credential."""
+
+
+def result_key(job_id: uuid.UUID, suffix: str, lease_token: uuid.UUID | None = None) -> str:
+    """The key of a job's result written under ``lease_token`` (None: the job's one key,
+    for a result written outside a worker's attempt). ValueError for a bad suffix."""
+    key = (
+        f"{job_id.hex}.{suffix}"
+        if lease_token is None
+        else f"{job_id.hex}-{lease_token.hex}.{suffix}"
+    )
+    if not _KEY_RE.match(key):
+        raise ValueError(f"bad result suffix {suffix!r}")
+    return key
 
 
 def payload_key(job_id: uuid.UUID) -> str:
@@ -76,10 +97,22 @@ class ResultStore(Protocol):
     """What the worker, the API and the pruner need of a store. Blocking calls: run them in
     a thread (``asyncio.to_thread``)."""
 
-    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str: ...
+    def put(
+        self,
+        job_id: uuid.UUID,
+        data: bytes,
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
+    ) -> str: ...
 
     def put_chunks(
-        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+        self,
+        job_id: uuid.UUID,
+        chunks: Iterable[bytes],
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
     ) -> tuple[str, int]: ...
 
     def put_payload(self, job_id: uuid.UUID, data: bytes) -> str: ...
@@ -102,20 +135,31 @@ class LocalResultStore:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def put(self, job_id: uuid.UUID, data: bytes, *, suffix: str = "bin") -> str:
-        """Store ``data`` for a job and return its key. Atomic: a reader never sees half."""
-        key, _ = self.put_chunks(job_id, (data,), suffix=suffix)
+    def put(
+        self,
+        job_id: uuid.UUID,
+        data: bytes,
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
+    ) -> str:
+        """Store ``data`` for a job (the attempt under ``lease_token``: :func:`result_key`)
+        and return its key. Atomic: a reader never sees half."""
+        key, _ = self.put_chunks(job_id, (data,), suffix=suffix, lease_token=lease_token)
         return key
 
     def put_chunks(
-        self, job_id: uuid.UUID, chunks: Iterable[bytes], *, suffix: str = "bin"
+        self,
+        job_id: uuid.UUID,
+        chunks: Iterable[bytes],
+        *,
+        suffix: str = "bin",
+        lease_token: uuid.UUID | None = None,
     ) -> tuple[str, int]:
         """Store the concatenation of ``chunks`` for a job, writing each as it comes, so a
         result never has to fit in memory; return its key and size. Atomic like
         :meth:`put`: the chunks go to a temporary file renamed into place at the end."""
-        key = f"{job_id.hex}.{suffix}"
-        if not _KEY_RE.match(key):
-            raise ValueError(f"bad result suffix {suffix!r}")
+        key = result_key(job_id, suffix, lease_token)
         return key, self._write_atomically(key, chunks)
 
     def put_payload(self, job_id: uuid.UUID, data: bytes) -> str:

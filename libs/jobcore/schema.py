@@ -142,6 +142,9 @@ jobs = Table(
     Column("ordering_blocks", Boolean, nullable=False, server_default=text("true")),
     Column("held_reason", Text),
     _timestamp("held_since"),
+    # Times an object-store outage gave the job back without spending an attempt
+    # (jobcore.outcomes.GiveBack): past JOBCORE_MAX_STORE_GIVE_BACKS an outage counts.
+    Column("store_give_backs", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),

@@ -21,6 +21,7 @@ itself is never refused.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.metadata
 from dataclasses import dataclass
@@ -30,10 +31,11 @@ import psycopg
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from jobcore.db import AsyncConn, connect_options, translate_errors
-from jobcore.errors import ConfigurationError, DatabaseUnavailable
+from jobcore.db import AsyncConn, Database, connect_options, translate_errors
+from jobcore.errors import ConfigurationError, DatabaseUnavailable, JobcoreError
 from jobcore.migrate import migrations_dir
 from jobcore.release_record import RELEASES, Release, previous_release
+from jobcore.service import Service
 from jobcore.settings import Settings
 
 # Read by every checked start: one round trip, and no error when Alembic never ran here.
@@ -199,8 +201,9 @@ def newer_schema(settings: Settings) -> tuple[str, Marker | None, str | None] | 
 def check_schema(settings: Settings, *, unreachable_ok: bool = False) -> None:
     """Refuse (:class:`SchemaTooNew`) a schema more than one release newer than this code.
 
-    With ``unreachable_ok``, a database that cannot be reached is not checked (the API and
-    workers start while it is down and wait for it); else that raises
+    With ``unreachable_ok``, a database that cannot be reached is not checked here (the API
+    and workers start while it is down and wait for it): their pools make the check on
+    their first connection instead (:class:`SchemaWatch`); else that raises
     :class:`~jobcore.errors.DatabaseUnavailable` as any command would.
     """
     try:
@@ -221,3 +224,28 @@ async def check_schema_on(conn: AsyncConn) -> None:
         row = await (await conn.execute(READ_REVISION)).fetchone()
         revision = str(row["version_num"]) if row else None
     _check(revision, found["marker"] if found else None)
+
+
+class SchemaWatch(Service):
+    """Ends when a pool of ``dbs``, opened with ``first_check=check_schema_on``, refused the
+    schema on its first connection: a service that ends stops the process
+    (:func:`jobcore.service.run_until_signalled`), which then raises :meth:`refusal`. The
+    start-up check of a process that started while the database was down."""
+
+    name = "schema-watch"
+
+    def __init__(self, *dbs: Database) -> None:
+        super().__init__()
+        self.dbs = dbs
+
+    async def run(self) -> None:
+        waits = {asyncio.ensure_future(db.refused.wait()) for db in self.dbs}
+        waits.add(asyncio.ensure_future(self.stopping.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def refusal(self) -> JobcoreError | None:
+        return next((db.refusal for db in self.dbs if db.refusal is not None), None)

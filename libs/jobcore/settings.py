@@ -246,6 +246,10 @@ class Settings(BaseSettings):
     # commits (payload_ref); the default equals max_body_bytes' default, so nothing goes by
     # reference until the body limit is raised above it.
     inline_payload_max_bytes: int = Field(default=256 * 1024, ge=0, le=1024**3)
+    # An object-store outage gives a job back without spending an attempt this many times
+    # in the job's life; after that, an outage fails the attempt like any error (retried
+    # after the backoff, or the job fails on its last). 0: every outage costs an attempt.
+    max_store_give_backs: int = Field(default=10, ge=0, le=10_000)
     # A failed attempt waits a random time in [0, min(cap, base * 2**(attempt-1))] seconds.
     retry_backoff_base: float = Field(default=2.0, gt=0, le=3600)
     retry_backoff_cap: float = Field(default=600.0, gt=0, le=86_400)

@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from psycopg.types.json import Jsonb
@@ -41,7 +42,14 @@ from jobcore.apikeys import InvalidApiKey
 from jobcore.batch import BatchItem, BatchResult, ItemStatus, write_batch
 from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import Database, Session
-from jobcore.enqueue import EnqueueResult, forget_upload, job_gates, job_message_row, write_job
+from jobcore.enqueue import (
+    EnqueueResult,
+    answer_before_upload,
+    forget_upload,
+    job_gates,
+    job_message_row,
+    write_job,
+)
 from jobcore.errors import (
     IdempotencyConflict,
     InvalidField,
@@ -58,6 +66,8 @@ from jobcore.results import ResultStore
 from jobcore.store import JobInsertParams
 from jobcore.telemetry import capture_trace_headers
 from jobcore.wakeups import RelayWakeups
+
+log = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_UNIQUE_KEY_LENGTH = 255
@@ -135,6 +145,15 @@ class EnqueueRequest:
         object.__setattr__(self, "due_at", _due_at(self.run_at, self.delay))
         object.__setattr__(self, "held_key", _held_key(self.job_type, document, self.unique_key))
         object.__setattr__(self, "fingerprint", request_fingerprint(self))
+
+
+class PayloadUploads(Protocol):
+    """What an enqueue reports of its payload uploads (the API's metrics take it): each
+    upload's size, and each upload whose job was then not written (deleted at once)."""
+
+    def uploaded(self, size: int) -> None: ...
+
+    def unused(self) -> None: ...
 
 
 def check_idempotency_key(key: str | None) -> None:
@@ -236,6 +255,7 @@ async def enqueue(
     wakeups: RelayWakeups | None = None,
     payload_store: ResultStore | None = None,
     inline_payload_max_bytes: int | None = None,
+    uploads: PayloadUploads | None = None,
     trace: dict[str, str] | None = None,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
@@ -259,8 +279,12 @@ async def enqueue(
     ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
     is stored there first (``payloads/<job id>.json``) and the row keeps its key in
     ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
-    store cannot take it. An upload whose job is not written (refused, replayed, the
-    statement failed) is deleted at once when possible, else by the pruner's sweep.
+    store cannot take it. What the enqueue would answer without writing (a replay, a key
+    taken, a quota's refusal) is read first (:func:`jobcore.enqueue.answer_before_upload`)
+    and answered with no upload. An upload whose job is still not written (the same,
+    decided between that read and the insert; the statement failed) is deleted at once
+    when possible, else by the pruner's sweep. ``uploads`` counts them; each is also
+    logged with its tenant and size, the per-tenant account of what went to the store.
 
     ``trace``: the trace context the job carries; None: the caller's current one.
     """
@@ -268,11 +292,11 @@ async def enqueue(
         trace = capture_trace_headers()
     job_type = request.job_type
     job_id = uuid.uuid4()
-    payload_ref: str | None = None
+    upload: bytes | None = None
     if payload_store is not None and inline_payload_max_bytes is not None:
         encoded = orjson.dumps(request.document)
         if len(encoded) > inline_payload_max_bytes:
-            payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, encoded)
+            upload = encoded
     params: JobInsertParams = {
         "id": job_id,
         "tenant": request.tenant,
@@ -281,8 +305,9 @@ async def enqueue(
         "idempotency_key": request.idempotency_key,
         "key_id": request.key_id,
         "payload_fingerprint": request.fingerprint,
-        "payload": Jsonb({} if payload_ref is not None else request.document),
-        "payload_ref": payload_ref,
+        # A payload stored by reference leaves {} (the column is NOT NULL) beside its key.
+        "payload": Jsonb({} if upload is not None else request.document),
+        "payload_ref": None,
         "entity_id": request.entity_id,
         "max_attempts": request.max_attempts or job_type.max_attempts,
         "priority": int(job_type.priority if request.priority is None else request.priority),
@@ -309,18 +334,35 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
-    if payload_ref is None or payload_store is None:
+    if upload is None or payload_store is None:
         return await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
+    answered = await answer_before_upload(uow, params, legacy=request.payload)
+    if answered is not None:
+        return answered
+    payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, upload)
+    params["payload_ref"] = payload_ref
+    log.info(
+        "payload stored by reference",
+        extra={"tenant": request.tenant, "job_id": str(job_id), "bytes": len(upload)},
+    )
+    if uploads is not None:
+        uploads.uploaded(len(upload))
     try:
         outcome = await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
     except (InvalidApiKey, QuotaExceeded, IdempotencyConflict, UniqueJobExists):
         # Refused: no job was written. After any other error (a lost connection, a
         # cancellation) the job may have committed: the sweep decides, by its row.
-        await forget_upload(payload_store, payload_ref)
+        await _forget(payload_store, payload_ref, uploads)
         raise
     if outcome.job_id != job_id:  # a replay answered with the earlier job
-        await forget_upload(payload_store, payload_ref)
+        await _forget(payload_store, payload_ref, uploads)
     return outcome
+
+
+async def _forget(store: ResultStore, key: str, uploads: PayloadUploads | None) -> None:
+    if uploads is not None:
+        uploads.unused()
+    await forget_upload(store, key)
 
 
 async def enqueue_many(

@@ -15,12 +15,13 @@ for later are not read at all (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR).
 Both indexes are built CONCURRENTLY, outside a transaction, with a short lock_timeout:
 no table lock beyond the brief ones CREATE INDEX CONCURRENTLY takes, and the previous
 release's claim (which uses outbox_fair_due_idx alone) keeps working during a rolling
-upgrade. A build that fails leaves an INVALID index: drop it and run the migration again.
+upgrade. A build that fails leaves an INVALID index, which the next `jobcore migrate`
+drops and builds again (jobcore.migration_steps).
 """
 
 from collections.abc import Sequence
 
-from alembic import op
+from jobcore.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
 
 revision: str = '0021'
 down_revision: str | None = '0020'
@@ -29,27 +30,19 @@ depends_on: str | Sequence[str] | None = None
 
 INDEXES = {
     'outbox_ready_lanes_idx': (
-        'ON outbox (routing_key, tenant, priority) '
+        '(routing_key, tenant, priority) '
         'WHERE quarantined_at IS NULL AND available_at <= created_at'
     ),
     'outbox_later_due_idx': (
-        'ON outbox (available_at, id) INCLUDE (routing_key, tenant, priority) '
+        '(available_at, id) INCLUDE (routing_key, tenant, priority) '
         'WHERE quarantined_at IS NULL AND available_at > created_at'
     ),
 }
 
 
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        op.execute("SET lock_timeout = '5s'")
-        for name, definition in INDEXES.items():
-            op.execute(f'CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}')
-        op.execute('RESET lock_timeout')
+    create_indexes_concurrently(INDEXES, table='outbox')
 
 
 def downgrade() -> None:
-    with op.get_context().autocommit_block():
-        op.execute("SET lock_timeout = '5s'")
-        for name in INDEXES:
-            op.execute(f'DROP INDEX CONCURRENTLY IF EXISTS {name}')
-        op.execute('RESET lock_timeout')
+    drop_indexes_concurrently(INDEXES)

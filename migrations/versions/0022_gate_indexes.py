@@ -11,14 +11,13 @@ and the jobs that block an ordering key (pending, running, failed and blocking),
 first entry says whether the key's next job may go. Indexes only, built CONCURRENTLY
 (no lock that stops writes), with a short lock_timeout so a busy table makes the
 migration fail and be retried rather than queue behind a long transaction. A failed
-build leaves an INVALID index: it is dropped and built again. Code of the previous
-revision works unchanged on the new schema.
+build leaves an INVALID index: the next `jobcore migrate` drops it and builds it again
+(jobcore.migration_steps). Code of the previous revision works unchanged on the new schema.
 """
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
+from jobcore.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
 
 revision: str = '0022'
 down_revision: str | None = '0021'
@@ -43,37 +42,9 @@ INDEXES = {
 }
 
 
-def _invalid(name: str) -> bool:
-    """Whether an earlier, interrupted CREATE INDEX CONCURRENTLY left ``name`` INVALID
-    (never, when writing SQL offline: there is no database to ask)."""
-    if op.get_context().as_sql:
-        return False
-    return bool(
-        op.get_bind()
-        .execute(
-            sa.text(
-                "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                "WHERE c.relname = :name AND NOT i.indisvalid"
-            ),
-            {"name": name},
-        )
-        .first()
-    )
-
-
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        op.execute("SET lock_timeout = '5s'")
-        for name, definition in INDEXES.items():
-            if _invalid(name):
-                op.execute(f"DROP INDEX CONCURRENTLY {name}")
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON jobs {definition}")
-        op.execute("RESET lock_timeout")
+    create_indexes_concurrently(INDEXES, table="jobs")
 
 
 def downgrade() -> None:
-    with op.get_context().autocommit_block():
-        op.execute("SET lock_timeout = '5s'")
-        for name in INDEXES:
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-        op.execute("RESET lock_timeout")
+    drop_indexes_concurrently(INDEXES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,11 +13,13 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.logs import configure_logging
 from jobcore.objectstore import open_result_store
 from jobcore.otel_metrics import MetricsText, metrics_pusher
 from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
+from jobcore.schema_version import check_schema_on
 from jobcore.settings import Settings, load_settings
 from jobcore.telemetry import setup_tracing
 from jobcore.wakeups import RelayWakeups
@@ -33,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # How long shutdown waits for the long-poll listener to let go of its connection.
 WAITERS_STOP_GRACE = 2.0
+# One round of waiting for the database's first connection, tried every second; rounds
+# repeat until it answers.
+FIRST_CONNECTION_WAIT = 60.0
 
 DESCRIPTION = """\
 User-visible background jobs. `POST /jobs/{type}` stores the job and its outbox message
@@ -55,6 +62,31 @@ def _rendered(metrics: ApiMetrics) -> MetricsText:
         return metrics.render().decode()
 
     return text
+
+
+async def _check_when_reachable(db: Database) -> None:
+    """Open a first connection as soon as the database answers, so that its schema check
+    (``first_check``) is made then, not at the first request that needs the database."""
+    while True:
+        try:
+            await db.wait_reachable(FIRST_CONNECTION_WAIT)
+            return
+        except DatabaseUnavailable:
+            continue  # still down: keep trying
+        except JobcoreError:
+            return  # refused: kept on the pool (schema_refusal), which stops the server
+
+
+def schema_refusal(app: Any) -> JobcoreError | None:
+    """Why the API's own pool refused the schema on its first connection, if it did, for
+    the server running ``app`` (wrapped in uvicorn's middleware, or not): `jobcore api`
+    then stops, and exits with that one line."""
+    while app is not None and not isinstance(app, FastAPI):
+        app = getattr(app, "app", None)
+    state: ApiState | None = getattr(app.state, "api", None) if app is not None else None
+    if state is None or state.own_db is None:
+        return None
+    return state.own_db.refusal
 
 
 def create_app(
@@ -87,14 +119,19 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         owned = database is None
         db = (
-            Database(settings, name="jobcore-api", generic_plans=True)
+            # The schema is checked on the first connection: `jobcore api` checked it at
+            # start only if the database answered then (schema_refusal).
+            Database(settings, name="jobcore-api", generic_plans=True, first_check=check_schema_on)
             if database is None
             else database
         )
+        first_connection: asyncio.Task[None] | None = None
         if owned:
             # Not waiting for a connection: the API starts while the database is down,
             # answers 503 meanwhile, and recovers without a restart.
+            state.own_db = db
             await db.open()
+            first_connection = asyncio.create_task(_check_when_reachable(db))
         state.db = db
         state.relay_wakeups = RelayWakeups(db)
         state.enqueues = enqueue.coalescer(state, db)
@@ -115,6 +152,10 @@ def create_app(
             state.db = None
             if wakeups is not None:
                 await wakeups.close()
+            if first_connection is not None:
+                first_connection.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first_connection
             if owned:
                 await db.close()
 

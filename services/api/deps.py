@@ -51,6 +51,9 @@ class ApiState:
     relay_wakeups: RelayWakeups | None = None
     # Set with db: POST /jobs/{type}'s writes, coalesced per tenant (services.api.coalescing).
     enqueues: EnqueueCoalescer | None = None
+    # The pool the lifespan opened, kept once it is closed: a schema it refused on its first
+    # connection stops `jobcore api` (services.api.app.schema_refusal).
+    own_db: Database | None = None
 
 
 async def get_state(request: Request) -> ApiState:

@@ -73,6 +73,25 @@ class ApiMetrics:
             "POST /jobs/{type} requests written by coalesced writes.",
             registry=self.registry,
         )
+        # No tenant label, as on every metric of ours (tenant names are the callers'):
+        # each upload is logged with its tenant ("payload stored by reference").
+        self.payload_uploads = Counter(
+            "jobcore_api_payload_uploads",
+            "Payloads above JOBCORE_INLINE_PAYLOAD_MAX_BYTES uploaded to the object store by "
+            "POST /jobs/{type} (replays and requests a quota refuses upload nothing).",
+            registry=self.registry,
+        )
+        self.payload_upload_bytes = Counter(
+            "jobcore_api_payload_upload_bytes",
+            "Bytes of the payloads counted by jobcore_api_payload_uploads_total.",
+            registry=self.registry,
+        )
+        self.payload_uploads_unused = Counter(
+            "jobcore_api_payload_uploads_unused",
+            "Payload uploads whose job was not written after all (replayed or refused between "
+            "the check before the upload and the insert), deleted at once.",
+            registry=self.registry,
+        )
         self.internal_errors = Counter(
             "jobcore_api_internal_errors",
             "Requests answered 500 (a bug: every expected failure has its own answer).",
@@ -112,6 +131,14 @@ class ApiMetrics:
             self.enqueue_requests.labels(job_type, "rejected").inc()
         if status >= 500 and status != 503:
             self.internal_errors.inc()
+
+    def uploaded(self, size: int) -> None:
+        """A payload uploaded to the object store (jobcore.submit.PayloadUploads)."""
+        self.payload_uploads.inc()
+        self.payload_upload_bytes.inc(size)
+
+    def unused(self) -> None:
+        self.payload_uploads_unused.inc()
 
     def count_refusal(self, reason: str) -> None:
         self.quota_refusals.labels(reason).inc()

@@ -37,6 +37,7 @@ from jobcore.errors import (
     QuotaExceeded,
     ResultNotReady,
     ServiceStateError,
+    StoreRefused,
     TooManyLongPolls,
     TooManyUnfinishedJobs,
     UniqueJobExists,
@@ -159,6 +160,8 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     TooManyLongPolls: ProblemType(429, "too-many-long-polls", "Too many long-polls"),
     DatabaseUnavailable: UNAVAILABLE,
     StoreUnavailable: ProblemType(503, "store-unavailable", "Object store unavailable"),
+    # Not a 503: retrying cannot help until an operator fixes the bucket or credentials.
+    StoreRefused: ProblemType(502, "store-refused", "Object store refused the request"),
     # The pool is closed: the app is shutting down or never started.
     ServiceStateError: ProblemType(503, "unavailable", "Service unavailable"),
 }
@@ -170,6 +173,8 @@ _GENERIC_DETAIL: dict[str, str] = {
     UNAVAILABLE.slug: "the database cannot be reached; retry later",
     "unavailable": "the service cannot take requests right now; retry later",
     "store-unavailable": "the object store cannot be reached; retry later",
+    "store-refused": "the object store refused to store the payload; the operator must "
+    "check the bucket, its policy and the credentials",
 }
 
 _HTTP_TYPES: dict[int, ProblemType] = {

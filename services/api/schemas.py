@@ -25,6 +25,8 @@ class JobLinks(BaseModel):
     result: str
     cancel: str
     timeline: str
+    # The payload, inline or stored by reference alike.
+    payload: str
 
 
 class Accepted(BaseModel):
@@ -67,7 +69,11 @@ class JobView(JobSummary):
     # Held while the job is pending or running (at most one such job per tenant, type and
     # key): the request's unique_key or the job type's unique payload field.
     unique_key: str | None = None
-    payload: dict[str, Any]
+    # Null when the payload is larger than JOBCORE_INLINE_PAYLOAD_MAX_BYTES and stored by
+    # reference (``payload_ref``): read it from ``links.payload``. Never an empty stand-in.
+    payload: dict[str, Any] | None
+    # The stored payload's key in the result store; null for a payload kept in the job.
+    payload_ref: str | None = None
     # When the job may run first (scheduled with run_at / delay) or next (a retry).
     run_at: datetime | None
     # Inline result (small results), or null while there is none or it is in the store.
@@ -239,7 +245,9 @@ class AdminJobView(AdminJobSummary):
     queue: str
     idempotency_key: str | None
     unique_key: str | None = None
-    payload: dict[str, Any]
+    # As in GET /jobs/{id}: null for a payload stored by reference (``payload_ref``).
+    payload: dict[str, Any] | None
+    payload_ref: str | None = None
     run_at: datetime | None
     result: Any = None
     result_ref: str | None

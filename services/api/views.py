@@ -35,6 +35,7 @@ def links(job_id: uuid.UUID) -> dict[str, str]:
         "result": f"{path}/result",
         "cancel": f"{path}/cancel",
         "timeline": f"{path}/timeline",
+        "payload": f"{path}/payload",
     }
 
 
@@ -69,7 +70,10 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
     body.update(
         idempotency_key=row["idempotency_key"],
         unique_key=row["unique_key"],
-        payload=row["payload"],
+        # A payload stored by reference leaves {} in the row: answered as null beside its
+        # key, so that no client takes it for an empty payload (links.payload reads it).
+        payload=None if row["payload_ref"] is not None else row["payload"],
+        payload_ref=row["payload_ref"],
         run_at=row["next_attempt_at"],
         result=row["result"],
         result_ref=row["result_ref"],

@@ -15,6 +15,7 @@ import uvicorn
 from uvicorn import server as uvicorn_server
 from uvicorn.supervisors import Multiprocess
 
+from jobcore.errors import JobcoreError
 from jobcore.logs import configure_logging
 from jobcore.preflight import check_job_types
 from jobcore.registry import load_job_modules
@@ -42,7 +43,8 @@ def api(
     if ui and workers > 1:
         fail("--ui runs in one process (its sign-ins live in memory): drop --workers")
     check_job_types(load_job_modules(config.job_modules), config)
-    # Checked when the database answers: the API also starts while it is down.
+    # Checked now if the database answers, else by the API's pool on its first connection:
+    # the API also starts while it is down.
     check_schema(config, unreachable_ok=True)
     configure_logging("api", config.log_level)
     server_config = uvicorn.Config(
@@ -63,6 +65,9 @@ def api(
         return
     server = ApiServer(server_config)
     server.run()
+    refusal = server.schema_refusal()
+    if refusal is not None:
+        raise refusal  # the schema it must not run against, found once the database answered
     if not server.started:
         fail("the API did not start (see the log above)")
 
@@ -73,6 +78,19 @@ class ApiServer(uvicorn_server.Server):
     uvicorn re-raises the signal it caught once it has shut down, so the process would end
     "killed by SIGTERM"; every jobcore process exits 0 after a clean shutdown instead.
     """
+
+    def schema_refusal(self) -> JobcoreError | None:
+        # Imported here: the web stack would slow every other command's start.
+        from services.api.app import schema_refusal
+
+        return schema_refusal(getattr(self.config, "loaded_app", None))
+
+    async def on_tick(self, counter: int) -> bool:
+        """Stop, as after SIGTERM, once the API's pool refused the schema (the database was
+        down when `jobcore api` started, so the start-up check had to wait for it)."""
+        if self.schema_refusal() is not None:
+            return True
+        return await super().on_tick(counter)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

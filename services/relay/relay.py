@@ -44,6 +44,7 @@ from jobcore.preflight import check_relay_timeouts
 from jobcore.priorities import WEIGHTS
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay
+from jobcore.schema_version import SchemaWatch, check_schema_on
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import RelayOptions, Settings
 from jobcore.store import outbox_store
@@ -654,8 +655,24 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
         # The claims and the delete (marked generic_plan) are planned once per connection:
         # planned anew, the fair claim took 2.5 ms a run where its plan runs in 0.9.
         generic_plans=True,
+        # The schema is checked on the first connection too: the database may have been
+        # down when `jobcore relay` checked it (SchemaWatch).
+        first_check=check_schema_on,
     )
-    await db.open(wait=True)
+    watch = SchemaWatch(db)
+    await db.open()
+    try:
+        # PostgreSQL may be starting too: the relay waits for it (JOBCORE_DB_CONNECT_TIMEOUT),
+        # then checks the schema on that first connection before any claim.
+        await db.wait_reachable(
+            settings.db_connect_timeout,
+            waiting=lambda exc: log.warning(
+                "relay waiting for the database", extra={"error": exc.message}
+            ),
+        )
+    except BaseException:
+        await db.close()
+        raise
     try:
         relay = Relay(
             settings,
@@ -698,10 +715,14 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
         )
         # Metrics over OTLP too when the environment asks; stopped after the relay.
         export = metrics_pusher("jobcore-relay", metrics_text)
-        services = [health, *([export] if export else []), relay]
-        return await run_until_signalled(services, settings.shutdown_grace)
+        services = [watch, health, *([export] if export else []), relay]
+        code = await run_until_signalled(services, settings.shutdown_grace)
     finally:
         await db.close()
+    refusal = watch.refusal()
+    if refusal is not None:
+        raise refusal  # the command's one line (a schema it must not run against)
+    return code
 
 
 async def _bound_port(health: HealthServer, timeout: float = 5.0) -> int | None:

@@ -37,7 +37,10 @@ from jobcore.errors import (
     JobNotFound,
     ServiceStateError,
 )
+from jobcore.objectstore import open_result_store
+from jobcore.payloads import read_payload
 from jobcore.registry import Registry, load_job_modules
+from jobcore.results import ResultNotFound
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.states import JobStatus, is_terminal
@@ -449,6 +452,7 @@ def _job_routes(app: FastAPI, state: Console) -> None:
     ) -> Response:
         view = await console.job_view(_db(request), job_id)
         shown = show == "payload"
+        payload, payload_note = await _payload(state, view.job) if shown else (None, None)
         return page(
             request,
             "job.html",
@@ -457,7 +461,8 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             view=view,
             actions=job_actions(view),
             fields=_shown_fields(view.job),
-            payload=_pretty(view.job.get("payload")) if shown else None,
+            payload=payload,
+            payload_note=payload_note,
             result=_pretty(view.job.get("result")) if shown else None,
             deliveries=view.deliveries,
         )
@@ -610,6 +615,21 @@ def _shown_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
             value = "(held)"
         shown.append((name, value))
     return shown
+
+
+async def _payload(state: Console, job: dict[str, Any]) -> tuple[str, str | None]:
+    """The job's payload as the page shows it, and a note on where it came from: a payload
+    stored by reference (``payload_ref``; the row keeps ``{}``) is read from the store,
+    and one that cannot be read is said to be so, never shown as that ``{}``."""
+    ref = job.get("payload_ref")
+    if ref is None:
+        return _pretty(job.get("payload")) or "null", None
+    try:
+        store = open_result_store(state.settings)
+        value = await read_payload(store, job.get("payload"), ref)
+    except (OSError, ResultNotFound, ValueError) as exc:
+        return "–", f"Stored by reference at {ref}; it could not be read now: {exc}"
+    return _pretty(value) or "null", f"Stored by reference at {ref} (in the result store)."
 
 
 def _bounded_int(given: object, *, default: int, high: int) -> int:

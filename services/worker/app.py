@@ -21,6 +21,7 @@ from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_job_types, held_connections
 from jobcore.registry import Registry, load_job_modules
 from jobcore.schedules import load_schedules
+from jobcore.schema_version import SchemaWatch, check_schema_on
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
 from services.worker.cancel import CancelListener
@@ -54,7 +55,9 @@ class Worker:
         self.queues = sorted(set(queues) if queues else self.registry.queues())
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
-        self.db = Database(settings, name="jobcore-worker")
+        # Each pool checks the schema on its first connection (a worker starts while the
+        # database is down); a refusal stops the worker with it (serve).
+        self.db = Database(settings, name="jobcore-worker", first_check=check_schema_on)
         # Start-up checks: settings that would deadlock stop the worker here, in one line.
         check_job_types(self.registry, settings)
         concurrency = concurrency or settings.worker_concurrency
@@ -89,8 +92,13 @@ class Worker:
         # Handlers' own transactions (ctx.transaction): at most one per running handler, on
         # a pool of their own that opens connections only when handlers use it.
         self.handler_db = Database(
-            settings, min_size=0, max_size=concurrency, name="jobcore-worker-handlers"
+            settings,
+            min_size=0,
+            max_size=concurrency,
+            name="jobcore-worker-handlers",
+            first_check=check_schema_on,
         )
+        self.schema_watch = SchemaWatch(self.db, self.handler_db)
         self.runner = JobRunner(
             settings, self.connections, topology, self.metrics, transactions=self.handler_db
         )
@@ -135,6 +143,7 @@ class Worker:
             head.append(self.metrics_export)
         hooks: list[Service] = [self.webhooks] if self.webhooks else []
         return [
+            self.schema_watch,
             *head,
             self.cancels,
             self.maintainer,
@@ -213,9 +222,13 @@ class Worker:
         await self.db.open()
         await self.handler_db.open()
         try:
-            return await run_until_signalled(self.services, self.stop_grace)
+            code = await run_until_signalled(self.services, self.stop_grace)
         finally:
             await self.runner.close()
             await self.connections.close()
             await self.handler_db.close()
             await self.db.close()
+        refusal = self.schema_watch.refusal()
+        if refusal is not None:
+            raise refusal  # the command's one line (a schema it must not run against)
+        return code

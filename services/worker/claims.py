@@ -33,6 +33,8 @@ class Claim:
     # The payload's key in the result store when it was too large to keep inline
     # (raw_payload is then {}): the runner reads it before the handler runs.
     payload_ref: str | None = None
+    # Times an object-store outage gave the job back already (jobcore.outcomes.store_failed).
+    store_give_backs: int = 0
 
     @property
     def log_fields(self) -> dict[str, Any]:

@@ -299,6 +299,7 @@ class Consumer(Service):
             created_at=row["created_at"],
             due_at=row["due_at"],
             payload_ref=row.get("payload_ref"),
+            store_give_backs=row.get("store_give_backs", 0),
         )
 
     async def _start(

@@ -38,6 +38,7 @@ from jobcore.errors import (
     LeaseLost,
     PermanentError,
     ServiceStateError,
+    StoreRefused,
 )
 from jobcore.handlertx import JobTransaction
 from jobcore.objectstore import open_result_store
@@ -230,6 +231,7 @@ class JobRunner:
             attempt=claim.attempt,
             max_attempts=claim.max_attempts,
             limits=self.limits,
+            give_backs=claim.store_give_backs,
         )
         try:
             await self._apply(claim, outcome)
@@ -399,6 +401,7 @@ class JobRunner:
                     attempt=claim.attempt,
                     max_attempts=claim.max_attempts,
                     limits=self.limits,
+                    give_backs=claim.store_give_backs,
                 )
                 await self._apply(claim, outcome)
         else:
@@ -505,13 +508,15 @@ class JobRunner:
             return
         except OSError as exc:
             # The object store is down (the job is given back: it does not cost an
-            # attempt), or the local result directory cannot be written (the attempt failed).
+            # attempt, up to a bound), or it refused the result, or the local result
+            # directory cannot be written (the attempt failed).
             outcome = store_failed(
                 exc,
                 during="storing the result",
                 attempt=claim.attempt,
                 max_attempts=claim.max_attempts,
                 limits=self.limits,
+                give_backs=claim.store_give_backs,
             )
             await self._apply(claim, outcome)
             return
@@ -543,14 +548,21 @@ class JobRunner:
     async def _put_result(self, running: RunningJob, encoded: bytes) -> str:
         """Store a large result, trying again a few times (within the lease) when the
         store fails: the result exists only in memory. The last OSError (StoreUnavailable
-        from the object store) when it never took it."""
+        from the object store) when it never took it; StoreRefused at once, as trying it
+        again would be refused again."""
         claim = running.claim
         pause = RESULT_PUT_PAUSE
         for tried in range(1, RESULT_PUT_TRIES + 1):
             try:
                 key = await asyncio.to_thread(
-                    self.result_store.put, claim.job_id, encoded, suffix="json"
+                    self.result_store.put,
+                    claim.job_id,
+                    encoded,
+                    suffix="json",
+                    lease_token=claim.lease_token,
                 )
+            except StoreRefused:
+                raise
             except OSError as exc:
                 if tried == RESULT_PUT_TRIES or time.monotonic() + pause > running.lease_deadline:
                     raise

@@ -13,6 +13,7 @@ from jobcore import migrate
 from jobcore.schema import metadata
 from jobcore.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.testing.waiting import eventually_sync
 from tests.support import databases
 from tests.support.services import ServiceUrls
 
@@ -110,5 +111,153 @@ def test_outbox_tenant_migration_backfills_rows_from_their_jobs(service_urls: Se
             [(old_writer,)] = conn.execute("SELECT tenant FROM outbox WHERE id = 3").fetchall()
         assert rows == [(False, "acme"), (True, "")]
         assert old_writer == ""
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+# Every index on jobcore's tables that a CREATE INDEX CONCURRENTLY left unusable.
+INVALID_INDEXES = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND NOT i.indisvalid ORDER BY 1"
+)
+# The backend of a `jobcore migrate` whose CREATE INDEX CONCURRENTLY waits for a lock.
+BUILD_WAITING = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND query ILIKE 'CREATE INDEX CONCURRENTLY%%' AND wait_event_type = 'Lock'"
+)
+
+
+def _invalid_indexes(settings: Settings) -> list[str]:
+    with psycopg.connect(settings.database_url) as conn:
+        return [str(name) for (name,) in conn.execute(INVALID_INDEXES).fetchall()]
+
+
+def _schema_drift(settings: Settings) -> list[object]:
+    engine = create_engine(settings.sqlalchemy_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            return list(compare_metadata(context, metadata))
+    finally:
+        engine.dispose()
+
+
+def _hold_outbox_writes(settings: Settings) -> psycopg.Connection[tuple[object, ...]]:
+    """A writer's open transaction on the outbox: a concurrent index build on it waits for
+    this to end, and gives up after the migration's lock_timeout."""
+    holder = psycopg.connect(settings.database_url)
+    holder.execute("LOCK TABLE outbox IN ROW EXCLUSIVE MODE")
+    return holder
+
+
+def _migrate(settings: Settings) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobcore_command("migrate"),
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _one_line_failure(returncode: int | None, stderr: str) -> None:
+    assert returncode == 1, stderr
+    assert stderr.startswith("jobcore: "), stderr
+    assert stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr
+
+
+def test_after_migrating_no_index_is_invalid(service_urls: ServiceUrls) -> None:
+    settings, name = _empty_database_settings(service_urls)
+    try:
+        migrate.upgrade(settings)
+        with psycopg.connect(settings.database_url) as conn:
+            [(indexes,)] = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()"
+            ).fetchall()
+        assert int(str(indexes)) > 20  # the query sees jobcore's indexes
+        assert _invalid_indexes(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def test_migrate_rebuilds_an_index_a_timed_out_concurrent_build_left_invalid(
+    service_urls: ServiceUrls,
+) -> None:
+    settings, name = _empty_database_settings(service_urls)
+    try:
+        migrate.upgrade(settings, "0020")
+        holder = _hold_outbox_writes(settings)
+        try:
+            timed_out = _migrate(settings)
+        finally:
+            holder.rollback()
+            holder.close()
+        _one_line_failure(timed_out.returncode, timed_out.stderr)
+        assert "0021" in timed_out.stderr
+        assert "outbox_ready_lanes_idx" in _invalid_indexes(settings)
+        assert migrate.current_revision(settings) == "0020"
+
+        again = _migrate(settings)
+        assert again.returncode == 0, again.stderr
+        assert migrate.current_revision(settings) == migrate.head_revision()
+        assert _invalid_indexes(settings) == []
+        assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def test_two_migrate_runs_take_turns_while_a_build_waits(service_urls: ServiceUrls) -> None:
+    """The first run's build of 0021 waits for a writer's transaction and times out; the
+    second, started while it waited, must not build on it nor record 0021 past it."""
+    settings, name = _empty_database_settings(service_urls)
+    env = settings_env(settings)
+    try:
+        migrate.upgrade(settings, "0020")
+        holder = _hold_outbox_writes(settings)
+        runs: list[subprocess.Popen[str]] = []
+        try:
+            with psycopg.connect(settings.database_url, autocommit=True) as watch:
+                runs.append(
+                    subprocess.Popen(
+                        jobcore_command("migrate"),
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+                eventually_sync(
+                    lambda: watch.execute(BUILD_WAITING).fetchall() or runs[0].poll() is not None,
+                    timeout=60,
+                    what="the first run's index build waiting for the writer",
+                )
+                runs.append(
+                    subprocess.Popen(
+                        jobcore_command("migrate"),
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+                # The writer stays until the first run's build gives up (its lock_timeout).
+                eventually_sync(
+                    lambda: runs[0].poll() is not None, timeout=60, what="the first run's end"
+                )
+        finally:
+            holder.rollback()
+            holder.close()
+        (_, first_err), (second_out, second_err) = [run.communicate(timeout=120) for run in runs]
+        # The first run's build gave up and said so; the second waited for it, then found
+        # the index it left INVALID and built it again.
+        _one_line_failure(runs[0].returncode, first_err)
+        assert "migration 0021 failed" in first_err
+        assert runs[1].returncode == 0, second_err
+        assert "waiting for it" in second_out
+        assert migrate.current_revision(settings) == migrate.head_revision()
+        assert _invalid_indexes(settings) == []
+        assert _schema_drift(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)

@@ -103,8 +103,8 @@ async def _seed(settings: Settings, job_ids: list[str]) -> list[int]:
 
 def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Path:
     """The module config, plus a quarantined outbox row for each of the two routes that
-    act on one and a succeeded job for the result route: without them these only ever
-    answer 404 (or 409)."""
+    act on one and a succeeded job for the result and payload routes: without them these
+    only ever answer 404 (or 409)."""
     auth = {"Authorization": f"Bearer {key}"}
     job_ids = [
         httpx.post(f"{url}/jobs/echo", json={"text": "q"}, headers=auth, timeout=10).json()[
@@ -126,6 +126,10 @@ parameters = {{ "path.row" = "{discard}" }}
 
 [[operations]]
 include-path = "/jobs/{{job_id}}/result"
+parameters = {{ "path.job_id" = "{job_ids[2]}" }}
+
+[[operations]]
+include-path = "/jobs/{{job_id}}/payload"
 parameters = {{ "path.job_id" = "{job_ids[2]}" }}
 """
     )

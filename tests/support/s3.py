@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import orjson
 from botocore.config import Config
 from pydantic import SecretStr
 
@@ -79,3 +80,20 @@ def remove_bucket(bucket: str) -> None:
     for item in listing.get("Contents", []):
         s3.delete_object(Bucket=bucket, Key=item["Key"])
     s3.delete_bucket(Bucket=bucket)
+
+
+def deny(bucket: str, action: str, prefix: str) -> None:
+    """A bucket policy refusing ``action`` on the objects under ``prefix``: the server
+    answers such a request 403 from now on, as S3 does for credentials without it."""
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": action,
+                "Resource": f"arn:aws:s3:::{bucket}/{prefix}*",
+            }
+        ],
+    }
+    client().put_bucket_policy(Bucket=bucket, Policy=orjson.dumps(policy).decode())

@@ -325,6 +325,110 @@ def test_wait_gives_up_at_its_timeout() -> None:
     assert isinstance(caught.value, TimeoutError)
 
 
+STORE = "http://127.0.0.1:9571"
+PRESIGNED = f"{STORE}/bucket/jc/results/{JOB_ID.hex}.csv?X-Amz-Signature=abc"
+
+
+def test_a_redirect_to_the_store_is_followed_without_the_api_key() -> None:
+    """Same host, another port: another origin (RFC 6454), so the key stays behind."""
+    api = Core("http://127.0.0.1:8000", "jc_key", timeout=10.0, retry=RetryPolicy())
+    stored = httpx.Response(200, content=b"a,b\n", headers={"content-type": "text/csv"})
+    result, calls, _ = drive(
+        api.result(JOB_ID), [httpx.Response(302, headers={"location": PRESIGNED}), stored]
+    )
+    assert (result.content, result.media_type) == (b"a,b\n", "text/csv")
+    assert [c.url for c in calls] == [f"http://127.0.0.1:8000/jobs/{JOB_ID}/result", PRESIGNED]
+    assert calls[0].headers["Authorization"] == "Bearer jc_key"
+    assert "Authorization" not in calls[1].headers
+
+
+def test_a_same_origin_redirect_keeps_the_key_and_a_store_503_is_retried() -> None:
+    moved = httpx.Response(302, headers={"location": "/elsewhere/result"})
+    busy = problem(503, "store-unavailable", {"retry-after": "0"})
+    result, calls, sleeps = drive(core().result(JOB_ID), [moved, busy, ok({"n": 1})])
+    assert result.json() == {"n": 1}
+    assert [c.url for c in calls][1:] == [f"{BASE}/elsewhere/result"] * 2
+    assert calls[1].headers["Authorization"] == "Bearer jc_key"
+    assert len(sleeps) == 1
+
+
+class FakeStore:
+    """The API answering a stored result with a 302 to the store, and the store; each
+    request kept with the host it went to."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.url.host == "jobcore.test":
+            return httpx.Response(302, headers={"location": PRESIGNED})
+        # What S3 says of an object stored without a content type.
+        return httpx.Response(
+            200, content=self.body, headers={"content-type": "binary/octet-stream"}
+        )
+
+    def store_requests(self) -> list[httpx.Request]:
+        return [r for r in self.requests if r.url.host == "127.0.0.1"]
+
+
+def test_client_reads_streams_and_saves_a_stored_result(tmp_path: Any) -> None:
+    store = FakeStore(b"x" * 300_000)
+    http = httpx.Client(transport=httpx.MockTransport(store))
+    with Client(BASE, "jc_key", http=http) as client:
+        whole = client.result(JOB_ID)
+        with client.stream_result(JOB_ID) as stream:
+            chunks = list(stream.iter_bytes(100_000))
+            assert stream.media_type == "text/csv"  # from the object's name
+        written = client.save_result(JOB_ID, tmp_path / "r.csv")
+    http.close()
+    assert (whole.content, whole.media_type) == (store.body, "text/csv")
+    assert [len(c) for c in chunks] == [100_000] * 3
+    assert written == len(store.body)
+    assert (tmp_path / "r.csv").read_bytes() == store.body
+    assert len(store.store_requests()) == 3
+    # The presigned URL as signed: its query is its signature.
+    assert all(str(r.url) == PRESIGNED for r in store.store_requests())
+    assert all("authorization" not in r.headers for r in store.store_requests())
+
+
+async def test_async_client_reads_streams_and_saves_a_stored_result(tmp_path: Any) -> None:
+    store = FakeStore(b"y" * 1000)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(store))
+    async with AsyncClient(BASE, "jc_key", http=http) as client:
+        whole = await client.result(JOB_ID)
+        async with client.stream_result(JOB_ID) as stream:
+            streamed = b"".join([chunk async for chunk in stream.aiter_bytes()])
+        with (tmp_path / "r.bin").open("wb") as handle:
+            written = await client.save_result(JOB_ID, handle)
+    await http.aclose()
+    assert whole.content == streamed == store.body
+    assert written == len(store.body)
+    assert (tmp_path / "r.bin").read_bytes() == store.body
+    assert all("authorization" not in r.headers for r in store.store_requests())
+
+
+def test_a_payload_stored_by_reference_reads_as_none_and_is_fetched_by_its_link() -> None:
+    body = {
+        **job_body("pending"),
+        "payload": None,
+        "payload_ref": f"payloads/{JOB_ID.hex}.json",
+        "links": {**links(), "payload": f"/jobs/{JOB_ID}/payload"},
+    }
+    job, _, _ = drive(core().get(JOB_ID), [ok(body)])
+    assert job.payload is None
+    assert job.payload_ref == f"payloads/{JOB_ID.hex}.json"
+    presigned = f"{STORE}/bucket/jc/payloads/{JOB_ID.hex}.json?X-Amz-Signature=abc"
+    payload, calls, _ = drive(
+        core().payload(JOB_ID),
+        [httpx.Response(302, headers={"location": presigned}), ok({"text": "long"})],
+    )
+    assert payload == {"text": "long"}
+    assert calls[0].url == f"{BASE}/jobs/{JOB_ID}/payload"
+    assert "Authorization" not in calls[1].headers
+
+
 def test_a_page_asks_with_its_filter_and_cursor() -> None:
     page = {
         "items": [job_body("succeeded")],

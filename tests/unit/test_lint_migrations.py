@@ -33,6 +33,8 @@ def upgrade() -> None:
 SAFE = """
 from alembic import op
 
+from jobcore.migration_steps import create_indexes_concurrently
+
 revision = "9999"
 down_revision = "{head}"
 
@@ -40,13 +42,40 @@ down_revision = "{head}"
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS region text")
+    create_indexes_concurrently({{"jobs_region_idx": "(region)"}}, table="jobs")
+"""
+
+# Concurrent builds, but each by itself: squawk passes them; the helper check does not.
+UNHELPED = {
+    "sql": """
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+
+
+def upgrade() -> None:
+    \"\"\"Prose may say CREATE INDEX CONCURRENTLY.\"\"\"
+    with op.get_context().autocommit_block():
+        op.execute("SET lock_timeout = '5s'")
+        op.execute("CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_region_idx ON jobs (region)")
+""",
+    "create_index": """
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+
+
+def upgrade() -> None:
     with op.get_context().autocommit_block():
         op.execute("SET lock_timeout = '5s'")
         op.create_index(
             "jobs_region_idx", "jobs", ["region"],
             postgresql_concurrently=True, if_not_exists=True,
         )
-"""
+""",
+}
 
 
 def _head() -> str:
@@ -101,3 +130,22 @@ def test_a_new_migration_is_linted(tmp_path: Path, migration: str, flagged: bool
         assert result.returncode == 0, result.stdout + result.stderr
         assert "none flagged" in result.stdout
         assert f"of {_shipped() + 1} migrations linted" in result.stdout
+
+
+@pytest.mark.parametrize("way", sorted(UNHELPED))
+def test_a_concurrent_build_not_made_by_the_helper_is_refused(tmp_path: Path, way: str) -> None:
+    result = _lint(tmp_path, UNHELPED[way])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "9999_region.py:" in result.stdout
+    assert "jobcore.migration_steps.create_indexes_concurrently" in result.stdout
+    # Only the new migration: the shipped ones build through the helper.
+    assert result.stdout.count(".py:") == 1, result.stdout
+
+
+def test_every_shipped_concurrent_build_goes_through_the_helper() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import lint_migrations
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert lint_migrations.unhelped_concurrent_builds(migrations_dir() / "versions") == []

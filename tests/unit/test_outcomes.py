@@ -10,7 +10,7 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from jobcore.errors import PermanentError
+from jobcore.errors import PermanentError, StoreRefused
 from jobcore.outcomes import (
     CANCEL,
     RESULT_FILE_AND_TOO_LARGE,
@@ -128,6 +128,48 @@ def test_a_store_failure_gives_back_only_an_outage() -> None:
         "reading the payload failed: ResultNotFound: gone"
     )
     assert isinstance(store_failed(OSError("disk"), attempt=1, **kwargs), Retry)
+
+
+def test_a_refusal_of_the_store_fails_the_attempt_it_is_no_outage() -> None:
+    refused = StoreRefused("object store s3://b refused the request (HTTP 403): ...")
+    kwargs: dict[str, Any] = {"during": "storing the result", "max_attempts": 3, "limits": LIMITS}
+    assert store_failed(refused, attempt=3, **kwargs) == Fail(
+        "storing the result failed: StoreRefused: object store s3://b refused the request "
+        "(HTTP 403): ..."
+    )
+    assert isinstance(store_failed(refused, attempt=1, **kwargs), Retry)
+    handler = handler_failed(refused, attempt=3, max_attempts=3, limits=LIMITS)
+    assert isinstance(handler, Fail)
+    assert handler.error.startswith("StoreRefused: ")
+
+
+def test_an_outage_gives_back_a_bounded_number_of_times_then_counts() -> None:
+    limits = OutcomeLimits(
+        inline_result_max_bytes=20,
+        retry_backoff_base=1.0,
+        retry_backoff_cap=8.0,
+        max_store_give_backs=2,
+    )
+    down = StoreUnavailable("s3 down")
+    kwargs: dict[str, Any] = {"during": "storing the result", "limits": limits}
+    for given_back in (0, 1):
+        outcome = store_failed(down, attempt=1, max_attempts=1, give_backs=given_back, **kwargs)
+        assert isinstance(outcome, GiveBack)
+    counted = "storing the result failed: object store unavailable, and the job was given back "
+    assert store_failed(down, attempt=1, max_attempts=1, give_backs=2, **kwargs) == Fail(
+        counted + "2 times already: StoreUnavailable: s3 down"
+    )
+    retried = store_failed(down, attempt=1, max_attempts=3, give_backs=5, **kwargs)
+    assert isinstance(retried, Retry)
+    assert retried.error.startswith(counted + "5 times already")
+    # The handler's own upload meeting the outage is bounded the same way.
+    handler = handler_failed(down, attempt=1, max_attempts=1, limits=limits, give_backs=2)
+    assert handler == Fail(
+        "running the handler failed: object store unavailable, and the job was given back "
+        "2 times already: StoreUnavailable: s3 down"
+    )
+    never = OutcomeLimits(20, 1.0, 8.0, max_store_give_backs=0)
+    assert isinstance(store_failed(down, attempt=1, max_attempts=1, limits=never, during="x"), Fail)
 
 
 @pytest.mark.parametrize(("outages", "low", "high"), [(1, 0.5, 1.0), (3, 2.0, 4.0), (9, 4.0, 8.0)])

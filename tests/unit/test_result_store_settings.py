@@ -3,13 +3,14 @@ sight."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from jobcore.errors import ConfigurationError
 from jobcore.objectstore import S3ResultStore, open_result_store
-from jobcore.results import LocalResultStore
+from jobcore.results import LocalResultStore, job_of_key, result_key
 from jobcore.settings import load_settings
 
 SECRET = "wJalrXUtnFEMI-not-a-real-key"
@@ -54,3 +55,23 @@ def test_the_secret_key_is_not_in_the_settings_repr_or_dump() -> None:
 def test_a_part_below_s3s_minimum_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="JOBCORE_S3_PART_SIZE"):
         load_settings(s3_part_size=1024 * 1024)
+
+
+def test_a_result_key_names_its_attempt_and_old_keys_stay_valid(tmp_path: Path) -> None:
+    job, token = uuid.UUID(int=5), uuid.UUID(int=9)
+    key = result_key(job, "csv", token)
+    assert key == f"{job.hex}-{token.hex}.csv"
+    # Rows of older releases keep keys without the token: both name their job.
+    for name in (key, f"{job.hex}.csv", f"{job.hex}-{token.hex}", f"{job.hex}"):
+        assert job_of_key(name) == job
+    for name in (f"{job.hex}-{token.hex[:8]}.csv", f"{job.hex}-{token.hex}.csv/..", "x.csv"):
+        assert job_of_key(name) is None
+    with pytest.raises(ValueError, match="bad result suffix"):
+        result_key(job, "../x", token)
+    # Two attempts of one job write two files; each is read back by its key.
+    store = LocalResultStore(tmp_path)
+    first = store.put(job, b"one", suffix="txt", lease_token=uuid.UUID(int=1))
+    second = store.put(job, b"two", suffix="txt", lease_token=uuid.UUID(int=2))
+    legacy = store.put(job, b"old", suffix="txt")
+    assert (store.get(first), store.get(second), store.get(legacy)) == (b"one", b"two", b"old")
+    assert sorted(name for name, _ in store.stale_files(-1.0)) == sorted([first, second, legacy])

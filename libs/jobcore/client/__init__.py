@@ -8,6 +8,7 @@
         job = jobs.wait(accepted.job_id, timeout=300)
         if job.status == "succeeded":
             csv_bytes = jobs.result(job.id).content
+            jobs.save_result(job.id, "export.csv")  # or stream_result(), a chunk at a time
 
 ``enqueue`` sends an ``Idempotency-Key`` (a new UUID per call unless given) and retries
 ``503``, ``429`` and connection errors with that same key, so a call made while the
@@ -17,7 +18,7 @@ API's problem JSON. :func:`verify_webhook` checks a webhook's Standard Webhooks 
 The client imports nothing of the services: it needs only httpx, pydantic and orjson.
 """
 
-from jobcore.client.aio import AsyncClient
+from jobcore.client.aio import AsyncClient, AsyncResultStream
 from jobcore.client.core import JobFilter
 from jobcore.client.errors import (
     ApiError,
@@ -52,7 +53,7 @@ from jobcore.client.models import (
     PageLinks,
 )
 from jobcore.client.retries import NO_RETRIES, RetryPolicy
-from jobcore.client.sync import Client
+from jobcore.client.sync import Client, ResultStream
 from jobcore.client.webhooks import verify_webhook
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "Accepted",
     "ApiError",
     "AsyncClient",
+    "AsyncResultStream",
     "BadRequest",
     "BatchAnswer",
     "BatchCounts",
@@ -80,6 +82,7 @@ __all__ = [
     "JobSummary",
     "NotFound",
     "PageLinks",
+    "ResultStream",
     "RetryPolicy",
     "ServerError",
     "ServiceUnavailable",

@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from jobcore.client.core import (
     DEFAULT_POLL_SECONDS,
+    SAVE_CHUNK_BYTES,
     Call,
     Core,
     Flow,
@@ -22,6 +25,7 @@ from jobcore.client.core import (
     Outcome,
     Sleep,
     build_request,
+    media_type,
 )
 from jobcore.client.models import (
     Accepted,
@@ -36,6 +40,24 @@ from jobcore.client.models import (
 from jobcore.client.retries import RetryPolicy
 
 T = TypeVar("T")
+
+
+class AsyncResultStream:
+    """A result being downloaded (:meth:`AsyncClient.stream_result`): its media type, its
+    size when the server said it, and its bytes, read as they arrive."""
+
+    def __init__(self, response: httpx.Response, media_type: str) -> None:
+        self._response = response
+        self.media_type = media_type
+
+    @property
+    def content_length(self) -> int | None:
+        length = self._response.headers.get("content-length")
+        return int(length) if length is not None and length.isdigit() else None
+
+    def aiter_bytes(self, chunk_size: int | None = None) -> AsyncIterator[bytes]:
+        """The bytes in chunks of ``chunk_size`` (None: as they arrive)."""
+        return self._response.aiter_bytes(chunk_size)
 
 
 class AsyncClient:
@@ -75,9 +97,15 @@ class AsyncClient:
     async def _send(self, call: Call) -> Outcome:
         request = build_request(self._http, call)
         try:
-            return await self._http.send(request)
+            response = await self._http.send(request, stream=call.stream)
+            if call.stream and not response.is_success:
+                try:
+                    await response.aread()  # an error's problem JSON, or a redirect's
+                finally:
+                    await response.aclose()
         except httpx.TransportError as exc:
             return exc
+        return response
 
     async def _run(self, flow: Flow[T]) -> T:
         outcome: Outcome | None = None
@@ -152,8 +180,41 @@ class AsyncClient:
         return await self._run(self._core.wait(job_id, timeout=timeout, poll=poll))
 
     async def result(self, job_id: uuid.UUID | str) -> JobResult:
-        """``GET /jobs/{id}/result``; :class:`~jobcore.client.Conflict` until it succeeded."""
+        """``GET /jobs/{id}/result``, in memory; :class:`~jobcore.client.Conflict` until it
+        succeeded. A result in an object store (the API answers ``302``) is fetched from
+        it, without the API key (a presigned URL needs none)."""
         return await self._run(self._core.result(job_id))
+
+    @contextlib.asynccontextmanager
+    async def stream_result(self, job_id: uuid.UUID | str) -> AsyncIterator[AsyncResultStream]:
+        """The result as :meth:`result` gets it, read as it arrives rather than held whole::
+
+        async with client.stream_result(job_id) as stream:
+            async for chunk in stream.aiter_bytes():
+                ...
+        """
+        response, url = await self._run(self._core.download(f"/jobs/{job_id}/result", stream=True))
+        try:
+            yield AsyncResultStream(response, media_type(response, url))
+        finally:
+            await response.aclose()
+
+    async def save_result(
+        self, job_id: uuid.UUID | str, destination: str | os.PathLike[str] | IO[bytes]
+    ) -> int:
+        """Write the result to a file (a path, or a binary file open for writing) as it
+        arrives, each chunk in a thread (file writes block); the number of bytes written."""
+        async with self.stream_result(job_id) as stream:
+            chunks = stream.aiter_bytes(SAVE_CHUNK_BYTES)
+            if isinstance(destination, str | os.PathLike):
+                with open(destination, "wb") as target:  # noqa: ASYNC230 - writes go to a thread
+                    return await _copy(chunks, target)
+            return await _copy(chunks, destination)
+
+    async def payload(self, job_id: uuid.UUID | str) -> Any:
+        """The job's payload as JSON (``GET /jobs/{id}/payload``), also one too large to be
+        kept in the job (:attr:`Job.payload` is None then, ``payload_ref`` set)."""
+        return await self._run(self._core.payload(job_id))
 
     async def cancel(self, job_id: uuid.UUID | str) -> CancelAnswer:
         """``POST /jobs/{id}/cancel``; :class:`~jobcore.client.Conflict` once it ended."""
@@ -202,3 +263,11 @@ class AsyncClient:
         async for page in self.pages(status=status, type=type, entity_id=entity_id, limit=limit):
             for job in page.items:
                 yield job
+
+
+async def _copy(chunks: AsyncIterator[bytes], target: IO[bytes]) -> int:
+    written = 0
+    async for chunk in chunks:
+        await asyncio.to_thread(target.write, chunk)
+        written += len(chunk)
+    return written

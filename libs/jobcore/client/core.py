@@ -11,6 +11,7 @@ two clients only drive flows, one with blocking I/O and ``time.sleep``, the othe
 from __future__ import annotations
 
 import logging
+import mimetypes
 import random
 import time
 import uuid
@@ -43,6 +44,8 @@ USER_AGENT = f"jobcore-client/{__version__}"
 # The API shortens longer long-polls to 60 s; proxies often drop requests idle far longer.
 DEFAULT_POLL_SECONDS = 30.0
 MAX_POLL_SECONDS = 60.0
+# Bytes per chunk of a stored result written by save_result.
+SAVE_CHUNK_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ class Call:
     content: bytes | None = None
     # Seconds for the whole request when it is not the client's default (a long-poll).
     timeout: float | None = None
+    # The driver hands the flow a 2xx answer with its body unread (the caller streams it
+    # and closes it); any other answer arrives read, as without.
+    stream: bool = False
 
     @property
     def target(self) -> str:
@@ -67,7 +73,9 @@ def build_request(http: httpx.Client | httpx.AsyncClient, call: Call) -> httpx.R
         call.method,
         call.url,
         headers=call.headers,
-        params=call.params,
+        # None, not {}: httpx replaces the URL's own query with an empty one (a presigned
+        # URL's signature is its query).
+        params=call.params or None,
         content=call.content,
         timeout=httpx.USE_CLIENT_DEFAULT if call.timeout is None else call.timeout,
     )
@@ -123,15 +131,18 @@ class Core:
 
     # -- sending, with retries ------------------------------------------------------------
 
-    def exchange(self, call: Call) -> Flow[httpx.Response]:
-        """Send ``call`` until it is answered 2xx, retrying 503, 429 and connection errors
-        within the retry policy; raise the last failure's error otherwise."""
+    def exchange(self, call: Call, *, redirect: bool = False) -> Flow[httpx.Response]:
+        """Send ``call`` until it is answered 2xx (or, with ``redirect``, a redirect that
+        names its ``Location``), retrying 503, 429 and connection errors within the retry
+        policy; raise the last failure's error otherwise."""
         attempts = Attempts(self.retry, clock=self.clock, rng=self.rng)
         while True:
             outcome = yield call
             error: ApiError | ConnectionFailed
             if isinstance(outcome, httpx.Response):
                 if outcome.is_success:
+                    return outcome
+                if redirect and outcome.is_redirect and "location" in outcome.headers:
                     return outcome
                 error = api_error(outcome)
                 delay = (
@@ -255,10 +266,36 @@ class Core:
             if deadline is not None and self.clock() >= deadline:
                 raise WaitTimeout(job, f"job {job_id} is still {job.status} after {timeout} s")
 
+    def download(
+        self, path: str, *, stream: bool = False
+    ) -> Flow[tuple[httpx.Response, httpx.URL]]:
+        """``GET path``, following the API's redirect to the object store (a result or
+        payload in a bucket is a ``302`` to a presigned URL): the answer with the bytes,
+        and the URL that gave it.
+
+        The store is sent the API key only when it is the API's own origin (scheme, host
+        and port, as httpx and browsers decide): a presigned URL is its own credential, and
+        a key sent to another host would leak to whoever runs it."""
+        call = self.call("GET", path, stream=stream)
+        response = yield from self.exchange(call, redirect=True)
+        if response.is_success:
+            return response, httpx.URL(call.url)
+        location = httpx.URL(call.url).join(response.headers["location"])
+        headers = {"User-Agent": USER_AGENT, "Accept": "*/*"}
+        if _same_origin(location, httpx.URL(call.url)):
+            headers = {**call.headers, "Accept": "*/*"}
+        moved = Call("GET", str(location), headers, stream=stream)
+        stored: httpx.Response = yield from self.exchange(moved)
+        return stored, location
+
     def result(self, job_id: uuid.UUID | str) -> Flow[JobResult]:
-        response = yield from self.exchange(self.call("GET", f"/jobs/{job_id}/result"))
-        media_type = response.headers.get("content-type", "application/octet-stream")
-        return JobResult(response.content, media_type.split(";")[0].strip())
+        response, url = yield from self.download(f"/jobs/{job_id}/result")
+        return JobResult(response.content, media_type(response, url))
+
+    def payload(self, job_id: uuid.UUID | str) -> Flow[Any]:
+        """The job's payload as JSON, also one stored by reference (``payload_ref``)."""
+        response, _ = yield from self.download(f"/jobs/{job_id}/payload")
+        return orjson.loads(response.content)
 
     def cancel(self, job_id: uuid.UUID | str) -> Flow[CancelAnswer]:
         response = yield from self.exchange(self.call("POST", f"/jobs/{job_id}/cancel"))
@@ -272,6 +309,26 @@ class Core:
             params["cursor"] = cursor
         response = yield from self.exchange(self.call("GET", "/jobs", params=params))
         return JobPage.model_validate_json(response.content)
+
+
+def _same_origin(one: httpx.URL, other: httpx.URL) -> bool:
+    return (one.scheme, one.host, one.port) == (other.scheme, other.host, other.port)
+
+
+# What object stores call bytes of no declared type: the object's name says more.
+_UNTYPED = frozenset({"application/octet-stream", "binary/octet-stream"})
+
+
+def media_type(response: httpx.Response, url: httpx.URL) -> str:
+    """The media type of ``response`` (from ``url``); for an object the store serves as
+    untyped bytes (a result in a bucket), the type its name implies (``.csv``:
+    ``text/csv``), as the API's own answer of a stored file says."""
+    header: str = response.headers.get("content-type", "application/octet-stream")
+    declared = header.split(";")[0].strip()
+    if declared.lower() in _UNTYPED:
+        guessed = mimetypes.guess_type(url.path)[0]
+        return guessed or declared
+    return declared
 
 
 def _batch_item(item: Mapping[str, Any]) -> dict[str, Any]:

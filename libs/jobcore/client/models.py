@@ -35,6 +35,8 @@ class JobLinks(_Answer):
     self_: str = Field(alias="self")
     result: str
     cancel: str
+    # The payload, also one stored by reference (servers before it: absent).
+    payload: str | None = None
 
 
 class Accepted(_Answer):
@@ -74,7 +76,10 @@ class Job(JobSummary):
     """``GET /jobs/{id}``: the job with its payload and inline result."""
 
     idempotency_key: str | None
-    payload: dict[str, Any]
+    # None when the payload was too large to keep in the job (JOBCORE_INLINE_PAYLOAD_MAX_BYTES)
+    # and is stored by reference (``payload_ref``): :meth:`Client.payload` reads it.
+    payload: dict[str, Any] | None
+    payload_ref: str | None = None
     # When the job may run first (scheduled) or next (a retry).
     run_at: datetime | None
     # The inline result; null while there is none or when it is in the result store.

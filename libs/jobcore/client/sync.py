@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from jobcore.client.core import (
     DEFAULT_POLL_SECONDS,
+    SAVE_CHUNK_BYTES,
     Call,
     Core,
     Flow,
@@ -21,6 +24,7 @@ from jobcore.client.core import (
     Outcome,
     Sleep,
     build_request,
+    media_type,
 )
 from jobcore.client.models import (
     Accepted,
@@ -35,6 +39,24 @@ from jobcore.client.models import (
 from jobcore.client.retries import RetryPolicy
 
 T = TypeVar("T")
+
+
+class ResultStream:
+    """A result being downloaded (:meth:`Client.stream_result`): its media type, its size
+    when the server said it, and its bytes, read as they arrive."""
+
+    def __init__(self, response: httpx.Response, media_type: str) -> None:
+        self._response = response
+        self.media_type = media_type
+
+    @property
+    def content_length(self) -> int | None:
+        length = self._response.headers.get("content-length")
+        return int(length) if length is not None and length.isdigit() else None
+
+    def iter_bytes(self, chunk_size: int | None = None) -> Iterator[bytes]:
+        """The bytes in chunks of ``chunk_size`` (None: as they arrive)."""
+        return self._response.iter_bytes(chunk_size)
 
 
 class Client:
@@ -74,9 +96,13 @@ class Client:
     def _send(self, call: Call) -> Outcome:
         request = build_request(self._http, call)
         try:
-            return self._http.send(request)
+            response = self._http.send(request, stream=call.stream)
+            if call.stream and not response.is_success:
+                with contextlib.closing(response):
+                    response.read()  # an error's problem JSON, or a redirect's
         except httpx.TransportError as exc:
             return exc
+        return response
 
     def _run(self, flow: Flow[T]) -> T:
         outcome: Outcome | None = None
@@ -151,8 +177,39 @@ class Client:
         return self._run(self._core.wait(job_id, timeout=timeout, poll=poll))
 
     def result(self, job_id: uuid.UUID | str) -> JobResult:
-        """``GET /jobs/{id}/result``; :class:`~jobcore.client.Conflict` until it succeeded."""
+        """``GET /jobs/{id}/result``, in memory; :class:`~jobcore.client.Conflict` until it
+        succeeded. A result in an object store (the API answers ``302``) is fetched from
+        it, without the API key (a presigned URL needs none)."""
         return self._run(self._core.result(job_id))
+
+    @contextlib.contextmanager
+    def stream_result(self, job_id: uuid.UUID | str) -> Iterator[ResultStream]:
+        """The result as :meth:`result` gets it, read as it arrives rather than held whole::
+
+        with client.stream_result(job_id) as stream:
+            for chunk in stream.iter_bytes():
+                ...
+        """
+        response, url = self._run(self._core.download(f"/jobs/{job_id}/result", stream=True))
+        with contextlib.closing(response):
+            yield ResultStream(response, media_type(response, url))
+
+    def save_result(
+        self, job_id: uuid.UUID | str, destination: str | os.PathLike[str] | IO[bytes]
+    ) -> int:
+        """Write the result to a file (a path, or a binary file open for writing) as it
+        arrives; the number of bytes written."""
+        with self.stream_result(job_id) as stream:
+            chunks = stream.iter_bytes(SAVE_CHUNK_BYTES)
+            if isinstance(destination, str | os.PathLike):
+                with open(destination, "wb") as target:
+                    return _copy(chunks, target)
+            return _copy(chunks, destination)
+
+    def payload(self, job_id: uuid.UUID | str) -> Any:
+        """The job's payload as JSON (``GET /jobs/{id}/payload``), also one too large to be
+        kept in the job (:attr:`Job.payload` is None then, ``payload_ref`` set)."""
+        return self._run(self._core.payload(job_id))
 
     def cancel(self, job_id: uuid.UUID | str) -> CancelAnswer:
         """``POST /jobs/{id}/cancel``; :class:`~jobcore.client.Conflict` once it ended."""
@@ -200,3 +257,11 @@ class Client:
         """Every job that :meth:`pages` lists, one at a time."""
         for page in self.pages(status=status, type=type, entity_id=entity_id, limit=limit):
             yield from page.items
+
+
+def _copy(chunks: Iterator[bytes], target: IO[bytes]) -> int:
+    written = 0
+    for chunk in chunks:
+        target.write(chunk)
+        written += len(chunk)
+    return written

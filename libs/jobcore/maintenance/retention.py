@@ -12,10 +12,11 @@ deleting speed instead of in one storm.
 What goes with a job: its webhook deliveries, its recorded effects, its quarantined outbox
 rows (all in the job's transaction) and its result file (just after that commits). A
 process that dies between the commit and the unlink leaves the file behind; so does an
-attempt that stored a result and then failed. Such a file names a job that no longer
-exists, and the *file sweep* deletes it: result files whose job is gone and temporary
-files of interrupted writes, once unchanged for :data:`STALE_FILE_AGE`. No file outlives
-its job by more than that plus one sweep.
+attempt that stored a result and then failed or lost its lease (each attempt writes a
+file of its own, jobcore.results.result_key). The *file sweep* deletes such files once
+unchanged for :data:`STALE_FILE_AGE`: result files whose job is gone, or ended naming
+another file, and temporary files of interrupted writes. No file outlives its job, or the
+end of its job's last attempt, by more than that plus one sweep.
 
 Pruning a job deletes nothing another process needs: a message still on its way for a
 pruned job finds no job and is acknowledged with no effect, and an inbox row pruned after
@@ -61,7 +62,7 @@ from jobcore.sql.maintenance_leases import (
     MaintenanceLeaseParams,
 )
 from jobcore.sql.transactions import TRANSACTION_LOCK_TIMEOUT
-from jobcore.store import JobPruneCountParams, job_store
+from jobcore.store import JobFilesKeptParams, JobPruneCountParams, job_store
 
 log = logging.getLogger(__name__)
 
@@ -353,8 +354,8 @@ class Retention:
         delete: bool,
         on_chunk: Callable[[_Batch], None] | None = None,
     ) -> tuple[int, bool]:
-        """Find (and with ``delete``, delete) stale result-store files whose job no
-        longer exists, and stale temporary files. The directory is read in a thread, a
+        """Find (and with ``delete``, delete) stale result-store files no job needs
+        (``JOB_FILES_KEPT``), and stale temporary files. The directory is read in a thread, a
         chunk at a time. Returns the files found and whether the sweep finished."""
         listing: Iterator[tuple[str, uuid.UUID | None]] = self.store.stale_files(STALE_FILE_AGE)
 
@@ -364,14 +365,18 @@ class Retention:
         found = 0
         try:
             while chunk := await asyncio.to_thread(next_chunk):
-                ids = [job_id for _, job_id in chunk if job_id is not None]
+                owned = [(job_id, name) for name, job_id in chunk if job_id is not None]
+                params: JobFilesKeptParams = {
+                    "ids": [job_id for job_id, _ in owned],
+                    "keys": [name for _, name in owned],
+                }
                 async with self.db.unit_of_work() as uow:
                     if fence is not None and not await fence(uow):
                         return found, False
-                    rows = await job_store.ids_existing(uow, {"ids": ids}) if ids else []
+                    rows = await job_store.files_kept(uow, params) if owned else []
                     await uow.commit()
-                alive = {row["id"] for row in rows}
-                orphans = [name for name, job_id in chunk if job_id not in alive]
+                kept = {row["key"] for row in rows}
+                orphans = [name for name, _ in chunk if name not in kept]
                 found += len(orphans)
                 if delete and orphans:
                     deleted = await self._delete_files(orphans)

@@ -124,6 +124,34 @@ def admission_ctes() -> str:
     )"""
 
 
+def admission_preview_ctes() -> str:
+    """``limits`` and ``usage`` (the tenant's rate limit's tat and unfinished jobs, read
+    without a lock; no row for a tenant that never enqueued), for a read of what
+    :func:`admission_ctes` would decide now. With an API key (``key_id``) that is no
+    longer usable, ``limits`` is empty."""
+    return f"""{_KEYED_LIMITS}, usage AS (
+        SELECT u.rate_tat,
+               u.unfinished + (
+                   SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                   WHERE d.tenant = u.tenant
+               ) AS unfinished
+        FROM tenant_usage AS u WHERE u.tenant = %(tenant)s::text
+    )"""
+
+
+# The refusal admission_ctes would make, from admission_preview_ctes' `limits` and `usage`
+# at the clock's time `at` (NULL: admitted).
+PREVIEW_REFUSAL = """CASE
+        WHEN limits.max_unfinished > 0 AND coalesce(usage.unfinished, 0) >= limits.max_unfinished
+            THEN 'max_unfinished'
+        WHEN limits.rate > 0
+             AND greatest(usage.rate_tat, clock_timestamp())
+                 + make_interval(secs => 1.0 / limits.rate)
+                 > clock_timestamp() + make_interval(secs => limits.burst / limits.rate)
+            THEN 'enqueue_rate'
+    END"""
+
+
 # What the enqueue statement adds to its answer: the refusal (NULL: admitted, or a
 # replay), and the rate limit's state for the RateLimit headers (a replay, which does not
 # touch the usage row, reports the row as it was).

@@ -48,12 +48,14 @@ from jobcore.sql.jobs.enqueue import (
     JOB_GET_UNIQUE_HOLDER,
     JOB_INSERT,
     JOB_INSERT_MANY,
+    JOB_INSERT_PREVIEW,
     JobGateParams,
     JobGetBatchHoldersParams,
     JobGetByIdempotencyKeyParams,
     JobGetUniqueHolderParams,
     JobInsertManyParams,
     JobInsertParams,
+    JobInsertPreviewParams,
 )
 from jobcore.sql.jobs.gates import (
     JOB_LOCK_RELEASABLE,
@@ -65,11 +67,11 @@ from jobcore.sql.jobs.gates import (
     JobReleaseHeldParams,
 )
 from jobcore.sql.jobs.prune import (
-    JOB_IDS_EXISTING,
+    JOB_FILES_KEPT,
     JOB_PRUNE_BATCH,
     JOB_PRUNE_COUNT,
     JOB_TERMINAL_KINDS,
-    JobIdsExistingParams,
+    JobFilesKeptParams,
     JobPruneBatchParams,
     JobPruneCountParams,
 )
@@ -79,6 +81,7 @@ from jobcore.sql.jobs.reads import (
     JOB_DONE_LISTEN,
     JOB_GET,
     JOB_GET_ANY_TENANT,
+    JOB_GET_PAYLOAD,
     JOB_GET_RESULT,
     JOB_GET_WAITED,
     JOB_HELD_COUNT,
@@ -143,6 +146,7 @@ __all__ = [
     "JobEndRunningParams",
     "JobFailQuarantinedParams",
     "JobFencedParams",
+    "JobFilesKeptParams",
     "JobGateParams",
     "JobGetAnyTenantParams",
     "JobGetBatchHoldersParams",
@@ -152,9 +156,9 @@ __all__ = [
     "JobGetUniqueHolderParams",
     "JobGetWaitedParams",
     "JobHeartbeatParams",
-    "JobIdsExistingParams",
     "JobInsertManyParams",
     "JobInsertParams",
+    "JobInsertPreviewParams",
     "JobListAllTenantsParams",
     "JobListParams",
     "JobLockExpiredParams",
@@ -195,6 +199,11 @@ class JobStore:
     async def insert(self, on: Reader, params: JobInsertParams) -> DictRow | None:
         """Write one job with its outbox message, quotas checked, in one statement."""
         return await fetch_one(on, JOB_INSERT(params))
+
+    async def preview_insert(self, on: Reader, params: JobInsertPreviewParams) -> DictRow | None:
+        """What :meth:`insert` would meet (the keys' holders, a quota's refusal), read
+        without writing; None if the API key is no longer usable."""
+        return await fetch_one(on, JOB_INSERT_PREVIEW(params))
 
     async def insert_many(
         self, on: Reader, params: JobInsertManyParams, *, behind: Statement | None = None
@@ -239,6 +248,9 @@ class JobStore:
 
     async def get_result(self, on: Reader, params: JobGetResultParams) -> DictRow | None:
         return await fetch_one(on, JOB_GET_RESULT(params))
+
+    async def get_payload(self, on: Reader, params: JobGetResultParams) -> DictRow | None:
+        return await fetch_one(on, JOB_GET_PAYLOAD(params))
 
     async def list_all_tenants(self, on: Reader, params: JobListAllTenantsParams) -> list[DictRow]:
         return await fetch_all(on, JOB_LIST_ALL_TENANTS(params))
@@ -421,8 +433,8 @@ class JobStore:
     async def prune_batch(self, on: Reader, params: JobPruneBatchParams) -> list[DictRow]:
         return await fetch_all(on, JOB_PRUNE_BATCH(params))
 
-    async def ids_existing(self, on: Reader, params: JobIdsExistingParams) -> list[DictRow]:
-        return await fetch_all(on, JOB_IDS_EXISTING(params))
+    async def files_kept(self, on: Reader, params: JobFilesKeptParams) -> list[DictRow]:
+        return await fetch_all(on, JOB_FILES_KEPT(params))
 
 
 job_store = JobStore()

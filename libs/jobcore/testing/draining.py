@@ -319,6 +319,7 @@ class InlineWorker:
             heartbeat=lambda: self._heartbeat(claimed, context),
             result_store=self.result_store,
             settings=self.settings,
+            lease_token=claimed.lease_token,
         )
         outcome: Outcome
         try:
@@ -336,13 +337,18 @@ class InlineWorker:
                     attempt=row["attempts"],
                     max_attempts=row["max_attempts"],
                     limits=self.limits,
+                    give_backs=row["store_give_backs"],
                 )
         else:
             outcome = success(result, context, claimed.lease_token, self.limits)
             if isinstance(outcome, Succeed) and outcome.to_store is not None:
                 try:
                     key = await asyncio.to_thread(
-                        self.result_store.put, row["id"], outcome.to_store, suffix="json"
+                        self.result_store.put,
+                        row["id"],
+                        outcome.to_store,
+                        suffix="json",
+                        lease_token=claimed.lease_token,
                     )
                 except OSError as exc:
                     outcome = self._store_failed(claimed, exc, "storing the result")
@@ -360,6 +366,7 @@ class InlineWorker:
             attempt=claimed.row["attempts"],
             max_attempts=claimed.row["max_attempts"],
             limits=self.limits,
+            give_backs=claimed.row["store_give_backs"],
         )
 
     async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:

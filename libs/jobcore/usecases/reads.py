@@ -1,6 +1,8 @@
-"""A tenant's reads of its own jobs: one job, a page of them, a succeeded job's result.
+"""A tenant's reads of its own jobs: one job, a page of them, a succeeded job's result, a
+job's payload.
 
-What ``GET /jobs``, ``GET /jobs/{id}`` and ``GET /jobs/{id}/result`` serve. Every read is
+What ``GET /jobs``, ``GET /jobs/{id}``, ``GET /jobs/{id}/result`` and
+``GET /jobs/{id}/payload`` serve. Every read is
 scoped to the tenant, so another tenant's job is indistinguishable from a job that does
 not exist (:class:`~jobcore.errors.JobNotFound`).
 """
@@ -76,4 +78,13 @@ async def job_result(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
         raise JobNotFound("no job with that id")
     if row["status"] != JobStatus.SUCCEEDED:
         raise ResultNotReady(row["status"])
+    return row
+
+
+async def job_payload(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:
+    """A job's payload columns: ``payload`` inline, or ``payload_ref``, the key of a
+    payload too large to keep in the row (``payload`` is then ``{}``, not the payload)."""
+    row = await job_store.get_payload(uow, {"id": job_id, "tenant": tenant})
+    if row is None:
+        raise JobNotFound("no job with that id")
     return row

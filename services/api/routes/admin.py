@@ -61,7 +61,10 @@ def _shape(model: type[Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_view(row: dict[str, Any]) -> dict[str, Any]:
-    return _shape(AdminJobView, {**row, "run_at": row["next_attempt_at"]})
+    # A payload stored by reference leaves {} in the row: null beside its key, as in
+    # GET /jobs/{id}, not an empty payload.
+    payload = None if row["payload_ref"] is not None else row["payload"]
+    return _shape(AdminJobView, {**row, "run_at": row["next_attempt_at"], "payload": payload})
 
 
 def _row_key(row: str) -> outbox_usecases.OutboxRowKey:

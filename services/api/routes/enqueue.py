@@ -305,6 +305,7 @@ def coalescer(state: ApiState, db: Database) -> EnqueueCoalescer:
                 wakeups=state.relay_wakeups,
                 payload_store=state.results,
                 inline_payload_max_bytes=settings.inline_payload_max_bytes,
+                uploads=state.metrics,
             )
         state.metrics.count_write()
         return result

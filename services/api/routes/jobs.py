@@ -8,6 +8,7 @@ type's payload schema (served by :mod:`services.api.routes.enqueue`); a catch-al
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' signatures.
 
+import asyncio
 import mimetypes
 import uuid
 from typing import Annotated, Any
@@ -68,7 +69,7 @@ _RATE_HEADERS = {
     },
 }
 _ENQUEUE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **_problems(400, 409, 413, 415, 422),
+    **_problems(400, 409, 413, 415, 422, 502),
     202: {
         "description": "Accepted: the job and its outbox message are stored.",
         "headers": {
@@ -186,6 +187,23 @@ async def get_result(
     return FileResponse(path, media_type=media_type)
 
 
+async def get_payload(
+    job_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep, state: StateDep
+) -> Response:
+    """The job's payload as JSON: the one kept in the job, or the one stored by reference
+    (``payload_ref``), which ``GET /jobs/{id}`` answers as null."""
+    row = await reads.job_payload(db_session, tenant, job_id)
+    if row["payload_ref"] is None:
+        return JsonBody(row["payload"])
+    url = state.results.presigned_url(row["payload_ref"])
+    if url is not None:
+        # A bucket: as for a result, the client fetches it from the store.
+        return RedirectResponse(url, status_code=302, headers={"Cache-Control": "no-store"})
+    # The local directory: at most JOBCORE_MAX_BODY_BYTES, as it came in.
+    data = await asyncio.to_thread(state.results.get, row["payload_ref"])
+    return Response(data, media_type="application/json")
+
+
 async def get_timeline(job_id: uuid.UUID, tenant: TenantDep, db: DbDep) -> Response:
     """The job's events, oldest first (accepted, published, claimed, retries, its end, each
     webhook attempt), and where it is now in words. Another tenant's job is 404."""
@@ -299,6 +317,32 @@ def build_router(registry: Registry) -> APIRouter:
                 },
             },
             **_problems(404, 409, 422),
+        },
+        route_class_override=ReadRoute,
+    )
+    router.add_api_route(
+        "/jobs/{job_id}/payload",
+        get_payload,
+        methods=["GET"],
+        responses={
+            200: {
+                "description": "The payload as JSON, as the job was enqueued with it (after "
+                "its type's validation and defaults).",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            302: {
+                "description": "The payload is stored by reference (larger than "
+                "`JOBCORE_INLINE_PAYLOAD_MAX_BYTES`) in an S3-compatible bucket: "
+                "`Location` is a presigned URL for it, valid `JOBCORE_S3_PRESIGN_EXPIRY` "
+                "seconds.",
+                "headers": {
+                    "Location": {
+                        "description": "A short-lived presigned URL of the payload.",
+                        "schema": {"type": "string", "format": "uri"},
+                    }
+                },
+            },
+            **_problems(404, 422),
         },
         route_class_override=ReadRoute,
     )

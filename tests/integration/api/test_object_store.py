@@ -1,6 +1,8 @@
 """The API on an S3-compatible result store (the suite's real S3 server, scripts/s3.sh):
 a stored result is a 302 to a presigned URL, large payloads go to the bucket before the
-job row, and an enqueue whose upload fails is a 503 that writes nothing."""
+job row and are read back through ``links.payload`` (never answered as an empty payload),
+an enqueue whose upload fails is a 503 that writes nothing, and a request that is
+replayed or refused uploads nothing."""
 
 from __future__ import annotations
 
@@ -11,16 +13,20 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import orjson
 import pytest
+from fastapi import FastAPI
 
 from jobcore.db import Database
 from jobcore.objectstore import open_result_store
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
 from services.api.app import create_app
-from tests.integration.api.support import assert_problem, enqueue, finish_job, start_job
+from services.api.schemas import JobView
+from tests.integration.api.support import api, assert_problem, enqueue, finish_job, start_job
 from tests.support import s3
 
 INLINE_MAX = 64
+# One request per 100 s: nothing refills while a test runs.
+SLOW_RATE = 0.01
 
 
 @pytest.fixture
@@ -142,3 +148,150 @@ async def test_an_enqueue_whose_upload_fails_is_a_503_that_writes_nothing(
     assert count["n"] == 0
     # A payload small enough to stay inline does not need the store.
     assert (await enqueue(client, auth, payload={"text": "hi"})).status_code == 202
+
+
+async def test_an_enqueue_whose_upload_the_store_refuses_is_a_502_that_writes_nothing(
+    client: httpx.AsyncClient, db: Database, bucket: str, auth: dict[str, str]
+) -> None:
+    # A refusal is no outage: retrying cannot help until an operator fixes the bucket's
+    # policy or the credentials, so the answer is not a 503 with Retry-After.
+    s3.deny(bucket, "s3:PutObject", "jc/payloads/")
+
+    answer = await enqueue(client, auth, payload={"text": "y" * (INLINE_MAX * 4)})
+
+    body = assert_problem(answer, 502, "store-refused")
+    assert "retry-after" not in answer.headers
+    assert s3.SECRET_KEY not in answer.text
+    assert "127.0.0.1" not in body["detail"]
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT count(*) AS n FROM jobs")
+        count = await cur.fetchone()
+    assert count is not None
+    assert count["n"] == 0
+
+
+def stored_payloads(bucket: str) -> list[str]:
+    """The keys under payloads/ in the bucket, as the S3 server lists them."""
+    listing = s3.client().list_objects_v2(Bucket=bucket, Prefix="jc/payloads/")
+    return sorted(item["Key"] for item in listing.get("Contents", []))
+
+
+def uploads(app: FastAPI) -> float:
+    """The API's count of payload uploads."""
+    registry = app.state.api.metrics.registry
+    return float(registry.get_sample_value("jobcore_api_payload_uploads_total") or 0)
+
+
+async def test_a_payload_stored_by_reference_is_a_link_never_an_empty_payload(
+    client: httpx.AsyncClient, bucket: str, auth: dict[str, str], other_auth: dict[str, str]
+) -> None:
+    text = "x" * (INLINE_MAX * 4)
+    job_id = (await enqueue(client, auth, payload={"text": text})).json()["job_id"]
+
+    for query in ({}, {"wait": "0.05"}):  # read at once, and the long-poll's answer
+        answer = await client.get(f"/jobs/{job_id}", params=query, headers=auth)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["payload"] is None, body["payload"]
+        assert body["payload_ref"] == f"payloads/{uuid.UUID(job_id).hex}.json"
+        assert body["links"]["payload"] == f"/jobs/{job_id}/payload"
+        JobView.model_validate(body)  # what /openapi.json promises
+
+    linked = await client.get(body["links"]["payload"], headers=auth)
+    assert linked.status_code == 302, linked.text
+    assert linked.headers["cache-control"] == "no-store"
+    location = linked.headers["location"]
+    assert "X-Amz-Signature=" in location
+    assert s3.SECRET_KEY not in location
+    async with httpx.AsyncClient() as outside:
+        fetched = await outside.get(location)
+    assert fetched.status_code == 200
+    assert orjson.loads(fetched.content) == {"text": text, "count": 1}
+    assert_problem(
+        await client.get(f"/jobs/{job_id}/payload", headers=other_auth), 404, "job-not-found"
+    )
+
+    # An inline payload: in the job, and the same JSON at its link.
+    small = (await enqueue(client, auth, payload={"text": "hi"})).json()["job_id"]
+    body = (await client.get(f"/jobs/{small}", headers=auth)).json()
+    assert (body["payload"], body["payload_ref"]) == ({"text": "hi", "count": 1}, None)
+    inline = await client.get(f"/jobs/{small}/payload", headers=auth)
+    assert inline.status_code == 200
+    assert inline.headers["content-type"] == "application/json"
+    assert inline.json() == {"text": "hi", "count": 1}
+
+
+async def test_a_payload_in_the_local_store_is_served_at_its_link(
+    settings: Settings, auth: dict[str, str]
+) -> None:
+    config = settings.model_copy(update={"result_store": "", "inline_payload_max_bytes": 10})
+    async with api(config) as (_, client):
+        job_id = (await enqueue(client, auth, payload={"text": "more than ten bytes"})).json()[
+            "job_id"
+        ]
+        body = (await client.get(f"/jobs/{job_id}", headers=auth)).json()
+        assert body["payload"] is None
+        assert body["payload_ref"] is not None
+        linked = await client.get(body["links"]["payload"], headers=auth)
+    assert linked.status_code == 200, linked.text
+    assert linked.headers["content-type"] == "application/json"
+    assert linked.json() == {"text": "more than ten bytes", "count": 1}
+
+
+@pytest.mark.parametrize(
+    ("quotas", "refusal"),
+    [
+        ({"quota_enqueue_rate": SLOW_RATE, "quota_enqueue_burst": 1}, "enqueue-rate-limited"),
+        ({"quota_max_unfinished": 1}, "too-many-unfinished-jobs"),
+    ],
+    ids=["rate", "unfinished"],
+)
+async def test_a_replayed_or_refused_enqueue_uploads_nothing(
+    s3_config: Settings,
+    bucket: str,
+    proxy: TcpProxy,
+    auth: dict[str, str],
+    quotas: dict[str, float],
+    refusal: str,
+) -> None:
+    config = s3_config.model_copy(update=quotas)
+    large = {"text": "z" * (INLINE_MAX * 4)}
+    async with api(config) as (app, client):
+        first = await enqueue(
+            client,
+            auth,
+            payload=large,
+            headers={"Idempotency-Key": "k1"},
+            params={"unique_key": "u1"},
+        )
+        assert first.status_code == 202, first.text
+        assert len(stored_payloads(bucket)) == 1
+        assert uploads(app) == 1
+
+        # With the store cut off, an upload would be a 503: none of these tries one.
+        proxy.set_mode(Mode.REFUSE)
+        again = await enqueue(
+            client,
+            auth,
+            payload=large,
+            headers={"Idempotency-Key": "k1"},
+            params={"unique_key": "u1"},
+        )
+        assert again.status_code == 202, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.json()["job_id"] == first.json()["job_id"]
+        reused = await enqueue(
+            client,
+            auth,
+            payload={"text": "w" * (INLINE_MAX * 4)},
+            headers={"Idempotency-Key": "k1"},
+        )
+        assert_problem(reused, 422, "idempotency-key-reused")
+        taken = await enqueue(client, auth, payload=large, params={"unique_key": "u1"})
+        assert_problem(taken, 409, "unique-job-exists")
+        over = await enqueue(client, auth, payload=large, headers={"Idempotency-Key": "k2"})
+        assert_problem(over, 429, refusal)
+        assert over.headers["retry-after"].isdigit()
+        assert uploads(app) == 1
+        proxy.set_mode(Mode.FORWARD)
+    assert stored_payloads(bucket) == [f"jc/payloads/{uuid.UUID(first.json()['job_id']).hex}.json"]

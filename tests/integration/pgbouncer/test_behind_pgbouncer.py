@@ -13,6 +13,7 @@ error.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from jobcore.db import Database, fetch_one
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
 from jobcore.sql import NoParams, Query
+from jobcore.testing.processes import jobcore_command, settings_env
 from tests.e2e.stack import JOB_MODULES, E2EStack
 from tests.integration.pgbouncer.napping_jobtypes import LEASE_SECONDS
 from tests.support import databases
@@ -195,9 +197,10 @@ async def test_jobs_long_polls_and_cancels_behind_pgbouncer(
     assert direct == expected, direct
 
 
-def test_migrate_runs_through_pgbouncer(service_urls: ServiceUrls) -> None:
-    """`jobcore migrate --create-database` through PgBouncer: one transaction, and its lock
-    is the transaction's, so two runs would take turns here too."""
+def test_migrate_refuses_to_run_through_pgbouncer(service_urls: ServiceUrls) -> None:
+    """Two `jobcore migrate` take turns with a session lock, which PgBouncer in transaction
+    mode would leave on a server connection: migrate says to run it directly, in one line,
+    and changes nothing."""
     name = f"jobcore_t_{uuid.uuid4().hex[:12]}"
     direct = databases.with_database(service_urls.pg_admin_url, name)
     settings = Settings(
@@ -207,10 +210,18 @@ def test_migrate_runs_through_pgbouncer(service_urls: ServiceUrls) -> None:
     )
     try:
         assert migrate.create_database(settings)
-        before, after = migrate.upgrade(settings)
-        assert (before, after) == (None, migrate.head_revision())
-        assert (
-            migrate.current_revision(settings.model_copy(update={"database_url": direct})) == after
+        result = subprocess.run(
+            jobcore_command("migrate"),
+            env=settings_env(settings, JOBCORE_DATABASE_POOLER="pgbouncer"),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith("jobcore: JOBCORE_DATABASE_POOLER=pgbouncer:")
+        assert "runs against PostgreSQL directly" in result.stderr
+        direct_settings = settings.model_copy(update={"database_url": direct})
+        assert migrate.current_revision(direct_settings) is None
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)

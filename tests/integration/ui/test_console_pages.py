@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all, fetch_one
+from jobcore.objectstore import open_result_store
 from jobcore.registry import default_registry
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
@@ -165,6 +166,37 @@ async def test_the_job_page_shows_the_payload_only_when_asked(
     assert "T0KEN" not in page.text
     missing = await client.get(f"/jobs/{uuid.uuid4()}", headers=HTML)
     assert missing.status_code == 404
+
+
+async def test_a_payload_stored_by_reference_is_shown_from_the_store(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_type = default_registry.get("echo")
+    async with db.unit_of_work() as uow:
+        result = await enqueue(
+            uow,
+            Topology.from_settings(settings),
+            EnqueueRequest(
+                tenant="acme",
+                job_type=job_type,
+                payload=job_type.validate_payload({"text": "words-kept-in-the-store"}),
+            ),
+            payload_store=open_result_store(settings),
+            inline_payload_max_bytes=10,
+        )
+        await uow.commit()
+    shown = await client.get(f"/jobs/{result.job_id}", params={"show": "payload"}, headers=HTML)
+    assert shown.status_code == 200
+    payload = shown.text[shown.text.index('<pre id="payload">') :]
+    assert "words-kept-in-the-store" in payload[: payload.index("</pre>")]
+    assert f"payloads/{result.job_id.hex}.json" in shown.text
+
+    # Gone from the store: said so, not shown as an empty payload.
+    open_result_store(settings).delete(f"payloads/{result.job_id.hex}.json")
+    shown = await client.get(f"/jobs/{result.job_id}", params={"show": "payload"}, headers=HTML)
+    assert shown.status_code == 200
+    assert '<pre id="payload">{}</pre>' not in shown.text
+    assert "could not be read" in shown.text
 
 
 async def test_retry_discard_and_redeliver_are_the_commands_use_cases_audited(

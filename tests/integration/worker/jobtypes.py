@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -281,3 +282,24 @@ async def wt_blob(ctx: JobContext[BlobPayload]) -> dict[str, object]:
 async def wt_self_cancelled(ctx: JobContext[NoPayload]) -> None:
     """Raises CancelledError itself (nothing asked it to stop): a failed attempt."""
     raise asyncio.CancelledError
+
+
+class UploadPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The first attempt's upload waits in its thread until this file exists.
+    gate: str
+
+
+@job("wt_slow_upload", payload=UploadPayload, queue="testq", max_attempts=3, timeout=60, lease=2)
+async def wt_slow_upload(ctx: JobContext[UploadPayload]) -> None:
+    """Streams a result file saying which attempt wrote it; the first attempt's upload
+    outlives its lease (it runs in a thread that nothing can stop)."""
+    gate, attempt = Path(ctx.payload.gate), ctx.attempt
+
+    def chunks() -> Iterator[bytes]:
+        while attempt == 1 and not gate.exists():
+            time.sleep(0.02)  # polling, in the upload's thread, a file the test creates
+        yield f"written by attempt {attempt}".encode()
+
+    await ctx.put_result_chunks(chunks(), suffix="txt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import re
 import uuid
 from pathlib import Path
 
@@ -68,7 +69,8 @@ async def test_large_results_go_to_the_result_store(
     row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
 
     assert row["result"] is None
-    assert row["result_ref"] == f"{job_id.hex}.json"
+    # One file per attempt: the key names the attempt's lease token.
+    assert re.fullmatch(rf"{job_id.hex}-[0-9a-f]{{32}}\.json", row["result_ref"])
     stored = orjson.loads(LocalResultStore(wsettings.result_dir).get(row["result_ref"]))
     assert stored == {"attempt": 1, "blob": "x" * size}
 
@@ -86,7 +88,7 @@ async def test_export_csv_writes_deterministic_rows_to_the_result_store(
 
     row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
 
-    assert row["result_ref"] == f"{job_id.hex}.csv"
+    assert re.fullmatch(rf"{job_id.hex}-[0-9a-f]{{32}}\.csv", row["result_ref"])
     data = LocalResultStore(wsettings.result_dir).get(row["result_ref"])
     assert data == b"".join(csv_chunks(payload))  # same seed, same file
     assert data != b"".join(csv_chunks(payload.model_copy(update={"seed": 43})))

@@ -21,8 +21,10 @@ from jobcore.sql import (
 )
 from jobcore.sql.tenant_quotas import (
     ADMISSION_COLUMNS,
+    PREVIEW_REFUSAL,
     QuotaDefaultParams,
     admission_ctes,
+    admission_preview_ctes,
     batch_admission_ctes,
 )
 
@@ -153,6 +155,46 @@ JOB_INSERT = Query[JobInsertParams](
     "relays, in one statement.",
     _insert_job_with_outbox(),
     generic_plan=True,
+)
+
+
+class JobInsertPreviewParams(QuotaDefaultParams):
+    idempotency_key: str | None
+    key_id: uuid.UUID | None
+    tenant: str
+    type: str
+    unique_key: str | None
+
+
+# Before an enqueue uploads a payload to the object store (jobcore.submit): what JOB_INSERT
+# would answer without writing, read without a lock. A replay, a taken unique key or a
+# refusal is answered from it, with no upload; the insert stays the judge of the rest.
+JOB_INSERT_PREVIEW = Query[JobInsertPreviewParams](
+    "job_insert_preview",
+    "Read what inserting a job would meet, without writing or locking: the job holding its "
+    "idempotency key, the live job holding its unique key, the quota that would refuse it "
+    "(no row if the API key is no longer usable).",
+    f"""
+    WITH {admission_preview_ctes()}
+    SELECT keyed.id AS keyed_id, keyed.status AS keyed_status,
+           keyed.created_at AS keyed_created_at, keyed.payload_fingerprint,
+           live.id AS live_id, live.status AS live_status,
+           {PREVIEW_REFUSAL} AS refusal,
+           usage.rate_tat, limits.rate, limits.burst, limits.max_unfinished,
+           clock_timestamp() AS now
+    FROM limits
+    LEFT JOIN usage ON true
+    LEFT JOIN LATERAL (
+        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        WHERE tenant = %(tenant)s::text AND type = %(type)s
+          AND idempotency_key = %(idempotency_key)s
+    ) AS keyed ON true
+    LEFT JOIN LATERAL (
+        SELECT id, status FROM jobs
+        WHERE tenant = %(tenant)s::text AND type = %(type)s
+          AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
+    ) AS live ON true
+    """,
 )
 
 

@@ -15,7 +15,9 @@ from jobcore.sql import (
     TERMINAL_SQL,
     NoParams,
     Query,
+    status_is,
 )
+from jobcore.states import JobStatus
 
 # --- the pruner (jobcore.maintenance.retention) -----------------------------------------
 
@@ -168,13 +170,27 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
 )
 
 
-class JobIdsExistingParams(TypedDict):
+class JobFilesKeptParams(TypedDict):
+    # Parallel arrays: each file's key and the job its key names.
     ids: list[uuid.UUID]
+    keys: list[str]
 
 
-# For the result-file sweep: which of these job ids still have a row (primary key probes).
-JOB_IDS_EXISTING = Query[JobIdsExistingParams](
-    "job_ids_existing",
-    "Which of the given job ids still exist.",
-    "SELECT id FROM jobs WHERE id = ANY(%(ids)s::uuid[])",
+# For the result-file sweep (primary key probes): a file is kept while its job may still
+# need it. A pending or running job keeps every file of its own: an attempt may be writing
+# one, and name it in its success. A job that ended keeps only the files its row names;
+# the others are results of its attempts that failed or lost their lease (each attempt
+# writes under a key of its own, jobcore.results.result_key). A job gone keeps none.
+JOB_FILES_KEPT = Query[JobFilesKeptParams](
+    "job_files_kept",
+    "Which of the given result-store files their job still needs.",
+    f"""
+    SELECT file.key
+    FROM unnest(%(ids)s::uuid[], %(keys)s::text[]) AS file(id, key)
+    JOIN jobs ON jobs.id = file.id
+    WHERE {status_is("jobs.status", JobStatus.PENDING)}
+       OR {status_is("jobs.status", JobStatus.RUNNING)}
+       OR file.key = jobs.result_ref
+       OR file.key = jobs.payload_ref
+    """,
 )

@@ -125,6 +125,15 @@ JOB_GET_RESULT = Query[JobGetResultParams](
 )
 
 
+JOB_GET_PAYLOAD = Query[JobGetResultParams](
+    "job_get_payload",
+    "A tenant's job's payload: inline, or where it is in the result store (payload_ref).",
+    """
+    SELECT id, payload, payload_ref FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    """,
+)
+
+
 # --- operators (`jobcore jobs ...`, across tenants) and the /metrics backlog gauges ------
 
 

@@ -189,7 +189,7 @@ def _claim_sql(only: str) -> str:
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), resumed AS (
@@ -209,7 +209,7 @@ def _claim_sql(only: str) -> str:
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), taken AS (
@@ -588,7 +588,9 @@ class JobReleaseParams(JobFencedParams, OutboxMessageParams):
 
 # A shutdown (or an object store outage) interrupted the attempt through no fault of the
 # job: it does not count, and the new message carries the same attempt number, due after
-# `delay` (0: at once). As for JOB_RETRY, the event and the due time read one clock.
+# `delay` (0: at once). A give-back for an outage (`error` set) is counted in
+# store_give_backs, which bounds how many the job gets (jobcore.outcomes.store_failed).
+# As for JOB_RETRY, the event and the due time read one clock.
 JOB_RELEASE = Query[JobReleaseParams](
     "job_release",
     "Give back a running job's lease on shutdown or a store outage: pending again, with a "
@@ -600,6 +602,8 @@ JOB_RELEASE = Query[JobReleaseParams](
             status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
             attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
+            store_give_backs = store_give_backs
+                + CASE WHEN %(error)s::text IS NULL THEN 0 ELSE 1 END,
             lease_token = NULL,
             lease_expires_at = NULL,
             last_error = coalesce(%(error)s::text, last_error),

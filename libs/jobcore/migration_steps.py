@@ -1,0 +1,55 @@
+"""Steps that migrations share (migrations/versions): building and dropping indexes
+CONCURRENTLY, so that writers keep writing while an index on a busy table is built.
+
+Every migration that builds an index CONCURRENTLY does it through
+:func:`create_indexes_concurrently` (scripts/lint_migrations.py refuses any other way).
+A concurrent build that fails (its lock_timeout passed while a long transaction held the
+table, a cancel, a lost connection) leaves the index behind, INVALID: no query uses it,
+yet ``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` sees the name and skips it, so the next
+`jobcore migrate` would record the revision as done without the index. Here an invalid
+index of that name is dropped and built again instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import sqlalchemy as sa
+from alembic import op
+
+# A build waits for the transactions that hold its table this long at most, then fails
+# (and the next `jobcore migrate` builds it again), rather than queue behind a long
+# transaction with every later writer of the table queued behind it.
+LOCK_TIMEOUT = "5s"
+
+INVALID = sa.text("SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:name)")
+
+
+def _invalid(name: str) -> bool:
+    """Whether an interrupted concurrent build left ``name`` INVALID (never, when writing
+    SQL offline: there is no database to ask)."""
+    if op.get_context().as_sql:
+        return False
+    return bool(op.get_bind().execute(INVALID, {"name": name}).scalar())
+
+
+def create_indexes_concurrently(indexes: Mapping[str, str], *, table: str) -> None:
+    """``CREATE INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <definition>`` for each
+    entry of ``indexes`` (name → columns and predicate), outside the migration's
+    transaction, each one dropped first when an earlier build left it INVALID."""
+    with op.get_context().autocommit_block():
+        op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        for name, definition in indexes.items():
+            if _invalid(name):
+                op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} {definition}")
+        op.execute("RESET lock_timeout")
+
+
+def drop_indexes_concurrently(names: Iterable[str]) -> None:
+    """``DROP INDEX CONCURRENTLY IF EXISTS`` each of ``names``, outside the transaction."""
+    with op.get_context().autocommit_block():
+        op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+        for name in names:
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        op.execute("RESET lock_timeout")
