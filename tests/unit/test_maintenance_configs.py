@@ -17,6 +17,8 @@ from jobcore.maintenance import (
     RescuerConfig,
     SchedulerConfig,
     SweeperConfig,
+    UsageFolder,
+    UsageFolderConfig,
     services_from_settings,
 )
 from jobcore.registry import Registry
@@ -68,6 +70,17 @@ def test_the_sweeper_staleness_must_be_longer_than_its_interval() -> None:
         "JOBCORE_SWEEPER_STALE_AFTER: 60s must be longer than JOBCORE_SWEEPER_INTERVAL (120s): "
         "the sweeper looks once per interval, so a shorter staleness would not mean what it says"
     )
+
+
+def test_the_usage_folder_folds_every_its_own_interval() -> None:
+    assert UsageFolderConfig.from_settings(Settings()).interval == 2.0
+    folder = UsageFolder.from_settings(Settings(usage_fold_interval=7.5))
+    assert (folder.interval, folder.config.batch_size, folder.row_ttl) == (7.5, 5000, 22.5)
+    with pytest.raises(ConfigurationError) as error:
+        UsageFolderConfig(interval=0)
+    assert one_line(error) == "JOBCORE_USAGE_FOLD_INTERVAL: must be above zero, not 0"
+    with pytest.raises(ValueError, match="usage_fold_interval"):
+        Settings(usage_fold_interval=0)
 
 
 def test_the_gate_releasers_own_row_outlives_its_short_rounds() -> None:
