@@ -62,6 +62,7 @@ class AuditAction(StrEnum):
     OUTBOX_REQUEUE = "outbox.requeue"
     OUTBOX_DISCARD = "outbox.discard"
     DLQ_REPLAY = "dlq.replay"
+    DLQ_REPLAY_JOB = "dlq.replay_job"
     KEY_CREATE = "key.create"
     KEY_REVOKE = "key.revoke"
     KEY_ROTATE = "key.rotate"

@@ -76,6 +76,12 @@ def translate_errors(settings: Settings | None = None) -> Iterator[None]:
         raise DatabaseUnavailable(f"JOBCORE_DATABASE_URL: {first_line}") from exc
 
 
+def lock_wait_ran_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (a :class:`DatabaseUnavailable`, say) is a statement that gave up
+    waiting for a lock at its transaction's ``lock_timeout``: the database is fine."""
+    return isinstance(exc.__cause__, pg_errors.LockNotAvailable)
+
+
 def connect_options(settings: Settings) -> dict[str, Any]:
     """psycopg connection options every connection to ``database_url`` takes: behind
     PgBouncer in transaction mode, no server-side prepared statements (psycopg prepares a

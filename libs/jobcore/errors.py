@@ -129,6 +129,10 @@ class OutboxRowJobEnded(JobcoreError):
     """The outbox row's job has ended: publishing its message would do nothing."""
 
 
+class NoDeadLetter(JobcoreError):
+    """No message of that job is in the dead-letter queue."""
+
+
 class PoisonMessage(JobcoreError):
     """The message can never be processed."""
 

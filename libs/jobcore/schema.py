@@ -214,6 +214,15 @@ jobs = Table(
         "held_since",
         postgresql_where=text("status = 'pending' AND held_reason IS NOT NULL"),
     ),
+    # The overdue gauge's (migration 0025): pending jobs no gate holds, by queue and due
+    # time, so each queue's longest-waiting job is its first entry. Partial: a job is in it
+    # while it waits, not for its whole life.
+    Index(
+        "jobs_due_idx",
+        "queue",
+        text("greatest(created_at, next_attempt_at)"),
+        postgresql_where=text("status = 'pending' AND held_reason IS NULL"),
+    ),
     # The gate releaser's (migration 0022): the keys that have held jobs, and each key's
     # held jobs oldest first, so a round reads what it can release, not all that is held;
     # and an ordering key's blocking jobs, whose first entry says whether its next may go.

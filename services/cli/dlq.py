@@ -1,4 +1,4 @@
-"""`jobcore dlq list|replay`: the dead-letter queue (poison messages)."""
+"""`jobcore dlq list|replay|replay-job`: the dead-letter queue (poison messages)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import typer
 
 from jobcore.usecases import dlq
 from services.cli.common import JSON_OPTION, actor, emit, example, run, settings, with_db
+from services.cli.jobs import parse_job_id
 
 LIST_COLUMNS = (
     "message_id",
@@ -47,6 +48,30 @@ def dlq_replay(
     report = run(
         with_db(config, lambda db: dlq.replay_dead_letters(db, config, limit=limit, actor=actor()))
     )
+    _report(report, as_json=as_json)
+
+
+@dlq_app.command(
+    "replay-job", epilog=example("jobcore dlq replay-job 0b6f3c2e-5d7a-4c1e-9f3b-2a8d6e4f1c90")
+)
+def dlq_replay_job(
+    job_id: str = typer.Argument(..., help="The job whose dead letters to replay."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Publish one job's dead letters back to its job queue; the other dead letters stay,
+    in their order. Fails if none of that job's is in the queue."""
+    ident = parse_job_id(job_id)
+    config = settings()
+    report = run(
+        with_db(
+            config,
+            lambda db: dlq.replay_job_dead_letters(db, config, ident, actor=actor()),
+        )
+    )
+    _report(report, as_json=as_json)
+
+
+def _report(report: dlq.ReplayReport, *, as_json: bool) -> None:
     summary = {
         "replayed": [letter.as_dict() for letter in report.replayed],
         "skipped": [{**letter.as_dict(), "why": why} for letter, why in report.skipped],

@@ -497,6 +497,21 @@ def _job_routes(app: FastAPI, state: Console) -> None:
 
         return await act(request, who, f"/jobs/{job_id}", run)
 
+    @app.post("/jobs/{job_id}/replay")
+    async def replay_job(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            report = await dlq.replay_job_dead_letters(
+                _db(request), state.settings, job_id, actor=who.session.actor
+            )
+            return _replayed_words(report)
+
+        return await act(request, who, f"/jobs/{job_id}", run)
+
+
+def _replayed_words(report: dlq.ReplayReport) -> str:
+    skipped = "".join(f"; skipped {s.message_id}: {why}" for s, why in report.skipped)
+    return f"Replayed {len(report.replayed)} message(s), skipped {len(report.skipped)}" + skipped
+
 
 def _operator_routes(app: FastAPI, state: Console) -> None:
     @app.get("/outbox", response_class=HTMLResponse)
@@ -544,10 +559,7 @@ def _operator_routes(app: FastAPI, state: Console) -> None:
             report = await dlq.replay_dead_letters(
                 _db(request), state.settings, limit=limit, actor=who.session.actor
             )
-            skipped = "".join(f"; skipped {s.message_id}: {why}" for s, why in report.skipped)
-            return f"Replayed {len(report.replayed)} message(s), skipped {len(report.skipped)}" + (
-                skipped
-            )
+            return _replayed_words(report)
 
         return await act(request, who, "/dlq", run)
 

@@ -86,11 +86,11 @@ def job_actions(view: JobView) -> list[Action]:
         actions.append(
             Action(
                 "replay",
-                "Replay dead letters…",
-                "Its message is in the dead-letter queue. Replay on the dead-letter page "
-                "publishes the dead letters (this one among them) back to their job queues; "
-                "a message that ran already has no effect twice.",
-                href="/dlq",
+                "Replay its dead letter",
+                "Its message is in the dead-letter queue. Publishes this job's dead letters, "
+                "and no other, back to its job queue; the rest stay where they are. A message "
+                "that ran already has no effect twice.",
+                confirm=f"Replay the dead letters of job {job['id']}?",
             )
         )
     return actions

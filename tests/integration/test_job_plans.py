@@ -1,5 +1,6 @@
 """The statements that reach jobs by id find them through the primary key whatever the
-statistics say (jobcore.sql.status_is).
+statistics say (jobcore.sql.status_is); and, at 1,000,000 jobs, the overdue gauge and the
+console's list across tenants read an index's few pages, not the table.
 
 ANALYZE mostly runs while no job is pending or running, so the statistics see none. A
 generic plan then reached ``jobs.id = ... AND jobs.status = 'pending'`` through the status
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, cast
 
 import psycopg
@@ -21,8 +24,11 @@ from psycopg.types.json import Jsonb
 
 from jobcore.settings import Settings
 from jobcore.sql import Query, native_placeholders
-from jobcore.sql.jobs import run
+from jobcore.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
+from jobcore.sql.jobs import reads, run
 from jobcore.sql.jobs.enqueue import JOB_INSERT_MANY, JobInsertManyParams
+from tests.support import databases
+from tests.support.services import ServiceUrls
 
 BY_ID = (
     run.JOB_CLAIM_UNGATED,
@@ -176,3 +182,135 @@ async def test_a_batch_enqueue_looks_up_only_its_own_keys_on_a_table_never_analy
         assert (await inserted.fetchone()) == (BATCH,)
     # No item's key is taken: its probes find nothing (the inserts' own RETURNING aside).
     assert _jobs_rows_read(plan) == 0, json.dumps(plan, indent=1)[:6000]
+
+
+# --- at a million jobs ---------------------------------------------------------------------
+
+MILLION = 1_000_000
+# 100 tenants, three queues; one job in ten pending (100,000), of which some wait for a
+# retry an hour away and some are held by their ordering key; the rest finished, created
+# 10 ms apart. Ids in insertion order (a random uuid costs the fill a third more, and no
+# plan here reads jobs by id).
+MILLION_JOBS = """
+    INSERT INTO jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
+                      next_attempt_at, held_reason, held_since)
+    SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+           't' || (g %% 100), 'noop', (ARRAY['default', 'reports', 'emails'])[1 + g %% 3],
+           CASE g %% 10 WHEN 0 THEN 'pending' WHEN 1 THEN 'failed' WHEN 2 THEN 'cancelled'
+                       ELSE 'succeeded' END,
+           1, now() - (%(n)s - g) * interval '10 ms',
+           CASE WHEN g %% 10 <> 0 THEN now() - (%(n)s - g) * interval '10 ms' END,
+           CASE WHEN g %% 70 = 0 THEN now() + interval '1 hour' END,
+           CASE WHEN g %% 110 = 0 THEN 'ordering' END,
+           CASE WHEN g %% 110 = 0 THEN now() END
+    FROM generate_series(1, %(n)s) AS g
+"""
+# What each statement replaced, for its answers (the plans below are the statements').
+OVERDUE_BY_GROUPING = """
+    SELECT queue,
+           extract(epoch FROM now() - min(greatest(created_at, next_attempt_at)))::float8
+               AS overdue_seconds
+    FROM jobs
+    WHERE status = 'pending' AND held_reason IS NULL
+      AND greatest(created_at, next_attempt_at) <= now()
+    GROUP BY queue
+"""
+NEWEST_BY_SORTING = """
+    SELECT id FROM jobs
+    WHERE created_at <= coalesce(%(after_created_at)s::timestamptz, 'infinity')
+      AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
+                              coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+    ORDER BY created_at DESC, id DESC LIMIT %(limit)s
+"""
+# A page of the console's list (100 shown, one more asked for).
+PAGE = 101
+
+
+@pytest.fixture(scope="module")
+def million_jobs(service_urls: ServiceUrls, template_database: str) -> Iterator[str]:
+    """A migrated database holding 1,000,000 jobs, vacuumed and analyzed (as autovacuum
+    would leave it), shared by this module's tests, which only read it."""
+    name = databases.create_database(service_urls.pg_admin_url, template=template_database)
+    url = databases.with_database(service_urls.pg_admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(MILLION_JOBS, {"n": MILLION})
+            conn.execute("VACUUM ANALYZE jobs")
+        yield url
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def _explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The statement's plan, run (EXPLAIN ANALYZE, BUFFERS) as the pools run it: a generic
+    plan, prepared once."""
+    sql, names = native_placeholders(query.sql)
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
+        cur = conn.cursor()
+        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.db
+        conn.execute(f"PREPARE measured AS {sql}")
+        execute = f"EXECUTE measured({values})" if names else "EXECUTE measured"
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()
+        text = conn.execute(f"EXPLAIN (COSTS OFF) {execute}").fetchall()
+    assert row is not None
+    return row[0][0]["Plan"], "\n".join(line for (line,) in text)
+
+
+def _buffers(plan: dict[str, Any]) -> int:
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+def _rows(url: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_the_overdue_gauge_reads_each_queues_first_entry_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """Once a minute, the leader's gauge grouped all 100,000 pending rows (15,860 buffers);
+    it reads the first entry of each queue in jobs_due_idx now."""
+    plan, text = _explain(million_jobs, reads.JOB_OVERDUE_BY_QUEUE, {})
+    assert "jobs_due_idx" in text, text
+    assert "Seq Scan on jobs" not in text, text
+    assert "Bitmap" not in text, text
+    # Three queues: a few index pages each, whatever the backlog.
+    assert _buffers(plan) <= 100, (_buffers(plan), text)
+
+    found = {q: round(s) for q, s in _rows(million_jobs, reads.JOB_OVERDUE_BY_QUEUE.sql)}
+    grouped = {q: round(s) for q, s in _rows(million_jobs, OVERDUE_BY_GROUPING)}
+    assert set(found) == {"default", "reports", "emails"}
+    assert found == grouped
+
+
+@pytest.mark.parametrize("depth", [0, MILLION // 2], ids=["first page", "half-way down"])
+def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jobs(
+    million_jobs: str, depth: int
+) -> None:
+    """With no tenant and no status, the list was a scan of the whole table and a sort
+    (420-441 ms a page); it merges the newest page of each status from
+    jobs_status_created_idx now, at any depth."""
+    after: tuple[datetime | None, uuid.UUID | None] = (None, None)
+    if depth:
+        after = cast(
+            tuple[datetime, uuid.UUID],
+            _rows(
+                million_jobs,
+                "SELECT created_at, id FROM jobs ORDER BY created_at DESC, id DESC "
+                "OFFSET %(depth)s LIMIT 1",
+                {"depth": depth},
+            )[0],
+        )
+    params = {"type": None, "after_created_at": after[0], "after_id": after[1], "limit": PAGE}
+    plan, text = _explain(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS, params)
+    assert "Seq Scan on jobs" not in text, text
+    # The four statuses that pile up, newest first from the status index (running jobs,
+    # as many as the workers run at most, may come from the lease index).
+    assert text.count("Index Scan Backward using jobs_status_created_idx") >= 4, text
+    # Five statuses, at most a page of rows from each: bounded, not the table's 15,000 pages.
+    assert _buffers(plan) <= 5 * PAGE, (_buffers(plan), text)
+
+    listed = [row[0] for row in _rows(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS.sql, params)]
+    assert listed == [row[0] for row in _rows(million_jobs, NEWEST_BY_SORTING, params)]
+    assert len(listed) == PAGE

@@ -44,7 +44,7 @@ def test_every_verb_is_registered() -> None:
             "requeue": None,
             "discard": None,
         },
-        "dlq": {"list": None, "replay": None},
+        "dlq": {"list": None, "replay": None, "replay-job": None},
         "webhooks": {
             "list": None,
             "redeliver": None,

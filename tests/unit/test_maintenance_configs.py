@@ -17,6 +17,8 @@ from jobcore.maintenance import (
     RescuerConfig,
     SchedulerConfig,
     SweeperConfig,
+    UsageFolder,
+    UsageFolderConfig,
     services_from_settings,
 )
 from jobcore.registry import Registry
@@ -35,7 +37,7 @@ def test_configs_come_from_the_settings_and_are_frozen() -> None:
     reaper = ReaperConfig.from_settings(settings)
     assert (reaper.interval, reaper.batch_size, reaper.row_ttl) == (2.0, 500, 6.0)
     pruner = PrunerConfig.from_settings(settings)
-    assert (pruner.interval, pruner.batch_size) == (60.0, 50)
+    assert (pruner.interval, pruner.batch_size, pruner.lock_timeout) == (60.0, 50, 0.2)
     assert SweeperConfig.from_settings(settings).stale_after == 90
     assert RescuerConfig.from_settings(settings).interval == 30.0
     assert SchedulerConfig.from_settings(settings).interval == 1.0
@@ -51,6 +53,9 @@ def test_a_bad_value_is_refused_in_one_line_naming_its_variable() -> None:
         PrunerConfig(interval=60, batch_size=0)
     assert one_line(error) == "JOBCORE_PRUNER_BATCH_SIZE: must be above zero, not 0"
     with pytest.raises(ConfigurationError) as error:
+        PrunerConfig(interval=60, lock_timeout=0)
+    assert one_line(error) == "PrunerConfig.lock_timeout: must be above zero, not 0"
+    with pytest.raises(ConfigurationError) as error:
         ReaperConfig.from_settings(Settings()).replace(interval=-1.0)
     assert one_line(error).startswith("JOBCORE_WORKER_REAPER_INTERVAL: must be above zero")
 
@@ -65,6 +70,17 @@ def test_the_sweeper_staleness_must_be_longer_than_its_interval() -> None:
         "JOBCORE_SWEEPER_STALE_AFTER: 60s must be longer than JOBCORE_SWEEPER_INTERVAL (120s): "
         "the sweeper looks once per interval, so a shorter staleness would not mean what it says"
     )
+
+
+def test_the_usage_folder_folds_every_its_own_interval() -> None:
+    assert UsageFolderConfig.from_settings(Settings()).interval == 2.0
+    folder = UsageFolder.from_settings(Settings(usage_fold_interval=7.5))
+    assert (folder.interval, folder.config.batch_size, folder.row_ttl) == (7.5, 5000, 22.5)
+    with pytest.raises(ConfigurationError) as error:
+        UsageFolderConfig(interval=0)
+    assert one_line(error) == "JOBCORE_USAGE_FOLD_INTERVAL: must be above zero, not 0"
+    with pytest.raises(ValueError, match="usage_fold_interval"):
+        Settings(usage_fold_interval=0)
 
 
 def test_the_gate_releasers_own_row_outlives_its_short_rounds() -> None:

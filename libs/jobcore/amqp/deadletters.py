@@ -15,6 +15,8 @@ Replay (``jobcore dlq replay``) publishes each message back to the jobs exchange
 routing key it was first published with (from the ``x-death`` header RabbitMQ added),
 ``mandatory`` and confirmed, and acknowledges it from the dead-letter queue only after
 the broker confirmed the publish. Messages that cannot be routed go back to the tail.
+Replaying one job's dead letters (``jobcore dlq replay-job``) takes every message once,
+replays that job's and puts the others back at the tail, so they keep their order.
 
 The dead-letter exchange is a fanout: it also feeds the notes queue, whose copies the
 workers consume (:class:`DeadLetterNotesFeed`) to note each dead letter on its job
@@ -25,13 +27,18 @@ neither adds notes.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect
 from jobcore.amqp.deliveries import JobQueueConsumer
@@ -221,6 +228,20 @@ class DeadLetterQueue:
             await connection.close()
 
     async def replay(self, limit: int) -> ReplayReport:
+        """Replay the first ``limit`` dead letters."""
+        return await self._replay_where(limit, lambda _: True)
+
+    async def replay_job(self, job_id: str) -> ReplayReport:
+        """Replay the dead letters of one job (every attempt's, if several died), and leave
+        the others where they were. Every message there when it starts is taken once: the
+        others go to the tail, so after the whole pass they are back in their order."""
+        return await self._replay_where(None, lambda letter: letter.job_id == job_id)
+
+    async def _replay_where(
+        self, limit: int | None, wanted: Callable[[DeadLetter], bool]
+    ) -> ReplayReport:
+        """Take each message there when it starts (at most ``limit``), replay those
+        ``wanted``, and put the rest back at the tail."""
         try:
             connection, channel, queue = await self._open()
         except BROKER_ERRORS as exc:
@@ -229,32 +250,42 @@ class DeadLetterQueue:
         try:
             exchange = await channel.get_exchange(self.topology.jobs_exchange)
             available = queue.declaration_result.message_count or 0
-            for _ in range(min(limit, available)):
+            for _ in range(available if limit is None else min(limit, available)):
                 message = await queue.get(no_ack=False, fail=False)
                 if message is None:
                     break
                 letter = describe(message)
-                if letter.routing_key is None:
-                    report.skipped.append((letter, "no x-death routing key to replay to"))
+                if not wanted(letter):
                     await self._to_tail(channel, message)
                     continue
-                headers = {
-                    k: v
-                    for k, v in (message.headers or {}).items()
-                    if not k.startswith(_DEATH_HEADER_PREFIXES)
-                }
-                try:
-                    await exchange.publish(
-                        _copy(message, headers), routing_key=letter.routing_key, mandatory=True
-                    )
-                except (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError) as exc:
-                    report.skipped.append((letter, f"the broker refused it: {exc}"))
+                why_not = await self._replay_one(exchange, message, letter)
+                if why_not is None:
+                    await message.ack()
+                    report.replayed.append(letter)
+                else:
+                    report.skipped.append((letter, why_not))
                     await self._to_tail(channel, message)
-                    continue
-                await message.ack()
-                report.replayed.append(letter)
             return report
         except BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"replaying the dead-letter queue failed: {exc}") from exc
         finally:
             await connection.close()
+
+    async def _replay_one(
+        self, exchange: AbstractExchange, message: AbstractIncomingMessage, letter: DeadLetter
+    ) -> str | None:
+        """Publish ``message`` back to its job queue, confirmed; why not, if it was not."""
+        if letter.routing_key is None:
+            return "no x-death routing key to replay to"
+        headers = {
+            k: v
+            for k, v in (message.headers or {}).items()
+            if not k.startswith(_DEATH_HEADER_PREFIXES)
+        }
+        try:
+            await exchange.publish(
+                _copy(message, headers), routing_key=letter.routing_key, mandatory=True
+            )
+        except (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError) as exc:
+            return f"the broker refused it: {exc}"
+        return None

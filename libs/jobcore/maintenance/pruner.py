@@ -4,8 +4,11 @@ The maintenance leader's pruner prunes every ``JOBCORE_PRUNER_INTERVAL``, fencin
 batch's transaction (a leader that lost its lease stops at once). The work is the
 library's (:mod:`jobcore.maintenance.retention`, which ``jobcore prune`` runs too): this
 wraps it in the leader's rounds, rests between batches as long as each batch took, and
-feeds the metrics. Every worker, leader or not, refreshes the finished-jobs gauges each
-round, so they are current on every worker.
+feeds the metrics. A batch waits for a lock at most ``lock_timeout``, not for as long as
+another transaction holds it: the leader's other services take their turns on the same
+connection (:class:`~jobcore.maintenance.connection.SharedConnection`). Every worker,
+leader or not, refreshes the finished-jobs gauges each round, so they are current on every
+worker.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ class PrunerConfig(ServiceConfig):
     # that are only left behind by a crash between a batch's commit and its unlinks, or by
     # an attempt that stored a result and then failed.
     file_sweep_interval: float = 3600.0
+    # How long a batch waits for each lock before it leaves its step to the next round.
+    # Every maintenance service shares the leader's one connection: meanwhile the others
+    # wait for their turn, the gate releaser (every JOBCORE_GATE_RELEASE_INTERVAL, 0.2 s by
+    # default) and the lease's renewal among them. jobcore's own holders of the rows a batch
+    # deletes (a webhook delivery being updated) hold them for milliseconds; a lock held
+    # longer is someone else's, and pruning can wait a round for it.
+    lock_timeout: float = 0.2
 
     variables: ClassVar = {
         "interval": "JOBCORE_PRUNER_INTERVAL",
@@ -47,6 +57,7 @@ class PrunerConfig(ServiceConfig):
     def check(self) -> None:
         super().check()
         self.positive("file_sweep_interval")
+        self.positive("lock_timeout")
 
 
 class Pruner(MaintenanceService[PrunerConfig]):
@@ -88,7 +99,13 @@ class Pruner(MaintenanceService[PrunerConfig]):
         )
 
     def retention(self, db: Transactions) -> Retention:
-        return Retention(self.settings, db, store=self.store, batch_size=self.config.batch_size)
+        return Retention(
+            self.settings,
+            db,
+            store=self.store,
+            batch_size=self.config.batch_size,
+            lock_timeout=self.config.lock_timeout,
+        )
 
     async def lead(self, term: Term) -> int:
         """Prune everything due, then survey."""

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import UnitOfWork, execute, fetch_one
-from jobcore.errors import JobcoreError
+from jobcore.db import UnitOfWork, execute, fetch_one, lock_wait_ran_out
+from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.maintenance.connection import Transactions
 from jobcore.objectstore import open_result_store
 from jobcore.results import ResultStore
@@ -61,6 +61,7 @@ from jobcore.sql.maintenance_leases import (
     MAINTENANCE_LEASE_RENEW,
     MaintenanceLeaseParams,
 )
+from jobcore.sql.transactions import TRANSACTION_LOCK_TIMEOUT
 from jobcore.store import JobFilesKeptParams, JobPruneCountParams, job_store
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ class PruneReport:
     jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     tables: collections.Counter[str] = field(default_factory=collections.Counter)
     batches: int = 0
-    # False when the pass stopped early: its lease was lost, or the process is stopping.
+    # False when the pass stopped early (its lease was lost, or the process is stopping),
+    # or left a step for next time (a batch waited for a lock past the pass's lock_timeout).
     complete: bool = True
 
     def as_dict(self) -> dict[str, Any]:
@@ -169,11 +171,17 @@ class Retention:
         *,
         store: ResultStore | None = None,
         batch_size: int | None = None,
+        lock_timeout: float | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.store = store if store is not None else open_result_store(settings)
         self.batch_size = batch_size or settings.pruner_batch_size
+        # How long a batch waits for a lock before it gives its step up until the next pass
+        # (None: as long as it takes). The maintenance leader's pruner shares one connection
+        # with every other service: a batch waiting for a row someone holds (a webhook
+        # delivery being updated, say) would keep their turns until it got it.
+        self.lock_timeout = lock_timeout
 
     async def survey(self) -> list[Kind]:
         """Every (status, type) of finished jobs, with its retention and oldest job."""
@@ -265,9 +273,20 @@ class Retention:
         steps = [jobs_batch] if kinds else []
         steps += [inbox_batch, audit_batch, gates_batch]
         for step in steps:
-            if not await self._batches(step, fence, pause, committed):
+            try:
+                if not await self._batches(step, fence, pause, committed):
+                    report.complete = False
+                    return report
+            except DatabaseUnavailable as exc:
+                if not lock_wait_ran_out(exc):
+                    raise
+                # The batch rolled back: what it would have deleted waits for the next pass.
+                log.info(
+                    "a prune batch waited for a lock past its lock_timeout; its step is left "
+                    "for the next pass",
+                    extra={"step": step.__name__, "lock_timeout": self.lock_timeout},
+                )
                 report.complete = False
-                return report
         if sweep_files:
             _, report.complete = await self._sweep_files(fence, delete=True, on_chunk=committed)
         return report
@@ -286,6 +305,10 @@ class Retention:
             async with self.db.unit_of_work() as uow:
                 if fence is not None and not await fence(uow):
                     return False
+                if self.lock_timeout is not None:
+                    # After the fence: only the batch's own statements give up.
+                    milliseconds = max(1, round(self.lock_timeout * 1000))
+                    await fetch_one(uow, TRANSACTION_LOCK_TIMEOUT({"milliseconds": milliseconds}))
                 batch = await step(uow)
                 await uow.commit()
             # Only now: a batch that rolled back keeps its jobs, so it keeps their files.

@@ -5,8 +5,9 @@ Every job added appends a +1 to ``tenant_usage_deltas``, every job that ends a -
 horizon, a row updated per job gathers a version per job that nothing can prune, and
 every reader walks them. The count a cap is checked against is the tenant's row plus its
 deltas; the maintenance leader's folder keeps the deltas few, folding them into the rows
-every :data:`FOLD_INTERVAL`, in batches (:data:`jobcore.sql.tenant_quotas.TENANT_USAGE_FOLD`):
-one row version per tenant per batch, whatever the job rate.
+every ``JOBCORE_USAGE_FOLD_INTERVAL`` (2 s by default), in batches
+(:data:`jobcore.sql.tenant_quotas.TENANT_USAGE_FOLD`): one row version per tenant per batch,
+whatever the job rate.
 """
 
 from __future__ import annotations
@@ -23,18 +24,22 @@ from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
 
 log = logging.getLogger(__name__)
 
-# Seconds between rounds. The deltas a cap's check reads grow with the jobs added and
-# ended per tenant in this time.
-FOLD_INTERVAL = 2.0
 # Deltas per batch (one transaction); a full batch is followed by another at once.
 FOLD_BATCH = 5000
 
 
 @dataclass(frozen=True)
 class UsageFolderConfig(ServiceConfig):
+    # The deltas a cap's check reads grow with the jobs added and ended per tenant in an
+    # interval: the default is short (a round with nothing to fold is one index probe).
+    interval: float = 2.0
+    batch_size: int = FOLD_BATCH
+
+    variables: ClassVar = {"interval": "JOBCORE_USAGE_FOLD_INTERVAL"}
+
     @classmethod
     def from_settings(cls, settings: Settings) -> UsageFolderConfig:
-        return cls(interval=FOLD_INTERVAL, batch_size=FOLD_BATCH)
+        return cls(interval=settings.usage_fold_interval)
 
 
 class UsageFolder(BatchService[UsageFolderConfig]):

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TypedDict
 
 from jobcore.sql import NoParams, Query
+from jobcore.states import JobStatus
 
 
 class ConsoleRatesParams(TypedDict):
@@ -121,8 +122,8 @@ class ConsoleJobSearchParams(TypedDict):
 # last row. With a tenant, jobs_tenant_created_idx (tenant, created_at DESC, id DESC) serves
 # the order and the cursor exactly; by status, jobs_status_created_idx (status, created_at);
 # a tenant and entity, jobs_tenant_entity_created_idx; a tenant and ordering key,
-# jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id): the
-# statement then scans newest first until `limit` rows match (an operator's search).
+# jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id) here:
+# CONSOLE_JOB_SEARCH_ANY_STATUS below is that list.
 CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
     "console_job_search",
     "A page of the newest jobs matching tenant, type, status, entity id and a key, after "
@@ -141,6 +142,48 @@ CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
       AND (%(unique_key)s::text IS NULL OR unique_key = %(unique_key)s)
       AND (%(after_created_at)s::timestamptz IS NULL
            OR (created_at, id) < (%(after_created_at)s::timestamptz, %(after_id)s::uuid))
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+
+class ConsoleJobSearchAnyStatusParams(TypedDict):
+    after_created_at: datetime | None
+    after_id: uuid.UUID | None
+    limit: int
+    type: str | None
+
+
+# The newest of one status after the cursor: a backward range scan of
+# jobs_status_created_idx (status, created_at), ties on created_at put in id order by an
+# incremental sort. The cursor's bound is `created_at <=` an index condition even in a
+# generic plan (no `IS NULL OR`: no cursor is +infinity).
+_NEWEST_OF_STATUS = """
+    (SELECT id, tenant, type, queue, status, entity_id, attempts, max_attempts, last_error,
+            held_reason, ordering_key, progress_fraction, created_at, finished_at
+     FROM jobs
+     WHERE status = '{status}'
+       AND (%(type)s::text IS NULL OR type = %(type)s)
+       AND created_at <= coalesce(%(after_created_at)s::timestamptz, 'infinity')
+       AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
+                               coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+     ORDER BY created_at DESC, id DESC
+     LIMIT %(limit)s)
+"""
+
+# The console's job list across tenants, with no status, no entity and no key (a type at
+# most): the first page an operator sees. No index holds every job by (created_at, id),
+# and one would cost bytes on every job; the status index holds each status by
+# created_at, so the page is the newest `limit` of each status, merged (a Merge Append of
+# five bounded scans): at most five pages of rows read, whatever the table holds, where a
+# scan of the whole table and a sort was planned.
+CONSOLE_JOB_SEARCH_ANY_STATUS = Query[ConsoleJobSearchAnyStatusParams](
+    "console_job_search_any_status",
+    "A page of the newest jobs of every tenant and status (of one type, if given), after a "
+    "(created_at, id) cursor.",
+    "\n    UNION ALL\n".join(_NEWEST_OF_STATUS.format(status=status.value) for status in JobStatus)
+    + """
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
     """,

@@ -20,10 +20,12 @@ from jobcore.sql.console import (
     CONSOLE_FAILED_WEBHOOKS,
     CONSOLE_GATE_RUNNING,
     CONSOLE_JOB_SEARCH,
+    CONSOLE_JOB_SEARCH_ANY_STATUS,
     CONSOLE_LEASES,
     CONSOLE_NOW,
     CONSOLE_ORDERING_BLOCKER,
     CONSOLE_RATES,
+    ConsoleJobSearchParams,
 )
 from jobcore.sql.outbox import OUTBOX_STATUS
 from jobcore.states import JobStatus
@@ -126,6 +128,11 @@ class JobSearch:
     key_kind: str | None = None
     key: str | None = None
 
+    def across_every_status(self) -> bool:
+        """No tenant, status, entity or key narrows it (a type at most): the list that
+        merges the newest of each status (CONSOLE_JOB_SEARCH_ANY_STATUS)."""
+        return not (self.tenant or self.status or self.entity_id or self.key)
+
     def query(self) -> dict[str, str]:
         """The filters as the list's query string carries them (only those given)."""
         given = {
@@ -172,31 +179,44 @@ async def search_jobs(
     tenants): keyset pages by (created_at, id), so a page stays the same while newer jobs
     arrive, and a later page costs what the first does."""
     after_at, after_id = read_page_cursor(after) if after else (None, None)
+    # One more than shown: whether there is a next page.
+    statement = (
+        CONSOLE_JOB_SEARCH_ANY_STATUS(
+            {
+                "type": where.type,
+                "after_created_at": after_at,
+                "after_id": after_id,
+                "limit": limit + 1,
+            }
+        )
+        if where.across_every_status()
+        else CONSOLE_JOB_SEARCH(_search_params(where, after_at, after_id, limit + 1))
+    )
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, statement)
+    shown = [dict(r) for r in rows[:limit]]
+    return JobPage(shown, page_cursor(shown[-1]) if len(rows) > limit else None)
+
+
+def _search_params(
+    where: JobSearch, after_at: datetime | None, after_id: uuid.UUID | None, limit: int
+) -> ConsoleJobSearchParams:
     keys: dict[str, str | None] = dict.fromkeys(KEY_COLUMNS.values())
     if where.key and where.key_kind in KEY_COLUMNS:
         keys[KEY_COLUMNS[where.key_kind]] = where.key
-    async with db.unit_of_work() as uow:
-        rows = await fetch_all(
-            uow,
-            CONSOLE_JOB_SEARCH(
-                {
-                    "tenant": where.tenant,
-                    "type": where.type,
-                    "status": where.status.value if where.status else None,
-                    "entity_id": where.entity_id,
-                    "ordering_key": keys["ordering_key"],
-                    "concurrency_key": keys["concurrency_key"],
-                    "rate_key": keys["rate_key"],
-                    "unique_key": keys["unique_key"],
-                    "after_created_at": after_at,
-                    "after_id": after_id,
-                    # One more than shown: whether there is a next page.
-                    "limit": limit + 1,
-                }
-            ),
-        )
-    shown = [dict(r) for r in rows[:limit]]
-    return JobPage(shown, page_cursor(shown[-1]) if len(rows) > limit else None)
+    return {
+        "tenant": where.tenant,
+        "type": where.type,
+        "status": where.status.value if where.status else None,
+        "entity_id": where.entity_id,
+        "ordering_key": keys["ordering_key"],
+        "concurrency_key": keys["concurrency_key"],
+        "rate_key": keys["rate_key"],
+        "unique_key": keys["unique_key"],
+        "after_created_at": after_at,
+        "after_id": after_id,
+        "limit": limit,
+    }
 
 
 @dataclass(frozen=True, slots=True)

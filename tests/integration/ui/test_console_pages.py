@@ -307,6 +307,38 @@ async def test_the_list_pages_by_keyset_keeps_its_filters_and_filters_by_key(
     assert job_ids_listed(answer.text) == set()
 
 
+async def test_the_list_across_tenants_and_statuses_pages_newest_first_through_ties(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    # Jobs of every status and two tenants, three of them created at the same instant:
+    # the list with no filter merges the statuses' own orders (CONSOLE_JOB_SEARCH_ANY_STATUS)
+    # and must page through them as one order, each job once.
+    ids = [await add_job(db, settings, tenant, "e") for tenant in ("acme", "globex") * 4]
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = (ARRAY['pending', 'running', 'succeeded', 'failed',"
+            " 'cancelled'])[1 + numbered.n % 5] FROM (SELECT id, row_number() OVER"
+            " (ORDER BY id) AS n FROM jobs) AS numbered WHERE jobs.id = numbered.id"
+        )
+        await conn.execute(
+            "UPDATE jobs SET created_at = '2026-01-01T00:00:00Z' WHERE id = ANY(%s::uuid[])",
+            (ids[2:5],),
+        )
+        cur = await conn.execute("SELECT id FROM jobs ORDER BY created_at DESC, id DESC")
+        newest_first = [str(row["id"]) for row in await cur.fetchall()]
+    pages: list[list[str]] = []
+    url: str | None = "/jobs?limit=3"
+    while url is not None:
+        answer = await client.get(url, headers=HTML)
+        assert answer.status_code == 200
+        pages.append(re.findall(r'href="/jobs/([0-9a-f-]{36})"', answer.text))
+        url = next_page_link(answer.text)
+    assert [len(page) for page in pages] == [3, 3, 2]
+    assert [job for page in pages for job in page] == newest_first
+    typed = await client.get("/jobs?type=echo", headers=HTML)
+    assert len(job_ids_listed(typed.text)) == 8
+
+
 async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_does(
     client: httpx.AsyncClient, db: Database, settings: Settings
 ) -> None:

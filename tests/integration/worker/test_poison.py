@@ -1,11 +1,15 @@
-"""Poison messages go to the dead-letter queue and the worker keeps going; `jobcore dlq`."""
+"""Poison messages go to the dead-letter queue and the worker keeps going; `jobcore dlq`,
+and one job's dead letters replayed from the command and the console."""
 
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import uuid
 
 import aio_pika
+import httpx
 import orjson
 import pytest
 
@@ -13,12 +17,15 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.envelope import JobMessage
 from jobcore.registry import Registry, default_registry
+from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.sql.jobs.run import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
 from jobcore.store import jobs as job_statements
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
+from jobcore.usecases import keys as key_usecases
+from services.ui.app import create_app
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
@@ -30,6 +37,8 @@ from tests.integration.worker.support import (
     status_is,
     submit,
 )
+
+CONSOLE = "http://console.test"
 
 
 async def dead_letter_count(settings: Settings, topology: Topology) -> int:
@@ -257,3 +266,96 @@ async def test_replaying_a_message_that_already_ran_has_no_effect(
     await eventually(deduplicated, what="the replayed message to hit the inbox")
     assert await dead_letter_count(wsettings, topology) == 0
     assert (await job_row(db, job_id))["status"] == "failed"
+
+
+async def test_one_jobs_dead_letter_is_replayed_alone_from_the_command_and_the_console(
+    db: Database,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    # Three jobs dead-lettered by a worker that does not know their type ...
+    partial = Registry()
+    partial.register(default_registry.get("noop"))
+    old = await start_worker(registry=partial, queues=["testq"])
+    jobs = [await submit(db, topology, "wt_gate", GatePayload()) for _ in range(3)]
+    await outbox_pump.drain()
+
+    async def three_dead() -> bool:
+        return await dead_letter_count(wsettings, topology) == 3
+
+    await eventually(three_dead, what="three dead letters")
+    await old.stop()
+    code, out, _ = await jobcore(wsettings, "dlq", "list", "--json")
+    order = [m["job_id"] for m in orjson.loads(out)]
+    assert sorted(order) == sorted(str(j) for j in jobs)
+    worker = await start_worker()
+
+    # ... the middle one's is replayed on its own: it runs, the others stay, in their order.
+    middle = uuid.UUID(order[1])
+    code, out, err = await jobcore(wsettings, "dlq", "replay-job", str(middle))
+    assert code == 0, err
+    assert out.startswith("replayed 1 message(s), skipped 0")
+    await eventually(lambda: status_is(db, middle, "succeeded"), what="the replayed job")
+    assert len(await effects(db, middle)) == 1
+    code, out, _ = await jobcore(wsettings, "dlq", "list", "--json")
+    assert [m["job_id"] for m in orjson.loads(out)] == [order[0], order[2]]
+    for other in (order[0], order[2]):
+        assert (await job_row(db, uuid.UUID(other)))["status"] == "pending"
+
+    # Again: none of its messages is left, which is one line and a non-zero exit.
+    code, out, err = await jobcore(wsettings, "dlq", "replay-job", str(middle))
+    assert code == 1
+    assert err.strip().splitlines() == [
+        f"jobcore: no message of job {middle} is in the dead-letter queue"
+    ]
+    code, _, err = await jobcore(wsettings, "dlq", "replay-job", "not-a-job")
+    assert code == 2
+    assert await dead_letter_count(wsettings, topology) == 2
+
+    # The console's job page offers the same for a job whose message is dead-lettered.
+    key = await key_usecases.create_key(db, "ops", "ops", scopes=[Scope.ADMIN], actor="tests")
+    console = create_app(wsettings)
+    async with console.router.lifespan_context(console):
+        transport = httpx.ASGITransport(console)
+        async with httpx.AsyncClient(transport=transport, base_url=CONSOLE) as http:
+            origin = {"Origin": CONSOLE}
+            signed_in = await http.post("/login", data={"key": key.key}, headers=origin)
+            assert signed_in.status_code == 303
+            first = order[0]
+            page = (await http.get(f"/jobs/{first}")).text
+            assert f'action="/jobs/{first}/replay"' in page
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert csrf is not None
+            done = await http.post(
+                f"/jobs/{first}/replay", data={"csrf": csrf.group(1)}, headers=origin
+            )
+            assert done.status_code == 303
+            assert done.headers["location"].endswith(f"/jobs/{first}")
+            assert "Replayed 1 message(s), skipped 0" in html.unescape(
+                (await http.get(f"/jobs/{first}")).text
+            )
+    await eventually(
+        lambda: status_is(db, uuid.UUID(first), "succeeded"), what="the job replayed from the UI"
+    )
+    code, out, _ = await jobcore(wsettings, "dlq", "list", "--json")
+    assert [m["job_id"] for m in orjson.loads(out)] == [order[2]]
+    assert (await job_row(db, uuid.UUID(order[2])))["status"] == "pending"
+    assert worker.metrics.counts["processed.succeeded"] == 2
+
+    # Each is audited: on the job, with its tenant and what was replayed; the refusal too.
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT action, target_type, target_id, tenant, outcome, details FROM audit_log "
+            "WHERE action = 'dlq.replay_job' ORDER BY id"
+        )
+        entries = [dict(row) for row in await cur.fetchall()]
+    assert [(e["target_id"], e["outcome"]) for e in entries] == [
+        (str(middle), "succeeded"),
+        (str(middle), "refused"),
+        (first, "succeeded"),
+    ]
+    assert {(e["target_type"], e["tenant"]) for e in entries} == {("job", "t")}
+    assert entries[1]["details"]["refused"] == "NoDeadLetter"
+    assert [m["job_id"] for m in entries[0]["details"]["messages"]] == [str(middle)]

@@ -176,22 +176,36 @@ JOB_COUNT_OPEN_BY_QUEUE = Query[NoParams](
 )
 
 
-# Once per sweeper round, by the sweeper's lease holder (services/worker/sweeper.py), for
-# the alert on due jobs that wait (deploy/prometheus/alerts.yaml): a job is due from
-# greatest(created_at, next_attempt_at), as JOB_LOCK_STALE counts it; gated ones wait on
-# purpose. Not per scrape: it reads every pending row.
+# Once per sweeper round, by the maintenance leader's sweeper, for the alert on due jobs
+# that wait (deploy/prometheus/alerts.yaml): a job is due from greatest(created_at,
+# next_attempt_at), as JOB_LOCK_STALE counts it; gated ones wait on purpose. Served by
+# jobs_due_idx (migration 0025), which holds the pending jobs no gate holds by queue and
+# due time: the queues are found by a loose scan (one descent per queue), and each queue's
+# first entry is its longest-waiting job, due if its time has come. A few pages per queue,
+# where grouping every pending row read them all once a minute.
 JOB_OVERDUE_BY_QUEUE = Query[NoParams](
     "job_overdue_by_queue",
     "Per queue, how long its longest-waiting due pending job (not held by a gate) has been due.",
     """
-    SELECT queue,
-           extract(epoch FROM now() - min(greatest(created_at, next_attempt_at)))::float8
-               AS overdue_seconds
-    FROM jobs
-    WHERE status = 'pending'
-      AND held_reason IS NULL
-      AND greatest(created_at, next_attempt_at) <= now()
-    GROUP BY queue
+    WITH RECURSIVE queues AS (
+        SELECT min(queue) AS queue FROM jobs WHERE status = 'pending' AND held_reason IS NULL
+        UNION ALL
+        SELECT (SELECT min(queue) FROM jobs
+                WHERE status = 'pending' AND held_reason IS NULL AND queue > queues.queue)
+        FROM queues
+        WHERE queues.queue IS NOT NULL
+    )
+    SELECT queues.queue,
+           extract(epoch FROM now() - longest.due_at)::float8 AS overdue_seconds
+    FROM queues
+    CROSS JOIN LATERAL (
+        SELECT greatest(created_at, next_attempt_at) AS due_at
+        FROM jobs
+        WHERE status = 'pending' AND held_reason IS NULL AND jobs.queue = queues.queue
+        ORDER BY greatest(created_at, next_attempt_at)
+        LIMIT 1
+    ) AS longest
+    WHERE longest.due_at <= now()
     """,
 )
 
