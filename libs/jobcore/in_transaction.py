@@ -41,6 +41,7 @@ from jobcore.enqueue import EnqueueResult
 from jobcore.errors import InvalidField, JobcoreError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
+from jobcore.quotas import Quotas
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.submit import EnqueueRequest, enqueue
@@ -83,6 +84,7 @@ async def enqueue_in(
     delay: float | None = None,
     priority: Priority | None = None,
     ordering_key: str | None = None,
+    quotas: Quotas | None = None,
 ) -> EnqueueResult:
     """Write a job of ``job_type`` (registered in ``registry``) for ``tenant`` in the open
     transaction of ``tx``: a SQLAlchemy ``AsyncSession`` on the psycopg driver (its
@@ -93,6 +95,13 @@ async def enqueue_in(
     :class:`~jobcore.submit.EnqueueRequest`, with the same rules and errors.
     ``settings``: the deployment's (exchange names, tenant quota defaults, the inline
     payload limit); None reads them from the environment.
+
+    ``quotas``: the quotas of a tenant without its own (``tenant_quotas``); None: the
+    deployment's defaults, as for the API. A tenant with a rate limit or a cap is admitted
+    under the lock of its usage row, which is then held until the caller's transaction
+    ends: the tenant's other enqueues wait for that commit. :data:`jobcore.quotas.
+    UNLIMITED` admits without that lock (for a tenant without quotas of its own), so that
+    long transactions do not serialise the tenant's enqueues.
 
     Refused, it raises the API's typed error (:class:`~jobcore.errors.InvalidField`,
     :class:`~jobcore.errors.InvalidPayload`, :class:`~jobcore.errors.UniqueJobExists`,
@@ -122,6 +131,7 @@ async def enqueue_in(
             "priority": priority,
             "ordering_key": ordering_key,
         },
+        quotas=quotas,
     )
 
 
@@ -141,6 +151,7 @@ def enqueue_in_sync(
     delay: float | None = None,
     priority: Priority | None = None,
     ordering_key: str | None = None,
+    quotas: Quotas | None = None,
 ) -> EnqueueResult:
     """:func:`enqueue_in` for a SQLAlchemy ``Session`` on the psycopg driver or a psycopg
     ``Connection``: the same arguments, errors and guarantees, blocking."""
@@ -164,6 +175,7 @@ def enqueue_in_sync(
                 "priority": priority,
                 "ordering_key": ordering_key,
             },
+            quotas=quotas,
         )
     )
 
@@ -177,6 +189,7 @@ async def _enqueue(
     tenant: str,
     settings: Settings | None,
     options: Mapping[str, Any],
+    quotas: Quotas | None,
 ) -> EnqueueResult:
     settings = Settings() if settings is None else settings
     kind = registry.get(job_type)
@@ -201,7 +214,7 @@ async def _enqueue(
             cast(Session, statements),
             Topology.from_settings(settings),
             request,
-            quotas=settings.quota_defaults,
+            quotas=settings.quota_defaults if quotas is None else quotas,
         )
     except BaseException:
         # Should this fail too (the connection lost), the caller's transaction is gone
