@@ -122,7 +122,8 @@ async def test_a_rollback_leaves_no_job_no_message_and_no_usage(
     async with db.connection() as conn:
         cur = await conn.execute("SELECT count(*) AS n FROM job_gates")
         gates = await cur.fetchone()
-    assert gates is not None and gates["n"] == 0
+    assert gates is not None
+    assert gates["n"] == 0
     await send_marker(db)
     assert await next_notify(listener) == "marker"  # the rolled-back enqueue woke no relay
 
