@@ -109,8 +109,9 @@ async def enqueue_in(
     with the transaction usable. A payload whose JSON is larger than
     ``inline_payload_max_bytes`` is refused (``InvalidField`` on ``payload``): such a
     payload would go to the object store before the insert, and a rollback would leave
-    it there. Never commits: the job is visible, and the relays woken, when the caller
-    commits.
+    it there. A database error (the caller's lock or statement timeout) is psycopg's,
+    also undone to the savepoint. Never commits: the job is visible, and the relays
+    woken, when the caller commits.
     """
     conn = await _async_connection(tx)
     _check_in_transaction(conn)

@@ -107,6 +107,7 @@ async def test_a_committed_job_appears_at_the_commit_and_runs_once(
                 return await cur.fetchone()
 
         done = await eventually(succeeded, timeout=30, what="the job to succeed")
+    assert done is not None
     assert done["attempts"] == 1  # run once
 
 

@@ -116,3 +116,29 @@ async def test_with_a_quota_the_tenants_enqueues_queue_behind_an_open_transactio
             if not third.done():
                 third.cancel()
     assert third_id in await visible_jobs(db)
+
+
+async def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
+    settings: Settings, db: Database
+) -> None:
+    """An application with a lock_timeout: the enqueue queued behind another transaction's
+    admission gives up with the driver's error, and the caller's own writes still commit
+    (the enqueue's statement failed inside its savepoint)."""
+    async with (
+        app_tx("psycopg_async", settings) as holder,
+        app_tx("psycopg_async", settings) as caller,
+    ):
+        await holder.enqueue("echo", {"text": "holds the usage row"})
+        await caller.add_order(1)
+        await caller.execute("SET LOCAL lock_timeout = '50ms'", {})
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            await caller.enqueue("echo", {"text": "waits"})
+        await caller.add_order(2)
+        await caller.commit()
+        await holder.rollback()
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT array_agg(id ORDER BY id) AS ids FROM orders")
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["ids"] == [1, 2]
+    assert await visible_jobs(db) == set()
