@@ -1,6 +1,6 @@
 """The enqueue bench's baseline app (services/bench/minimal_app.py) writes trigger-free
 copies of jobs and outbox by default: on jobcore's own tables the quota trigger locked one
-tenant_usage row per insert until COMMIT, and the baseline queued on it (issue 36)."""
+tenant_usage row per insert until COMMIT, and the baseline queued on it."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ async def serving(url: str, tables: str = "own") -> AsyncIterator[httpx.AsyncCli
 def counts(url: str) -> dict[str, int]:
     with psycopg.connect(url) as conn:
         found = {
-            "tenant_usage": conn.execute(
-                "SELECT count(*) FROM tenant_usage WHERE tenant = %s", (TENANT,)
+            # What the quota trigger writes per job added: a +1 delta of the tenant's usage.
+            "usage_deltas": conn.execute(
+                "SELECT count(*) FROM tenant_usage_deltas WHERE tenant = %s", (TENANT,)
             ).fetchone(),
             "jobs": conn.execute("SELECT count(*) FROM jobs").fetchone(),
             "outbox": conn.execute("SELECT count(*) FROM outbox").fetchone(),
@@ -51,8 +52,8 @@ async def test_the_baseline_writes_its_own_tables_without_jobcore_triggers(
     found = counts(settings.database_url)
     assert found[OWN_TABLES["jobs"]] == 3
     assert found[OWN_TABLES["outbox"]] == 3
-    # Neither jobcore's tables nor the quota trigger's usage row were touched.
-    assert (found["jobs"], found["outbox"], found["tenant_usage"]) == (0, 0, 0)
+    # Neither jobcore's tables nor the quota trigger's usage were touched.
+    assert (found["jobs"], found["outbox"], found["usage_deltas"]) == (0, 0, 0)
 
 
 async def test_on_jobcores_tables_the_quota_trigger_counts_the_baselines_jobs(
@@ -62,7 +63,7 @@ async def test_on_jobcores_tables_the_quota_trigger_counts_the_baselines_jobs(
     async with serving(settings.database_url, "jobcore") as client:
         assert (await client.post("/jobs/noop", json={})).status_code == 202
     found = counts(settings.database_url)
-    assert (found["jobs"], found["outbox"], found["tenant_usage"]) == (1, 1, 1)
+    assert (found["jobs"], found["outbox"], found["usage_deltas"]) == (1, 1, 1)
 
 
 def test_an_unknown_table_choice_is_refused() -> None:
