@@ -463,10 +463,11 @@ class JobRetryParams(JobFencedParams, OutboxMessageParams):
 
 
 # The retry's message goes through the outbox like any other, due when the backoff ends,
-# so it survives a broker outage and shows in the database while it waits. Its event is
-# dated by the same clock read as the due time (statement_timestamp(), not the column's
-# clock_timestamp(), which is read later): a delay of 0, which full jitter can draw, is due
-# at its event, never before it.
+# so it survives a broker outage and shows in the database while it waits. Its event and
+# its message are dated by the same clock read as the due time (statement_timestamp(): not
+# the event column's clock_timestamp(), read later, nor the message's now(), the start of a
+# transaction that may hold earlier statements): a delay of 0, which full jitter can draw,
+# is due at its event, and the message is due exactly its delay after it was written.
 JOB_RETRY = Query[JobRetryParams](
     "job_retry",
     "Put a failed attempt back to pending with a delay and its next message (or end it "
@@ -502,11 +503,11 @@ JOB_RETRY = Query[JobRetryParams](
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at, priority
+            tenant, available_at, priority, created_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
                %(headers)s, %(body)s, back.id, back.tenant, back.next_attempt_at,
-               back.priority
+               back.priority, statement_timestamp()
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
@@ -631,11 +632,12 @@ JOB_RELEASE = Query[JobReleaseParams](
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
-            available_at, priority
+            available_at, priority, created_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
                %(headers)s, %(body)s, back.id, back.tenant,
-               coalesce(back.next_attempt_at, now()), back.priority
+               coalesce(back.next_attempt_at, statement_timestamp()), back.priority,
+               statement_timestamp()
         FROM back
         WHERE back.status = 'pending'
         RETURNING id
