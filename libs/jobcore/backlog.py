@@ -3,9 +3,10 @@ queue depth from RabbitMQ, and what keeps vacuum from cleaning up after them (th
 the database's xmin horizon, the hot tables' dead rows).
 
 A few statements (``open_jobs_by_queue``, ``database_xmin_horizon``, ``hot_table_tuples``)
-and one passive declare per queue, at most once per ``cache_seconds`` however often Prometheus (or several of them) scrape. A source that
-does not answer within ``timeout`` leaves its gauges at their last values and counts a
-failed refresh, so a scrape never hangs on a database or broker that is down.
+and one passive declare per queue, at most once per ``cache_seconds`` however often
+Prometheus (or several of them) scrape. A source that does not answer within ``timeout``
+leaves its gauges at their last values and counts a failed refresh, so a scrape never hangs
+on a database or broker that is down.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database, fetch_all
 from jobcore.errors import DatabaseUnavailable
-from jobcore.sql.database_health import HOT_TABLE_TUPLES, HOT_TABLES, XMIN_HORIZON
+from jobcore.schema import HOT_TABLES
+from jobcore.sql.database_health import HOT_TABLE_TUPLES, XMIN_HORIZON
 from jobcore.sql.flow_pauses import FLOW_PAUSE_LIST
 from jobcore.store import job_store
 

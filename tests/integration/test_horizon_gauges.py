@@ -20,7 +20,11 @@ from jobcore.testing.waiting import eventually
 def gauges(db: Database, settings: Settings) -> tuple[CollectorRegistry, BacklogGauges]:
     registry = CollectorRegistry()
     backlog = BacklogGauges(
-        registry, db, Topology.from_settings(settings), ["default"], lambda: None,
+        registry,
+        db,
+        Topology.from_settings(settings),
+        ["default"],
+        lambda: None,
         cache_seconds=0,
     )
     return registry, backlog

@@ -8,19 +8,6 @@ from typing import TypedDict
 
 from jobcore.sql import Query
 
-# The tables every job writes to and deletes from (or updates) on its way through: their
-# dead rows are what a pinned horizon lets pile up (docs/bench/pressure/).
-HOT_TABLES = (
-    "jobs",
-    "outbox",
-    "inbox",
-    "job_events",
-    "job_effects",
-    "job_gates",
-    "tenant_usage",
-    "tenant_usage_deltas",
-)
-
 
 class NoParams(TypedDict):
     pass
