@@ -130,6 +130,13 @@ def bench(
     pressure_rate: float = typer.Option(
         200.0, min=1, max=5000, help="Pressure: jobs per second offered (open loop)."
     ),
+    pressure_warmup: float = typer.Option(
+        150.0,
+        min=1,
+        max=3600,
+        help="Pressure: seconds of load before the clean phase (the tables fill to their "
+        "retention's size: 120 s).",
+    ),
     pressure_clean: float = typer.Option(
         60.0, min=1, max=3600, help="Pressure: seconds of the clean phase."
     ),
@@ -217,6 +224,7 @@ def bench(
         gate_keys=gate_keys,
         pg_stats_url=pg_stats_url if pg_stats else "",
         pressure_rate=pressure_rate,
+        pressure_warmup=pressure_warmup,
         pressure_clean=pressure_clean,
         pressure_pin=pressure_pin,
         pressure_phase=pressure_phase,

@@ -49,7 +49,7 @@ import psycopg
 
 from jobcore.schema import HOT_TABLES
 from jobcore.settings import load_settings
-from jobcore.testing.pipeline import PIPELINE_JOB_MODULES, Stack, archive_pruned
+from jobcore.testing.pipeline import Stack, archive_pruned
 from jobcore.testing.processes import ROOT
 from services.bench.harness import Bench, Options, pids, relays_ready
 from services.bench.measure import CpuMeter
@@ -66,6 +66,9 @@ from services.bench.report import Figure, Section, Series
 
 TITLE = "Pressure and chaos as a production database applies them"
 PHASES = ("clean", "pin", "readers", "overload", "kills", "pool", "restart", "sigkill")
+# Only the test job types: the examples (jobcore.jobtypes) include one that may run ten
+# minutes, which would need a consumer timeout, and so an inbox window, of as long.
+JOB_MODULES = ("jobcore.testing.jobtypes",)
 CLUSTER_SCRIPT = ROOT / "scripts" / "pressure_cluster.sh"
 READERS = 4
 READER_TRANSACTION = 10.0  # seconds each reader's REPEATABLE READ transaction lasts
@@ -79,13 +82,14 @@ RATE_BACK = 0.9  # × the clean completed rate
 P95_BACK = 3.0  # × the clean pickup p95
 DRAIN_TIMEOUT = 600.0
 RESERVED = 3  # connection slots pool exhaustion leaves (superuser_reserved_connections)
-# Finished jobs kept five minutes, so the jobs table reaches a steady size within the run
+# Finished jobs kept two minutes, so the jobs table reaches a steady size within the warm-up
 # (the default week would grow it throughout, hiding what a phase adds); the inbox window
-# as short as five deliveries of a minute allow.
+# as short as five deliveries of a minute allow (the test job types hold a slot < 60 s).
+RETENTION = 120
 STACK_ENV = {
-    "JOBCORE_RETENTION_SUCCEEDED": "300",
-    "JOBCORE_RETENTION_FAILED": "300",
-    "JOBCORE_RETENTION_CANCELLED": "300",
+    "JOBCORE_RETENTION_SUCCEEDED": str(RETENTION),
+    "JOBCORE_RETENTION_FAILED": str(RETENTION),
+    "JOBCORE_RETENTION_CANCELLED": str(RETENTION),
     "JOBCORE_PRUNER_INTERVAL": "10",
     "JOBCORE_AMQP_DELIVERY_LIMIT": "5",
     "JOBCORE_AMQP_CONSUMER_TIMEOUT": "60",
@@ -425,13 +429,14 @@ async def run(bench: Bench) -> Section:
         f"`effect` jobs POSTed open-loop at {rate:g}/s to one API (one relay, two workers) on "
         f"a PostgreSQL cluster of its own with autovacuum on (scripts/pressure_cluster.sh); "
         f"phases {', '.join(f'{p} {phase_seconds[p]:g} s' for p in PHASES)}, each followed "
-        f"by {recovery:g} s of recovery at the same rate; finished jobs kept 300 s. Pickup is "
+        f"by {recovery:g} s of recovery at the same rate. Pickup is "
         f"created → started; 'back to clean' is the first {RECOVERY_SPAN} s window after the "
         f"phase whose completed rate is ≥ {RATE_BACK}× clean and pickup p95 ≤ {P95_BACK:g}× "
-        f"clean. Load average at start {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+        f"clean. A warm-up of {options.pressure_warmup:g} s first (finished jobs are kept "
+        f"{RETENTION} s). Load average at start {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
     )
     result = Run()
-    async with own.scratch("pressure", PIPELINE_JOB_MODULES) as config:
+    async with own.scratch("pressure", JOB_MODULES) as config:
         url = config.database_url
         async with await connect(url, autocommit=True) as conn:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
@@ -503,8 +508,8 @@ async def run(bench: Bench) -> Section:
             phase_index: dict[str, int] = {}
             recovery_index: dict[str, int] = {}
             try:
-                # Warm-up: plans made, pools filled, tables past their first autovacuum.
-                await window("warm-up", "warm-up", min(30.0, max(3.0, phase_seconds["clean"])))
+                # Warm-up: plans made, pools filled, the jobs table at its retention's size.
+                await window("warm-up", "warm-up", options.pressure_warmup)
                 for name in PHASES:
                     if name == "overload":
                         bench.step("pressure: measuring capacity")
