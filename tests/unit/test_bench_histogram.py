@@ -39,6 +39,8 @@ def test_merged_histograms_count_both_and_an_empty_one_has_no_percentile() -> No
     first.merge(second)
     assert first.total == 4
     median, most = first.ms(50), first.ms(100)
-    assert median is not None and median < 1.1
-    assert most is not None and most >= 1000
+    assert median is not None
+    assert median < 1.1
+    assert most is not None
+    assert most >= 1000
     assert Histogram().percentile(50) is None
