@@ -242,7 +242,7 @@ async def window_end_stats(url: str) -> dict[str, Any]:
 # -- the disturbances ------------------------------------------------------------------------
 
 
-async def until(deadline: float, stop_early: asyncio.Event | None = None) -> None:
+async def until(deadline: float) -> None:
     """Sleep until the wall clock reaches ``deadline`` (the phase's length)."""
     wait = deadline - time.time()
     if wait > 0:
@@ -448,10 +448,12 @@ async def run(bench: Bench) -> Section:
             load = OpenLoad(stack.api_port, stack.api_key, rate)
             completions = Completions(url, result.windows)
             monitor = Monitor(url, result.windows, options.pressure_sample)
-            # The load runs until every window is through: bounded by their total length.
-            horizon = time.time() + sum(phase_seconds.values()) + 2 * recovery * len(PHASES)
-            horizon += 4 * 3600
-            loading = asyncio.create_task(load.run(horizon))
+            # The load runs until every window is through (stop()), and at the latest an hour
+            # after the longest the windows can take.
+            planned = options.pressure_warmup + sum(phase_seconds.values())
+            planned += (len(PHASES) + 1) * (recovery + options.pressure_phase)
+            planned += options.pressure_pin_recovery + options.pressure_after_pin
+            loading = asyncio.create_task(load.run(time.time() + planned + 3600))
             tailing = asyncio.create_task(completions.run())
             monitoring = asyncio.create_task(monitor.run())
             processes = pids(stack)
