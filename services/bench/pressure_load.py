@@ -233,26 +233,41 @@ class OpenLoad:
     async def _attempt(self, request: bytes, counts: WindowCounts) -> float | None:
         """One try; None when the job is settled (accepted, or refused for good), else
         how long to wait before the next."""
-        conn: Connection | None = None
         started = time.monotonic()
-        try:
-            conn = (
-                self._idle.pop()
-                if self._idle
-                else Connection(
-                    *await asyncio.wait_for(asyncio.open_connection(HOST, self.port), HTTP_TIMEOUT)
-                )
-            )
-            status, headers, _ = await asyncio.wait_for(conn.exchange(request), HTTP_TIMEOUT)
-        except TimeoutError:
-            counts.hangs += 1
-            if conn is not None:
-                conn.close()
-            return 0.2
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError):
-            counts.transport_errors += 1
-            if conn is not None:
-                conn.close()
+        # A kept-alive connection the server closed meanwhile (uvicorn closes one idle
+        # for 5 s) fails before any answer: tried again at once on a new one, as HTTP
+        # clients do, and not counted as a transport error.
+        reused = bool(self._idle)
+        for fresh in (False, True) if reused else (True,):
+            conn: Connection | None = None
+            try:
+                if fresh:
+                    conn = Connection(
+                        *await asyncio.wait_for(
+                            asyncio.open_connection(HOST, self.port), HTTP_TIMEOUT
+                        )
+                    )
+                else:
+                    conn = self._idle.pop()
+                status, headers, _ = await asyncio.wait_for(conn.exchange(request), HTTP_TIMEOUT)
+                break
+            except TimeoutError:
+                counts.hangs += 1
+                if conn is not None:
+                    conn.close()
+                return 0.2
+            except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
+                if conn is not None:
+                    conn.close()
+                if fresh:
+                    counts.transport_errors += 1
+                    return 0.2
+            except (OSError, asyncio.LimitOverrunError, HttpError):
+                counts.transport_errors += 1
+                if conn is not None:
+                    conn.close()
+                return 0.2
+        else:  # unreachable: the try on a fresh connection breaks or returns
             return 0.2
         counts.http.add(time.monotonic() - started)
         self._idle.append(conn)

@@ -79,6 +79,7 @@ TOP_WAITS = 5
 TOP_STATEMENTS = 8
 RECOVERY_SPAN = 5  # seconds of the sliding window "back to clean" is judged on
 RATE_BACK = 0.9  # × the clean completed rate
+RESUME_LIMIT = 600  # seconds after the pool's release work_resumed looks
 P95_BACK = 3.0  # × the clean pickup p95
 DRAIN_TIMEOUT = 600.0
 RESERVED = 3  # connection slots pool exhaustion leaves (superuser_reserved_connections)
@@ -388,6 +389,15 @@ def back_to_clean(
         p95 = pickup_between(completions, t0, t0 + RECOVERY_SPAN).percentile(95)
         if rate >= RATE_BACK * clean_rate and p95 is not None and p95 <= P95_BACK * clean_p95:
             return float(offset)
+    return None
+
+
+def work_resumed(completions: Completions, release: float, clean_rate: float) -> float | None:
+    """Seconds from ``release`` to the end of the first whole second after it in which
+    jobs completed at half the clean rate or more (None: not within RESUME_LIMIT)."""
+    for second in range(int(release) + 1, int(release) + RESUME_LIMIT):
+        if completions.per_second.get(second, 0) >= 0.5 * clean_rate:
+            return round(second + 1 - release, 2)
     return None
 
 
@@ -811,7 +821,8 @@ def summarise(
     pool, pool_r = figures[phase_index["pool"]], figures[recovery_index["pool"]]
     release = result.details[phase_index["pool"]].get("released_at")
     first = completions.first_after.get(release) if release else None
-    resumed = None if first is None or release is None else round(first - release, 2)
+    behind = None if first is None or release is None else round(first - release, 2)
+    resumed = None if release is None else work_resumed(completions, release, clean_rate)
     per_phase_bad = {
         name: (
             figures[phase_index[name]]["duplicate_effects"],
@@ -873,7 +884,8 @@ def summarise(
             f"({pool.get('backends_while_held')} backends of {pool.get('max_connections')}); "
             f"503s {pool['answers_503']}, without Retry-After {pool['503_without_retry_after']}, "
             f"over the timeout {pool['hangs_over_timeout']}; HTTP max {pool['http_max_ms']} ms; "
-            f"first job created after the release finished {_fmt(resumed)} s after it; "
+            f"completions back to half the clean rate {_fmt(resumed)} s after the release "
+            f"(a job created after it finished {_fmt(behind)} s after it, behind the backlog); "
             f"recovery 503s {pool_r['answers_503']}",
         ),
     ]
