@@ -1,10 +1,12 @@
 """Backlog gauges computed when /metrics is scraped: open jobs per queue from PostgreSQL,
-queue depth from RabbitMQ.
+queue depth from RabbitMQ, and what keeps vacuum from cleaning up after them (the age of
+the database's xmin horizon, the hot tables' dead rows).
 
-One statement (``open_jobs_by_queue``) and one passive declare per queue, at most once
-per ``cache_seconds`` however often Prometheus (or several of them) scrape. A source that
-does not answer within ``timeout`` leaves its gauges at their last values and counts a
-failed refresh, so a scrape never hangs on a database or broker that is down.
+A few statements (``open_jobs_by_queue``, ``database_xmin_horizon``, ``hot_table_tuples``)
+and one passive declare per queue, at most once per ``cache_seconds`` however often
+Prometheus (or several of them) scrape. A source that does not answer within ``timeout``
+leaves its gauges at their last values and counts a failed refresh, so a scrape never hangs
+on a database or broker that is down.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database, fetch_all
 from jobcore.errors import DatabaseUnavailable
+from jobcore.schema import HOT_TABLES
+from jobcore.sql.database_health import HOT_TABLE_TUPLES, XMIN_HORIZON
 from jobcore.sql.flow_pauses import FLOW_PAUSE_LIST
 from jobcore.store import job_store
 
@@ -88,6 +92,29 @@ class BacklogGauges:
             ["kind", "name"],
             registry=registry,
         )
+        self.horizon_age = Gauge(
+            "jobcore_database_xmin_horizon_age_seconds",
+            "How long the oldest transaction holding back the database's xmin horizon has "
+            "been open: vacuum cannot remove a row that died after it began.",
+            registry=registry,
+        )
+        self.horizon_xids = Gauge(
+            "jobcore_database_xmin_horizon_age_transactions",
+            "Transactions since the database's xmin horizon (also a replication slot's).",
+            registry=registry,
+        )
+        self.dead_tuples = Gauge(
+            "jobcore_table_dead_tuples",
+            "Dead row versions in each of jobcore's hot tables (pg_stat_user_tables).",
+            ["table"],
+            registry=registry,
+        )
+        self.live_tuples = Gauge(
+            "jobcore_table_live_tuples",
+            "Live rows in each of jobcore's hot tables (pg_stat_user_tables).",
+            ["table"],
+            registry=registry,
+        )
         self.refresh_failures = Counter(
             "jobcore_backlog_refresh_failures",
             "Scrapes whose backlog source (database or broker) did not answer in time.",
@@ -109,6 +136,8 @@ class BacklogGauges:
             async with asyncio.timeout(self.timeout), self.db.connection() as conn:
                 rows = await job_store.count_open_by_queue(conn)
                 pauses = await fetch_all(conn, FLOW_PAUSE_LIST({}))
+                [horizon] = await fetch_all(conn, XMIN_HORIZON({}))
+                tuples = await fetch_all(conn, HOT_TABLE_TUPLES({"tables": list(HOT_TABLES)}))
         except (DatabaseUnavailable, TimeoutError):
             self.refresh_failures.labels("database").inc()
             return
@@ -122,6 +151,11 @@ class BacklogGauges:
         self.paused.clear()
         for pause in pauses:
             self.paused.labels(pause["kind"], pause["name"]).set(1)
+        self.horizon_age.set(float(horizon["seconds"]))
+        self.horizon_xids.set(int(horizon["xids"]))
+        for row in tuples:
+            self.dead_tuples.labels(row["name"]).set(int(row["dead"]))
+            self.live_tuples.labels(row["name"]).set(int(row["live"]))
 
     async def _refresh_queues(self) -> None:
         connection = self.broker()

@@ -641,3 +641,16 @@ tenant_usage_deltas = Table(
     Column("delta", Integer, nullable=False),
     PrimaryKeyConstraint("tenant", "id"),
 )
+
+# The tables every job writes to and deletes from (or updates) on its way through: their
+# dead rows are what a held xmin horizon lets pile up (docs/bench/pressure/report.md).
+HOT_TABLES = (
+    "jobs",
+    "outbox",
+    "inbox",
+    "job_events",
+    "job_effects",
+    "job_gates",
+    "tenant_usage",
+    "tenant_usage_deltas",
+)

@@ -50,8 +50,11 @@ def bench(
         "backlog and probes are --fair-backlog and --fair-probes), ordered, timeline (the "
         "hot path's statements with the job timeline on vs off), timeline_e2e (the same "
         "through the pipeline), peers (Celery and Procrastinate on the same no-op jobs; "
-        "needs the bench extra) and cardinality (tenants, ordering keys, held jobs and gate "
-        "keys swept over orders of magnitude; --size).",
+        "needs the bench extra), cardinality (tenants, ordering keys, held jobs and gate "
+        "keys swept over orders of magnitude; --size) and pressure (a pinned xmin horizon, "
+        "REPEATABLE READ readers, overload, backend kills, pool exhaustion, a PostgreSQL "
+        "restart and worker SIGKILLs at a steady rate, on its own cluster: "
+        "scripts/pressure_cluster.sh; about 50 minutes at its defaults; --pressure-*).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Jobs per e2e, scale, batch and tracing run."
@@ -124,6 +127,47 @@ def bench(
         "postgresql://postgres@127.0.0.1:5451/postgres",
         help="The --pg-stats server (scripts/pg_stats_cluster.sh url).",
     ),
+    pressure_rate: float = typer.Option(
+        200.0, min=1, max=5000, help="Pressure: jobs per second offered (open loop)."
+    ),
+    pressure_warmup: float = typer.Option(
+        150.0,
+        min=1,
+        max=3600,
+        help="Pressure: seconds of load before the clean phase (the tables fill to their "
+        "retention's size: 120 s).",
+    ),
+    pressure_clean: float = typer.Option(
+        60.0, min=1, max=3600, help="Pressure: seconds of the clean phase."
+    ),
+    pressure_pin: float = typer.Option(
+        600.0, min=1, max=7200, help="Pressure: seconds the xmin horizon is pinned."
+    ),
+    pressure_phase: float = typer.Option(
+        60.0, min=1, max=3600, help="Pressure: seconds of each other phase."
+    ),
+    pressure_recovery: float = typer.Option(
+        60.0, min=1, max=3600, help="Pressure: seconds of recovery after each phase."
+    ),
+    pressure_pin_recovery: float = typer.Option(
+        60.0, min=1, max=7200, help="Pressure: seconds of recovery after the pin."
+    ),
+    pressure_after_pin: float = typer.Option(
+        1800.0,
+        min=0,
+        max=7200,
+        help="Pressure: the load runs on at least this long after the pin ended, where the "
+        "hot tables' size is compared with before it (0: no longer than the phases).",
+    ),
+    pressure_kill_rate: float = typer.Option(
+        5.0, min=0.1, max=100, help="Pressure: pg_terminate_backend calls a second."
+    ),
+    pressure_sample: float = typer.Option(
+        5.0, min=0.5, max=600, help="Pressure: seconds between table size samples."
+    ),
+    pressure_port: int = typer.Option(
+        5460, min=1024, max=65535, help="Pressure: its own cluster's port (never 5432)."
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -152,6 +196,8 @@ def bench(
         why = asyncio.run(pgstats.check_server(pg_stats_url))
         if why is not None:
             fail(why)
+    if pressure_port == 5432:
+        fail("--pressure-port: the pressure scenario restarts its cluster; not 5432", code=2)
     if size not in ("small", "full"):
         fail(f"--size takes small or full, got {size!r}", code=2)
     options = harness.Options(
@@ -177,6 +223,17 @@ def bench(
         held_steps=_step_list(held_steps, "held-steps", 1, 10_000_000),
         gate_keys=gate_keys,
         pg_stats_url=pg_stats_url if pg_stats else "",
+        pressure_rate=pressure_rate,
+        pressure_warmup=pressure_warmup,
+        pressure_clean=pressure_clean,
+        pressure_pin=pressure_pin,
+        pressure_phase=pressure_phase,
+        pressure_recovery=pressure_recovery,
+        pressure_pin_recovery=pressure_pin_recovery,
+        pressure_after_pin=pressure_after_pin,
+        pressure_kill_rate=pressure_kill_rate,
+        pressure_sample=pressure_sample,
+        pressure_port=pressure_port,
     )
     config = settings()
     with Progress(

@@ -38,6 +38,7 @@ EXTRA_SCENARIOS = (
     "timeline_e2e",
     "peers",
     "cardinality",
+    "pressure",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
@@ -76,6 +77,20 @@ class Options:
     # pg_stat_statements: scripts/pg_stats_cluster.sh), and the e2e scenario's
     # per-statement and wait-event tables (services/bench/pgstats.py). Empty: off.
     pg_stats_url: str = ""
+    # The pressure scenario (services/bench/scenarios/pressure.py): its rate, each phase's
+    # length, the recovery after each, how long after the pin the sizes are compared, the
+    # kills a second, the size sampling period, and its cluster's port.
+    pressure_rate: float = 200.0
+    pressure_warmup: float = 150.0
+    pressure_clean: float = 60.0
+    pressure_pin: float = 600.0
+    pressure_phase: float = 60.0
+    pressure_recovery: float = 60.0
+    pressure_pin_recovery: float = 60.0
+    pressure_after_pin: float = 1800.0
+    pressure_kill_rate: float = 5.0
+    pressure_sample: float = 5.0
+    pressure_port: int = 5460
 
 
 class Scenario(Protocol):

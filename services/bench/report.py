@@ -214,6 +214,9 @@ def markdown(machine: dict[str, Any], sections: list[Section], options: dict[str
         )
         lines += _targets(section.details.get("targets", []))
         lines += _tables(section.details.get("tables", []))
+        # A scenario's own plots beyond its section's (one per phase, say), beside report.md.
+        for name in section.details.get("plots", []):
+            lines += [f"![{name}]({name})", ""]
         for name, profile in section.profiles.items():
             self_time = profile.get("self", [])
             assert isinstance(self_time, list)

@@ -591,7 +591,7 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
             CREATE TABLE IF NOT EXISTS pruned_jobs (
                 id uuid PRIMARY KEY, tenant text NOT NULL, status text NOT NULL,
                 attempts int NOT NULL, last_error text, progress_attempt int,
-                pruned_at timestamptz NOT NULL DEFAULT now()
+                pruned_at timestamptz NOT NULL DEFAULT now(), created_at timestamptz
             )
             """,
             """
@@ -605,11 +605,11 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
             LANGUAGE plpgsql AS $$
             BEGIN
                 INSERT INTO pruned_jobs (
-                    id, tenant, status, attempts, last_error, progress_attempt
+                    id, tenant, status, attempts, last_error, progress_attempt, created_at
                 )
                 VALUES (
                     OLD.id, OLD.tenant, OLD.status, OLD.attempts, OLD.last_error,
-                    OLD.progress_attempt
+                    OLD.progress_attempt, OLD.created_at
                 );
                 RETURN OLD;
             END $$
