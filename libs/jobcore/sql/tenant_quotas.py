@@ -356,26 +356,50 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
 
 class TenantUsageFoldParams(TypedDict):
     limit: int
+    # Where the round is: the batch takes the deltas after this primary key.
+    after_tenant: str
+    after_id: int
 
 
 # The deltas a job added or ended appended (migration 0023) are folded into their
-# tenants' rows by the maintenance leader (jobcore.maintenance.usage_folder), oldest
-# first: one row version per tenant per batch, however many jobs. Deleting them and
-# adding their sum commit together, so a reader (jobcore_tenant_unfinished, a snapshot)
-# sees each delta either in the row or in the table, never both or neither. The rows are
-# taken in tenant order, and each admission holds one row only: no deadlock.
+# tenants' rows by the maintenance leader (jobcore.maintenance.usage_folder), in primary
+# key order from where the previous batch stopped (an index range, never a scan and sort
+# of the table; none left is one index probe): one row version per tenant per batch,
+# however many jobs. Deleting them and adding their sum commit together, so a reader
+# (jobcore_tenant_unfinished, a snapshot) sees each delta either in the row or in the
+# table, never both or neither.
+#
+# A tenant's row can be held for as long as an application transaction lasts (an
+# in-transaction enqueue of a tenant with a quota holds it until its commit): the batch
+# locks the rows it folds into with SKIP LOCKED, and leaves a busy tenant's deltas, all
+# of them, for a later round. A delta itself is never skipped: a -1 folded while its +1
+# was skipped would, clamped at zero, leave the count too high for ever. A tenant with
+# no row yet gets one from the batch. The folder bounds what it may still wait for (a
+# delta locked by the previous release's admission, a row being inserted) with a
+# lock_timeout.
 TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
     "tenant_usage_fold",
-    "Fold up to `limit` of the oldest usage deltas into their tenants' rows; how many.",
+    "Fold up to `limit` usage deltas after a key into their tenants' free rows; how many.",
     """
-    WITH folded AS (
-        DELETE FROM tenant_usage_deltas
-        WHERE (tenant, id) IN (
-            SELECT tenant, id FROM tenant_usage_deltas
-            ORDER BY id LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
-        )
-        RETURNING tenant, delta
+    WITH batch AS MATERIALIZED (
+        SELECT tenant, id FROM tenant_usage_deltas
+        WHERE (tenant, id) > (%(after_tenant)s::text, %(after_id)s::bigint)
+        ORDER BY tenant, id LIMIT %(limit)s
+    ), last AS (
+        SELECT tenant, id FROM batch ORDER BY tenant DESC, id DESC LIMIT 1
+    ), held AS (
+        SELECT u.tenant FROM tenant_usage AS u
+        WHERE u.tenant IN (SELECT tenant FROM batch)
+        FOR UPDATE SKIP LOCKED
+    ), folded AS (
+        -- The batch's key range, read again by the primary key (this statement's snapshot
+        -- sees the same rows in it): what a join with the batch would read by a scan.
+        DELETE FROM tenant_usage_deltas AS d
+        WHERE (d.tenant, d.id) > (%(after_tenant)s::text, %(after_id)s::bigint)
+          AND (d.tenant, d.id) <= ((SELECT tenant FROM last), (SELECT id FROM last))
+          AND (d.tenant IN (SELECT tenant FROM held)
+               OR NOT EXISTS (SELECT 1 FROM tenant_usage AS u WHERE u.tenant = d.tenant))
+        RETURNING d.tenant, d.delta
     ), sums AS (
         SELECT tenant, sum(delta)::bigint AS delta FROM folded GROUP BY tenant
     ), rows AS (
@@ -386,6 +410,8 @@ TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
             SELECT delta FROM sums WHERE sums.tenant = excluded.tenant), 0)
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM folded) AS deltas, (SELECT count(*) FROM rows) AS tenants
+    SELECT (SELECT count(*) FROM batch) AS taken, (SELECT count(*) FROM folded) AS deltas,
+           (SELECT count(*) FROM rows) AS tenants,
+           (SELECT tenant FROM last) AS last_tenant, (SELECT id FROM last) AS last_id
     """,
 )
