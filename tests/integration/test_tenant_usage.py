@@ -20,6 +20,7 @@ from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
 from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
 from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.testing.waiting import eventually
 
 TENANT = "usage-versions"
 ADDED = 12
@@ -173,3 +174,53 @@ async def test_a_fold_batch_reads_the_deltas_in_primary_key_order_without_sortin
         s for s in sorts if any(n.get("Relation Name") == "tenant_usage_deltas" for n in _nodes(s))
     ]
     assert not sorting_deltas, sorting_deltas
+
+
+async def _at_cap_calls(db: Database) -> int:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT coalesce(sum(calls), 0) AS n FROM pg_stat_user_functions"
+            " WHERE funcname = 'jobcore_tenant_at_cap'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_an_admission_with_a_usage_row_checks_the_cap_once(
+    settings: Settings, topology: Topology
+) -> None:
+    # Counted per function call from connections opened after this (superuser only).
+    admin = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+    try:
+        name = (await (await admin.execute("SELECT current_database()")).fetchone() or [""])[0]
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
+    finally:
+        await admin.close()
+    db = Database(settings)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO tenant_quotas (tenant, max_unfinished) VALUES (%s, 100)", (TENANT,)
+            )
+            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        async with db.session() as session:
+            await enqueue(
+                session,
+                topology,
+                EnqueueRequest(tenant=TENANT, job_type=noop, payload=NoopPayload()),
+            )
+        async with db.connection() as conn:
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+
+        async def flushed() -> bool:
+            return await _at_cap_calls(db) > 0
+
+        await eventually(flushed, timeout=20, what="the function statistics")
+        # DO UPDATE checks the cap under the row's lock; the INSERT's values go unused.
+        assert await _at_cap_calls(db) == 1
+    finally:
+        await db.close()
