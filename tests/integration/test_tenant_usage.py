@@ -224,3 +224,39 @@ async def test_an_admission_with_a_usage_row_checks_the_cap_once(
         assert await _at_cap_calls(db) == 1
     finally:
         await db.close()
+
+
+async def _usage_index_scans(db: Database) -> int:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        await conn.commit()
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'tenant_usage_pkey'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["idx_scan"])
+
+
+async def test_an_enqueue_of_a_tenant_with_no_quota_does_not_read_its_usage_row(
+    settings: Settings, topology: Topology
+) -> None:
+    # One connection: the enqueue's statistics are flushed by the statement after it.
+    db = Database(settings, min_size=1, max_size=1)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as conn:
+            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        before = await _usage_index_scans(db)
+        async with db.session() as session:
+            await enqueue(
+                session,
+                topology,
+                EnqueueRequest(tenant=TENANT, job_type=noop, payload=NoopPayload()),
+            )
+        # No rate limit: no RateLimit headers, so nothing to read the row for.
+        assert await _usage_index_scans(db) == before
+    finally:
+        await db.close()
