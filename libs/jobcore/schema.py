@@ -619,7 +619,7 @@ tenant_quotas = Table(
 
 # What the quotas are checked against, one row per tenant that ever had a job: the
 # enqueue rate limit's theoretical arrival time (GCRA), and the tenant's jobs that are
-# not terminal, kept exact by triggers on jobs (migration 0010).
+# not terminal, less the tenant's tenant_usage_deltas not yet folded in (migration 0023).
 tenant_usage = Table(
     "tenant_usage",
     metadata,
@@ -630,9 +630,10 @@ tenant_usage = Table(
     _timestamp("last_refused_at"),
 )
 
-# Jobs of a tenant that ended (-1 each) and are not yet folded into tenant_usage.unfinished:
-# ending a job appends here instead of updating the tenant's row, so statements that end
-# jobs of several tenants never lock those rows (migration 0010).
+# Jobs of a tenant added (+1 each) or ended (-1 each) and not yet folded into
+# tenant_usage.unfinished by the maintenance leader's usage folder: adding or ending a job
+# appends here instead of updating the tenant's row, so no statement that makes or ends
+# jobs locks or writes those rows (migrations 0010, 0023).
 tenant_usage_deltas = Table(
     "tenant_usage_deltas",
     metadata,

@@ -26,6 +26,12 @@ release's code works on this schema and counts the deltas it finds; during a rol
 upgrade, its single-statement enqueue (which read the deltas with the statement's own
 snapshot) may let a tenant at its cap go past it by as many jobs as that tenant's
 old-release enqueues race, until the rollout ends. Its batch enqueue stays exact.
+
+The previous release has no usage folder: from this migration until a worker of the new
+release leads maintenance, the deltas are not folded. They grow by one per job added or
+ended, every capped enqueue sums its tenant's, and the previous release's enqueue locks
+them all. Replace the workers first, right after migrating (docs/how-to/upgrade.md); the
+new leader folds the backlog in its first rounds.
 """
 
 from collections.abc import Sequence

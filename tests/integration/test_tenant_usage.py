@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.db import Database, lock_wait_ran_out
+from jobcore.errors import DatabaseUnavailable
 from jobcore.jobtypes import NoopPayload
-from jobcore.maintenance.usage_folder import UsageFolder
+from jobcore.maintenance.usage_folder import FOLD_BATCH, FOLD_START_ID, UsageFolder
 from jobcore.registry import load_job_modules
 from jobcore.settings import Settings
+from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
 from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.testing.waiting import eventually
 
 TENANT = "usage-versions"
 ADDED = 12
@@ -85,3 +90,173 @@ async def test_the_usage_folder_folds_every_delta_into_its_tenants_row(
     assert await _deltas(db) == 0
     row = await _row(db)
     assert row["unfinished"] == ADDED - ENDED
+
+
+async def _seed(db: Database, rows: dict[str, int], deltas: list[tuple[str, int]]) -> None:
+    async with db.connection() as conn:
+        for tenant, unfinished in rows.items():
+            await conn.execute(
+                "INSERT INTO tenant_usage (tenant, unfinished) VALUES (%s, %s)",
+                (tenant, unfinished),
+            )
+        for tenant, delta in deltas:
+            await conn.execute(
+                "INSERT INTO tenant_usage_deltas (tenant, delta) VALUES (%s, %s)",
+                (tenant, delta),
+            )
+
+
+async def _fold_once(db: Database, folder: UsageFolder) -> None:
+    """One batch; a batch that gave up waiting for a lock leaves its deltas for later."""
+    try:
+        async with db.unit_of_work() as uow:
+            await folder.work(uow)
+            await uow.commit()
+    except DatabaseUnavailable as exc:
+        if not lock_wait_ran_out(exc):
+            raise
+
+
+async def test_a_minus_one_is_never_folded_without_its_plus_one(
+    db: Database, settings: Settings
+) -> None:
+    # A job's +1 (its row locked elsewhere, as an admission of the previous release
+    # locks a tenant's deltas) and the -1 of its end.
+    await _seed(db, {TENANT: 0}, [(TENANT, 1), (TENANT, -1)])
+    folder = UsageFolder.from_settings(settings)
+    locker = await psycopg.AsyncConnection.connect(settings.database_url)
+    try:
+        await locker.execute(
+            "SELECT 1 FROM tenant_usage_deltas WHERE tenant = %s AND delta = 1 FOR UPDATE",
+            (TENANT,),
+        )
+        await _fold_once(db, folder)
+        await locker.rollback()
+    finally:
+        await locker.close()
+    await _fold_once(db, folder)
+    assert await _deltas(db) == 0
+    # The job was added and ended: none unfinished (a -1 folded alone, clamped at 0, and
+    # its +1 after it would leave 1 for ever).
+    assert (await _row(db))["unfinished"] == 0
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", ()):
+        found += _nodes(child)
+    return found
+
+
+async def test_a_fold_batch_reads_the_deltas_in_primary_key_order_without_sorting_them(
+    db: Database,
+) -> None:
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO tenant_usage_deltas (tenant, delta)"
+            " SELECT 'plan-' || (n % 30), 1 FROM generate_series(1, 20000) AS n"
+        )
+        await conn.execute("ANALYZE tenant_usage_deltas")
+        cur = await conn.execute(
+            "EXPLAIN (FORMAT JSON) " + TENANT_USAGE_FOLD.sql,
+            {"limit": FOLD_BATCH, "after_tenant": "", "after_id": FOLD_START_ID},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    nodes = _nodes(row["QUERY PLAN"][0]["Plan"])
+    scans = [n for n in nodes if n.get("Relation Name") == "tenant_usage_deltas"]
+    assert scans, nodes
+    assert all(n["Node Type"] != "Seq Scan" for n in scans), scans
+    assert any(n.get("Index Name") == "tenant_usage_deltas_pkey" for n in scans), scans
+    # No sort of the table's rows (one of the batch's few keys, or of the sums, is fine).
+    sorts = [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")]
+    sorting_deltas = [
+        s for s in sorts if any(n.get("Relation Name") == "tenant_usage_deltas" for n in _nodes(s))
+    ]
+    assert not sorting_deltas, sorting_deltas
+
+
+async def _at_cap_calls(db: Database) -> int:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT coalesce(sum(calls), 0) AS n FROM pg_stat_user_functions"
+            " WHERE funcname = 'jobcore_tenant_at_cap'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_an_admission_with_a_usage_row_checks_the_cap_once(
+    settings: Settings, topology: Topology
+) -> None:
+    # Counted per function call from connections opened after this (superuser only).
+    admin = await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True)
+    try:
+        name = (await (await admin.execute("SELECT current_database()")).fetchone() or [""])[0]
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
+    finally:
+        await admin.close()
+    db = Database(settings)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO tenant_quotas (tenant, max_unfinished) VALUES (%s, 100)", (TENANT,)
+            )
+            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        async with db.session() as session:
+            await enqueue(
+                session,
+                topology,
+                EnqueueRequest(tenant=TENANT, job_type=noop, payload=NoopPayload()),
+            )
+        async with db.connection() as conn:
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+
+        async def flushed() -> bool:
+            return await _at_cap_calls(db) > 0
+
+        await eventually(flushed, timeout=20, what="the function statistics")
+        # DO UPDATE checks the cap under the row's lock; the INSERT's values go unused.
+        assert await _at_cap_calls(db) == 1
+    finally:
+        await db.close()
+
+
+async def _usage_index_scans(db: Database) -> int:
+    async with db.connection() as conn:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        await conn.commit()
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'tenant_usage_pkey'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["idx_scan"])
+
+
+async def test_an_enqueue_of_a_tenant_with_no_quota_does_not_read_its_usage_row(
+    settings: Settings, topology: Topology
+) -> None:
+    # One connection: the enqueue's statistics are flushed by the statement after it.
+    db = Database(settings, min_size=1, max_size=1)
+    await db.open(wait=True)
+    try:
+        async with db.connection() as conn:
+            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        before = await _usage_index_scans(db)
+        async with db.session() as session:
+            await enqueue(
+                session,
+                topology,
+                EnqueueRequest(tenant=TENANT, job_type=noop, payload=NoopPayload()),
+            )
+        # No rate limit: no RateLimit headers, so nothing to read the row for.
+        assert await _usage_index_scans(db) == before
+    finally:
+        await db.close()

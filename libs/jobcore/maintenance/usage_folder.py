@@ -8,6 +8,11 @@ deltas; the maintenance leader's folder keeps the deltas few, folding them into 
 every ``JOBCORE_USAGE_FOLD_INTERVAL`` (2 s by default), in batches
 (:data:`jobcore.sql.tenant_quotas.TENANT_USAGE_FOLD`): one row version per tenant per batch,
 whatever the job rate.
+
+Every service shares the leader's one connection, the gate releaser's rounds and the
+lease's renewal among them: the fold never waits for a tenant's row that an application
+transaction holds (it folds that tenant in a later round), and waits for any other lock
+at most ``lock_timeout`` before it leaves the rest of its round to the next.
 """
 
 from __future__ import annotations
@@ -17,15 +22,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from jobcore.db import UnitOfWork, fetch_one
+from jobcore.db import UnitOfWork, fetch_one, lock_wait_ran_out
+from jobcore.errors import DatabaseUnavailable
 from jobcore.maintenance.base import BatchService, ServiceConfig
+from jobcore.maintenance.lease import Term
 from jobcore.settings import Settings
 from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
+from jobcore.sql.transactions import TRANSACTION_LOCK_TIMEOUT
 
 log = logging.getLogger(__name__)
 
 # Deltas per batch (one transaction); a full batch is followed by another at once.
 FOLD_BATCH = 5000
+# Below every primary key of tenant_usage_deltas (ids start at 1): a round starts here.
+FOLD_START_ID = -(2**63)
 
 
 @dataclass(frozen=True)
@@ -34,12 +44,19 @@ class UsageFolderConfig(ServiceConfig):
     # interval: the default is short (a round with nothing to fold is one index probe).
     interval: float = 2.0
     batch_size: int = FOLD_BATCH
+    # How long a batch waits for a lock (a delta the previous release's admission holds, a
+    # tenant's row being inserted) before it leaves the round to the next one.
+    lock_timeout: float = 0.2
 
     variables: ClassVar = {"interval": "JOBCORE_USAGE_FOLD_INTERVAL"}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UsageFolderConfig:
         return cls(interval=settings.usage_fold_interval)
+
+    def check(self) -> None:
+        super().check()
+        self.positive("lock_timeout")
 
 
 class UsageFolder(BatchService[UsageFolderConfig]):
@@ -49,10 +66,46 @@ class UsageFolder(BatchService[UsageFolderConfig]):
     def from_settings(cls, settings: Settings) -> UsageFolder:
         return cls(UsageFolderConfig.from_settings(settings))
 
+    def __init__(self, config: UsageFolderConfig) -> None:
+        super().__init__(config)
+        # Where the round is (the primary key the last batch ended at).
+        self._after: tuple[str, int] = ("", FOLD_START_ID)
+
+    async def lead(self, term: Term) -> int:
+        self._after = ("", FOLD_START_ID)
+        try:
+            return await super().lead(term)
+        except DatabaseUnavailable as exc:
+            if not lock_wait_ran_out(exc):
+                raise
+            # The batch rolled back: its deltas stay where they are, for the next round.
+            log.info(
+                "a usage fold batch waited for a lock past its lock_timeout; the round is "
+                "left to the next",
+                extra={"lock_timeout": self.config.lock_timeout},
+            )
+            return 0
+
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[Any]]:
-        row = await fetch_one(uow, TENANT_USAGE_FOLD({"limit": self.config.batch_size}))
-        folded = 0 if row is None else int(row["deltas"])
-        return folded, [row] if folded else []
+        milliseconds = max(1, round(self.config.lock_timeout * 1000))
+        await fetch_one(uow, TRANSACTION_LOCK_TIMEOUT({"milliseconds": milliseconds}))
+        after_tenant, after_id = self._after
+        row = await fetch_one(
+            uow,
+            TENANT_USAGE_FOLD(
+                {
+                    "limit": self.config.batch_size,
+                    "after_tenant": after_tenant,
+                    "after_id": after_id,
+                }
+            ),
+        )
+        if row is None or not row["taken"]:
+            self._after = ("", FOLD_START_ID)
+            return 0, []
+        # The next batch goes on after this one, past the deltas of busy tenants it left.
+        self._after = (str(row["last_tenant"]), int(row["last_id"]))
+        return int(row["taken"]), [row] if row["deltas"] else []
 
     def report(self, rows: Sequence[Any]) -> None:
         for row in rows:

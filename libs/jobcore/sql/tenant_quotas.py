@@ -3,12 +3,13 @@
 
 The enqueue's admission is part of the enqueue statement (:mod:`jobcore.sql.jobs.enqueue`), so a
 quota costs no round trip: :func:`admission_ctes` gives its CTEs. ``tenant_usage`` has one
-row per tenant; the admission upserts it, which locks it until the enqueue commits, so
-enqueues of one tenant are admitted one at a time (on any API process) and each sees the
-count its predecessor left: 50 racing requests at the cap minus one make exactly one job.
-The count itself is kept by triggers on ``jobs`` (migration 0010), for every statement
-that makes or ends a job: a job that ends appends to ``tenant_usage_deltas`` rather than
-update the row, which the next admitted enqueue folds in.
+row per tenant; the admission of a tenant with a rate limit or a cap upserts it, which
+locks it until the enqueue commits, so such a tenant's enqueues are admitted one at a time
+(on any API process) and each sees the count its predecessor left: 50 racing requests at
+the cap minus one make exactly one job. The count itself is the row's plus the tenant's
+``tenant_usage_deltas``: triggers on ``jobs`` append a +1 for every job added and a -1
+for every job that ends (migration 0023), and the maintenance leader's usage folder
+(TENANT_USAGE_FOLD) folds them into the row every few seconds.
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def admission_ctes() -> str:
     (a +1 per job added, a -1 per job ended, not yet folded in: migration 0023). It is
     compared with the cap by ``jobcore_tenant_at_cap``, once the row is locked, with a
     snapshot of its own: this statement's snapshot, taken before it waited, would miss the
-    +1 of the admission it queued behind.
+    +1 of the admission it queued behind. The INSERT's own values count only for a tenant
+    with no row yet (tenant_usage rows are never deleted): for the others DO UPDATE
+    decides, so the INSERT's check runs only when the statement saw no row, and the
+    deltas are summed once per enqueue.
     """
     return f"""existing AS (
         SELECT id FROM jobs
@@ -94,7 +98,12 @@ def admission_ctes() -> str:
         SELECT tenant, CASE WHEN NOT c THEN clock_timestamp()
                             + make_interval(secs => 1.0 / nullif(rate, 0)) END,
                CASE WHEN c THEN 'max_unfinished' END
-        FROM (SELECT *, jobcore_tenant_at_cap(tenant, max_unfinished) AS c FROM limits) AS l
+        FROM (
+            SELECT *, CASE WHEN EXISTS (SELECT 1 FROM tenant_usage WHERE tenant = limits.tenant)
+                           THEN false
+                           ELSE jobcore_tenant_at_cap(tenant, max_unfinished) END AS c
+            FROM limits
+        ) AS l
         WHERE NOT EXISTS (SELECT 1 FROM existing) AND (rate > 0 OR max_unfinished > 0)
         ON CONFLICT (tenant) DO UPDATE SET (rate_tat, last_refusal, last_refused_at) = (
             SELECT CASE WHEN v.refusal IS NULL THEN v.next_tat ELSE u.rate_tat END,
@@ -154,11 +163,12 @@ PREVIEW_REFUSAL = """CASE
 
 # What the enqueue statement adds to its answer: the refusal (NULL: admitted, or a
 # replay), and the rate limit's state for the RateLimit headers (a replay, which does not
-# touch the usage row, reports the row as it was).
+# touch the usage row, reports the row as it was; a tenant with no rate limit has no
+# headers, and its enqueues do not read the row for them).
 ADMISSION_COLUMNS = """
     admit.last_refusal AS refusal,
-    coalesce(admit.rate_tat, (SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant))
-        AS rate_tat,
+    coalesce(admit.rate_tat, CASE WHEN limits.rate > 0 THEN (
+        SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant) END) AS rate_tat,
     limits.rate, limits.burst, limits.max_unfinished, clock_timestamp() AS now"""
 
 
@@ -171,8 +181,8 @@ class TenantUsageLockParams(TypedDict):
 # after this statement's snapshot too) even when its WHERE lets it update nothing, so no
 # row version is written for the lock; the batch statement that follows reads the
 # row and the deltas with a snapshot taken under the lock, and admits as many items as
-# the quotas leave room for (batch_admission_ctes) without the FOR UPDATE subtleties of
-# the one-statement admission above.
+# the quotas leave room for (batch_admission_ctes), with no need for the fresh snapshot
+# the one-statement admission above takes in jobcore_tenant_at_cap.
 TENANT_USAGE_LOCK = Query[TenantUsageLockParams](
     "tenant_usage_lock",
     "Lock a tenant's usage row (creating it) until the transaction ends.",
@@ -356,26 +366,50 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
 
 class TenantUsageFoldParams(TypedDict):
     limit: int
+    # Where the round is: the batch takes the deltas after this primary key.
+    after_tenant: str
+    after_id: int
 
 
 # The deltas a job added or ended appended (migration 0023) are folded into their
-# tenants' rows by the maintenance leader (jobcore.maintenance.usage_folder), oldest
-# first: one row version per tenant per batch, however many jobs. Deleting them and
-# adding their sum commit together, so a reader (jobcore_tenant_unfinished, a snapshot)
-# sees each delta either in the row or in the table, never both or neither. The rows are
-# taken in tenant order, and each admission holds one row only: no deadlock.
+# tenants' rows by the maintenance leader (jobcore.maintenance.usage_folder), in primary
+# key order from where the previous batch stopped (an index range, never a scan and sort
+# of the table; none left is one index probe): one row version per tenant per batch,
+# however many jobs. Deleting them and adding their sum commit together, so a reader
+# (jobcore_tenant_unfinished, a snapshot) sees each delta either in the row or in the
+# table, never both or neither.
+#
+# A tenant's row can be held for as long as an application transaction lasts (an
+# in-transaction enqueue of a tenant with a quota holds it until its commit): the batch
+# locks the rows it folds into with SKIP LOCKED, and leaves a busy tenant's deltas, all
+# of them, for a later round. A delta itself is never skipped: a -1 folded while its +1
+# was skipped would, clamped at zero, leave the count too high for ever. A tenant with
+# no row yet gets one from the batch. The folder bounds what it may still wait for (a
+# delta locked by the previous release's admission, a row being inserted) with a
+# lock_timeout.
 TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
     "tenant_usage_fold",
-    "Fold up to `limit` of the oldest usage deltas into their tenants' rows; how many.",
+    "Fold up to `limit` usage deltas after a key into their tenants' free rows; how many.",
     """
-    WITH folded AS (
-        DELETE FROM tenant_usage_deltas
-        WHERE (tenant, id) IN (
-            SELECT tenant, id FROM tenant_usage_deltas
-            ORDER BY id LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
-        )
-        RETURNING tenant, delta
+    WITH batch AS MATERIALIZED (
+        SELECT tenant, id FROM tenant_usage_deltas
+        WHERE (tenant, id) > (%(after_tenant)s::text, %(after_id)s::bigint)
+        ORDER BY tenant, id LIMIT %(limit)s
+    ), last AS (
+        SELECT tenant, id FROM batch ORDER BY tenant DESC, id DESC LIMIT 1
+    ), held AS (
+        SELECT u.tenant FROM tenant_usage AS u
+        WHERE u.tenant IN (SELECT tenant FROM batch)
+        FOR UPDATE SKIP LOCKED
+    ), folded AS (
+        -- The batch's key range, read again by the primary key (this statement's snapshot
+        -- sees the same rows in it): what a join with the batch would read by a scan.
+        DELETE FROM tenant_usage_deltas AS d
+        WHERE (d.tenant, d.id) > (%(after_tenant)s::text, %(after_id)s::bigint)
+          AND (d.tenant, d.id) <= ((SELECT tenant FROM last), (SELECT id FROM last))
+          AND (d.tenant IN (SELECT tenant FROM held)
+               OR NOT EXISTS (SELECT 1 FROM tenant_usage AS u WHERE u.tenant = d.tenant))
+        RETURNING d.tenant, d.delta
     ), sums AS (
         SELECT tenant, sum(delta)::bigint AS delta FROM folded GROUP BY tenant
     ), rows AS (
@@ -386,6 +420,8 @@ TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
             SELECT delta FROM sums WHERE sums.tenant = excluded.tenant), 0)
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM folded) AS deltas, (SELECT count(*) FROM rows) AS tenants
+    SELECT (SELECT count(*) FROM batch) AS taken, (SELECT count(*) FROM folded) AS deltas,
+           (SELECT count(*) FROM rows) AS tenants,
+           (SELECT tenant FROM last) AS last_tenant, (SELECT id FROM last) AS last_id
     """,
 )

@@ -15,6 +15,7 @@ import psycopg
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.maintenance import GateReleaser, Maintainer, Pruner
+from jobcore.maintenance.usage_folder import UsageFolder
 from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
@@ -100,6 +101,78 @@ async def test_a_gate_release_does_not_wait_behind_a_pruner_batch_blocked_on_a_l
                 return (await own_rows(db, doomed.id))["jobs"] == 0
 
             await eventually(pruned, timeout=20, what="the pruner after the lock went")
+        finally:
+            await maintainer.stop(2.0)
+    finally:
+        await locker.close()
+
+
+async def _usage(db: Database, tenant: str) -> tuple[int, int]:
+    """The tenant's row's count, and its deltas not yet folded."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT unfinished FROM tenant_usage WHERE tenant = %(t)s) AS row,"
+            " (SELECT count(*) FROM tenant_usage_deltas WHERE tenant = %(t)s) AS deltas",
+            {"t": tenant},
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["row"]), int(row["deltas"])
+
+
+async def test_a_gate_release_does_not_wait_behind_a_usage_fold_of_a_busy_tenant(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    # An application transaction holds a tenant's usage row (an in-transaction enqueue of
+    # a capped tenant, not yet committed) while the tenant and another have deltas.
+    wsettings = worker_settings(
+        settings, usage_fold_interval=0.2, gate_release_interval=0.2, db_operation_timeout=120.0
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO tenant_usage (tenant, unfinished) VALUES ('busy', 5), ('free', 5)"
+        )
+        await conn.execute(
+            "INSERT INTO tenant_usage_deltas (tenant, delta)"
+            " SELECT t, d FROM (VALUES ('busy', 1), ('busy', 1), ('busy', -1),"
+            " ('free', 1), ('free', -1), ('free', -1)) AS v(t, d)"
+        )
+    maintainer = Maintainer(
+        db,
+        [
+            UsageFolder.from_settings(wsettings),
+            GateReleaser.from_settings(wsettings, metrics=WorkerMetrics()),
+        ],
+        owner="w1",
+    )
+    locker = await psycopg.AsyncConnection.connect(settings.database_url)
+    try:
+        await locker.execute("SELECT 1 FROM tenant_usage WHERE tenant = 'busy' FOR UPDATE")
+        await maintainer.start()
+        try:
+
+            async def free_folded() -> bool:
+                return await _usage(db, "free") == (4, 0)
+
+            # The other tenant is folded in the meantime.
+            await eventually(free_folded, timeout=20, what="the free tenant's deltas folded")
+            held = uuid.uuid4()
+            async with db.connection() as conn:
+                await conn.execute(HELD_BEHIND_A_FINISHED_ONE, {"held": held})
+            await eventually(
+                lambda: released(db, held),
+                timeout=20,
+                what="the gate releaser's round while a tenant's usage row is held",
+            )
+            # The busy tenant's deltas wait for its row.
+            assert await _usage(db, "busy") == (5, 3)
+
+            await locker.rollback()
+
+            async def busy_folded() -> bool:
+                return await _usage(db, "busy") == (6, 0)
+
+            await eventually(busy_folded, timeout=20, what="the busy tenant's fold after")
         finally:
             await maintainer.stop(2.0)
     finally:
