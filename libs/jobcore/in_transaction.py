@@ -41,7 +41,7 @@ from jobcore.enqueue import EnqueueResult
 from jobcore.errors import InvalidField, JobcoreError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
-from jobcore.quotas import Quotas
+from jobcore.quotas import UNLIMITED, Quotas
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.submit import EnqueueRequest, enqueue
@@ -53,7 +53,13 @@ if TYPE_CHECKING:
     AsyncTransaction = AsyncSession | psycopg.AsyncConnection[Any]
     SyncTransaction = OrmSession | psycopg.Connection[Any]
 
-__all__ = ["NotInTransaction", "UnsupportedConnection", "enqueue_in", "enqueue_in_sync"]
+__all__ = [
+    "NotInTransaction",
+    "UnsupportedConnection",
+    "UnsupportedIsolation",
+    "enqueue_in",
+    "enqueue_in_sync",
+]
 
 # The savepoint an enqueue's writes are undone to when it is refused.
 SAVEPOINT = "jobcore_enqueue"
@@ -66,6 +72,13 @@ class NotInTransaction(JobcoreError):
 
 class UnsupportedConnection(JobcoreError):
     """Not a psycopg 3 connection, nor a SQLAlchemy session over one."""
+
+
+class UnsupportedIsolation(JobcoreError):
+    """The caller's transaction is above READ COMMITTED and the enqueue has quotas: the
+    tenant's cap would be read in the transaction's snapshot, blind to what committed
+    since it was taken, and a rate-limited tenant's usage row updated meanwhile would fail
+    the transaction with a serialization error."""
 
 
 async def enqueue_in(
@@ -206,6 +219,9 @@ async def _enqueue(
             "store large data yourself and pass its key",
             kind="too_large",
         )
+    limits = settings.quota_defaults if quotas is None else quotas
+    if limits != UNLIMITED:
+        await _check_read_committed(statements)
     await statements.execute(f"SAVEPOINT {SAVEPOINT}", None)
     try:
         # The gateway runs its statements on anything with execute() that is neither a
@@ -215,7 +231,7 @@ async def _enqueue(
             cast(Session, statements),
             Topology.from_settings(settings),
             request,
-            quotas=settings.quota_defaults if quotas is None else quotas,
+            quotas=limits,
         )
     except BaseException:
         # Should this fail too (the connection lost), the caller's transaction is gone
@@ -227,6 +243,23 @@ async def _enqueue(
         raise
     await statements.execute(f"RELEASE SAVEPOINT {SAVEPOINT}", None)
     return result
+
+
+async def _check_read_committed(statements: _AsyncStatements | _SyncStatements) -> None:
+    """Refuse a transaction above READ COMMITTED: the quotas' checks read the tenant's
+    unfinished jobs and usage as committed now, which only READ COMMITTED's fresh snapshot
+    per statement shows. The server's setting, so a SET TRANSACTION counts."""
+    cursor = await statements.execute(
+        "SELECT current_setting('transaction_isolation') AS level", None
+    )
+    row = await cursor.fetchone()
+    level = None if row is None else row["level"]
+    if level != "read committed":
+        raise UnsupportedIsolation(
+            f"the transaction's isolation is {level}; an enqueue with quotas needs read "
+            "committed (its tenant's cap would be read in an old snapshot), or pass "
+            "quotas=UNLIMITED for a tenant without quotas"
+        )
 
 
 def _check_in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
