@@ -25,6 +25,8 @@ coroutine never suspends and no event loop is involved.
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from collections.abc import Coroutine, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -205,7 +207,7 @@ async def _enqueue(
     options: Mapping[str, Any],
     quotas: Quotas | None,
 ) -> EnqueueResult:
-    settings = Settings() if settings is None else settings
+    settings = _environment_settings() if settings is None else settings
     kind = registry.get(job_type)
     raw = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     model = validate_payload(kind, raw)
@@ -229,7 +231,7 @@ async def _enqueue(
         # with dict rows on the caller's connection.
         result = await enqueue(
             cast(Session, statements),
-            Topology.from_settings(settings),
+            _topology(settings),
             request,
             quotas=limits,
         )
@@ -243,6 +245,29 @@ async def _enqueue(
         raise
     await statements.execute(f"RELEASE SAVEPOINT {SAVEPOINT}", None)
     return result
+
+
+@functools.cache
+def _environment_settings() -> Settings:
+    """The settings an enqueue without ``settings=`` uses: the environment's, parsed on
+    first use and kept. An enqueue runs inside the caller's transaction, often one of
+    many in a request: parsing the environment each time would cost every one of them."""
+    return Settings()
+
+
+# Topology per settings object (by identity: settings are not hashable), dropped with it.
+_topologies: dict[int, Topology] = {}
+
+
+def _topology(settings: Settings) -> Topology:
+    """The topology of ``settings``, built once for the object a caller passes each time."""
+    key = id(settings)
+    topology = _topologies.get(key)
+    if topology is None:
+        topology = _topologies[key] = Topology.from_settings(settings)
+        # Before the id can be reused by another object.
+        weakref.finalize(settings, _topologies.pop, key, None)
+    return topology
 
 
 async def _check_read_committed(statements: _AsyncStatements | _SyncStatements) -> None:
