@@ -195,7 +195,8 @@ class WorkerMetrics:
             self._pruned.labels(table)
         for status in sorted(TERMINAL):
             self._oldest_terminal.labels(status).set(0)
-        # Every delivery settled, and readiness (issue 14).
+        # Every delivery settled: one that met an unexpected error is counted by where it
+        # failed, so an operator sees deliveries going wrong that no job row records.
         self._delivery_errors = Counter(
             "jobcore_worker_delivery_errors",
             "Deliveries that met an unexpected error, by stage: before_claim (requeued), "
