@@ -25,6 +25,8 @@ coroutine never suspends and no event loop is involved.
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from collections.abc import Coroutine, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -41,7 +43,7 @@ from jobcore.enqueue import EnqueueResult
 from jobcore.errors import InvalidField, JobcoreError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
-from jobcore.quotas import Quotas
+from jobcore.quotas import UNLIMITED, Quotas
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.submit import EnqueueRequest, enqueue
@@ -53,7 +55,13 @@ if TYPE_CHECKING:
     AsyncTransaction = AsyncSession | psycopg.AsyncConnection[Any]
     SyncTransaction = OrmSession | psycopg.Connection[Any]
 
-__all__ = ["NotInTransaction", "UnsupportedConnection", "enqueue_in", "enqueue_in_sync"]
+__all__ = [
+    "NotInTransaction",
+    "UnsupportedConnection",
+    "UnsupportedIsolation",
+    "enqueue_in",
+    "enqueue_in_sync",
+]
 
 # The savepoint an enqueue's writes are undone to when it is refused.
 SAVEPOINT = "jobcore_enqueue"
@@ -66,6 +74,13 @@ class NotInTransaction(JobcoreError):
 
 class UnsupportedConnection(JobcoreError):
     """Not a psycopg 3 connection, nor a SQLAlchemy session over one."""
+
+
+class UnsupportedIsolation(JobcoreError):
+    """The caller's transaction is above READ COMMITTED and the enqueue has quotas: the
+    tenant's cap would be read in the transaction's snapshot, blind to what committed
+    since it was taken, and a rate-limited tenant's usage row updated meanwhile would fail
+    the transaction with a serialization error."""
 
 
 async def enqueue_in(
@@ -192,7 +207,7 @@ async def _enqueue(
     options: Mapping[str, Any],
     quotas: Quotas | None,
 ) -> EnqueueResult:
-    settings = Settings() if settings is None else settings
+    settings = _environment_settings() if settings is None else settings
     kind = registry.get(job_type)
     raw = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     model = validate_payload(kind, raw)
@@ -206,6 +221,9 @@ async def _enqueue(
             "store large data yourself and pass its key",
             kind="too_large",
         )
+    limits = settings.quota_defaults if quotas is None else quotas
+    if limits != UNLIMITED:
+        await _check_read_committed(statements)
     await statements.execute(f"SAVEPOINT {SAVEPOINT}", None)
     try:
         # The gateway runs its statements on anything with execute() that is neither a
@@ -213,9 +231,9 @@ async def _enqueue(
         # with dict rows on the caller's connection.
         result = await enqueue(
             cast(Session, statements),
-            Topology.from_settings(settings),
+            _topology(settings),
             request,
-            quotas=settings.quota_defaults if quotas is None else quotas,
+            quotas=limits,
         )
     except BaseException:
         # Should this fail too (the connection lost), the caller's transaction is gone
@@ -227,6 +245,46 @@ async def _enqueue(
         raise
     await statements.execute(f"RELEASE SAVEPOINT {SAVEPOINT}", None)
     return result
+
+
+@functools.cache
+def _environment_settings() -> Settings:
+    """The settings an enqueue without ``settings=`` uses: the environment's, parsed on
+    first use and kept. An enqueue runs inside the caller's transaction, often one of
+    many in a request: parsing the environment each time would cost every one of them."""
+    return Settings()
+
+
+# Topology per settings object (by identity: settings are not hashable), dropped with it.
+_topologies: dict[int, Topology] = {}
+
+
+def _topology(settings: Settings) -> Topology:
+    """The topology of ``settings``, built once for the object a caller passes each time."""
+    key = id(settings)
+    topology = _topologies.get(key)
+    if topology is None:
+        topology = _topologies[key] = Topology.from_settings(settings)
+        # Before the id can be reused by another object.
+        weakref.finalize(settings, _topologies.pop, key, None)
+    return topology
+
+
+async def _check_read_committed(statements: _AsyncStatements | _SyncStatements) -> None:
+    """Refuse a transaction above READ COMMITTED: the quotas' checks read the tenant's
+    unfinished jobs and usage as committed now, which only READ COMMITTED's fresh snapshot
+    per statement shows. The server's setting, so a SET TRANSACTION counts."""
+    cursor = await statements.execute(
+        "SELECT current_setting('transaction_isolation') AS level", None
+    )
+    row = await cursor.fetchone()
+    level = None if row is None else row["level"]
+    if level != "read committed":
+        raise UnsupportedIsolation(
+            f"the transaction's isolation is {level}; an enqueue with quotas needs read "
+            "committed (its tenant's cap would be read in an old snapshot), or pass "
+            "quotas=UNLIMITED for a tenant without quotas"
+        )
 
 
 def _check_in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:

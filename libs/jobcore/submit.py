@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -246,48 +246,17 @@ def _instant(when: datetime) -> str:
     return (when.astimezone(UTC) if when.tzinfo is not None else when).isoformat()
 
 
-async def enqueue(
-    uow: Session,
+def _job_params(
     topology: Topology,
     request: EnqueueRequest,
     *,
-    quotas: Quotas = UNLIMITED,
-    wakeups: RelayWakeups | None = None,
-    payload_store: ResultStore | None = None,
-    inline_payload_max_bytes: int | None = None,
-    uploads: PayloadUploads | None = None,
-    trace: dict[str, str] | None = None,
-) -> EnqueueResult:
-    """Write a pending job and its outbox message through ``uow``.
-
-    The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
-    commit together on their own; in a unit of work, the caller commits.
-
-    A replay (the request's idempotency key and fingerprint match a job) answers that job,
-    whatever the quotas and the unique key. ``quotas``: the defaults for a tenant without
-    overrides (``tenant_quotas``); over its rate limit or its cap of unfinished jobs the
-    job is not written and :class:`~jobcore.errors.EnqueueRateExceeded` or
-    :class:`~jobcore.errors.TooManyUnfinishedJobs` is raised. A live job holding the
-    request's unique key: :class:`~jobcore.errors.UniqueJobExists` (checked after the
-    idempotency key); neither uses quota.
-
-    ``wakeups``: on a session, while other enqueues of the process are in flight, the
-    statement does not NOTIFY the relays; they are woken through it once the job
-    committed (why: :mod:`jobcore.wakeups`). Alone, in a unit of work, or without it, the
-    statement NOTIFYs, and the relays hear it when it commits.
-
-    ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
-    is stored there first (``payloads/<job id>.json``) and the row keeps its key in
-    ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
-    store cannot take it. What the enqueue would answer without writing (a replay, a key
-    taken, a quota's refusal) is read first (:func:`jobcore.enqueue.answer_before_upload`)
-    and answered with no upload. An upload whose job is still not written (the same,
-    decided between that read and the insert; the statement failed) is deleted at once
-    when possible, else by the pruner's sweep. ``uploads`` counts them; each is also
-    logged with its tenant and size, the per-tenant account of what went to the store.
-
-    ``trace``: the trace context the job carries; None: the caller's current one.
-    """
+    quotas: Quotas,
+    payload_store: ResultStore | None,
+    inline_payload_max_bytes: int | None,
+    trace: dict[str, str] | None,
+) -> tuple[JobInsertParams, bytes | None]:
+    """The insert's parameters for ``request``, and the payload to upload first (None:
+    the payload goes in the row)."""
     if trace is None:
         trace = capture_trace_headers()
     job_type = request.job_type
@@ -334,28 +303,154 @@ async def enqueue(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
     }
+    return params, upload
+
+
+async def enqueue(
+    uow: Session,
+    topology: Topology,
+    request: EnqueueRequest,
+    *,
+    quotas: Quotas = UNLIMITED,
+    wakeups: RelayWakeups | None = None,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
+    uploads: PayloadUploads | None = None,
+    trace: dict[str, str] | None = None,
+) -> EnqueueResult:
+    """Write a pending job and its outbox message through ``uow``.
+
+    The job and its message are one statement, so on a :class:`~jobcore.db.Session` they
+    commit together on their own; in a unit of work, the caller commits.
+
+    A replay (the request's idempotency key and fingerprint match a job) answers that job,
+    whatever the quotas and the unique key. ``quotas``: the defaults for a tenant without
+    overrides (``tenant_quotas``); over its rate limit or its cap of unfinished jobs the
+    job is not written and :class:`~jobcore.errors.EnqueueRateExceeded` or
+    :class:`~jobcore.errors.TooManyUnfinishedJobs` is raised. A live job holding the
+    request's unique key: :class:`~jobcore.errors.UniqueJobExists` (checked after the
+    idempotency key); neither uses quota.
+
+    ``wakeups``: on a session, while other enqueues of the process are in flight, the
+    statement does not NOTIFY the relays; they are woken through it once the job
+    committed (why: :mod:`jobcore.wakeups`). Alone, in a unit of work, or without it, the
+    statement NOTIFYs, and the relays hear it when it commits.
+
+    ``payload_store``: a payload whose JSON is larger than ``inline_payload_max_bytes``
+    is stored there first (``payloads/<job id>.json``) and the row keeps its key in
+    ``payload_ref``; :class:`~jobcore.results.StoreUnavailable` (nothing written) when the
+    store cannot take it. What the enqueue would answer without writing (a replay, a key
+    taken, a quota's refusal) is read first (:func:`jobcore.enqueue.answer_before_upload`)
+    and answered with no upload. An upload whose job is still not written (the same,
+    decided between that read and the insert; the statement failed) is deleted at once
+    when possible, else by the pruner's sweep. ``uploads`` counts them; each is also
+    logged with its tenant and size, the per-tenant account of what went to the store.
+    Here ``uow``'s connection stays checked out during the upload; :func:`enqueue_on`
+    holds none meanwhile, for a job committed alone.
+
+    ``trace``: the trace context the job carries; None: the caller's current one.
+    """
+    params, upload = _job_params(
+        topology,
+        request,
+        quotas=quotas,
+        payload_store=payload_store,
+        inline_payload_max_bytes=inline_payload_max_bytes,
+        trace=trace,
+    )
     if upload is None or payload_store is None:
         return await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
     answered = await answer_before_upload(uow, params, legacy=request.payload)
     if answered is not None:
         return answered
-    payload_ref = await asyncio.to_thread(payload_store.put_payload, job_id, upload)
+    payload_ref = await _upload(payload_store, params, upload, request.tenant, uploads)
+    return await _write_uploaded(
+        write_job(uow, params, legacy=request.payload, wakeups=wakeups),
+        params,
+        payload_store,
+        payload_ref,
+        uploads,
+    )
+
+
+async def enqueue_on(
+    db: Database,
+    topology: Topology,
+    request: EnqueueRequest,
+    *,
+    quotas: Quotas = UNLIMITED,
+    wakeups: RelayWakeups | None = None,
+    payload_store: ResultStore | None = None,
+    inline_payload_max_bytes: int | None = None,
+    uploads: PayloadUploads | None = None,
+    trace: dict[str, str] | None = None,
+) -> EnqueueResult:
+    """:func:`enqueue` on sessions of ``db``'s pool, the job committed alone, holding no
+    connection while a payload uploads: the read before the upload has a session of its
+    own, given back before the upload starts, and the insert another once it is done.
+    An upload takes as long as the object store does; a pooled connection held meanwhile
+    is one fewer for every other request, and a few slow uploads would drain the pool."""
+    params, upload = _job_params(
+        topology,
+        request,
+        quotas=quotas,
+        payload_store=payload_store,
+        inline_payload_max_bytes=inline_payload_max_bytes,
+        trace=trace,
+    )
+    if upload is None or payload_store is None:
+        async with db.session() as session:
+            return await write_job(session, params, legacy=request.payload, wakeups=wakeups)
+    async with db.session() as session:
+        answered = await answer_before_upload(session, params, legacy=request.payload)
+    if answered is not None:
+        return answered
+    payload_ref = await _upload(payload_store, params, upload, request.tenant, uploads)
+
+    async def write() -> EnqueueResult:
+        async with db.session() as session:
+            return await write_job(session, params, legacy=request.payload, wakeups=wakeups)
+
+    return await _write_uploaded(write(), params, payload_store, payload_ref, uploads)
+
+
+async def _upload(
+    store: ResultStore,
+    params: JobInsertParams,
+    upload: bytes,
+    tenant: str,
+    uploads: PayloadUploads | None,
+) -> str:
+    """Store the payload of the job ``params`` describe; its key, set in ``params``."""
+    payload_ref = await asyncio.to_thread(store.put_payload, params["id"], upload)
     params["payload_ref"] = payload_ref
     log.info(
         "payload stored by reference",
-        extra={"tenant": request.tenant, "job_id": str(job_id), "bytes": len(upload)},
+        extra={"tenant": tenant, "job_id": str(params["id"]), "bytes": len(upload)},
     )
     if uploads is not None:
         uploads.uploaded(len(upload))
+    return payload_ref
+
+
+async def _write_uploaded(
+    write: Awaitable[EnqueueResult],
+    params: JobInsertParams,
+    store: ResultStore,
+    payload_ref: str,
+    uploads: PayloadUploads | None,
+) -> EnqueueResult:
+    """Await ``write``, the insert of a job whose payload was uploaded, deleting the
+    upload when no job of it was written."""
     try:
-        outcome = await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
+        outcome = await write
     except (InvalidApiKey, QuotaExceeded, IdempotencyConflict, UniqueJobExists):
         # Refused: no job was written. After any other error (a lost connection, a
         # cancellation) the job may have committed: the sweep decides, by its row.
-        await _forget(payload_store, payload_ref, uploads)
+        await _forget(store, payload_ref, uploads)
         raise
-    if outcome.job_id != job_id:  # a replay answered with the earlier job
-        await _forget(payload_store, payload_ref, uploads)
+    if outcome.job_id != params["id"]:  # a replay answered with the earlier job
+        await _forget(store, payload_ref, uploads)
     return outcome
 
 

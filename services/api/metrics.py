@@ -1,5 +1,6 @@
 """The API's Prometheus metrics, on a registry of its own (one per app, so tests can
-build many apps in one process). Observability (issue 6) extends this."""
+build many apps in one process). The request, enqueue and upload counters here are the
+API's part of what docs/how-to/monitor.md lists."""
 
 from __future__ import annotations
 

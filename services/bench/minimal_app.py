@@ -10,8 +10,8 @@ constraints and indexes, but none of jobcore's triggers. On jobcore's own tables
 (``JOBCORE_BENCH_MINIMAL_TABLES=jobcore``) every insert into ``jobs`` also fires the tenant
 quota trigger (migration 0010), which updates the tenant's ``tenant_usage`` row and so
 locks it until COMMIT, two round trips later (the outbox insert, the commit): at 64
-clients the baseline queued on that one row (issue 36: its INSERT into jobs averaged
-25 ms, nearly all of it a lock wait), which a hand-rolled app without per-tenant
+clients the baseline queued on that one row (its INSERT into jobs spent nearly all its
+time waiting for that lock), which a hand-rolled app without per-tenant
 counters never does, and the bench's enqueue ratio read 1.00× where wrk against a
 trigger-free app read 0.5×.
 

@@ -40,7 +40,7 @@ from jobcore.errors import (
 from jobcore.objectstore import open_result_store
 from jobcore.payloads import read_payload
 from jobcore.registry import Registry, load_job_modules
-from jobcore.results import ResultNotFound
+from jobcore.results import ResultNotFound, ResultStore
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.states import JobStatus, is_terminal
@@ -102,6 +102,16 @@ class Console:
     db: Database | None = None
     # (total pending, oldest due outbox row's age) per overview refresh, oldest first.
     samples: list[tuple[int, float]] | None = None
+    results: ResultStore | None = None
+
+    def result_store(self) -> ResultStore:
+        """The result store, opened on first use and kept: opening it (a client of the
+        bucket, with its own connections) on every job page view would cost each one.
+        Opened when first needed, so a console whose store is misconfigured still starts,
+        and says so on the pages that read from it."""
+        if self.results is None:
+            self.results = open_result_store(self.settings)
+        return self.results
 
 
 class SignInRequired(Exception):
@@ -625,7 +635,7 @@ async def _payload(state: Console, job: dict[str, Any]) -> tuple[str, str | None
     if ref is None:
         return _pretty(job.get("payload")) or "null", None
     try:
-        store = open_result_store(state.settings)
+        store = state.result_store()
         value = await read_payload(store, job.get("payload"), ref)
     except (OSError, ResultNotFound, ValueError) as exc:
         return "–", f"Stored by reference at {ref}; it could not be read now: {exc}"

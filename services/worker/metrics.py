@@ -195,7 +195,9 @@ class WorkerMetrics:
             self._pruned.labels(table)
         for status in sorted(TERMINAL):
             self._oldest_terminal.labels(status).set(0)
-        # Every delivery settled, and readiness (issue 14).
+        # Every delivery is settled even after an unexpected error; each such error is
+        # counted by where it struck, since no job row records it. And whether a consumer
+        # is stuck, which is also what /readyz answers.
         self._delivery_errors = Counter(
             "jobcore_worker_delivery_errors",
             "Deliveries that met an unexpected error, by stage: before_claim (requeued), "

@@ -44,8 +44,8 @@ from jobcore.submit import (
     EnqueueRequest,
     check_idempotency_key,
     coalescable,
-    enqueue,
     enqueue_coalesced,
+    enqueue_on,
 )
 from services.api import views
 from services.api.auth import (
@@ -296,17 +296,17 @@ def coalescer(state: ApiState, db: Database) -> EnqueueCoalescer:
 
     async def write_one(request: EnqueueRequest) -> EnqueueResult:
         # One statement, committed on its own: the job with its outbox row, or neither.
-        async with db.session() as session:
-            result = await enqueue(
-                session,
-                state.topology,
-                request,
-                quotas=settings.quota_defaults,
-                wakeups=state.relay_wakeups,
-                payload_store=state.results,
-                inline_payload_max_bytes=settings.inline_payload_max_bytes,
-                uploads=state.metrics,
-            )
+        # No connection is held while a large payload uploads (enqueue_on).
+        result = await enqueue_on(
+            db,
+            state.topology,
+            request,
+            quotas=settings.quota_defaults,
+            wakeups=state.relay_wakeups,
+            payload_store=state.results,
+            inline_payload_max_bytes=settings.inline_payload_max_bytes,
+            uploads=state.metrics,
+        )
         state.metrics.count_write()
         return result
 

@@ -7,7 +7,7 @@ jobs / (last finished_at − first created_at), and the latencies come from the 
 (PostgreSQL's clock): enqueue→start = started_at − created_at, enqueue→done =
 finished_at − created_at. The baseline publishes the same number of persistent messages
 to a scratch quorum queue (untimed) and times consuming and acknowledging them here with
-the worker's prefetch. Then the idle latency (issue 18's target: p50 <= 5 ms, p99 <= 20 ms):
+the worker's prefetch. Then the idle latency (target: p50 <= 5 ms, p99 <= 20 ms):
 ``IDLE_SAMPLES`` single jobs enqueued one at a time (job + outbox row + NOTIFY, as the API
 writes them) while nothing else runs, each after the previous one finished;
 enqueue→start = started_at − created_at from the job rows. Its baseline is the floor of

@@ -3,7 +3,7 @@
 The baseline (:mod:`services.bench.minimal_app`) is one uvicorn process (uvloop,
 httptools) with a pool of 8 that inserts a job row and an outbox row in one transaction,
 into trigger-free copies of jobcore's tables (same columns and indexes): no key, no
-idempotency, no quotas, no NOTIFY. Until issue 36 it wrote jobcore's own tables, whose
+idempotency, no quotas, no NOTIFY. It once wrote jobcore's own tables, whose
 quota trigger made it queue on one ``tenant_usage`` row at 64 clients, and the ratio read
 1.00× where a hand-run wrk read 0.5×. jobcore answers the same ``POST /jobs/noop`` with
 every feature on: an API key, a fresh ``Idempotency-Key`` per request, the tenant's quotas

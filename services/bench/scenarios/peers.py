@@ -19,7 +19,7 @@ turns within each run:
   falls to tens of jobs/s), then a one-shot worker runs; timed from the first ``started``
   event to the last ``succeeded`` one.
 
-Over HTTP (issue 36), each run also POSTs ``min(jobs, http_jobs)`` no-op jobs
+Over HTTP, as users call it, each run also POSTs ``min(jobs, http_jobs)`` no-op jobs
 (``--http-jobs``, 2,000 by default) at 16 and at 64 connections, with the e2e scenario's
 load generator, to jobcore (one API, one relay, one worker) and to the baselines a user
 would build (:mod:`services.bench.peers_http_app`, one process each): FastAPI calling
@@ -547,7 +547,7 @@ def _version(package: str) -> str:
     return version(package)
 
 
-# -- the HTTP baseline a user would build with Celery (issue 36) ----------------------------
+# -- the HTTP baseline a user would build with Celery -----------------------------------------
 
 HTTP_APP = "services.bench.peers_http_app"
 # The connection counts of the HTTP comparison (jobcore's e2e POSTs over 16).
@@ -796,7 +796,7 @@ async def jobcore_http(bench: Bench, config: Settings, db: Database, n: int) -> 
     return runs
 
 
-# -- the HTTP baseline a user would build with Procrastinate (issue 36) ---------------------
+# -- the HTTP baseline a user would build with Procrastinate ----------------------------------
 
 # Each job's deferred, started and succeeded times (epoch seconds), from Procrastinate's
 # own events, for the jobs after ``after`` (the run's: ids only grow).

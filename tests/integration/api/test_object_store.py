@@ -7,8 +7,9 @@ replayed or refused uploads nothing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
 import orjson
@@ -19,6 +20,7 @@ from jobcore.db import Database
 from jobcore.objectstore import open_result_store
 from jobcore.settings import Settings
 from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing.waiting import eventually
 from services.api.app import create_app
 from services.api.schemas import JobView
 from tests.integration.api.support import api, assert_problem, enqueue, finish_job, start_job
@@ -297,3 +299,49 @@ async def test_a_replayed_or_refused_enqueue_uploads_nothing(
         assert uploads(app) == 1
         proxy.set_mode(Mode.FORWARD)
     assert stored_payloads(bucket) == [f"jc/payloads/{uuid.UUID(first.json()['job_id']).hex}.json"]
+
+
+async def test_an_upload_the_store_holds_up_holds_no_database_connection(
+    s3_config: Settings, proxy: TcpProxy, auth: dict[str, str], other_auth: dict[str, str]
+) -> None:
+    # An upload waits for the store as long as the store takes: a pooled connection held
+    # meanwhile is one fewer for every other request, and a few such uploads drain it.
+    config = s3_config.model_copy(update={"db_pool_min": 1, "db_pool_max": 1, "s3_timeout": 20.0})
+    async with api(config) as (app, client):
+        earlier = await enqueue(client, auth, payload={"text": "hi"})
+        assert earlier.status_code == 202, earlier.text
+        store = app.state.api.results
+        put_payload = store.put_payload
+        uploading = threading.Event()
+
+        def signalled_put(job_id: uuid.UUID, data: bytes) -> str:
+            uploading.set()
+            return put_payload(job_id, data)
+
+        store.put_payload = signalled_put
+        proxy.set_mode(Mode.BLACKHOLE)  # the upload hangs until the cut ends
+        large = asyncio.create_task(enqueue(client, auth, payload={"text": "x" * (INLINE_MAX * 4)}))
+        try:
+            await eventually(_is_set(uploading), what="the upload under way")
+
+            # While it hangs: a read, and an enqueue whose payload stays in its row (of
+            # another tenant: one of the same group would wait for its turn behind it).
+            read = await client.get(f"/jobs/{earlier.json()['job_id']}", headers=auth)
+            small = await enqueue(client, other_auth, payload={"text": "still"})
+
+            assert not large.done()
+            assert read.status_code == 200, read.text
+            assert small.status_code == 202, small.text
+        finally:
+            proxy.set_mode(Mode.FORWARD)
+            stored = await large
+        # The connection the upload was on was dropped when the cut ended; the client's
+        # retry stores it.
+        assert stored.status_code == 202, stored.text
+
+
+def _is_set(event: threading.Event) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return event.is_set()
+
+    return probe

@@ -18,11 +18,13 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_all, fetch_one
 from jobcore.objectstore import open_result_store
 from jobcore.registry import default_registry
+from jobcore.results import ResultStore
 from jobcore.scopes import Scope
 from jobcore.settings import Settings
 from jobcore.sql import Query
 from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.usecases import keys as key_usecases
+from services.ui import app as console_app
 from services.ui.app import create_app
 
 BASE = "http://console.test"
@@ -197,6 +199,36 @@ async def test_a_payload_stored_by_reference_is_shown_from_the_store(
     assert shown.status_code == 200
     assert '<pre id="payload">{}</pre>' not in shown.text
     assert "could not be read" in shown.text
+
+
+async def test_the_result_store_is_opened_once_not_per_page_view(
+    client: httpx.AsyncClient, db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[ResultStore] = []
+
+    def counting_open(given: Settings) -> ResultStore:
+        opened.append(open_result_store(given))
+        return opened[-1]
+
+    monkeypatch.setattr(console_app, "open_result_store", counting_open)
+    job_type = default_registry.get("echo")
+    async with db.session() as session:
+        result = await enqueue(
+            session,
+            Topology.from_settings(settings),
+            EnqueueRequest(
+                tenant="acme",
+                job_type=job_type,
+                payload=job_type.validate_payload({"text": "kept-in-the-store"}),
+            ),
+            payload_store=open_result_store(settings),
+            inline_payload_max_bytes=10,
+        )
+    for _ in range(3):
+        shown = await client.get(f"/jobs/{result.job_id}", params={"show": "payload"}, headers=HTML)
+        assert shown.status_code == 200
+        assert "kept-in-the-store" in shown.text
+    assert len(opened) <= 1
 
 
 async def test_retry_discard_and_redeliver_are_the_commands_use_cases_audited(
