@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
 import subprocess
 import sys
 import time
@@ -34,8 +33,6 @@ PROCESSES = ("api", "relay", "worker")
 # A process not ready in this time fails the run: a start that slow is a bug to look at.
 READY_TIMEOUT = 60.0
 POLL = 0.01
-# Starts of each process per run (the figure of a run is their median).
-STARTS = 3
 
 
 def steps(options: Options) -> int:
@@ -120,12 +117,11 @@ async def run(bench: Bench) -> Section:
         scenario="startup",
         title=TITLE,
         method=(
-            f"Per run, each process started {STARTS} times on a migrated scratch database "
-            "(the broker up), alternating processes; the clock runs from just before the "
-            "spawn to the first 200 of its /readyz (the minimal app: its first 202), "
-            f"polled every {POLL * 1000:.0f} ms. A run's figure is the median of its "
-            "starts. Baselines in the same run: `python -c pass` and the minimal FastAPI "
-            "+ psycopg app (services.bench.minimal_app)."
+            "Per run, each process started once on a migrated scratch database (the broker "
+            "up), one after the other; the clock runs from just before the spawn to the "
+            "first 200 of its /readyz (the minimal app: its first 202), polled every "
+            f"{POLL * 1000:.0f} ms. Baselines in the same run: `python -c pass` and the "
+            "minimal FastAPI + psycopg app (services.bench.minimal_app)."
         ),
     )
     log_dir = bench.log_dir / "startup"
@@ -134,13 +130,9 @@ async def run(bench: Bench) -> Section:
     async with bench.scratch("startup") as config:
         for run_index in range(bench.options.runs):
             bench.step(f"startup run {run_index + 1}")
-            starts: dict[str, list[float]] = {name: [] for name in runs}
-            for _ in range(STARTS):
-                for name in (*PROCESSES, "minimal"):
-                    starts[name].append(await time_to_ready(config, name, log_dir / f"{name}.log"))
-                starts["python"].append(await asyncio.to_thread(interpreter_start))
-            for name, seconds in starts.items():
-                runs[name].append(statistics.median(seconds))
+            for name in (*PROCESSES, "minimal"):
+                runs[name].append(await time_to_ready(config, name, log_dir / f"{name}.log"))
+            runs["python"].append(await asyncio.to_thread(interpreter_start))
     for name in PROCESSES:
         section.figures.append(
             Figure(
