@@ -133,6 +133,45 @@ def admission_ctes() -> str:
     )"""
 
 
+def approximate_admission_ctes() -> str:
+    """The CTEs of :func:`admission_ctes` (``existing``, ``limits``, ``admit``, ``go``)
+    for :attr:`jobcore.quotas.Admission.APPROXIMATE`: the quotas checked against the
+    tenant's usage as this statement's snapshot shows it (committed, and the
+    transaction's own jobs), with no lock and no write of the usage row. ``admit`` has
+    the refusal (NULL: admitted) and the bucket's tat as read; the job's own count is the
+    delta its insert appends. What another open transaction holds uncommitted is not
+    seen: admissions in transactions open together can pass the cap by that much.
+    """
+    return f"""existing AS (
+        SELECT id FROM jobs
+        WHERE tenant = %(tenant)s::text
+          AND type = %(type)s AND idempotency_key = %(idempotency_key)s
+        UNION ALL
+        SELECT id FROM jobs
+        WHERE tenant = %(tenant)s::text AND type = %(type)s
+          AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
+    ), {_KEYED_LIMITS}, usage AS (
+        -- The deltas count for a tenant the usage folder has not given a row yet.
+        SELECT (SELECT u.rate_tat FROM tenant_usage AS u WHERE u.tenant = limits.tenant)
+                   AS rate_tat,
+               CASE WHEN limits.max_unfinished > 0 THEN
+                   coalesce((SELECT u.unfinished FROM tenant_usage AS u
+                             WHERE u.tenant = limits.tenant), 0)
+                   + (SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                      WHERE d.tenant = limits.tenant)
+               END AS unfinished
+        FROM limits
+    ), admit AS (
+        SELECT usage.rate_tat, {PREVIEW_REFUSAL} AS last_refusal
+        FROM limits LEFT JOIN usage ON true
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+          AND (limits.rate > 0 OR limits.max_unfinished > 0)
+    ), go AS (
+        SELECT limits.tenant FROM limits LEFT JOIN admit ON true
+        WHERE admit.last_refusal IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
+    )"""
+
+
 def admission_preview_ctes() -> str:
     """``limits`` and ``usage`` (the tenant's rate limit's tat and unfinished jobs, read
     without a lock; no row for a tenant that never enqueued), for a read of what
