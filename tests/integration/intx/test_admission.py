@@ -74,9 +74,7 @@ async def test_transactions_open_together_pass_the_cap_by_what_they_hold(
             await tx.enqueue("echo", {"text": "late"})
 
 
-async def test_the_exact_admission_never_passes_the_cap(
-    settings: Settings, db: Database
-) -> None:
+async def test_the_exact_admission_never_passes_the_cap(settings: Settings, db: Database) -> None:
     """Three transactions racing for the last place: one takes it, the two others wait
     for its commit and are refused."""
     config = capped(settings, 1)
@@ -110,7 +108,8 @@ async def test_an_empty_bucket_refuses_without_being_drawn_from(
     async with db.connection() as conn:
         cur = await conn.execute("SELECT count(*) AS n FROM tenant_usage WHERE tenant = 't'")
         row = await cur.fetchone()
-    assert row is not None and row["n"] == 0  # nothing drawn: no usage row written
+    assert row is not None
+    assert row["n"] == 0  # nothing drawn: no usage row written
     async with app_tx("psycopg_async", config) as tx:
         await tx.enqueue("echo", {"text": "exact"}, admission="exact")  # the burst of 1
         await tx.commit()
