@@ -8,8 +8,9 @@ from its call to its commit. Before the third, what the first holds: the relatio
 writes (``RowExclusiveLock`` in ``pg_locks``), and whether the tenant's ``tenant_usage``
 row, the job, outbox row and usage deltas it wrote are locked (a ``FOR UPDATE NOWAIT``
 probe from another connection on each; ``pg_locks`` does not list row locks). The tenant
-has enqueued before (its usage row exists). Prints one JSON line per admission with the
-third enqueue's latency (median, p95, max over the rounds) and the locks.
+has enqueued before (its usage row exists). Prints one JSON line per admission, and first
+a baseline (the same third enqueue with no transaction of its tenant open): the third
+enqueue's latency (median, p95, max over the rounds) and the locks.
 
     .venv/bin/python scripts/measure_lock_footprint.py [--rounds 10] [--hold 2]
 
@@ -142,6 +143,25 @@ async def round_of(url: str, admission: str, settings: Settings, hold: float) ->
     return {"third_seconds": latency, **seen}
 
 
+async def alone(url: str, settings: Settings) -> float:
+    """The baseline: the same third enqueue with no transaction of its tenant open."""
+    tenant = f"lockfp-{uuid.uuid4().hex[:8]}"
+    earlier, _ = await holder(url, tenant, "exact", settings)
+    await earlier.commit()
+    await earlier.close()
+    return await third(url, tenant, "approximate", settings)
+
+
+def milliseconds(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return {
+        "median": round(1000 * statistics.median(ordered), 1),
+        "p95": round(1000 * p95, 1),
+        "max": round(1000 * ordered[-1], 1),
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -155,13 +175,13 @@ async def main() -> None:
         async with await psycopg.AsyncConnection.connect(config.database_url) as conn:
             await conn.execute(APP_TABLE)
             await conn.commit()
+        baseline = [await alone(config.database_url, config) for _ in range(args.rounds)]
+        print(json.dumps({"admission": "none open (baseline)", "third_ms": milliseconds(baseline)}))
         for admission in ("approximate", "exact"):
             rounds = [
                 await round_of(config.database_url, admission, config, args.hold)
                 for _ in range(args.rounds)
             ]
-            latencies = sorted(r["third_seconds"] for r in rounds)
-            p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
             print(
                 json.dumps(
                     {
@@ -173,11 +193,7 @@ async def main() -> None:
                         },
                         "hold_seconds": args.hold,
                         "rounds": args.rounds,
-                        "third_ms": {
-                            "median": round(1000 * statistics.median(latencies), 1),
-                            "p95": round(1000 * p95, 1),
-                            "max": round(1000 * latencies[-1], 1),
-                        },
+                        "third_ms": milliseconds([r["third_seconds"] for r in rounds]),
                         "held_by_first": {
                             "written_relations": rounds[-1]["written_relations"],
                             "read_relations": rounds[-1]["read_relations"],

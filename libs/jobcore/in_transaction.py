@@ -3,9 +3,12 @@
 ``Session``, psycopg ``Connection``).
 
 The job is written by the same use case as ``POST /jobs/{type}``
-(:func:`jobcore.submit.enqueue` with an :class:`~jobcore.submit.EnqueueRequest`): the
-same statement writes the job, its outbox message and the tenant's admission rows, on
-the caller's connection and inside the caller's open transaction. Nothing here commits
+(:func:`jobcore.submit.enqueue` with an :class:`~jobcore.submit.EnqueueRequest`): one
+statement writes the job, its outbox message and the tenant's admission rows, on the
+caller's connection and inside the caller's open transaction. By default its quotas are
+admitted approximately (:class:`jobcore.quotas.Admission`): the caller's transaction may
+stay open for long, and an exact admission would hold the tenant's usage row until it
+ends, making every other enqueue of the tenant wait. Nothing here commits
 or rolls back the caller's transaction, so the job exists exactly when the caller's own
 writes commit, and the statement's NOTIFY reaches the relays only then (PostgreSQL
 delivers notifications at commit, and drops them on rollback).
