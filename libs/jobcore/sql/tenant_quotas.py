@@ -10,6 +10,10 @@ the cap minus one make exactly one job. The count itself is the row's plus the t
 ``tenant_usage_deltas``: triggers on ``jobs`` append a +1 for every job added and a -1
 for every job that ends (migration 0023), and the maintenance leader's usage folder
 (TENANT_USAGE_FOLD) folds them into the row every few seconds.
+
+An enqueue in an application's own transaction, which may stay open for long, is
+admitted by default without that lock (:func:`approximate_admission_ctes`): the row and
+the deltas are read as committed, and nothing is written or held but the job's own delta.
 """
 
 from __future__ import annotations
@@ -419,7 +423,8 @@ class TenantUsageFoldParams(TypedDict):
 # table, never both or neither.
 #
 # A tenant's row can be held for as long as an application transaction lasts (an
-# in-transaction enqueue of a tenant with a quota holds it until its commit): the batch
+# in-transaction enqueue with the exact admission, of a tenant with a quota, holds it until
+# its commit; the default, approximate admission only reads it): the batch
 # locks the rows it folds into with SKIP LOCKED, and leaves a busy tenant's deltas, all
 # of them, for a later round. A delta itself is never skipped: a -1 folded while its +1
 # was skipped would, clamped at zero, leave the count too high for ever. A tenant with

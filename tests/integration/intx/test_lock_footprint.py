@@ -70,13 +70,16 @@ HOLD = 2.0
 THIRD_DEADLINE = HOLD / 2
 
 
+@pytest.mark.parametrize("third_admission", ["approximate", "exact"])
 async def test_with_default_quotas_two_open_transactions_do_not_hold_up_a_third_enqueue(
-    settings: Settings, db: Database
+    third_admission: str, settings: Settings, db: Database
 ) -> None:
     """The deployment's default quotas (a rate limit and a cap): two application
-    transactions of tenant t stay open HOLD seconds after their enqueues; a third enqueue
-    of t, from a connection of its own, answers meanwhile."""
+    transactions of tenant t stay open HOLD seconds after their enqueues (the default
+    admission); a third enqueue of t, from a connection of its own, answers meanwhile:
+    another in-transaction one, or one admitted exactly as the API's are."""
     assert settings.quota_defaults != UNLIMITED
+    name = f"intx-third-default-{third_admission}"
     async with (
         app_tx("psycopg_async", settings) as first,
         app_tx("sqlalchemy_async", settings) as second,
@@ -87,12 +90,12 @@ async def test_with_default_quotas_two_open_transactions_do_not_hold_up_a_third_
             await asyncio.wait_for(tx.enqueue("echo", {"text": f"order {n}"}), timeout=30)
         opened = time.monotonic()
         started = time.monotonic()
-        third = asyncio.create_task(third_enqueue(settings, "intx-third-default", None))
+        third = asyncio.create_task(third_enqueue(settings, name, None, third_admission))
         answered_at: list[float] = []
         third.add_done_callback(lambda _: answered_at.append(time.monotonic()))
 
         async def answered_or_stuck() -> bool:
-            return third.done() or await waiting_on_a_lock(db, "intx-third-default")
+            return third.done() or await waiting_on_a_lock(db, name)
 
         try:
             await eventually(answered_or_stuck, timeout=30, what="the third enqueue to answer")
