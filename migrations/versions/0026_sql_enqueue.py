@@ -44,7 +44,7 @@ SIGNATURE = (
 # JSON as orjson.dumps(value, option=OPT_SORT_KEYS) writes it (jobcore.submit's
 # fingerprints and unique keys): no whitespace, keys sorted by code point, strings
 # escaped as PostgreSQL escapes them (the same escapes), a number with a fraction or an
-# exponent as the shortest float that reads back the same (with ".0" when integral).
+# exponent as the float it reads as, written as orjson writes that float.
 CANONICAL_JSON = r"""
 CREATE OR REPLACE FUNCTION jobcore_canonical_json(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -52,6 +52,7 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     number text;
+    magnitude numeric;
 BEGIN
     CASE jsonb_typeof(value)
     WHEN 'object' THEN
@@ -71,7 +72,21 @@ BEGIN
         IF number ~ '^-?[0-9]+$' THEN
             RETURN number;
         END IF;
+        -- Beyond a float's range Python has no float to write: the number as it is.
+        magnitude := abs(number::numeric);
+        IF magnitude <> 0 AND (magnitude < 1e-307 OR magnitude >= 1e308) THEN
+            RETURN number;
+        END IF;
+        -- The shortest digits that read back as the float (PostgreSQL's and orjson's
+        -- alike), in orjson's notation: positional from 1e-5 to below 1e16, else an
+        -- exponent without leading zeros.
         number := number::float8::text;
+        IF number ~ 'e' THEN
+            IF split_part(number, 'e', 2)::int NOT BETWEEN -5 AND 15 THEN
+                RETURN regexp_replace(number, 'e([+-])0*([0-9])', 'e\1\2');
+            END IF;
+            number := number::numeric::text;
+        END IF;
         RETURN CASE WHEN number ~ '^-?[0-9]+$' THEN number || '.0' ELSE number END;
     ELSE
         RETURN value::text;

@@ -284,7 +284,15 @@ async def test_the_tenants_quotas_refuse_as_the_python_path_does(
 # Values whose JSON Python and PostgreSQL both write the same way: nested objects with
 # keys out of order, arrays, non-ASCII and escaped characters, floats and integers.
 PAYLOAD = {"text": 'caf\u00e9 "quoted"\n\ttab \\ \u0001', "count": 2}
-TRICKY = {"z": [1, 2.5, {"b": True, "a": None}], "A": "x", "\u00e9": 0.1, "n": -3}
+TRICKY = {
+    "z": [1, 2.5, {"b": True, "a": None}],
+    "A": "x",
+    "\u00e9": 0.1,
+    "n": -3,
+    # Not 1.25e16 nor 5e-324: jsonb keeps such a number as the integer or the decimal
+    # it is, not as the float it was (docs/how-to/enqueue-in-transaction.md).
+    "floats": [0.0, -0.5, 100.0, 1.25e-5, 1e-7, 2.5e-7, 1e15, 123456.789],
+}
 
 
 async def test_sql_writes_the_rows_the_python_path_writes(
