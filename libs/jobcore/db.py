@@ -580,6 +580,9 @@ Executor = Session | psycopg.AsyncConnection[Any]
 """Where a statement runs: a session or unit of work, or a raw connection (the worker's
 held ones, a LISTEN connection), whose provider translates its errors."""
 
+Reader = Session | AsyncConn
+"""Where a statement whose rows are read runs (:func:`fetch_one`, :func:`fetch_all`)."""
+
 
 class StatementQuery(Protocol):
     """What the gateway reads of a named query (:class:`jobcore.sql.Query`)."""
@@ -653,13 +656,13 @@ async def execute(on: Executor, statement: Statement) -> int:
     return (await _run(on, statement)).rowcount
 
 
-async def fetch_one(on: Session | AsyncConn, statement: Statement) -> DictRow | None:
+async def fetch_one(on: Reader, statement: Statement) -> DictRow | None:
     """Run a statement; return its first row (None: no row)."""
     row: DictRow | None = await (await _run(on, statement)).fetchone()
     return row
 
 
-async def fetch_all(on: Session | AsyncConn, statement: Statement) -> list[DictRow]:
+async def fetch_all(on: Reader, statement: Statement) -> list[DictRow]:
     """Run a statement; return all its rows."""
     rows: list[DictRow] = await (await _run(on, statement)).fetchall()
     return rows

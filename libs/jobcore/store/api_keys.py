@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all, fetch_one
+from jobcore.db import Reader, fetch_all, fetch_one
 from jobcore.sql.api_keys import (
     API_KEY_AUTHENTICATE,
     API_KEY_EXPIRE,
@@ -31,8 +31,6 @@ __all__ = [
     "ApiKeyStore",
     "api_key_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class ApiKeyStore:

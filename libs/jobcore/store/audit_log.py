@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, execute, fetch_all, fetch_one
+from jobcore.db import Reader, Session, execute, fetch_all, fetch_one
 from jobcore.sql.audit_log import (
     AUDIT_LOG_INSERT,
     AUDIT_LOG_LIST,
@@ -25,8 +25,6 @@ __all__ = [
     "AuditLogStore",
     "audit_log_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class AuditLogStore:

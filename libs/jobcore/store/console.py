@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all, fetch_one
+from jobcore.db import Reader, fetch_all, fetch_one
 from jobcore.sql import NoParams
 from jobcore.sql.console import (
     CONSOLE_BACKLOG_BY_QUEUE,
@@ -37,8 +37,6 @@ __all__ = [
 ]
 
 _NO_PARAMS: NoParams = {}
-
-Reader = Session | AsyncConn
 
 
 class ConsoleStore:

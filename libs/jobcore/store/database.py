@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all, fetch_one
+from jobcore.db import Reader, fetch_all, fetch_one
 from jobcore.sql.database_health import HOT_TABLE_TUPLES, XMIN_HORIZON, HotTablesParams
 from jobcore.sql.database_health import NoParams as HealthNoParams
 from jobcore.sql.planner_statistics import TABLES_WITH_STALE_STATISTICS, StaleStatisticsParams
@@ -22,8 +22,6 @@ __all__ = [
 ]
 
 _NO_PARAMS: HealthNoParams = {}
-
-Reader = Session | AsyncConn
 
 
 class DatabaseStore:

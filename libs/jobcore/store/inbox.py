@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, execute, fetch_one
+from jobcore.db import Reader, Session, execute, fetch_one
 from jobcore.sql.inbox import (
     INBOX_PRUNE_BATCH,
     INBOX_PRUNE_COUNT,
@@ -25,8 +25,6 @@ __all__ = [
     "InboxStore",
     "inbox_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class InboxStore:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all
+from jobcore.db import Reader, fetch_all
 from jobcore.sql.job_events import JOB_TIMELINE, JobTimelineParams
 
 __all__ = ["JobEventStore", "JobTimelineParams", "job_event_store"]
-
-Reader = Session | AsyncConn
 
 
 class JobEventStore:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, execute, fetch_one
+from jobcore.db import Reader, Session, execute, fetch_one
 from jobcore.sql.maintenance_leases import (
     MAINTENANCE_LEASE_ACQUIRE,
     MAINTENANCE_LEASE_FENCE,
@@ -32,8 +32,6 @@ __all__ = [
     "MaintenanceLeaseStore",
     "maintenance_lease_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class MaintenanceLeaseStore:

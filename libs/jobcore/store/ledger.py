@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_one
+from jobcore.db import Reader, fetch_one
 from jobcore.sql.ledger import LEDGER_CREDIT, LedgerCreditParams
 
 __all__ = ["LedgerCreditParams", "LedgerStore", "ledger_store"]
-
-Reader = Session | AsyncConn
 
 
 class LedgerStore:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Executor, Session, execute, fetch_all, fetch_one
+from jobcore.db import Executor, Reader, execute, fetch_all, fetch_one
 from jobcore.sql import NoParams
 from jobcore.sql.outbox import (
     OUTBOX_ANY_DUE,
@@ -60,8 +60,6 @@ __all__ = [
 ]
 
 _NO_PARAMS: NoParams = {}
-
-Reader = Session | AsyncConn
 
 
 class OutboxStore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, execute, fetch_all, fetch_one
+from jobcore.db import Reader, Session, execute, fetch_all, fetch_one
 from jobcore.sql import NoParams
 from jobcore.sql.schedules import (
     SCHEDULE_ADVANCE,
@@ -29,8 +29,6 @@ __all__ = [
 ]
 
 _NO_PARAMS: NoParams = {}
-
-Reader = Session | AsyncConn
 
 
 class ScheduleStore:

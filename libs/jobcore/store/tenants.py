@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all, fetch_one
+from jobcore.db import Reader, fetch_all, fetch_one
 from jobcore.sql import Statement
 from jobcore.sql.tenant_quotas import (
     TENANT_MAX_LONG_POLLS,
@@ -34,8 +34,6 @@ __all__ = [
     "TenantUsageLockParams",
     "tenant_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class TenantStore:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Session, fetch_all, fetch_one
+from jobcore.db import Reader, fetch_all, fetch_one
 from jobcore.sql.tenant_webhook_secrets import (
     WEBHOOK_SECRET_ENSURE,
     WEBHOOK_SECRET_ROTATE,
@@ -61,8 +61,6 @@ __all__ = [
     "webhook_endpoint_store",
     "webhook_secret_store",
 ]
-
-Reader = Session | AsyncConn
 
 
 class WebhookDeliveryStore:
