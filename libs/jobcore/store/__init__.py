@@ -24,6 +24,8 @@ its tenant's usage), all through :class:`JobStore`:
 - :class:`WebhookDeliveryStore`, :class:`WebhookEndpointStore` and
   :class:`WebhookSecretStore` (:mod:`~jobcore.store.webhooks`): ``webhook_deliveries``,
   ``webhook_endpoints``, ``tenant_webhook_secrets``.
+- :class:`JobTypeStore` (:mod:`~jobcore.store.job_types`): ``job_type_registry``, the
+  workers' job types that ``jobcore_enqueue()`` checks against.
 - :class:`LedgerStore` (:mod:`~jobcore.store.ledger`): the demo's ledger tables.
 - :class:`ConsoleStore` (:mod:`~jobcore.store.console`): the console's reads across tables.
 - :class:`DatabaseStore` (:mod:`~jobcore.store.database`): the database itself (health,
@@ -54,6 +56,7 @@ from jobcore.store.gates import (
 )
 from jobcore.store.inbox import JOBS_CONSUMER, WEBHOOKS_CONSUMER, InboxStore, inbox_store
 from jobcore.store.job_events import JobEventStore, job_event_store
+from jobcore.store.job_types import JobTypeStore, job_type_store
 from jobcore.store.jobs import (
     CANCEL_CHANNEL,
     JobClaimManyParams,
@@ -136,6 +139,7 @@ __all__ = [
     "JobRetryParams",
     "JobStore",
     "JobSucceedManyParams",
+    "JobTypeStore",
     "LedgerStore",
     "MaintenanceLeaseParams",
     "MaintenanceLeaseStore",
@@ -164,6 +168,7 @@ __all__ = [
     "inbox_store",
     "job_event_store",
     "job_store",
+    "job_type_store",
     "ledger_store",
     "maintenance_lease_store",
     "outbox_store",
