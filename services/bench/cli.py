@@ -189,7 +189,14 @@ def bench(
         15.0, min=1, max=600, help="Paced: seconds the peak is measured over."
     ),
     paced_systems: str = typer.Option(
-        "jobcore,procrastinate,celery", help="Paced: the systems paced, in order."
+        "jobcore,procrastinate,celery",
+        help="Paced: the systems paced, in order (also jobcore-baseline: jobcore with "
+        "--paced-baseline-env).",
+    ),
+    paced_baseline_env: str = typer.Option(
+        "",
+        help="Paced: the jobcore-baseline system's settings, comma-separated "
+        "JOBCORE_NAME=value pairs (e.g. JOBCORE_RELAY_OVERLAP=false).",
     ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
@@ -222,11 +229,18 @@ def bench(
     if pressure_port == 5432:
         fail("--pressure-port: the pressure scenario restarts its cluster; not 5432", code=2)
     systems = tuple(part.strip() for part in paced_systems.split(",") if part.strip())
-    if not systems or any(s not in ("jobcore", "procrastinate", "celery") for s in systems):
-        fail(f"--paced-systems takes jobcore, procrastinate, celery; got {paced_systems!r}", code=2)
+    known_systems = ("jobcore", "jobcore-baseline", "procrastinate", "celery")
+    if not systems or any(s not in known_systems for s in systems):
+        fail(f"--paced-systems takes {', '.join(known_systems)}; got {paced_systems!r}", code=2)
+    baseline_env = tuple(p.strip() for p in paced_baseline_env.split(",") if p.strip())
+    if any(not p.startswith("JOBCORE_") or "=" not in p for p in baseline_env):
+        fail(
+            f"--paced-baseline-env takes JOBCORE_NAME=value pairs; got {paced_baseline_env!r}",
+            code=2,
+        )
     if paced_peak <= 0 and "jobcore" not in systems:
         fail("--paced-peak: without jobcore among the systems, give the peak", code=2)
-    if "paced" in chosen and any(s != "jobcore" for s in systems):
+    if "paced" in chosen and any(not s.startswith("jobcore") for s in systems):
         from services.bench.scenarios.peers import available as peers_available
 
         why = peers_available()
@@ -274,6 +288,7 @@ def bench(
         paced_probe_rate=paced_probe_rate,
         paced_probe_seconds=paced_probe_seconds,
         paced_systems=systems,
+        paced_baseline_env=baseline_env,
     )
     config = settings()
     with Progress(

@@ -101,6 +101,8 @@ class Options:
     paced_probe_rate: float = 2000.0
     paced_probe_seconds: float = 15.0
     paced_systems: tuple[str, ...] = ("jobcore", "procrastinate", "celery")
+    # The jobcore-baseline system's JOBCORE_* settings (KEY=VALUE each).
+    paced_baseline_env: tuple[str, ...] = ()
 
 
 class Scenario(Protocol):

@@ -64,7 +64,7 @@ from services.bench.pressure_load import Histogram
 from services.bench.report import Figure, Section
 
 TITLE = "Pickup latency and cost per job at steady rates, vs Procrastinate and Celery"
-SYSTEMS = ("jobcore", "procrastinate", "celery")
+SYSTEMS = ("jobcore", "procrastinate", "celery")  # the default; also jobcore-baseline
 HANDLERS = 16
 CELERY_CONCURRENCY = 2
 WARMUP_STEP = 3.0  # seconds of load before a system's first step, at its rate
@@ -95,6 +95,7 @@ BACKENDS = BENCH_MARK + " SELECT pid FROM pg_stat_activity WHERE datname = ANY(%
 JOBCORE_JOBS = f"""
 SELECT j.id::text AS id, extract(epoch FROM j.started_at)::float8 AS started,
        extract(epoch FROM j.finished_at)::float8 AS finished, j.status, j.attempts,
+       extract(epoch FROM j.created_at)::float8 AS created,
        extract(epoch FROM e.at)::float8 AS claimed,
        extract(epoch FROM (e.detail->>'confirmed_at')::timestamptz)::float8 AS confirmed
 FROM jobs AS j
@@ -127,9 +128,10 @@ CELERY_RESULTS = (
     " FROM celery_taskmeta WHERE status = 'SUCCESS' AND date_done >= %(since)s"
 )
 
-HOP_NAMES = ("to_claim", "claim_to_confirm", "confirm_to_start")
+HOP_NAMES = ("to_insert", "insert_to_claim", "claim_to_confirm", "confirm_to_start")
 HOP_LABELS = {
-    "to_claim": "enqueue→relay's claim",
+    "to_insert": "enqueue→API's insert",
+    "insert_to_claim": "insert→relay's claim",
     "claim_to_confirm": "relay's claim→confirm",
     "confirm_to_start": "confirm→worker start",
 }
@@ -206,9 +208,14 @@ class Jobcore(System):
     name = "jobcore"
     tables = HOT_TABLES
 
+    def env(self) -> dict[str, str]:
+        return {}
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        async with self.bench.stack(self.config, "paced-jobcore", relays=1, workers=1) as stack:
+        async with self.bench.stack(
+            self.config, f"paced-{self.name}", relays=1, workers=1, env=self.env()
+        ) as stack:
             await relays_ready(stack)
             self.pool = HttpPool(stack.api_port)
             self._auth = {"Authorization": f"Bearer {stack.api_key}"}
@@ -261,6 +268,7 @@ class Jobcore(System):
                 finished,
                 status,
                 attempts,
+                created,
                 claimed,
                 confirmed,
             ) in await cur.fetchall():
@@ -275,11 +283,23 @@ class Jobcore(System):
                 t.not_once += attempts != 1
                 t.add(enqueued, started, counted)
                 if counted and claimed is not None and confirmed is not None:
-                    t.hop("to_claim", claimed - enqueued)
+                    t.hop("to_insert", created - enqueued)
+                    t.hop("insert_to_claim", claimed - created)
                     t.hop("claim_to_confirm", confirmed - claimed)
                     t.hop("confirm_to_start", started - confirmed)
         t.missing += len(self.enqueued) - seen
         return t
+
+
+class JobcoreBaseline(Jobcore):
+    """jobcore with ``--paced-baseline-env`` (e.g. a tuning switched back to its old
+    value): a change and what it replaced, measured in the same invocation."""
+
+    name = "jobcore-baseline"
+
+    def env(self) -> dict[str, str]:
+        pairs = (item.partition("=") for item in self.bench.options.paced_baseline_env)
+        return {key.strip(): value.strip() for key, _, value in pairs}
 
 
 def _one(pid: int) -> list[int]:
@@ -468,6 +488,7 @@ def _utc(epoch: float) -> Any:
 
 SYSTEM_CLASSES: dict[str, type[System]] = {
     "jobcore": Jobcore,
+    "jobcore-baseline": JobcoreBaseline,
     "procrastinate": Procrastinate,
     "celery": Celery,
 }
@@ -714,9 +735,14 @@ def hops_table(steps: list[Step]) -> dict[str, Any]:
     rows = []
     for step in steps:
         f = step.figures()
-        if f["system"] != "jobcore" or not f["hops_ms"]:
+        if not f["system"].startswith("jobcore") or not f["hops_ms"]:
             continue
-        row: list[Any] = [f"{f['fraction_pct']} %", f["rate"], _fmt(f["pickup_p50_ms"])]
+        row: list[Any] = [
+            f["system"],
+            f"{f['fraction_pct']} %",
+            f["rate"],
+            _fmt(f["pickup_p50_ms"]),
+        ]
         for name in HOP_NAMES:
             hop = f["hops_ms"].get(name, {})
             row.append(f"{_fmt(hop.get('p50'))} / {_fmt(hop.get('p99'))}")
@@ -726,7 +752,7 @@ def hops_table(steps: list[Step]) -> dict[str, Any]:
         "note": "From each job's `published` event, dated the start of the relay's claiming "
         "transaction and carrying its confirm time; the hops' p50s need not add up to the "
         "pickup's.",
-        "columns": ["of peak", "jobs/s", "pickup p50", *HOP_LABELS.values()],
+        "columns": ["system", "of peak", "jobs/s", "pickup p50", *HOP_LABELS.values()],
         "rows": rows,
     }
 
