@@ -196,7 +196,7 @@ def bench(
     paced_baseline_env: str = typer.Option(
         "",
         help="Paced: the jobcore-baseline system's settings, comma-separated "
-        "JOBCORE_NAME=value pairs (e.g. JOBCORE_RELAY_OVERLAP=false).",
+        "JOBCORE_NAME=value pairs (e.g. JOBCORE_RELAY_OVERLAP=true).",
     ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),

@@ -215,21 +215,22 @@ class Relay(Service):
         Once a claim finds a backlog no more start here: the lanes take it, as overlapping
         claims measured no faster at saturation. Returns the rows claimed and whether more
         may be due."""
-        in_flight = {asyncio.create_task(self.relay_batch(), name="relay-batch")}
+        in_flight: set[asyncio.Task[tuple[int, bool]]] = {
+            asyncio.create_task(self.relay_batch(), name="relay-batch")
+        }
         claimed, more = 0, False
         errors: list[BaseException] = []
         while in_flight:
             wake = asyncio.ensure_future(self._wake.wait())
             try:
-                done, _ = await asyncio.wait(
-                    {*in_flight, wake}, return_when=asyncio.FIRST_COMPLETED
-                )
+                await asyncio.wait({*in_flight, wake}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 wake.cancel()
-            for task in done & in_flight:
+            for task in [t for t in in_flight if t.done()]:
                 in_flight.discard(task)
-                if task.exception() is not None:
-                    errors.append(task.exception())  # type: ignore[arg-type]
+                error = task.exception()
+                if error is not None:
+                    errors.append(error)
                     continue
                 batch, batch_more = task.result()
                 claimed += batch

@@ -61,7 +61,7 @@ from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
 from services.bench.paced_load import MAX_BATCH, TICK, HttpPool, PaceCounts, Pacer
 from services.bench.pgstats import BENCH_MARK
 from services.bench.pressure_load import Histogram
-from services.bench.report import Figure, Section
+from services.bench.report import Figure, Section, Series
 
 TITLE = "Pickup latency and cost per job at steady rates, vs Procrastinate and Celery"
 SYSTEMS = ("jobcore", "procrastinate", "celery")  # the default; also jobcore-baseline
@@ -182,10 +182,9 @@ class System:
         self.answers: Counter[int] = Counter()
         self.refusal = ""
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Its processes running (and its databases there) for the block."""
         raise NotImplementedError
-        yield
 
     async def send(self, count: int, enqueued: float) -> int:
         raise NotImplementedError
@@ -811,6 +810,26 @@ def cpu_table(steps: list[Step]) -> dict[str, Any]:
     }
 
 
+def pickup_series(figures: list[dict[str, Any]]) -> list[Series]:
+    """Each system's pickup p50 and p99 against the offered rate (the plot's panel)."""
+    series = []
+    for system in dict.fromkeys(f["system"] for f in figures):
+        mine = [f for f in figures if f["system"] == system]
+        for pct in (50, 99):
+            points = [(f["rate"], f[f"pickup_p{pct}_ms"]) for f in mine]
+            points = [(x, y) for x, y in points if y is not None]
+            series.append(
+                Series(
+                    f"{system} p{pct}",
+                    [x for x, _ in points],
+                    [y for _, y in points],
+                    "offered jobs/s",
+                    "pickup ms",
+                )
+            )
+    return series
+
+
 async def run(bench: Bench) -> Section:
     options = bench.options
     fractions = options.paced_fractions
@@ -875,6 +894,7 @@ async def run(bench: Bench) -> Section:
                         better="lower",
                     )
                 )
+    section.series.extend(pickup_series([s.figures() for s in steps_done]))
     section.details.update(
         peak_per_s=round(peak, 1),
         peak_measured=probe is not None,

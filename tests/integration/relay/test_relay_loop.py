@@ -328,7 +328,7 @@ async def test_a_standby_relay_publishes_rows_the_lease_holder_leaves_overdue(
             await execute(holder, OUTBOX_DROP_WAKE_LEASE({}))
 
 
-async def test_a_row_notified_during_a_trickles_confirm_wait_is_published_meanwhile(
+async def test_with_overlap_a_row_notified_during_a_confirm_wait_is_published_meanwhile(
     settings: Settings,
     db: Database,
     topology: Topology,
@@ -337,7 +337,7 @@ async def test_a_row_notified_during_a_trickles_confirm_wait_is_published_meanwh
     # Under a steady trickle, rows committed while a batch waits for its confirms go out
     # in a batch of their own at once, not after that batch's commit.
     collector = await collect(amqp_channel, topology)
-    async with running_relay(settings, db, poll_interval=60.0, lanes=2) as relay:
+    async with running_relay(settings, db, poll_interval=60.0, lanes=2, overlap=True) as relay:
         await wait_idle(relay)
         held = asyncio.Event()
         entered = asyncio.Event()
