@@ -32,12 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobcore.schema import HOT_TABLES  # noqa: E402
-from jobcore.settings import load_settings  # noqa: E402
-from jobcore.testing.pipeline import archive_pruned  # noqa: E402
-from services.bench.harness import Bench, Options, relays_ready  # noqa: E402
-from services.bench.pressure_load import OpenLoad, connect  # noqa: E402
-from services.bench.scenarios import pressure  # noqa: E402
+from jobcore.schema import HOT_TABLES
+from jobcore.settings import load_settings
+from jobcore.testing.pipeline import archive_pruned
+from services.bench.harness import Bench, Options, relays_ready
+from services.bench.pressure_load import OpenLoad, connect
+from services.bench.scenarios import pressure
 
 TABLE_STATS = """
 SELECT relname AS table, pg_relation_size(relid) AS heap, pg_indexes_size(relid) AS indexes,
@@ -101,9 +101,7 @@ def per_job(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             "updates_per_job": round(grown["updated"] / max(jobs, 1), 3),
             "hot_updates_per_job": round(hot / max(jobs, 1), 3),
             "deletes_per_job": round(grown["deleted"] / max(jobs, 1), 3),
-            "dead_versions_per_job": round(
-                (grown["updated"] + grown["deleted"]) / max(jobs, 1), 3
-            ),
+            "dead_versions_per_job": round((grown["updated"] + grown["deleted"]) / max(jobs, 1), 3),
             "dead_at_end": a["dead"],
             "heap_bytes_at_end": a["heap"],
             "index_bytes_at_end": a["indexes"],
@@ -145,9 +143,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     options = Options(pressure_port=args.port)
     server = await asyncio.to_thread(pressure.start_cluster, args.port)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     bench = Bench(options, load_settings(database_url=server), out)
-    result: dict[str, Any] = {"rate": args.rate, "uptime_at_start": os.popen("uptime").read()}
+    result: dict[str, Any] = {"rate": args.rate, "uptime_at_start": await _uptime()}
     async with bench.scratch("bytes", pressure.JOB_MODULES) as config:
         url = config.database_url
         async with await connect(url, autocommit=True) as conn:
@@ -167,9 +164,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 load.stop()
                 await loading
             result["offered"] = {k: vars(v) for k, v in load.windows.items()}
-    result["uptime_at_end"] = os.popen("uptime").read()
-    (out / "bytes_per_job.json").write_text(json.dumps(result, indent=2, default=str))
+    result["uptime_at_end"] = await _uptime()
     return result
+
+
+async def _uptime() -> str:
+    proc = await asyncio.create_subprocess_exec("uptime", stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return out.decode().strip()
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -205,4 +207,8 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=5467)
     args = parser.parse_args()
     os.environ.setdefault("PRESSURE_CLUSTER", "bytes_per_job")
-    print(markdown(asyncio.run(main(args))))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    measured = asyncio.run(main(args))
+    (out / "bytes_per_job.json").write_text(json.dumps(measured, indent=2, default=str))
+    print(markdown(measured))

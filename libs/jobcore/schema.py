@@ -630,7 +630,8 @@ tenant_usage = Table(
     _timestamp("last_refused_at"),
 )
 
-# Jobs of a tenant added (+1 each) or ended (-1 each) and not yet folded into
+# Jobs of a tenant added less those ended, one row per statement that changed them
+# (statement-level triggers, migration 0028), and not yet folded into
 # tenant_usage.unfinished by the maintenance leader's usage folder: adding or ending a job
 # appends here instead of updating the tenant's row, so no statement that makes or ends
 # jobs locks or writes those rows (migrations 0010, 0023).

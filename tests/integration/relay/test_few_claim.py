@@ -9,18 +9,17 @@ still published."""
 
 from __future__ import annotations
 
-import aio_pika
-
 from typing import Any
 
+import aio_pika
 import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
-from jobcore.sql.flow_pauses import FLOW_PAUSE_SET
 from jobcore.sql import native_placeholders
+from jobcore.sql.flow_pauses import FLOW_PAUSE_SET
 from jobcore.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
 from jobcore.store import outbox_store
 from services.relay.relay import UNBOUNDED_LOOK_EVERY, UNBOUNDED_WINDOW
@@ -57,10 +56,7 @@ async def test_more_due_rows_than_a_batch_are_left_to_the_fair_claim(
 ) -> None:
     await fill_outbox(db, topology, 11, tenant="a")
     async with db.unit_of_work() as uow:
-        assert (
-            await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW})
-            is None
-        )
+        assert await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW}) is None
         # It locked nothing: another claimer takes every row meanwhile.
         async with db.unit_of_work() as other:
             taken = await outbox_store.claim_due(other, {"limit": 100})
@@ -102,12 +98,10 @@ async def test_the_claim_reads_only_the_rows_due_within_its_window(
     await fill_outbox(db, topology, 10, tenant="a", delay=-60)
     async with db.unit_of_work() as uow:
         rows = await outbox_store.claim_few(uow, {"limit": 10, "window": 30})
-        assert rows is not None and len(rows) == 1
+        assert rows is not None
+        assert len(rows) == 1
     async with db.unit_of_work() as uow:
-        assert (
-            await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW})
-            is None
-        )
+        assert await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW}) is None
     assert old["id"] != new["id"]
 
 
