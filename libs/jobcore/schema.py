@@ -172,11 +172,14 @@ jobs = Table(
         postgresql_where=text(f"unique_key IS NOT NULL AND status IN ({_LIVE_STATUSES})"),
     ),
     Index("jobs_status_created_idx", "status", "created_at"),
+    # An entity's jobs, newest first. Partial (migration 0029): most jobs name no entity,
+    # and each status change of a job writes a new entry to every index that holds it.
     Index(
-        "jobs_tenant_entity_created_idx",
+        "jobs_entity_created_idx",
         "tenant",
         "entity_id",
         text("created_at DESC"),
+        postgresql_where=text("entity_id IS NOT NULL"),
     ),
     # Keyset pagination of a tenant's jobs, newest first.
     Index("jobs_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
