@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     # are stale where autovacuum will not refresh them soon (jobcore.maintenance.analyzer):
     # one catalog read a round, an ANALYZE only when one is due.
     worker_analyze_interval: float = Field(default=2.0, gt=0, le=3600)
-    # How often the maintenance leader folds the tenants' usage deltas (a +1 per job added,
-    # a -1 per job ended) into their rows (jobcore.maintenance.usage_folder). A cap's check
+    # How often the maintenance leader folds the tenants' usage deltas (per statement, the
+    # jobs added less those ended) into their rows (jobcore.maintenance.usage_folder). A cap's check
     # reads the tenant's row plus its deltas not yet folded, which pile up with the jobs
     # added and ended per tenant in this time; a round with none is one index probe.
     usage_fold_interval: float = Field(default=2.0, gt=0, le=600)

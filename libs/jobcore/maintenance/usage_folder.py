@@ -1,7 +1,8 @@
 """The usage folder: the tenants' usage deltas are folded into their rows.
 
-Every job added appends a +1 to ``tenant_usage_deltas``, every job that ends a -1
-(migration 0023), so that enqueues and outcomes write no shared row: behind a pinned xmin
+Every statement that adds or ends jobs appends to ``tenant_usage_deltas`` one row per
+tenant, the jobs it added less those it ended (migrations 0023, 0027), so that enqueues and
+outcomes write no shared row: behind a pinned xmin
 horizon, a row updated per job gathers a version per job that nothing can prune, and
 every reader walks them. The count a cap is checked against is the tenant's row plus its
 deltas; the maintenance leader's folder keeps the deltas few, folding them into the rows

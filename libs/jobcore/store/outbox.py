@@ -37,6 +37,7 @@ from jobcore.sql.outbox import (
     OutboxAnyOverdueParams,
     OutboxClaimDueParams,
     OutboxClaimFairParams,
+    OutboxClaimFewParams,
     OutboxDeletePublishedParams,
     OutboxListFailingParams,
     OutboxListQuarantinedParams,
@@ -49,6 +50,7 @@ __all__ = [
     "OutboxAnyOverdueParams",
     "OutboxClaimDueParams",
     "OutboxClaimFairParams",
+    "OutboxClaimFewParams",
     "OutboxDeletePublishedParams",
     "OutboxListFailingParams",
     "OutboxListQuarantinedParams",
@@ -71,9 +73,9 @@ class OutboxStore:
         """Lock the oldest due rows (FIFO)."""
         return await fetch_all(on, OUTBOX_CLAIM_DUE(params))
 
-    async def claim_few(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow] | None:
-        """Lock every due row if at most ``limit`` are due (FIFO, the same rows the fair
-        claim would take); None if more are due."""
+    async def claim_few(self, on: Reader, params: OutboxClaimFewParams) -> list[DictRow] | None:
+        """Lock every row due within the last ``window`` seconds if at most ``limit`` are
+        (FIFO, the same rows the fair claim would take); None if more are."""
         rows = await fetch_all(on, OUTBOX_CLAIM_FEW(params))
         if not rows[0]["fits"]:
             return None
