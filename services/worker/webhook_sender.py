@@ -63,7 +63,7 @@ from jobcore.webhooks import (
     webhook_body,
 )
 from services.worker.metrics import WorkerMetrics
-from services.worker.progress import Progress
+from services.worker.readiness import ConsumerReadiness
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class WebhookDeliverer(Service):
             self._attempts.labels(outcome.value)
         metrics.consuming([WEBHOOKS_QUEUE])
         self._tasks: set[asyncio.Task[None]] = set()
-        self.progress = Progress(settings.worker_stall_after)
+        self.readiness = ConsumerReadiness(settings.worker_stall_after)
         self.consuming = False
 
     async def run(self) -> None:
@@ -249,7 +249,7 @@ class WebhookDeliverer(Service):
                 return
             # Before the outcome was recorded (it is acknowledged right after): sending
             # the request again is what at-least-once promises.
-            self.progress.failed()
+            self.readiness.failed()
             self.metrics.delivery_error("webhook")
             log.exception(
                 "unexpected error handling a webhook message; it is requeued",
@@ -368,7 +368,7 @@ class WebhookDeliverer(Service):
         """Run ``operation``, holding the message while the database is away; None if the
         worker stops first."""
         failures = 0
-        with self.progress.waiting():
+        with self.readiness.waiting():
             while True:
                 try:
                     answer = await operation()
@@ -382,7 +382,7 @@ class WebhookDeliverer(Service):
                     if await self.sleep(1.0):
                         return None
                 else:
-                    self.progress.progressed()
+                    self.readiness.progressed()
                     return answer
 
     def _log_outcome(

@@ -1,0 +1,140 @@
+"""The shapes of a job on its way through a runner: what is asked of the claim
+(:class:`ClaimRequest`), and what it answers: a :class:`ClaimedJob` (this runner holds the
+job's lease) or :class:`Unclaimed` (why not).
+
+A :class:`ClaimedJob` is made once, from the claim statement's row, and is the job from
+there to its outcome: the payload is loaded from it, the handler's context is made from
+it, the outcome statements are fenced by its lease token, the metrics and the spans read
+it. Nothing repacks it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from jobcore.envelope import JobMessage
+from jobcore.registry import JobType
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One message's claim: its inbox row and, if the job is due, its lease."""
+
+    message_id: uuid.UUID
+    job_id: uuid.UUID
+    job_type: JobType[Any]
+    attempt: int
+    # Drawn once, before the first try: a retry whose first try committed unanswered
+    # finds the job running under it, and takes it as its own (the claim's `resumed`).
+    lease_token: uuid.UUID = field(default_factory=uuid.uuid4)
+    # Seconds; None: the job type's.
+    lease: float | None = None
+
+    @classmethod
+    def of(
+        cls, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
+    ) -> ClaimRequest:
+        return cls(message_id, envelope.job_id, job_type, envelope.attempt)
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.job_type.lease if self.lease is None else self.lease
+
+    @property
+    def limited(self) -> bool:
+        """Its type declares a concurrency or rate limit, so its job likely has a key (only
+        how the claim is sent depends on it; the key is read from the job row)."""
+        return self.job_type.concurrency is not None or self.job_type.rate is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job whose lease this runner holds, as the claim statement returned it."""
+
+    job_id: uuid.UUID
+    job_type: JobType[Any]
+    raw_payload: Any
+    attempt: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    cancel_requested: bool
+    trace_headers: dict[str, str]
+    # For the tracing and the time-to-start / time-to-complete metrics.
+    message_id: uuid.UUID | None = None
+    created_at: datetime | None = None
+    # When the job became due: created_at, or the run_at it was scheduled for.
+    due_at: datetime | None = None
+    # The payload's key in the result store when it was too large to keep inline
+    # (raw_payload is then {}): read before the handler runs.
+    payload_ref: str | None = None
+    # Times an object-store outage gave the job back already (outcomes.store_failed).
+    store_give_backs: int = 0
+    # The claim's first try committed unanswered and this one took what it claimed.
+    resumed: bool = False
+
+    @classmethod
+    def from_claim_row(cls, row: Mapping[str, Any], job_type: JobType[Any]) -> ClaimedJob:
+        return cls(
+            job_id=row["id"],
+            job_type=job_type,
+            raw_payload=row["payload"],
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            lease_token=row["lease_token"],
+            cancel_requested=row["cancel_requested_at"] is not None,
+            trace_headers={
+                k: row[k] for k in ("traceparent", "tracestate") if row.get(k) is not None
+            },
+            message_id=row["message_id"],
+            created_at=row["created_at"],
+            due_at=row["due_at"],
+            payload_ref=row.get("payload_ref"),
+            store_give_backs=row.get("store_give_backs", 0),
+            resumed=bool(row.get("resumed")),
+        )
+
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        return {"job_id": str(self.job_id), "job_type": self.job_type.name, "attempt": self.attempt}
+
+
+UnclaimedReason = Literal["held", "duplicate", "parked", "skipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """A claim that took no lease: the message is done with, the job not run here.
+
+    - ``held``: a gate holds the job (``detail``: which), it runs once its turn comes;
+    - ``duplicate``: the inbox had the message already;
+    - ``parked``: its queue or type is paused, the message waits in the outbox;
+    - ``skipped``: the job is not claimable (``detail``: its status)."""
+
+    reason: UnclaimedReason
+    detail: str | None = None
+
+    @classmethod
+    def from_claim_row(cls, row: Mapping[str, Any]) -> Unclaimed:
+        if row.get("held_reason") is not None:
+            return cls("held", row["held_reason"])
+        if not row["fresh"]:
+            return cls("duplicate")
+        if row.get("parked"):
+            return cls("parked")
+        return cls("skipped", row.get("status_before"))
+
+
+DUPLICATE = Unclaimed("duplicate")
+
+ClaimAnswer = ClaimedJob | Unclaimed
+
+
+def claim_answer(row: Mapping[str, Any], job_type: JobType[Any]) -> ClaimAnswer:
+    """What a claim statement's row says: the job claimed, or why not."""
+    if row["fresh"] and row["id"] is not None:
+        return ClaimedJob.from_claim_row(row, job_type)
+    return Unclaimed.from_claim_row(row)
