@@ -117,8 +117,8 @@ jobs = Table(
     Column("accepted_detail", JSONB),
     Column("republish_count", Integer, nullable=False, server_default=text("0")),
     # What the running handler last reported (``ctx.progress``), written by its worker under
-    # its lease, at most a few times a second (jobcore.execution.progress_reports); the attempt
-    # that reported it, so a retry's reader can tell an older attempt's progress.
+    # its lease, at most a few times a second (jobcore.execution.progress_reports); the
+    # attempt that reported it, so a retry's reader can tell an older attempt's progress.
     Column("progress_fraction", Float),
     Column("progress_message", Text),
     Column("progress_attempt", Integer),

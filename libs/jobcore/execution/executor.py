@@ -297,10 +297,11 @@ class JobExecutor:
         """Load the claimed job's payload, run it and record its outcome; if the payload
         cannot be loaded, record why. Raises nothing but cancellation."""
         try:
-            payload = await self.payload_of(job)
-        except (InvalidPayloadError, OSError, ResultNotFound) as exc:
-            await self.end_unstarted(job, exc)
-            return
+            try:
+                payload = await self.payload_of(job)
+            except (InvalidPayloadError, OSError, ResultNotFound) as exc:
+                await self.end_unstarted(job, exc)
+                return
         except Exception as exc:
             log.exception("unexpected error before the handler", extra=job.log_fields)
             await self.fail_attempt(job, exc, during="starting the job")
@@ -316,16 +317,10 @@ class JobExecutor:
     async def end_unstarted(self, job: ClaimedJob, exc: BaseException) -> None:
         """Record the outcome of a job whose payload :meth:`payload_of` refused: a payload
         that no longer validates fails the job (every attempt would fail); an unreadable
-        one is an attempt failed or, the object store away, the job given back. Never
-        raises but cancellation."""
+        one is an attempt failed or, the object store away, the job given back (that one
+        never raises: if it cannot be written, the lease expires)."""
         if isinstance(exc, InvalidPayloadError):
-            try:
-                await self.fail_invalid_payload(job, exc)
-            except Exception:
-                log.exception(
-                    "could not record the invalid payload's failure; its lease will expire",
-                    extra=job.log_fields,
-                )
+            await self.fail_invalid_payload(job, exc)
         else:
             await self.after_store_error(job, exc, during="reading the payload")
 
@@ -373,9 +368,8 @@ class JobExecutor:
         """The object store was unavailable: the job goes back to pending without consuming
         an attempt, even its last one (:class:`~jobcore.execution.outcomes.GiveBack`), its
         new message due after a delay that grows with the outages met in a row, last_error
-        saying why.
-        Never raises: if even that cannot be written, the lease expires and the reaper takes
-        the job back."""
+        saying why. Never raises: if even that cannot be written, the lease expires and the
+        reaper takes the job back."""
         self._store_outages += 1
         delay = give_back_delay(self._store_outages, self.limits)
         error = outcome.error

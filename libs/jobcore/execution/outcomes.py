@@ -2,11 +2,12 @@
 
 The execution core (:mod:`jobcore.execution.executor`, which the worker and the testing
 kit's :class:`~jobcore.testing.draining.InlineWorker` both run) decides here what an
-attempt ends in, so a handler's test sees the rows production writes: the result as stored (inline, or in
-the result store when larger than ``JOBCORE_INLINE_RESULT_MAX_BYTES``), a retry after the
-configured backoff or the failure of the last attempt, a permanent failure, a cancellation,
-a job given back when the object store is unavailable (a bounded number of times), an
-attempt failed when the store refused it, and every ``last_error`` text.
+attempt ends in, so a handler's test sees the rows production writes: the result as
+stored (inline, or in the result store when larger than
+``JOBCORE_INLINE_RESULT_MAX_BYTES``), a retry after the configured backoff or the failure
+of the last attempt, a permanent failure, a cancellation, a job given back when the
+object store is unavailable (a bounded number of times), an attempt failed when the store
+refused it, and every ``last_error`` text.
 
 Pure code: each function takes what the attempt came to (the handler's result or error,
 the attempt's number, the limits) and returns a frozen outcome; the executor writes it

@@ -164,3 +164,23 @@ async def test_an_ordering_key_holds_a_job_until_the_one_before_it_has_retried_a
     before, after = await worker.job(first), await worker.job(second)
     assert before["finished_at"] < after["started_at"]
     assert after["attempts"] == 1  # held while the first retried: no attempt used
+
+
+async def test_a_handler_reports_progress_and_commits_its_writes_with_its_success(
+    worker: InlineWorker,
+) -> None:
+    """As in the worker (the same execution core runs it): ``ctx.progress`` is written
+    under the lease, and ``ctx.transaction()``'s writes commit with the success."""
+    job_id = await worker.enqueue(
+        "kit_credit", {"account": "kit-1", "amount_cents": 250}, tenant="acme"
+    )
+    drained = await worker.drain()
+    assert (drained.succeeded, drained.attempts) == (1, 1)
+    job = await worker.job(job_id)
+    assert job["status"] == "succeeded"
+    assert (job["progress_fraction"], job["progress_message"]) == (0.5, "crediting")
+    assert job["result"]["balance_cents"] == 250
+    entries = await rows(
+        worker.db, "SELECT amount_cents FROM ledger_entries WHERE job_id = %s", job_id
+    )
+    assert entries == [{"amount_cents": 250}]
