@@ -33,7 +33,7 @@ channel held. While the database is unreachable a delivery is held, not requeued
 
 The claim, the payload, the handler and the outcome are the execution core's
 (:class:`jobcore.execution.executor.JobExecutor`): the consumer turns a delivery into a
-:class:`~jobcore.execution.job.ClaimRequest`, claims it in a batch, and settles the
+:class:`~jobcore.execution.claims.ClaimRequest`, claims it in a batch, and settles the
 delivery between the core's steps.
 """
 
@@ -43,7 +43,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -62,8 +62,8 @@ from jobcore.errors import (
     TransientConflict,
     UnknownJobType,
 )
+from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
-from jobcore.execution.job import ClaimAnswer, ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.execution.outcomes import undeliverable_note
 from jobcore.registry import InvalidPayloadError, Registry
 from jobcore.service import Service
@@ -112,7 +112,7 @@ class Consumer(Service):
         metrics.consuming(self.queues)
         # server.address / server.port of the process spans.
         self._broker_server = broker_server(settings)
-        self.claims: Batcher[ClaimRequest, ClaimAnswer] = Batcher(self._claim_batch)
+        self.claims: Batcher[ClaimRequest, ClaimAnswer] = Batcher(executor.claim)
         self._slots = asyncio.Semaphore(concurrency)
         self.intake = Intake(self.broker, concurrency)
         self.priority = consumer_priority(settings)
@@ -371,7 +371,7 @@ class Consumer(Service):
         warned = False
         while True:
             try:
-                return await self.claims.submit(request)
+                answer = await self.claims.submit(request)
             except (DatabaseUnavailable, TransientConflict) as exc:
                 failures += 1
                 # A held connection that went stale fails at once: try again at once, on a
@@ -389,11 +389,9 @@ class Consumer(Service):
                     )
                 if await self.sleep(1.0):
                     return None
-
-    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[ClaimAnswer]:
-        answers = await self.executor.claim(requests)
-        self.readiness.progressed()
-        return answers
+            else:
+                self.readiness.progressed()
+                return answer
 
     async def _ack(self, message: Delivery) -> None:
         if message.settled:

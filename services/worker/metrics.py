@@ -20,7 +20,7 @@ from jobcore.states import TERMINAL
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from jobcore.execution.job import ClaimedJob
+    from jobcore.execution.claims import ClaimedJob
     from jobcore.maintenance.retention import Kind
     from jobcore.maintenance.scheduling import ScheduleRound, ScheduleState
     from jobcore.schedules import Schedule

@@ -1,6 +1,6 @@
 """The worker's delivery span: CONSUMER ``process {exchange}:{routing key}:{queue}`` per
 delivery; the INTERNAL ``handler`` span per attempt is the execution core's
-(:mod:`jobcore.execution.spans`).
+(:func:`jobcore.execution.executor.handler_span`).
 
 ``process`` continues the context in the AMQP headers (the relay's ``publish`` span, the
 message's creation context: one message per span, so the conventions allow it as the

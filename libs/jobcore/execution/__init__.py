@@ -2,19 +2,17 @@
 (``jobcore worker``) and the testing kit's InlineWorker both run it; the worker adds the
 delivery (AMQP), the batching of commits and the process around it.
 
-- :mod:`~jobcore.execution.job`: the shapes of a job on the way: ``ClaimRequest`` (a
-  message's claim), ``ClaimedJob`` (the job under this runner's lease, from the claim's
-  row to the outcome), ``Unclaimed`` (why a claim took no lease);
-- :mod:`~jobcore.execution.claiming`: the claim statement (inbox row and lease in one),
-  in rounds when a message comes twice;
+- :mod:`~jobcore.execution.claims`: the claim: ``ClaimRequest`` (a message's), the
+  statement (inbox row and lease in one; in rounds when a message comes twice), and its
+  answers: ``ClaimedJob`` (the job under this runner's lease, the one shape of the job
+  from the claim's row to the outcome) or ``Unclaimed`` (why no lease was taken);
 - :mod:`~jobcore.execution.executor`: ``JobExecutor``: claim, load the payload, run the
-  handler under its lease (heartbeats, watchdog, cancellation, ``ctx.transaction()``),
-  record the outcome with a fenced statement;
+  handler under its lease (heartbeats, watchdog, cancellation, ``ctx.transaction()``,
+  the ``handler`` span), record the outcome with a fenced statement;
 - :mod:`~jobcore.execution.attempts`: one handler call under its timeout, its error text,
   its result and effects as stored;
 - :mod:`~jobcore.execution.outcomes`: what an attempt ends in (pure code);
-- :mod:`~jobcore.execution.progress_reports`: a running job's progress reports, throttled;
-- :mod:`~jobcore.execution.spans`: the attempt's ``handler`` span.
+- :mod:`~jobcore.execution.progress_reports`: a running job's progress reports, throttled.
 
 The handler's side of the contract (``JobContext``, :mod:`jobcore.handlertx`,
 :mod:`jobcore.jobprogress`) stays with :mod:`jobcore.registry`, which imports it: the core

@@ -1,8 +1,8 @@
 """The execution core: a claimed job's payload, its handler under a lease, and its
 outcome, fenced. The worker service and the testing kit's InlineWorker both run it.
 
-:meth:`JobExecutor.claim` claims messages (:mod:`jobcore.execution.claiming`): each answer
-is a :class:`~jobcore.execution.job.ClaimedJob`, the one shape of the job from there to
+:meth:`JobExecutor.claim` claims messages (:mod:`jobcore.execution.claims`): each answer
+is a :class:`~jobcore.execution.claims.ClaimedJob`, the one shape of the job from there to
 its outcome, or why none was claimed. :meth:`JobExecutor.execute` then runs one: its
 payload loaded (a payload stored by reference read from the result store) and validated,
 the handler called, its outcome decided (:mod:`jobcore.execution.outcomes`) and recorded.
@@ -38,12 +38,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
+from opentelemetry.trace import Span
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
@@ -59,8 +60,7 @@ from jobcore.errors import (
     TransientConflict,
 )
 from jobcore.execution.attempts import call_handler, error_text
-from jobcore.execution.claiming import claim_batch
-from jobcore.execution.job import ClaimAnswer, ClaimedJob, ClaimRequest
+from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
 from jobcore.execution.outcomes import (
     CANCEL,
     Fail,
@@ -76,7 +76,6 @@ from jobcore.execution.outcomes import (
     success,
 )
 from jobcore.execution.progress_reports import JobProgress
-from jobcore.execution.spans import handler_span
 from jobcore.handlertx import JobTransaction
 from jobcore.objectstore import open_result_store
 from jobcore.payloads import read_payload
@@ -95,6 +94,7 @@ from jobcore.store import (
     Statement,
     job_store,
 )
+from jobcore.telemetry import span_if_enabled, tracing_enabled
 from jobcore.webhooks import completion_params
 
 log = logging.getLogger(__name__)
@@ -309,9 +309,14 @@ class JobExecutor:
         await self.run(job, payload)
 
     async def payload_of(self, job: ClaimedJob) -> BaseModel:
-        """The job's payload, validated by its type: InvalidPayloadError when it no longer
-        validates, one of :data:`PAYLOAD_UNREADABLE` when it cannot be read."""
-        payload: BaseModel = job.job_type.validate_payload(await self.load_payload(job))
+        """The job's payload (the row's, or the one stored by reference, ``payload_ref``),
+        validated by its type: InvalidPayloadError when it no longer validates, one of
+        :data:`PAYLOAD_UNREADABLE` when it cannot be read."""
+        raw = job.raw_payload
+        if job.payload_ref is not None:
+            raw = await read_payload(self.result_store, job.raw_payload, job.payload_ref)
+            self._store_outages = 0
+        payload: BaseModel = job.job_type.validate_payload(raw)
         return payload
 
     async def end_unstarted(self, job: ClaimedJob, exc: BaseException) -> None:
@@ -333,15 +338,6 @@ class JobExecutor:
             ),
         )
         self.metrics.processed("failed", job)
-
-    async def load_payload(self, job: ClaimedJob) -> Any:
-        """The job's payload as JSON: the row's, or the one stored by reference
-        (``payload_ref``). OSError (the store is unavailable) or ResultNotFound."""
-        if job.payload_ref is None:
-            return job.raw_payload
-        payload = await read_payload(self.result_store, job.raw_payload, job.payload_ref)
-        self._store_outages = 0
-        return payload
 
     async def after_store_error(self, job: ClaimedJob, exc: BaseException, *, during: str) -> None:
         """The result store failed (``exc``) while ``during``: the job is given back if the
@@ -964,3 +960,20 @@ class JobExecutor:
             row = await job_store.set_progress(conn, params)
         if row is None and not running.committed and not running.in_transaction:
             running.stop(StopReason.LEASE_LOST)
+
+
+def handler_span(job: ClaimedJob) -> AbstractContextManager[Span | None]:
+    """The attempt's INTERNAL ``handler`` span, around the handler call alone: in the
+    worker a child of the delivery's CONSUMER ``process`` span (the handler's task copies
+    the delivery's context); a handler that raises ends it failed, with ``error.type`` the
+    exception's class. With tracing off, an empty context manager."""
+    if not tracing_enabled():
+        return nullcontext()
+    attributes: dict[str, Any] = {
+        "job.id": str(job.job_id),
+        "job.type": job.job_type.name,
+        "job.attempt": job.attempt,
+    }
+    if job.message_id:
+        attributes["messaging.message.id"] = str(job.message_id)
+    return span_if_enabled("handler", attributes=attributes)

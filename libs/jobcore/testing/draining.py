@@ -43,8 +43,8 @@ from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PoisonMessage
+from jobcore.execution.claims import ClaimedJob, ClaimRequest
 from jobcore.execution.executor import JobExecutor
-from jobcore.execution.job import ClaimedJob, ClaimRequest
 from jobcore.maintenance.releases import release_held
 from jobcore.payloads import validate_payload
 from jobcore.registry import Registry, default_registry

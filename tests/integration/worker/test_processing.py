@@ -14,7 +14,7 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_one
 from jobcore.envelope import JobMessage
-from jobcore.execution.job import ClaimedJob, ClaimRequest, Unclaimed
+from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, csv_chunks
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings

@@ -20,7 +20,7 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable
-from jobcore.execution.job import ClaimedJob, ClaimRequest, Unclaimed
+from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.settings import Settings
 from jobcore.tcpproxy import TcpProxy
 from jobcore.testing.pipeline import via_port
