@@ -111,6 +111,7 @@ class Worker:
             transactions=self.handler_db,
             success_commits=Batcher,
         )
+        self.metrics.running_handlers.set_function(lambda: len(self.executor.running))
         self.consumer = Consumer(
             settings,
             self.connections,

@@ -250,7 +250,7 @@ class Consumer(Service):
             await self._note_undeliverable(envelope, exc)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
-        request = ClaimRequest.of(message_id, envelope, job_type)
+        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
         answer = await self._claim(request)
         if answer is None:
             return None  # stopping while the database was away: the broker redelivers

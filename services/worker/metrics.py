@@ -263,12 +263,6 @@ class WorkerMetrics:
             waited = (datetime.now(UTC) - job.due_at).total_seconds()
             self._time_to_start.labels(job.job_type.name).observe(max(waited, 0.0))
 
-    def handlers_running(self, delta: int) -> None:
-        if delta >= 0:
-            self.running_handlers.inc(delta)
-        else:
-            self.running_handlers.dec(-delta)
-
     def handler_ran(self, job_type: str, seconds: float) -> None:
         self._handler_seconds.labels(job_type).observe(seconds)
 

@@ -23,7 +23,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from jobcore.db import AsyncConn
-from jobcore.envelope import JobMessage
 from jobcore.registry import JobType
 from jobcore.store import JOBS_CONSUMER, JobClaimManyParams, job_store
 
@@ -41,12 +40,6 @@ class ClaimRequest:
     lease_token: uuid.UUID = field(default_factory=uuid.uuid4)
     # Seconds; None: the job type's.
     lease: float | None = None
-
-    @classmethod
-    def of(
-        cls, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
-    ) -> ClaimRequest:
-        return cls(message_id, envelope.job_id, job_type, envelope.attempt)
 
     @property
     def lease_seconds(self) -> float:
@@ -141,13 +134,6 @@ DUPLICATE = Unclaimed("duplicate")
 ClaimAnswer = ClaimedJob | Unclaimed
 
 
-def claim_answer(row: Mapping[str, Any], job_type: JobType[Any]) -> ClaimAnswer:
-    """What a claim statement's row says: the job claimed, or why not."""
-    if row["fresh"] and row["id"] is not None:
-        return ClaimedJob.from_claim_row(row, job_type)
-    return Unclaimed.from_claim_row(row)
-
-
 async def claim_batch(
     conn: AsyncConn, requests: Sequence[ClaimRequest], *, exchange: str, worker_id: str
 ) -> list[ClaimAnswer]:
@@ -177,8 +163,11 @@ async def claim_batch(
         claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in round_))
         by_message = {row["message_id"]: row for row in claimed}
         for r in round_:
-            answered_by[r.message_id, r.lease_token] = claim_answer(
-                by_message[r.message_id], r.job_type
+            row = by_message[r.message_id]
+            answered_by[r.message_id, r.lease_token] = (
+                ClaimedJob.from_claim_row(row, r.job_type)
+                if row["fresh"] and row["id"] is not None
+                else Unclaimed.from_claim_row(row)
             )
     answers: list[ClaimAnswer] = []
     answered: set[tuple[uuid.UUID, uuid.UUID]] = set()

@@ -170,8 +170,6 @@ class AttemptMetrics(Protocol):
 
     def started(self, job: ClaimedJob) -> None: ...
 
-    def handlers_running(self, delta: int) -> None: ...
-
     def handler_ran(self, job_type: str, seconds: float) -> None: ...
 
     def processed(self, outcome: str, job: ClaimedJob | None = None) -> None: ...
@@ -444,7 +442,6 @@ class JobExecutor:
             job, context, progress, lease_deadline=lease_deadline(job, time.monotonic())
         )
         self.running[job.job_id] = running
-        self.metrics.handlers_running(1)
         self.metrics.started(job)
         # The lease keepers (heartbeats, watchdog) start only once a third of the lease has
         # gone: the first heartbeat is due then and the watchdog's deadline is later still.
@@ -469,7 +466,6 @@ class JobExecutor:
                     keeper.cancel()
                 await asyncio.gather(*keepers, return_exceptions=True)
             del self.running[job.job_id]
-            self.metrics.handlers_running(-1)
 
     async def _call_handler(self, job: ClaimedJob, context: JobContext[Any]) -> Any:
         # In the worker, a child of the delivery's process span (this task copied its context).

@@ -93,9 +93,6 @@ class _DrainCounts:
     def started(self, job: ClaimedJob) -> None:
         return None
 
-    def handlers_running(self, delta: int) -> None:
-        return None
-
     def handler_ran(self, job_type: str, seconds: float) -> None:
         return None
 
@@ -261,7 +258,8 @@ class InlineWorker:
                 f"({envelope.type!r})"
             )
         job_type = self.registry.get(envelope.type)  # unknown: the test forgot to register it
-        request = ClaimRequest.of(uuid.UUID(str(message["message_id"])), envelope, job_type)
+        message_id = uuid.UUID(str(message["message_id"]))
+        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
         [answer] = await self.executor.claim([request])
         if isinstance(answer, ClaimedJob):
             drained.ran.append(answer.job_id)
