@@ -38,7 +38,15 @@ $(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package.json $(TS_CLI
 	cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-ts-deps: $(TS_CLIENT)/node_modules/.package-lock.json
+# The Node example of enqueueing through SQL (clients/sql-examples/node: Node's pg), the
+# same way: its test runs under `make test`, against a real database and worker.
+SQL_NODE := clients/sql-examples/node
+$(SQL_NODE)/node_modules/.package-lock.json: $(SQL_NODE)/package.json $(SQL_NODE)/package-lock.json
+	@command -v npm >/dev/null || { echo "ts-deps: npm not found: install Node.js 20 or later" >&2; exit 1; }
+	cd $(SQL_NODE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+ts-deps: $(TS_CLIENT)/node_modules/.package-lock.json $(SQL_NODE)/node_modules/.package-lock.json
 
 # Regenerate the TypeScript client's OpenAPI document and types after an API change.
 ts-client: setup ts-deps

@@ -36,12 +36,17 @@ from jobcore.errors import (
     UniqueJobExists,
 )
 from jobcore.gates import gate_key
-from jobcore.quotas import RateLimit, Refusal, rate_headers
+from jobcore.quotas import Admission, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
-from jobcore.sql import OutboxMessageParams, OutboxMessagesParams
 from jobcore.states import JobStatus
-from jobcore.store import JobGateParams, JobInsertParams, job_store
+from jobcore.store import (
+    JobGateParams,
+    JobInsertParams,
+    OutboxMessageParams,
+    OutboxMessagesParams,
+    job_store,
+)
 from jobcore.wakeups import RelayWakeups
 
 log = logging.getLogger(__name__)
@@ -158,19 +163,24 @@ def message_row(
 
 
 async def write_job(
-    uow: Session, params: JobInsertParams, *, legacy: BaseModel, wakeups: RelayWakeups | None
+    uow: Session,
+    params: JobInsertParams,
+    *,
+    legacy: BaseModel,
+    wakeups: RelayWakeups | None,
+    admission: Admission = Admission.EXACT,
 ) -> EnqueueResult:
     """Insert the job ``params`` describe, with its outbox message, and answer for it:
     created, or the job its idempotency key names (``replayed``; ``legacy``: the
     validated payload, for a job from before request fingerprints), or
     :class:`~jobcore.errors.IdempotencyConflict`, :class:`~jobcore.errors.UniqueJobExists`,
     a :class:`~jobcore.errors.QuotaExceeded`, :class:`~jobcore.apikeys.InvalidApiKey`.
-    ``wakeups``: see :func:`jobcore.submit.enqueue`."""
+    ``wakeups``, ``admission``: see :func:`jobcore.submit.enqueue`."""
     if wakeups is None or isinstance(uow, UnitOfWork):
-        return await _insert_until_answered(uow, params, legacy=legacy)
+        return await _insert_until_answered(uow, params, legacy=legacy, admission=admission)
     with wakeups.enqueuing() as alone:
         params["notify"] = alone
-        outcome = await _insert_until_answered(uow, params, legacy=legacy)
+        outcome = await _insert_until_answered(uow, params, legacy=legacy, admission=admission)
     if not alone and not outcome.replayed:
         wakeups.wake()
     return outcome
@@ -240,12 +250,12 @@ async def forget_upload(store: ResultStore, key: str) -> None:
 
 
 async def _insert_until_answered(
-    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel, admission: Admission
 ) -> EnqueueResult:
     # A holder of the unique key that ends between the insert and the read of it has
     # freed it: the insert is tried again (its ids were not used).
     for _ in range(UNIQUE_KEY_TRIES):
-        outcome = await _insert(uow, params, legacy=legacy)
+        outcome = await _insert(uow, params, legacy=legacy, admission=admission)
         if outcome is not None:
             return outcome
     raise ServiceStateError("the unique key's holder kept changing; retry")
@@ -256,14 +266,14 @@ UNIQUE_KEY_TRIES = 3
 
 
 async def _insert(
-    uow: Session, params: JobInsertParams, *, legacy: BaseModel
+    uow: Session, params: JobInsertParams, *, legacy: BaseModel, admission: Admission
 ) -> EnqueueResult | None:
     """One try of :func:`write_job`: its answer, or None when the unique key it found
     taken is free again."""
     tenant, job_type = params["tenant"], params["type"]
     idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
     fingerprint = params["payload_fingerprint"]
-    row = await job_store.insert(uow, params)
+    row = await job_store.insert(uow, params, admission=admission)
     if row is None:  # one row for any tenant name, none for a key revoked or expired since
         raise InvalidApiKey()
     limit = RateLimit(float(row["rate"]), int(row["burst"]))

@@ -3,9 +3,12 @@
 ``Session``, psycopg ``Connection``).
 
 The job is written by the same use case as ``POST /jobs/{type}``
-(:func:`jobcore.submit.enqueue` with an :class:`~jobcore.submit.EnqueueRequest`): the
-same statement writes the job, its outbox message and the tenant's admission rows, on
-the caller's connection and inside the caller's open transaction. Nothing here commits
+(:func:`jobcore.submit.enqueue` with an :class:`~jobcore.submit.EnqueueRequest`): one
+statement writes the job, its outbox message and the tenant's admission rows, on the
+caller's connection and inside the caller's open transaction. By default its quotas are
+admitted approximately (:class:`jobcore.quotas.Admission`): the caller's transaction may
+stay open for long, and an exact admission would hold the tenant's usage row until it
+ends, making every other enqueue of the tenant wait. Nothing here commits
 or rolls back the caller's transaction, so the job exists exactly when the caller's own
 writes commit, and the statement's NOTIFY reaches the relays only then (PostgreSQL
 delivers notifications at commit, and drops them on rollback).
@@ -43,7 +46,7 @@ from jobcore.enqueue import EnqueueResult
 from jobcore.errors import InvalidField, JobcoreError
 from jobcore.payloads import validate_payload
 from jobcore.priorities import Priority
-from jobcore.quotas import UNLIMITED, Quotas
+from jobcore.quotas import UNLIMITED, Admission, Quotas
 from jobcore.registry import Registry
 from jobcore.settings import Settings
 from jobcore.submit import EnqueueRequest, enqueue
@@ -100,6 +103,7 @@ async def enqueue_in(
     priority: Priority | None = None,
     ordering_key: str | None = None,
     quotas: Quotas | None = None,
+    admission: Admission | str = Admission.APPROXIMATE,
 ) -> EnqueueResult:
     """Write a job of ``job_type`` (registered in ``registry``) for ``tenant`` in the open
     transaction of ``tx``: a SQLAlchemy ``AsyncSession`` on the psycopg driver (its
@@ -112,11 +116,14 @@ async def enqueue_in(
     payload limit); None reads them from the environment.
 
     ``quotas``: the quotas of a tenant without its own (``tenant_quotas``); None: the
-    deployment's defaults, as for the API. A tenant with a rate limit or a cap is admitted
-    under the lock of its usage row, which is then held until the caller's transaction
-    ends: the tenant's other enqueues wait for that commit. :data:`jobcore.quotas.
-    UNLIMITED` admits without that lock (for a tenant without quotas of its own), so that
-    long transactions do not serialise the tenant's enqueues.
+    deployment's defaults, as for the API. ``admission`` (:class:`~jobcore.quotas.
+    Admission`): ``"approximate"``, the quotas read as committed with no lock held, so
+    that a long transaction makes no other enqueue of the tenant wait; transactions open
+    together can pass the tenant's cap by the jobs they hold uncommitted, and the rate
+    limit refuses when the tenant's bucket is empty without drawing from it.
+    ``"exact"``: the API's admission, under the lock of the tenant's usage row, held until
+    the caller's transaction ends: the tenant's other enqueues, the API's too, wait for
+    that commit.
 
     Refused, it raises the API's typed error (:class:`~jobcore.errors.InvalidField`,
     :class:`~jobcore.errors.InvalidPayload`, :class:`~jobcore.errors.UniqueJobExists`,
@@ -137,6 +144,7 @@ async def enqueue_in(
         payload,
         tenant=tenant,
         settings=settings,
+        admission=Admission(admission),
         options={
             "idempotency_key": idempotency_key,
             "unique_key": unique_key,
@@ -168,6 +176,7 @@ def enqueue_in_sync(
     priority: Priority | None = None,
     ordering_key: str | None = None,
     quotas: Quotas | None = None,
+    admission: Admission | str = Admission.APPROXIMATE,
 ) -> EnqueueResult:
     """:func:`enqueue_in` for a SQLAlchemy ``Session`` on the psycopg driver or a psycopg
     ``Connection``: the same arguments, errors and guarantees, blocking."""
@@ -181,6 +190,7 @@ def enqueue_in_sync(
             payload,
             tenant=tenant,
             settings=settings,
+            admission=Admission(admission),
             options={
                 "idempotency_key": idempotency_key,
                 "unique_key": unique_key,
@@ -204,6 +214,7 @@ async def _enqueue(
     *,
     tenant: str,
     settings: Settings | None,
+    admission: Admission,
     options: Mapping[str, Any],
     quotas: Quotas | None,
 ) -> EnqueueResult:
@@ -234,6 +245,7 @@ async def _enqueue(
             _topology(settings),
             request,
             quotas=limits,
+            admission=admission,
         )
     except BaseException:
         # Should this fail too (the connection lost), the caller's transaction is gone

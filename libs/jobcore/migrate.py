@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import create_engine, pool
 from sqlalchemy import exc as sa_exc
@@ -16,6 +13,13 @@ from sqlalchemy import exc as sa_exc
 from jobcore.db import connect_options, translate_errors
 from jobcore.errors import ConfigurationError, JobcoreError
 from jobcore.settings import Settings
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported by the functions that migrate, not here: every process imports this
+# module (for migrations_dir) to check its schema at start-up, and only `jobcore migrate`
+# needs Alembic itself.
 
 # The session advisory lock two `jobcore migrate` on one database take turns with
 # (migrations/env.py).
@@ -35,9 +39,16 @@ def migrations_dir() -> Path:
     raise FileNotFoundError("the jobcore migrations directory is missing from this install")
 
 
-def alembic_config(settings: Settings) -> Config:
+def _script_config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
+    return config
+
+
+def alembic_config(settings: Settings) -> Config:
+    config = _script_config()
     config.attributes["sqlalchemy_url"] = settings.sqlalchemy_url
     config.attributes["connect_args"] = connect_options(settings)
     return config
@@ -66,6 +77,8 @@ def create_database(settings: Settings) -> bool:
 
 
 def current_revision(settings: Settings) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     engine = create_engine(
         settings.sqlalchemy_url, poolclass=pool.NullPool, connect_args=connect_options(settings)
     )
@@ -77,16 +90,17 @@ def current_revision(settings: Settings) -> str | None:
 
 
 def head_revision() -> str | None:
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    return ScriptDirectory.from_config(config).get_current_head()
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_script_config()).get_current_head()
 
 
 def _next_revision(current: str | None, target: str) -> str | None:
     """The revision after ``current`` on the way to ``target``: the one that failed."""
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    steps = list(ScriptDirectory.from_config(config).iterate_revisions(target, current or "base"))
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_script_config())
+    steps = list(script.iterate_revisions(target, current or "base"))
     return steps[-1].revision if steps else None
 
 
@@ -107,6 +121,8 @@ def upgrade(settings: Settings, revision: str = "head") -> tuple[str | None, str
     # Fail with a translated one-line error before Alembic wraps it in a traceback.
     _connect(settings.database_url, settings).close()
     before = current_revision(settings)
+    from alembic import command
+
     try:
         command.upgrade(alembic_config(settings), revision)
     except sa_exc.DBAPIError as exc:

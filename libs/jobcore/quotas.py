@@ -37,6 +37,26 @@ class Refusal(StrEnum):
     LONG_POLLS_PROCESS = "long_polls_process"
 
 
+class Admission(StrEnum):
+    """How an enqueue's quotas are checked.
+
+    ``EXACT``: under the lock of the tenant's usage row, which the admission updates (the
+    rate limit's bucket, the refusal) and holds until its transaction ends; each admission
+    sees its predecessor's job, so a cap is never passed. The API's enqueues, in
+    transactions of their own that end at once.
+
+    ``APPROXIMATE``: against the tenant's usage as committed (and the transaction's own
+    jobs), read without a lock; the job's own count is an appended delta, so nothing is
+    held that another enqueue waits for. Transactions open at once each see the others'
+    jobs only once they commit: together they can pass the cap by the jobs they hold
+    uncommitted. The rate limit refuses when the tenant's bucket is empty, and an
+    admission here does not draw from it. For enqueues in an application's own
+    transactions, which may stay open for long."""
+
+    EXACT = "exact"
+    APPROXIMATE = "approximate"
+
+
 @dataclass(frozen=True, slots=True)
 class Quotas:
     """A tenant's effective quotas (its overrides, else the deployment's defaults)."""

@@ -643,6 +643,37 @@ tenant_usage_deltas = Table(
     PrimaryKeyConstraint("tenant", "id"),
 )
 
+# What the workers' registries declare of each job type, and what their deployment says
+# about its jobs (the jobs exchange, the inline payload limit, the tenant quota
+# defaults): what jobcore_enqueue() (migration 0026) checks and writes a job with. Each
+# worker upserts its types' rows when its pool first connects (jobcore.job_type_records).
+job_type_registry = Table(
+    "job_type_registry",
+    metadata,
+    Column("type", Text, primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("exchange", Text, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("unique_field", Text),
+    Column("concurrency_per", Text),
+    Column("concurrency_limit", Integer),
+    Column("rate_per", Text),
+    Column("rate_per_second", Float),
+    Column("rate_burst", Integer),
+    Column("ordering_blocks", Boolean, nullable=False),
+    Column("max_payload_bytes", BigInteger, nullable=False),
+    Column("quota_enqueue_rate", Float, nullable=False),
+    Column("quota_enqueue_burst", Integer, nullable=False),
+    Column("quota_max_unfinished", BigInteger, nullable=False),
+    # sha256 of the payload model's JSON schema: which workers agree on a type's payload.
+    Column("schema_hash", Text, nullable=False),
+    Column("worker_version", Text, nullable=False),
+    Column("registered_by", Text, nullable=False),
+    _timestamp("registered_at", nullable=False, default_now=True),
+)
+
 # The tables every job writes to and deletes from (or updates) on its way through: their
 # dead rows are what a held xmin horizon lets pile up (docs/bench/pressure/report.md).
 HOT_TABLES = (

@@ -21,15 +21,15 @@ itself is never refused.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import importlib.metadata
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 import psycopg
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from jobcore.db import AsyncConn, Database, connect_options, translate_errors
 from jobcore.errors import ConfigurationError, DatabaseUnavailable, JobcoreError
@@ -93,21 +93,64 @@ def own_version() -> str:
         return "unknown"
 
 
+@dataclass(frozen=True)
+class _Revisions:
+    """The migration graph, read from the revision files' two assignments rather than
+    through Alembic: every process checks its schema at start-up, and importing Alembic
+    and each migration module would weigh on every start."""
+
+    parents: dict[str, str | None]
+
+    def head(self) -> str:
+        children = {parent for parent in self.parents.values() if parent is not None}
+        heads = sorted(set(self.parents) - children)
+        if len(heads) != 1:
+            raise ConfigurationError(f"the migrations have {len(heads)} heads: {heads}")
+        return heads[0]
+
+    def ancestors(self, revision: str) -> set[str]:
+        """``revision`` and every revision before it."""
+        seen: set[str] = set()
+        current: str | None = revision
+        while current is not None and current not in seen:
+            seen.add(current)
+            current = self.parents.get(current)
+        return seen
+
+
+def _assignments(path: Path) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        target: ast.expr | None = None
+        value: ast.expr | None = None
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and target.id in {"revision", "down_revision"}:
+            found[target.id] = ast.literal_eval(value) if value is not None else None
+    return found
+
+
 @functools.cache
-def _script() -> ScriptDirectory:
-    config = Config()
-    config.set_main_option("script_location", str(migrations_dir()))
-    return ScriptDirectory.from_config(config)
+def _revisions() -> _Revisions:
+    parents: dict[str, str | None] = {}
+    for path in sorted((migrations_dir() / "versions").glob("*.py")):
+        found = _assignments(path)
+        revision, down = found.get("revision"), found.get("down_revision")
+        if isinstance(revision, str) and (down is None or isinstance(down, str)):
+            parents[revision] = down
+    return _Revisions(parents)
 
 
 @functools.cache
 def known_revisions() -> frozenset[str]:
     """Every migration revision this code ships."""
-    return frozenset(script.revision for script in _script().walk_revisions())
+    return frozenset(_revisions().parents)
 
 
 def own_head() -> str:
-    return _script().get_current_head() or "base"
+    return _revisions().head() if _revisions().parents else "base"
 
 
 def marker_after_migration(
@@ -121,7 +164,7 @@ def marker_after_migration(
     migrated to an older revision on purpose, with code that has this revision)."""
     version = version or own_version()
     previous = previous_release(version, releases)
-    ancestors = {s.revision for s in _script().iterate_revisions(revision, "base")}
+    ancestors = _revisions().ancestors(revision)
     if previous is not None and previous.revision in ancestors:
         return Marker(revision, version, previous.revision, previous.version)
     return Marker(revision, version, revision, version)

@@ -60,7 +60,7 @@ from jobcore.errors import (
     UniqueJobExists,
 )
 from jobcore.priorities import Priority
-from jobcore.quotas import UNLIMITED, Quotas, rate_headers
+from jobcore.quotas import UNLIMITED, Admission, Quotas, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
 from jobcore.store import JobInsertParams
@@ -317,6 +317,7 @@ async def enqueue(
     inline_payload_max_bytes: int | None = None,
     uploads: PayloadUploads | None = None,
     trace: dict[str, str] | None = None,
+    admission: Admission = Admission.EXACT,
 ) -> EnqueueResult:
     """Write a pending job and its outbox message through ``uow``.
 
@@ -349,6 +350,7 @@ async def enqueue(
     holds none meanwhile, for a job committed alone.
 
     ``trace``: the trace context the job carries; None: the caller's current one.
+    ``admission``: how the quotas are checked (:class:`~jobcore.quotas.Admission`).
     """
     params, upload = _job_params(
         topology,
@@ -359,13 +361,15 @@ async def enqueue(
         trace=trace,
     )
     if upload is None or payload_store is None:
-        return await write_job(uow, params, legacy=request.payload, wakeups=wakeups)
+        return await write_job(
+            uow, params, legacy=request.payload, wakeups=wakeups, admission=admission
+        )
     answered = await answer_before_upload(uow, params, legacy=request.payload)
     if answered is not None:
         return answered
     payload_ref = await _upload(payload_store, params, upload, request.tenant, uploads)
     return await _write_uploaded(
-        write_job(uow, params, legacy=request.payload, wakeups=wakeups),
+        write_job(uow, params, legacy=request.payload, wakeups=wakeups, admission=admission),
         params,
         payload_store,
         payload_ref,

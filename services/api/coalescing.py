@@ -7,9 +7,9 @@ enqueue that arrives while one of its group (tenant, job type, API key:
 :func:`jobcore.submit.coalescing_key`) is in flight waits in this process, and those that
 queued up are written together as soon as it finished: one transaction, one lock of the
 usage row, one commit (:func:`jobcore.submit.enqueue_coalesced`). As with the worker's
-:class:`services.worker.batching.Batcher`, one write per group is in flight at a time, so
-an enqueue with nothing in flight goes at once, alone, through the single enqueue
-(:func:`jobcore.submit.enqueue`): no timer, no added latency when idle.
+batches (both are a :class:`jobcore.groupcommit.GroupCommit`), one write per group is in
+flight at a time, so an enqueue with nothing in flight goes at once, alone, through the
+single enqueue (:func:`jobcore.submit.enqueue`): no timer, no added latency when idle.
 
 Each request keeps its own answer, the one its single enqueue would have given had the
 group's requests come one after another (docs/design.md, "Coalesced enqueues"), and the
@@ -30,15 +30,13 @@ connections at once, side by side.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 from jobcore.enqueue import EnqueueResult
 from jobcore.errors import DatabaseUnavailable, JobcoreError
+from jobcore.groupcommit import GroupCommit
 from jobcore.submit import EnqueueRequest, coalescing_key
 from jobcore.telemetry import capture_trace_headers
 
@@ -57,19 +55,24 @@ class _GoAlone:
 GO_ALONE = _GoAlone()
 
 
-@dataclass(slots=True)
-class _Waiting:
+@dataclass(frozen=True, slots=True)
+class _Traced:
+    """A request and the trace context it was made in (each job carries its own)."""
+
     request: EnqueueRequest
     trace: dict[str, str]
-    answer: asyncio.Future[EnqueueResult | _GoAlone]
 
 
-@dataclass(slots=True)
-class _Group:
-    """A group with a write in flight, and the requests queued behind it."""
-
-    queued: list[_Waiting] = field(default_factory=list)
-    writing: asyncio.Task[None] | None = None
+def _held_keys(traced: _Traced) -> list[Hashable]:
+    """Two requests holding one of these must not share a write: the second one waits for
+    the next, so it sees the first as its single enqueue would."""
+    request = traced.request
+    keys: list[Hashable] = []
+    if request.idempotency_key is not None:
+        keys.append(("idempotency", request.idempotency_key))
+    if request.held_key is not None:
+        keys.append(("unique", request.held_key))
+    return keys
 
 
 class EnqueueCoalescer:
@@ -90,7 +93,15 @@ class EnqueueCoalescer:
         self._write_many = write_many
         self._coalescable = coalescable
         self.max_items = max_items
-        self._groups: dict[GroupKey, _Group] = {}
+        # The group's statements belong to no one request's trace: an empty context.
+        self._groups: GroupCommit[_Traced, EnqueueResult | _GoAlone] = GroupCommit(
+            self._write_group,
+            max_items=max_items,
+            write_alone=self._write_leader,
+            exclusive=_held_keys,
+            fresh_context=True,
+            name="enqueue-group",
+        )
         # Groups whose last group write failed: written alone until one single write works.
         self._alone: set[GroupKey] = set()
         # Coalesced writes made, and the requests they answered.
@@ -106,27 +117,21 @@ class EnqueueCoalescer:
         key = coalescing_key(request)
         if key in self._alone:
             return await self._write_alone(key, request)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = _Group()
-            try:
-                return await self._write_one(request)
-            except DatabaseUnavailable:
-                self._alone.add(key)
-                raise
-            finally:
-                self._next(key, group)
-        if not self._coalescable(request):
+        if self._groups.busy(key) and not self._coalescable(request):
             return await self._write_one(request)
-        waiting = _Waiting(
-            request, capture_trace_headers(), asyncio.get_running_loop().create_future()
-        )
-        group.queued.append(waiting)
-        # Cancelled (the client went away): this request's future is, not the write.
-        answer = await waiting.answer
+        # Cancelled (the client went away): this request's wait is, not the write.
+        answer = await self._groups.submit(_Traced(request, capture_trace_headers()), key)
         if isinstance(answer, _GoAlone):
             return await self._write_alone(key, request)
         return answer
+
+    async def _write_leader(self, traced: _Traced) -> EnqueueResult:
+        """The first of an idle group: its single enqueue, in its own task and trace."""
+        try:
+            return await self._write_one(traced.request)
+        except DatabaseUnavailable:
+            self._alone.add(coalescing_key(traced.request))
+            raise
 
     async def _write_alone(self, key: GroupKey, request: EnqueueRequest) -> EnqueueResult:
         try:
@@ -139,102 +144,25 @@ class EnqueueCoalescer:
         self._alone.discard(key)  # the database answers again: coalesce from now on
         return result
 
-    def _next(self, key: GroupKey, group: _Group) -> None:
-        """After a write of the group: the queued requests go next, or the group is idle."""
-        group.writing = None
-        if any(not waiting.answer.done() for waiting in group.queued):
-            # In a context of its own, not the finished request's: the group's statements
-            # belong to no one request's trace (each job carries its request's own).
-            group.writing = asyncio.create_task(
-                self._write_queued(key, group), name="enqueue-group", context=contextvars.Context()
-            )
-        else:
-            group.queued.clear()
-            del self._groups[key]
-
-    async def _write_queued(self, key: GroupKey, group: _Group) -> None:
-        try:
-            while True:
-                if key in self._alone:
-                    for waiting in group.queued:
-                        if not waiting.answer.done():
-                            waiting.answer.set_result(GO_ALONE)
-                    group.queued.clear()
-                    break
-                chosen = self._take(group)
-                if chosen:
-                    await self._write(key, chosen)
-                if not group.queued:
-                    break
-        finally:
-            for waiting in group.queued:  # only left when this task was cancelled
-                waiting.answer.cancel()
-            group.queued.clear()
-            if self._groups.get(key) is group:
-                del self._groups[key]
-
-    def _take(self, group: _Group) -> list[_Waiting]:
-        """The next write's requests, in arrival order: up to ``max_items``, none with an
-        idempotency or unique key another of them holds (those wait for the write after,
-        keeping their order). Requests whose caller stopped waiting are dropped."""
-        chosen: list[_Waiting] = []
-        left: list[_Waiting] = []
-        idempotency_keys: set[str] = set()
-        unique_keys: set[str] = set()
-        for waiting in group.queued:
-            if waiting.answer.done():
-                continue
-            request = waiting.request
-            if (
-                len(chosen) >= self.max_items
-                or request.idempotency_key in idempotency_keys
-                or request.held_key in unique_keys
-            ):
-                left.append(waiting)
-                continue
-            if request.idempotency_key is not None:
-                idempotency_keys.add(request.idempotency_key)
-            if request.held_key is not None:
-                unique_keys.add(request.held_key)
-            chosen.append(waiting)
-        group.queued = left
-        return chosen
-
-    async def _write(self, key: GroupKey, chosen: list[_Waiting]) -> None:
+    async def _write_group(
+        self, queued: Sequence[_Traced]
+    ) -> Sequence[EnqueueResult | _GoAlone | Exception]:
+        key = coalescing_key(queued[0].request)
+        if key in self._alone:
+            return [GO_ALONE] * len(queued)
         try:
             answers = await self._write_many(
-                [waiting.request for waiting in chosen], [waiting.trace for waiting in chosen]
+                [traced.request for traced in queued], [traced.trace for traced in queued]
             )
-        except asyncio.CancelledError:
-            for waiting in chosen:
-                waiting.answer.cancel()
-            raise
-        except Exception as exc:
-            # What each one's single enqueue would have raised.
+        except Exception:
+            # What each one's single enqueue would have raised; the rest go alone.
             self._alone.add(key)
-            for waiting in chosen:
-                if not waiting.answer.done():
-                    waiting.answer.set_exception(exc)
-            return
+            raise
         self.groups_written += 1
-        self.requests_coalesced += len(chosen)
-        for waiting, answer in zip(chosen, answers, strict=True):
-            if waiting.answer.done():
-                continue
-            if isinstance(answer, JobcoreError):
-                waiting.answer.set_exception(answer)
-            else:
-                waiting.answer.set_result(answer)
+        self.requests_coalesced += len(queued)
+        return answers
 
     async def close(self, timeout: float) -> None:
         """Let the writes in flight finish (their jobs may be committing), within
         ``timeout`` seconds; then cancel what is left."""
-        tasks = [group.writing for group in self._groups.values() if group.writing is not None]
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._groups.close(timeout)

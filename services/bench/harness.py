@@ -39,6 +39,7 @@ EXTRA_SCENARIOS = (
     "peers",
     "cardinality",
     "pressure",
+    "startup",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay

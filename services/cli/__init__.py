@@ -12,6 +12,7 @@ The program itself, these commands and `jobcore bench` in one app, is :mod:`serv
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
@@ -22,53 +23,39 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from jobcore.errors import JobcoreError
-from services.cli import (
-    audit,
-    chaos,
-    database,
-    demo,
-    dev,
-    dlq,
-    flow,
-    jobs,
-    keys,
-    openapi,
-    outbox,
-    prune,
-    schedules,
-    serve,
-    tenants,
-    topology,
-    ui,
-    webhooks,
-)
 from services.cli.common import example, set_actor
 
-# In the order `jobcore --help` lists them.
+# In the order `jobcore --help` lists them. Imported by name when the app is built, so that
+# a process that serves (`jobcore api`, `relay`, `worker`) imports its own command's module
+# and not every other command's (the API's web stack, the console, chaos): each start of a
+# replica pays for what it imports.
 COMMAND_MODULES = (
-    database,
-    topology,
-    serve,
-    openapi,
-    keys,
-    tenants,
-    outbox,
-    dlq,
-    webhooks,
-    jobs,
-    prune,
-    schedules,
-    flow,
-    audit,
-    dev,
-    demo,
-    chaos,
-    ui,
+    "database",
+    "topology",
+    "serve",
+    "openapi",
+    "keys",
+    "tenants",
+    "outbox",
+    "dlq",
+    "webhooks",
+    "jobs",
+    "prune",
+    "schedules",
+    "flow",
+    "audit",
+    "dev",
+    "demo",
+    "chaos",
+    "ui",
 )
+# The commands that run a service, all in the module `serve`.
+SERVING_COMMANDS = frozenset({"api", "relay", "worker"})
 
 
-def build_app() -> typer.Typer:
-    """A `jobcore` app with every command of this package (services.entry adds the bench)."""
+def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """A `jobcore` app with the commands of ``modules`` of this package (every one by
+    default; services.entry adds the bench)."""
     app = typer.Typer(
         name="jobcore",
         help="User-visible background jobs: API, outbox relay, workers and their tools.",
@@ -78,8 +65,8 @@ def build_app() -> typer.Typer:
         epilog=example("jobcore --actor ops:alice jobs retry 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"),
     )
     app.callback()(_root)
-    for module in COMMAND_MODULES:
-        module.register(app)
+    for name in modules:
+        importlib.import_module(f"services.cli.{name}").register(app)
     return app
 
 

@@ -19,6 +19,11 @@ end whatever happened. The other faults touch only the run's own processes and p
 so ``--fault kill_relay --fault kill_worker --fault broker_cut --fault database_cut
 --fault worker_commit_cut --fault relay_commit_cut`` leaves the shared services alone
 (the wheel check in CI runs that, next to the tests).
+Beside the HTTP load, an application producer (``--app-rate``) enqueues the same job type
+through ``jobcore.enqueue_in`` inside transactions of its own that also write an
+application row, and rolls back a share of them on purpose after the enqueue
+(``--app-rollback-share``): its committed jobs are checked with the others (none lost),
+and no job of a rolled-back transaction may exist.
 The stack machinery and the job type it submits are the library's testing kit
 (:mod:`jobcore.testing`), which the tests use too.
 """
@@ -47,6 +52,7 @@ from jobcore.tcpproxy import Mode
 from services.cli.common import emit, example, fail, settings
 
 if TYPE_CHECKING:
+    from jobcore.testing.app_producer import AppProducer
     from jobcore.testing.pipeline import Stack, Submitter
 
 FAULTS = (
@@ -100,6 +106,15 @@ MAINTENANCE_ENV = {
     "JOBCORE_INBOX_RETENTION": "180",
     "JOBCORE_SWEEPER_INTERVAL": "2",
     "JOBCORE_SWEEPER_STALE_AFTER": "20",
+}
+
+
+# The stack's quotas (jobcore.testing.pipeline.LOAD_QUOTAS), for the application
+# producer's in-process enqueues: the HTTP load must not be refused for its sake.
+_LOAD_QUOTA_SETTINGS = {
+    "quota_enqueue_rate": 1_000_000.0,
+    "quota_enqueue_burst": 1_000_000,
+    "quota_max_unfinished": 1_000_000_000,
 }
 
 
@@ -287,6 +302,22 @@ async def _steady_load(
         await task
 
 
+@contextlib.asynccontextmanager
+async def _app_load(
+    producer: AppProducer | None, rate: float, limit: int, handler_seconds: float
+) -> AsyncIterator[None]:
+    if producer is None:
+        yield
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(producer.steady(rate, stop, limit=limit, seconds=handler_seconds))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
 async def _soak(
     config: Settings,
     log_dir: Path,
@@ -299,12 +330,17 @@ async def _soak(
     settle: float,
     handler_seconds: float,
     faults: tuple[str, ...],
+    app_rate: float = 0.0,
+    app_rollback_share: float = 0.0,
 ) -> dict[str, Any]:
+    from jobcore.registry import load_job_modules
+    from jobcore.testing.app_producer import AppProducer
     from jobcore.testing.pipeline import (
         LeaseWatch,
         Stack,
         archive_pruned,
         check,
+        via_port,
         wait_quiescent,
     )
 
@@ -325,12 +361,34 @@ async def _soak(
         await archive_pruned(stack.db)
         _say(f"stack up in {time.monotonic() - started:.1f}s; logs in {log_dir}")
         chaos = Chaos(stack, random.Random(seed), faults)
+        producer = None
+        if app_rate > 0:
+            # Through the run's database proxy: the database faults reach it too.
+            assert stack.database_proxy is not None
+            producer = AppProducer(
+                via_port(config.database_url, stack.database_proxy.port),
+                config.model_copy(update=_LOAD_QUOTA_SETTINGS),
+                load_job_modules(config.job_modules),
+                stack.tenant,
+                random.Random(seed + 1),
+                rollback_share=app_rollback_share,
+            )
+            await producer.prepare()
         async with LeaseWatch(stack.db) as leases:
-            async with _steady_load(submitter, rate, int(rate * duration), handler_seconds):
+            async with (
+                _steady_load(submitter, rate, int(rate * duration), handler_seconds),
+                _app_load(producer, app_rate, int(app_rate * duration) + 1, handler_seconds),
+            ):
                 await chaos.run(submitter, time.monotonic() + duration)
             _say(f"load stopped after {len(submitter.accepted)} accepted jobs; settling")
+            app = None
+            if producer is not None:
+                await producer.settle(config.database_url)
             settled = await wait_quiescent(stack.db, stack.tenant, timeout=settle)
-            report = await check(stack.db, stack.tenant, submitter.job_ids)
+            accepted = submitter.job_ids + ([] if producer is None else producer.committed)
+            report = await check(stack.db, stack.tenant, accepted)
+            if producer is not None:
+                app = await producer.report(config.database_url)
         recoveries = [r.recovery for r in chaos.records if r.recovery is not None]
         unrecovered = sum(1 for r in chaos.records if r.recovery is None)
         return {
@@ -350,6 +408,8 @@ async def _soak(
             "fault_errors": sum(1 for r in chaos.records if r.error),
             "settle_seconds": round(settled, 2),
             "longest_overdue_lease_seconds": round(leases.worst, 2),
+            "app_rate": app_rate,
+            **(app.as_dict() if app is not None else {}),
             "http": submitter.summary(),
             "processes_alive": {p.name: p.alive for p in stack.processes},
             "schedule": [r.as_dict() for r in chaos.records],
@@ -360,6 +420,7 @@ async def _soak(
                 or report.missing_effects
                 or report.stray_effects
                 or report.failed_without_handler
+                or (app is not None and app.jobs_from_rollbacks)
             ),
         }
 
@@ -374,6 +435,9 @@ SUMMARY_KEYS = (
     "missing_effects",
     "stray_effects",
     "failed_without_handler",
+    "app_committed",
+    "app_rolled_back",
+    "app_jobs_from_rollbacks",
     "faults",
     "longest_recovery_seconds",
     "unrecovered_faults",
@@ -394,7 +458,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(result, as_json=True)
         return
-    emit({k: result[k] for k in SUMMARY_KEYS}, as_json=False)
+    emit({k: result[k] for k in SUMMARY_KEYS if k in result}, as_json=False)
     typer.echo("")
     emit(
         result["schedule"],
@@ -436,6 +500,15 @@ def chaos(
     ),
     handler_seconds: float = typer.Option(
         0.05, min=0, max=5, help="How long each job's handler works (kills land mid-handler)."
+    ),
+    app_rate: float = typer.Option(
+        5.0,
+        min=0,
+        max=500,
+        help="Application transactions a second that enqueue with enqueue_in (0: none).",
+    ),
+    app_rollback_share: float = typer.Option(
+        0.25, min=0, max=1, help="The share of those rolled back on purpose after the enqueue."
     ),
     fault: list[str] | None = typer.Option(
         None, "--fault", help="Only these faults (repeatable; default all of them)."
@@ -488,6 +561,8 @@ def chaos(
                     settle=settle,
                     handler_seconds=handler_seconds,
                     faults=chosen,
+                    app_rate=app_rate,
+                    app_rollback_share=app_rollback_share,
                 ),
                 restore=disrupts_shared,
             )

@@ -17,6 +17,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.db import Database
 from jobcore.execution.executor import JobExecutor
 from jobcore.health import HealthServer
+from jobcore.job_type_records import recording_first_check
 from jobcore.maintenance import Maintainer, Scheduler, services_from_settings
 from jobcore.otel_metrics import metrics_pusher
 from jobcore.preflight import check_job_types, held_connections
@@ -57,8 +58,15 @@ class Worker:
         self.worker_id = new_worker_id()
         self.metrics = WorkerMetrics()
         # Each pool checks the schema on its first connection (a worker starts while the
-        # database is down); a refusal stops the worker with it (serve).
-        self.db = Database(settings, name="jobcore-worker", first_check=check_schema_on)
+        # database is down); a refusal stops the worker with it (serve). This one then
+        # records the registry's job types, for enqueues from SQL (jobcore_enqueue).
+        self.db = Database(
+            settings,
+            name="jobcore-worker",
+            first_check=recording_first_check(
+                check_schema_on, self.registry, settings, registered_by=self.worker_id
+            ),
+        )
         # Start-up checks: settings that would deadlock stop the worker here, in one line.
         check_job_types(self.registry, settings)
         concurrency = concurrency or settings.worker_concurrency

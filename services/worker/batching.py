@@ -16,10 +16,10 @@ workers' batches at once) is reported as :class:`TransientConflict`, which calle
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import TypeVar
+
+from jobcore.groupcommit import GroupCommit
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -27,52 +27,8 @@ Out = TypeVar("Out")
 RunBatch = Callable[[Sequence[In]], Awaitable[Sequence[Out]]]
 
 
-class Batcher(Generic[In, Out]):
+class Batcher(GroupCommit[In, Out]):
+    """One batch in flight at a time; ``max_size`` items at most in a batch."""
+
     def __init__(self, run: RunBatch[In, Out], *, max_size: int = 200) -> None:
-        self._run = run
-        self.max_size = max_size
-        self._queued: list[tuple[In, asyncio.Future[Out]]] = []
-        self._flushing: asyncio.Task[None] | None = None
-
-    async def submit(self, item: In) -> Out:
-        """Queue ``item`` for the next batch; return its answer once that batch committed."""
-        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
-        self._queued.append((item, future))
-        if self._flushing is None:
-            self._flushing = asyncio.create_task(self._flush(), name="batch")
-        return await future
-
-    async def _flush(self) -> None:
-        try:
-            while self._queued:
-                batch = self._queued[: self.max_size]
-                del self._queued[: self.max_size]
-                # Callers that gave up (cancelled) no longer need an answer.
-                batch = [(item, future) for item, future in batch if not future.done()]
-                if not batch:
-                    continue
-                try:
-                    answers = await self._run([item for item, _ in batch])
-                except BaseException as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    continue
-                for (_, future), answer in zip(batch, answers, strict=True):
-                    if not future.done():
-                        future.set_result(answer)
-        finally:
-            self._flushing = None
-            for _, future in self._queued:  # only left if we were cancelled
-                if not future.done():
-                    future.cancel()
-            self._queued.clear()
-
-    async def close(self) -> None:
-        task = self._flushing
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        super().__init__(run, max_items=max_size, name="batch")

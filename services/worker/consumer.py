@@ -51,11 +51,11 @@ from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 
 from jobcore.amqp.connection import broker_server
+from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
-    BrokerUnavailable,
     DatabaseUnavailable,
     JobcoreError,
     PoisonMessage,
@@ -66,7 +66,6 @@ from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Uncl
 from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
 from jobcore.execution.outcomes import undeliverable_note
 from jobcore.registry import InvalidPayloadError, Registry
-from jobcore.service import Service
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
 from jobcore.store import JobNoteUndeliverableParams, job_store
 from services.worker.batching import Batcher
@@ -83,8 +82,9 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT = 5.0
 
 
-class Consumer(Service):
+class Consumer(DeliveryConsumer):
     name = "worker-consumer"
+    label = "worker"
 
     def __init__(
         self,
@@ -98,15 +98,20 @@ class Consumer(Service):
         worker_id: str,
         metrics: WorkerMetrics,
     ) -> None:
-        super().__init__()
+        consumed = sorted(set(queues))
+        super().__init__(
+            JobQueueConsumer(settings, consumed),
+            prefetch=settings.job_prefetch(concurrency),
+            grace=settings.shutdown_grace,
+            priority=consumer_priority(settings),
+        )
         self.settings = settings
         self.connections = connections
         self.executor = executor
         self.registry = registry
-        self.queues = sorted(set(queues))
+        self.queues = consumed
         self.worker_id = worker_id
         self.metrics = metrics
-        self.broker = JobQueueConsumer(settings, self.queues)
         topology = Topology.from_settings(settings)
         self._queue_of = {topology.queue_name(queue): queue for queue in self.queues}
         metrics.consuming(self.queues)
@@ -115,87 +120,44 @@ class Consumer(Service):
         self.claims: Batcher[ClaimRequest, ClaimAnswer] = Batcher(executor.claim)
         self._slots = asyncio.Semaphore(concurrency)
         self.intake = Intake(self.broker, concurrency)
-        self.priority = consumer_priority(settings)
-        self.prefetch = settings.job_prefetch(concurrency)
-        self._deliveries: set[asyncio.Task[None]] = set()
         self.readiness = ConsumerReadiness(settings.worker_stall_after)
-        self.consuming = False
 
     @property
     def broker_connected(self) -> bool:
         return self.broker.connected
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._deliveries)
+    async def started(self) -> None:
+        self.intake.start()
+        log.info(
+            "worker consuming",
+            extra={
+                "queues": self.queues,
+                "worker_id": self.worker_id,
+                "consumer_priority": self.priority,
+            },
+        )
 
-    async def run(self) -> None:
-        if not await self._start_consuming():
-            return
-        try:
-            self.consuming = True
-            self.intake.start()
-            log.info(
-                "worker consuming",
-                extra={
-                    "queues": self.queues,
-                    "worker_id": self.worker_id,
-                    "consumer_priority": self.priority,
-                },
-            )
-            await self.stopping.wait()
-            log.info("worker stopping: no new deliveries", extra={"in_flight": self.in_flight})
-            self.consuming = False
-            await self.intake.stop()
-            await self.broker.stop_consuming()
-            await self._drain()
-        finally:
-            self.consuming = False
-            await self.intake.stop()
-            await self.broker.close()
-            await self.claims.close()
+    async def stop_taking(self) -> None:
+        await self.intake.stop()
 
-    async def _start_consuming(self) -> bool:
-        logged = False
-        while not self.stopping.is_set():
-            try:
-                await self.broker.start(
-                    self._on_delivery, prefetch=self.prefetch, priority=self.priority
-                )
-                return True
-            except BrokerUnavailable as exc:
-                if not logged:
-                    log.warning("broker unavailable; retrying", extra={"error": str(exc)})
-                    logged = True
-            if await self.sleep(1.0):
-                break
-        return False
+    async def grace_over(self) -> None:
+        """Give back the leases of the jobs still running."""
+        log.info(
+            "grace period over; giving back the leases of running jobs",
+            extra={"running": len(self.executor.running)},
+        )
+        self.executor.release_all()
+        await self.wait_for_deliveries(RELEASE_TIMEOUT)
 
-    async def _drain(self) -> None:
-        """Let running handlers finish within the grace period, then give back the rest."""
-        if self._deliveries:
-            await asyncio.wait(set(self._deliveries), timeout=self.settings.shutdown_grace)
-        if self._deliveries:
-            log.info(
-                "grace period over; giving back the leases of running jobs",
-                extra={"running": len(self.executor.running)},
-            )
-            self.executor.release_all()
-            await asyncio.wait(set(self._deliveries), timeout=RELEASE_TIMEOUT)
-        for task in set(self._deliveries):
-            task.cancel()
+    async def closed(self) -> None:
+        await self.claims.close()
 
     # --- one delivery ----------------------------------------------------------------------
 
-    async def _on_delivery(self, message: Delivery) -> None:
-        if self.stopping.is_set():
-            return  # left unacknowledged: the broker requeues it when the channel closes
+    def received(self, message: Delivery) -> None:
         self.metrics.delivered(self._queue_of.get(message.queue, message.queue))
-        task = asyncio.create_task(self._handle(message), name="delivery")
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
 
-    async def _handle(self, message: Delivery) -> None:
+    async def handle(self, message: Delivery) -> None:
         # Claim only once a handler slot is free: a claimed job's lease is already running.
         async with self._slots:
             if self.stopping.is_set():

@@ -17,15 +17,14 @@ retried every second (a requeue would count towards the queue's delivery limit).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deadletters import DeadLetter, DeadLetterNotesFeed, describe_parts
 from jobcore.amqp.deliveries import Delivery
 from jobcore.db import Database
-from jobcore.errors import BrokerUnavailable, DatabaseUnavailable
+from jobcore.errors import DatabaseUnavailable
 from jobcore.maintenance.stranded import REJECTED_BY_A_WORKER, note_dead_letter
-from jobcore.service import Service
 from jobcore.settings import Settings
 from services.worker.metrics import WorkerMetrics
 
@@ -36,60 +35,20 @@ log = logging.getLogger(__name__)
 PREFETCH = 4
 
 
-class DeadLetterNotes(Service):
+class DeadLetterNotes(DeliveryConsumer):
     name = "worker-dead-letter-notes"
+    label = "dead-letter notes"
 
     def __init__(self, settings: Settings, db: Database, metrics: WorkerMetrics) -> None:
-        super().__init__()
+        # Unfinished notes stay unacknowledged: the broker hands them to another worker.
+        super().__init__(
+            DeadLetterNotesFeed(settings), prefetch=PREFETCH, grace=settings.shutdown_grace
+        )
         self.settings = settings
         self.db = db
         self.metrics = metrics
-        self.feed = DeadLetterNotesFeed(settings)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.consuming = False
 
-    async def run(self) -> None:
-        try:
-            if not await self._start_consuming():
-                return
-            self.consuming = True
-            await self.stopping.wait()
-            self.consuming = False
-            await self.feed.stop_consuming()
-            if self._tasks:
-                # Unfinished ones stay unacknowledged: the broker hands them to another worker.
-                await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace)
-            for task in set(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        finally:
-            self.consuming = False
-            await self.feed.close()
-
-    async def _start_consuming(self) -> bool:
-        logged = False
-        while not self.stopping.is_set():
-            try:
-                await self.feed.start(self._on_delivery, prefetch=PREFETCH)
-                return True
-            except BrokerUnavailable as exc:
-                if not logged:
-                    log.warning(
-                        "dead-letter notes: broker unavailable; retrying", extra={"error": str(exc)}
-                    )
-                    logged = True
-            if await self.sleep(1.0):
-                break
-        return False
-
-    async def _on_delivery(self, message: Delivery) -> None:
-        if self.stopping.is_set():
-            return  # left unacknowledged: the broker requeues it when the channel closes
-        task = asyncio.create_task(self._handle(message), name="dead-letter-note")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _handle(self, message: Delivery) -> None:
+    async def handle(self, message: Delivery) -> None:
         try:
             await self._note_and_ack(message)
         except Exception:
@@ -130,17 +89,14 @@ class DeadLetterNotes(Service):
 
     async def _note(self, letter: DeadLetter) -> bool | None:
         """Whether a job took the note; None if stopping before the database answered."""
-        logged = False
-        while True:
-            try:
-                async with self.db.session() as session:
-                    return await note_dead_letter(session, letter)
-            except DatabaseUnavailable as exc:
-                if not logged:
-                    log.warning(
-                        "dead-letter notes: database unavailable; holding the message",
-                        extra={"message_id": letter.message_id, "error": str(exc)},
-                    )
-                    logged = True
-            if await self.sleep(1.0):
-                return None
+
+        async def note() -> bool:
+            async with self.db.session() as session:
+                return await note_dead_letter(session, letter)
+
+        return await self.retry_while_unavailable(
+            note,
+            DatabaseUnavailable,
+            "dead-letter notes: database unavailable; holding the message",
+            {"message_id": letter.message_id},
+        )

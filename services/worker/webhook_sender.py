@@ -35,11 +35,11 @@ from prometheus_client import Counter
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
+from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.db import Database
-from jobcore.errors import BrokerUnavailable, DatabaseUnavailable, PoisonMessage
-from jobcore.service import Service
+from jobcore.errors import DatabaseUnavailable, PoisonMessage
 from jobcore.settings import Settings
 from jobcore.store import (
     WEBHOOK_MESSAGE_TYPE,
@@ -163,20 +163,25 @@ async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
     return bytes(head)
 
 
-class WebhookDeliverer(Service):
+class WebhookDeliverer(DeliveryConsumer):
     """Consumes the webhooks queue; one task per message, up to the prefetch at once."""
 
     name = "worker-webhooks"
+    label = "webhooks"
 
     def __init__(self, settings: Settings, db: Database, metrics: WorkerMetrics) -> None:
-        super().__init__()
+        # Unfinished messages stay unacknowledged: the broker hands them to another worker.
+        super().__init__(
+            JobQueueConsumer(settings, [WEBHOOKS_QUEUE]),
+            prefetch=settings.webhook_concurrency,
+            grace=settings.shutdown_grace,
+        )
         self.settings = settings
         # Short checkouts from the worker's pool, never held across a request.
         self.db = db
         self.metrics = metrics
         self.topology = Topology.from_settings(settings)
         self.completion = completion_params(self.topology, settings)
-        self.broker = JobQueueConsumer(settings, [WEBHOOKS_QUEUE])
         self.sender = WebhookSender(settings)
         self._attempts = Counter(
             "jobcore_worker_webhook_attempts",
@@ -193,54 +198,15 @@ class WebhookDeliverer(Service):
         for outcome in Outcome:
             self._attempts.labels(outcome.value)
         metrics.consuming([WEBHOOKS_QUEUE])
-        self._tasks: set[asyncio.Task[None]] = set()
         self.readiness = ConsumerReadiness(settings.worker_stall_after)
-        self.consuming = False
 
-    async def run(self) -> None:
-        try:
-            if not await self._start_consuming():
-                return
-            self.consuming = True
-            await self.stopping.wait()
-            self.consuming = False
-            await self.broker.stop_consuming()
-            if self._tasks:
-                # Unfinished ones stay unacknowledged: the broker hands them to another worker.
-                await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace)
-            for task in set(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        finally:
-            self.consuming = False
-            await self.broker.close()
-            await self.sender.close()
+    async def closed(self) -> None:
+        await self.sender.close()
 
-    async def _start_consuming(self) -> bool:
-        logged = False
-        while not self.stopping.is_set():
-            try:
-                await self.broker.start(
-                    self._on_delivery, prefetch=self.settings.webhook_concurrency
-                )
-                return True
-            except BrokerUnavailable as exc:
-                if not logged:
-                    log.warning("webhooks: broker unavailable; retrying", extra={"error": str(exc)})
-                    logged = True
-            if await self.sleep(1.0):
-                break
-        return False
-
-    async def _on_delivery(self, message: Delivery) -> None:
-        if self.stopping.is_set():
-            return  # left unacknowledged: the broker requeues it when the channel closes
+    def received(self, message: Delivery) -> None:
         self.metrics.delivered(WEBHOOKS_QUEUE)
-        task = asyncio.create_task(self._handle(message), name="webhook-delivery")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, message: Delivery) -> None:
+    async def handle(self, message: Delivery) -> None:
         try:
             await self._deliver(message)
         except Exception:
@@ -367,23 +333,16 @@ class WebhookDeliverer(Service):
     ) -> T | None:
         """Run ``operation``, holding the message while the database is away; None if the
         worker stops first."""
-        failures = 0
         with self.readiness.waiting():
-            while True:
-                try:
-                    answer = await operation()
-                except DatabaseUnavailable as exc:
-                    failures += 1
-                    if failures == 1:
-                        log.warning(
-                            "webhooks: database unavailable; holding the message until it is back",
-                            extra={**fields, "error": str(exc)},
-                        )
-                    if await self.sleep(1.0):
-                        return None
-                else:
-                    self.readiness.progressed()
-                    return answer
+            answer = await self.retry_while_unavailable(
+                operation,
+                DatabaseUnavailable,
+                "webhooks: database unavailable; holding the message until it is back",
+                fields,
+            )
+        if answer is not None:
+            self.readiness.progressed()
+        return answer
 
     def _log_outcome(
         self, recorded: dict[str, Any], result: AttemptResult, fields: dict[str, Any]

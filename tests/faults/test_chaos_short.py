@@ -1,5 +1,6 @@
 """A minute of `jobcore chaos` (the CI version of the 10-minute soak): every kind of fault
-under load, then nothing lost and no effect twice."""
+under load, from HTTP and from application transactions (some rolled back on purpose),
+then nothing lost, no effect twice and no job of a rolled-back transaction."""
 
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
     assert report["failed_without_handler"] == 0, summary
     assert report["accepted"] >= 500, summary
     assert report["accepted"] == report["succeeded"] + report["failed"], summary
+    # The application producer: transactions committed and rolled back on purpose, and
+    # no job of a rolled-back one (its committed jobs are among the accepted above).
+    assert report["app_committed"] > 0, summary
+    assert report["app_rolled_back"] > 0, summary
+    assert report["app_jobs_from_rollbacks"] == 0, summary
     # The pruner deleted finished jobs while the faults went on (and the check still saw
     # every one of them, from the run's archive).
     assert report["pruned"] > 0, summary

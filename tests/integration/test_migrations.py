@@ -128,6 +128,19 @@ BUILD_WAITING = (
 )
 
 
+TAKE_MIGRATE_LOCK = "SELECT pg_advisory_lock(hashtext(%(key)s))"
+RELEASE_MIGRATE_LOCK = "SELECT pg_advisory_unlock(hashtext(%(key)s))"
+
+
+def _lock_waiters(watch: psycopg.Connection[tuple[object, ...]]) -> int:
+    """How many sessions wait for an advisory lock in this database."""
+    row = watch.execute(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+        "WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _invalid_indexes(settings: Settings) -> list[str]:
     with psycopg.connect(settings.database_url) as conn:
         return [str(name) for (name,) in conn.execute(INVALID_INDEXES).fetchall()]
@@ -210,7 +223,12 @@ def test_migrate_rebuilds_an_index_a_timed_out_concurrent_build_left_invalid(
 
 def test_two_migrate_runs_take_turns_while_a_build_waits(service_urls: ServiceUrls) -> None:
     """The first run's build of 0021 waits for a writer's transaction and times out; the
-    second, started while it waited, must not build on it nor record 0021 past it."""
+    second, queued behind it, must not build on it nor record 0021 past it.
+
+    The test holds the runs' lock itself until both queue for it, in order, so that the
+    second is waiting when the first's build starts however slowly the processes start
+    (the build gives up after its lock_timeout, which a loaded machine's start-up can
+    exceed). PostgreSQL grants queued lock requests of one mode in their order."""
     settings, name = _empty_database_settings(service_urls)
     env = settings_env(settings)
     try:
@@ -219,29 +237,27 @@ def test_two_migrate_runs_take_turns_while_a_build_waits(service_urls: ServiceUr
         runs: list[subprocess.Popen[str]] = []
         try:
             with psycopg.connect(settings.database_url, autocommit=True) as watch:
-                runs.append(
-                    subprocess.Popen(
-                        jobcore_command("migrate"),
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
+                watch.execute(TAKE_MIGRATE_LOCK, {"key": migrate.LOCK_KEY})
+                for queued in (1, 2):
+                    runs.append(
+                        subprocess.Popen(
+                            jobcore_command("migrate"),
+                            env=env,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            text=True,
+                        )
                     )
-                )
-                eventually_sync(
-                    lambda: watch.execute(BUILD_WAITING).fetchall() or runs[0].poll() is not None,
-                    timeout=60,
-                    what="the first run's index build waiting for the writer",
-                )
-                runs.append(
-                    subprocess.Popen(
-                        jobcore_command("migrate"),
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
+                    eventually_sync(
+                        lambda queued=queued: (
+                            _lock_waiters(watch) == queued
+                            or any(run.poll() is not None for run in runs)
+                        ),
+                        timeout=120,
+                        what=f"migrate run {queued} to queue for the lock",
                     )
-                )
+                assert all(run.poll() is None for run in runs), "a run ended before its turn"
+                watch.execute(RELEASE_MIGRATE_LOCK, {"key": migrate.LOCK_KEY})
                 # The writer stays until the first run's build gives up (its lock_timeout).
                 eventually_sync(
                     lambda: runs[0].poll() is not None, timeout=60, what="the first run's end"

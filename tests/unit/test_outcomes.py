@@ -189,7 +189,7 @@ def test_an_invalid_payload_names_its_fields() -> None:
     except ValidationError as error:
         exc = InvalidPayloadError("mail", error)
     assert invalid_payload(exc) == Fail(
-        "payload no longer validates: to: Field required; "
+        "payload does not validate against the job type's model: to: Field required; "
         "cc.1: Input should be a valid integer, unable to parse string as an integer"
     )
     assert CANCEL.error == "cancelled"

@@ -1,9 +1,11 @@
-"""The asyncio client: :class:`AsyncClient`, the same operations as
-:class:`~jobcore.client.Client` (both drive the flows of :mod:`jobcore.client.core`)."""
+"""The asyncio client: :class:`AsyncClient`, driving the flows of :mod:`jobcore.client.core`.
+
+The blocking client, :mod:`jobcore.client.sync`, is generated from this module by
+``scripts/unasync_client.py``: edit this one, then run the script (a unit test fails while
+the generated module is stale)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import uuid
@@ -37,14 +39,15 @@ from jobcore.client.models import (
     JobStatus,
     JobSummary,
 )
+from jobcore.client.primitives import async_sleep, async_write
 from jobcore.client.retries import RetryPolicy
 
 T = TypeVar("T")
 
 
 class AsyncResultStream:
-    """A result being downloaded (:meth:`AsyncClient.stream_result`): its media type, its
-    size when the server said it, and its bytes, read as they arrive."""
+    """A result being downloaded (the client's ``stream_result``): its media type, its size
+    when the server said it, and its bytes, read as they arrive."""
 
     def __init__(self, response: httpx.Response, media_type: str) -> None:
         self._response = response
@@ -61,7 +64,7 @@ class AsyncResultStream:
 
 
 class AsyncClient:
-    """The jobcore HTTP API, for asyncio. Every call retries ``503``, ``429`` and connection
+    """The jobcore HTTP API. Every call retries ``503``, ``429`` and connection
     errors within ``retry``; an enqueue's retries carry its Idempotency-Key, so each call
     makes exactly one job. An ``http`` client passed in is used as it is (its base URL and
     headers aside) and never closed here."""
@@ -113,7 +116,7 @@ class AsyncClient:
             while True:
                 step = flow.send(outcome)
                 if isinstance(step, Sleep):
-                    await asyncio.sleep(step.seconds)  # the backoff before a retry
+                    await async_sleep(step.seconds)  # the backoff before a retry
                     outcome = None
                 else:
                     outcome = await self._send(step)
@@ -187,12 +190,8 @@ class AsyncClient:
 
     @contextlib.asynccontextmanager
     async def stream_result(self, job_id: uuid.UUID | str) -> AsyncIterator[AsyncResultStream]:
-        """The result as :meth:`result` gets it, read as it arrives rather than held whole::
-
-        async with client.stream_result(job_id) as stream:
-            async for chunk in stream.aiter_bytes():
-                ...
-        """
+        """The result as :meth:`result` gets it, read as it arrives rather than held whole:
+        a context manager around the download, whose stream gives the bytes in chunks."""
         response, url = await self._run(self._core.download(f"/jobs/{job_id}/result", stream=True))
         try:
             yield AsyncResultStream(response, media_type(response, url))
@@ -203,7 +202,7 @@ class AsyncClient:
         self, job_id: uuid.UUID | str, destination: str | os.PathLike[str] | IO[bytes]
     ) -> int:
         """Write the result to a file (a path, or a binary file open for writing) as it
-        arrives, each chunk in a thread (file writes block); the number of bytes written."""
+        arrives; the number of bytes written."""
         async with self.stream_result(job_id) as stream:
             chunks = stream.aiter_bytes(SAVE_CHUNK_BYTES)
             if isinstance(destination, str | os.PathLike):
@@ -268,6 +267,6 @@ class AsyncClient:
 async def _copy(chunks: AsyncIterator[bytes], target: IO[bytes]) -> int:
     written = 0
     async for chunk in chunks:
-        await asyncio.to_thread(target.write, chunk)
+        await async_write(target, chunk)
         written += len(chunk)
     return written

@@ -1,10 +1,12 @@
-"""The blocking client: :class:`Client`."""
+"""The blocking client: :class:`Client`, with the calls of
+:class:`~jobcore.client.AsyncClient`.
+
+Generated from :mod:`jobcore.client.aio` by ``scripts/unasync_client.py``: do not edit."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -36,13 +38,14 @@ from jobcore.client.models import (
     JobStatus,
     JobSummary,
 )
+from jobcore.client.primitives import sleep, write
 from jobcore.client.retries import RetryPolicy
 
 T = TypeVar("T")
 
 
 class ResultStream:
-    """A result being downloaded (:meth:`Client.stream_result`): its media type, its size
+    """A result being downloaded (the client's ``stream_result``): its media type, its size
     when the server said it, and its bytes, read as they arrive."""
 
     def __init__(self, response: httpx.Response, media_type: str) -> None:
@@ -60,7 +63,7 @@ class ResultStream:
 
 
 class Client:
-    """The jobcore HTTP API, blocking. Every call retries ``503``, ``429`` and connection
+    """The jobcore HTTP API. Every call retries ``503``, ``429`` and connection
     errors within ``retry``; an enqueue's retries carry its Idempotency-Key, so each call
     makes exactly one job. An ``http`` client passed in is used as it is (its base URL and
     headers aside) and never closed here."""
@@ -98,8 +101,10 @@ class Client:
         try:
             response = self._http.send(request, stream=call.stream)
             if call.stream and not response.is_success:
-                with contextlib.closing(response):
+                try:
                     response.read()  # an error's problem JSON, or a redirect's
+                finally:
+                    response.close()
         except httpx.TransportError as exc:
             return exc
         return response
@@ -110,7 +115,7 @@ class Client:
             while True:
                 step = flow.send(outcome)
                 if isinstance(step, Sleep):
-                    time.sleep(step.seconds)  # the backoff before a retry
+                    sleep(step.seconds)  # the backoff before a retry
                     outcome = None
                 else:
                     outcome = self._send(step)
@@ -184,15 +189,13 @@ class Client:
 
     @contextlib.contextmanager
     def stream_result(self, job_id: uuid.UUID | str) -> Iterator[ResultStream]:
-        """The result as :meth:`result` gets it, read as it arrives rather than held whole::
-
-        with client.stream_result(job_id) as stream:
-            for chunk in stream.iter_bytes():
-                ...
-        """
+        """The result as :meth:`result` gets it, read as it arrives rather than held whole:
+        a context manager around the download, whose stream gives the bytes in chunks."""
         response, url = self._run(self._core.download(f"/jobs/{job_id}/result", stream=True))
-        with contextlib.closing(response):
+        try:
             yield ResultStream(response, media_type(response, url))
+        finally:
+            response.close()
 
     def save_result(
         self, job_id: uuid.UUID | str, destination: str | os.PathLike[str] | IO[bytes]
@@ -202,7 +205,7 @@ class Client:
         with self.stream_result(job_id) as stream:
             chunks = stream.iter_bytes(SAVE_CHUNK_BYTES)
             if isinstance(destination, str | os.PathLike):
-                with open(destination, "wb") as target:
+                with open(destination, "wb") as target:  # noqa: ASYNC230 - writes go to a thread
                     return _copy(chunks, target)
             return _copy(chunks, destination)
 
@@ -256,12 +259,13 @@ class Client:
     ) -> Iterator[JobSummary]:
         """Every job that :meth:`pages` lists, one at a time."""
         for page in self.pages(status=status, type=type, entity_id=entity_id, limit=limit):
-            yield from page.items
+            for job in page.items:
+                yield job
 
 
 def _copy(chunks: Iterator[bytes], target: IO[bytes]) -> int:
     written = 0
     for chunk in chunks:
-        target.write(chunk)
+        write(target, chunk)
         written += len(chunk)
     return written

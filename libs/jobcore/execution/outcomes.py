@@ -244,12 +244,17 @@ def give_back_delay(
 
 
 def invalid_payload(exc: InvalidPayloadError) -> Fail:
-    """The stored payload no longer validates (the job type's model changed since the job
-    was enqueued): the job fails, every attempt would."""
+    """The stored payload does not validate: the job type's model changed since the job
+    was enqueued, or it came through SQL (jobcore_enqueue), which cannot run the model.
+    The job fails at once, every attempt would; the error names each field."""
     detail = "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors
     )
-    return Fail(storable(f"payload no longer validates: {detail}")[:ERROR_MAX_CHARS])
+    return Fail(
+        storable(f"payload does not validate against the job type's model: {detail}")[
+            :ERROR_MAX_CHARS
+        ]
+    )
 
 
 def undeliverable_note(attempt: int, exc: Exception) -> str:

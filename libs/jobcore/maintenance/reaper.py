@@ -25,8 +25,7 @@ from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.metrics import ReaperMetrics
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
-from jobcore.sql import CompletionParams
-from jobcore.store import JobReapExpiredParams, job_store
+from jobcore.store import CompletionParams, JobReapExpiredParams, job_store
 from jobcore.webhooks import completion_params
 
 log = logging.getLogger(__name__)

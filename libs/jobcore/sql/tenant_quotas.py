@@ -10,6 +10,10 @@ the cap minus one make exactly one job. The count itself is the row's plus the t
 ``tenant_usage_deltas``: triggers on ``jobs`` append a +1 for every job added and a -1
 for every job that ends (migration 0023), and the maintenance leader's usage folder
 (TENANT_USAGE_FOLD) folds them into the row every few seconds.
+
+An enqueue in an application's own transaction, which may stay open for long, is
+admitted by default without that lock (:func:`approximate_admission_ctes`): the row and
+the deltas are read as committed, and nothing is written or held but the job's own delta.
 """
 
 from __future__ import annotations
@@ -127,6 +131,45 @@ def admission_ctes() -> str:
             ) AS v
         )
         RETURNING u.rate_tat, u.last_refusal
+    ), go AS (
+        SELECT limits.tenant FROM limits LEFT JOIN admit ON true
+        WHERE admit.last_refusal IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
+    )"""
+
+
+def approximate_admission_ctes() -> str:
+    """The CTEs of :func:`admission_ctes` (``existing``, ``limits``, ``admit``, ``go``)
+    for :attr:`jobcore.quotas.Admission.APPROXIMATE`: the quotas checked against the
+    tenant's usage as this statement's snapshot shows it (committed, and the
+    transaction's own jobs), with no lock and no write of the usage row. ``admit`` has
+    the refusal (NULL: admitted) and the bucket's tat as read; the job's own count is the
+    delta its insert appends. What another open transaction holds uncommitted is not
+    seen: admissions in transactions open together can pass the cap by that much.
+    """
+    return f"""existing AS (
+        SELECT id FROM jobs
+        WHERE tenant = %(tenant)s::text
+          AND type = %(type)s AND idempotency_key = %(idempotency_key)s
+        UNION ALL
+        SELECT id FROM jobs
+        WHERE tenant = %(tenant)s::text AND type = %(type)s
+          AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
+    ), {_KEYED_LIMITS}, usage AS (
+        -- The deltas count for a tenant the usage folder has not given a row yet.
+        SELECT (SELECT u.rate_tat FROM tenant_usage AS u WHERE u.tenant = limits.tenant)
+                   AS rate_tat,
+               CASE WHEN limits.max_unfinished > 0 THEN
+                   coalesce((SELECT u.unfinished FROM tenant_usage AS u
+                             WHERE u.tenant = limits.tenant), 0)
+                   + (SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                      WHERE d.tenant = limits.tenant)
+               END AS unfinished
+        FROM limits
+    ), admit AS (
+        SELECT usage.rate_tat, {PREVIEW_REFUSAL} AS last_refusal
+        FROM limits LEFT JOIN usage ON true
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+          AND (limits.rate > 0 OR limits.max_unfinished > 0)
     ), go AS (
         SELECT limits.tenant FROM limits LEFT JOIN admit ON true
         WHERE admit.last_refusal IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
@@ -380,7 +423,8 @@ class TenantUsageFoldParams(TypedDict):
 # table, never both or neither.
 #
 # A tenant's row can be held for as long as an application transaction lasts (an
-# in-transaction enqueue of a tenant with a quota holds it until its commit): the batch
+# in-transaction enqueue with the exact admission, of a tenant with a quota, holds it until
+# its commit; the default, approximate admission only reads it): the batch
 # locks the rows it folds into with SKIP LOCKED, and leaves a busy tenant's deltas, all
 # of them, for a later round. A delta itself is never skipped: a -1 folded while its +1
 # was skipped would, clamped at zero, leave the count too high for ever. A tenant with

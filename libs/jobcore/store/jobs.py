@@ -19,7 +19,7 @@ from psycopg.rows import DictRow
 from jobcore.db import (
     AsyncConn,
     Executor,
-    Session,
+    Reader,
     UnitOfWork,
     execute,
     fetch_all,
@@ -28,6 +28,7 @@ from jobcore.db import (
     fetch_all_beside,
     fetch_one,
 )
+from jobcore.quotas import Admission
 from jobcore.sql import NoParams, Statement
 from jobcore.sql.jobs.cancel import (
     CANCEL_CHANNEL,
@@ -47,6 +48,7 @@ from jobcore.sql.jobs.enqueue import (
     JOB_GET_BY_IDEMPOTENCY_KEY,
     JOB_GET_UNIQUE_HOLDER,
     JOB_INSERT,
+    JOB_INSERT_APPROXIMATE,
     JOB_INSERT_MANY,
     JOB_INSERT_PREVIEW,
     JobGateParams,
@@ -186,8 +188,6 @@ __all__ = [
 
 _NO_PARAMS: NoParams = {}
 
-Reader = Session | AsyncConn
-
 
 class JobStore:
     """Every operation on jobs, one method each (see the module's docstring)."""
@@ -196,8 +196,13 @@ class JobStore:
 
     # --- enqueue (jobcore.sql.jobs.enqueue) ------------------------------------------------
 
-    async def insert(self, on: Reader, params: JobInsertParams) -> DictRow | None:
-        """Write one job with its outbox message, quotas checked, in one statement."""
+    async def insert(
+        self, on: Reader, params: JobInsertParams, *, admission: Admission = Admission.EXACT
+    ) -> DictRow | None:
+        """Write one job with its outbox message, quotas checked as ``admission`` says,
+        in one statement."""
+        if admission is Admission.APPROXIMATE:
+            return await fetch_one(on, JOB_INSERT_APPROXIMATE(params))
         return await fetch_one(on, JOB_INSERT(params))
 
     async def preview_insert(self, on: Reader, params: JobInsertPreviewParams) -> DictRow | None:

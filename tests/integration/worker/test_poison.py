@@ -105,7 +105,9 @@ async def test_poison_messages_are_dead_lettered_and_the_next_good_one_runs(
 
     await eventually(lambda: status_is(db, good, "succeeded"), what="the good job")
     row = await eventually(lambda: status_is(db, broken, "failed"), what="the broken job")
-    assert row["last_error"].startswith("payload no longer validates: fail_times:")
+    assert row["last_error"].startswith(
+        "payload does not validate against the job type's model: fail_times:"
+    )
     assert await effects(db, broken) == []
 
     async def four_dead() -> bool:

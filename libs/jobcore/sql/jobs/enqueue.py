@@ -25,6 +25,7 @@ from jobcore.sql.tenant_quotas import (
     QuotaDefaultParams,
     admission_ctes,
     admission_preview_ctes,
+    approximate_admission_ctes,
     batch_admission_ctes,
 )
 
@@ -37,7 +38,7 @@ from jobcore.sql.tenant_quotas import (
 # primary-key probe of webhook_endpoints).
 
 
-def _insert_job_with_outbox() -> str:
+def _insert_job_with_outbox(*, approximate: bool = False) -> str:
     """The enqueue statement, for a tenant the caller has authenticated.
 
     It returns one row, or none when the request's API key (``key_id``) is no longer
@@ -45,10 +46,12 @@ def _insert_job_with_outbox() -> str:
     quotas refused it (``refusal``) or the idempotency key is taken (the caller then
     reads that job). The quotas are checked in the same statement
     (:func:`jobcore.sql.tenant_quotas.admission_ctes`), so they cost no round trip; a
-    replay of an accepted request skips them.
+    replay of an accepted request skips them. ``approximate``: checked without the lock
+    of the tenant's usage row (:func:`jobcore.sql.tenant_quotas.approximate_admission_ctes`).
     """
+    admission = approximate_admission_ctes() if approximate else admission_ctes()
     return f"""
-    WITH {admission_ctes()}, place AS (
+    WITH {admission}, place AS (
         INSERT INTO job_gates (key, counter)
         SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
         FROM go
@@ -154,6 +157,18 @@ JOB_INSERT = Query[JobInsertParams](
     "Insert a pending job (its own `accepted` event) and its outbox message, and NOTIFY the "
     "relays, in one statement.",
     _insert_job_with_outbox(),
+    generic_plan=True,
+)
+
+
+# An enqueue in an application's own transaction, which may stay open for long
+# (jobcore.in_transaction): the same writes, its quotas read as committed instead of
+# checked under the tenant's usage row lock, so no other enqueue waits for its commit.
+JOB_INSERT_APPROXIMATE = Query[JobInsertParams](
+    "job_insert_approximate",
+    "Insert a pending job and its outbox message, and NOTIFY the relays, its quotas read "
+    "as committed without locking the tenant's usage row.",
+    _insert_job_with_outbox(approximate=True),
     generic_plan=True,
 )
 
