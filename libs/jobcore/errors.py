@@ -25,6 +25,10 @@ class DatabaseUnavailable(JobcoreError):
     """The database cannot be reached."""
 
 
+class TransientConflict(JobcoreError):
+    """The statement lost a deadlock or serialization conflict; running it again works."""
+
+
 class DatabaseMissing(ConfigurationError):
     """The configured database does not exist."""
 

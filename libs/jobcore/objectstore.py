@@ -19,7 +19,7 @@ A failure is one of three (:func:`store_error`, both of the last two OSErrors):
 - an outage, which retrying later can cure (no connection, a timeout, a 5xx, throttling:
   429, 503 SlowDown): :class:`~jobcore.results.StoreUnavailable`. A worker that meets one
   gives the job back without spending its attempt, a bounded number of times
-  (services/worker/runner.py, ``JobRunner.give_back``); an enqueue answers 503;
+  (``jobcore.execution.executor.JobExecutor.give_back``); an enqueue answers 503;
 - a refusal, which the same request meets again until someone changes the bucket, its
   policy or the credentials (401, 403, a missing bucket, 412 and the other 4xx):
   :class:`~jobcore.errors.StoreRefused`. It fails the attempt, like any error.

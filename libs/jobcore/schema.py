@@ -117,8 +117,8 @@ jobs = Table(
     Column("accepted_detail", JSONB),
     Column("republish_count", Integer, nullable=False, server_default=text("0")),
     # What the running handler last reported (``ctx.progress``), written by its worker under
-    # its lease, at most a few times a second (services.worker.job_progress); the attempt
-    # that reported it, so a retry's reader can tell an older attempt's progress.
+    # its lease, at most a few times a second (jobcore.execution.progress_reports); the
+    # attempt that reported it, so a retry's reader can tell an older attempt's progress.
     Column("progress_fraction", Float),
     Column("progress_message", Text),
     Column("progress_attempt", Integer),
@@ -143,7 +143,7 @@ jobs = Table(
     Column("held_reason", Text),
     _timestamp("held_since"),
     # Times an object-store outage gave the job back without spending an attempt
-    # (jobcore.outcomes.GiveBack): past JOBCORE_MAX_STORE_GIVE_BACKS an outage counts.
+    # (jobcore.execution.outcomes.GiveBack): past JOBCORE_MAX_STORE_GIVE_BACKS an outage counts.
     Column("store_give_backs", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),

@@ -1,7 +1,7 @@
 """Completion webhooks as plain code: the message envelope, the request body and its
 signature, which addresses a callback may reach, and when an attempt is retried.
 
-The worker sends (``services/worker/webhooks.py``); the API checks callback URLs at
+The worker sends (``services/worker/webhook_sender.py``); the API checks callback URLs at
 enqueue; the terminal-status statements record deliveries (``jobcore.sql.webhook_deliveries``).
 """
 

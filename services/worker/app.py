@@ -15,6 +15,7 @@ from typing import Any
 from jobcore.amqp.deliveries import split_prefetch
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
+from jobcore.execution.executor import JobExecutor
 from jobcore.health import HealthServer
 from jobcore.job_type_records import recording_first_check
 from jobcore.maintenance import Maintainer, Scheduler, services_from_settings
@@ -25,13 +26,13 @@ from jobcore.schedules import load_schedules
 from jobcore.schema_version import SchemaWatch, check_schema_on
 from jobcore.service import Service, run_until_signalled
 from jobcore.settings import Settings
+from services.worker.batching import Batcher
 from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
 from services.worker.consumer import RELEASE_TIMEOUT, Consumer
 from services.worker.deadletter_notes import DeadLetterNotes
 from services.worker.metrics import SchedulerMetrics, WorkerMetrics
-from services.worker.runner import JobRunner
-from services.worker.webhooks import WebhookDeliverer
+from services.worker.webhook_sender import WebhookDeliverer
 
 
 def new_worker_id() -> str:
@@ -107,13 +108,22 @@ class Worker:
             first_check=check_schema_on,
         )
         self.schema_watch = SchemaWatch(self.db, self.handler_db)
-        self.runner = JobRunner(
-            settings, self.connections, topology, self.metrics, transactions=self.handler_db
+        # The execution core (claim, payload, handler, outcome), on the held connections;
+        # successes that queue up behind a commit share the next one.
+        self.executor = JobExecutor(
+            settings,
+            self.connections,
+            topology,
+            self.metrics,
+            worker_id=self.worker_id,
+            transactions=self.handler_db,
+            success_commits=Batcher,
         )
+        self.metrics.running_handlers.set_function(lambda: len(self.executor.running))
         self.consumer = Consumer(
             settings,
             self.connections,
-            self.runner,
+            self.executor,
             registry=self.registry,
             queues=self.queues,
             concurrency=concurrency,
@@ -121,7 +131,7 @@ class Worker:
             metrics=self.metrics,
         )
         self.cancels = CancelListener(
-            self.db, self.runner.request_cancel, running=self.runner.cancellable
+            self.db, self.executor.request_cancel, running=self.executor.cancellable
         )
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
@@ -169,9 +179,9 @@ class Worker:
         """Why a consumer of this worker cannot make progress now (docs/operations.md,
         "Readiness"); empty while both can."""
         found = []
-        if reason := self.consumer.progress.trouble():
+        if reason := self.consumer.readiness.trouble():
             found.append(f"jobs: {reason}")
-        if self.webhooks is not None and (reason := self.webhooks.progress.trouble()):
+        if self.webhooks is not None and (reason := self.webhooks.readiness.trouble()):
             found.append(f"webhooks: {reason}")
         return found
 
@@ -185,7 +195,7 @@ class Worker:
             "broker_connected": self.consumer.broker_connected,
             "consuming": self.consumer.consuming,
             "trouble": trouble,
-            "running_handlers": len(self.runner.running),
+            "running_handlers": len(self.executor.running),
             "consumer_priority": self.consumer.priority,
             # False while every handler slot runs a job (services.worker.intake).
             "taking_deliveries": self.consumer.broker.consuming,
@@ -220,7 +230,7 @@ class Worker:
             for service in reversed(self.services):
                 await service.stop(self.stop_grace)
         finally:
-            await self.runner.close()
+            await self.executor.close()
             await self.connections.close()
             await self.handler_db.close()
             await self.db.close()
@@ -232,7 +242,7 @@ class Worker:
         try:
             code = await run_until_signalled(self.services, self.stop_grace)
         finally:
-            await self.runner.close()
+            await self.executor.close()
             await self.connections.close()
             await self.handler_db.close()
             await self.db.close()

@@ -28,13 +28,9 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from jobcore.db import GENERIC_PLANS, AsyncConn, Database, translate_errors
-from jobcore.errors import JobcoreError
+from jobcore.errors import TransientConflict
 
 POOL_PLANS = "RESET plan_cache_mode"
-
-
-class TransientConflict(JobcoreError):
-    """The statement lost a deadlock or serialization conflict; running it again works."""
 
 
 class HeldConnections:

@@ -29,7 +29,12 @@ by the database's side. One after the claim committed acknowledges it (the claim
 record now) and ends the attempt as a retryable failure with that error. A settle that
 fails because the channel is gone needs nothing: the broker requeues what the closed
 channel held. While the database is unreachable a delivery is held, not requeued, and
-:class:`~services.worker.progress.Progress` reports the stall on ``/readyz``.
+:class:`~services.worker.readiness.ConsumerReadiness` reports the stall on ``/readyz``.
+
+The claim, the payload, the handler and the outcome are the execution core's
+(:class:`jobcore.execution.executor.JobExecutor`): the consumer turns a delivery into a
+:class:`~jobcore.execution.claims.ClaimRequest`, claims it in a batch, and settles the
+delivery between the core's steps.
 """
 
 from __future__ import annotations
@@ -38,8 +43,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -50,61 +54,32 @@ from jobcore.amqp.connection import broker_server
 from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.enqueue import trace_headers_of
 from jobcore.envelope import JobMessage, decode
 from jobcore.errors import (
     DatabaseUnavailable,
     JobcoreError,
     PoisonMessage,
+    TransientConflict,
     UnknownJobType,
 )
-from jobcore.outcomes import undeliverable_note
-from jobcore.registry import InvalidPayloadError, JobType, Registry
-from jobcore.results import ResultNotFound
+from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Unclaimed
+from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
+from jobcore.execution.outcomes import undeliverable_note
+from jobcore.registry import InvalidPayloadError, Registry
 from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
-from jobcore.store import (
-    JOBS_CONSUMER,
-    JobClaimManyParams,
-    JobNoteUndeliverableParams,
-    job_store,
-)
+from jobcore.store import JobNoteUndeliverableParams, job_store
 from services.worker.batching import Batcher
-from services.worker.claims import Claim
-from services.worker.connections import HeldConnections, TransientConflict
+from services.worker.connections import HeldConnections
 from services.worker.intake import Intake
 from services.worker.metrics import WorkerMetrics
-from services.worker.progress import Progress
-from services.worker.runner import JobRunner
+from services.worker.readiness import ConsumerReadiness
 from services.worker.tracing import delivery_failed, process_span
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    message_id: uuid.UUID
-    job_id: uuid.UUID
-    job_type: str
-    attempt: int
-    lease_token: uuid.UUID
-    lease: float
-    # Its type declares a concurrency or rate limit here: its job likely has a key (only
-    # how the claim is sent depends on it; the key is read from the job row).
-    limited: bool = False
-
-
 # After the handlers' grace period, how long giving back the remaining leases may take.
 RELEASE_TIMEOUT = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Taken:
-    """A delivery whose claim statement committed, with what it answered."""
-
-    message_id: uuid.UUID
-    envelope: JobMessage
-    job_type: JobType[Any]
-    row: dict[str, Any]
 
 
 class Consumer(DeliveryConsumer):
@@ -115,7 +90,7 @@ class Consumer(DeliveryConsumer):
         self,
         settings: Settings,
         connections: HeldConnections,
-        runner: JobRunner,
+        executor: JobExecutor,
         *,
         registry: Registry,
         queues: Iterable[str],
@@ -132,7 +107,7 @@ class Consumer(DeliveryConsumer):
         )
         self.settings = settings
         self.connections = connections
-        self.runner = runner
+        self.executor = executor
         self.registry = registry
         self.queues = consumed
         self.worker_id = worker_id
@@ -142,10 +117,10 @@ class Consumer(DeliveryConsumer):
         metrics.consuming(self.queues)
         # server.address / server.port of the process spans.
         self._broker_server = broker_server(settings)
-        self.claims: Batcher[ClaimRequest, dict[str, Any]] = Batcher(self._claim_batch)
+        self.claims: Batcher[ClaimRequest, ClaimAnswer] = Batcher(executor.claim)
         self._slots = asyncio.Semaphore(concurrency)
         self.intake = Intake(self.broker, concurrency)
-        self.progress = Progress(settings.worker_stall_after)
+        self.readiness = ConsumerReadiness(settings.worker_stall_after)
 
     @property
     def broker_connected(self) -> bool:
@@ -169,9 +144,9 @@ class Consumer(DeliveryConsumer):
         """Give back the leases of the jobs still running."""
         log.info(
             "grace period over; giving back the leases of running jobs",
-            extra={"running": len(self.runner.running)},
+            extra={"running": len(self.executor.running)},
         )
-        self.runner.release_all()
+        self.executor.release_all()
         await self.wait_for_deliveries(RELEASE_TIMEOUT)
 
     async def closed(self) -> None:
@@ -189,7 +164,7 @@ class Consumer(DeliveryConsumer):
                 return
             with process_span(message, self._broker_server):
                 try:
-                    with self.progress.waiting():
+                    with self.readiness.waiting():
                         taken = await self._take(message)
                 except Exception as exc:
                     delivery_failed(type(exc).__qualname__, str(exc))
@@ -197,24 +172,29 @@ class Consumer(DeliveryConsumer):
                     return
                 if taken is None:
                     return
-                claim: Claim | None = None
+                request, answer = taken
+                job: ClaimedJob | None = None
                 try:
-                    claim = self._claim_of(taken)
-                    payload = await self._start(message, taken, claim)
+                    if isinstance(answer, Unclaimed):
+                        await self._settle_unclaimed(message, request, answer)
+                        return
+                    job = answer
+                    payload = await self._start(message, job)
                 except Exception as exc:
                     delivery_failed(type(exc).__qualname__, str(exc))
-                    await self._ack_after_error(message, claim, exc)
+                    await self._ack_after_error(message, job, exc)
                     return
-                if claim is not None and payload is not None:
+                if payload is not None:
                     self.intake.handler_started()
                     try:
-                        await self.runner.run(claim, payload)
+                        await self.executor.run(job, payload)
                     finally:
                         self.intake.handler_ended()
 
-    async def _take(self, message: Delivery) -> Taken | None:
-        """Decode and claim: the claim commits last. None when the delivery is done with
-        (settled, or left for the broker to requeue when the worker stops)."""
+    async def _take(self, message: Delivery) -> tuple[ClaimRequest, ClaimAnswer] | None:
+        """Decode and claim: the claim commits last; the request and its answer. None when
+        the delivery is done with (settled, or left for the broker to requeue when the
+        worker stops)."""
         try:
             envelope = decode(message.body)
             message_id = uuid.UUID(str(message.message_id))
@@ -232,85 +212,62 @@ class Consumer(DeliveryConsumer):
             await self._note_undeliverable(envelope, exc)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
-        row = await self._claim(message_id, envelope, job_type)
-        if row is None:
+        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
+        answer = await self._claim(request)
+        if answer is None:
             return None  # stopping while the database was away: the broker redelivers
-        if row.get("resumed"):
+        if isinstance(answer, ClaimedJob) and answer.resumed:
             log.info(
                 "the claim's first try committed unanswered; running the job it claimed",
-                extra={"message_id": str(message_id), "job_id": str(envelope.job_id)},
+                extra={"message_id": str(message_id), **answer.log_fields},
             )
-        return Taken(message_id, envelope, job_type, row)
+        return request, answer
 
-    @staticmethod
-    def _claim_of(taken: Taken) -> Claim | None:
-        """The job this worker now holds the lease of, if the claim took one."""
-        row = taken.row
-        if not row["fresh"] or row["id"] is None:
-            return None
-        return Claim(
-            job_id=row["id"],
-            job_type=taken.job_type,
-            raw_payload=row["payload"],
-            attempt=row["attempts"],
-            max_attempts=row["max_attempts"],
-            lease_token=row["lease_token"],
-            cancel_requested=row["cancel_requested_at"] is not None,
-            trace_headers=trace_headers_of(row),
-            message_id=taken.message_id,
-            created_at=row["created_at"],
-            due_at=row["due_at"],
-            payload_ref=row.get("payload_ref"),
-            store_give_backs=row.get("store_give_backs", 0),
-        )
+    async def _settle_unclaimed(
+        self, message: Delivery, request: ClaimRequest, unclaimed: Unclaimed
+    ) -> None:
+        """No lease was taken: count why, and acknowledge the delivery."""
+        fields = {
+            "message_id": message.message_id,
+            "job_id": str(request.job_id),
+            "job_type": request.job_type.name,
+            "attempt": request.attempt,
+        }
+        if unclaimed.reason == "held":
+            self.metrics.held(unclaimed.detail or "")
+            log.debug(
+                "job held by its gate; message acknowledged, the job waits",
+                extra={**fields, "held_reason": unclaimed.detail},
+            )
+        elif unclaimed.reason == "duplicate":
+            self.metrics.duplicate()
+            log.debug("duplicate message acknowledged", extra=fields)
+        elif unclaimed.reason == "parked":
+            # Its queue or type is paused: the job waits in the outbox, attempt unburnt.
+            self.metrics.parked()
+            log.info("queue or job type paused; message parked in the outbox", extra=fields)
+        else:
+            self.metrics.skipped()
+            log.info(
+                "job not claimable; message acknowledged with no effect",
+                extra={**fields, "status": unclaimed.detail},
+            )
+        await self._ack(message)
 
-    async def _start(
-        self, message: Delivery, taken: Taken, claim: Claim | None
-    ) -> BaseModel | None:
+    async def _start(self, message: Delivery, job: ClaimedJob) -> BaseModel | None:
         """After the claim: settle the delivery; the validated payload if the job runs."""
-        if claim is None:
-            held_reason = taken.row.get("held_reason")
-            if held_reason is not None:
-                self.metrics.held(held_reason)
-                log.debug(
-                    "job held by its gate; message acknowledged, the job waits",
-                    extra={**_fields(message, taken.envelope), "held_reason": held_reason},
-                )
-            elif not taken.row["fresh"]:
-                self.metrics.duplicate()
-                log.debug("duplicate message acknowledged", extra=_fields(message, taken.envelope))
-            elif taken.row["parked"]:
-                # Its queue or type is paused: the job waits in the outbox, attempt unburnt.
-                self.metrics.parked()
-                log.info(
-                    "queue or job type paused; message parked in the outbox",
-                    extra=_fields(message, taken.envelope),
-                )
-            else:
-                self.metrics.skipped()
-                log.info(
-                    "job not claimable; message acknowledged with no effect",
-                    extra={
-                        **_fields(message, taken.envelope),
-                        "status": taken.row["status_before"],
-                    },
-                )
-            await self._ack(message)
-            return None
         try:
-            raw_payload = await self.runner.load_payload(claim)
-        except (OSError, ResultNotFound) as exc:
+            payload = await self.executor.payload_of(job)
+        except PAYLOAD_UNREADABLE as exc:
             # The object store is away (not the job's fault: it goes back to pending without
             # consuming an attempt, like a result the store could not take), or the object
             # is gone, the local directory unreadable (this attempt fails, retried later).
             await self._ack(message)
-            await self.runner.after_store_error(claim, exc, during="reading the payload")
+            await self.executor.end_unstarted(job, exc)
             return None
-        try:
-            payload: BaseModel = taken.job_type.validate_payload(raw_payload)
         except InvalidPayloadError as exc:
-            await self.runner.fail_invalid_payload(claim, exc)
-            await self._dead_letter(message, "invalid_payload", str(exc), taken.envelope)
+            await self.executor.end_unstarted(job, exc)
+            await self._dead_letter(message, "invalid_payload", str(exc), job=job)
             return None
         await self._ack(message)
         return payload
@@ -318,31 +275,31 @@ class Consumer(DeliveryConsumer):
     async def _requeue_after_error(self, message: Delivery) -> None:
         """Before the claim committed: nothing happened, so the message goes back to its
         queue, after a pause that grows with its redeliveries."""
-        self.progress.failed()
+        self.readiness.failed()
         self.metrics.delivery_error("before_claim")
         log.exception(
             "unexpected error before the claim; the delivery is requeued",
-            extra={**_fields(message, None), "delivery_count": message.delivery_count},
+            extra={**_fields(message), "delivery_count": message.delivery_count},
         )
         await self.sleep(message.requeue_pause())  # stopping ends it: requeued at once
         if not await message.requeue() and not message.settled:
             log.debug("requeue failed; the broker requeues it when the channel closes")
 
     async def _ack_after_error(
-        self, message: Delivery, claim: Claim | None, exc: Exception
+        self, message: Delivery, job: ClaimedJob | None, exc: Exception
     ) -> None:
         """After the claim committed: the claim is the record now, so the delivery is
         acknowledged (a redelivery would only meet the inbox) and a claimed job's attempt
         ends as a retryable failure with this error."""
-        self.progress.failed()
+        self.readiness.failed()
         self.metrics.delivery_error("after_claim")
         log.exception(
             "unexpected error after the claim; the delivery is acknowledged",
-            extra=_fields(message, None),
+            extra=_fields(message),
         )
         await self._ack(message)
-        if claim is not None:
-            await self.runner.fail_attempt(claim, exc, during="starting the job")
+        if job is not None:
+            await self.executor.fail_attempt(job, exc, during="starting the job")
 
     async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
         """Tell the job's pollers why it stays pending (best effort: the message is kept in
@@ -368,26 +325,15 @@ class Consumer(DeliveryConsumer):
                 extra={"job_id": str(envelope.job_id), "error": str(exc_data)},
             )
 
-    async def _claim(
-        self, message_id: uuid.UUID, envelope: JobMessage, job_type: JobType[Any]
-    ) -> dict[str, Any] | None:
-        # The lease token is drawn once, before the first try: a retry whose first try
-        # committed unanswered finds the job running under it, and takes it as its own
-        # (JOB_CLAIM_MANY's `resumed`) instead of reading its own inbox row as a duplicate.
-        request = ClaimRequest(
-            message_id=message_id,
-            job_id=envelope.job_id,
-            job_type=envelope.type,
-            attempt=envelope.attempt,
-            lease_token=uuid.uuid4(),
-            lease=job_type.lease,
-            limited=job_type.concurrency is not None or job_type.rate is not None,
-        )
+    async def _claim(self, request: ClaimRequest) -> ClaimAnswer | None:
+        """The claim's answer, tried again while the database is away (None: the worker
+        stops meanwhile; the broker redelivers). The request keeps its lease token across
+        tries, so a try that committed unanswered is resumed by the next."""
         failures = 0
         warned = False
         while True:
             try:
-                return await self.claims.submit(request)
+                answer = await self.claims.submit(request)
             except (DatabaseUnavailable, TransientConflict) as exc:
                 failures += 1
                 # A held connection that went stale fails at once: try again at once, on a
@@ -401,52 +347,13 @@ class Consumer(DeliveryConsumer):
                     warned = True
                     log.warning(
                         "database unavailable; holding the delivery until it is back",
-                        extra={"message_id": str(message_id), "error": str(exc)},
+                        extra={"message_id": str(request.message_id), "error": str(exc)},
                     )
                 if await self.sleep(1.0):
                     return None
-
-    async def _claim_batch(self, requests: Sequence[ClaimRequest]) -> list[dict[str, Any]]:
-        """The batch's claims, one statement per round of distinct message ids (one round
-        unless a message came twice); a request repeated (its message and token) is a
-        duplicate the 2nd time."""
-        rows: dict[tuple[uuid.UUID, uuid.UUID], dict[str, Any]] = {}
-        async with self.connections.connection() as conn:
-            for round_ in _claim_rounds(requests):
-                params: JobClaimManyParams = {
-                    "consumer": JOBS_CONSUMER,
-                    "exchange": self.broker.topology.jobs_exchange,
-                    "worker_id": self.worker_id,
-                    "message_ids": [r.message_id for r in round_],
-                    "job_ids": [r.job_id for r in round_],
-                    "types": [r.job_type for r in round_],
-                    "attempts": [r.attempt for r in round_],
-                    "lease_tokens": [r.lease_token for r in round_],
-                    "leases": [r.lease for r in round_],
-                }
-                # Every claim locks the gate rows of its jobs' concurrency and rate keys
-                # first, read from the job rows (written at enqueue), not from this worker's
-                # registry: a worker deployed before a type's limit still takes the lock and
-                # counts behind it. The claim then counts from a snapshot every other claim
-                # of those keys committed before. One round trip: BEGIN, lock, claim and
-                # COMMIT pipelined. Jobs whose rows name no key are claimed first, by one
-                # statement that locks nothing (most batches: that statement is the whole
-                # claim).
-                claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in round_))
-                by_message = {row["message_id"]: row for row in claimed}
-                for r in round_:
-                    rows[r.message_id, r.lease_token] = dict(by_message[r.message_id])
-        self.progress.progressed()
-        answers: list[dict[str, Any]] = []
-        answered: set[tuple[uuid.UUID, uuid.UUID]] = set()
-        for request in requests:
-            key = (request.message_id, request.lease_token)
-            row = dict(rows[key])
-            if key in answered:
-                row.update(fresh=False, id=None)
-            answered.add(key)
-            answers.append(row)
-        return answers
+            else:
+                self.readiness.progressed()
+                return answer
 
     async def _ack(self, message: Delivery) -> None:
         if message.settled:
@@ -461,42 +368,19 @@ class Consumer(DeliveryConsumer):
         reason: str,
         error: str,
         envelope: JobMessage | None = None,
+        *,
+        job: ClaimedJob | None = None,
     ) -> None:
         self.metrics.dead_lettered(reason)
         delivery_failed(reason, error)
         log.warning(
             "poison message sent to the dead-letter queue",
-            extra={**_fields(message, envelope), "reason": reason, "error": error},
+            extra={**_fields(message, envelope, job), "reason": reason, "error": error},
         )
         if await message.dead_letter():
-            self.progress.progressed()
+            self.readiness.progressed()
         else:
             log.debug("reject failed; the message will be redelivered and rejected again")
-
-
-def _claim_rounds(requests: Sequence[ClaimRequest]) -> list[list[ClaimRequest]]:
-    """The batch's distinct requests (message and lease token) in rounds, each holding a
-    message at most once: the claim statement takes distinct message ids.
-
-    Two requests for one message with different tokens are a redelivery and a retry whose
-    first try may have committed unanswered. Sent in the same statement, one would have
-    to be dropped, and dropping the retry loses the job: the redelivery finds the message
-    received and is a duplicate, the retry never resumes, and the job runs with no handler
-    until the reaper takes it back, an attempt burnt. In rounds, each committing before the
-    next, whichever comes first sees the other's doing: the retry whose try committed is
-    resumed, in any order, and every other request for that message is a duplicate; if
-    none committed, the first round's claims the job and the later ones are duplicates."""
-    rounds: list[list[ClaimRequest]] = []
-    seen: dict[uuid.UUID, set[uuid.UUID]] = {}
-    for request in requests:
-        tokens = seen.setdefault(request.message_id, set())
-        if request.lease_token in tokens:
-            continue  # the same request again: answered as a duplicate
-        if len(tokens) == len(rounds):
-            rounds.append([])
-        rounds[len(tokens)].append(request)
-        tokens.add(request.lease_token)
-    return rounds
 
 
 def consumer_priority(settings: Settings) -> int:
@@ -507,9 +391,13 @@ def consumer_priority(settings: Settings) -> int:
     return random.randint(1, MAX_CONSUMER_PRIORITY)
 
 
-def _fields(message: Delivery, envelope: JobMessage | None) -> dict[str, Any]:
+def _fields(
+    message: Delivery, envelope: JobMessage | None = None, job: ClaimedJob | None = None
+) -> dict[str, Any]:
     fields: dict[str, Any] = {"message_id": message.message_id}
-    if envelope is not None:
+    if job is not None:
+        fields.update(job.log_fields)
+    elif envelope is not None:
         fields.update(job_id=str(envelope.job_id), job_type=envelope.type)
         fields["attempt"] = envelope.attempt
     return fields

@@ -20,10 +20,10 @@ from jobcore.states import TERMINAL
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
+    from jobcore.execution.claims import ClaimedJob
     from jobcore.maintenance.retention import Kind
     from jobcore.maintenance.scheduling import ScheduleRound, ScheduleState
     from jobcore.schedules import Schedule
-    from services.worker.claims import Claim
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
 # Handlers take milliseconds to many minutes; waiting covers up to hours (backoff, backlog).
@@ -244,24 +244,24 @@ class WorkerMetrics:
             registry=self.registry,
         )
 
-    def processed(self, outcome: str, claim: Claim | None = None) -> None:
+    def processed(self, outcome: str, job: ClaimedJob | None = None) -> None:
         """An attempt ended with ``outcome``; a final status also completes the job."""
         self._processed.labels(outcome).inc()
         self.counts[f"processed.{outcome}"] += 1
         # `processed` outcomes other than the terminal statuses are not the end.
-        if claim is not None and outcome in TERMINAL:
-            job_type = claim.job_type.name
+        if job is not None and outcome in TERMINAL:
+            job_type = job.job_type.name
             self._completed.labels(job_type, outcome).inc()
-            self._attempts.labels(job_type).observe(claim.attempt)
-            if claim.created_at is not None:
-                age = (datetime.now(UTC) - claim.created_at).total_seconds()
+            self._attempts.labels(job_type).observe(job.attempt)
+            if job.created_at is not None:
+                age = (datetime.now(UTC) - job.created_at).total_seconds()
                 self._time_to_complete.labels(job_type).observe(max(age, 0.0))
 
-    def started(self, claim: Claim) -> None:
+    def started(self, job: ClaimedJob) -> None:
         """A job's first attempt was claimed."""
-        if claim.attempt == 1 and claim.due_at is not None:
-            waited = (datetime.now(UTC) - claim.due_at).total_seconds()
-            self._time_to_start.labels(claim.job_type.name).observe(max(waited, 0.0))
+        if job.attempt == 1 and job.due_at is not None:
+            waited = (datetime.now(UTC) - job.due_at).total_seconds()
+            self._time_to_start.labels(job.job_type.name).observe(max(waited, 0.0))
 
     def handler_ran(self, job_type: str, seconds: float) -> None:
         self._handler_seconds.labels(job_type).observe(seconds)

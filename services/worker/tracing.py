@@ -1,5 +1,6 @@
-"""The worker's spans: CONSUMER ``process {exchange}:{routing key}:{queue}`` per delivery,
-INTERNAL ``handler`` per attempt.
+"""The worker's delivery span: CONSUMER ``process {exchange}:{routing key}:{queue}`` per
+delivery; the INTERNAL ``handler`` span per attempt is the execution core's
+(:func:`jobcore.execution.executor.handler_span`).
 
 ``process`` continues the context in the AMQP headers (the relay's ``publish`` span, the
 message's creation context: one message per span, so the conventions allow it as the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -26,9 +27,6 @@ from opentelemetry.trace import Span, SpanKind
 from jobcore.amqp.deliveries import Delivery
 from jobcore.semconv import process_attributes, process_destination, record_failure, span_name
 from jobcore.telemetry import context_from_headers, span_if_enabled, tracing_enabled
-
-if TYPE_CHECKING:
-    from services.worker.claims import Claim
 
 
 def process_span(
@@ -63,16 +61,3 @@ def delivery_failed(error_type: str, description: str | None = None) -> None:
     """End the current process span as failed (it is current wherever a delivery fails)."""
     if tracing_enabled():
         record_failure(trace.get_current_span(), error_type, description)
-
-
-def handler_span(claim: Claim) -> AbstractContextManager[Span | None]:
-    if not tracing_enabled():
-        return nullcontext()
-    attributes: dict[str, Any] = {
-        "job.id": str(claim.job_id),
-        "job.type": claim.job_type.name,
-        "job.attempt": claim.attempt,
-    }
-    if claim.message_id:
-        attributes["messaging.message.id"] = str(claim.message_id)
-    return span_if_enabled("handler", attributes=attributes)

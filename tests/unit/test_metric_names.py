@@ -18,7 +18,7 @@ from services.api.metrics import ApiMetrics
 from services.api.waiters import JobWaiters
 from services.relay.metrics import RelayMetrics
 from services.worker.metrics import WorkerMetrics
-from services.worker.webhooks import WebhookDeliverer
+from services.worker.webhook_sender import WebhookDeliverer
 from tests.support.promlint import lint
 
 

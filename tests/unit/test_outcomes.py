@@ -1,4 +1,4 @@
-"""jobcore.outcomes: what an attempt ends in, as pure code (the worker and the testing kit
+"""jobcore.execution.outcomes: what an attempt ends in, as pure code (the worker and the testing kit
 both write what it decides; tests/integration/worker/test_outcome_parity.py compares)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from jobcore.errors import PermanentError, StoreRefused
-from jobcore.outcomes import (
+from jobcore.execution.outcomes import (
     CANCEL,
     RESULT_FILE_AND_TOO_LARGE,
     Fail,

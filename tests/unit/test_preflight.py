@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from jobcore.amqp.deliveries import split_prefetch
 from jobcore.errors import ConfigurationError
+from jobcore.execution.attempts import error_text
 from jobcore.preflight import (
     MIN_HELD_CONNECTIONS,
     check_job_types,
@@ -17,7 +18,6 @@ from jobcore.preflight import (
 )
 from jobcore.registry import JobContext, Registry
 from jobcore.settings import Settings
-from services.worker.runner import error_text
 
 WORKER_POOL_USERS = {"cancel listener": 1, "reaper": 1, "rescuer": 1, "webhook deliverer": 1}
 

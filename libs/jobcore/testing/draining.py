@@ -3,19 +3,18 @@
 
 It takes the path a job takes in production, minus RabbitMQ in the middle: the outbox rows
 the relay would publish are claimed and deleted with the relay's own statements (as if the
-broker had confirmed them), each message body is decoded by the worker's envelope decoder
-and claimed with the worker's claim statement (inbox row and lease, so a duplicate has no
-effect), a payload stored by reference is read from the result store as the worker reads
-it (:func:`jobcore.payloads.read_payload`), the handler runs in a real
-:class:`~jobcore.registry.JobContext` under its timeout (:mod:`jobcore.attempts`, shared
-with the worker), its outcome is decided by the worker's policy (:mod:`jobcore.outcomes`)
-and written by the worker's fenced statements: success with result and effects (a large
+broker had confirmed them), each message body is decoded by the worker's envelope decoder,
+and from there the worker's own execution core runs it
+(:class:`~jobcore.execution.executor.JobExecutor`): the claim statement (inbox row and
+lease, so a duplicate has no effect), the payload (read from the result store when stored
+by reference), the handler in a real :class:`~jobcore.registry.JobContext` under its
+timeout, with heartbeats, progress and ``ctx.transaction()``, and the outcome, decided and
+written as the worker decides and writes it: success with result and effects (a large
 result in the result store), a retry through the outbox with the configured backoff,
 failure, cancellation, a job given back when the object store is unavailable. Jobs are
 enqueued as the API enqueues them (a large payload stored by reference). What it leaves
-out: the broker
-(queues, delivery limits, dead-lettering), concurrency (jobs run one at a time, in
-order), automatic heartbeats, and completion webhooks (their outbox rows stay unsent).
+out: the broker (queues, delivery limits, dead-lettering), concurrency (jobs run one at a
+time, in order), batched commits, and completion webhooks (their outbox rows stay unsent).
 
     worker = InlineWorker(db)
     job_id = await worker.enqueue("send_email", {"to": "ada@example.com", "subject": "Hi"})
@@ -36,50 +35,23 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-import orjson
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.attempts import call_handler
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_one, translate_errors
-from jobcore.enqueue import job_message_row
+from jobcore.db import Database
 from jobcore.envelope import decode
 from jobcore.errors import JobNotFound, PoisonMessage
+from jobcore.execution.claims import ClaimedJob, ClaimRequest
+from jobcore.execution.executor import JobExecutor
 from jobcore.maintenance.releases import release_held
-from jobcore.objectstore import open_result_store
-from jobcore.outcomes import (
-    CANCEL,
-    Cancel,
-    Fail,
-    GiveBack,
-    Outcome,
-    OutcomeLimits,
-    Retry,
-    Succeed,
-    give_back_delay,
-    handler_failed,
-    invalid_payload,
-    store_failed,
-    success,
-)
-from jobcore.payloads import read_payload, validate_payload
-from jobcore.registry import InvalidPayloadError, JobContext, JobType, Registry, default_registry
-from jobcore.results import ResultNotFound
-from jobcore.store import (
-    JOBS_CONSUMER,
-    JobFencedParams,
-    OutboxMessageParams,
-    Statement,
-    job_store,
-    outbox_store,
-)
+from jobcore.payloads import validate_payload
+from jobcore.registry import Registry, default_registry
+from jobcore.store import job_store, outbox_store
 from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.inline import as_sent
 from jobcore.timeline import with_where
-from jobcore.webhooks import completion_params
 
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
@@ -111,11 +83,33 @@ class Drained:
         return self.succeeded + self.retried + self.failed + self.cancelled
 
 
-@dataclass(frozen=True, slots=True)
-class _Claimed:
-    job_type: JobType[Any]
-    row: DictRow
-    lease_token: uuid.UUID
+class _DrainCounts:
+    """The execution core's reports, counted into the current drain (a retry or a
+    give-back that found the job's cancellation asked for is reported cancelled)."""
+
+    def __init__(self) -> None:
+        self.drained = Drained()
+
+    def started(self, job: ClaimedJob) -> None:
+        return None
+
+    def handler_ran(self, job_type: str, seconds: float) -> None:
+        return None
+
+    def processed(self, outcome: str, job: ClaimedJob | None = None) -> None:
+        if outcome == "succeeded":
+            self.drained.succeeded += 1
+        elif outcome == "failed":
+            self.drained.failed += 1
+        elif outcome == "cancelled":
+            self.drained.cancelled += 1
+        elif outcome == "retried":
+            self.drained.retried += 1
+        elif outcome == "store_unavailable":
+            self.drained.given_back += 1
+
+    def retry_scheduled(self) -> None:
+        return None
 
 
 class InlineWorker:
@@ -131,13 +125,20 @@ class InlineWorker:
         self.db = db
         self.settings = db.settings
         self.registry = registry
-        self.worker_id = worker_id
         self.topology = Topology.from_settings(self.settings)
-        self.completion = completion_params(self.topology, self.settings)
-        self.limits = OutcomeLimits.from_settings(self.settings)
-        self.result_store = open_result_store(self.settings)
-        # Store outages met in a row: the delay before a job given back grows with them.
-        self._store_outages = 0
+        self._counts = _DrainCounts()
+        # The worker's execution core, on the pool: claims and successes commit one by one,
+        # and handlers' transactions (ctx.transaction) take a pool connection too.
+        self.executor = JobExecutor(
+            self.settings,
+            db,
+            self.topology,
+            self._counts,
+            worker_id=worker_id,
+            transactions=db,
+        )
+        self.result_store = self.executor.result_store
+        self.completion = self.executor.completion
         self._webhooks_key = self.topology.routing_key(WEBHOOKS_QUEUE)
 
     # --- what the test does --------------------------------------------------------------
@@ -197,7 +198,7 @@ class InlineWorker:
         if wait_limit is None:
             wait_limit = self.settings.retry_backoff_cap
         deadline = time.monotonic() + timeout
-        drained = Drained()
+        drained = self._counts.drained = Drained()
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the jobs did not drain within {timeout:g}s")
@@ -257,209 +258,15 @@ class InlineWorker:
                 f"({envelope.type!r})"
             )
         job_type = self.registry.get(envelope.type)  # unknown: the test forgot to register it
-        lease_token = uuid.uuid4()
-        async with self.db.session() as session:
-            # As a worker claims: the gate rows its job's row names locked first.
-            with translate_errors(self.db.settings):
-                rows = await job_store.claim(
-                    session.connection,
-                    {
-                        "consumer": JOBS_CONSUMER,
-                        "exchange": self.topology.jobs_exchange,
-                        "worker_id": self.worker_id,
-                        "message_ids": [uuid.UUID(message["message_id"])],
-                        "job_ids": [envelope.job_id],
-                        "types": [envelope.type],
-                        "attempts": [envelope.attempt],
-                        "lease_tokens": [lease_token],
-                        "leases": [job_type.lease],
-                    },
-                )
-        row = rows[0]
-        if not row["fresh"]:
+        message_id = uuid.UUID(str(message["message_id"]))
+        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
+        [answer] = await self.executor.claim([request])
+        if isinstance(answer, ClaimedJob):
+            drained.ran.append(answer.job_id)
+            await self.executor.execute(answer)
+        elif answer.reason == "duplicate":
             drained.duplicates += 1
-            return
-        if row["held_reason"] is not None:
+        elif answer.reason == "held":
             drained.held += 1
-            return
-        if row["id"] is None:
+        else:  # not claimable, or parked while its queue or type is paused
             drained.skipped += 1
-            return
-        drained.ran.append(row["id"])
-        await self._run(_Claimed(job_type, row, lease_token), drained)
-
-    async def _run(self, claimed: _Claimed, drained: Drained) -> None:
-        """Run a claimed job's attempt as the worker does; its outcome is decided by
-        :mod:`jobcore.outcomes`, as the worker's is, and written by the same statements."""
-        job_type, row = claimed.job_type, claimed.row
-        try:
-            raw_payload = await read_payload(self.result_store, row["payload"], row["payload_ref"])
-        except (OSError, ResultNotFound) as exc:
-            await self._write(
-                claimed, self._store_failed(claimed, exc, "reading the payload"), drained
-            )
-            return
-        if row["payload_ref"] is not None:
-            self._store_outages = 0
-        try:
-            payload = job_type.validate_payload(raw_payload)
-        except InvalidPayloadError as exc:
-            await self._write(claimed, invalid_payload(exc), drained)
-            return
-        if row["cancel_requested_at"] is not None:
-            await self._write(claimed, CANCEL, drained)
-            return
-        context: JobContext[Any] = JobContext(
-            job_id=row["id"],
-            job_type=job_type.name,
-            payload=payload,
-            attempt=row["attempts"],
-            max_attempts=row["max_attempts"],
-            idempotency_key=str(row["id"]),
-            heartbeat=lambda: self._heartbeat(claimed, context),
-            result_store=self.result_store,
-            settings=self.settings,
-            lease_token=claimed.lease_token,
-        )
-        outcome: Outcome
-        try:
-            result = await call_handler(job_type, context)
-        except (Exception, asyncio.CancelledError) as exc:
-            current = asyncio.current_task()
-            if isinstance(exc, asyncio.CancelledError) and current and current.cancelling():
-                raise  # the drain itself is cancelled, not the handler by itself
-            if context.cancel_requested.is_set():
-                # As the worker's heartbeat stops a handler whose cancellation was asked for.
-                outcome = CANCEL
-            else:
-                outcome = handler_failed(
-                    exc,
-                    attempt=row["attempts"],
-                    max_attempts=row["max_attempts"],
-                    limits=self.limits,
-                    give_backs=row["store_give_backs"],
-                )
-        else:
-            outcome = success(result, context, claimed.lease_token, self.limits)
-            if isinstance(outcome, Succeed) and outcome.to_store is not None:
-                try:
-                    key = await asyncio.to_thread(
-                        self.result_store.put,
-                        row["id"],
-                        outcome.to_store,
-                        suffix="json",
-                        lease_token=claimed.lease_token,
-                    )
-                except OSError as exc:
-                    outcome = self._store_failed(claimed, exc, "storing the result")
-                else:
-                    self._store_outages = 0
-                    outcome = outcome.stored(key)
-        await self._write(claimed, outcome, drained)
-
-    def _store_failed(
-        self, claimed: _Claimed, exc: BaseException, during: str
-    ) -> Retry | Fail | GiveBack:
-        return store_failed(
-            exc,
-            during=during,
-            attempt=claimed.row["attempts"],
-            max_attempts=claimed.row["max_attempts"],
-            limits=self.limits,
-            give_backs=claimed.row["store_give_backs"],
-        )
-
-    async def _heartbeat(self, claimed: _Claimed, context: JobContext[Any]) -> None:
-        """Extend the lease; a cancel request sets ``ctx.cancel_requested``. (A lost lease
-        needs nothing here: the outcome's fence drops what the handler returns.)"""
-        async with self.db.session() as session:
-            row = await job_store.heartbeat(
-                session,
-                {
-                    "id": claimed.row["id"],
-                    "lease_token": claimed.lease_token,
-                    "lease": claimed.job_type.lease,
-                },
-            )
-        if row is not None and row["cancel_requested_at"] is not None:
-            context.cancel_requested.set()
-
-    async def _write(self, claimed: _Claimed, outcome: Outcome, drained: Drained) -> None:
-        """Write the attempt's outcome with the worker's fenced statement, and count it
-        (nothing when the fence refused it)."""
-        row = claimed.row
-        fence: JobFencedParams = {
-            **self.completion,
-            "id": row["id"],
-            "lease_token": claimed.lease_token,
-        }
-        statement: Statement
-        if isinstance(outcome, Succeed):
-            statement = job_store.succeed_many_statement(
-                {
-                    **self.completion,
-                    "ids": [row["id"]],
-                    "lease_tokens": [claimed.lease_token],
-                    "results": [outcome.result],
-                    "result_refs": [outcome.result_ref],
-                    "effects": orjson.dumps(outcome.effects).decode(),
-                }
-            )
-        elif isinstance(outcome, Retry):
-            statement = job_store.retry_statement(
-                {
-                    **fence,
-                    **self._message(claimed, attempt=row["attempts"] + 1),
-                    "error": outcome.error,
-                    "delay": outcome.delay,
-                    "channel": OUTBOX_CHANNEL,
-                }
-            )
-        elif isinstance(outcome, GiveBack):
-            self._store_outages += 1
-            statement = job_store.release_statement(
-                {
-                    **fence,
-                    **self._message(claimed, attempt=row["attempts"]),
-                    "error": outcome.error,
-                    "delay": give_back_delay(self._store_outages, self.limits),
-                    "channel": OUTBOX_CHANNEL,
-                }
-            )
-        else:
-            status: Literal["failed", "cancelled"] = (
-                "failed" if isinstance(outcome, Fail) else "cancelled"
-            )
-            statement = job_store.end_running_statement(
-                {**fence, "status": status, "error": outcome.error}
-            )
-        written = await self._fetch_written(statement)
-        if written is None:
-            return
-        if isinstance(outcome, Succeed):
-            drained.succeeded += 1
-        elif isinstance(outcome, Fail):
-            drained.failed += 1
-        elif isinstance(outcome, Cancel) or written["status"] == "cancelled":
-            # A retry or give-back of a job whose cancellation was asked for cancels it.
-            drained.cancelled += 1
-        elif isinstance(outcome, Retry):
-            drained.retried += 1
-        else:
-            drained.given_back += 1
-
-    def _message(self, claimed: _Claimed, *, attempt: int) -> OutboxMessageParams:
-        row = claimed.row
-        trace = {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
-        return job_message_row(
-            self.topology,
-            job_id=row["id"],
-            job_type=claimed.job_type,
-            attempt=attempt,
-            trace_headers=trace,
-        )
-
-    async def _fetch_written(self, statement: Statement) -> DictRow | None:
-        """Run a fenced outcome statement: its row, or None when the fence refused it."""
-        async with self.db.session() as session:
-            return await fetch_one(session, statement)

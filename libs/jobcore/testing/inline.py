@@ -10,10 +10,10 @@ through on its way to the handler and back, minus the transport:
   :class:`~jobcore.payloads.UnstorablePayload`;
 - the handler gets the payload the worker would give it (the stored JSON, validated again)
   in a real :class:`~jobcore.registry.JobContext` (result store, settings, effects);
-- it runs under its job type's timeout (:class:`~jobcore.attempts.JobTimedOut`), and its
+- it runs under its job type's timeout (:class:`~jobcore.execution.attempts.JobTimedOut`), and its
   error is raised as it is;
 - its result and effects must be storable as the worker stores them
-  (:class:`~jobcore.attempts.UnstorableOutcome` otherwise); a result over
+  (:class:`~jobcore.execution.attempts.UnstorableOutcome` otherwise); a result over
   ``JOBCORE_INLINE_RESULT_MAX_BYTES`` goes to the result store, as in the worker.
 
 The result comes back as clients will read it (through JSON). Nothing is retried: an
@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from jobcore.attempts import UnstorableOutcome, call_handler
-from jobcore.outcomes import Fail, OutcomeLimits, success
+from jobcore.execution.attempts import UnstorableOutcome, call_handler
+from jobcore.execution.outcomes import Fail, OutcomeLimits, success
 from jobcore.payloads import validate_payload
 from jobcore.registry import Effect, JobContext, Registry, default_registry
 from jobcore.results import LocalResultStore
@@ -111,7 +111,7 @@ async def run_inline_job(
     if cancel_requested:
         context.cancel_requested.set()
     result = await call_handler(kind, context)
-    # What the worker would record (jobcore.outcomes): refused as it would refuse it.
+    # What the worker would record (jobcore.execution.outcomes): refused as it would refuse it.
     outcome = success(result, context, uuid.uuid4(), OutcomeLimits.from_settings(config))
     if isinstance(outcome, Fail):
         raise UnstorableOutcome(outcome.error)

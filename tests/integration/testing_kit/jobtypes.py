@@ -9,6 +9,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobcore.errors import PermanentError
+from jobcore.jobtypes import CreditAccountPayload, post_credit
 from jobcore.registry import JobContext, Registry
 
 REGISTRY = Registry()
@@ -57,3 +58,12 @@ async def kit_sleepy(ctx: JobContext[NotePayload]) -> None:
 @REGISTRY.job("kit_unjson", payload=NotePayload, max_attempts=3, timeout=5, lease=5)
 async def kit_unjson(ctx: JobContext[NotePayload]) -> object:
     return {"not json": {uuid.uuid4().hex: object()}}
+
+
+@REGISTRY.job("kit_credit", payload=CreditAccountPayload, max_attempts=3, timeout=5, lease=5)
+async def kit_credit(ctx: JobContext[CreditAccountPayload]) -> None:
+    """Reports its progress, then credits the account on ``ctx.transaction()``: the credit
+    commits with the job's success."""
+    await ctx.progress(0.5, "crediting")
+    async with ctx.transaction() as tx:
+        tx.set_result(await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents))

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.db import Database
 from jobcore.errors import JobNotFound
+from jobcore.execution.executor import RESULT_PUT_TRIES
 from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError
 from jobcore.results import StoreUnavailable
@@ -75,20 +76,21 @@ async def test_a_store_outage_gives_the_job_back_without_spending_an_attempt(
     put = worker.result_store.put
     tries = 0
 
-    def put_once_unavailable(*args: Any, **kwargs: Any) -> str:
+    def put_unavailable_for_one_attempt(*args: Any, **kwargs: Any) -> str:
         nonlocal tries
         tries += 1
-        if tries == 1:
+        if tries <= RESULT_PUT_TRIES:
             raise StoreUnavailable("the bucket is away")
         return put(*args, **kwargs)
 
-    monkeypatch.setattr(worker.result_store, "put", put_once_unavailable)
+    monkeypatch.setattr(worker.result_store, "put", put_unavailable_for_one_attempt)
     job_id = await worker.enqueue("kit_note", {"text": "big", "size": 50_000})
     drained = await worker.drain()
     job = await worker.job(job_id)
     assert (drained.given_back, drained.succeeded, drained.retried) == (1, 1, 0)
-    # As in the worker: the attempt the outage interrupted is not counted.
-    assert (job["status"], job["attempts"], tries) == ("succeeded", 1, 2)
+    # As in the worker: the store is tried a few times within the lease, then the job is
+    # given back, and the attempt the outage interrupted is not counted.
+    assert (job["status"], job["attempts"], tries) == ("succeeded", 1, RESULT_PUT_TRIES + 1)
     assert job["result_ref"] is not None
 
 
@@ -162,3 +164,23 @@ async def test_an_ordering_key_holds_a_job_until_the_one_before_it_has_retried_a
     before, after = await worker.job(first), await worker.job(second)
     assert before["finished_at"] < after["started_at"]
     assert after["attempts"] == 1  # held while the first retried: no attempt used
+
+
+async def test_a_handler_reports_progress_and_commits_its_writes_with_its_success(
+    worker: InlineWorker,
+) -> None:
+    """As in the worker (the same execution core runs it): ``ctx.progress`` is written
+    under the lease, and ``ctx.transaction()``'s writes commit with the success."""
+    job_id = await worker.enqueue(
+        "kit_credit", {"account": "kit-1", "amount_cents": 250}, tenant="acme"
+    )
+    drained = await worker.drain()
+    assert (drained.succeeded, drained.attempts) == (1, 1)
+    job = await worker.job(job_id)
+    assert job["status"] == "succeeded"
+    assert (job["progress_fraction"], job["progress_message"]) == (0.5, "crediting")
+    assert job["result"]["balance_cents"] == 250
+    entries = await rows(
+        worker.db, "SELECT amount_cents FROM ledger_entries WHERE job_id = %s", job_id
+    )
+    assert entries == [{"amount_cents": 250}]

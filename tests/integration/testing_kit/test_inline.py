@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.attempts import JobTimedOut, UnstorableOutcome
 from jobcore.errors import PermanentError
+from jobcore.execution.attempts import JobTimedOut, UnstorableOutcome
 from jobcore.jobtypes import SendEmailPayload
 from jobcore.payloads import UnstorablePayload
 from jobcore.registry import InvalidPayloadError

@@ -10,7 +10,7 @@ import pytest
 
 from jobcore.settings import Settings
 from jobcore.webhooks import Outcome
-from services.worker.webhooks import MAX_RESPONSE_BYTES, WebhookSender
+from services.worker.webhook_sender import MAX_RESPONSE_BYTES, WebhookSender
 from tests.integration.webhooks.support import Answer, receiving
 from tests.support.resolver import resolving_to
 

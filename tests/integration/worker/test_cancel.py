@@ -196,7 +196,7 @@ async def _skipped(worker: Worker) -> bool:
 
 
 async def _no_handlers(worker: Worker) -> bool:
-    return not worker.runner.running
+    return not worker.executor.running
 
 
 async def _listening(worker: Worker) -> bool:

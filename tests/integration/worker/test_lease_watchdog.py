@@ -48,7 +48,9 @@ async def test_a_handler_is_stopped_when_its_lease_runs_out_unrenewed(
         proxy.set_mode(Mode.BLACKHOLE)
 
         async def handler_stopped() -> bool:
-            return worker.metrics.counts["processed.lease_lost"] == 1 and not worker.runner.running
+            return (
+                worker.metrics.counts["processed.lease_lost"] == 1 and not worker.executor.running
+            )
 
         # wt_gate's lease is 2 s; the database stays cut all along, so only the worker's
         # own clock can have stopped the handler.

@@ -200,7 +200,7 @@ async def test_a_blip_of_the_store_is_ridden_out_within_the_lease(
     """The first put of the result fails: the worker tries again before giving the job
     back (the result is only in memory), so the job succeeds in its only attempt."""
     worker = await start_worker(s3.s3_settings(wsettings, bucket, inline_result_max_bytes=16))
-    store = worker.runner.result_store
+    store = worker.executor.result_store
     real_put = store.put
     puts: list[uuid.UUID] = []
 
@@ -510,7 +510,7 @@ async def test_a_fenced_out_upload_never_replaces_the_committed_result(
 
         async def handler_stopped() -> bool:
             counts = worker_1.metrics.counts
-            return counts["processed.lease_lost"] == 1 and not worker_1.runner.running
+            return counts["processed.lease_lost"] == 1 and not worker_1.executor.running
 
         await eventually(handler_stopped, timeout=15, what="worker 1's lease to run out")
         # Worker 1 reaches PostgreSQL again (it may hold attempt 2's message, waiting for

@@ -1,6 +1,6 @@
 """The worker and the testing kit's InlineWorker write the same outcomes.
 
-Both decide an attempt's outcome through :mod:`jobcore.outcomes`; this runs the same jobs
+Both decide an attempt's outcome through :mod:`jobcore.execution.outcomes`; this runs the same jobs
 through a real worker (the broker in the middle) and through an InlineWorker on a database
 of its own, and compares the rows they leave: status, attempts, last_error, result (and a
 result in the store), effects. Ids, timestamps and lease tokens are left out.

@@ -52,7 +52,7 @@ async def test_a_worker_holds_at_most_its_concurrency_in_waiting_deliveries(
         return await _ready(wsettings, topology, JOBS - worker.consumer.in_flight)
 
     await eventually(rest_ready, what="the messages not sent to stay ready")
-    waiting = worker.consumer.in_flight - len(worker.runner.running)
+    waiting = worker.consumer.in_flight - len(worker.executor.running)
     assert 0 <= waiting <= CONCURRENCY
 
     gate.touch()

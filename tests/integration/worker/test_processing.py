@@ -14,6 +14,7 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, fetch_one
 from jobcore.envelope import JobMessage
+from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, csv_chunks
 from jobcore.results import LocalResultStore
 from jobcore.settings import Settings
@@ -21,7 +22,6 @@ from jobcore.sql.inbox import JOBS_CONSUMER
 from jobcore.sql.jobs.run import JOB_CLAIM_MANY
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
-from services.worker.consumer import ClaimRequest
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import (
@@ -310,7 +310,9 @@ async def test_claims_in_one_batch_dedupe_a_repeated_message_and_a_second_claim(
     [row] = await outbox_rows(db, job_id)
 
     def request(message_id: uuid.UUID) -> ClaimRequest:
-        return ClaimRequest(message_id, job_id, "wt_gate", 1, uuid.uuid4(), 2.0)
+        return ClaimRequest(
+            message_id, job_id, worker.registry.get("wt_gate"), 1, uuid.uuid4(), 2.0
+        )
 
     same, other = request(row["message_id"]), request(uuid.uuid4())
     # Submitted together, they travel in one statement.
@@ -320,12 +322,14 @@ async def test_claims_in_one_batch_dedupe_a_repeated_message_and_a_second_claim(
         worker.consumer.claims.submit(other),
     )
 
-    # Two fresh messages for the same attempt: exactly one claims the job.
-    assert (first["fresh"], rival["fresh"]) == (True, True)
-    assert (again["fresh"], again["id"]) == (False, None)
-    winner, loser = (first, rival) if first["id"] is not None else (rival, first)
-    assert (winner["id"], loser["id"], loser["status_before"]) == (job_id, None, "pending")
+    # Two fresh messages for the same attempt: exactly one claims the job; the other finds
+    # it no longer pending (not a duplicate: its message is new).
+    assert again == Unclaimed("duplicate")
+    winner, loser = (first, rival) if isinstance(first, ClaimedJob) else (rival, first)
+    assert isinstance(winner, ClaimedJob)
+    assert winner.job_id == job_id
+    assert loser == Unclaimed("skipped", "pending")
     job = await job_row(db, job_id)
     assert (job["status"], job["attempts"]) == ("running", 1)
-    assert job["lease_token"] == winner["lease_token"]
-    assert winner["lease_token"] in (same.lease_token, other.lease_token)
+    assert job["lease_token"] == winner.lease_token
+    assert winner.lease_token in (same.lease_token, other.lease_token)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from jobcore import outcomes
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute, fetch_one
+from jobcore.execution import outcomes
 from jobcore.jobevents import JobEventKind
 from jobcore.registry import load_job_modules
 from jobcore.retry import backoff_delay

@@ -19,13 +19,12 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database
-from jobcore.envelope import JobMessage
 from jobcore.errors import DatabaseUnavailable
+from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.settings import Settings
 from jobcore.tcpproxy import TcpProxy
 from jobcore.testing.pipeline import via_port
 from jobcore.testing.waiting import eventually
-from services.worker.consumer import ClaimRequest, Consumer, Taken
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, TripwirePayload
 from tests.integration.worker.support import (
@@ -154,9 +153,11 @@ async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
     )
     [message] = await outbox_rows(db, job_id)
 
+    tripwire = worker.registry.get("wt_tripwire")
+
     def request() -> ClaimRequest:
         # A long lease: the reaper must not take the job back while the test looks at it.
-        return ClaimRequest(message["message_id"], job_id, "wt_tripwire", 1, uuid.uuid4(), 60.0)
+        return ClaimRequest(message["message_id"], job_id, tripwire, 1, uuid.uuid4(), 60.0)
 
     retry = request()
     cut = db_proxy.cut_after_commit(job_id.hex.encode())
@@ -170,29 +171,21 @@ async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
     batch = [copies[name] for name in order.split(", ")]
     if order == "copy, retry, copy":
         batch[2] = request()  # a second redelivery, with a token of its own
-    answers = await consumer._claim_batch(batch)
+    answers = await worker.executor.claim(batch)
 
     by_request = list(zip(batch, answers, strict=True))
-    [resumed] = [answer for request_, answer in by_request if answer["id"] is not None]
-    assert (resumed["fresh"], resumed["resumed"]) == (True, True)
-    assert (resumed["id"], resumed["lease_token"]) == (job_id, retry.lease_token)
+    [resumed] = [answer for _, answer in by_request if isinstance(answer, ClaimedJob)]
+    assert resumed.resumed
+    assert (resumed.job_id, resumed.lease_token) == (job_id, retry.lease_token)
     for request_, answer in by_request:
         if answer is not resumed:
-            assert (answer["fresh"], answer["id"]) == (False, None), request_
+            assert answer == Unclaimed("duplicate"), request_
     # The retry's first answer is the resumed one; a repeat of it is a duplicate.
     first_retry = next(i for i, r in enumerate(batch) if r is retry)
     assert answers[first_retry] is resumed
 
-    # The consumer runs the resumed claim, under the first try's token, and nothing else.
-    taken = [
-        Taken(request_.message_id, _envelope(request_), worker.registry.get("wt_tripwire"), row)
-        for request_, row in by_request
-    ]
-    claims = [claim for claim in map(Consumer._claim_of, taken) if claim is not None]
-    assert [claim.lease_token for claim in claims] == [retry.lease_token]
-    [claim] = claims
-    payload = claim.job_type.validate_payload(await worker.runner.load_payload(claim))
-    await worker.runner.run(claim, payload)
+    # The resumed claim runs, under the first try's token, and nothing else does.
+    await worker.executor.execute(resumed)
     row = await eventually(
         lambda: status_is(db, job_id, "succeeded", "failed"), timeout=30, what="the job to end"
     )
@@ -200,10 +193,6 @@ async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
     assert [e["attempt"] for e in await effects(db, job_id)] == [1]
     assert worker.metrics.counts["reaped.failed"] == 0
     assert db_proxy.cuts == 1
-
-
-def _envelope(request: ClaimRequest) -> JobMessage:
-    return JobMessage(job_id=request.job_id, attempt=request.attempt, type=request.job_type)
 
 
 @pytest.mark.parametrize(

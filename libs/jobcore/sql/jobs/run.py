@@ -375,7 +375,7 @@ class JobProgressSetParams(TypedDict):
     message: str | None
 
 
-# A handler's latest progress report (throttled by the worker, services.worker.job_progress),
+# A handler's latest progress report (throttled by the worker, jobcore.execution.progress_reports),
 # fenced like every write after the claim: a worker that lost the lease writes nothing and
 # learns it from the missing row. Not a change of the job's state: updated_at stays.
 JOB_PROGRESS_SET = Query[JobProgressSetParams](
@@ -590,7 +590,7 @@ class JobReleaseParams(JobFencedParams, OutboxMessageParams):
 # A shutdown (or an object store outage) interrupted the attempt through no fault of the
 # job: it does not count, and the new message carries the same attempt number, due after
 # `delay` (0: at once). A give-back for an outage (`error` set) is counted in
-# store_give_backs, which bounds how many the job gets (jobcore.outcomes.store_failed).
+# store_give_backs, which bounds how many the job gets (jobcore.execution.outcomes.store_failed).
 # As for JOB_RETRY, the event and the due time read one clock.
 JOB_RELEASE = Query[JobReleaseParams](
     "job_release",

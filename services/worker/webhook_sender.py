@@ -63,7 +63,7 @@ from jobcore.webhooks import (
     webhook_body,
 )
 from services.worker.metrics import WorkerMetrics
-from services.worker.progress import Progress
+from services.worker.readiness import ConsumerReadiness
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class WebhookDeliverer(DeliveryConsumer):
         for outcome in Outcome:
             self._attempts.labels(outcome.value)
         metrics.consuming([WEBHOOKS_QUEUE])
-        self.progress = Progress(settings.worker_stall_after)
+        self.readiness = ConsumerReadiness(settings.worker_stall_after)
 
     async def closed(self) -> None:
         await self.sender.close()
@@ -215,7 +215,7 @@ class WebhookDeliverer(DeliveryConsumer):
                 return
             # Before the outcome was recorded (it is acknowledged right after): sending
             # the request again is what at-least-once promises.
-            self.progress.failed()
+            self.readiness.failed()
             self.metrics.delivery_error("webhook")
             log.exception(
                 "unexpected error handling a webhook message; it is requeued",
@@ -333,7 +333,7 @@ class WebhookDeliverer(DeliveryConsumer):
     ) -> T | None:
         """Run ``operation``, holding the message while the database is away; None if the
         worker stops first."""
-        with self.progress.waiting():
+        with self.readiness.waiting():
             answer = await self.retry_while_unavailable(
                 operation,
                 DatabaseUnavailable,
@@ -341,7 +341,7 @@ class WebhookDeliverer(DeliveryConsumer):
                 fields,
             )
         if answer is not None:
-            self.progress.progressed()
+            self.readiness.progressed()
         return answer
 
     def _log_outcome(

@@ -1,17 +1,33 @@
-"""Running one claimed job: the handler under a lease, and its outcome, fenced.
+"""The execution core: a claimed job's payload, its handler under a lease, and its
+outcome, fenced. The worker service and the testing kit's InlineWorker both run it.
 
-The claim handed this worker a lease token. While the handler runs, heartbeats extend
+:meth:`JobExecutor.claim` claims messages (:mod:`jobcore.execution.claims`): each answer
+is a :class:`~jobcore.execution.claims.ClaimedJob`, the one shape of the job from there to
+its outcome, or why none was claimed. :meth:`JobExecutor.execute` then runs one: its
+payload loaded (a payload stored by reference read from the result store) and validated,
+the handler called, its outcome decided (:mod:`jobcore.execution.outcomes`) and recorded.
+A runner that settles a delivery between those steps (the worker acknowledges it once the
+payload loaded, dead-letters it when the payload no longer validates) calls them itself:
+:meth:`~JobExecutor.payload_of`, then :meth:`~JobExecutor.run` or
+:meth:`~JobExecutor.end_unstarted`.
+
+The claim handed this runner a lease token. While the handler runs, heartbeats extend
 the lease (every third of its length) and notice a cancel request or a lost lease; the
 outcome — success with its result and effects, a retry through the outbox, failure,
 cancellation, or a lease given back at shutdown — is one statement that only applies if
-the job is still ``running`` under that token. A worker that lost its lease (the reaper
+the job is still ``running`` under that token. A runner that lost its lease (the reaper
 gave the job to someone else) therefore writes nothing, whatever its handler did.
 
 A handler may instead record its success itself, in its own transaction
 (``ctx.transaction()``, :mod:`jobcore.handlertx`): the same fenced success statement runs
 on that transaction's connection before it commits, and the attempt is then over; nothing
 else is written for it. Progress reports (``ctx.progress``) are throttled and fenced
-writes of their own (:mod:`services.worker.job_progress`), flushed before the outcome.
+writes of their own (:mod:`jobcore.execution.progress_reports`), flushed before the
+outcome.
+
+What stays with the runner: where connections come from (the worker holds a few for its
+hot path), how successes are grouped into commits (the worker batches them; by default
+each commits alone), and what is counted (:class:`AttemptMetrics`).
 """
 
 from __future__ import annotations
@@ -22,16 +38,18 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+from opentelemetry.trace import Span
+from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.attempts import call_handler, error_text
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_one
+from jobcore.db import AsyncConn, Database, fetch_one
 from jobcore.enqueue import job_message_row
 from jobcore.errors import (
     DatabaseUnavailable,
@@ -39,10 +57,11 @@ from jobcore.errors import (
     PermanentError,
     ServiceStateError,
     StoreRefused,
+    TransientConflict,
 )
-from jobcore.handlertx import JobTransaction
-from jobcore.objectstore import open_result_store
-from jobcore.outcomes import (
+from jobcore.execution.attempts import call_handler, error_text
+from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
+from jobcore.execution.outcomes import (
     CANCEL,
     Fail,
     GiveBack,
@@ -56,8 +75,12 @@ from jobcore.outcomes import (
     store_failed,
     success,
 )
+from jobcore.execution.progress_reports import JobProgress
+from jobcore.handlertx import JobTransaction
+from jobcore.objectstore import open_result_store
 from jobcore.payloads import read_payload
 from jobcore.registry import InvalidPayloadError, JobContext
+from jobcore.results import ResultNotFound, ResultStore
 from jobcore.settings import Settings
 from jobcore.store import (
     JOBS_CONSUMER,
@@ -71,13 +94,8 @@ from jobcore.store import (
     Statement,
     job_store,
 )
+from jobcore.telemetry import span_if_enabled, tracing_enabled
 from jobcore.webhooks import completion_params
-from services.worker.batching import Batcher
-from services.worker.claims import Claim
-from services.worker.connections import HeldConnections, TransientConflict
-from services.worker.job_progress import JobProgress
-from services.worker.metrics import WorkerMetrics
-from services.worker.tracing import handler_span
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +116,70 @@ class StopReason(StrEnum):
     SHUTDOWN = "shutdown"
 
 
+# Why a payload cannot be loaded: the result store failed (OSError: the object store is
+# unavailable, the local directory unreadable) or the object is gone.
+PAYLOAD_UNREADABLE: tuple[type[Exception], ...] = (OSError, ResultNotFound)
+
+
 @dataclass(frozen=True, slots=True)
 class Success:
-    """A success waiting for its batch (its result already stored when large)."""
+    """A success waiting for its commit (its result already stored when large)."""
 
-    job_id: uuid.UUID
-    lease_token: uuid.UUID
+    job: ClaimedJob
     outcome: Succeed
 
 
+RecordSuccesses = Callable[[Sequence[Success]], Awaitable[Sequence[bool]]]
+
+
+class SuccessCommits(Protocol):
+    """Successes grouped into commits: each submitted one is answered (whether its fence
+    let it write) after the commit it went out in."""
+
+    async def submit(self, item: Success, /) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class OneCommitEach:
+    """Each success commits alone, at once (the testing kit's runner)."""
+
+    def __init__(self, record: RecordSuccesses) -> None:
+        self._record = record
+
+    async def submit(self, item: Success, /) -> bool:
+        [won] = await self._record([item])
+        return won
+
+    async def close(self) -> None:
+        return None
+
+
+class Connections(Protocol):
+    """Where the core's statements run: an autocommit connection per use, its driver
+    errors translated (:class:`~jobcore.errors.DatabaseUnavailable`, and
+    :class:`~jobcore.errors.TransientConflict` where the source tells deadlocks apart)."""
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConn]: ...
+
+
+class AttemptMetrics(Protocol):
+    """What the core reports as attempts go (the worker's Prometheus metrics; the testing
+    kit's counts). ``processed`` outcomes: succeeded, failed, cancelled, retried,
+    released, store_unavailable, lease_lost."""
+
+    def started(self, job: ClaimedJob) -> None: ...
+
+    def handler_ran(self, job_type: str, seconds: float) -> None: ...
+
+    def processed(self, outcome: str, job: ClaimedJob | None = None) -> None: ...
+
+    def retry_scheduled(self) -> None: ...
+
+
 @dataclass(slots=True)
-class RunningJob:
-    claim: Claim
+class _Attempt:
+    job: ClaimedJob
     context: JobContext[Any]
     progress: JobProgress
     task: asyncio.Task[Any] | None = None
@@ -139,38 +209,45 @@ class RunningJob:
 LEASE_MARGIN = 0.1
 
 
-def lease_deadline(claim: Claim, since: float) -> float:
-    """When, on this process's monotonic clock, ``claim``'s lease counted from ``since``
+def lease_deadline(job: ClaimedJob, since: float) -> float:
+    """When, on this process's monotonic clock, ``job``'s lease counted from ``since``
     may have run out."""
-    return since + claim.job_type.lease * (1 - LEASE_MARGIN)
+    return since + job.job_type.lease * (1 - LEASE_MARGIN)
 
 
-class JobRunner:
-    """Runs claimed jobs and writes their outcomes. One per worker process."""
+class JobExecutor:
+    """Claims jobs, runs them and records their outcomes. One per runner (a worker
+    process, an InlineWorker)."""
 
     def __init__(
         self,
         settings: Settings,
-        connections: HeldConnections,
+        connections: Connections,
         topology: Topology,
-        metrics: WorkerMetrics,
+        metrics: AttemptMetrics,
         *,
+        worker_id: str,
         transactions: Database | None = None,
+        success_commits: Callable[[RecordSuccesses], SuccessCommits] = OneCommitEach,
+        result_store: ResultStore | None = None,
     ) -> None:
         self.settings = settings
         self.connections = connections
-        # Handlers' transactions (ctx.transaction): a pool of their own, so a handler that
-        # holds one never takes a connection the claims, outcomes and heartbeats need.
+        self.worker_id = worker_id
+        # Handlers' transactions (ctx.transaction): in the worker a pool of their own, so
+        # a handler that holds one never takes a connection the claims, outcomes and
+        # heartbeats need.
         self.transactions = transactions
         self.topology = topology
         self.metrics = metrics
         # Every outcome statement that ends a job also records its completion webhook.
         self.completion = completion_params(topology, settings)
-        # What an attempt's outcome is: jobcore.outcomes, shared with the testing kit.
         self.limits = OutcomeLimits.from_settings(settings)
-        self.result_store = open_result_store(settings)
-        self.running: dict[uuid.UUID, RunningJob] = {}
-        self.successes: Batcher[Success, bool] = Batcher(self._record_successes)
+        self.result_store = (
+            result_store if result_store is not None else open_result_store(settings)
+        )
+        self.running: dict[uuid.UUID, _Attempt] = {}
+        self.successes = success_commits(self.record_successes)
         self._shutting_down = False
         # Store outages met in a row by this worker: the delay before a job given back
         # for one grows with it, so jobs do not hot-loop against a store that is down.
@@ -185,7 +262,7 @@ class JobRunner:
         running = self.running.get(job_id)
         if running is None:
             return False
-        log.info("cancelling running job on request", extra=running.claim.log_fields)
+        log.info("cancelling running job on request", extra=running.job.log_fields)
         running.stop(StopReason.CANCELLED)
         return True
 
@@ -199,67 +276,107 @@ class JobRunner:
         for running in list(self.running.values()):
             running.stop(StopReason.SHUTDOWN)
 
+    # --- the claim -------------------------------------------------------------------------
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimAnswer]:
+        """Claim the requests' messages in one commit per round (one round unless a message
+        came twice): a job claimed, or why not, per request."""
+        async with self.connections.connection() as conn:
+            return await claim_batch(
+                conn,
+                requests,
+                exchange=self.topology.jobs_exchange,
+                worker_id=self.worker_id,
+            )
+
     # --- one job ---------------------------------------------------------------------------
 
-    async def fail_invalid_payload(self, claim: Claim, error: InvalidPayloadError) -> None:
-        await self._write_fenced(
-            claim,
-            "fail",
-            job_store.end_running_statement(
-                {**self._fence(claim), "status": "failed", "error": invalid_payload(error).error}
-            ),
-        )
-        self.metrics.processed("failed", claim)
+    async def execute(self, job: ClaimedJob) -> None:
+        """Load the claimed job's payload, run it and record its outcome; if the payload
+        cannot be loaded, record why. Raises nothing but cancellation."""
+        try:
+            try:
+                payload = await self.payload_of(job)
+            except (InvalidPayloadError, OSError, ResultNotFound) as exc:
+                await self.end_unstarted(job, exc)
+                return
+        except Exception as exc:
+            log.exception("unexpected error before the handler", extra=job.log_fields)
+            await self.fail_attempt(job, exc, during="starting the job")
+            return
+        await self.run(job, payload)
 
-    async def load_payload(self, claim: Claim) -> Any:
-        """The job's payload as JSON: the row's, or the one stored by reference
-        (``payload_ref``). OSError (the store is unavailable) or ResultNotFound."""
-        if claim.payload_ref is None:
-            return claim.raw_payload
-        payload = await read_payload(self.result_store, claim.raw_payload, claim.payload_ref)
-        self._store_outages = 0
+    async def payload_of(self, job: ClaimedJob) -> BaseModel:
+        """The job's payload (the row's, or the one stored by reference, ``payload_ref``),
+        validated by its type: InvalidPayloadError when it no longer validates, one of
+        :data:`PAYLOAD_UNREADABLE` when it cannot be read."""
+        raw = job.raw_payload
+        if job.payload_ref is not None:
+            raw = await read_payload(self.result_store, job.raw_payload, job.payload_ref)
+            self._store_outages = 0
+        payload: BaseModel = job.job_type.validate_payload(raw)
         return payload
 
-    async def after_store_error(self, claim: Claim, exc: BaseException, *, during: str) -> None:
+    async def end_unstarted(self, job: ClaimedJob, exc: BaseException) -> None:
+        """Record the outcome of a job whose payload :meth:`payload_of` refused: a payload
+        that no longer validates fails the job (every attempt would fail); an unreadable
+        one is an attempt failed or, the object store away, the job given back (that one
+        never raises: if it cannot be written, the lease expires)."""
+        if isinstance(exc, InvalidPayloadError):
+            await self.fail_invalid_payload(job, exc)
+        else:
+            await self.after_store_error(job, exc, during="reading the payload")
+
+    async def fail_invalid_payload(self, job: ClaimedJob, error: InvalidPayloadError) -> None:
+        await self._write_fenced(
+            job,
+            "fail",
+            job_store.end_running_statement(
+                {**self._fence(job), "status": "failed", "error": invalid_payload(error).error}
+            ),
+        )
+        self.metrics.processed("failed", job)
+
+    async def after_store_error(self, job: ClaimedJob, exc: BaseException, *, during: str) -> None:
         """The result store failed (``exc``) while ``during``: the job is given back if the
-        object store is unavailable, else the attempt failed (:func:`jobcore.outcomes.
-        store_failed`). Never raises: if even that cannot be written, the lease expires and
-        the reaper takes the job back."""
+        object store is unavailable, else the attempt failed
+        (:func:`~jobcore.execution.outcomes.store_failed`). Never raises: if even that cannot
+        be written, the lease expires and the reaper takes the job back."""
         outcome = store_failed(
             exc,
             during=during,
-            attempt=claim.attempt,
-            max_attempts=claim.max_attempts,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
             limits=self.limits,
-            give_backs=claim.store_give_backs,
+            give_backs=job.store_give_backs,
         )
         try:
-            await self._apply(claim, outcome)
+            await self._apply(job, outcome)
         except Exception:
             log.exception(
                 "could not record the attempt's failure; its lease will expire",
-                extra={**claim.log_fields, "during": during},
+                extra={**job.log_fields, "during": during},
             )
 
-    async def give_back(self, claim: Claim, outcome: GiveBack) -> None:
+    async def give_back(self, job: ClaimedJob, outcome: GiveBack) -> None:
         """The object store was unavailable: the job goes back to pending without consuming
-        an attempt, even its last one (:class:`jobcore.outcomes.GiveBack`), its new message
-        due after a delay that grows with the outages met in a row, last_error saying why.
-        Never raises: if even that cannot be written, the lease expires and the reaper takes
-        the job back."""
+        an attempt, even its last one (:class:`~jobcore.execution.outcomes.GiveBack`), its
+        new message due after a delay that grows with the outages met in a row, last_error
+        saying why. Never raises: if even that cannot be written, the lease expires and the
+        reaper takes the job back."""
         self._store_outages += 1
         delay = give_back_delay(self._store_outages, self.limits)
         error = outcome.error
         params: JobReleaseParams = {
-            **self._fence(claim),
-            **self._message(claim, attempt=claim.attempt),
+            **self._fence(job),
+            **self._message(job, attempt=job.attempt),
             "channel": OUTBOX_CHANNEL,
             "delay": delay,
             "error": error,
         }
         try:
             row = await self._write_fenced(
-                claim,
+                job,
                 "release",
                 job_store.release_statement(params),
                 message_id=params["message_id"],
@@ -267,76 +384,75 @@ class JobRunner:
         except Exception:
             log.exception(
                 "could not give the job back after a store outage; its lease will expire",
-                extra={**claim.log_fields, "during": outcome.during},
+                extra={**job.log_fields, "during": outcome.during},
             )
             return
         if row is None:
             return
         if row["status"] == "cancelled":
-            self._cancelled(claim)
+            self._cancelled(job)
         else:
-            self.metrics.processed("store_unavailable")
+            self.metrics.processed("store_unavailable", job)
             log.warning(
                 "object store unavailable; job given back without consuming an attempt",
-                extra={**claim.log_fields, "error": error, "delay": round(delay, 3)},
+                extra={**job.log_fields, "error": error, "delay": round(delay, 3)},
             )
 
-    async def fail_attempt(self, claim: Claim, exc: BaseException, *, during: str) -> None:
+    async def fail_attempt(self, job: ClaimedJob, exc: BaseException, *, during: str) -> None:
         """End an attempt that failed outside its handler as a retryable failure whose
         last_error is ``exc``. Never raises: if even that cannot be written, the lease
         expires and the reaper takes the job back."""
         try:
-            await self._attempt_failed(claim, exc, during=during)
+            await self._attempt_failed(job, exc, during=during)
         except Exception:
             log.exception(
                 "could not record the attempt's failure; its lease will expire",
-                extra={**claim.log_fields, "during": during},
+                extra={**job.log_fields, "during": during},
             )
 
-    async def run(self, claim: Claim, payload: Any) -> None:
+    async def run(self, job: ClaimedJob, payload: Any) -> None:
         """Run a claimed job to its outcome. Raises nothing but cancellation: an error
         after the handler (storing its result, writing its outcome) fails the attempt."""
         try:
-            await self._run(claim, payload)
+            await self._run(job, payload)
         except Exception as exc:
-            log.exception("unexpected error after the handler", extra=claim.log_fields)
-            await self.fail_attempt(claim, exc, during="recording the outcome")
+            log.exception("unexpected error after the handler", extra=job.log_fields)
+            await self.fail_attempt(job, exc, during="recording the outcome")
 
-    async def _run(self, claim: Claim, payload: Any) -> None:
+    async def _run(self, job: ClaimedJob, payload: Any) -> None:
         context: JobContext[Any] = JobContext(
-            job_id=claim.job_id,
-            job_type=claim.job_type.name,
+            job_id=job.job_id,
+            job_type=job.job_type.name,
             payload=payload,
-            attempt=claim.attempt,
-            max_attempts=claim.max_attempts,
-            idempotency_key=str(claim.job_id),
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            idempotency_key=str(job.job_id),
             heartbeat=lambda: self._heartbeat(running),
             result_store=self.result_store,
             settings=self.settings,
-            lease_token=claim.lease_token,
+            lease_token=job.lease_token,
             open_transaction=lambda: self._transaction(running),
             report_progress=lambda fraction, message: running.progress.report(fraction, message),
         )
         progress = JobProgress(
             lambda fraction, message: self._write_progress(running, fraction, message),
-            log_fields=claim.log_fields,
+            log_fields=job.log_fields,
         )
-        running = RunningJob(
-            claim, context, progress, lease_deadline=lease_deadline(claim, time.monotonic())
+        running = _Attempt(
+            job, context, progress, lease_deadline=lease_deadline(job, time.monotonic())
         )
-        self.running[claim.job_id] = running
-        self.metrics.running_handlers.inc()
-        self.metrics.started(claim)
+        self.running[job.job_id] = running
+        self.metrics.started(job)
         # The lease keepers (heartbeats, watchdog) start only once a third of the lease has
         # gone: the first heartbeat is due then and the watchdog's deadline is later still.
         # Most jobs end before, and then cost a timer instead of two tasks created,
         # cancelled and gathered.
         keepers: list[asyncio.Task[None]] = []
         timer = asyncio.get_running_loop().call_later(
-            claim.job_type.lease / 3, self._keep_lease, running, keepers
+            job.job_type.lease / 3, self._keep_lease, running, keepers
         )
-        running.task = asyncio.create_task(self._call_handler(claim, context), name="handler")
-        if claim.cancel_requested:
+        running.task = asyncio.create_task(self._call_handler(job, context), name="handler")
+        if job.cancel_requested:
             running.stop(StopReason.CANCELLED)
         elif self._shutting_down:
             running.stop(StopReason.SHUTDOWN)
@@ -349,20 +465,19 @@ class JobRunner:
                 for keeper in keepers:
                     keeper.cancel()
                 await asyncio.gather(*keepers, return_exceptions=True)
-            del self.running[claim.job_id]
-            self.metrics.running_handlers.dec()
+            del self.running[job.job_id]
 
-    async def _call_handler(self, claim: Claim, context: JobContext[Any]) -> Any:
-        # A child of the delivery's consume span (this task copied its context).
-        with handler_span(claim):
+    async def _call_handler(self, job: ClaimedJob, context: JobContext[Any]) -> Any:
+        # In the worker, a child of the delivery's process span (this task copied its context).
+        with handler_span(job):
             started = time.monotonic()
             try:
-                return await call_handler(claim.job_type, context)
+                return await call_handler(job.job_type, context)
             finally:
-                self.metrics.handler_ran(claim.job_type.name, time.monotonic() - started)
+                self.metrics.handler_ran(job.job_type.name, time.monotonic() - started)
 
-    async def _finish(self, running: RunningJob) -> None:
-        claim = running.claim
+    async def _finish(self, running: _Attempt) -> None:
+        job = running.job
         assert running.task is not None
         result: Any = None
         error: BaseException | None = None
@@ -382,7 +497,7 @@ class JobRunner:
             self._after_commit(running, result, error)
         elif isinstance(error, asyncio.CancelledError):
             if running.stop_reason is None:  # the handler cancelled itself
-                await self._attempt_failed(claim, error)
+                await self._attempt_failed(job, error)
             else:
                 await self._stopped(running)
         elif error is not None:
@@ -390,26 +505,26 @@ class JobRunner:
             if running.stop_reason is not None:
                 await self._stopped(running)
             elif isinstance(error, LeaseLost):
-                self.metrics.processed("lease_lost")
+                self.metrics.processed("lease_lost", job)
                 log.warning(
                     "lease lost before the handler's transaction committed; it was rolled back",
-                    extra=claim.log_fields,
+                    extra=job.log_fields,
                 )
             else:
                 outcome = handler_failed(
                     error,
-                    attempt=claim.attempt,
-                    max_attempts=claim.max_attempts,
+                    attempt=job.attempt,
+                    max_attempts=job.max_attempts,
                     limits=self.limits,
-                    give_backs=claim.store_give_backs,
+                    give_backs=job.store_give_backs,
                 )
-                await self._apply(claim, outcome)
+                await self._apply(job, outcome)
         else:
             await self._succeed(running, result)
 
-    def _after_commit(self, running: RunningJob, result: Any, error: BaseException | None) -> None:
+    def _after_commit(self, running: _Attempt, result: Any, error: BaseException | None) -> None:
         """The handler's transaction recorded the success: nothing is left to write."""
-        fields = running.claim.log_fields
+        fields = running.job.log_fields
         if isinstance(error, Exception):
             log.warning(
                 "the handler failed after its transaction committed; the job stays succeeded",
@@ -425,8 +540,8 @@ class JobRunner:
     # --- ctx.transaction(): the handler's writes and the success, one commit ----------------
 
     @contextlib.asynccontextmanager
-    async def _transaction(self, running: RunningJob) -> AsyncIterator[JobTransaction]:
-        claim = running.claim
+    async def _transaction(self, running: _Attempt) -> AsyncIterator[JobTransaction]:
+        job = running.job
         if self.transactions is None:
             raise ServiceStateError("this worker runs no handler transactions")
         if running.committed:
@@ -446,37 +561,37 @@ class JobRunner:
                 won = await job_store.succeed_many(conn, self._success_params([success]))
                 if not won:
                     raise LeaseLost(
-                        f"the lease of job {claim.job_id} attempt {claim.attempt} was lost: "
+                        f"the lease of job {job.job_id} attempt {job.attempt} was lost: "
                         "its transaction was rolled back"
                     )
             running.committed = True
             running.progress.abandon()  # the job is succeeded: later reports have nowhere to go
-            self.metrics.processed("succeeded", claim)
+            self.metrics.processed("succeeded", job)
         finally:
             running.in_transaction = False
 
-    async def _stopped(self, running: RunningJob) -> None:
-        claim = running.claim
+    async def _stopped(self, running: _Attempt) -> None:
+        job = running.job
         if running.stop_reason is StopReason.CANCELLED:
             if (
                 await self._write_fenced(
-                    claim,
+                    job,
                     "cancel_running",
                     job_store.end_running_statement(
-                        {**self._fence(claim), "status": "cancelled", "error": CANCEL.error}
+                        {**self._fence(job), "status": "cancelled", "error": CANCEL.error}
                     ),
                 )
                 is not None
             ):
-                self._cancelled(claim)
+                self._cancelled(job)
         elif running.stop_reason is StopReason.SHUTDOWN:
-            message = self._message(claim, attempt=claim.attempt)
+            message = self._message(job, attempt=job.attempt)
             row = await self._write_fenced(
-                claim,
+                job,
                 "release",
                 job_store.release_statement(
                     {
-                        **self._fence(claim),
+                        **self._fence(job),
                         **message,
                         "channel": OUTBOX_CHANNEL,
                         "delay": 0.0,
@@ -488,23 +603,23 @@ class JobRunner:
             if row is None:
                 return
             if row["status"] == "cancelled":
-                self._cancelled(claim)
+                self._cancelled(job)
             else:
-                self.metrics.processed("released")
-                log.info("gave the job's lease back at shutdown", extra=claim.log_fields)
+                self.metrics.processed("released", job)
+                log.info("gave the job's lease back at shutdown", extra=job.log_fields)
         else:
-            self.metrics.processed("lease_lost")
+            self.metrics.processed("lease_lost", job)
             log.warning(
                 "lease lost while the handler ran; its outcome is discarded",
-                extra=claim.log_fields,
+                extra=job.log_fields,
             )
 
-    async def _succeed(self, running: RunningJob, result: Any) -> None:
-        claim = running.claim
+    async def _succeed(self, running: _Attempt, result: Any) -> None:
+        job = running.job
         try:
             success = await self._success_of(running, result)
         except ResultNotRecordable as exc:
-            await self._fail(claim, str(exc))
+            await self._fail(job, str(exc))
             return
         except OSError as exc:
             # The object store is down (the job is given back: it does not cost an
@@ -513,12 +628,12 @@ class JobRunner:
             outcome = store_failed(
                 exc,
                 during="storing the result",
-                attempt=claim.attempt,
-                max_attempts=claim.max_attempts,
+                attempt=job.attempt,
+                max_attempts=job.max_attempts,
                 limits=self.limits,
-                give_backs=claim.store_give_backs,
+                give_backs=job.store_give_backs,
             )
-            await self._apply(claim, outcome)
+            await self._apply(job, outcome)
             return
         tries = 0
 
@@ -527,39 +642,39 @@ class JobRunner:
             tries += 1
             won = await self.successes.submit(success)
             if not won and tries > 1:
-                won = await self._earlier_outcome(claim, None) == "succeeded"
+                won = await self._earlier_outcome(job, None) == "succeeded"
             return won
 
-        if await self._write_outcome(claim, "succeed", write):
-            self.metrics.processed("succeeded", claim)
+        if await self._write_outcome(job, "succeed", write):
+            self.metrics.processed("succeeded", job)
 
-    async def _success_of(self, running: RunningJob, result: Any) -> Success:
+    async def _success_of(self, running: _Attempt, result: Any) -> Success:
         """What recording the attempt's success writes: the result (inline, or stored when
         large) and the effects. ResultNotRecordable when they cannot be recorded, OSError
         (StoreUnavailable: the object store) when the result store failed."""
-        claim = running.claim
-        outcome = success(result, running.context, claim.lease_token, self.limits)
+        job = running.job
+        outcome = success(result, running.context, job.lease_token, self.limits)
         if isinstance(outcome, Fail):
             raise ResultNotRecordable(outcome.error)
         if outcome.to_store is not None:
             outcome = outcome.stored(await self._put_result(running, outcome.to_store))
-        return Success(claim.job_id, claim.lease_token, outcome)
+        return Success(job, outcome)
 
-    async def _put_result(self, running: RunningJob, encoded: bytes) -> str:
+    async def _put_result(self, running: _Attempt, encoded: bytes) -> str:
         """Store a large result, trying again a few times (within the lease) when the
         store fails: the result exists only in memory. The last OSError (StoreUnavailable
         from the object store) when it never took it; StoreRefused at once, as trying it
         again would be refused again."""
-        claim = running.claim
+        job = running.job
         pause = RESULT_PUT_PAUSE
         for tried in range(1, RESULT_PUT_TRIES + 1):
             try:
                 key = await asyncio.to_thread(
                     self.result_store.put,
-                    claim.job_id,
+                    job.job_id,
                     encoded,
                     suffix="json",
-                    lease_token=claim.lease_token,
+                    lease_token=job.lease_token,
                 )
             except StoreRefused:
                 raise
@@ -568,7 +683,7 @@ class JobRunner:
                     raise
                 log.info(
                     "storing the result failed; trying again",
-                    extra={**claim.log_fields, "error": error_text(exc), "tried": tried},
+                    extra={**job.log_fields, "error": error_text(exc), "tried": tried},
                 )
                 await asyncio.sleep(pause)  # pacing between tries against a failing store
                 pause *= 2
@@ -579,99 +694,100 @@ class JobRunner:
 
     def _success_params(self, batch: Sequence[Success]) -> JobSucceedManyParams:
         return {
-            "ids": [s.job_id for s in batch],
-            "lease_tokens": [s.lease_token for s in batch],
+            "ids": [s.job.job_id for s in batch],
+            "lease_tokens": [s.job.lease_token for s in batch],
             "results": [s.outcome.result for s in batch],
             "result_refs": [s.outcome.result_ref for s in batch],
             "effects": orjson.dumps([e for s in batch for e in s.outcome.effects]).decode(),
             **self.completion,
         }
 
-    async def _record_successes(self, batch: Sequence[Success]) -> list[bool]:
+    async def record_successes(self, batch: Sequence[Success]) -> list[bool]:
+        """Record the successes in one statement: whether each one's fence let it write."""
         params = self._success_params(batch)
         async with self.connections.connection() as conn:
             won = {row["id"] for row in await job_store.succeed_many(conn, params)}
-        return [s.job_id in won for s in batch]
+        return [s.job.job_id in won for s in batch]
 
     async def _attempt_failed(
-        self, claim: Claim, exc: BaseException, *, during: str | None = None
+        self, job: ClaimedJob, exc: BaseException, *, during: str | None = None
     ) -> None:
         outcome = attempt_failed(
             exc,
-            attempt=claim.attempt,
-            max_attempts=claim.max_attempts,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
             limits=self.limits,
             during=during,
         )
-        await self._apply(claim, outcome)
+        await self._apply(job, outcome)
 
-    async def _apply(self, claim: Claim, outcome: Retry | Fail | GiveBack) -> None:
-        """Write an attempt's failure as :mod:`jobcore.outcomes` decided it."""
+    async def _apply(self, job: ClaimedJob, outcome: Retry | Fail | GiveBack) -> None:
+        """Write an attempt's failure as :mod:`jobcore.execution.outcomes` decided it."""
         if isinstance(outcome, Retry):
-            await self._retry(claim, outcome)
+            await self._retry(job, outcome)
         elif isinstance(outcome, Fail):
-            await self._fail(claim, outcome.error)
+            await self._fail(job, outcome.error)
         else:
-            await self.give_back(claim, outcome)
+            await self.give_back(job, outcome)
 
-    async def _retry(self, claim: Claim, outcome: Retry) -> None:
+    async def _retry(self, job: ClaimedJob, outcome: Retry) -> None:
         error, delay = outcome.error, outcome.delay
-        message = self._message(claim, attempt=claim.attempt + 1)
+        message = self._message(job, attempt=job.attempt + 1)
         params: JobRetryParams = {
-            **self._fence(claim),
+            **self._fence(job),
             **message,
             "error": error,
             "delay": delay,
             "channel": OUTBOX_CHANNEL,
         }
         row = await self._write_fenced(
-            claim, "retry", job_store.retry_statement(params), message_id=message["message_id"]
+            job, "retry", job_store.retry_statement(params), message_id=message["message_id"]
         )
         if row is None:
             return
         if row["status"] == "cancelled":
-            self._cancelled(claim)
+            self._cancelled(job)
         else:
-            self.metrics.processed("retried")
+            self.metrics.processed("retried", job)
             self.metrics.retry_scheduled()
             log.info(
                 "attempt failed; retry scheduled",
-                extra={**claim.log_fields, "error": error, "delay": round(delay, 3)},
+                extra={**job.log_fields, "error": error, "delay": round(delay, 3)},
             )
 
-    def _cancelled(self, claim: Claim) -> None:
-        self.metrics.processed("cancelled", claim)
-        log.info("job cancelled while running", extra=claim.log_fields)
+    def _cancelled(self, job: ClaimedJob) -> None:
+        self.metrics.processed("cancelled", job)
+        log.info("job cancelled while running", extra=job.log_fields)
 
-    async def _fail(self, claim: Claim, error: str) -> None:
+    async def _fail(self, job: ClaimedJob, error: str) -> None:
         if (
             await self._write_fenced(
-                claim,
+                job,
                 "fail",
                 job_store.end_running_statement(
-                    {**self._fence(claim), "status": "failed", "error": error}
+                    {**self._fence(job), "status": "failed", "error": error}
                 ),
             )
             is not None
         ):
-            self.metrics.processed("failed", claim)
-            log.warning("job failed", extra={**claim.log_fields, "error": error})
+            self.metrics.processed("failed", job)
+            log.warning("job failed", extra={**job.log_fields, "error": error})
 
-    def _message(self, claim: Claim, *, attempt: int) -> OutboxMessageParams:
+    def _message(self, job: ClaimedJob, *, attempt: int) -> OutboxMessageParams:
         return job_message_row(
             self.topology,
-            job_id=claim.job_id,
-            job_type=claim.job_type,
+            job_id=job.job_id,
+            job_type=job.job_type,
             attempt=attempt,
-            trace_headers=claim.trace_headers,
+            trace_headers=job.trace_headers,
         )
 
-    def _fence(self, claim: Claim) -> JobFencedParams:
-        return {**self.completion, "id": claim.job_id, "lease_token": claim.lease_token}
+    def _fence(self, job: ClaimedJob) -> JobFencedParams:
+        return {**self.completion, "id": job.job_id, "lease_token": job.lease_token}
 
     async def _write_fenced(
         self,
-        claim: Claim,
+        job: ClaimedJob,
         outcome: str,
         statement: Statement,
         *,
@@ -690,13 +806,13 @@ class JobRunner:
                 row = await fetch_one(conn, statement)
             written = None if row is None else dict(row)
             if written is None and tries > 1:
-                status = await self._earlier_outcome(claim, message_id)
+                status = await self._earlier_outcome(job, message_id)
                 written = None if status is None else {"status": status}
             return written is not None
 
-        return written if await self._write_outcome(claim, outcome, write) else None
+        return written if await self._write_outcome(job, outcome, write) else None
 
-    async def _earlier_outcome(self, claim: Claim, message_id: uuid.UUID | None) -> str | None:
+    async def _earlier_outcome(self, job: ClaimedJob, message_id: uuid.UUID | None) -> str | None:
         """After a try that broke off, a retry found no row to update: the status the
         earlier try left if it committed unanswered (so the outcome counts as written),
         None if the lease went to someone else (JOB_OUTCOME_WRITTEN)."""
@@ -704,8 +820,8 @@ class JobRunner:
             row = await job_store.outcome_written(
                 conn,
                 {
-                    "id": claim.job_id,
-                    "lease_token": claim.lease_token,
+                    "id": job.job_id,
+                    "lease_token": job.lease_token,
                     "message_id": message_id,
                     "consumer": JOBS_CONSUMER,
                 },
@@ -714,19 +830,19 @@ class JobRunner:
         if status is not None:
             log.info(
                 "the outcome's first try committed unanswered; counted as written",
-                extra={**claim.log_fields, "status": status},
+                extra={**job.log_fields, "status": status},
             )
         return status
 
     async def _write_outcome(
-        self, claim: Claim, outcome: str, write: Callable[[], Awaitable[bool]]
+        self, job: ClaimedJob, outcome: str, write: Callable[[], Awaitable[bool]]
     ) -> bool:
         """Write an outcome; False when the lease was lost (nothing written).
 
         While the database is unreachable, keep trying for about one lease length: past
         that the reaper has most likely handed the job to another worker anyway.
         """
-        deadline = time.monotonic() + claim.job_type.lease
+        deadline = time.monotonic() + job.job_type.lease
         failures = 0
         while True:
             try:
@@ -740,26 +856,26 @@ class JobRunner:
                 if time.monotonic() > deadline:
                     log.error(
                         "could not record the job's outcome; its lease will expire",
-                        extra={**claim.log_fields, "error": str(exc)},
+                        extra={**job.log_fields, "error": str(exc)},
                     )
                     return False
                 if failures == 2:
                     log.warning(
                         "database unavailable while recording an outcome; retrying",
-                        extra={**claim.log_fields, "error": str(exc)},
+                        extra={**job.log_fields, "error": str(exc)},
                     )
                 await asyncio.sleep(0.5)  # retry pacing while the database is away
         if not won:
-            self.metrics.processed("lease_lost")
+            self.metrics.processed("lease_lost", job)
             log.warning(
                 "lease lost before the outcome was written; nothing recorded",
-                extra={**claim.log_fields, "outcome": outcome},
+                extra={**job.log_fields, "outcome": outcome},
             )
         return won
 
     # --- the lease ---------------------------------------------------------------------------
 
-    def _keep_lease(self, running: RunningJob, keepers: list[asyncio.Task[None]]) -> None:
+    def _keep_lease(self, running: _Attempt, keepers: list[asyncio.Task[None]]) -> None:
         """A third of the lease has gone and the job still runs: start heartbeating (the
         first one now) and watching the lease's deadline."""
         if running.stop_reason is not None or running.committed:
@@ -767,13 +883,13 @@ class JobRunner:
         keepers.append(asyncio.create_task(self._heartbeat_loop(running), name="heartbeat"))
         keepers.append(asyncio.create_task(self._lease_watchdog(running), name="lease-watchdog"))
 
-    async def _heartbeat_loop(self, running: RunningJob) -> None:
-        interval = running.claim.job_type.lease / 3
+    async def _heartbeat_loop(self, running: _Attempt) -> None:
+        interval = running.job.job_type.lease / 3
         while running.stop_reason is None and not running.committed:
             await self._heartbeat(running)
             await asyncio.sleep(interval)  # the heartbeat period: a third of the lease
 
-    async def _lease_watchdog(self, running: RunningJob) -> None:
+    async def _lease_watchdog(self, running: _Attempt) -> None:
         """Stop the handler once its lease may have expired without a renewal.
 
         While the database is unreachable the heartbeats fail (or hang until a timeout),
@@ -786,21 +902,21 @@ class JobRunner:
             if remaining <= 0:
                 log.warning(
                     "lease expired without a renewal; stopping the handler",
-                    extra=running.claim.log_fields,
+                    extra=running.job.log_fields,
                 )
                 running.stop(StopReason.LEASE_LOST)
                 return
             await asyncio.sleep(remaining)  # until the deadline, which a heartbeat may move
 
-    async def _heartbeat(self, running: RunningJob) -> None:
+    async def _heartbeat(self, running: _Attempt) -> None:
         """Extend the lease; stop the handler if the lease is gone or cancel was asked for."""
-        claim = running.claim
+        job = running.job
         if running.committed:
             return  # the job is succeeded: no lease left to extend
         params: JobHeartbeatParams = {
-            "id": claim.job_id,
-            "lease_token": claim.lease_token,
-            "lease": claim.job_type.lease,
+            "id": job.job_id,
+            "lease_token": job.lease_token,
+            "lease": job.job_type.lease,
         }
         sent = time.monotonic()
         try:
@@ -811,28 +927,28 @@ class JobRunner:
                 running.db_trouble_logged = True
                 log.warning(
                     "heartbeat failed: database unavailable",
-                    extra={**claim.log_fields, "error": str(exc)},
+                    extra={**job.log_fields, "error": str(exc)},
                 )
             return
         if row is None:
             running.stop(StopReason.LEASE_LOST)
             return
         # The database set the new expiry at or after `sent`: counting from `sent` is safe.
-        running.lease_deadline = max(running.lease_deadline, lease_deadline(claim, sent))
+        running.lease_deadline = max(running.lease_deadline, lease_deadline(job, sent))
         if row["cancel_requested_at"] is not None:
             running.stop(StopReason.CANCELLED)
 
     # --- progress ------------------------------------------------------------------------------
 
     async def _write_progress(
-        self, running: RunningJob, fraction: float, message: str | None
+        self, running: _Attempt, fraction: float, message: str | None
     ) -> None:
         """Write a progress report under the lease (JobProgress throttles the calls); a lease
         found lost stops the handler, as a heartbeat would."""
-        claim = running.claim
+        job = running.job
         params: JobProgressSetParams = {
-            "id": claim.job_id,
-            "lease_token": claim.lease_token,
+            "id": job.job_id,
+            "lease_token": job.lease_token,
             "fraction": fraction,
             "message": message,
         }
@@ -840,3 +956,20 @@ class JobRunner:
             row = await job_store.set_progress(conn, params)
         if row is None and not running.committed and not running.in_transaction:
             running.stop(StopReason.LEASE_LOST)
+
+
+def handler_span(job: ClaimedJob) -> AbstractContextManager[Span | None]:
+    """The attempt's INTERNAL ``handler`` span, around the handler call alone: in the
+    worker a child of the delivery's CONSUMER ``process`` span (the handler's task copies
+    the delivery's context); a handler that raises ends it failed, with ``error.type`` the
+    exception's class. With tracing off, an empty context manager."""
+    if not tracing_enabled():
+        return nullcontext()
+    attributes: dict[str, Any] = {
+        "job.id": str(job.job_id),
+        "job.type": job.job_type.name,
+        "job.attempt": job.attempt,
+    }
+    if job.message_id:
+        attributes["messaging.message.id"] = str(job.message_id)
+    return span_if_enabled("handler", attributes=attributes)

@@ -4,11 +4,9 @@ A handler may report progress in a tight loop; each write is an UPDATE of the jo
 a NOTIFY every API process hears. So the latest report wins and is written at most once
 per :data:`~jobcore.jobprogress.PROGRESS_FLUSH_INTERVAL` (the first at once), in the
 background: reporting never waits for the database. Before the attempt's outcome is
-written the worker flushes what is pending (:meth:`JobProgress.close`), so the last
+written the executor flushes what is pending (:meth:`JobProgress.close`), so the last
 report is never lost to the throttle. Progress is best effort: a write that fails is
 logged once and the next report tries again.
-
-(Not :mod:`services.worker.progress`, which is whether a consumer makes progress.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """When a consumer counts as unable to make progress (/readyz), and when it recovers."""
 
-from services.worker.progress import ERROR_STREAK, Progress
+from services.worker.readiness import ERROR_STREAK, ConsumerReadiness
 
 
 class Clock:
@@ -13,7 +13,7 @@ class Clock:
 
 def test_a_delivery_waiting_longer_than_the_limit_with_nothing_served_is_a_stall() -> None:
     clock = Clock()
-    progress = Progress(10.0, clock=clock)
+    progress = ConsumerReadiness(10.0, clock=clock)
     clock.now += 3600  # idle for an hour: not a stall, nothing waits
     assert progress.trouble() is None
     with progress.waiting():
@@ -32,7 +32,7 @@ def test_a_delivery_waiting_longer_than_the_limit_with_nothing_served_is_a_stall
 
 def test_the_oldest_waiting_delivery_counts() -> None:
     clock = Clock()
-    progress = Progress(5.0, clock=clock)
+    progress = ConsumerReadiness(5.0, clock=clock)
     with progress.waiting():
         clock.now += 4.0
         with progress.waiting():
@@ -42,7 +42,7 @@ def test_the_oldest_waiting_delivery_counts() -> None:
 
 def test_unexpected_errors_in_a_row_are_trouble_until_progress_or_quiet() -> None:
     clock = Clock()
-    progress = Progress(10.0, clock=clock)
+    progress = ConsumerReadiness(10.0, clock=clock)
     for _ in range(ERROR_STREAK - 1):
         progress.failed()
     assert progress.trouble() is None

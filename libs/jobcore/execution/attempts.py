@@ -2,10 +2,10 @@
 type's timeout, its error as the job's ``last_error``, and its result and effects as they
 are stored.
 
-The worker (``services/worker/runner.py``) and the testing kit's in-process worker
-(:mod:`jobcore.testing.draining`) both run handlers through these, so a handler's test
-sees the timeout, the error text and the refusal of an unstorable result that production
-would.
+The execution core (:mod:`jobcore.execution.executor`, which the worker and the testing
+kit's InlineWorker both run) and the testing kit's :func:`~jobcore.testing.run_inline`
+call handlers through these, so a handler's test sees the timeout, the error text and the
+refusal of an unstorable result that production would.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from jobcore.errors import ServiceStateError
+from jobcore.execution.progress_reports import JobProgress
 from jobcore.jobprogress import PROGRESS_MESSAGE_MAX_CHARS, checked_progress
 from jobcore.registry import JobContext
-from services.worker.job_progress import JobProgress
 
 
 class Recorder:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 ERROR_STREAK = 5
 
 
-class Progress:
+class ConsumerReadiness:
     def __init__(self, stall_after: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.stall_after = stall_after
         self._clock = clock

@@ -1,18 +1,17 @@
 """What an attempt's outcome is, decided once for every runner of handlers.
 
-The worker (``services/worker/runner.py``) and the testing kit's in-process worker
-(:class:`jobcore.testing.draining.InlineWorker`) both decide here what an attempt ends in,
-so a handler's test sees the rows production writes: the result as stored (inline, or in
-the result store when larger than ``JOBCORE_INLINE_RESULT_MAX_BYTES``), a retry after the
-configured backoff or the failure of the last attempt, a permanent failure, a cancellation,
-a job given back when the object store is unavailable (a bounded number of times), an
-attempt failed when the store refused it, and every ``last_error`` text.
+The execution core (:mod:`jobcore.execution.executor`, which the worker and the testing
+kit's :class:`~jobcore.testing.draining.InlineWorker` both run) decides here what an
+attempt ends in, so a handler's test sees the rows production writes: the result as
+stored (inline, or in the result store when larger than
+``JOBCORE_INLINE_RESULT_MAX_BYTES``), a retry after the configured backoff or the failure
+of the last attempt, a permanent failure, a cancellation, a job given back when the
+object store is unavailable (a bounded number of times), an attempt failed when the store
+refused it, and every ``last_error`` text.
 
 Pure code: each function takes what the attempt came to (the handler's result or error,
-the attempt's number, the limits) and returns a frozen outcome; the caller writes it with
-its own fenced statement (the worker batches successes and retries a write that broke off;
-the testing kit writes one at a time) and stores a large result itself
-(:attr:`Succeed.to_store`).
+the attempt's number, the limits) and returns a frozen outcome; the executor writes it
+with a fenced statement and stores a large result itself (:attr:`Succeed.to_store`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobcore.attempts import (
+from jobcore.errors import PermanentError
+from jobcore.execution.attempts import (
     ERROR_MAX_CHARS,
     UnstorableOutcome,
     effect_rows,
@@ -31,7 +31,6 @@ from jobcore.attempts import (
     error_text,
     storable,
 )
-from jobcore.errors import PermanentError
 from jobcore.registry import InvalidPayloadError, JobContext
 from jobcore.results import StoreUnavailable
 from jobcore.retry import backoff_ceiling, backoff_delay
