@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from alembic import context
 from sqlalchemy import Engine, create_engine, pool, text
 
-from jobcore.db import connect_options
-from jobcore.migrate import LOCK_KEY
-from jobcore.schema import metadata
-from jobcore.schema_version import marker_after_migration
-from jobcore.settings import load_settings
+from jobcore.database.gateway import connect_options
+from jobcore.database.migrate import LOCK_KEY
+from jobcore.database.schema import metadata
+from jobcore.database.schema_version import marker_after_migration
+from jobcore.kernel.settings import load_settings
 
 config = context.config
 
@@ -23,7 +23,8 @@ def _url() -> str:
 
 
 def _connect_args() -> dict[str, object]:
-    """No server-side prepared statements behind PgBouncer (jobcore.db.connect_options)."""
+    """No server-side prepared statements behind PgBouncer
+    (jobcore.database.gateway.connect_options)."""
     args = config.attributes.get("connect_args")
     return dict(args) if args is not None else connect_options(load_settings())
 
@@ -58,7 +59,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
             # What the schema now is and which release's code it runs with, for processes
-            # of older releases (jobcore.schema_version), in the migration's transaction.
+            # of older releases (jobcore.database.schema_version), in the migration's transaction.
             revision = context.get_context().get_current_revision()
             if revision is not None:
                 # A utility statement takes no bound parameter: a quoted literal.

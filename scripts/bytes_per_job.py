@@ -32,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobcore.schema import HOT_TABLES
-from jobcore.settings import load_settings
+from jobcore.database.schema import HOT_TABLES
+from jobcore.kernel.settings import load_settings
 from jobcore.testing.pipeline import archive_pruned
 from services.bench.harness import Bench, Options, relays_ready
 from services.bench.pressure_load import OpenLoad, connect

@@ -30,11 +30,11 @@ cleanup() {
   if [[ -x "$work/venv/bin/python" ]]; then
     # The demo's database and queues (chaos and bench remove their own).
     (cd "$work" && JOBCORE_DATABASE_URL=$db_url JOBCORE_AMQP_PREFIX=$prefix \
-      JOBCORE_JOB_MODULES=jobcore.jobtypes,jobcore.demojobs timeout 60 \
+      JOBCORE_JOB_MODULES=jobcore.examples.jobtypes,jobcore.examples.demo timeout 60 \
       "$work/venv/bin/python" -c '
 import asyncio, contextlib
-from jobcore.scratch import delete_topology, drop_database
-from jobcore.settings import load_settings
+from jobcore.testing.scratch import delete_topology, drop_database
+from jobcore.kernel.settings import load_settings
 config = load_settings()
 with contextlib.suppress(Exception):
     asyncio.run(delete_topology(config))

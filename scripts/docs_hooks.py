@@ -2,8 +2,8 @@
 
 A page asks for a table with a marker on a line of its own, ``<!-- generated: NAME -->``:
 
-- ``settings``: every field of :class:`jobcore.settings.Settings` and
-  :class:`jobcore.settings.RelayOptions` as its environment variable, with its default and
+- ``settings``: every field of :class:`jobcore.kernel.settings.Settings` and
+  :class:`jobcore.kernel.settings.RelayOptions` as its environment variable, with its default and
   bounds read from the model and its meaning from ``docs/reference/settings.yml``;
 - ``cli``: every command of the ``jobcore`` program (the typer app of ``services.entry``);
 - ``http``: every route of the API's OpenAPI document (``services.api.app.create_app``);
@@ -115,7 +115,7 @@ def _bounds(field: Any) -> str:
 
 
 def settings_table() -> str:
-    from jobcore.settings import RelayOptions, Settings
+    from jobcore.kernel.settings import RelayOptions, Settings
 
     fields: dict[str, Any] = {}
     for model in (Settings, RelayOptions):
@@ -229,7 +229,7 @@ def _params_table(params: Iterable[Any]) -> str:
 
 
 def http_reference() -> str:
-    from jobcore.settings import Settings
+    from jobcore.kernel.settings import Settings
     from services.api.app import create_app
 
     document = create_app(Settings()).openapi()
@@ -301,9 +301,9 @@ def _registries() -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
     from jobcore.amqp.topology import Topology
-    from jobcore.backlog import BacklogGauges
-    from jobcore.registry import load_job_modules
-    from jobcore.settings import Settings
+    from jobcore.execution.registry import load_job_modules
+    from jobcore.kernel.settings import Settings
+    from jobcore.usecases.backlog import BacklogGauges
     from services.api.app import create_app
     from services.relay.metrics import RelayMetrics
     from services.worker.app import Worker
@@ -321,7 +321,7 @@ def _registries() -> dict[str, Any]:
 
 
 def _accepts_empty_payload(kind: Any) -> bool:
-    from jobcore.registry import InvalidPayloadError
+    from jobcore.execution.registry import InvalidPayloadError
 
     try:
         kind.validate_payload({})

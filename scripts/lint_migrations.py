@@ -1,7 +1,7 @@
 """`make lint`: every migration is safe to run under traffic.
 
 Refuses a migration that builds an index CONCURRENTLY other than through
-jobcore.migration_steps.create_indexes_concurrently, the one build that replaces an index
+jobcore.database.migration_steps.create_indexes_concurrently, the one build that replaces an index
 an interrupted build left INVALID (which ``IF NOT EXISTS`` would keep). Then writes each
 revision's offline SQL (`alembic upgrade <previous>:<revision> --sql`) to
 var/squawk/<revision>.sql and runs squawk over them with .squawk.toml, which says which
@@ -25,7 +25,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from jobcore.migrate import migrations_dir
+from jobcore.database.migrate import migrations_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "var" / "squawk"
@@ -35,7 +35,7 @@ OFFLINE_URL = "postgresql+psycopg://lint@127.0.0.1/lint"
 
 # A concurrent build written out in a migration's SQL, not asked of the helper.
 CONCURRENT_BUILD = re.compile(r"CREATE\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY", re.IGNORECASE)
-HELPER = "jobcore.migration_steps.create_indexes_concurrently"
+HELPER = "jobcore.database.migration_steps.create_indexes_concurrently"
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

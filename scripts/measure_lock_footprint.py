@@ -1,5 +1,5 @@
 """Measure the lock footprint of an enqueue in a long application transaction, for each
-admission (jobcore.quotas.Admission), with the deployment's default quotas.
+admission (jobcore.kernel.quotas.Admission), with the deployment's default quotas.
 
 Per round, on a scratch database: two application transactions of one tenant each write
 a row of their own and enqueue (``jobcore.enqueue_in``), then stay open ``--hold``
@@ -31,9 +31,9 @@ import psycopg
 
 import jobcore.testing.jobtypes  # noqa: F401 (registers "echo")
 from jobcore import enqueue_in
-from jobcore.registry import default_registry
-from jobcore.scratch import database_url, scratch
-from jobcore.settings import Settings
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.testing.scratch import database_url, scratch
 
 BASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 APP_TABLE = "CREATE TABLE IF NOT EXISTS app_orders (id uuid PRIMARY KEY, tenant text)"

@@ -28,15 +28,15 @@ from collections.abc import AsyncIterator
 import psycopg
 from psycopg import sql
 
-from jobcore import migrate
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
+from jobcore.database import migrate
+from jobcore.database.gateway import Database
+from jobcore.database.sql.inbox import INBOX_PRUNE_BATCH
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import Retention
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from jobcore.sql.inbox import INBOX_PRUNE_BATCH
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "jobcore_measure_retention"
@@ -107,7 +107,7 @@ class Enqueuer:
         self.marks: list[tuple[float, float]] = []  # (start time, latency)
 
     async def run(self, stop: asyncio.Event) -> None:
-        registry = load_job_modules(("jobcore.jobtypes",))
+        registry = load_job_modules(("jobcore.examples.jobtypes",))
         noop = registry.get("noop")
         topology = Topology(self.settings.amqp_prefix, self.settings.amqp_delivery_limit)
         async with Database(self.settings, min_size=1, max_size=1) as db:

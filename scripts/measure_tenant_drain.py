@@ -30,15 +30,15 @@ from typing import Any
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
-from jobcore.scratch import database_url, scratch
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import FAST_ENV, Process, free_port
 from jobcore.testing.processes import ROOT, settings_env
+from jobcore.testing.scratch import database_url, scratch
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 BASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -94,7 +94,7 @@ async def one_round(args: argparse.Namespace, number: int) -> dict[str, Any]:
         database_url=database_url(BASE_URL, name),
         amqp_url=AMQP_URL,
         amqp_prefix=f"measuredrain{os.getpid()}n{number}",
-        job_modules=("jobcore.jobtypes",),
+        job_modules=("jobcore.examples.jobtypes",),
     )
     async with scratch(config):
         await fill(config, args.tenants, args.jobs)

@@ -14,6 +14,6 @@ unset_jobcore=()
 for name in $(compgen -e); do
   [[ $name == JOBCORE_* ]] && unset_jobcore+=(-u "$name")
 done
-env "${unset_jobcore[@]}" JOBCORE_JOB_MODULES=jobcore.jobtypes \
+env "${unset_jobcore[@]}" JOBCORE_JOB_MODULES=jobcore.examples.jobtypes \
   "${PYTHON:-.venv/bin/python}" -m services openapi --out "$out/openapi.json"
 node clients/typescript/scripts/generate.mjs "$out"

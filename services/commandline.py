@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import typer
 
-from jobcore.settings import Settings, load_settings
+from jobcore.kernel.settings import Settings, load_settings
 
 
 def settings() -> Settings:

@@ -16,9 +16,9 @@ import aio_pika
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry, load_job_modules
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry, load_job_modules
+from jobcore.kernel.settings import Settings
 from tests.support import databases
 from tests.support.services import ServiceUrls, locate_services
 
@@ -26,7 +26,7 @@ from tests.support.services import ServiceUrls, locate_services
 # jobcore_worker), enabled here exactly as docs/how-to/test-handlers.md tells its users to.
 pytest_plugins = ["jobcore.testing.pytest_plugin"]
 
-TEST_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
+TEST_JOB_MODULES = ("jobcore.examples.jobtypes", "jobcore.testing.jobtypes")
 
 load_job_modules(TEST_JOB_MODULES)
 

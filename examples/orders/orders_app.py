@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from tables import Base, Order, Receipt
 
 import jobcore
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 
 # The tenant the shop's jobs belong to: code inside the app names it, no API key needed.
 TENANT = os.environ.get("ORDERS_TENANT", "shop")

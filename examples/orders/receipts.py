@@ -2,7 +2,7 @@
 
 from pydantic import BaseModel, ConfigDict
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 
 class ReceiptPayload(BaseModel):

@@ -7,7 +7,7 @@ Create Date: 2026-12-01 17:00:00.000000
 Every event insert checked its foreign key: a lookup of the job and a FOR KEY SHARE lock
 on its row (WAL, and a MultiXact when a worker updates the job meanwhile), on each of
 the four or more events of every job. Events now go with their job by the pruner's own
-DELETE (jobcore.sql.jobs.JOB_PRUNE_BATCH, on the primary key (job_id, id)), and the
+DELETE (jobcore.database.sql.jobs.JOB_PRUNE_BATCH, on the primary key (job_id, id)), and the
 statements that write them only do so for a job they have just written or locked, or
 (the relay's `published`) one they saw. Dropping a constraint takes a short ACCESS
 EXCLUSIVE lock on both tables and rewrites nothing; code of the previous revision works
@@ -26,17 +26,17 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0019'
-down_revision: str | None = '0018'
+revision: str = "0019"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.drop_constraint(op.f('job_events_job_id_fkey'), 'job_events', type_='foreignkey')
+    op.drop_constraint(op.f("job_events_job_id_fkey"), "job_events", type_="foreignkey")
     op.add_column(
-        'jobs',
-        sa.Column('accepted_detail', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+        "jobs",
+        sa.Column("accepted_detail", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     )
 
 
@@ -48,7 +48,7 @@ def downgrade() -> None:
         "WHERE NOT EXISTS (SELECT 1 FROM job_events "
         "WHERE job_events.job_id = jobs.id AND job_events.kind = 'accepted')"
     )
-    op.drop_column('jobs', 'accepted_detail')
+    op.drop_column("jobs", "accepted_detail")
     # Events of jobs that are gone (none, unless written as a job was being pruned) would
     # refuse the constraint: they go first.
     op.execute(
@@ -56,10 +56,10 @@ def downgrade() -> None:
         "(SELECT 1 FROM jobs WHERE jobs.id = job_events.job_id)"
     )
     op.create_foreign_key(
-        op.f('job_events_job_id_fkey'),
-        'job_events',
-        'jobs',
-        ['job_id'],
-        ['id'],
-        ondelete='CASCADE',
+        op.f("job_events_job_id_fkey"),
+        "job_events",
+        "jobs",
+        ["job_id"],
+        ["id"],
+        ondelete="CASCADE",
     )

@@ -8,15 +8,15 @@ Create Date: 2026-12-06 10:30:00.000000
 limits, flow control, a hash of the payload's JSON schema) and what their deployment
 says about it (the jobs exchange, the inline payload limit, the tenant quota defaults).
 Each worker upserts its registry's rows when its pool first connects
-(jobcore.job_type_records), in one statement that writes nothing when nothing changed.
+(jobcore.execution.job_type_records), in one statement that writes nothing when nothing changed.
 
 ``jobcore_enqueue(job_type, payload, tenant, ...)`` writes a job as
 ``jobcore.enqueue_in`` does (the same job row, outbox row, ordering place and tenant
 admission, with the same defaults and the same request fingerprint), in the caller's
 transaction, and NOTIFYs the relays, which hear it at the commit. What it checks and the
 SQLSTATEs of its refusals: docs/how-to/enqueue-in-transaction.md. The function's
-statements mirror jobcore.sql.jobs.enqueue.JOB_INSERT and
-jobcore.sql.tenant_quotas.admission_ctes as of this revision; a test
+statements mirror jobcore.database.sql.jobs.enqueue.JOB_INSERT and
+jobcore.database.sql.tenant_quotas.admission_ctes as of this revision; a test
 (tests/integration/intx/test_sql_enqueue.py) compares the rows each path writes.
 
 SECURITY DEFINER, with its search_path fixed (the caller's search_path, which may name
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0026'
-down_revision: str | None = '0025'
+revision: str = "0026"
+down_revision: str | None = "0025"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -41,7 +41,7 @@ SIGNATURE = (
     "integer, text)"
 )
 
-# JSON as orjson.dumps(value, option=OPT_SORT_KEYS) writes it (jobcore.submit's
+# JSON as orjson.dumps(value, option=OPT_SORT_KEYS) writes it (jobcore.usecases.enqueue.submit's
 # fingerprints and unique keys): no whitespace, keys sorted by code point, strings
 # escaped as PostgreSQL escapes them (the same escapes), a number with a fraction or an
 # exponent as the float it reads as, written as orjson writes that float.
@@ -95,7 +95,7 @@ END
 $fn$
 """
 
-# jobcore.gates.gate_key: the key of the gate a job passes. A payload field's value is
+# jobcore.kernel.gates.gate_key: the key of the gate a job passes. A payload field's value is
 # its text (a string as it is, a boolean as Python writes it, an object or array as
 # canonical JSON, which differs from Python's repr of one).
 GATE_KEY = r"""
@@ -201,14 +201,14 @@ BEGIN
             coalesce(jsonb_typeof(v_payload), 'NULL')
             USING ERRCODE = 'JC400', COLUMN = 'payload';
     END IF;
-    -- jobcore.submit.check_idempotency_key
+    -- jobcore.usecases.enqueue.submit.check_idempotency_key
     IF v_idempotency_key IS NOT NULL
        AND v_idempotency_key !~ '^[ -~]{1,255}$' THEN
         RAISE EXCEPTION 'jobcore_enqueue: an idempotency key is 1 to 255 printable ASCII '
             'characters'
             USING ERRCODE = 'JC400', COLUMN = 'idempotency_key';
     END IF;
-    -- jobcore.submit._due_at
+    -- jobcore.usecases.enqueue.submit._due_at
     IF run_at IS NOT NULL AND delay IS NOT NULL THEN
         RAISE EXCEPTION 'jobcore_enqueue: give run_at or delay, not both'
             USING ERRCODE = 'JC400', COLUMN = 'delay';
@@ -222,7 +222,7 @@ BEGIN
         END IF;
         v_due := run_at;
     END IF;
-    -- jobcore.submit._held_key: the request's unique key, else the type's unique field.
+    -- jobcore.usecases.enqueue.submit._held_key: the request's unique key, else the type's unique field.
     IF v_unique_key IS NOT NULL THEN
         IF char_length(v_unique_key) NOT BETWEEN 1 AND 255 THEN
             RAISE EXCEPTION 'jobcore_enqueue: a unique key is 1 to 255 characters'
@@ -272,7 +272,7 @@ BEGIN
             USING ERRCODE = 'JC413', COLUMN = 'payload',
                   HINT = 'store large data yourself and pass its key';
     END IF;
-    -- jobcore.submit.request_fingerprint: the request as sent, keys in sorted order.
+    -- jobcore.usecases.enqueue.submit.request_fingerprint: the request as sent, keys in sorted order.
     v_fingerprint := encode(sha256(convert_to(
         '{"callback_url":null,"delay":'
         || coalesce(jobcore_canonical_json(to_jsonb(extract(epoch FROM delay))), 'null')
@@ -289,7 +289,7 @@ BEGIN
                || '+00:00"', 'null')
         || coalesce(',"unique_key":' || to_json(v_unique_key)::text, '')
         || '}', 'UTF8')), 'hex');
-    -- jobcore.enqueue.job_gates
+    -- jobcore.usecases.enqueue.write_one.job_gates
     IF kind.concurrency_limit IS NOT NULL THEN
         v_concurrency_key := jobcore_gate_key(
             'concurrency', kind.concurrency_per, v_type, v_tenant, v_payload);
@@ -297,7 +297,7 @@ BEGIN
     IF kind.rate_per_second IS NOT NULL THEN
         v_rate_key := jobcore_gate_key('rate', kind.rate_per, v_type, v_tenant, v_payload);
     END IF;
-    -- jobcore.in_transaction: quotas are read as committed now, which only READ
+    -- jobcore.usecases.enqueue.in_transaction: quotas are read as committed now, which only READ
     -- COMMITTED's fresh snapshot per statement shows.
     SELECT coalesce(q.enqueue_rate, kind.quota_enqueue_rate),
            coalesce(q.max_unfinished, kind.quota_max_unfinished)
@@ -310,12 +310,12 @@ BEGIN
             USING ERRCODE = 'JC400';
     END IF;
 
-    -- jobcore.enqueue._insert_until_answered: a holder of the unique key that ends between
+    -- jobcore.usecases.enqueue.write_one._insert_until_answered: a holder of the unique key that ends between
     -- the insert and the read of it has freed it, and the insert is tried again.
     FOR turn IN 1..3 LOOP
         v_id := gen_random_uuid();
         v_message_id := gen_random_uuid();
-        -- jobcore.sql.jobs.enqueue.JOB_INSERT, with tenant_quotas.admission_ctes.
+        -- jobcore.database.sql.jobs.enqueue.JOB_INSERT, with tenant_quotas.admission_ctes.
         WITH existing AS (
             SELECT j.id FROM jobs AS j
             WHERE j.tenant = v_tenant AND j.type = v_type
@@ -489,34 +489,34 @@ def _verbatim(statement: str) -> sa.TextClause:
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.create_table(
-        'job_type_registry',
-        sa.Column('type', sa.Text(), nullable=False),
-        sa.Column('queue', sa.Text(), nullable=False),
-        sa.Column('exchange', sa.Text(), nullable=False),
-        sa.Column('routing_key', sa.Text(), nullable=False),
-        sa.Column('max_attempts', sa.Integer(), nullable=False),
-        sa.Column('priority', sa.SmallInteger(), nullable=False),
-        sa.Column('unique_field', sa.Text(), nullable=True),
-        sa.Column('concurrency_per', sa.Text(), nullable=True),
-        sa.Column('concurrency_limit', sa.Integer(), nullable=True),
-        sa.Column('rate_per', sa.Text(), nullable=True),
-        sa.Column('rate_per_second', sa.Float(), nullable=True),
-        sa.Column('rate_burst', sa.Integer(), nullable=True),
-        sa.Column('ordering_blocks', sa.Boolean(), nullable=False),
-        sa.Column('max_payload_bytes', sa.BigInteger(), nullable=False),
-        sa.Column('quota_enqueue_rate', sa.Float(), nullable=False),
-        sa.Column('quota_enqueue_burst', sa.Integer(), nullable=False),
-        sa.Column('quota_max_unfinished', sa.BigInteger(), nullable=False),
-        sa.Column('schema_hash', sa.Text(), nullable=False),
-        sa.Column('worker_version', sa.Text(), nullable=False),
-        sa.Column('registered_by', sa.Text(), nullable=False),
+        "job_type_registry",
+        sa.Column("type", sa.Text(), nullable=False),
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("exchange", sa.Text(), nullable=False),
+        sa.Column("routing_key", sa.Text(), nullable=False),
+        sa.Column("max_attempts", sa.Integer(), nullable=False),
+        sa.Column("priority", sa.SmallInteger(), nullable=False),
+        sa.Column("unique_field", sa.Text(), nullable=True),
+        sa.Column("concurrency_per", sa.Text(), nullable=True),
+        sa.Column("concurrency_limit", sa.Integer(), nullable=True),
+        sa.Column("rate_per", sa.Text(), nullable=True),
+        sa.Column("rate_per_second", sa.Float(), nullable=True),
+        sa.Column("rate_burst", sa.Integer(), nullable=True),
+        sa.Column("ordering_blocks", sa.Boolean(), nullable=False),
+        sa.Column("max_payload_bytes", sa.BigInteger(), nullable=False),
+        sa.Column("quota_enqueue_rate", sa.Float(), nullable=False),
+        sa.Column("quota_enqueue_burst", sa.Integer(), nullable=False),
+        sa.Column("quota_max_unfinished", sa.BigInteger(), nullable=False),
+        sa.Column("schema_hash", sa.Text(), nullable=False),
+        sa.Column("worker_version", sa.Text(), nullable=False),
+        sa.Column("registered_by", sa.Text(), nullable=False),
         sa.Column(
-            'registered_at',
+            "registered_at",
             sa.DateTime(timezone=True),
-            server_default=sa.text('now()'),
+            server_default=sa.text("now()"),
             nullable=False,
         ),
-        sa.PrimaryKeyConstraint('type', name=op.f('job_type_registry_pkey')),
+        sa.PrimaryKeyConstraint("type", name=op.f("job_type_registry_pkey")),
     )
     for function in (CANONICAL_JSON, GATE_KEY, ENQUEUE):
         op.execute(_verbatim(function))
@@ -528,4 +528,4 @@ def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SIGNATURE}")
     op.execute("DROP FUNCTION jobcore_gate_key(text, text, text, text, jsonb)")
     op.execute("DROP FUNCTION jobcore_canonical_json(jsonb)")
-    op.drop_table('job_type_registry')
+    op.drop_table("job_type_registry")

@@ -12,17 +12,17 @@ from typing import Any
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.errors import DatabaseUnavailable, JobcoreError
-from jobcore.logs import configure_logging
-from jobcore.objectstore import open_result_store
-from jobcore.otel_metrics import MetricsText, metrics_pusher
-from jobcore.preflight import check_job_types
-from jobcore.registry import load_job_modules
-from jobcore.schema_version import check_schema_on
-from jobcore.settings import Settings, load_settings
-from jobcore.telemetry import setup_tracing
-from jobcore.wakeups import RelayWakeups
+from jobcore.database.gateway import Database
+from jobcore.database.schema_version import check_schema_on
+from jobcore.execution.preflight import check_job_types
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError
+from jobcore.kernel.settings import Settings, load_settings
+from jobcore.storage.objectstore import open_result_store
+from jobcore.telemetry.logs import configure_logging
+from jobcore.telemetry.otlp_metrics import MetricsText, metrics_pusher
+from jobcore.telemetry.traces import setup_tracing
+from jobcore.usecases.enqueue.wakeups import RelayWakeups
 from services.api import problems
 from services.api.auth import KeyCache
 from services.api.deps import ApiState
@@ -112,7 +112,7 @@ def create_app(
     )
     # The long-poll listener (GET /jobs/{id}?wait=): one LISTEN connection per process.
     waiters = JobWaiters(settings, registry=state.metrics.registry)
-    # Metrics over OTLP too when the environment asks (jobcore.otel_metrics).
+    # Metrics over OTLP too when the environment asks (jobcore.telemetry.otlp_metrics).
     export = metrics_pusher("jobcore-api", _rendered(state.metrics))
 
     @asynccontextmanager

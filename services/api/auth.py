@@ -29,10 +29,10 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.responses import Response
 
-from jobcore import apikeys
-from jobcore.apikeys import Principal
-from jobcore.errors import ServiceStateError
-from jobcore.scopes import Scope
+from jobcore.access import apikeys
+from jobcore.access.apikeys import Principal
+from jobcore.kernel.errors import ServiceStateError
+from jobcore.kernel.scopes import Scope
 
 log = logging.getLogger(__name__)
 

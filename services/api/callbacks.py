@@ -7,12 +7,16 @@ from typing import Annotated
 
 from fastapi import Depends, Query
 
-from jobcore.webhooks import MAX_URL_LENGTH, UnsafeCallbackUrl, check_callback_url
+from jobcore.execution.completion_webhooks import (
+    MAX_URL_LENGTH,
+    UnsafeCallbackUrl,
+    check_callback_url,
+)
 from services.api.deps import ApiState, StateDep
 from services.api.problems import InvalidRequest
 
-# The shape jobcore.webhooks.parse_callback_url takes, so /openapi.json can say it: http(s),
-# a host (a name or a bracketed IPv6 address) without credentials, an optional port, no
+# The shape jobcore.execution.completion_webhooks.parse_callback_url takes, so /openapi.json can say
+# it: http(s), a host (a name or a bracketed IPv6 address) without credentials, an optional port, no
 # whitespace or control characters. What a pattern cannot say (the port's range, where
 # the host resolves to) is checked after it, with the same 422.
 _NO_SPACE = r"\x00-\x20\x7f\s"

@@ -1,15 +1,16 @@
 """Single enqueues of one tenant sent together: an application-level group commit.
 
 Every enqueue statement locks its tenant's usage row until it commits (the quotas'
-turns: :mod:`jobcore.sql.tenant_quotas`), so concurrent enqueues of one tenant commit
+turns: :mod:`jobcore.database.sql.tenant_quotas`), so concurrent enqueues of one tenant commit
 one WAL flush after another, each waiting for the lock of the one before. Instead, an
 enqueue that arrives while one of its group (tenant, job type, API key:
-:func:`jobcore.submit.coalescing_key`) is in flight waits in this process, and those that
-queued up are written together as soon as it finished: one transaction, one lock of the
-usage row, one commit (:func:`jobcore.submit.enqueue_coalesced`). As with the worker's
-batches (both are a :class:`jobcore.groupcommit.GroupCommit`), one write per group is in
-flight at a time, so an enqueue with nothing in flight goes at once, alone, through the
-single enqueue (:func:`jobcore.submit.enqueue`): no timer, no added latency when idle.
+:func:`jobcore.usecases.enqueue.submit.coalescing_key`) is in flight waits in this process, and
+those that queued up are written together as soon as it finished: one transaction, one lock of the
+usage row, one commit (:func:`jobcore.usecases.enqueue.submit.enqueue_coalesced`). As with the
+worker's batches (both are a :class:`jobcore.kernel.groupcommit.GroupCommit`), one write per group
+is in flight at a time, so an enqueue with nothing in flight goes at once, alone, through the
+single enqueue (:func:`jobcore.usecases.enqueue.submit.enqueue`): no timer, no added latency when
+idle.
 
 Each request keeps its own answer, the one its single enqueue would have given had the
 group's requests come one after another (docs/design.md, "Coalesced enqueues"), and the
@@ -34,11 +35,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from jobcore.enqueue import EnqueueResult
-from jobcore.errors import DatabaseUnavailable, JobcoreError
-from jobcore.groupcommit import GroupCommit
-from jobcore.submit import EnqueueRequest, coalescing_key
-from jobcore.telemetry import capture_trace_headers
+from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError
+from jobcore.kernel.groupcommit import GroupCommit
+from jobcore.telemetry.traces import capture_trace_headers
+from jobcore.usecases.enqueue.submit import EnqueueRequest, coalescing_key
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 
 WriteOne = Callable[[EnqueueRequest], Awaitable[EnqueueResult]]
 WriteMany = Callable[

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Request
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, Session
-from jobcore.errors import ServiceStateError
-from jobcore.registry import Registry
-from jobcore.results import ResultStore
-from jobcore.settings import Settings
-from jobcore.wakeups import RelayWakeups
+from jobcore.database.gateway import Database, Session
+from jobcore.execution.registry import Registry
+from jobcore.kernel.errors import ServiceStateError
+from jobcore.kernel.settings import Settings
+from jobcore.storage.results import ResultStore
+from jobcore.usecases.enqueue.wakeups import RelayWakeups
 from services.api.metrics import ApiMetrics
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class ApiState:
     key_cache: KeyCache | None = None
     # The keys POST /jobs/{type} verified lately (services.api.routes.enqueue).
     enqueue_keys: KeyCache | None = None
-    # Set with db: the relays' wake-ups after enqueues commit (jobcore.wakeups).
+    # Set with db: the relays' wake-ups after enqueues commit (jobcore.usecases.enqueue.wakeups).
     relay_wakeups: RelayWakeups | None = None
     # Set with db: POST /jobs/{type}'s writes, coalesced per tenant (services.api.coalescing).
     enqueues: EnqueueCoalescer | None = None

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from jobcore.errors import TooManyLongPolls
-from jobcore.quotas import Refusal, under_cap
+from jobcore.kernel.errors import TooManyLongPolls
+from jobcore.kernel.quotas import Refusal, under_cap
 
 # Seconds a refused long-poll is told to wait: parked waits end within the longest wait
 # (60 s) and most far sooner; a retry costs one authenticated read.

@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from jobcore.quotas import Refusal
+from jobcore.kernel.quotas import Refusal
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
 ENQUEUE_WRITE_WAYS = ("single", "coalesced")
-# The reasons of jobcore_api_quota_refusals (jobcore.quotas.Refusal).
+# The reasons of jobcore_api_quota_refusals (jobcore.kernel.quotas.Refusal).
 QUOTA_REFUSALS = tuple(Refusal)
 # Names of the enqueue routes start with this, so an error answer can count as rejected.
 ENQUEUE_ROUTE_PREFIX = "enqueue_"
@@ -134,7 +134,8 @@ class ApiMetrics:
             self.internal_errors.inc()
 
     def uploaded(self, size: int) -> None:
-        """A payload uploaded to the object store (jobcore.submit.PayloadUploads)."""
+        """A payload uploaded to the object store
+        (jobcore.usecases.enqueue.submit.PayloadUploads)."""
         self.payload_uploads.inc()
         self.payload_upload_bytes.inc(size)
 

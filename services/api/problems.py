@@ -1,6 +1,6 @@
 """Every error the API answers, as RFC 9457 problem JSON: the one place errors meet HTTP.
 
-Domain errors (``jobcore.errors``) and the API's own input errors (below) are mapped to a
+Domain errors (``jobcore.kernel.errors``) and the API's own input errors (below) are mapped to a
 status and a stable ``type`` URI here and nowhere else; routes just raise.
 """
 
@@ -18,8 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from jobcore.apikeys import InvalidApiKey, MissingApiKey, MissingScope
-from jobcore.errors import (
+from jobcore.access.apikeys import InvalidApiKey, MissingApiKey, MissingScope
+from jobcore.execution.payloads import UnstorablePayload
+from jobcore.execution.registry import InvalidPayloadError
+from jobcore.kernel.errors import (
     DatabaseUnavailable,
     EnqueueRateExceeded,
     IdempotencyConflict,
@@ -43,9 +45,7 @@ from jobcore.errors import (
     UniqueJobExists,
     UnknownJobType,
 )
-from jobcore.payloads import UnstorablePayload
-from jobcore.registry import InvalidPayloadError
-from jobcore.results import ResultNotFound, StoreUnavailable
+from jobcore.storage.results import ResultNotFound, StoreUnavailable
 from services.api.paths import allowed_methods
 
 log = logging.getLogger(__name__)

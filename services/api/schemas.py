@@ -10,11 +10,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from jobcore.batch import ItemStatus
-from jobcore.scopes import Scope
-from jobcore.states import JobStatus
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.states import JobStatus
+from jobcore.usecases.enqueue.write_many import ItemStatus
 
-# jobcore.priorities.Priority by name.
+# jobcore.kernel.priorities.Priority by name.
 PriorityLabel = Literal["high", "normal", "low"]
 
 

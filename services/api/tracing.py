@@ -2,7 +2,7 @@
 
 The request's SERVER span is FastAPI's native telemetry (``FastAPI(telemetry=...)``): it
 continues the caller's ``traceparent`` and is named ``METHOD route-template``; it is on
-whenever an SDK tracer provider is installed (:func:`jobcore.telemetry.setup_tracing`).
+whenever an SDK tracer provider is installed (:func:`jobcore.telemetry.traces.setup_tracing`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 
 from opentelemetry.trace import Span
 
-from jobcore.telemetry import span_if_enabled
+from jobcore.telemetry.traces import span_if_enabled
 
 
 def enqueue_span(job_type: str) -> AbstractContextManager[Span | None]:

@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse
 
-from jobcore.enqueue import EnqueueResult
-from jobcore.priorities import Priority
-from jobcore.states import JobStatus
-from jobcore.timeline import JobTimeline, whereabouts
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.states import JobStatus
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 from jobcore.usecases.jobs import CancelOutcome
+from jobcore.usecases.whereabouts import JobTimeline, whereabouts
 
 
 class JsonBody(JSONResponse):

@@ -36,10 +36,10 @@ import psycopg
 from prometheus_client import CollectorRegistry, Gauge
 from psycopg.rows import DictRow
 
-from jobcore.channels import JOB_PROGRESS_CHANNEL
-from jobcore.db import Database
-from jobcore.service import Service
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.channels import JOB_PROGRESS_CHANNEL
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.startstop import Service
 from jobcore.usecases.waiting import WaitedJob, listen_for_jobs, read_waited_jobs
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jobcore.scratch import database_url, scratch
-from jobcore.settings import Settings, load_settings
+from jobcore.kernel.settings import Settings, load_settings
+from jobcore.testing.scratch import database_url, scratch
 from services.bench import machine, report
 from services.bench.measure import Profiler
 
@@ -42,7 +42,7 @@ EXTRA_SCENARIOS = (
     "startup",
     "paced",
 )  # run when named
-BENCH_JOB_MODULES = ("jobcore.jobtypes",)
+BENCH_JOB_MODULES = ("jobcore.examples.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
 # publishes, and purge the queues): the queue depth limit would stop them at its size.
 UNLIMITED_QUEUES = {"JOBCORE_RELAY_QUEUE_DEPTH_LIMIT": "0"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 
 class SteadyNoopPayload(BaseModel):

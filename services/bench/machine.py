@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 
 PACKAGES = (
     "sqlalchemy",

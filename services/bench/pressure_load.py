@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from jobcore.schema import HOT_TABLES
+from jobcore.database.schema import HOT_TABLES
 from services.bench.http import HOST
 
 # 2 % apart from 0.1 ms: a percentile read from a bucket is within 2 % of the sample's.

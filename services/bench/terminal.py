@@ -3,7 +3,7 @@
 Every statement that ends a job now also carries two CTEs (the delivery row and its
 outbox message, for jobs with a callback URL) and a ``pg_notify`` per job (long-poll
 waiters). This measures the worker's batched success statement (run through
-:class:`jobcore.store.JobStore`, as the worker runs it) two ways, in interleaved rounds on
+:class:`jobcore.database.store.JobStore`, as the worker runs it) two ways, in interleaved rounds on
 one connection, in autocommit:
 
 1. ``no_callback``: on jobs without a callback URL (the common case);
@@ -32,11 +32,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import AsyncConn
-from jobcore.scratch import database_url, scratch
-from jobcore.settings import Settings, load_settings
-from jobcore.store import CompletionParams, job_store
-from jobcore.webhooks import completion_params
+from jobcore.database.gateway import AsyncConn
+from jobcore.database.store import CompletionParams, job_store
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.kernel.settings import Settings, load_settings
+from jobcore.testing.scratch import database_url, scratch
 
 PREPARE_JOBS = """
 INSERT INTO jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at,

@@ -22,7 +22,7 @@ try:  # typer >= 0.22 vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from jobcore.errors import JobcoreError
+from jobcore.kernel.errors import JobcoreError
 from services.cli.common import example, set_actor
 
 # In the order `jobcore --help` lists them. Imported by name when the app is built, so that

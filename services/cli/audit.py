@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import typer
 
-from jobcore.audit import AuditAction
+from jobcore.access.audit import AuditAction
 from jobcore.usecases.audit import AuditFilter, list_audit_entries
 from services.cli.common import JSON_OPTION, emit, example, fail, run, settings, with_db
 

@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from jobcore.scratch import database_url, scratch
-from jobcore.settings import Settings, load_settings
-from jobcore.tcpproxy import Mode
+from jobcore.kernel.settings import Settings, load_settings
+from jobcore.testing.scratch import database_url, scratch
+from jobcore.testing.tcpproxy import Mode
 from services.cli.common import emit, example, fail, settings
 
 if TYPE_CHECKING:
@@ -333,7 +333,7 @@ async def _soak(
     app_rate: float = 0.0,
     app_rollback_share: float = 0.0,
 ) -> dict[str, Any]:
-    from jobcore.registry import load_job_modules
+    from jobcore.execution.registry import load_job_modules
     from jobcore.testing.app_producer import AppProducer
     from jobcore.testing.pipeline import (
         LeaseWatch,

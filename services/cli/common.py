@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 import orjson
 import typer
 
-from jobcore.audit import InvalidActor, check_actor, cli_actor
-from jobcore.db import Database
-from jobcore.schema_version import check_schema_on
-from jobcore.settings import Settings
+from jobcore.access.audit import InvalidActor, check_actor, cli_actor
+from jobcore.database.gateway import Database
+from jobcore.database.schema_version import check_schema_on
+from jobcore.kernel.settings import Settings
 from services.commandline import example, fail, settings
 
 __all__ = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from jobcore import migrate as migrations
-from jobcore import schema_version
+from jobcore.database import migrate as migrations
+from jobcore.database import schema_version
 from services.cli.common import example, fail, settings
 
 

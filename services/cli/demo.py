@@ -28,10 +28,10 @@ from rich.table import Table
 from rich.text import Text
 
 from jobcore.client import AsyncClient, JobStatus, WaitTimeout
-from jobcore.db import Database
-from jobcore.settings import Settings
-from jobcore.store import job_store
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_store
+from jobcore.kernel.settings import Settings
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from services.cli.common import example, settings
 from services.cli.dev import (
     create_key,
@@ -211,7 +211,7 @@ async def _demo(config: Settings, console: Console, log_path: Path) -> int:
         relay_health_port=relay_port,
         worker_health_port=worker_port,
         env={
-            "JOBCORE_JOB_MODULES": "jobcore.jobtypes,jobcore.demojobs",
+            "JOBCORE_JOB_MODULES": "jobcore.examples.jobtypes,jobcore.examples.demo",
             "JOBCORE_RETRY_BACKOFF_BASE": "0.3",
             "JOBCORE_RETRY_BACKOFF_CAP": "2",
             "JOBCORE_SHUTDOWN_GRACE": "3",

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import httpx
 import typer
 
-from jobcore import migrate
-from jobcore.db import Database
-from jobcore.settings import Settings, load_relay_options
+from jobcore.database import migrate
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings, load_relay_options
 from jobcore.usecases import keys as key_usecases
 from services.cli.common import actor, example, settings
 from services.cli.supervisor import Supervisor

@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 import typer
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from jobcore.states import JobStatus
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases.timeline import job_timeline
 from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db

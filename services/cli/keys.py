@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from jobcore import apikeys
-from jobcore.scopes import DEFAULT_SCOPES, Scope
+from jobcore.access import apikeys
+from jobcore.kernel.scopes import DEFAULT_SCOPES, Scope
 from jobcore.usecases import keys as key_usecases
 from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from jobcore.usecases.prune import prune as prune_usecase
 from services.cli.common import actor, emit, example, run, settings, with_db
 

@@ -1,4 +1,4 @@
-"""`jobcore schedules list|pause|resume|trigger`: periodic jobs (jobcore.schedules).
+"""`jobcore schedules list|pause|resume|trigger`: periodic jobs (jobcore.maintenance.periodic).
 
 The schedules are the ones this command's configuration declares (``JOBCORE_SCHEDULES``
 and ``periodic()`` in ``JOBCORE_JOB_MODULES``), checked like a worker checks them: a bad
@@ -14,9 +14,9 @@ from typing import Any
 
 import typer
 
-from jobcore.registry import load_job_modules
-from jobcore.schedules import NAME_PATTERN, Schedule, load_schedules
-from jobcore.settings import Settings
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
+from jobcore.maintenance.periodic import NAME_PATTERN, Schedule, load_schedules
 from jobcore.usecases import schedules as schedule_usecases
 from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 

@@ -15,13 +15,13 @@ import uvicorn
 from uvicorn import server as uvicorn_server
 from uvicorn.supervisors import Multiprocess
 
-from jobcore.errors import JobcoreError
-from jobcore.logs import configure_logging
-from jobcore.preflight import check_job_types
-from jobcore.registry import load_job_modules
-from jobcore.schema_version import check_schema
-from jobcore.settings import load_relay_options
-from jobcore.telemetry import setup_tracing
+from jobcore.database.schema_version import check_schema
+from jobcore.execution.preflight import check_job_types
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.settings import load_relay_options
+from jobcore.telemetry.logs import configure_logging
+from jobcore.telemetry.traces import setup_tracing
 from services.cli.common import example, fail, run, settings
 
 

@@ -1,4 +1,4 @@
-"""`jobcore tenants set-quota|show|list`: per-tenant quotas (jobcore.quotas).
+"""`jobcore tenants set-quota|show|list`: per-tenant quotas (jobcore.kernel.quotas).
 
 Values: a rate is ``N/s``, ``N/min`` or ``N/h`` (``N`` alone is per second), a burst or a
 cap a whole number; ``unlimited`` is 0 (no limit) and ``default`` drops the tenant's
@@ -14,8 +14,8 @@ from typing import Any
 
 import typer
 
-from jobcore import apikeys
-from jobcore.errors import JobcoreError
+from jobcore.access import apikeys
+from jobcore.kernel.errors import JobcoreError
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases.quotas import KEEP, check_quota
 from services.cli.common import JSON_OPTION, emit, example, fail, run, settings, with_db

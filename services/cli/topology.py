@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from jobcore.amqp.publisher import declare_topology
-from jobcore.registry import load_job_modules
-from jobcore.settings import load_relay_options
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import load_relay_options
 from services.cli.common import JSON_OPTION, emit, example, run, settings
 
 

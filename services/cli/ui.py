@@ -11,9 +11,9 @@ from typing import Any
 import typer
 import uvicorn
 
-from jobcore.logs import configure_logging
-from jobcore.schema_version import check_schema
-from jobcore.settings import load_settings
+from jobcore.database.schema_version import check_schema
+from jobcore.kernel.settings import load_settings
+from jobcore.telemetry.logs import configure_logging
 from services.cli.common import example, fail, settings
 from services.cli.serve import ApiServer
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from jobcore.registry import load_job_modules
+from jobcore.execution.registry import load_job_modules
 from jobcore.usecases import webhooks as records
 from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
 

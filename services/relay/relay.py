@@ -34,21 +34,21 @@ from jobcore.amqp.publisher import (
     Failure,
     OutgoingMessage,
 )
-from jobcore.backlog import BacklogGauges
-from jobcore.db import AsyncConn, Database, UnitOfWork
-from jobcore.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
-from jobcore.health import HealthServer
+from jobcore.database.gateway import AsyncConn, Database, UnitOfWork
+from jobcore.database.schema_version import SchemaWatch, check_schema_on
+from jobcore.database.store import outbox_store
+from jobcore.execution.preflight import check_relay_timeouts
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
+from jobcore.kernel.priorities import WEIGHTS
+from jobcore.kernel.retry import backoff_delay
+from jobcore.kernel.settings import RelayOptions, Settings
+from jobcore.kernel.startstop import Service, run_until_signalled
 from jobcore.maintenance.outbox_vacuum import OutboxVacuum
-from jobcore.otel_metrics import metrics_pusher
-from jobcore.preflight import check_relay_timeouts
-from jobcore.priorities import WEIGHTS
-from jobcore.registry import load_job_modules
-from jobcore.retry import backoff_delay
-from jobcore.schema_version import SchemaWatch, check_schema_on
-from jobcore.service import Service, run_until_signalled
-from jobcore.settings import RelayOptions, Settings
-from jobcore.store import outbox_store
-from jobcore.telemetry import tracing_enabled
+from jobcore.telemetry.health import HealthServer
+from jobcore.telemetry.otlp_metrics import metrics_pusher
+from jobcore.telemetry.traces import tracing_enabled
+from jobcore.usecases.backlog import BacklogGauges
 from services.relay.metrics import RelayMetrics
 from services.relay.room import RECHECK_SECONDS, Grant, QueueRoom
 from services.relay.tracing import PublishSpans
@@ -303,7 +303,7 @@ class Relay(Service):
         """Claim, publish and settle one batch in one transaction; return the rows claimed
         and whether more may be due."""
         if not self.options.fair_claim:
-            return await self._settle_batch(None)
+            return await self._claim_publish_settle(None)
         grant = await self.room.grant(self.publisher.connection)
         if grant.broker_error is not None and self.publisher.connected:
             # The connection answers no passive declare: treated like a publish that got
@@ -312,12 +312,12 @@ class Relay(Service):
         try:
             if grant.empty:
                 return 0, False
-            return await self._settle_batch(grant)
+            return await self._claim_publish_settle(grant)
         finally:
             # After the commit: the confirmed messages count in the queues' depths now.
             await self.room.release(grant)
 
-    async def _settle_batch(self, grant: Grant | None) -> tuple[int, bool]:
+    async def _claim_publish_settle(self, grant: Grant | None) -> tuple[int, bool]:
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             rows = None

@@ -29,7 +29,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.errors import BrokerUnavailable
+from jobcore.kernel.errors import BrokerUnavailable
 
 # Room below this fraction of the limit is not worth a claim of its own: a batch of a few
 # rows costs the same round trips as a full one. A queue at the limit is looked at again

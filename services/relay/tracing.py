@@ -6,7 +6,7 @@ or the job's stored context for a retry), and its own context replaces the row's
 ``traceparent``/``tracestate`` in the AMQP headers: it is the message's creation context,
 so the worker's process span becomes its child. A span lasts from the batch's publish to
 its confirm (or refusal); a refused or unconfirmed message's span has ``error.type`` (see
-:mod:`jobcore.semconv`). The relay builds them only when tracing is on: with it off, a
+:mod:`jobcore.telemetry.semconv`). The relay builds them only when tracing is on: with it off, a
 batch costs one check.
 """
 
@@ -20,9 +20,14 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
 from jobcore.amqp.publisher import BatchResult, OutgoingMessage
-from jobcore.semconv import publish_attributes, publish_destination, record_failure, span_name
-from jobcore.telemetry import TRACE_HEADERS, context_from_headers
-from jobcore.telemetry import tracer as default_tracer
+from jobcore.telemetry.semconv import (
+    publish_attributes,
+    publish_destination,
+    record_failure,
+    span_name,
+)
+from jobcore.telemetry.traces import TRACE_HEADERS, context_from_headers
+from jobcore.telemetry.traces import tracer as default_tracer
 
 UNCONFIRMED = "unconfirmed"
 

@@ -26,24 +26,24 @@ from fastapi.templating import Jinja2Templates
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from jobcore import apikeys
-from jobcore.apikeys import InvalidApiKey, Principal
-from jobcore.audit import url_fingerprint
-from jobcore.db import Database
-from jobcore.errors import (
+from jobcore.access import apikeys
+from jobcore.access.apikeys import InvalidApiKey, Principal
+from jobcore.access.audit import url_fingerprint
+from jobcore.database.gateway import Database
+from jobcore.execution.payloads import read_payload
+from jobcore.execution.registry import Registry, load_job_modules
+from jobcore.kernel.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,
     JobcoreError,
     JobNotFound,
     ServiceStateError,
 )
-from jobcore.objectstore import open_result_store
-from jobcore.payloads import read_payload
-from jobcore.registry import Registry, load_job_modules
-from jobcore.results import ResultNotFound, ResultStore
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.states import JobStatus, is_terminal
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.states import JobStatus, is_terminal
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import ResultNotFound, ResultStore
 from jobcore.usecases import console, dlq, outbox
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases

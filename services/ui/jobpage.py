@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobcore.jobevents import JobEventKind
-from jobcore.states import JobStatus
+from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.states import JobStatus
 from jobcore.usecases.console import JobView
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from jobcore.timeline import JobTimeline
+from jobcore.usecases.whereabouts import JobTimeline
 
 # How events read on the page: the kinds' words for people.
 KIND_WORDS = {

@@ -14,18 +14,18 @@ from typing import Any
 
 from jobcore.amqp.deliveries import split_prefetch
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.database.schema_version import SchemaWatch, check_schema_on
 from jobcore.execution.executor import JobExecutor
-from jobcore.health import HealthServer
-from jobcore.job_type_records import recording_first_check
+from jobcore.execution.job_type_records import recording_first_check
+from jobcore.execution.preflight import check_job_types, held_connections
+from jobcore.execution.registry import Registry, load_job_modules
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.startstop import Service, run_until_signalled
 from jobcore.maintenance import Maintainer, Scheduler, services_from_settings
-from jobcore.otel_metrics import metrics_pusher
-from jobcore.preflight import check_job_types, held_connections
-from jobcore.registry import Registry, load_job_modules
-from jobcore.schedules import load_schedules
-from jobcore.schema_version import SchemaWatch, check_schema_on
-from jobcore.service import Service, run_until_signalled
-from jobcore.settings import Settings
+from jobcore.maintenance.periodic import load_schedules
+from jobcore.telemetry.health import HealthServer
+from jobcore.telemetry.otlp_metrics import metrics_pusher
 from services.worker.batching import Batcher
 from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
@@ -136,7 +136,7 @@ class Worker:
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None
         self.health: HealthServer | None = None
-        # Metrics over OTLP too when the environment asks (jobcore.otel_metrics).
+        # Metrics over OTLP too when the environment asks (jobcore.telemetry.otlp_metrics).
         self.metrics_export = metrics_pusher("jobcore-worker", self.render_metrics)
         if health:
             self.health = HealthServer(

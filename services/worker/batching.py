@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from jobcore.groupcommit import GroupCommit
+from jobcore.kernel.groupcommit import GroupCommit
 
 In = TypeVar("In")
 Out = TypeVar("Out")

@@ -19,10 +19,10 @@ import logging
 import uuid
 from collections.abc import Callable, Collection
 
-from jobcore.db import Database
-from jobcore.errors import DatabaseUnavailable
-from jobcore.service import Service
-from jobcore.store import job_store
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_store
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.startstop import Service
 
 log = logging.getLogger(__name__)
 

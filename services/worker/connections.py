@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from jobcore.db import GENERIC_PLANS, AsyncConn, Database, translate_errors
-from jobcore.errors import TransientConflict
+from jobcore.database.gateway import GENERIC_PLANS, AsyncConn, Database, translate_errors
+from jobcore.kernel.errors import TransientConflict
 
 POOL_PLANS = "RESET plan_cache_mode"
 

@@ -10,7 +10,7 @@ Why the acknowledgement comes after the claim commits, and why the lease protect
 - Acknowledging right after the claim, not after the handler, means no delivery stays
   unacknowledged while a long job runs (RabbitMQ closes channels whose deliveries outlive
   ``consumer_timeout``), and prefetch bounds waiting deliveries, not running jobs. It is
-  kept at most the concurrency (:meth:`~jobcore.settings.Settings.job_prefetch`): a
+  kept at most the concurrency (:meth:`~jobcore.kernel.settings.Settings.job_prefetch`): a
   waiting delivery is requeued when the worker stops, and every requeue counts toward
   the queue's delivery limit.
 - A claim batch's commit makes many deliveries of a channel ackable at once: their acks
@@ -54,20 +54,20 @@ from jobcore.amqp.connection import broker_server
 from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.envelope import JobMessage, decode
-from jobcore.errors import (
+from jobcore.database.store import JobNoteUndeliverableParams, job_store
+from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Unclaimed
+from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
+from jobcore.execution.outcomes import undeliverable_note
+from jobcore.execution.registry import InvalidPayloadError, Registry
+from jobcore.kernel.envelope import JobMessage, decode
+from jobcore.kernel.errors import (
     DatabaseUnavailable,
     JobcoreError,
     PoisonMessage,
     TransientConflict,
     UnknownJobType,
 )
-from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Unclaimed
-from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
-from jobcore.execution.outcomes import undeliverable_note
-from jobcore.registry import InvalidPayloadError, Registry
-from jobcore.settings import MAX_CONSUMER_PRIORITY, Settings
-from jobcore.store import JobNoteUndeliverableParams, job_store
+from jobcore.kernel.settings import MAX_CONSUMER_PRIORITY, Settings
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections
 from services.worker.intake import Intake

@@ -22,10 +22,10 @@ import logging
 from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deadletters import DeadLetter, DeadLetterNotesFeed, describe_parts
 from jobcore.amqp.deliveries import Delivery
-from jobcore.db import Database
-from jobcore.errors import DatabaseUnavailable
+from jobcore.database.gateway import Database
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.stranded import REJECTED_BY_A_WORKER, note_dead_letter
-from jobcore.settings import Settings
 from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)

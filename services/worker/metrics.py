@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from jobcore.kernel.states import TERMINAL
 from jobcore.maintenance.retention import TABLES as PRUNED_TABLES
-from jobcore.states import TERMINAL
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from jobcore.execution.claims import ClaimedJob
+    from jobcore.maintenance.periodic import Schedule
     from jobcore.maintenance.retention import Kind
-    from jobcore.maintenance.scheduling import ScheduleRound, ScheduleState
-    from jobcore.schedules import Schedule
+    from jobcore.maintenance.schedule_ticks import ScheduleRound, ScheduleState
 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100)
 # Handlers take milliseconds to many minutes; waiting covers up to hours (backoff, backlog).

@@ -7,7 +7,7 @@ message's creation context: one message per span, so the conventions allow it as
 parent; it is linked too) and covers decoding, the inbox + claim statement, the
 acknowledgement and the handler run; ``handler`` is its child around the handler call
 alone. A delivery that is dead-lettered or meets an unexpected error ends its ``process``
-span with ``error.type`` (see :mod:`jobcore.semconv`); a handler that raises ends its
+span with ``error.type`` (see :mod:`jobcore.telemetry.semconv`); a handler that raises ends its
 ``handler`` span failed, with ``error.type`` the exception's class, and not the
 ``process`` span: the message itself was processed (acknowledged, the attempt recorded).
 A retry's or a reaped job's new message carries the job's stored context (its ``enqueue``
@@ -25,8 +25,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from jobcore.amqp.deliveries import Delivery
-from jobcore.semconv import process_attributes, process_destination, record_failure, span_name
-from jobcore.telemetry import context_from_headers, span_if_enabled, tracing_enabled
+from jobcore.telemetry.semconv import (
+    process_attributes,
+    process_destination,
+    record_failure,
+    span_name,
+)
+from jobcore.telemetry.traces import context_from_headers, span_if_enabled, tracing_enabled
 
 
 def process_span(

@@ -38,17 +38,14 @@ from psycopg.types.json import Jsonb
 from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
-from jobcore.errors import DatabaseUnavailable, PoisonMessage
-from jobcore.settings import Settings
-from jobcore.store import (
+from jobcore.database.gateway import Database
+from jobcore.database.store import (
     WEBHOOK_MESSAGE_TYPE,
     WEBHOOKS_CONSUMER,
     WebhookDeliveryRecordAttemptParams,
     webhook_delivery_store,
 )
-from jobcore.usecases.webhooks import signing_secrets, tenant_secret
-from jobcore.webhooks import (
+from jobcore.execution.completion_webhooks import (
     CallbackHostUnresolved,
     Outcome,
     UnsafeCallbackUrl,
@@ -62,6 +59,9 @@ from jobcore.webhooks import (
     signed_headers,
     webhook_body,
 )
+from jobcore.kernel.errors import DatabaseUnavailable, PoisonMessage
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.webhooks import signing_secrets, tenant_secret
 from services.worker.metrics import WorkerMetrics
 from services.worker.readiness import ConsumerReadiness
 

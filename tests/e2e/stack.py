@@ -21,12 +21,12 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from jobcore.usecases import keys as key_usecases
 
-JOB_MODULES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
+JOB_MODULES = "jobcore.examples.jobtypes,jobcore.examples.demo,jobcore.testing.jobtypes"
 # A loaded 2-core machine takes seconds to import and start each process.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0

@@ -27,8 +27,8 @@ import httpx
 import pytest
 import yaml
 
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.kernel.settings import Settings
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from tests.e2e.stack import E2EStack, free_port, until
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.e2e.test_bench_smoke import bench_cli
 
 

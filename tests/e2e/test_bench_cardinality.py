@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from services.bench import report as report_module
 from tests.e2e.test_bench_smoke import bench_cli
 

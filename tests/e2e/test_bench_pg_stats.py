@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT
 from services.bench import report as report_module
 from services.bench.pgstats import BENCH_MARK

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from services.bench.scenarios.pressure import PHASES
 from tests.e2e.test_bench_smoke import bench_cli
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from services.bench import report as report_module
 

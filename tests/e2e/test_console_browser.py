@@ -26,10 +26,10 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Dialog, Locator, Page, async_playwright, expect
 
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import FAST_ENV, Process, free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
@@ -39,9 +39,9 @@ from tests.integration.webhooks.support import Receiver
 from tests.support import console_jobtypes
 
 CHROMIUM = "/usr/bin/chromium"
-ALL_TYPES = "jobcore.jobtypes,jobcore.demojobs,jobcore.testing.jobtypes"
+ALL_TYPES = "jobcore.examples.jobtypes,jobcore.examples.demo,jobcore.testing.jobtypes"
 # The first worker lacks the test job types: their messages are dead-lettered.
-NO_ECHO = "jobcore.jobtypes,jobcore.demojobs"
+NO_ECHO = "jobcore.examples.jobtypes,jobcore.examples.demo"
 START = 90.0
 GRACE = 15.0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
 from tests.support.promlint import lint
 

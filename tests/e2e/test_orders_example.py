@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, settings_env
 from tests.e2e.stack import START_TIMEOUT, E2EStack, free_port, until
 
@@ -33,7 +33,7 @@ ORDERS = 5
 def example_env(settings: Settings, **extra: str) -> dict[str, str]:
     return settings_env(
         settings,
-        JOBCORE_JOB_MODULES="jobcore.jobtypes,jobcore.testing.jobtypes,receipts",
+        JOBCORE_JOB_MODULES="jobcore.examples.jobtypes,jobcore.testing.jobtypes,receipts",
         PYTHONPATH=f"{EXAMPLE}{os.pathsep}{ROOT}",
         OTEL_SDK_DISABLED="true",
         ORDERS_TENANT=TENANT,
@@ -47,7 +47,7 @@ async def running_stack(settings: Settings, workdir: Path) -> AsyncIterator[E2ES
         settings,
         workdir,
         env={
-            "JOBCORE_JOB_MODULES": "jobcore.jobtypes,jobcore.testing.jobtypes,receipts",
+            "JOBCORE_JOB_MODULES": "jobcore.examples.jobtypes,jobcore.testing.jobtypes,receipts",
             "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{ROOT}",
             "OTEL_SDK_DISABLED": "true",
         },

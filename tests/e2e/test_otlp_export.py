@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
 
 pytestmark = pytest.mark.timeout(240)

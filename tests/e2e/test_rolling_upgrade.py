@@ -1,7 +1,7 @@
 """A rolling upgrade from the previous release to this code, under load (docs/operations.md,
 "Upgrades").
 
-The previous release (jobcore.release_record) is built from the git history and installed
+The previous release (jobcore.database.release_history) is built from the git history and installed
 in a venv of its own (tests/support/previous_release.py). Its `jobcore migrate` makes the
 schema; its API, two relays and two workers run while a bounded loop POSTs jobs over HTTP:
 plain ones, a rate-limited type and a concurrency-limited type (tests/support/
@@ -36,12 +36,12 @@ import httpx
 import orjson
 import pytest
 
-from jobcore import schema_version
 from jobcore.amqp.connection import connect as amqp_connect
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.release_record import previous_release
-from jobcore.settings import Settings
+from jobcore.database import schema_version
+from jobcore.database.gateway import Database
+from jobcore.database.release_history import previous_release
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import check
 from jobcore.testing.processes import ROOT, jobcore_command
 from tests.e2e.stack import free_port
@@ -329,7 +329,7 @@ async def test_rolling_upgrade_from_the_previous_release_under_load(
     service_urls: ServiceUrls, tmp_path: Path
 ) -> None:
     release = previous_release(schema_version.own_version())
-    assert release is not None, "no previous release in jobcore.release_record"
+    assert release is not None, "no previous release in jobcore.database.release_history"
     old_bin = previous_build.venv(release)
 
     name = databases.create_database(service_urls.pg_admin_url, template=None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
 from tests.support.typescript import SQL_NODE, require_packages
 

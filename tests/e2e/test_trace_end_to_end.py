@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
 
 pytestmark = pytest.mark.timeout(240)

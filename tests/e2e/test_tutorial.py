@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT
 from tests.e2e.stack import E2EStack
 
@@ -54,7 +54,7 @@ async def test_the_job_type_is_enqueued_over_http_and_runs(
         settings,
         tmp_path,
         env={
-            "JOBCORE_JOB_MODULES": "jobcore.jobtypes,greetings",
+            "JOBCORE_JOB_MODULES": "jobcore.examples.jobtypes,greetings",
             "PYTHONPATH": f"{project}{os.pathsep}{ROOT}",
             "OTEL_SDK_DISABLED": "true",
         },

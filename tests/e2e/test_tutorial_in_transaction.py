@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, settings_env
 from tests.e2e.stack import E2EStack, free_port
 from tests.e2e.test_orders_example import app_ready
@@ -46,7 +46,7 @@ def project(tmp_path: Path) -> Path:
 async def test_the_pages_shop_places_an_order_and_sends_its_receipt_once(
     settings: Settings, project: Path, tmp_path: Path
 ) -> None:
-    modules = "jobcore.jobtypes,jobcore.testing.jobtypes,receipts"
+    modules = "jobcore.examples.jobtypes,jobcore.testing.jobtypes,receipts"
     path = f"{project}{os.pathsep}{ROOT}"
     stack = E2EStack(
         settings,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
 from tests.e2e.stack import E2EStack

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from jobcore.client import Accepted, AsyncClient, Client, RetryPolicy
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack
+from jobcore.testing.tcpproxy import Mode
 from jobcore.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)

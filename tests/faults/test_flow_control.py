@@ -18,14 +18,14 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.priorities import Priority
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from tests.e2e.stack import JOB_MODULES, E2EStack
 from tests.integration.relay.helpers import relay_env, run_cli
 from tests.integration.worker.support import log_has

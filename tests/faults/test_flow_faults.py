@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Process, Stack
 from jobcore.testing.waiting import eventually
 from tests.conftest import TEST_JOB_MODULES

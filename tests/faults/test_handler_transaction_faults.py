@@ -21,9 +21,9 @@ import aio_pika
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.jobtypes import CRASH_AT_ENV, CRASH_POINTS, CreditPayload

@@ -35,10 +35,10 @@ import httpx
 import psycopg
 import pytest
 
-from jobcore import scratch
 from jobcore.amqp.topology import Topology
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.testing import scratch
 from jobcore.testing.pipeline import (
     PIPELINE_JOB_MODULES,
     LeaseWatch,

@@ -23,11 +23,10 @@ import httpx
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_one
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.tcpproxy import Mode
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import (
     LeaseWatch,
     Process,
@@ -40,6 +39,7 @@ from jobcore.testing.pipeline import (
     status_counts,
     wait_quiescent,
 )
+from jobcore.testing.tcpproxy import Mode
 from jobcore.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)

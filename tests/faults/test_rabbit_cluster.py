@@ -26,8 +26,8 @@ import pytest
 from jobcore.amqp.connection import connect
 from jobcore.amqp.publisher import BatchResult, ConfirmedPublisher, Failure, OutgoingMessage
 from jobcore.amqp.topology import Topology
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import LeaseWatch, Stack, status_counts, time_to_recover
 from jobcore.testing.waiting import eventually
 from tests.faults.test_pipeline_faults import settle, steady_load, succeeded_at_least

@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobcore import scratch
-from jobcore.schema_version import Marker
-from jobcore.settings import Settings
+from jobcore.database.schema_version import Marker
+from jobcore.kernel.settings import Settings
+from jobcore.testing import scratch
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually_sync
 from tests.support import pg_stoppable

@@ -13,9 +13,9 @@ import aio_pika
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.chaos import broker_stopped, postgres_stopped
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 
 class Payload(BaseModel):

@@ -9,9 +9,9 @@ import asyncio
 import random
 import uuid
 
-from jobcore.db import Database
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
 from jobcore.testing.app_producer import APP_TABLE, AppProducer
 
 TRANSACTIONS = 40

@@ -11,7 +11,7 @@ import httpx
 import psycopg
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from services.bench.minimal_app import OWN_TABLES, TENANT, create_app
 
 

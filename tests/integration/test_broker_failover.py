@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from jobcore.amqp.connection import connect, connect_robust, connected_to
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import via_port
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from tests.support.services import ServiceUrls
 
 pytestmark = pytest.mark.timeout(60)

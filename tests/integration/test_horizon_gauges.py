@@ -11,10 +11,10 @@ import psycopg
 from prometheus_client import CollectorRegistry
 
 from jobcore.amqp.topology import Topology
-from jobcore.backlog import BacklogGauges
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.backlog import BacklogGauges
 
 
 def gauges(db: Database, settings: Settings) -> tuple[CollectorRegistry, BacklogGauges]:

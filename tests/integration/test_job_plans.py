@@ -1,5 +1,5 @@
 """The statements that reach jobs by id find them through the primary key whatever the
-statistics say (jobcore.sql.status_is); and, at 1,000,000 jobs, the overdue gauge and the
+statistics say (jobcore.database.sql.status_is); and, at 1,000,000 jobs, the overdue gauge and the
 console's list across tenants read an index's few pages, not the table.
 
 ANALYZE mostly runs while no job is pending or running, so the statistics see none. A
@@ -22,11 +22,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobcore.settings import Settings
-from jobcore.sql import Query, native_placeholders
-from jobcore.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
-from jobcore.sql.jobs import reads, run
-from jobcore.sql.jobs.enqueue import JOB_INSERT_MANY, JobInsertManyParams
+from jobcore.database.sql import Query, native_placeholders
+from jobcore.database.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
+from jobcore.database.sql.jobs import reads, run
+from jobcore.database.sql.jobs.enqueue import JOB_INSERT_MANY, JobInsertManyParams
+from jobcore.kernel.settings import Settings
 from tests.support import databases
 from tests.support.services import ServiceUrls
 
@@ -76,7 +76,9 @@ async def test_a_job_is_found_by_its_key_when_the_statistics_see_none_pending(
     async with await psycopg.AsyncConnection.connect(
         analyzed_when_all_finished, autocommit=True
     ) as conn:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.db
+        await conn.execute(
+            "SET plan_cache_mode = force_generic_plan"
+        )  # as jobcore.database.gateway
         await conn.execute(f"PREPARE by_id AS {sql}")
         cur = await conn.execute(f"EXPLAIN EXECUTE by_id({', '.join('NULL' for _ in names)})")
         plan = "\n".join(str(row[0]) for row in await cur.fetchall())
@@ -160,7 +162,9 @@ async def test_a_batch_enqueue_looks_up_only_its_own_keys_on_a_table_never_analy
             return ", ".join(cur.mogrify("%s", (values[name],)) for name in names)
 
         await conn.execute("INSERT INTO tenant_usage (tenant) VALUES ('plans')")
-        await conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.db
+        await conn.execute(
+            "SET plan_cache_mode = force_generic_plan"
+        )  # as jobcore.database.gateway
         await conn.execute(f"PREPARE batch AS {sql}")
         # Planned now, while the table holds no job.
         await conn.execute(f"EXECUTE batch({literals(_batch('plans', ['first']))})")
@@ -248,7 +252,7 @@ def _explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[dict[
     with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
         cur = conn.cursor()
         values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.db
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.database.gateway
         conn.execute(f"PREPARE measured AS {sql}")
         execute = f"EXECUTE measured({values})" if names else "EXECUTE measured"
         row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()

@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
-from jobcore import migrate
-from jobcore.schema import metadata
-from jobcore.settings import Settings
+from jobcore.database import migrate
+from jobcore.database.schema import metadata
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually_sync
 from tests.support import databases

@@ -9,8 +9,8 @@ from __future__ import annotations
 import uuid
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.pipeline import archive_pruned, check
 from tests.integration.worker.support import submit

@@ -1,4 +1,5 @@
-"""Relay wake-ups sent after the enqueue committed (jobcore.wakeups), against PostgreSQL.
+"""Relay wake-ups sent after the enqueue committed (jobcore.usecases.enqueue.wakeups), against
+PostgreSQL.
 
 Notifications reach a listener in commit order, so a marker NOTIFY sent after the enqueue
 shows whether the enqueue's own statement notified: its NOTIFY would arrive first.
@@ -13,14 +14,14 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue, enqueue_coalesced
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
-from jobcore.wakeups import RelayWakeups
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_coalesced
+from jobcore.usecases.enqueue.wakeups import RelayWakeups
 
 NOOP = default_registry.get("noop")
 

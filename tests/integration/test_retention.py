@@ -6,10 +6,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, UnitOfWork
+from jobcore.database.gateway import Database, UnitOfWork
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import STALE_FILE_AGE, Retention
-from jobcore.results import LocalResultStore
-from jobcore.settings import Settings
+from jobcore.storage.results import LocalResultStore
 from tests.support.retention import (
     Made,
     age_file,

@@ -1,5 +1,5 @@
 """jobcore refuses a schema more than one release newer than itself, with one line and
-exit 1 (jobcore.schema_version); one release newer runs; `jobcore migrate` records it."""
+exit 1 (jobcore.database.schema_version); one release newer runs; `jobcore migrate` records it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import subprocess
 import psycopg
 import pytest
 
-from jobcore import schema_version
-from jobcore.release_record import RELEASES
-from jobcore.schema_version import Marker
-from jobcore.settings import Settings
+from jobcore.database import schema_version
+from jobcore.database.release_history import RELEASES
+from jobcore.database.schema_version import Marker
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 
 # Commands that use the database: the three services, the console and a one-shot command.

@@ -33,11 +33,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 
-import jobcore.telemetry
+import jobcore.telemetry.traces
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
@@ -78,7 +78,7 @@ def recorded_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExpo
     provider.add_span_processor(SimpleSpanProcessor(memory))
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(jobcore.telemetry, "_recording", False)
+    monkeypatch.setattr(jobcore.telemetry.traces, "_recording", False)
     trace.set_tracer_provider(provider)
     try:
         yield memory

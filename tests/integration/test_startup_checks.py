@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from tests.conftest import TEST_JOB_MODULES
 
@@ -49,13 +49,15 @@ UNREACHABLE = {
         pytest.param(
             ("worker",),
             {"JOBCORE_AMQP_CONSUMER_TIMEOUT": "600"},
-            "JOBCORE_AMQP_CONSUMER_TIMEOUT: job type 'export_csv' (jobcore.jobtypes) may "
+            "JOBCORE_AMQP_CONSUMER_TIMEOUT: job type 'export_csv' (jobcore.examples.jobtypes) may "
             "hold a handler slot for 660s",
             id="worker-job-timeout",
         ),
         pytest.param(
             ("worker",),
-            {"JOBCORE_JOB_MODULES": "jobcore.jobtypes,tests.integration.reserved_queue_jobtypes"},
+            {
+                "JOBCORE_JOB_MODULES": "jobcore.examples.jobtypes,tests.integration.reserved_queue_jobtypes"
+            },
             "JOBCORE_JOB_MODULES: job type 'misrouted' "
             "(tests.integration.reserved_queue_jobtypes) is on the queue 'webhooks', which is "
             "reserved",

@@ -12,15 +12,15 @@ from typing import Any
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, lock_wait_ran_out
-from jobcore.errors import DatabaseUnavailable
-from jobcore.jobtypes import NoopPayload
+from jobcore.database.gateway import Database, lock_wait_ran_out
+from jobcore.database.sql.tenant_quotas import TENANT_USAGE_FOLD
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.usage_folder import FOLD_BATCH, FOLD_START_ID, UsageFolder
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
-from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 TENANT = "usage-versions"
 ADDED = 12
@@ -49,7 +49,7 @@ async def _deltas(db: Database) -> int:
 
 
 async def _add_and_end_jobs(db: Database, topology: Topology) -> None:
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
     for _ in range(ADDED):
         async with db.session() as session:
             await enqueue(
@@ -246,7 +246,7 @@ async def test_an_admission_with_a_usage_row_checks_the_cap_once(
                 "INSERT INTO tenant_quotas (tenant, max_unfinished) VALUES (%s, 100)", (TENANT,)
             )
             await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
-        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
         async with db.session() as session:
             await enqueue(
                 session,
@@ -288,7 +288,7 @@ async def test_an_enqueue_of_a_tenant_with_no_quota_does_not_read_its_usage_row(
     try:
         async with db.connection() as conn:
             await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
-        noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+        noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
         before = await _usage_index_scans(db)
         async with db.session() as session:
             await enqueue(

@@ -8,20 +8,20 @@ import uuid
 import psycopg
 import pytest
 
-from jobcore import db as db_module
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_one
-from jobcore.envelope import decode
-from jobcore.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.reads import JOB_GET
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database import gateway as db_module
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.reads import JOB_GET
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.errors import DatabaseUnavailable, IdempotencyConflict, ServiceStateError
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 COUNT = Query(
     "count",

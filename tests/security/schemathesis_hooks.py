@@ -28,7 +28,7 @@ from typing import Any
 import schemathesis
 from schemathesis import GenerationMode
 
-from jobcore.submit import MAX_SCHEDULE_AHEAD
+from jobcore.usecases.enqueue.submit import MAX_SCHEDULE_AHEAD
 from services.api.callbacks import CALLBACK_URL_PATTERN
 from services.api.cursor import encode_cursor
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE

@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.routing import BaseRoute
 
-from jobcore import apikeys, webhooks
-from jobcore.db import Database, execute
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.access import apikeys
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.execution import completion_webhooks as webhooks
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 from services.api.auth import AuthenticatedRoute

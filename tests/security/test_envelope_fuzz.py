@@ -9,8 +9,8 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobcore.envelope import PRINTABLE_TEXT, JobMessage, decode
-from jobcore.errors import PoisonMessage
+from jobcore.kernel.envelope import PRINTABLE_TEXT, JobMessage, decode
+from jobcore.kernel.errors import PoisonMessage
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -17,7 +17,7 @@ import uuid
 import httpx
 import orjson
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from tests.integration.api.support import assert_problem, counts, enqueue
 
 PROBLEM = "application/problem+json"

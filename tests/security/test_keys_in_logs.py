@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from jobcore import apikeys
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
+from jobcore.access import apikeys
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack, log_records
 from jobcore.usecases import keys as key_usecases
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobcore.db import Database, execute, fetch_one
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, execute, fetch_one
+from jobcore.database.sql import Query
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_process
 from jobcore.testing.waiting import eventually_sync
 from jobcore.usecases import keys as key_usecases

@@ -12,11 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.completion_webhooks import (
+    IPAddress,
+    NonPublicCallbackAddress,
+    is_public,
+    unwrap,
+)
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import webhooks as webhook_usecases
-from jobcore.webhooks import IPAddress, NonPublicCallbackAddress, is_public, unwrap
 from tests.integration.api.support import assert_problem, counts, enqueue
 from tests.support.resolver import resolving_to
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from tests.integration.api.support import assert_problem, counts, enqueue
 
 # The payload that used to be accepted and asked a worker for ~250 GB: 50 column names of

@@ -22,11 +22,11 @@ import aio_pika
 import httpx
 import orjson
 
-from jobcore import apikeys
+from jobcore.access import apikeys
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from jobcore.testing.waiting import eventually

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 MODULE = __name__
 

@@ -1,6 +1,6 @@
 """Isolated databases: migrate a template once, clone it for every test.
 
-The template is :func:`jobcore.scratch.ensure_template`'s: its name carries a hash of the
+The template is :func:`jobcore.testing.scratch.ensure_template`'s: its name carries a hash of the
 migrations, so a change to them builds a new template and an unchanged tree reuses the
 last one across runs.
 """
@@ -13,9 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from jobcore import scratch
-from jobcore.scratch import migrations_fingerprint
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
+from jobcore.testing import scratch
+from jobcore.testing.scratch import migrations_fingerprint
 
 __all__ = [
     "create_database",

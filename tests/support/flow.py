@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 
 
 def max_overlap(intervals: Iterable[tuple[datetime, datetime]]) -> int:

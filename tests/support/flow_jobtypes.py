@@ -1,4 +1,4 @@
-"""Job types with flow-control gates (jobcore.gates), for the flow-control tests: loaded
+"""Job types with flow-control gates (jobcore.kernel.gates), for the flow-control tests: loaded
 in-process by them, and by worker processes through JOBCORE_JOB_MODULES."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.errors import PermanentError
-from jobcore.gates import Limit, Rate
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
+from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.gates import Limit, Rate
 
 MODULE = __name__
 # The worker tests' queue: a queue of its own would change what every in-process worker of

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from jobcore.scratch import migrations_fingerprint
+from jobcore.testing.scratch import migrations_fingerprint
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pg_failover_pair.sh"
 PORTS = {"jcfail_a": 5441, "jcfail_b": 5442}

@@ -1,6 +1,6 @@
 """The previous release, installed from the git history in a virtual environment of its own.
 
-Its commit comes from the release record (jobcore.release_record), not from a tag: CI's
+Its commit comes from the release record (jobcore.database.release_history), not from a tag: CI's
 fresh clone may carry none. `git archive` of that commit, `python -m build --wheel`, and a
 venv with the wheel, cached under var/previous-release/<commit>/ so reruns are fast (CI's
 fresh clone builds it every run). Its dependencies are its own requirements.lock's pins:
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobcore.release_record import Release
+from jobcore.database.release_history import Release
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "var" / "previous-release"

@@ -15,12 +15,12 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import default_registry
-from jobcore.results import LocalResultStore
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import default_registry
+from jobcore.storage.results import LocalResultStore
 from jobcore.testing.jobtypes import EchoPayload
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 PAYLOADS: dict[str, BaseModel] = {"echo": EchoPayload(text="x"), "noop": NoopPayload()}
 

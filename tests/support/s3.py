@@ -16,7 +16,7 @@ import orjson
 from botocore.config import Config
 from pydantic import SecretStr
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from tests.support.scripts import start_with_script
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.gates import Limit, Rate
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
+from jobcore.kernel.gates import Limit, Rate
 
 QUEUE = "upgrade"
 LIMIT = 2

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from jobcore.amqp import connection
-from jobcore.errors import BrokerUnavailable
-from jobcore.settings import Settings
+from jobcore.kernel.errors import BrokerUnavailable
+from jobcore.kernel.settings import Settings
 
 # Never connected to: aio_pika's connect functions are replaced in every test.
 SETTINGS = Settings(amqp_url="amqp://guest:secret@127.0.0.1:1/")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobcore.audit import (
+from jobcore.access.audit import (
     InvalidActor,
     _details_json,
     check_actor,
@@ -15,8 +15,8 @@ from jobcore.audit import (
     key_actor,
     url_fingerprint,
 )
-from jobcore.errors import ConfigurationError
-from jobcore.settings import load_settings
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import load_settings
 from services.cli.audit import parse_since
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

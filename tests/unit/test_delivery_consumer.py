@@ -8,7 +8,7 @@ from typing import Any
 
 from jobcore.amqp.consuming import DeliveryConsumer
 from jobcore.amqp.deliveries import Delivery
-from jobcore.errors import BrokerUnavailable
+from jobcore.kernel.errors import BrokerUnavailable
 from jobcore.testing.waiting import eventually
 
 

@@ -36,8 +36,8 @@ try:  # typer >= 0.22 vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from jobcore.results import parse_store_url
-from jobcore.settings import ENV_PREFIX, Settings
+from jobcore.kernel.settings import ENV_PREFIX, Settings
+from jobcore.storage.results import parse_store_url
 from tests.support.cli_parse import parse_jobcore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ ROLES = {"api", "relay", "worker"}
 
 # Variables the deploy files may set before the code reads them (a setting being added
 # in parallel), each with a comment saying why. Empty when the code has caught up.
-# Settings the manifests may name before jobcore.settings has them (none today).
+# Settings the manifests may name before jobcore.kernel.settings has them (none today).
 PENDING_SETTINGS: set[str] = set()
 
 # Time a process may still need after JOBCORE_SHUTDOWN_GRACE: the worker gives the leases

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from jobcore.enqueue import EnqueueResult
-from jobcore.errors import DatabaseUnavailable, JobcoreError, UniqueJobExists
-from jobcore.registry import default_registry
-from jobcore.states import JobStatus
-from jobcore.submit import EnqueueRequest
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError, UniqueJobExists
+from jobcore.kernel.states import JobStatus
 from jobcore.testing.jobtypes import EchoPayload
+from jobcore.usecases.enqueue.submit import EnqueueRequest
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 from services.api.coalescing import EnqueueCoalescer
 
 

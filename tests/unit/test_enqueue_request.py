@@ -11,15 +11,20 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from jobcore import submit as enqueue_usecase
 from jobcore.amqp.topology import Topology
-from jobcore.batch import BatchItem, BatchResult
-from jobcore.enqueue import EnqueueResult
-from jobcore.errors import InvalidField, InvalidIdempotencyKey, InvalidPayload, InvalidUniqueKey
-from jobcore.priorities import Priority
-from jobcore.registry import JobContext, JobType, Registry
-from jobcore.states import JobStatus
-from jobcore.submit import EnqueueRequest, request_fingerprint
+from jobcore.execution.registry import JobContext, JobType, Registry
+from jobcore.kernel.errors import (
+    InvalidField,
+    InvalidIdempotencyKey,
+    InvalidPayload,
+    InvalidUniqueKey,
+)
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.states import JobStatus
+from jobcore.usecases.enqueue import submit as enqueue_usecase
+from jobcore.usecases.enqueue.submit import EnqueueRequest, request_fingerprint
+from jobcore.usecases.enqueue.write_many import BatchItem, BatchResult
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 from services.api.problems import located, problem_document
 from services.api.routes.enqueue import field_location
 

@@ -1,4 +1,4 @@
-"""The flow-control tests' checks (tests.support.flow) and the gate keys (jobcore.gates)."""
+"""The flow-control tests' checks (tests.support.flow) and the gate keys (jobcore.kernel.gates)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobcore.gates import Limit, Rate, gate_key
+from jobcore.kernel.gates import Limit, Rate, gate_key
 from tests.support.flow import max_overlap, most_starts_in_a_second, order_violations
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

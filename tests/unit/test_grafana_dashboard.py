@@ -11,8 +11,8 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from jobcore.amqp.topology import Topology
-from jobcore.backlog import BacklogGauges
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.usecases.backlog import BacklogGauges
 from services.api.metrics import ApiMetrics
 from services.relay.metrics import RelayMetrics
 from services.worker.metrics import WorkerMetrics

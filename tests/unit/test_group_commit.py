@@ -8,7 +8,7 @@ from collections.abc import Hashable, Sequence
 
 import pytest
 
-from jobcore.groupcommit import GroupCommit
+from jobcore.kernel.groupcommit import GroupCommit
 
 caller = contextvars.ContextVar("caller", default="none")
 

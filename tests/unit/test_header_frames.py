@@ -17,7 +17,7 @@ from jobcore.amqp.publisher import (
     _body_frame,
     _header_frame,
 )
-from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
+from jobcore.kernel.envelope import CONTENT_TYPE, ENVELOPE_VERSION
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from jobcore.enqueue import EnqueueResult
-from jobcore.in_transaction import _run_to_end
+from jobcore.usecases.enqueue.in_transaction import _run_to_end
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 
 
 def test_a_coroutine_that_completes_at_once_gives_its_value() -> None:

@@ -13,7 +13,7 @@ import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from jobcore.migrate import migrations_dir
+from jobcore.database.migrate import migrations_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def upgrade() -> None:
 SAFE = """
 from alembic import op
 
-from jobcore.migration_steps import create_indexes_concurrently
+from jobcore.database.migration_steps import create_indexes_concurrently
 
 revision = "9999"
 down_revision = "{head}"
@@ -137,7 +137,7 @@ def test_a_concurrent_build_not_made_by_the_helper_is_refused(tmp_path: Path, wa
     result = _lint(tmp_path, UNHELPED[way])
     assert result.returncode == 1, result.stdout + result.stderr
     assert "9999_region.py:" in result.stdout
-    assert "jobcore.migration_steps.create_indexes_concurrently" in result.stdout
+    assert "jobcore.database.migration_steps.create_indexes_concurrently" in result.stdout
     # Only the new migration: the shipped ones build through the helper.
     assert result.stdout.count(".py:") == 1, result.stdout
 

@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 
-from jobcore.errors import ConfigurationError
+from jobcore.execution.registry import Registry
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import (
     GateReleaser,
     GateReleaserConfig,
@@ -21,8 +23,6 @@ from jobcore.maintenance import (
     UsageFolderConfig,
     services_from_settings,
 )
-from jobcore.registry import Registry
-from jobcore.settings import Settings
 from services.worker.metrics import WorkerMetrics
 
 

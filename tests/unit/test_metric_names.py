@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from jobcore.amqp.topology import Topology
-from jobcore.backlog import BacklogGauges
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.backlog import BacklogGauges
 from services.api.metrics import ApiMetrics
 from services.api.waiters import JobWaiters
 from services.relay.metrics import RelayMetrics

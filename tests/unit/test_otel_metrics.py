@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 
-from jobcore.otel_metrics import OtlpMetricsPusher, metrics_data, metrics_export_wanted
+from jobcore.telemetry.otlp_metrics import OtlpMetricsPusher, metrics_data, metrics_export_wanted
 
 
 def registry_text() -> str:

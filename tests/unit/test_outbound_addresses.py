@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobcore.webhooks import (
+from jobcore.execution.completion_webhooks import (
     NAT64_LOCAL_USE,
     CallbackHostUnresolved,
     IPAddress,

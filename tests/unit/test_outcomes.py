@@ -10,7 +10,6 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from jobcore.errors import PermanentError, StoreRefused
 from jobcore.execution.outcomes import (
     CANCEL,
     RESULT_FILE_AND_TOO_LARGE,
@@ -26,8 +25,9 @@ from jobcore.execution.outcomes import (
     store_failed,
     success,
 )
-from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.results import ResultNotFound, StoreUnavailable
+from jobcore.execution.registry import InvalidPayloadError, JobContext
+from jobcore.kernel.errors import PermanentError, StoreRefused
+from jobcore.storage.results import ResultNotFound, StoreUnavailable
 
 LIMITS = OutcomeLimits(inline_result_max_bytes=20, retry_backoff_base=1.0, retry_backoff_cap=8.0)
 TOKEN = uuid.UUID(int=7)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from jobcore.jobtypes import (
+from jobcore.examples.jobtypes import (
     EXPORT_CHUNK_BYTES,
     EXPORT_MAX_COLUMN_NAME,
     EXPORT_MAX_COLUMNS,
@@ -21,9 +21,9 @@ from jobcore.jobtypes import (
     ExportCsvPayload,
     csv_chunks,
 )
-from jobcore.registry import JobType, load_job_modules
+from jobcore.execution.registry import JobType, load_job_modules
 
-SHIPPED_MODULES = ("jobcore.jobtypes", "jobcore.demojobs", "jobcore.testing.jobtypes")
+SHIPPED_MODULES = ("jobcore.examples.jobtypes", "jobcore.examples.demo", "jobcore.testing.jobtypes")
 
 
 def shipped_job_types() -> list[JobType[Any]]:

@@ -8,16 +8,16 @@ import pytest
 from pydantic import BaseModel
 
 from jobcore.amqp.deliveries import split_prefetch
-from jobcore.errors import ConfigurationError
 from jobcore.execution.attempts import error_text
-from jobcore.preflight import (
+from jobcore.execution.preflight import (
     MIN_HELD_CONNECTIONS,
     check_job_types,
     check_relay_timeouts,
     held_connections,
 )
-from jobcore.registry import JobContext, Registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import JobContext, Registry
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import Settings
 
 WORKER_POOL_USERS = {"cancel listener": 1, "reaper": 1, "rescuer": 1, "webhook deliverer": 1}
 

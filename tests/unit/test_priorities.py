@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobcore.priorities import DEFAULT_PRIORITY, LABELS, WEIGHTS, Priority
-from jobcore.registry import Registry
+from jobcore.execution.registry import Registry
+from jobcore.kernel.priorities import DEFAULT_PRIORITY, LABELS, WEIGHTS, Priority
 from jobcore.testing.jobtypes import EchoPayload, echo
 
 

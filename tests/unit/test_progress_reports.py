@@ -10,10 +10,10 @@ import uuid
 import pytest
 from pydantic import BaseModel
 
-from jobcore.errors import ServiceStateError
+from jobcore.execution.progress import PROGRESS_MESSAGE_MAX_CHARS, checked_progress
 from jobcore.execution.progress_reports import JobProgress
-from jobcore.jobprogress import PROGRESS_MESSAGE_MAX_CHARS, checked_progress
-from jobcore.registry import JobContext
+from jobcore.execution.registry import JobContext
+from jobcore.kernel.errors import ServiceStateError
 
 
 class Recorder:

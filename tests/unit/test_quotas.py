@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobcore.quotas import MAX_RATE, MIN_RATE, RateLimit, under_cap
+from jobcore.kernel.quotas import MAX_RATE, MIN_RATE, RateLimit, under_cap
 from jobcore.usecases.quotas import InvalidQuota, check_quota
 from services.cli.tenants import (
     InvalidValue,

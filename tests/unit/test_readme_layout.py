@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.settings import RelayOptions, Settings
+from jobcore.kernel.settings import RelayOptions, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -29,7 +29,7 @@ def _layout_block() -> str:
 
 
 def _paths(text: str) -> set[str]:
-    """Repository paths in backquotes (``libs/jobcore/settings.py``, ``services/cli/``)."""
+    """Repository paths in backquotes (``libs/jobcore/kernel/settings.py``, ``services/cli/``)."""
     quoted = re.findall(r"`([^`\s]+)`", text)
     return {q for q in quoted if "/" in q and not q.startswith(("JOBCORE_", "http"))} | {
         q for q in quoted if re.fullmatch(r"[\w.-]+\.(py|toml|md)", q)
@@ -37,7 +37,7 @@ def _paths(text: str) -> set[str]:
 
 
 def _modules(text: str) -> set[str]:
-    """Dotted module names in backquotes (``jobcore.registry``, ``services.cli``)."""
+    """Dotted module names in backquotes (``jobcore.execution.registry``, ``services.cli``)."""
     return {
         q for q in re.findall(r"`([\w.]+)`", text) if q.split(".")[0] in ("jobcore", "services")
     }
@@ -64,8 +64,8 @@ LAYOUT_PATHS = sorted(_layout_paths())
 
 def test_the_paragraph_and_the_block_were_found() -> None:
     # A parser that finds nothing would pass everything below.
-    assert {"libs/jobcore/settings.py", "services/cli/__init__.py"} <= set(WHERE_PATHS)
-    assert {"jobcore.registry", "services.cli", "services.bench"} <= set(WHERE_MODULES)
+    assert {"libs/jobcore/kernel/settings.py", "services/cli/__init__.py"} <= set(WHERE_PATHS)
+    assert {"jobcore.execution.registry", "services.cli", "services.bench"} <= set(WHERE_MODULES)
     assert {"services/entry.py", "libs/jobcore/usecases/", "tests/unit/"} <= set(LAYOUT_PATHS)
 
 

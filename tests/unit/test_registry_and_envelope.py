@@ -4,9 +4,14 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from jobcore.envelope import JobMessage, decode
-from jobcore.errors import DuplicateRegistration, InvalidPayload, PoisonMessage, UnknownJobType
-from jobcore.registry import JobContext, JobType, Registry
+from jobcore.execution.registry import JobContext, JobType, Registry
+from jobcore.kernel.envelope import JobMessage, decode
+from jobcore.kernel.errors import (
+    DuplicateRegistration,
+    InvalidPayload,
+    PoisonMessage,
+    UnknownJobType,
+)
 
 
 class Payload(BaseModel):

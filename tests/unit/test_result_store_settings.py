@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.errors import ConfigurationError
-from jobcore.objectstore import S3ResultStore, open_result_store
-from jobcore.results import LocalResultStore, job_of_key, result_key
-from jobcore.settings import load_settings
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import load_settings
+from jobcore.storage.objectstore import S3ResultStore, open_result_store
+from jobcore.storage.results import LocalResultStore, job_of_key, result_key
 
 SECRET = "wJalrXUtnFEMI-not-a-real-key"
 

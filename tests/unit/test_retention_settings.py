@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from jobcore.errors import ConfigurationError
-from jobcore.settings import load_settings
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import load_settings
 
 
 @pytest.mark.parametrize(

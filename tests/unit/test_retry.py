@@ -1,4 +1,4 @@
-"""Backoff with full jitter (jobcore.retry): bounds, growth, cap, and that it is jittered."""
+"""Backoff with full jitter (jobcore.kernel.retry): bounds, growth, cap, and that it is jittered."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobcore.retry import backoff_ceiling, backoff_delay
+from jobcore.kernel.retry import backoff_ceiling, backoff_delay
 
 
 def test_ceiling_doubles_per_attempt_until_the_cap() -> None:

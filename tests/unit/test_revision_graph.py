@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from jobcore import schema_version
-from jobcore.migrate import migrations_dir
+from jobcore.database import schema_version
+from jobcore.database.migrate import migrations_dir
 
 
 def _alembic() -> ScriptDirectory:

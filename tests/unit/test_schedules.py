@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from jobcore import schedules as schedules_module
-from jobcore.registry import load_job_modules
-from jobcore.schedules import (
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import load_settings
+from jobcore.maintenance import periodic as schedules_module
+from jobcore.maintenance.periodic import (
     Schedule,
     ScheduleConfigError,
     ScheduleNotFound,
@@ -22,9 +23,8 @@ from jobcore.schedules import (
     periodic,
     tick_key,
 )
-from jobcore.settings import load_settings
 
-REGISTRY = load_job_modules(["jobcore.jobtypes"])
+REGISTRY = load_job_modules(["jobcore.examples.jobtypes"])
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 

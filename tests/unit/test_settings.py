@@ -2,8 +2,8 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
-from jobcore.errors import ConfigurationError
-from jobcore.settings import RelayOptions, Settings, load_relay_options, load_settings
+from jobcore.kernel.errors import ConfigurationError
+from jobcore.kernel.settings import RelayOptions, Settings, load_relay_options, load_settings
 
 
 def test_defaults_reach_local_services(monkeypatch: pytest.MonkeyPatch) -> None:

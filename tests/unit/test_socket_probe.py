@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from jobcore.db import has_input
+from jobcore.database.gateway import has_input
 
 HIGH_FD = 1500
 

@@ -1,4 +1,4 @@
-"""Named statements are stored compacted (jobcore.sql.compact), so psycopg caches the
+"""Named statements are stored compacted (jobcore.database.sql.compact), so psycopg caches the
 conversion of their placeholders: the hot paths' statements must stay within its limit."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from psycopg._queries import (
 )
 from psycopg.adapt import Transformer
 
-from jobcore.sql import PSYCOPG_CACHED_QUERY_BYTES, Query, compact, native_placeholders
-from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
-from jobcore.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_APPROXIMATE, JobInsertParams
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JobClaimManyParams
+from jobcore.database.sql import PSYCOPG_CACHED_QUERY_BYTES, Query, compact, native_placeholders
+from jobcore.database.sql.api_keys import API_KEY_AUTHENTICATE
+from jobcore.database.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_APPROXIMATE, JobInsertParams
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY, JobClaimManyParams
 
 
 def test_compact_drops_comments_and_whitespace_but_keeps_literals() -> None:

@@ -2,8 +2,8 @@ import itertools
 
 import pytest
 
-from jobcore.errors import IllegalTransition
-from jobcore.states import TERMINAL, JobStatus, can_transition, check_transition, is_terminal
+from jobcore.kernel.errors import IllegalTransition
+from jobcore.kernel.states import TERMINAL, JobStatus, can_transition, check_transition, is_terminal
 
 S = JobStatus
 EXPECTED_ALLOWED = {

@@ -1,4 +1,4 @@
-"""jobcore.objectstore.store_error: which obstore errors are an outage (the job is given
+"""jobcore.storage.objectstore.store_error: which obstore errors are an outage (the job is given
 back), which a refusal (the attempt fails) and which a missing object. The messages are the
 ones obstore 0.12 gives for each answer of an S3 server (recorded against a stub server
 answering each status); the integration tests meet the real ones from moto's server."""
@@ -14,9 +14,9 @@ from obstore.exceptions import (
     UnauthenticatedError,
 )
 
-from jobcore.errors import StoreRefused
-from jobcore.objectstore import store_error
-from jobcore.results import ResultNotFound, StoreUnavailable
+from jobcore.kernel.errors import StoreRefused
+from jobcore.storage.objectstore import store_error
+from jobcore.storage.results import ResultNotFound, StoreUnavailable
 
 SECRET = "s3cr3t-never-shown"
 PUT = "Error performing PUT http://127.0.0.1:9589/bkt/k in 4.5ms"

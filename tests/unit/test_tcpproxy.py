@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from jobcore import tcpproxy
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.testing import tcpproxy
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
 
 

@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from jobcore.amqp.connection import broker_server
 from jobcore.amqp.publisher import BatchResult, Failure, OutgoingMessage
-from jobcore.dbtracing import operation_name, statement_name
-from jobcore.logs import JsonFormatter
-from jobcore.semconv import process_destination, publish_destination
-from jobcore.settings import Settings
-from jobcore.sql.jobs.enqueue import JOB_INSERT
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY
-from jobcore.telemetry import (
+from jobcore.database.sql.jobs.enqueue import JOB_INSERT
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY
+from jobcore.database.statement_spans import operation_name, statement_name
+from jobcore.kernel.settings import Settings
+from jobcore.telemetry.logs import JsonFormatter
+from jobcore.telemetry.semconv import process_destination, publish_destination
+from jobcore.telemetry.traces import (
     JsonLinesSpanExporter,
     capture_trace_headers,
     context_from_headers,

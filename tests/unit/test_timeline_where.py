@@ -1,11 +1,12 @@
-"""Where a job is now, in words (jobcore.timeline.whereabouts): one sentence per state."""
+"""Where a job is now, in words (jobcore.usecases.whereabouts.whereabouts): one sentence per
+state."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobcore.timeline import WHEREABOUTS_KEYS, whereabouts, with_where
+from jobcore.usecases.whereabouts import WHEREABOUTS_KEYS, whereabouts, with_where
 
 NOW = datetime(2026, 12, 1, 10, 40, 0, tzinfo=UTC)
 

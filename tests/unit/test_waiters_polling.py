@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from services.api.waiters import JobWaiters
 
 INTERVAL = 0.05

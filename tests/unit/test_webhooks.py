@@ -13,8 +13,7 @@ import pytest
 import standardwebhooks
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from jobcore.errors import PoisonMessage
-from jobcore.webhooks import (
+from jobcore.execution.completion_webhooks import (
     Outcome,
     UnsafeCallbackUrl,
     WebhookMessage,
@@ -33,6 +32,7 @@ from jobcore.webhooks import (
     standard_form,
     standard_key,
 )
+from jobcore.kernel.errors import PoisonMessage
 
 # Standard Webhooks' reference library's signing test (libraries/python/tests): a 24-byte
 # secret, and the signature every implementation must produce for it.

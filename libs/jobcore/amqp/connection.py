@@ -21,9 +21,9 @@ import aiormq
 from aio_pika.abc import AbstractRobustConnection
 from aio_pika.robust_connection import RobustConnection
 
-from jobcore.errors import BrokerUnavailable
-from jobcore.semconv import server_attributes
-from jobcore.settings import Settings
+from jobcore.kernel.errors import BrokerUnavailable
+from jobcore.kernel.settings import Settings
+from jobcore.telemetry.semconv import server_attributes
 
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
     OSError,

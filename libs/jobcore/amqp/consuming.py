@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
-from jobcore.errors import BrokerUnavailable
-from jobcore.service import Service
+from jobcore.kernel.errors import BrokerUnavailable
+from jobcore.kernel.startstop import Service
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from aio_pika.abc import (
 from jobcore.amqp.connection import BROKER_ERRORS, connect
 from jobcore.amqp.deliveries import JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.envelope import decode
-from jobcore.errors import BrokerUnavailable, PoisonMessage
-from jobcore.settings import Settings
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.errors import BrokerUnavailable, PoisonMessage
+from jobcore.kernel.settings import Settings
 
 # Headers RabbitMQ adds when it dead-letters; a replayed message starts without them.
 _DEATH_HEADER_PREFIXES = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")

@@ -37,9 +37,9 @@ from aio_pika.abc import (
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect_robust, connected_to
 from jobcore.amqp.topology import Topology
-from jobcore.errors import BrokerUnavailable, ConfigurationError
-from jobcore.retry import backoff_delay
-from jobcore.settings import Settings
+from jobcore.kernel.errors import BrokerUnavailable, ConfigurationError
+from jobcore.kernel.retry import backoff_delay
+from jobcore.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Delivery:
     body: bytes
     headers: Mapping[str, Any]
     redelivered: bool
-    # Where it came from, for the process span's destination (jobcore.semconv).
+    # Where it came from, for the process span's destination (jobcore.telemetry.semconv).
     exchange: str
     routing_key: str
     queue: str
@@ -334,8 +334,8 @@ class JobQueueConsumer:
         ``priority`` (RabbitMQ's ``x-priority``: a queue's messages go to its
         highest-priority consumer with room, round-robin among equals).
 
-        Raises :class:`~jobcore.errors.BrokerUnavailable` if the broker cannot be reached,
-        :class:`~jobcore.errors.ConfigurationError` if ``prefetch`` is below the queues.
+        Raises :class:`~jobcore.kernel.errors.BrokerUnavailable` if the broker cannot be reached,
+        :class:`~jobcore.kernel.errors.ConfigurationError` if ``prefetch`` is below the queues.
         """
         shares = self.prefetch_shares(prefetch)
         self._arguments = {} if priority is None else {"x-priority": priority}

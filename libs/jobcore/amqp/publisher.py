@@ -55,10 +55,10 @@ from pamqp.header import ContentHeader
 
 from jobcore.amqp.connection import BROKER_ERRORS, connect, connected_to, redact_all
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, DeclaredTopology, Topology
-from jobcore.envelope import CONTENT_TYPE, ENVELOPE_VERSION
-from jobcore.errors import BrokerUnavailable, ConfigurationError
-from jobcore.retry import backoff_delay
-from jobcore.settings import DEFAULT_MAX_MESSAGE_SIZE, Settings
+from jobcore.kernel.envelope import CONTENT_TYPE, ENVELOPE_VERSION
+from jobcore.kernel.errors import BrokerUnavailable, ConfigurationError
+from jobcore.kernel.retry import backoff_delay
+from jobcore.kernel.settings import DEFAULT_MAX_MESSAGE_SIZE, Settings
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
-from jobcore.errors import ConfigurationError
+from jobcore.kernel.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from jobcore.settings import Settings
+    from jobcore.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class Topology:
 
         Tried on throwaway channels of the same connection: a declaration that fails closes
         the channel it ran on, and ``channel`` may be the caller's consuming channel.
-        Raises :class:`~jobcore.errors.ConfigurationError` when neither set matches.
+        Raises :class:`~jobcore.kernel.errors.ConfigurationError` when neither set matches.
         """
         connection = (await channel.get_underlay_channel()).connection
         refusal: aiormq.exceptions.ChannelPreconditionFailed | None = None

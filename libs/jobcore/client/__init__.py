@@ -54,7 +54,7 @@ from jobcore.client.models import (
 )
 from jobcore.client.retries import NO_RETRIES, RetryPolicy
 from jobcore.client.sync import Client, ResultStream
-from jobcore.client.webhooks import verify_webhook
+from jobcore.client.webhook_signatures import verify_webhook
 
 __all__ = [
     "NO_RETRIES",

@@ -1,7 +1,7 @@
 """What the client raises: the API's problem JSON (RFC 9457) as an exception per status,
 a connection that kept failing, a wait that ran out, a webhook that does not verify.
 
-Every class derives from :class:`jobcore.errors.JobcoreError`, the library's one base.
+Every class derives from :class:`jobcore.kernel.errors.JobcoreError`, the library's one base.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import orjson
 
-from jobcore.errors import JobcoreError
+from jobcore.kernel.errors import JobcoreError
 
 PROBLEM_BASE = "https://jobcore.dev/problems/"
 _STANDARD_MEMBERS = frozenset({"type", "title", "status", "detail", "instance"})

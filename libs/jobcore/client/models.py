@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.states import JobStatus, is_terminal
+from jobcore.kernel.states import JobStatus, is_terminal
 
 __all__ = [
     "Accepted",

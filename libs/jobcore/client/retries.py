@@ -1,5 +1,5 @@
 """When the client tries a request again, as pure code: after a ``503``, a ``429`` or a
-connection error, with exponential backoff and full jitter (:mod:`jobcore.retry`), never
+connection error, with exponential backoff and full jitter (:mod:`jobcore.kernel.retry`), never
 sooner than the API's ``Retry-After``, within a number of attempts and a deadline."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from jobcore.retry import backoff_delay
+from jobcore.kernel.retry import backoff_delay
 
 # The answers that say "not now": the database is unreachable, or a quota is used up.
 RETRYABLE_STATUSES = frozenset({429, 503})

@@ -14,7 +14,7 @@ delivery (AMQP), the batching of commits and the process around it.
 - :mod:`~jobcore.execution.outcomes`: what an attempt ends in (pure code);
 - :mod:`~jobcore.execution.progress_reports`: a running job's progress reports, throttled.
 
-The handler's side of the contract (``JobContext``, :mod:`jobcore.handlertx`,
-:mod:`jobcore.jobprogress`) stays with :mod:`jobcore.registry`, which imports it: the core
-imports the registry, not the other way round.
+The handler's side of the contract (``JobContext``, :mod:`jobcore.execution.transaction`,
+:mod:`jobcore.execution.progress`) stays with :mod:`jobcore.execution.registry`, which imports it:
+the core imports the registry, not the other way round.
 """

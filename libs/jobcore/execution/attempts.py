@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from jobcore.errors import JobcoreError
-from jobcore.registry import JobContext, JobType
+from jobcore.execution.registry import JobContext, JobType
+from jobcore.kernel.errors import JobcoreError
 
 ERROR_MAX_CHARS = 2000
 _NUL = b"\\u0000"  # how orjson writes U+0000, which PostgreSQL's jsonb refuses

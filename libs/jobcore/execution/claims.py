@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from jobcore.db import AsyncConn
-from jobcore.registry import JobType
-from jobcore.store import JOBS_CONSUMER, JobClaimManyParams, job_store
+from jobcore.database.gateway import AsyncConn
+from jobcore.database.store import JOBS_CONSUMER, JobClaimManyParams, job_store
+from jobcore.execution.registry import JobType
 
 
 @dataclass(frozen=True, slots=True)

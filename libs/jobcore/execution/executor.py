@@ -19,8 +19,8 @@ the job is still ``running`` under that token. A runner that lost its lease (the
 gave the job to someone else) therefore writes nothing, whatever its handler did.
 
 A handler may instead record its success itself, in its own transaction
-(``ctx.transaction()``, :mod:`jobcore.handlertx`): the same fenced success statement runs
-on that transaction's connection before it commits, and the attempt is then over; nothing
+(``ctx.transaction()``, :mod:`jobcore.execution.transaction`): the same fenced success statement
+runs on that transaction's connection before it commits, and the attempt is then over; nothing
 else is written for it. Progress reports (``ctx.progress``) are throttled and fenced
 writes of their own (:mod:`jobcore.execution.progress_reports`), flushed before the
 outcome.
@@ -48,19 +48,22 @@ from opentelemetry.trace import Span
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import AsyncConn, Database, fetch_one
-from jobcore.enqueue import job_message_row
-from jobcore.errors import (
-    DatabaseUnavailable,
-    LeaseLost,
-    PermanentError,
-    ServiceStateError,
-    StoreRefused,
-    TransientConflict,
+from jobcore.database.gateway import AsyncConn, Database, fetch_one
+from jobcore.database.store import (
+    JOBS_CONSUMER,
+    JobFencedParams,
+    JobHeartbeatParams,
+    JobProgressSetParams,
+    JobReleaseParams,
+    JobRetryParams,
+    JobSucceedManyParams,
+    OutboxMessageParams,
+    Statement,
+    job_store,
 )
 from jobcore.execution.attempts import call_handler, error_text
 from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
+from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.outcomes import (
     CANCEL,
     Fail,
@@ -75,27 +78,24 @@ from jobcore.execution.outcomes import (
     store_failed,
     success,
 )
+from jobcore.execution.payloads import read_payload
 from jobcore.execution.progress_reports import JobProgress
-from jobcore.handlertx import JobTransaction
-from jobcore.objectstore import open_result_store
-from jobcore.payloads import read_payload
-from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.results import ResultNotFound, ResultStore
-from jobcore.settings import Settings
-from jobcore.store import (
-    JOBS_CONSUMER,
-    JobFencedParams,
-    JobHeartbeatParams,
-    JobProgressSetParams,
-    JobReleaseParams,
-    JobRetryParams,
-    JobSucceedManyParams,
-    OutboxMessageParams,
-    Statement,
-    job_store,
+from jobcore.execution.registry import InvalidPayloadError, JobContext
+from jobcore.execution.transaction import JobTransaction
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.errors import (
+    DatabaseUnavailable,
+    LeaseLost,
+    PermanentError,
+    ServiceStateError,
+    StoreRefused,
+    TransientConflict,
 )
-from jobcore.telemetry import span_if_enabled, tracing_enabled
-from jobcore.webhooks import completion_params
+from jobcore.kernel.settings import Settings
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import ResultNotFound, ResultStore
+from jobcore.telemetry.traces import span_if_enabled, tracing_enabled
+from jobcore.usecases.enqueue.write_one import job_message_row
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ class OneCommitEach:
 
 class Connections(Protocol):
     """Where the core's statements run: an autocommit connection per use, its driver
-    errors translated (:class:`~jobcore.errors.DatabaseUnavailable`, and
-    :class:`~jobcore.errors.TransientConflict` where the source tells deadlocks apart)."""
+    errors translated (:class:`~jobcore.kernel.errors.DatabaseUnavailable`, and
+    :class:`~jobcore.kernel.errors.TransientConflict` where the source tells deadlocks apart)."""
 
     def connection(self) -> AbstractAsyncContextManager[AsyncConn]: ...
 

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobcore.errors import PermanentError
 from jobcore.execution.attempts import (
     ERROR_MAX_CHARS,
     UnstorableOutcome,
@@ -31,12 +30,13 @@ from jobcore.execution.attempts import (
     error_text,
     storable,
 )
-from jobcore.registry import InvalidPayloadError, JobContext
-from jobcore.results import StoreUnavailable
-from jobcore.retry import backoff_ceiling, backoff_delay
+from jobcore.execution.registry import InvalidPayloadError, JobContext
+from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.retry import backoff_ceiling, backoff_delay
+from jobcore.storage.results import StoreUnavailable
 
 if TYPE_CHECKING:
-    from jobcore.settings import Settings
+    from jobcore.kernel.settings import Settings
 
 # The last_error of a job cancelled while it ran.
 CANCELLED_ERROR = "cancelled"
@@ -184,7 +184,7 @@ def handler_failed(
     """The handler raised ``exc`` (not because its runner stopped it): a permanent error
     fails the job, the object store's outage gives it back (``give_backs``: the times one
     already did, :func:`store_failed`), anything else is retried (a refusal of the store,
-    :class:`~jobcore.errors.StoreRefused`, too: it is no outage)."""
+    :class:`~jobcore.kernel.errors.StoreRefused`, too: it is no outage)."""
     if isinstance(exc, PermanentError):
         return Fail(error_text(exc))
     if isinstance(exc, StoreUnavailable):

@@ -2,7 +2,7 @@
 
 A handler may report progress in a tight loop; each write is an UPDATE of the job row and
 a NOTIFY every API process hears. So the latest report wins and is written at most once
-per :data:`~jobcore.jobprogress.PROGRESS_FLUSH_INTERVAL` (the first at once), in the
+per :data:`~jobcore.execution.progress.PROGRESS_FLUSH_INTERVAL` (the first at once), in the
 background: reporting never waits for the database. Before the attempt's outcome is
 written the executor flushes what is pending (:meth:`JobProgress.close`), so the last
 report is never lost to the throttle. Progress is best effort: a write that fails is
@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jobcore.jobprogress import PROGRESS_FLUSH_INTERVAL
+from jobcore.execution.progress import PROGRESS_FLUSH_INTERVAL
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jobcore.execution.registry import Registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.analyzer import Analyzer, AnalyzerConfig
 from jobcore.maintenance.base import BATCH_SIZE, MaintenanceService, ServiceConfig
 from jobcore.maintenance.connection import SharedConnection
@@ -29,15 +31,13 @@ from jobcore.maintenance.gate_releaser import GateReleaser, GateReleaserConfig
 from jobcore.maintenance.lease import LEADER_LEASE
 from jobcore.maintenance.maintainer import Maintainer, MaintainerConfig
 from jobcore.maintenance.metrics import MaintenanceMetrics, SchedulerMetrics
+from jobcore.maintenance.periodic import Schedule
 from jobcore.maintenance.pruner import Pruner, PrunerConfig
 from jobcore.maintenance.reaper import Reaper, ReaperConfig
 from jobcore.maintenance.rescuer import Rescuer, RescuerConfig
 from jobcore.maintenance.scheduler import Scheduler, SchedulerConfig
 from jobcore.maintenance.sweeper import Sweeper, SweeperConfig
 from jobcore.maintenance.usage_folder import UsageFolder, UsageFolderConfig
-from jobcore.registry import Registry
-from jobcore.schedules import Schedule
-from jobcore.settings import Settings
 
 __all__ = [
     "BATCH_SIZE",
@@ -76,7 +76,7 @@ def services_from_settings(
     schedule_metrics: SchedulerMetrics | None = None,
 ) -> list[MaintenanceService[Any]]:
     """Every service a worker runs, each config built from ``settings`` and checked (a bad
-    value: :class:`~jobcore.errors.ConfigurationError`, one line naming the variable). The
+    value: :class:`~jobcore.kernel.errors.ConfigurationError`, one line naming the variable). The
     scheduler only with schedules declared."""
     services: list[MaintenanceService[Any]] = [
         Reaper.from_settings(settings, registry=registry, metrics=metrics),

@@ -1,7 +1,7 @@
 """The analyzer: ANALYZE of jobcore's tables where autovacuum will not do it soon.
 
 Every hot statement is prepared once per connection and runs a generic plan
-(``jobcore.db``, "generic plans"), planned from the statistics of that moment and kept
+(``jobcore.database.gateway``, "generic plans"), planned from the statistics of that moment and kept
 until an ANALYZE (or DDL) of its tables invalidates it. A plan made while the jobs table
 was empty does not know that an index on ``status`` now holds thousands of pending rows:
 the worker's claim, planned on a new database, reached its jobs through
@@ -36,12 +36,12 @@ from typing import ClassVar
 import psycopg
 from psycopg import sql
 
-from jobcore.db import connect_for_chore
+from jobcore.database.gateway import connect_for_chore
+from jobcore.database.schema import metadata
+from jobcore.database.store import database_store
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.lease import Term
-from jobcore.schema import metadata
-from jobcore.settings import Settings
-from jobcore.store import database_store
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from jobcore.db import UnitOfWork
-from jobcore.errors import ConfigurationError
+from jobcore.database.gateway import UnitOfWork
+from jobcore.kernel.errors import ConfigurationError
 from jobcore.maintenance.connection import Transactions
 from jobcore.maintenance.lease import Term
 

@@ -1,5 +1,5 @@
-"""Where maintenance statements run: any :class:`~jobcore.db.Database`, or the leader's
-one pool connection taken in turn (:class:`SharedConnection`)."""
+"""Where maintenance statements run: any :class:`~jobcore.database.gateway.Database`, or the
+leader's one pool connection taken in turn (:class:`SharedConnection`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from jobcore.db import Session, UnitOfWork
-from jobcore.errors import ServiceStateError
-from jobcore.settings import Settings
+from jobcore.database.gateway import Session, UnitOfWork
+from jobcore.kernel.errors import ServiceStateError
+from jobcore.kernel.settings import Settings
 
 
 class Transactions(Protocol):

@@ -1,10 +1,10 @@
 """The gate releaser: held jobs are published again once their gate may let them start.
 
-A claim that a gate stopped (jobcore.gates) left its job pending with a ``held_reason``
+A claim that a gate stopped (jobcore.kernel.gates) left its job pending with a ``held_reason``
 and no message. Every round (``JOBCORE_GATE_RELEASE_INTERVAL``), the maintenance leader's
 gate releaser finds the held jobs whose concurrency slot, rate token or turn in their
 ordering key has come, and writes a new outbox message for each one's unused attempt (due
-when its rate token is; :mod:`jobcore.maintenance.releases`). Nothing is kept in the
+when its rate token is; :mod:`jobcore.maintenance.held_jobs`). Nothing is kept in the
 process: slots are counted from running job rows, which the reaper returns to pending when
 their worker died, so a dead worker's slot is freed by the reaper's fence and the next
 round here releases the job waiting for it. A release is a hint, not a grant: the claim
@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import UnitOfWork
+from jobcore.database.gateway import UnitOfWork
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
+from jobcore.maintenance.held_jobs import release_held
 from jobcore.maintenance.metrics import GateReleaserMetrics
-from jobcore.maintenance.releases import release_held
-from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 

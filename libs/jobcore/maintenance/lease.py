@@ -25,9 +25,9 @@ import logging
 import uuid
 from typing import Protocol
 
-from jobcore.db import UnitOfWork
+from jobcore.database.gateway import UnitOfWork
+from jobcore.database.store import maintenance_lease_store
 from jobcore.maintenance.connection import Transactions
-from jobcore.store import maintenance_lease_store
 
 log = logging.getLogger(__name__)
 

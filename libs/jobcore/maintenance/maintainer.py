@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobcore.errors import ConfigurationError, DatabaseUnavailable, ServiceStateError
+from jobcore.kernel.errors import ConfigurationError, DatabaseUnavailable, ServiceStateError
+from jobcore.kernel.startstop import Service
 from jobcore.maintenance.base import MaintenanceService
 from jobcore.maintenance.connection import SharedConnection, Transactions
 from jobcore.maintenance.lease import LeaderLease, Term
-from jobcore.service import Service
 
 log = logging.getLogger(__name__)
 

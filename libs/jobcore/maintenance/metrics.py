@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from jobcore.maintenance.periodic import Schedule
     from jobcore.maintenance.retention import Kind
-    from jobcore.maintenance.scheduling import ScheduleRound, ScheduleState
-    from jobcore.schedules import Schedule
+    from jobcore.maintenance.schedule_ticks import ScheduleRound, ScheduleState
 
 
 class ReaperMetrics(Protocol):

@@ -28,8 +28,8 @@ import time
 
 import psycopg
 
-from jobcore.db import connect_for_chore
-from jobcore.settings import Settings
+from jobcore.database.gateway import connect_for_chore
+from jobcore.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,15 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
+from jobcore.execution.registry import Registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.connection import Transactions
 from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import PrunerMetrics
 from jobcore.maintenance.retention import LEASE_NAME, Retention
-from jobcore.objectstore import open_result_store
-from jobcore.registry import Registry
-from jobcore.results import ResultStore
-from jobcore.settings import Settings
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import ResultStore
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ from psycopg.rows import DictRow
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import UnitOfWork
-from jobcore.enqueue import job_message_row, message_columns, trace_headers_of
+from jobcore.database.gateway import UnitOfWork
+from jobcore.database.store import CompletionParams, JobReapExpiredParams, job_store
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import JobType, Registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import ReaperMetrics
-from jobcore.registry import JobType, Registry
-from jobcore.settings import Settings
-from jobcore.store import CompletionParams, JobReapExpiredParams, job_store
-from jobcore.webhooks import completion_params
+from jobcore.usecases.enqueue.write_one import job_message_row, message_columns, trace_headers_of
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from typing import ClassVar
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import UnitOfWork
+from jobcore.database.gateway import UnitOfWork
+from jobcore.database.store import CompletionParams, job_store
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.metrics import RescuerMetrics
-from jobcore.settings import Settings
-from jobcore.store import CompletionParams, job_store
-from jobcore.webhooks import completion_params
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ go once their time is up.
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
 ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``:
-jobcore.store.GateStore), in batches of
+jobcore.database.store.GateStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -13,7 +13,7 @@ What goes with a job: its webhook deliveries, its recorded effects, its quaranti
 rows (all in the job's transaction) and its result file (just after that commits). A
 process that dies between the commit and the unlink leaves the file behind; so does an
 attempt that stored a result and then failed or lost its lease (each attempt writes a
-file of its own, jobcore.results.result_key). The *file sweep* deletes such files once
+file of its own, jobcore.storage.results.result_key). The *file sweep* deletes such files once
 unchanged for :data:`STALE_FILE_AGE`: result files whose job is gone, or ended naming
 another file, and temporary files of interrupted writes. No file outlives its job, or the
 end of its job's last attempt, by more than that plus one sweep.
@@ -37,13 +37,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import UnitOfWork, lock_wait_ran_out
-from jobcore.errors import DatabaseUnavailable, JobcoreError
-from jobcore.maintenance.connection import Transactions
-from jobcore.objectstore import open_result_store
-from jobcore.results import ResultStore
-from jobcore.settings import Settings
-from jobcore.store import (
+from jobcore.database.gateway import UnitOfWork, lock_wait_ran_out
+from jobcore.database.store import (
     JobFilesKeptParams,
     JobPruneCountParams,
     MaintenanceLeaseParams,
@@ -54,9 +49,14 @@ from jobcore.store import (
     job_store,
     maintenance_lease_store,
 )
-from jobcore.store.audit_log import AuditLogPruneCountParams
-from jobcore.store.gates import JobGatesPruneCountParams
-from jobcore.store.inbox import InboxPruneCountParams
+from jobcore.database.store.audit_log import AuditLogPruneCountParams
+from jobcore.database.store.gates import JobGatesPruneCountParams
+from jobcore.database.store.inbox import InboxPruneCountParams
+from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError
+from jobcore.kernel.settings import Settings
+from jobcore.maintenance.connection import Transactions
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import ResultStore
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The scheduler: periodic jobs enqueued at their ticks, by the maintenance leader.
 
-It runs when schedules are declared (:mod:`jobcore.schedules`). Every
+It runs when schedules are declared (:mod:`jobcore.maintenance.periodic`). Every
 ``JOBCORE_SCHEDULER_INTERVAL`` the leader's scheduler reads the schedules' state and, for
 each schedule with a tick due, enqueues it in a fenced transaction of its own
-(:func:`jobcore.maintenance.scheduling.enqueue_due`): one job per tick however many workers
+(:func:`jobcore.maintenance.schedule_ticks.enqueue_due`): one job per tick however many workers
 run. A tick the enqueue refuses (its unique key held, its tenant's quota) is recorded and
 passed, and holds up neither the schedule's later ticks nor the other schedules.
 
@@ -20,21 +20,21 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from jobcore.amqp.topology import Topology
-from jobcore.errors import DatabaseUnavailable, JobcoreError
+from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError
+from jobcore.kernel.quotas import Quotas
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.connection import Transactions
 from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import SchedulerMetrics
-from jobcore.maintenance.scheduling import (
+from jobcore.maintenance.periodic import Schedule
+from jobcore.maintenance.schedule_ticks import (
     ScheduleRound,
     ScheduleState,
     enqueue_due,
     ensure_states,
     read_states,
 )
-from jobcore.quotas import Quotas
-from jobcore.schedules import Schedule
-from jobcore.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import UnitOfWork
+from jobcore.database.gateway import UnitOfWork
+from jobcore.database.store import job_store
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.connection import Transactions
 from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import SweeperMetrics
 from jobcore.maintenance.stranded import Republished, republish_stale
-from jobcore.settings import Settings
-from jobcore.store import job_store
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ horizon, a row updated per job gathers a version per job that nothing can prune,
 every reader walks them. The count a cap is checked against is the tenant's row plus its
 deltas; the maintenance leader's folder keeps the deltas few, folding them into the rows
 every ``JOBCORE_USAGE_FOLD_INTERVAL`` (2 s by default), in batches
-(:meth:`jobcore.store.TenantStore.fold_usage`): one row version per tenant per batch,
+(:meth:`jobcore.database.store.TenantStore.fold_usage`): one row version per tenant per batch,
 whatever the job rate.
 
 Every service shares the leader's one connection, the gate releaser's rounds and the
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from jobcore.db import UnitOfWork, lock_wait_ran_out
-from jobcore.errors import DatabaseUnavailable
+from jobcore.database.gateway import UnitOfWork, lock_wait_ran_out
+from jobcore.database.store import database_store, tenant_store
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.lease import Term
-from jobcore.settings import Settings
-from jobcore.store import database_store, tenant_store
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import psycopg
 
-from jobcore.in_transaction import enqueue_in
-from jobcore.registry import Registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import Registry
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.enqueue.in_transaction import enqueue_in
 
 # The application's own table in the run's database (not jobcore's).
 APP_TABLE = "chaos_app_orders"

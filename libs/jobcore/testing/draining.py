@@ -7,7 +7,7 @@ broker had confirmed them), each message body is decoded by the worker's envelop
 and from there the worker's own execution core runs it
 (:class:`~jobcore.execution.executor.JobExecutor`): the claim statement (inbox row and
 lease, so a duplicate has no effect), the payload (read from the result store when stored
-by reference), the handler in a real :class:`~jobcore.registry.JobContext` under its
+by reference), the handler in a real :class:`~jobcore.execution.registry.JobContext` under its
 timeout, with heartbeats, progress and ``ctx.transaction()``, and the outcome, decided and
 written as the worker decides and writes it: success with result and effects (a large
 result in the result store), a retry through the outbox with the configured backoff,
@@ -40,18 +40,18 @@ from typing import Any
 from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
-from jobcore.envelope import decode
-from jobcore.errors import JobNotFound, PoisonMessage
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_store, outbox_store
 from jobcore.execution.claims import ClaimedJob, ClaimRequest
 from jobcore.execution.executor import JobExecutor
-from jobcore.maintenance.releases import release_held
-from jobcore.payloads import validate_payload
-from jobcore.registry import Registry, default_registry
-from jobcore.store import job_store, outbox_store
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.execution.payloads import validate_payload
+from jobcore.execution.registry import Registry, default_registry
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.errors import JobNotFound, PoisonMessage
+from jobcore.maintenance.held_jobs import release_held
 from jobcore.testing.inline import as_sent
-from jobcore.timeline import with_where
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from jobcore.usecases.whereabouts import with_where
 
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
@@ -68,7 +68,7 @@ class Drained:
     # Messages the inbox had seen already, and messages whose job was not theirs to run.
     duplicates: int = 0
     skipped: int = 0
-    # Claims a gate held (jobcore.gates): the job waited, and ran once its turn came.
+    # Claims a gate held (jobcore.kernel.gates): the job waited, and ran once its turn came.
     held: int = 0
     # Attempts given back because the object store was unavailable (as the worker does:
     # they consume no attempt, and are not counted in attempts).
@@ -156,7 +156,7 @@ class InlineWorker:
         ordering_key: str | None = None,
     ) -> uuid.UUID:
         """Enqueue a job as the API does (payload and request checked the same way, job and
-        outbox row in one statement, :func:`jobcore.submit.enqueue`); its id."""
+        outbox row in one statement, :func:`jobcore.usecases.enqueue.submit.enqueue`); its id."""
         kind = self.registry.get(job_type)
         request = EnqueueRequest(
             tenant=tenant,

@@ -6,10 +6,10 @@ through on its way to the handler and back, minus the transport:
 
 - the payload is checked as the API checks a request body (sent as JSON, validated by the
   job type's model, storable): a payload the API would answer ``422`` raises
-  :class:`~jobcore.registry.InvalidPayloadError` or
-  :class:`~jobcore.payloads.UnstorablePayload`;
+  :class:`~jobcore.execution.registry.InvalidPayloadError` or
+  :class:`~jobcore.execution.payloads.UnstorablePayload`;
 - the handler gets the payload the worker would give it (the stored JSON, validated again)
-  in a real :class:`~jobcore.registry.JobContext` (result store, settings, effects);
+  in a real :class:`~jobcore.execution.registry.JobContext` (result store, settings, effects);
 - it runs under its job type's timeout (:class:`~jobcore.execution.attempts.JobTimedOut`), and its
   error is raised as it is;
 - its result and effects must be storable as the worker stores them
@@ -34,10 +34,10 @@ from pydantic import BaseModel
 
 from jobcore.execution.attempts import UnstorableOutcome, call_handler
 from jobcore.execution.outcomes import Fail, OutcomeLimits, success
-from jobcore.payloads import validate_payload
-from jobcore.registry import Effect, JobContext, Registry, default_registry
-from jobcore.results import LocalResultStore
-from jobcore.settings import Settings, load_settings
+from jobcore.execution.payloads import validate_payload
+from jobcore.execution.registry import Effect, JobContext, Registry, default_registry
+from jobcore.kernel.settings import Settings, load_settings
+from jobcore.storage.results import LocalResultStore
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 
 class EchoPayload(BaseModel):

@@ -4,7 +4,7 @@ Shared by the fault tests (``tests/faults/test_pipeline_faults.py``) and ``jobco
 
 - :class:`Stack` runs one API (or none), N relays and M workers as child processes
   (``jobcore api``, ``jobcore relay``, ``jobcore worker``), optionally reaching RabbitMQ
-  and/or PostgreSQL through a :class:`~jobcore.tcpproxy.TcpProxy` the caller controls, and
+  and/or PostgreSQL through a :class:`~jobcore.testing.tcpproxy.TcpProxy` the caller controls, and
   kills, restarts and stops them.
 - :class:`Submitter` enqueues ``effect`` jobs over HTTP with an API key, each with its own
   Idempotency-Key, retrying a 503 or a lost connection with the same key (the way a client
@@ -38,17 +38,17 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 
-from jobcore.db import Database, execute, fetch_all
-from jobcore.errors import DatabaseUnavailable
-from jobcore.settings import Settings
-from jobcore.store import Query
-from jobcore.tcpproxy import TcpProxy
+from jobcore.database.gateway import Database, execute, fetch_all
+from jobcore.database.store import Query
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.testing import chaos
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
+from jobcore.testing.tcpproxy import TcpProxy
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases
 
-PIPELINE_JOB_MODULES = ("jobcore.jobtypes", "jobcore.testing.jobtypes")
+PIPELINE_JOB_MODULES = ("jobcore.examples.jobtypes", "jobcore.testing.jobtypes")
 JOB_TYPE = "effect"  # libs/jobcore/testing/jobtypes.py: records one effect, lease 2 s
 TERMINAL = ("succeeded", "failed", "cancelled")
 

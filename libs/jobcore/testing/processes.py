@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 
 
 def _services_root() -> Path:
@@ -43,7 +43,7 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
         }
     )
     if settings.result_store:
-        # The object store too (jobcore.objectstore), secret included: a child's own.
+        # The object store too (jobcore.storage.objectstore), secret included: a child's own.
         env.update(
             {
                 "JOBCORE_RESULT_STORE": settings.result_store,

@@ -6,13 +6,13 @@
 pytest-asyncio, and a project that installs jobcore without testing handlers should not
 find them in every pytest run.)
 
-- ``jobcore_settings``: :class:`~jobcore.settings.Settings` from the environment, pointed
+- ``jobcore_settings``: :class:`~jobcore.kernel.settings.Settings` from the environment, pointed
   at a database of the test's own, cloned from a template migrated once and kept across
   runs while the migrations stay the same (``JOBCORE_DATABASE_URL`` names the server; the
   database is dropped after the test). Result files go to the test's ``tmp_path``, and
   retries wait milliseconds instead of seconds. The modules in ``JOBCORE_JOB_MODULES`` are
   imported, as the worker imports them.
-- ``jobcore_db``: an open :class:`~jobcore.db.Database` on it.
+- ``jobcore_db``: an open :class:`~jobcore.database.gateway.Database` on it.
 - ``jobcore_worker``: an :class:`~jobcore.testing.draining.InlineWorker` on it: enqueue
   with ``await jobcore_worker.enqueue(type, payload)``, then ``await
   jobcore_worker.drain()`` runs every due job (and its retries) to its end, in this
@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from jobcore.db import Database
-from jobcore.errors import JobcoreError
-from jobcore.registry import load_job_modules
-from jobcore.scratch import clone_database, drop_database, ensure_template
-from jobcore.settings import Settings, load_settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.settings import Settings, load_settings
 from jobcore.testing.draining import InlineWorker
+from jobcore.testing.scratch import clone_database, drop_database, ensure_template
 
 # Retries of a failed attempt come due within this many seconds, so a drain runs them.
 TEST_RETRY_BACKOFF = 0.01

@@ -1,8 +1,8 @@
 """What operators and clients can do, one typed function each: the HTTP routes, every
 `jobcore` command and the web console call the same functions.
 
-- :mod:`~jobcore.submit`: enqueue one job or a batch, each from an
-  :class:`~jobcore.submit.EnqueueRequest` (its fields checked, its fingerprint
+- :mod:`~jobcore.usecases.enqueue.submit`: enqueue one job or a batch, each from an
+  :class:`~jobcore.usecases.enqueue.submit.EnqueueRequest` (its fields checked, its fingerprint
   computed, when it is built): the API, the scheduler, retries and the testing kit. It is
   a use case that lives one level down, beside this package, because the maintenance
   package's scheduler enqueues too;
@@ -26,9 +26,9 @@
 - :mod:`~jobcore.usecases.console`: what only the web console reads (its overview, the
   job search).
 
-Each takes the :class:`~jobcore.db.Database` (or a session or unit of work, when the
+Each takes the :class:`~jobcore.database.gateway.Database` (or a session or unit of work, when the
 caller's transaction or connection must include it) and typed arguments, returns a typed
-result and raises :class:`~jobcore.errors.JobcoreError` subclasses (a bad field of a
-request: :class:`~jobcore.errors.InvalidField`, which names the field); the caller turns
+result and raises :class:`~jobcore.kernel.errors.JobcoreError` subclasses (a bad field of a
+request: :class:`~jobcore.kernel.errors.InvalidField`, which names the field); the caller turns
 those into an HTTP problem or one line on stderr. Invariants they keep: docs/design.md.
 """

@@ -1,5 +1,5 @@
 """Reading the audit log (`jobcore audit`): who did which admin action, newest first.
-Writing it is :mod:`jobcore.audit`, inside each action's own use case."""
+Writing it is :mod:`jobcore.access.audit`, inside each action's own use case."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.audit import AuditAction
-from jobcore.db import Database
-from jobcore.store import audit_log_store
+from jobcore.access.audit import AuditAction
+from jobcore.database.gateway import Database
+from jobcore.database.store import audit_log_store
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobcore.db import Database
-from jobcore.errors import JobcoreError
-from jobcore.settings import Settings
-from jobcore.states import JobStatus
-from jobcore.store import ConsoleJobSearchParams, console_store, outbox_store
-from jobcore.timeline import JobTimeline
+from jobcore.database.gateway import Database
+from jobcore.database.store import ConsoleJobSearchParams, console_store, outbox_store
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.states import JobStatus
 from jobcore.usecases.dlq import count_dead_letters
 from jobcore.usecases.jobs import show_job
 from jobcore.usecases.timeline import job_timeline
 from jobcore.usecases.webhooks import list_deliveries
+from jobcore.usecases.whereabouts import JobTimeline
 
 # The overview's rate window, one point a minute.
 RATE_MINUTES = 30
@@ -92,7 +92,7 @@ async def overview(db: Database, settings: Settings) -> Overview:
 
 
 # The keys the jobs list filters by: the column each names. Gate keys (concurrency, rate)
-# are global strings that already hold the type and tenant (jobcore.gates.gate_key); ordering
+# are global strings that already hold the type and tenant (jobcore.kernel.gates.gate_key); ordering
 # and unique keys are the client's own, per tenant (and type, for unique keys).
 KEY_COLUMNS = {
     "ordering": "ordering_key",

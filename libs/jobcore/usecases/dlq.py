@@ -10,13 +10,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from jobcore.access.audit import (
+    AuditAction,
+    Entry,
+    Target,
+    check_actor,
+    record_done,
+    record_refused,
+)
 from jobcore.amqp.deadletters import DeadLetter, DeadLetterQueue
 from jobcore.amqp.deadletters import ReplayReport as ReplayReport  # the callers name it
-from jobcore.audit import AuditAction, Entry, Target, check_actor, record_done, record_refused
-from jobcore.db import Database
-from jobcore.errors import NoDeadLetter
-from jobcore.settings import Settings
-from jobcore.store import job_store
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_store
+from jobcore.kernel.errors import NoDeadLetter
+from jobcore.kernel.settings import Settings
 
 # Messages an audit entry of a replay lists one by one; the counts cover the rest.
 AUDITED_MESSAGES = 100

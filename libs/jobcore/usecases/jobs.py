@@ -3,7 +3,7 @@
 Cancel is the same function for `POST /jobs/{id}/cancel` and `jobcore jobs cancel`. Retry
 never revives a finished job (terminal states are final, docs/design.md): it enqueues a copy
 with the same type, payload and entity. What operators do (cancel any job, retry,
-republish) is audited (:mod:`jobcore.audit`); a tenant cancelling its own job is not an
+republish) is audited (:mod:`jobcore.access.audit`); a tenant cancelling its own job is not an
 admin action.
 """
 
@@ -17,19 +17,24 @@ from typing import Any
 
 import orjson
 
+from jobcore.access.audit import AuditAction, Entry, Target, audited, check_actor, record
 from jobcore.amqp.topology import Topology
-from jobcore.audit import AuditAction, Entry, Target, audited, check_actor, record
-from jobcore.db import Database, Session, UnitOfWork
-from jobcore.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.database.gateway import Database, Session, UnitOfWork
+from jobcore.database.store import (
+    CANCEL_CHANNEL,
+    CompletionParams,
+    JobListAllTenantsParams,
+    job_store,
+)
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import Registry
+from jobcore.kernel.errors import JobNotBlocking, JobNotCancellable, JobNotFound, JobNotRetryable
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.states import JobStatus, check_transition, is_terminal
 from jobcore.maintenance.stranded import Republished, republish_stale
-from jobcore.objectstore import open_result_store
-from jobcore.registry import Registry
-from jobcore.settings import Settings
-from jobcore.states import JobStatus, check_transition, is_terminal
-from jobcore.store import CANCEL_CHANNEL, CompletionParams, JobListAllTenantsParams, job_store
-from jobcore.submit import EnqueueRequest, enqueue
-from jobcore.timeline import with_where
-from jobcore.webhooks import completion_params
+from jobcore.storage.objectstore import open_result_store
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from jobcore.usecases.whereabouts import with_where
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,8 @@ async def cancel_job(
 
     The row is locked first, so the status decided on is the status changed; the caller
     commits (the NOTIFY is delivered on commit). ``completion``: the parameters of the
-    completion webhook a cancelled job records (:func:`jobcore.webhooks.completion_params`).
+    completion webhook a cancelled job records
+    (:func:`jobcore.execution.completion_webhooks.completion_params`).
     """
     locked = await job_store.lock_for_cancel(uow, {"id": job_id, "tenant": tenant})
     if locked is None:
@@ -78,7 +84,8 @@ async def find_job(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
 
 
 async def show_job(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
-    """The job and, as ``where``, where it is now (:func:`jobcore.timeline.whereabouts`)."""
+    """The job and, as ``where``, where it is now
+    (:func:`jobcore.usecases.whereabouts.whereabouts`)."""
     async with db.unit_of_work() as uow:
         return with_where(await find_job(uow, job_id))
 

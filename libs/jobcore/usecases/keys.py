@@ -1,6 +1,6 @@
 """API key use cases: create (the key is shown once), list, revoke (refused from the next
 request on) and rotate (a new key, the old one usable for an overlap). The key format and
-the lookup every request makes are :mod:`jobcore.apikeys`."""
+the lookup every request makes are :mod:`jobcore.access.apikeys`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from jobcore.apikeys import (
+from jobcore.access.apikeys import (
     DISPLAY_PREFIX_LENGTH,
     MAX_LABEL_LENGTH,
     ApiKey,
@@ -18,11 +18,11 @@ from jobcore.apikeys import (
     generate_key,
     hash_key,
 )
-from jobcore.audit import AuditAction, Target, audited
-from jobcore.db import Database, UnitOfWork
-from jobcore.errors import JobcoreError
-from jobcore.scopes import DEFAULT_SCOPES, Scope
-from jobcore.store import api_key_store
+from jobcore.access.audit import AuditAction, Target, audited
+from jobcore.database.gateway import Database, UnitOfWork
+from jobcore.database.store import api_key_store
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.scopes import DEFAULT_SCOPES, Scope
 
 # How long the old key keeps working after a rotation unless told otherwise: a day for
 # every client to pick up the new key.

@@ -11,11 +11,11 @@ from typing import Any
 
 from psycopg.rows import DictRow
 
-from jobcore.audit import AuditAction, Target, audited
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, Session
-from jobcore.errors import OutboxRowJobEnded, OutboxRowNotFound, OutboxRowNotQuarantined
-from jobcore.store import OutboxRequeueParams, OutboxRowParams, outbox_store
+from jobcore.access.audit import AuditAction, Target, audited
+from jobcore.database.gateway import Database, Session
+from jobcore.database.store import OutboxRequeueParams, OutboxRowParams, outbox_store
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.errors import OutboxRowJobEnded, OutboxRowNotFound, OutboxRowNotQuarantined
 
 # A store method that acts on a quarantined row (requeue, discard): the row, or None.
 QuarantinedRowAction = Callable[[Session, OutboxRequeueParams], Awaitable[DictRow | None]]

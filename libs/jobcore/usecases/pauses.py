@@ -3,10 +3,10 @@
 A pause is a row in ``flow_pauses``, read by every claim in its own statement: relays
 leave the paused rows in the outbox (the claim skips a paused queue's lane and a paused
 type's rows), and a worker that receives a message of a paused queue or type parks it back
-in the outbox instead of claiming its job (:meth:`jobcore.store.JobStore.claim`), so
+in the outbox instead of claiming its job (:meth:`jobcore.database.store.JobStore.claim`), so
 nothing starts and nothing is burnt. Enqueueing is untouched: it still answers 202.
 Resuming deletes the row and NOTIFYs the relays, which publish the waiting rows at once.
-Both are admin actions, audited (:mod:`jobcore.audit`) under ``queue:<name>`` or
+Both are admin actions, audited (:mod:`jobcore.access.audit`) under ``queue:<name>`` or
 ``type:<name>``; pausing twice (or resuming what is not paused) is done and audited with
 ``was_paused`` saying so.
 """
@@ -18,15 +18,15 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.audit import AuditAction, Target, audited
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.store import (
-    PauseKind as PauseKind,  # re-exported: the CLI names a kind without jobcore.store
+from jobcore.access.audit import AuditAction, Target, audited
+from jobcore.database.gateway import Database
+from jobcore.database.store import (
+    PauseKind as PauseKind,  # re-exported: the CLI names a kind without jobcore.database.store
 )
-from jobcore.store import flow_pause_store
+from jobcore.database.store import flow_pause_store
+from jobcore.kernel.channels import OUTBOX_CHANNEL
 
-# The registry's rule for queue and job type names (jobcore.registry).
+# The registry's rule for queue and job type names (jobcore.execution.registry).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 
 _ACTIONS: dict[tuple[PauseKind, bool], AuditAction] = {

@@ -10,10 +10,17 @@ deleted; a refused one is audited as refused. A dry run is not an action: no ent
 
 from __future__ import annotations
 
-from jobcore.audit import AuditAction, Entry, Target, check_actor, record_done, record_refused
-from jobcore.db import Database
+from jobcore.access.audit import (
+    AuditAction,
+    Entry,
+    Target,
+    check_actor,
+    record_done,
+    record_refused,
+)
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import PrunerBusy, PruneReport, Retention, prune_exclusively
-from jobcore.settings import Settings
 
 # The lease a hand-run prune takes lasts at least this long (it is renewed by every batch
 # and given back at the end; a killed command holds up the workers' pruner this long).

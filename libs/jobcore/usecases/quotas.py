@@ -1,17 +1,17 @@
 """Tenant quota use cases: set overrides, show a tenant's effective quotas and usage, list
 the tenants — what the `jobcore tenants` commands do. The quotas themselves are enforced
-by the enqueue statement and the API's long-poll caps (jobcore.quotas)."""
+by the enqueue statement and the API's long-poll caps (jobcore.kernel.quotas)."""
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import Any, Final
 
-from jobcore.apikeys import check_tenant_name
-from jobcore.db import Database
-from jobcore.errors import JobcoreError
-from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
-from jobcore.store import QuotaDefaultParams, tenant_store
+from jobcore.access.apikeys import check_tenant_name
+from jobcore.database.gateway import Database
+from jobcore.database.store import QuotaDefaultParams, tenant_store
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.quotas import MAX_RATE, MIN_RATE, Quotas
 
 
 class _Keep(Enum):

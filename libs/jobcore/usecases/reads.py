@@ -4,7 +4,7 @@ job's payload.
 What ``GET /jobs``, ``GET /jobs/{id}``, ``GET /jobs/{id}/result`` and
 ``GET /jobs/{id}/payload`` serve. Every read is
 scoped to the tenant, so another tenant's job is indistinguishable from a job that does
-not exist (:class:`~jobcore.errors.JobNotFound`).
+not exist (:class:`~jobcore.kernel.errors.JobNotFound`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from datetime import datetime
 
 from psycopg.rows import DictRow
 
-from jobcore.db import Session
-from jobcore.errors import JobNotFound, ResultNotReady
-from jobcore.states import JobStatus
-from jobcore.store import JobListParams, job_store
+from jobcore.database.gateway import Session
+from jobcore.database.store import JobListParams, job_store
+from jobcore.kernel.errors import JobNotFound, ResultNotReady
+from jobcore.kernel.states import JobStatus
 
 
 async def get_job(uow: Session, tenant: str, job_id: uuid.UUID) -> DictRow:

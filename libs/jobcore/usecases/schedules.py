@@ -5,8 +5,8 @@ Pausing stops a schedule's ticks on every worker from their next round; resuming
 again from the next tick after now (the ticks that passed while paused are not made up,
 whatever the missed-tick policy: a pause is deliberate). Triggering enqueues one job of
 the schedule now, outside its ticks, paused or not. All three are admin actions, audited
-(:mod:`jobcore.audit`) under ``schedule:<name>`` with the schedule's tenant; an unknown
-name is refused (:class:`~jobcore.schedules.ScheduleNotFound`) and audited as refused.
+(:mod:`jobcore.access.audit`) under ``schedule:<name>`` with the schedule's tenant; an unknown
+name is refused (:class:`~jobcore.maintenance.periodic.ScheduleNotFound`) and audited as refused.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from jobcore.access.audit import AuditAction, Target, audited
 from jobcore.amqp.topology import Topology
-from jobcore.audit import AuditAction, Target, audited
-from jobcore.db import Database
-from jobcore.maintenance.scheduling import ScheduleState, enqueue_now, ensure_states, read_states
-from jobcore.schedules import Schedule, find
-from jobcore.settings import Settings
-from jobcore.store import schedule_store
+from jobcore.database.gateway import Database
+from jobcore.database.store import schedule_store
+from jobcore.kernel.settings import Settings
+from jobcore.maintenance.periodic import Schedule, find
+from jobcore.maintenance.schedule_ticks import (
+    ScheduleState,
+    enqueue_now,
+    ensure_states,
+    read_states,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,7 @@ class ScheduleStatus:
     # False: a state row left by a schedule no longer declared (it is ignored).
     declared: bool
     # The latest tick the enqueue refused (passed, not tried again), when and why
-    # (jobcore.maintenance.scheduling.Refusal: unique_key, enqueue_rate, max_unfinished).
+    # (jobcore.maintenance.schedule_ticks.Refusal: unique_key, enqueue_rate, max_unfinished).
     last_refusal_at: datetime | None = None
     last_refused_tick: datetime | None = None
     last_refusal_reason: str | None = None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import uuid
 
-from jobcore.db import Database
-from jobcore.store import job_event_store
-from jobcore.timeline import JobEvent, JobTimeline, whereabouts
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_event_store
+from jobcore.usecases.whereabouts import JobEvent, JobTimeline, whereabouts
 
 # The events a timeline shows: the latest ones, if a job somehow has more (a job is
 # bounded by its max_attempts, and each attempt writes a handful).

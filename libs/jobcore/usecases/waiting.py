@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Executor, Session
-from jobcore.store import job_store, tenant_store
+from jobcore.database.gateway import AsyncConn, Executor, Session
+from jobcore.database.store import job_store, tenant_store
 from jobcore.usecases.reads import get_job
 
 WaitedJob = tuple[str, uuid.UUID]  # (tenant, job id)

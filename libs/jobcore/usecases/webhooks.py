@@ -10,21 +10,25 @@ from typing import Any
 
 from psycopg.rows import DictRow
 
+from jobcore.access.apikeys import check_tenant_name
+from jobcore.access.audit import AuditAction, Target, audited, url_fingerprint
 from jobcore.amqp.topology import Topology
-from jobcore.apikeys import check_tenant_name
-from jobcore.audit import AuditAction, Target, audited, url_fingerprint
-from jobcore.db import Database, Session, UnitOfWork
-from jobcore.errors import JobcoreError, JobNotFound
-from jobcore.registry import Registry
-from jobcore.settings import Settings
-from jobcore.store import webhook_delivery_store, webhook_endpoint_store, webhook_secret_store
-from jobcore.webhooks import (
+from jobcore.database.gateway import Database, Session, UnitOfWork
+from jobcore.database.store import (
+    webhook_delivery_store,
+    webhook_endpoint_store,
+    webhook_secret_store,
+)
+from jobcore.execution.completion_webhooks import (
     check_callback_url,
     completion_params,
     is_standard_secret,
     new_secret,
     standard_form,
 )
+from jobcore.execution.registry import Registry
+from jobcore.kernel.errors import JobcoreError, JobNotFound
+from jobcore.kernel.settings import Settings
 
 ANY_JOB_TYPE = "*"
 DELIVERY_STATUSES = ("pending", "delivered", "failed")
@@ -118,7 +122,7 @@ async def list_deliveries(
 
 async def job_deliveries(uow: Session, tenant: str, job_id: uuid.UUID) -> list[DictRow]:
     """The webhook deliveries of the tenant's job, oldest first;
-    :class:`~jobcore.errors.JobNotFound` for a job the tenant does not have."""
+    :class:`~jobcore.kernel.errors.JobNotFound` for a job the tenant does not have."""
     rows = await webhook_delivery_store.list_for_job(uow, {"job_id": job_id, "tenant": tenant})
     if not rows:
         raise JobNotFound("no job with that id")

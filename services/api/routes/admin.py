@@ -16,8 +16,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from starlette.responses import Response
 
-from jobcore.errors import OutboxRowNotFound
-from jobcore.states import JobStatus
+from jobcore.kernel.errors import OutboxRowNotFound
+from jobcore.kernel.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import outbox as outbox_usecases

@@ -23,12 +23,12 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
-from jobcore.batch import MAX_BATCH_ITEMS, BatchResult, ItemStatus
-from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import InvalidField, JobcoreError, QuotaExceeded, UnknownJobType
-from jobcore.payloads import validate_payload
-from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
-from jobcore.submit import MAX_IDEMPOTENCY_KEY_LENGTH, EnqueueRequest, enqueue_many
+from jobcore.execution.payloads import validate_payload
+from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, JobType
+from jobcore.kernel.envelope import PRINTABLE_TEXT
+from jobcore.kernel.errors import InvalidField, JobcoreError, QuotaExceeded, UnknownJobType
+from jobcore.usecases.enqueue.submit import MAX_IDEMPOTENCY_KEY_LENGTH, EnqueueRequest, enqueue_many
+from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS, BatchResult, ItemStatus
 from services.api.auth import TenantDep
 from services.api.body import read_json
 from services.api.callbacks import CallbackUrlDep

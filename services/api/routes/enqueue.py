@@ -9,13 +9,13 @@ handler reads the same parameters with one pydantic model built from the same
 ``Annotated`` declarations (:class:`EnqueueQuery`), so the rules and the 422s they give
 are the ones /openapi.json shows, in the order the documented signature resolved them:
 the key, the ``Idempotency-Key``, the body, the query (then the rules between its fields,
-which building the :class:`~jobcore.submit.EnqueueRequest` checks), the callback
+which building the :class:`~jobcore.usecases.enqueue.submit.EnqueueRequest` checks), the callback
 URL's host; a pooled connection is taken only after all of them, for the one statement.
 
 The API key is authenticated before anything else, as on every route, from a memory of
 keys this process verified in the last :data:`KEY_MEMORY_SECONDS` (a lookup otherwise);
 the enqueue statement checks that the key is still usable by its id, so a revocation or
-an expiry stops enqueues at once (:mod:`jobcore.sql.tenant_quotas`).
+an expiry stops enqueues at once (:mod:`jobcore.database.sql.tenant_quotas`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads documented_endpoint's signature,
@@ -30,16 +30,15 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.responses import Response
 
-from jobcore.apikeys import InvalidApiKey
-from jobcore.db import Database
-from jobcore.enqueue import EnqueueResult
-from jobcore.envelope import PRINTABLE_TEXT
-from jobcore.errors import InvalidField, JobcoreError, ServiceStateError
-from jobcore.payloads import validate_payload
-from jobcore.priorities import Priority
-from jobcore.registry import MAX_ATTEMPTS_LIMIT, JobType
-from jobcore.scopes import Scope
-from jobcore.submit import (
+from jobcore.access.apikeys import InvalidApiKey
+from jobcore.database.gateway import Database
+from jobcore.execution.payloads import validate_payload
+from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, JobType
+from jobcore.kernel.envelope import PRINTABLE_TEXT
+from jobcore.kernel.errors import InvalidField, JobcoreError, ServiceStateError
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.scopes import Scope
+from jobcore.usecases.enqueue.submit import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     EnqueueRequest,
     check_idempotency_key,
@@ -47,6 +46,7 @@ from jobcore.submit import (
     enqueue_coalesced,
     enqueue_on,
 )
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 from services.api import views
 from services.api.auth import (
     EnqueueRoute,
@@ -170,7 +170,7 @@ async def idempotency_key(
             "unique_key, priority, ordering_key) answer the same job; a different request "
             "answers 422. A key is kept as long as its job. 1 to 255 printable ASCII "
             "characters, else 400 `invalid-idempotency-key`.",
-            # Checked by jobcore.submit (a 400, not FastAPI's 422); HTTP trims
+            # Checked by jobcore.usecases.enqueue.submit (a 400, not FastAPI's 422); HTTP trims
             # spaces around a header value, so a key neither starts nor ends with one.
             json_schema_extra={
                 "minLength": 1,

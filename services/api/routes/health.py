@@ -8,7 +8,7 @@ import asyncio
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from jobcore.errors import JobcoreError
+from jobcore.kernel.errors import JobcoreError
 from services.api.deps import StateDep
 from services.api.metrics import CONTENT_TYPE
 from services.api.problems import RETRY_AFTER_SECONDS, UNAVAILABLE, problem

@@ -18,14 +18,14 @@ from fastapi import APIRouter, Query, Request
 from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, RedirectResponse, Response
 
-from jobcore.batch import MAX_BATCH_ITEMS
-from jobcore.errors import JobNotFound, UnknownJobType
-from jobcore.registry import JobType, Registry
-from jobcore.states import JobStatus
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import JobType, Registry
+from jobcore.kernel.errors import JobNotFound, UnknownJobType
+from jobcore.kernel.states import JobStatus
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import reads
+from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
 from jobcore.usecases.timeline import job_timeline
-from jobcore.webhooks import completion_params
 from services.api import paths, views
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH, decode_cursor, encode_cursor
@@ -55,7 +55,7 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Problem} for status in (401, 403, 503, *statuses)}
 
 
-# jobcore.quotas.rate_headers: on every enqueue answer while the tenant's rate is limited.
+# jobcore.kernel.quotas.rate_headers: on every enqueue answer while the tenant's rate is limited.
 _RATE_HEADERS = {
     "RateLimit-Policy": {
         "description": 'The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst '

@@ -20,9 +20,9 @@ from fastapi import Query, Request
 from psycopg.rows import DictRow
 from starlette.responses import Response
 
-from jobcore.db import Database
-from jobcore.errors import JobNotFound, ServiceStateError
-from jobcore.states import is_terminal
+from jobcore.database.gateway import Database
+from jobcore.kernel.errors import JobNotFound, ServiceStateError
+from jobcore.kernel.states import is_terminal
 from jobcore.usecases import reads
 from jobcore.usecases.waiting import job_to_wait_for
 from services.api import views

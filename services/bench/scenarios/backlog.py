@@ -25,10 +25,10 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.db import NO_JIT
-from jobcore.priorities import WEIGHTS
-from jobcore.settings import RelayOptions
-from jobcore.store import outbox_store
+from jobcore.database.gateway import NO_JIT
+from jobcore.database.store import outbox_store
+from jobcore.kernel.priorities import WEIGHTS
+from jobcore.kernel.settings import RelayOptions
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, merge_cpu
 from services.bench.report import Figure, Section, Series
@@ -117,8 +117,8 @@ async def run(bench: Bench) -> Section:
         async with await psycopg.AsyncConnection.connect(
             config.database_url, autocommit=True
         ) as conn:
-            # As the relay's connections are (jobcore.db): a claim timed with JIT would
-            # time LLVM compiling the statement, which the relay never does.
+            # As the relay's connections are (jobcore.database.gateway): a claim timed with JIT
+            # would time LLVM compiling the statement, which the relay never does.
             await conn.execute(NO_JIT)
             for start in range(0, rows, FILL_CHUNK):
                 bench.step(f"backlog: filling {start + FILL_CHUNK:,} of {rows:,}")

@@ -9,7 +9,7 @@ and the outbox (and inbox) is vacuumed before each drain, whose rows the last on
   and its outbox row), next to one tenant's backlog of due rows written in one statement
   while one relay runs (no worker; the queue is purged as it fills). Relay throughput is
   backlog rows / (commit of the backlog → no due row left). Each delayed tenant is a lane
-  of the relay's fair claim (jobcore.sql.outbox.OUTBOX_CLAIM_FAIR) with nothing due.
+  of the relay's fair claim (jobcore.database.sql.outbox.OUTBOX_CLAIM_FAIR) with nothing due.
 - **ordering keys**: at each step the database holds K ordering keys, each with its
   job_gates counter and its earlier job, finished (the history a deployment keeps within
   its retention); then the same number of jobs is written in one statement, each the first
@@ -17,7 +17,7 @@ and the outbox (and inbox) is vacuumed before each drain, whose rows the last on
   every step), while one relay and one worker drain them. Pipeline throughput is jobs /
   (commit → last finished_at), from the job rows.
 - **held jobs**: N jobs held by one rate key of 10/s (pending, held_reason rate_limit, its
-  job_gates row just spent). A gate releaser round (jobcore.maintenance.releases.release_held, what
+  job_gates row just spent). A gate releaser round (jobcore.maintenance.held_jobs.release_held, what
   the worker's releaser runs under its lease) is run repeatedly on one connection, each
   rolled back so every round sees the same N; the PostgreSQL backend's CPU (utime +
   stime from /proc) and wall time per round, and the shared blocks (hit + read) of the
@@ -51,13 +51,13 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.database.store import job_store
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import BATCH_SIZE
-from jobcore.maintenance.releases import RATE_HORIZON, release_held
+from jobcore.maintenance.held_jobs import RATE_HORIZON, release_held
 from jobcore.maintenance.retention import Retention, prune_exclusively
-from jobcore.settings import Settings
-from jobcore.store import job_store
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.measure import cpu_of, cpu_seconds, merge_cpu
 from services.bench.report import Figure, Section, Series
@@ -153,7 +153,7 @@ def _chunks(start: int, stop: int) -> list[tuple[int, int]]:
 
 
 def _body(job_id: str) -> str:
-    """SQL for a job message's body (jobcore.envelope.JobMessage) naming ``job_id``."""
+    """SQL for a job message's body (jobcore.kernel.envelope.JobMessage) naming ``job_id``."""
     return f"""convert_to('{{"v":1,"job_id":"' || {job_id} || '","attempt":1,"type":"noop"}}',
                       'UTF8')"""
 
@@ -869,7 +869,7 @@ async def run(bench: Bench) -> Section:
         f" own (no job waits for another) drained by one relay and one worker: jobs/s from the"
         f" commit to the last finished_at. {bench.options.runs} drain(s) per step. Held jobs"
         f" {', '.join(f'{n:,}' for n in p.held)} behind one rate key of {RATE_PER_SECOND:g}/s:"
-        f" gate releaser rounds (jobcore.maintenance.releases.release_held, at least {p.rounds} and"
+        f" gate releaser rounds (jobcore.maintenance.held_jobs.release_held, at least {p.rounds} and"
         f" {p.round_seconds:g} s, each rolled back), the PostgreSQL backend's CPU per round"
         f" (/proc) and the scan's shared blocks (EXPLAIN BUFFERS). {p.gate_keys:,} distinct"
         f" gate keys in {p.waves} waves, each key's job_gates row, finished job and inbox row"

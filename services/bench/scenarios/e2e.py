@@ -40,16 +40,16 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.batch import MAX_BATCH_ITEMS
 from jobcore.client import AsyncClient, JobStatus
-from jobcore.db import Database
-from jobcore.jobevents import JobEventKind
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue, enqueue_many
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
-from jobcore.wakeups import RelayWakeups
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_many
+from jobcore.usecases.enqueue.wakeups import RelayWakeups
+from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
 from services.bench.harness import Bench, Options, pids
 from services.bench.http import http_load, post
 from services.bench.measure import cpu_of, latency_ms, merge_cpu
@@ -120,7 +120,7 @@ async def pg_stats_window(
 
 async def preload(db: Database, topology: Topology, n: int) -> None:
     """``n`` no-op jobs with their outbox rows, in batches of 1,000; then ANALYZE."""
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
     request = EnqueueRequest(tenant="bench", job_type=noop, payload=NoopPayload())
     for start in range(0, n, MAX_BATCH_ITEMS):
         async with db.unit_of_work() as uow:

@@ -35,15 +35,15 @@ from typing import Any
 import httpx
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import free_port
 from jobcore.testing.processes import ROOT, settings_env
 from jobcore.testing.waiting import eventually
-from jobcore.wakeups import RelayWakeups
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from jobcore.usecases.enqueue.wakeups import RelayWakeups
 from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.http import run_clients
 from services.bench.measure import CpuMeter
@@ -73,7 +73,7 @@ async def raw_transactions(
     process, on a busy machine, got round to sending COMMIT; every other connection of the
     tenant waited behind that round trip (on 2 cores: 211 enqueues/s beside one relay and
     one worker, 149/s beside four of each: the scenario measured this convoy, not them)."""
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
 
     wakeups = RelayWakeups(db)
 

@@ -13,10 +13,10 @@ side by side.
 from __future__ import annotations
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from services.bench.harness import Bench, Options
 from services.bench.http import run_clients
 from services.bench.report import Figure, Section
@@ -33,7 +33,7 @@ def steps(options: Options) -> int:
 
 async def enqueue_noops(db: Database, topology: Topology, total: int, *, keys: int) -> None:
     """``total`` no-op jobs; with ``keys``, job i goes to ordering key i mod keys."""
-    noop = load_job_modules(("jobcore.jobtypes",)).get("noop")
+    noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
     numbers = iter(range(total))
 
     async def one(_: None) -> bool:

@@ -50,9 +50,9 @@ import orjson
 import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
-from jobcore.jobevents import JobEventKind
-from jobcore.schema import HOT_TABLES
-from jobcore.settings import Settings
+from jobcore.database.schema import HOT_TABLES
+from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import free_port
 from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids, relays_ready

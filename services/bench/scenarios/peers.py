@@ -67,13 +67,13 @@ import psycopg
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.batch import MAX_BATCH_ITEMS
-from jobcore.db import Database
-from jobcore.scratch import database_url
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack, free_port
 from jobcore.testing.processes import ROOT
+from jobcore.testing.scratch import database_url
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
 from jobcore.usecases.pauses import set_paused
 from services.bench.harness import UNLIMITED_QUEUES, Bench, Options, pids, relays_ready
 from services.bench.http import http_load, post

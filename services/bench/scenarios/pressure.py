@@ -47,8 +47,8 @@ from typing import Any
 
 import psycopg
 
-from jobcore.schema import HOT_TABLES
-from jobcore.settings import load_settings
+from jobcore.database.schema import HOT_TABLES
+from jobcore.kernel.settings import load_settings
 from jobcore.testing.pipeline import Stack, archive_pruned
 from jobcore.testing.processes import ROOT
 from services.bench.harness import Bench, Options, pids, relays_ready
@@ -66,7 +66,7 @@ from services.bench.report import Figure, Section, Series
 
 TITLE = "Pressure and chaos as a production database applies them"
 PHASES = ("clean", "pin", "readers", "overload", "kills", "pool", "restart", "sigkill")
-# Only the test job types: the examples (jobcore.jobtypes) include one that may run ten
+# Only the test job types: the examples (jobcore.examples.jobtypes) include one that may run ten
 # minutes, which would need a consumer timeout, and so an inbox window, of as long.
 JOB_MODULES = ("jobcore.testing.jobtypes",)
 CLUSTER_SCRIPT = ROOT / "scripts" / "pressure_cluster.sh"

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.priorities import Priority
-from jobcore.settings import RelayOptions
+from jobcore.database.gateway import Database
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.settings import RelayOptions
 from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids
 from services.bench.measure import cpu_of, merge_cpu

@@ -30,13 +30,13 @@ from pamqp.commands import Basic
 
 from jobcore.amqp.connection import connect as connect_broker
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.envelope import JobMessage
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import load_job_modules
-from jobcore.settings import RelayOptions, Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.envelope import JobMessage
+from jobcore.kernel.settings import RelayOptions, Settings
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from services.bench.harness import UNLIMITED_QUEUES, Bench, pids, relays_ready
 from services.bench.measure import cpu_of, latency_ms, merge_cpu
 from services.bench.report import Figure, Section

@@ -28,8 +28,8 @@ import os
 import statistics
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import RelayOptions, Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import RelayOptions, Settings
 from services.bench.harness import Bench, Options, analyze, pids
 from services.bench.measure import CpuMeter, merge_cpu
 from services.bench.report import Figure, Section, Series

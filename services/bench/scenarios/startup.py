@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import free_port
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from services.bench.harness import Bench, Options

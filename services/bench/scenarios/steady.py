@@ -29,10 +29,10 @@ from typing import Any
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import load_job_modules
-from jobcore.states import TERMINAL
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.states import TERMINAL
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from services.bench.harness import Bench, Options, pids, relays_ready
 from services.bench.jobtypes import SteadyNoopPayload
 from services.bench.measure import cpu_of, merge_cpu

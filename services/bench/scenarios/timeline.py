@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobcore.db import Database
-from jobcore.registry import load_job_modules
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import load_job_modules
 from jobcore.testing.draining import InlineWorker
 from services.bench.harness import Bench, Options
 from services.bench.measure import cpu_seconds

@@ -19,8 +19,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from services.bench.harness import Bench, Options, pids
 from services.bench.http import http_load, post
 from services.bench.measure import CpuMeter, cpu_seconds, merge_cpu

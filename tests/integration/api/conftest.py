@@ -9,8 +9,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 

@@ -11,9 +11,9 @@ import httpx
 from fastapi import FastAPI
 from psycopg.types.json import Jsonb
 
-from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, execute, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.kernel.settings import Settings
 from services.api.app import create_app
 from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 

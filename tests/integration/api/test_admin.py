@@ -9,9 +9,9 @@ import uuid
 import httpx
 import pytest
 
-from jobcore.db import Database, execute
-from jobcore.scopes import Scope
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.kernel.scopes import Scope
 from jobcore.usecases import keys as key_usecases
 from tests.integration.api.support import (
     assert_problem,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from services.api.app import create_app

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from services.api import problems
 from tests.integration.api.support import assert_problem, counts
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases.timeline import job_timeline
 from services.api.problems import PROBLEM_BASE

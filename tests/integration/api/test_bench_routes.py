@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from services.api.app import create_app
 
 

@@ -7,9 +7,9 @@ import asyncio
 import httpx
 import psycopg
 
-from jobcore.db import Database
-from jobcore.settings import Settings
-from jobcore.sql.jobs.cancel import CANCEL_CHANNEL
+from jobcore.database.gateway import Database
+from jobcore.database.sql.jobs.cancel import CANCEL_CHANNEL
+from jobcore.kernel.settings import Settings
 from services.api.schemas import CancelAnswer
 from tests.integration.api.support import (
     assert_problem,

@@ -7,7 +7,7 @@ import subprocess
 import httpx
 import orjson
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import psycopg
 
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.envelope import decode
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.settings import Settings
 from services.api.schemas import Accepted
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import (

@@ -1,6 +1,6 @@
 """Coalesced single enqueues on the real database (services.api.coalescing,
-jobcore.submit.enqueue_coalesced): concurrent POSTs of one tenant commit together, each
-job written exactly as its single enqueue writes it, each request answered as it would be
+jobcore.usecases.enqueue.submit.enqueue_coalesced): concurrent POSTs of one tenant commit together,
+each job written exactly as its single enqueue writes it, each request answered as it would be
 uncoalesced."""
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from typing import Any
 
 import httpx
 
+from jobcore.access.apikeys import InvalidApiKey
 from jobcore.amqp.topology import Topology
-from jobcore.apikeys import InvalidApiKey
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.enqueue import EnqueueResult
-from jobcore.envelope import decode
-from jobcore.errors import JobcoreError, QuotaExceeded
-from jobcore.gates import Limit, Rate
-from jobcore.priorities import Priority
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.submit import EnqueueRequest, enqueue, enqueue_coalesced
+from jobcore.database.gateway import Database, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.errors import JobcoreError, QuotaExceeded
+from jobcore.kernel.gates import Limit, Rate
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_coalesced
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 from tests.integration.api.conftest import OTHER_TENANT, TENANT
 from tests.integration.api.support import api
 from tests.integration.api.support import enqueue as post

@@ -8,10 +8,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore import apikeys
-from jobcore.apikeys import CreatedKey
-from jobcore.db import Database, execute
-from jobcore.sql import Query
+from jobcore.access import apikeys
+from jobcore.access.apikeys import CreatedKey
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
 from jobcore.usecases import keys as key_usecases
 from services.api import callbacks
 from services.api.auth import KeyCache

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.chaos import postgres_stopped
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually

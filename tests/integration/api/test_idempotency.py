@@ -13,12 +13,12 @@ import httpx
 import pytest
 from pydantic import Field
 
-from jobcore.db import Database, execute
-from jobcore.enqueue import legacy_fingerprint
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
+from jobcore.usecases.enqueue.write_one import legacy_fingerprint
 from services.api.app import create_app
 from tests.integration.api.support import assert_problem, counts, enqueue, job_row
 

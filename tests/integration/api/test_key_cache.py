@@ -17,10 +17,10 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from jobcore.apikeys import Principal
-from jobcore.db import Database
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
+from jobcore.access.apikeys import Principal
+from jobcore.database.gateway import Database
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 from services.api.auth import KeyCache

@@ -13,11 +13,11 @@ import orjson
 import pytest
 from psycopg.errors import CheckViolation
 
-from jobcore import apikeys
-from jobcore.db import Database, execute
-from jobcore.scopes import DEFAULT_SCOPES, Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.access import apikeys
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.kernel.scopes import DEFAULT_SCOPES, Scope
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from tests.integration.api.support import assert_problem
 from tests.integration.api.test_cli import jobcore

@@ -16,10 +16,10 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from jobcore.db import Database
-from jobcore.objectstore import open_result_store
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
+from jobcore.storage.objectstore import open_result_store
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
 from services.api.app import create_app
 from services.api.schemas import JobView

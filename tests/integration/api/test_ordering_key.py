@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from tests.integration.api.support import assert_problem, enqueue, job_row
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from jobcore.usecases import pauses as pause_usecases
 from services.api.schemas import JobView
 from tests.integration.api.support import assert_problem, enqueue, start_job

@@ -14,17 +14,17 @@ import httpx
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_one
+from jobcore.database.gateway import Database, execute, fetch_one
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.quotas import Quotas
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.usage_folder import UsageFolder, UsageFolderConfig
-from jobcore.quotas import Quotas
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.submit import EnqueueRequest
-from jobcore.submit import enqueue as enqueue_job
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
+from jobcore.usecases.enqueue.submit import EnqueueRequest
+from jobcore.usecases.enqueue.submit import enqueue as enqueue_job
 from services.api.longpolls import LongPollSlots
 from tests.integration.api.conftest import OTHER_TENANT, TENANT
 from tests.integration.api.support import (

@@ -6,9 +6,9 @@ import uuid
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.results import LocalResultStore
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
+from jobcore.storage.results import LocalResultStore
 from services.api.schemas import JobPage, JobView
 from tests.integration.api.support import assert_problem, enqueue, finish_job, start_job
 

@@ -6,8 +6,8 @@ import uuid
 
 import httpx
 
-from jobcore import apikeys
-from jobcore.db import Database
+from jobcore.access import apikeys
+from jobcore.database.gateway import Database
 from jobcore.usecases import keys as key_usecases
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import assert_problem, counts, enqueue

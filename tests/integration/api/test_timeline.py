@@ -7,8 +7,8 @@ import uuid
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.scopes import Scope
+from jobcore.database.gateway import Database
+from jobcore.kernel.scopes import Scope
 from jobcore.usecases import keys as key_usecases
 from services.api.schemas import JobTimelineView, JobView
 from tests.integration.api.conftest import TENANT

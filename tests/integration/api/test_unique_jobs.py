@@ -13,19 +13,19 @@ import httpx
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.batch import ItemStatus
-from jobcore.db import Database, Session, execute, fetch_one
-from jobcore.errors import UniqueJobExists
-from jobcore.registry import default_registry
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_MANY
-from jobcore.submit import EnqueueRequest, enqueue_many
-from jobcore.submit import enqueue as enqueue_job
+from jobcore.database.gateway import Database, Session, execute, fetch_one
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.enqueue import JOB_INSERT, JOB_INSERT_MANY
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.errors import UniqueJobExists
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue_many
+from jobcore.usecases.enqueue.submit import enqueue as enqueue_job
+from jobcore.usecases.enqueue.write_many import ItemStatus
 from tests.integration.api.conftest import TENANT
 from tests.integration.api.support import (
     assert_problem,

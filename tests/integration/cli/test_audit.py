@@ -14,17 +14,17 @@ import orjson
 import psycopg
 import pytest
 
+from jobcore.access.audit import AuditAction, Entry, Target, audited, cli_actor, record
 from jobcore.amqp.topology import Topology
-from jobcore.audit import AuditAction, Entry, Target, audited, cli_actor, record
-from jobcore.db import Database, fetch_one
-from jobcore.errors import JobcoreError
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql.api_keys import API_KEY_REVOKE
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql.api_keys import API_KEY_REVOKE
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.errors import JobcoreError
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.usecases import keys as key_usecases
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 ENTRY_COLUMNS = "actor, action, target_type, target_id, tenant, outcome, details"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 
 

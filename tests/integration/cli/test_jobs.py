@@ -9,13 +9,13 @@ from typing import Any
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.jobtypes import NoopPayload
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
 
 def jobs_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

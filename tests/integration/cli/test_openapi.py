@@ -12,7 +12,7 @@ import sys
 
 import orjson
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing"

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Pruner
-from jobcore.results import LocalResultStore
-from jobcore.settings import Settings
+from jobcore.storage.results import LocalResultStore
 from jobcore.testing.processes import jobcore_command, settings_env
 from services.worker.metrics import WorkerMetrics
 from tests.support.retention import audit_entry, inbox_row, make_job, table_counts

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from jobcore.db import Database, fetch_all
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Scheduler
-from jobcore.registry import default_registry
-from jobcore.schedules import load_schedules
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.maintenance.periodic import load_schedules
 from jobcore.testing.processes import jobcore_command, settings_env
 from services.worker.metrics import SchedulerMetrics
 

@@ -24,7 +24,7 @@ from jobcore.client import (
     UnprocessableContent,
     WaitTimeout,
 )
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases

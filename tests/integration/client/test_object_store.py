@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from jobcore.client import AsyncClient, Client, Job, JobResult
-from jobcore.jobtypes import ExportCsvPayload, csv_chunks
-from jobcore.settings import Settings
+from jobcore.examples.jobtypes import ExportCsvPayload, csv_chunks
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import Stack
 from tests.support import s3
 

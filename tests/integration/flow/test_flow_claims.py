@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.envelope import decode
-from jobcore.priorities import WEIGHTS, Priority
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query, Statement
-from jobcore.sql.flow_pauses import FLOW_PAUSE_CLEAR, FLOW_PAUSE_SET, PauseKind
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
-from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database, execute, fetch_all, fetch_one
+from jobcore.database.sql import Query, Statement
+from jobcore.database.sql.flow_pauses import FLOW_PAUSE_CLEAR, FLOW_PAUSE_SET, PauseKind
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY, JOB_RELEASE, JOB_RETRY
+from jobcore.database.sql.outbox import OUTBOX_CLAIM_FAIR
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.priorities import WEIGHTS, Priority
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from tests.integration.worker.support import outcome_params
 
 FILL_SQL = """

@@ -1,4 +1,4 @@
-"""Idle gate rows (job_gates) go with the pruner (jobcore.sql.job_gates): the rows of keys
+"""Idle gate rows (job_gates) go with the pruner (jobcore.database.sql.job_gates): the rows of keys
 whose jobs are done, never a row a job still waits on or whose state is still ahead; and a
 prune racing the claims never takes a row from under a claim (the rate holds, the
 concurrency limit holds, while rows are deleted and written again)."""
@@ -15,11 +15,11 @@ from datetime import timedelta
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all_after
+from jobcore.database.gateway import Database, fetch_all_after
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY, JOB_GATES_LOCK
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import Retention
-from jobcore.settings import Settings
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY, JOB_GATES_LOCK
 from tests.support.flow import job, max_overlap, run
 
 pytestmark = pytest.mark.timeout(120)

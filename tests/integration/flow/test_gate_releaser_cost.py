@@ -1,5 +1,5 @@
-"""What one round of the gate releaser reads (jobcore.sql.jobs.gates.JOB_LOCK_RELEASABLE): the
-jobs it can release, not every held job. Held jobs are written straight into the table
+"""What one round of the gate releaser reads (jobcore.database.sql.jobs.gates.JOB_LOCK_RELEASABLE):
+the jobs it can release, not every held job. Held jobs are written straight into the table
 (many of them, behind one key); the round's statement runs under EXPLAIN (ANALYZE,
 BUFFERS) and the test counts the rows its plan read from `jobs`, at a small and a large
 number of held jobs. No timing: rows and buffers."""
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from jobcore.db import Database
-from jobcore.maintenance.releases import RATE_HORIZON
-from jobcore.sql.jobs.gates import JOB_LOCK_RELEASABLE
+from jobcore.database.gateway import Database
+from jobcore.database.sql.jobs.gates import JOB_LOCK_RELEASABLE
+from jobcore.maintenance.held_jobs import RATE_HORIZON
 
 SMALL, LARGE = 2_000, 20_000
 LIMIT = 500

@@ -1,6 +1,6 @@
 """The claim skips the gate lock for jobs with no concurrency or rate key
-(jobcore.store.jobs.JobStore.claim, jobcore.sql.jobs.run.JOB_CLAIM_UNGATED): those are
-claimed by one statement on its own, and only the keyed jobs of a batch lock their gate
+(jobcore.database.store.jobs.JobStore.claim, jobcore.database.sql.jobs.run.JOB_CLAIM_UNGATED): those
+are claimed by one statement on its own, and only the keyed jobs of a batch lock their gate
 rows and claim behind them, so their limits hold as before."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from jobcore import db as jobcore_db
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.store import JobClaimManyParams, job_store
-from jobcore.store import jobs as store_jobs
+from jobcore.database import gateway as jobcore_db
+from jobcore.database.gateway import Database
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.database.store import JobClaimManyParams, job_store
+from jobcore.database.store import jobs as store_jobs
 from tests.support.flow import job, run
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session as OrmSession
 
 from jobcore import enqueue_in, enqueue_in_sync
-from jobcore.enqueue import EnqueueResult
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.enqueue.write_one import EnqueueResult
 
 KINDS = ["psycopg", "psycopg_async", "sqlalchemy", "sqlalchemy_async"]
 

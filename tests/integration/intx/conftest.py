@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from tests.integration.worker.conftest import broker_cleanup, start_worker, wsettings
 
 __all__ = ["broker_cleanup", "orders", "start_worker", "wsettings"]

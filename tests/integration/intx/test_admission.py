@@ -1,4 +1,4 @@
-"""The two admissions of an in-transaction enqueue (jobcore.quotas.Admission): the default,
+"""The two admissions of an in-transaction enqueue (jobcore.kernel.quotas.Admission): the default,
 approximate, reads the tenant's usage as committed and holds no lock; its cap can be
 passed by what transactions open together hold uncommitted, and by no more. The exact
 one serialises and never passes it (docs/how-to/enqueue-in-transaction.md)."""
@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from jobcore.db import Database
-from jobcore.errors import EnqueueRateExceeded, TooManyUnfinishedJobs
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.errors import EnqueueRateExceeded, TooManyUnfinishedJobs
+from jobcore.kernel.settings import Settings
 from tests.integration.intx.apptx import app_tx
 
 pytestmark = pytest.mark.usefixtures("orders")

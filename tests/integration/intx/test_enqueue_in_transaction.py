@@ -14,13 +14,13 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session as OrmSession
 
 from jobcore import enqueue_in, enqueue_in_sync
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.errors import InvalidField, InvalidPayload, UniqueJobExists
-from jobcore.in_transaction import NotInTransaction, UnsupportedConnection
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.errors import InvalidField, InvalidPayload, UniqueJobExists
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.in_transaction import NotInTransaction, UnsupportedConnection
 from tests.integration.intx.apptx import KINDS, app_tx
 from tests.integration.relay.helpers import running_relay
 from tests.integration.worker.conftest import StartWorker

@@ -9,11 +9,11 @@ import pytest
 from psycopg import IsolationLevel
 
 from jobcore import enqueue_in, enqueue_in_sync
-from jobcore.db import Database
-from jobcore.in_transaction import UnsupportedIsolation
-from jobcore.quotas import UNLIMITED
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.quotas import UNLIMITED
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.enqueue.in_transaction import UnsupportedIsolation
 
 
 def capped(settings: Settings) -> Settings:

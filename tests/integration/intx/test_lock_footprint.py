@@ -14,10 +14,10 @@ import psycopg
 import pytest
 
 from jobcore import enqueue_in
-from jobcore.db import Database
-from jobcore.quotas import UNLIMITED, Quotas
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.quotas import UNLIMITED, Quotas
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.intx.apptx import app_tx
 

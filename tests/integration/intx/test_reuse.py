@@ -7,11 +7,11 @@ import psycopg
 import pytest
 
 from jobcore import enqueue_in
-from jobcore import in_transaction as module
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.usecases.enqueue import in_transaction as module
 
 
 async def jobs_of_t(db: Database) -> int:

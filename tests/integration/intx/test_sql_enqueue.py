@@ -22,12 +22,12 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobcore import enqueue_in
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.job_type_records import record_job_types
-from jobcore.priorities import Priority
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.job_type_records import record_job_types
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.priorities import Priority
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
 from tests.integration.intx.test_enqueue_in_transaction import (

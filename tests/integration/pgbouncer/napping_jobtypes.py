@@ -11,7 +11,7 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.registry import JobContext, job
+from jobcore.execution.registry import JobContext, job
 
 LEASE_SECONDS = 90.0
 

@@ -23,11 +23,11 @@ import httpx
 import psycopg
 import pytest
 
-from jobcore import migrate
-from jobcore.db import Database, fetch_one
-from jobcore.errors import DatabaseUnavailable
-from jobcore.settings import Settings
-from jobcore.sql import NoParams, Query
+from jobcore.database import migrate
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql import NoParams, Query
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from tests.e2e.stack import JOB_MODULES, E2EStack
 from tests.integration.pgbouncer.napping_jobtypes import LEASE_SECONDS

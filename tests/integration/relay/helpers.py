@@ -14,10 +14,10 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import RelayOptions, Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.settings import RelayOptions, Settings
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from services.relay.metrics import RelayMetrics

@@ -8,14 +8,14 @@ from typing import Any
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_all
-from jobcore.priorities import WEIGHTS
-from jobcore.sql import Statement
-from jobcore.sql.outbox import (
+from jobcore.database.gateway import Database, execute, fetch_all
+from jobcore.database.sql import Statement
+from jobcore.database.sql.outbox import (
     OUTBOX_CLAIM_FAIR,
     OUTBOX_DELETE_PUBLISHED,
     OUTBOX_RECORD_FAILURES,
 )
+from jobcore.kernel.priorities import WEIGHTS
 from tests.integration.relay.helpers import fill_outbox
 
 

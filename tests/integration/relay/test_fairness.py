@@ -9,12 +9,12 @@ from collections.abc import Awaitable
 import aio_pika
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from services.relay.relay import Relay
 from services.relay.room import REFILL_FRACTION
 from services.worker.app import Worker

@@ -15,13 +15,13 @@ import aio_pika
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import native_placeholders
-from jobcore.sql.flow_pauses import FLOW_PAUSE_SET
-from jobcore.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
-from jobcore.store import outbox_store
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import native_placeholders
+from jobcore.database.sql.flow_pauses import FLOW_PAUSE_SET
+from jobcore.database.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
+from jobcore.database.store import outbox_store
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from services.relay.relay import UNBOUNDED_LOOK_EVERY, UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
 

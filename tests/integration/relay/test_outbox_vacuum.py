@@ -9,11 +9,11 @@ from urllib.parse import quote
 import aio_pika
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql.outbox import OUTBOX_CLAIM_FAIR
+from jobcore.kernel.priorities import WEIGHTS
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.outbox_vacuum import OutboxVacuum
-from jobcore.priorities import WEIGHTS
-from jobcore.settings import Settings
-from jobcore.sql.outbox import OUTBOX_CLAIM_FAIR
 from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import collect, fill_outbox, running_relay, wait_drained
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import uuid
 
-from jobcore.db import Database, fetch_one
-from jobcore.registry import load_job_modules
-from jobcore.sql.outbox import OUTBOX_DELETE_PUBLISHED
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql.outbox import OUTBOX_DELETE_PUBLISHED
+from jobcore.execution.registry import load_job_modules
 from jobcore.testing.draining import InlineWorker
 
 
@@ -23,7 +23,7 @@ async def events(db: Database, job_id: uuid.UUID) -> list[str]:
 async def test_published_is_written_for_live_and_ended_jobs_and_skipped_for_gone_ones(
     db: Database,
 ) -> None:
-    worker = InlineWorker(db, registry=load_job_modules(("jobcore.jobtypes",)))
+    worker = InlineWorker(db, registry=load_job_modules(("jobcore.examples.jobtypes",)))
     live, ended, gone = [await worker.enqueue("noop", {}) for _ in range(3)]
     async with db.connection() as conn:
         await conn.execute(

@@ -13,9 +13,9 @@ import pytest
 
 from jobcore.amqp.publisher import ConfirmedPublisher, Failure, OutgoingMessage
 from jobcore.amqp.topology import Topology
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from tests.integration.relay.helpers import TRACEPARENT, collect, wait_received
 
 # A limit under the broker's (128 MiB), so a "too large" body is small enough for a test.

@@ -22,8 +22,8 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
@@ -91,7 +91,7 @@ async def test_a_job_whose_queue_is_missing_waits_past_the_old_horizon_then_succ
     # A relay of a deploy in progress: its job modules lack the job type, so it neither
     # declares nor restores the type's queue.
     env = relay_env(
-        JOBCORE_JOB_MODULES="jobcore.jobtypes",
+        JOBCORE_JOB_MODULES="jobcore.examples.jobtypes",
         JOBCORE_RELAY_MAX_PUBLISH_ATTEMPTS=str(MAX_ATTEMPTS),
     )
     with jobcore_process(settings, "relay", log_path=tmp_path / "relay.log", **env):

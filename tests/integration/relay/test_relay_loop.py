@@ -13,9 +13,9 @@ import aio_pika
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_one
-from jobcore.settings import Settings
-from jobcore.sql.outbox import OUTBOX_DROP_WAKE_LEASE, OUTBOX_TAKE_WAKE_LEASE
+from jobcore.database.gateway import Database, execute, fetch_one
+from jobcore.database.sql.outbox import OUTBOX_DROP_WAKE_LEASE, OUTBOX_TAKE_WAKE_LEASE
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.relay.relay import Relay
 from tests.integration.relay.helpers import (

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import (

@@ -8,9 +8,9 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.errors import PermanentError
-from jobcore.jobtypes import CreditAccountPayload, post_credit
-from jobcore.registry import JobContext, Registry
+from jobcore.examples.jobtypes import CreditAccountPayload, post_credit
+from jobcore.execution.registry import JobContext, Registry
+from jobcore.kernel.errors import PermanentError
 
 REGISTRY = Registry()
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobcore.db import Database
-from jobcore.errors import JobNotFound
+from jobcore.database.gateway import Database
 from jobcore.execution.executor import RESULT_PUT_TRIES
-from jobcore.payloads import UnstorablePayload
-from jobcore.registry import InvalidPayloadError
-from jobcore.results import StoreUnavailable
+from jobcore.execution.payloads import UnstorablePayload
+from jobcore.execution.registry import InvalidPayloadError
+from jobcore.kernel.errors import JobNotFound
+from jobcore.storage.results import StoreUnavailable
 from jobcore.testing import InlineWorker
 from jobcore.usecases.jobs import cancel_job
 from tests.integration.testing_kit.jobtypes import REGISTRY

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from jobcore.errors import PermanentError
+from jobcore.examples.jobtypes import SendEmailPayload
 from jobcore.execution.attempts import JobTimedOut, UnstorableOutcome
-from jobcore.jobtypes import SendEmailPayload
-from jobcore.payloads import UnstorablePayload
-from jobcore.registry import InvalidPayloadError
+from jobcore.execution.payloads import UnstorablePayload
+from jobcore.execution.registry import InvalidPayloadError
+from jobcore.kernel.errors import PermanentError
 from jobcore.testing import run_inline, run_inline_job
 from tests.integration.testing_kit.jobtypes import REGISTRY
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore import apikeys
-from jobcore.db import Database, fetch_all
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql.audit_log import AUDIT_LOG_LIST
+from jobcore.access import apikeys
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql.audit_log import AUDIT_LOG_LIST
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.ui.app import SIGN_IN_REFUSED, create_app
 from services.ui.sessions import COOKIE_NAME

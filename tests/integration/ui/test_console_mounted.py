@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import FAST_ENV, Process, free_port
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually

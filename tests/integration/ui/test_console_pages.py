@@ -15,15 +15,15 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_all, fetch_one
-from jobcore.objectstore import open_result_store
-from jobcore.registry import default_registry
-from jobcore.results import ResultStore
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.database.gateway import Database, execute, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import ResultStore
 from jobcore.usecases import keys as key_usecases
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from services.ui import app as console_app
 from services.ui.app import create_app
 

@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.usecases import keys as key_usecases
 from services.api.app import create_app
 from tests.integration.webhooks.support import webhook_settings

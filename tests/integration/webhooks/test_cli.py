@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from jobcore.settings import Settings
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from tests.integration.webhooks.support import process_env
 

@@ -16,11 +16,11 @@ import pytest
 import standardwebhooks
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.completion_webhooks import new_secret
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
-from jobcore.webhooks import new_secret
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import (
     BACKOFF_BASE,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.api.routes.waiting import wait_seconds
 from services.api.waiters import APPLICATION_NAME, JobWaiters

@@ -21,14 +21,14 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
-from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
+from jobcore.database.gateway import Database
+from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.kernel.settings import Settings
 from jobcore.testing.chaos import disruption_lock
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases
-from jobcore.webhooks import completion_params
 from services.api.waiters import APPLICATION_NAME
 from tests.integration.webhooks.support import free_port
 

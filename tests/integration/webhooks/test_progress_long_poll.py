@@ -9,8 +9,8 @@ import uuid
 import httpx
 from fastapi import FastAPI
 
-from jobcore.db import Database, execute
-from jobcore.sql.jobs.run import JOB_PROGRESS_SET
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql.jobs.run import JOB_PROGRESS_SET
 from services.api.schemas import JobView
 from tests.integration.webhooks.test_long_poll import parked, pending_job, waiters_of
 from tests.integration.worker.support import TAKE_OVER

@@ -11,15 +11,15 @@ import pytest
 from fastapi import FastAPI
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Reaper
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql.webhook_deliveries import WEBHOOK_DELIVERY_LIST_FOR_JOB
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases.jobs import cancel_job
 from jobcore.usecases.webhooks import set_endpoint
-from jobcore.webhooks import completion_params
 from services.api.app import create_app
 from services.worker.metrics import WorkerMetrics
 from tests.integration.webhooks.conftest import TENANT

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from jobcore.settings import Settings
-from jobcore.webhooks import Outcome
+from jobcore.execution.completion_webhooks import Outcome
+from jobcore.kernel.settings import Settings
 from services.worker.webhook_sender import MAX_RESPONSE_BYTES, WebhookSender
 from tests.integration.webhooks.support import Answer, receiving
 from tests.support.resolver import resolving_to

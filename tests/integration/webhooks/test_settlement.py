@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import httpx
 
-from jobcore.db import Database
-from jobcore.settings import Settings
-from jobcore.sql.inbox import WEBHOOKS_CONSUMER
+from jobcore.database.gateway import Database
+from jobcore.database.sql.inbox import WEBHOOKS_CONSUMER
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.webhooks.support import delivery_in, receiving

@@ -15,10 +15,10 @@ import standardwebhooks
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from jobcore.client import WebhookVerificationFailed, verify_webhook
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.completion_webhooks import new_secret
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
-from jobcore.webhooks import new_secret
 from tests.integration.webhooks.conftest import TENANT
 from tests.integration.webhooks.support import (
     Received,

@@ -10,9 +10,9 @@ import aio_pika
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.support import OutboxPump, running_pump, worker_settings

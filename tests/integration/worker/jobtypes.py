@@ -14,9 +14,9 @@ from pathlib import Path
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jobcore.errors import PermanentError
-from jobcore.jobtypes import post_credit
-from jobcore.registry import JobContext, job
+from jobcore.examples.jobtypes import post_credit
+from jobcore.execution.registry import JobContext, job
+from jobcore.kernel.errors import PermanentError
 
 MODULE = __name__
 

@@ -23,18 +23,18 @@ import orjson
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, execute, fetch_all
-from jobcore.enqueue import job_message_row
+from jobcore.database.gateway import Database, execute, fetch_all
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.channels import OUTBOX_CHANNEL
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, MaintenanceService
-from jobcore.registry import default_registry
-from jobcore.results import ResultStore
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.run import JOB_SUCCEED_MANY
-from jobcore.submit import EnqueueRequest, enqueue
+from jobcore.storage.results import ResultStore
 from jobcore.testing.jobtypes import EchoPayload
-from jobcore.webhooks import completion_params
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from jobcore.usecases.enqueue.write_one import job_message_row
 from services.worker.metrics import WorkerMetrics
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes

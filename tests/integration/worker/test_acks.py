@@ -22,8 +22,8 @@ import pytest
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload

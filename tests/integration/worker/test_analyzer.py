@@ -8,9 +8,9 @@ from datetime import datetime
 
 import psycopg
 
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Analyzer, AnalyzerConfig
-from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.support import Maintenance
 
@@ -69,7 +69,7 @@ async def test_a_plan_cached_on_empty_tables_is_made_again_once_the_jobs_grew(
     async with await psycopg.AsyncConnection.connect(
         settings.database_url, autocommit=True
     ) as conn:
-        # As every pool with generic plans does (jobcore.db), on a new database.
+        # As every pool with generic plans does (jobcore.database.gateway), on a new database.
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await conn.execute(PREPARE_BY_ID)
         # The hazard: with no statistics, the status index looks as good as the key.

@@ -10,12 +10,12 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_all
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.cancel import CANCEL_CHANNEL
-from jobcore.sql.jobs.run import JOB_RELEASE, JOB_RETRY
-from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.database.gateway import Database, execute, fetch_all
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.cancel import CANCEL_CHANNEL
+from jobcore.database.sql.jobs.run import JOB_RELEASE, JOB_RETRY
+from jobcore.database.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker

@@ -11,8 +11,8 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
-from jobcore.errors import BrokerUnavailable
-from jobcore.settings import Settings
+from jobcore.kernel.errors import BrokerUnavailable
+from jobcore.kernel.settings import Settings
 
 
 class FailsFirstDeclare(JobQueueConsumer):

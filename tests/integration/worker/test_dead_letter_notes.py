@@ -14,10 +14,10 @@ import pytest
 
 from jobcore.amqp.deadletters import DeadLetter, describe_parts
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.envelope import JobMessage
+from jobcore.database.gateway import Database
+from jobcore.kernel.envelope import JobMessage
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance.stranded import note_dead_letter
-from jobcore.settings import Settings
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker

@@ -7,7 +7,7 @@ import tracemalloc
 import uuid
 from pathlib import Path
 
-from jobcore.jobtypes import (
+from jobcore.examples.jobtypes import (
     EXPORT_CHUNK_BYTES,
     EXPORT_MAX_COLUMN_NAME,
     EXPORT_MAX_COLUMNS,
@@ -15,8 +15,8 @@ from jobcore.jobtypes import (
     csv_chunks,
     export_csv,
 )
-from jobcore.registry import JobContext
-from jobcore.results import LocalResultStore
+from jobcore.execution.registry import JobContext
+from jobcore.storage.results import LocalResultStore
 
 
 async def _no_heartbeat() -> None:

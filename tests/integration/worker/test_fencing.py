@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
+from jobcore.database.gateway import Database, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
+from jobcore.kernel.settings import Settings
 from tests.integration.worker.support import outcome_params, running_echo_job
 
 EFFECTS = Query(

@@ -1,4 +1,4 @@
-"""Flow control (jobcore.gates) with real workers: concurrency limits, rate limits and
+"""Flow control (jobcore.kernel.gates) with real workers: concurrency limits, rate limits and
 per-key ordering hold across three workers, and held jobs use no attempt.
 
 Every check reads the job rows: intervals started_at..finished_at for the limits, the
@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_one
-from jobcore.registry import Registry, default_registry, load_job_modules
-from jobcore.settings import Settings
-from jobcore.sql.jobs.reads import JOB_GET_ANY_TENANT
-from jobcore.submit import EnqueueRequest, enqueue_many
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql.jobs.reads import JOB_GET_ANY_TENANT
+from jobcore.execution.registry import Registry, default_registry, load_job_modules
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue_many
 from jobcore.usecases.jobs import retry_job, unblock_job
 from services.api.views import job_view
 from tests.integration.worker.conftest import StartWorker

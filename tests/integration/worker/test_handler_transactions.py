@@ -12,12 +12,12 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobcore.amqp.topology import Topology
-from jobcore.channels import JOB_PROGRESS_CHANNEL
-from jobcore.db import Database, execute, fetch_one
-from jobcore.jobtypes import CreditAccountPayload
-from jobcore.settings import Settings
-from jobcore.sql.jobs.run import JOB_PROGRESS_SET
-from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL
+from jobcore.database.gateway import Database, execute, fetch_one
+from jobcore.database.sql.jobs.run import JOB_PROGRESS_SET
+from jobcore.database.sql.webhook_deliveries import JOB_DONE_CHANNEL
+from jobcore.examples.jobtypes import CreditAccountPayload
+from jobcore.kernel.channels import JOB_PROGRESS_CHANNEL
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import CreditPayload, ProgressPayload

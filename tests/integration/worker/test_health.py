@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.database.gateway import Database
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload

@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql import Query
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import LEADER_LEASE
-from jobcore.settings import Settings
-from jobcore.sql import Query
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker

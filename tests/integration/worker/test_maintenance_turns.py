@@ -13,10 +13,10 @@ import uuid
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import GateReleaser, Maintainer, Pruner
 from jobcore.maintenance.usage_folder import UsageFolder
-from jobcore.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.support import worker_settings

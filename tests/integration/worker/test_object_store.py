@@ -1,4 +1,4 @@
-"""Results and large payloads in an S3-compatible bucket (jobcore.objectstore), against
+"""Results and large payloads in an S3-compatible bucket (jobcore.storage.objectstore), against
 the suite's real S3 server (moto's, scripts/s3.sh): multipart results, payloads by
 reference, store outages (the job is given back, its attempts unspent), and the pruner's
 deletes and sweep."""
@@ -19,15 +19,15 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import retention as retention_module
 from jobcore.maintenance.retention import Retention
-from jobcore.objectstore import open_result_store
-from jobcore.registry import default_registry
-from jobcore.results import StoreUnavailable
-from jobcore.settings import Settings
-from jobcore.tcpproxy import Mode, TcpProxy
+from jobcore.storage.objectstore import open_result_store
+from jobcore.storage.results import StoreUnavailable
 from jobcore.testing.pipeline import via_port
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.jobs import retry_job
 from jobcore.usecases.keys import create_key

@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.objectstore import open_result_store
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
+from jobcore.storage.objectstore import open_result_store
 from jobcore.testing import InlineWorker
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker

@@ -14,14 +14,14 @@ import orjson
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.envelope import JobMessage
-from jobcore.registry import Registry, default_registry
-from jobcore.scopes import Scope
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.run import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
-from jobcore.store import jobs as job_statements
+from jobcore.database.gateway import Database
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.run import JOB_NOTE_UNDELIVERABLE, JobNoteUndeliverableParams
+from jobcore.database.store import jobs as job_statements
+from jobcore.execution.registry import Registry, default_registry
+from jobcore.kernel.envelope import JobMessage
+from jobcore.kernel.scopes import Scope
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import keys as key_usecases

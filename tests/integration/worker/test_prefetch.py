@@ -16,8 +16,8 @@ import aio_pika
 
 from jobcore.amqp.deliveries import Delivery, JobQueueConsumer
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker

@@ -12,14 +12,14 @@ from pathlib import Path
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_one
-from jobcore.envelope import JobMessage
+from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY
+from jobcore.examples.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, csv_chunks
 from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
-from jobcore.jobtypes import ExportCsvPayload, NoopPayload, SendEmailPayload, csv_chunks
-from jobcore.results import LocalResultStore
-from jobcore.settings import Settings
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY
+from jobcore.kernel.envelope import JobMessage
+from jobcore.kernel.settings import Settings
+from jobcore.storage.results import LocalResultStore
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker

@@ -17,9 +17,9 @@ import pytest
 
 from jobcore.amqp.publisher import ConfirmedPublisher
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually

@@ -9,14 +9,14 @@ from typing import Any
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.envelope import decode
+from jobcore.database.gateway import Database
+from jobcore.database.sql import native_placeholders
+from jobcore.database.sql.jobs.recovery import JOB_LOCK_EXPIRED
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Reaper
 from jobcore.maintenance.reaper import UNBOUNDED_EVERY, UNBOUNDED_WINDOW
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import native_placeholders
-from jobcore.sql.jobs.recovery import JOB_LOCK_EXPIRED
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import job_row, outbox_rows, submit

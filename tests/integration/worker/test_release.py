@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, fetch_all
-from jobcore.settings import Settings
-from jobcore.sql.jobs.run import JOB_RELEASE
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql.jobs.run import JOB_RELEASE
+from jobcore.kernel.settings import Settings
 from tests.integration.worker.support import outcome_params, running_echo_job
 
 OUTAGE = "storing the result failed: object store unavailable: StoreUnavailable: refused"

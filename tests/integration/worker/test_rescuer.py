@@ -14,11 +14,11 @@ import uuid
 import psycopg
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.database.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Rescuer
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.webhook_deliveries import JOB_DONE_CHANNEL, WEBHOOK_MESSAGE_TYPE
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
@@ -37,7 +37,7 @@ from tests.integration.worker.support import (
 # a return for no route, is retried until the broker takes it).
 RELAY_ERROR = "malformed: cannot encode: n error: Unsupported numeric value: 1180591620717411303424"
 
-# What the relay does to a row whose message can never be published (jobcore.sql.outbox).
+# What the relay does to a row whose message can never be published (jobcore.database.sql.outbox).
 QUARANTINE = Query(
     "test_quarantine",
     "Quarantine a job's outbox rows as the relay would on an unpublishable message.",

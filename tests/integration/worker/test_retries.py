@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.envelope import decode
-from jobcore.retry import backoff_ceiling
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.retry import backoff_ceiling
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, SlowPayload

@@ -12,13 +12,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from jobcore.db import Database, fetch_all
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql import Query
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Scheduler
+from jobcore.maintenance.periodic import (
+    Schedule,
+    ScheduleConfigError,
+    ScheduleNotFound,
+    load_schedules,
+)
 from jobcore.maintenance.scheduler import Clock as SchedulerClock
-from jobcore.registry import default_registry
-from jobcore.schedules import Schedule, ScheduleConfigError, ScheduleNotFound, load_schedules
-from jobcore.settings import Settings
-from jobcore.sql import Query
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import schedules as schedule_usecases
 from jobcore.usecases.jobs import cancel_any_job

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.database.gateway import Database, fetch_all, fetch_one
+from jobcore.database.sql import Query
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.support import worker_env

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.settings import Settings
-from jobcore.sql.inbox import JOBS_CONSUMER
+from jobcore.database.gateway import Database
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker

@@ -7,9 +7,9 @@ import uuid
 from pathlib import Path
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.envelope import decode
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_process
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker

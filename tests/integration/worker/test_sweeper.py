@@ -15,10 +15,10 @@ import httpx
 import orjson
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute
+from jobcore.database.gateway import Database, execute
+from jobcore.database.sql import Query
+from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Sweeper
-from jobcore.settings import Settings
-from jobcore.sql import Query
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.processes import jobcore_command, settings_env
 from jobcore.testing.waiting import eventually

@@ -12,21 +12,21 @@ from typing import Any
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database, execute, fetch_one
+from jobcore.database.gateway import Database, execute, fetch_one
+from jobcore.database.sql import Query
+from jobcore.database.sql.inbox import JOBS_CONSUMER
+from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY
 from jobcore.execution import outcomes
-from jobcore.jobevents import JobEventKind
-from jobcore.registry import load_job_modules
-from jobcore.retry import backoff_delay
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.inbox import JOBS_CONSUMER
-from jobcore.sql.jobs.run import JOB_CLAIM_MANY
+from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.retry import backoff_delay
+from jobcore.kernel.settings import Settings
 from jobcore.testing.draining import InlineWorker
 from jobcore.testing.waiting import eventually
-from jobcore.timeline import JobTimeline
 from jobcore.usecases.jobs import cancel_job
 from jobcore.usecases.timeline import job_timeline
-from jobcore.webhooks import completion_params
+from jobcore.usecases.whereabouts import JobTimeline
 from services.relay.relay import Relay
 from tests.integration.relay.helpers import running_relay
 from tests.integration.webhooks.support import Answer, delivery_in, receiving, webhook_settings
@@ -381,7 +381,7 @@ async def test_with_events_off_none_is_written_and_the_timeline_says_so(
     """JOBCORE_JOB_EVENTS=false: the hot path's statements write no event (the timeline
     keeps only `accepted`, which is the job row), and the timeline says events are off;
     the same statements on a pool with events on write them all."""
-    registry = load_job_modules(("jobcore.jobtypes",))
+    registry = load_job_modules(("jobcore.examples.jobtypes",))
     off = Database(settings.model_copy(update={"job_events": False}), name="events-off")
     await off.open(wait=True)
     try:

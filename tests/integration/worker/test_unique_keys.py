@@ -10,18 +10,18 @@ import uuid
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.batch import ItemStatus
-from jobcore.db import Database, execute, fetch_all
-from jobcore.errors import UniqueJobExists
+from jobcore.database.gateway import Database, execute, fetch_all
+from jobcore.database.sql import Query
+from jobcore.database.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.errors import UniqueJobExists
+from jobcore.kernel.settings import Settings
+from jobcore.kernel.states import TERMINAL, JobStatus
 from jobcore.maintenance import Maintainer, Reaper, Rescuer
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
-from jobcore.sql import Query
-from jobcore.sql.jobs.run import JOB_END_RUNNING, JOB_RELEASE, JOB_RETRY, JOB_SUCCEED_MANY
-from jobcore.states import TERMINAL, JobStatus
-from jobcore.submit import EnqueueRequest, enqueue, enqueue_many
 from jobcore.testing.jobtypes import EchoPayload, SyncPayload
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_many
+from jobcore.usecases.enqueue.write_many import ItemStatus
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (
@@ -157,8 +157,8 @@ async def test_the_rescuer_frees_the_key_of_a_job_whose_message_was_quarantined(
 
 
 def test_the_index_holds_keys_in_every_status_but_the_terminal_ones() -> None:
-    """A terminal status added to jobcore.states frees keys with no change here."""
-    from jobcore.schema import jobs
+    """A terminal status added to jobcore.kernel.states frees keys with no change here."""
+    from jobcore.database.schema import jobs
 
     [index] = [i for i in jobs.indexes if i.name == "jobs_unique_uidx"]
     where = str(index.dialect_options["postgresql"]["where"])

@@ -18,12 +18,12 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Database
-from jobcore.errors import DatabaseUnavailable
+from jobcore.database.gateway import Database
 from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
-from jobcore.settings import Settings
-from jobcore.tcpproxy import TcpProxy
+from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import via_port
+from jobcore.testing.tcpproxy import TcpProxy
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, TripwirePayload

@@ -1,0 +1,1 @@
+"""Who may call: API keys; and what they did: the audit log."""

@@ -1,0 +1,1 @@
+"""PostgreSQL: the gateway, the schema, its migrations, statements and stores."""

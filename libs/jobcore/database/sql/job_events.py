@@ -1,0 +1,137 @@
+"""Statements that read ``job_events`` (a job's timeline), and the pieces of the statements
+that write them.
+
+Events are never written on their own: each is a data-modifying CTE of the statement that
+makes the change it records (the enqueue, the relay's delete of a confirmed row, the claim,
+each outcome, the reaper's, a quarantine, a dead-letter note, a webhook attempt), so an
+event commits exactly when its change does and costs no round trip. The kinds are
+:class:`jobcore.kernel.jobevents.JobEventKind`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TypedDict
+
+from jobcore.database.sql import TERMINAL_SQL, Query
+from jobcore.kernel.jobevents import DETAIL_TEXT_CHARS, JobEventKind
+
+# Whether this session records events. JOBCORE_JOB_EVENTS=false sets `jobcore.job_events` to
+# off on each pooled connection (jobcore.database.gateway); unset, it is on. Every event CTE inserts
+# only WHERE this holds: it names no column, so the planner makes it a one-time filter,
+# evaluated once per statement, and a statement with events off writes none at all.
+EVENTS_ON = "current_setting('jobcore.job_events', true) IS DISTINCT FROM 'off'"
+
+# What an event keeps of an error (the job row keeps up to 2,000 characters).
+_ERROR = f"left(%s, {DETAIL_TEXT_CHARS})"
+
+
+def short_error(expression: str) -> str:
+    """SQL for the first :data:`DETAIL_TEXT_CHARS` characters of an error."""
+    return _ERROR % expression
+
+
+# The events of the jobs a statement ended, from its `done` rows (the contract of
+# jobcore.database.sql.webhook_deliveries.COMPLETION_WEBHOOKS, plus `attempts` and `last_error`):
+# `cancelled`, or `finished` with the status it ended in.
+DONE_EVENTS = f"""
+    done_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail)
+        SELECT done.id,
+               CASE WHEN done.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
+                    ELSE '{JobEventKind.FINISHED}' END,
+               done.attempts,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'status', done.status,
+                   'error', CASE WHEN done.status <> 'succeeded'
+                                 THEN {short_error("done.last_error")} END))
+        FROM done
+        WHERE done.status IN {TERMINAL_SQL} AND {EVENTS_ON}
+        ORDER BY done.id
+        RETURNING 1
+    )"""
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
+# Select-list items for a `jobs` row: its latest job message still in the outbox (waiting,
+# failing or quarantined) and its latest event, which jobcore.usecases.whereabouts.whereabouts turns
+# into a sentence. outbox_job_idx and job_events_pkey (job_id, id) answer them with a probe each
+# (the latest event by `at`, as a timeline is ordered: a job has a handful to sort).
+WHEREABOUTS_COLUMNS = """
+    message.id AS message_outbox_id,
+    message.created_at AS message_created_at,
+    message.available_at AS message_available_at,
+    message.attempts AS message_attempts,
+    message.last_error AS message_last_error,
+    message.failing_since AS message_failing_since,
+    message.quarantined_at AS message_quarantined_at,
+    latest.kind AS last_event_kind,
+    latest.at AS last_event_at,
+    latest.attempt AS last_event_attempt,
+    latest.detail AS last_event_detail,
+    now() AS read_at"""
+
+WHEREABOUTS_JOINS = """
+    LEFT JOIN LATERAL (
+        SELECT id, created_at, available_at, attempts, last_error, failing_since,
+               quarantined_at
+        FROM outbox
+        WHERE outbox.job_id = jobs.id AND outbox.message_type = jobs.type
+        ORDER BY outbox.id DESC
+        LIMIT 1
+    ) AS message ON true
+    LEFT JOIN LATERAL (
+        SELECT kind, at, attempt, detail
+        FROM job_events
+        WHERE job_events.job_id = jobs.id
+        ORDER BY job_events.at DESC, job_events.id DESC
+        LIMIT 1
+    ) AS latest ON true"""
+
+
+class JobTimelineParams(TypedDict):
+    id: uuid.UUID
+    limit: int
+    tenant: str | None  # None: any tenant's job (operators)
+
+
+# One statement, so one snapshot: read apart, the job (where it is) and its events could
+# disagree, say a relay's commit landing between them. The first event, `accepted`, is
+# the job row itself (created_at, accepted_detail; id 0), which enqueue writes instead of
+# an event row; a job enqueued before migration 0019 has its `accepted` row, listed
+# instead. One row per event, each with the job's columns whereabouts reads; no row at all
+# for a job that is not there or is another tenant's. Events in order of `at`, then of
+# writing: a `published` event is dated when its relay took the row, and committed after
+# the broker's confirm, which a worker's claim can precede.
+JOB_TIMELINE = Query[JobTimelineParams](
+    "job_timeline",
+    "A job's latest events, oldest first, with what says where the job is now.",
+    f"""
+    SELECT jobs.id, jobs.tenant, jobs.type, jobs.queue, jobs.status, jobs.attempts,
+           jobs.max_attempts, jobs.last_error, jobs.worker_id, jobs.lease_expires_at,
+           jobs.cancel_requested_at, jobs.finished_at, jobs.updated_at, jobs.message_note,
+           {WHEREABOUTS_COLUMNS},
+           event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
+           event.attempt AS event_attempt, event.detail AS event_detail
+    FROM jobs {WHEREABOUTS_JOINS}
+    LEFT JOIN LATERAL (
+        (
+            SELECT id, at, kind, attempt, detail FROM job_events
+            WHERE job_events.job_id = jobs.id
+            ORDER BY job_events.id DESC
+            LIMIT %(limit)s
+        )
+        UNION ALL
+        SELECT 0, jobs.created_at, '{JobEventKind.ACCEPTED}', NULL,
+               coalesce(jobs.accepted_detail, '{{}}'::jsonb)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_events
+            WHERE job_events.job_id = jobs.id AND job_events.kind = '{JobEventKind.ACCEPTED}'
+        )
+    ) AS event ON true
+    WHERE jobs.id = %(id)s AND (%(tenant)s::text IS NULL OR jobs.tenant = %(tenant)s)
+    ORDER BY event.at, event.id
+    """,
+)

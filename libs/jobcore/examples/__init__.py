@@ -1,0 +1,1 @@
+"""Job types jobcore ships as examples."""

@@ -1,0 +1,78 @@
+"""What a payload must be to be enqueued: valid for its job type's model, and storable;
+and how a runner of handlers reads a claimed job's payload (:func:`read_payload`).
+
+The API checks every request body with :func:`validate_payload`, and so does the testing
+kit (:mod:`jobcore.testing`), so a handler's test refuses exactly what the API would; the
+worker and the testing kit's in-process worker read payloads stored by reference alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from jobcore.execution.registry import JobType
+from jobcore.kernel.errors import InvalidPayload
+from jobcore.storage.results import ResultStore
+
+
+class UnstorablePayload(InvalidPayload):
+    """The payload holds values the database cannot store."""
+
+    def __init__(self, errors: list[dict[str, Any]], message: str | None = None) -> None:
+        self.errors = errors
+        super().__init__(message)
+
+
+def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
+    """The payload as the job type's model, and storable as it is: raises
+    :class:`~jobcore.execution.registry.InvalidPayloadError` or :class:`UnstorablePayload`."""
+    payload: BaseModel = job_type.validate_payload(raw_payload)
+    check_storable(payload.model_dump(mode="json"))
+    return payload
+
+
+def check_storable(value: Any, loc: tuple[str | int, ...] = ("body",)) -> None:
+    """Refuse what PostgreSQL's jsonb cannot hold (NUL in strings, non-finite numbers).
+
+    Valid JSON and valid for the payload model, yet the INSERT would fail: refusing it
+    here keeps such input a 422 instead of a server error.
+    """
+    errors: list[dict[str, Any]] = []
+    _collect_unstorable(value, list(loc), errors)
+    if errors:
+        raise UnstorablePayload(errors, f"the payload cannot be stored ({len(errors)} errors)")
+
+
+def _collect_unstorable(value: Any, loc: list[str | int], errors: list[dict[str, Any]]) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            errors.append({"loc": loc, "msg": "NUL characters are not allowed", "type": "nul"})
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            errors.append({"loc": loc, "msg": "numbers must be finite", "type": "finite_number"})
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                errors.append(
+                    {"loc": [*loc, key], "msg": "NUL characters are not allowed", "type": "nul"}
+                )
+            _collect_unstorable(item, [*loc, key], errors)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _collect_unstorable(item, [*loc, index], errors)
+
+
+async def read_payload(store: ResultStore, payload: Any, payload_ref: str | None) -> Any:
+    """A claimed job's payload as JSON: the row's ``payload``, or the one stored by
+    reference (``payload_ref``, a payload too large to keep inline) read from ``store``.
+    OSError (:class:`~jobcore.storage.results.StoreUnavailable`: the object store) or
+    :class:`~jobcore.storage.results.ResultNotFound` when it cannot be read."""
+    if payload_ref is None:
+        return payload
+    data = await asyncio.to_thread(store.get, payload_ref)
+    return orjson.loads(data)

@@ -1,0 +1,1 @@
+"""The kernel: pure types and rules every layer shares, and the settings."""

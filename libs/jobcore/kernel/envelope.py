@@ -1,0 +1,59 @@
+"""The AMQP wire format: a small, versioned, orjson-encoded envelope.
+
+The body names the job, the attempt and the type; nothing else (no payload, no
+secrets). Anything that does not decode to this is a :class:`PoisonMessage`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jobcore.kernel.errors import PoisonMessage
+
+ENVELOPE_VERSION: Literal[1] = 1
+CONTENT_TYPE = "application/json"
+MAX_BODY_BYTES = 64 * 1024
+MAX_ATTEMPT = 10_000
+# Printable text, as PostgreSQL text takes it: no NUL (which it cannot store at all) and no
+# other control character (the rule the API applies to the ids it takes).
+PRINTABLE_TEXT = r"^[^\x00-\x1f\x7f]+$"
+
+
+class JobMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = ENVELOPE_VERSION
+    job_id: uuid.UUID
+    # Bounded so that a hostile number is poison here, not an out-of-range error in the
+    # worker's claim statement (which would fail every message claimed with it). Strict:
+    # the relay writes a JSON integer, and `true` or "2" is a malformed message.
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT, strict=True)
+    # The worker sends the type to PostgreSQL (a claim, or the note on the job of a type it
+    # does not know): one it cannot store is poison here, not a statement that fails (and
+    # is retried) for every delivery of the message.
+    type: str = Field(min_length=1, max_length=200, pattern=PRINTABLE_TEXT)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+
+def decode(body: bytes) -> JobMessage:
+    """Parse a message body; raise :class:`PoisonMessage` for anything malformed."""
+    if len(body) > MAX_BODY_BYTES:
+        raise PoisonMessage(f"message body of {len(body)} bytes is larger than allowed")
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PoisonMessage(f"message body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise PoisonMessage("message body is not a JSON object")
+    try:
+        return JobMessage.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise PoisonMessage(f"bad envelope at {where}: {first['msg']}") from None

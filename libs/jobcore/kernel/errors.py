@@ -1,0 +1,206 @@
+"""One error base class for jobcore; each subclass's docstring is its default message.
+
+HTTP status mapping happens once, in the API; the CLI prints ``str(error)`` on one line.
+"""
+
+from __future__ import annotations
+
+
+class JobcoreError(Exception):
+    """jobcore failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigurationError(JobcoreError):
+    """The configuration is invalid."""
+
+
+class DatabaseUnavailable(JobcoreError):
+    """The database cannot be reached."""
+
+
+class TransientConflict(JobcoreError):
+    """The statement lost a deadlock or serialization conflict; running it again works."""
+
+
+class DatabaseMissing(ConfigurationError):
+    """The configured database does not exist."""
+
+
+class BrokerUnavailable(JobcoreError):
+    """The message broker cannot be reached."""
+
+
+class IllegalTransition(JobcoreError):
+    """That job status change is not allowed."""
+
+
+class UnknownJobType(JobcoreError):
+    """No job type is registered under that name."""
+
+
+class InvalidPayload(JobcoreError):
+    """The payload does not validate against the job type's model."""
+
+
+class InvalidField(JobcoreError):
+    """A field of the request is invalid."""
+
+    def __init__(
+        self, field: str, reason: str, *, kind: str, path: tuple[str | int, ...] = ()
+    ) -> None:
+        # The field by its name in the request (``run_at``, ``unique_key``, ``payload``),
+        # where in it (a path in the payload), why, and what kind of error that is. Where
+        # the field came from (a query parameter, a batch item) is the caller's to say.
+        self.field = field
+        self.path = path
+        self.reason = reason
+        self.kind = kind
+        where = ".".join(str(part) for part in (field, *path))
+        super().__init__(f"{where}: {reason}")
+
+
+class InvalidIdempotencyKey(InvalidField):
+    """An idempotency key is 1 to 255 printable ASCII characters."""
+
+    def __init__(self) -> None:
+        reason = "an idempotency key is 1 to 255 printable ASCII characters"
+        super().__init__("idempotency_key", reason, kind="idempotency_key")
+
+
+class InvalidUniqueKey(InvalidPayload, InvalidField):
+    """A unique key is 1 to 255 characters, without NUL."""
+
+
+class IdempotencyConflict(JobcoreError):
+    """That idempotency key was already used with a different request."""
+
+
+class UniqueJobExists(JobcoreError):
+    """A pending or running job of this type already holds that unique key."""
+
+    def __init__(self, job_id: object, job_status: str) -> None:
+        self.job_id = job_id
+        self.job_status = job_status
+        super().__init__(
+            f"job {job_id} ({job_status}) holds this unique key until it ends; no job was created"
+        )
+
+
+class JobNotFound(JobcoreError):
+    """No such job."""
+
+
+class JobNotCancellable(JobcoreError):
+    """The job already finished; it cannot be cancelled."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
+
+
+class JobNotRetryable(JobcoreError):
+    """Only a failed or cancelled job can be retried."""
+
+
+class JobNotBlocking(JobcoreError):
+    """Only a failed job of an ordering key holds back the jobs after it."""
+
+
+class ResultNotReady(JobcoreError):
+    """The job has not succeeded (yet); it has no result."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(f"the job is {job_status}; a result exists once it has succeeded")
+
+
+class OutboxRowNotFound(JobcoreError):
+    """No outbox row has that id or message id."""
+
+
+class OutboxRowNotQuarantined(JobcoreError):
+    """Only quarantined outbox rows can be requeued or discarded."""
+
+
+class OutboxRowJobEnded(JobcoreError):
+    """The outbox row's job has ended: publishing its message would do nothing."""
+
+
+class NoDeadLetter(JobcoreError):
+    """No message of that job is in the dead-letter queue."""
+
+
+class PoisonMessage(JobcoreError):
+    """The message can never be processed."""
+
+
+class PermanentError(JobcoreError):
+    """The job failed and retrying cannot help."""
+
+
+class StoreRefused(JobcoreError, OSError):
+    """The object store refused the request, and would refuse it again as it is: check the
+    bucket, its policy and the credentials. An OSError like
+    :class:`~jobcore.storage.results.StoreUnavailable`, so every caller that survives a store
+    failure survives this one; unlike an outage, it fails the attempt that met it. Its
+    message names no credential."""
+
+
+class LeaseLost(JobcoreError):
+    """This attempt's lease was lost (the job went back to pending or to another attempt):
+    nothing it wrote in its transaction was committed."""
+
+
+class DuplicateRegistration(JobcoreError):
+    """A job type with that name is already registered."""
+
+
+class ServiceStateError(JobcoreError):
+    """The service is not in a state that allows that."""
+
+
+class QuotaExceeded(JobcoreError):
+    """The tenant is over one of its quotas; retry later."""
+
+    # Which quota (jobcore.kernel.quotas.Refusal): the reason label of the refusal metric.
+    reason = "quota"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str | None = None,
+        retry_after: int = 1,
+        headers: dict[str, str] | None = None,
+        limit: int | float | None = None,
+    ) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        # Seconds before a retry can succeed, and headers the answer carries (RateLimit).
+        self.retry_after = retry_after
+        self.headers = headers or {}
+        self.limit = limit
+
+
+class EnqueueRateExceeded(QuotaExceeded):
+    """The tenant's enqueue rate limit is used up; retry after Retry-After seconds."""
+
+    reason = "enqueue_rate"
+
+
+class TooManyUnfinishedJobs(QuotaExceeded):
+    """The tenant has as many unfinished jobs as it may; retry when some have finished."""
+
+    reason = "max_unfinished"
+
+
+class TooManyLongPolls(QuotaExceeded):
+    """Too many long-polls are waiting; poll without wait, or retry after Retry-After."""

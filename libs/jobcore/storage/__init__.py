@@ -1,0 +1,1 @@
+"""Where results and large payloads live: a directory or an S3 bucket."""

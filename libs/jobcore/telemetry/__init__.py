@@ -1,0 +1,1 @@
+"""Telemetry: traces, metrics over OTLP, logs and the health endpoints."""
