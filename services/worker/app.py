@@ -26,6 +26,7 @@ from jobcore.maintenance import Maintainer, Scheduler, services_from_settings
 from jobcore.maintenance.periodic import load_schedules
 from jobcore.telemetry.health import HealthServer
 from jobcore.telemetry.otlp_metrics import metrics_pusher
+from jobcore.usecases.enqueue.scheduled import enqueue_schedule_job
 from services.worker.batching import Batcher
 from services.worker.cancel import CancelListener
 from services.worker.connections import HeldConnections
@@ -85,6 +86,7 @@ class Worker:
                 metrics=self.metrics,
                 schedules=schedules,
                 schedule_metrics=SchedulerMetrics(self.metrics.registry) if schedules else None,
+                enqueue_tick=enqueue_schedule_job,
             ),
             owner=self.worker_id,
         )

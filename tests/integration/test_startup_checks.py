@@ -56,7 +56,9 @@ UNREACHABLE = {
         pytest.param(
             ("worker",),
             {
-                "JOBCORE_JOB_MODULES": "jobcore.examples.jobtypes,tests.integration.reserved_queue_jobtypes"
+                "JOBCORE_JOB_MODULES": (
+                    "jobcore.examples.jobtypes,tests.integration.reserved_queue_jobtypes"
+                )
             },
             "JOBCORE_JOB_MODULES: job type 'misrouted' "
             "(tests.integration.reserved_queue_jobtypes) is on the queue 'webhooks', which is "

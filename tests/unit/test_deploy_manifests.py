@@ -36,8 +36,7 @@ try:  # typer >= 0.22 vendors click; older releases use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-from jobcore.kernel.settings import ENV_PREFIX, Settings
-from jobcore.storage.results import parse_store_url
+from jobcore.kernel.settings import ENV_PREFIX, Settings, parse_store_url
 from tests.support.cli_parse import parse_jobcore
 
 ROOT = Path(__file__).resolve().parents[2]

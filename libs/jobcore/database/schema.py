@@ -28,7 +28,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
-from jobcore.execution.progress import PROGRESS_MESSAGE_MAX_CHARS
 from jobcore.kernel.priorities import DEFAULT_PRIORITY, Priority
 from jobcore.kernel.scopes import DEFAULT_SCOPES, Scope
 from jobcore.kernel.states import TERMINAL, JobStatus
@@ -46,6 +45,10 @@ metadata = MetaData(
 _STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
 _PRIORITY_RANGE = f"priority BETWEEN {int(min(Priority))} AND {int(max(Priority))}"
 _TERMINAL_STATUSES = "'succeeded', 'failed', 'cancelled'"
+# The longest progress message, in characters: the check constraint on jobs, and what a
+# handler's ``ctx.progress`` accepts (jobcore.execution.progress).
+PROGRESS_MESSAGE_MAX_CHARS = 500
+
 # The statuses a unique key is held in: every status but the terminal ones, so each
 # statement that ends a job frees its key by the same write (jobcore.kernel.states.TERMINAL).
 _LIVE_STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus if s not in TERMINAL)

@@ -64,6 +64,7 @@ from jobcore.database.store import (
 from jobcore.execution.attempts import call_handler, error_text
 from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
 from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.outcomes import (
     CANCEL,
     Fail,
@@ -95,7 +96,6 @@ from jobcore.kernel.settings import Settings
 from jobcore.storage.objectstore import open_result_store
 from jobcore.storage.results import ResultNotFound, ResultStore
 from jobcore.telemetry.traces import span_if_enabled, tracing_enabled
-from jobcore.usecases.enqueue.write_one import job_message_row
 
 log = logging.getLogger(__name__)
 

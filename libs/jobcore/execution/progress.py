@@ -1,16 +1,17 @@
 """A running job's progress (``await ctx.progress(fraction, message)``): its bounds and how
 often it is written.
 
-A leaf module (it imports nothing of jobcore's): the schema's check constraints, the
-handler context and the worker's writer share these numbers.
+The handler context and the worker's writer share these numbers; the longest message is
+the schema's (a check constraint on ``jobs``).
 """
 
 from __future__ import annotations
 
 import math
 
-# The longest progress message, in characters (a check constraint on jobs too).
-PROGRESS_MESSAGE_MAX_CHARS = 500
+from jobcore.database.schema import PROGRESS_MESSAGE_MAX_CHARS
+
+__all__ = ["PROGRESS_FLUSH_INTERVAL", "PROGRESS_MESSAGE_MAX_CHARS", "checked_progress"]
 
 # A job's progress is written at most once per this many seconds: the latest report wins,
 # and what is pending when the handler ends is written before its outcome.

@@ -25,7 +25,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobcore.kernel.errors import ConfigurationError
 from jobcore.kernel.quotas import MAX_RATE, MIN_RATE, Quotas
-from jobcore.storage.results import parse_store_url
 
 # RabbitMQ takes any signed 32-bit x-priority; this bound keeps random ones well inside it.
 MAX_CONSUMER_PRIORITY = 1_000_000
@@ -37,6 +36,24 @@ MAX_ACTOR_LENGTH = 200
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 MAX_WEBHOOK_SECRET_OVERLAP = timedelta(days=30)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def parse_store_url(value: str) -> str | None:
+    """The bucket of an ``s3://BUCKET`` store setting; None for a local directory.
+    ValueError (naming no credential: the URL holds none) when it is malformed."""
+    if not value.startswith("s3://"):
+        return None
+    parts = urlsplit(value)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(
+            "must be s3://BUCKET (put a key prefix in JOBCORE_S3_PREFIX, credentials in "
+            "JOBCORE_S3_ACCESS_KEY_ID / JOBCORE_S3_SECRET_ACCESS_KEY)"
+        )
+    if not _BUCKET_RE.match(parts.netloc):
+        raise ValueError("names no valid bucket (3-63 lower-case letters, digits, '.' or '-')")
+    return parts.netloc
 
 
 # --- retention (the pruner) ---------------------------------------------------------------
@@ -228,7 +245,7 @@ class Settings(BaseSettings):
     inline_result_max_bytes: int = Field(default=16 * 1024, ge=0, le=1024 * 1024)
     # The result store (jobcore.storage.objectstore): empty, the directory result_dir; a path, that
     # directory; s3://BUCKET, an S3-compatible bucket, with the s3_* settings below. Checked
-    # at start-up (jobcore.storage.objectstore.parse_store_url).
+    # at start-up (parse_store_url).
     result_store: str = ""
     s3_endpoint_url: str = ""  # empty: AWS's own endpoint for s3_region
     s3_region: str = "us-east-1"

@@ -35,6 +35,7 @@ from jobcore.maintenance.periodic import Schedule
 from jobcore.maintenance.pruner import Pruner, PrunerConfig
 from jobcore.maintenance.reaper import Reaper, ReaperConfig
 from jobcore.maintenance.rescuer import Rescuer, RescuerConfig
+from jobcore.maintenance.schedule_ticks import EnqueueTick
 from jobcore.maintenance.scheduler import Scheduler, SchedulerConfig
 from jobcore.maintenance.sweeper import Sweeper, SweeperConfig
 from jobcore.maintenance.usage_folder import UsageFolder, UsageFolderConfig
@@ -74,10 +75,11 @@ def services_from_settings(
     metrics: MaintenanceMetrics,
     schedules: Sequence[Schedule] = (),
     schedule_metrics: SchedulerMetrics | None = None,
+    enqueue_tick: EnqueueTick | None = None,
 ) -> list[MaintenanceService[Any]]:
     """Every service a worker runs, each config built from ``settings`` and checked (a bad
     value: :class:`~jobcore.kernel.errors.ConfigurationError`, one line naming the variable). The
-    scheduler only with schedules declared."""
+    scheduler only with schedules declared, enqueueing their ticks through ``enqueue_tick``."""
     services: list[MaintenanceService[Any]] = [
         Reaper.from_settings(settings, registry=registry, metrics=metrics),
         Rescuer.from_settings(settings, metrics=metrics),
@@ -88,9 +90,11 @@ def services_from_settings(
         UsageFolder.from_settings(settings),
     ]
     if schedules:
-        if schedule_metrics is None:
-            raise ValueError("schedules need schedule_metrics")
+        if schedule_metrics is None or enqueue_tick is None:
+            raise ValueError("schedules need schedule_metrics and enqueue_tick")
         services.append(
-            Scheduler.from_settings(settings, schedules=schedules, metrics=schedule_metrics)
+            Scheduler.from_settings(
+                settings, schedules=schedules, metrics=schedule_metrics, enqueue=enqueue_tick
+            )
         )
     return services

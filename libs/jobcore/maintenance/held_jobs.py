@@ -13,8 +13,8 @@ from psycopg.rows import DictRow
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import UnitOfWork
 from jobcore.database.store import JobReleaseHeldParams, job_store
+from jobcore.execution.job_messages import message_columns, next_attempt_message
 from jobcore.kernel.channels import OUTBOX_CHANNEL
-from jobcore.usecases.enqueue.write_one import message_columns, next_attempt_message
 
 # How far ahead a rate-limited key's held jobs are released (each due at its token's
 # time): a second's worth, so a fast key is not bounded by the round interval.

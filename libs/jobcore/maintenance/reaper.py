@@ -22,13 +22,13 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import UnitOfWork
 from jobcore.database.store import CompletionParams, JobReapExpiredParams, job_store
 from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.job_messages import job_message_row, message_columns, trace_headers_of
 from jobcore.execution.registry import JobType, Registry
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import ReaperMetrics
-from jobcore.usecases.enqueue.write_one import job_message_row, message_columns, trace_headers_of
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """Enqueueing a schedule's due ticks, one job per tick, through the enqueue use case
-(:func:`jobcore.usecases.enqueue.submit.enqueue`).
+(handed in as an :class:`EnqueueTick`; the worker hands in
+:func:`jobcore.usecases.enqueue.scheduled.enqueue_schedule_job`).
 
 One transaction per schedule: its state row locked (``schedules``), a job for each tick
 the missed-tick policy keeps (:meth:`jobcore.maintenance.periodic.Schedule.due`), with the tick as
@@ -22,16 +23,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Session, UnitOfWork
 from jobcore.database.store import ScheduleAdvanceParams, schedule_store
 from jobcore.kernel.errors import IdempotencyConflict, QuotaExceeded, UniqueJobExists
 from jobcore.kernel.quotas import Quotas
-from jobcore.maintenance.periodic import Schedule, tick_key
-from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
-from jobcore.usecases.enqueue.write_one import EnqueueResult
+from jobcore.maintenance.periodic import Schedule
+
+
+class TickJob(Protocol):
+    """What the scheduler reads of an enqueued tick's answer (the enqueue use case's
+    ``EnqueueResult``)."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+
+    @property
+    def replayed(self) -> bool: ...
+
+
+class EnqueueTick(Protocol):
+    """Enqueues one job of ``schedule``: for ``tick`` (the tick as its idempotency key), or
+    now and outside its ticks when ``tick`` is None.
+
+    The enqueue use case fulfils it and is handed in by whoever composes maintenance (the
+    worker, ``jobcore schedules trigger``): the use cases call into maintenance (a prune, a
+    stranded job republished), so maintenance imports no use case.
+    """
+
+    async def __call__(
+        self,
+        uow: UnitOfWork,
+        topology: Topology,
+        schedule: Schedule,
+        tick: datetime | None,
+        *,
+        quotas: Quotas,
+    ) -> TickJob: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +147,13 @@ async def read_states(session: Session) -> dict[str, ScheduleState]:
 
 
 async def enqueue_due(
-    uow: UnitOfWork, topology: Topology, schedule: Schedule, now: datetime, *, quotas: Quotas
+    uow: UnitOfWork,
+    topology: Topology,
+    schedule: Schedule,
+    now: datetime,
+    *,
+    quotas: Quotas,
+    enqueue: EnqueueTick,
 ) -> ScheduleRound:
     """Enqueue ``schedule``'s due ticks and advance its state, in the caller's transaction
     (it commits). A tick the enqueue refuses (its unique key held, the tenant's quotas)
@@ -133,7 +169,9 @@ async def enqueue_due(
     due = schedule.due(state.last_tick, now)
     if due.latest is None:
         return ScheduleRound(schedule.name, last_tick=state.last_tick)
-    enqueued = [await _enqueue_tick(uow, topology, schedule, tick, quotas) for tick in due.enqueue]
+    enqueued = [
+        await _enqueue_tick(uow, topology, schedule, tick, quotas, enqueue) for tick in due.enqueue
+    ]
     made = [tick for tick in enqueued if tick.job_id is not None]
     refused = [tick for tick in enqueued if tick.refusal is not None]
     advance: ScheduleAdvanceParams = {
@@ -148,7 +186,12 @@ async def enqueue_due(
 
 
 async def _enqueue_tick(
-    uow: UnitOfWork, topology: Topology, schedule: Schedule, tick: datetime, quotas: Quotas
+    uow: UnitOfWork,
+    topology: Topology,
+    schedule: Schedule,
+    tick: datetime,
+    quotas: Quotas,
+    enqueue: EnqueueTick,
 ) -> EnqueuedTick:
     # A savepoint per tick: a refusal undoes this tick's writes only, whatever the enqueue
     # wrote before it refused. Each is a subtransaction; a catch-up of more than 64 ticks
@@ -156,7 +199,7 @@ async def _enqueue_tick(
     # pg_subtrans while this round's transaction is open: a short, rare round.
     try:
         async with uow.savepoint():
-            result = await _enqueue_tick_job(uow, topology, schedule, tick, quotas)
+            result = await enqueue(uow, topology, schedule, tick, quotas=quotas)
     except IdempotencyConflict:
         return EnqueuedTick(tick, None, True)
     except UniqueJobExists as exc:
@@ -165,35 +208,3 @@ async def _enqueue_tick(
         reason = Refusal(exc.reason) if exc.reason in set(Refusal) else Refusal.QUOTA
         return EnqueuedTick(tick, None, False, reason, str(exc))
     return EnqueuedTick(tick, result.job_id, result.replayed)
-
-
-async def _enqueue_tick_job(
-    uow: UnitOfWork, topology: Topology, schedule: Schedule, tick: datetime, quotas: Quotas
-) -> EnqueueResult:
-    request = EnqueueRequest(
-        tenant=schedule.tenant,
-        job_type=schedule.job_type,
-        payload=schedule.payload,
-        idempotency_key=tick_key(schedule.name, tick),
-        entity_id=schedule.entity_id,
-        max_attempts=schedule.max_attempts,
-        run_at=schedule.run_at(tick),
-        origin={"schedule": schedule.name},
-    )
-    return await enqueue(uow, topology, request, quotas=quotas)
-
-
-async def enqueue_now(
-    uow: UnitOfWork, topology: Topology, schedule: Schedule, *, quotas: Quotas
-) -> EnqueueResult:
-    """One job of ``schedule`` now, outside its ticks (``jobcore schedules trigger``): no
-    idempotency key, and the schedule's state is left as it is."""
-    request = EnqueueRequest(
-        tenant=schedule.tenant,
-        job_type=schedule.job_type,
-        payload=schedule.payload,
-        entity_id=schedule.entity_id,
-        max_attempts=schedule.max_attempts,
-        origin={"schedule": schedule.name, "triggered": "by hand"},
-    )
-    return await enqueue(uow, topology, request, quotas=quotas)

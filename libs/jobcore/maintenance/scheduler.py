@@ -29,6 +29,7 @@ from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import SchedulerMetrics
 from jobcore.maintenance.periodic import Schedule
 from jobcore.maintenance.schedule_ticks import (
+    EnqueueTick,
     ScheduleRound,
     ScheduleState,
     enqueue_due,
@@ -66,9 +67,11 @@ class Scheduler(MaintenanceService[SchedulerConfig]):
         topology: Topology,
         quotas: Quotas,
         metrics: SchedulerMetrics,
+        enqueue: EnqueueTick,
         clock: Clock = system_clock,
     ) -> None:
         super().__init__(config)
+        self.enqueue = enqueue
         self.schedules = tuple(schedules)
         self.topology = topology
         self.quotas = quotas
@@ -82,6 +85,7 @@ class Scheduler(MaintenanceService[SchedulerConfig]):
         *,
         schedules: Sequence[Schedule],
         metrics: SchedulerMetrics,
+        enqueue: EnqueueTick,
         clock: Clock = system_clock,
     ) -> Scheduler:
         return cls(
@@ -90,6 +94,7 @@ class Scheduler(MaintenanceService[SchedulerConfig]):
             topology=Topology.from_settings(settings),
             quotas=settings.quota_defaults,
             metrics=metrics,
+            enqueue=enqueue,
             clock=clock,
         )
 
@@ -135,7 +140,9 @@ class Scheduler(MaintenanceService[SchedulerConfig]):
         async with term.db.unit_of_work() as uow:
             if not await term.fence(uow, self):
                 return None
-            done = await enqueue_due(uow, self.topology, schedule, now, quotas=self.quotas)
+            done = await enqueue_due(
+                uow, self.topology, schedule, now, quotas=self.quotas, enqueue=self.enqueue
+            )
             await uow.commit()
         return done
 

@@ -31,8 +31,8 @@ from jobcore.amqp.deadletters import DeadLetter
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Session, UnitOfWork
 from jobcore.database.store import JobRepublishStaleParams, job_store
+from jobcore.execution.job_messages import message_columns, next_attempt_message
 from jobcore.kernel.channels import OUTBOX_CHANNEL
-from jobcore.usecases.enqueue.write_one import message_columns, next_attempt_message
 
 # 2^5: with the default staleness of an hour, a job's sixth and later republishes are 32
 # hours apart.

@@ -54,6 +54,7 @@ from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import S3Store
 
 from jobcore.kernel.errors import JobcoreError, StoreRefused
+from jobcore.kernel.settings import parse_store_url
 from jobcore.storage.results import (
     _KEY_RE,
     PAYLOADS_PREFIX,
@@ -62,7 +63,6 @@ from jobcore.storage.results import (
     ResultStore,
     StoreUnavailable,
     job_of_key,
-    parse_store_url,
     payload_key,
     result_key,
 )

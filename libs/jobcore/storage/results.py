@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from jobcore.kernel.errors import JobcoreError
 
@@ -35,7 +34,6 @@ _KEY_RE = re.compile(r"^[0-9a-f]{32}(-[0-9a-f]{32})?(\.[a-z0-9]{1,10})?$")
 # the sweep of uploads whose job never committed can tell them apart.
 PAYLOADS_PREFIX = "payloads/"
 _PAYLOAD_KEY_RE = re.compile(r"^payloads/[0-9a-f]{32}\.json$")
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # put() writes aside under this prefix, then renames into place.
 _TEMP_PREFIX = ".tmp-"
 _TEMP_RE = re.compile(r"^\.tmp-[A-Za-z0-9_]{1,64}$")
@@ -75,22 +73,6 @@ def job_of_key(name: str) -> uuid.UUID | None:
     if _PAYLOAD_KEY_RE.match(name):
         return uuid.UUID(hex=name[len(PAYLOADS_PREFIX) : len(PAYLOADS_PREFIX) + 32])
     return None
-
-
-def parse_store_url(value: str) -> str | None:
-    """The bucket of an ``s3://BUCKET`` store setting; None for a local directory.
-    ValueError (naming no credential: the URL holds none) when it is malformed."""
-    if not value.startswith("s3://"):
-        return None
-    parts = urlsplit(value)
-    if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
-        raise ValueError(
-            "must be s3://BUCKET (put a key prefix in JOBCORE_S3_PREFIX, credentials in "
-            "JOBCORE_S3_ACCESS_KEY_ID / JOBCORE_S3_SECRET_ACCESS_KEY)"
-        )
-    if not _BUCKET_RE.match(parts.netloc):
-        raise ValueError("names no valid bucket (3-63 lower-case letters, digits, '.' or '-')")
-    return parts.netloc
 
 
 class ResultStore(Protocol):

@@ -23,12 +23,8 @@ from jobcore.database.gateway import Database
 from jobcore.database.store import schedule_store
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.periodic import Schedule, find
-from jobcore.maintenance.schedule_ticks import (
-    ScheduleState,
-    enqueue_now,
-    ensure_states,
-    read_states,
-)
+from jobcore.maintenance.schedule_ticks import ScheduleState, ensure_states, read_states
+from jobcore.usecases.enqueue.scheduled import enqueue_schedule_job
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +149,9 @@ async def trigger_schedule(
     async with audited(db, actor=actor, action=AuditAction.SCHEDULE_TRIGGER, target=target) as work:
         schedule = find(tuple(schedules), name)
         work.entry.tenant = schedule.tenant
-        result = await enqueue_now(work.uow, topology, schedule, quotas=settings.quota_defaults)
+        result = await enqueue_schedule_job(
+            work.uow, topology, schedule, None, quotas=settings.quota_defaults
+        )
         work.entry.details = {"job_id": result.job_id, "type": schedule.job_type.name}
         await work.commit()
     return TriggerOutcome(name, result.job_id, schedule.tenant, schedule.job_type.name)

@@ -27,6 +27,7 @@ from jobcore.database.gateway import Database, execute, fetch_all
 from jobcore.database.sql import Query
 from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY
 from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.settings import Settings
@@ -34,7 +35,6 @@ from jobcore.maintenance import Maintainer, MaintenanceService
 from jobcore.storage.results import ResultStore
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
-from jobcore.usecases.enqueue.write_one import job_message_row
 from services.worker.metrics import WorkerMetrics
 from tests.conftest import TEST_JOB_MODULES
 from tests.integration.worker import jobtypes

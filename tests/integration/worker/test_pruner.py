@@ -10,12 +10,12 @@ import httpx
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
+from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance import LEADER_LEASE, Pruner
 from jobcore.testing.jobtypes import EffectPayload
 from jobcore.testing.waiting import eventually
-from jobcore.usecases.enqueue.write_one import job_message_row
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.support import (

@@ -42,6 +42,7 @@ from jobcore.access.apikeys import InvalidApiKey
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, Session
 from jobcore.database.store import JobInsertParams
+from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.registry import JobType
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.errors import (
@@ -64,7 +65,6 @@ from jobcore.usecases.enqueue.write_one import (
     answer_before_upload,
     forget_upload,
     job_gates,
-    job_message_row,
     write_job,
 )
 

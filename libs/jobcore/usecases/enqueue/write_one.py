@@ -4,8 +4,8 @@ answer means (created, a replay, a unique key taken, a quota refused).
 This is invariant 1 of docs/design.md in code: nothing here talks to the broker. The relay
 publishes the outbox row later; the NOTIFY in the same statement wakes it. What is written
 comes from an :class:`~jobcore.usecases.enqueue.submit.EnqueueRequest`, checked when it was built
-(:func:`jobcore.usecases.enqueue.submit.enqueue` is the entry); the rows of a job message are
-built here for the retries, the reaper and the sweeper too.
+(:func:`jobcore.usecases.enqueue.submit.enqueue` is the entry); a job message's outbox row
+is built by :mod:`jobcore.execution.job_messages`, as for retries, the reaper and the sweeper.
 """
 
 from __future__ import annotations
@@ -14,27 +14,17 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import orjson
-from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.access.apikeys import InvalidApiKey
-from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Session, UnitOfWork
-from jobcore.database.store import (
-    JobGateParams,
-    JobInsertParams,
-    OutboxMessageParams,
-    OutboxMessagesParams,
-    job_store,
-)
+from jobcore.database.store import JobGateParams, JobInsertParams, job_store
 from jobcore.execution.registry import JobType
-from jobcore.kernel.envelope import JobMessage
 from jobcore.kernel.errors import (
     EnqueueRateExceeded,
     IdempotencyConflict,
@@ -89,76 +79,6 @@ def job_gates(
         "ordering_key": ordering_key,
         "ordering_seq": None,
         "ordering_blocks": job_type.ordering == "block",
-    }
-
-
-def job_message_row(
-    topology: Topology,
-    *,
-    job_id: uuid.UUID,
-    job_type: JobType[Any],
-    attempt: int,
-    trace_headers: dict[str, str],
-) -> OutboxMessageParams:
-    """The outbox columns for one job message (used by enqueue, retries and the reaper)."""
-    return message_row(
-        topology,
-        job_id=job_id,
-        type_name=job_type.name,
-        queue=job_type.queue,
-        attempt=attempt,
-        trace_headers=trace_headers,
-    )
-
-
-def trace_headers_of(row: Mapping[str, Any]) -> dict[str, str]:
-    """The trace context a job row keeps, as message headers."""
-    return {k: row[k] for k in ("traceparent", "tracestate") if row[k] is not None}
-
-
-def next_attempt_message(topology: Topology, row: Mapping[str, Any]) -> OutboxMessageParams:
-    """The message for the next attempt of a locked job row (id, type, queue, attempts and
-    its trace context): what the gate releaser and the anti-entropy sweeper publish."""
-    return message_row(
-        topology,
-        job_id=row["id"],
-        type_name=row["type"],
-        queue=row["queue"],
-        attempt=row["attempts"] + 1,
-        trace_headers=trace_headers_of(row),
-    )
-
-
-def message_columns(messages: Sequence[OutboxMessageParams]) -> OutboxMessagesParams:
-    """Messages as the parallel arrays a many-row statement unnests."""
-    return {
-        "message_ids": [m["message_id"] for m in messages],
-        "exchanges": [m["exchange"] for m in messages],
-        "routing_keys": [m["routing_key"] for m in messages],
-        "message_types": [m["message_type"] for m in messages],
-        "headers": [m["headers"] for m in messages],
-        "bodies": [m["body"] for m in messages],
-    }
-
-
-def message_row(
-    topology: Topology,
-    *,
-    job_id: uuid.UUID,
-    type_name: str,
-    queue: str,
-    attempt: int,
-    trace_headers: dict[str, str],
-) -> OutboxMessageParams:
-    """The same from a job row's type and queue, for callers that may not have the job
-    type registered (the sweeper publishes whatever is stranded)."""
-    return {
-        "message_id": uuid.uuid4(),
-        "exchange": topology.jobs_exchange,
-        "routing_key": topology.routing_key(queue),
-        "message_type": type_name,
-        "headers": Jsonb(trace_headers),
-        "body": JobMessage(job_id=job_id, attempt=attempt, type=type_name).encode(),
     }
 
 
