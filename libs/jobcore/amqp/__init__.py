@@ -1,1 +1,9 @@
-"""RabbitMQ: topology names, declaration, and connections. Only jobcore imports aio-pika."""
+"""RabbitMQ: topology names, declaration, connections, publishing and consuming. Only
+jobcore imports aio-pika.
+
+- :mod:`.topology`: exchange and queue names, and their idempotent declaration;
+- :mod:`.connection`: opening connections with settings applied and errors translated;
+- :mod:`.publisher`: confirmed, pipelined publishing over one connection;
+- :mod:`.deliveries`: consuming job queues, and the deliveries the worker settles;
+- :mod:`.deadletters`: the dead-letter queue: look without losing anything, replay.
+"""

@@ -16,6 +16,11 @@ database is down returns exactly one job once it is back (or raises when its
 :class:`RetryPolicy` runs out). Errors are :class:`ApiError` subclasses carrying the
 API's problem JSON. :func:`verify_webhook` checks a webhook's Standard Webhooks signature.
 The client imports nothing of the services: it needs only httpx, pydantic and orjson.
+
+Its modules: :mod:`.sync` (:class:`Client`) and :mod:`.aio` (:class:`AsyncClient`), both
+over :mod:`.core` (every operation written once, without I/O); :mod:`.models` (the API's
+answers), :mod:`.errors` (what it raises), :mod:`.retries` (when it tries a request again)
+and :mod:`.webhook_signatures` (:func:`verify_webhook`).
 """
 
 from jobcore.client.aio import AsyncClient, AsyncResultStream

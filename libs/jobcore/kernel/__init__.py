@@ -1,1 +1,16 @@
-"""The kernel: pure types and rules every layer shares, and the settings."""
+"""The kernel: the types and pure rules every layer shares, and the settings. It imports
+no other package of jobcore.
+
+- :mod:`.errors`: one error base class, a subclass per failure, each docstring its message;
+- :mod:`.states`: the job state machine (statuses, allowed transitions, terminal states);
+- :mod:`.settings`: the typed ``JOBCORE_*`` settings, validated at start-up;
+- :mod:`.envelope`: the AMQP wire format of a job message;
+- :mod:`.channels`: the PostgreSQL NOTIFY channels more than one module names;
+- :mod:`.jobevents`: the kinds of event on a job's timeline;
+- :mod:`.priorities`: the three priority levels and the relay's weights between them;
+- :mod:`.retry`: exponential backoff with full jitter;
+- :mod:`.quotas`: tenant quotas as arithmetic (the enqueue rate limit, the caps, headers);
+- :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
+- :mod:`.scopes`: what an API key may do;
+- :mod:`.startstop`: the start/stop contract every long-running loop shares.
+"""

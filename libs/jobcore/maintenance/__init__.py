@@ -2,15 +2,18 @@
 library half, run under one leader per database.
 
 - :mod:`.maintainer`: the :class:`Maintainer` every worker runs (one leader lease per
-  database, every service under it, one pool connection taken in turn);
+  database, every service under it, one pool connection taken in turn), on
+  :mod:`.connection`;
 - :mod:`.lease`: the leader lease and its term, whose fence opens every working
   transaction;
 - :mod:`.base`: what the services share (a frozen config checked when built, the batch
   loop);
 - the services: :mod:`.analyzer`, :mod:`.reaper`, :mod:`.rescuer`, :mod:`.sweeper` (with
   :mod:`.stranded`), :mod:`.pruner` (with :mod:`.retention`, which ``jobcore prune`` runs
-  too), :mod:`.gate_releaser` (with :mod:`.releases`), :mod:`.scheduler` (with
-  :mod:`.scheduling`, which ``jobcore schedules`` uses too);
+  too), :mod:`.gate_releaser` (with :mod:`.held_jobs`, the round it runs), :mod:`.scheduler`
+  (with :mod:`.schedule_ticks`, which ``jobcore schedules`` uses too, and :mod:`.periodic`,
+  what a schedule is and where it is declared), :mod:`.usage_folder`;
+- :mod:`.outbox_vacuum`: the outbox's VACUUM, which the relays run (not under the leader);
 - :mod:`.metrics`: what each service counts, as protocols the worker's metrics fulfil.
 
 The worker composes them (services/worker/app.py); docs/design.md, "Maintenance", says

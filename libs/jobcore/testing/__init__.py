@@ -19,7 +19,11 @@ The machinery of jobcore's own tests:
   like given settings;
 - :mod:`~jobcore.testing.pipeline`: the whole stack as processes, a load and its checks;
 - :mod:`~jobcore.testing.chaos`: stopping the shared RabbitMQ or PostgreSQL, always
-  starting it again, under one machine-wide lock.
+  starting it again, under one machine-wide lock;
+- :mod:`~jobcore.testing.scratch`: a database and a broker prefix made for one run and
+  removed after it, and test databases cloned from a template migrated once;
+- :mod:`~jobcore.testing.tcpproxy`: a TCP proxy that can be told to cut its connections
+  (``jobcore demo``, the fault tests).
 """
 
 from jobcore.testing.draining import Drained, InlineWorker

@@ -1,11 +1,11 @@
 """What operators and clients can do, one typed function each: the HTTP routes, every
 `jobcore` command and the web console call the same functions.
 
-- :mod:`~jobcore.usecases.enqueue.submit`: enqueue one job or a batch, each from an
-  :class:`~jobcore.usecases.enqueue.submit.EnqueueRequest` (its fields checked, its fingerprint
-  computed, when it is built): the API, the scheduler, retries and the testing kit. It is
-  a use case that lives one level down, beside this package, because the maintenance
-  package's scheduler enqueues too;
+- :mod:`~jobcore.usecases.enqueue`: enqueue one job or a batch, each from an
+  :class:`~jobcore.usecases.enqueue.submit.EnqueueRequest` (its fields checked, its
+  fingerprint computed, when it is built), or a job in the caller's own transaction: the
+  API, the scheduler, retries and the testing kit. Maintenance's scheduler enqueues too,
+  yet imports no use case: it is handed the enqueue as an ``EnqueueTick``;
 - :mod:`~jobcore.usecases.reads`: a tenant's reads of its jobs (one, a page, a result);
 - :mod:`~jobcore.usecases.waiting`: what a long-poll reads (the job and its tenant's cap of
   long-polls, the jobs waited for) and listens to;
@@ -23,6 +23,9 @@
 - :mod:`~jobcore.usecases.pauses`: pause and resume a queue or a job type;
 - :mod:`~jobcore.usecases.prune`: retention by hand;
 - :mod:`~jobcore.usecases.audit`: read the audit log (each action writes its own entry);
+- :mod:`~jobcore.usecases.whereabouts`: where a job is now, in words (pure: a job row in);
+- :mod:`~jobcore.usecases.backlog`: the backlog gauges the relay's /metrics computes when
+  scraped (open jobs per queue, queue depths, what keeps vacuum from cleaning up);
 - :mod:`~jobcore.usecases.console`: what only the web console reads (its overview, the
   job search).
 

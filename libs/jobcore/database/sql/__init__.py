@@ -9,6 +9,15 @@ parameters; calling it with them gives a :class:`Statement` (``JOB_GET({"id": ..
 Statements run through one gateway, :func:`jobcore.database.gateway.execute`,
 :func:`~jobcore.database.gateway.fetch_one` and :func:`~jobcore.database.gateway.fetch_all`, on a
 session, a unit of work or a raw connection alike. The hot paths stay readable as SQL.
+
+The modules, by the table they change: :mod:`.jobs` (a package: a module per part of a
+job's life), :mod:`.outbox`, :mod:`.inbox`, :mod:`.job_events`, :mod:`.job_gates`,
+:mod:`.webhook_deliveries`, :mod:`.webhook_endpoints`, :mod:`.tenant_webhook_secrets`,
+:mod:`.tenant_quotas` (with ``tenant_usage``), :mod:`.api_keys`, :mod:`.audit_log`,
+:mod:`.schedules`, :mod:`.flow_pauses`, :mod:`.maintenance_leases`, :mod:`.ledger` (the
+example job type's tables); and those that change no table of ours: :mod:`.console` (the
+console's reads), :mod:`.database_health` and :mod:`.planner_statistics` (PostgreSQL's
+statistics), :mod:`.transactions` (the transaction they run in).
 """
 
 from __future__ import annotations

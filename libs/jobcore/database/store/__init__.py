@@ -8,8 +8,8 @@ Each table has one store that runs what is done to it, except that a job's state
 write the rows that go with it (its outbox message, events, gates, webhook deliveries,
 its tenant's usage), all through :class:`JobStore`:
 
-- :class:`JobStore` (:mod:`~jobcore.database.store.jobs`): ``jobs``, and the rows written with a
-job.
+- :class:`JobStore` (:mod:`~jobcore.database.store.jobs`): ``jobs``, and the rows written
+  with a job.
 - :class:`OutboxStore` (:mod:`~jobcore.database.store.outbox`): ``outbox``, the relay's cycle, its
   wake-ups and the operators' statements.
 - :class:`InboxStore` (:mod:`~jobcore.database.store.inbox`): ``inbox`` retention.
