@@ -32,7 +32,7 @@ class MigrationFailed(JobcoreError):
 
 def migrations_dir() -> Path:
     """``migrations/`` in a checkout; the copy shipped inside the package in a wheel."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # jobcore/, this module is in database/
     for candidate in (package / "_migrations", package.parent.parent / "migrations"):
         if (candidate / "env.py").is_file():
             return candidate

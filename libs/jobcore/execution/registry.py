@@ -296,8 +296,17 @@ default_registry = Registry()
 job = default_registry.job
 
 
+# The job modules jobcore ships, by the names they had before the library was grouped into
+# packages: a JOBCORE_JOB_MODULES written for an older release (or kept through a rolling
+# upgrade) still loads them.
+MOVED_JOB_MODULES = {
+    "jobcore.jobtypes": "jobcore.examples.jobtypes",
+    "jobcore.demojobs": "jobcore.examples.demo",
+}
+
+
 def load_job_modules(modules: Iterable[str]) -> Registry:
     """Import each module so its job types register; return the default registry."""
     for module in modules:
-        importlib.import_module(module)
+        importlib.import_module(MOVED_JOB_MODULES.get(module, module))
     return default_registry
