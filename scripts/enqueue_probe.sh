@@ -2,8 +2,8 @@
 # The enqueue comparison by hand, outside `jobcore bench`: one `jobcore api` process and the
 # bench's minimal FastAPI+psycopg app (services/bench/minimal_app.py) on one scratch
 # database, each loaded by wrk with the bench's own Lua (a fresh Idempotency-Key per
-# request), alternately (ABAB). Issue 36 used it to find why the bench's enqueue ratio and
-# a hand-run wrk disagreed.
+# request), alternately (ABAB): for when the bench's enqueue ratio and a hand-run wrk
+# disagree.
 #
 #   scripts/enqueue_probe.sh [quotas on|off] [connections] [seconds] [runs] [analyze yes|no]
 #

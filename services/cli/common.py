@@ -60,7 +60,7 @@ def actor() -> str:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine on uvloop: the services spend much of their CPU in the
-    event loop (relay +12%, end to end +9% in `jobcore bench`). Windows has no uvloop."""
+    event loop (docs/bench/measurements.md, "The event loop"). Windows has no uvloop."""
     if sys.platform == "win32":
         return asyncio.run(coro)
     import uvloop

@@ -721,7 +721,8 @@ async def serve(settings: Settings, options: RelayOptions) -> int:
         max_size=max(settings.db_pool_max, options.lanes + 3),
         name="jobcore-relay",
         # The claims and the delete (marked generic_plan) are planned once per connection:
-        # planned anew, the fair claim took 2.5 ms a run where its plan runs in 0.9.
+        # planned anew, the fair claim took more than twice as long a run
+        # (docs/bench/measurements.md, "Plans").
         generic_plans=True,
         # The schema is checked on the first connection too: the database may have been
         # down when `jobcore relay` checked it (SchemaWatch).

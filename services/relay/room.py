@@ -39,10 +39,11 @@ REFILL_FRACTION = 4
 RECHECK_SECONDS = 0.05
 # Depths read this recently are reused while every queue stays under half the limit by
 # them, plus what this relay claimed for it since (workers only take messages out): no
-# passive declares on the way of a trickle's message (two broker round trips, 0.5 ms each
-# on an idle machine), nor per batch under load. Another relay's messages of the meantime
-# go uncounted for that long: with one relay answering NOTIFYs (the wake lease) the others
-# publish little, and the limit holds per relay anyway.
+# passive declares on the way of a trickle's message (two broker round trips:
+# docs/bench/measurements.md, "The relay's queue depth limit"), nor per batch under load.
+# Another relay's messages of the meantime go uncounted for that long: with one relay
+# answering NOTIFYs (the wake lease) the others publish little, and the limit holds per
+# relay anyway.
 DEPTH_REUSE_SECONDS = 1.0
 
 

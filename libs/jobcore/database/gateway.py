@@ -48,8 +48,8 @@ RV = TypeVar("RV")
 # is planned for its own parameters (a generic plan serves an optional filter badly: a
 # listing by status would scan). PostgreSQL otherwise chooses between a generic plan and
 # one planned anew for each run's parameters from what the first five runs cost, and for
-# the enqueue statement (a dozen CTEs, 40 parameters) it kept planning anew: 0.7 ms of
-# server CPU a request, more than the statement's 0.4 ms of work (EXPLAIN ANALYZE, 2 cores).
+# the enqueue statement (a dozen CTEs, 40 parameters) it kept planning anew, which cost
+# more than the statement's own work (docs/bench/measurements.md, "Plans").
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 # Behind PgBouncer no SET is sent (a session setting would stay on the server connection):
 # set jit = off on the role or the database there (ALTER ROLE ... SET jit = off).
@@ -316,8 +316,8 @@ class Database:
                 # Every statement here is a short one; PostgreSQL compiles a plan with LLVM
                 # when its estimated cost passes jit_above_cost, and then at every execution.
                 # A generic plan sees LIMIT %(limit)s as a tenth of the table: on a
-                # 1,000,000-row outbox the fair claim's plan cost millions, and each claim
-                # spent 0.6 s compiling for 2 ms of work.
+                # large outbox the fair claim's plan passes it, and each claim then spent far
+                # longer compiling than running (docs/bench/measurements.md, "Plans").
                 sql.SQL(NO_JIT),
             ]
         )
@@ -493,9 +493,8 @@ class UnitOfWork(Session):
     With ``begin_with_first_statement``, BEGIN goes out with the first statement, in one
     round trip (psycopg's pipeline mode), instead of one of its own: for a hot path whose
     every statement goes through the gateway (a statement sent on ``connection`` directly
-    before the first gateway one would run outside the transaction). The relay's claim
-    on an idle machine, where a round trip costs ~0.6 ms, started half a millisecond later
-    with BEGIN on its own.
+    before the first gateway one would run outside the transaction). BEGIN on its own
+    delays the first statement by a round trip (docs/bench/measurements.md, "Plans").
     """
 
     _kind = "unit of work"

@@ -356,9 +356,9 @@ outbox = Table(
     ),
     # The sweeper asks, for each old pending job, whether it still has an outbox row. The
     # outbox is largest (a long broker outage) exactly when many old pending jobs must be
-    # checked: with 200k outbox rows a batch of 500 took 147 ms without this index (a
-    # hash of the whole outbox per batch) and 20 ms with it. It costs each outbox insert
-    # about 3 us here, against the ~180 us an enqueue costs at 5.5k/s.
+    # checked: without this index, each batch hashes the whole outbox. It costs each outbox
+    # insert a small fraction of an enqueue (docs/bench/measurements.md, "The outbox's
+    # indexes").
     Index("outbox_job_idx", "job_id"),
 )
 

@@ -1,5 +1,5 @@
 """Database statements as CLIENT spans that follow the OpenTelemetry database conventions
-(``docs/database/postgresql.md``).
+(https://opentelemetry.io/docs/specs/semconv/database/postgresql/).
 
 A psycopg cursor class wraps ``execute`` in a span named by ``db.query.summary``: a
 statement's :class:`~jobcore.database.sql.Query` name (``job_claim_many``, ``job_succeed_many``),

@@ -374,10 +374,9 @@ class Settings(BaseSettings):
     # A round deletes everything due, so the interval only decides how long past its
     # retention a row may live: a minute is nothing next to days of retention.
     pruner_interval: float = Field(default=60.0, gt=0, le=86_400)
-    # Rows deleted per transaction. 1000 finished jobs with their effects and deliveries
-    # took ~50 ms to delete here (p95 ~90 ms) at 18 k jobs/s; 10 000 were only a fifth
-    # faster but held each transaction ~0.5 s and doubled enqueue's worst stall
-    # (docs/operations.md, "Retention").
+    # Rows deleted per transaction: larger batches were hardly faster per job but held
+    # each transaction longer and made enqueue's worst stall worse
+    # (docs/bench/measurements.md, "The pruner's batch"; docs/operations.md, "Retention").
     pruner_batch_size: int = Field(default=1000, ge=1, le=100_000)
 
     # Periodic jobs (jobcore.maintenance.periodic): JSON, a declaration per schedule name, e.g.
@@ -742,9 +741,8 @@ class RelayOptions(BaseSettings):
     # Ready messages a broker queue may hold before this relay stops publishing to it: the
     # backlog waits in PostgreSQL, where the fair claim orders it, and a new job waits
     # behind at most this many messages in the queue. Large enough that workers never
-    # starve between two refills: with 250, a worker draining ~800 jobs/s ran at 0.5-0.7x
-    # of its rate without a limit (`jobcore bench fair`), with 1,000 it did not slow down,
-    # and a quiet tenant's job still started within about a second. 0: no limit.
+    # starve between two refills, small enough that a quiet tenant's job starts soon
+    # (docs/bench/measurements.md, "The relay's queue depth limit"). 0: no limit.
     queue_depth_limit: int = Field(default=1000, ge=0, le=1_000_000)
     # VACUUM the outbox after this relay deleted this many rows since its last one
     # (jobcore.maintenance.outbox_vacuum): without it, the dead index entries a drain

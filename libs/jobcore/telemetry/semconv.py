@@ -1,10 +1,12 @@
 """The OpenTelemetry semantic conventions jobcore's spans follow, in one place.
 
-RabbitMQ messaging spans (``docs/messaging/rabbitmq.md`` and ``messaging-spans.md`` of the
-semantic conventions): a PRODUCER ``publish {exchange}:{routing key}`` span per message the
-relay publishes, a CONSUMER ``process {exchange}:{routing key}:{queue}`` span per delivery
-the worker takes. PostgreSQL client spans (``docs/database/postgresql.md``): named by
-``db.query.summary``. The attribute names are strings here rather than the incubating
+RabbitMQ messaging spans
+(https://opentelemetry.io/docs/specs/semconv/messaging/rabbitmq/ and
+https://opentelemetry.io/docs/specs/semconv/messaging/messaging-spans/): a PRODUCER
+``publish {exchange}:{routing key}`` span per message the relay publishes, a CONSUMER
+``process {exchange}:{routing key}:{queue}`` span per delivery the worker takes.
+PostgreSQL client spans (https://opentelemetry.io/docs/specs/semconv/database/postgresql/):
+named by ``db.query.summary``. The attribute names are strings here rather than the incubating
 constants of ``opentelemetry-semantic-conventions``, whose module paths still move.
 
 ``error.type`` values jobcore reports:

@@ -2,9 +2,9 @@
 
 FastAPI documents the route from :func:`documented_endpoint`'s signature (the query
 parameters, the ``Idempotency-Key`` header, the bearer scheme), but requests never reach
-it: :func:`route_class` gives the route a handler of its own. In a profile of 64 clients
-enqueueing, FastAPI's dependency solving for that signature (a dozen parameters and seven
-dependencies) was 30% of the API process's CPU, more than the enqueue statement's. The
+it: :func:`route_class` gives the route a handler of its own. FastAPI's dependency solving
+for that signature (a dozen parameters and seven dependencies) cost the API more CPU than
+the enqueue statement (docs/bench/measurements.md, "The API's hot path"). The
 handler reads the same parameters with one pydantic model built from the same
 ``Annotated`` declarations (:class:`EnqueueQuery`), so the rules and the 422s they give
 are the ones /openapi.json shows, in the order the documented signature resolved them:

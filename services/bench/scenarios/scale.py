@@ -42,8 +42,8 @@ CONNECTIONS = 8
 # the fault harness's (jobcore.testing.pipeline.FAST_ENV: a reaper ten times as often,
 # relays polling five times as often, so that fault tests recover within seconds): N - 1
 # standby relays and workers pay those intervals whatever the load, so the harness's
-# values would charge the larger sizes for a test setting (an idle 4 + 4 stack: 83 ms of
-# CPU a second with them, 37 with these).
+# values would charge the larger sizes for a test setting (docs/bench/measurements.md,
+# "Idle stacks in the scale scenario").
 PRODUCTION_INTERVALS = {
     "JOBCORE_WORKER_REAPER_INTERVAL": str(Settings.model_fields["worker_reaper_interval"].default),
     "JOBCORE_RELAY_POLL_INTERVAL": str(RelayOptions.model_fields["poll_interval"].default),

@@ -66,7 +66,8 @@ def compact(text: str) -> str:
     psycopg converts a query's ``%(name)s`` placeholders on every execution, and caches
     the conversion only for a query of at most 4,096 bytes
     (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``): the indented enqueue statement
-    was longer, and re-parsing it took a seventh of the API's CPU per request.
+    was longer, and re-parsing it was a large share of the API's CPU per request
+    (docs/bench/measurements.md, "Statements within psycopg's cache").
     """
 
     def one(match: re.Match[str]) -> str:
@@ -92,7 +93,7 @@ def native_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
 
     For statements too long for psycopg's conversion cache: converted here once, they run
     through a raw cursor (``psycopg.AsyncRawCursor``), which converts nothing. The
-    worker's claim (over 4,096 bytes) was parsed again on every batch: 7.5% of its CPU.
+    worker's claim (over 4,096 bytes) was parsed again on every batch.
     """
     names: dict[str, int] = {}
 

@@ -200,15 +200,16 @@ class OutboxClaimFairParams(TypedDict):
 # be left due: a lane locked its whole share, locked rows lost their slot to the
 # budget, or the window of later rows was full. Without it, every due row of the
 # snapshot was claimed (or is another claim's, locked), and the relay need not run one
-# more claim to find nothing; rows committed since come with their NOTIFY. 100,000 due
-# rows of one tenant and a few of others: under 1 ms.
+# more claim to find nothing; rows committed since come with their NOTIFY. It is cheap
+# even over a large backlog (docs/bench/measurements.md, "The outbox's indexes").
 #
 # The BETWEEN restates the tenant equality on purpose. With statistics that see one
 # dominant tenant (the very case this serves), `tenant = $lane` looks unselective, and
 # PostgreSQL scanned outbox_due_idx oldest first, filtering on the tenant: a small
-# tenant's lane then read the whole backlog before its rows (80-200 ms a claim at 100,000
-# rows, and seconds of wait for that tenant). The redundant range makes that path look
-# as costly as it is; outbox_fair_due_idx answers it with an index range either way.
+# tenant's lane then read the whole backlog before its rows, and that tenant waited for
+# seconds (docs/bench/measurements.md, "The outbox's indexes"). The redundant range makes
+# that path look as costly as it is; outbox_fair_due_idx answers it with an index range
+# either way.
 OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
     "outbox_claim_fair",
     "Lock due rows within each routing key's budget, shared by priority weight between the "
