@@ -177,3 +177,11 @@ async def test_a_workers_context_hands_reports_on_and_names_its_fence() -> None:
     await ctx.progress(1, "done")
     assert reports == [(1.0, "done")]
     assert (ctx.fence.job_id, ctx.fence.attempt, ctx.fence.lease_token) == (ctx.job_id, 2, token)
+
+
+def test_the_schema_bounds_a_progress_message_as_the_handler_context_does() -> None:
+    # Two copies, so that the execution layer loads no schema (and no SQLAlchemy dialect)
+    # with a job type: the check constraint must refuse exactly what ctx.progress refuses.
+    from jobcore.database import schema
+
+    assert schema.PROGRESS_MESSAGE_MAX_CHARS == PROGRESS_MESSAGE_MAX_CHARS

@@ -45,8 +45,9 @@ metadata = MetaData(
 _STATUSES = ", ".join(f"'{s.value}'" for s in JobStatus)
 _PRIORITY_RANGE = f"priority BETWEEN {int(min(Priority))} AND {int(max(Priority))}"
 _TERMINAL_STATUSES = "'succeeded', 'failed', 'cancelled'"
-# The longest progress message, in characters: the check constraint on jobs, and what a
-# handler's ``ctx.progress`` accepts (jobcore.execution.progress).
+# The longest progress message, in characters: what a handler's ``ctx.progress`` accepts
+# (jobcore.execution.progress, which the database may not import; a unit test keeps the
+# two equal).
 PROGRESS_MESSAGE_MAX_CHARS = 500
 
 # The statuses a unique key is held in: every status but the terminal ones, so each

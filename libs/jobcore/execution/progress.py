@@ -1,17 +1,18 @@
 """A running job's progress (``await ctx.progress(fraction, message)``): its bounds and how
 often it is written.
 
-The handler context and the worker's writer share these numbers; the longest message is
-the schema's (a check constraint on ``jobs``).
+A leaf module (it imports nothing of jobcore's, so the API and the worker load no schema
+with it): the handler context and the worker's writer share these numbers, and the
+schema's check constraint on ``jobs`` repeats the longest message (a unit test keeps the
+two equal).
 """
 
 from __future__ import annotations
 
 import math
 
-from jobcore.database.schema import PROGRESS_MESSAGE_MAX_CHARS
-
-__all__ = ["PROGRESS_FLUSH_INTERVAL", "PROGRESS_MESSAGE_MAX_CHARS", "checked_progress"]
+# The longest progress message, in characters (a check constraint on jobs too).
+PROGRESS_MESSAGE_MAX_CHARS = 500
 
 # A job's progress is written at most once per this many seconds: the latest report wins,
 # and what is pending when the handler ends is written before its outcome.
