@@ -19,6 +19,7 @@ from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Scheduler
 from jobcore.maintenance.periodic import load_schedules
 from jobcore.testing.processes import jobcore_command, settings_env
+from jobcore.usecases.enqueue.scheduled import enqueue_schedule_job
 from services.worker.metrics import SchedulerMetrics
 
 SCHEDULES = {
@@ -148,6 +149,7 @@ async def test_list_shows_the_last_refused_tick_and_why(settings: Settings, db: 
         settings,
         schedules=load_schedules(declared, default_registry, in_code={}),
         metrics=SchedulerMetrics(CollectorRegistry()),
+        enqueue=enqueue_schedule_job,
         clock=lambda: clock[0],
     )
     maintainer = Maintainer(db, [scheduler], owner="a")

@@ -26,6 +26,7 @@ from jobcore.maintenance.periodic import (
 from jobcore.maintenance.scheduler import Clock as SchedulerClock
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import schedules as schedule_usecases
+from jobcore.usecases.enqueue.scheduled import enqueue_schedule_job
 from jobcore.usecases.jobs import cancel_any_job
 from jobcore.usecases.timeline import job_timeline
 from services.worker.app import Worker
@@ -98,7 +99,11 @@ class Scheduling(Maintenance):
         self.registry = registry if registry is not None else CollectorRegistry()
         metrics = SchedulerMetrics(self.registry)
         service = Scheduler.from_settings(
-            settings, schedules=schedules, metrics=metrics, clock=clock
+            settings,
+            schedules=schedules,
+            metrics=metrics,
+            enqueue=enqueue_schedule_job,
+            clock=clock,
         )
         super().__init__(db, owner, service)
 
