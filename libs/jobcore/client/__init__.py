@@ -18,7 +18,8 @@ API's problem JSON. :func:`verify_webhook` checks a webhook's Standard Webhooks 
 The client imports nothing of the services: it needs only httpx, pydantic and orjson.
 
 Its modules: :mod:`.sync` (:class:`Client`) and :mod:`.aio` (:class:`AsyncClient`), both
-over :mod:`.core` (every operation written once, without I/O); :mod:`.models` (the API's
+over :mod:`.core` (every operation written once, without I/O), the blocking one generated
+from the asyncio one, :mod:`.primitives` being what differs between them; :mod:`.models` (the API's
 answers), :mod:`.errors` (what it raises), :mod:`.retries` (when it tries a request again)
 and :mod:`.webhook_signatures` (:func:`verify_webhook`).
 """

@@ -12,5 +12,7 @@ no other package of jobcore.
 - :mod:`.quotas`: tenant quotas as arithmetic (the enqueue rate limit, the caps, headers);
 - :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
 - :mod:`.scopes`: what an API key may do;
-- :mod:`.startstop`: the start/stop contract every long-running loop shares.
+- :mod:`.startstop`: the start/stop contract every long-running loop shares;
+- :mod:`.groupcommit`: group commit: what queued behind a write in flight goes out as one
+  (the API's coalesced enqueues, the worker's batches).
 """

@@ -23,7 +23,9 @@ The machinery of jobcore's own tests:
 - :mod:`~jobcore.testing.scratch`: a database and a broker prefix made for one run and
   removed after it, and test databases cloned from a template migrated once;
 - :mod:`~jobcore.testing.tcpproxy`: a TCP proxy that can be told to cut its connections
-  (``jobcore demo``, the fault tests).
+  (``jobcore demo``, the fault tests);
+- :mod:`~jobcore.testing.app_producer`: `jobcore chaos`'s producer that enqueues as an
+  application does, in transactions of its own, rolling back a share on purpose.
 """
 
 from jobcore.testing.draining import Drained, InlineWorker
