@@ -60,12 +60,14 @@ async def sql_enqueue(
     return job_id
 
 
-async def third_sql_enqueue(settings: Settings, name: str, took: list[float]) -> uuid.UUID:
+async def third_sql_enqueue(
+    settings: Settings, name: str, took: list[float], admission: str | None = None
+) -> uuid.UUID:
     """jobcore_enqueue of tenant t from a connection of its own, committed; ``took`` gets
     the seconds from the call to the commit (the connection made before)."""
     async with await connect(settings, name) as conn:
         started = time.monotonic()
-        job_id = await sql_enqueue(conn, "third")
+        job_id = await sql_enqueue(conn, "third", admission)
         await conn.commit()
         took.append(time.monotonic() - started)
     return job_id
@@ -119,7 +121,7 @@ async def test_the_exact_admission_makes_the_tenants_enqueues_queue(
     async with await connect(quoted, "sql-holder") as holder:
         await sql_enqueue(holder, "holds the usage row", "exact")
         took: list[float] = []
-        third = asyncio.create_task(third_sql_enqueue(quoted, name, took))
+        third = asyncio.create_task(third_sql_enqueue(quoted, name, took, "exact"))
         try:
             await eventually(
                 lambda: waiting_on_a_lock(db, name), timeout=30, what="the third to queue"
@@ -134,8 +136,8 @@ async def test_the_exact_admission_makes_the_tenants_enqueues_queue(
     assert third_id in await visible_jobs(db)
 
 
-def refusal(error: psycopg.Error) -> tuple[str | None, str]:
-    return error.sqlstate, str(error)
+def refusal(error: psycopg.Error) -> tuple[str | None, str | None]:
+    return error.sqlstate, error.diag.message_primary
 
 
 async def test_the_cap_refuses_once_committed_jobs_fill_it(quoted: Settings, db: Database) -> None:

@@ -274,7 +274,8 @@ async def test_the_tenants_quotas_refuse_as_the_python_path_does(
     assert psql(settings, enqueue).returncode == 0
     refused(psql(settings, enqueue), "JC429", "the tenant has 1 unfinished jobs, its limit")
     await quota_usecases.set_quotas(db, "slow", enqueue_rate=0.01, enqueue_burst=1)
-    enqueue = enqueue.replace("capped", "slow")
+    # The rate limit's bucket is drawn from by the exact admission only.
+    enqueue = enqueue.replace("capped", "slow").replace(");", ", admission => 'exact');")
     assert psql(settings, enqueue).returncode == 0
     refused(psql(settings, enqueue), "JC429", "enqueue rate limit (0.01/s, bursts of 1)")
     # A transaction above READ COMMITTED would read the quotas in an old snapshot.
