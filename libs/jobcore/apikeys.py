@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobcore.db import Session, fetch_one
+from jobcore.db import Session
 from jobcore.errors import JobcoreError
 from jobcore.scopes import Scope
-from jobcore.sql.api_keys import API_KEY_AUTHENTICATE
+from jobcore.store import api_key_store
 
 KEY_PREFIX = "jc_"
 # What people see of a key after creation: enough to recognise it, too little to use.
@@ -161,7 +161,7 @@ async def authenticate_hash_until(
 ) -> tuple[Principal, datetime | None]:
     """:func:`authenticate_hash`, and when the key expires (None: never), for a caller
     that remembers the answer for a while (``services.api.auth.KeyCache``)."""
-    row = await fetch_one(session, API_KEY_AUTHENTICATE({"key_hash": key_hash}))
+    row = await api_key_store.authenticate(session, {"key_hash": key_hash})
     if row is None:
         raise InvalidApiKey()
     principal = Principal(row["id"], row["tenant"], frozenset(Scope(s) for s in row["scopes"]))

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import orjson
 from psycopg.types.json import Jsonb
 
-from jobcore.db import Database, UnitOfWork, fetch_one
+from jobcore.db import Database, UnitOfWork
 from jobcore.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,
@@ -41,7 +41,7 @@ from jobcore.errors import (
     ServiceStateError,
 )
 from jobcore.settings import MAX_ACTOR_LENGTH
-from jobcore.sql.audit_log import AUDIT_LOG_INSERT
+from jobcore.store import audit_log_store
 
 log = logging.getLogger(__name__)
 
@@ -151,19 +151,17 @@ class Entry:
 
 async def record(uow: UnitOfWork, entry: Entry, outcome: Outcome = Outcome.SUCCEEDED) -> None:
     """Append ``entry`` in the caller's transaction (it commits or rolls back with it)."""
-    await fetch_one(
+    await audit_log_store.insert(
         uow,
-        AUDIT_LOG_INSERT(
-            {
-                "actor": check_actor(entry.actor),
-                "action": entry.action.value,
-                "target_type": entry.target.type,
-                "target_id": entry.target.id,
-                "tenant": entry.tenant,
-                "outcome": outcome.value,
-                "details": _details_json(entry.details),
-            }
-        ),
+        {
+            "actor": check_actor(entry.actor),
+            "action": entry.action.value,
+            "target_type": entry.target.type,
+            "target_id": entry.target.id,
+            "tenant": entry.tenant,
+            "outcome": outcome.value,
+            "details": _details_json(entry.details),
+        },
     )
 
 

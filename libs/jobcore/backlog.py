@@ -23,12 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
-from jobcore.db import Database, fetch_all
+from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable
 from jobcore.schema import HOT_TABLES
-from jobcore.sql.database_health import HOT_TABLE_TUPLES, XMIN_HORIZON
-from jobcore.sql.flow_pauses import FLOW_PAUSE_LIST
-from jobcore.store import job_store
+from jobcore.store import database_store, flow_pause_store, job_store
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +133,9 @@ class BacklogGauges:
         try:
             async with asyncio.timeout(self.timeout), self.db.connection() as conn:
                 rows = await job_store.count_open_by_queue(conn)
-                pauses = await fetch_all(conn, FLOW_PAUSE_LIST({}))
-                [horizon] = await fetch_all(conn, XMIN_HORIZON({}))
-                tuples = await fetch_all(conn, HOT_TABLE_TUPLES({"tables": list(HOT_TABLES)}))
+                pauses = await flow_pause_store.list_pauses(conn)
+                horizon = await database_store.xmin_horizon(conn)
+                tuples = await database_store.hot_table_tuples(conn, {"tables": list(HOT_TABLES)})
         except (DatabaseUnavailable, TimeoutError):
             self.refresh_failures.labels("database").inc()
             return
@@ -151,6 +149,7 @@ class BacklogGauges:
         self.paused.clear()
         for pause in pauses:
             self.paused.labels(pause["kind"], pause["name"]).set(1)
+        assert horizon is not None  # aggregates without GROUP BY: one row
         self.horizon_age.set(float(horizon["seconds"]))
         self.horizon_xids.set(int(horizon["xids"]))
         for row in tuples:

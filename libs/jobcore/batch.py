@@ -37,10 +37,8 @@ from jobcore.errors import (
 )
 from jobcore.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.registry import JobType
-from jobcore.sql import Statement
-from jobcore.sql.tenant_quotas import TENANT_USAGE_LOCK
 from jobcore.states import JobStatus
-from jobcore.store import JobInsertManyParams, job_store
+from jobcore.store import JobInsertManyParams, Statement, job_store, tenant_store
 from jobcore.telemetry import capture_trace_headers
 
 # The most items one batch may hold (the API's limit, and what one statement is sized for).
@@ -138,7 +136,7 @@ async def write_batch(
     headers: dict[str, str] = {}
     todo = list(range(len(items)))
     # The usage row is locked by a statement of its own, sent with the first insert.
-    lock: Statement | None = TENANT_USAGE_LOCK({"tenant": tenant})
+    lock: Statement | None = tenant_store.lock_usage_statement({"tenant": tenant})
     # An item whose unique key's holder ended between the insert and the read is tried
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):

@@ -2,9 +2,10 @@
 
 A :class:`Session` holds one pooled connection in autocommit mode (each statement commits
 on its own); a :class:`UnitOfWork` is one transaction, on a connection of its own or on a
-session's. Named statements (:mod:`jobcore.sql`) run through one gateway,
-:func:`execute`, :func:`fetch_one` and :func:`fetch_all`, on either of them or on a raw
-connection, with the statement's typed parameters.
+session's. Named statements (:mod:`jobcore.sql`, run by the stores of :mod:`jobcore.store`)
+run through one gateway, :func:`execute`, :func:`fetch_one` and :func:`fetch_all`, on
+either of them or on a raw connection, with the statement's typed parameters. The gateway
+reads a statement through :class:`Statement`, the shape it needs, so it imports none.
 
 Driver errors are translated here, at the adapter boundary: callers see
 :class:`~jobcore.errors.DatabaseUnavailable` / :class:`~jobcore.errors.DatabaseMissing`,
@@ -18,9 +19,9 @@ import contextlib
 import re
 import select
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -33,7 +34,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobcore.dbtracing import TracedCursor, TracedRawCursor, cursor_options
 from jobcore.errors import DatabaseMissing, DatabaseUnavailable, JobcoreError, ServiceStateError
 from jobcore.settings import Settings
-from jobcore.sql import Statement
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
 RV = TypeVar("RV")
@@ -580,6 +580,33 @@ Executor = Session | psycopg.AsyncConnection[Any]
 """Where a statement runs: a session or unit of work, or a raw connection (the worker's
 held ones, a LISTEN connection), whose provider translates its errors."""
 
+Reader = Session | AsyncConn
+"""Where a statement whose rows are read runs (:func:`fetch_one`, :func:`fetch_all`)."""
+
+
+class StatementQuery(Protocol):
+    """What the gateway reads of a named query (:class:`jobcore.sql.Query`)."""
+
+    @property
+    def sql(self) -> str: ...
+
+    @property
+    def generic_plan(self) -> bool: ...
+
+    @property
+    def native(self) -> tuple[str, tuple[str, ...]] | None: ...
+
+
+class Statement(Protocol):
+    """A named query bound to its parameters, as the gateway runs it
+    (:class:`jobcore.sql.Statement`)."""
+
+    @property
+    def query(self) -> StatementQuery: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
 
 def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool | None:
     """On a pool with generic plans (GENERIC_PLANS): prepared at once if the statement is
@@ -629,13 +656,13 @@ async def execute(on: Executor, statement: Statement) -> int:
     return (await _run(on, statement)).rowcount
 
 
-async def fetch_one(on: Session | AsyncConn, statement: Statement) -> DictRow | None:
+async def fetch_one(on: Reader, statement: Statement) -> DictRow | None:
     """Run a statement; return its first row (None: no row)."""
     row: DictRow | None = await (await _run(on, statement)).fetchone()
     return row
 
 
-async def fetch_all(on: Session | AsyncConn, statement: Statement) -> list[DictRow]:
+async def fetch_all(on: Reader, statement: Statement) -> list[DictRow]:
     """Run a statement; return all its rows."""
     rows: list[DictRow] = await (await _run(on, statement)).fetchall()
     return rows

@@ -23,8 +23,6 @@ own cursor class and nothing here runs.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 import re
 from typing import Any, Self
 
@@ -36,7 +34,8 @@ from psycopg.rows import DictRow
 from jobcore.semconv import DB_SYSTEM, ERROR_TYPE, server_attributes
 from jobcore.telemetry import tracer, tracing_enabled
 
-_names: dict[str, str] | None = None
+# SQL text -> the name of the Query that sends it (name_statement).
+_names: dict[str, str] = {}
 
 # What the operation parser skips: string literals, quoted identifiers, comments.
 _NOISE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -47,29 +46,15 @@ _WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE"})
 _CTE = frozenset({"AS", "MATERIALIZED"})
 
 
-def _statement_names() -> dict[str, str]:
-    """SQL text -> Query name, for every Query in the ``jobcore.sql`` modules."""
-    global _names
-    if _names is None:
-        import jobcore.sql as package
-        from jobcore.sql import Query
-
-        names: dict[str, str] = {}
-        # Recursive: the jobs statements are a package of their own (jobcore.sql.jobs).
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
-            module = importlib.import_module(info.name)
-            for value in vars(module).values():
-                if isinstance(value, Query):
-                    names[value.sql] = value.name
-                    if value.native is not None:  # sent through a raw cursor as this text
-                        names[value.native[0]] = value.name
-        _names = names
-    return _names
+def name_statement(text: str, name: str) -> None:
+    """Have statements sent as ``text`` summarised as ``name``: called by each named
+    query (:class:`jobcore.sql.Query`) when it is made, so the tracer imports none."""
+    _names[text] = name
 
 
 def query_summary(text: str) -> str | None:
     """The Query name of this SQL text, if it is one of the library's statements."""
-    return _statement_names().get(text)
+    return _names.get(text)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -39,9 +39,14 @@ from jobcore.gates import gate_key
 from jobcore.quotas import Admission, RateLimit, Refusal, rate_headers
 from jobcore.registry import JobType
 from jobcore.results import ResultStore
-from jobcore.sql import OutboxMessageParams, OutboxMessagesParams
 from jobcore.states import JobStatus
-from jobcore.store import JobGateParams, JobInsertParams, job_store
+from jobcore.store import (
+    JobGateParams,
+    JobInsertParams,
+    OutboxMessageParams,
+    OutboxMessagesParams,
+    job_store,
+)
 from jobcore.wakeups import RelayWakeups
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ import psycopg
 
 import jobcore
 from jobcore.amqp.topology import Topology
-from jobcore.db import AsyncConn, execute
+from jobcore.db import AsyncConn
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
-from jobcore.sql.job_type_registry import JOB_TYPE_REGISTER, JobTypeRegisterParams
+from jobcore.store.job_types import JobTypeRegisterParams, job_type_store
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ async def record_job_types(
     if not params["types"]:
         return 0
     try:
-        return await execute(conn, JOB_TYPE_REGISTER(params))
+        return await job_type_store.register(conn, params)
     except psycopg.errors.UndefinedTable:
         log.info("the schema has no job_type_registry yet; job types not recorded")
         return 0

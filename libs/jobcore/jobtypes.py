@@ -19,11 +19,10 @@ from typing import Annotated
 import email_validator
 from pydantic import BaseModel, ConfigDict, EmailStr, Field
 
-from jobcore.db import fetch_one
 from jobcore.errors import PermanentError
 from jobcore.handlertx import JobTransaction
 from jobcore.registry import JobContext, job
-from jobcore.sql.ledger import LEDGER_CREDIT
+from jobcore.store import ledger_store
 
 
 class NoopPayload(BaseModel):
@@ -217,16 +216,14 @@ class CreditAccountPayload(BaseModel):
 async def post_credit(tx: JobTransaction, account: str, amount_cents: int) -> dict[str, int]:
     """Credit ``account`` of the job's tenant on the handler's transaction: the entry and
     the account's new balance (``entry_id``, ``balance_cents``)."""
-    row = await fetch_one(
+    row = await ledger_store.credit(
         tx.connection,
-        LEDGER_CREDIT(
-            {
-                "job_id": tx.fence.job_id,
-                "attempt": tx.fence.attempt,
-                "account": account,
-                "amount_cents": amount_cents,
-            }
-        ),
+        {
+            "job_id": tx.fence.job_id,
+            "attempt": tx.fence.attempt,
+            "account": account,
+            "amount_cents": amount_cents,
+        },
     )
     if row is None:  # pragma: no cover - the job row exists while its attempt runs
         raise PermanentError("the job's row is gone")

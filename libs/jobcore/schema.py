@@ -172,11 +172,14 @@ jobs = Table(
         postgresql_where=text(f"unique_key IS NOT NULL AND status IN ({_LIVE_STATUSES})"),
     ),
     Index("jobs_status_created_idx", "status", "created_at"),
+    # An entity's jobs, newest first. Partial (migration 0028): most jobs name no entity,
+    # and each status change of a job writes a new entry to every index that holds it.
     Index(
-        "jobs_tenant_entity_created_idx",
+        "jobs_entity_created_idx",
         "tenant",
         "entity_id",
         text("created_at DESC"),
+        postgresql_where=text("entity_id IS NOT NULL"),
     ),
     # Keyset pagination of a tenant's jobs, newest first.
     Index("jobs_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
@@ -630,7 +633,8 @@ tenant_usage = Table(
     _timestamp("last_refused_at"),
 )
 
-# Jobs of a tenant added (+1 each) or ended (-1 each) and not yet folded into
+# Jobs of a tenant added less those ended, one row per statement that changed them
+# (statement-level triggers, migration 0027), and not yet folded into
 # tenant_usage.unfinished by the maintenance leader's usage folder: adding or ending a job
 # appends here instead of updating the tenant's row, so no statement that makes or ends
 # jobs locks or writes those rows (migrations 0010, 0023).

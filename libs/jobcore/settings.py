@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     # are stale where autovacuum will not refresh them soon (jobcore.maintenance.analyzer):
     # one catalog read a round, an ANALYZE only when one is due.
     worker_analyze_interval: float = Field(default=2.0, gt=0, le=3600)
-    # How often the maintenance leader folds the tenants' usage deltas (a +1 per job added,
-    # a -1 per job ended) into their rows (jobcore.maintenance.usage_folder). A cap's check
+    # How often the maintenance leader folds the tenants' usage deltas (per statement, the
+    # jobs added less those ended) into their rows (jobcore.maintenance.usage_folder). A cap's check
     # reads the tenant's row plus its deltas not yet folded, which pile up with the jobs
     # added and ended per tenant in this time; a round with none is one index probe.
     usage_fold_interval: float = Field(default=2.0, gt=0, le=600)
@@ -688,6 +688,11 @@ class RelayOptions(BaseSettings):
     # Batches claimed and published at once, each in its own transaction: one lane's
     # database round trips overlap the other's wait for confirms.
     lanes: int = Field(default=2, ge=1, le=16)
+    # While not saturated (the last claim left nothing due), a NOTIFY that arrives while a
+    # batch waits for its confirms starts the next batch at once, up to `lanes` in flight
+    # (JOBCORE_RELAY_OVERLAP). Off by default until a quiet machine shows it shortens the
+    # pickup (docs/bench/paced); off, a trickle's rows wait for the batch before theirs.
+    overlap: bool = False
     # A batch whose confirms do not all arrive in this time counts as a broken connection.
     publish_timeout: float = Field(default=10.0, gt=0, le=600)
     connect_timeout: float = Field(default=5.0, gt=0, le=120)

@@ -25,9 +25,9 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from jobcore.db import Database, execute
+from jobcore.db import Database
 from jobcore.errors import DatabaseUnavailable, ServiceStateError
-from jobcore.sql.outbox import OUTBOX_WAKE
+from jobcore.store import outbox_store
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class RelayWakeups:
                 self._wanted = False
                 try:
                     async with self.db.session() as session:
-                        await execute(session, OUTBOX_WAKE({}))
+                        await outbox_store.wake(session)
                     self.sent += 1
                 except (DatabaseUnavailable, ServiceStateError) as exc:
                     log.debug("relay wake-up not sent; the relays poll", extra={"error": str(exc)})

@@ -34,7 +34,7 @@ from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.errors import JobcoreError, PoisonMessage
 from jobcore.retry import backoff_delay
 from jobcore.settings import Settings
-from jobcore.sql import CompletionParams
+from jobcore.store import CompletionParams
 
 # Standard Webhooks (github.com/standard-webhooks/standard-webhooks, spec 1.0.0): secrets
 # are "whsec_" + base64 of 24 to 64 random bytes, the HMAC key is the decoded bytes, and

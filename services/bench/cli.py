@@ -54,7 +54,9 @@ def bench(
         "keys swept over orders of magnitude; --size) and pressure (a pinned xmin horizon, "
         "REPEATABLE READ readers, overload, backend kills, pool exhaustion, a PostgreSQL "
         "restart and worker SIGKILLs at a steady rate, on its own cluster: "
-        "scripts/pressure_cluster.sh; about 50 minutes at its defaults; --pressure-*).",
+        "scripts/pressure_cluster.sh; about 50 minutes at its defaults; --pressure-*) and "
+        "paced (jobcore, Procrastinate and FastAPI + Celery at 10 to 90 % of the peak, "
+        "open loop: pickup latency, bytes, WAL and CPU per job; --paced-*).",
     ),
     jobs: int = typer.Option(
         5000, min=10, max=1_000_000, help="Jobs per e2e, scale, batch and tracing run."
@@ -168,6 +170,34 @@ def bench(
     pressure_port: int = typer.Option(
         5460, min=1024, max=65535, help="Pressure: its own cluster's port (never 5432)."
     ),
+    paced_peak: float = typer.Option(
+        0.0,
+        min=0,
+        max=100_000,
+        help="Paced: the peak jobs/s its rates are fractions of (0: measure jobcore's first).",
+    ),
+    paced_fractions: str = typer.Option(
+        "10,25,50,75,90", help="Paced: the rates, in % of the peak."
+    ),
+    paced_seconds: float = typer.Option(
+        30.0, min=1, max=3600, help="Paced: seconds each rate is offered."
+    ),
+    paced_probe_rate: float = typer.Option(
+        2000.0, min=1, max=100_000, help="Paced: jobs/s offered while the peak is measured."
+    ),
+    paced_probe_seconds: float = typer.Option(
+        15.0, min=1, max=600, help="Paced: seconds the peak is measured over."
+    ),
+    paced_systems: str = typer.Option(
+        "jobcore,procrastinate,celery",
+        help="Paced: the systems paced, in order (also jobcore-baseline: jobcore with "
+        "--paced-baseline-env).",
+    ),
+    paced_baseline_env: str = typer.Option(
+        "",
+        help="Paced: the jobcore-baseline system's settings, comma-separated "
+        "JOBCORE_NAME=value pairs (e.g. JOBCORE_RELAY_OVERLAP=true).",
+    ),
     profile: bool = typer.Option(False, help="Profile the jobcore processes with py-spy."),
     out: Path = typer.Option(Path("var/bench"), help="Where the report and plots go."),
 ) -> None:
@@ -198,6 +228,24 @@ def bench(
             fail(why)
     if pressure_port == 5432:
         fail("--pressure-port: the pressure scenario restarts its cluster; not 5432", code=2)
+    systems = tuple(part.strip() for part in paced_systems.split(",") if part.strip())
+    known_systems = ("jobcore", "jobcore-baseline", "procrastinate", "celery")
+    if not systems or any(s not in known_systems for s in systems):
+        fail(f"--paced-systems takes {', '.join(known_systems)}; got {paced_systems!r}", code=2)
+    baseline_env = tuple(p.strip() for p in paced_baseline_env.split(",") if p.strip())
+    if any(not p.startswith("JOBCORE_") or "=" not in p for p in baseline_env):
+        fail(
+            f"--paced-baseline-env takes JOBCORE_NAME=value pairs; got {paced_baseline_env!r}",
+            code=2,
+        )
+    if paced_peak <= 0 and "jobcore" not in systems:
+        fail("--paced-peak: without jobcore among the systems, give the peak", code=2)
+    if "paced" in chosen and any(not s.startswith("jobcore") for s in systems):
+        from services.bench.scenarios.peers import available as peers_available
+
+        why = peers_available()
+        if why is not None:
+            fail(why)
     if size not in ("small", "full"):
         fail(f"--size takes small or full, got {size!r}", code=2)
     options = harness.Options(
@@ -234,6 +282,13 @@ def bench(
         pressure_kill_rate=pressure_kill_rate,
         pressure_sample=pressure_sample,
         pressure_port=pressure_port,
+        paced_peak=paced_peak,
+        paced_fractions=_positive_list(paced_fractions, "paced-fractions"),
+        paced_seconds=paced_seconds,
+        paced_probe_rate=paced_probe_rate,
+        paced_probe_seconds=paced_probe_seconds,
+        paced_systems=systems,
+        paced_baseline_env=baseline_env,
     )
     config = settings()
     with Progress(

@@ -40,6 +40,7 @@ EXTRA_SCENARIOS = (
     "cardinality",
     "pressure",
     "startup",
+    "paced",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay
@@ -92,6 +93,17 @@ class Options:
     pressure_kill_rate: float = 5.0
     pressure_sample: float = 5.0
     pressure_port: int = 5460
+    # The paced scenario (services/bench/scenarios/paced.py): the peak its rates are
+    # fractions of (0: measured first, offering the probe rate for the probe's seconds),
+    # the fractions in %, each rate's seconds, and the systems paced.
+    paced_peak: float = 0.0
+    paced_fractions: tuple[int, ...] = (10, 25, 50, 75, 90)
+    paced_seconds: float = 30.0
+    paced_probe_rate: float = 2000.0
+    paced_probe_seconds: float = 15.0
+    paced_systems: tuple[str, ...] = ("jobcore", "procrastinate", "celery")
+    # The jobcore-baseline system's JOBCORE_* settings (KEY=VALUE each).
+    paced_baseline_env: tuple[str, ...] = ()
 
 
 class Scenario(Protocol):

@@ -10,6 +10,10 @@ minimal FastAPI app in one process:
   pool and answers 202 with the job id (``GET /jobs/{id}``: the job's status from
   ``procrastinate_jobs``), for a Procrastinate worker on the same database.
 
+Each also takes ``POST /jobs/noop/batch`` (``{"count": n, "enqueued": t}``), the paced
+scenario's batches: Celery sends ``n`` tasks carrying ``t``, Procrastinate defers ``n``
+jobs in one statement and answers their ids.
+
 Configured from the environment the scenario sets (``BENCH_PEERS_*``); needs the ``bench``
 extra (celery, SQLAlchemy, procrastinate).
 
@@ -30,6 +34,7 @@ from typing import Any
 from celery import Celery  # type: ignore[import-untyped]
 from celery.result import AsyncResult  # type: ignore[import-untyped]
 from fastapi import FastAPI
+from pydantic import BaseModel, Field
 
 from services.bench.peers_apps import procrastinate_app, procrastinate_noop
 
@@ -67,6 +72,23 @@ def enqueue() -> dict[str, str]:
     return {"id": str(result.id), "status": "pending"}
 
 
+class Paced(BaseModel):
+    """A batch of the paced scenario: how many no-op tasks, and the load generator's clock
+    just before it sent them (each task carries it, so its pickup is measured from it)."""
+
+    count: int = Field(ge=1, le=1000)
+    enqueued: float
+
+
+@api.post("/jobs/noop/batch", status_code=202)
+def enqueue_batch(batch: Paced) -> dict[str, int]:
+    # One publish per task on the app's producer, as a Celery user enqueues many.
+    with celery_http.producer_or_acquire() as producer:
+        for _ in range(batch.count):
+            noop_http.apply_async((batch.enqueued,), producer=producer)
+    return {"count": batch.count}
+
+
 @api.get("/jobs/{task_id}")
 def status(task_id: str) -> dict[str, Any]:
     return {"id": task_id, "state": AsyncResult(task_id, app=celery_http).state}
@@ -85,6 +107,12 @@ procrastinate_api = FastAPI(lifespan=_procrastinate_open)
 async def defer() -> dict[str, Any]:
     job_id = await procrastinate_noop.defer_async()
     return {"id": job_id, "status": "todo"}
+
+
+@procrastinate_api.post("/jobs/noop/batch", status_code=202)
+async def defer_batch(batch: Paced) -> dict[str, list[int]]:
+    # One statement for the batch: Procrastinate's own batch defer.
+    return {"ids": await procrastinate_noop.batch_defer_async(*([{}] * batch.count))}
 
 
 @procrastinate_api.get("/jobs/{job_id}")

@@ -69,6 +69,14 @@ DATABASE_RETRY_CAP = 5.0
 # without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
+# The claim of a few rows reads only the rows due since a little before the relay's last
+# unbounded look at the outbox (OUTBOX_CLAIM_FEW), so its cost does not grow with the dead
+# index entries a pinned xmin horizon keeps; the relay looks unbounded this often, so a
+# row whose transaction committed late waits at most this much longer. The slack covers
+# the gap between this process's clock and the server's now().
+UNBOUNDED_LOOK_EVERY = 2.0
+FEW_WINDOW_SLACK = 1.0
+UNBOUNDED_WINDOW = 1e9  # seconds: every due row
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -114,6 +122,8 @@ class Relay(Service):
         self._drained = True
         # Claims that OUTBOX_CLAIM_FEW answered with rows (every due row fitted a batch).
         self.few_claims = 0
+        # Monotonic time of the last claim that looked at every due row (None: none yet).
+        self._unbounded_look_at: float | None = None
         self._wake = asyncio.Event()
         # True while the loop waits for work (nothing due, connected): shown on /healthz.
         self.idle = False
@@ -192,7 +202,10 @@ class Relay(Service):
         it left rows due). Only a full batch (a backlog) starts the lanes, whose claims and
         commits overlap each other's confirms.
         """
-        claimed, more = await self.relay_batch()
+        if self.options.overlap and self._drained and self.options.lanes > 1:
+            claimed, more = await self._trickle()
+        else:
+            claimed, more = await self.relay_batch()
         if not more:
             return claimed
         full = min(self.options.batch_size, self.room.limit or self.options.batch_size)
@@ -204,6 +217,48 @@ class Relay(Service):
             if isinstance(result, BaseException):
                 raise result
         return claimed + sum(r for r in results if isinstance(r, int))
+
+    async def _trickle(self) -> tuple[int, bool]:
+        """Batches under a steady trickle (the last claim left nothing due): a NOTIFY that
+        arrives while a batch waits for its confirms and commit starts the next batch at
+        once, up to ``lanes`` in flight, so a row waits for no other batch's round trips.
+        Once a claim finds a backlog no more start here: the lanes take it, as overlapping
+        claims measured no faster at saturation. Returns the rows claimed and whether more
+        may be due."""
+        in_flight: set[asyncio.Task[tuple[int, bool]]] = {
+            asyncio.create_task(self.relay_batch(), name="relay-batch")
+        }
+        claimed, more = 0, False
+        errors: list[BaseException] = []
+        while in_flight:
+            wake = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({*in_flight, wake}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
+            for task in [t for t in in_flight if t.done()]:
+                in_flight.discard(task)
+                error = task.exception()
+                if error is not None:
+                    errors.append(error)
+                    continue
+                batch, batch_more = task.result()
+                claimed += batch
+                more = more or batch_more
+            if (
+                in_flight
+                and self._wake.is_set()
+                and not (more or errors or self.stopping.is_set())
+                and self.publisher.connected
+                and len(in_flight) < self.options.lanes
+            ):
+                # Cleared before claiming, as the run loop does: a NOTIFY after this
+                # point announces rows this claim may miss, and claims again.
+                self._wake.clear()
+                in_flight.add(asyncio.create_task(self.relay_batch(), name="relay-batch"))
+        if errors:
+            raise errors[0]
+        return claimed, more
 
     async def _lane(self) -> int:
         claimed = 0
@@ -271,11 +326,14 @@ class Relay(Service):
             elif self._drained and grant.takes_whole(self.options.batch_size):
                 # The last claim left nothing due, so few rows are likely: if they fit one
                 # batch, fairness has nothing to share out (OUTBOX_CLAIM_FEW).
-                rows = await outbox_store.claim_few(uow, {"limit": self.options.batch_size})
+                rows = await outbox_store.claim_few(
+                    uow, {"limit": self.options.batch_size, "window": self._few_window()}
+                )
                 if rows:
                     self.few_claims += 1
             if rows is None:
                 assert grant is not None  # claim_due answers rows
+                self._unbounded_look_at = time.monotonic()
                 routing_keys = list(grant.budgets)
                 rows = await outbox_store.claim_fair(
                     uow,
@@ -340,6 +398,16 @@ class Relay(Service):
         if missing is not None:
             await self._redeclare_topology(missing)
         return len(rows), more
+
+    def _few_window(self) -> float:
+        """How far back OUTBOX_CLAIM_FEW looks: a little past the last unbounded look, or
+        everything when that is too long ago (then this claim is the unbounded look)."""
+        now = time.monotonic()
+        last = self._unbounded_look_at
+        if last is None or now - last >= UNBOUNDED_LOOK_EVERY:
+            self._unbounded_look_at = now
+            return UNBOUNDED_WINDOW
+        return now - last + FEW_WINDOW_SLACK
 
     async def _record_failures(
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult

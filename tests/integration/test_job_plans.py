@@ -314,3 +314,29 @@ def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jo
     listed = [row[0] for row in _rows(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS.sql, params)]
     assert listed == [row[0] for row in _rows(million_jobs, NEWEST_BY_SORTING, params)]
     assert len(listed) == PAGE
+
+
+def test_an_entitys_page_reads_the_partial_entity_index_that_jobs_without_one_stay_out_of(
+    million_jobs: str,
+) -> None:
+    """jobs_entity_created_idx holds only jobs that name an entity (none of these), so a
+    job's status changes write it no entry; the entity listing's generic plan, whose
+    `entity_id = $n` implies the index's predicate, still reads it."""
+    params = {
+        "tenant": "t1",
+        "entity_id": "order-1",
+        "after_created_at": None,
+        "after_id": None,
+        "status": None,
+        "type": None,
+        "limit": PAGE,
+    }
+    plan, text = _explain(million_jobs, reads.JOB_LIST_FOR_ENTITY, params)
+    assert "jobs_entity_created_idx" in text, text
+    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    [(entity, tenant)] = _rows(
+        million_jobs,
+        "SELECT pg_relation_size('jobs_entity_created_idx'),"
+        " pg_relation_size('jobs_tenant_created_idx')",
+    )
+    assert entity * 100 < tenant, (entity, tenant)

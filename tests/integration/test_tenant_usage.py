@@ -86,10 +86,50 @@ async def test_the_usage_folder_folds_every_delta_into_its_tenants_row(
     async with db.unit_of_work() as uow:
         taken, _ = await folder.work(uow)
         await uow.commit()
-    assert taken >= ADDED + ENDED
+    # One delta per statement: each enqueue's, and the one that ended five jobs.
+    assert taken == ADDED + 1
     assert await _deltas(db) == 0
     row = await _row(db)
     assert row["unfinished"] == ADDED - ENDED
+
+
+async def _delta_rows(db: Database, tenants: tuple[str, ...]) -> list[tuple[str, int]]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT tenant, delta FROM tenant_usage_deltas WHERE tenant = ANY(%s) ORDER BY id",
+            (list(tenants),),
+        )
+        return [(r["tenant"], r["delta"]) for r in await cur.fetchall()]
+
+
+async def test_a_statement_appends_one_delta_per_tenant_whatever_its_jobs(
+    db: Database,
+) -> None:
+    """Statement-level triggers (migration 0027): a statement that adds or ends many jobs
+    appends one row per tenant it changed, and one that changes no job between unfinished
+    and finished (a claim, a heartbeat) appends none."""
+    a, b = "per-statement-a", "per-statement-b"
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO jobs (id, tenant, type, queue)"
+            " SELECT gen_random_uuid(), t, 'noop', 'default'"
+            " FROM unnest(%s::text[]) AS t, generate_series(1, 50)",
+            ([a, b],),
+        )
+        assert await _delta_rows(db, (a, b)) == [(a, 50), (b, 50)]
+        await conn.execute(
+            "UPDATE jobs SET status = 'running', lease_expires_at = now() WHERE tenant = ANY(%s)",
+            ([a, b],),
+        )
+        await conn.execute(
+            "UPDATE jobs SET status = 'succeeded', finished_at = now()"
+            " WHERE id IN (SELECT id FROM jobs WHERE tenant = %s LIMIT 20)",
+            (a,),
+        )
+        await conn.execute("DELETE FROM jobs WHERE tenant = %s AND status = 'running'", (b,))
+        # Ended jobs deleted: no change to the count.
+        await conn.execute("DELETE FROM jobs WHERE tenant = %s AND status = 'succeeded'", (a,))
+    assert await _delta_rows(db, (a, b)) == [(a, 50), (b, 50), (a, -20), (b, -50)]
 
 
 async def _seed(db: Database, rows: dict[str, int], deltas: list[tuple[str, int]]) -> None:

@@ -36,12 +36,12 @@ from typing import ClassVar
 import psycopg
 from psycopg import sql
 
-from jobcore.db import connect_for_chore, fetch_all
+from jobcore.db import connect_for_chore
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.lease import Term
 from jobcore.schema import metadata
 from jobcore.settings import Settings
-from jobcore.sql.planner_statistics import TABLES_WITH_STALE_STATISTICS
+from jobcore.store import database_store
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +91,9 @@ class Analyzer(MaintenanceService[AnalyzerConfig]):
         """Analyze the tables due; how many."""
         async with term.db.session() as session:
             # A read, outside the fence: a round with nothing due writes nothing.
-            due = await fetch_all(
+            due = await database_store.tables_with_stale_statistics(
                 session,
-                TABLES_WITH_STALE_STATISTICS(
-                    {
-                        "tables": self.tables,
-                        "base": BASE,
-                        "scale": SCALE,
-                        "pause": self.config.pause,
-                    }
-                ),
+                {"tables": self.tables, "base": BASE, "scale": SCALE, "pause": self.config.pause},
             )
         if not due:
             return 0

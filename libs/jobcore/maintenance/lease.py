@@ -25,14 +25,9 @@ import logging
 import uuid
 from typing import Protocol
 
-from jobcore.db import UnitOfWork, execute, fetch_one
+from jobcore.db import UnitOfWork
 from jobcore.maintenance.connection import Transactions
-from jobcore.sql.maintenance_leases import (
-    MAINTENANCE_LEASE_ACQUIRE,
-    MAINTENANCE_LEASE_FENCE,
-    MAINTENANCE_LEASE_RELEASE_ALL,
-    MAINTENANCE_LEASE_RENEW,
-)
+from jobcore.store import maintenance_lease_store
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +56,22 @@ class LeaderLease:
     async def acquire(self, uow: UnitOfWork) -> uuid.UUID | None:
         """Take the lease if it is free or expired: its new token, or None."""
         token = uuid.uuid4()
-        row = await fetch_one(
-            uow,
-            MAINTENANCE_LEASE_ACQUIRE(
-                {"name": self.name, "owner": self.owner, "ttl": self.ttl, "token": token}
-            ),
+        row = await maintenance_lease_store.acquire(
+            uow, {"name": self.name, "owner": self.owner, "ttl": self.ttl, "token": token}
         )
         return token if row is not None else None
 
     async def renew(self, uow: UnitOfWork, token: uuid.UUID) -> bool:
-        renewed = await fetch_one(
-            uow, MAINTENANCE_LEASE_RENEW({"name": self.name, "ttl": self.ttl, "token": token})
+        renewed = await maintenance_lease_store.renew(
+            uow, {"name": self.name, "ttl": self.ttl, "token": token}
         )
         return renewed is not None
 
     async def release(self, uow: UnitOfWork, token: uuid.UUID, services: list[str]) -> None:
         """Give up the lease and the services' rows taken under it (a successor of either
         release takes them at once); a row another holds now is left alone."""
-        await execute(
-            uow, MAINTENANCE_LEASE_RELEASE_ALL({"names": [self.name, *services], "token": token})
+        await maintenance_lease_store.release_all(
+            uow, {"names": [self.name, *services], "token": token}
         )
 
 
@@ -112,18 +104,16 @@ class Term:
         over; or another process holds the service's row for now)."""
         if self.over:
             return False
-        row = await fetch_one(
+        row = await maintenance_lease_store.fence(
             uow,
-            MAINTENANCE_LEASE_FENCE(
-                {
-                    "leader": self.lease.name,
-                    "token": self.token,
-                    "ttl": self.lease.ttl,
-                    "name": service.name,
-                    "owner": self.lease.owner,
-                    "service_ttl": service.row_ttl,
-                }
-            ),
+            {
+                "leader": self.lease.name,
+                "token": self.token,
+                "ttl": self.lease.ttl,
+                "name": service.name,
+                "owner": self.lease.owner,
+                "service_ttl": service.row_ttl,
+            },
         )
         if row is None or not row["leading"]:
             log.info("maintenance lease lost to another worker", extra={"service": service.name})

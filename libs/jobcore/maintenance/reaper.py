@@ -10,6 +10,7 @@ cancellation was requested). The maintenance leader's reaper does it
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -22,11 +23,11 @@ from jobcore.channels import OUTBOX_CHANNEL
 from jobcore.db import UnitOfWork
 from jobcore.enqueue import job_message_row, message_columns, trace_headers_of
 from jobcore.maintenance.base import BatchService, ServiceConfig
+from jobcore.maintenance.lease import Term
 from jobcore.maintenance.metrics import ReaperMetrics
 from jobcore.registry import JobType, Registry
 from jobcore.settings import Settings
-from jobcore.sql import CompletionParams
-from jobcore.store import JobReapExpiredParams, job_store
+from jobcore.store import CompletionParams, JobReapExpiredParams, job_store
 from jobcore.webhooks import completion_params
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,14 @@ _OUTCOME_WORDS = {
     "failed": "failed: attempts used up",
     "cancelled": "cancelled: its cancellation was requested",
 }
+
+
+# A round looks for leases that expired since the last round began (JOB_LOCK_EXPIRED),
+# plus this slack; every UNBOUNDED_EVERY seconds it looks at every running row, for a
+# lease the last round could not see (its transaction had not committed) or lock.
+WINDOW_SLACK = 1.0
+UNBOUNDED_EVERY = 60.0
+UNBOUNDED_WINDOW = 1e9  # seconds: every running row
 
 
 async def _no_handler(_: Any) -> None:  # pragma: no cover - never called
@@ -69,6 +78,10 @@ class Reaper(BatchService[ReaperConfig]):
         self.completion = completion
         self.registry = registry
         self.metrics = metrics
+        self.window = UNBOUNDED_WINDOW
+        # Monotonic starts of the last round that ended and of the last unbounded one.
+        self._round_at: float | None = None
+        self._unbounded_at: float | None = None
 
     @classmethod
     def from_settings(
@@ -83,8 +96,23 @@ class Reaper(BatchService[ReaperConfig]):
             metrics=metrics,
         )
 
+    async def lead(self, term: Term) -> int:
+        started = time.monotonic()
+        unbounded = self._unbounded_at is None or started - self._unbounded_at >= UNBOUNDED_EVERY
+        if unbounded or self._round_at is None:
+            self.window = UNBOUNDED_WINDOW
+        else:
+            self.window = started - self._round_at + WINDOW_SLACK
+        reaped = await super().lead(term)
+        self._round_at = started
+        if self.window == UNBOUNDED_WINDOW:
+            self._unbounded_at = started
+        return reaped
+
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
-        expired = await job_store.lock_expired(uow, {"limit": self.config.batch_size})
+        expired = await job_store.lock_expired(
+            uow, {"limit": self.config.batch_size, "window": self.window}
+        )
         if not expired:
             return 0, []
         return len(expired), await job_store.reap_expired(uow, self._reap_params(expired))

@@ -27,8 +27,7 @@ from jobcore.db import UnitOfWork
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.metrics import RescuerMetrics
 from jobcore.settings import Settings
-from jobcore.sql import CompletionParams
-from jobcore.store import job_store
+from jobcore.store import CompletionParams, job_store
 from jobcore.webhooks import completion_params
 
 log = logging.getLogger(__name__)

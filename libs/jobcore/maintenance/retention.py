@@ -4,7 +4,7 @@ go once their time is up.
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
 ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``:
-jobcore.sql.job_gates), in batches of
+jobcore.store.GateStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -37,32 +37,26 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from jobcore.db import UnitOfWork, execute, fetch_one, lock_wait_ran_out
+from jobcore.db import UnitOfWork, lock_wait_ran_out
 from jobcore.errors import DatabaseUnavailable, JobcoreError
 from jobcore.maintenance.connection import Transactions
 from jobcore.objectstore import open_result_store
 from jobcore.results import ResultStore
 from jobcore.settings import Settings
-from jobcore.sql.audit_log import (
-    AUDIT_LOG_PRUNE_BATCH,
-    AUDIT_LOG_PRUNE_COUNT,
-    AuditLogPruneCountParams,
-)
-from jobcore.sql.inbox import INBOX_PRUNE_BATCH, INBOX_PRUNE_COUNT, InboxPruneCountParams
-from jobcore.sql.job_gates import (
-    JOB_GATES_PRUNE_BATCH,
-    JOB_GATES_PRUNE_COUNT,
-    JobGatesPruneCountParams,
-)
-from jobcore.sql.maintenance_leases import (
-    MAINTENANCE_LEASE_ACQUIRE,
-    MAINTENANCE_LEASE_GET_HOLDER,
-    MAINTENANCE_LEASE_RELEASE,
-    MAINTENANCE_LEASE_RENEW,
+from jobcore.store import (
+    JobFilesKeptParams,
+    JobPruneCountParams,
     MaintenanceLeaseParams,
+    audit_log_store,
+    database_store,
+    gate_store,
+    inbox_store,
+    job_store,
+    maintenance_lease_store,
 )
-from jobcore.sql.transactions import TRANSACTION_LOCK_TIMEOUT
-from jobcore.store import JobFilesKeptParams, JobPruneCountParams, job_store
+from jobcore.store.audit_log import AuditLogPruneCountParams
+from jobcore.store.gates import JobGatesPruneCountParams
+from jobcore.store.inbox import InboxPruneCountParams
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +202,11 @@ class Retention:
                     for table in ("jobs", "job_effects", "webhook_deliveries", "outbox"):
                         report.tables[table] += row[table]
                     report.tables["result_files"] += row["result_files"]
-            inbox = await fetch_one(uow, INBOX_PRUNE_COUNT(self._inbox_params()))
+            inbox = await inbox_store.prune_count(uow, self._inbox_params())
             report.tables["inbox"] = inbox["inbox"] if inbox else 0
-            audit = await fetch_one(uow, AUDIT_LOG_PRUNE_COUNT(self._audit_params()))
+            audit = await audit_log_store.prune_count(uow, self._audit_params())
             report.tables["audit_log"] = audit["audit_log"] if audit else 0
-            gates = await fetch_one(uow, JOB_GATES_PRUNE_COUNT(self._gates_params()))
+            gates = await gate_store.prune_count(uow, self._gates_params())
             report.tables["job_gates"] = gates["job_gates"] if gates else 0
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
@@ -252,20 +246,20 @@ class Retention:
             return batch
 
         async def inbox_batch(uow: UnitOfWork) -> _Batch:
-            deleted = await execute(
-                uow, INBOX_PRUNE_BATCH({**self._inbox_params(), "limit": self.batch_size})
+            deleted = await inbox_store.prune_batch(
+                uow, {**self._inbox_params(), "limit": self.batch_size}
             )
             return _Batch(collections.Counter(inbox=deleted), deleted >= self.batch_size)
 
         async def audit_batch(uow: UnitOfWork) -> _Batch:
-            deleted = await execute(
-                uow, AUDIT_LOG_PRUNE_BATCH({**self._audit_params(), "limit": self.batch_size})
+            deleted = await audit_log_store.prune_batch(
+                uow, {**self._audit_params(), "limit": self.batch_size}
             )
             return _Batch(collections.Counter(audit_log=deleted), deleted >= self.batch_size)
 
         async def gates_batch(uow: UnitOfWork) -> _Batch:
-            deleted = await execute(
-                uow, JOB_GATES_PRUNE_BATCH({**self._gates_params(), "limit": self.batch_size})
+            deleted = await gate_store.prune_batch(
+                uow, {**self._gates_params(), "limit": self.batch_size}
             )
             return _Batch(collections.Counter(job_gates=deleted), deleted >= self.batch_size)
 
@@ -308,7 +302,7 @@ class Retention:
                 if self.lock_timeout is not None:
                     # After the fence: only the batch's own statements give up.
                     milliseconds = max(1, round(self.lock_timeout * 1000))
-                    await fetch_one(uow, TRANSACTION_LOCK_TIMEOUT({"milliseconds": milliseconds}))
+                    await database_store.set_lock_timeout(uow, {"milliseconds": milliseconds})
                 batch = await step(uow)
                 await uow.commit()
             # Only now: a batch that rolled back keeps its jobs, so it keeps their files.
@@ -415,8 +409,8 @@ async def prune_exclusively(
         "token": token,
     }
     async with retention.db.unit_of_work() as uow:
-        taken = await fetch_one(uow, MAINTENANCE_LEASE_ACQUIRE(params))
-        holder = None if taken else await fetch_one(uow, MAINTENANCE_LEASE_GET_HOLDER(params))
+        taken = await maintenance_lease_store.acquire(uow, params)
+        holder = None if taken else await maintenance_lease_store.get_holder(uow, params)
         await uow.commit()
     if not taken:
         who = (
@@ -430,11 +424,11 @@ async def prune_exclusively(
         )
 
     async def renew(uow: UnitOfWork) -> bool:
-        return await fetch_one(uow, MAINTENANCE_LEASE_RENEW(params)) is not None
+        return await maintenance_lease_store.renew(uow, params) is not None
 
     try:
         return await retention.prune(fence=renew)
     finally:
         async with retention.db.unit_of_work() as uow:
-            await execute(uow, MAINTENANCE_LEASE_RELEASE(params))
+            await maintenance_lease_store.release(uow, params)
             await uow.commit()

@@ -25,18 +25,12 @@ from enum import StrEnum
 from typing import Any
 
 from jobcore.amqp.topology import Topology
-from jobcore.db import Session, UnitOfWork, execute, fetch_all, fetch_one
+from jobcore.db import Session, UnitOfWork
 from jobcore.enqueue import EnqueueResult
 from jobcore.errors import IdempotencyConflict, QuotaExceeded, UniqueJobExists
 from jobcore.quotas import Quotas
 from jobcore.schedules import Schedule, tick_key
-from jobcore.sql.schedules import (
-    SCHEDULE_ADVANCE,
-    SCHEDULE_ENSURE_MANY,
-    SCHEDULE_LIST,
-    SCHEDULE_LOCK,
-    ScheduleAdvanceParams,
-)
+from jobcore.store import ScheduleAdvanceParams, schedule_store
 from jobcore.submit import EnqueueRequest, enqueue
 
 
@@ -111,14 +105,14 @@ async def ensure_states(
     """Every schedule's state, creating those seen for the first time (their first tick
     is the first after ``now``: a new schedule does not make up for its past)."""
     if schedules:
-        await execute(
-            session, SCHEDULE_ENSURE_MANY({"names": [s.name for s in schedules], "now": now})
+        await schedule_store.ensure_many(
+            session, {"names": [s.name for s in schedules], "now": now}
         )
     return await read_states(session)
 
 
 async def read_states(session: Session) -> dict[str, ScheduleState]:
-    rows = await fetch_all(session, SCHEDULE_LIST({}))
+    rows = await schedule_store.list_states(session)
     return {row["name"]: ScheduleState.from_row(row) for row in rows}
 
 
@@ -129,7 +123,7 @@ async def enqueue_due(
     (it commits). A tick the enqueue refuses (its unique key held, the tenant's quotas)
     is undone alone and recorded (:class:`EnqueuedTick` ``refusal``, and on the
     schedule's row); the state moves past it all the same."""
-    row = await fetch_one(uow, SCHEDULE_LOCK({"name": schedule.name}))
+    row = await schedule_store.lock(uow, {"name": schedule.name})
     if row is None:
         await ensure_states(uow, [schedule], now)
         return ScheduleRound(schedule.name)
@@ -149,7 +143,7 @@ async def enqueue_due(
         "refused_tick": refused[-1].tick if refused else None,
         "refusal_reason": str(refused[-1].refusal) if refused else None,
     }
-    await execute(uow, SCHEDULE_ADVANCE(advance))
+    await schedule_store.advance(uow, advance)
     return ScheduleRound(schedule.name, False, enqueued, due.skipped, due.latest)
 
 

@@ -1,12 +1,13 @@
 """The usage folder: the tenants' usage deltas are folded into their rows.
 
-Every job added appends a +1 to ``tenant_usage_deltas``, every job that ends a -1
-(migration 0023), so that enqueues and outcomes write no shared row: behind a pinned xmin
+Every statement that adds or ends jobs appends to ``tenant_usage_deltas`` one row per
+tenant, the jobs it added less those it ended (migrations 0023, 0027), so that enqueues and
+outcomes write no shared row: behind a pinned xmin
 horizon, a row updated per job gathers a version per job that nothing can prune, and
 every reader walks them. The count a cap is checked against is the tenant's row plus its
 deltas; the maintenance leader's folder keeps the deltas few, folding them into the rows
 every ``JOBCORE_USAGE_FOLD_INTERVAL`` (2 s by default), in batches
-(:data:`jobcore.sql.tenant_quotas.TENANT_USAGE_FOLD`): one row version per tenant per batch,
+(:meth:`jobcore.store.TenantStore.fold_usage`): one row version per tenant per batch,
 whatever the job rate.
 
 Every service shares the leader's one connection, the gate releaser's rounds and the
@@ -22,13 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from jobcore.db import UnitOfWork, fetch_one, lock_wait_ran_out
+from jobcore.db import UnitOfWork, lock_wait_ran_out
 from jobcore.errors import DatabaseUnavailable
 from jobcore.maintenance.base import BatchService, ServiceConfig
 from jobcore.maintenance.lease import Term
 from jobcore.settings import Settings
-from jobcore.sql.tenant_quotas import TENANT_USAGE_FOLD
-from jobcore.sql.transactions import TRANSACTION_LOCK_TIMEOUT
+from jobcore.store import database_store, tenant_store
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +88,11 @@ class UsageFolder(BatchService[UsageFolderConfig]):
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[Any]]:
         milliseconds = max(1, round(self.config.lock_timeout * 1000))
-        await fetch_one(uow, TRANSACTION_LOCK_TIMEOUT({"milliseconds": milliseconds}))
+        await database_store.set_lock_timeout(uow, {"milliseconds": milliseconds})
         after_tenant, after_id = self._after
-        row = await fetch_one(
+        row = await tenant_store.fold_usage(
             uow,
-            TENANT_USAGE_FOLD(
-                {
-                    "limit": self.config.batch_size,
-                    "after_tenant": after_tenant,
-                    "after_id": after_id,
-                }
-            ),
+            {"limit": self.config.batch_size, "after_tenant": after_tenant, "after_id": after_id},
         )
         if row is None or not row["taken"]:
             self._after = ("", FOLD_START_ID)

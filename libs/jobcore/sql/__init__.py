@@ -1,5 +1,5 @@
 """Named SQL statements, one module per table they change (``jobs``: a package, one module
-per part of a job's life, run only through :class:`jobcore.store.JobStore`).
+per part of a job's life). Only the stores (:mod:`jobcore.store`) import them, and run them.
 
 Every statement is a :class:`Query`: a name, a one-line purpose, and the SQL itself, with
 psycopg named parameters (``%(name)s``). A query is generic over the ``TypedDict`` of its
@@ -20,6 +20,7 @@ from typing import Any, Generic, TypedDict, TypeVar
 
 from psycopg.types.json import Jsonb
 
+from jobcore.dbtracing import name_statement
 from jobcore.states import TERMINAL, JobStatus
 
 # The terminal statuses as an SQL list, for `status IN ...` (jobcore.states.TERMINAL).
@@ -117,6 +118,10 @@ class Query(Generic[P]):
         object.__setattr__(self, "sql", compact(self.sql))
         if len(self.sql.encode()) > PSYCOPG_CACHED_QUERY_BYTES:
             object.__setattr__(self, "native", native_placeholders(self.sql))
+        # Its spans are named after it (jobcore.dbtracing), as the text it is sent as.
+        name_statement(self.sql, self.name)
+        if self.native is not None:
+            name_statement(self.native[0], self.name)
 
     def __str__(self) -> str:
         return self.name

@@ -121,7 +121,7 @@ class ConsoleJobSearchParams(TypedDict):
 # One keyset page, newest first: the rows after (created_at, id) of the previous page's
 # last row. With a tenant, jobs_tenant_created_idx (tenant, created_at DESC, id DESC) serves
 # the order and the cursor exactly; by status, jobs_status_created_idx (status, created_at);
-# a tenant and entity, jobs_tenant_entity_created_idx; a tenant and ordering key,
+# a tenant and entity, jobs_entity_created_idx; a tenant and ordering key,
 # jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id) here:
 # CONSOLE_JOB_SEARCH_ANY_STATUS below is that list.
 CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](

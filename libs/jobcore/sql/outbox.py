@@ -100,6 +100,11 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
 )
 
 
+class OutboxClaimFewParams(TypedDict):
+    limit: int
+    window: float
+
+
 # The fair claim's lanes, shares and turns matter only when more is due than a batch
 # takes: when every due row fits, the fair claim takes them all, as FIFO does. This
 # statement looks at the oldest `limit` + 1 due rows (paused ones too: it does not sort
@@ -109,15 +114,28 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
 # few rows pays a probe of outbox_due_idx instead of the lanes' skip scan and window
 # functions. The relay asks it only while the last claim left nothing due and every
 # routing key's budget takes a whole batch (services/relay/relay.py).
-OUTBOX_CLAIM_FEW = Query[OutboxClaimDueParams](
+#
+# It looks only at rows that became due in the last `window` seconds. The head of
+# outbox_due_idx is where the relays delete: entries of published rows stay there until
+# VACUUM removes them, and a transaction that keeps the xmin horizon pinned (a long
+# report, a forgotten session) keeps VACUUM from removing any, so a probe from the start
+# of the index visited every row published since the pin began (a heap fetch each, to
+# learn that it is dead), and grew with the pin's length. Bounded below, it reads the
+# entries of `window` seconds of traffic at most. The relay passes a window a little
+# longer than the time since its last unbounded look at the outbox (this probe with an
+# unbounded window, or the fair claim), which it makes every few seconds: a row due
+# before the window was due at that look, so only a row that look could not see (its
+# transaction had not committed, another relay held it) waits until the next one.
+OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
     "outbox_claim_few",
-    "Lock every due, unquarantined row of queues and types not paused, oldest first, if at "
-    "most `limit` rows are due, skipping rows another relay holds; `fits` says whether they "
-    "were that few.",
+    "Lock every unquarantined row of queues and types not paused that became due in the last "
+    "`window` seconds, oldest first, if at most `limit` are, skipping rows another relay "
+    "holds; `fits` says whether they were that few.",
     f"""
     WITH due AS (
         SELECT id FROM outbox
         WHERE available_at <= now() AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
         ORDER BY available_at, id
         LIMIT %(limit)s + 1
     ), verdict AS (

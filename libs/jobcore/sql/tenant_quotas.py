@@ -7,8 +7,8 @@ row per tenant; the admission of a tenant with a rate limit or a cap upserts it,
 locks it until the enqueue commits, so such a tenant's enqueues are admitted one at a time
 (on any API process) and each sees the count its predecessor left: 50 racing requests at
 the cap minus one make exactly one job. The count itself is the row's plus the tenant's
-``tenant_usage_deltas``: triggers on ``jobs`` append a +1 for every job added and a -1
-for every job that ends (migration 0023), and the maintenance leader's usage folder
+``tenant_usage_deltas``: triggers on ``jobs`` append, per statement and tenant, the jobs
+it added less those it ended (migrations 0023, 0027), and the maintenance leader's usage folder
 (TENANT_USAGE_FOLD) folds them into the row every few seconds.
 
 An enqueue in an application's own transaction, which may stay open for long, is
@@ -81,7 +81,7 @@ def admission_ctes() -> str:
     otherwise look early by its wait, and be refused for it.
 
     The count of unfinished jobs is the row's plus the tenant's ``tenant_usage_deltas``
-    (a +1 per job added, a -1 per job ended, not yet folded in: migration 0023). It is
+    (per statement, the jobs added less those ended, not yet folded in: migration 0027). It is
     compared with the cap by ``jobcore_tenant_at_cap``, once the row is locked, with a
     snapshot of its own: this statement's snapshot, taken before it waited, would miss the
     +1 of the admission it queued behind. The INSERT's own values count only for a tenant

@@ -1,16 +1,62 @@
-"""The stores: one owner per table for what the rest of the code does to it.
+"""The stores: the one way into the database. Only this package imports the statements
+(:mod:`jobcore.sql`; an import contract in pyproject.toml says so). Use cases, maintenance,
+services and the testing kit call a store; a store method runs one statement (or one
+pipelined round trip) through the gateway (:mod:`jobcore.db`) on the caller's session,
+unit of work or connection, with the statement's typed parameters, and returns its rows.
 
-:class:`JobStore` (:data:`job_store`) owns ``jobs`` and is the only importer of its
-statements (:mod:`jobcore.sql.jobs`; an import contract in pyproject.toml says so);
-:class:`OutboxStore` is the relay's side of ``outbox``, :class:`WebhookDeliveryStore` the
-webhook worker's side of ``webhook_deliveries``. Services call a store or a use case
-(:mod:`jobcore.usecases`), never :mod:`jobcore.sql` (another contract). A store method
-runs one statement, or one pipelined round trip, through the gateway (:mod:`jobcore.db`)
-on the caller's session, unit of work or connection, and returns its rows.
+Each table has one store that runs what is done to it, except that a job's statements also
+write the rows that go with it (its outbox message, events, gates, webhook deliveries,
+its tenant's usage), all through :class:`JobStore`:
+
+- :class:`JobStore` (:mod:`~jobcore.store.jobs`): ``jobs``, and the rows written with a job.
+- :class:`OutboxStore` (:mod:`~jobcore.store.outbox`): ``outbox``, the relay's cycle, its
+  wake-ups and the operators' statements.
+- :class:`InboxStore` (:mod:`~jobcore.store.inbox`): ``inbox`` retention.
+- :class:`ApiKeyStore` (:mod:`~jobcore.store.api_keys`): ``api_keys``.
+- :class:`TenantStore` (:mod:`~jobcore.store.tenants`): ``tenant_quotas``, ``tenant_usage``
+  and its deltas.
+- :class:`ScheduleStore` (:mod:`~jobcore.store.schedules`): ``schedules``.
+- :class:`GateStore` and :class:`FlowPauseStore` (:mod:`~jobcore.store.gates`):
+  ``job_gates`` retention, ``flow_pauses``.
+- :class:`AuditLogStore` (:mod:`~jobcore.store.audit_log`): ``audit_log``.
+- :class:`MaintenanceLeaseStore` (:mod:`~jobcore.store.leases`): ``maintenance_leases``.
+- :class:`JobEventStore` (:mod:`~jobcore.store.job_events`): the read of ``job_events``.
+- :class:`WebhookDeliveryStore`, :class:`WebhookEndpointStore` and
+  :class:`WebhookSecretStore` (:mod:`~jobcore.store.webhooks`): ``webhook_deliveries``,
+  ``webhook_endpoints``, ``tenant_webhook_secrets``.
+- :class:`JobTypeStore` (:mod:`~jobcore.store.job_types`): ``job_type_registry``, the
+  workers' job types that ``jobcore_enqueue()`` checks against.
+- :class:`LedgerStore` (:mod:`~jobcore.store.ledger`): the demo's ledger tables.
+- :class:`ConsoleStore` (:mod:`~jobcore.store.console`): the console's reads across tables.
+- :class:`DatabaseStore` (:mod:`~jobcore.store.database`): the database itself (health,
+  planner statistics, the running transaction's lock timeout).
+
+Each store is stateless: one instance (``job_store``, ``outbox_store``, ...) serves every
+caller. :class:`Query` is here for the testing kit's own checks (harness tables, not the
+product's).
 """
 
-from jobcore.sql import CompletionParams, OutboxMessageParams, Statement
-from jobcore.sql.inbox import JOBS_CONSUMER, WEBHOOKS_CONSUMER
+from jobcore.sql import (
+    CompletionParams,
+    OutboxMessageParams,
+    OutboxMessagesParams,
+    Query,
+    Statement,
+)
+from jobcore.store.api_keys import ApiKeyStore, api_key_store
+from jobcore.store.audit_log import AuditLogStore, audit_log_store
+from jobcore.store.console import ConsoleJobSearchParams, ConsoleStore, console_store
+from jobcore.store.database import DatabaseStore, database_store
+from jobcore.store.gates import (
+    FlowPauseStore,
+    GateStore,
+    PauseKind,
+    flow_pause_store,
+    gate_store,
+)
+from jobcore.store.inbox import JOBS_CONSUMER, WEBHOOKS_CONSUMER, InboxStore, inbox_store
+from jobcore.store.job_events import JobEventStore, job_event_store
+from jobcore.store.job_types import JobTypeStore, job_type_store
 from jobcore.store.jobs import (
     CANCEL_CHANNEL,
     JobClaimManyParams,
@@ -34,12 +80,29 @@ from jobcore.store.jobs import (
     JobSucceedManyParams,
     job_store,
 )
-from jobcore.store.outbox import OutboxStore, outbox_store
+from jobcore.store.leases import (
+    MaintenanceLeaseParams,
+    MaintenanceLeaseStore,
+    maintenance_lease_store,
+)
+from jobcore.store.ledger import LedgerStore, ledger_store
+from jobcore.store.outbox import (
+    OutboxRequeueParams,
+    OutboxRowParams,
+    OutboxStore,
+    outbox_store,
+)
+from jobcore.store.schedules import ScheduleAdvanceParams, ScheduleStore, schedule_store
+from jobcore.store.tenants import QuotaDefaultParams, TenantStore, tenant_store
 from jobcore.store.webhooks import (
     WEBHOOK_MESSAGE_TYPE,
     WebhookDeliveryRecordAttemptParams,
     WebhookDeliveryStore,
+    WebhookEndpointStore,
+    WebhookSecretStore,
     webhook_delivery_store,
+    webhook_endpoint_store,
+    webhook_secret_store,
 )
 
 __all__ = [
@@ -47,8 +110,17 @@ __all__ = [
     "JOBS_CONSUMER",
     "WEBHOOKS_CONSUMER",
     "WEBHOOK_MESSAGE_TYPE",
+    "ApiKeyStore",
+    "AuditLogStore",
     "CompletionParams",
+    "ConsoleJobSearchParams",
+    "ConsoleStore",
+    "DatabaseStore",
+    "FlowPauseStore",
+    "GateStore",
+    "InboxStore",
     "JobClaimManyParams",
+    "JobEventStore",
     "JobFencedParams",
     "JobFilesKeptParams",
     "JobGateParams",
@@ -67,12 +139,42 @@ __all__ = [
     "JobRetryParams",
     "JobStore",
     "JobSucceedManyParams",
+    "JobTypeStore",
+    "LedgerStore",
+    "MaintenanceLeaseParams",
+    "MaintenanceLeaseStore",
     "OutboxMessageParams",
+    "OutboxMessagesParams",
+    "OutboxRequeueParams",
+    "OutboxRowParams",
     "OutboxStore",
+    "PauseKind",
+    "Query",
+    "QuotaDefaultParams",
+    "ScheduleAdvanceParams",
+    "ScheduleStore",
     "Statement",
+    "TenantStore",
     "WebhookDeliveryRecordAttemptParams",
     "WebhookDeliveryStore",
+    "WebhookEndpointStore",
+    "WebhookSecretStore",
+    "api_key_store",
+    "audit_log_store",
+    "console_store",
+    "database_store",
+    "flow_pause_store",
+    "gate_store",
+    "inbox_store",
+    "job_event_store",
     "job_store",
+    "job_type_store",
+    "ledger_store",
+    "maintenance_lease_store",
     "outbox_store",
+    "schedule_store",
+    "tenant_store",
     "webhook_delivery_store",
+    "webhook_endpoint_store",
+    "webhook_secret_store",
 ]

@@ -19,7 +19,7 @@ from psycopg.rows import DictRow
 from jobcore.db import (
     AsyncConn,
     Executor,
-    Session,
+    Reader,
     UnitOfWork,
     execute,
     fetch_all,
@@ -187,8 +187,6 @@ __all__ = [
 ]
 
 _NO_PARAMS: NoParams = {}
-
-Reader = Session | AsyncConn
 
 
 class JobStore:

@@ -1,5 +1,7 @@
-"""The relay's side of ``outbox``: :class:`OutboxStore`, a method per statement of its
-claim / publish / settle cycle and of its wake-ups (:mod:`jobcore.sql.outbox`).
+"""The ``outbox`` table: :class:`OutboxStore`, a method per statement of
+:mod:`jobcore.sql.outbox`: the relay's claim / publish / settle cycle, the relays'
+wake-ups (LISTEN, the NOTIFY an API process sends after its enqueues, the wake lease),
+the status every view shows, and the operator's statements on failing and quarantined rows.
 
 Outbox rows written with a job (enqueue, retries, the reaper, completion webhooks) are
 written by the job's own statements, through :class:`jobcore.store.JobStore`.
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Executor, Session, execute, fetch_all, fetch_one
+from jobcore.db import Executor, Reader, execute, fetch_all, fetch_one
 from jobcore.sql import NoParams
 from jobcore.sql.outbox import (
     OUTBOX_ANY_DUE,
@@ -18,38 +20,52 @@ from jobcore.sql.outbox import (
     OUTBOX_CLAIM_FAIR,
     OUTBOX_CLAIM_FEW,
     OUTBOX_DELETE_PUBLISHED,
+    OUTBOX_DISCARD,
     OUTBOX_DROP_WAKE_LEASE,
+    OUTBOX_FIND,
+    OUTBOX_LIST_FAILING,
+    OUTBOX_LIST_QUARANTINED,
     OUTBOX_LISTEN,
     OUTBOX_LISTENER_PING,
     OUTBOX_RECORD_FAILURES,
+    OUTBOX_REQUEUE,
     OUTBOX_SECONDS_UNTIL_NEXT_DUE,
     OUTBOX_STATUS,
     OUTBOX_TAKE_WAKE_LEASE,
     OUTBOX_UNLISTEN,
+    OUTBOX_WAKE,
     OutboxAnyOverdueParams,
     OutboxClaimDueParams,
     OutboxClaimFairParams,
+    OutboxClaimFewParams,
     OutboxDeletePublishedParams,
+    OutboxListFailingParams,
+    OutboxListQuarantinedParams,
     OutboxRecordFailuresParams,
+    OutboxRequeueParams,
+    OutboxRowParams,
 )
 
 __all__ = [
     "OutboxAnyOverdueParams",
     "OutboxClaimDueParams",
     "OutboxClaimFairParams",
+    "OutboxClaimFewParams",
     "OutboxDeletePublishedParams",
+    "OutboxListFailingParams",
+    "OutboxListQuarantinedParams",
     "OutboxRecordFailuresParams",
+    "OutboxRequeueParams",
+    "OutboxRowParams",
     "OutboxStore",
     "outbox_store",
 ]
 
 _NO_PARAMS: NoParams = {}
 
-Reader = Session | AsyncConn
-
 
 class OutboxStore:
-    """The relay's statements on the outbox, one method each."""
+    """Every statement on the outbox, one method each (see the module's docstring)."""
 
     __slots__ = ()
 
@@ -57,9 +73,9 @@ class OutboxStore:
         """Lock the oldest due rows (FIFO)."""
         return await fetch_all(on, OUTBOX_CLAIM_DUE(params))
 
-    async def claim_few(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow] | None:
-        """Lock every due row if at most ``limit`` are due (FIFO, the same rows the fair
-        claim would take); None if more are due."""
+    async def claim_few(self, on: Reader, params: OutboxClaimFewParams) -> list[DictRow] | None:
+        """Lock every row due within the last ``window`` seconds if at most ``limit`` are
+        (FIFO, the same rows the fair claim would take); None if more are."""
         rows = await fetch_all(on, OUTBOX_CLAIM_FEW(params))
         if not rows[0]["fits"]:
             return None
@@ -106,6 +122,34 @@ class OutboxStore:
 
     async def listener_ping(self, on: Executor) -> None:
         await execute(on, OUTBOX_LISTENER_PING(_NO_PARAMS))
+
+    async def wake(self, on: Executor) -> None:
+        """NOTIFY the relays that rows were committed (an API process's batched wake-up)."""
+        await execute(on, OUTBOX_WAKE(_NO_PARAMS))
+
+    # --- the operator's statements -------------------------------------------------------
+
+    async def list_failing(self, on: Reader, params: OutboxListFailingParams) -> list[DictRow]:
+        """Rows the broker refused and that the relays keep retrying, longest failing first."""
+        return await fetch_all(on, OUTBOX_LIST_FAILING(params))
+
+    async def list_quarantined(
+        self, on: Reader, params: OutboxListQuarantinedParams
+    ) -> list[DictRow]:
+        """Rows no longer retried."""
+        return await fetch_all(on, OUTBOX_LIST_QUARANTINED(params))
+
+    async def find(self, on: Reader, params: OutboxRowParams) -> DictRow | None:
+        """One row by id or message id, with the status of its job if that has ended."""
+        return await fetch_one(on, OUTBOX_FIND(params))
+
+    async def requeue_quarantined(self, on: Reader, params: OutboxRequeueParams) -> DictRow | None:
+        """Make a quarantined row due now with fresh attempts; None if it is no such row."""
+        return await fetch_one(on, OUTBOX_REQUEUE(params))
+
+    async def discard_quarantined(self, on: Reader, params: OutboxRowParams) -> DictRow | None:
+        """Delete a quarantined row; None if it is no such row."""
+        return await fetch_one(on, OUTBOX_DISCARD(params))
 
 
 outbox_store = OutboxStore()

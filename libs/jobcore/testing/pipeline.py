@@ -41,7 +41,7 @@ import orjson
 from jobcore.db import Database, execute, fetch_all
 from jobcore.errors import DatabaseUnavailable
 from jobcore.settings import Settings
-from jobcore.sql import Query
+from jobcore.store import Query
 from jobcore.tcpproxy import TcpProxy
 from jobcore.testing import chaos
 from jobcore.testing.processes import ROOT, jobcore_command, settings_env

@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from jobcore.audit import AuditAction
-from jobcore.db import Database, fetch_all
-from jobcore.sql.audit_log import AUDIT_LOG_LIST
+from jobcore.db import Database
+from jobcore.store import audit_log_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,16 +25,14 @@ async def list_audit_entries(
 ) -> list[dict[str, Any]]:
     """Entries matching every filter given, newest first."""
     async with db.session() as session:
-        rows = await fetch_all(
+        rows = await audit_log_store.list_entries(
             session,
-            AUDIT_LOG_LIST(
-                {
-                    "since": where.since,
-                    "actor": where.actor,
-                    "action": where.action.value if where.action else None,
-                    "tenant": where.tenant,
-                    "limit": limit,
-                }
-            ),
+            {
+                "since": where.since,
+                "actor": where.actor,
+                "action": where.action.value if where.action else None,
+                "tenant": where.tenant,
+                "limit": limit,
+            },
         )
     return [dict(row) for row in rows]

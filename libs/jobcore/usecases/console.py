@@ -12,23 +12,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobcore.db import Database, fetch_all, fetch_one
+from jobcore.db import Database
 from jobcore.errors import JobcoreError
 from jobcore.settings import Settings
-from jobcore.sql.console import (
-    CONSOLE_BACKLOG_BY_QUEUE,
-    CONSOLE_FAILED_WEBHOOKS,
-    CONSOLE_GATE_RUNNING,
-    CONSOLE_JOB_SEARCH,
-    CONSOLE_JOB_SEARCH_ANY_STATUS,
-    CONSOLE_LEASES,
-    CONSOLE_NOW,
-    CONSOLE_ORDERING_BLOCKER,
-    CONSOLE_RATES,
-    ConsoleJobSearchParams,
-)
-from jobcore.sql.outbox import OUTBOX_STATUS
 from jobcore.states import JobStatus
+from jobcore.store import ConsoleJobSearchParams, console_store, outbox_store
 from jobcore.timeline import JobTimeline
 from jobcore.usecases.dlq import count_dead_letters
 from jobcore.usecases.jobs import show_job
@@ -67,14 +55,14 @@ async def overview(db: Database, settings: Settings) -> Overview:
     """One consistent snapshot of the database's side, and the dead-letter queue's depth
     from the broker (a broker that does not answer leaves it unknown, not the page)."""
     async with db.unit_of_work() as uow:
-        rates = await fetch_all(uow, CONSOLE_RATES({"minutes": RATE_MINUTES}))
-        queues = await fetch_all(uow, CONSOLE_BACKLOG_BY_QUEUE({}))
-        outbox = await fetch_one(uow, OUTBOX_STATUS({}))
-        leases = await fetch_one(
-            uow, CONSOLE_LEASES({"expiring_within_seconds": EXPIRING_WITHIN_SECONDS})
+        rates = await console_store.rates(uow, {"minutes": RATE_MINUTES})
+        queues = await console_store.backlog_by_queue(uow)
+        outbox = await outbox_store.status(uow)
+        leases = await console_store.leases(
+            uow, {"expiring_within_seconds": EXPIRING_WITHIN_SECONDS}
         )
-        webhooks = await fetch_one(uow, CONSOLE_FAILED_WEBHOOKS({}))
-        now = await fetch_one(uow, CONSOLE_NOW({}))
+        webhooks = await console_store.count_failed_webhooks(uow)
+        now = await console_store.now(uow)
     # Aggregates without GROUP BY, and now(), always return one row.
     assert outbox is not None
     assert leases is not None
@@ -180,20 +168,20 @@ async def search_jobs(
     arrive, and a later page costs what the first does."""
     after_at, after_id = read_page_cursor(after) if after else (None, None)
     # One more than shown: whether there is a next page.
-    statement = (
-        CONSOLE_JOB_SEARCH_ANY_STATUS(
-            {
-                "type": where.type,
-                "after_created_at": after_at,
-                "after_id": after_id,
-                "limit": limit + 1,
-            }
-        )
-        if where.across_every_status()
-        else CONSOLE_JOB_SEARCH(_search_params(where, after_at, after_id, limit + 1))
-    )
     async with db.unit_of_work() as uow:
-        rows = await fetch_all(uow, statement)
+        if where.across_every_status():
+            rows = await console_store.search_jobs_any_status(
+                uow,
+                {
+                    "type": where.type,
+                    "after_created_at": after_at,
+                    "after_id": after_id,
+                    "limit": limit + 1,
+                },
+            )
+        else:
+            params = _search_params(where, after_at, after_id, limit + 1)
+            rows = await console_store.search_jobs(uow, params)
     shown = [dict(r) for r in rows[:limit]]
     return JobPage(shown, page_cursor(shown[-1]) if len(rows) > limit else None)
 
@@ -310,15 +298,13 @@ async def _hold(db: Database, job: Mapping[str, Any]) -> Hold | None:
     if reason == "ordering":
         others = JobSearch(tenant=job["tenant"], key_kind="ordering", key=job["ordering_key"])
         async with db.session() as session:
-            blocker = await fetch_one(
+            blocker = await console_store.ordering_blocker(
                 session,
-                CONSOLE_ORDERING_BLOCKER(
-                    {
-                        "tenant": job["tenant"],
-                        "ordering_key": job["ordering_key"],
-                        "ordering_seq": job["ordering_seq"],
-                    }
-                ),
+                {
+                    "tenant": job["tenant"],
+                    "ordering_key": job["ordering_key"],
+                    "ordering_seq": job["ordering_seq"],
+                },
             )
         return Hold(
             "ordering",
@@ -329,8 +315,8 @@ async def _hold(db: Database, job: Mapping[str, Any]) -> Hold | None:
         )
     if reason == "concurrency":
         async with db.session() as session:
-            row = await fetch_one(
-                session, CONSOLE_GATE_RUNNING({"concurrency_key": job["concurrency_key"]})
+            row = await console_store.count_running_of_gate(
+                session, {"concurrency_key": job["concurrency_key"]}
             )
         running = 0 if row is None else int(row["running"])
         return Hold(

@@ -25,9 +25,8 @@ from jobcore.maintenance.stranded import Republished, republish_stale
 from jobcore.objectstore import open_result_store
 from jobcore.registry import Registry
 from jobcore.settings import Settings
-from jobcore.sql import CompletionParams
 from jobcore.states import JobStatus, check_transition, is_terminal
-from jobcore.store import CANCEL_CHANNEL, JobListAllTenantsParams, job_store
+from jobcore.store import CANCEL_CHANNEL, CompletionParams, JobListAllTenantsParams, job_store
 from jobcore.submit import EnqueueRequest, enqueue
 from jobcore.timeline import with_where
 from jobcore.webhooks import completion_params

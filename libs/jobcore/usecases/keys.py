@@ -19,17 +19,10 @@ from jobcore.apikeys import (
     hash_key,
 )
 from jobcore.audit import AuditAction, Target, audited
-from jobcore.db import Database, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Database, UnitOfWork
 from jobcore.errors import JobcoreError
 from jobcore.scopes import DEFAULT_SCOPES, Scope
-from jobcore.sql.api_keys import (
-    API_KEY_EXPIRE,
-    API_KEY_GET_FOR_ROTATION,
-    API_KEY_INSERT,
-    API_KEY_LIST,
-    API_KEY_LOCK_LINEAGE,
-    API_KEY_REVOKE,
-)
+from jobcore.store import api_key_store
 
 # How long the old key keeps working after a rotation unless told otherwise: a day for
 # every client to pick up the new key.
@@ -87,22 +80,20 @@ async def _insert(
     rotated_from: ApiKey | None = None,
 ) -> CreatedKey:
     key = generate_key()
-    row = await fetch_one(
+    row = await api_key_store.insert(
         uow,
-        API_KEY_INSERT(
-            {
-                "id": key_id,
-                "tenant": tenant,
-                "key_hash": hash_key(key),
-                "prefix": key[:DISPLAY_PREFIX_LENGTH],
-                "label": label,
-                "scopes": scopes,
-                "expires_at": expires_at,
-                "expires_in": expires_in,
-                "lineage": key_id if rotated_from is None else rotated_from.lineage,
-                "rotated_from": None if rotated_from is None else rotated_from.id,
-            }
-        ),
+        {
+            "id": key_id,
+            "tenant": tenant,
+            "key_hash": hash_key(key),
+            "prefix": key[:DISPLAY_PREFIX_LENGTH],
+            "label": label,
+            "scopes": scopes,
+            "expires_at": expires_at,
+            "expires_in": expires_in,
+            "lineage": key_id if rotated_from is None else rotated_from.lineage,
+            "rotated_from": None if rotated_from is None else rotated_from.id,
+        },
     )
     assert row is not None  # INSERT ... RETURNING always returns the row
     return CreatedKey(ApiKey.from_row(row), key)
@@ -145,7 +136,7 @@ async def create_key(
 
 async def list_keys(db: Database, tenant: str | None = None) -> list[ApiKey]:
     async with db.unit_of_work() as uow:
-        rows = await fetch_all(uow, API_KEY_LIST({"tenant": tenant}))
+        rows = await api_key_store.list_keys(uow, {"tenant": tenant})
     return [ApiKey.from_row(row) for row in rows]
 
 
@@ -153,7 +144,7 @@ async def revoke_key(db: Database, key_id: uuid.UUID, *, actor: str) -> ApiKey:
     """Revoke a key (idempotent); :class:`ApiKeyNotFound` if there is no such key."""
     target = Target("api_key", str(key_id))
     async with audited(db, actor=actor, action=AuditAction.KEY_REVOKE, target=target) as work:
-        row = await fetch_one(work.uow, API_KEY_REVOKE({"id": key_id}))
+        row = await api_key_store.revoke(work.uow, {"id": key_id})
         if row is None:
             raise ApiKeyNotFound(f"no API key with id {key_id}")
         work.entry.tenant = row["tenant"]
@@ -184,9 +175,9 @@ async def rotate_key(
     target = Target("api_key", str(key_id))
     async with audited(db, actor=actor, action=AuditAction.KEY_ROTATE, target=target) as work:
         uow = work.uow
-        if await fetch_one(uow, API_KEY_LOCK_LINEAGE({"id": key_id})) is None:
+        if await api_key_store.lock_lineage(uow, {"id": key_id}) is None:
             raise ApiKeyNotFound(f"no API key with id {key_id}")
-        row = await fetch_one(uow, API_KEY_GET_FOR_ROTATION({"id": key_id}))
+        row = await api_key_store.get_for_rotation(uow, {"id": key_id})
         assert row is not None  # locked above, and keys are never deleted
         old = ApiKey.from_row(row)
         work.entry.tenant = old.tenant
@@ -207,7 +198,7 @@ async def rotate_key(
             key_id=uuid.uuid4(),
             rotated_from=old,
         )
-        expiring = await fetch_one(uow, API_KEY_EXPIRE({"id": key_id, "within": overlap}))
+        expiring = await api_key_store.expire(uow, {"id": key_id, "within": overlap})
         assert expiring is not None
         work.entry.details = {
             "new_key_id": str(created.record.id),

@@ -5,24 +5,20 @@ longer retried (quarantined), and what an operator does with a quarantined row: 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.rows import DictRow
+
 from jobcore.audit import AuditAction, Target, audited
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_all, fetch_one
+from jobcore.db import Database, Session
 from jobcore.errors import OutboxRowJobEnded, OutboxRowNotFound, OutboxRowNotQuarantined
-from jobcore.sql import Query, Statement
-from jobcore.sql.outbox import (
-    OUTBOX_DISCARD,
-    OUTBOX_FIND,
-    OUTBOX_LIST_FAILING,
-    OUTBOX_LIST_QUARANTINED,
-    OUTBOX_REQUEUE,
-    OUTBOX_STATUS,
-    OutboxRequeueParams,
-    OutboxRowParams,
-)
+from jobcore.store import OutboxRequeueParams, OutboxRowParams, outbox_store
+
+# A store method that acts on a quarantined row (requeue, discard): the row, or None.
+QuarantinedRowAction = Callable[[Session, OutboxRequeueParams], Awaitable[DictRow | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,33 +39,36 @@ class OutboxRowKey:
         return {"id": self.id, "message_id": self.message_id}
 
 
-async def _rows(db: Database, statement: Statement) -> list[dict[str, Any]]:
-    async with db.unit_of_work() as uow:
-        rows = await fetch_all(uow, statement)
-        await uow.commit()
-    return [dict(row) for row in rows]
-
-
 async def outbox_status(db: Database) -> dict[str, Any]:
     """Rows due, scheduled, failing and quarantined; the oldest due row's wait and the
     longest-failing row's time refused."""
-    return (await _rows(db, OUTBOX_STATUS({})))[0]
+    async with db.unit_of_work() as uow:
+        row = await outbox_store.status(uow)
+        await uow.commit()
+    assert row is not None  # an aggregate without GROUP BY: one row
+    return dict(row)
 
 
 async def list_failing(db: Database, *, limit: int) -> list[dict[str, Any]]:
     """Rows the broker refused and that the relays keep retrying, longest failing first."""
-    return await _rows(db, OUTBOX_LIST_FAILING({"limit": limit}))
+    async with db.unit_of_work() as uow:
+        rows = await outbox_store.list_failing(uow, {"limit": limit})
+        await uow.commit()
+    return [dict(row) for row in rows]
 
 
 async def list_quarantined(db: Database, *, limit: int) -> list[dict[str, Any]]:
     """Rows that are no longer retried: their message can never be published as it is."""
-    return await _rows(db, OUTBOX_LIST_QUARANTINED({"limit": limit}))
+    async with db.unit_of_work() as uow:
+        rows = await outbox_store.list_quarantined(uow, {"limit": limit})
+        await uow.commit()
+    return [dict(row) for row in rows]
 
 
 async def _act_on_quarantined(
     db: Database,
     key: OutboxRowKey,
-    query: Query[OutboxRequeueParams],
+    act: QuarantinedRowAction,
     verb: str,
     *,
     actor: str,
@@ -77,7 +76,7 @@ async def _act_on_quarantined(
 ) -> dict[str, Any]:
     target = Target("outbox_row", str(key))
     async with audited(db, actor=actor, action=action, target=target) as work:
-        acted = await fetch_one(work.uow, query({**key.params(), "channel": OUTBOX_CHANNEL}))
+        acted = await act(work.uow, {**key.params(), "channel": OUTBOX_CHANNEL})
         if acted is not None:
             row = {k: v for k, v in acted.items() if k != "notified"}
             work.entry.details = {
@@ -87,7 +86,7 @@ async def _act_on_quarantined(
             }
             await work.commit()
             return row
-        found = await fetch_one(work.uow, OUTBOX_FIND(key.params()))
+        found = await outbox_store.find(work.uow, key.params())
         if found is None:
             raise OutboxRowNotFound(f"no outbox row {key}")
         work.entry.details = {"id": found["id"], "job_id": found["job_id"]}
@@ -106,12 +105,22 @@ async def requeue(db: Database, key: OutboxRowKey, *, actor: str) -> dict[str, A
     """Publish a quarantined row again, now, with a fresh set of attempts (the relays are
     woken). A row whose job has ended is refused: retry the job instead."""
     return await _act_on_quarantined(
-        db, key, OUTBOX_REQUEUE, "requeued", actor=actor, action=AuditAction.OUTBOX_REQUEUE
+        db,
+        key,
+        outbox_store.requeue_quarantined,
+        "requeued",
+        actor=actor,
+        action=AuditAction.OUTBOX_REQUEUE,
     )
 
 
 async def discard(db: Database, key: OutboxRowKey, *, actor: str) -> dict[str, Any]:
     """Delete a quarantined row: its message is never published (its job stays as it is)."""
     return await _act_on_quarantined(
-        db, key, OUTBOX_DISCARD, "discarded", actor=actor, action=AuditAction.OUTBOX_DISCARD
+        db,
+        key,
+        outbox_store.discard_quarantined,
+        "discarded",
+        actor=actor,
+        action=AuditAction.OUTBOX_DISCARD,
     )

@@ -3,7 +3,7 @@
 A pause is a row in ``flow_pauses``, read by every claim in its own statement: relays
 leave the paused rows in the outbox (the claim skips a paused queue's lane and a paused
 type's rows), and a worker that receives a message of a paused queue or type parks it back
-in the outbox instead of claiming its job (:data:`jobcore.sql.jobs.run.JOB_CLAIM_MANY`), so
+in the outbox instead of claiming its job (:meth:`jobcore.store.JobStore.claim`), so
 nothing starts and nothing is burnt. Enqueueing is untouched: it still answers 202.
 Resuming deletes the row and NOTIFYs the relays, which publish the waiting rows at once.
 Both are admin actions, audited (:mod:`jobcore.audit`) under ``queue:<name>`` or
@@ -20,16 +20,11 @@ from typing import Any
 
 from jobcore.audit import AuditAction, Target, audited
 from jobcore.channels import OUTBOX_CHANNEL
-from jobcore.db import Database, fetch_all, fetch_one
-from jobcore.sql.flow_pauses import (
-    FLOW_PAUSE_CLEAR,
-    FLOW_PAUSE_LIST,
-    FLOW_PAUSE_SET,
-    FLOW_QUEUE_OVERVIEW,
+from jobcore.db import Database
+from jobcore.store import (
+    PauseKind as PauseKind,  # re-exported: the CLI names a kind without jobcore.store
 )
-from jobcore.sql.flow_pauses import (
-    PauseKind as PauseKind,  # re-exported: the CLI names a kind without jobcore.sql
-)
+from jobcore.store import flow_pause_store
 
 # The registry's rule for queue and job type names (jobcore.registry).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
@@ -84,12 +79,12 @@ async def set_paused(
     action = _ACTIONS[(kind, paused)]
     async with audited(db, actor=actor, action=action, target=Target(kind, name)) as work:
         if paused:
-            row = await fetch_one(
-                work.uow, FLOW_PAUSE_SET({"kind": kind, "name": name, "paused_by": actor})
+            row = await flow_pause_store.pause(
+                work.uow, {"kind": kind, "name": name, "paused_by": actor}
             )
         else:
-            row = await fetch_one(
-                work.uow, FLOW_PAUSE_CLEAR({"kind": kind, "name": name, "channel": OUTBOX_CHANNEL})
+            row = await flow_pause_store.resume(
+                work.uow, {"kind": kind, "name": name, "channel": OUTBOX_CHANNEL}
             )
         assert row is not None  # both statements answer one row
         work.entry.details = {"was_paused": row["was_paused"]}
@@ -100,13 +95,13 @@ async def set_paused(
 async def list_pauses(db: Database) -> list[dict[str, Any]]:
     """Every pause in force: kind, name, who paused it and when."""
     async with db.connection() as conn:
-        return [dict(row) for row in await fetch_all(conn, FLOW_PAUSE_LIST({}))]
+        return [dict(row) for row in await flow_pause_store.list_pauses(conn)]
 
 
 async def list_queues(db: Database) -> list[QueueState]:
     """The queues with open jobs or a pause: their pending and running jobs, paused or not."""
     async with db.connection() as conn:
-        rows = await fetch_all(conn, FLOW_QUEUE_OVERVIEW({}))
+        rows = await flow_pause_store.queue_overview(conn)
     return [
         QueueState(
             r["queue"],

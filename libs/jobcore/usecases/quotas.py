@@ -8,15 +8,10 @@ from enum import Enum
 from typing import Any, Final
 
 from jobcore.apikeys import check_tenant_name
-from jobcore.db import Database, fetch_all, fetch_one
+from jobcore.db import Database
 from jobcore.errors import JobcoreError
 from jobcore.quotas import MAX_RATE, MIN_RATE, Quotas
-from jobcore.sql.tenant_quotas import (
-    TENANT_QUOTA_GET,
-    TENANT_QUOTA_LIST,
-    TENANT_QUOTA_SET,
-    QuotaDefaultParams,
-)
+from jobcore.store import QuotaDefaultParams, tenant_store
 
 
 class _Keep(Enum):
@@ -83,21 +78,19 @@ async def set_quotas(
         if value is not KEEP:
             check_quota(name, value)
     async with db.unit_of_work() as uow:
-        await fetch_one(
+        await tenant_store.set_quotas(
             uow,
-            TENANT_QUOTA_SET(
-                {
-                    "tenant": tenant,
-                    "set_enqueue_rate": enqueue_rate is not KEEP,
-                    "enqueue_rate": None if enqueue_rate is KEEP else enqueue_rate,
-                    "set_enqueue_burst": enqueue_burst is not KEEP,
-                    "enqueue_burst": None if enqueue_burst is KEEP else enqueue_burst,
-                    "set_max_unfinished": max_unfinished is not KEEP,
-                    "max_unfinished": None if max_unfinished is KEEP else max_unfinished,
-                    "set_max_long_polls": max_long_polls is not KEEP,
-                    "max_long_polls": None if max_long_polls is KEEP else max_long_polls,
-                }
-            ),
+            {
+                "tenant": tenant,
+                "set_enqueue_rate": enqueue_rate is not KEEP,
+                "enqueue_rate": None if enqueue_rate is KEEP else enqueue_rate,
+                "set_enqueue_burst": enqueue_burst is not KEEP,
+                "enqueue_burst": None if enqueue_burst is KEEP else enqueue_burst,
+                "set_max_unfinished": max_unfinished is not KEEP,
+                "max_unfinished": None if max_unfinished is KEEP else max_unfinished,
+                "set_max_long_polls": max_long_polls is not KEEP,
+                "max_long_polls": None if max_long_polls is KEEP else max_long_polls,
+            },
         )
         await uow.commit()
 
@@ -106,7 +99,7 @@ async def show_quotas(db: Database, tenant: str, defaults: Quotas) -> dict[str, 
     """The tenant's effective quotas, whether each is an override, and its usage."""
     check_tenant_name(tenant)
     async with db.connection() as conn:
-        row = await fetch_one(conn, TENANT_QUOTA_GET({"tenant": tenant, **_defaults(defaults)}))
+        row = await tenant_store.get_quotas(conn, {"tenant": tenant, **_defaults(defaults)})
     assert row is not None  # one row for any tenant name
     return dict(row)
 
@@ -114,5 +107,5 @@ async def show_quotas(db: Database, tenant: str, defaults: Quotas) -> dict[str, 
 async def list_quotas(db: Database, defaults: Quotas) -> list[dict[str, Any]]:
     """Every tenant with an override or a job, with its overrides and unfinished jobs."""
     async with db.connection() as conn:
-        rows = await fetch_all(conn, TENANT_QUOTA_LIST(_defaults(defaults)))
+        rows = await tenant_store.list_quotas(conn, _defaults(defaults))
     return [dict(row) for row in rows]

@@ -19,11 +19,11 @@ from typing import Any
 
 from jobcore.amqp.topology import Topology
 from jobcore.audit import AuditAction, Target, audited
-from jobcore.db import Database, fetch_one
+from jobcore.db import Database
 from jobcore.maintenance.scheduling import ScheduleState, enqueue_now, ensure_states, read_states
 from jobcore.schedules import Schedule, find
 from jobcore.settings import Settings
-from jobcore.sql.schedules import SCHEDULE_LOCK, SCHEDULE_SET_PAUSED
+from jobcore.store import schedule_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +106,10 @@ async def _set_paused(
         schedule = find(tuple(schedules), name)
         work.entry.tenant = schedule.tenant
         await ensure_states(work.uow, [schedule], now)
-        before = await fetch_one(work.uow, SCHEDULE_LOCK({"name": name}))
+        before = await schedule_store.lock(work.uow, {"name": name})
         assert before is not None  # ensured just above, in this transaction
-        row = await fetch_one(
-            work.uow, SCHEDULE_SET_PAUSED({"name": name, "paused": paused, "now": now})
+        row = await schedule_store.set_paused(
+            work.uow, {"name": name, "paused": paused, "now": now}
         )
         assert row is not None
         work.entry.details = {"was_paused": before["paused"], "last_tick": row["last_tick"]}

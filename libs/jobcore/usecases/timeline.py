@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from jobcore.db import Database, fetch_all
-from jobcore.sql.job_events import JOB_TIMELINE
+from jobcore.db import Database
+from jobcore.store import job_event_store
 from jobcore.timeline import JobEvent, JobTimeline, whereabouts
 
 # The events a timeline shows: the latest ones, if a job somehow has more (a job is
@@ -20,8 +20,8 @@ async def job_timeline(
     """The job's events, oldest first, and where it is now; None when there is no such job
     (or, with ``tenant``, when it is another tenant's: operators pass None)."""
     async with db.session() as session:
-        rows = await fetch_all(
-            session, JOB_TIMELINE({"id": job_id, "tenant": tenant, "limit": limit})
+        rows = await job_event_store.timeline(
+            session, {"id": job_id, "tenant": tenant, "limit": limit}
         )
     if not rows:
         return None

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 
 from psycopg.rows import DictRow
 
-from jobcore.db import AsyncConn, Executor, Session, fetch_one
-from jobcore.sql.tenant_quotas import TENANT_MAX_LONG_POLLS
-from jobcore.store import job_store
+from jobcore.db import AsyncConn, Executor, Session
+from jobcore.store import job_store, tenant_store
 from jobcore.usecases.reads import get_job
 
 WaitedJob = tuple[str, uuid.UUID]  # (tenant, job id)
@@ -34,8 +33,8 @@ async def job_to_wait_for(
 
 
 async def tenant_max_long_polls(uow: Session, tenant: str, default: int) -> int:
-    row = await fetch_one(
-        uow, TENANT_MAX_LONG_POLLS({"tenant": tenant, "default_max_long_polls": default})
+    row = await tenant_store.max_long_polls(
+        uow, {"tenant": tenant, "default_max_long_polls": default}
     )
     assert row is not None  # one row: the override or the default
     return int(row["max_long_polls"])

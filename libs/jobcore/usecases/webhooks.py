@@ -13,21 +13,11 @@ from psycopg.rows import DictRow
 from jobcore.amqp.topology import Topology
 from jobcore.apikeys import check_tenant_name
 from jobcore.audit import AuditAction, Target, audited, url_fingerprint
-from jobcore.db import Database, Session, UnitOfWork, fetch_all, fetch_one
+from jobcore.db import Database, Session, UnitOfWork
 from jobcore.errors import JobcoreError, JobNotFound
 from jobcore.registry import Registry
 from jobcore.settings import Settings
-from jobcore.sql.tenant_webhook_secrets import WEBHOOK_SECRET_ENSURE, WEBHOOK_SECRET_ROTATE
-from jobcore.sql.webhook_deliveries import (
-    WEBHOOK_DELIVERY_LIST,
-    WEBHOOK_DELIVERY_LIST_FOR_JOB,
-    WEBHOOK_DELIVERY_REDELIVER,
-)
-from jobcore.sql.webhook_endpoints import (
-    WEBHOOK_ENDPOINT_DELETE,
-    WEBHOOK_ENDPOINT_LIST,
-    WEBHOOK_ENDPOINT_SET,
-)
+from jobcore.store import webhook_delivery_store, webhook_endpoint_store, webhook_secret_store
 from jobcore.webhooks import (
     check_callback_url,
     completion_params,
@@ -53,9 +43,7 @@ async def tenant_secret(uow: UnitOfWork, tenant: str) -> DictRow:
     overlap lasts, else None, ``created_at``, ``rotated_at``, ``previous_expires_at``,
     ``created``), created on first need."""
     for _ in range(2):
-        row = await fetch_one(
-            uow, WEBHOOK_SECRET_ENSURE({"tenant": tenant, "secret": new_secret()})
-        )
+        row = await webhook_secret_store.ensure(uow, {"tenant": tenant, "secret": new_secret()})
         if row is not None:
             return row
     # pragma: no cover - only a concurrent creation that then vanished gets here
@@ -87,11 +75,9 @@ async def show_or_rotate_secret(
     async with audited(db, actor=actor, action=action, target=target) as work:
         work.entry.tenant = tenant
         if rotate:
-            row = await fetch_one(
+            row = await webhook_secret_store.rotate(
                 work.uow,
-                WEBHOOK_SECRET_ROTATE(
-                    {"tenant": tenant, "secret": new_secret(), "overlap": overlap.total_seconds()}
-                ),
+                {"tenant": tenant, "secret": new_secret(), "overlap": overlap.total_seconds()},
             )
             assert row is not None  # an upsert with RETURNING always returns the row
         else:
@@ -125,15 +111,15 @@ async def list_deliveries(
     if status is not None and status not in DELIVERY_STATUSES:
         raise JobcoreError(f"status is one of {', '.join(DELIVERY_STATUSES)}")
     async with db.unit_of_work() as uow:
-        return await fetch_all(
-            uow, WEBHOOK_DELIVERY_LIST({"job_id": job_id, "status": status, "limit": limit})
+        return await webhook_delivery_store.list_deliveries(
+            uow, {"job_id": job_id, "status": status, "limit": limit}
         )
 
 
 async def job_deliveries(uow: Session, tenant: str, job_id: uuid.UUID) -> list[DictRow]:
     """The webhook deliveries of the tenant's job, oldest first;
     :class:`~jobcore.errors.JobNotFound` for a job the tenant does not have."""
-    rows = await fetch_all(uow, WEBHOOK_DELIVERY_LIST_FOR_JOB({"job_id": job_id, "tenant": tenant}))
+    rows = await webhook_delivery_store.list_for_job(uow, {"job_id": job_id, "tenant": tenant})
     if not rows:
         raise JobNotFound("no job with that id")
     # The job without deliveries is one row of NULL delivery columns.
@@ -149,11 +135,8 @@ async def redeliver(
     async with audited(
         db, actor=actor, action=AuditAction.WEBHOOK_REDELIVER, target=target
     ) as work:
-        row = await fetch_one(
-            work.uow,
-            WEBHOOK_DELIVERY_REDELIVER(
-                {**completion_params(topology, settings), "id": delivery_id}
-            ),
+        row = await webhook_delivery_store.redeliver(
+            work.uow, {**completion_params(topology, settings), "id": delivery_id}
         )
         if row is None:
             raise DeliveryNotFound(f"no webhook delivery with id {delivery_id}")
@@ -184,8 +167,8 @@ async def set_endpoint(
     ) as work:
         work.entry.tenant = tenant
         work.entry.details = {"job_type": job_type, **url_fingerprint(url)}
-        row = await fetch_one(
-            work.uow, WEBHOOK_ENDPOINT_SET({"tenant": tenant, "type": job_type, "url": url})
+        row = await webhook_endpoint_store.set(
+            work.uow, {"tenant": tenant, "type": job_type, "url": url}
         )
         await work.commit()
     assert row is not None  # an upsert with RETURNING always returns the row
@@ -194,7 +177,7 @@ async def set_endpoint(
 
 async def list_endpoints(db: Database, tenant: str | None) -> list[DictRow]:
     async with db.unit_of_work() as uow:
-        return await fetch_all(uow, WEBHOOK_ENDPOINT_LIST({"tenant": tenant}))
+        return await webhook_endpoint_store.list_endpoints(uow, {"tenant": tenant})
 
 
 async def remove_endpoint(
@@ -204,9 +187,7 @@ async def remove_endpoint(
     async with audited(
         db, actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_REMOVE, target=target
     ) as work:
-        row = await fetch_one(
-            work.uow, WEBHOOK_ENDPOINT_DELETE({"tenant": tenant, "type": job_type})
-        )
+        row = await webhook_endpoint_store.delete(work.uow, {"tenant": tenant, "type": job_type})
         if row is None:
             raise EndpointNotFound(f"tenant {tenant!r} has no default endpoint for {job_type!r}")
         work.entry.tenant = tenant

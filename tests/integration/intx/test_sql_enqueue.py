@@ -1,7 +1,7 @@
 """jobcore_enqueue(), the enqueue from SQL: from psql (a subprocess, its own transactions)
 and from a psycopg connection, against the real PostgreSQL (and RabbitMQ for the runs).
 
-The SQL function mirrors the Python enqueue's statements (migrations 0026, 0027): a test here
+The SQL function mirrors the Python enqueue's statements (migrations 0026, 0029): a test here
 compares the rows each writes for the same request, and that a request made through one
 is replayed through the other (the same fingerprint).
 """

@@ -1,18 +1,28 @@
 """The claim of a few rows (OUTBOX_CLAIM_FEW): every due row, oldest first, when they fit one
 batch (the rows the fair claim would take); nothing, and a no, when more are due, so the
-fair claim shares them out. And the relay asks it only while the outbox was drained."""
+fair claim shares them out. And the relay asks it only while the outbox was drained.
+
+It reads only the rows due within its window, so the dead entries a pinned xmin horizon
+keeps at the head of outbox_due_idx cost it nothing; the relay looks at every due row
+every few seconds, so a row due before the window (its transaction committed late) is
+still published."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import aio_pika
+import psycopg
 
 from jobcore.amqp.topology import Topology
 from jobcore.db import Database, execute
 from jobcore.registry import default_registry
 from jobcore.settings import Settings
+from jobcore.sql import native_placeholders
 from jobcore.sql.flow_pauses import FLOW_PAUSE_SET
-from jobcore.sql.outbox import OUTBOX_RECORD_FAILURES
+from jobcore.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
 from jobcore.store import outbox_store
+from services.relay.relay import UNBOUNDED_LOOK_EVERY, UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
 
 
@@ -35,7 +45,7 @@ async def test_every_due_row_is_claimed_oldest_first_when_they_fit_a_batch(
         await uow.commit()
 
     async with db.unit_of_work() as uow:
-        rows = await outbox_store.claim_few(uow, {"limit": 10})
+        rows = await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW})
     assert rows is not None
     assert [r["id"] for r in rows] == [r["id"] for r in a + b]
     assert {r["more_due"] for r in rows} == {False}
@@ -46,7 +56,7 @@ async def test_more_due_rows_than_a_batch_are_left_to_the_fair_claim(
 ) -> None:
     await fill_outbox(db, topology, 11, tenant="a")
     async with db.unit_of_work() as uow:
-        assert await outbox_store.claim_few(uow, {"limit": 10}) is None
+        assert await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW}) is None
         # It locked nothing: another claimer takes every row meanwhile.
         async with db.unit_of_work() as other:
             taken = await outbox_store.claim_due(other, {"limit": 100})
@@ -73,3 +83,88 @@ async def test_an_idle_relay_claims_a_few_rows_without_the_fair_claim_and_a_back
         await wait_drained(db, timeout=20)
         assert relay.few_claims == few
         assert relay.totals["published"] == 124
+
+
+async def test_the_claim_reads_only_the_rows_due_within_its_window(
+    db: Database, topology: Topology
+) -> None:
+    [old] = await fill_outbox(db, topology, 1, tenant="a", delay=-60)
+    [new] = await fill_outbox(db, topology, 1, tenant="b")
+    async with db.unit_of_work() as uow:
+        rows = await outbox_store.claim_few(uow, {"limit": 10, "window": 30})
+        assert rows is not None
+        assert [r["id"] for r in rows] == [new["id"]]
+    # Eleven rows of which one is in the window: they fit.
+    await fill_outbox(db, topology, 10, tenant="a", delay=-60)
+    async with db.unit_of_work() as uow:
+        rows = await outbox_store.claim_few(uow, {"limit": 10, "window": 30})
+        assert rows is not None
+        assert len(rows) == 1
+    async with db.unit_of_work() as uow:
+        assert await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW}) is None
+    assert old["id"] != new["id"]
+
+
+def _few_claim_buffers(url: str, window: float) -> int:
+    """Blocks the few claim reads, as the pools run it (a generic plan)."""
+    sql, names = native_placeholders(OUTBOX_CLAIM_FEW.sql)
+    params: dict[str, Any] = {"limit": 100, "window": window}
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
+        cur = conn.cursor()
+        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE few AS {sql}")
+        conn.execute("BEGIN")
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE few({values})")
+        plan = row.fetchone()
+        conn.execute("ROLLBACK")
+    assert plan is not None
+    top = plan[0][0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+
+
+async def test_rows_published_behind_a_pinned_horizon_cost_the_bounded_claim_nothing(
+    settings: Settings, db: Database, topology: Topology
+) -> None:
+    """Under a pinned xmin horizon no VACUUM removes the published rows' index entries;
+    the unbounded probe visits every one of them (a heap fetch each), the bounded one
+    only those of its window."""
+    url = settings.database_url
+    with psycopg.connect(url) as pin:
+        pin.execute("SELECT txid_current()")  # holds an XID: the horizon stays here
+        published = await fill_outbox(db, topology, 5000, delay=-120, notify=False)
+        async with db.connection() as conn:
+            await conn.execute(
+                "DELETE FROM outbox WHERE id = ANY(%s)", ([r["id"] for r in published],)
+            )
+        await fill_outbox(db, topology, 3, notify=False)
+        unbounded = _few_claim_buffers(url, UNBOUNDED_WINDOW)
+        bounded = _few_claim_buffers(url, 10)
+        pin.rollback()
+    # About a block per 25 dead entries unbounded; bounded, the few live rows' and the
+    # flow pauses' blocks, whatever lies below the window.
+    assert unbounded >= bounded + 150, (unbounded, bounded)
+    assert bounded <= 60, bounded
+
+
+async def test_a_row_due_before_the_window_is_published_at_the_next_unbounded_look(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    """A row whose transaction committed long after its available_at (an in-transaction
+    enqueue in a long transaction) lies below the window of the claims that follow an
+    unbounded look; the next unbounded look, a few seconds on, publishes it."""
+    await topology.declare(amqp_channel, default_registry.queues())
+    async with running_relay(settings, db, batch_size=50) as relay:
+        await fill_outbox(db, topology, 1, tenant="a")
+        await wait_drained(db, timeout=20)
+        await fill_outbox(db, topology, 1, tenant="late", delay=-3600)
+        await wait_drained(db, timeout=UNBOUNDED_LOOK_EVERY + 20)
+        assert relay.totals["published"] == 2
+        # Traffic in the window keeps flowing meanwhile, and is claimed by the few claim.
+        few = relay.few_claims
+        await fill_outbox(db, topology, 1, tenant="b")
+        await wait_drained(db, timeout=20)
+        assert relay.few_claims > few

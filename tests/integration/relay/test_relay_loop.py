@@ -3,6 +3,7 @@ rows the broker refuses, and what it reports to operators."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from datetime import UTC, datetime
@@ -325,3 +326,67 @@ async def test_a_standby_relay_publishes_rows_the_lease_holder_leaves_overdue(
                 assert not standby.answers_notifies
         finally:
             await execute(holder, OUTBOX_DROP_WAKE_LEASE({}))
+
+
+async def test_with_overlap_a_row_notified_during_a_confirm_wait_is_published_meanwhile(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    # Under a steady trickle, rows committed while a batch waits for its confirms go out
+    # in a batch of their own at once, not after that batch's commit.
+    collector = await collect(amqp_channel, topology)
+    async with running_relay(settings, db, poll_interval=60.0, lanes=2, overlap=True) as relay:
+        await wait_idle(relay)
+        held = asyncio.Event()
+        entered = asyncio.Event()
+        publish = relay.publisher.publish_batch
+
+        async def first_held(messages: Any) -> Any:
+            if not entered.is_set():
+                entered.set()
+                await held.wait()  # the first batch's confirms are slow to come
+            return await publish(messages)
+
+        relay.publisher.publish_batch = first_held  # type: ignore[method-assign]
+        [first] = await fill_outbox(db, topology, 1, notify=True)
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        [second] = await fill_outbox(db, topology, 1, notify=True)
+        await wait_received(collector, {second["message_id"]}, timeout=10)
+        assert first["message_id"] not in collector.distinct  # still held
+        held.set()
+        await wait_received(collector, {first["message_id"]}, timeout=10)
+        await wait_drained(db, timeout=10)
+    assert collector.duplicates == 0
+
+
+async def test_without_overlap_a_trickles_batches_go_one_at_a_time(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    collector = await collect(amqp_channel, topology)
+    async with running_relay(settings, db, poll_interval=60.0, lanes=2, overlap=False) as relay:
+        await wait_idle(relay)
+        in_flight = 0
+        most = 0
+        publish = relay.publisher.publish_batch
+
+        async def counted(messages: Any) -> Any:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                return await publish(messages)
+            finally:
+                in_flight -= 1
+
+        relay.publisher.publish_batch = counted  # type: ignore[method-assign]
+        rows = []
+        for _ in range(20):
+            rows += await fill_outbox(db, topology, 1, notify=True)
+        await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
+        await wait_drained(db, timeout=10)
+    assert most == 1

@@ -91,7 +91,7 @@ JOB_LIST = Query[JobListParams](
 )
 
 
-# The same page for one entity: a separate statement so jobs_tenant_entity_created_idx
+# The same page for one entity: a separate statement so jobs_entity_created_idx
 # serves it (a generic plan cannot pick that index for an optional filter).
 JOB_LIST_FOR_ENTITY = Query[JobListParams](
     "job_list_for_entity",

@@ -28,15 +28,26 @@ from jobcore.sql.webhook_deliveries import COMPLETION_WEBHOOKS, JOB_DONE_CHANNEL
 
 class JobLockExpiredParams(TypedDict):
     limit: int
+    window: float
 
 
+# Only leases that expired in the last `window` seconds. jobs_lease_expiry_idx holds the
+# running rows, but an index entry stays until VACUUM removes it: every job that ran has
+# left one, its lease long expired, and behind a pinned xmin horizon no VACUUM removes
+# any, so a scan from the start of the index visited every job run since the pin began
+# (a heap fetch each, to learn it no longer runs). The reaper passes the time since its
+# last round, plus a slack, and no bound every so often (jobcore.maintenance.reaper): a
+# lease that expired before the window was expired at the last round, which missed it
+# only if it could not see or lock the row then.
 JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
     "job_lock_expired",
-    "Lock a batch of running jobs whose lease has expired (other reapers skip them).",
+    "Lock a batch of running jobs whose lease expired in the last `window` seconds (other "
+    "reapers skip them).",
     """
     SELECT id, type, queue, attempts, max_attempts, traceparent, tracestate
     FROM jobs
     WHERE status = 'running' AND lease_expires_at < now()
+      AND lease_expires_at >= now() - make_interval(secs => %(window)s)
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

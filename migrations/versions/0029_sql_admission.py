@@ -1,7 +1,7 @@
 """jobcore_enqueue(..., admission): the SQL enqueue admits approximately by default
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0029
+Revises: 0028
 Create Date: 2026-12-06 11:20:00.000000
 
 ``jobcore_enqueue`` gains a trailing ``admission text DEFAULT 'approximate'``, as
@@ -31,8 +31,8 @@ from types import ModuleType
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0027"
-down_revision: str | None = "0026"
+revision: str = "0029"
+down_revision: str | None = "0028"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
