@@ -277,3 +277,52 @@ def test_two_migrate_runs_take_turns_while_a_build_waits(service_urls: ServiceUr
         assert _schema_drift(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)
+
+
+# jobcore_enqueue's signatures, one row each, and whether PUBLIC may execute them.
+ENQUEUE_FUNCTIONS = (
+    "SELECT p.oid::regprocedure::text AS signature,"
+    " has_function_privilege('public', p.oid, 'EXECUTE') AS public"
+    " FROM pg_proc AS p WHERE p.proname = 'jobcore_enqueue'"
+)
+
+
+def test_the_sql_enqueues_admission_parameter_keeps_its_grants_both_ways(
+    service_urls: ServiceUrls,
+) -> None:
+    """Adding ``admission`` to jobcore_enqueue replaces the function, not overloads it (a
+    call naming neither would be ambiguous), and a role granted EXECUTE keeps it across
+    the upgrade and the downgrade."""
+    from alembic import command
+
+    settings, name = _empty_database_settings(service_urls)
+    role = f"jobcore_app_{name[-8:]}"
+    old = (
+        "jobcore_enqueue(text,jsonb,text,text,text,text,text,timestamp with time zone,"
+        "interval,integer,text)"
+    )
+    new = old.replace("integer,text)", "integer,text,text)")
+    try:
+        migrate.upgrade(settings, "0026")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {role}")
+            conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO {role}")
+        migrate.upgrade(settings)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(new, False)]
+            [(granted,)] = conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, new]
+            ).fetchall()
+            assert granted
+        # One step down: the revision that added the argument (the head).
+        command.downgrade(migrate.alembic_config(settings), "-1")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(old, False)]
+            [(granted,)] = conn.execute(
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, old]
+            ).fetchall()
+            assert granted
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+        with psycopg.connect(service_urls.pg_admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")

@@ -4,10 +4,12 @@ one written as docs/operations.md says passes, the released ones are not linted.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from alembic.config import Config
@@ -149,3 +151,82 @@ def test_every_shipped_concurrent_build_goes_through_the_helper() -> None:
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     assert lint_migrations.unhelped_concurrent_builds(migrations_dir() / "versions") == []
+
+
+def _lint_module() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import lint_migrations
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return lint_migrations
+
+
+DEFINER = """
+CREATE OR REPLACE FUNCTION jobcore_f(a text, b text DEFAULT 'x') RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp
+AS $fn$ SELECT a || b $fn$;
+"""
+
+# A function dropped, not created again: squawk's ban-drop-function still flags it.
+DROPPED = """
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+
+
+def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.execute("DROP FUNCTION jobcore_canonical_json(jsonb)")
+"""
+
+# A SECURITY DEFINER function PUBLIC may execute: refused.
+OPEN_DEFINER = (
+    '''
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+
+
+def upgrade() -> None:
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.execute("""'''
+    + DEFINER.replace("{", "{{").replace("}", "}}")
+    + '''""")
+'''
+)
+
+
+def test_a_function_dropped_and_created_again_passes_squawk_and_only_that() -> None:
+    lint = _lint_module()
+    replaced = "DROP FUNCTION jobcore_f(text);\n" + DEFINER
+    marked = lint.mark_replaced_drops(replaced)
+    assert "-- squawk-ignore ban-drop-function\nDROP FUNCTION jobcore_f(text);" in marked
+    dropped = "DROP FUNCTION jobcore_g(text);\n" + DEFINER
+    assert lint.mark_replaced_drops(dropped) == dropped
+
+
+def test_a_security_definer_function_must_be_revoked_from_public() -> None:
+    lint = _lint_module()
+    assert lint.unrevoked_definers(DEFINER) == ["jobcore_f"]
+    revoked = DEFINER + "REVOKE EXECUTE ON FUNCTION jobcore_f(text, text) FROM PUBLIC;\n"
+    assert lint.unrevoked_definers(revoked) == []
+    invoker = DEFINER.replace("SECURITY DEFINER", "")
+    assert lint.unrevoked_definers(invoker) == []
+
+
+def test_a_dropped_function_is_flagged(tmp_path: Path) -> None:
+    result = _lint(tmp_path, DROPPED)
+    assert result.returncode != 0, result.stdout
+    assert "ban-drop-function" in result.stdout
+    # Only the new revision: a shipped revision's drop of a function it creates again
+    # (a change of signature) passes.
+    assert set(re.findall(r"(\d+)\.sql:\d+", result.stdout)) == {"9999"}, result.stdout
+
+
+def test_a_security_definer_function_open_to_public_is_refused(tmp_path: Path) -> None:
+    result = _lint(tmp_path, OPEN_DEFINER)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "jobcore_f (9999.sql): SECURITY DEFINER, and PUBLIC may execute it" in result.stdout

@@ -20,13 +20,16 @@ const OPTIONS = [
   "delay",
   "max_attempts",
   "entity_id",
+  "admission",
 ];
 
 /**
  * Enqueue a job of `type` for `tenant` on `client` (a pg Client, or a PoolClient inside
  * BEGIN ... COMMIT) and return its id. `options`: any of idempotency_key, unique_key,
  * ordering_key, priority ("low" | "normal" | "high"), run_at (a Date), delay (an
- * interval, such as "5 minutes"), max_attempts, entity_id.
+ * interval, such as "5 minutes"), max_attempts, entity_id, admission ("approximate", the
+ * default: the tenant's quotas read without a lock; "exact": under the lock of the tenant's
+ * usage row, held until the transaction ends).
  *
  * A refusal is pg's DatabaseError, with `code` one of Refusal and `column` the argument
  * at fault; it aborts the transaction unless the call ran in a savepoint (`savepoint`:

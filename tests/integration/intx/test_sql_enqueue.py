@@ -1,7 +1,7 @@
 """jobcore_enqueue(), the enqueue from SQL: from psql (a subprocess, its own transactions)
 and from a psycopg connection, against the real PostgreSQL (and RabbitMQ for the runs).
 
-The SQL function mirrors the Python enqueue's statement (migration 0026): a test here
+The SQL function mirrors the Python enqueue's statements (migrations 0026, 0029): a test here
 compares the rows each writes for the same request, and that a request made through one
 is replayed through the other (the same fingerprint).
 """
@@ -212,6 +212,7 @@ async def test_bad_arguments_name_their_field(settings: Settings, registered: No
         "delay": "'{}', tenant => 't', run_at => now(), delay => '1 minute'",
         "run_at": "'{}', tenant => 't', run_at => now() + interval '400 days'",
         "max_attempts": "'{}', tenant => 't', max_attempts => 0",
+        "admission": "'{}', tenant => 't', admission => NULL",
     }
     for field, arguments in cases.items():
         result = psql(settings, f"SELECT jobcore_enqueue('echo', {arguments});")
@@ -273,7 +274,8 @@ async def test_the_tenants_quotas_refuse_as_the_python_path_does(
     assert psql(settings, enqueue).returncode == 0
     refused(psql(settings, enqueue), "JC429", "the tenant has 1 unfinished jobs, its limit")
     await quota_usecases.set_quotas(db, "slow", enqueue_rate=0.01, enqueue_burst=1)
-    enqueue = enqueue.replace("capped", "slow")
+    # The rate limit's bucket is drawn from by the exact admission only.
+    enqueue = enqueue.replace("capped", "slow").replace(");", ", admission => 'exact');")
     assert psql(settings, enqueue).returncode == 0
     refused(psql(settings, enqueue), "JC429", "enqueue rate limit (0.01/s, bursts of 1)")
     # A transaction above READ COMMITTED would read the quotas in an old snapshot.
@@ -295,12 +297,14 @@ TRICKY = {
 }
 
 
+@pytest.mark.parametrize("admission", ["approximate", "exact"])
 async def test_sql_writes_the_rows_the_python_path_writes(
-    settings: Settings, db: Database, registered: None
+    admission: str, settings: Settings, db: Database, registered: None
 ) -> None:
-    """The same request through enqueue_in and through jobcore_enqueue: the same job and
-    outbox columns, the same admission row, and each replays the other's request (their
-    fingerprints agree)."""
+    """The same request through enqueue_in and through jobcore_enqueue, with the same
+    admission: the same job and outbox columns, the same admission row (the exact one
+    charges the tenant's rate limit, the approximate one writes no usage row), and each
+    replays the other's request (their fingerprints agree)."""
     settings = limited(settings)
     async with db.connection() as conn:
         await record_job_types(conn, default_registry, settings, registered_by="tests")
@@ -320,14 +324,21 @@ async def test_sql_writes_the_rows_the_python_path_writes(
                     priority=Priority.HIGH,
                     max_attempts=2,
                     entity_id="e1",
+                    admission=admission,
                 )
             else:
                 await conn.execute(
                     "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => %(t)s, "
                     "idempotency_key => %(k)s, ordering_key => %(ordering_key)s, "
                     "priority => %(priority)s, max_attempts => %(max_attempts)s, "
-                    "entity_id => %(entity_id)s)",
-                    {"p": psycopg.types.json.Jsonb(PAYLOAD), "t": tenant, "k": key, **options},
+                    "entity_id => %(entity_id)s, admission => %(admission)s)",
+                    {
+                        "p": psycopg.types.json.Jsonb(PAYLOAD),
+                        "t": tenant,
+                        "k": key,
+                        "admission": admission,
+                        **options,
+                    },
                 )
             await conn.commit()
     async with await psycopg.AsyncConnection.connect(
@@ -338,9 +349,11 @@ async def test_sql_writes_the_rows_the_python_path_writes(
                 "SELECT j.*, o.exchange, o.routing_key, o.message_type, o.headers,"
                 " convert_from(o.body, 'UTF8') AS body, o.tenant AS o_tenant,"
                 " o.priority AS o_priority, o.available_at - j.created_at AS o_delay,"
-                " u.rate_tat IS NOT NULL AS charged"
+                " u.rate_tat IS NOT NULL AS charged,"
+                " (SELECT count(*) FROM tenant_usage_deltas d WHERE d.tenant = j.tenant)"
+                " AS deltas"
                 " FROM jobs j JOIN outbox o ON o.job_id = j.id"
-                " JOIN tenant_usage u ON u.tenant = j.tenant ORDER BY j.tenant"
+                " LEFT JOIN tenant_usage u ON u.tenant = j.tenant ORDER BY j.tenant"
             )
         ).fetchall()
         py, sql = sorted(jobs, key=lambda r: r["tenant"] != "py")
@@ -351,14 +364,15 @@ async def test_sql_writes_the_rows_the_python_path_writes(
         for column in [c for c, value in py.items() if isinstance(value, datetime)]:
             py.pop(column), sql.pop(column)
         assert sql == py
+        assert (py["charged"], py["deltas"]) == (admission == "exact", 1)
         # Each path replays the other's request: the same fingerprint for the same request.
         for tenant, key in (("py", "k-py"), ("sql", "k-sql")):
             row = await (
                 await conn.execute(
                     "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => %(t)s,"
                     " idempotency_key => %(k)s, ordering_key => 'o', priority => 'high',"
-                    " max_attempts => 2, entity_id => 'e1') AS id",
-                    {"p": psycopg.types.json.Jsonb(PAYLOAD), "t": tenant, "k": key},
+                    " max_attempts => 2, entity_id => 'e1', admission => %(a)s) AS id",
+                    {"p": psycopg.types.json.Jsonb(PAYLOAD), "t": tenant, "k": key, "a": admission},
                 )
             ).fetchone()
             assert row == {"id": ids[tenant]}
@@ -436,7 +450,7 @@ def test_only_granted_roles_may_call_it(settings: Settings, registered: None) ->
                     admin.execute("SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', 't')")
             admin.execute(
                 "GRANT EXECUTE ON FUNCTION jobcore_enqueue(text, jsonb, text, text, text, text,"
-                f" text, timestamptz, interval, integer, text) TO {role}"
+                f" text, timestamptz, interval, integer, text, text) TO {role}"
             )
             with admin.transaction(force_rollback=True):
                 admin.execute(f"SET LOCAL ROLE {role}")

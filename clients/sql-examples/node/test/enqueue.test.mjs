@@ -88,6 +88,10 @@ test("refusals are errors with their SQLSTATE and argument; a savepoint keeps th
       enqueue(client, "no_such_type", {}, { tenant: TENANT, savepoint: true }),
       (error) => error.code === Refusal.UNKNOWN_JOB_TYPE && /no_such_type/.test(error.message),
     );
+    await assert.rejects(
+      enqueue(client, "echo", { text: "e" }, { tenant: TENANT, admission: "strict", savepoint: true }),
+      (error) => error.code === Refusal.INVALID_ARGUMENT && error.column === "admission",
+    );
     const again = await enqueue(client, "echo", { text: "c" }, { tenant: TENANT, idempotency_key: "k3" });
     const replay = await enqueue(client, "echo", { text: "c" }, { tenant: TENANT, idempotency_key: "k3" });
     assert.equal(replay, again);
