@@ -5,12 +5,12 @@ Revises: 0028
 Create Date: 2026-12-06 11:20:00.000000
 
 ``jobcore_enqueue`` gains a trailing ``admission text DEFAULT 'approximate'``, as
-``jobcore.enqueue_in`` has (jobcore.quotas.Admission): ``'approximate'`` checks the
+``jobcore.enqueue_in`` has (jobcore.kernel.quotas.Admission): ``'approximate'`` checks the
 tenant's quotas against its usage as committed (and the caller's transaction's own
 jobs) and locks nothing, so a caller's transaction that stays open makes no other
 enqueue of the tenant wait; ``'exact'`` is 0026's admission, under the lock of the
 tenant's usage row until the caller's transaction ends. The two statements mirror
-jobcore.sql.jobs.enqueue.JOB_INSERT_APPROXIMATE (tenant_quotas.approximate_admission_ctes)
+jobcore.database.sql.jobs.enqueue.JOB_INSERT_APPROXIMATE (tenant_quotas.approximate_admission_ctes)
 and JOB_INSERT (tenant_quotas.admission_ctes) as of this revision;
 tests/integration/intx/test_sql_enqueue.py compares the rows each path writes.
 
@@ -99,7 +99,7 @@ BEGIN
         RAISE EXCEPTION 'jobcore_enqueue: tenant is required'
             USING ERRCODE = 'JC400', COLUMN = 'tenant';
     END IF;
-    -- jobcore.quotas.Admission
+    -- jobcore.kernel.quotas.Admission
     IF v_admission IS NULL OR v_admission NOT IN ('approximate', 'exact') THEN
         RAISE EXCEPTION 'jobcore_enqueue: unknown admission %: one of approximate, exact',
             coalesce(quote_literal(v_admission), 'NULL')
@@ -118,14 +118,14 @@ BEGIN
             coalesce(jsonb_typeof(v_payload), 'NULL')
             USING ERRCODE = 'JC400', COLUMN = 'payload';
     END IF;
-    -- jobcore.submit.check_idempotency_key
+    -- jobcore.usecases.enqueue.submit.check_idempotency_key
     IF v_idempotency_key IS NOT NULL
        AND v_idempotency_key !~ '^[ -~]{1,255}$' THEN
         RAISE EXCEPTION 'jobcore_enqueue: an idempotency key is 1 to 255 printable ASCII '
             'characters'
             USING ERRCODE = 'JC400', COLUMN = 'idempotency_key';
     END IF;
-    -- jobcore.submit._due_at
+    -- jobcore.usecases.enqueue.submit._due_at
     IF run_at IS NOT NULL AND delay IS NOT NULL THEN
         RAISE EXCEPTION 'jobcore_enqueue: give run_at or delay, not both'
             USING ERRCODE = 'JC400', COLUMN = 'delay';
@@ -139,7 +139,7 @@ BEGIN
         END IF;
         v_due := run_at;
     END IF;
-    -- jobcore.submit._held_key: the request's unique key, else the type's unique field.
+    -- jobcore.usecases.enqueue.submit._held_key: the request's unique key, else the type's unique field.
     IF v_unique_key IS NOT NULL THEN
         IF char_length(v_unique_key) NOT BETWEEN 1 AND 255 THEN
             RAISE EXCEPTION 'jobcore_enqueue: a unique key is 1 to 255 characters'
@@ -189,7 +189,7 @@ BEGIN
             USING ERRCODE = 'JC413', COLUMN = 'payload',
                   HINT = 'store large data yourself and pass its key';
     END IF;
-    -- jobcore.submit.request_fingerprint: the request as sent, keys in sorted order.
+    -- jobcore.usecases.enqueue.submit.request_fingerprint: the request as sent, keys in sorted order.
     v_fingerprint := encode(sha256(convert_to(
         '{"callback_url":null,"delay":'
         || coalesce(jobcore_canonical_json(to_jsonb(extract(epoch FROM delay))), 'null')
@@ -206,7 +206,7 @@ BEGIN
                || '+00:00"', 'null')
         || coalesce(',"unique_key":' || to_json(v_unique_key)::text, '')
         || '}', 'UTF8')), 'hex');
-    -- jobcore.enqueue.job_gates
+    -- jobcore.usecases.enqueue.write_one.job_gates
     IF kind.concurrency_limit IS NOT NULL THEN
         v_concurrency_key := jobcore_gate_key(
             'concurrency', kind.concurrency_per, v_type, v_tenant, v_payload);
@@ -214,7 +214,7 @@ BEGIN
     IF kind.rate_per_second IS NOT NULL THEN
         v_rate_key := jobcore_gate_key('rate', kind.rate_per, v_type, v_tenant, v_payload);
     END IF;
-    -- jobcore.in_transaction: quotas are read as committed now, which only READ
+    -- jobcore.usecases.enqueue.in_transaction: quotas are read as committed now, which only READ
     -- COMMITTED's fresh snapshot per statement shows.
     SELECT coalesce(q.enqueue_rate, kind.quota_enqueue_rate),
            coalesce(q.max_unfinished, kind.quota_max_unfinished)
@@ -227,13 +227,13 @@ BEGIN
             USING ERRCODE = 'JC400';
     END IF;
 
-    -- jobcore.enqueue._insert_until_answered: a holder of the unique key that ends between
+    -- jobcore.usecases.enqueue.write_one._insert_until_answered: a holder of the unique key that ends between
     -- the insert and the read of it has freed it, and the insert is tried again.
     FOR turn IN 1..3 LOOP
         v_id := gen_random_uuid();
         v_message_id := gen_random_uuid();
         IF v_admission = 'exact' THEN
-            -- jobcore.sql.jobs.enqueue.JOB_INSERT, with tenant_quotas.admission_ctes: the
+            -- jobcore.database.sql.jobs.enqueue.JOB_INSERT, with tenant_quotas.admission_ctes: the
             -- tenant's usage row is locked until the caller's transaction ends.
             WITH existing AS (
                 SELECT j.id FROM jobs AS j
@@ -348,7 +348,7 @@ BEGIN
             INTO answer
             FROM limits LEFT JOIN admit ON true LEFT JOIN job ON true;
         ELSE
-            -- jobcore.sql.jobs.enqueue.JOB_INSERT_APPROXIMATE, with
+            -- jobcore.database.sql.jobs.enqueue.JOB_INSERT_APPROXIMATE, with
             -- tenant_quotas.approximate_admission_ctes: usage read as committed (and this
             -- transaction's own jobs), nothing locked; the job's +1 is its insert's delta.
             WITH existing AS (

@@ -1,4 +1,4 @@
-"""jobcore_enqueue()'s two admissions, as enqueue_in's (jobcore.quotas.Admission): by
+"""jobcore_enqueue()'s two admissions, as enqueue_in's (jobcore.kernel.quotas.Admission): by
 default, approximate, the tenant's quotas are read as committed and no lock is held that
 another enqueue waits for; ``admission => 'exact'`` locks the tenant's usage row until the
 caller's transaction ends, and never passes the cap. Ordering is asserted, never a
@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobcore.db import Database
-from jobcore.job_type_records import record_job_types
-from jobcore.registry import default_registry
-from jobcore.settings import Settings
+from jobcore.database.gateway import Database
+from jobcore.execution.job_type_records import record_job_types
+from jobcore.execution.registry import default_registry
+from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from jobcore.usecases import quotas as quota_usecases
 from tests.integration.intx.test_lock_footprint import (
