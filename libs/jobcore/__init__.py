@@ -21,15 +21,21 @@ packages, the bottom layer first (pyproject.toml has an import contract per laye
 ``jobcore.enqueue_in`` and ``jobcore.enqueue_in_sync`` enqueue in the application's own
 transaction (:mod:`jobcore.usecases.enqueue.in_transaction`); they are imported when first
 used, so that importing any one module of the package does not import the enqueue path
-with it.
+with it. The previous release's paths of the modules applications import
+(``jobcore.registry``, ``jobcore.gates``, ...) still import, as the same modules
+(:mod:`jobcore.kernel.old_paths`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from jobcore.kernel import old_paths
+
 if TYPE_CHECKING:
     from jobcore.usecases.enqueue.in_transaction import enqueue_in, enqueue_in_sync
+
+old_paths.install()
 
 __version__ = "0.1.0"
 __all__ = ["enqueue_in", "enqueue_in_sync"]

@@ -1,9 +1,12 @@
 """What every scenario measures with: CPU per process from /proc, percentiles, py-spy.
 
-CPU is read as utime + stime of each process between two points, as a percentage of one
-core. PostgreSQL's and RabbitMQ's processes are looked up by name at both ends, so a
-backend that started in between counts in full and one that ended in between is missed
-(an underestimate, small next to the long-lived pool connections).
+CPU is read as the scheduler's run time of each process's threads (nanoseconds, from
+``/proc/PID/task/*/schedstat``; utime + stime in clock ticks where that is not readable)
+between two points, as a percentage of one core: a process that worked for less than a
+tick in a short run reads its real share, not zero. PostgreSQL's and RabbitMQ's processes
+are looked up by name at both ends, so a backend that started in between counts in full
+and one that ended in between is missed (an underestimate, small next to the long-lived
+pool connections).
 """
 
 from __future__ import annotations
@@ -23,6 +26,20 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU seconds ``pid`` has run so far (0.0 once it is gone)."""
+    try:
+        return (
+            sum(
+                int((task / "schedstat").read_text().split()[0])
+                for task in Path(f"/proc/{pid}/task").iterdir()
+            )
+            / 1e9
+        )
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return _ticked_cpu_seconds(pid)
+
+
+def _ticked_cpu_seconds(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):

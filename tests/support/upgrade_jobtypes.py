@@ -1,7 +1,9 @@
 """Job types of the rolling-upgrade test (tests/e2e/test_rolling_upgrade.py), loaded by the
 previous release's processes and the current ones alike: the file is copied to a directory
 of its own on their PYTHONPATH (the checkout's would shadow the old release's `services`),
-so both declare the same limits and record effects the same way. Only what v0.1.0 has.
+so both declare the same limits and record effects the same way. Only what v0.1.0 has,
+imported from v0.1.0's paths, which the current release keeps (jobcore.kernel.old_paths):
+a job module written for the previous release loads in both.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobcore.execution.registry import JobContext, job
-from jobcore.kernel.gates import Limit, Rate
+from jobcore.gates import Limit, Rate  # type: ignore[import-not-found]
+from jobcore.registry import JobContext, job  # type: ignore[import-not-found]
 
 QUEUE = "upgrade"
 LIMIT = 2

@@ -13,6 +13,8 @@ no other package of jobcore.
 - :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
 - :mod:`.scopes`: what an API key may do;
 - :mod:`.startstop`: the start/stop contract every long-running loop shares;
+- :mod:`.old_paths`: the previous release's module paths that applications import, kept
+  importable as the new modules;
 - :mod:`.groupcommit`: group commit: what queued behind a write in flight goes out as one
   (the API's coalesced enqueues, the worker's batches).
 """
