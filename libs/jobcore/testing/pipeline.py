@@ -93,6 +93,38 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on TCP ``port`` (Linux: the
+    listening sockets of /proc/net/tcp*, by inode, against the process's descriptors). A
+    port picked free and handed to a process can be taken by another process before it
+    binds; whatever answers there is then not the process asked."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local address (hex ip:port), state (0A: LISTEN), inode
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):
+            target = os.readlink(descriptor)
+            if target.startswith("socket:[") and target[len("socket:[") : -1] in inodes:
+                return True
+    return False
+
+
+class PortTaken(RuntimeError):
+    """The port picked for a process was taken by another before the process bound it."""
+
+
 def via_port(url: str, port: int) -> str:
     """``url`` with its host and port replaced by 127.0.0.1:``port`` (credentials kept)."""
     parts = urlsplit(url)
@@ -316,7 +348,7 @@ class Stack:
         for process in self.processes:
             self._start(process)
         if self.api is not None:
-            await self.wait_api_ready()
+            await self._api_on_a_port_of_its_own()
         if wait_consuming:
             for worker in self.workers:
                 await self.wait_consuming(worker)
@@ -362,18 +394,38 @@ class Stack:
             await self.db.close()
         return codes
 
+    async def _api_on_a_port_of_its_own(self, tries: int = 3) -> None:
+        """Until the API is ready on its port, starting it on another free port when the
+        one picked was taken before it could bind."""
+        assert self.api is not None
+        for _ in range(tries - 1):
+            try:
+                await self.wait_api_ready()
+                return
+            except PortTaken:
+                self.api_port = free_port()
+                self.api.args = ("api", "--port", str(self.api_port), *self.api_args)
+                self._start(self.api)
+        await self.wait_api_ready()
+
     async def wait_api_ready(self, timeout: float = PROCESS_START) -> None:
         assert self.api is not None
         api = self.api
 
         async def ready() -> bool:
             if not api.alive:
-                raise AssertionError(f"the API exited:\n{api.all_logs()[-3000:]}")
+                logs = api.all_logs()
+                this_start = api.log_path.read_text(errors="replace")
+                if "address already in use" in this_start.lower():
+                    raise PortTaken(f"port {self.api_port} was taken before the API bound it")
+                raise AssertionError(f"the API exited:\n{logs[-3000:]}")
             try:
                 async with httpx.AsyncClient(timeout=2) as client:
-                    return (await client.get(f"{self.api_url}/readyz")).status_code == 200
+                    answer = await client.get(f"{self.api_url}/readyz")
             except httpx.HTTPError:
                 return False
+            # Another process's server on the port would answer too.
+            return answer.status_code == 200 and listens_on(api.pid, self.api_port)
 
         await eventually(ready, timeout=timeout, interval=0.1, what="the API to be ready")
 
