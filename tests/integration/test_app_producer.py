@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from urllib.parse import urlsplit
 
 from jobcore.database.gateway import Database
 from jobcore.execution.registry import load_job_modules
 from jobcore.kernel.settings import Settings
 from jobcore.testing.app_producer import APP_TABLE, AppProducer
+from jobcore.testing.pipeline import via_port
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 
 TRANSACTIONS = 40
 
@@ -89,3 +92,31 @@ async def test_the_report_counts_a_job_of_a_rolled_back_transaction(
     app.rolled_back, app.committed = app.committed, []
     report = await app.report(settings.database_url)
     assert report.jobs_from_rollbacks == 2  # its job, and its application row
+
+
+async def test_a_connection_that_stops_answering_does_not_hang_the_producer(
+    settings: Settings, db: Database
+) -> None:
+    """A proxy that holds the connection open and forwards nothing (the chaos run's
+    database cut): the transaction is given up after its step timeout, and the next one
+    commits on a new connection."""
+    target = urlsplit(settings.database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    try:
+        app = producer(settings, 0.0)
+        app.database_url = via_port(settings.database_url, proxy.port)
+        app.step_timeout = 1.0
+        await app.prepare()
+        await app.produce_one()
+        proxy.set_mode(Mode.BLACKHOLE)
+        await asyncio.wait_for(app.produce_one(), timeout=30)
+        assert (app.failed, len(app.unknown)) in {(1, 0), (0, 1)}
+        proxy.set_mode(Mode.FORWARD)
+        await app.produce_one()
+        await app.close()
+        await app.settle(settings.database_url)
+        assert len(app.committed) == 3 - app.failed
+        assert await job_ids(db) == set(app.committed)
+    finally:
+        await proxy.stop()

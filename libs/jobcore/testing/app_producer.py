@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from jobcore.execution.registry import Registry
+from jobcore.kernel.errors import JobcoreError
 from jobcore.kernel.settings import Settings
 from jobcore.usecases.enqueue.in_transaction import enqueue_in
 
@@ -36,6 +37,10 @@ JOB_TYPE = "effect"
 # Seconds to wait before a new connection after one failed (a fault is on).
 RECONNECT_PAUSE = 0.2
 CONNECT_TIMEOUT = 5
+# A step (the enqueue and the application row, or the commit) whose answer has not come in
+# this time is taken as a connection the network stopped carrying (the run's database
+# proxy holds it open and forwards nothing): psycopg alone would wait for it for ever.
+STEP_TIMEOUT = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,7 @@ class AppProducer:
     unknown: list[tuple[uuid.UUID, str]] = field(default_factory=list)
     unknown_settled: int = 0
     failed: int = 0
+    step_timeout: float = STEP_TIMEOUT
     _conn: psycopg.AsyncConnection[Any] | None = None
     _sequence: int = 0
 
@@ -90,8 +96,9 @@ class AppProducer:
 
     async def close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._conn.close()
+            with contextlib.suppress(psycopg.Error, TimeoutError):
+                async with asyncio.timeout(self.step_timeout):
+                    await self._conn.close()
             self._conn = None
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
@@ -109,35 +116,39 @@ class AppProducer:
         row_id = uuid.uuid4()
         roll_back = self.rng.random() < self.rollback_share
         try:
-            conn = await self._connection()
-            result = await enqueue_in(
-                conn,
-                self.registry,
-                JOB_TYPE,
-                {"n": n, "seconds": seconds},
-                tenant=self.tenant,
-                settings=self.settings,
-            )
-            job_id = str(result.job_id)
-            await conn.execute(
-                f"INSERT INTO {APP_TABLE} (id, n, job_id) VALUES (%s, %s, %s)",
-                (row_id, n, result.job_id),
-            )
-        except psycopg.Error:
-            # Broken before its end: the server rolls it back; nothing of it is kept.
+            async with asyncio.timeout(self.step_timeout):
+                conn = await self._connection()
+                result = await enqueue_in(
+                    conn,
+                    self.registry,
+                    JOB_TYPE,
+                    {"n": n, "seconds": seconds},
+                    tenant=self.tenant,
+                    settings=self.settings,
+                )
+                job_id = str(result.job_id)
+                await conn.execute(
+                    f"INSERT INTO {APP_TABLE} (id, n, job_id) VALUES (%s, %s, %s)",
+                    (row_id, n, result.job_id),
+                )
+        except (psycopg.Error, JobcoreError, TimeoutError):
+            # Broken before its end (the database gone, or its answers no longer coming):
+            # the server rolls it back when the connection ends; nothing of it is kept.
             self.failed += 1
             await self._reconnect_later()
             return
         if roll_back:
             try:
-                await conn.rollback()
-            except psycopg.Error:
+                async with asyncio.timeout(self.step_timeout):
+                    await conn.rollback()
+            except (psycopg.Error, TimeoutError):
                 await self._reconnect_later()  # rolled back by the server all the same
             self.rolled_back.append(job_id)
             return
         try:
-            await conn.commit()
-        except psycopg.Error:
+            async with asyncio.timeout(self.step_timeout):
+                await conn.commit()
+        except (psycopg.Error, TimeoutError):
             self.unknown.append((row_id, job_id))
             await self._reconnect_later()
             return
