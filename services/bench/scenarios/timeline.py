@@ -15,7 +15,6 @@ it through the whole pipeline (API, relay, worker as processes), less precisely.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from jobcore.database.gateway import Database
 from jobcore.execution.registry import load_job_modules
@@ -44,19 +43,9 @@ async def backend_pids(db: Database, application_name: str) -> list[int]:
         return [row["pid"] for row in await cur.fetchall()]
 
 
-def precise_cpu_seconds(pid: int) -> float:
-    """A process's CPU time in nanoseconds from the scheduler (``/proc/PID/schedstat``):
-    a chunk of a hundred jobs costs its backend tenths of a second, which the tick-counted
-    ``stat`` would round to 10 ms steps."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return cpu_seconds(pid)
-
-
 async def cpu_of_backends(probe: Database, application_name: str) -> dict[int, float]:
     """CPU seconds used so far by each backend of the pool named ``application_name``."""
-    return {pid: precise_cpu_seconds(pid) for pid in await backend_pids(probe, application_name)}
+    return {pid: cpu_seconds(pid) for pid in await backend_pids(probe, application_name)}
 
 
 def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
