@@ -7,6 +7,7 @@ owners.
 - :mod:`.sql`: the named statements, a module per table they change;
 - :mod:`.store`: the stores, which run those statements for the rest of the code;
 - :mod:`.schema`: the tables as SQLAlchemy Core metadata (what the migrations must build);
+- :mod:`.table_names`: their names, for serving processes that need no SQLAlchemy;
 - :mod:`.migrate`: bringing a database to the schema head with Alembic;
 - :mod:`.migration_steps`: steps the migrations share (indexes built CONCURRENTLY);
 - :mod:`.schema_version`: which schemas this release runs against (rolling upgrades);

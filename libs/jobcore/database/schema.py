@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from jobcore.database.table_names import HOT_TABLES as HOT_TABLES
 from jobcore.kernel.priorities import DEFAULT_PRIORITY, Priority
 from jobcore.kernel.scopes import DEFAULT_SCOPES, Scope
 from jobcore.kernel.states import TERMINAL, JobStatus
@@ -680,17 +681,4 @@ job_type_registry = Table(
     Column("worker_version", Text, nullable=False),
     Column("registered_by", Text, nullable=False),
     _timestamp("registered_at", nullable=False, default_now=True),
-)
-
-# The tables every job writes to and deletes from (or updates) on its way through: their
-# dead rows are what a held xmin horizon lets pile up (docs/bench/pressure/report.md).
-HOT_TABLES = (
-    "jobs",
-    "outbox",
-    "inbox",
-    "job_events",
-    "job_effects",
-    "job_gates",
-    "tenant_usage",
-    "tenant_usage_deltas",
 )

@@ -38,8 +38,8 @@ import psycopg
 from psycopg import sql
 
 from jobcore.database.gateway import connect_for_chore
-from jobcore.database.schema import metadata
 from jobcore.database.store import database_store
+from jobcore.database.table_names import TABLES
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.base import MaintenanceService, ServiceConfig
 from jobcore.maintenance.lease import Term
@@ -82,7 +82,7 @@ class Analyzer(MaintenanceService[AnalyzerConfig]):
     def __init__(self, config: AnalyzerConfig, *, settings: Settings) -> None:
         super().__init__(config)
         self.settings = settings
-        self.tables = sorted(table.name for table in metadata.sorted_tables)
+        self.tables = sorted(TABLES)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Analyzer:

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from jobcore.amqp.connection import BROKER_ERRORS
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.database.gateway import Database
-from jobcore.database.schema import HOT_TABLES
 from jobcore.database.store import database_store, flow_pause_store, job_store
+from jobcore.database.table_names import HOT_TABLES
 from jobcore.kernel.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
