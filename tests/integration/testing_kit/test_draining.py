@@ -219,3 +219,17 @@ async def test_a_snooze_longer_than_the_drain_waits_leaves_the_job_pending(
     assert drained.next_due_in is not None
     assert drained.next_due_in > 590
     assert job["where"].startswith("snoozed by its handler until")
+
+
+async def test_a_snoozed_job_keeps_the_later_jobs_of_its_ordering_key_waiting(
+    worker: InlineWorker,
+) -> None:
+    first = await worker.enqueue("kit_snooze", {"seconds": 0.2}, ordering_key="account-1")
+    second = await worker.enqueue("kit_snooze", {"seconds": 0.2}, ordering_key="account-1")
+    drained = await worker.drain(scheduled_within=5)
+    # The first snoozed, and the second did not start until the first had ended.
+    assert drained.ran == [first, first, second, second]
+    assert drained.held >= 1
+    for job_id in (first, second):
+        job = await worker.job(job_id)
+        assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
