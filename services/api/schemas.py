@@ -145,14 +145,14 @@ class JobEdit(BaseModel):
     """What ``PATCH /jobs/{id}`` changes in a pending job; a field left out stays as it is.
     At least one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
     # When it may run, with a time zone offset, within a year from now.
-    run_at: datetime | None = None
-    priority: PriorityLabel | None = None
+    run_at: datetime | SkipJsonSchema[None] = None
+    priority: PriorityLabel | SkipJsonSchema[None] = None
     # The whole new payload, validated by the job type's model as an enqueue's is. It may
     # not change the job's unique key nor its concurrency or rate key.
-    payload: dict[str, Any] | None = None
+    payload: dict[str, Any] | SkipJsonSchema[None] = None
 
 
 class CancelAnswer(BaseModel):

@@ -207,14 +207,18 @@ async def get_payload(
     return Response(data, media_type="application/json")
 
 
-IfMatchHeader = Annotated[
-    str | None,
-    Header(
-        alias="If-Match",
-        description="The ETag of the job as `GET /jobs/{id}` answered it (its `version`): "
-        "the edit applies only if the job is still that version. Required (428 without it).",
-    ),
-]
+# Read as optional, so that a request without it is answered 428 (not FastAPI's 422);
+# documented as required (_IF_MATCH).
+IfMatchHeader = Annotated[str | None, Header(alias="If-Match", include_in_schema=False)]
+_IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "required": True,
+    "description": "The ETag of the job as `GET /jobs/{id}` answered it (its `version`, "
+    "quoted): the edit applies only if the job is still that version. Without it, or with "
+    "`*` or a weak ETag: 428.",
+    "schema": {"type": "string", "pattern": '^"[0-9]{1,20}"$', "examples": ['"48213"']},
+}
 
 
 def if_match_version(value: str | None) -> str | None:
@@ -372,7 +376,13 @@ def build_router(registry: Registry) -> APIRouter:
                 },
             },
             **_problems(404, 409, 412, 422, 428),
+            405: {
+                "model": Problem,
+                "description": "The id is shaped like a job type name: the path is that "
+                "type's enqueue route (`POST` only).",
+            },
         },
+        openapi_extra={"parameters": [_IF_MATCH]},
         route_class_override=EnqueueRoute,
     )
     router.add_api_route(

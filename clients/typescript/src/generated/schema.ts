@@ -857,14 +857,20 @@ export interface components {
          *     At least one.
          */
         JobEdit: {
-            /** Run At */
-            run_at?: string | null;
-            /** Priority */
-            priority?: ("high" | "normal" | "low") | null;
+            /**
+             * Run At
+             * Format: date-time
+             */
+            run_at?: string;
+            /**
+             * Priority
+             * @enum {string}
+             */
+            priority?: "high" | "normal" | "low";
             /** Payload */
             payload?: {
                 [key: string]: unknown;
-            } | null;
+            };
         };
         /**
          * JobEventView
@@ -2493,9 +2499,9 @@ export interface operations {
     edit_job_jobs__job_id__patch: {
         parameters: {
             query?: never;
-            header?: {
-                /** @description The ETag of the job as `GET /jobs/{id}` answered it (its `version`): the edit applies only if the job is still that version. Required (428 without it). */
-                "If-Match"?: string;
+            header: {
+                /** @description The ETag of the job as `GET /jobs/{id}` answered it (its `version`, quoted): the edit applies only if the job is still that version. Without it, or with `*` or a weak ETag: 428. */
+                "If-Match": string;
             };
             path: {
                 job_id: string;
@@ -2544,6 +2550,17 @@ export interface operations {
             /** @description Not Found */
             404: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The id is shaped like a job type name: the path is that type's enqueue route (`POST` only). */
+            405: {
+                headers: {
+                    /** @description The methods the path takes. */
+                    Allow: string;
                     [name: string]: unknown;
                 };
                 content: {
