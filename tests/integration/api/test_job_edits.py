@@ -176,3 +176,32 @@ async def test_another_tenants_job_is_404(
         404,
         "job-not-found",
     )
+
+
+async def test_a_payload_may_not_change_the_jobs_unique_key(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    response = await enqueue(
+        api_client, auth, "sync_account", {"account": "a-1"}, params={"delay": 3600}
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job_id"]
+    etag = (await api_client.get(f"/jobs/{job_id}", headers=auth)).headers["ETag"]
+    body = assert_problem(
+        await api_client.patch(
+            f"/jobs/{job_id}",
+            json={"payload": {"account": "a-2"}},
+            headers={**auth, "If-Match": etag},
+        ),
+        422,
+        "invalid-request",
+    )
+    assert body["errors"][0]["loc"] == ["payload", "account"]
+    # The rest of the payload may change while the key stays.
+    kept = await api_client.patch(
+        f"/jobs/{job_id}",
+        json={"payload": {"account": "a-1", "note": "n"}},
+        headers={**auth, "If-Match": etag},
+    )
+    assert kept.status_code == 200, kept.text
+    assert (await job_row(db, job_id))["unique_key"] == "a-1"

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobcore.examples.jobtypes import CreditAccountPayload, post_credit
 from jobcore.execution.registry import JobContext, Registry
 from jobcore.kernel.errors import PermanentError, Snooze
+from jobcore.kernel.gates import Limit
 
 REGISTRY = Registry()
 
@@ -86,3 +87,16 @@ async def kit_snooze(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
     if runs == 1:
         raise Snooze(ctx.payload.seconds)
     return {"attempt": ctx.attempt, "run": runs}
+
+
+@REGISTRY.job(
+    "kit_snooze_limited",
+    payload=SnoozePayload,
+    max_attempts=1,
+    timeout=5,
+    lease=5,
+    concurrency=Limit(1),
+)
+async def kit_snooze_limited(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
+    """kit_snooze, one running at a time."""
+    return await kit_snooze(ctx)

@@ -233,3 +233,13 @@ async def test_a_snoozed_job_keeps_the_later_jobs_of_its_ordering_key_waiting(
     for job_id in (first, second):
         job = await worker.job(job_id)
         assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
+
+
+async def test_a_snoozed_job_gives_back_its_concurrency_slot(worker: InlineWorker) -> None:
+    """One running at a time: while the first job snoozes, the second starts."""
+    first = await worker.enqueue("kit_snooze_limited", {"seconds": 0.3})
+    second = await worker.enqueue("kit_snooze_limited", {"seconds": 0.3})
+    drained = await worker.drain(scheduled_within=5)
+    assert drained.ran[:2] == [first, second]
+    assert sorted(drained.ran) == sorted([first, first, second, second])
+    assert (drained.snoozed, drained.succeeded) == (2, 2)
