@@ -436,6 +436,7 @@ class JobExecutor:
             lease_token=job.lease_token,
             open_transaction=lambda: self._transaction(running),
             report_progress=lambda fraction, message: running.progress.report(fraction, message),
+            snoozes=job.snoozes,
         )
         progress = JobProgress(
             lambda fraction, message: self._write_progress(running, fraction, message),

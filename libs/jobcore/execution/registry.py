@@ -72,6 +72,9 @@ class JobContext(Generic[P]):
     lease_token: uuid.UUID | None = None
     open_transaction: Callable[[], AbstractAsyncContextManager[JobTransaction]] | None = None
     report_progress: Callable[[float, str | None], None] | None = None
+    # Times the job was snoozed before this run (jobcore.kernel.errors.Snooze): a snooze
+    # keeps the attempt number, and this tells a handler how long it has been waiting.
+    snoozes: int = 0
 
     @property
     def fence(self) -> Fence:

@@ -331,7 +331,7 @@ async def wt_snooze(ctx: JobContext[SnoozePayload]) -> object:
         if ctx.payload.raise_it:
             raise Snooze(ctx.payload.seconds)
         return Snooze(ctx.payload.seconds)
-    return {"attempt": ctx.attempt, "run": runs}
+    return {"attempt": ctx.attempt, "run": runs, "snoozes": ctx.snoozes}
 
 
 @job(

@@ -46,7 +46,7 @@ async def test_a_snooze_runs_the_job_again_after_its_delay_without_spending_an_a
 
     # Two runs, one attempt: the snooze gave it back unspent (max_attempts is 2, so a
     # spent attempt would show as attempt 2).
-    assert row["result"] == {"attempt": 1, "run": 2}
+    assert row["result"] == {"attempt": 1, "run": 2, "snoozes": 1}  # ctx.snoozes
     assert (row["attempts"], row["snoozes"], row["last_error"]) == (1, 1, None)
     timeline = await events(db, job_id)
     kinds = [e["kind"] for e in timeline if e["kind"] != "published"]

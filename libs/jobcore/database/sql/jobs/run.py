@@ -203,7 +203,7 @@ def _claim_sql(only: str) -> str:
           AND {_DUE}
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.store_give_backs, jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), resumed AS (
@@ -223,7 +223,7 @@ def _claim_sql(only: str) -> str:
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.store_give_backs, jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), taken AS (
