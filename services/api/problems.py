@@ -31,8 +31,11 @@ from jobcore.kernel.errors import (
     InvalidPayload,
     JobcoreError,
     JobNotCancellable,
+    JobNotEditable,
     JobNotFound,
     JobNotRetryable,
+    JobVersionMismatch,
+    JobVersionRequired,
     OutboxRowJobEnded,
     OutboxRowNotFound,
     OutboxRowNotQuarantined,
@@ -138,6 +141,9 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),
+    JobNotEditable: ProblemType(409, "job-not-editable", "Job not editable"),
+    JobVersionMismatch: ProblemType(412, "job-version-mismatch", "Job changed since read"),
+    JobVersionRequired: ProblemType(428, "if-match-required", "If-Match required"),
     JobNotRetryable: ProblemType(409, "job-not-retryable", "Job not retryable"),
     UniqueJobExists: ProblemType(409, "unique-job-exists", "A live job holds the unique key"),
     OutboxRowNotQuarantined: ProblemType(
@@ -275,7 +281,7 @@ def _problem_parts(exc: JobcoreError) -> tuple[ProblemType, dict[str, Any], dict
     elif isinstance(exc, InvalidField) and not isinstance(exc, InvalidIdempotencyKey):
         loc = [exc.field, *exc.path]
         extensions["errors"] = _field_errors([{"loc": loc, "msg": exc.reason, "type": exc.kind}])
-    if isinstance(exc, JobNotCancellable | ResultNotReady):
+    if isinstance(exc, JobNotCancellable | ResultNotReady | JobNotEditable):
         extensions["job_status"] = exc.job_status
     if isinstance(exc, UniqueJobExists):
         extensions["job_id"] = str(exc.job_id)

@@ -91,6 +91,9 @@ class JobView(JobSummary):
     # "in backoff until 10:42:07 UTC after attempt 2 failed: ...", "running on worker w-3,
     # lease until ...". Its timeline: ``links.timeline``.
     where: str
+    # The version of the job this answer read, as in its ETag: an edit (PATCH /jobs/{id})
+    # names it in If-Match, and is refused (412) if the job changed since.
+    version: str | None = None
 
 
 class JobEventView(BaseModel):
@@ -136,6 +139,20 @@ class JobPage(BaseModel):
     items: list[JobSummary]
     next_cursor: str | None
     links: PageLinks
+
+
+class JobEdit(BaseModel):
+    """What ``PATCH /jobs/{id}`` changes in a pending job; a field left out stays as it is.
+    At least one."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    # When it may run, with a time zone offset, within a year from now.
+    run_at: datetime | SkipJsonSchema[None] = None
+    priority: PriorityLabel | SkipJsonSchema[None] = None
+    # The whole new payload, validated by the job type's model as an enqueue's is. It may
+    # not change the job's unique key nor its concurrency or rate key.
+    payload: dict[str, Any] | SkipJsonSchema[None] = None
 
 
 class CancelAnswer(BaseModel):

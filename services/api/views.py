@@ -24,6 +24,18 @@ class JsonBody(JSONResponse):
         return orjson.dumps(content)
 
 
+def etag(version: str) -> str:
+    """The ETag of a job's version (jobcore.database.sql.jobs.reads.VERSION)."""
+    return f'"{version}"'
+
+
+def job_answer(row: dict[str, Any]) -> JsonBody:
+    """A job's view, with the ETag of the version read (an edit's If-Match)."""
+    version = row.get("version")
+    headers = None if version is None else {"ETag": etag(version)}
+    return JsonBody(job_view(row), headers=headers)
+
+
 def job_path(job_id: uuid.UUID) -> str:
     return f"/jobs/{job_id}"
 
@@ -82,6 +94,7 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         waiting_for=waiting_for(row),
         where=whereabouts(row),
         ordering_key=row["ordering_key"],
+        version=row.get("version"),
     )
     # A held reason outlives the wait only on a job cancelled while held: not shown then.
     held = row["status"] == "pending" and row["held_reason"] is not None

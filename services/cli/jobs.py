@@ -1,23 +1,29 @@
-"""`jobcore jobs list|show|timeline|cancel|retry|unblock|held|republish-stale`: operators'
-view of jobs, across tenants.
+"""`jobcore jobs list|show|timeline|edit|cancel|retry|unblock|held|republish-stale`:
+operators' view of jobs, across tenants.
 
-Each verb calls its use case (:mod:`jobcore.usecases.jobs`); cancel is the same function
-as `POST /jobs/{id}/cancel`. Retry prints the new job's id.
+Each verb calls its use case (:mod:`jobcore.usecases.jobs`, :mod:`jobcore.usecases.job_edits`);
+cancel is the same function as `POST /jobs/{id}/cancel`, edit as `PATCH /jobs/{id}` (the
+version it names is the one `jobcore jobs show` prints). Retry prints the new job's id.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 import typer
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.priorities import LABELS, Priority
 from jobcore.kernel.settings import Settings
 from jobcore.kernel.states import JobStatus
+from jobcore.usecases import job_edits
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases.timeline import job_timeline
 from services.cli.common import JSON_OPTION, actor, emit, example, fail, run, settings, with_db
@@ -105,6 +111,67 @@ def timeline(
 
 def _detail_text(detail: dict[str, Any]) -> str:
     return " ".join(f"{key}={value}" for key, value in detail.items())
+
+
+@jobs_app.command(
+    "edit",
+    epilog=example(
+        "jobcore jobs edit 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a --version 48213 "
+        '--run-at 2026-12-24T09:00:00+00:00 --priority high --payload \'{"to": "a@b.c"}\''
+    ),
+)
+def edit(
+    job_id: str = typer.Argument(..., help="The id of a pending job."),
+    version: str = typer.Option(
+        ...,
+        help="The job's version as `jobcore jobs show` printed it: the edit applies only "
+        "if the job is still that version.",
+    ),
+    run_at: datetime | None = typer.Option(
+        None, help="When it may run, with a time zone offset (ISO 8601)."
+    ),
+    priority: str | None = typer.Option(None, help=f"One of {', '.join(LABELS)}."),
+    payload: str | None = typer.Option(
+        None, help="The whole new payload as JSON, or @FILE to read it from a file."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Change a pending job's run_at, priority or payload in place (audited)."""
+    ident = parse_job_id(job_id)
+    level = None
+    if priority is not None:
+        try:
+            level = Priority.parse(priority)
+        except ValueError:
+            fail(f"--priority must be one of {', '.join(LABELS)}", code=2)
+    changes = job_edits.JobChanges(run_at=run_at, priority=level, payload=_json_option(payload))
+    config = settings()
+    registry = load_job_modules(config.job_modules)
+    outcome = run(
+        _with_db(
+            config,
+            lambda db: job_edits.edit_job(
+                db, config, registry, ident, version=version, changes=changes, actor=actor()
+            ),
+        )
+    )
+    shown = {
+        "job_id": outcome.job_id,
+        "version": outcome.version,
+        "changed": ",".join(outcome.fields),
+        "message": outcome.message,
+    }
+    emit(shown, as_json=as_json)
+
+
+def _json_option(value: str | None) -> Any:
+    if value is None:
+        return None
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        fail(f"--payload is not JSON: {exc}", code=2)
 
 
 @jobs_app.command(

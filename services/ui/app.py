@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,16 +36,18 @@ from jobcore.execution.registry import Registry, load_job_modules
 from jobcore.kernel.errors import (
     BrokerUnavailable,
     DatabaseUnavailable,
+    InvalidField,
     JobcoreError,
     JobNotFound,
     ServiceStateError,
 )
+from jobcore.kernel.priorities import Priority
 from jobcore.kernel.scopes import Scope
 from jobcore.kernel.settings import Settings
 from jobcore.kernel.states import JobStatus, is_terminal
 from jobcore.storage.objectstore import open_result_store
 from jobcore.storage.results import ResultNotFound, ResultStore
-from jobcore.usecases import console, dlq, outbox
+from jobcore.usecases import console, dlq, job_edits, outbox
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
@@ -489,6 +492,25 @@ def _job_routes(app: FastAPI, state: Console) -> None:
 
         return await act(request, who, f"/jobs/{job_id}", run)
 
+    @app.post("/jobs/{job_id}/edit")
+    async def edit(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
+        form = await request.form()
+
+        async def run() -> str:
+            changes = _edit_changes(form)
+            outcome = await job_edits.edit_job(
+                _db(request),
+                state.settings,
+                state.registry,
+                job_id,
+                version=str(form.get("version") or "") or None,
+                changes=changes,
+                actor=who.session.actor,
+            )
+            return f"Job changed ({', '.join(outcome.fields)}); its message {outcome.message}."
+
+        return await act(request, who, f"/jobs/{job_id}", run)
+
     @app.post("/jobs/{job_id}/retry")
     async def retry(request: Request, who: ActionDep, job_id: uuid.UUID) -> Response:
         async def run() -> str:
@@ -516,6 +538,33 @@ def _job_routes(app: FastAPI, state: Console) -> None:
             return _replayed_words(report)
 
         return await act(request, who, f"/jobs/{job_id}", run)
+
+
+def _edit_changes(form: Any) -> job_edits.JobChanges:
+    """The edit form's fields: each left empty stays as it is. InvalidField for one that
+    does not parse (shown on the page like any refusal)."""
+    run_at = str(form.get("run_at") or "").strip()
+    priority = str(form.get("priority") or "").strip()
+    payload = str(form.get("payload") or "").strip()
+    when = None
+    if run_at:
+        try:
+            when = datetime.fromisoformat(run_at)
+        except ValueError:
+            raise InvalidField("run_at", "is not an ISO 8601 time", kind="format") from None
+    level = None
+    if priority:
+        try:
+            level = Priority.parse(priority)
+        except ValueError as exc:
+            raise InvalidField("priority", str(exc), kind="enum") from None
+    document = None
+    if payload:
+        try:
+            document = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise InvalidField("payload", "is not JSON", kind="json") from None
+    return job_edits.JobChanges(run_at=when, priority=level, payload=document)
 
 
 def _replayed_words(report: dlq.ReplayReport) -> str:

@@ -20,6 +20,8 @@ KIND_WORDS = {
     "claimed": "started (claimed by a worker)",
     "retry_scheduled": "retry scheduled",
     "released": "given back at shutdown",
+    "snoozed": "snoozed by its handler",
+    "edited": "changed in place",
     "lease_lost": "lease lost",
     "cancel_requested": "cancel requested",
     "quarantined": "quarantined in the outbox",

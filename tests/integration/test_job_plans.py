@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import psycopg
@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from jobcore.database.sql import Query, native_placeholders
 from jobcore.database.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
-from jobcore.database.sql.jobs import reads, run
+from jobcore.database.sql.jobs import edit, reads, run
 from jobcore.database.sql.jobs.enqueue import JOB_INSERT_MANY, JobInsertManyParams
 from jobcore.kernel.settings import Settings
 from tests.support import databases
@@ -42,6 +42,9 @@ BY_ID = (
     run.JOB_RETRY,
     run.JOB_END_RUNNING,
     run.JOB_RELEASE,
+    run.JOB_SNOOZE,
+    edit.JOB_LOCK_FOR_EDIT,
+    edit.JOB_EDIT,
 )
 # Indexes that hold jobs by status: reading one of them finds every pending (or running) job.
 BY_STATUS = re.compile(
@@ -344,3 +347,130 @@ def test_an_entitys_page_reads_the_partial_entity_index_that_jobs_without_one_st
         " pg_relation_size('jobs_tenant_created_idx')",
     )
     assert entity * 100 < tenant, (entity, tenant)
+
+
+# --- the job's own control: a snooze and an edit, at a million jobs ----------------------
+
+# One job in ten of the million has a message still in the outbox (100,000 rows, a tenth
+# of them the pending jobs'), for the edit's look for the job's unpublished message.
+OUTBOX_ROWS = """
+    INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id, tenant,
+                        available_at)
+    SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop', '\\x7b7d'::bytea,
+           ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 't', now()
+    FROM generate_series(10, %(n)s, 10) AS g
+"""
+
+
+def _job_id(g: int) -> uuid.UUID:
+    return uuid.UUID(f"00000000-0000-4000-8000-{g:012x}")
+
+
+def _explain_write(
+    url: str, query: Query[Any], params: dict[str, Any], *, setup: list[tuple[str, Any]]
+) -> tuple[dict[str, Any], str, list[Any]]:
+    """A writing statement's plan, run as the pools run it (a generic plan) after ``setup``
+    in one transaction that rolls back: the shared million stays as it was. Also the
+    statement's answer (its rows, from a second run after the first rolled back)."""
+    sql, names = native_placeholders(query.sql)
+    with psycopg.connect(url, cursor_factory=psycopg.ClientCursor) as conn:
+        cur = conn.cursor()
+        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
+        try:
+            for statement, args in setup:
+                conn.execute(statement, args)
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE measured AS {sql}")
+            row = conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({values})"
+            ).fetchone()
+            text = conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE measured({values})").fetchall()
+        finally:
+            conn.rollback()
+        try:
+            for statement, args in setup:
+                conn.execute(statement, args)
+            answer = conn.execute(query.sql, params).fetchall()
+        finally:
+            conn.rollback()
+    assert row is not None
+    return row[0][0]["Plan"], "\n".join(line for (line,) in text), answer
+
+
+def test_a_snooze_writes_its_job_event_and_message_by_key_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    job_id, token = _job_id(500_000), uuid.uuid4()
+    params = {
+        "id": job_id,
+        "lease_token": token,
+        "delay": 60.0,
+        "max_snoozes": 100,
+        "cap_error": "capped",
+        "channel": "jobcore_outbox",
+        "message_id": uuid.uuid4(),
+        "exchange": "jobcore.jobs",
+        "routing_key": "default",
+        "message_type": "noop",
+        "headers": Jsonb({}),
+        "body": b"{}",
+        "webhook_max_attempts": 8,
+        "webhook_exchange": "jobcore.jobs",
+        "webhook_routing_key": "webhooks",
+        "webhook_outbox_channel": "jobcore_outbox",
+    }
+    running = (
+        "UPDATE jobs SET status = 'running', attempts = 1, lease_token = %s WHERE id = %s",
+        (token, job_id),
+    )
+    plan, text, answer = _explain_write(million_jobs, run.JOB_SNOOZE, params, setup=[running])
+    assert "Seq Scan on jobs" not in text, text
+    assert "jobs_pkey" in text, text
+    assert [(row[0], row[1]) for row in answer] == [(job_id, "pending")]
+    # What it reads is the job's row and its index entries, as the release it is modelled on
+    # (a status change updates every index of jobs: a couple of hundred buffers, whatever
+    # the table's 15,000 pages).
+    released, _, _ = _explain_write(
+        million_jobs, run.JOB_RELEASE, {**params, "error": None}, setup=[running]
+    )
+    assert _buffers(plan) <= _buffers(released) + 50, (_buffers(plan), _buffers(released), text)
+    assert _buffers(plan) <= 500, (_buffers(plan), text)
+
+
+def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    job_id = _job_id(500_000)  # pending, and one of the jobs with an outbox row
+    outbox = (OUTBOX_ROWS, {"n": MILLION})
+    analyzed = ("ANALYZE outbox", None)
+    lock_plan, lock_text, [locked] = _explain_write(
+        million_jobs, edit.JOB_LOCK_FOR_EDIT, {"id": job_id, "tenant": None}, setup=[]
+    )
+    assert "jobs_pkey" in lock_text, lock_text
+    assert _buffers(lock_plan) <= 10, (_buffers(lock_plan), lock_text)
+    params = {
+        "id": job_id,
+        "version": locked[6],
+        "payload": Jsonb({"changed": True}),
+        "priority": 2,
+        "run_at": datetime.now(UTC) + timedelta(hours=1),
+        "fields": ["run_at", "priority", "payload"],
+        "actor": "plans",
+        "channel": "jobcore_outbox",
+        "message_id": uuid.uuid4(),
+        "exchange": "jobcore.jobs",
+        "routing_key": "default",
+        "message_type": "noop",
+        "headers": Jsonb({}),
+        "body": b"{}",
+    }
+    plan, text, answer = _explain_write(
+        million_jobs, edit.JOB_EDIT, params, setup=[outbox, analyzed]
+    )
+    assert "Seq Scan" not in text, text
+    assert "jobs_pkey" in text, text
+    assert "outbox_job_idx" in text, text
+    assert _buffers(plan) <= 150, (_buffers(plan), text)
+    # The job's one unpublished message moved; none was added.
+    [(edited_id, _version, _due, moved, superseded, _notified)] = answer
+    assert (edited_id, moved, superseded) == (job_id, 1, 0)

@@ -55,6 +55,7 @@ def test_every_verb_is_registered() -> None:
             "list": None,
             "show": None,
             "timeline": None,
+            "edit": None,
             "cancel": None,
             "retry": None,
             "unblock": None,

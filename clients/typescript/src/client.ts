@@ -14,6 +14,7 @@ export type JobView = Schemas["JobView"];
 export type JobStatus = Schemas["JobStatus"];
 export type Accepted = Schemas["Accepted"];
 export type CancelAnswer = Schemas["CancelAnswer"];
+export type JobEdit = Schemas["JobEdit"];
 
 /** Each job type's enqueue route, keyed by the type's name (`POST /jobs/{type}`). */
 type EnqueueRoutes = {
@@ -187,6 +188,28 @@ export class JobcoreClient {
     const type = contentType(response);
     if (type === "application/json") return { stored: false, value: await response.json() };
     return { stored: true, contentType: type, response };
+  }
+
+  /**
+   * Change a pending job's `run_at`, `priority` or `payload` in place, if it is still the
+   * version read (`JobView.version`, the ETag of `get`); the job after the edit, with its
+   * new `version`.
+   * @throws PreconditionError (412) when the job changed since that version was read.
+   * @throws ConflictError (409) when it was claimed or has ended.
+   */
+  async edit(
+    jobId: string,
+    version: string,
+    changes: JobEdit,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<JobView> {
+    const { data, error, response } = await this.api.PATCH("/jobs/{job_id}", {
+      params: { path: { job_id: jobId }, header: { "If-Match": `"${version}"` } },
+      body: changes,
+      signal: options.signal,
+    });
+    if (!response.ok || data === undefined) throw problemError(response, error);
+    return data;
   }
 
   /**

@@ -71,6 +71,14 @@ export class ConflictError extends ProblemError {
   override name = "ConflictError";
 }
 
+/**
+ * 412: the job changed since the version an edit names was read (read it again); 428: an
+ * edit named no version.
+ */
+export class PreconditionError extends ProblemError {
+  override name = "PreconditionError";
+}
+
 /** 429: a tenant quota or the API's long-poll cap; retried by the client until its attempts run out. */
 export class RateLimitedError extends ProblemError {
   override name = "RateLimitedError";
@@ -98,7 +106,9 @@ const BY_STATUS: Record<number, new (problem: Problem, retryAfter?: number) => P
   403: PermissionError,
   404: NotFoundError,
   409: ConflictError,
+  412: PreconditionError,
   422: InvalidRequestError,
+  428: PreconditionError,
   429: RateLimitedError,
   503: UnavailableError,
 };

@@ -58,6 +58,7 @@ class AuditAction(StrEnum):
     JOB_CANCEL = "job.cancel"
     JOB_RETRY = "job.retry"
     JOB_UNBLOCK = "job.unblock"
+    JOB_EDIT = "job.edit"
     JOBS_REPUBLISH_STALE = "jobs.republish_stale"
     OUTBOX_REQUEUE = "outbox.requeue"
     OUTBOX_DISCARD = "outbox.discard"

@@ -215,6 +215,26 @@ class AsyncClient:
         kept in the job (:attr:`Job.payload` is None then, ``payload_ref`` set)."""
         return await self._run(self._core.payload(job_id))
 
+    async def edit(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        version: str,
+        run_at: datetime | None = None,
+        priority: str | None = None,
+        payload: Mapping[str, Any] | BaseModel | None = None,
+    ) -> Job:
+        """Change a pending job's ``run_at``, ``priority`` (``"high"``, ``"normal"``,
+        ``"low"``) or ``payload`` in place, if it is still ``version`` (``Job.version``
+        of :meth:`get`); the job after the edit, with its new version.
+        :class:`~jobcore.client.PreconditionFailed` when it changed since,
+        :class:`~jobcore.client.Conflict` when it was claimed or ended."""
+        return await self._run(
+            self._core.edit(
+                job_id, version=version, run_at=run_at, priority=priority, payload=payload
+            )
+        )
+
     async def cancel(self, job_id: uuid.UUID | str) -> CancelAnswer:
         """``POST /jobs/{id}/cancel``; :class:`~jobcore.client.Conflict` once it ended."""
         return await self._run(self._core.cancel(job_id))

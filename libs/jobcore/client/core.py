@@ -297,6 +297,35 @@ class Core:
         response, _ = yield from self.download(f"/jobs/{job_id}/payload")
         return orjson.loads(response.content)
 
+    def edit(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        version: str,
+        run_at: datetime | None = None,
+        priority: str | None = None,
+        payload: Mapping[str, Any] | BaseModel | None = None,
+    ) -> Flow[Job]:
+        """``PATCH /jobs/{id}`` with ``If-Match`` naming ``version`` (a :class:`Job`'s):
+        the job as it is after the edit. Not retried on a 412 or 409: the job changed."""
+        body: dict[str, Any] = {}
+        if run_at is not None:
+            body["run_at"] = run_at.isoformat()
+        if priority is not None:
+            body["priority"] = priority
+        if payload is not None:
+            body["payload"] = (
+                payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+            )
+        call = self.call(
+            "PATCH",
+            f"/jobs/{job_id}",
+            headers={"Content-Type": "application/json", "If-Match": f'"{version}"'},
+            content=orjson.dumps(body),
+        )
+        response = yield from self.exchange(call)
+        return Job.model_validate_json(response.content)
+
     def cancel(self, job_id: uuid.UUID | str) -> Flow[CancelAnswer]:
         response = yield from self.exchange(self.call("POST", f"/jobs/{job_id}/cancel"))
         return CancelAnswer.model_validate_json(response.content)

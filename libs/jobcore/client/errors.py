@@ -90,6 +90,14 @@ class Conflict(ClientError):
     """409: the job is not in a state for that (``extensions["job_status"]``)."""
 
 
+class PreconditionFailed(ClientError):
+    """412: the job changed since the version an edit names was read: read it again."""
+
+
+class PreconditionRequired(ClientError):
+    """428: an edit must name the version of the job it was decided on."""
+
+
 class ContentTooLarge(ClientError):
     """413: the payload is larger than the API takes."""
 
@@ -121,9 +129,11 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    412: PreconditionFailed,
     413: ContentTooLarge,
     415: UnsupportedMediaType,
     422: UnprocessableContent,
+    428: PreconditionRequired,
     429: TooManyRequests,
     503: ServiceUnavailable,
 }

@@ -93,6 +93,9 @@ class Job(JobSummary):
     # Where the job is now and what it waits for, in words (servers before job timelines
     # do not say).
     where: str | None = None
+    # The version read (its ETag): :meth:`Client.edit` changes the job only if it is still
+    # this version (servers before edits do not say).
+    version: str | None = None
 
 
 class PageLinks(_Answer):

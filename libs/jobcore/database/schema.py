@@ -150,6 +150,13 @@ jobs = Table(
     # Times an object-store outage gave the job back without spending an attempt
     # (jobcore.execution.outcomes.GiveBack): past JOBCORE_MAX_STORE_GIVE_BACKS an outage counts.
     Column("store_give_backs", Integer, nullable=False, server_default=text("0")),
+    # Times its handler snoozed it (jobcore.execution.outcomes.Snooze): pending again later
+    # without spending an attempt, up to its type's cap.
+    Column("snoozes", Integer, nullable=False, server_default=text("0")),
+    # The earliest its next claim may happen, set by a snooze and by an edit of its run_at
+    # (jobcore.usecases.job_edits): a message of its attempt that arrives before claims
+    # nothing (a copy published earlier, a message an edit superseded). Cleared by the claim.
+    _timestamp("not_before"),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),

@@ -74,6 +74,8 @@ class ClaimedJob:
     payload_ref: str | None = None
     # Times an object-store outage gave the job back already (outcomes.store_failed).
     store_give_backs: int = 0
+    # Times its handler snoozed it already (jobcore.kernel.errors.Snooze).
+    snoozes: int = 0
     # The claim's first try committed unanswered and this one took what it claimed.
     resumed: bool = False
 
@@ -95,6 +97,7 @@ class ClaimedJob:
             due_at=row["due_at"],
             payload_ref=row.get("payload_ref"),
             store_give_backs=row.get("store_give_backs", 0),
+            snoozes=row.get("snoozes", 0),
             resumed=bool(row.get("resumed")),
         )
 

@@ -56,6 +56,7 @@ from jobcore.database.store import (
     JobProgressSetParams,
     JobReleaseParams,
     JobRetryParams,
+    JobSnoozeParams,
     JobSucceedManyParams,
     OutboxMessageParams,
     Statement,
@@ -76,6 +77,7 @@ from jobcore.execution.outcomes import (
     give_back_delay,
     handler_failed,
     invalid_payload,
+    snooze_cap_error,
     store_failed,
     success,
 )
@@ -89,6 +91,7 @@ from jobcore.kernel.errors import (
     LeaseLost,
     PermanentError,
     ServiceStateError,
+    Snooze,
     StoreRefused,
     TransientConflict,
 )
@@ -433,6 +436,7 @@ class JobExecutor:
             lease_token=job.lease_token,
             open_transaction=lambda: self._transaction(running),
             report_progress=lambda fraction, message: running.progress.report(fraction, message),
+            snoozes=job.snoozes,
         )
         progress = JobProgress(
             lambda fraction, message: self._write_progress(running, fraction, message),
@@ -510,6 +514,8 @@ class JobExecutor:
                     "lease lost before the handler's transaction committed; it was rolled back",
                     extra=job.log_fields,
                 )
+            elif isinstance(error, Snooze):
+                await self._snooze(job, error)
             else:
                 outcome = handler_failed(
                     error,
@@ -519,6 +525,8 @@ class JobExecutor:
                     give_backs=job.store_give_backs,
                 )
                 await self._apply(job, outcome)
+        elif isinstance(result, Snooze):
+            await self._snooze(job, result)
         else:
             await self._succeed(running, result)
 
@@ -753,6 +761,40 @@ class JobExecutor:
             log.info(
                 "attempt failed; retry scheduled",
                 extra={**job.log_fields, "error": error, "delay": round(delay, 3)},
+            )
+
+    async def _snooze(self, job: ClaimedJob, snooze: Snooze) -> None:
+        """The handler asked to run the job again in ``snooze.seconds``: pending again,
+        its attempt unspent (the new message carries the same attempt number), unless the
+        snooze is past its type's cap (then it fails) or its cancellation was asked for
+        (JOB_SNOOZE)."""
+        cap = job.job_type.max_snoozes
+        if cap is None:
+            cap = self.settings.max_snoozes
+        message = self._message(job, attempt=job.attempt)
+        params: JobSnoozeParams = {
+            **self._fence(job),
+            **message,
+            "channel": OUTBOX_CHANNEL,
+            "delay": snooze.seconds,
+            "max_snoozes": cap,
+            "cap_error": snooze_cap_error(cap, snooze.seconds),
+        }
+        row = await self._write_fenced(
+            job, "snooze", job_store.snooze_statement(params), message_id=message["message_id"]
+        )
+        if row is None:
+            return
+        if row["status"] == "cancelled":
+            self._cancelled(job)
+        elif row["status"] == "failed":
+            self.metrics.processed("failed", job)
+            log.warning("job failed: past its snooze cap", extra={**job.log_fields, "cap": cap})
+        else:
+            self.metrics.processed("snoozed", job)
+            log.info(
+                "job snoozed; its attempt is not spent",
+                extra={**job.log_fields, "delay": snooze.seconds},
             )
 
     def _cancelled(self, job: ClaimedJob) -> None:

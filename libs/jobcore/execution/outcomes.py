@@ -265,3 +265,11 @@ def undeliverable_note(attempt: int, exc: Exception) -> str:
         f"attempt {attempt}'s message was dead-lettered by a worker that does "
         f"not know the job type ({exc}); `jobcore dlq replay` runs it once one does"
     )
+
+
+def snooze_cap_error(cap: int, seconds: float) -> str:
+    """The last_error of a job whose handler snoozed it once more than its type's cap."""
+    return (
+        f"snoozed {cap} times already, its job type's cap (max_snoozes, else "
+        f"JOBCORE_MAX_SNOOZES): failed instead of snoozing again for {seconds:g} s"
+    )

@@ -42,6 +42,7 @@ P = TypeVar("P", bound=BaseModel)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 MAX_ATTEMPTS_LIMIT = 100
+MAX_SNOOZES_LIMIT = 100_000
 # Queues jobcore consumes for its own messages: a job type there would be read as one.
 RESERVED_QUEUES = frozenset({WEBHOOKS_QUEUE})
 
@@ -71,6 +72,9 @@ class JobContext(Generic[P]):
     lease_token: uuid.UUID | None = None
     open_transaction: Callable[[], AbstractAsyncContextManager[JobTransaction]] | None = None
     report_progress: Callable[[float, str | None], None] | None = None
+    # Times the job was snoozed before this run (jobcore.kernel.errors.Snooze): a snooze
+    # keeps the attempt number, and this tells a handler how long it has been waiting.
+    snoozes: int = 0
 
     @property
     def fence(self) -> Fence:
@@ -176,6 +180,8 @@ class JobType(Generic[P]):
     concurrency: Limit | None = None
     rate: Rate | None = None
     ordering: OrderingOnFailure = "block"
+    # Snoozes one job may have (jobcore.kernel.errors.Snooze); None: JOBCORE_MAX_SNOOZES.
+    max_snoozes: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -193,6 +199,8 @@ class JobType(Generic[P]):
                 f"unique_field {self.unique_field!r} is not a field of "
                 f"{self.payload_model.__name__}"
             )
+        if self.max_snoozes is not None and not 0 <= self.max_snoozes <= MAX_SNOOZES_LIMIT:
+            raise ValueError(f"max_snoozes must be within 0..{MAX_SNOOZES_LIMIT}")
         if self.ordering not in ("block", "skip"):
             raise ValueError("ordering must be 'block' or 'skip'")
 
@@ -246,6 +254,7 @@ class Registry:
         concurrency: Limit | None = None,
         rate: Rate | None = None,
         ordering: OrderingOnFailure = "block",
+        max_snoozes: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
         ``unique_field="account_id"``: one live job per tenant and account id; ``priority``
@@ -267,6 +276,7 @@ class Registry:
                     concurrency=concurrency,
                     rate=rate,
                     ordering=ordering,
+                    max_snoozes=max_snoozes,
                 )
             )
             return handler

@@ -105,6 +105,33 @@ class JobNotCancellable(JobcoreError):
         super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
 
 
+class JobNotEditable(JobcoreError):
+    """Only a pending job can be changed in place: it was claimed or it ended."""
+
+    def __init__(self, job_status: str) -> None:
+        self.job_status = job_status
+        super().__init__(
+            f"the job is {job_status}; only a pending job can be changed (it was claimed or "
+            "it ended since it was read)"
+        )
+
+
+class JobVersionMismatch(JobcoreError):
+    """The job changed since the version the edit names was read: read it again."""
+
+    def __init__(self, current: str) -> None:
+        self.current = current
+        super().__init__(
+            "the job changed since that version was read; read it again (its ETag) and "
+            "decide on the job as it is now"
+        )
+
+
+class JobVersionRequired(JobcoreError):
+    """An edit names the version of the job it was decided on (If-Match: the ETag of
+    GET /jobs/{id})."""
+
+
 class JobNotRetryable(JobcoreError):
     """Only a failed or cancelled job can be retried."""
 
@@ -143,6 +170,26 @@ class PoisonMessage(JobcoreError):
 
 class PermanentError(JobcoreError):
     """The job failed and retrying cannot help."""
+
+
+# The longest a snooze may last: a year, as far ahead as an enqueue's run_at.
+MAX_SNOOZE_SECONDS = 366 * 86_400
+
+
+class Snooze(Exception):
+    """Run this job again in ``seconds``, without spending an attempt.
+
+    A handler returns it or raises it (``return Snooze(60)``, ``raise Snooze(60)``): the job
+    goes back to pending, due in ``seconds``, with a ``snoozed`` event; what it held is
+    released or kept as the how-to on snoozing says. A job type's ``max_snoozes`` (else
+    ``JOBCORE_MAX_SNOOZES``) caps the snoozes of one job: the one past it fails the job.
+    Not a :class:`JobcoreError`: nothing went wrong."""
+
+    def __init__(self, seconds: float) -> None:
+        if not 0 <= seconds <= MAX_SNOOZE_SECONDS or seconds != seconds:
+            raise ValueError(f"a snooze lasts 0 to {MAX_SNOOZE_SECONDS} seconds, not {seconds!r}")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {self.seconds:g} s")
 
 
 class StoreRefused(JobcoreError, OSError):

@@ -24,6 +24,11 @@ class JobEventKind(StrEnum):
     # Its worker shut down mid-attempt, or met an object store outage (detail: worker; for
     # an outage also error, until): the attempt does not count.
     RELEASED = "released"
+    # Its handler asked to run it again later (detail: until, snoozes): the attempt does
+    # not count.
+    SNOOZED = "snoozed"
+    # Changed in place while pending (detail: fields, run_at, priority, by): PATCH /jobs/{id}.
+    EDITED = "edited"
     LEASE_LOST = "lease_lost"  # the reaper found its lease expired (detail: worker, then)
     CANCEL_REQUESTED = "cancel_requested"  # while running (the worker is told)
     QUARANTINED = "quarantined"  # the relay gave up on its message (detail: outbox_id, error)

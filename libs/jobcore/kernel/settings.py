@@ -267,6 +267,9 @@ class Settings(BaseSettings):
     # in the job's life; after that, an outage fails the attempt like any error (retried
     # after the backoff, or the job fails on its last). 0: every outage costs an attempt.
     max_store_give_backs: int = Field(default=10, ge=0, le=10_000)
+    # A handler's snoozes (jobcore.kernel.errors.Snooze) a job may have in its life unless
+    # its type says otherwise (max_snoozes); the one past it fails the job.
+    max_snoozes: int = Field(default=100, ge=0, le=100_000)
     # A failed attempt waits a random time in [0, min(cap, base * 2**(attempt-1))] seconds.
     retry_backoff_base: float = Field(default=2.0, gt=0, le=3600)
     retry_backoff_cap: float = Field(default=600.0, gt=0, le=86_400)

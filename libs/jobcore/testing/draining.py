@@ -73,6 +73,8 @@ class Drained:
     # Attempts given back because the object store was unavailable (as the worker does:
     # they consume no attempt, and are not counted in attempts).
     given_back: int = 0
+    # Attempts whose handler snoozed the job (pending again later, its attempt unspent).
+    snoozed: int = 0
     # Seconds until the next message left in the outbox falls due (a job scheduled later
     # than the drain waits for); None when none waits.
     next_due_in: float | None = None
@@ -107,6 +109,8 @@ class _DrainCounts:
             self.drained.retried += 1
         elif outcome == "store_unavailable":
             self.drained.given_back += 1
+        elif outcome == "snoozed":
+            self.drained.snoozed += 1
 
     def retry_scheduled(self) -> None:
         return None

@@ -11,6 +11,8 @@
   long-polls, the jobs waited for) and listens to;
 - :mod:`~jobcore.usecases.jobs`: cancel, retry, unblock, list (the held ones too), show and
   republish stale jobs;
+- :mod:`~jobcore.usecases.job_edits`: change a pending job in place (run_at, priority,
+  payload), compare-and-set on the version read;
 - :mod:`~jobcore.usecases.timeline`: a job's events and where it is now;
 - :mod:`~jobcore.usecases.outbox`: the outbox's status, failing and quarantined rows,
   requeue and discard;

@@ -182,6 +182,13 @@ def _in_outbox(job: Mapping[str, Any], now: datetime) -> str:
             f"again at {_clock(available, now)}"
         )
     if available > now:
+        if job["last_event_kind"] == JobEventKind.SNOOZED:
+            return (
+                f"snoozed by its handler until {_clock(available, now)} "
+                f"(snooze {job['snoozes']}; its attempt {job['attempts'] + 1} is not spent)"
+            )
+        if job["last_event_kind"] == JobEventKind.EDITED:
+            return f"due at {_clock(available, now)} (its run_at, changed in place)"
         if job["attempts"] > 0:
             return (
                 f"in backoff until {_clock(available, now)} after attempt {job['attempts']} "

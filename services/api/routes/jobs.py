@@ -14,20 +14,22 @@ import uuid
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from pydantic.json_schema import models_json_schema
 from starlette.responses import FileResponse, RedirectResponse, Response
 
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.registry import JobType, Registry
 from jobcore.kernel.errors import JobNotFound, UnknownJobType
+from jobcore.kernel.priorities import Priority
 from jobcore.kernel.states import JobStatus
+from jobcore.usecases import job_edits, reads
 from jobcore.usecases import jobs as job_usecases
-from jobcore.usecases import reads
 from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
+from jobcore.usecases.job_edits import JobChanges
 from jobcore.usecases.timeline import job_timeline
 from services.api import paths, views
-from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
+from services.api.auth import ActorDep, CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.cursor import CURSOR_PATTERN, MAX_CURSOR_LENGTH, decode_cursor, encode_cursor
 from services.api.deps import DbDep, SessionDep, StateDep
 from services.api.metrics import ENQUEUE_ROUTE_PREFIX
@@ -37,6 +39,7 @@ from services.api.schemas import (
     Accepted,
     BatchAnswer,
     CancelAnswer,
+    JobEdit,
     JobPage,
     JobTimelineView,
     JobView,
@@ -204,6 +207,63 @@ async def get_payload(
     return Response(data, media_type="application/json")
 
 
+# Read as optional, so that a request without it is answered 428 (not FastAPI's 422);
+# documented as required (_IF_MATCH).
+IfMatchHeader = Annotated[str | None, Header(alias="If-Match", include_in_schema=False)]
+_IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "required": True,
+    "description": "The ETag of the job as `GET /jobs/{id}` answered it (its `version`, "
+    "quoted): the edit applies only if the job is still that version. Without it, or with "
+    "`*` or a weak ETag: 428.",
+    "schema": {"type": "string", "pattern": '^"[0-9]{1,20}"$', "examples": ['"48213"']},
+}
+
+
+def if_match_version(value: str | None) -> str | None:
+    """The version an If-Match names: its one strong ETag, unquoted. None (428) without
+    one; ``*`` names no version and a weak ETag is not a version either, so an edit
+    cannot skip the comparison."""
+    if value is None:
+        return None
+    tag = value.strip()
+    if len(tag) < 2 or not (tag.startswith('"') and tag.endswith('"')) or "," in tag:
+        return None
+    return tag[1:-1]
+
+
+async def edit_job(
+    job_id: uuid.UUID,
+    edit: JobEdit,
+    tenant: TenantDep,
+    actor: ActorDep,
+    db: DbDep,
+    state: StateDep,
+    if_match: IfMatchHeader = None,
+) -> Response:
+    """Change a pending job's `run_at`, `priority` or `payload` in place, if it is still
+    the version read (`If-Match`). Answers the job as it is now, with its new ETag."""
+    changes = JobChanges(
+        run_at=edit.run_at,
+        priority=None if edit.priority is None else Priority.parse(edit.priority),
+        payload=edit.payload,
+    )
+    await job_edits.edit_job(
+        db,
+        state.settings,
+        state.registry,
+        job_id,
+        version=if_match_version(if_match),
+        changes=changes,
+        actor=actor,
+        tenant=tenant,
+    )
+    async with db.session() as session:
+        row = await reads.get_job(session, tenant, job_id)
+    return views.job_answer(row)
+
+
 async def get_timeline(job_id: uuid.UUID, tenant: TenantDep, db: DbDep) -> Response:
     """The job's events, oldest first (accepted, published, claimed, retries, its end, each
     webhook attempt), and where it is now in words. Another tenant's job is 404."""
@@ -291,6 +351,39 @@ def build_router(registry: Registry) -> APIRouter:
             },
         },
         route_class_override=ReadRoute,
+    )
+    router.add_api_route(
+        paths.ONE_JOB,
+        edit_job,
+        methods=["PATCH"],
+        response_model=JobView,
+        summary="Change a pending job in place",
+        description="Changes `run_at`, `priority` and `payload` of a job that is pending "
+        "(never claimed since it was read, or back to pending), compare-and-set on the "
+        "version read: `If-Match` names the ETag of `GET /jobs/{id}`. `428` without it, "
+        "`412` when the job changed since (read it again), `409` when it was claimed or "
+        "ended (a running attempt never sees a change). A new payload is validated as an "
+        "enqueue's and may not change the job's unique, concurrency or rate key (`422`). "
+        "Audited; the job's timeline gets an `edited` event.",
+        responses={
+            200: {
+                "description": "Changed: the job as it is now.",
+                "headers": {
+                    "ETag": {
+                        "description": "The job's new version: the next edit's `If-Match`.",
+                        "schema": {"type": "string"},
+                    }
+                },
+            },
+            **_problems(404, 409, 412, 422, 428),
+            405: {
+                "model": Problem,
+                "description": "The id is shaped like a job type name: the path is that "
+                "type's enqueue route (`POST` only).",
+            },
+        },
+        openapi_extra={"parameters": [_IF_MATCH]},
+        route_class_override=EnqueueRoute,
     )
     router.add_api_route(
         "/jobs/{job_id}/result",

@@ -29,7 +29,6 @@ from services.api import views
 from services.api.auth import TenantDep
 from services.api.deps import DbDep, StateDep
 from services.api.longpolls import LongPollSlots
-from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
 
 WaitQuery = Annotated[
@@ -121,7 +120,7 @@ async def get_job(
     seconds = wait_seconds(wait, state.settings.api_max_wait)
     if seconds <= 0:
         row = await read_job(db, tenant, job_id)
-        return JsonBody(views.job_view(row))
+        return views.job_answer(row)
     waiters = job_waiters(request)
     slots = long_poll_slots(request)
     loop = asyncio.get_running_loop()
@@ -131,7 +130,7 @@ async def get_job(
         row, cap = await read_job_to_wait(db, tenant, job_id, state.settings.quota_max_long_polls)
         first = row
         if is_terminal(row["status"]):
-            return JsonBody(views.job_view(row))
+            return views.job_answer(row)
         # Only a wait that would park takes a slot (after authentication: docs/design.md, 13).
         with slots.hold(tenant, cap):
             while not answered(row, first, on):
@@ -144,4 +143,4 @@ async def get_job(
                 if reread is None:  # pragma: no cover - jobs are not deleted while waited on
                     raise JobNotFound("no job with that id")
                 row = reread
-    return JsonBody(views.job_view(row))
+    return views.job_answer(row)

@@ -124,21 +124,21 @@ async def test_unknown_paths_and_methods_are_problem_json(
 async def test_a_405_allows_exactly_the_methods_of_its_path(
     api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
 ) -> None:
-    """/jobs/{job_id} (GET) and /jobs/{type} (POST) share one segment: each path lists
+    """/jobs/{job_id} (GET, PATCH) and /jobs/{type} (POST) share one segment: each path lists
     its own methods only, whatever the route order (OPTIONS answered Allow: POST for a
     job, from the enqueue catch-all)."""
     job = str(uuid.uuid4())
     for method, path, allowed in [
-        ("OPTIONS", f"/jobs/{job}", "GET"),
-        ("POST", f"/jobs/{job}", "GET"),
-        ("DELETE", f"/jobs/{job}", "GET"),
+        ("OPTIONS", f"/jobs/{job}", "GET, PATCH"),
+        ("POST", f"/jobs/{job}", "GET, PATCH"),
+        ("DELETE", f"/jobs/{job}", "GET, PATCH"),
         ("OPTIONS", "/jobs/echo", "POST"),
         ("GET", "/jobs/echo", "POST"),
         ("OPTIONS", "/jobs", "GET"),
         ("OPTIONS", f"/jobs/{job}/cancel", "POST"),
         ("PUT", f"/jobs/{job}/result", "GET"),
         # Matched by both: an unregistered type for POST, a malformed id for GET.
-        ("OPTIONS", "/jobs/Not_A_Type", "GET, POST"),
+        ("OPTIONS", "/jobs/Not_A_Type", "GET, PATCH, POST"),
     ]:
         response = await api_client.request(method, path, headers=auth)
         assert_problem(response, 405, "method-not-allowed")

@@ -242,3 +242,31 @@ async def test_held_and_unblock(db: Database, topology: Topology, settings: Sett
     assert refused.returncode != 0
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "only a failed job of an ordering key" in refused.stderr
+
+
+async def test_edit_changes_a_pending_job_of_the_version_shown(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    job = await submit(db, topology, "alpha", "x")
+    version = jobs_json(settings, "show", str(job))["version"]
+    edited = jobs_json(
+        settings,
+        "edit",
+        str(job),
+        "--version",
+        version,
+        "--priority",
+        "low",
+        "--payload",
+        '{"text": "y"}',
+    )
+    assert edited["changed"] == "priority,payload"
+    assert edited["version"] != version
+    shown = jobs_json(settings, "show", str(job))
+    assert (shown["payload"], shown["priority"]) == ({"text": "y", "count": 1}, 0)
+
+    stale = jobs_cli(settings, "edit", str(job), "--version", version, "--priority", "high")
+    assert stale.returncode == 1
+    assert stale.stderr.count("\n") == 1
+    assert "changed since" in stale.stderr
+    assert jobs_json(settings, "show", str(job))["priority"] == 0  # unchanged

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from jobcore.client import (
     Job,
     JobResult,
     NotFound,
+    PreconditionFailed,
     Unauthorized,
     UnprocessableContent,
     WaitTimeout,
@@ -187,3 +189,34 @@ async def test_pages_cancel_waits_and_errors(settings: Settings, tmp_path: Path)
             with pytest.raises(Unauthorized) as refused:
                 await stranger.get(batch[0])
             assert refused.value.slug == "invalid-api-key"
+
+
+async def test_an_edit_moves_a_scheduled_job_and_changes_what_it_runs(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with (
+        Stack(settings, tmp_path / "logs", relays=1, workers=1) as stack,
+        AsyncClient(stack.api_url, stack.api_key) as client,
+    ):
+        later = await client.enqueue("echo", {"text": "old"}, delay=3600)
+        read = await client.get(later.job_id)
+        assert read.version is not None
+        edited = await client.edit(
+            later.job_id,
+            version=read.version,
+            run_at=datetime.now(UTC) + timedelta(seconds=1),
+            priority="high",
+            payload={"text": "new"},
+        )
+        assert (edited.payload, edited.priority) == ({"text": "new", "count": 1}, "high")
+        assert edited.version != read.version
+        # The version read before the edit is no longer the job's.
+        with pytest.raises(PreconditionFailed):
+            await client.edit(later.job_id, version=read.version, priority="low")
+        # Moved from an hour ahead to a second: a relay and a worker run it, edited.
+        done = await client.wait(later.job_id, timeout=WAIT)
+        assert (done.status, done.result) == ("succeeded", {"text": "new"})
+        assert done.version is not None
+        with pytest.raises(Conflict) as ended:
+            await client.edit(later.job_id, version=done.version, priority="low")
+        assert ended.value.extensions["job_status"] == "succeeded"

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jobcore.examples.jobtypes import CreditAccountPayload, post_credit
 from jobcore.execution.registry import JobContext, Registry
-from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.errors import PermanentError, Snooze
+from jobcore.kernel.gates import Limit
 
 REGISTRY = Registry()
 
@@ -67,3 +68,35 @@ async def kit_credit(ctx: JobContext[CreditAccountPayload]) -> None:
     await ctx.progress(0.5, "crediting")
     async with ctx.transaction() as tx:
         tx.set_result(await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents))
+
+
+# Runs of each kit_snooze job, by job id (the handler snoozes its first).
+SNOOZE_RUNS: dict[uuid.UUID, int] = {}
+
+
+class SnoozePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(default=0.2, ge=0)
+
+
+@REGISTRY.job("kit_snooze", payload=SnoozePayload, max_attempts=1, timeout=5, lease=5)
+async def kit_snooze(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
+    """Snoozes its first run; returns its attempt and run on the second."""
+    runs = SNOOZE_RUNS[ctx.job_id] = SNOOZE_RUNS.get(ctx.job_id, 0) + 1
+    if runs == 1:
+        raise Snooze(ctx.payload.seconds)
+    return {"attempt": ctx.attempt, "run": runs}
+
+
+@REGISTRY.job(
+    "kit_snooze_limited",
+    payload=SnoozePayload,
+    max_attempts=1,
+    timeout=5,
+    lease=5,
+    concurrency=Limit(1),
+)
+async def kit_snooze_limited(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
+    """kit_snooze, one running at a time."""
+    return await kit_snooze(ctx)

@@ -184,3 +184,62 @@ async def test_a_handler_reports_progress_and_commits_its_writes_with_its_succes
         worker.db, "SELECT amount_cents FROM ledger_entries WHERE job_id = %s", job_id
     )
     assert entries == [{"amount_cents": 250}]
+
+
+async def test_a_snooze_runs_the_job_again_within_the_drain_without_spending_an_attempt(
+    worker: InlineWorker,
+) -> None:
+    job_id = await worker.enqueue("kit_snooze", {"seconds": 0.2})
+    drained = await worker.drain(scheduled_within=5)
+    job = await worker.job(job_id)
+    # max_attempts is 1: a spent attempt could not have run again.
+    assert (drained.snoozed, drained.succeeded, drained.failed) == (1, 1, 0)
+    assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
+    assert job["result"] == {"attempt": 1, "run": 2}
+    kinds = await rows(
+        worker.db, "SELECT kind FROM job_events WHERE job_id = %s ORDER BY at, id", job_id
+    )
+    assert [k["kind"] for k in kinds] == [
+        "published",
+        "claimed",
+        "snoozed",
+        "published",
+        "claimed",
+        "finished",
+    ]
+
+
+async def test_a_snooze_longer_than_the_drain_waits_leaves_the_job_pending(
+    worker: InlineWorker,
+) -> None:
+    job_id = await worker.enqueue("kit_snooze", {"seconds": 600})
+    drained = await worker.drain(scheduled_within=1)
+    job = await worker.job(job_id)
+    assert (drained.snoozed, job["status"], job["attempts"]) == (1, "pending", 0)
+    assert drained.next_due_in is not None
+    assert drained.next_due_in > 590
+    assert job["where"].startswith("snoozed by its handler until")
+
+
+async def test_a_snoozed_job_keeps_the_later_jobs_of_its_ordering_key_waiting(
+    worker: InlineWorker,
+) -> None:
+    first = await worker.enqueue("kit_snooze", {"seconds": 0.2}, ordering_key="account-1")
+    second = await worker.enqueue("kit_snooze", {"seconds": 0.2}, ordering_key="account-1")
+    drained = await worker.drain(scheduled_within=5)
+    # The first snoozed, and the second did not start until the first had ended.
+    assert drained.ran == [first, first, second, second]
+    assert drained.held >= 1
+    for job_id in (first, second):
+        job = await worker.job(job_id)
+        assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
+
+
+async def test_a_snoozed_job_gives_back_its_concurrency_slot(worker: InlineWorker) -> None:
+    """One running at a time: while the first job snoozes, the second starts."""
+    first = await worker.enqueue("kit_snooze_limited", {"seconds": 0.3})
+    second = await worker.enqueue("kit_snooze_limited", {"seconds": 0.3})
+    drained = await worker.drain(scheduled_within=5)
+    assert drained.ran[:2] == [first, second]
+    assert sorted(drained.ran) == sorted([first, first, second, second])
+    assert (drained.snoozed, drained.succeeded) == (2, 2)

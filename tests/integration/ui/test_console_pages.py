@@ -403,3 +403,39 @@ async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_doe
     assert "goes to the back of ordering key acct-1" in after.text
     entries = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
     assert [(e["action"], e["outcome"]) for e in entries] == [("job.unblock", "succeeded")]
+
+
+async def test_a_pending_jobs_page_edits_the_version_it_shows(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    actor = client.headers["X-Actor"]
+    job_id = await add_job(db, settings, "acme", "e-edit")
+    page = (await client.get(f"/jobs/{job_id}", headers=HTML)).text
+    shown = re.search(r'name="version" value="([^"]+)"', page)
+    assert shown, page
+    token = csrf_of(page)
+    form = {"csrf": token, "version": shown.group(1), "priority": "high", "payload": ""}
+    edited = await client.post(
+        f"/jobs/{job_id}/edit",
+        data={**form, "payload": '{"text": "edited"}'},
+        headers=ORIGIN,
+    )
+    assert edited.status_code == 303
+    after = (await client.get(edited.headers["location"], headers=HTML)).text
+    assert "Job changed (priority, payload)" in after
+    assert "changed in place" in after  # the timeline's edited event
+    # The same form again names a version the job no longer is: refused, and said why.
+    stale = await client.post(f"/jobs/{job_id}/edit", data=form, headers=ORIGIN)
+    assert (
+        "changed since that version"
+        in (await client.get(stale.headers["location"], headers=HTML)).text
+    )
+    entries = await run(db, AUDIT({"actor": actor}))
+    assert [(e["action"], e["outcome"]) for e in entries] == [
+        ("job.edit", "succeeded"),
+        ("job.edit", "refused"),
+    ]
+    [job] = await run(
+        db, Query("j", "A job.", "SELECT payload FROM jobs WHERE id = %(id)s")({"id": job_id})
+    )
+    assert job["payload"] == {"text": "edited", "count": 1}

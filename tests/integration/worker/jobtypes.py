@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobcore.examples.jobtypes import post_credit
 from jobcore.execution.registry import JobContext, job
-from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.errors import PermanentError, Snooze
 
 MODULE = __name__
 
@@ -303,3 +303,47 @@ async def wt_slow_upload(ctx: JobContext[UploadPayload]) -> None:
         yield f"written by attempt {attempt}".encode()
 
     await ctx.put_result_chunks(chunks(), suffix="txt")
+
+
+class SnoozePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The handler counts its runs of each job in a file here, named by the job id.
+    runs_dir: str
+    # Runs up to this number snooze (returned, or raised with raise_it).
+    snooze_times: int = Field(default=1, ge=0)
+    seconds: float = Field(default=1.0, ge=0)
+    raise_it: bool = False
+
+
+def _count_run(runs_dir: str, job_id: object) -> int:
+    counter = Path(runs_dir) / str(job_id)
+    runs = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(runs))
+    return runs
+
+
+@job("wt_snooze", payload=SnoozePayload, queue="testq", max_attempts=2, timeout=10, lease=2)
+async def wt_snooze(ctx: JobContext[SnoozePayload]) -> object:
+    """Snoozes its first ``snooze_times`` runs, then returns its attempt and run."""
+    runs = _count_run(ctx.payload.runs_dir, ctx.job_id)
+    if runs <= ctx.payload.snooze_times:
+        if ctx.payload.raise_it:
+            raise Snooze(ctx.payload.seconds)
+        return Snooze(ctx.payload.seconds)
+    return {"attempt": ctx.attempt, "run": runs, "snoozes": ctx.snoozes}
+
+
+@job(
+    "wt_snooze_capped",
+    payload=SnoozePayload,
+    queue="testq",
+    max_attempts=2,
+    timeout=10,
+    lease=2,
+    max_snoozes=2,
+)
+async def wt_snooze_capped(ctx: JobContext[SnoozePayload]) -> object:
+    """Snoozes every run; its type allows two snoozes a job."""
+    _count_run(ctx.payload.runs_dir, ctx.job_id)
+    return Snooze(ctx.payload.seconds)

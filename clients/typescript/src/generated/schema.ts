@@ -201,7 +201,11 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a pending job in place
+         * @description Changes `run_at`, `priority` and `payload` of a job that is pending (never claimed since it was read, or back to pending), compare-and-set on the version read: `If-Match` names the ETag of `GET /jobs/{id}`. `428` without it, `412` when the job changed since (read it again), `409` when it was claimed or ended (a running attempt never sees a change). A new payload is validated as an enqueue's and may not change the job's unique, concurrency or rate key (`422`). Audited; the job's timeline gets an `edited` event.
+         */
+        patch: operations["edit_job_jobs__job_id__patch"];
         trace?: never;
     };
     "/jobs/{job_id}/result": {
@@ -848,6 +852,27 @@ export interface components {
          */
         ItemStatus: "created" | "replayed" | "unique_conflict" | "refused" | "invalid";
         /**
+         * JobEdit
+         * @description What ``PATCH /jobs/{id}`` changes in a pending job; a field left out stays as it is.
+         *     At least one.
+         */
+        JobEdit: {
+            /**
+             * Run At
+             * Format: date-time
+             */
+            run_at?: string;
+            /**
+             * Priority
+             * @enum {string}
+             */
+            priority?: "high" | "normal" | "low";
+            /** Payload */
+            payload?: {
+                [key: string]: unknown;
+            };
+        };
+        /**
          * JobEventView
          * @description One state change or hop of a job, as it happened (never changed afterwards).
          */
@@ -1044,6 +1069,8 @@ export interface components {
             waiting_for?: ("queue paused" | "job type paused") | null;
             /** Where */
             where: string;
+            /** Version */
+            version?: string | null;
         };
         /** OutboxActedOn */
         OutboxActedOn: {
@@ -2450,6 +2477,126 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before trying again. */
                     "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    edit_job_jobs__job_id__patch: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The ETag of the job as `GET /jobs/{id}` answered it (its `version`, quoted): the edit applies only if the job is still that version. Without it, or with `*` or a weak ETag: 428. */
+                "If-Match": string;
+            };
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["JobEdit"];
+            };
+        };
+        responses: {
+            /** @description Changed: the job as it is now. */
+            200: {
+                headers: {
+                    /** @description The job's new version: the next edit's `If-Match`. */
+                    ETag?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The id is shaped like a job type name: the path is that type's enqueue route (`POST` only). */
+            405: {
+                headers: {
+                    /** @description The methods the path takes. */
+                    Allow: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Precondition Failed */
+            412: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Precondition Required */
+            428: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {

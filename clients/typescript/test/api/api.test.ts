@@ -10,6 +10,7 @@ import {
   ConflictError,
   InvalidRequestError,
   JobcoreClient,
+  PreconditionError,
   RateLimitedError,
   type RetryEvent,
   WaitTimeoutError,
@@ -114,6 +115,20 @@ test("cancel: a pending job is cancelled; cancelling it again is a 409", async (
   assert.equal(error.status, 409);
   assert.equal(error.slug, "job-not-cancellable");
   assert.equal(error.problem.job_status, "cancelled");
+});
+
+test("edit: a pending job changes in place at the version read; a stale version is a 412", async () => {
+  const { job_id } = await api.enqueue("noop", {}, { delay: LATER });
+  const read = await api.get(job_id);
+  assert.ok(read.version, "GET answers the job's version");
+  const edited = await api.edit(job_id, read.version!, { priority: "high" });
+  assert.equal(edited.priority, "high");
+  assert.notEqual(edited.version, read.version);
+  const error = await api.edit(job_id, read.version!, { priority: "low" }).catch((e: unknown) => e);
+  assert.ok(error instanceof PreconditionError, String(error));
+  assert.equal(error.status, 412);
+  assert.equal(error.slug, "job-version-mismatch");
+  await api.cancel(job_id);
 });
 
 test("409: a live job holding the unique key, and a result not ready", async () => {

@@ -42,6 +42,12 @@ from jobcore.database.sql.jobs.cancel import (
     JobLockForCancelParams,
     JobRequestCancelParams,
 )
+from jobcore.database.sql.jobs.edit import (
+    JOB_EDIT,
+    JOB_LOCK_FOR_EDIT,
+    JobEditParams,
+    JobLockForEditParams,
+)
 from jobcore.database.sql.jobs.enqueue import (
     JOB_GET_BATCH_HOLDERS,
     JOB_GET_BY_IDEMPOTENCY_KEY,
@@ -126,6 +132,7 @@ from jobcore.database.sql.jobs.run import (
     JOB_PROGRESS_SET,
     JOB_RELEASE,
     JOB_RETRY,
+    JOB_SNOOZE,
     JOB_SUCCEED_MANY,
     JobClaimManyParams,
     JobEndRunningParams,
@@ -136,6 +143,7 @@ from jobcore.database.sql.jobs.run import (
     JobProgressSetParams,
     JobReleaseParams,
     JobRetryParams,
+    JobSnoozeParams,
     JobSucceedManyParams,
 )
 from jobcore.kernel.quotas import Admission
@@ -145,6 +153,7 @@ __all__ = [
     "JobCancelPendingParams",
     "JobCancelRequestedParams",
     "JobClaimManyParams",
+    "JobEditParams",
     "JobEndRunningParams",
     "JobFailQuarantinedParams",
     "JobFencedParams",
@@ -180,6 +189,7 @@ __all__ = [
     "JobRepublishStaleParams",
     "JobRequestCancelParams",
     "JobRetryParams",
+    "JobSnoozeParams",
     "JobStore",
     "JobSucceedManyParams",
     "JobTenantParams",
@@ -293,6 +303,14 @@ class JobStore:
     # --- cancel (jobcore.database.sql.jobs.cancel)
     # ----------------------------------------------------
 
+    # --- edits (jobcore.database.sql.jobs.edit)
+
+    async def lock_for_edit(self, on: Reader, params: JobLockForEditParams) -> DictRow | None:
+        return await fetch_one(on, JOB_LOCK_FOR_EDIT(params))
+
+    async def edit(self, on: Reader, params: JobEditParams) -> DictRow | None:
+        return await fetch_one(on, JOB_EDIT(params))
+
     async def lock_for_cancel(self, on: Reader, params: JobLockForCancelParams) -> DictRow | None:
         return await fetch_one(on, JOB_LOCK_FOR_CANCEL(params))
 
@@ -382,6 +400,9 @@ class JobStore:
 
     def end_running_statement(self, params: JobEndRunningParams) -> Statement:
         return JOB_END_RUNNING(params)
+
+    def snooze_statement(self, params: JobSnoozeParams) -> Statement:
+        return JOB_SNOOZE(params)
 
     # --- recovery (jobcore.database.sql.jobs.recovery)
     # ------------------------------------------------

@@ -9,6 +9,8 @@ reads of jobs, one module per part of a job's life:
   LISTEN (one channel, both ends);
 - :mod:`~jobcore.database.sql.jobs.run`: the worker's claim, heartbeat, progress and fenced
   outcomes (the hot path);
+- :mod:`~jobcore.database.sql.jobs.edit`: changing a pending job in place (its run_at,
+  priority and payload), compare-and-set on the version a client read;
 - :mod:`~jobcore.database.sql.jobs.gates`: the gate releaser and the operators' ordering actions;
 - :mod:`~jobcore.database.sql.jobs.recovery`: the reaper, the rescuer and anti-entropy;
 - :mod:`~jobcore.database.sql.jobs.prune`: the pruner.

@@ -21,6 +21,12 @@ from jobcore.database.sql.job_events import (
 from jobcore.database.sql.webhook_deliveries import JOB_DONE_CHANNEL
 from jobcore.kernel.channels import JOB_PROGRESS_CHANNEL
 
+# The version of the row a read saw: the id of the transaction that wrote it (`xmin`),
+# which every change of the row replaces (a claim, a hold, an edit, a heartbeat), and a
+# lock alone does not. The API's ETag, which an edit's If-Match must name
+# (jobcore.database.sql.jobs.edit).
+VERSION = "jobs.xmin::text AS version"
+
 
 class JobGetParams(TypedDict):
     id: uuid.UUID
@@ -33,7 +39,8 @@ JOB_GET = Query[JobGetParams](
     "Read one job of one tenant (another tenant's job reads as missing), with its whereabouts "
     "and whether its queue or type is paused.",
     f"""
-    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
+           {WHEREABOUTS_COLUMNS}
     FROM jobs {WHEREABOUTS_JOINS}
     WHERE jobs.id = %(id)s AND jobs.tenant = %(tenant)s
     """,
@@ -49,7 +56,8 @@ JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
     "Read one job by id alone, for workers and operators, with its whereabouts and whether "
     "it is paused.",
     f"""
-    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
+           {WHEREABOUTS_COLUMNS}
     FROM jobs {WHEREABOUTS_JOINS}
     WHERE jobs.id = %(id)s
     """,
@@ -238,7 +246,8 @@ JOB_GET_WAITED = Query[JobGetWaitedParams](
     "Read many tenants' jobs at once, each only for its own tenant, with their whereabouts "
     "and whether they are paused.",
     f"""
-    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {WHEREABOUTS_COLUMNS}
+    SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
+           {WHEREABOUTS_COLUMNS}
     FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
     JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
     {WHEREABOUTS_JOINS}

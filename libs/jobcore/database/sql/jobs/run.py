@@ -86,6 +86,16 @@ class JobClaimManyParams(TypedDict):
 # jobs with neither key are claimed apart, by JOB_CLAIM_UNGATED, with no lock). Times are
 # statement_timestamp(), so a job's started_at is later than the finished_at of whatever it
 # waited for.
+#
+# A job may claim no earlier than its `not_before` (a snooze's end, an edited run_at): a
+# message of the right attempt that arrives before it (one an edit superseded, a copy the
+# sweeper published before a snooze) is recorded and claims nothing; the message written
+# with the change, due at that time, claims it. Checked again in the updates, so an edit
+# that committed while this statement waited for the row is seen (READ COMMITTED re-reads
+# the row it waited for).
+_DUE = "(jobs.not_before IS NULL OR jobs.not_before <= statement_timestamp())"
+
+
 def _claim_sql(only: str) -> str:
     """The claim statement over the batch's messages that pass ``only`` (a condition on
     ``i``, a message of the batch): the others are left out, neither recorded nor answered."""
@@ -122,6 +132,7 @@ def _claim_sql(only: str) -> str:
         WHERE {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
+          AND {_DUE}
     ), concurrency AS (
         SELECT live.*,
                CASE WHEN held IS NULL AND concurrency_key IS NOT NULL
@@ -168,6 +179,7 @@ def _claim_sql(only: str) -> str:
           AND rate.verdict IS NOT NULL
           AND {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.attempts + 1 = rate.attempt
+          AND {_DUE}
         RETURNING rate.message_id, jobs.held_reason
     ), claimed AS (
         -- Status and attempt again: a row another claim changed since the snapshot is
@@ -181,15 +193,17 @@ def _claim_sql(only: str) -> str:
             started_at = coalesce(jobs.started_at, statement_timestamp()),
             held_reason = NULL,
             held_since = NULL,
+            not_before = NULL,
             updated_at = now()
         FROM rate
         WHERE jobs.id = rate.job_id
           AND rate.verdict IS NULL
           AND {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.attempts + 1 = rate.attempt
+          AND {_DUE}
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.store_give_backs, jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), resumed AS (
@@ -209,7 +223,7 @@ def _claim_sql(only: str) -> str:
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
                   jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
-                  jobs.store_give_backs, jobs.cancel_requested_at,
+                  jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
     ), taken AS (
@@ -645,6 +659,89 @@ JOB_RELEASE = Query[JobReleaseParams](
         RETURNING id
     )
     SELECT back.id, back.status, back.next_attempt_at,
+           (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
+           {NOTIFY_JOB_DONE}
+    FROM back LEFT JOIN done ON done.id = back.id
+    """,
+)
+
+
+class JobSnoozeParams(JobFencedParams, OutboxMessageParams):
+    channel: str
+    # Seconds until it may run again.
+    delay: float
+    # Snoozes the job may have in its life (its type's cap), and its last_error when a
+    # snooze would pass it.
+    max_snoozes: int
+    cap_error: str
+
+
+# The handler asked to run the job again in `delay` seconds (jobcore.execution.outcomes.Snooze):
+# pending again without spending an attempt (the attempt count goes back, and the new
+# message carries the attempt's own number, as a release's does), its message due then,
+# and `not_before` set to that time, so a copy of the attempt's message already in the
+# broker (one the sweeper published) cannot claim it sooner. What it held: its concurrency
+# slot is given back (a slot is a running job), its rate token stays spent (the attempt
+# started), its place in its ordering key is kept (it is still pending, so the later jobs
+# of the key keep waiting). Past the cap (`snoozes` already at `max_snoozes`) it fails
+# instead, with `cap_error`, and a cancellation asked for ends it cancelled, as a release
+# does. The failed and the cancelled keep their lease token (JOB_OUTCOME_WRITTEN reads an
+# ended job's token). As for JOB_RETRY, the event and the due time read one clock.
+JOB_SNOOZE = Query[JobSnoozeParams](
+    "job_snooze",
+    "Put a running job back to pending, due after a delay, without spending an attempt, "
+    "with its snoozed event and next message; fail it past its snooze cap (or end it "
+    "cancelled if that was requested).",
+    f"""
+    WITH back AS (
+        UPDATE jobs
+        SET
+            status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                          WHEN snoozes >= %(max_snoozes)s THEN 'failed'
+                          ELSE 'pending' END,
+            finished_at = CASE WHEN cancel_requested_at IS NOT NULL
+                                    OR snoozes >= %(max_snoozes)s THEN now() END,
+            attempts = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
+                            THEN attempts - 1 ELSE attempts END,
+            snoozes = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
+                           THEN snoozes + 1 ELSE snoozes END,
+            last_error = CASE WHEN cancel_requested_at IS NULL AND snoozes >= %(max_snoozes)s
+                              THEN %(cap_error)s ELSE last_error END,
+            next_attempt_at = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
+                THEN statement_timestamp() + make_interval(secs => %(delay)s::float8)
+                ELSE next_attempt_at END,
+            not_before = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
+                THEN statement_timestamp() + make_interval(secs => %(delay)s::float8) END,
+            lease_token = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
+                               THEN NULL ELSE lease_token END,
+            lease_expires_at = NULL,
+            updated_at = now()
+        WHERE {LEASE_FENCE}
+        RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
+                  attempts, last_error, worker_id, next_attempt_at, snoozes
+    ), done AS (
+        SELECT * FROM back WHERE status IN ('cancelled', 'failed')
+    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, snooze_events AS (
+        INSERT INTO job_events (job_id, kind, attempt, detail, at)
+        SELECT back.id, '{JobEventKind.SNOOZED}', back.attempts + 1,
+               jsonb_build_object('until', back.next_attempt_at, 'snoozes', back.snoozes,
+                                  'worker', back.worker_id),
+               statement_timestamp()
+        FROM back
+        WHERE back.status = 'pending' AND {EVENTS_ON}
+    ), message AS (
+        INSERT INTO outbox (
+            message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
+            available_at, priority, created_at
+        )
+        SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
+               %(headers)s, %(body)s, back.id, back.tenant, back.next_attempt_at,
+               back.priority, statement_timestamp()
+        FROM back
+        WHERE back.status = 'pending'
+        RETURNING id
+    )
+    SELECT back.id, back.status, back.next_attempt_at, back.snoozes,
            (SELECT pg_notify(%(channel)s, '') FROM message) IS NULL AS notified,
            {NOTIFY_JOB_DONE}
     FROM back LEFT JOIN done ON done.id = back.id
