@@ -149,6 +149,12 @@ jobs = Table(
     # Times an object-store outage gave the job back without spending an attempt
     # (jobcore.execution.outcomes.GiveBack): past JOBCORE_MAX_STORE_GIVE_BACKS an outage counts.
     Column("store_give_backs", Integer, nullable=False, server_default=text("0")),
+    # Debounce and throttle by key (jobcore.kernel.keyed): the key the job was written for,
+    # how many enqueues a debounced job coalesced (1 when it was written), and, for a type
+    # debounced with payloads="all", each of their payloads in enqueue order.
+    Column("debounce_key", Text),
+    Column("debounce_count", Integer),
+    Column("debounce_payloads", JSONB),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
@@ -280,6 +286,28 @@ job_gates = Table(
     # the starts an earlier round's releases have not claimed yet.
     _timestamp("released_until"),
     _timestamp("updated_at", nullable=False, default_now=True),
+)
+
+# One row per debounce or throttle key (jobcore.kernel.keyed): the row every enqueue of the key
+# locks first, so the enqueues of a key take turns; the job open to them (a debounce's
+# trailing job, by its first message, or the throttle's job of the period), when the first
+# enqueue it took came, and until when the row is needed (a debounce: its job's due time;
+# a throttle: the period's end). The pruner deletes the rows past it.
+job_keys = Table(
+    "job_keys",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("message_id", UUID(as_uuid=True), nullable=False),
+    _timestamp("first_at", nullable=False),
+    _timestamp("last_at", nullable=False),
+    _timestamp("expires_at", nullable=False),
+    # Enqueues answered with the job (the first included).
+    Column("enqueues", BigInteger, nullable=False, server_default=text("1")),
+    CheckConstraint("kind IN ('debounce', 'throttle')", name="kind"),
+    Index("job_keys_expires_at_idx", "expires_at"),
 )
 
 outbox = Table(

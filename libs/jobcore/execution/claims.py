@@ -72,6 +72,8 @@ class ClaimedJob:
     # The payload's key in the result store when it was too large to keep inline
     # (raw_payload is then {}): read before the handler runs.
     payload_ref: str | None = None
+    # A job debounced with payloads="all": every payload it coalesced (jobs.debounce_payloads).
+    raw_payloads: list[Any] | None = None
     # Times an object-store outage gave the job back already (outcomes.store_failed).
     store_give_backs: int = 0
     # The claim's first try committed unanswered and this one took what it claimed.
@@ -94,6 +96,7 @@ class ClaimedJob:
             created_at=row["created_at"],
             due_at=row["due_at"],
             payload_ref=row.get("payload_ref"),
+            raw_payloads=row.get("debounce_payloads"),
             store_give_backs=row.get("store_give_backs", 0),
             resumed=bool(row.get("resumed")),
         )

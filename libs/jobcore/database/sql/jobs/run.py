@@ -188,7 +188,8 @@ def _claim_sql(only: str) -> str:
           AND {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.attempts + 1 = rate.attempt
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
-                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.payload, jobs.payload_ref, jobs.debounce_payloads,
+                  jobs.attempts, jobs.max_attempts,
                   jobs.store_give_backs, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
@@ -208,7 +209,8 @@ def _claim_sql(only: str) -> str:
           AND {status_is("jobs.status", JobStatus.RUNNING)}
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
-                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.payload, jobs.payload_ref, jobs.debounce_payloads,
+                  jobs.attempts, jobs.max_attempts,
                   jobs.store_give_backs, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
