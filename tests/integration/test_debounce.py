@@ -19,6 +19,7 @@ from jobcore.database.gateway import Database
 from jobcore.execution.registry import JobContext, JobType, Registry
 from jobcore.kernel.keyed import Debounce, Throttle
 from jobcore.kernel.settings import Settings
+from jobcore.maintenance.retention import Retention
 from jobcore.testing.draining import InlineWorker
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_many, enqueue_on
 from jobcore.usecases.enqueue.write_many import ItemStatus
@@ -374,3 +375,35 @@ async def test_enqueue_in_one_transaction_joins_its_own_job(
     assert not first.joined
     assert second.joined
     assert second.job_id == first.job_id
+
+
+async def test_spent_keys_are_pruned_and_open_ones_are_not(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    debounce, throttle = debounced(), throttled()
+    for account in ("spent", "unpublished", "recent"):
+        await send(db, topology, debounce, 0, account=account)
+        await send(db, topology, throttle, 0, account=account)
+    async with db.connection() as conn:
+        # Past the retention (JOBCORE_GATE_RETENTION, a day by default); "unpublished"
+        # still has its job's first message in the outbox.
+        await conn.execute(
+            "UPDATE job_keys SET expires_at = now() - interval '2 days'"
+            " WHERE key NOT LIKE '%%account=recent'"
+        )
+        await conn.execute(
+            "DELETE FROM outbox WHERE job_id IN (SELECT job_id FROM job_keys"
+            " WHERE key NOT LIKE '%%account=unpublished')"
+        )
+
+    dry = await Retention(settings, db).count()
+    done = await Retention(settings, db).prune()
+
+    assert dry.tables["job_keys"] == done.tables["job_keys"] == 2
+    left = sorted(
+        row["key"].rsplit(":", 1)[-1] for row in await rows(db, "SELECT key FROM job_keys")
+    )
+    assert left == ["account=recent"] * 2 + ["account=unpublished"] * 2
+    # A pruned key starts afresh.
+    again = await send(db, topology, debounce, 1, account="spent")
+    assert not again.joined
