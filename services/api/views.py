@@ -40,7 +40,12 @@ def links(job_id: uuid.UUID) -> dict[str, str]:
 
 
 def accepted(result: EnqueueResult) -> dict[str, Any]:
-    return {"job_id": result.job_id, "status": result.status.value, "links": links(result.job_id)}
+    return {
+        "job_id": result.job_id,
+        "status": result.status.value,
+        "joined": result.joined,
+        "links": links(result.job_id),
+    }
 
 
 _SUMMARY_COLUMNS = (

@@ -263,6 +263,7 @@ def _item(
         "status": status.value,
         "job_id": job_id,
         "job_status": None if job_status is None else job_status.value,
+        "joined": status is ItemStatus.JOINED,
         "problem": None if error is None else problem_document(error),
     }
 
