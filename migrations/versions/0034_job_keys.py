@@ -8,6 +8,9 @@ Create Date: 2026-12-06 13:50:00.000000
 each enqueue of the key locks first, the job open to the key's enqueues and until when
 the row is needed (the pruner deletes it after). ``jobs`` gains ``debounce_key``,
 ``debounce_count`` and ``debounce_payloads`` (nullable, no default: no rewrite).
+``job_key_joins`` records the idempotency key of each request that joined a job, so a
+retry of it is answered with that job again instead of joining twice; its rows go with
+their job (ON DELETE CASCADE, as ``job_effects``).
 
 ``jobcore_job_key_join(...)`` is what an enqueue of a keyed job type runs first, inside
 its one statement (jobcore.database.sql.jobs.enqueue.JOB_INSERT_KEYED): it locks the key's
@@ -45,24 +48,45 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 SIGNATURE = (
-    "jobcore_job_key_join(text, text, text, uuid, uuid, jsonb, double precision, "
-    "double precision, text, integer)"
+    "jobcore_job_key_join(text, text, text, text, uuid, uuid, jsonb, double precision, "
+    "double precision, text, integer, text, text)"
 )
+
+JOINED_SIGNATURE = "jobcore_job_key_joined(text, text, text, uuid, text)"
+
+# A joining request's idempotency key, recorded with the job it joined (none: nothing).
+JOINED = r"""
+CREATE FUNCTION jobcore_job_key_joined(
+    p_tenant text, p_type text, p_idempotency_key text, p_job_id uuid, p_fingerprint text
+) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $fn$
+    INSERT INTO job_key_joins (tenant, type, idempotency_key, job_id, payload_fingerprint)
+    SELECT p_tenant, p_type, p_idempotency_key, p_job_id, p_fingerprint
+    WHERE p_idempotency_key IS NOT NULL
+    ON CONFLICT DO NOTHING
+$fn$
+"""
 
 JOIN = r"""
 CREATE FUNCTION jobcore_job_key_join(
     p_kind text,
     p_key text,
     p_tenant text,
+    p_type text,
     p_job_id uuid,
     p_message_id uuid,
     p_payload jsonb,
     p_period double precision,
     p_max_wait double precision,
     p_keep text,
-    p_max_payloads integer
+    p_max_payloads integer,
+    p_idempotency_key text,
+    p_fingerprint text
 ) RETURNS TABLE (job_id uuid, joined boolean, status text, created_at timestamptz,
-                 due_at timestamptz, running_job_id uuid, count integer)
+                 due_at timestamptz, running_job_id uuid, count integer,
+                 replayed_fingerprint text)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $fn$
@@ -92,8 +116,22 @@ BEGIN
     IF v_key.job_id = p_job_id THEN
         RETURN QUERY SELECT p_job_id, false, 'pending'::text, NULL::timestamptz,
             CASE WHEN p_kind = 'debounce' THEN v_now + v_period END, NULL::uuid,
-            CASE WHEN p_kind = 'debounce' THEN 1 END;
+            CASE WHEN p_kind = 'debounce' THEN 1 END, NULL::text;
         RETURN;
+    END IF;
+
+    -- A retry of a request that joined a job (its idempotency key recorded with it, under
+    -- this same lock): answered with that job again, nothing joined twice.
+    IF p_idempotency_key IS NOT NULL THEN
+        RETURN QUERY
+            SELECT j.job_id, true, jobs.status, jobs.created_at, NULL::timestamptz,
+                   NULL::uuid, NULL::integer, j.payload_fingerprint
+            FROM job_key_joins AS j JOIN jobs ON jobs.id = j.job_id
+            WHERE j.tenant = p_tenant AND j.type = p_type
+              AND j.idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            RETURN;
+        END IF;
     END IF;
 
     IF p_kind = 'throttle' THEN
@@ -102,8 +140,10 @@ BEGIN
             FROM jobs WHERE jobs.id = v_key.job_id;
             IF FOUND THEN
                 UPDATE job_keys SET enqueues = job_keys.enqueues + 1 WHERE key = p_key;
+                PERFORM jobcore_job_key_joined(
+                    p_tenant, p_type, p_idempotency_key, v_key.job_id, p_fingerprint);
                 RETURN QUERY SELECT v_key.job_id, true, v_status, v_created,
-                    NULL::timestamptz, NULL::uuid, NULL::integer;
+                    NULL::timestamptz, NULL::uuid, NULL::integer, NULL::text;
                 RETURN;
             END IF;
         END IF;
@@ -112,7 +152,7 @@ BEGIN
             expires_at = v_now + v_period, enqueues = 1
         WHERE key = p_key;
         RETURN QUERY SELECT p_job_id, false, 'pending'::text, NULL::timestamptz,
-            NULL::timestamptz, NULL::uuid, NULL::integer;
+            NULL::timestamptz, NULL::uuid, NULL::integer, NULL::text;
         RETURN;
     END IF;
 
@@ -142,8 +182,10 @@ BEGIN
             SET expires_at = greatest(v_due, v_key.expires_at),
                 enqueues = job_keys.enqueues + 1
             WHERE key = p_key;
+            PERFORM jobcore_job_key_joined(
+                p_tenant, p_type, p_idempotency_key, v_key.job_id, p_fingerprint);
             RETURN QUERY SELECT v_key.job_id, true, 'pending'::text, v_created, v_due,
-                NULL::uuid, v_count;
+                NULL::uuid, v_count, NULL::text;
             RETURN;
         END IF;
     END IF;
@@ -156,7 +198,7 @@ BEGIN
         expires_at = v_now + v_period, enqueues = 1
     WHERE key = p_key;
     RETURN QUERY SELECT p_job_id, false, 'pending'::text, NULL::timestamptz,
-        v_now + v_period, v_running, 1;
+        v_now + v_period, v_running, 1, NULL::text;
 END
 $fn$
 """
@@ -188,13 +230,37 @@ def upgrade() -> None:
         sa.CheckConstraint("kind IN ('debounce', 'throttle')", name="job_keys_kind_check"),
         sa.PrimaryKeyConstraint("key", name="job_keys_pkey"),
     )
-    # A new, empty table: nothing waits for this index's build.
+    op.create_table(
+        "job_key_joins",
+        sa.Column("tenant", sa.Text(), nullable=False),
+        sa.Column("type", sa.Text(), nullable=False),
+        sa.Column("idempotency_key", sa.Text(), nullable=False),
+        sa.Column("job_id", postgresql.UUID(as_uuid=True), nullable=False),
+        sa.Column("payload_fingerprint", sa.Text(), nullable=False),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.ForeignKeyConstraint(
+            ["job_id"], ["jobs.id"], name="job_key_joins_job_id_fkey", ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint(
+            "tenant", "type", "idempotency_key", name="job_key_joins_pkey"
+        ),
+    )
+    # New, empty tables: nothing waits for these indexes' builds.
     op.create_index("job_keys_expires_at_idx", "job_keys", ["expires_at"])
+    op.create_index("job_key_joins_job_id_idx", "job_key_joins", ["job_id"])
+    op.execute(_verbatim(JOINED))
     op.execute(_verbatim(JOIN))
 
 
 def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SIGNATURE}")
+    op.execute(f"DROP FUNCTION {JOINED_SIGNATURE}")
+    op.drop_table("job_key_joins")
     op.drop_table("job_keys")
     op.drop_column("jobs", "debounce_payloads")
     op.drop_column("jobs", "debounce_count")

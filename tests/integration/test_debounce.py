@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.execution.registry import JobContext, JobType, Registry
+from jobcore.kernel.errors import IdempotencyConflict
 from jobcore.kernel.keyed import Debounce, Throttle
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import Retention
@@ -407,3 +408,36 @@ async def test_spent_keys_are_pruned_and_open_ones_are_not(
     # A pruned key starts afresh.
     again = await send(db, topology, debounce, 1, account="spent")
     assert not again.joined
+
+
+async def test_a_retry_of_a_joining_request_joins_once(db: Database, topology: Topology) -> None:
+    for kind in (debounced(), throttled()):
+
+        def request(n: int, key: str) -> EnqueueRequest:
+            return EnqueueRequest(
+                tenant="t",
+                job_type=kind,  # noqa: B023 - used at once, in this iteration
+                payload=Event(account="a", n=n),
+                idempotency_key=key,
+            )
+
+        first = await enqueue_on(db, topology, request(0, "k0"))
+        joined = await enqueue_on(db, topology, request(1, "k1"))
+        retried = await enqueue_on(db, topology, request(1, "k1"))
+
+        assert joined.joined
+        assert not joined.replayed
+        assert retried.joined
+        assert retried.replayed
+        assert retried.job_id == joined.job_id == first.job_id
+        with pytest.raises(IdempotencyConflict):
+            await enqueue_on(db, topology, request(2, "k1"))
+        [job] = await jobs_of(db, kind.name)
+        if kind.debounce is not None:
+            assert [p["n"] for p in job["debounce_payloads"]] == [0, 1]
+            assert job["debounce_count"] == 2
+        # The first request wrote the job: its retry is an idempotency replay as ever.
+        again = await enqueue_on(db, topology, request(0, "k0"))
+        assert again.replayed
+        assert again.job_id == first.job_id
+        assert not again.joined

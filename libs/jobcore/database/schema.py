@@ -310,6 +310,22 @@ job_keys = Table(
     Index("job_keys_expires_at_idx", "expires_at"),
 )
 
+# The idempotency key of each request that joined a debounce or throttle key's job
+# (jobcore.kernel.keyed): a retry of that request is answered with the same job instead of
+# joining it again. Its rows go with their job.
+job_key_joins = Table(
+    "job_key_joins",
+    metadata,
+    Column("tenant", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("payload_fingerprint", Text, nullable=False),
+    _timestamp("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("tenant", "type", "idempotency_key"),
+    Index("job_key_joins_job_id_idx", "job_id"),
+)
+
 outbox = Table(
     "outbox",
     metadata,

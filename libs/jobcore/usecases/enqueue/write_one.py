@@ -275,6 +275,23 @@ async def _insert(
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:
         joined = bool(row.get("joined"))
+        replayed = row.get("replayed_fingerprint")
+        if replayed is not None:
+            # A retry of a request that joined this job: answered as it was, or refused
+            # when the key came with another request.
+            if replayed not in (fingerprint, legacy_fingerprint(legacy)):
+                raise IdempotencyConflict(
+                    f"idempotency key already used for job {row['id']} with a different request"
+                )
+            return EnqueueResult(
+                tenant,
+                row["id"],
+                JobStatus(row["joined_status"]),
+                row["created_at"],
+                True,
+                headers,
+                joined=True,
+            )
         running = row.get("running_job_id")
         if cancel and running is not None:
             # The existing cancel path's request to a running job: fenced on its status,

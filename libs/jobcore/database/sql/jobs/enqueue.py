@@ -68,8 +68,9 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
     if keyed:
         key_cte = """, keyed AS MATERIALIZED (
         SELECT k.* FROM go CROSS JOIN LATERAL jobcore_job_key_join(
-            %(key_kind)s, %(job_key)s, go.tenant, %(id)s, %(message_id)s, %(payload)s,
-            %(key_period)s, %(key_max_wait)s, %(key_keep)s, %(key_max_payloads)s
+            %(key_kind)s, %(job_key)s, go.tenant, %(type)s, %(id)s, %(message_id)s,
+            %(payload)s, %(key_period)s, %(key_max_wait)s, %(key_keep)s,
+            %(key_max_payloads)s, %(idempotency_key)s, %(payload_fingerprint)s
         ) AS k
     )"""
         admitted = "go JOIN keyed ON NOT keyed.joined"
@@ -80,7 +81,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
         answer = """CASE WHEN keyed.joined THEN keyed.job_id ELSE job.id END AS id,
            CASE WHEN keyed.joined THEN keyed.created_at ELSE job.created_at END AS created_at,
            coalesce(keyed.joined, false) AS joined, keyed.status AS joined_status,
-           keyed.due_at, keyed.running_job_id"""
+           keyed.due_at, keyed.running_job_id, keyed.replayed_fingerprint"""
         joins = " LEFT JOIN keyed ON true"
     return f"""
     WITH {admission}{key_cte}, place AS (
