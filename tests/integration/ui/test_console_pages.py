@@ -403,3 +403,28 @@ async def test_a_failed_job_blocking_its_key_offers_unblock_and_says_what_it_doe
     assert "goes to the back of ordering key acct-1" in after.text
     entries = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
     assert [(e["action"], e["outcome"]) for e in entries] == [("job.unblock", "succeeded")]
+
+
+async def test_the_job_page_shows_a_debounced_jobs_key_and_coalesced_count(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_type = default_registry.get("reindex_account")
+    topology = Topology.from_settings(settings)
+    for change in ("a", "b", "c"):
+        async with db.unit_of_work() as uow:
+            result = await enqueue(
+                uow,
+                topology,
+                EnqueueRequest(
+                    tenant="acme",
+                    job_type=job_type,
+                    payload=job_type.validate_payload({"account": "acct-7", "change": change}),
+                ),
+            )
+            await uow.commit()
+    page = await client.get(f"/jobs/{result.job_id}", headers=HTML)
+    assert page.status_code == 200
+    assert 'id="coalesced-key">debounce:reindex_account:tenant=acme:account=acct-7<' in (page.text)
+    assert '<span id="coalesced-count">3</span> enqueues coalesced' in page.text
+    plain = await add_job(db, settings, "acme", "e-1")
+    assert 'id="coalesced"' not in (await client.get(f"/jobs/{plain}", headers=HTML)).text
