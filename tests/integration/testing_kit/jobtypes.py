@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobcore.examples.jobtypes import CreditAccountPayload, post_credit
 from jobcore.execution.registry import JobContext, Registry
 from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.keyed import Debounce
 
 REGISTRY = Registry()
 
@@ -67,3 +68,16 @@ async def kit_credit(ctx: JobContext[CreditAccountPayload]) -> None:
     await ctx.progress(0.5, "crediting")
     async with ctx.transaction() as tx:
         tx.set_result(await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents))
+
+
+# Debounced by the note's text: each run returns every text it coalesced.
+@REGISTRY.job(
+    "kit_digest",
+    payload=NotePayload,
+    max_attempts=3,
+    timeout=5,
+    lease=5,
+    debounce=Debounce(60.0, per="text", payloads="all"),
+)
+async def kit_digest(ctx: JobContext[NotePayload]) -> dict[str, object]:
+    return {"sizes": [p.size for p in ctx.payloads]}

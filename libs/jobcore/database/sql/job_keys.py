@@ -56,3 +56,32 @@ JOB_KEYS_PRUNE_BATCH = Query[JobKeysPruneBatchParams](
     DELETE FROM job_keys USING spent WHERE job_keys.key = spent.key
     """,
 )
+
+
+class JobKeysDueNowParams(TypedDict):
+    # None: every tenant's.
+    tenant: str | None
+
+
+# The testing kit's stand-in for a debounce period passing (jobcore.testing.draining): the
+# trailing jobs still open to their keys become due now, their messages with them, as they
+# would once their keys had been quiet for the period.
+JOB_KEYS_DUE_NOW = Query[JobKeysDueNowParams](
+    "job_keys_due_now",
+    "Make the debounced jobs still open to their keys due now (the testing kit's clock).",
+    """
+    WITH open AS (
+        SELECT k.message_id FROM job_keys AS k
+        WHERE k.kind = 'debounce' AND (%(tenant)s::text IS NULL OR k.tenant = %(tenant)s)
+    ), moved AS (
+        UPDATE outbox SET available_at = now()
+        FROM open
+        WHERE outbox.message_id = open.message_id AND outbox.available_at > now()
+        RETURNING outbox.job_id
+    )
+    UPDATE jobs SET next_attempt_at = now(), updated_at = now()
+    FROM moved
+    WHERE jobs.id = moved.job_id AND jobs.status = 'pending'
+    RETURNING jobs.id
+    """,
+)

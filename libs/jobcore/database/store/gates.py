@@ -29,8 +29,10 @@ from jobcore.database.sql.job_gates import (
     JobGatesPruneCountParams,
 )
 from jobcore.database.sql.job_keys import (
+    JOB_KEYS_DUE_NOW,
     JOB_KEYS_PRUNE_BATCH,
     JOB_KEYS_PRUNE_COUNT,
+    JobKeysDueNowParams,
     JobKeysPruneBatchParams,
     JobKeysPruneCountParams,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "JobGatesPruneBatchParams",
     "JobGatesPruneCountParams",
     "JobKeyStore",
+    "JobKeysDueNowParams",
     "JobKeysPruneBatchParams",
     "JobKeysPruneCountParams",
     "PauseKind",
@@ -76,6 +79,11 @@ class JobKeyStore:
     async def prune_batch(self, on: Session, params: JobKeysPruneBatchParams) -> int:
         """Delete up to ``limit`` spent keys; how many."""
         return await execute(on, JOB_KEYS_PRUNE_BATCH(params))
+
+    async def due_now(self, on: Reader, params: JobKeysDueNowParams) -> list[DictRow]:
+        """Make the debounced jobs still open to their keys due now (the testing kit's
+        stand-in for their periods passing); their ids."""
+        return await fetch_all(on, JOB_KEYS_DUE_NOW(params))
 
 
 class FlowPauseStore:
