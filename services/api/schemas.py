@@ -99,6 +99,10 @@ class JobView(JobSummary):
     # "in backoff until 10:42:07 UTC after attempt 2 failed: ...", "running on worker w-3,
     # lease until ...". Its timeline: ``links.timeline``.
     where: str
+    # The debounce or throttle key the job was written for (its type declares one), and how
+    # many enqueues a debounced job coalesced; null otherwise.
+    debounce_key: str | None = None
+    debounce_count: int | None = None
 
 
 class JobEventView(BaseModel):

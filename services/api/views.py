@@ -87,6 +87,8 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         waiting_for=waiting_for(row),
         where=whereabouts(row),
         ordering_key=row["ordering_key"],
+        debounce_key=row.get("debounce_key"),
+        debounce_count=row.get("debounce_count"),
     )
     # A held reason outlives the wait only on a job cancelled while held: not shown then.
     held = row["status"] == "pending" and row["held_reason"] is not None

@@ -96,6 +96,9 @@ class Job(JobSummary):
     # Where the job is now and what it waits for, in words (servers before job timelines
     # do not say).
     where: str | None = None
+    # Its debounce or throttle key, and how many enqueues a debounced job coalesced.
+    debounce_key: str | None = None
+    debounce_count: int | None = None
 
 
 class PageLinks(_Answer):

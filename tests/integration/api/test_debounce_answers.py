@@ -37,6 +37,10 @@ async def test_each_enqueue_answers_the_job_it_joined(
     assert {a.headers["location"] for a in answers} == {f"/jobs/{bodies[0]['job_id']}"}
     [job] = await jobs(db, "reindex_account")
     assert [p["change"] for p in job["debounce_payloads"]] == ["0", "1", "2"]
+    shown = (await api_client.get(f"/jobs/{job['id']}", headers=auth)).json()
+    assert shown["debounce_key"].endswith(":account=a")
+    assert shown["debounce_count"] == 3
+    assert shown["payload"] == {"account": "a", "change": "2"}
 
     # Another key is another job.
     other = await enqueue(api_client, auth, "reindex_account", payload={"account": "b"})

@@ -1139,6 +1139,10 @@ export interface components {
             waiting_for?: ("queue paused" | "job type paused") | null;
             /** Where */
             where: string;
+            /** Debounce Key */
+            debounce_key?: string | null;
+            /** Debounce Count */
+            debounce_count?: number | null;
         };
         /** OutboxActedOn */
         OutboxActedOn: {
