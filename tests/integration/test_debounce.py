@@ -14,14 +14,16 @@ import psycopg
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobcore import enqueue_in
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
-from jobcore.execution.registry import JobContext, JobType, Registry
+from jobcore.execution.registry import JobContext, JobType, Registry, default_registry
 from jobcore.kernel.errors import IdempotencyConflict
 from jobcore.kernel.keyed import Debounce, Throttle
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import Retention
 from jobcore.testing.draining import InlineWorker
+from jobcore.testing.waiting import eventually
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_many, enqueue_on
 from jobcore.usecases.enqueue.write_many import ItemStatus
 from jobcore.usecases.enqueue.write_one import EnqueueResult
@@ -441,3 +443,56 @@ async def test_a_retry_of_a_joining_request_joins_once(db: Database, topology: T
         assert again.replayed
         assert again.job_id == first.job_id
         assert not again.joined
+
+
+async def test_enqueue_in_answers_joined_and_a_key_waits_for_the_open_transaction(
+    settings: Settings, db: Database
+) -> None:
+    def payload(change: str) -> dict[str, str]:
+        return {"account": "acct-1", "change": change}
+
+    url = settings.database_url
+    async with (
+        await psycopg.AsyncConnection.connect(url) as first,
+        await psycopg.AsyncConnection.connect(url) as second,
+    ):
+        opened = await enqueue_in(
+            first, default_registry, "reindex_account", payload("a"), tenant="t", settings=settings
+        )
+        again = await enqueue_in(
+            first, default_registry, "reindex_account", payload("b"), tenant="t", settings=settings
+        )
+        assert not opened.joined
+        assert again.joined
+        assert again.job_id == opened.job_id
+        # Another transaction's enqueue of the key waits for this one's commit, then joins
+        # the job it committed.
+        waiting = asyncio.create_task(
+            enqueue_in(
+                second,
+                default_registry,
+                "reindex_account",
+                payload("c"),
+                tenant="t",
+                settings=settings,
+            )
+        )
+        pid = second.info.backend_pid
+
+        async def blocked() -> bool:
+            found = await rows(
+                db,
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %(pid)s",
+                {"pid": pid},
+            )
+            return bool(found) and found[0]["wait_event_type"] == "Lock"
+
+        await eventually(blocked, what="the second enqueue waiting for the key's lock")
+        assert not waiting.done()
+        await first.commit()
+        joined = await asyncio.wait_for(waiting, timeout=10)
+        await second.commit()
+    assert joined.joined
+    assert joined.job_id == opened.job_id
+    [job] = await jobs_of(db, "reindex_account")
+    assert [p["change"] for p in job["debounce_payloads"]] == ["a", "b", "c"]
