@@ -18,8 +18,9 @@ from jobcore import enqueue_in
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.execution.registry import JobContext, JobType, Registry, default_registry
-from jobcore.kernel.errors import IdempotencyConflict
+from jobcore.kernel.errors import EnqueueRateExceeded, IdempotencyConflict
 from jobcore.kernel.keyed import Debounce, Throttle
+from jobcore.kernel.quotas import Quotas
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.retention import Retention
 from jobcore.testing.draining import InlineWorker
@@ -496,3 +497,23 @@ async def test_enqueue_in_answers_joined_and_a_key_waits_for_the_open_transactio
     assert joined.job_id == opened.job_id
     [job] = await jobs_of(db, "reindex_account")
     assert [p["change"] for p in job["debounce_payloads"]] == ["a", "b", "c"]
+
+
+async def test_joins_count_against_the_tenants_enqueue_rate(
+    db: Database, topology: Topology
+) -> None:
+    quotas = Quotas(enqueue_rate=0.01, enqueue_burst=3, max_unfinished=0, max_long_polls=0)
+    kind = debounced()
+
+    async def send_limited(n: int, tenant: str = "t") -> EnqueueResult:
+        request = EnqueueRequest(tenant=tenant, job_type=kind, payload=Event(account="a", n=n))
+        return await enqueue_on(db, topology, request, quotas=quotas)
+
+    answers = [await send_limited(n) for n in range(3)]
+    assert [a.joined for a in answers] == [False, True, True]
+    with pytest.raises(EnqueueRateExceeded):
+        await send_limited(3)
+    [job] = await jobs_of(db, "digest")
+    assert [p["n"] for p in job["debounce_payloads"]] == [0, 1, 2]  # the refused one is not in
+    # Another tenant's bucket is its own.
+    assert not (await send_limited(0, tenant="u")).joined
