@@ -10,6 +10,7 @@ import httpx
 from jobcore.client import AsyncClient
 from jobcore.database.gateway import Database
 from tests.integration.api.support import enqueue
+from tests.integration.api.test_probes_and_metrics import samples
 
 
 async def jobs(db: Database, kind: str) -> list[Any]:
@@ -46,6 +47,13 @@ async def test_each_enqueue_answers_the_job_it_joined(
     other = await enqueue(api_client, auth, "reindex_account", payload={"account": "b"})
     assert other.json()["joined"] is False
     assert other.json()["job_id"] != bodies[0]["job_id"]
+
+    # Joins are requests answered, not jobs written.
+    values = samples((await api_client.get("/metrics")).text)
+    requests = "jobcore_api_enqueue_requests_total"
+    assert values[(requests, (("result", "joined"), ("type", "reindex_account")))] == 2
+    assert values[(requests, (("result", "accepted"), ("type", "reindex_account")))] == 2
+    assert values[("jobcore_api_jobs_enqueued_total", (("type", "reindex_account"),))] == 2
 
 
 async def test_a_plain_enqueue_answers_joined_false(
