@@ -47,9 +47,11 @@ class ClaimRequest:
 
     @property
     def limited(self) -> bool:
-        """Its type declares a concurrency or rate limit, so its job likely has a key (only
-        how the claim is sent depends on it; the key is read from the job row)."""
-        return self.job_type.concurrency is not None or self.job_type.rate is not None
+        """Its type declares a concurrency or rate limit, or debounces (its jobs take a
+        concurrency limit of 1 on their key), so its job likely has a key (only how the
+        claim is sent depends on it; the key is read from the job row)."""
+        kind = self.job_type
+        return kind.concurrency is not None or kind.rate is not None or kind.debounce is not None
 
 
 @dataclass(frozen=True, slots=True)

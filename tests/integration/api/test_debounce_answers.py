@@ -3,6 +3,7 @@ answer says which job the request joined, over HTTP and through the Python clien
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -99,3 +100,17 @@ async def test_the_python_client_says_joined(
     assert [i.joined for i in batch.items] == [True, False]
     assert batch.items[0].job_id == first.job_id
     assert batch.counts.joined == 1
+
+
+async def test_a_debounced_type_takes_no_run_at_or_delay(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    for query in ({"delay": "5"}, {"run_at": soon}):
+        answer = await enqueue(
+            api_client, auth, "reindex_account", payload={"account": "a"}, params=query
+        )
+        assert answer.status_code == 422, answer.text
+        [error] = answer.json()["errors"]
+        assert error["loc"] == ["query", next(iter(query))]
+    assert await jobs(db, "reindex_account") == []

@@ -150,6 +150,17 @@ class EnqueueRequest:
         check_idempotency_key(self.idempotency_key)
         document = self.payload.model_dump(mode="json")
         object.__setattr__(self, "document", document)
+        if self.job_type.debounce is not None and (
+            self.run_at is not None or self.delay is not None
+        ):
+            # Its key's enqueues decide when it runs (jobcore.kernel.keyed).
+            given = "run_at" if self.run_at is not None else "delay"
+            raise InvalidField(
+                given,
+                "a debounced job type's jobs run a period after their key's last enqueue; "
+                "it takes no run_at or delay",
+                kind="conflict",
+            )
         object.__setattr__(self, "due_at", _due_at(self.run_at, self.delay))
         object.__setattr__(self, "held_key", _held_key(self.job_type, document, self.unique_key))
         object.__setattr__(self, "fingerprint", request_fingerprint(self))
