@@ -517,3 +517,24 @@ async def test_joins_count_against_the_tenants_enqueue_rate(
     assert [p["n"] for p in job["debounce_payloads"]] == [0, 1, 2]  # the refused one is not in
     # Another tenant's bucket is its own.
     assert not (await send_limited(0, tenant="u")).joined
+
+
+async def test_a_joined_requests_key_goes_with_its_job(
+    db: Database, topology: Topology, settings: Settings
+) -> None:
+    kind = throttled()
+    first = await send(db, topology, kind, 0)
+    request = EnqueueRequest(
+        tenant="t", job_type=kind, payload=Event(account="a", n=1), idempotency_key="retry-me"
+    )
+    assert (await enqueue_on(db, topology, request)).joined
+    assert len(await rows(db, "SELECT * FROM job_key_joins")) == 1
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '400 days'"
+            " WHERE id = %(id)s",
+            {"id": first.job_id},
+        )
+    await Retention(settings, db).prune()
+    assert await jobs_of(db, "ping") == []
+    assert await rows(db, "SELECT * FROM job_key_joins") == []
