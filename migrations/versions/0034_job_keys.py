@@ -20,13 +20,14 @@ the previous holder of the lock committed, either joins that job or names the ne
 key's open one. A single SQL statement cannot do this: its one snapshot is taken before
 the lock is granted, and a job committed meanwhile stays invisible to it.
 
-- debounce: joins the open trailing job while its first message is still in the outbox
-  and not being published (``FOR UPDATE SKIP LOCKED``: a relay holding it is publishing
-  it), the job is pending and never claimed, and it holds fewer than ``max_payloads``
-  payloads (payloads "all"); the job's and the message's due time move to
-  ``least(now + period, first + max_wait)`` and the payload joins it. Otherwise the new
-  job is the key's open one, due ``period`` from now, and the job it replaced is named
-  when it is running (the caller may cancel it).
+- debounce: joins the open trailing job while it is pending and was never claimed, and
+  holds fewer than ``max_payloads`` payloads (payloads "all"): the payload joins it, and
+  while its first message is still in the outbox and not being published (``FOR UPDATE
+  SKIP LOCKED``: a relay holding it is publishing it), the job's and the message's due
+  time move to ``least(now + period, first + max_wait)``. A claim racing the join waits
+  for the job's row and runs the merged payload. Otherwise the new job is the key's open
+  one, due ``period`` from now, and the job it replaced is named when it is running (the
+  caller may cancel it).
 - throttle: answers the job of the key's current period while it exists; otherwise the
   new job opens a period.
 
@@ -156,41 +157,49 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Debounce. The open job's first message still waits in the outbox, and no relay
-    -- holds it (one that does is publishing it: the job is no longer open).
+    -- Debounce. The open job is joined while it was never claimed: a claim that comes
+    -- while this enqueue holds the job's row waits for it and runs the merged payload,
+    -- and one that came first left the job running, which this update then misses. Its
+    -- due time moves only while its first message still waits in the outbox and no relay
+    -- holds it (SKIP LOCKED: one that does is publishing it); a message published already
+    -- runs the job when delivered, or the job is held by its gates until its turn.
     SELECT outbox.id INTO v_outbox FROM outbox
     WHERE outbox.message_id = v_key.message_id
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         v_due := least(v_now + v_period, v_key.first_at + make_interval(secs => p_max_wait));
-        UPDATE jobs
-        SET next_attempt_at = v_due,
-            payload = p_payload,
-            debounce_count = coalesce(jobs.debounce_count, 1) + 1,
-            debounce_payloads = CASE WHEN p_keep = 'all'
-                THEN coalesce(jobs.debounce_payloads, '[]'::jsonb) || jsonb_build_array(p_payload)
-            END,
-            updated_at = now()
-        WHERE jobs.id = v_key.job_id
-          AND (jobs.status = 'pending') IS TRUE
-          AND jobs.attempts = 0
-          AND (p_keep = 'last' OR coalesce(jobs.debounce_count, 1) < p_max_payloads)
-        RETURNING jobs.debounce_count, jobs.created_at INTO v_count, v_created;
-        IF FOUND THEN
+    END IF;
+    UPDATE jobs
+    SET next_attempt_at = coalesce(v_due, jobs.next_attempt_at),
+        payload = p_payload,
+        debounce_count = coalesce(jobs.debounce_count, 1) + 1,
+        debounce_payloads = CASE WHEN p_keep = 'all'
+            THEN coalesce(jobs.debounce_payloads, '[]'::jsonb) || jsonb_build_array(p_payload)
+        END,
+        updated_at = now()
+    WHERE jobs.id = v_key.job_id
+      AND (jobs.status = 'pending') IS TRUE
+      AND jobs.attempts = 0
+      AND (p_keep = 'last' OR coalesce(jobs.debounce_count, 1) < p_max_payloads)
+    RETURNING jobs.debounce_count, jobs.created_at, jobs.next_attempt_at
+    INTO v_count, v_created, v_due;
+    IF FOUND THEN
+        IF v_outbox IS NOT NULL THEN
             UPDATE outbox SET available_at = v_due WHERE outbox.id = v_outbox;
-            UPDATE job_keys
-            SET expires_at = greatest(v_due, v_key.expires_at),
-                enqueues = job_keys.enqueues + 1
-            WHERE key = p_key;
-            PERFORM jobcore_job_key_joined(
-                p_tenant, p_type, p_idempotency_key, v_key.job_id, p_fingerprint);
-            RETURN QUERY SELECT v_key.job_id, true, 'pending'::text, v_created, v_due,
-                NULL::uuid, v_count, NULL::text;
-            RETURN;
         END IF;
+        UPDATE job_keys
+        SET expires_at = greatest(v_due, v_key.expires_at),
+            enqueues = job_keys.enqueues + 1
+        WHERE key = p_key;
+        PERFORM jobcore_job_key_joined(
+            p_tenant, p_type, p_idempotency_key, v_key.job_id, p_fingerprint);
+        RETURN QUERY SELECT v_key.job_id, true, 'pending'::text, v_created, v_due,
+            NULL::uuid, v_count, NULL::text;
+        RETURN;
     END IF;
 
-    -- The open job is published, running, ended, full or gone: the new job is the next.
+    -- The open job was claimed (it runs, or ran), is full, or is gone: the new job is the
+    -- next.
     SELECT jobs.id INTO v_running FROM jobs
     WHERE jobs.id = v_key.job_id AND (jobs.status = 'running') IS TRUE;
     UPDATE job_keys

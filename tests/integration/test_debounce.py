@@ -250,23 +250,50 @@ async def test_a_type_that_says_so_cancels_the_active_run(db: Database, topology
     assert event["kind"] == "cancel_requested"
 
 
-async def test_a_message_being_published_is_not_joined(
+async def test_a_job_published_but_not_claimed_is_joined_without_moving_its_due_time(
     db: Database, topology: Topology, settings: Settings
 ) -> None:
     kind = debounced()
     first = await send(db, topology, kind, 0)
-    # A relay holds the message's row while it publishes it.
+    [before] = await jobs_of(db, "digest")
+    # A relay holds the message's row while it publishes it: the enqueue does not wait.
     async with await psycopg.AsyncConnection.connect(settings.database_url) as relay:
         await relay.execute(
             "SELECT id FROM outbox WHERE job_id = %(id)s FOR UPDATE", {"id": first.job_id}
         )
         answer = await asyncio.wait_for(send(db, topology, kind, 1), timeout=10)
-        await relay.rollback()
-    assert not answer.joined
-    assert answer.job_id != first.job_id
+        # Published: the row is gone.
+        await relay.execute("DELETE FROM outbox WHERE job_id = %(id)s", {"id": first.job_id})
+        await relay.commit()
     again = await send(db, topology, kind, 2)
+    assert answer.joined
     assert again.joined
-    assert again.job_id == answer.job_id
+    assert answer.job_id == again.job_id == first.job_id
+    [job] = await jobs_of(db, "digest")
+    assert job["next_attempt_at"] == before["next_attempt_at"]
+    assert [p["n"] for p in job["debounce_payloads"]] == [0, 1, 2]
+
+
+async def test_a_job_held_by_its_key_takes_the_events_that_come_meanwhile(
+    db: Database, topology: Topology
+) -> None:
+    """A trailing job that came due during a long run was claimed and held (its key's
+    concurrency of 1): the events during the run join it, one run after the active one."""
+    kind = debounced()
+    running = await send(db, topology, kind, 0)
+    await _run(db, running.job_id)
+    trailing = await send(db, topology, kind, 1)
+    async with db.connection() as conn:
+        await conn.execute("DELETE FROM outbox WHERE job_id = %(id)s", {"id": trailing.job_id})
+        await conn.execute(
+            "UPDATE jobs SET held_reason = 'concurrency', held_since = now() WHERE id = %(id)s",
+            {"id": trailing.job_id},
+        )
+    later = [await send(db, topology, kind, n) for n in (2, 3)]
+    assert all(a.joined and a.job_id == trailing.job_id for a in later)
+    active, held = await jobs_of(db, "digest")
+    assert (active["status"], held["status"]) == ("running", "pending")
+    assert [p["n"] for p in held["debounce_payloads"]] == [1, 2, 3]
 
 
 async def test_throttle_answers_the_leading_job_within_the_period(

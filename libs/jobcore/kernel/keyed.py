@@ -3,14 +3,14 @@ the key an enqueue joins. Pure; imports nothing of ours.
 
 - **Debounce** (:class:`Debounce`): the enqueues of one key become one *trailing* job.
   The first enqueue writes a pending job due ``period`` seconds later; each enqueue of
-  the key while that job's message is still unpublished joins it instead: its due time
-  moves to ``period`` after this enqueue, but never past ``max_wait`` after the first
-  enqueue it coalesced, and the payload joins it (``payloads="last"``: the job runs
-  with the last one; ``"all"``: the handler also gets every coalesced payload, in
-  enqueue order, as ``ctx.payloads``, at most ``max_payloads`` of them: a full job stops
-  taking more and the next enqueue starts the next trailing job). Once the trailing job's
-  message is published, or the job runs, the next enqueue writes a new trailing job: at
-  most one job of a key is open to joins. Unless the type declares its own concurrency
+  the key while that job was never claimed joins it instead: the payload joins it
+  (``payloads="last"``: the job runs with the last one; ``"all"``: the handler also gets
+  every coalesced payload, in enqueue order, as ``ctx.payloads``, at most
+  ``max_payloads`` of them: a full job stops taking more and the next enqueue starts the
+  next trailing job), and while its message is unpublished its due time moves to
+  ``period`` after this enqueue, but never past ``max_wait`` after the first enqueue it
+  coalesced. Once the trailing job was claimed, the next enqueue writes a new trailing
+  job: at most one job of a key is open to joins. Unless the type declares its own concurrency
   limit, a key's jobs run one at a time (a concurrency limit of 1 per key), so an event
   during a run schedules exactly one more run, after it. ``cancel_running``: that
   enqueue also asks the running job to stop (the cooperative cancel of

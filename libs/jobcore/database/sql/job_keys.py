@@ -2,11 +2,11 @@
 
 A debounce or throttle key's row (jobcore.kernel.keyed) is needed while the job it names is
 open to the key's enqueues: a throttle's until its period ends, a debounce's until its
-trailing job's message is published. It is *spent*, and deleted, once ``expires_at``
-(the period's end, or the trailing job's due time) is more than ``keep`` seconds past and
-the job's first message is no longer in the outbox. A key whose row was deleted starts
-afresh at its next enqueue, as a key never seen would: what a spent row says no enqueue
-reads any more.
+trailing job is claimed. It is *spent*, and deleted, once ``expires_at`` (the period's
+end, or the trailing job's due time) is more than ``keep`` seconds past and the job's
+first message is no longer in the outbox (a debounced job held by its gates that long
+is left to run as it is: the key's next enqueue opens a new job). A key whose row was
+deleted starts afresh at its next enqueue, as a key never seen would.
 
 No race with an enqueue of the key: the prune locks the rows it deletes (FOR UPDATE SKIP
 LOCKED, skipping those an enqueue holds), and an enqueue's INSERT ... ON CONFLICT waits for
