@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from jobcore import enqueue_in
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
+from jobcore.execution.claims import ClaimedJob, ClaimRequest
 from jobcore.execution.registry import JobContext, JobType, Registry, default_registry
 from jobcore.kernel.errors import EnqueueRateExceeded, IdempotencyConflict
 from jobcore.kernel.keyed import Debounce, Throttle
@@ -565,3 +566,43 @@ async def test_a_joined_requests_key_goes_with_its_job(
     await Retention(settings, db).prune()
     assert await jobs_of(db, "ping") == []
     assert await rows(db, "SELECT * FROM job_key_joins") == []
+
+
+async def test_a_claim_that_meets_a_join_runs_the_merged_payload(
+    db: Database, settings: Settings
+) -> None:
+    """The trailing job's message was published; a worker claims it while an enqueue's
+    join of the job is uncommitted: the claim waits for the join and gets both payloads."""
+    registry = Registry()
+    kind = registry.register(debounced())
+    worker = InlineWorker(db, registry=registry)
+    job_id = await worker.enqueue("digest", {"account": "a", "n": 0})
+    [key] = await rows(db, "SELECT message_id FROM job_keys")
+    async with db.connection() as conn:  # published: the relay deleted its row
+        await conn.execute("DELETE FROM outbox WHERE job_id = %(id)s", {"id": job_id})
+
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as app:
+        joined = await enqueue_in(
+            app, registry, "digest", {"account": "a", "n": 1}, tenant="test", settings=settings
+        )
+        assert joined.joined
+        assert joined.job_id == job_id
+        claim = asyncio.create_task(
+            worker.executor.claim([ClaimRequest(key["message_id"], job_id, kind, 1)])
+        )
+
+        async def waiting() -> bool:
+            found = await rows(
+                db,
+                "SELECT count(*) AS n FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            return found[0]["n"] > 0
+
+        await eventually(waiting, what="the claim waiting for the join's row lock")
+        assert not claim.done()
+        await app.commit()
+    [claimed] = await asyncio.wait_for(claim, timeout=10)
+    assert isinstance(claimed, ClaimedJob)
+    assert claimed.raw_payload == {"account": "a", "n": 1}
+    assert claimed.raw_payloads == [{"account": "a", "n": 0}, {"account": "a", "n": 1}]
