@@ -13,7 +13,7 @@ from jobcore.kernel.quotas import Refusal
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-ENQUEUE_RESULTS = ("accepted", "replayed", "rejected")
+ENQUEUE_RESULTS = ("accepted", "replayed", "joined", "rejected")
 ENQUEUE_WRITE_WAYS = ("single", "coalesced")
 # The reasons of jobcore_api_quota_refusals (jobcore.kernel.quotas.Refusal).
 QUOTA_REFUSALS = tuple(Refusal)
@@ -33,14 +33,16 @@ class ApiMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.jobs_enqueued = Counter(
             "jobcore_api_jobs_enqueued",
-            "Jobs created by POST /jobs/{type} (idempotent replays not included).",
+            "Jobs created by POST /jobs/{type} (idempotent replays and debounce or throttle "
+            "joins not included).",
             ["type"],
             registry=self.registry,
         )
         self.enqueue_requests = Counter(
             "jobcore_api_enqueue_requests",
             "POST /jobs/{type} answers by job type and outcome: accepted (new job), "
-            "replayed (idempotency key matched), rejected (answered with an error).",
+            "replayed (idempotency key matched), joined (a debounce or throttle key's open "
+            "job answered), rejected (answered with an error).",
             ["type", "result"],
             registry=self.registry,
         )
@@ -106,10 +108,14 @@ class ApiMetrics:
             registry=self.registry,
         )
 
-    def count_enqueued(self, job_type: str, *, replayed: bool, jobs: int = 1) -> None:
+    def count_enqueued(
+        self, job_type: str, *, replayed: bool, jobs: int = 1, joined: bool = False
+    ) -> None:
         """``jobs``: how many (a batch counts each of its items as a request)."""
         if replayed:
             self.enqueue_requests.labels(job_type, "replayed").inc(jobs)
+        elif joined:
+            self.enqueue_requests.labels(job_type, "joined").inc(jobs)
         else:
             self.enqueue_requests.labels(job_type, "accepted").inc(jobs)
             self.jobs_enqueued.labels(job_type).inc(jobs)

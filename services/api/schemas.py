@@ -30,10 +30,18 @@ class JobLinks(BaseModel):
 
 
 class Accepted(BaseModel):
-    """The job is stored (with its outbox message); poll ``links.self`` for its status."""
+    """The job is stored (with its outbox message); poll ``links.self`` for its status.
+
+    ``joined``: true when the job type debounces or throttles by key and the key's open
+    job answered the request: ``job_id`` is that job (a debounce's trailing job, which now
+    also holds this payload and runs a period from now at the latest its max wait
+    allows; a throttle's job of the period, this payload dropped) and nothing new was
+    written. False: ``job_id`` is the job this request wrote (or, with
+    ``Idempotent-Replayed``, the job its idempotency key wrote)."""
 
     job_id: uuid.UUID
     status: JobStatus
+    joined: bool
     links: JobLinks
 
 
@@ -94,6 +102,10 @@ class JobView(JobSummary):
     # The version of the job this answer read, as in its ETag: an edit (PATCH /jobs/{id})
     # names it in If-Match, and is refused (412) if the job changed since.
     version: str | None = None
+    # The debounce or throttle key the job was written for (its type declares one), and how
+    # many enqueues a debounced job coalesced; null otherwise.
+    debounce_key: str | None = None
+    debounce_count: int | None = None
 
 
 class JobEventView(BaseModel):
@@ -197,7 +209,9 @@ class Problem(BaseModel):
 
 class BatchItemAnswer(BaseModel):
     """One item's outcome, at its ``index`` in the request. ``created``: a new job;
-    ``replayed``: the job of the item's idempotency key (same request); ``unique_conflict``:
+    ``replayed``: the job of the item's idempotency key (same request); ``joined``: the
+    open job of the item's debounce or throttle key (``job_id``; ``joined`` is true),
+    nothing new written; ``unique_conflict``:
     the live job that holds its unique key (``job_id``, ``job_status``), nothing written;
     ``refused``: a quota (``problem``: enqueue-rate-limited or too-many-unfinished-jobs,
     with ``retry_after``); ``invalid``: the item's idempotency key was used for another
@@ -208,12 +222,14 @@ class BatchItemAnswer(BaseModel):
     status: ItemStatus
     job_id: uuid.UUID | None
     job_status: JobStatus | None
+    joined: bool
     problem: Problem | None
 
 
 class BatchCounts(BaseModel):
     created: int
     replayed: int
+    joined: int
     unique_conflict: int
     refused: int
     invalid: int

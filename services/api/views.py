@@ -52,7 +52,12 @@ def links(job_id: uuid.UUID) -> dict[str, str]:
 
 
 def accepted(result: EnqueueResult) -> dict[str, Any]:
-    return {"job_id": result.job_id, "status": result.status.value, "links": links(result.job_id)}
+    return {
+        "job_id": result.job_id,
+        "status": result.status.value,
+        "joined": result.joined,
+        "links": links(result.job_id),
+    }
 
 
 _SUMMARY_COLUMNS = (
@@ -95,6 +100,8 @@ def job_view(row: dict[str, Any]) -> dict[str, Any]:
         where=whereabouts(row),
         ordering_key=row["ordering_key"],
         version=row.get("version"),
+        debounce_key=row.get("debounce_key"),
+        debounce_count=row.get("debounce_count"),
     )
     # A held reason outlives the wait only on a job cancelled while held: not shown then.
     held = row["status"] == "pending" and row["held_reason"] is not None

@@ -21,12 +21,23 @@ from typing import Any, cast
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from pydantic import BaseModel
 
+from jobcore.amqp.topology import Topology
 from jobcore.database.sql import Query, native_placeholders
 from jobcore.database.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
+from jobcore.database.sql.job_keys import JOB_KEYS_PRUNE_BATCH
 from jobcore.database.sql.jobs import edit, reads, run
-from jobcore.database.sql.jobs.enqueue import JOB_INSERT_MANY, JobInsertManyParams
+from jobcore.database.sql.jobs.enqueue import (
+    JOB_INSERT_KEYED,
+    JOB_INSERT_MANY,
+    JobInsertManyParams,
+)
+from jobcore.execution.registry import JobType
+from jobcore.kernel.keyed import Debounce
 from jobcore.kernel.settings import Settings
+from jobcore.usecases.enqueue.submit import EnqueueRequest, _job_params
+from jobcore.usecases.enqueue.write_one import job_key_params
 from tests.support import databases
 from tests.support.services import ServiceUrls
 
@@ -474,3 +485,143 @@ def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_j
     # The job's one unpublished message moved; none was added.
     [(edited_id, _version, _due, moved, superseded, _notified)] = answer
     assert (edited_id, moved, superseded) == (job_id, 1, 0)
+# --- debounce and throttle keys at a million jobs ----------------------------------------
+
+# Keys of other accounts, each naming a job whose first message is still in the outbox.
+OTHER_KEYS = 100_000
+OTHER_KEYS_SQL = """
+    WITH keyed AS (
+        INSERT INTO jobs (id, tenant, type, queue, status, debounce_key, debounce_count)
+        SELECT gen_random_uuid(), 't' || (g %% 100), 'digest', 'default', 'pending',
+               'debounce:digest:tenant=t' || (g %% 100) || ':account=' || g, 1
+        FROM generate_series(1, %(n)s) AS g
+        RETURNING id, tenant, debounce_key
+    ), message AS (
+        INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id,
+                            tenant, available_at)
+        SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'digest', '\\x7b7d', id, tenant,
+               now() + interval '1 minute'
+        FROM keyed
+        RETURNING message_id, job_id
+    )
+    INSERT INTO job_keys (key, kind, tenant, job_id, message_id, first_at, last_at, expires_at)
+    SELECT keyed.debounce_key, 'debounce', keyed.tenant, keyed.id, message.message_id,
+           now(), now(), now() - interval '2 days'
+    FROM keyed JOIN message ON message.job_id = keyed.id
+"""
+
+
+class Change(BaseModel):
+    account: str
+    n: int
+
+
+def _keyed_enqueue(settings: Settings, account: str, n: int) -> dict[str, Any]:
+    """JOB_INSERT_KEYED's parameters for an enqueue of a debounced type, as the enqueue
+    use case makes them."""
+
+    async def never(ctx: Any) -> None:  # pragma: no cover - never run
+        return None
+
+    kind = JobType(
+        name="digest",
+        queue="default",
+        payload_model=Change,
+        handler=never,
+        debounce=Debounce(30.0, per="account", payloads="all"),
+    )
+    request = EnqueueRequest(tenant="t1", job_type=kind, payload=Change(account=account, n=n))
+    params, _ = _job_params(
+        Topology.from_settings(settings),
+        request,
+        quotas=settings.quota_defaults,
+        payload_store=None,
+        inline_payload_max_bytes=None,
+        trace={},
+    )
+    key = job_key_params(kind, tenant="t1", payload=request.document)
+    assert key is not None
+    return {**params, **key}
+
+
+def test_a_debounced_enqueue_joins_its_key_in_a_few_pages_at_a_million_jobs(
+    million_jobs: str, settings: Settings
+) -> None:
+    """The keyed enqueue (JOB_INSERT_KEYED and the key's function) reaches the key's row,
+    its job and its message by their keys, whatever the number of jobs and keys: the
+    plan's buffers (the function's statements' included) stay a few hundred."""
+    sql, names = native_placeholders(JOB_INSERT_KEYED.sql)
+    with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
+        cur = conn.cursor()
+
+        def literals(params: dict[str, Any]) -> str:
+            return ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
+
+        conn.execute(OTHER_KEYS_SQL, {"n": OTHER_KEYS})
+        conn.execute("ANALYZE job_keys")
+        conn.execute("ANALYZE outbox")
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.database.gateway
+        conn.execute(f"PREPARE keyed AS {sql}")
+        first = conn.execute(f"EXECUTE keyed({literals(_keyed_enqueue(settings, 'x', 0))})")
+        opened = first.fetchone()
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+            f"EXECUTE keyed({literals(_keyed_enqueue(settings, 'x', 1))})"
+        ).fetchone()
+        joined = conn.execute(
+            "SELECT debounce_count FROM jobs WHERE debounce_key LIKE '%%account=x'"
+        ).fetchall()
+        conn.rollback()
+    assert opened is not None
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    assert joined == [(2,)]  # the second enqueue joined the first's job
+    # About 225 pages here: the key's row, its message and the job by their keys, and the
+    # job's new row version (a join moves its due time, which jobs_due_idx holds, so each
+    # of the jobs indexes gets an entry, three or four levels deep at this size). A scan of
+    # the 100,000 keys or their messages would read thousands.
+    assert _buffers(plan) <= 400, (_buffers(plan), json.dumps(plan, indent=1)[:4000])
+
+
+def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """The pruner's batch of spent keys finds them through job_keys_expires_at_idx and
+    each key's message through the outbox's message_id index: a batch of keys whose
+    messages still wait deletes nothing and reads a bounded number of pages."""
+    sql, names = native_placeholders(JOB_KEYS_PRUNE_BATCH.sql)
+    with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
+        conn.execute(OTHER_KEYS_SQL, {"n": OTHER_KEYS})
+        # A thousand keys whose messages are published: spent.
+        conn.execute(
+            "DELETE FROM outbox WHERE message_id IN "
+            "(SELECT message_id FROM job_keys ORDER BY key LIMIT 1000)"
+        )
+        conn.execute(
+            "UPDATE job_keys SET expires_at = now() - interval '3 days' WHERE NOT EXISTS"
+            " (SELECT 1 FROM outbox WHERE outbox.message_id = job_keys.message_id)"
+        )
+        conn.execute("ANALYZE job_keys")
+        conn.execute("ANALYZE outbox")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE pruned AS {sql}")
+        params = {"keep": 86400.0 * 2.5, "limit": 500}
+        cur = conn.cursor()
+        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
+        row = conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE pruned({values})"
+        ).fetchone()
+        text = "\n".join(
+            line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE pruned({values})")
+        )
+        left = conn.execute("SELECT count(*) FROM job_keys").fetchone()
+        conn.rollback()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    assert "job_keys_expires_at_idx" in text, text
+    assert "Seq Scan on outbox" not in text, text
+    assert left == (OTHER_KEYS - 500,)
+    # 500 keys deleted, each an index entry, a probe of the outbox's message index, its
+    # heap page and its delete (about 11 pages a key here): bounded by the batch, not by
+    # the 100,000 keys.
+    assert _buffers(plan) <= 20 * 500, (_buffers(plan), text)

@@ -222,6 +222,7 @@ async def test_dry_run_counts_what_a_pass_deletes_and_changes_nothing(
         "inbox": 1,
         "audit_log": 1,
         "job_gates": 0,
+        "job_keys": 0,
         "result_files": 3,
     }
     assert dry.as_dict()["tables"] == expected
@@ -253,6 +254,8 @@ async def test_the_cascades_that_take_a_jobs_rows_are_index_backed(db: Database)
         rows = [dict(r) for r in await cur.fetchall()]
     assert rows == [
         {"tab": "job_effects", "col": "job_id", "confdeltype": "c", "indexed": True},
+        # The idempotency keys of requests that joined a debounced or throttled job.
+        {"tab": "job_key_joins", "col": "job_id", "confdeltype": "c", "indexed": True},
         # No job_events: its rows are deleted by the pruner's own statement (migration 0019).
         # The example job type credit_account's entries (migration 0013).
         {"tab": "ledger_entries", "col": "job_id", "confdeltype": "c", "indexed": True},

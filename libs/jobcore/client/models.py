@@ -45,6 +45,9 @@ class Accepted(_Answer):
     job_id: uuid.UUID
     status: JobStatus
     links: JobLinks
+    # The open job of the type's debounce or throttle key answered (``job_id`` is that job;
+    # nothing new was written). Servers before it: absent, False.
+    joined: bool = False
     # Not in the body: the key the client sent, and whether the API answered with the job
     # an earlier request with that key made (``Idempotent-Replayed: true``).
     idempotency_key: str
@@ -96,6 +99,9 @@ class Job(JobSummary):
     # The version read (its ETag): :meth:`Client.edit` changes the job only if it is still
     # this version (servers before edits do not say).
     version: str | None = None
+    # Its debounce or throttle key, and how many enqueues a debounced job coalesced.
+    debounce_key: str | None = None
+    debounce_count: int | None = None
 
 
 class PageLinks(_Answer):
@@ -123,7 +129,8 @@ class CancelAnswer(_Answer):
 
 class BatchItemOutcome(_Answer):
     """One item of a batch, at ``index`` in the request: ``created``, ``replayed`` (its
-    idempotency key's job), ``unique_conflict`` (``job_id``: the live job holding its
+    idempotency key's job), ``joined`` (the open job of its debounce or throttle key,
+    ``joined`` true), ``unique_conflict`` (``job_id``: the live job holding its
     unique key), ``refused`` by a quota, or ``invalid`` (its idempotency key was used
     for another request); ``problem`` is the problem JSON saying why, if any."""
 
@@ -132,6 +139,7 @@ class BatchItemOutcome(_Answer):
     job_id: uuid.UUID | None
     job_status: JobStatus | None
     problem: dict[str, Any] | None
+    joined: bool = False
     # The idempotency key the client sent for this item (its own, or a new UUID).
     idempotency_key: str
 
@@ -139,6 +147,7 @@ class BatchItemOutcome(_Answer):
 class BatchCounts(_Answer):
     created: int
     replayed: int
+    joined: int = 0
     unique_conflict: int
     refused: int
     invalid: int

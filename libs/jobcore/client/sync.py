@@ -137,7 +137,9 @@ class Client:
         priority: str | None = None,
     ) -> Accepted:
         """``POST /jobs/{job_type}``, with ``idempotency_key`` (a new UUID unless given);
-        ``priority``: ``"high"``, ``"normal"`` or ``"low"`` (default: the job type's)."""
+        ``priority``: ``"high"``, ``"normal"`` or ``"low"`` (default: the job type's).
+        For a type that debounces or throttles by key, ``joined`` says whether the key's
+        open job answered (``job_id`` is then that job's)."""
         return self._run(
             self._core.enqueue(
                 job_type,

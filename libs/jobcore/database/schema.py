@@ -157,6 +157,12 @@ jobs = Table(
     # (jobcore.usecases.job_edits): a message of its attempt that arrives before claims
     # nothing (a copy published earlier, a message an edit superseded). Cleared by the claim.
     _timestamp("not_before"),
+    # Debounce and throttle by key (jobcore.kernel.keyed): the key the job was written for,
+    # how many enqueues a debounced job coalesced (1 when it was written), and, for a type
+    # debounced with payloads="all", each of their payloads in enqueue order.
+    Column("debounce_key", Text),
+    Column("debounce_count", Integer),
+    Column("debounce_payloads", JSONB),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
@@ -288,6 +294,44 @@ job_gates = Table(
     # the starts an earlier round's releases have not claimed yet.
     _timestamp("released_until"),
     _timestamp("updated_at", nullable=False, default_now=True),
+)
+
+# One row per debounce or throttle key (jobcore.kernel.keyed): the row every enqueue of the key
+# locks first, so the enqueues of a key take turns; the job open to them (a debounce's
+# trailing job, by its first message, or the throttle's job of the period), when the first
+# enqueue it took came, and until when the row is needed (a debounce: its job's due time;
+# a throttle: the period's end). The pruner deletes the rows past it.
+job_keys = Table(
+    "job_keys",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("message_id", UUID(as_uuid=True), nullable=False),
+    _timestamp("first_at", nullable=False),
+    _timestamp("last_at", nullable=False),
+    _timestamp("expires_at", nullable=False),
+    # Enqueues answered with the job (the first included).
+    Column("enqueues", BigInteger, nullable=False, server_default=text("1")),
+    CheckConstraint("kind IN ('debounce', 'throttle')", name="kind"),
+    Index("job_keys_expires_at_idx", "expires_at"),
+)
+
+# The idempotency key of each request that joined a debounce or throttle key's job
+# (jobcore.kernel.keyed): a retry of that request is answered with the same job instead of
+# joining it again. Its rows go with their job.
+job_key_joins = Table(
+    "job_key_joins",
+    metadata,
+    Column("tenant", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("payload_fingerprint", Text, nullable=False),
+    _timestamp("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("tenant", "type", "idempotency_key"),
+    Index("job_key_joins_job_id_idx", "job_id"),
 )
 
 outbox = Table(

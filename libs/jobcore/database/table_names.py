@@ -17,6 +17,8 @@ TABLES = (
     "job_effects",
     "job_events",
     "job_gates",
+    "job_key_joins",
+    "job_keys",
     "job_type_registry",
     "jobs",
     "ledger_accounts",

@@ -1,4 +1,5 @@
-"""The job types jobcore ships: three real examples and a no-op for benchmarks.
+"""The job types jobcore ships: real examples (one debounced, one throttled) and a no-op
+for benchmarks.
 
 Handlers run in the worker; the API only needs the payload models and queues.
 """
@@ -23,6 +24,7 @@ from jobcore.database.store import ledger_store
 from jobcore.execution.registry import JobContext, job
 from jobcore.execution.transaction import JobTransaction
 from jobcore.kernel.errors import PermanentError
+from jobcore.kernel.keyed import Debounce, Throttle
 
 
 class NoopPayload(BaseModel):
@@ -245,3 +247,48 @@ async def credit_account(ctx: JobContext[CreditAccountPayload]) -> None:
     async with ctx.transaction() as tx:
         credited = await post_credit(tx, ctx.payload.account, ctx.payload.amount_cents)
         tx.set_result({"account": ctx.payload.account, **credited})
+
+
+class ReindexAccountPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    account: str = Field(min_length=1, max_length=100)
+    # What changed (a record's id, say): the run gets every change its job coalesced.
+    change: str = Field(default="", max_length=200)
+
+
+# A burst of changes to one account becomes one reindex: 5 s after the last change, at
+# most a minute after the first, with every change of the burst (docs/how-to/debounce.md).
+@job(
+    "reindex_account",
+    payload=ReindexAccountPayload,
+    queue="default",
+    max_attempts=5,
+    timeout=60,
+    lease=30,
+    debounce=Debounce(5.0, max_wait=60.0, per="account", payloads="all", max_payloads=100),
+)
+async def reindex_account(ctx: JobContext[ReindexAccountPayload]) -> dict[str, object]:
+    changes = [p.change for p in ctx.payloads] or [ctx.payload.change]
+    return {"account": ctx.payload.account, "changes": len(changes)}
+
+
+class RefreshDashboardPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dashboard: str = Field(min_length=1, max_length=100)
+
+
+# At most one refresh of a dashboard every 10 s; a request within that answers the job
+# already running or done (docs/how-to/debounce.md).
+@job(
+    "refresh_dashboard",
+    payload=RefreshDashboardPayload,
+    queue="default",
+    max_attempts=3,
+    timeout=60,
+    lease=30,
+    throttle=Throttle(10.0, per="dashboard"),
+)
+async def refresh_dashboard(ctx: JobContext[RefreshDashboardPayload]) -> dict[str, object]:
+    return {"dashboard": ctx.payload.dashboard}

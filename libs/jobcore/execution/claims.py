@@ -47,9 +47,11 @@ class ClaimRequest:
 
     @property
     def limited(self) -> bool:
-        """Its type declares a concurrency or rate limit, so its job likely has a key (only
-        how the claim is sent depends on it; the key is read from the job row)."""
-        return self.job_type.concurrency is not None or self.job_type.rate is not None
+        """Its type declares a concurrency or rate limit, or debounces (its jobs take a
+        concurrency limit of 1 on their key), so its job likely has a key (only how the
+        claim is sent depends on it; the key is read from the job row)."""
+        kind = self.job_type
+        return kind.concurrency is not None or kind.rate is not None or kind.debounce is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class ClaimedJob:
     # The payload's key in the result store when it was too large to keep inline
     # (raw_payload is then {}): read before the handler runs.
     payload_ref: str | None = None
+    # A job debounced with payloads="all": every payload it coalesced (jobs.debounce_payloads).
+    raw_payloads: list[Any] | None = None
     # Times an object-store outage gave the job back already (outcomes.store_failed).
     store_give_backs: int = 0
     # Times its handler snoozed it already (jobcore.kernel.errors.Snooze).
@@ -96,6 +100,7 @@ class ClaimedJob:
             created_at=row["created_at"],
             due_at=row["due_at"],
             payload_ref=row.get("payload_ref"),
+            raw_payloads=row.get("debounce_payloads"),
             store_give_backs=row.get("store_give_backs", 0),
             snoozes=row.get("snoozes", 0),
             resumed=bool(row.get("resumed")),

@@ -427,6 +427,7 @@ class JobExecutor:
             job_id=job.job_id,
             job_type=job.job_type.name,
             payload=payload,
+            payloads=[job.job_type.validate_payload(raw) for raw in job.raw_payloads or ()],
             attempt=job.attempt,
             max_attempts=job.max_attempts,
             idempotency_key=str(job.job_id),

@@ -31,6 +31,7 @@ from jobcore.kernel.errors import (
     UnknownJobType,
 )
 from jobcore.kernel.gates import Limit, OrderingOnFailure, Rate
+from jobcore.kernel.keyed import Debounce, Throttle
 from jobcore.kernel.priorities import DEFAULT_PRIORITY, Priority
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class JobContext(Generic[P]):
     heartbeat: Callable[[], Awaitable[None]]
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     extras: dict[str, Any] = field(default_factory=dict)
+    # A job type debounced with payloads="all" (jobcore.kernel.keyed): every payload its job
+    # coalesced, validated, in enqueue order (``payload`` is the last). Empty otherwise.
+    payloads: list[P] = field(default_factory=list)
     # Set by the worker. Effects are buffered here and written to ``job_effects`` in the
     # transaction that records success, so a failed or abandoned attempt leaves none.
     effects: list[Effect] = field(default_factory=list)
@@ -182,6 +186,10 @@ class JobType(Generic[P]):
     ordering: OrderingOnFailure = "block"
     # Snoozes one job may have (jobcore.kernel.errors.Snooze); None: JOBCORE_MAX_SNOOZES.
     max_snoozes: int | None = None
+    # Debounce or throttle by key (jobcore.kernel.keyed): what an enqueue of a key does while
+    # another job of the key is open to it. At most one of the two.
+    debounce: Debounce | None = None
+    throttle: Throttle | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -203,6 +211,17 @@ class JobType(Generic[P]):
             raise ValueError(f"max_snoozes must be within 0..{MAX_SNOOZES_LIMIT}")
         if self.ordering not in ("block", "skip"):
             raise ValueError("ordering must be 'block' or 'skip'")
+        if self.debounce is not None and self.throttle is not None:
+            raise ValueError("a job type debounces or throttles, not both")
+        for keyed in (self.debounce, self.throttle):
+            if (
+                keyed is not None
+                and keyed.per != "tenant"
+                and keyed.per not in (self.payload_model.model_fields)
+            ):
+                raise ValueError(
+                    f"per {keyed.per!r} is not a field of {self.payload_model.__name__}"
+                )
 
     def validate_payload(self, raw: object) -> P:
         try:
@@ -255,10 +274,13 @@ class Registry:
         rate: Rate | None = None,
         ordering: OrderingOnFailure = "block",
         max_snoozes: int | None = None,
+        debounce: Debounce | None = None,
+        throttle: Throttle | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.job("send_email", payload=Email, queue="mail")``;
         ``unique_field="account_id"``: one live job per tenant and account id; ``priority``
-        (``"high"``, ``"normal"``, ``"low"``) is its jobs' default."""
+        (``"high"``, ``"normal"``, ``"low"``) is its jobs' default; ``debounce`` /
+        ``throttle``: by key (:mod:`jobcore.kernel.keyed`)."""
         level = Priority.parse(priority)
 
         def decorate(handler: Handler) -> Handler:
@@ -277,6 +299,8 @@ class Registry:
                     rate=rate,
                     ordering=ordering,
                     max_snoozes=max_snoozes,
+                    debounce=debounce,
+                    throttle=throttle,
                 )
             )
             return handler

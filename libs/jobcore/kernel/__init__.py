@@ -11,6 +11,7 @@ no other package of jobcore.
 - :mod:`.retry`: exponential backoff with full jitter;
 - :mod:`.quotas`: tenant quotas as arithmetic (the enqueue rate limit, the caps, headers);
 - :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
+- :mod:`.keyed`: debounce and throttle by key, as a job type declares them, and their keys;
 - :mod:`.scopes`: what an API key may do;
 - :mod:`.startstop`: the start/stop contract every long-running loop shares;
 - :mod:`.old_paths`: the previous release's module paths that applications import, kept

@@ -1,10 +1,11 @@
-"""Retention: finished jobs, inbox rows, result files, audit entries and idle gate rows
-go once their time is up.
+"""Retention: finished jobs, inbox rows, result files, audit entries, idle gate rows and
+spent debounce and throttle keys go once their time is up.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
 ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``:
-jobcore.database.store.GateStore), in batches of
+jobcore.database.store.GateStore, which also bounds ``job_keys``:
+jobcore.database.store.JobKeyStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -46,6 +47,7 @@ from jobcore.database.store import (
     database_store,
     gate_store,
     inbox_store,
+    job_key_store,
     job_store,
     maintenance_lease_store,
 )
@@ -72,6 +74,7 @@ TABLES = (
     "inbox",
     "audit_log",
     "job_gates",
+    "job_keys",
     "result_files",
 )
 # A result file is swept only when unchanged this long: a write in progress (a temporary
@@ -208,6 +211,8 @@ class Retention:
             report.tables["audit_log"] = audit["audit_log"] if audit else 0
             gates = await gate_store.prune_count(uow, self._gates_params())
             report.tables["job_gates"] = gates["job_gates"] if gates else 0
+            keys = await job_key_store.prune_count(uow, self._gates_params())
+            report.tables["job_keys"] = keys["job_keys"] if keys else 0
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
         return report
@@ -263,9 +268,15 @@ class Retention:
             )
             return _Batch(collections.Counter(job_gates=deleted), deleted >= self.batch_size)
 
+        async def keys_batch(uow: UnitOfWork) -> _Batch:
+            deleted = await job_key_store.prune_batch(
+                uow, {**self._gates_params(), "limit": self.batch_size}
+            )
+            return _Batch(collections.Counter(job_keys=deleted), deleted >= self.batch_size)
+
         # Gates after jobs: an ordering key's row goes once its last job has gone.
         steps = [jobs_batch] if kinds else []
-        steps += [inbox_batch, audit_batch, gates_batch]
+        steps += [inbox_batch, audit_batch, gates_batch, keys_batch]
         for step in steps:
             try:
                 if not await self._batches(step, fence, pause, committed):

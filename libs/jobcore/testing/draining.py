@@ -22,6 +22,13 @@ time, in order), batched commits, and completion webhooks (their outbox rows sta
     assert drained.succeeded == 1
     assert (await worker.job(job_id))["status"] == "succeeded"
 
+Jobs of a type that debounces or throttles by key (:mod:`jobcore.kernel.keyed`) are
+enqueued as the API enqueues them: :meth:`InlineWorker.enqueue` answers the job a
+request joined. A debounced job falls due a period after its key's last enqueue; the
+test need not wait for it: :meth:`InlineWorker.end_debounce_periods` makes the keys' open
+jobs due now, as if their keys had been quiet for the period (the kit's clock is the
+database's, and this is the one hand on it).
+
 :meth:`InlineWorker.drain` keeps going while messages are due, and waits for those that
 come due within ``scheduled_within`` seconds (default: the retry backoff's cap, so every
 retry runs; the pytest plugin's settings make that a few milliseconds). A job scheduled
@@ -41,7 +48,7 @@ from psycopg.rows import DictRow
 
 from jobcore.amqp.topology import WEBHOOKS_QUEUE, Topology
 from jobcore.database.gateway import Database
-from jobcore.database.store import job_store, outbox_store
+from jobcore.database.store import job_key_store, job_store, outbox_store
 from jobcore.execution.claims import ClaimedJob, ClaimRequest
 from jobcore.execution.executor import JobExecutor
 from jobcore.execution.payloads import validate_payload
@@ -160,7 +167,8 @@ class InlineWorker:
         ordering_key: str | None = None,
     ) -> uuid.UUID:
         """Enqueue a job as the API does (payload and request checked the same way, job and
-        outbox row in one statement, :func:`jobcore.usecases.enqueue.submit.enqueue`); its id."""
+        outbox row in one statement, :func:`jobcore.usecases.enqueue.submit.enqueue`); its id
+        (for a debounced or throttled type, the id of the job the request joined)."""
         kind = self.registry.get(job_type)
         request = EnqueueRequest(
             tenant=tenant,
@@ -181,6 +189,14 @@ class InlineWorker:
                 inline_payload_max_bytes=self.settings.inline_payload_max_bytes,
             )
         return result.job_id
+
+    async def end_debounce_periods(self, *, tenant: str | None = None) -> list[uuid.UUID]:
+        """Make every debounced job still open to its key (of ``tenant``, or of every
+        tenant) due now, as if its key had been quiet for the period; their ids. A later
+        enqueue of such a key joins the job still, until :meth:`drain` takes its message."""
+        async with self.db.session() as session:
+            rows = await job_key_store.due_now(session, {"tenant": tenant})
+        return [row["id"] for row in rows]
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The job's row as the API reads it (status, attempts, result, last_error, ...,

@@ -241,6 +241,17 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class Coalesced:
+    """The debounce or throttle key a job was written for (jobcore.kernel.keyed), and how
+    many enqueues a debounced job took (None for a throttled one: its enqueues joined
+    without writing to it)."""
+
+    kind: str
+    key: str
+    count: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """What the console's job page answers: the job, where it is, what holds it, how far
     it got, its last error, its timeline and its webhook deliveries."""
@@ -253,6 +264,8 @@ class JobView:
     deliveries: list[dict[str, Any]]
     # Each key the job has, as (kind, key, the jobs list's filters for that key).
     keys: list[tuple[str, str, JobSearch]]
+    # Its debounce or throttle key, if its type declares one.
+    coalesced: Coalesced | None = None
 
 
 # The deliveries a job page lists (a job has one per completion, and redeliveries reuse it).
@@ -272,7 +285,16 @@ async def job_view(db: Database, job_id: uuid.UUID) -> JobView:
         last_error=_last_error(job, timeline),
         deliveries=[dict(d) for d in deliveries],
         keys=_keys(job),
+        coalesced=_coalesced(job),
     )
+
+
+def _coalesced(job: Mapping[str, Any]) -> Coalesced | None:
+    key = job.get("debounce_key")
+    if key is None:
+        return None
+    kind = "throttle" if key.startswith("throttle:") else "debounce"
+    return Coalesced(kind, key, job.get("debounce_count"))
 
 
 def _keys(job: Mapping[str, Any]) -> list[tuple[str, str, JobSearch]]:

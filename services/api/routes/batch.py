@@ -263,6 +263,7 @@ def _item(
         "status": status.value,
         "job_id": job_id,
         "job_status": None if job_status is None else job_status.value,
+        "joined": status is ItemStatus.JOINED,
         "problem": None if error is None else problem_document(error),
     }
 
@@ -272,6 +273,9 @@ def _count(state: ApiState, job_type: str, result: BatchResult | None) -> None:
         return
     state.metrics.count_enqueued(job_type, replayed=False, jobs=result.count(ItemStatus.CREATED))
     state.metrics.count_enqueued(job_type, replayed=True, jobs=result.count(ItemStatus.REPLAYED))
+    state.metrics.count_enqueued(
+        job_type, replayed=False, joined=True, jobs=result.count(ItemStatus.JOINED)
+    )
     for outcome in result.outcomes:
         if isinstance(outcome.error, QuotaExceeded):
             state.metrics.count_refusal(outcome.error.reason)

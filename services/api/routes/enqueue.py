@@ -280,7 +280,7 @@ def handler(job_type: JobType[Any]) -> Callable[[Request], Coroutine[Any, Any, R
             if state.enqueue_keys is not None:
                 state.enqueue_keys.forget(principal.key_id)
             raise
-        state.metrics.count_enqueued(job_type.name, replayed=result.replayed)
+        state.metrics.count_enqueued(job_type.name, replayed=result.replayed, joined=result.joined)
         headers = {"Location": views.job_path(result.job_id), **result.rate_headers}
         if result.replayed:
             headers["Idempotent-Replayed"] = "true"

@@ -102,6 +102,34 @@ def _unique_note(job_type: JobType[Any]) -> str:
     )
 
 
+def _keyed_note(job_type: JobType[Any]) -> str:
+    """What the route's description says of the type's debounce or throttle."""
+    if job_type.debounce is not None:
+        debounce = job_type.debounce
+        kept = (
+            f"every payload (up to {debounce.max_payloads})"
+            if debounce.payloads == "all"
+            else "the last payload"
+        )
+        return (
+            f" Debounced by {_per(debounce.per)}: requests of one key join one job "
+            f"(`joined`), which runs {debounce.period:g} s after the last of them and at "
+            f"most {debounce.wait_cap:g} s after the first, with {kept}."
+        )
+    if job_type.throttle is not None:
+        throttle = job_type.throttle
+        return (
+            f" Throttled by {_per(throttle.per)}: one job per {throttle.period:g} s; the "
+            "requests of a key within that period are answered with its job (`joined`) "
+            "and write nothing."
+        )
+    return ""
+
+
+def _per(per: str) -> str:
+    return "tenant" if per == "tenant" else f"the payload's `{per}`"
+
+
 def payload_schemas(registry: Registry) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each job type's payload schema reference, and the schemas they refer to."""
     refs, definitions = models_json_schema(
@@ -287,7 +315,8 @@ def build_router(registry: Registry) -> APIRouter:
             summary=f"Enqueue a {job_type.name} job",
             description=f"The body is the job's payload. Queue: `{job_type.queue}`; "
             f"up to {job_type.max_attempts} attempts unless `max_attempts` says otherwise."
-            + _unique_note(job_type),
+            + _unique_note(job_type)
+            + _keyed_note(job_type),
             openapi_extra=_request_body(schema_refs[job_type.name]),
             responses=_ENQUEUE_RESPONSES,
             route_class_override=enqueue.route_class(job_type),

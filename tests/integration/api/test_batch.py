@@ -106,6 +106,7 @@ async def test_valid_items_are_written_together_and_invalid_ones_refuse_the_batc
     assert response.json()["counts"] == {
         "created": 3,
         "replayed": 0,
+        "joined": 0,
         "unique_conflict": 0,
         "refused": 0,
         "invalid": 0,

@@ -12,6 +12,7 @@ from jobcore.examples.jobtypes import CreditAccountPayload, post_credit
 from jobcore.execution.registry import JobContext, Registry
 from jobcore.kernel.errors import PermanentError, Snooze
 from jobcore.kernel.gates import Limit
+from jobcore.kernel.keyed import Debounce
 
 REGISTRY = Registry()
 
@@ -100,3 +101,14 @@ async def kit_snooze(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
 async def kit_snooze_limited(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
     """kit_snooze, one running at a time."""
     return await kit_snooze(ctx)
+# Debounced by the note's text: each run returns every text it coalesced.
+@REGISTRY.job(
+    "kit_digest",
+    payload=NotePayload,
+    max_attempts=3,
+    timeout=5,
+    lease=5,
+    debounce=Debounce(60.0, per="text", payloads="all"),
+)
+async def kit_digest(ctx: JobContext[NotePayload]) -> dict[str, object]:
+    return {"sizes": [p.size for p in ctx.payloads]}

@@ -243,3 +243,22 @@ async def test_a_snoozed_job_gives_back_its_concurrency_slot(worker: InlineWorke
     assert drained.ran[:2] == [first, second]
     assert sorted(drained.ran) == sorted([first, first, second, second])
     assert (drained.snoozed, drained.succeeded) == (2, 2)
+async def test_a_debounced_key_runs_once_with_every_payload(worker: InlineWorker) -> None:
+    ids = {await worker.enqueue("kit_digest", {"text": "k", "size": n}) for n in range(3)}
+    other = await worker.enqueue("kit_digest", {"text": "other", "size": 9})
+    [job_id] = ids
+    # Due a minute from now: the drain leaves it, until its period is made to pass.
+    early = await worker.drain()
+    assert early.succeeded == 0
+    assert early.next_due_in is not None
+    assert early.next_due_in > 30
+
+    assert set(await worker.end_debounce_periods()) == {job_id, other}
+    drained = await worker.drain()
+
+    assert drained.succeeded == 2
+    assert (await worker.job(job_id))["result"] == {"sizes": [0, 1, 2]}
+    assert (await worker.job(other))["result"] == {"sizes": [9]}
+    # The next enqueue of the key opens the next job.
+    later = await worker.enqueue("kit_digest", {"text": "k", "size": 3})
+    assert later not in (job_id, other)

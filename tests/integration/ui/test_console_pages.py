@@ -439,3 +439,26 @@ async def test_a_pending_jobs_page_edits_the_version_it_shows(
         db, Query("j", "A job.", "SELECT payload FROM jobs WHERE id = %(id)s")({"id": job_id})
     )
     assert job["payload"] == {"text": "edited", "count": 1}
+async def test_the_job_page_shows_a_debounced_jobs_key_and_coalesced_count(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    job_type = default_registry.get("reindex_account")
+    topology = Topology.from_settings(settings)
+    for change in ("a", "b", "c"):
+        async with db.unit_of_work() as uow:
+            result = await enqueue(
+                uow,
+                topology,
+                EnqueueRequest(
+                    tenant="acme",
+                    job_type=job_type,
+                    payload=job_type.validate_payload({"account": "acct-7", "change": change}),
+                ),
+            )
+            await uow.commit()
+    page = await client.get(f"/jobs/{result.job_id}", headers=HTML)
+    assert page.status_code == 200
+    assert 'id="coalesced-key">debounce:reindex_account:tenant=acme:account=acct-7<' in (page.text)
+    assert '<span id="coalesced-count">3</span> enqueues coalesced' in page.text
+    plain = await add_job(db, settings, "acme", "e-1")
+    assert 'id="coalesced"' not in (await client.get(f"/jobs/{plain}", headers=HTML)).text

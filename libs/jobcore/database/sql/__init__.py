@@ -11,7 +11,7 @@ Statements run through one gateway, :func:`jobcore.database.gateway.execute`,
 session, a unit of work or a raw connection alike. The hot paths stay readable as SQL.
 
 The modules, by the table they change: :mod:`.jobs` (a package: a module per part of a
-job's life), :mod:`.outbox`, :mod:`.inbox`, :mod:`.job_events`, :mod:`.job_gates`,
+job's life), :mod:`.outbox`, :mod:`.inbox`, :mod:`.job_events`, :mod:`.job_gates`, :mod:`.job_keys`,
 :mod:`.webhook_deliveries`, :mod:`.webhook_endpoints`, :mod:`.tenant_webhook_secrets`,
 :mod:`.tenant_quotas` (with ``tenant_usage``), :mod:`.api_keys`, :mod:`.audit_log`,
 :mod:`.schedules`, :mod:`.flow_pauses`, :mod:`.maintenance_leases`,

@@ -17,8 +17,9 @@ its tenant's usage), all through :class:`JobStore`:
 - :class:`TenantStore` (:mod:`~jobcore.database.store.tenants`): ``tenant_quotas``, ``tenant_usage``
   and its deltas.
 - :class:`ScheduleStore` (:mod:`~jobcore.database.store.schedules`): ``schedules``.
-- :class:`GateStore` and :class:`FlowPauseStore` (:mod:`~jobcore.database.store.gates`):
-  ``job_gates`` retention, ``flow_pauses``.
+- :class:`GateStore`, :class:`JobKeyStore` and :class:`FlowPauseStore`
+  (:mod:`~jobcore.database.store.gates`): ``job_gates`` and ``job_keys`` retention,
+  ``flow_pauses``.
 - :class:`AuditLogStore` (:mod:`~jobcore.database.store.audit_log`): ``audit_log``.
 - :class:`MaintenanceLeaseStore` (:mod:`~jobcore.database.store.leases`): ``maintenance_leases``.
 - :class:`JobEventStore` (:mod:`~jobcore.database.store.job_events`): the read of ``job_events``.
@@ -51,9 +52,11 @@ from jobcore.database.store.database import DatabaseStore, database_store
 from jobcore.database.store.gates import (
     FlowPauseStore,
     GateStore,
+    JobKeyStore,
     PauseKind,
     flow_pause_store,
     gate_store,
+    job_key_store,
 )
 from jobcore.database.store.inbox import JOBS_CONSUMER, WEBHOOKS_CONSUMER, InboxStore, inbox_store
 from jobcore.database.store.job_events import JobEventStore, job_event_store
@@ -68,6 +71,7 @@ from jobcore.database.store.jobs import (
     JobHeartbeatParams,
     JobInsertManyParams,
     JobInsertParams,
+    JobKeyParams,
     JobListAllTenantsParams,
     JobListParams,
     JobNoteUndeliverableParams,
@@ -131,6 +135,8 @@ __all__ = [
     "JobHeartbeatParams",
     "JobInsertManyParams",
     "JobInsertParams",
+    "JobKeyParams",
+    "JobKeyStore",
     "JobListAllTenantsParams",
     "JobListParams",
     "JobNoteUndeliverableParams",
@@ -172,6 +178,7 @@ __all__ = [
     "gate_store",
     "inbox_store",
     "job_event_store",
+    "job_key_store",
     "job_store",
     "job_type_store",
     "ledger_store",

@@ -1,9 +1,10 @@
 """What holds jobs back besides their own row: the gates' rows (``job_gates``: concurrency
-slots, rate limits, ordering keys) and the operators' pauses (``flow_pauses``).
-:class:`GateStore` runs the retention of :mod:`jobcore.database.sql.job_gates` (the gates
-themselves are taken and given back by the job statements, through
-:class:`jobcore.database.store.JobStore`); :class:`FlowPauseStore` runs
-:mod:`jobcore.database.sql.flow_pauses`.
+slots, rate limits, ordering keys), the debounce and throttle keys (``job_keys``) and the
+operators' pauses (``flow_pauses``). :class:`GateStore` runs the retention of
+:mod:`jobcore.database.sql.job_gates` (the gates themselves are taken and given back by the
+job statements, through :class:`jobcore.database.store.JobStore`); :class:`JobKeyStore`
+the retention of :mod:`jobcore.database.sql.job_keys` (the keys are taken by the enqueue
+statement); :class:`FlowPauseStore` runs :mod:`jobcore.database.sql.flow_pauses`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from jobcore.database.sql.job_gates import (
     JobGatesPruneBatchParams,
     JobGatesPruneCountParams,
 )
+from jobcore.database.sql.job_keys import (
+    JOB_KEYS_DUE_NOW,
+    JOB_KEYS_PRUNE_BATCH,
+    JOB_KEYS_PRUNE_COUNT,
+    JobKeysDueNowParams,
+    JobKeysPruneBatchParams,
+    JobKeysPruneCountParams,
+)
 
 __all__ = [
     "FlowPauseClearParams",
@@ -35,9 +44,14 @@ __all__ = [
     "GateStore",
     "JobGatesPruneBatchParams",
     "JobGatesPruneCountParams",
+    "JobKeyStore",
+    "JobKeysDueNowParams",
+    "JobKeysPruneBatchParams",
+    "JobKeysPruneCountParams",
     "PauseKind",
     "flow_pause_store",
     "gate_store",
+    "job_key_store",
 ]
 
 _NO_PARAMS: NoParams = {}
@@ -53,6 +67,23 @@ class GateStore:
     async def prune_batch(self, on: Session, params: JobGatesPruneBatchParams) -> int:
         """Delete up to ``limit`` idle gate rows; how many."""
         return await execute(on, JOB_GATES_PRUNE_BATCH(params))
+
+
+class JobKeyStore:
+    __slots__ = ()
+
+    async def prune_count(self, on: Reader, params: JobKeysPruneCountParams) -> DictRow | None:
+        """How many debounce and throttle keys are spent (``job_keys``)."""
+        return await fetch_one(on, JOB_KEYS_PRUNE_COUNT(params))
+
+    async def prune_batch(self, on: Session, params: JobKeysPruneBatchParams) -> int:
+        """Delete up to ``limit`` spent keys; how many."""
+        return await execute(on, JOB_KEYS_PRUNE_BATCH(params))
+
+    async def due_now(self, on: Reader, params: JobKeysDueNowParams) -> list[DictRow]:
+        """Make the debounced jobs still open to their keys due now (the testing kit's
+        stand-in for their periods passing); their ids."""
+        return await fetch_all(on, JOB_KEYS_DUE_NOW(params))
 
 
 class FlowPauseStore:
@@ -76,4 +107,5 @@ class FlowPauseStore:
 
 
 gate_store = GateStore()
+job_key_store = JobKeyStore()
 flow_pause_store = FlowPauseStore()

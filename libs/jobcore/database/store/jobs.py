@@ -54,15 +54,19 @@ from jobcore.database.sql.jobs.enqueue import (
     JOB_GET_UNIQUE_HOLDER,
     JOB_INSERT,
     JOB_INSERT_APPROXIMATE,
+    JOB_INSERT_KEYED,
+    JOB_INSERT_KEYED_APPROXIMATE,
     JOB_INSERT_MANY,
     JOB_INSERT_PREVIEW,
     JobGateParams,
     JobGetBatchHoldersParams,
     JobGetByIdempotencyKeyParams,
     JobGetUniqueHolderParams,
+    JobInsertKeyedParams,
     JobInsertManyParams,
     JobInsertParams,
     JobInsertPreviewParams,
+    JobKeyParams,
 )
 from jobcore.database.sql.jobs.gates import (
     JOB_LOCK_RELEASABLE,
@@ -170,6 +174,7 @@ __all__ = [
     "JobInsertManyParams",
     "JobInsertParams",
     "JobInsertPreviewParams",
+    "JobKeyParams",
     "JobListAllTenantsParams",
     "JobListParams",
     "JobLockExpiredParams",
@@ -208,10 +213,21 @@ class JobStore:
     # ------------------------------------------------
 
     async def insert(
-        self, on: Reader, params: JobInsertParams, *, admission: Admission = Admission.EXACT
+        self,
+        on: Reader,
+        params: JobInsertParams,
+        *,
+        admission: Admission = Admission.EXACT,
+        key: JobKeyParams | None = None,
     ) -> DictRow | None:
         """Write one job with its outbox message, quotas checked as ``admission`` says,
-        in one statement."""
+        in one statement; with ``key`` (a debounce or throttle key), join the job open to
+        it instead when there is one (``joined``)."""
+        if key is not None:
+            keyed: JobInsertKeyedParams = {**params, **key}
+            if admission is Admission.APPROXIMATE:
+                return await fetch_one(on, JOB_INSERT_KEYED_APPROXIMATE(keyed))
+            return await fetch_one(on, JOB_INSERT_KEYED(keyed))
         if admission is Admission.APPROXIMATE:
             return await fetch_one(on, JOB_INSERT_APPROXIMATE(params))
         return await fetch_one(on, JOB_INSERT(params))

@@ -41,7 +41,7 @@ from pydantic import BaseModel
 from jobcore.access.apikeys import InvalidApiKey
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, Session
-from jobcore.database.store import JobInsertParams
+from jobcore.database.store import JobInsertParams, JobKeyParams
 from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.registry import JobType
 from jobcore.kernel.channels import OUTBOX_CHANNEL
@@ -59,12 +59,19 @@ from jobcore.kernel.quotas import UNLIMITED, Admission, Quotas, rate_headers
 from jobcore.storage.results import ResultStore
 from jobcore.telemetry.traces import capture_trace_headers
 from jobcore.usecases.enqueue.wakeups import RelayWakeups
-from jobcore.usecases.enqueue.write_many import BatchItem, BatchResult, ItemStatus, write_batch
+from jobcore.usecases.enqueue.write_many import (
+    BatchItem,
+    BatchResult,
+    ItemOutcome,
+    ItemStatus,
+    write_batch,
+)
 from jobcore.usecases.enqueue.write_one import (
     EnqueueResult,
     answer_before_upload,
     forget_upload,
     job_gates,
+    job_key_params,
     write_job,
 )
 
@@ -143,6 +150,17 @@ class EnqueueRequest:
         check_idempotency_key(self.idempotency_key)
         document = self.payload.model_dump(mode="json")
         object.__setattr__(self, "document", document)
+        if self.job_type.debounce is not None and (
+            self.run_at is not None or self.delay is not None
+        ):
+            # Its key's enqueues decide when it runs (jobcore.kernel.keyed).
+            given = "run_at" if self.run_at is not None else "delay"
+            raise InvalidField(
+                given,
+                "a debounced job type's jobs run a period after their key's last enqueue; "
+                "it takes no run_at or delay",
+                kind="conflict",
+            )
         object.__setattr__(self, "due_at", _due_at(self.run_at, self.delay))
         object.__setattr__(self, "held_key", _held_key(self.job_type, document, self.unique_key))
         object.__setattr__(self, "fingerprint", request_fingerprint(self))
@@ -266,6 +284,14 @@ def _job_params(
     if payload_store is not None and inline_payload_max_bytes is not None:
         encoded = orjson.dumps(request.document)
         if len(encoded) > inline_payload_max_bytes:
+            if job_type.debounce is not None:
+                # A joining enqueue's payload is merged into the row of the job it joins.
+                raise InvalidField(
+                    "payload",
+                    "a debounced job type's payload is kept in the job row: at most "
+                    f"{inline_payload_max_bytes} bytes as JSON",
+                    kind="size",
+                )
             upload = encoded
     params: JobInsertParams = {
         "id": job_id,
@@ -305,6 +331,14 @@ def _job_params(
         ),
     }
     return params, upload
+
+
+def _key_of(request: EnqueueRequest) -> tuple[JobKeyParams | None, bool]:
+    """The debounce or throttle key ``request`` joins (None: its type declares neither),
+    and whether a new trailing job asks the key's running job to stop."""
+    job_type = request.job_type
+    key = job_key_params(job_type, tenant=request.tenant, payload=request.document)
+    return key, job_type.debounce is not None and job_type.debounce.cancel_running
 
 
 async def enqueue(
@@ -361,16 +395,31 @@ async def enqueue(
         inline_payload_max_bytes=inline_payload_max_bytes,
         trace=trace,
     )
+    key, cancel = _key_of(request)
     if upload is None or payload_store is None:
         return await write_job(
-            uow, params, legacy=request.payload, wakeups=wakeups, admission=admission
+            uow,
+            params,
+            legacy=request.payload,
+            wakeups=wakeups,
+            admission=admission,
+            key=key,
+            cancel_running=cancel,
         )
     answered = await answer_before_upload(uow, params, legacy=request.payload)
     if answered is not None:
         return answered
     payload_ref = await _upload(payload_store, params, upload, request.tenant, uploads)
     return await _write_uploaded(
-        write_job(uow, params, legacy=request.payload, wakeups=wakeups, admission=admission),
+        write_job(
+            uow,
+            params,
+            legacy=request.payload,
+            wakeups=wakeups,
+            admission=admission,
+            key=key,
+            cancel_running=cancel,
+        ),
         params,
         payload_store,
         payload_ref,
@@ -403,9 +452,17 @@ async def enqueue_on(
         inline_payload_max_bytes=inline_payload_max_bytes,
         trace=trace,
     )
+    key, cancel = _key_of(request)
     if upload is None or payload_store is None:
         async with db.session() as session:
-            return await write_job(session, params, legacy=request.payload, wakeups=wakeups)
+            return await write_job(
+                session,
+                params,
+                legacy=request.payload,
+                wakeups=wakeups,
+                key=key,
+                cancel_running=cancel,
+            )
     async with db.session() as session:
         answered = await answer_before_upload(session, params, legacy=request.payload)
     if answered is not None:
@@ -414,7 +471,14 @@ async def enqueue_on(
 
     async def write() -> EnqueueResult:
         async with db.session() as session:
-            return await write_job(session, params, legacy=request.payload, wakeups=wakeups)
+            return await write_job(
+                session,
+                params,
+                legacy=request.payload,
+                wakeups=wakeups,
+                key=key,
+                cancel_running=cancel,
+            )
 
     return await _write_uploaded(write(), params, payload_store, payload_ref, uploads)
 
@@ -498,6 +562,8 @@ async def enqueue_many(
             or request.origin
         ):
             raise ValueError("a batch's requests take no priority, ordering key, API key or origin")
+    if first.job_type.debounce is not None or first.job_type.throttle is not None:
+        return await _enqueue_keyed_batch(uow, topology, requests, quotas=quotas)
     items = [_batch_item(request) for request in requests]
     return await write_batch(
         uow,
@@ -508,6 +574,39 @@ async def enqueue_many(
         callback_url=first.callback_url,
         quotas=quotas,
     )
+
+
+async def _enqueue_keyed_batch(
+    uow: Session, topology: Topology, requests: Sequence[EnqueueRequest], *, quotas: Quotas
+) -> BatchResult:
+    """A batch of a debounced or throttled type: each request written in turn, as a single
+    enqueue, in ``uow`` (each takes its turn on its key's row, so the batch's items of one
+    key join one another as separate requests would)."""
+    outcomes: list[ItemOutcome] = []
+    headers: dict[str, str] = {}
+    for request in requests:
+        try:
+            result = await enqueue(uow, topology, request, quotas=quotas)
+        except (UniqueJobExists, QuotaExceeded, IdempotencyConflict) as exc:
+            status = (
+                ItemStatus.UNIQUE_CONFLICT
+                if isinstance(exc, UniqueJobExists)
+                else ItemStatus.REFUSED
+                if isinstance(exc, QuotaExceeded)
+                else ItemStatus.INVALID
+            )
+            job_id = uuid.UUID(str(exc.job_id)) if isinstance(exc, UniqueJobExists) else None
+            outcomes.append(ItemOutcome(status, job_id, error=exc))
+            continue
+        headers = result.rate_headers
+        if result.joined:
+            status = ItemStatus.JOINED
+        elif result.replayed:
+            status = ItemStatus.REPLAYED
+        else:
+            status = ItemStatus.CREATED
+        outcomes.append(ItemOutcome(status, result.job_id, result.status, result.created_at))
+    return BatchResult(requests[0].tenant, outcomes, headers)
 
 
 def _batch_item(request: EnqueueRequest, **more: Any) -> BatchItem:
@@ -530,6 +629,9 @@ def coalescable(request: EnqueueRequest, inline_payload_max_bytes: int | None) -
     would: not with an ordering key (its place is taken in the single statement), nor a
     payload that goes to the object store (larger than ``inline_payload_max_bytes``)."""
     if request.ordering_key is not None or request.ordering_seq is not None:
+        return False
+    if request.job_type.debounce is not None or request.job_type.throttle is not None:
+        # Each enqueue of a key takes its turn on the key's row (write_one).
         return False
     if inline_payload_max_bytes is None:
         return True

@@ -79,6 +79,8 @@ class BatchItem:
 class ItemStatus(StrEnum):
     CREATED = "created"
     REPLAYED = "replayed"
+    # The job open to the item's debounce or throttle key answered it; nothing was written.
+    JOINED = "joined"
     UNIQUE_CONFLICT = "unique_conflict"
     REFUSED = "refused"
     INVALID = "invalid"

@@ -23,7 +23,13 @@ from pydantic import BaseModel
 
 from jobcore.access.apikeys import InvalidApiKey
 from jobcore.database.gateway import Session, UnitOfWork
-from jobcore.database.store import JobGateParams, JobInsertParams, job_store
+from jobcore.database.store import (
+    CANCEL_CHANNEL,
+    JobGateParams,
+    JobInsertParams,
+    JobKeyParams,
+    job_store,
+)
 from jobcore.execution.registry import JobType
 from jobcore.kernel.errors import (
     EnqueueRateExceeded,
@@ -33,7 +39,8 @@ from jobcore.kernel.errors import (
     TooManyUnfinishedJobs,
     UniqueJobExists,
 )
-from jobcore.kernel.gates import gate_key
+from jobcore.kernel.gates import Limit, gate_key
+from jobcore.kernel.keyed import KeyKind, job_key
 from jobcore.kernel.quotas import Admission, RateLimit, Refusal, rate_headers
 from jobcore.kernel.states import JobStatus
 from jobcore.storage.results import ResultStore
@@ -52,6 +59,9 @@ class EnqueueResult:
     replayed: bool
     # RateLimit and RateLimit-Policy of the tenant's enqueue rate limit (none: unlimited).
     rate_headers: dict[str, str] = field(default_factory=dict)
+    # True when a debounce or throttle key's open job answered the enqueue (job_id is that
+    # job's; nothing was written): jobcore.kernel.keyed.
+    joined: bool = False
 
 
 def legacy_fingerprint(payload: BaseModel) -> str:
@@ -70,8 +80,20 @@ def job_gates(
     """The gates a job of this type passes before it starts (:mod:`jobcore.kernel.gates`)."""
     limit, rate = job_type.concurrency, job_type.rate
     where = {"type_name": job_type.name, "tenant": tenant, "payload": payload}
+    concurrency_key = None if limit is None else gate_key("concurrency", limit.per, **where)
+    if limit is None and job_type.debounce is not None:
+        # A debounce key's jobs run one at a time: the run an event during a run schedules
+        # starts after that run.
+        limit = Limit(1)
+        concurrency_key = job_key(
+            KeyKind.DEBOUNCE,
+            job_type.debounce.per,
+            type_name=job_type.name,
+            tenant=tenant,
+            payload=payload,
+        )
     return {
-        "concurrency_key": None if limit is None else gate_key("concurrency", limit.per, **where),
+        "concurrency_key": concurrency_key,
         "concurrency_limit": None if limit is None else limit.n,
         "rate_key": None if rate is None else gate_key("rate", rate.per, **where),
         "rate_per_second": None if rate is None else rate.per_second,
@@ -82,6 +104,33 @@ def job_gates(
     }
 
 
+def job_key_params(job_type: JobType[Any], *, tenant: str, payload: Any) -> JobKeyParams | None:
+    """The debounce or throttle key an enqueue of this type joins, with the type's
+    declaration (:mod:`jobcore.kernel.keyed`); None for a type that declares neither."""
+    where = {"type_name": job_type.name, "tenant": tenant, "payload": payload}
+    if job_type.debounce is not None:
+        debounce = job_type.debounce
+        return {
+            "key_kind": KeyKind.DEBOUNCE.value,
+            "job_key": job_key(KeyKind.DEBOUNCE, debounce.per, **where),
+            "key_period": debounce.period,
+            "key_max_wait": debounce.wait_cap,
+            "key_keep": debounce.payloads,
+            "key_max_payloads": debounce.max_payloads,
+        }
+    if job_type.throttle is not None:
+        throttle = job_type.throttle
+        return {
+            "key_kind": KeyKind.THROTTLE.value,
+            "job_key": job_key(KeyKind.THROTTLE, throttle.per, **where),
+            "key_period": throttle.period,
+            "key_max_wait": throttle.period,
+            "key_keep": "last",
+            "key_max_payloads": 1,
+        }
+    return None
+
+
 async def write_job(
     uow: Session,
     params: JobInsertParams,
@@ -89,6 +138,8 @@ async def write_job(
     legacy: BaseModel,
     wakeups: RelayWakeups | None,
     admission: Admission = Admission.EXACT,
+    key: JobKeyParams | None = None,
+    cancel_running: bool = False,
 ) -> EnqueueResult:
     """Insert the job ``params`` describe, with its outbox message, and answer for it:
     created, or the job its idempotency key names (``replayed``; ``legacy``: the
@@ -96,13 +147,22 @@ async def write_job(
     :class:`~jobcore.kernel.errors.IdempotencyConflict`,
     :class:`~jobcore.kernel.errors.UniqueJobExists`, a
     :class:`~jobcore.kernel.errors.QuotaExceeded`, :class:`~jobcore.access.apikeys.InvalidApiKey`.
-    ``wakeups``, ``admission``: see :func:`jobcore.usecases.enqueue.submit.enqueue`."""
+    ``wakeups``, ``admission``: see :func:`jobcore.usecases.enqueue.submit.enqueue`.
+
+    ``key``: the debounce or throttle key of the job's type (:func:`job_key_params`): the
+    job open to it answers instead, when there is one (``joined``). ``cancel_running``: a
+    debounced enqueue that opened a new trailing job while the previous one runs asks
+    that run to stop, as ``POST /jobs/{id}/cancel`` does."""
     if wakeups is None or isinstance(uow, UnitOfWork):
-        return await _insert_until_answered(uow, params, legacy=legacy, admission=admission)
+        return await _insert_until_answered(
+            uow, params, legacy=legacy, admission=admission, key=key, cancel=cancel_running
+        )
     with wakeups.enqueuing() as alone:
         params["notify"] = alone
-        outcome = await _insert_until_answered(uow, params, legacy=legacy, admission=admission)
-    if not alone and not outcome.replayed:
+        outcome = await _insert_until_answered(
+            uow, params, legacy=legacy, admission=admission, key=key, cancel=cancel_running
+        )
+    if not alone and not outcome.replayed and not outcome.joined:
         wakeups.wake()
     return outcome
 
@@ -171,12 +231,20 @@ async def forget_upload(store: ResultStore, key: str) -> None:
 
 
 async def _insert_until_answered(
-    uow: Session, params: JobInsertParams, *, legacy: BaseModel, admission: Admission
+    uow: Session,
+    params: JobInsertParams,
+    *,
+    legacy: BaseModel,
+    admission: Admission,
+    key: JobKeyParams | None = None,
+    cancel: bool = False,
 ) -> EnqueueResult:
     # A holder of the unique key that ends between the insert and the read of it has
     # freed it: the insert is tried again (its ids were not used).
     for _ in range(UNIQUE_KEY_TRIES):
-        outcome = await _insert(uow, params, legacy=legacy, admission=admission)
+        outcome = await _insert(
+            uow, params, legacy=legacy, admission=admission, key=key, cancel=cancel
+        )
         if outcome is not None:
             return outcome
     raise ServiceStateError("the unique key's holder kept changing; retry")
@@ -187,22 +255,52 @@ UNIQUE_KEY_TRIES = 3
 
 
 async def _insert(
-    uow: Session, params: JobInsertParams, *, legacy: BaseModel, admission: Admission
+    uow: Session,
+    params: JobInsertParams,
+    *,
+    legacy: BaseModel,
+    admission: Admission,
+    key: JobKeyParams | None = None,
+    cancel: bool = False,
 ) -> EnqueueResult | None:
     """One try of :func:`write_job`: its answer, or None when the unique key it found
     taken is free again."""
     tenant, job_type = params["tenant"], params["type"]
     idempotency_key, unique_key = params["idempotency_key"], params["unique_key"]
     fingerprint = params["payload_fingerprint"]
-    row = await job_store.insert(uow, params, admission=admission)
+    row = await job_store.insert(uow, params, admission=admission, key=key)
     if row is None:  # one row for any tenant name, none for a key revoked or expired since
         raise InvalidApiKey()
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
     if row["id"] is not None:
+        joined = bool(row.get("joined"))
+        replayed = row.get("replayed_fingerprint")
+        if replayed is not None:
+            # A retry of a request that joined this job: answered as it was, or refused
+            # when the key came with another request.
+            if replayed not in (fingerprint, legacy_fingerprint(legacy)):
+                raise IdempotencyConflict(
+                    f"idempotency key already used for job {row['id']} with a different request"
+                )
+            return EnqueueResult(
+                tenant,
+                row["id"],
+                JobStatus(row["joined_status"]),
+                row["created_at"],
+                True,
+                headers,
+                joined=True,
+            )
+        running = row.get("running_job_id")
+        if cancel and running is not None:
+            # The existing cancel path's request to a running job: fenced on its status,
+            # with its event and the workers' NOTIFY.
+            await job_store.request_cancel(uow, {"id": running, "channel": CANCEL_CHANNEL})
         # A new job is pending (the column's default): the statement does not return it.
+        status = JobStatus(row["joined_status"]) if joined else JobStatus.PENDING
         return EnqueueResult(
-            tenant, row["id"], JobStatus.PENDING, row["created_at"], False, headers
+            tenant, row["id"], status, row["created_at"], False, headers, joined=joined
         )
     if row["refusal"] is not None and idempotency_key is None and unique_key is None:
         raise quota_refusal(row, limit, headers)

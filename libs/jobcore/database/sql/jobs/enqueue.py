@@ -38,7 +38,7 @@ from jobcore.database.sql.tenant_quotas import (
 # primary-key probe of webhook_endpoints).
 
 
-def _insert_job_with_outbox(*, approximate: bool = False) -> str:
+def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -> str:
     """The enqueue statement, for a tenant the caller has authenticated.
 
     It returns one row, or none when the request's API key (``key_id``) is no longer
@@ -49,13 +49,45 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
     replay of an accepted request skips them. ``approximate``: checked without the lock
     of the tenant's usage row
     (:func:`jobcore.database.sql.tenant_quotas.approximate_admission_ctes`).
+
+    ``keyed``: for a job type that debounces or throttles by key (jobcore.kernel.keyed). Once
+    admitted, the enqueue first runs ``jobcore_job_key_join`` (migration 0034), which locks
+    the key's row and either joins the job open to the key (``joined``: ``id`` is that
+    job's, and nothing is inserted) or names the new job the key's open one (a debounce
+    then sets when it is due). An enqueue that joins counts against the tenant's enqueue
+    rate as any other.
     """
     admission = approximate_admission_ctes() if approximate else admission_ctes()
+    key_cte = ""
+    admitted = "go"
+    due = "%(run_at)s"
+    key_columns = ""
+    key_values = ""
+    answer = "job.id, job.created_at"
+    joins = ""
+    if keyed:
+        key_cte = """, keyed AS MATERIALIZED (
+        SELECT k.* FROM go CROSS JOIN LATERAL jobcore_job_key_join(
+            %(key_kind)s, %(job_key)s, go.tenant, %(type)s, %(id)s, %(message_id)s,
+            %(payload)s, %(key_period)s, %(key_max_wait)s, %(key_keep)s,
+            %(key_max_payloads)s, %(idempotency_key)s, %(payload_fingerprint)s
+        ) AS k
+    )"""
+        admitted = "go JOIN keyed ON NOT keyed.joined"
+        due = "coalesce(keyed.due_at, %(run_at)s)"
+        key_columns = ", debounce_key, debounce_count, debounce_payloads"
+        key_values = """, %(job_key)s, keyed.count,
+            CASE WHEN %(key_keep)s = 'all' THEN jsonb_build_array(%(payload)s::jsonb) END"""
+        answer = """CASE WHEN keyed.joined THEN keyed.job_id ELSE job.id END AS id,
+           CASE WHEN keyed.joined THEN keyed.created_at ELSE job.created_at END AS created_at,
+           coalesce(keyed.joined, false) AS joined, keyed.status AS joined_status,
+           keyed.due_at, keyed.running_job_id, keyed.replayed_fingerprint"""
+        joins = " LEFT JOIN keyed ON true"
     return f"""
-    WITH {admission}, place AS (
+    WITH {admission}{key_cte}, place AS (
         INSERT INTO job_gates (key, counter)
         SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
-        FROM go
+        FROM {admitted}
         WHERE %(ordering_key)s::text IS NOT NULL
           AND %(ordering_seq)s::bigint IS NULL
         ON CONFLICT (key) DO UPDATE
@@ -68,12 +100,12 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
             unique_key, priority,
             concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
             ordering_key, ordering_seq, ordering_blocks,
-            callback_url, accepted_detail, payload_ref
+            callback_url, accepted_detail, payload_ref{key_columns}
         )
         SELECT
             %(id)s, go.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
             %(payload_fingerprint)s, %(payload)s, %(entity_id)s, %(max_attempts)s,
-            %(run_at)s, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
+            {due}, %(traceparent)s, %(tracestate)s, %(unique_key)s, %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s, %(rate_key)s, %(rate_per_second)s,
             %(rate_burst)s, %(ordering_key)s,
             coalesce(%(ordering_seq)s::bigint, (SELECT counter FROM place)),
@@ -84,29 +116,29 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
                 ORDER BY job_type = '*'
                 LIMIT 1
             )),
-            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', %(run_at)s::timestamptz))
+            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', {due}::timestamptz))
                        || %(event_detail)s, '{{}}'::jsonb),
-            %(payload_ref)s
-        FROM go
+            %(payload_ref)s{key_values}
+        FROM {admitted}
         ON CONFLICT DO NOTHING
-        RETURNING id, tenant, created_at, priority
+        RETURNING id, tenant, created_at, priority, next_attempt_at
     ), message AS (
         INSERT INTO outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
-               %(headers)s, %(body)s, job.id, job.tenant, coalesce(%(run_at)s, now()),
-               job.priority
+               %(headers)s, %(body)s, job.id, job.tenant,
+               coalesce(job.next_attempt_at, now()), job.priority
         FROM job
         RETURNING id
     )
-    SELECT limits.tenant, job.id, job.created_at,
+    SELECT limits.tenant, {answer},
            (SELECT pg_notify(%(channel)s, '') FROM message WHERE %(notify)s) IS NULL
                AS notified,
-           {ADMISSION_COLUMNS}
-    FROM limits LEFT JOIN admit ON true LEFT JOIN job ON true
-    """
+           {{ADMISSION_COLUMNS}}
+    FROM limits LEFT JOIN admit ON true LEFT JOIN job ON true{joins}
+    """.replace("{ADMISSION_COLUMNS}", ADMISSION_COLUMNS)
 
 
 class JobGateParams(TypedDict):
@@ -170,6 +202,42 @@ JOB_INSERT_APPROXIMATE = Query[JobInsertParams](
     "Insert a pending job and its outbox message, and NOTIFY the relays, its quotas read "
     "as committed without locking the tenant's usage row.",
     _insert_job_with_outbox(approximate=True),
+    generic_plan=True,
+)
+
+
+class JobKeyParams(TypedDict):
+    """A keyed enqueue's key and its type's declaration (jobcore.kernel.keyed)."""
+
+    key_kind: str
+    job_key: str
+    key_period: float
+    # A debounce's cap on a trailing job's wait after its first enqueue (a throttle: its period).
+    key_max_wait: float
+    # A debounce's payloads, "all" or "last" (a throttle: "last").
+    key_keep: str
+    key_max_payloads: int
+
+
+class JobInsertKeyedParams(JobInsertParams, JobKeyParams):
+    """A keyed enqueue: the job, and the key it joins or opens."""
+
+
+JOB_INSERT_KEYED = Query[JobInsertKeyedParams](
+    "job_insert_keyed",
+    "Join the job open to a debounce or throttle key, or insert a pending job (its own "
+    "`accepted` event) and its outbox message as the key's open job and NOTIFY the relays, "
+    "in one statement.",
+    _insert_job_with_outbox(keyed=True),
+    generic_plan=True,
+)
+
+JOB_INSERT_KEYED_APPROXIMATE = Query[JobInsertKeyedParams](
+    "job_insert_keyed_approximate",
+    "Join the job open to a debounce or throttle key, or insert a pending job and its "
+    "outbox message as the key's open job, its quotas read as committed without locking "
+    "the tenant's usage row.",
+    _insert_job_with_outbox(approximate=True, keyed=True),
     generic_plan=True,
 )
 

@@ -202,7 +202,8 @@ def _claim_sql(only: str) -> str:
           AND jobs.attempts + 1 = rate.attempt
           AND {_DUE}
         RETURNING rate.message_id AS claimed_message_id, rate.lease_token, jobs.id,
-                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.payload, jobs.payload_ref, jobs.debounce_payloads,
+                  jobs.attempts, jobs.max_attempts,
                   jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
@@ -222,7 +223,8 @@ def _claim_sql(only: str) -> str:
           AND {status_is("jobs.status", JobStatus.RUNNING)}
           AND jobs.lease_token = again.lease_token
         RETURNING again.message_id AS claimed_message_id, again.lease_token, jobs.id,
-                  jobs.payload, jobs.payload_ref, jobs.attempts, jobs.max_attempts,
+                  jobs.payload, jobs.payload_ref, jobs.debounce_payloads,
+                  jobs.attempts, jobs.max_attempts,
                   jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
