@@ -22,6 +22,8 @@ from jobcore.access.apikeys import InvalidApiKey, MissingApiKey, MissingScope
 from jobcore.execution.payloads import UnstorablePayload
 from jobcore.execution.registry import InvalidPayloadError
 from jobcore.kernel.errors import (
+    BatchClosed,
+    BatchNotFound,
     DatabaseUnavailable,
     EnqueueRateExceeded,
     IdempotencyConflict,
@@ -135,6 +137,8 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     MissingScope: ProblemType(403, "insufficient-scope", "Insufficient scope"),
     UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),
     JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
+    BatchNotFound: ProblemType(404, "batch-not-found", "Batch not found"),
+    BatchClosed: ProblemType(409, "batch-closed", "Batch closed"),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),

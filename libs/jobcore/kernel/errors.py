@@ -105,6 +105,14 @@ class JobNotCancellable(JobcoreError):
         super().__init__(f"the job is {job_status}; only pending or running jobs can be cancelled")
 
 
+class BatchNotFound(JobcoreError):
+    """No such batch."""
+
+
+class BatchClosed(JobcoreError):
+    """The batch is closed; no member may join it."""
+
+
 class JobNotRetryable(JobcoreError):
     """Only a failed or cancelled job can be retried."""
 

@@ -11,6 +11,8 @@
   long-polls, the jobs waited for) and listens to;
 - :mod:`~jobcore.usecases.jobs`: cancel, retry, unblock, list (the held ones too), show and
   republish stale jobs;
+- :mod:`~jobcore.usecases.batches`: create a batch with callbacks, add members, close,
+  read, list and cancel it (a retried member takes its place);
 - :mod:`~jobcore.usecases.timeline`: a job's events and where it is now;
 - :mod:`~jobcore.usecases.outbox`: the outbox's status, failing and quarantined rows,
   requeue and discard;

@@ -108,7 +108,9 @@ class EnqueueRequest:
     or expired by then); ``origin``, for the job's ``accepted`` event (the schedule that
     enqueued it, the job it retries: a few short strings, never payload data);
     ``ordering_seq``, a place in the ordering key (a retry taking the place of the failed
-    job that blocks its key, :func:`jobcore.usecases.jobs.retry_job`) instead of the next.
+    job that blocks its key, :func:`jobcore.usecases.jobs.retry_job`) instead of the next;
+    ``batch_id``, the batch the job joins (:mod:`jobcore.usecases.batches`, whose caller
+    holds the batch's row and counts the job in it).
     """
 
     tenant: str
@@ -127,6 +129,7 @@ class EnqueueRequest:
     key_id: uuid.UUID | None = None
     origin: Mapping[str, str] | None = None
     ordering_seq: int | None = None
+    batch_id: uuid.UUID | None = None
     # What follows from the fields above, set when the request is built.
     # The payload as JSON: what is stored.
     document: Any = field(init=False, repr=False, compare=False)
@@ -300,6 +303,7 @@ def _job_params(
             ordering_key=request.ordering_key,
         ),
         "ordering_seq": request.ordering_seq,
+        "batch_id": request.batch_id,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
@@ -484,12 +488,15 @@ async def enqueue_many(
         raise ValueError("a batch holds at least one request")
     first = requests[0]
     for request in requests:
-        if (request.tenant, request.job_type, request.callback_url) != (
+        if (request.tenant, request.job_type, request.callback_url, request.batch_id) != (
             first.tenant,
             first.job_type,
             first.callback_url,
+            first.batch_id,
         ):
-            raise ValueError("a batch's requests share their tenant, job type and callback URL")
+            raise ValueError(
+                "a batch's requests share their tenant, job type, callback URL and batch"
+            )
         if (
             request.priority is not None
             or request.ordering_key is not None
@@ -498,7 +505,9 @@ async def enqueue_many(
             or request.origin
         ):
             raise ValueError("a batch's requests take no priority, ordering key, API key or origin")
-    items = [_batch_item(request) for request in requests]
+    # A member of a batch says so in its `accepted` event.
+    joined = {} if first.batch_id is None else {"event_detail": {"batch_id": str(first.batch_id)}}
+    items = [_batch_item(request, **joined) for request in requests]
     return await write_batch(
         uow,
         topology,
@@ -507,6 +516,7 @@ async def enqueue_many(
         items=items,
         callback_url=first.callback_url,
         quotas=quotas,
+        batch_id=first.batch_id,
     )
 
 
@@ -530,6 +540,8 @@ def coalescable(request: EnqueueRequest, inline_payload_max_bytes: int | None) -
     would: not with an ordering key (its place is taken in the single statement), nor a
     payload that goes to the object store (larger than ``inline_payload_max_bytes``)."""
     if request.ordering_key is not None or request.ordering_seq is not None:
+        return False
+    if request.batch_id is not None:  # its batch is counted in its own transaction
         return False
     if inline_payload_max_bytes is None:
         return True
