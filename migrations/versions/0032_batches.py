@@ -231,6 +231,11 @@ EXECUTE FUNCTION batch_member_settled()
 """
 
 
+def _verbatim(statement: str) -> sa.TextClause:
+    """``statement`` as SQLAlchemy runs it unchanged: its colons are not bind parameters."""
+    return sa.text(statement.replace(":", "\\:"))
+
+
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.create_table(
@@ -254,10 +259,16 @@ def upgrade() -> None:
         sa.Column("complete_job_id", postgresql.UUID(as_uuid=True), nullable=True),
         sa.Column("death_job_id", postgresql.UUID(as_uuid=True), nullable=True),
         sa.Column(
-            "created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
         sa.Column(
-            "updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "updated_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
         sa.Column("closed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=True),
@@ -294,11 +305,8 @@ def upgrade() -> None:
         postgresql_where=sa.text("settled_at IS NOT NULL AND parent_id IS NULL"),
     )
     op.add_column("jobs", sa.Column("batch_id", postgresql.UUID(as_uuid=True), nullable=True))
-    op.execute(STATE_FUNCTION)
-    op.execute(FIRE_FUNCTION)
-    op.execute(UPDATE_FUNCTION)
-    op.execute(TRIGGER_FUNCTION)
-    op.execute(TRIGGER)
+    for statement in (STATE_FUNCTION, FIRE_FUNCTION, UPDATE_FUNCTION, TRIGGER_FUNCTION, TRIGGER):
+        op.execute(_verbatim(statement))
     create_indexes_concurrently(MEMBER_INDEX, table="jobs")
 
 
