@@ -4,7 +4,7 @@ Revision ID: 0032
 Revises: 0029
 Create Date: 2026-12-06 14:00:00.000000
 
-A batch (``batches``) groups jobs (``jobs.batch_id``) and child batches
+A batch (``batches``, its callbacks in ``batch_callbacks``) groups jobs (``jobs.batch_id``) and child batches
 (``batches.parent_id``). Its counters of settled members are kept by one row trigger on
 ``jobs``, ``batch_member_settled``: it runs only for a member whose status becomes terminal
 (WHEN is evaluated without calling the function, so claims, heartbeats and the jobs of no
@@ -25,6 +25,11 @@ short lock_timeout makes a migration that queues behind a long transaction on ``
 fail (run it again) rather than stall every claim behind ADD COLUMN's lock. The members'
 index is built CONCURRENTLY afterwards. Code of the previous revision works unchanged on
 the new schema: it never names the column, and its jobs are in no batch.
+
+The batch's row is updated once per member that settles: it holds only the counters and
+what is read with them, so each of those versions is small (about 150 bytes; the
+callbacks' specs, written once, are in ``batch_callbacks``), and fillfactor 50 leaves room
+on its page for the updates to stay HOT.
 """
 
 from collections.abc import Sequence
@@ -66,23 +71,31 @@ AS $fn$
 $fn$
 """
 
-# The callback job of one event, with its outbox message, as JOB_INSERT writes them
-# (jobcore.database.sql.jobs.enqueue): the columns prepared at the batch's creation
-# (jobcore.usecases.batches), the payload given then with the batch's outcome under "batch".
-# No quota is checked: the callback was admitted with its batch.
+# The callback job of one event, if the batch has one, with its outbox message, as
+# JOB_INSERT writes them (jobcore.database.sql.jobs.enqueue): the columns prepared at the
+# batch's creation (batch_callbacks.spec, jobcore.usecases.batches), the payload given then
+# with the batch's outcome under "batch". No quota is checked: the callback was admitted
+# with its batch.
 FIRE_FUNCTION = f"""
-CREATE FUNCTION batch_fire(
-    p_batch uuid, p_tenant text, p_event text, p_callback jsonb, p_outcome jsonb
-) RETURNS uuid
+CREATE FUNCTION batch_fire(p_batch uuid, p_tenant text, p_event text, p_outcome jsonb)
+RETURNS uuid
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $fn$
 DECLARE
+    v_callback jsonb;
     v_id uuid := gen_random_uuid();
-    v_type text := p_callback ->> 'type';
-    v_priority smallint := (p_callback ->> 'priority')::smallint;
+    v_type text;
+    v_priority smallint;
     v_failed jsonb;
 BEGIN
+    SELECT c.spec INTO v_callback FROM batch_callbacks AS c
+    WHERE c.batch_id = p_batch AND c.event = p_event;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- no callback for this event
+    END IF;
+    v_type := v_callback ->> 'type';
+    v_priority := (v_callback ->> 'priority')::smallint;
     WITH RECURSIVE tree AS (
         SELECT p_batch AS id
         UNION ALL
@@ -98,33 +111,35 @@ BEGIN
         concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
         ordering_blocks, callback_url, accepted_detail
     )
-    SELECT v_id, p_tenant, v_type, p_callback ->> 'queue',
-           coalesce(p_callback -> 'payload', '{{}}'::jsonb) || jsonb_build_object(
+    SELECT v_id, p_tenant, v_type, v_callback ->> 'queue',
+           coalesce(v_callback -> 'payload', '{{}}'::jsonb) || jsonb_build_object(
                'batch', p_outcome || jsonb_build_object(
                    'id', p_batch, 'event', p_event, 'failed_job_ids', v_failed)),
-           (p_callback ->> 'max_attempts')::integer, v_priority,
-           p_callback ->> 'concurrency_key', (p_callback ->> 'concurrency_limit')::integer,
-           p_callback ->> 'rate_key', (p_callback ->> 'rate_per_second')::double precision,
-           (p_callback ->> 'rate_burst')::integer,
-           coalesce((p_callback ->> 'ordering_blocks')::boolean, true),
-           coalesce(p_callback ->> 'callback_url', (
+           (v_callback ->> 'max_attempts')::integer, v_priority,
+           v_callback ->> 'concurrency_key', (v_callback ->> 'concurrency_limit')::integer,
+           v_callback ->> 'rate_key', (v_callback ->> 'rate_per_second')::double precision,
+           (v_callback ->> 'rate_burst')::integer,
+           coalesce((v_callback ->> 'ordering_blocks')::boolean, true),
+           (
                SELECT w.url FROM webhook_endpoints AS w
                WHERE w.tenant = p_tenant AND w.job_type IN (v_type, '*')
                ORDER BY w.job_type = '*'
                LIMIT 1
-           )),
+           ),
            jsonb_build_object('batch_id', p_batch, 'callback', p_event);
     INSERT INTO outbox (
         message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
         available_at, priority
     )
     VALUES (
-        gen_random_uuid(), p_callback ->> 'exchange', p_callback ->> 'routing_key', v_type,
+        gen_random_uuid(), v_callback ->> 'exchange', v_callback ->> 'routing_key', v_type,
         '{{}}'::jsonb,
         convert_to('{{"v":1,"job_id":"' || v_id || '","attempt":1,"type":'
                    || to_json(v_type)::text || '}}', 'UTF8'),
         v_id, p_tenant, now(), v_priority
     );
+    UPDATE batch_callbacks SET job_id = v_id, fired_at = now()
+    WHERE batch_id = p_batch AND event = p_event;
     PERFORM pg_notify('jobcore_outbox', '');
     RETURN v_id;
 END
@@ -178,27 +193,24 @@ BEGIN
             'total', b.total, 'succeeded', b.succeeded, 'failed', b.failed,
             'cancelled', b.cancelled, 'pending', b.total - b.succeeded - b.failed - b.cancelled,
             'first_death_job_id', b.first_death_job_id);
-        IF b.death_job_id IS NULL AND b.first_death_job_id IS NOT NULL
-           AND b.callbacks ? 'death' THEN
-            b.death_job_id := batch_fire(b.id, b.tenant, 'death', b.callbacks -> 'death',
-                                         v_outcome);
+        IF NOT b.death_fired AND b.first_death_job_id IS NOT NULL THEN
+            b.death_fired := true;
+            PERFORM batch_fire(b.id, b.tenant, 'death', v_outcome);
         END IF;
-        IF b.complete_job_id IS NULL AND b.settled_at IS NOT NULL
-           AND b.callbacks ? 'complete' THEN
-            b.complete_job_id := batch_fire(b.id, b.tenant, 'complete',
-                                            b.callbacks -> 'complete', v_outcome);
+        IF NOT b.complete_fired AND b.settled_at IS NOT NULL THEN
+            b.complete_fired := true;
+            PERFORM batch_fire(b.id, b.tenant, 'complete', v_outcome);
         END IF;
-        IF b.success_job_id IS NULL AND b.succeeded = b.total AND b.callbacks ? 'success' THEN
-            b.success_job_id := batch_fire(b.id, b.tenant, 'success', b.callbacks -> 'success',
-                                           v_outcome);
+        IF NOT b.success_fired AND b.succeeded = b.total THEN
+            b.success_fired := true;
+            PERFORM batch_fire(b.id, b.tenant, 'success', v_outcome);
         END IF;
     END IF;
     UPDATE batches
     SET succeeded = b.succeeded, failed = b.failed, cancelled = b.cancelled,
         first_death_job_id = b.first_death_job_id, closed_at = b.closed_at,
-        settled_at = b.settled_at, success_job_id = b.success_job_id,
-        complete_job_id = b.complete_job_id, death_job_id = b.death_job_id,
-        updated_at = now()
+        settled_at = b.settled_at, success_fired = b.success_fired,
+        complete_fired = b.complete_fired, death_fired = b.death_fired
     WHERE id = b.id;
     v_now := batch_state(b.closed_at, b.total, b.succeeded, b.failed, b.cancelled);
     IF b.parent_id IS NOT NULL AND (v_was <> v_now OR v_newly_died) THEN
@@ -243,36 +255,21 @@ def upgrade() -> None:
         sa.Column("id", postgresql.UUID(as_uuid=True), nullable=False),
         sa.Column("tenant", sa.Text(), nullable=False),
         sa.Column("parent_id", postgresql.UUID(as_uuid=True), nullable=True),
-        sa.Column("description", sa.Text(), nullable=True),
         sa.Column("total", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("succeeded", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("failed", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("cancelled", sa.Integer(), server_default=sa.text("0"), nullable=False),
-        sa.Column(
-            "callbacks",
-            postgresql.JSONB(astext_type=sa.Text()),
-            server_default=sa.text("'{}'::jsonb"),
-            nullable=False,
-        ),
         sa.Column("first_death_job_id", postgresql.UUID(as_uuid=True), nullable=True),
-        sa.Column("success_job_id", postgresql.UUID(as_uuid=True), nullable=True),
-        sa.Column("complete_job_id", postgresql.UUID(as_uuid=True), nullable=True),
-        sa.Column("death_job_id", postgresql.UUID(as_uuid=True), nullable=True),
+        sa.Column("success_fired", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.Column("complete_fired", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.Column("death_fired", sa.Boolean(), server_default=sa.text("false"), nullable=False),
         sa.Column(
-            "created_at",
-            sa.DateTime(timezone=True),
-            server_default=sa.text("now()"),
-            nullable=False,
-        ),
-        sa.Column(
-            "updated_at",
-            sa.DateTime(timezone=True),
-            server_default=sa.text("now()"),
-            nullable=False,
+            "created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
         ),
         sa.Column("closed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("settled_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("description", sa.Text(), nullable=True),
         sa.CheckConstraint(
             "total >= 0 AND succeeded >= 0 AND failed >= 0 AND cancelled >= 0 "
             "AND succeeded + failed + cancelled <= total",
@@ -286,6 +283,24 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("batches_pkey")),
         postgresql_with={"fillfactor": "50"},
+    )
+    op.create_table(
+        "batch_callbacks",
+        sa.Column("batch_id", postgresql.UUID(as_uuid=True), nullable=False),
+        sa.Column("event", sa.Text(), nullable=False),
+        sa.Column("spec", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.Column("job_id", postgresql.UUID(as_uuid=True), nullable=True),
+        sa.Column("fired_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint(
+            "event IN ('success', 'complete', 'death')", name=op.f("batch_callbacks_event_check")
+        ),
+        sa.ForeignKeyConstraint(
+            ["batch_id"],
+            ["batches.id"],
+            name=op.f("batch_callbacks_batch_id_fkey"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("batch_id", "event", name=op.f("batch_callbacks_pkey")),
     )
     op.create_index(
         "batches_tenant_created_idx",
@@ -316,7 +331,8 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER batch_member_settled ON jobs")
     op.execute("DROP FUNCTION batch_member_settled()")
     op.execute("DROP FUNCTION batch_update(uuid, text, text, uuid, boolean, boolean)")
-    op.execute("DROP FUNCTION batch_fire(uuid, text, text, jsonb, jsonb)")
+    op.execute("DROP FUNCTION batch_fire(uuid, text, text, jsonb)")
     op.execute("DROP FUNCTION batch_state(timestamptz, integer, integer, integer, integer)")
     op.drop_column("jobs", "batch_id")
+    op.drop_table("batch_callbacks")
     op.drop_table("batches")

@@ -282,34 +282,33 @@ jobs = Table(
 # Batches (jobcore.usecases.batches): a group of jobs, and of child batches, with callbacks
 # that fire once when the group's outcome is known. The counters are of direct members
 # (a child batch counts as one), kept by the batch_* trigger on jobs (migration 0032) in
-# the transaction of each member's outcome, under this row's lock. ``callbacks``: per
-# event (success, complete, death), the callback job as the enqueue statement writes it,
-# prepared at creation; ``*_job_id``: the callback job each fired, once.
+# the transaction of each member's outcome, under this row's lock: the row is updated once
+# per member that settles, so it is kept narrow (every update writes a whole new version,
+# and a held xmin horizon keeps them all); what is written once lives in batch_callbacks.
 batches = Table(
     "batches",
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
     Column("tenant", Text, nullable=False),
     Column("parent_id", UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")),
-    Column("description", Text),
     Column("total", Integer, nullable=False, server_default=text("0")),
     Column("succeeded", Integer, nullable=False, server_default=text("0")),
     Column("failed", Integer, nullable=False, server_default=text("0")),
     Column("cancelled", Integer, nullable=False, server_default=text("0")),
-    Column("callbacks", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     # The first member that failed for good (a job of a child batch included): what
     # on_death names, kept once recorded even if that member is retried.
     Column("first_death_job_id", UUID(as_uuid=True)),
-    Column("success_job_id", UUID(as_uuid=True)),
-    Column("complete_job_id", UUID(as_uuid=True)),
-    Column("death_job_id", UUID(as_uuid=True)),
+    # Whether each event has happened (its callback, if any, fired then): each once.
+    Column("success_fired", Boolean, nullable=False, server_default=text("false")),
+    Column("complete_fired", Boolean, nullable=False, server_default=text("false")),
+    Column("death_fired", Boolean, nullable=False, server_default=text("false")),
     _timestamp("created_at", nullable=False, default_now=True),
-    _timestamp("updated_at", nullable=False, default_now=True),
-    # Sealed: no member may be added; callbacks may fire.
+    # Sealed: no member may join; callbacks may fire.
     _timestamp("closed_at"),
     _timestamp("cancelled_at"),
     # Closed with every member settled; NULL again while a retried member runs.
     _timestamp("settled_at"),
+    Column("description", Text),
     CheckConstraint(
         "total >= 0 AND succeeded >= 0 AND failed >= 0 AND cancelled >= 0 "
         "AND succeeded + failed + cancelled <= total",
@@ -323,9 +322,27 @@ batches = Table(
         "settled_at",
         postgresql_where=text("settled_at IS NOT NULL AND parent_id IS NULL"),
     ),
-    # Few rows, each updated once per member outcome: room on the page keeps those updates
-    # HOT (no index entry written).
+    # Room on the page for the counters' updates to stay HOT (no index entry written).
     postgresql_with={"fillfactor": "50"},
+)
+
+# A batch's callbacks: per event (success, complete, death), the callback job as the
+# enqueue statement writes it, prepared at the batch's creation; and the job it fired.
+batch_callbacks = Table(
+    "batch_callbacks",
+    metadata,
+    Column(
+        "batch_id",
+        UUID(as_uuid=True),
+        ForeignKey("batches.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("event", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("job_id", UUID(as_uuid=True)),
+    _timestamp("fired_at"),
+    PrimaryKeyConstraint("batch_id", "event"),
+    CheckConstraint("event IN ('success', 'complete', 'death')", name="event"),
 )
 
 # One row per gate key (jobcore.kernel.gates): the row the claims of a concurrency or rate key

@@ -145,7 +145,8 @@ async def create_batch(
                 "tenant": tenant,
                 "parent_id": parent_id,
                 "description": description,
-                "callbacks": Jsonb(prepared),
+                "events": list(prepared),
+                "specs": [Jsonb(spec) for spec in prepared.values()],
             },
         )
         if parent_id is not None:
@@ -204,10 +205,7 @@ async def get_batch(db: Database, *, tenant: str | None, batch_id: uuid.UUID) ->
 def batch_view(row: Mapping[str, Any], failed_job_ids: list[uuid.UUID]) -> dict[str, Any]:
     """A batch as its readers see it: the callbacks by their API names, what fired."""
     events = {event: name for name, event in CALLBACK_EVENTS.items()}
-    callbacks = {
-        events[event]: {"type": spec["type"], "job_id": row[f"{event}_job_id"]}
-        for event, spec in row["callbacks"].items()
-    }
+    callbacks = {events[event]: callback for event, callback in row["callbacks"].items()}
     if row["cancelled_at"] is not None:
         status = "cancelled"
     elif row["closed_at"] is None:

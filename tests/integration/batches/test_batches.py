@@ -171,7 +171,7 @@ async def test_a_member_retried_after_the_batch_looked_done_fires_success_once(
         members=[member("fine"), member("flaky")],
         callbacks=CALLBACKS,
     )
-    fine, flaky = written.job_ids
+    _fine, flaky = written.job_ids
     await worker.drain()
     assert (await worker.job(flaky))["status"] == "failed"
     looked_done = await fired(jobcore_db, written.batch_id)

@@ -21,9 +21,16 @@ from jobcore.kernel.jobevents import JobEventKind
 
 BATCH_COLUMNS = """
     id, tenant, parent_id, description, total, succeeded, failed, cancelled,
-    total - succeeded - failed - cancelled AS pending, callbacks, first_death_job_id,
-    success_job_id, complete_job_id, death_job_id, created_at, updated_at, closed_at,
-    cancelled_at, settled_at
+    total - succeeded - failed - cancelled AS pending, first_death_job_id, success_fired,
+    complete_fired, death_fired, created_at, closed_at, cancelled_at, settled_at
+"""
+# Its callbacks, by event: their type and the job each fired (null until it fires).
+CALLBACKS_COLUMN = """
+    coalesce((
+        SELECT jsonb_object_agg(c.event, jsonb_build_object(
+                   'type', c.spec ->> 'type', 'job_id', c.job_id))
+        FROM batch_callbacks AS c WHERE c.batch_id = batches.id
+    ), '{}'::jsonb) AS callbacks
 """
 
 
@@ -32,15 +39,23 @@ class BatchInsertParams(TypedDict):
     tenant: str
     parent_id: uuid.UUID | None
     description: str | None
-    callbacks: Jsonb
+    # Each callback's event, and its job as the trigger writes it (jobcore.usecases.batches).
+    events: list[str]
+    specs: list[Jsonb]
 
 
 BATCH_INSERT = Query[BatchInsertParams](
     "batch_insert",
-    "Create an open, empty batch.",
+    "Create an open, empty batch with its callbacks.",
     """
-    INSERT INTO batches (id, tenant, parent_id, description, callbacks)
-    VALUES (%(id)s, %(tenant)s, %(parent_id)s, %(description)s, %(callbacks)s)
+    WITH batch AS (
+        INSERT INTO batches (id, tenant, parent_id, description)
+        VALUES (%(id)s, %(tenant)s, %(parent_id)s, %(description)s)
+        RETURNING id
+    )
+    INSERT INTO batch_callbacks (batch_id, event, spec)
+    SELECT batch.id, c.event, c.spec
+    FROM batch, unnest(%(events)s::text[], %(specs)s::jsonb[]) AS c(event, spec)
     """,
 )
 
@@ -69,7 +84,7 @@ BATCH_GET = Query[BatchLockParams](
     "batch_get",
     "Read a batch (of a tenant, or any) with its counts.",
     f"""
-    SELECT {BATCH_COLUMNS} FROM batches
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     """,
 )
@@ -84,7 +99,7 @@ BATCH_GROW = Query[BatchGrowParams](
     "batch_grow",
     "Count new members into a locked, open batch.",
     """
-    UPDATE batches SET total = total + %(members)s, updated_at = now()
+    UPDATE batches SET total = total + %(members)s
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING total
     """,
@@ -131,7 +146,7 @@ BATCH_LIST = Query[BatchListParams](
     "batch_list",
     "The newest batches of a tenant (or of all), newest first.",
     f"""
-    SELECT {BATCH_COLUMNS} FROM batches
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
@@ -162,7 +177,7 @@ BATCH_MARK_CANCELLED = Query[BatchMarkCancelledParams](
     "batch_mark_cancelled",
     "Record that batches are cancelled.",
     """
-    UPDATE batches SET cancelled_at = coalesce(cancelled_at, now()), updated_at = now()
+    UPDATE batches SET cancelled_at = coalesce(cancelled_at, now())
     WHERE id = ANY(%(ids)s::uuid[])
     """,
 )
