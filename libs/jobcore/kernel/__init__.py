@@ -12,6 +12,7 @@ no other package of jobcore.
 - :mod:`.quotas`: tenant quotas as arithmetic (the enqueue rate limit, the caps, headers);
 - :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
 - :mod:`.scopes`: what an API key may do;
+- :mod:`.batches`: what a batch's callback job receives (:class:`~.batches.BatchOutcome`);
 - :mod:`.startstop`: the start/stop contract every long-running loop shares;
 - :mod:`.old_paths`: the previous release's module paths that applications import, kept
   importable as the new modules;

@@ -29,6 +29,7 @@ from jobcore.database.gateway import Database, UnitOfWork
 from jobcore.database.store import CANCEL_CHANNEL, batch_store
 from jobcore.execution.payloads import validate_payload
 from jobcore.execution.registry import InvalidPayloadError, JobType
+from jobcore.kernel.batches import FAILED_IDS_LISTED, BatchOutcome
 from jobcore.kernel.errors import BatchClosed, BatchNotFound, InvalidField, JobcoreError
 from jobcore.kernel.quotas import UNLIMITED, Quotas
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue_many
@@ -37,24 +38,14 @@ from jobcore.usecases.enqueue.write_one import job_gates
 
 # The events a batch has callbacks for, by their names in the API.
 CALLBACK_EVENTS = {"on_success": "success", "on_complete": "complete", "on_death": "death"}
-# The most failed job ids a batch's read (and a callback's payload) lists; counts are exact.
-FAILED_IDS_LISTED = 1000
 # Pending members a cancel ends per transaction: each is counted into the batch's row,
 # whose versions a transaction keeps until it commits.
 CANCEL_CHUNK = 1000
 
 # What a callback's payload carries under "batch", as a sample the job type must accept.
-_SAMPLE_OUTCOME = {
-    "id": "00000000-0000-0000-0000-000000000000",
-    "event": "complete",
-    "total": 0,
-    "succeeded": 0,
-    "failed": 0,
-    "cancelled": 0,
-    "pending": 0,
-    "first_death_job_id": None,
-    "failed_job_ids": [],
-}
+_SAMPLE_OUTCOME = BatchOutcome(
+    id=uuid.UUID(int=0), event="complete", total=0, succeeded=0, failed=0, cancelled=0, pending=0
+).model_dump(mode="json")
 
 
 @dataclass(frozen=True, slots=True)

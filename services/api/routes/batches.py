@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.payloads import validate_payload
-from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, Registry
+from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, InvalidPayloadError, Registry
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, JobcoreError
 from jobcore.usecases import batches as batch_usecases
@@ -145,6 +145,8 @@ def _requests(
         except InvalidField as exc:
             at = where if exc.field == "payload" else [*where, exc.field]
             errors.extend(_errors_of(located(exc, at), at))
+        except InvalidPayloadError as exc:
+            errors.extend(_errors_of(exc, [*where, "payload"]))
         except JobcoreError as exc:
             errors.extend(_errors_of(exc, where))
     if errors:
@@ -159,6 +161,8 @@ def _errors_of(error: JobcoreError, where: list[str | int]) -> list[dict[str, An
     located_errors = []
     for one in found:
         loc = list(one.get("loc") or [])
+        if loc[:1] == ["body"]:
+            loc = loc[1:]
         if loc[: len(where)] != where:
             loc = [*where, *loc]
         located_errors.append({**one, "loc": loc})
