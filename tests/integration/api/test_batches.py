@@ -60,7 +60,9 @@ async def test_a_batch_runs_and_fires_its_callbacks_once(
     )
     success = batch["callbacks"]["on_success"]["job_id"]
     complete = batch["callbacks"]["on_complete"]["job_id"]
-    assert success and complete and batch["callbacks"]["on_death"]["job_id"] is None
+    assert success
+    assert complete
+    assert batch["callbacks"]["on_death"]["job_id"] is None
     ran = await job_row(db, success)
     assert ran["status"] == "succeeded"
     assert ran["result"] == {"event": "success", "failed": 0}
@@ -135,4 +137,5 @@ async def test_cancel_nest_and_refusals(
     assert_problem(wrong, 422, "invalid-request")
     async with db.connection() as conn:
         rows = await (await conn.execute("SELECT count(*) AS n FROM batches")).fetchone()
-    assert rows is not None and rows["n"] == 2
+    assert rows is not None
+    assert rows["n"] == 2

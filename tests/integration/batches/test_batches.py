@@ -418,5 +418,6 @@ async def test_a_big_batch_fires_once(jobcore_db: Database, topology: Topology) 
 
 
 @pytest.mark.slow  # deselected by `make test`; `make test-slow` runs it
+@pytest.mark.timeout(1800)
 async def test_a_batch_of_100000_fires_once(jobcore_db: Database, topology: Topology) -> None:
     await _a_big_batch(jobcore_db, topology, 100_000)
