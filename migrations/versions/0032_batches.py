@@ -283,6 +283,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("batches_pkey")),
         postgresql_with={"fillfactor": "50"},
+        if_not_exists=True,
     )
     op.create_table(
         "batch_callbacks",
@@ -301,25 +302,33 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("batch_id", "event", name=op.f("batch_callbacks_pkey")),
+        if_not_exists=True,
     )
     op.create_index(
         "batches_tenant_created_idx",
         "batches",
         ["tenant", sa.text("created_at DESC"), sa.text("id DESC")],
+        if_not_exists=True,
     )
     op.create_index(
         "batches_parent_idx",
         "batches",
         ["parent_id"],
         postgresql_where=sa.text("parent_id IS NOT NULL"),
+        if_not_exists=True,
     )
     op.create_index(
         "batches_settled_idx",
         "batches",
         ["settled_at"],
         postgresql_where=sa.text("settled_at IS NOT NULL AND parent_id IS NULL"),
+        if_not_exists=True,
     )
-    op.add_column("jobs", sa.Column("batch_id", postgresql.UUID(as_uuid=True), nullable=True))
+    op.add_column(
+        "jobs",
+        sa.Column("batch_id", postgresql.UUID(as_uuid=True), nullable=True),
+        if_not_exists=True,
+    )
     for statement in (STATE_FUNCTION, FIRE_FUNCTION, UPDATE_FUNCTION, TRIGGER_FUNCTION, TRIGGER):
         op.execute(_verbatim(statement))
     create_indexes_concurrently(MEMBER_INDEX, table="jobs")
