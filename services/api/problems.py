@@ -23,6 +23,7 @@ from jobcore.execution.payloads import UnstorablePayload
 from jobcore.execution.registry import InvalidPayloadError
 from jobcore.kernel.errors import (
     BatchClosed,
+    BatchIdTaken,
     BatchNotFound,
     DatabaseUnavailable,
     EnqueueRateExceeded,
@@ -139,6 +140,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
     BatchNotFound: ProblemType(404, "batch-not-found", "Batch not found"),
     BatchClosed: ProblemType(409, "batch-closed", "Batch closed"),
+    BatchIdTaken: ProblemType(409, "batch-id-taken", "Batch id taken"),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),

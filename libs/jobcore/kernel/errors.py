@@ -113,6 +113,10 @@ class BatchClosed(JobcoreError):
     """The batch is closed; no member may join it."""
 
 
+class BatchIdTaken(JobcoreError):
+    """Another tenant's batch has that id."""
+
+
 class JobNotRetryable(JobcoreError):
     """Only a failed or cancelled job can be retried."""
 

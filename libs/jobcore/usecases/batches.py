@@ -30,7 +30,14 @@ from jobcore.database.store import CANCEL_CHANNEL, batch_store
 from jobcore.execution.payloads import validate_payload
 from jobcore.execution.registry import InvalidPayloadError, JobType
 from jobcore.kernel.batches import FAILED_IDS_LISTED, BatchOutcome
-from jobcore.kernel.errors import BatchClosed, BatchNotFound, InvalidField, JobcoreError
+from jobcore.kernel.errors import (
+    BatchClosed,
+    BatchIdTaken,
+    BatchNotFound,
+    IdempotencyConflict,
+    InvalidField,
+    JobcoreError,
+)
 from jobcore.kernel.quotas import UNLIMITED, Quotas
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue_many
 from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS, ItemStatus
@@ -62,6 +69,9 @@ class BatchWritten:
     # The members' job ids, in the order given.
     job_ids: list[uuid.UUID]
     closed: bool
+    # The batch existed already: this repeated an earlier request (its id and its
+    # members' idempotency keys answered what that one wrote).
+    replayed: bool = False
 
 
 def prepared_callback(
@@ -113,23 +123,30 @@ async def create_batch(
     description: str | None = None,
     close: bool = True,
     quotas: Quotas = UNLIMITED,
+    batch_id: uuid.UUID | None = None,
 ) -> BatchWritten:
     """Create a batch with ``members`` (requests of ``tenant``) and ``callbacks`` (by
     :data:`CALLBACK_EVENTS` name), in one transaction: all of it or nothing. ``close``:
     sealed at once (its callbacks may fire), else open for :func:`add_members` until
     :func:`close_batch`. ``parent_id``: an open batch of the tenant this one joins as a
-    member."""
+    member.
+
+    ``batch_id`` (a new one unless given) makes a retry safe: when the tenant has a batch
+    with that id already, the request is answered from it (``replayed``), its members
+    matched by their idempotency keys, so a retry after an answer that was lost writes
+    nothing twice. An id another tenant's batch holds is
+    :class:`~jobcore.kernel.errors.BatchIdTaken`."""
     prepared: dict[str, Any] = {}
     for name, callback in (callbacks or {}).items():
         event = CALLBACK_EVENTS.get(name)
         if event is None:
             raise InvalidField(name, "not a batch callback", kind="value_error")
         prepared[event] = prepared_callback(topology, tenant, name, callback)
-    batch_id = uuid.uuid4()
+    batch_id = batch_id or uuid.uuid4()
     async with db.unit_of_work() as uow:
         if parent_id is not None:
             await _lock_open(uow, tenant, parent_id)
-        await batch_store.insert(
+        created = await batch_store.insert(
             uow,
             {
                 "id": batch_id,
@@ -140,13 +157,16 @@ async def create_batch(
                 "specs": [Jsonb(spec) for spec in prepared.values()],
             },
         )
-        if parent_id is not None:
-            await batch_store.grow(uow, {"id": parent_id, "members": 1})
+        if created:
+            if parent_id is not None:
+                await batch_store.grow(uow, {"id": parent_id, "members": 1})
+        elif await batch_store.lock(uow, {"id": batch_id, "tenant": tenant}) is None:
+            raise BatchIdTaken(f"batch id {batch_id} is taken")
         job_ids = await _write_members(uow, topology, tenant, batch_id, members, quotas)
         if close:
             await batch_store.close(uow, {"id": batch_id})
         await uow.commit()
-    return BatchWritten(batch_id, job_ids, close)
+    return BatchWritten(batch_id, job_ids, close, replayed=not created)
 
 
 async def add_members(
@@ -160,9 +180,11 @@ async def add_members(
     quotas: Quotas = UNLIMITED,
 ) -> BatchWritten:
     """Add ``members`` to an open batch of ``tenant`` (all of them or none), closing it
-    after them if asked. :class:`~jobcore.kernel.errors.BatchClosed` once it is closed."""
+    after them if asked. :class:`~jobcore.kernel.errors.BatchClosed` once it is closed,
+    unless every member is one it has already (matched by idempotency key: a retry)."""
     async with db.unit_of_work() as uow:
-        await _lock_open(uow, tenant, batch_id)
+        if await batch_store.lock(uow, {"id": batch_id, "tenant": tenant}) is None:
+            raise BatchNotFound(f"no batch {batch_id}")
         job_ids = await _write_members(uow, topology, tenant, batch_id, members, quotas)
         if close:
             await batch_store.close(uow, {"id": batch_id})
@@ -313,24 +335,20 @@ async def _write_members(
     quotas: Quotas,
 ) -> list[uuid.UUID]:
     """Enqueue ``members`` into the locked batch, by job type and callback URL, up to
-    :data:`MAX_BATCH_ITEMS` per statement, and count them into it. A member that is not
-    created (a unique key taken, a quota) refuses the whole batch
-    (:class:`MemberRefused`, naming it), the caller's transaction rolling back."""
+    :data:`MAX_BATCH_ITEMS` per statement, and count the new ones into it (refused with
+    :class:`~jobcore.kernel.errors.BatchClosed` if there are new ones and it is closed).
+    A member whose idempotency key answers a job of this batch is that job (a retry of an
+    earlier request); any other member not created (a key of a job outside the batch, a
+    unique key taken, a quota) refuses the whole batch (:class:`MemberRefused`, naming
+    it), the caller's transaction rolling back."""
     groups: dict[tuple[str, str | None], list[int]] = {}
     for n, request in enumerate(members):
         if request.tenant != tenant:
             raise ValueError("a batch's members are of its tenant")
-        if request.idempotency_key is not None:
-            raise MemberRefused(
-                n,
-                InvalidField(
-                    "idempotency_key",
-                    "a batch's members take no key of their own",
-                    kind="value_error",
-                ),
-            )
         groups.setdefault((request.job_type.name, request.callback_url), []).append(n)
     job_ids: list[uuid.UUID | None] = [None] * len(members)
+    created = 0
+    replayed: dict[uuid.UUID, int] = {}
     for indexes in groups.values():
         for start in range(0, len(indexes), MAX_BATCH_ITEMS):
             chunk = indexes[start : start + MAX_BATCH_ITEMS]
@@ -341,15 +359,28 @@ async def _write_members(
                 quotas=quotas,
             )
             for n, outcome in zip(chunk, result.outcomes, strict=True):
-                if outcome.status is not ItemStatus.CREATED or outcome.job_id is None:
+                if outcome.status is ItemStatus.CREATED and outcome.job_id is not None:
+                    created += 1
+                elif outcome.status is ItemStatus.REPLAYED and outcome.job_id is not None:
+                    replayed[outcome.job_id] = n
+                else:
                     raise MemberRefused(
                         n,
                         outcome.error
-                        or InvalidField(
-                            "members", f"member {n} was not created", kind="value_error"
-                        ),
+                        or InvalidField("jobs", f"job {n} was not created", kind="value_error"),
                     )
                 job_ids[n] = outcome.job_id
-    if members and await batch_store.grow(uow, {"id": batch_id, "members": len(members)}) is None:
+    if replayed:
+        batches = await batch_store.jobs_of(uow, {"ids": list(replayed)})
+        for job_id, n in replayed.items():
+            if batches.get(job_id) != batch_id:
+                raise MemberRefused(
+                    n,
+                    IdempotencyConflict(
+                        f"idempotency key already used for job {job_id}, which is not a "
+                        "member of this batch"
+                    ),
+                )
+    if created and await batch_store.grow(uow, {"id": batch_id, "members": created}) is None:
         raise BatchClosed(f"batch {batch_id} is closed; no job may join it")
     return [job_id for job_id in job_ids if job_id is not None]

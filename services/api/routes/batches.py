@@ -26,7 +26,7 @@ from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, InvalidPayloadError, 
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, JobcoreError
 from jobcore.usecases import batches as batch_usecases
-from jobcore.usecases.enqueue.submit import EnqueueRequest
+from jobcore.usecases.enqueue.submit import MAX_IDEMPOTENCY_KEY_LENGTH, EnqueueRequest
 from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
@@ -42,12 +42,21 @@ M = TypeVar("M", bound=BaseModel)
 
 class BatchJobFields(BaseModel):
     """One job of a batch: its type and payload, and what the single enqueue takes in its
-    query (no idempotency key: the batch is written whole or not at all)."""
+    header and query."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: str = Field(pattern=_TYPE_PATTERN, description="The job type.")
     payload: Any = Field(description="The job's payload, as the body of `POST /jobs/{type}`.")
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
+        pattern=r"^[ -~]+$",
+        description="As the Idempotency-Key header: a repeated request's job with the same "
+        "key is that job, if it is in this batch (a retry); a key of a job outside it "
+        "refuses the request.",
+    )
     unique_key: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
     )
@@ -73,6 +82,13 @@ class BatchCallbackFields(BaseModel):
 
 class BatchCreateFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    id: uuid.UUID | None = Field(
+        default=None,
+        description="The batch's id (a new one unless given): a request repeated with the "
+        "same id is answered from the batch it made (`200`, `Idempotent-Replayed: true`), "
+        "its jobs matched by their `idempotency_key`.",
+    )
 
     jobs: list[BatchJobFields] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
     on_success: BatchCallbackFields | None = Field(
@@ -135,6 +151,7 @@ def _requests(
                     job_type=job_type,
                     payload=validate_payload(job_type, job.payload),
                     sent=job.payload,
+                    idempotency_key=job.idempotency_key,
                     unique_key=job.unique_key,
                     entity_id=job.entity_id,
                     max_attempts=job.max_attempts,
@@ -210,16 +227,20 @@ async def create_batch(request: Request, tenant: TenantDep, db: DbDep, state: St
             description=fields.description,
             close=not fields.open,
             quotas=state.settings.quota_defaults,
+            batch_id=fields.id,
         )
     except batch_usecases.MemberRefused as exc:
         raise _member_refused(exc) from None
     except InvalidField as exc:
         raise located(exc, ["body", exc.field]) from None
     batch = await batch_usecases.get_batch(db, tenant=tenant, batch_id=written.batch_id)
+    headers = {"Location": f"/batches/{written.batch_id}"}
+    if written.replayed:
+        headers["Idempotent-Replayed"] = "true"
     return JsonBody(
         {**batch, "job_ids": written.job_ids},
-        status_code=201,
-        headers={"Location": f"/batches/{written.batch_id}"},
+        status_code=200 if written.replayed else 201,
+        headers=headers,
     )
 
 
@@ -304,7 +325,10 @@ def build_router() -> APIRouter:
         "default, or by `POST /batches/{id}/close` for one created `open`. A batch "
         "created with `parent_id` is a member of that open batch.",
         openapi_extra=_body_schema(BatchCreateFields),
-        responses=_problems(400, 404, 409, 413, 415, 422, 429),
+        responses={
+            **_problems(400, 404, 409, 413, 415, 422, 429),
+            200: {"model": BatchCreated, "description": "A repeated request's batch."},
+        },
         route_class_override=EnqueueRoute,
     )
     router.add_api_route(

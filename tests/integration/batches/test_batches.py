@@ -350,20 +350,59 @@ async def test_a_member_refused_refuses_the_whole_batch(
     jobcore_db: Database, topology: Topology
 ) -> None:
     kind = REGISTRY.get("batch_member")
-    keyed = EnqueueRequest(
-        tenant=TENANT,
-        job_type=kind,
-        payload=validate_payload(kind, {"text": "k"}),
-        idempotency_key="k1",
+    first, second = (
+        EnqueueRequest(
+            tenant=TENANT,
+            job_type=kind,
+            payload=validate_payload(kind, {"text": text}),
+            unique_key="one at a time",
+        )
+        for text in ("a", "b")
     )
     with pytest.raises(MemberRefused) as refused:
-        await create_batch(jobcore_db, topology, tenant=TENANT, members=[member("a"), keyed])
+        await create_batch(jobcore_db, topology, tenant=TENANT, members=[first, second])
     assert refused.value.index == 1
     assert await rows(jobcore_db, "SELECT id FROM batches") == []
     assert await rows(jobcore_db, "SELECT id FROM jobs") == []
     bad = {"on_success": Callback(REGISTRY.get("batch_member"), {"text": "t"})}
     with pytest.raises(InvalidField):
         await create_batch(jobcore_db, topology, tenant=TENANT, callbacks=bad)
+
+
+async def test_a_retried_request_writes_nothing_twice(
+    jobcore_db: Database, topology: Topology
+) -> None:
+    """A client retries a request whose answer it lost: the batch's id and its members'
+    idempotency keys answer what the first wrote."""
+    kind = REGISTRY.get("batch_member")
+
+    def keyed(text: str) -> EnqueueRequest:
+        payload = validate_payload(kind, {"text": text})
+        return EnqueueRequest(tenant=TENANT, job_type=kind, payload=payload, idempotency_key=text)
+
+    batch_id = uuid.uuid4()
+    create = {"tenant": TENANT, "callbacks": CALLBACKS, "close": False, "batch_id": batch_id}
+    first = await create_batch(jobcore_db, topology, members=[keyed("a"), keyed("b")], **create)
+    again = await create_batch(jobcore_db, topology, members=[keyed("a"), keyed("b")], **create)
+    assert (again.replayed, again.job_ids) == (True, first.job_ids)
+    added = await add_members(
+        jobcore_db, topology, tenant=TENANT, batch_id=batch_id, members=[keyed("c")], close=True
+    )
+    # The add's answer was lost too: its retry, after the batch closed, is answered.
+    retried = await add_members(
+        jobcore_db, topology, tenant=TENANT, batch_id=batch_id, members=[keyed("c")], close=True
+    )
+    assert retried.job_ids == added.job_ids
+    batch = await get_batch(jobcore_db, tenant=TENANT, batch_id=batch_id)
+    assert (batch["total"], batch["status"]) == (3, "closed")
+    assert len(await rows(jobcore_db, "SELECT id FROM jobs")) == 3
+    # A key of a job outside the batch is not a member of it.
+    with pytest.raises(MemberRefused):
+        await create_batch(jobcore_db, topology, tenant=TENANT, members=[keyed("a")])
+    with pytest.raises(BatchClosed):
+        await add_members(
+            jobcore_db, topology, tenant=TENANT, batch_id=batch_id, members=[keyed("d")]
+        )
 
 
 # CI's size; the full size (100,000) runs with JOBCORE_BATCH_TEST_SIZE=100000 -m slow.

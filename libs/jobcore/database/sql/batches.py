@@ -46,16 +46,20 @@ class BatchInsertParams(TypedDict):
 
 BATCH_INSERT = Query[BatchInsertParams](
     "batch_insert",
-    "Create an open, empty batch with its callbacks.",
+    "Create an open, empty batch with its callbacks (nothing if its id is taken: a retry).",
     """
     WITH batch AS (
         INSERT INTO batches (id, tenant, parent_id, description)
         VALUES (%(id)s, %(tenant)s, %(parent_id)s, %(description)s)
+        ON CONFLICT (id) DO NOTHING
         RETURNING id
     )
-    INSERT INTO batch_callbacks (batch_id, event, spec)
-    SELECT batch.id, c.event, c.spec
-    FROM batch, unnest(%(events)s::text[], %(specs)s::jsonb[]) AS c(event, spec)
+    , callbacks AS (
+        INSERT INTO batch_callbacks (batch_id, event, spec)
+        SELECT batch.id, c.event, c.spec
+        FROM batch, unnest(%(events)s::text[], %(specs)s::jsonb[]) AS c(event, spec)
+    )
+    SELECT count(*) AS created FROM batch
     """,
 )
 
@@ -86,6 +90,19 @@ BATCH_GET = Query[BatchLockParams](
     f"""
     SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+    """,
+)
+
+
+class BatchJobIdsParams(TypedDict):
+    ids: list[uuid.UUID]
+
+
+BATCH_JOBS_OF = Query[BatchJobIdsParams](
+    "batch_jobs_of",
+    "The batch each of these jobs is in (an enqueue replayed them).",
+    """
+    SELECT id, batch_id FROM jobs WHERE id = ANY(%(ids)s::uuid[])
     """,
 )
 

@@ -3,6 +3,8 @@ statement of :mod:`jobcore.database.sql.batches`."""
 
 from __future__ import annotations
 
+import uuid
+
 from psycopg.rows import DictRow
 
 from jobcore.database.gateway import Reader, Session, execute, fetch_all, fetch_one
@@ -13,6 +15,7 @@ from jobcore.database.sql.batches import (
     BATCH_GET,
     BATCH_GROW,
     BATCH_INSERT,
+    BATCH_JOBS_OF,
     BATCH_LIST,
     BATCH_LOCK,
     BATCH_MARK_CANCELLED,
@@ -26,6 +29,7 @@ from jobcore.database.sql.batches import (
     BatchGrowParams,
     BatchIdParams,
     BatchInsertParams,
+    BatchJobIdsParams,
     BatchListParams,
     BatchLockParams,
     BatchMarkCancelledParams,
@@ -47,9 +51,17 @@ __all__ = [
 class BatchStore:
     __slots__ = ()
 
-    async def insert(self, on: Session, params: BatchInsertParams) -> int:
-        """Create an open, empty batch."""
-        return await execute(on, BATCH_INSERT(params))
+    async def insert(self, on: Session, params: BatchInsertParams) -> bool:
+        """Create an open, empty batch; False if its id is taken (a retry's, or another's)."""
+        row = await fetch_one(on, BATCH_INSERT(params))
+        return row is not None and bool(row["created"])
+
+    async def jobs_of(
+        self, on: Reader, params: BatchJobIdsParams
+    ) -> dict[uuid.UUID, uuid.UUID | None]:
+        """The batch of each of these jobs (None: in none)."""
+        rows = await fetch_all(on, BATCH_JOBS_OF(params))
+        return {row["id"]: row["batch_id"] for row in rows}
 
     async def lock(self, on: Reader, params: BatchLockParams) -> DictRow | None:
         """Lock a batch and read it; None if there is none (for that tenant)."""
