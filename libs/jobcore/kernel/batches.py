@@ -10,25 +10,30 @@ child batches.
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 # The most failed job ids a callback's payload lists (its counts are exact).
 FAILED_IDS_LISTED = 1000
 
 
-class BatchOutcome(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+# Bounded in the JSON schema too (a payload's every field is: docs/handlers.md).
+Uuid = Annotated[uuid.UUID, WithJsonSchema({"type": "string", "format": "uuid", "maxLength": 36})]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
-    id: uuid.UUID
+
+class BatchOutcome(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Uuid
     # success: every member succeeded; complete: every member settled; death: the first
     # member failed for good (``first_death_job_id``).
     event: Literal["success", "complete", "death"]
-    total: int = Field(ge=0)
-    succeeded: int = Field(ge=0)
-    failed: int = Field(ge=0)
-    cancelled: int = Field(ge=0)
-    pending: int = Field(ge=0)
-    first_death_job_id: uuid.UUID | None = None
-    failed_job_ids: list[uuid.UUID] = Field(default_factory=list, max_length=FAILED_IDS_LISTED)
+    total: Count
+    succeeded: Count
+    failed: Count
+    cancelled: Count
+    pending: Count
+    first_death_job_id: Uuid | None = None
+    failed_job_ids: list[Uuid] = Field(default_factory=list, max_length=FAILED_IDS_LISTED)

@@ -460,3 +460,47 @@ async def test_a_big_batch_fires_once(jobcore_db: Database, topology: Topology) 
 @pytest.mark.timeout(1800)
 async def test_a_batch_of_100000_fires_once(jobcore_db: Database, topology: Topology) -> None:
     await _a_big_batch(jobcore_db, topology, 100_000)
+
+
+async def test_the_pruner_removes_a_settled_batch_with_its_jobs(
+    jobcore_db: Database, topology: Topology
+) -> None:
+    from jobcore.maintenance.retention import Retention
+
+    parent = await create_batch(
+        jobcore_db,
+        topology,
+        tenant=TENANT,
+        members=[member("p")],
+        callbacks=CALLBACKS,
+        close=False,
+    )
+    child = await create_batch(
+        jobcore_db, topology, tenant=TENANT, members=[member("c")], parent_id=parent.batch_id
+    )
+    await close_batch(jobcore_db, tenant=TENANT, batch_id=parent.batch_id)
+    await finish(jobcore_db, [*parent.job_ids, *child.job_ids])
+    kept = await create_batch(jobcore_db, topology, tenant=TENANT, members=[member("k")])
+    await finish(jobcore_db, kept.job_ids)
+    async with jobcore_db.connection() as conn:
+        await conn.execute(
+            "UPDATE batches SET settled_at = now() - interval '31 days' WHERE id = %s",
+            (parent.batch_id,),
+        )
+    settings = jobcore_db.settings
+    dry = await Retention(settings, jobcore_db).count()
+    assert dry.tables["batches"] == 1
+    done = await Retention(settings, jobcore_db).prune(sweep_files=False)
+    assert done.tables["batches"] == 1
+    left = await rows(jobcore_db, "SELECT id FROM batches")
+    assert left == [{"id": kept.batch_id}]
+    members = await rows(
+        jobcore_db, "SELECT id FROM jobs WHERE id = ANY(%s)", [*parent.job_ids, *child.job_ids]
+    )
+    assert members == []
+    assert (
+        await rows(
+            jobcore_db, "SELECT event FROM batch_callbacks WHERE batch_id = %s", parent.batch_id
+        )
+        == []
+    )

@@ -9,7 +9,6 @@ on ``jobs`` counts it in the outcome's own transaction, through ``batch_update``
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import TypedDict
 
 from psycopg.types.json import Jsonb
@@ -291,8 +290,23 @@ BATCH_MEMBER_REOPEN = Query[BatchMemberReopenParams](
 
 
 class BatchPruneParams(TypedDict):
-    before: datetime
+    # Seconds a settled top-level batch is kept.
+    keep: float
     limit: int
+
+
+class BatchPruneCountParams(TypedDict):
+    keep: float
+
+
+BATCH_PRUNE_COUNT = Query[BatchPruneCountParams](
+    "batch_prune_count",
+    "How many top-level batches settled longer ago than `keep` seconds the pruner would delete.",
+    """
+    SELECT count(*) AS batches FROM batches
+    WHERE settled_at < now() - make_interval(secs => %(keep)s) AND parent_id IS NULL
+    """,
+)
 
 
 # Whole trees, from their settled top-level batch: the members of every batch in them
@@ -301,12 +315,12 @@ class BatchPruneParams(TypedDict):
 # member back is not settled and waits.
 BATCH_PRUNE = Query[BatchPruneParams](
     "batch_prune",
-    "Delete up to `limit` top-level batches settled before `before`, with their "
+    "Delete up to `limit` top-level batches settled longer ago than `keep` seconds, with their "
     "descendants and every member job.",
     """
     WITH RECURSIVE roots AS (
         SELECT id FROM batches
-        WHERE settled_at < %(before)s AND parent_id IS NULL
+        WHERE settled_at < now() - make_interval(secs => %(keep)s) AND parent_id IS NULL
         ORDER BY settled_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED

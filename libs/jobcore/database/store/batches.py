@@ -22,6 +22,7 @@ from jobcore.database.sql.batches import (
     BATCH_MEMBER_DETACH,
     BATCH_MEMBER_REOPEN,
     BATCH_PRUNE,
+    BATCH_PRUNE_COUNT,
     BATCH_REQUEST_CANCEL,
     BATCH_TREE,
     BatchCancelPendingParams,
@@ -35,6 +36,7 @@ from jobcore.database.sql.batches import (
     BatchMarkCancelledParams,
     BatchMemberDetachParams,
     BatchMemberReopenParams,
+    BatchPruneCountParams,
     BatchPruneParams,
     BatchRequestCancelParams,
 )
@@ -109,8 +111,12 @@ class BatchStore:
         await execute(on, BATCH_MEMBER_REOPEN(params))
 
     async def prune(self, on: Session, params: BatchPruneParams) -> DictRow | None:
-        """Delete settled top-level batches with their trees and members."""
+        """Delete settled top-level batches with their trees and members: how many of each."""
         return await fetch_one(on, BATCH_PRUNE(params))
+
+    async def prune_count(self, on: Reader, params: BatchPruneCountParams) -> int:
+        row = await fetch_one(on, BATCH_PRUNE_COUNT(params))
+        return 0 if row is None else int(row["batches"])
 
 
 batch_store = BatchStore()
