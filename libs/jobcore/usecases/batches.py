@@ -24,9 +24,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from jobcore.access.audit import AuditAction, Entry, Target, record_done
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, UnitOfWork
 from jobcore.database.store import CANCEL_CHANNEL, batch_store
+from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.payloads import validate_payload
 from jobcore.execution.registry import InvalidPayloadError, JobType
 from jobcore.kernel.batches import FAILED_IDS_LISTED, BatchOutcome
@@ -39,6 +41,7 @@ from jobcore.kernel.errors import (
     JobcoreError,
 )
 from jobcore.kernel.quotas import UNLIMITED, Quotas
+from jobcore.kernel.settings import Settings
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue_many
 from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS, ItemStatus
 from jobcore.usecases.enqueue.write_one import job_gates
@@ -295,6 +298,27 @@ async def cancel_batch(
         if done < CANCEL_CHUNK:
             break
     return await get_batch(db, tenant=tenant, batch_id=batch_id)
+
+
+async def close_any_batch(db: Database, batch_id: uuid.UUID, *, actor: str) -> dict[str, Any]:
+    """:func:`close_batch` for operators: whatever its tenant, audited."""
+    batch = await close_batch(db, tenant=None, batch_id=batch_id)
+    target = Target("batch", str(batch_id))
+    await record_done(db, Entry(actor, AuditAction.BATCH_CLOSE, target, tenant=batch["tenant"]))
+    return batch
+
+
+async def cancel_any_batch(
+    db: Database, settings: Settings, batch_id: uuid.UUID, *, actor: str
+) -> dict[str, Any]:
+    """:func:`cancel_batch` for operators: whatever its tenant, audited."""
+    completion = completion_params(Topology.from_settings(settings), settings)
+    batch = await cancel_batch(db, tenant=None, batch_id=batch_id, completion=dict(completion))
+    target = Target("batch", str(batch_id))
+    entry = Entry(actor, AuditAction.BATCH_CANCEL, target, tenant=batch["tenant"])
+    entry.details = {"cancelled": batch["cancelled"]}
+    await record_done(db, entry)
+    return batch
 
 
 async def retried_member(uow: UnitOfWork, job_id: uuid.UUID) -> uuid.UUID | None:
