@@ -300,10 +300,25 @@ async def cancel_batch(
 
 
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's schema as the request body, its definitions written in place (the
+    document has no ``$defs`` for a ``$ref`` of the body's own to reach)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(definitions[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
+            "content": {"application/json": {"schema": inline(schema)}},
         }
     }
 
