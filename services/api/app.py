@@ -174,7 +174,7 @@ def create_app(
     app.state.long_poll_slots = LongPollSlots(settings.api_max_long_polls)
     problems.install(app)
     app.include_router(jobs.build_router(registry))
-    app.include_router(batches.build_router())
+    app.include_router(batches.build_router(registry))
     app.include_router(deliveries.router)
     app.include_router(admin.router)
     app.include_router(health.router)

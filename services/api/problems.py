@@ -24,6 +24,7 @@ from jobcore.execution.registry import InvalidPayloadError
 from jobcore.kernel.errors import (
     BatchClosed,
     BatchIdTaken,
+    BatchJobKeyTaken,
     BatchNotFound,
     DatabaseUnavailable,
     EnqueueRateExceeded,
@@ -141,6 +142,9 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     BatchNotFound: ProblemType(404, "batch-not-found", "Batch not found"),
     BatchClosed: ProblemType(409, "batch-closed", "Batch closed"),
     BatchIdTaken: ProblemType(409, "batch-id-taken", "Batch id taken"),
+    BatchJobKeyTaken: ProblemType(
+        409, "batch-job-key-taken", "The idempotency key's job is not in this batch"
+    ),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),

@@ -75,7 +75,9 @@ def list_(
     emit(rows, as_json=as_json, columns=LIST_COLUMNS)
 
 
-@batches_app.command("show", epilog=example("jobcore batches show 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"))
+@batches_app.command(
+    "show", epilog=example("jobcore batches show 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def show(batch_id: str = BATCH_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """One batch: its counts, failed jobs (up to 1,000) and callbacks, fired or not."""
     ident = _batch_id(batch_id)
@@ -85,7 +87,9 @@ def show(batch_id: str = BATCH_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     emit(batch if as_json else _shown(batch), as_json=as_json)
 
 
-@batches_app.command("close", epilog=example("jobcore batches close 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"))
+@batches_app.command(
+    "close", epilog=example("jobcore batches close 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def close(batch_id: str = BATCH_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Close an open batch: no job joins it any more, and its callbacks fire once their
     conditions hold (at once, if its jobs have all settled)."""
@@ -96,7 +100,9 @@ def close(batch_id: str = BATCH_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     emit(batch if as_json else _shown(batch), as_json=as_json)
 
 
-@batches_app.command("cancel", epilog=example("jobcore batches cancel 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"))
+@batches_app.command(
+    "cancel", epilog=example("jobcore batches cancel 0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a")
+)
 def cancel(batch_id: str = BATCH_ARGUMENT, as_json: bool = JSON_OPTION) -> None:
     """Close a batch and its child batches, cancel their pending jobs and ask the workers
     of their running ones to stop; on_complete fires once they have all settled."""

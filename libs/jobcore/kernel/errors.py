@@ -117,6 +117,10 @@ class BatchIdTaken(JobcoreError):
     """Another tenant's batch has that id."""
 
 
+class BatchJobKeyTaken(JobcoreError):
+    """The idempotency key's job is not a member of this batch."""
+
+
 class JobNotRetryable(JobcoreError):
     """Only a failed or cancelled job can be retried."""
 

@@ -35,8 +35,8 @@ from jobcore.kernel.batches import FAILED_IDS_LISTED, BatchOutcome
 from jobcore.kernel.errors import (
     BatchClosed,
     BatchIdTaken,
+    BatchJobKeyTaken,
     BatchNotFound,
-    IdempotencyConflict,
     InvalidField,
     JobcoreError,
 )
@@ -400,7 +400,7 @@ async def _write_members(
             if batches.get(job_id) != batch_id:
                 raise MemberRefused(
                     n,
-                    IdempotencyConflict(
+                    BatchJobKeyTaken(
                         f"idempotency key already used for job {job_id}, which is not a "
                         "member of this batch"
                     ),

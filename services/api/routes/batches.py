@@ -11,6 +11,7 @@ quota) refuses it with that job's problem, nothing written.
 
 # No `from __future__ import annotations`: FastAPI reads the routes' signatures.
 
+import copy
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
@@ -33,6 +34,7 @@ from services.api.body import read_json
 from services.api.deps import DbDep, StateDep
 from services.api.problems import BodyTooLarge, InvalidRequest, located, problem_document
 from services.api.routes.batch import MAX_DELAY_SECONDS
+from services.api.routes.jobs import payload_schemas
 from services.api.schemas import BatchCreated, BatchJobsAdded, BatchList, BatchView, Problem
 from services.api.views import JsonBody
 
@@ -299,9 +301,9 @@ async def cancel_batch(
     return JsonBody(batch)
 
 
-def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's schema as the request body, its definitions written in place (the
-    document has no ``$defs`` for a ``$ref`` of the body's own to reach)."""
+def _inlined(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's schema with its own definitions written in place (the document has no
+    ``$defs`` for a ``$ref`` of the body's own to reach)."""
     schema = model.model_json_schema()
     definitions = schema.pop("$defs", {})
 
@@ -315,16 +317,76 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
             return [inline(item) for item in node]
         return node
 
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline(schema)}},
-        }
-    }
+    inlined: dict[str, Any] = inline(schema)
+    return inlined
 
 
-def build_router() -> APIRouter:
+def _job_schema(registry: Registry, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A job of a batch: one of the registered types, with that type's payload."""
+    job = _inlined(BatchJobFields)
+    variants = []
+    for job_type in registry:
+        variant = copy.deepcopy(job)
+        variant["properties"]["type"] = {"type": "string", "const": job_type.name}
+        variant["properties"]["payload"] = refs[job_type.name]
+        variants.append(variant)
+    return {"oneOf": variants} if variants else job
+
+
+def _callback_schema(registry: Registry, definitions: dict[str, Any]) -> dict[str, Any] | None:
+    """A callback: one of the types whose payload takes the batch's outcome under
+    ``batch``, with that payload without it."""
+    variants = []
+    for job_type in registry:
+        payload = definitions.get(job_type.payload_model.__name__)
+        if payload is None or "batch" not in payload.get("properties", {}):
+            continue
+        given = copy.deepcopy(payload)
+        del given["properties"]["batch"]
+        if "required" in given:
+            given["required"] = [name for name in given["required"] if name != "batch"]
+        variants.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["type"],
+                "properties": {
+                    "type": {"type": "string", "const": job_type.name},
+                    "payload": given,
+                },
+            }
+        )
+    return {"oneOf": variants} if variants else None
+
+
+def _request_bodies(registry: Registry) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The create and add request bodies for /openapi.json: each job one of the registered
+    types with its payload, each callback one of the types that take a batch's outcome."""
+    refs, definitions = payload_schemas(registry)
+    job = _job_schema(registry, refs)
+    create = _inlined(BatchCreateFields)
+    create["properties"]["jobs"]["items"] = job
+    callback = _callback_schema(registry, definitions)
+    for name in batch_usecases.CALLBACK_EVENTS:
+        if callback is None:
+            del create["properties"][name]
+        else:
+            create["properties"][name] = {
+                **callback,
+                "description": create["properties"][name].get("description", ""),
+            }
+    add = _inlined(BatchAddFields)
+    add["properties"]["jobs"]["items"] = job
+    return _body(create), _body(add)
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def build_router(registry: Registry) -> APIRouter:
     router = APIRouter(tags=["batches"], default_response_class=JsonBody)
+    create_body, add_body = _request_bodies(registry)
     router.add_api_route(
         "/batches",
         create_batch,
@@ -339,7 +401,7 @@ def build_router() -> APIRouter:
         "member that fails for good. Never before the batch is closed: at once by "
         "default, or by `POST /batches/{id}/close` for one created `open`. A batch "
         "created with `parent_id` is a member of that open batch.",
-        openapi_extra=_body_schema(BatchCreateFields),
+        openapi_extra=create_body,
         responses={
             **_problems(400, 404, 409, 413, 415, 422, 429),
             200: {"model": BatchCreated, "description": "A repeated request's batch."},
@@ -368,7 +430,7 @@ def build_router() -> APIRouter:
         methods=["POST"],
         response_model=BatchJobsAdded,
         summary="Add jobs to an open batch",
-        openapi_extra=_body_schema(BatchAddFields),
+        openapi_extra=add_body,
         responses=_problems(400, 404, 409, 413, 415, 422, 429),
         route_class_override=EnqueueRoute,
     )

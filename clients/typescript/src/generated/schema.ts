@@ -3132,17 +3132,10 @@ export interface operations {
                      */
                     id?: string | null;
                     /** Jobs */
-                    jobs?: {
-                        /**
-                         * Type
-                         * @description The job type.
-                         */
-                        type: string;
-                        /**
-                         * Payload
-                         * @description The job's payload, as the body of `POST /jobs/{type}`.
-                         */
-                        payload: unknown;
+                    jobs?: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
                          * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
@@ -3158,34 +3151,64 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    }[];
-                    /** @description Fires once every member has succeeded. */
-                    on_success?: {
-                        /** Type */
-                        type: string;
-                        /** Payload */
-                        payload?: {
-                            [key: string]: unknown;
-                        };
-                    } | null;
-                    /** @description Fires once every member has settled, whatever its outcome. */
-                    on_complete?: {
-                        /** Type */
-                        type: string;
-                        /** Payload */
-                        payload?: {
-                            [key: string]: unknown;
-                        };
-                    } | null;
-                    /** @description Fires once, at the first member that fails for good. */
-                    on_death?: {
-                        /** Type */
-                        type: string;
-                        /** Payload */
-                        payload?: {
-                            [key: string]: unknown;
-                        };
-                    } | null;
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
                     /**
                      * Open
                      * @description Leave the batch open for `POST /batches/{id}/jobs` until `POST /batches/{id}/close`; by default it is closed with the jobs given.
@@ -3407,17 +3430,10 @@ export interface operations {
             content: {
                 "application/json": {
                     /** Jobs */
-                    jobs: {
-                        /**
-                         * Type
-                         * @description The job type.
-                         */
-                        type: string;
-                        /**
-                         * Payload
-                         * @description The job's payload, as the body of `POST /jobs/{type}`.
-                         */
-                        payload: unknown;
+                    jobs: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
                          * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
@@ -3433,7 +3449,64 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    }[];
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
                     /**
                      * Close
                      * @description Close the batch after these jobs.
