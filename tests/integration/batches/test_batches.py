@@ -504,3 +504,21 @@ async def test_the_pruner_removes_a_settled_batch_with_its_jobs(
         )
         == []
     )
+
+
+async def test_the_inline_worker_runs_a_batch_and_its_callbacks(jobcore_db: Database) -> None:
+    worker = InlineWorker(jobcore_db, registry=REGISTRY)
+    written = await worker.enqueue_batch(
+        [("batch_member", {"text": "a"}), ("batch_member", {"text": "b", "fail": True})],
+        on_complete=("batch_callback", {"note": "done"}),
+        on_death=("batch_callback", {"note": "died"}),
+        on_success=("batch_callback", {"note": "never"}),
+    )
+    drained = await worker.drain()
+    # Two members and two callbacks ran; on_success never fired.
+    assert (drained.succeeded, drained.failed) == (3, 1)
+    batch = await worker.batch(written.batch_id)
+    assert (batch["status"], batch["failed_job_ids"]) == ("settled", [written.job_ids[1]])
+    complete = await worker.job(batch["callbacks"]["on_complete"]["job_id"])
+    assert complete["result"] == {"note": "done", "event": "complete"}
+    assert batch["callbacks"]["on_success"]["job_id"] is None
