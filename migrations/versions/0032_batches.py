@@ -311,6 +311,12 @@ def upgrade() -> None:
         if_not_exists=True,
     )
     op.create_index(
+        "batches_created_idx",
+        "batches",
+        [sa.text("created_at DESC"), sa.text("id DESC")],
+        if_not_exists=True,
+    )
+    op.create_index(
         "batches_parent_idx",
         "batches",
         ["parent_id"],

@@ -315,6 +315,7 @@ batches = Table(
         name="counts",
     ),
     Index("batches_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    Index("batches_created_idx", text("created_at DESC"), text("id DESC")),
     Index("batches_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
     # The pruner's: settled top-level batches, oldest first.
     Index(

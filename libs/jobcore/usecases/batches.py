@@ -254,7 +254,10 @@ def batch_view(row: Mapping[str, Any], failed_job_ids: list[uuid.UUID]) -> dict[
 async def list_batches(db: Database, *, tenant: str | None, limit: int) -> list[dict[str, Any]]:
     """The newest batches (of a tenant, or of all), without their failed ids."""
     async with db.session() as session:
-        rows = await batch_store.list_newest(session, {"tenant": tenant, "limit": limit})
+        if tenant is None:
+            rows = await batch_store.list_newest_all(session, {"limit": limit})
+        else:
+            rows = await batch_store.list_newest(session, {"tenant": tenant, "limit": limit})
     return [batch_view(row, []) for row in rows]
 
 

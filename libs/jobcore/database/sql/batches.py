@@ -13,10 +13,11 @@ from typing import TypedDict
 
 from psycopg.types.json import Jsonb
 
-from jobcore.database.sql import CompletionParams, Query
+from jobcore.database.sql import CompletionParams, Query, status_is
 from jobcore.database.sql.job_events import DONE_EVENTS, EVENTS_ON
 from jobcore.database.sql.webhook_deliveries import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
 from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.states import JobStatus
 
 BATCH_COLUMNS = """
     id, tenant, parent_id, description, total, succeeded, failed, cancelled,
@@ -154,16 +155,31 @@ BATCH_FAILED_JOBS = Query[BatchFailedJobsParams](
 
 
 class BatchListParams(TypedDict):
-    tenant: str | None
+    tenant: str
     limit: int
 
 
 BATCH_LIST = Query[BatchListParams](
     "batch_list",
-    "The newest batches of a tenant (or of all), newest first.",
+    "The newest batches of a tenant, newest first.",
     f"""
     SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
-    WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+    WHERE tenant = %(tenant)s
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+
+class BatchListAllParams(TypedDict):
+    limit: int
+
+
+BATCH_LIST_ALL = Query[BatchListAllParams](
+    "batch_list_all",
+    "The newest batches of every tenant, newest first (operators).",
+    f"""
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
     """,
@@ -213,7 +229,7 @@ BATCH_CANCEL_PENDING = Query[BatchCancelPendingParams](
     f"""
     WITH chosen AS (
         SELECT id FROM jobs
-        WHERE batch_id = ANY(%(ids)s::uuid[]) AND status = 'pending'
+        WHERE batch_id = ANY(%(ids)s::uuid[]) AND {status_is("status", JobStatus.PENDING)}
         ORDER BY batch_id, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -242,7 +258,7 @@ BATCH_REQUEST_CANCEL = Query[BatchRequestCancelParams](
     WITH job AS (
         UPDATE jobs
         SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
-        WHERE batch_id = ANY(%(ids)s::uuid[]) AND status = 'running'
+        WHERE batch_id = ANY(%(ids)s::uuid[]) AND {status_is("status", JobStatus.RUNNING)}
           AND cancel_requested_at IS NULL
         RETURNING id, attempts
     ), requested AS (
@@ -329,10 +345,10 @@ BATCH_PRUNE = Query[BatchPruneParams](
         UNION ALL
         SELECT c.id FROM batches AS c JOIN tree ON c.parent_id = tree.id
     ), members AS (
-        DELETE FROM jobs WHERE batch_id IN (SELECT id FROM tree)
+        DELETE FROM jobs WHERE batch_id = ANY(ARRAY(SELECT id FROM tree))
         RETURNING id
     ), gone AS (
-        DELETE FROM batches WHERE id IN (SELECT id FROM roots)
+        DELETE FROM batches WHERE id = ANY(ARRAY(SELECT id FROM roots))
         RETURNING id
     )
     SELECT (SELECT count(*) FROM gone) AS batches, (SELECT count(*) FROM members) AS jobs

@@ -17,6 +17,7 @@ from jobcore.database.sql.batches import (
     BATCH_INSERT,
     BATCH_JOBS_OF,
     BATCH_LIST,
+    BATCH_LIST_ALL,
     BATCH_LOCK,
     BATCH_MARK_CANCELLED,
     BATCH_MEMBER_DETACH,
@@ -31,6 +32,7 @@ from jobcore.database.sql.batches import (
     BatchIdParams,
     BatchInsertParams,
     BatchJobIdsParams,
+    BatchListAllParams,
     BatchListParams,
     BatchLockParams,
     BatchMarkCancelledParams,
@@ -74,6 +76,9 @@ class BatchStore:
 
     async def list_newest(self, on: Reader, params: BatchListParams) -> list[DictRow]:
         return await fetch_all(on, BATCH_LIST(params))
+
+    async def list_newest_all(self, on: Reader, params: BatchListAllParams) -> list[DictRow]:
+        return await fetch_all(on, BATCH_LIST_ALL(params))
 
     async def grow(self, on: Session, params: BatchGrowParams) -> DictRow | None:
         """Count new members into a locked batch; None if it is closed."""
