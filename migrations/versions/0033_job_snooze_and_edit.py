@@ -1,7 +1,7 @@
 """jobs.snoozes and jobs.not_before: snoozed jobs, and jobs changed in place
 
 Revision ID: 0033
-Revises: 0029
+Revises: 0032
 Create Date: 2026-12-06 14:00:00.000000
 
 `snoozes` counts the times a handler asked to run its job again later without spending
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0033"
-down_revision: str | None = "0029"
+down_revision: str | None = "0032"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

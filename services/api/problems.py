@@ -22,6 +22,10 @@ from jobcore.access.apikeys import InvalidApiKey, MissingApiKey, MissingScope
 from jobcore.execution.payloads import UnstorablePayload
 from jobcore.execution.registry import InvalidPayloadError
 from jobcore.kernel.errors import (
+    BatchClosed,
+    BatchIdTaken,
+    BatchJobKeyTaken,
+    BatchNotFound,
     DatabaseUnavailable,
     EnqueueRateExceeded,
     IdempotencyConflict,
@@ -138,6 +142,12 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     MissingScope: ProblemType(403, "insufficient-scope", "Insufficient scope"),
     UnknownJobType: ProblemType(404, "unknown-job-type", "Unknown job type"),
     JobNotFound: ProblemType(404, "job-not-found", "Job not found"),
+    BatchNotFound: ProblemType(404, "batch-not-found", "Batch not found"),
+    BatchClosed: ProblemType(409, "batch-closed", "Batch closed"),
+    BatchIdTaken: ProblemType(409, "batch-id-taken", "Batch id taken"),
+    BatchJobKeyTaken: ProblemType(
+        409, "batch-job-key-taken", "The idempotency key's job is not in this batch"
+    ),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),

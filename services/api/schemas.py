@@ -243,6 +243,59 @@ class BatchAnswer(BaseModel):
     counts: BatchCounts
 
 
+class BatchCallbackView(BaseModel):
+    """A callback of a batch: its job type, and the job it fired (null until it fires)."""
+
+    type: str
+    job_id: uuid.UUID | None
+
+
+class BatchCallbacks(BaseModel):
+    on_success: BatchCallbackView | None = None
+    on_complete: BatchCallbackView | None = None
+    on_death: BatchCallbackView | None = None
+
+
+class BatchView(BaseModel):
+    """A batch (``POST /batches``). ``status``: ``open`` (jobs may join), ``closed`` (some
+    member has not settled), ``succeeded`` (all did), ``settled`` (all settled, not all
+    succeeded), ``cancelled``. The counts are of its own members, a child batch counting
+    as one; ``failed_job_ids`` lists up to 1,000 of its failed jobs."""
+
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    description: str | None
+    status: Literal["open", "closed", "succeeded", "settled", "cancelled"]
+    total: int
+    pending: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    failed_job_ids: list[uuid.UUID]
+    first_death_job_id: uuid.UUID | None
+    callbacks: BatchCallbacks
+    created_at: datetime
+    closed_at: datetime | None
+    settled_at: datetime | None
+    cancelled_at: datetime | None
+
+
+class BatchCreated(BatchView):
+    """The batch created; ``job_ids``: its jobs, in the order given."""
+
+    job_ids: list[uuid.UUID]
+
+
+class BatchList(BaseModel):
+    items: list[BatchView]
+
+
+class BatchJobsAdded(BaseModel):
+    batch_id: uuid.UUID
+    job_ids: list[uuid.UUID]
+    closed: bool
+
+
 class Alive(BaseModel):
     status: Literal["alive"]
 

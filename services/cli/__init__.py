@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "dlq",
     "webhooks",
     "jobs",
+    "batches",
     "prune",
     "schedules",
     "flow",

@@ -34,6 +34,7 @@ from jobcore.database.gateway import Database
 from jobcore.execution.payloads import read_payload
 from jobcore.execution.registry import Registry, load_job_modules
 from jobcore.kernel.errors import (
+    BatchNotFound,
     BrokerUnavailable,
     DatabaseUnavailable,
     InvalidField,
@@ -48,6 +49,8 @@ from jobcore.kernel.states import JobStatus, is_terminal
 from jobcore.storage.objectstore import open_result_store
 from jobcore.storage.results import ResultNotFound, ResultStore
 from jobcore.usecases import console, dlq, job_edits, outbox
+from jobcore.usecases import batches as batch_usecases
+from jobcore.usecases import console, dlq, outbox
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
@@ -203,6 +206,9 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# Batches the console's list shows, newest first.
+BATCHES_SHOWN = 100
+
 TEMPLATES = _templates()
 
 
@@ -327,7 +333,8 @@ def create_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) 
         return _problem(request, 403, "Forbidden", str(exc))
 
     @app.exception_handler(JobNotFound)
-    async def not_found(request: Request, exc: JobNotFound) -> Response:
+    @app.exception_handler(BatchNotFound)
+    async def not_found(request: Request, exc: JobcoreError) -> Response:
         return _problem(request, 404, "Not found", str(exc))
 
     @app.exception_handler(console.InvalidPageCursor)
@@ -343,8 +350,41 @@ def create_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) 
     _sign_in_routes(app, state)
     _overview_routes(app, state)
     _job_routes(app, state)
+    _batch_routes(app, state)
     _operator_routes(app, state)
     return app
+
+
+def _batch_routes(app: FastAPI, state: Console) -> None:
+    @app.get("/batches", response_class=HTMLResponse)
+    async def batch_list(request: Request, who: OperatorDep, tenant: str = "") -> Response:
+        rows = await batch_usecases.list_batches(
+            _db(request), tenant=tenant.strip() or None, limit=BATCHES_SHOWN
+        )
+        return page(request, "batches.html", who, batches=rows, tenant=tenant)
+
+    @app.get("/batches/{batch_id}", response_class=HTMLResponse)
+    async def batch_page(request: Request, who: OperatorDep, batch_id: uuid.UUID) -> Response:
+        batch = await batch_usecases.get_batch(_db(request), tenant=None, batch_id=batch_id)
+        return page(request, "batch.html", who, batch=batch)
+
+    @app.post("/batches/{batch_id}/close")
+    async def close_batch(request: Request, who: ActionDep, batch_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            await batch_usecases.close_any_batch(_db(request), batch_id, actor=who.session.actor)
+            return "Batch closed."
+
+        return await act(request, who, f"/batches/{batch_id}", run)
+
+    @app.post("/batches/{batch_id}/cancel")
+    async def cancel_batch(request: Request, who: ActionDep, batch_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            batch = await batch_usecases.cancel_any_batch(
+                _db(request), state.settings, batch_id, actor=who.session.actor
+            )
+            return f"Batch cancelled: {batch['cancelled']} of its jobs cancelled."
+
+        return await act(request, who, f"/batches/{batch_id}", run)
 
 
 def _sign_in_routes(app: FastAPI, state: Console) -> None:

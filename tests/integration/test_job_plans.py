@@ -146,6 +146,7 @@ def _batch(tenant: str, keys: list[str]) -> JobInsertManyParams:
         "default_burst": 1,
         "default_max_unfinished": 0,
         "default_max_long_polls": 0,
+        "batch_id": None,
     }
 
 

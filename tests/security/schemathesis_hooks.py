@@ -7,7 +7,8 @@ too; invalid requests are left as they were, and must still be refused:
 - ``run_at`` and ``delay`` exclude each other, and ``run_at`` is within a year from now
   (parameters in OpenAPI are independent, and a schema has no "now");
 - an ``Idempotency-Key`` sent again with a different request is a 422 by design; each
-  valid request gets a key of its own (replays are tested in test_idempotency.py);
+  valid request (and each job of a batch of ``/batches``) gets a key of its own (replays
+  are tested in test_idempotency.py);
 - a ``cursor`` is one the API handed out: a valid one stands for any well-formed token;
 - an edit (``PATCH /jobs/{id}``) names the job's current version (its ETag, read here
   first; a version the job no longer is answers 412 by design), and a new payload is the
@@ -47,6 +48,8 @@ A_CURSOR = encode_cursor(datetime(2000, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
 _ENQUEUE_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*$")
 # A batch's items answer one by one (200 either way), but its callback_url is resolved once.
 _BATCH_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*/batch$")
+# A batch's jobs (POST /batches, POST /batches/{id}/jobs): each as a batch item.
+_BATCHES_PATH = re.compile(r"^/batches(/\{batch_id\}/jobs)?$")
 # A margin so a run_at just inside the window when generated is still inside when checked.
 _MARGIN = timedelta(minutes=5)
 
@@ -96,6 +99,19 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         for item in case.body["items"]:
             if isinstance(item, MutableMapping):
                 _one_schedule(item)
+    batches = operation.method.upper() == "POST" and _BATCHES_PATH.match(operation.path)
+    if (
+        batches
+        and isinstance(case.body, MutableMapping)
+        and isinstance(case.body.get("jobs"), list)
+    ):
+        for job in case.body["jobs"]:
+            if isinstance(job, MutableMapping):
+                _one_schedule(job)
+                if "idempotency_key" in job:
+                    job["idempotency_key"] = (
+                        f"{str(job['idempotency_key'])[:200]}.{uuid.uuid4().hex}"
+                    )
     if enqueue and isinstance(case.headers, MutableMapping) and "Idempotency-Key" in case.headers:
         key = str(case.headers["Idempotency-Key"])
         case.headers["Idempotency-Key"] = f"{key[:200]}.{uuid.uuid4().hex}"

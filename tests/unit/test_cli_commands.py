@@ -34,6 +34,7 @@ def test_every_verb_is_registered() -> None:
         "ui": None,
         "keys": {"create": None, "list": None, "revoke": None, "rotate": None},
         "tenants": {"set-quota": None, "show": None, "list": None},
+        "batches": {"list": None, "show": None, "close": None, "cancel": None},
         "schedules": {"list": None, "pause": None, "resume": None, "trigger": None},
         "queues": {"list": None, "pause": None, "resume": None},
         "types": {"list": None, "pause": None, "resume": None},

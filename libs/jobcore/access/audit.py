@@ -59,6 +59,8 @@ class AuditAction(StrEnum):
     JOB_RETRY = "job.retry"
     JOB_UNBLOCK = "job.unblock"
     JOB_EDIT = "job.edit"
+    BATCH_CLOSE = "batch.close"
+    BATCH_CANCEL = "batch.cancel"
     JOBS_REPUBLISH_STALE = "jobs.republish_stale"
     OUTBOX_REQUEUE = "outbox.requeue"
     OUTBOX_DISCARD = "outbox.discard"

@@ -31,7 +31,10 @@ from jobcore.client.core import (
 )
 from jobcore.client.models import (
     Accepted,
+    Batch,
     BatchAnswer,
+    BatchCreated,
+    BatchJobsAdded,
     CancelAnswer,
     Job,
     JobPage,
@@ -168,6 +171,66 @@ class AsyncClient:
         idempotency key gets a new UUID, so the retries (503, 429, connection errors) of a
         batch never make a job twice; each outcome carries its item's key."""
         return await self._run(self._core.enqueue_batch(job_type, items, callback_url=callback_url))
+
+    async def create_batch(
+        self,
+        jobs: Sequence[Mapping[str, Any]] = (),
+        *,
+        on_success: Mapping[str, Any] | None = None,
+        on_complete: Mapping[str, Any] | None = None,
+        on_death: Mapping[str, Any] | None = None,
+        open: bool = False,
+        parent_id: uuid.UUID | str | None = None,
+        description: str | None = None,
+        batch_id: uuid.UUID | str | None = None,
+    ) -> BatchCreated:
+        """``POST /batches``: up to 1,000 jobs (``{"type": ..., "payload": ...}`` with the
+        optional fields of :meth:`enqueue_batch`'s items) and callbacks
+        (``{"type": ..., "payload": ...}``), each fired once as a job whose payload gets
+        the batch's outcome under ``batch``. ``open``: jobs may be added
+        (:meth:`add_to_batch`) until :meth:`close_batch`; else it is closed now. The batch's
+        id (``batch_id``, a new UUID unless given) and each job's idempotency key make
+        the retries of this call safe."""
+        given = {"on_success": on_success, "on_complete": on_complete, "on_death": on_death}
+        callbacks = {name: spec for name, spec in given.items() if spec is not None}
+        return await self._run(
+            self._core.create_batch(
+                jobs,
+                callbacks=callbacks,
+                open=open,
+                parent_id=parent_id,
+                description=description,
+                batch_id=batch_id,
+            )
+        )
+
+    async def add_to_batch(
+        self,
+        batch_id: uuid.UUID | str,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        close: bool = False,
+    ) -> BatchJobsAdded:
+        """``POST /batches/{id}/jobs``: add jobs to an open batch (all or none), closing it
+        after them if ``close``; :class:`~jobcore.client.Conflict` once it is closed."""
+        return await self._run(self._core.add_to_batch(batch_id, jobs, close=close))
+
+    async def close_batch(self, batch_id: uuid.UUID | str) -> Batch:
+        """``POST /batches/{id}/close``: no job joins it any more; its callbacks may fire."""
+        return await self._run(self._core.batch_action("POST", f"/batches/{batch_id}/close"))
+
+    async def get_batch(self, batch_id: uuid.UUID | str) -> Batch:
+        """``GET /batches/{id}``: its counts, failed jobs and callbacks fired."""
+        return await self._run(self._core.batch_action("GET", f"/batches/{batch_id}"))
+
+    async def cancel_batch(self, batch_id: uuid.UUID | str) -> Batch:
+        """``POST /batches/{id}/cancel``: close it and its child batches, cancel their
+        pending jobs, ask the workers of their running ones to stop."""
+        return await self._run(self._core.batch_action("POST", f"/batches/{batch_id}/cancel"))
+
+    async def list_batches(self, *, limit: int | None = None) -> list[Batch]:
+        """``GET /batches``: the newest batches, newest first."""
+        return await self._run(self._core.list_batches(limit=limit))
 
     async def get(self, job_id: uuid.UUID | str) -> Job:
         """``GET /jobs/{id}``: the job as it is now."""

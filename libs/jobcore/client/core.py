@@ -28,7 +28,10 @@ from jobcore import __version__
 from jobcore.client.errors import ApiError, ConnectionFailed, WaitTimeout, api_error
 from jobcore.client.models import (
     Accepted,
+    Batch,
     BatchAnswer,
+    BatchCreated,
+    BatchJobsAdded,
     CancelAnswer,
     Job,
     JobPage,
@@ -330,6 +333,63 @@ class Core:
         response = yield from self.exchange(self.call("POST", f"/jobs/{job_id}/cancel"))
         return CancelAnswer.model_validate_json(response.content)
 
+    def create_batch(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        callbacks: Mapping[str, Mapping[str, Any]],
+        open: bool,
+        parent_id: uuid.UUID | str | None,
+        description: str | None,
+        batch_id: uuid.UUID | str | None,
+    ) -> Flow[BatchCreated]:
+        # The batch's id and every job's idempotency key are chosen here, so a request
+        # retried after a lost answer is answered from what the first one wrote.
+        body: dict[str, Any] = {
+            "id": str(batch_id or uuid.uuid4()),
+            "jobs": [_batch_item(job) for job in jobs],
+            "open": open,
+        }
+        for name, callback in callbacks.items():
+            body[name] = _callback(callback)
+        if parent_id is not None:
+            body["parent_id"] = str(parent_id)
+        if description is not None:
+            body["description"] = description
+        call = self.call(
+            "POST",
+            "/batches",
+            headers={"Content-Type": "application/json"},
+            content=orjson.dumps(body),
+        )
+        response = yield from self.exchange(call)
+        answer = orjson.loads(response.content)
+        answer["replayed"] = response.headers.get("idempotent-replayed") == "true"
+        return BatchCreated.model_validate(answer)
+
+    def add_to_batch(
+        self, batch_id: uuid.UUID | str, jobs: Sequence[Mapping[str, Any]], *, close: bool
+    ) -> Flow[BatchJobsAdded]:
+        body = {"jobs": [_batch_item(job) for job in jobs], "close": close}
+        call = self.call(
+            "POST",
+            f"/batches/{batch_id}/jobs",
+            headers={"Content-Type": "application/json"},
+            content=orjson.dumps(body),
+        )
+        response = yield from self.exchange(call)
+        return BatchJobsAdded.model_validate_json(response.content)
+
+    def batch_action(self, method: str, path: str) -> Flow[Batch]:
+        """``GET /batches/{id}``, or its close or cancel (each safe to repeat)."""
+        response = yield from self.exchange(self.call(method, path))
+        return Batch.model_validate_json(response.content)
+
+    def list_batches(self, *, limit: int | None) -> Flow[list[Batch]]:
+        params = {} if limit is None else {"limit": str(limit)}
+        response = yield from self.exchange(self.call("GET", "/batches", params=params))
+        return [Batch.model_validate(item) for item in orjson.loads(response.content)["items"]]
+
     def page(self, where: JobFilter, *, limit: int | None, cursor: str | None) -> Flow[JobPage]:
         params = where.params()
         if limit is not None:
@@ -358,6 +418,15 @@ def media_type(response: httpx.Response, url: httpx.URL) -> str:
         guessed = mimetypes.guess_type(url.path)[0]
         return guessed or declared
     return declared
+
+
+def _callback(callback: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch's callback as the API takes it: ``type`` and ``payload`` (a mapping or a
+    pydantic model, without its ``batch`` field)."""
+    payload = callback.get("payload", {})
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json", exclude={"batch"})
+    return {"type": callback["type"], "payload": payload}
 
 
 def _batch_item(item: Mapping[str, Any]) -> dict[str, Any]:

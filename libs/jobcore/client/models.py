@@ -16,6 +16,10 @@ from jobcore.kernel.states import JobStatus, is_terminal
 
 __all__ = [
     "Accepted",
+    "Batch",
+    "BatchCallbackState",
+    "BatchCreated",
+    "BatchJobsAdded",
     "CancelAnswer",
     "Job",
     "JobLinks",
@@ -158,6 +162,51 @@ class BatchAnswer(_Answer):
 
     items: list[BatchItemOutcome]
     counts: BatchCounts
+
+
+class BatchCallbackState(_Answer):
+    """A callback of a batch: its job type, and the job it fired (None until it fires)."""
+
+    type: str
+    job_id: uuid.UUID | None
+
+
+class Batch(_Answer):
+    """``GET /batches/{id}``: ``status`` is ``open``, ``closed`` (a member has not
+    settled), ``succeeded``, ``settled`` (not all succeeded) or ``cancelled``; the counts
+    are of its own members (a child batch counts as one)."""
+
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    description: str | None
+    status: str
+    total: int
+    pending: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    failed_job_ids: list[uuid.UUID]
+    first_death_job_id: uuid.UUID | None
+    # By name: on_success, on_complete, on_death.
+    callbacks: dict[str, BatchCallbackState]
+    created_at: datetime
+    closed_at: datetime | None
+    settled_at: datetime | None
+    cancelled_at: datetime | None
+
+
+class BatchCreated(Batch):
+    """``POST /batches``: the batch and its jobs' ids in the order given; ``replayed``: a
+    repeated request answered from the batch the first one made."""
+
+    job_ids: list[uuid.UUID]
+    replayed: bool = False
+
+
+class BatchJobsAdded(_Answer):
+    batch_id: uuid.UUID
+    job_ids: list[uuid.UUID]
+    closed: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,10 @@ jobs = Table(
     Column("debounce_key", Text),
     Column("debounce_count", Integer),
     Column("debounce_payloads", JSONB),
+    # The batch the job is a member of (batches.id), NULL for most jobs. No foreign key:
+    # a key would lock the batch row for every member's insert and outcome; the pruner
+    # removes a batch with its members (jobcore.database.sql.batches).
+    Column("batch_id", UUID(as_uuid=True)),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
@@ -268,6 +272,15 @@ jobs = Table(
         "ordering_seq",
         postgresql_where=text("status = 'pending' AND held_reason = 'ordering'"),
     ),
+    # A batch's members by status (migration 0032): its failed members for the callbacks
+    # and GET /batches/{id}, its unsettled ones for a cancel, all of them for the pruner.
+    # Partial: most jobs are in no batch.
+    Index(
+        "jobs_batch_idx",
+        "batch_id",
+        "status",
+        postgresql_where=text("batch_id IS NOT NULL"),
+    ),
     Index(
         "jobs_ordering_blocking_idx",
         "tenant",
@@ -278,6 +291,73 @@ jobs = Table(
             "OR (status = 'failed' AND ordering_blocks))"
         ),
     ),
+)
+
+# Batches (jobcore.usecases.batches): a group of jobs, and of child batches, with callbacks
+# that fire once when the group's outcome is known. The counters are of direct members
+# (a child batch counts as one), kept by the batch_* trigger on jobs (migration 0032) in
+# the transaction of each member's outcome, under this row's lock: the row is updated once
+# per member that settles, so it is kept narrow (every update writes a whole new version,
+# and a held xmin horizon keeps them all); what is written once lives in batch_callbacks.
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("parent_id", UUID(as_uuid=True), ForeignKey("batches.id", ondelete="CASCADE")),
+    Column("total", Integer, nullable=False, server_default=text("0")),
+    Column("succeeded", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("cancelled", Integer, nullable=False, server_default=text("0")),
+    # The first member that failed for good (a job of a child batch included): what
+    # on_death names, kept once recorded even if that member is retried.
+    Column("first_death_job_id", UUID(as_uuid=True)),
+    # Whether each event has happened (its callback, if any, fired then): each once.
+    Column("success_fired", Boolean, nullable=False, server_default=text("false")),
+    Column("complete_fired", Boolean, nullable=False, server_default=text("false")),
+    Column("death_fired", Boolean, nullable=False, server_default=text("false")),
+    _timestamp("created_at", nullable=False, default_now=True),
+    # Sealed: no member may join; callbacks may fire.
+    _timestamp("closed_at"),
+    _timestamp("cancelled_at"),
+    # Closed with every member settled; NULL again while a retried member runs.
+    _timestamp("settled_at"),
+    Column("description", Text),
+    CheckConstraint(
+        "total >= 0 AND succeeded >= 0 AND failed >= 0 AND cancelled >= 0 "
+        "AND succeeded + failed + cancelled <= total",
+        name="counts",
+    ),
+    Index("batches_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    Index("batches_created_idx", text("created_at DESC"), text("id DESC")),
+    Index("batches_parent_idx", "parent_id", postgresql_where=text("parent_id IS NOT NULL")),
+    # The pruner's: settled top-level batches, oldest first.
+    Index(
+        "batches_settled_idx",
+        "settled_at",
+        postgresql_where=text("settled_at IS NOT NULL AND parent_id IS NULL"),
+    ),
+    # Room on the page for the counters' updates to stay HOT (no index entry written).
+    postgresql_with={"fillfactor": "50"},
+)
+
+# A batch's callbacks: per event (success, complete, death), the callback job as the
+# enqueue statement writes it, prepared at the batch's creation; and the job it fired.
+batch_callbacks = Table(
+    "batch_callbacks",
+    metadata,
+    Column(
+        "batch_id",
+        UUID(as_uuid=True),
+        ForeignKey("batches.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("event", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("job_id", UUID(as_uuid=True)),
+    _timestamp("fired_at"),
+    PrimaryKeyConstraint("batch_id", "event"),
+    CheckConstraint("event IN ('success', 'complete', 'death')", name="event"),
 )
 
 # One row per gate key (jobcore.kernel.gates): the row the claims of a concurrency or rate key

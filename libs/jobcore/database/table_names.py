@@ -12,6 +12,8 @@ from __future__ import annotations
 TABLES = (
     "api_keys",
     "audit_log",
+    "batch_callbacks",
+    "batches",
     "flow_pauses",
     "inbox",
     "job_effects",

@@ -13,6 +13,7 @@ no other package of jobcore.
 - :mod:`.gates`: the flow control a job type declares (concurrency, rate, ordering);
 - :mod:`.keyed`: debounce and throttle by key, as a job type declares them, and their keys;
 - :mod:`.scopes`: what an API key may do;
+- :mod:`.batches`: what a batch's callback job receives (:class:`~.batches.BatchOutcome`);
 - :mod:`.startstop`: the start/stop contract every long-running loop shares;
 - :mod:`.old_paths`: the previous release's module paths that applications import, kept
   importable as the new modules;

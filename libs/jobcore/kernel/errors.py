@@ -130,6 +130,20 @@ class JobVersionMismatch(JobcoreError):
 class JobVersionRequired(JobcoreError):
     """An edit names the version of the job it was decided on (If-Match: the ETag of
     GET /jobs/{id})."""
+class BatchNotFound(JobcoreError):
+    """No such batch."""
+
+
+class BatchClosed(JobcoreError):
+    """The batch is closed; no member may join it."""
+
+
+class BatchIdTaken(JobcoreError):
+    """Another tenant's batch has that id."""
+
+
+class BatchJobKeyTaken(JobcoreError):
+    """The idempotency key's job is not a member of this batch."""
 
 
 class JobNotRetryable(JobcoreError):

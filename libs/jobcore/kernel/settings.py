@@ -369,6 +369,10 @@ class Settings(BaseSettings):
     # The pruner deletes a row idle this long with nothing waiting on it (an ordering key's
     # once its jobs are all gone): a key used again gets a fresh row, at the cost of an insert.
     gate_retention: Duration = timedelta(days=1)
+    # Batches (jobcore.usecases.batches): the pruner deletes a top-level batch settled this
+    # long ago, with its child batches and whatever of their jobs is left (each job also
+    # goes by its own status's retention, its batch's counts staying as they were).
+    batch_retention: Duration = timedelta(days=30)
     # Who the audit log names for a command's admin action (`jobcore --actor` wins; unset:
     # cli:<os user>@<host>). Only the command line reads it; a service's actions are
     # audited under the caller's identity (an API key's id).

@@ -1,11 +1,11 @@
-"""Retention: finished jobs, inbox rows, result files, audit entries, idle gate rows and
-spent debounce and throttle keys go once their time is up.
+"""Retention: finished jobs, settled batches, inbox rows, result files, audit entries, idle
+gate rows and spent debounce and throttle keys go once their time is up.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
-``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``:
-jobcore.database.store.GateStore, which also bounds ``job_keys``:
-jobcore.database.store.JobKeyStore), in batches of
+``JOBCORE_BATCH_RETENTION``, ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``,
+``JOBCORE_GATE_RETENTION``: jobcore.database.store.GateStore, which also bounds
+``job_keys``: jobcore.database.store.JobKeyStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -44,6 +44,7 @@ from jobcore.database.store import (
     JobPruneCountParams,
     MaintenanceLeaseParams,
     audit_log_store,
+    batch_store,
     database_store,
     gate_store,
     inbox_store,
@@ -74,6 +75,7 @@ TABLES = (
     "inbox",
     "audit_log",
     "job_gates",
+    "batches",
     "job_keys",
     "result_files",
 )
@@ -213,6 +215,9 @@ class Retention:
             report.tables["job_gates"] = gates["job_gates"] if gates else 0
             keys = await job_key_store.prune_count(uow, self._gates_params())
             report.tables["job_keys"] = keys["job_keys"] if keys else 0
+            report.tables["batches"] = await batch_store.prune_count(
+                uow, {"keep": self.settings.batch_retention.total_seconds()}
+            )
         orphans, _ = await self._sweep_files(None, delete=False)
         report.tables["result_files"] += orphans
         return report
@@ -274,9 +279,17 @@ class Retention:
             )
             return _Batch(collections.Counter(job_keys=deleted), deleted >= self.batch_size)
 
+        async def batches_batch(uow: UnitOfWork) -> _Batch:
+            row = await batch_store.prune(
+                uow,
+                {"keep": self.settings.batch_retention.total_seconds(), "limit": self.batch_size},
+            )
+            gone, members = (int(row["batches"]), int(row["jobs"])) if row else (0, 0)
+            return _Batch(collections.Counter(batches=gone, jobs=members), gone >= self.batch_size)
+
         # Gates after jobs: an ordering key's row goes once its last job has gone.
         steps = [jobs_batch] if kinds else []
-        steps += [inbox_batch, audit_batch, gates_batch, keys_batch]
+        steps += [batches_batch, inbox_batch, audit_batch, gates_batch, keys_batch]
         for step in steps:
             try:
                 if not await self._batches(step, fence, pause, committed):

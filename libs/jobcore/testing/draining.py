@@ -12,7 +12,9 @@ timeout, with heartbeats, progress and ``ctx.transaction()``, and the outcome, d
 written as the worker decides and writes it: success with result and effects (a large
 result in the result store), a retry through the outbox with the configured backoff,
 failure, cancellation, a job given back when the object store is unavailable. Jobs are
-enqueued as the API enqueues them (a large payload stored by reference). What it leaves
+enqueued as the API enqueues them (a large payload stored by reference); a batch
+(:meth:`InlineWorker.enqueue_batch`) as ``POST /batches`` creates it, its callbacks firing
+in the transaction of its last member's outcome and running in the same drain. What it leaves
 out: the broker (queues, delivery limits, dead-lettering), concurrency (jobs run one at a
 time, in order), batched commits, and completion webhooks (their outbox rows stay unsent).
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -57,6 +60,7 @@ from jobcore.kernel.envelope import decode
 from jobcore.kernel.errors import JobNotFound, PoisonMessage
 from jobcore.maintenance.held_jobs import release_held
 from jobcore.testing.inline import as_sent
+from jobcore.usecases.batches import BatchWritten, Callback, create_batch, get_batch
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.whereabouts import with_where
 
@@ -197,6 +201,50 @@ class InlineWorker:
         async with self.db.session() as session:
             rows = await job_key_store.due_now(session, {"tenant": tenant})
         return [row["id"] for row in rows]
+    async def enqueue_batch(
+        self,
+        jobs: Sequence[tuple[str, Any]],
+        *,
+        on_success: tuple[str, Mapping[str, Any]] | None = None,
+        on_complete: tuple[str, Mapping[str, Any]] | None = None,
+        on_death: tuple[str, Mapping[str, Any]] | None = None,
+        tenant: str = "test",
+        close: bool = True,
+        parent_id: uuid.UUID | None = None,
+    ) -> BatchWritten:
+        """Create a batch as ``POST /batches`` does (:func:`jobcore.usecases.batches.create_batch`):
+        ``jobs`` as (type, payload) pairs, each callback as (type, payload). Its callbacks
+        are jobs like any other: :meth:`drain` runs them once they fire; :meth:`batch`
+        reads it."""
+        requests = []
+        for job_type, payload in jobs:
+            kind = self.registry.get(job_type)
+            requests.append(
+                EnqueueRequest(
+                    tenant=tenant,
+                    job_type=kind,
+                    payload=validate_payload(kind, as_sent(payload)),
+                )
+            )
+        given = {"on_success": on_success, "on_complete": on_complete, "on_death": on_death}
+        callbacks = {
+            name: Callback(self.registry.get(spec[0]), spec[1])
+            for name, spec in given.items()
+            if spec is not None
+        }
+        return await create_batch(
+            self.db,
+            self.topology,
+            tenant=tenant,
+            members=requests,
+            callbacks=callbacks,
+            close=close,
+            parent_id=parent_id,
+        )
+
+    async def batch(self, batch_id: uuid.UUID) -> dict[str, Any]:
+        """The batch as ``GET /batches/{id}`` reads it (counts, failed jobs, callbacks)."""
+        return await get_batch(self.db, tenant=None, batch_id=batch_id)
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The job's row as the API reads it (status, attempts, result, last_error, ...,

@@ -7,6 +7,7 @@ import asyncio
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobcore.execution.registry import JobContext, job
+from jobcore.kernel.batches import BatchOutcome
 
 
 class EchoPayload(BaseModel):
@@ -19,6 +20,19 @@ class EchoPayload(BaseModel):
 @job("echo", payload=EchoPayload, queue="testq", max_attempts=3, timeout=10, lease=5)
 async def echo(ctx: JobContext[EchoPayload]) -> dict[str, object]:
     return {"text": ctx.payload.text * ctx.payload.count}
+
+
+class BatchDonePayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = Field(default="", max_length=100)
+    batch: BatchOutcome
+
+
+# A batch's callback (jobcore.usecases.batches): the batch's outcome under ``batch``.
+@job("batch_done", payload=BatchDonePayload, queue="testq", max_attempts=3, timeout=10, lease=5)
+async def batch_done(ctx: JobContext[BatchDonePayload]) -> dict[str, object]:
+    return {"event": ctx.payload.batch.event, "failed": ctx.payload.batch.failed}
 
 
 class SyncPayload(BaseModel):

@@ -13,6 +13,8 @@
   republish stale jobs;
 - :mod:`~jobcore.usecases.job_edits`: change a pending job in place (run_at, priority,
   payload), compare-and-set on the version read;
+- :mod:`~jobcore.usecases.batches`: create a batch with callbacks, add members, close,
+  read, list and cancel it (a retried member takes its place);
 - :mod:`~jobcore.usecases.timeline`: a job's events and where it is now;
 - :mod:`~jobcore.usecases.outbox`: the outbox's status, failing and quarantined rows,
   requeue and discard;

@@ -33,6 +33,7 @@ from jobcore.kernel.settings import Settings
 from jobcore.kernel.states import JobStatus, check_transition, is_terminal
 from jobcore.maintenance.stranded import Republished, republish_stale
 from jobcore.storage.objectstore import open_result_store
+from jobcore.usecases.batches import retried_member
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.whereabouts import with_where
 
@@ -160,6 +161,9 @@ async def retry_job(
             # (the original's object goes when the original is pruned).
             store = open_result_store(settings)
             raw_payload = orjson.loads(await asyncio.to_thread(store.get, job["payload_ref"]))
+        # A member of a batch: the copy takes its place there (the batch counts the
+        # place unsettled again, so its on_success can still fire).
+        batch_id = await retried_member(work.uow, job_id)
         request = EnqueueRequest(
             tenant=job["tenant"],
             job_type=job_type,
@@ -172,6 +176,7 @@ async def retry_job(
             origin={"retry_of": str(job_id)},
             ordering_key=job["ordering_key"],
             ordering_seq=None if place is None else place["ordering_seq"],
+            batch_id=batch_id,
         )
         result = await enqueue(
             work.uow,

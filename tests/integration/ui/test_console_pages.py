@@ -462,3 +462,47 @@ async def test_the_job_page_shows_a_debounced_jobs_key_and_coalesced_count(
     assert '<span id="coalesced-count">3</span> enqueues coalesced' in page.text
     plain = await add_job(db, settings, "acme", "e-1")
     assert 'id="coalesced"' not in (await client.get(f"/jobs/{plain}", headers=HTML)).text
+async def test_the_batch_pages_show_counts_and_callbacks_and_close_and_cancel(
+    client: httpx.AsyncClient, db: Database, settings: Settings
+) -> None:
+    from jobcore.usecases.batches import Callback, create_batch
+
+    echo = default_registry.get("echo")
+    written = await create_batch(
+        db,
+        Topology.from_settings(settings),
+        tenant="acme",
+        members=[
+            EnqueueRequest(tenant="acme", job_type=echo, payload=echo.validate_payload({"text": t}))
+            for t in ("a", "b")
+        ],
+        callbacks={"on_complete": Callback(default_registry.get("batch_done"), {"note": "n"})},
+        close=False,
+        description="album 7",
+    )
+    listed = await client.get("/batches", params={"tenant": "acme"})
+    assert listed.status_code == 200
+    assert f'href="/batches/{written.batch_id}"' in listed.text
+    assert "album 7" in listed.text
+    shown = await client.get(f"/batches/{written.batch_id}")
+    assert shown.status_code == 200
+    assert 'id="action-close"' in shown.text
+    assert "batch_done" in shown.text
+    closed = await client.post(
+        f"/batches/{written.batch_id}/close", data={"csrf": csrf_of(shown.text)}, headers=ORIGIN
+    )
+    assert closed.status_code == 303
+    shown = await client.get(f"/batches/{written.batch_id}")
+    assert "Batch closed." in shown.text
+    assert 'id="action-close"' not in shown.text
+    cancelled = await client.post(
+        f"/batches/{written.batch_id}/cancel", data={"csrf": csrf_of(shown.text)}, headers=ORIGIN
+    )
+    assert cancelled.status_code == 303
+    shown = await client.get(f"/batches/{written.batch_id}")
+    assert "2 of its jobs cancelled" in shown.text
+    assert re.search(r'href="/jobs/[0-9a-f-]{36}"', shown.text)  # the fired on_complete
+    actions = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
+    assert [a["action"] for a in actions][-2:] == ["batch.close", "batch.cancel"]
+    missing = await client.get(f"/batches/{uuid.uuid4()}", headers={"Accept": "text/html"})
+    assert missing.status_code == 404

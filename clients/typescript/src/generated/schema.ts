@@ -367,6 +367,112 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/batches": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Batches
+         * @description The tenant's newest batches, newest first.
+         */
+        get: operations["list_batches_batches_get"];
+        put?: never;
+        /**
+         * Create a batch of jobs with callbacks
+         * @description Up to 1000 jobs of any registered types, written with the batch in one transaction (all or none), and callbacks that each fire once: `on_success` when every member has succeeded (a member retried to success counts), `on_complete` when every member has settled, `on_death` at the first member that fails for good. Never before the batch is closed: at once by default, or by `POST /batches/{id}/close` for one created `open`. A batch created with `parent_id` is a member of that open batch.
+         */
+        post: operations["create_batch_batches_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Batch
+         * @description The batch: its counts, status, failed jobs (up to 1,000) and callbacks fired.
+         */
+        get: operations["get_batch_batches__batch_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add jobs to an open batch
+         * @description Add jobs to an open batch (409 once it is closed), all or none.
+         */
+        post: operations["add_jobs_batches__batch_id__jobs_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Close Batch
+         * @description Close the batch: no job joins it any more, and its callbacks fire once their
+         *     conditions hold (at once, if its jobs have settled). Closing it again changes nothing.
+         */
+        post: operations["close_batch_batches__batch_id__close_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel Batch
+         * @description Close the batch and its child batches, cancel their pending jobs and ask the
+         *     workers of their running ones to stop. on_complete fires once they have all settled.
+         */
+        post: operations["cancel_batch_batches__batch_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/jobs/{job_id}/deliveries": {
         parameters: {
             query?: never;
@@ -827,6 +933,22 @@ export interface components {
             items: components["schemas"]["BatchItemAnswer"][];
             counts: components["schemas"]["BatchCounts"];
         };
+        /**
+         * BatchCallbackView
+         * @description A callback of a batch: its job type, and the job it fired (null until it fires).
+         */
+        BatchCallbackView: {
+            /** Type */
+            type: string;
+            /** Job Id */
+            job_id: string | null;
+        };
+        /** BatchCallbacks */
+        BatchCallbacks: {
+            on_success?: components["schemas"]["BatchCallbackView"] | null;
+            on_complete?: components["schemas"]["BatchCallbackView"] | null;
+            on_death?: components["schemas"]["BatchCallbackView"] | null;
+        };
         /** BatchCounts */
         BatchCounts: {
             /** Created */
@@ -841,6 +963,54 @@ export interface components {
             refused: number;
             /** Invalid */
             invalid: number;
+        };
+        /**
+         * BatchCreated
+         * @description The batch created; ``job_ids``: its jobs, in the order given.
+         */
+        BatchCreated: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Parent Id */
+            parent_id: string | null;
+            /** Description */
+            description: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "open" | "closed" | "succeeded" | "settled" | "cancelled";
+            /** Total */
+            total: number;
+            /** Pending */
+            pending: number;
+            /** Succeeded */
+            succeeded: number;
+            /** Failed */
+            failed: number;
+            /** Cancelled */
+            cancelled: number;
+            /** Failed Job Ids */
+            failed_job_ids: string[];
+            /** First Death Job Id */
+            first_death_job_id: string | null;
+            callbacks: components["schemas"]["BatchCallbacks"];
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Closed At */
+            closed_at: string | null;
+            /** Settled At */
+            settled_at: string | null;
+            /** Cancelled At */
+            cancelled_at: string | null;
+            /** Job Ids */
+            job_ids: string[];
         };
         /**
          * BatchItemAnswer
@@ -864,6 +1034,72 @@ export interface components {
             /** Joined */
             joined: boolean;
             problem: components["schemas"]["Problem"] | null;
+        };
+        /** BatchJobsAdded */
+        BatchJobsAdded: {
+            /**
+             * Batch Id
+             * Format: uuid
+             */
+            batch_id: string;
+            /** Job Ids */
+            job_ids: string[];
+            /** Closed */
+            closed: boolean;
+        };
+        /** BatchList */
+        BatchList: {
+            /** Items */
+            items: components["schemas"]["BatchView"][];
+        };
+        /**
+         * BatchView
+         * @description A batch (``POST /batches``). ``status``: ``open`` (jobs may join), ``closed`` (some
+         *     member has not settled), ``succeeded`` (all did), ``settled`` (all settled, not all
+         *     succeeded), ``cancelled``. The counts are of its own members, a child batch counting
+         *     as one; ``failed_job_ids`` lists up to 1,000 of its failed jobs.
+         */
+        BatchView: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Parent Id */
+            parent_id: string | null;
+            /** Description */
+            description: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "open" | "closed" | "succeeded" | "settled" | "cancelled";
+            /** Total */
+            total: number;
+            /** Pending */
+            pending: number;
+            /** Succeeded */
+            succeeded: number;
+            /** Failed */
+            failed: number;
+            /** Cancelled */
+            cancelled: number;
+            /** Failed Job Ids */
+            failed_job_ids: string[];
+            /** First Death Job Id */
+            first_death_job_id: string | null;
+            callbacks: components["schemas"]["BatchCallbacks"];
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Closed At */
+            closed_at: string | null;
+            /** Settled At */
+            settled_at: string | null;
+            /** Cancelled At */
+            cancelled_at: string | null;
         };
         /** CancelAnswer */
         CancelAnswer: {
@@ -3441,6 +3677,726 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_batches_batches_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_batch_batches_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /**
+                     * Id
+                     * @description The batch's id (a new one unless given): a request repeated with the same id is answered from the batch it made (`200`, `Idempotent-Replayed: true`), its jobs matched by their `idempotency_key`.
+                     */
+                    id?: string | null;
+                    /** Jobs */
+                    jobs?: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
+                    /**
+                     * Open
+                     * @description Leave the batch open for `POST /batches/{id}/jobs` until `POST /batches/{id}/close`; by default it is closed with the jobs given.
+                     * @default false
+                     */
+                    open?: boolean;
+                    /**
+                     * Parent Id
+                     * @description An open batch this one joins as a member.
+                     */
+                    parent_id?: string | null;
+                    /** Description */
+                    description?: string | null;
+                };
+            };
+        };
+        responses: {
+            /** @description A repeated request's batch. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchCreated"];
+                };
+            };
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchCreated"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_batch_batches__batch_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    add_jobs_batches__batch_id__jobs_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Jobs */
+                    jobs: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
+                    /**
+                     * Close
+                     * @description Close the batch after these jobs.
+                     * @default false
+                     */
+                    close?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchJobsAdded"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    close_batch_batches__batch_id__close_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel_batch_batches__batch_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -21,6 +21,8 @@ its tenant's usage), all through :class:`JobStore`:
   (:mod:`~jobcore.database.store.gates`): ``job_gates`` and ``job_keys`` retention,
   ``flow_pauses``.
 - :class:`AuditLogStore` (:mod:`~jobcore.database.store.audit_log`): ``audit_log``.
+- :class:`BatchStore` (:mod:`~jobcore.database.store.batches`): ``batches``, and a member's
+  batch column.
 - :class:`MaintenanceLeaseStore` (:mod:`~jobcore.database.store.leases`): ``maintenance_leases``.
 - :class:`JobEventStore` (:mod:`~jobcore.database.store.job_events`): the read of ``job_events``.
 - :class:`WebhookDeliveryStore`, :class:`WebhookEndpointStore` and
@@ -47,6 +49,13 @@ from jobcore.database.sql import (
 )
 from jobcore.database.store.api_keys import ApiKeyStore, api_key_store
 from jobcore.database.store.audit_log import AuditLogStore, audit_log_store
+from jobcore.database.store.batches import (
+    BatchCancelPendingParams,
+    BatchInsertParams,
+    BatchPruneParams,
+    BatchStore,
+    batch_store,
+)
 from jobcore.database.store.console import ConsoleJobSearchParams, ConsoleStore, console_store
 from jobcore.database.store.database import DatabaseStore, database_store
 from jobcore.database.store.gates import (
@@ -119,6 +128,10 @@ __all__ = [
     "WEBHOOK_MESSAGE_TYPE",
     "ApiKeyStore",
     "AuditLogStore",
+    "BatchCancelPendingParams",
+    "BatchInsertParams",
+    "BatchPruneParams",
+    "BatchStore",
     "CompletionParams",
     "ConsoleJobSearchParams",
     "ConsoleStore",
@@ -172,6 +185,7 @@ __all__ = [
     "WebhookSecretStore",
     "api_key_store",
     "audit_log_store",
+    "batch_store",
     "console_store",
     "database_store",
     "flow_pause_store",

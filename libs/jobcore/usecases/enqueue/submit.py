@@ -115,7 +115,9 @@ class EnqueueRequest:
     or expired by then); ``origin``, for the job's ``accepted`` event (the schedule that
     enqueued it, the job it retries: a few short strings, never payload data);
     ``ordering_seq``, a place in the ordering key (a retry taking the place of the failed
-    job that blocks its key, :func:`jobcore.usecases.jobs.retry_job`) instead of the next.
+    job that blocks its key, :func:`jobcore.usecases.jobs.retry_job`) instead of the next;
+    ``batch_id``, the batch the job joins (:mod:`jobcore.usecases.batches`, whose caller
+    holds the batch's row and counts the job in it).
     """
 
     tenant: str
@@ -134,6 +136,7 @@ class EnqueueRequest:
     key_id: uuid.UUID | None = None
     origin: Mapping[str, str] | None = None
     ordering_seq: int | None = None
+    batch_id: uuid.UUID | None = None
     # What follows from the fields above, set when the request is built.
     # The payload as JSON: what is stored.
     document: Any = field(init=False, repr=False, compare=False)
@@ -159,6 +162,15 @@ class EnqueueRequest:
                 given,
                 "a debounced job type's jobs run a period after their key's last enqueue; "
                 "it takes no run_at or delay",
+                kind="conflict",
+            )
+        keyed = self.job_type.debounce is not None or self.job_type.throttle is not None
+        if keyed and self.batch_id is not None:
+            # A batch counts each of its members once; an enqueue of a key may join a job
+            # that is not a member of the batch (or is another batch's).
+            raise InvalidField(
+                "type",
+                "a job type debounced or throttled by key cannot be a batch member",
                 kind="conflict",
             )
         object.__setattr__(self, "due_at", _due_at(self.run_at, self.delay))
@@ -326,6 +338,7 @@ def _job_params(
             ordering_key=request.ordering_key,
         ),
         "ordering_seq": request.ordering_seq,
+        "batch_id": request.batch_id,
         **job_message_row(
             topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
         ),
@@ -548,12 +561,15 @@ async def enqueue_many(
         raise ValueError("a batch holds at least one request")
     first = requests[0]
     for request in requests:
-        if (request.tenant, request.job_type, request.callback_url) != (
+        if (request.tenant, request.job_type, request.callback_url, request.batch_id) != (
             first.tenant,
             first.job_type,
             first.callback_url,
+            first.batch_id,
         ):
-            raise ValueError("a batch's requests share their tenant, job type and callback URL")
+            raise ValueError(
+                "a batch's requests share their tenant, job type, callback URL and batch"
+            )
         if (
             request.priority is not None
             or request.ordering_key is not None
@@ -564,7 +580,9 @@ async def enqueue_many(
             raise ValueError("a batch's requests take no priority, ordering key, API key or origin")
     if first.job_type.debounce is not None or first.job_type.throttle is not None:
         return await _enqueue_keyed_batch(uow, topology, requests, quotas=quotas)
-    items = [_batch_item(request) for request in requests]
+    # A member of a batch says so in its `accepted` event.
+    joined = {} if first.batch_id is None else {"event_detail": {"batch_id": str(first.batch_id)}}
+    items = [_batch_item(request, **joined) for request in requests]
     return await write_batch(
         uow,
         topology,
@@ -573,6 +591,7 @@ async def enqueue_many(
         items=items,
         callback_url=first.callback_url,
         quotas=quotas,
+        batch_id=first.batch_id,
     )
 
 
@@ -632,6 +651,8 @@ def coalescable(request: EnqueueRequest, inline_payload_max_bytes: int | None) -
         return False
     if request.job_type.debounce is not None or request.job_type.throttle is not None:
         # Each enqueue of a key takes its turn on the key's row (write_one).
+        return False
+    if request.batch_id is not None:  # its batch is counted in its own transaction
         return False
     if inline_payload_max_bytes is None:
         return True

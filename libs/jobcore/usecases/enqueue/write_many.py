@@ -125,6 +125,7 @@ async def write_batch(
     quotas: Quotas = UNLIMITED,
     key_id: uuid.UUID | None = None,
     notify: bool = True,
+    batch_id: uuid.UUID | None = None,
 ) -> BatchResult:
     """Write the batch's jobs and outbox messages through ``uow``, a unit of work the
     caller commits, in two statements (the tenant's usage row is locked first, so
@@ -135,7 +136,8 @@ async def write_batch(
     ``callback_url``: of the items that name none. ``key_id``: the API key the items came
     with, checked usable by the insert (:class:`~jobcore.access.apikeys.InvalidApiKey`, nothing
     written, when it is not). ``notify``: False when the caller wakes the relays itself
-    after the commit (:mod:`jobcore.usecases.enqueue.wakeups`)."""
+    after the commit (:mod:`jobcore.usecases.enqueue.wakeups`). ``batch_id``: the open
+    batch every written job joins (the caller holds its row, jobcore.usecases.batches)."""
     if not 1 <= len(items) <= MAX_BATCH_ITEMS:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH_ITEMS} items")
     trace = capture_trace_headers()
@@ -148,7 +150,7 @@ async def write_batch(
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):
         params = _insert_params(
-            topology, tenant, job_type, items, todo, callback_url, quotas, trace
+            topology, tenant, job_type, items, todo, callback_url, quotas, trace, batch_id
         )
         params["key_id"], params["notify"] = key_id, notify
         rows = await job_store.insert_many(uow, params, behind=lock)
@@ -188,6 +190,7 @@ def _insert_params(
     callback_url: str | None,
     quotas: Quotas,
     trace: dict[str, str],
+    batch_id: uuid.UUID | None,
 ) -> JobInsertManyParams:
     ids = [uuid.uuid4() for _ in todo]
     chosen = [items[n] for n in todo]
@@ -236,6 +239,7 @@ def _insert_params(
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
+        "batch_id": batch_id,
         # The call's own (write_batch sets them).
         "key_id": None,
         "notify": True,

@@ -100,7 +100,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
             unique_key, priority,
             concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst,
             ordering_key, ordering_seq, ordering_blocks,
-            callback_url, accepted_detail, payload_ref{key_columns}
+            callback_url, accepted_detail, payload_ref, batch_id{key_columns}
         )
         SELECT
             %(id)s, go.tenant, %(type)s, %(queue)s, %(idempotency_key)s,
@@ -118,7 +118,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
             )),
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', {due}::timestamptz))
                        || %(event_detail)s, '{{}}'::jsonb),
-            %(payload_ref)s{key_values}
+            %(payload_ref)s, %(batch_id)s{key_values}
         FROM {admitted}
         ON CONFLICT DO NOTHING
         RETURNING id, tenant, created_at, priority, next_attempt_at
@@ -183,6 +183,8 @@ class JobInsertParams(OutboxMessageParams, QuotaDefaultParams, JobGateParams):
     tenant: str
     type: str
     unique_key: str | None
+    # The open batch the job joins (jobcore.usecases.batches), or None.
+    batch_id: uuid.UUID | None
 
 
 JOB_INSERT = Query[JobInsertParams](
@@ -322,6 +324,8 @@ class JobInsertManyParams(QuotaDefaultParams):
     tracestates: list[str | None]
     type: str
     unique_keys: list[str | None]
+    # The open batch every item joins (jobcore.usecases.batches), or None.
+    batch_id: uuid.UUID | None
 
 
 # Batch enqueue (jobcore.usecases.enqueue.write_many), and the API's coalesced single enqueues: one
@@ -388,7 +392,8 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority, concurrency_key, concurrency_limit, rate_key,
-            rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail
+            rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail,
+            batch_id
         )
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
@@ -399,7 +404,8 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             coalesce(input.callback_url, hook.url),
             -- As the single enqueue writes it (JOB_INSERT).
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
-                       || input.event_detail, '{{}}'::jsonb)
+                       || input.event_detail, '{{}}'::jsonb),
+            %(batch_id)s::uuid
         FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
         WHERE fresh.rank <= room.admitted
         ORDER BY input.n
