@@ -48,9 +48,8 @@ from jobcore.kernel.settings import Settings
 from jobcore.kernel.states import JobStatus, is_terminal
 from jobcore.storage.objectstore import open_result_store
 from jobcore.storage.results import ResultNotFound, ResultStore
-from jobcore.usecases import console, dlq, job_edits, outbox
 from jobcore.usecases import batches as batch_usecases
-from jobcore.usecases import console, dlq, outbox
+from jobcore.usecases import console, dlq, job_edits, outbox
 from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases

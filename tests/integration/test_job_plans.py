@@ -486,6 +486,8 @@ def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_j
     # The job's one unpublished message moved; none was added.
     [(edited_id, _version, _due, moved, superseded, _notified)] = answer
     assert (edited_id, moved, superseded) == (job_id, 1, 0)
+
+
 # --- debounce and throttle keys at a million jobs ----------------------------------------
 
 # Keys of other accounts, each naming a job whose first message is still in the outbox.

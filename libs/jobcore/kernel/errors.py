@@ -130,6 +130,8 @@ class JobVersionMismatch(JobcoreError):
 class JobVersionRequired(JobcoreError):
     """An edit names the version of the job it was decided on (If-Match: the ETag of
     GET /jobs/{id})."""
+
+
 class BatchNotFound(JobcoreError):
     """No such batch."""
 

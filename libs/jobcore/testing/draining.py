@@ -201,6 +201,7 @@ class InlineWorker:
         async with self.db.session() as session:
             rows = await job_key_store.due_now(session, {"tenant": tenant})
         return [row["id"] for row in rows]
+
     async def enqueue_batch(
         self,
         jobs: Sequence[tuple[str, Any]],

@@ -101,6 +101,8 @@ async def kit_snooze(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
 async def kit_snooze_limited(ctx: JobContext[SnoozePayload]) -> dict[str, int]:
     """kit_snooze, one running at a time."""
     return await kit_snooze(ctx)
+
+
 # Debounced by the note's text: each run returns every text it coalesced.
 @REGISTRY.job(
     "kit_digest",

@@ -243,6 +243,8 @@ async def test_a_snoozed_job_gives_back_its_concurrency_slot(worker: InlineWorke
     assert drained.ran[:2] == [first, second]
     assert sorted(drained.ran) == sorted([first, first, second, second])
     assert (drained.snoozed, drained.succeeded) == (2, 2)
+
+
 async def test_a_debounced_key_runs_once_with_every_payload(worker: InlineWorker) -> None:
     ids = {await worker.enqueue("kit_digest", {"text": "k", "size": n}) for n in range(3)}
     other = await worker.enqueue("kit_digest", {"text": "other", "size": 9})

@@ -439,6 +439,8 @@ async def test_a_pending_jobs_page_edits_the_version_it_shows(
         db, Query("j", "A job.", "SELECT payload FROM jobs WHERE id = %(id)s")({"id": job_id})
     )
     assert job["payload"] == {"text": "edited", "count": 1}
+
+
 async def test_the_job_page_shows_a_debounced_jobs_key_and_coalesced_count(
     client: httpx.AsyncClient, db: Database, settings: Settings
 ) -> None:
@@ -462,6 +464,8 @@ async def test_the_job_page_shows_a_debounced_jobs_key_and_coalesced_count(
     assert '<span id="coalesced-count">3</span> enqueues coalesced' in page.text
     plain = await add_job(db, settings, "acme", "e-1")
     assert 'id="coalesced"' not in (await client.get(f"/jobs/{plain}", headers=HTML)).text
+
+
 async def test_the_batch_pages_show_counts_and_callbacks_and_close_and_cancel(
     client: httpx.AsyncClient, db: Database, settings: Settings
 ) -> None:
