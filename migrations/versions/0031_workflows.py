@@ -198,7 +198,11 @@ BEGIN
         frontier_status := 'cancelled';
     END LOOP;
 
-    IF cardinality(doomed) > 0 THEN
+    -- A workflow being cancelled has its pending steps cancelled by the cancel itself.
+    IF cardinality(doomed) > 0 AND NOT EXISTS (
+        SELECT 1 FROM workflow_jobs AS n JOIN workflows AS w ON w.id = n.workflow_id
+        WHERE n.job_id = step AND w.cancel_requested_at IS NOT NULL
+    ) THEN
         PERFORM set_config('jobcore.workflow_cascade', 'on', true);
         WITH cause AS (
             SELECT c.id, c.by, dn.name,
@@ -336,7 +340,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $fn$
 DECLARE
-    cascading boolean := current_setting('jobcore.workflow_cascade', true) = 'on';
+    cascading boolean := coalesce(current_setting('jobcore.workflow_cascade', true) = 'on', false);
     i integer;
     w record;
     finally_steps uuid[];

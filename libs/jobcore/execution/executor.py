@@ -62,6 +62,7 @@ from jobcore.database.store import (
     job_store,
 )
 from jobcore.execution.attempts import call_handler, error_text
+from jobcore.execution.dependencies import read_dependency_results
 from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.job_messages import job_message_row
@@ -433,6 +434,9 @@ class JobExecutor:
             lease_token=job.lease_token,
             open_transaction=lambda: self._transaction(running),
             report_progress=lambda fraction, message: running.progress.report(fraction, message),
+            read_dependencies=lambda: read_dependency_results(
+                self.connections.connection, self.result_store, job.job_id
+            ),
         )
         progress = JobProgress(
             lambda fraction, message: self._write_progress(running, fraction, message),

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -52,6 +53,7 @@ from jobcore.maintenance.held_jobs import release_held
 from jobcore.testing.inline import as_sent
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.whereabouts import with_where
+from jobcore.usecases.workflows import WorkflowCreated, create_workflow, steps_from_documents
 
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
@@ -177,6 +179,30 @@ class InlineWorker:
                 inline_payload_max_bytes=self.settings.inline_payload_max_bytes,
             )
         return result.job_id
+
+    async def workflow(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        name: str | None = None,
+        tenant: str = "test",
+    ) -> WorkflowCreated:
+        """Create a workflow as ``POST /workflows`` does (each job's payload checked by its
+        type, the graph checked, everything in one statement): ``jobs`` are documents with
+        ``name``, ``type``, ``payload``, ``depends_on`` (names, or ``{"name", "policy"}``)
+        and ``finally``. :meth:`drain` then runs its jobs as their dependencies allow."""
+
+        def resolve(type_name: str, payload: Any, _: int) -> tuple[Any, Any]:
+            kind = self.registry.get(type_name)
+            return kind, validate_payload(kind, as_sent(payload))
+
+        steps = steps_from_documents(jobs, resolve, tenant)
+        async with self.db.unit_of_work() as uow:
+            created = await create_workflow(
+                uow, self.topology, tenant=tenant, steps=steps, name=name
+            )
+            await uow.commit()
+        return created
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The job's row as the API reads it (status, attempts, result, last_error, ...,

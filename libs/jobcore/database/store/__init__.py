@@ -27,6 +27,8 @@ its tenant's usage), all through :class:`JobStore`:
   ``webhook_deliveries``, ``webhook_endpoints``, ``tenant_webhook_secrets``.
 - :class:`JobTypeStore` (:mod:`~jobcore.database.store.job_types`): ``job_type_registry``, the
   workers' job types that ``jobcore_enqueue()`` checks against.
+- :class:`WorkflowStore` (:mod:`~jobcore.database.store.workflows`): ``workflows``, their
+  steps and edges.
 - :class:`LedgerStore` (:mod:`~jobcore.database.store.ledger`): the demo's ledger tables.
 - :class:`ConsoleStore` (:mod:`~jobcore.database.store.console`): the console's reads across tables.
 - :class:`DatabaseStore` (:mod:`~jobcore.database.store.database`): the database itself (health,
@@ -95,6 +97,7 @@ from jobcore.database.store.outbox import (
 )
 from jobcore.database.store.schedules import ScheduleAdvanceParams, ScheduleStore, schedule_store
 from jobcore.database.store.tenants import QuotaDefaultParams, TenantStore, tenant_store
+from jobcore.database.store.workflows import WorkflowStore, workflow_store
 from jobcore.database.store.webhook_deliveries import (
     WEBHOOK_MESSAGE_TYPE,
     WebhookDeliveryRecordAttemptParams,
@@ -107,6 +110,8 @@ from jobcore.database.store.webhook_deliveries import (
 )
 
 __all__ = [
+    "WorkflowStore",
+    "workflow_store",
     "CANCEL_CHANNEL",
     "JOBS_CONSUMER",
     "WEBHOOKS_CONSUMER",
