@@ -62,9 +62,9 @@ from jobcore.database.store import (
     job_store,
 )
 from jobcore.execution.attempts import call_handler, error_text
-from jobcore.execution.dependencies import read_dependency_results
 from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
 from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.dependencies import read_dependency_results
 from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.outcomes import (
     CANCEL,

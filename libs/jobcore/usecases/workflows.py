@@ -28,13 +28,18 @@ from psycopg.types.json import Jsonb
 from jobcore.access.apikeys import InvalidApiKey
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, Reader, Session
-from jobcore.database.store import tenant_store
+from jobcore.database.store import CANCEL_CHANNEL, tenant_store
 from jobcore.database.store.workflows import WorkflowInsertParams, workflow_store
-from jobcore.database.sql.jobs.cancel import CANCEL_CHANNEL
 from jobcore.execution.registry import JobType
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.envelope import JobMessage
-from jobcore.kernel.errors import InvalidField, JobcoreError, JobNotRetryable, TransientConflict
+from jobcore.kernel.errors import (
+    InvalidWorkflow,
+    JobNotRetryable,
+    TransientConflict,
+    WorkflowNotFound,
+    WorkflowStepNotFound,
+)
 from jobcore.kernel.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.telemetry.traces import capture_trace_headers
 from jobcore.usecases.enqueue.submit import EnqueueRequest
@@ -50,18 +55,6 @@ class EdgePolicy(StrEnum):
     ON_SUCCESS = "on_success"
     ON_COMPLETE = "on_complete"
     ON_FAILURE = "on_failure"
-
-
-class InvalidWorkflow(InvalidField):
-    """The workflow's graph is invalid (a cycle, an unknown or duplicate step name)."""
-
-
-class WorkflowNotFound(JobcoreError):
-    """No such workflow."""
-
-
-class WorkflowStepNotFound(JobcoreError):
-    """The workflow has no step of that name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +199,10 @@ async def create_workflow(
         "payloads": [Jsonb(step.request.document) for step in steps],
         "fingerprints": [step.request.fingerprint for step in steps],
         "entity_ids": [step.request.entity_id for step in steps],
-        "max_attempts": [step.request.max_attempts or t.max_attempts for step, t in zip(steps, types, strict=True)],
+        "max_attempts": [
+            step.request.max_attempts or t.max_attempts
+            for step, t in zip(steps, types, strict=True)
+        ],
         "priorities": [
             int(t.priority if step.request.priority is None else step.request.priority)
             for step, t in zip(steps, types, strict=True)
@@ -246,9 +242,7 @@ async def create_workflow(
     return WorkflowCreated(row["id"], row["created_at"], ids, int(row["published"]), headers)
 
 
-async def get_workflow(
-    on: Reader, workflow_id: uuid.UUID, *, tenant: str | None
-) -> dict[str, Any]:
+async def get_workflow(on: Reader, workflow_id: uuid.UUID, *, tenant: str | None) -> dict[str, Any]:
     """The workflow with its steps (each its status and incoming edges) and counts by
     status; :class:`WorkflowNotFound` if it is not the tenant's (``tenant`` None: any)."""
     row = await workflow_store.get(on, {"id": workflow_id, "tenant": tenant})
@@ -389,7 +383,9 @@ def steps_from_documents(
                 depends_on.append(Dependency(dependency))
             else:
                 depends_on.append(
-                    Dependency(dependency["name"], EdgePolicy(dependency.get("policy", "on_success")))
+                    Dependency(
+                        dependency["name"], EdgePolicy(dependency.get("policy", "on_success"))
+                    )
                 )
         steps.append(
             WorkflowStep(

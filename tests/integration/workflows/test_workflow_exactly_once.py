@@ -48,7 +48,7 @@ SETTLE = (
 
 
 async def test_a_replayed_settle_and_a_duplicate_delivery_release_a_dependent_once(
-    worker: InlineWorker
+    worker: InlineWorker,
 ) -> None:
     database_url = worker.settings.database_url
     created = await worker.workflow([step("a"), step("b", "a")])
@@ -62,7 +62,8 @@ async def test_a_replayed_settle_and_a_duplicate_delivery_release_a_dependent_on
     # The same message delivered twice: the worker's inbox takes the second as a duplicate.
     async with worker.db.connection() as conn:
         await conn.execute(
-            "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id, tenant) "
+            "INSERT INTO outbox "
+            "(message_id, exchange, routing_key, message_type, body, job_id, tenant) "
             "SELECT gen_random_uuid(), exchange, routing_key, message_type, body, job_id, tenant "
             "FROM outbox WHERE job_id = %s",
             [b],
@@ -104,5 +105,7 @@ async def test_two_dependencies_settling_at_once_on_two_connections_release_once
     await worker.drain()
     assert [label for label, _, _ in RUNS] == ["join"]
     async with worker.db.connection() as conn:
-        cursor = await conn.execute("SELECT status, open_jobs FROM workflows WHERE id = %s", [created.id])
+        cursor = await conn.execute(
+            "SELECT status, open_jobs FROM workflows WHERE id = %s", [created.id]
+        )
         assert await cursor.fetchone() == {"status": "succeeded", "open_jobs": 0}

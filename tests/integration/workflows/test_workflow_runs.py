@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from jobcore.database.gateway import Database
+from jobcore.kernel.errors import InvalidWorkflow
 from jobcore.testing import InlineWorker
 from jobcore.usecases.workflows import (
-    InvalidWorkflow,
     cancel_workflow,
     get_workflow,
     retry_step,
@@ -25,7 +25,9 @@ def worker(jobcore_db: Database) -> InlineWorker:
     return InlineWorker(jobcore_db, registry=REGISTRY)
 
 
-def step(name: str, *deps: Any, fail: bool = False, final: bool = False, size: int = 0) -> dict[str, Any]:
+def step(
+    name: str, *deps: Any, fail: bool = False, final: bool = False, size: int = 0
+) -> dict[str, Any]:
     return {
         "name": name,
         "type": "wf_step",
@@ -52,7 +54,8 @@ async def test_a_diamond_runs_in_dependency_order_each_job_once(worker: InlineWo
     await worker.drain()
     order = [label for label, _, _ in RUNS]
     assert sorted(order) == ["a", "b", "c", "d"]
-    assert order[0] == "a" and order[-1] == "d"
+    assert order[0] == "a"
+    assert order[-1] == "d"
     # d read both of its dependencies' results by name, inline.
     _, _, deps = RUNS[-1]
     assert deps == {
@@ -105,7 +108,8 @@ async def test_on_failure_runs_compensation_and_the_success_path_is_cancelled_na
         f"unreachable: its dependency 'charge' (job {created.jobs['charge']}) failed"
     )
     notify = await worker.job(created.jobs["notify"])
-    assert "'ship'" in notify["last_error"] and "was cancelled" in notify["last_error"]
+    assert "'ship'" in notify["last_error"]
+    assert "was cancelled" in notify["last_error"]
     # The refund read what charge ended with.
     refund = next(deps for label, _, deps in RUNS if label == "refund")
     assert refund == {"charge": ("failed", None)}
@@ -180,7 +184,12 @@ async def test_retrying_a_failed_job_then_runs_its_dependents(worker: InlineWork
     )
     await worker.drain()
     workflow = await summary(worker, created.id)
-    assert statuses(workflow) == {"a": "failed", "b": "cancelled", "c": "cancelled", "z": "succeeded"}
+    assert statuses(workflow) == {
+        "a": "failed",
+        "b": "cancelled",
+        "c": "cancelled",
+        "z": "succeeded",
+    }
     assert workflow["status"] == "failed"
     # The handler succeeds now.
     async with worker.db.connection() as conn:
@@ -190,20 +199,24 @@ async def test_retrying_a_failed_job_then_runs_its_dependents(worker: InlineWork
         )
     await retry_step(worker.db, worker.topology, created.id, "a", tenant="test")
     reopened = await summary(worker, created.id)
-    assert reopened["status"] == "running" and reopened["finished_at"] is None
+    assert reopened["status"] == "running"
+    assert reopened["finished_at"] is None
     assert statuses(reopened)["b"] == "pending"
     await worker.drain()
     workflow = await summary(worker, created.id)
     assert statuses(workflow) == dict.fromkeys("abcz", "succeeded")
     assert workflow["status"] == "succeeded"
     runs = [(label, attempt) for label, attempt, _ in RUNS]
-    assert runs.count(("a", 2)) == 1 and [r for r in runs if r[0] in "bc"] == [("b", 1), ("c", 1)]
+    assert runs.count(("a", 2)) == 1
+    assert [r for r in runs if r[0] in "bc"] == [("b", 1), ("c", 1)]
     # the finally job ran once, the first time everything was settled
     assert [r for r in runs if r[0] == "z"] == [("z", 1)]
 
 
 async def test_cancelling_a_workflow_cancels_every_job_not_ended(worker: InlineWorker) -> None:
-    created = await worker.workflow([step("a"), step("b", "a"), step("c", "b"), step("f", final=True)])
+    created = await worker.workflow(
+        [step("a"), step("b", "a"), step("c", "b"), step("f", final=True)]
+    )
     outcome = await cancel_workflow(worker.db, created.id, tenant="test")
     assert outcome.cancelled == 4
     await worker.drain()
@@ -211,3 +224,34 @@ async def test_cancelling_a_workflow_cancels_every_job_not_ended(worker: InlineW
     workflow = await summary(worker, created.id)
     assert statuses(workflow) == dict.fromkeys("abcf", "cancelled")
     assert workflow["status"] == "cancelled"
+
+
+async def test_the_pruner_removes_a_finished_workflow_with_its_jobs(worker: InlineWorker) -> None:
+    from jobcore.maintenance.retention import Retention
+
+    kept = await worker.workflow([step("k1"), step("k2", "k1")])
+    created = await worker.workflow([step("a"), step("b", "a")])
+    await worker.drain()
+    async with worker.db.connection() as conn:
+        # Only the second finished past retention.
+        await conn.execute(
+            "UPDATE workflows SET finished_at = now() - interval '400 days' WHERE id = %s",
+            [created.id],
+        )
+        await conn.execute(
+            "UPDATE jobs SET finished_at = now() - interval '400 days' "
+            "WHERE workflow_id IS NOT NULL"
+        )
+    report = await Retention(worker.settings, worker.db).prune(sweep_files=False)
+    assert report.tables["workflows"] == 1
+    async with worker.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT (SELECT count(*) FROM jobs WHERE workflow_id = %s) AS jobs,"
+            " (SELECT count(*) FROM workflow_jobs WHERE workflow_id = %s) AS steps,"
+            " (SELECT count(*) FROM workflow_edges WHERE workflow_id = %s) AS edges,"
+            " (SELECT count(*) FROM jobs WHERE workflow_id = %s) AS kept",
+            [created.id, created.id, created.id, kept.id],
+        )
+        # The unfinished-past-retention workflow's jobs stay, though they are old enough
+        # for the job pruner: they go with their workflow.
+        assert await cursor.fetchone() == {"jobs": 0, "steps": 0, "edges": 0, "kept": 2}

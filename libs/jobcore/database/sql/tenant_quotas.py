@@ -266,8 +266,11 @@ def batch_admission_ctes(*, all_or_nothing: bool = False) -> str:
                          + l.burst / l.rate + {EPSILON}) * l.rate), 0) END AS rate_room
         FROM wanted, limits AS l, usage
     ), room AS (
-        SELECT {"CASE WHEN least(wanted, cap_room, rate_room) < wanted THEN 0 ELSE wanted END"
-                if all_or_nothing else "least(wanted, cap_room, rate_room)"}::int AS admitted,
+        SELECT {
+        "CASE WHEN least(wanted, cap_room, rate_room) < wanted THEN 0 ELSE wanted END"
+        if all_or_nothing
+        else "least(wanted, cap_room, rate_room)"
+    }::int AS admitted,
                CASE WHEN coalesce(cap_room, wanted) < wanted
                          AND coalesce(cap_room, wanted) <= coalesce(rate_room, wanted)
                         THEN 'max_unfinished'

@@ -97,7 +97,6 @@ from jobcore.database.store.outbox import (
 )
 from jobcore.database.store.schedules import ScheduleAdvanceParams, ScheduleStore, schedule_store
 from jobcore.database.store.tenants import QuotaDefaultParams, TenantStore, tenant_store
-from jobcore.database.store.workflows import WorkflowStore, workflow_store
 from jobcore.database.store.webhook_deliveries import (
     WEBHOOK_MESSAGE_TYPE,
     WebhookDeliveryRecordAttemptParams,
@@ -108,10 +107,9 @@ from jobcore.database.store.webhook_deliveries import (
     webhook_endpoint_store,
     webhook_secret_store,
 )
+from jobcore.database.store.workflows import WorkflowStore, workflow_store
 
 __all__ = [
-    "WorkflowStore",
-    "workflow_store",
     "CANCEL_CHANNEL",
     "JOBS_CONSUMER",
     "WEBHOOKS_CONSUMER",
@@ -165,6 +163,7 @@ __all__ = [
     "WebhookDeliveryStore",
     "WebhookEndpointStore",
     "WebhookSecretStore",
+    "WorkflowStore",
     "api_key_store",
     "audit_log_store",
     "console_store",
@@ -183,4 +182,5 @@ __all__ = [
     "webhook_delivery_store",
     "webhook_endpoint_store",
     "webhook_secret_store",
+    "workflow_store",
 ]
