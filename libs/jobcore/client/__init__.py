@@ -57,6 +57,11 @@ from jobcore.client.models import (
     JobStatus,
     JobSummary,
     PageLinks,
+    Workflow,
+    WorkflowCancelAnswer,
+    WorkflowCreated,
+    WorkflowJob,
+    WorkflowRetryAnswer,
 )
 from jobcore.client.retries import NO_RETRIES, RetryPolicy
 from jobcore.client.sync import Client, ResultStream
@@ -98,5 +103,10 @@ __all__ = [
     "UnsupportedMediaType",
     "WaitTimeout",
     "WebhookVerificationFailed",
+    "Workflow",
+    "WorkflowCancelAnswer",
+    "WorkflowCreated",
+    "WorkflowJob",
+    "WorkflowRetryAnswer",
     "verify_webhook",
 ]

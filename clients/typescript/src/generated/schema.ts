@@ -287,6 +287,87 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/workflows": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Workflow
+         * @description Create a workflow: every job and edge in one transaction, or nothing.
+         */
+        post: operations["create_workflow_workflows_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/workflows/{workflow_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Workflow
+         * @description The workflow's status, and each job's state and edges.
+         */
+        get: operations["get_workflow_workflows__workflow_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/workflows/{workflow_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel Workflow
+         * @description Cancel every job that has not ended (running ones are asked to stop).
+         */
+        post: operations["cancel_workflow_workflows__workflow_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/workflows/{workflow_id}/jobs/{name}/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry Job
+         * @description Run a failed or cancelled job of the workflow again, in place; the jobs it made
+         *     unreachable then wait for its new outcome.
+         */
+        post: operations["retry_job_workflows__workflow_id__jobs__name__retry_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/jobs/{job_id}/deliveries": {
         parameters: {
             query?: never;
@@ -649,7 +730,7 @@ export interface components {
             /** Ordering Seq */
             ordering_seq?: number | null;
             /** Held Reason */
-            held_reason?: ("concurrency" | "rate_limit" | "ordering") | null;
+            held_reason?: ("concurrency" | "rate_limit" | "ordering" | "dependencies") | null;
             /** Held Since */
             held_since?: string | null;
         };
@@ -833,6 +914,38 @@ export interface components {
              */
             updated_at: string;
         };
+        /** DependencyIn */
+        DependencyIn: {
+            /** Name */
+            name: string;
+            /**
+             * Policy
+             * @description on_success: the dependency succeeded; on_complete: it ended, however; on_failure: it failed (a compensation job).
+             * @default on_success
+             * @enum {string}
+             */
+            policy?: "on_success" | "on_complete" | "on_failure";
+        };
+        /** EdgeView */
+        EdgeView: {
+            /** Name */
+            name: string;
+            /**
+             * Job Id
+             * Format: uuid
+             */
+            job_id: string;
+            /**
+             * Policy
+             * @enum {string}
+             */
+            policy: "on_success" | "on_complete" | "on_failure";
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "waiting" | "satisfied" | "unsatisfiable";
+        };
         /** FieldError */
         FieldError: {
             /** Loc */
@@ -979,7 +1092,7 @@ export interface components {
             /** Ordering Key */
             ordering_key?: string | null;
             /** Held Reason */
-            held_reason?: ("concurrency" | "rate_limit" | "ordering") | null;
+            held_reason?: ("concurrency" | "rate_limit" | "ordering" | "dependencies") | null;
             /** Held Since */
             held_since?: string | null;
         };
@@ -1161,6 +1274,174 @@ export interface components {
          * @enum {string}
          */
         WaitFor: "end" | "progress";
+        /** WorkflowCancelOut */
+        WorkflowCancelOut: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Cancelled */
+            cancelled: number;
+            /** Asked To Stop */
+            asked_to_stop: number;
+        };
+        /** WorkflowCreatedOut */
+        WorkflowCreatedOut: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /**
+             * Status
+             * @default running
+             * @constant
+             */
+            status?: "running";
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Jobs
+             * @description Each job's id, by name.
+             */
+            jobs: {
+                [key: string]: string;
+            };
+        };
+        /** WorkflowIn */
+        WorkflowIn: {
+            /** Name */
+            name?: string | null;
+            /** Jobs */
+            jobs: components["schemas"]["WorkflowJobIn"][];
+        };
+        /** WorkflowJobIn */
+        WorkflowJobIn: {
+            /** Name */
+            name: string;
+            /** Type */
+            type: string;
+            /** Payload */
+            payload?: {
+                [key: string]: unknown;
+            };
+            /**
+             * Depends On
+             * @description The jobs this one waits for: names (on_success), or {name, policy}.
+             */
+            depends_on?: (string | components["schemas"]["DependencyIn"])[];
+            /**
+             * Finally
+             * @description Runs once every other job of the workflow has ended, whatever its outcome.
+             * @default false
+             */
+            finally?: boolean;
+            /** Max Attempts */
+            max_attempts?: number | null;
+            /** Entity Id */
+            entity_id?: string | null;
+        };
+        /** WorkflowJobView */
+        WorkflowJobView: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Name */
+            name: string;
+            /** Type */
+            type: string;
+            /** Status */
+            status: string;
+            /** Waiting For Dependencies */
+            waiting_for_dependencies: boolean;
+            /** Is Finally */
+            is_finally: boolean;
+            /** Attempts */
+            attempts: number;
+            /** Max Attempts */
+            max_attempts: number;
+            /** Last Error */
+            last_error?: string | null;
+            /**
+             * Blocked By
+             * @description The dependency that made this job unreachable.
+             */
+            blocked_by?: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Started At */
+            started_at?: string | null;
+            /** Finished At */
+            finished_at?: string | null;
+            /** Depends On */
+            depends_on: components["schemas"]["EdgeView"][];
+        };
+        /** WorkflowRetryOut */
+        WorkflowRetryOut: {
+            /**
+             * Workflow Id
+             * Format: uuid
+             */
+            workflow_id: string;
+            /** Name */
+            name: string;
+            /**
+             * Job Id
+             * Format: uuid
+             */
+            job_id: string;
+            /**
+             * Status
+             * @default pending
+             * @constant
+             */
+            status?: "pending";
+        };
+        /** WorkflowView */
+        WorkflowView: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Name */
+            name?: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "running" | "succeeded" | "failed" | "cancelled";
+            /** Jobs Total */
+            jobs_total: number;
+            /** Open Jobs */
+            open_jobs: number;
+            /** Failed Jobs */
+            failed_jobs: number;
+            /** Counts */
+            counts: {
+                [key: string]: number;
+            };
+            /** Cancel Requested At */
+            cancel_requested_at?: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Finished At */
+            finished_at?: string | null;
+            /** Jobs */
+            jobs: components["schemas"]["WorkflowJobView"][];
+        };
         /** CreditAccountPayload */
         CreditAccountPayload: {
             /** Account */
@@ -2752,6 +3033,312 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["CancelAnswer"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_workflow_workflows_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WorkflowIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowCreatedOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_workflow_workflows__workflow_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workflow_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel_workflow_workflows__workflow_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workflow_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowCancelOut"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    retry_job_workflows__workflow_id__jobs__name__retry_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workflow_id: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WorkflowRetryOut"];
                 };
             };
             /** @description Unauthorized */
