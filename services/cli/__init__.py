@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "dlq",
     "webhooks",
     "jobs",
+    "workflows",
     "prune",
     "schedules",
     "flow",

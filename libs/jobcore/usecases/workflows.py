@@ -400,3 +400,34 @@ def steps_from_documents(
 
 def payload_size(document: Any) -> int:
     return len(orjson.dumps(document))
+
+
+def graph_levels(jobs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """A workflow's jobs (as :func:`get_workflow` lists them) in columns: each job one
+    column right of its furthest dependency, `finally` jobs in a last column of their own.
+    What the CLI and the console draw the graph from."""
+    depends = {job["name"]: [edge["name"] for edge in job["depends_on"]] for job in jobs}
+    level: dict[str, int] = {}
+
+    def depth(name: str) -> int:
+        # Iterative: a 10,000-job chain is deeper than Python's recursion limit.
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            pending = [d for d in depends[top] if d not in level]
+            if pending:
+                stack.extend(pending)
+                continue
+            level[top] = 1 + max((level[d] for d in depends[top]), default=-1)
+            stack.pop()
+        return level[name]
+
+    finals = [job["name"] for job in jobs if job.get("is_finally")]
+    columns: dict[int, list[str]] = {}
+    for job in jobs:
+        if not job.get("is_finally"):
+            columns.setdefault(depth(job["name"]), []).append(job["name"])
+    ordered = [columns[n] for n in sorted(columns)]
+    if finals:
+        ordered.append(finals)
+    return ordered
