@@ -492,6 +492,9 @@ def upgrade() -> None:
         ["tenant", sa.text("created_at DESC"), sa.text("id DESC")],
     )
     op.create_index(
+        "workflows_created_idx", "workflows", [sa.text("created_at DESC"), sa.text("id DESC")]
+    )
+    op.create_index(
         "workflows_finished_idx",
         "workflows",
         ["finished_at"],

@@ -242,7 +242,9 @@ class AsyncClient:
         return await self._run(self._core.cancel_workflow(workflow_id))
 
     async def retry_workflow_job(
-        self, workflow_id: uuid.UUID | str, name: str
+        self,
+        workflow_id: uuid.UUID | str,
+        name: str,
     ) -> WorkflowRetryAnswer:
         """``POST /workflows/{id}/jobs/{name}/retry``: a failed job runs again; the jobs it
         made unreachable then wait for it."""

@@ -240,7 +240,11 @@ class Client:
         asked to stop)."""
         return self._run(self._core.cancel_workflow(workflow_id))
 
-    def retry_workflow_job(self, workflow_id: uuid.UUID | str, name: str) -> WorkflowRetryAnswer:
+    def retry_workflow_job(
+        self,
+        workflow_id: uuid.UUID | str,
+        name: str,
+    ) -> WorkflowRetryAnswer:
         """``POST /workflows/{id}/jobs/{name}/retry``: a failed job runs again; the jobs it
         made unreachable then wait for it."""
         return self._run(self._core.retry_workflow_job(workflow_id, name))

@@ -311,6 +311,7 @@ workflows = Table(
     CheckConstraint("unsettled >= 0 AND open_jobs >= 0 AND failed_jobs >= 0", name="counters"),
     # A tenant's workflows, newest first; the pruner's range of finished ones.
     Index("workflows_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    Index("workflows_created_idx", text("created_at DESC"), text("id DESC")),
     Index(
         "workflows_finished_idx", "finished_at", postgresql_where=text("finished_at IS NOT NULL")
     ),

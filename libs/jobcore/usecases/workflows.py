@@ -261,12 +261,13 @@ async def get_workflow(on: Reader, workflow_id: uuid.UUID, *, tenant: str | None
 async def list_workflows(
     on: Reader, *, tenant: str | None, status: str | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
-    return [
-        dict(row)
-        for row in await workflow_store.list_workflows(
+    if tenant is None:
+        rows = await workflow_store.list_workflows(on, {"status": status, "limit": limit})
+    else:
+        rows = await workflow_store.list_for_tenant(
             on, {"tenant": tenant, "status": status, "limit": limit}
         )
-    ]
+    return [dict(row) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,20 +202,37 @@ WORKFLOW_STEPS = Query[WorkflowIdParams](
 
 
 class WorkflowListParams(TypedDict):
-    tenant: str | None
     status: str | None
     limit: int
 
 
+class WorkflowListForTenantParams(WorkflowListParams):
+    tenant: str
+
+
+# Newest first from workflows_created_idx; a status is a filter on that range.
 WORKFLOW_LIST = Query[WorkflowListParams](
     "workflow_list",
-    "The newest workflows (of a tenant, of a status, when given).",
+    "The newest workflows of every tenant (of a status, when given).",
     """
     SELECT id, tenant, name, status, jobs_total, open_jobs, failed_jobs, created_at,
            finished_at
     FROM workflows
-    WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-      AND (%(status)s::text IS NULL OR status = %(status)s::text)
+    WHERE %(status)s::text IS NULL OR status = %(status)s::text
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+    """,
+)
+
+# A tenant's, newest first from workflows_tenant_created_idx.
+WORKFLOW_LIST_FOR_TENANT = Query[WorkflowListForTenantParams](
+    "workflow_list_for_tenant",
+    "A tenant's newest workflows (of a status, when given).",
+    """
+    SELECT id, tenant, name, status, jobs_total, open_jobs, failed_jobs, created_at,
+           finished_at
+    FROM workflows
+    WHERE tenant = %(tenant)s AND (%(status)s::text IS NULL OR status = %(status)s::text)
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
     """,
@@ -427,7 +444,8 @@ WORKFLOW_PRUNE_BATCH = Query[WorkflowPruneParams](
         DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
         RETURNING id, result_ref, payload_ref
     ), workflows_gone AS (
-        DELETE FROM workflows WHERE id IN (SELECT id FROM doomed_workflows) RETURNING id
+        DELETE FROM workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed_workflows))
+        RETURNING id
     )
     SELECT (SELECT count(*) FROM workflows_gone) AS workflows,
            (SELECT count(*) FROM gone) AS jobs,

@@ -21,6 +21,7 @@ from jobcore.database.sql.workflows import (
     WORKFLOW_GET,
     WORKFLOW_INSERT,
     WORKFLOW_LIST,
+    WORKFLOW_LIST_FOR_TENANT,
     WORKFLOW_PRUNE_BATCH,
     WORKFLOW_REQUEST_CANCEL,
     WORKFLOW_RETRY_STEP,
@@ -30,6 +31,7 @@ from jobcore.database.sql.workflows import (
     WorkflowGetParams,
     WorkflowIdParams,
     WorkflowInsertParams,
+    WorkflowListForTenantParams,
     WorkflowListParams,
     WorkflowPruneParams,
     WorkflowRequestCancelParams,
@@ -42,6 +44,7 @@ __all__ = [
     "WorkflowGetParams",
     "WorkflowIdParams",
     "WorkflowInsertParams",
+    "WorkflowListForTenantParams",
     "WorkflowListParams",
     "WorkflowPruneParams",
     "WorkflowRequestCancelParams",
@@ -76,8 +79,14 @@ class WorkflowStore:
         return await fetch_all(on, WORKFLOW_STEPS(params))
 
     async def list_workflows(self, on: Reader, params: WorkflowListParams) -> list[DictRow]:
-        """The newest workflows."""
+        """The newest workflows of every tenant."""
         return await fetch_all(on, WORKFLOW_LIST(params))
+
+    async def list_for_tenant(
+        self, on: Reader, params: WorkflowListForTenantParams
+    ) -> list[DictRow]:
+        """A tenant's newest workflows."""
+        return await fetch_all(on, WORKFLOW_LIST_FOR_TENANT(params))
 
     async def request_cancel(
         self, on: Session, params: WorkflowRequestCancelParams
