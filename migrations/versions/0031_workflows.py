@@ -74,14 +74,22 @@ DECLARE
     released integer;
 BEGIN
     WITH ready AS (
+        -- Each step by its keys (LATERAL ... LIMIT 1: never a join the planner may turn
+        -- into a scan on statistics that saw every step waiting).
         SELECT j.id
-        FROM workflow_jobs AS n
-        JOIN jobs AS j ON j.id = n.job_id
-        JOIN workflows AS w ON w.id = n.workflow_id
-        WHERE n.job_id = ANY(steps)
-          AND n.waiting = 0 AND n.blocked_by IS NULL
-          AND w.cancel_requested_at IS NULL
-          AND j.status = 'pending' AND j.held_reason = 'dependencies'
+        FROM (SELECT DISTINCT u.id FROM unnest(steps) AS u(id)) AS s
+        CROSS JOIN LATERAL (
+            SELECT n.workflow_id FROM workflow_jobs AS n
+            WHERE n.job_id = s.id AND n.waiting = 0 AND n.blocked_by IS NULL
+            LIMIT 1
+        ) AS n
+        CROSS JOIN LATERAL (
+            SELECT w.id FROM workflows AS w
+            WHERE w.id = n.workflow_id AND w.cancel_requested_at IS NULL
+            LIMIT 1
+        ) AS w
+        JOIN jobs AS j ON j.id = s.id
+        WHERE j.status = 'pending' AND j.held_reason = 'dependencies'
         ORDER BY j.id
         FOR UPDATE OF j
     ), go AS (
@@ -151,7 +159,8 @@ BEGIN
             UPDATE workflow_edges AS e
             SET state = CASE WHEN jobcore_workflow_satisfies(e.policy, frontier_status)
                              THEN 'satisfied' ELSE 'unsatisfiable' END
-            WHERE e.upstream = ANY(frontier) AND e.state = 'waiting'
+            FROM unnest(frontier) AS f(id)
+            WHERE e.upstream = f.id AND e.state = 'waiting'
             RETURNING e.upstream, e.downstream, e.state
         )
         SELECT array_agg(downstream ORDER BY downstream) FILTER (WHERE state = 'satisfied'),
@@ -261,12 +270,13 @@ BEGIN
         -- as unreachable because of the frontier.
         SELECT array_agg(e.upstream), array_agg(e.downstream), array_agg(e.state)
         INTO ups, downs, states
-        FROM workflow_edges AS e
+        FROM unnest(frontier) AS f(id)
+        JOIN workflow_edges AS e ON e.upstream = f.id
         JOIN workflow_jobs AS dn ON dn.job_id = e.downstream
         JOIN jobs AS d ON d.id = e.downstream
-        WHERE e.upstream = ANY(frontier) AND e.state <> 'waiting'
+        WHERE e.state <> 'waiting'
           AND ((d.status = 'pending' AND d.held_reason = 'dependencies')
-               OR (d.status = 'cancelled' AND dn.blocked_by = ANY(frontier)));
+               OR (d.status = 'cancelled' AND dn.blocked_by = f.id));
         EXIT WHEN ups IS NULL;
 
         UPDATE workflow_edges AS e
@@ -286,9 +296,11 @@ BEGIN
         -- named for that one now; the others are revived.
         WITH revivable AS (
             SELECT DISTINCT dn.job_id
-            FROM workflow_jobs AS dn JOIN jobs AS d ON d.id = dn.job_id
-            WHERE dn.job_id = ANY(downs) AND d.status = 'cancelled'
-              AND dn.blocked_by = ANY(frontier)
+            FROM (SELECT DISTINCT u.id FROM unnest(downs) AS u(id)) AS r
+            JOIN workflow_jobs AS dn ON dn.job_id = r.id
+            JOIN jobs AS d ON d.id = dn.job_id
+            WHERE d.status = 'cancelled'
+              AND dn.blocked_by IN (SELECT v.id FROM unnest(frontier) AS v(id))
         ), still AS (
             SELECT r.job_id, min(e.upstream::text)::uuid AS other
             FROM revivable AS r
@@ -314,7 +326,8 @@ BEGIN
             SET status = 'pending', held_reason = 'dependencies', held_since = now(),
                 finished_at = NULL, cancel_requested_at = NULL, last_error = NULL,
                 updated_at = now()
-            WHERE jobs.id = ANY(revive) AND jobs.status = 'cancelled'
+            FROM unnest(revive) AS r(id)
+            WHERE jobs.id = r.id AND jobs.status = 'cancelled'
             RETURNING jobs.id, jobs.attempts, jobs.workflow_id
         )
         INSERT INTO job_events (job_id, kind, attempt, detail)
@@ -344,14 +357,22 @@ DECLARE
     i integer;
     w record;
     finally_steps uuid[];
+    cancelling uuid[];
 BEGIN
     PERFORM 1 FROM workflows
     WHERE id = ANY(workflow_ids)
     ORDER BY id
     FOR NO KEY UPDATE;
+    -- A workflow being cancelled publishes nothing more and is retried no more: its
+    -- edges need no resolving (its cancel cancels every job not ended).
+    SELECT coalesce(array_agg(id), '{}') INTO cancelling FROM workflows
+    WHERE id = ANY(workflow_ids) AND cancel_requested_at IS NOT NULL;
 
     IF NOT cascading THEN
         FOR i IN 1 .. cardinality(ids) LOOP
+            IF workflow_ids[i] = ANY(cancelling) THEN
+                CONTINUE;
+            END IF;
             IF new_statuses[i] IN ('succeeded', 'failed', 'cancelled') THEN
                 PERFORM jobcore_workflow_resolve(ids[i], new_statuses[i]);
             ELSE
@@ -415,20 +436,36 @@ DECLARE
     workflow_ids uuid[];
     old_statuses text[];
     new_statuses text[];
+    before_status jsonb;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM workflow_jobs_after WHERE workflow_id IS NOT NULL) THEN
+    -- Most statements touch no finished workflow job on either side (claims, heartbeats,
+    -- releases): none can have changed between unfinished and finished.
+    IF NOT EXISTS (
+        SELECT 1 FROM workflow_jobs_after
+        WHERE workflow_id IS NOT NULL AND status IN ('succeeded', 'failed', 'cancelled')
+    ) AND NOT EXISTS (
+        SELECT 1 FROM workflow_jobs_before
+        WHERE workflow_id IS NOT NULL AND status IN ('succeeded', 'failed', 'cancelled')
+    ) THEN
         RETURN NULL;
     END IF;
-    SELECT array_agg(a.id ORDER BY a.workflow_id, a.id),
-           array_agg(a.workflow_id ORDER BY a.workflow_id, a.id),
-           array_agg(b.status ORDER BY a.workflow_id, a.id),
-           array_agg(a.status ORDER BY a.workflow_id, a.id)
+    -- Each row's status before, by id: a lookup in one object, not a join of the two
+    -- transition tables (which have no statistics, and were joined in a nested loop).
+    SELECT jsonb_object_agg(b.id::text, b.status) INTO before_status
+    FROM workflow_jobs_before AS b
+    WHERE b.workflow_id IS NOT NULL;
+    SELECT array_agg(c.id ORDER BY c.workflow_id, c.id),
+           array_agg(c.workflow_id ORDER BY c.workflow_id, c.id),
+           array_agg(c.old_status ORDER BY c.workflow_id, c.id),
+           array_agg(c.status ORDER BY c.workflow_id, c.id)
     INTO ids, workflow_ids, old_statuses, new_statuses
-    FROM workflow_jobs_after AS a
-    JOIN workflow_jobs_before AS b ON b.id = a.id
-    WHERE a.workflow_id IS NOT NULL
-      AND (a.status IN ('succeeded', 'failed', 'cancelled'))
-          IS DISTINCT FROM (b.status IN ('succeeded', 'failed', 'cancelled'));
+    FROM (
+        SELECT a.id, a.workflow_id, a.status, before_status ->> a.id::text AS old_status
+        FROM workflow_jobs_after AS a
+        WHERE a.workflow_id IS NOT NULL
+    ) AS c
+    WHERE (c.status IN ('succeeded', 'failed', 'cancelled'))
+          IS DISTINCT FROM (c.old_status IN ('succeeded', 'failed', 'cancelled'));
     IF ids IS NOT NULL THEN
         PERFORM jobcore_workflow_apply(ids, workflow_ids, old_statuses, new_statuses);
     END IF;
