@@ -18,6 +18,7 @@ time, in order), batched commits, and completion webhooks (their outbox rows sta
 
     worker = InlineWorker(db)
     job_id = await worker.enqueue("send_email", {"to": "ada@example.com", "subject": "Hi"})
+    # or a workflow: await worker.workflow([{"name": ..., "type": ..., "depends_on": [...]}])
     drained = await worker.drain()
     assert drained.succeeded == 1
     assert (await worker.job(job_id))["status"] == "succeeded"

@@ -74,8 +74,12 @@ async def test_a_cycle_is_refused_with_422_and_nothing_is_written(
         {"jobs": [job("a"), job("a")]},
         {"jobs": [job("a", "missing")]},
         {"jobs": [{"name": "a", "type": "no_such_type"}]},
+        {"jobs": [{"name": "a", "type": "echo", "payload": {"not_a_field": 1}}]},
+        {"jobs": [job("a"), job("z", **{"finally": True, "depends_on": ["a"]})]},
     ):
-        assert (await api_client.post("/workflows", json=bad, headers=auth)).status_code == 422
+        refused = await api_client.post("/workflows", json=bad, headers=auth)
+        assert refused.status_code == 422, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
     async with db.connection() as conn:
         cursor = await conn.execute("SELECT count(*) AS n FROM jobs")
         assert await cursor.fetchone() == {"n": 0}
