@@ -62,6 +62,15 @@ AS $fn$
 $fn$
 """
 
+# Every condition on a job's status here is written `(...) IS TRUE`: the same test, which no
+# index answers, so the job is reached by its key whatever the statistics say (a
+# workflow's jobs are mostly inserted between two runs of ANALYZE, and a plan that read
+# jobs_held_idx for each of 10,000 steps made one settle take seconds). For the same
+# reason the functions run with enable_seqscan off: every row they read is reached by a
+# key (a step, an edge, a workflow), and a table the planner believed small (no
+# statistics yet) was read whole once per element of an array of 10,000 ids; the
+# setting holds while the function runs, and only changes what a plan costs.
+
 # Publish the held steps of ``steps`` that may run now: no edge waiting, none unsatisfiable,
 # their workflow not being cancelled. Each gets its attempt's message, as the enqueue
 # statement writes it, and its `dependencies_met` event.
@@ -69,6 +78,7 @@ RELEASE = r"""
 CREATE FUNCTION jobcore_workflow_release(steps uuid[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     released integer;
@@ -89,15 +99,15 @@ BEGIN
             LIMIT 1
         ) AS w
         JOIN jobs AS j ON j.id = s.id
-        WHERE j.status = 'pending' AND j.held_reason = 'dependencies'
+        WHERE (j.status = 'pending') IS TRUE AND (j.held_reason = 'dependencies') IS TRUE
         ORDER BY j.id
         FOR UPDATE OF j
     ), go AS (
         UPDATE jobs
         SET held_reason = NULL, held_since = NULL, updated_at = now()
         FROM ready
-        WHERE jobs.id = ready.id AND jobs.status = 'pending'
-          AND jobs.held_reason = 'dependencies'
+        WHERE jobs.id = ready.id AND (jobs.status = 'pending') IS TRUE
+          AND (jobs.held_reason = 'dependencies') IS TRUE
         RETURNING jobs.id, jobs.tenant, jobs.type, jobs.attempts, jobs.priority,
                   jobs.traceparent, jobs.tracestate, jobs.workflow_id, jobs.next_attempt_at
     ), message AS (
@@ -140,6 +150,7 @@ RESOLVE = r"""
 CREATE FUNCTION jobcore_workflow_resolve(step uuid, step_status text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     frontier uuid[] := ARRAY[step];
@@ -192,7 +203,8 @@ BEGIN
                 FROM first_blocker, jobs AS j
                 WHERE n.job_id = first_blocker.d AND j.id = first_blocker.d
                   AND n.blocked_by IS NULL
-                  AND j.status = 'pending' AND j.held_reason = 'dependencies'
+                  AND (j.status = 'pending') IS TRUE
+                  AND (j.held_reason = 'dependencies') IS TRUE
                 RETURNING n.job_id, n.blocked_by
             )
             SELECT array_agg(job_id ORDER BY job_id), array_agg(blocked_by ORDER BY job_id)
@@ -228,8 +240,8 @@ BEGIN
                     CASE cause.outcome WHEN 'cancelled' THEN 'was cancelled'
                                        ELSE cause.outcome END)
             FROM cause
-            WHERE jobs.id = cause.id AND jobs.status = 'pending'
-              AND jobs.held_reason = 'dependencies'
+            WHERE jobs.id = cause.id AND (jobs.status = 'pending') IS TRUE
+              AND (jobs.held_reason = 'dependencies') IS TRUE
             RETURNING jobs.id, jobs.attempts, jobs.last_error
         ), events AS (
             INSERT INTO job_events (job_id, kind, attempt, detail)
@@ -257,6 +269,7 @@ REOPEN = r"""
 CREATE FUNCTION jobcore_workflow_reopen(step uuid) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     frontier uuid[] := ARRAY[step];
@@ -275,8 +288,8 @@ BEGIN
         JOIN workflow_jobs AS dn ON dn.job_id = e.downstream
         JOIN jobs AS d ON d.id = e.downstream
         WHERE e.state <> 'waiting'
-          AND ((d.status = 'pending' AND d.held_reason = 'dependencies')
-               OR (d.status = 'cancelled' AND dn.blocked_by = f.id));
+          AND (((d.status = 'pending') IS TRUE AND (d.held_reason = 'dependencies') IS TRUE)
+               OR ((d.status = 'cancelled') IS TRUE AND dn.blocked_by = f.id));
         EXIT WHEN ups IS NULL;
 
         UPDATE workflow_edges AS e
@@ -299,7 +312,7 @@ BEGIN
             FROM (SELECT DISTINCT u.id FROM unnest(downs) AS u(id)) AS r
             JOIN workflow_jobs AS dn ON dn.job_id = r.id
             JOIN jobs AS d ON d.id = dn.job_id
-            WHERE d.status = 'cancelled'
+            WHERE (d.status = 'cancelled') IS TRUE
               AND dn.blocked_by IN (SELECT v.id FROM unnest(frontier) AS v(id))
         ), still AS (
             SELECT r.job_id, min(e.upstream::text)::uuid AS other
@@ -327,7 +340,7 @@ BEGIN
                 finished_at = NULL, cancel_requested_at = NULL, last_error = NULL,
                 updated_at = now()
             FROM unnest(revive) AS r(id)
-            WHERE jobs.id = r.id AND jobs.status = 'cancelled'
+            WHERE jobs.id = r.id AND (jobs.status = 'cancelled') IS TRUE
             RETURNING jobs.id, jobs.attempts, jobs.workflow_id
         )
         INSERT INTO job_events (job_id, kind, attempt, detail)
@@ -351,6 +364,7 @@ CREATE FUNCTION jobcore_workflow_apply(
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     cascading boolean := coalesce(current_setting('jobcore.workflow_cascade', true) = 'on', false);
@@ -430,6 +444,7 @@ TRIGGER_FUNCTION = r"""
 CREATE FUNCTION jobcore_workflow_jobs_changed() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
+SET enable_seqscan = off
 AS $fn$
 DECLARE
     ids uuid[];

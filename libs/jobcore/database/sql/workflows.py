@@ -14,10 +14,11 @@ from typing import TypedDict
 
 from psycopg.types.json import Jsonb
 
-from jobcore.database.sql import TERMINAL_SQL, Query
+from jobcore.database.sql import TERMINAL_SQL, Query, status_is
 from jobcore.database.sql.job_events import EVENTS_ON
 from jobcore.database.sql.tenant_quotas import QuotaDefaultParams, batch_admission_ctes
 from jobcore.kernel.jobevents import JobEventKind
+from jobcore.kernel.states import JobStatus
 
 
 class WorkflowInsertParams(QuotaDefaultParams):
@@ -277,12 +278,13 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
     f"""
     WITH pending AS (
         SELECT id FROM jobs
-        WHERE workflow_id = %(id)s AND status = 'pending'
+        WHERE workflow_id = %(id)s AND {status_is("status", JobStatus.PENDING)}
         ORDER BY id
         FOR UPDATE SKIP LOCKED
     ), running AS (
         SELECT id FROM jobs
-        WHERE workflow_id = %(id)s AND status = 'running' AND cancel_requested_at IS NULL
+        WHERE workflow_id = %(id)s AND {status_is("status", JobStatus.RUNNING)}
+          AND cancel_requested_at IS NULL
         ORDER BY id
         FOR UPDATE SKIP LOCKED
     ), done AS (
@@ -291,13 +293,13 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
             held_reason = NULL, held_since = NULL, updated_at = now(),
             last_error = 'its workflow was cancelled'
         FROM pending
-        WHERE jobs.id = pending.id AND jobs.status = 'pending'
+        WHERE jobs.id = pending.id AND {status_is("jobs.status", JobStatus.PENDING)}
         RETURNING jobs.id, jobs.attempts
     ), asked AS (
         UPDATE jobs
         SET cancel_requested_at = coalesce(jobs.cancel_requested_at, now()), updated_at = now()
         FROM running
-        WHERE jobs.id = running.id AND jobs.status = 'running'
+        WHERE jobs.id = running.id AND {status_is("jobs.status", JobStatus.RUNNING)}
         RETURNING jobs.id, jobs.attempts
     ), events AS (
         INSERT INTO job_events (job_id, kind, attempt, detail)
@@ -314,8 +316,8 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
            (SELECT count(pg_notify(%(cancel_channel)s, id::text)) FROM asked) AS cancel_notified,
            (SELECT count(*) FROM jobs
             WHERE workflow_id = %(id)s
-              AND (status = 'pending'
-                   OR (status = 'running' AND cancel_requested_at IS NULL))
+              AND ((status = 'pending' OR (status = 'running' AND cancel_requested_at IS NULL))
+                   IS TRUE)
               AND id NOT IN (SELECT id FROM done UNION ALL SELECT id FROM asked)) AS left
     """,
 )
@@ -354,7 +356,7 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
             lease_expires_at = NULL, next_attempt_at = NULL, held_reason = NULL,
             held_since = NULL, updated_at = now()
         FROM target
-        WHERE jobs.id = target.id AND jobs.status IN ('failed', 'cancelled')
+        WHERE jobs.id = target.id AND (jobs.status IN ('failed', 'cancelled')) IS TRUE
           AND target.blocked_by IS NULL AND target.cancel_requested_at IS NULL
         RETURNING jobs.id, jobs.tenant, jobs.type, jobs.attempts, jobs.priority,
                   jobs.traceparent, jobs.tracestate, target.routing_key
