@@ -222,6 +222,7 @@ async def test_dry_run_counts_what_a_pass_deletes_and_changes_nothing(
         "inbox": 1,
         "audit_log": 1,
         "job_gates": 0,
+        "workflows": 0,
         "result_files": 3,
     }
     assert dry.as_dict()["tables"] == expected
