@@ -260,3 +260,62 @@ def test_a_settle_and_a_retry_count_readiness_through_indexes(million: str) -> N
     assert back == (STEPS - 1,)
     for table, (seq, _) in {**scans, **reopened}.items():
         assert seq == 0, (table, scans, reopened)
+
+
+FAN_OUT = 2000
+FAN_OUT_FILL = f"""
+INSERT INTO workflows (id, tenant, jobs_total, unsettled, open_jobs, exchange)
+VALUES ('00000000-0000-0000-0000-000000000001', 't', {FAN_OUT}, {FAN_OUT}, {FAN_OUT}, 'jobs');
+INSERT INTO jobs (id, tenant, type, queue, workflow_id, held_reason, held_since)
+SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid, 't', 'noop', 'default',
+       '00000000-0000-0000-0000-000000000001',
+       CASE WHEN g > 0 THEN 'dependencies' END, CASE WHEN g > 0 THEN now() END
+FROM generate_series(0, {FAN_OUT - 1}) AS g;
+INSERT INTO workflow_jobs (job_id, workflow_id, name, waiting, routing_key)
+SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid,
+       '00000000-0000-0000-0000-000000000001', 's' || g,
+       CASE WHEN g = 0 THEN 0 WHEN g = {FAN_OUT - 1} THEN {FAN_OUT - 2} ELSE 1 END, 'default'
+FROM generate_series(0, {FAN_OUT - 1}) AS g;
+INSERT INTO workflow_edges (workflow_id, upstream, downstream)
+SELECT '00000000-0000-0000-0000-000000000001', '00000000-0000-4000-9000-000000000000',
+       ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid
+FROM generate_series(1, {FAN_OUT - 2}) AS g;
+INSERT INTO workflow_edges (workflow_id, upstream, downstream)
+SELECT '00000000-0000-0000-0000-000000000001',
+       ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid,
+       ('00000000-0000-4000-9000-' || lpad(to_hex({FAN_OUT - 1}), 12, '0'))::uuid
+FROM generate_series(1, {FAN_OUT - 2}) AS g
+"""
+
+
+def test_a_fan_out_on_tables_never_analyzed_is_reached_by_keys(settings: Any) -> None:
+    """A workflow's jobs are mostly written between two runs of ANALYZE (and before the
+    first, on a new database). With generic plans and no statistics, the trigger's
+    statements read the jobs table once per element of a 2,000-id array (a settle took
+    seconds, a reopen of 10,000 minutes); each row is reached by its key now."""
+    root = step_id_of(0)
+    with psycopg.connect(settings.database_url) as conn:
+        for statement in FAN_OUT_FILL.split(";\n"):
+            conn.execute(statement)
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as the pools
+        conn.execute("UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s", [root])
+        conn.execute("UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", [root])
+        cancelled = conn.execute("SELECT count(*) FROM jobs WHERE status = 'cancelled'").fetchone()
+        conn.execute("UPDATE jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [root])
+        conn.execute("UPDATE jobs SET status = 'running' WHERE id = %s", [root])
+        conn.execute(
+            "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s", [root]
+        )
+        published = conn.execute("SELECT count(*) FROM outbox").fetchone()
+        scans = scans_of(conn)
+        conn.rollback()
+    assert cancelled == (FAN_OUT - 1,)
+    assert published == (FAN_OUT - 2,)
+    for table in ("workflows", "workflow_jobs", "workflow_edges"):
+        assert scans.get(table, (0, 0))[0] == 0, scans
+    # The test's own count(*) reads of jobs and outbox are its only sequential scans.
+    assert scans["jobs"][0] <= 1, scans
+
+
+def step_id_of(n: int) -> uuid.UUID:
+    return uuid.UUID(f"00000000-0000-4000-9000-{n:012x}")
