@@ -1,7 +1,7 @@
 """batches: groups of jobs with callbacks that fire once, counted by a trigger on jobs
 
 Revision ID: 0032
-Revises: 0029
+Revises: 0031
 Create Date: 2026-12-06 14:00:00.000000
 
 A batch (``batches``, its callbacks in ``batch_callbacks``) groups jobs (``jobs.batch_id``) and child batches
@@ -41,7 +41,7 @@ from sqlalchemy.dialects import postgresql
 from jobcore.database.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
 
 revision: str = "0032"
-down_revision: str | None = "0029"
+down_revision: str | None = "0031"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -29,7 +29,16 @@ from services.api.deps import ApiState
 from services.api.longpolls import LongPollSlots
 from services.api.metrics import ApiMetrics
 from services.api.openapi import build_document
-from services.api.routes import admin, batches, bench, deliveries, enqueue, health, jobs
+from services.api.routes import (
+    admin,
+    batches,
+    bench,
+    deliveries,
+    enqueue,
+    health,
+    jobs,
+    workflows,
+)
 from services.api.views import JsonBody
 from services.api.waiters import JobWaiters
 
@@ -175,6 +184,7 @@ def create_app(
     problems.install(app)
     app.include_router(jobs.build_router(registry))
     app.include_router(batches.build_router(registry))
+    app.include_router(workflows.build_router(registry))
     app.include_router(deliveries.router)
     app.include_router(admin.router)
     app.include_router(health.router)

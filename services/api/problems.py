@@ -33,6 +33,7 @@ from jobcore.kernel.errors import (
     InvalidField,
     InvalidIdempotencyKey,
     InvalidPayload,
+    InvalidWorkflow,
     JobcoreError,
     JobNotCancellable,
     JobNotEditable,
@@ -51,6 +52,8 @@ from jobcore.kernel.errors import (
     TooManyUnfinishedJobs,
     UniqueJobExists,
     UnknownJobType,
+    WorkflowNotFound,
+    WorkflowStepNotFound,
 )
 from jobcore.storage.results import ResultNotFound, StoreUnavailable
 from services.api.paths import allowed_methods
@@ -148,6 +151,8 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     BatchJobKeyTaken: ProblemType(
         409, "batch-job-key-taken", "The idempotency key's job is not in this batch"
     ),
+    WorkflowNotFound: ProblemType(404, "workflow-not-found", "Workflow not found"),
+    WorkflowStepNotFound: ProblemType(404, "workflow-job-not-found", "Workflow job not found"),
     ResultNotFound: ProblemType(404, "result-not-found", "Result not found"),
     OutboxRowNotFound: ProblemType(404, "outbox-row-not-found", "Outbox row not found"),
     JobNotCancellable: ProblemType(409, "job-not-cancellable", "Job not cancellable"),
@@ -168,6 +173,7 @@ PROBLEM_TYPES: dict[type[JobcoreError], ProblemType] = {
     InvalidRequest: ProblemType(422, "invalid-request", "Invalid request"),
     # A field not located by its route (located() does): named as the library names it.
     InvalidField: ProblemType(422, "invalid-request", "Invalid request"),
+    InvalidWorkflow: ProblemType(422, "invalid-workflow", "Invalid workflow"),
     IdempotencyConflict: ProblemType(
         422, "idempotency-key-reused", "Idempotency key reused with a different request"
     ),

@@ -137,7 +137,7 @@ class JobTimelineView(BaseModel):
     ordering_key: str | None = None
     # Why a pending job that is due waits (its type's concurrency or rate limit, or an
     # earlier job of its ordering key), and since when; null when nothing holds it.
-    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_reason: Literal["concurrency", "rate_limit", "ordering", "dependencies"] | None = None
     held_since: datetime | None = None
 
 
@@ -346,7 +346,7 @@ class AdminJobView(AdminJobSummary):
     # As in GET /jobs/{id}, with the job's place in its ordering key.
     ordering_key: str | None = None
     ordering_seq: int | None = None
-    held_reason: Literal["concurrency", "rate_limit", "ordering"] | None = None
+    held_reason: Literal["concurrency", "rate_limit", "ordering", "dependencies"] | None = None
     held_since: datetime | None = None
 
 

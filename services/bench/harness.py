@@ -41,6 +41,7 @@ EXTRA_SCENARIOS = (
     "pressure",
     "startup",
     "paced",
+    "workflow",
 )  # run when named
 BENCH_JOB_MODULES = ("jobcore.examples.jobtypes",)
 # Scenarios whose relays publish to queues nobody consumes (they measure how fast a relay

@@ -41,6 +41,7 @@ COMMAND_MODULES = (
     "webhooks",
     "jobs",
     "batches",
+    "workflows",
     "prune",
     "schedules",
     "flow",

@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from jobcore.access import apikeys
 from jobcore.access.apikeys import InvalidApiKey, Principal
 from jobcore.access.audit import url_fingerprint
+from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.execution.payloads import read_payload
 from jobcore.execution.registry import Registry, load_job_modules
@@ -54,6 +55,7 @@ from jobcore.usecases import jobs as job_usecases
 from jobcore.usecases import keys as key_usecases
 from jobcore.usecases import quotas as quota_usecases
 from jobcore.usecases import webhooks as webhook_usecases
+from jobcore.usecases import workflows as workflow_usecases
 from services.ui.charts import sparkline
 from services.ui.jobpage import job_actions
 from services.ui.sessions import (
@@ -66,6 +68,7 @@ from services.ui.sessions import (
     same_origin,
 )
 from services.ui.timeline import render_timeline
+from services.ui.workflowgraph import workflow_svg
 
 # How the jobs list and the job page name each kind of key.
 KEY_KIND_WORDS = {
@@ -350,6 +353,7 @@ def create_app(settings: Settings, *, session_ttl: float = DEFAULT_TTL_SECONDS) 
     _overview_routes(app, state)
     _job_routes(app, state)
     _batch_routes(app, state)
+    _workflow_routes(app, state)
     _operator_routes(app, state)
     return app
 
@@ -609,6 +613,57 @@ def _edit_changes(form: Any) -> job_edits.JobChanges:
 def _replayed_words(report: dlq.ReplayReport) -> str:
     skipped = "".join(f"; skipped {s.message_id}: {why}" for s, why in report.skipped)
     return f"Replayed {len(report.replayed)} message(s), skipped {len(report.skipped)}" + skipped
+
+
+def _workflow_routes(app: FastAPI, state: Console) -> None:
+    @app.get("/workflows", response_class=HTMLResponse)
+    async def workflows_page(
+        request: Request, who: OperatorDep, status: str = "", tenant: str = ""
+    ) -> Response:
+        async with _db(request).session() as session:
+            rows = await workflow_usecases.list_workflows(
+                session,
+                tenant=tenant.strip() or None,
+                status=status.strip() or None,
+                limit=LIST_LIMIT,
+            )
+        return page(request, "workflows.html", who, rows=rows, status=status, tenant=tenant)
+
+    @app.get("/workflows/{workflow_id}", response_class=HTMLResponse)
+    async def workflow_page(request: Request, who: OperatorDep, workflow_id: uuid.UUID) -> Response:
+        async with _db(request).session() as session:
+            workflow = await workflow_usecases.get_workflow(session, workflow_id, tenant=None)
+        graph = workflow_svg(workflow["jobs"], base=_base(request))
+        return page(request, "workflow.html", who, workflow=workflow, graph=graph)
+
+    @app.post("/workflows/{workflow_id}/cancel")
+    async def cancel_workflow(request: Request, who: ActionDep, workflow_id: uuid.UUID) -> Response:
+        async def run() -> str:
+            outcome = await workflow_usecases.cancel_workflow(
+                _db(request), workflow_id, tenant=None
+            )
+            return (
+                f"Workflow cancelled: {outcome.cancelled} job(s) cancelled, "
+                f"{outcome.asked_to_stop} asked to stop."
+            )
+
+        return await act(request, who, f"/workflows/{workflow_id}", run)
+
+    @app.post("/workflows/{workflow_id}/jobs/{name}/retry")
+    async def retry_workflow_job(
+        request: Request, who: ActionDep, workflow_id: uuid.UUID, name: str
+    ) -> Response:
+        async def run() -> str:
+            await workflow_usecases.retry_step(
+                _db(request),
+                Topology.from_settings(state.settings),
+                workflow_id,
+                name,
+                tenant=None,
+            )
+            return f"Job {name} runs again; the jobs it made unreachable wait for it."
+
+        return await act(request, who, f"/workflows/{workflow_id}", run)
 
 
 def _operator_routes(app: FastAPI, state: Console) -> None:

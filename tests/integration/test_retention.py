@@ -224,6 +224,7 @@ async def test_dry_run_counts_what_a_pass_deletes_and_changes_nothing(
         "job_gates": 0,
         "job_keys": 0,
         "batches": 0,
+        "workflows": 0,
         "result_files": 3,
     }
     assert dry.as_dict()["tables"] == expected

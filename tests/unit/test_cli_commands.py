@@ -63,6 +63,7 @@ def test_every_verb_is_registered() -> None:
             "held": None,
             "republish-stale": None,
         },
+        "workflows": {"list": None, "show": None, "cancel": None, "retry": None},
     }
 
 

@@ -588,3 +588,32 @@ def test_a_payload_model_is_sent_as_its_json() -> None:
     assert orjson.loads(calls[0].content or b"") == {"rows": 5, "since": "2026-01-02T03:04:05Z"}
     assert calls[0].params == {"max_attempts": "2", "run_at": "2026-01-02T03:04:05+00:00"}
     assert calls[0].headers["Content-Type"] == "application/json"
+
+
+# --- workflows ----------------------------------------------------------------------------
+
+WORKFLOW_CREATED = {
+    "id": "7a1c3a9e-2b4f-4d7e-9c1a-3f5e6d7c8b9a",
+    "status": "running",
+    "created_at": "2026-12-06T12:00:00+00:00",
+    "jobs": {"a": "0b6f3c2e-5d1c-4a43-9a55-0f1d2e3c4b5a"},
+}
+
+
+def test_creating_a_workflow_is_retried_only_when_nothing_can_have_reached_the_api() -> None:
+    """POST /workflows has no idempotency key: after a connection that was made, a retry
+    could create the workflow twice; a connection refused, a 503 or a 429 wrote nothing."""
+    jobs = [{"name": "a", "type": "echo", "payload": {"text": "x"}}]
+    created, calls, _ = drive(
+        core().create_workflow(jobs),
+        [
+            httpx.ConnectError("refused"),
+            problem(503, "database-unavailable", {"retry-after": "0"}),
+            ok(WORKFLOW_CREATED, status=201),
+        ],
+    )
+    assert str(created.id) == WORKFLOW_CREATED["id"]
+    assert len(calls) == 3
+    assert orjson.loads(calls[0].content or b"{}") == {"jobs": jobs}
+    with pytest.raises(ConnectionFailed):
+        drive(core().create_workflow(jobs), [httpx.ReadTimeout("no answer")])

@@ -63,6 +63,11 @@ from jobcore.client.models import (
     JobStatus,
     JobSummary,
     PageLinks,
+    Workflow,
+    WorkflowCancelAnswer,
+    WorkflowCreated,
+    WorkflowJob,
+    WorkflowRetryAnswer,
 )
 from jobcore.client.retries import NO_RETRIES, RetryPolicy
 from jobcore.client.sync import Client, ResultStream
@@ -110,5 +115,10 @@ __all__ = [
     "UnsupportedMediaType",
     "WaitTimeout",
     "WebhookVerificationFailed",
+    "Workflow",
+    "WorkflowCancelAnswer",
+    "WorkflowCreated",
+    "WorkflowJob",
+    "WorkflowRetryAnswer",
     "verify_webhook",
 ]

@@ -37,6 +37,10 @@ from jobcore.client.models import (
     JobPage,
     JobResult,
     JobStatus,
+    Workflow,
+    WorkflowCancelAnswer,
+    WorkflowCreated,
+    WorkflowRetryAnswer,
 )
 from jobcore.client.retries import RETRYABLE_STATUSES, Attempts, RetryPolicy, retryable_error
 
@@ -134,10 +138,14 @@ class Core:
 
     # -- sending, with retries ------------------------------------------------------------
 
-    def exchange(self, call: Call, *, redirect: bool = False) -> Flow[httpx.Response]:
+    def exchange(
+        self, call: Call, *, redirect: bool = False, once: bool = False
+    ) -> Flow[httpx.Response]:
         """Send ``call`` until it is answered 2xx (or, with ``redirect``, a redirect that
         names its ``Location``), retrying 503, 429 and connection errors within the retry
-        policy; raise the last failure's error otherwise."""
+        policy; raise the last failure's error otherwise. ``once``: a request that must not
+        be sent twice (it has no idempotency key) is retried after a connection error only
+        when the connection was never made."""
         attempts = Attempts(self.retry, clock=self.clock, rng=self.rng)
         while True:
             outcome = yield call
@@ -156,7 +164,9 @@ class Core:
             elif isinstance(outcome, httpx.TransportError):
                 error = ConnectionFailed(f"{call.target}: {type(outcome).__name__}: {outcome}")
                 error.__cause__ = outcome
-                delay = attempts.next_delay() if retryable_error(outcome) else None
+                unsent = isinstance(outcome, httpx.ConnectError)
+                retry = retryable_error(outcome) and (unsent or not once)
+                delay = attempts.next_delay() if retry else None
             else:  # pragma: no cover - a driver bug
                 raise TypeError(f"a flow was sent {outcome!r}")
             if delay is None:
@@ -389,6 +399,38 @@ class Core:
         params = {} if limit is None else {"limit": str(limit)}
         response = yield from self.exchange(self.call("GET", "/batches", params=params))
         return [Batch.model_validate(item) for item in orjson.loads(response.content)["items"]]
+
+    def create_workflow(
+        self, jobs: Sequence[Mapping[str, Any]], *, name: str | None = None
+    ) -> Flow[WorkflowCreated]:
+        body: dict[str, Any] = {"jobs": [dict(job) for job in jobs]}
+        if name is not None:
+            body["name"] = name
+        call = self.call(
+            "POST",
+            "/workflows",
+            headers={"Content-Type": "application/json"},
+            content=orjson.dumps(body),
+        )
+        # No idempotency key: a retry after an answer that was lost would make another.
+        response = yield from self.exchange(call, once=True)
+        return WorkflowCreated.model_validate_json(response.content)
+
+    def get_workflow(self, workflow_id: uuid.UUID | str) -> Flow[Workflow]:
+        response = yield from self.exchange(self.call("GET", f"/workflows/{workflow_id}"))
+        return Workflow.model_validate_json(response.content)
+
+    def cancel_workflow(self, workflow_id: uuid.UUID | str) -> Flow[WorkflowCancelAnswer]:
+        call = self.call("POST", f"/workflows/{workflow_id}/cancel")
+        response = yield from self.exchange(call)
+        return WorkflowCancelAnswer.model_validate_json(response.content)
+
+    def retry_workflow_job(
+        self, workflow_id: uuid.UUID | str, name: str
+    ) -> Flow[WorkflowRetryAnswer]:
+        call = self.call("POST", f"/workflows/{workflow_id}/jobs/{name}/retry")
+        response = yield from self.exchange(call)
+        return WorkflowRetryAnswer.model_validate_json(response.content)
 
     def page(self, where: JobFilter, *, limit: int | None, cursor: str | None) -> Flow[JobPage]:
         params = where.params()

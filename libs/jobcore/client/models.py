@@ -28,6 +28,12 @@ __all__ = [
     "JobStatus",
     "JobSummary",
     "PageLinks",
+    "Workflow",
+    "WorkflowCancelAnswer",
+    "WorkflowCreated",
+    "WorkflowEdge",
+    "WorkflowJob",
+    "WorkflowRetryAnswer",
 ]
 
 
@@ -225,3 +231,73 @@ class JobResult:
 
     def text(self, encoding: str = "utf-8") -> str:
         return self.content.decode(encoding)
+
+
+class WorkflowCreated(_Answer):
+    """``POST /workflows``: the workflow's id and each job's id by name."""
+
+    id: uuid.UUID
+    status: str
+    created_at: datetime
+    jobs: dict[str, uuid.UUID]
+
+
+class WorkflowEdge(_Answer):
+    name: str
+    job_id: uuid.UUID
+    policy: str
+    state: str
+
+
+class WorkflowJob(_Answer):
+    id: uuid.UUID
+    name: str
+    type: str
+    status: JobStatus
+    waiting_for_dependencies: bool
+    is_finally: bool
+    attempts: int
+    max_attempts: int
+    last_error: str | None = None
+    blocked_by: uuid.UUID | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    depends_on: list[WorkflowEdge]
+
+
+class Workflow(_Answer):
+    """``GET /workflows/{id}``: its status (running, succeeded, failed, cancelled) and
+    each job's."""
+
+    id: uuid.UUID
+    name: str | None = None
+    status: str
+    jobs_total: int
+    open_jobs: int
+    failed_jobs: int
+    counts: dict[str, int]
+    cancel_requested_at: datetime | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    jobs: list[WorkflowJob]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status != "running"
+
+    def job(self, name: str) -> WorkflowJob:
+        return next(job for job in self.jobs if job.name == name)
+
+
+class WorkflowCancelAnswer(_Answer):
+    id: uuid.UUID
+    cancelled: int
+    asked_to_stop: int
+
+
+class WorkflowRetryAnswer(_Answer):
+    workflow_id: uuid.UUID
+    name: str
+    job_id: uuid.UUID
+    status: str

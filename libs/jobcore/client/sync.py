@@ -40,6 +40,10 @@ from jobcore.client.models import (
     JobResult,
     JobStatus,
     JobSummary,
+    Workflow,
+    WorkflowCancelAnswer,
+    WorkflowCreated,
+    WorkflowRetryAnswer,
 )
 from jobcore.client.primitives import sleep, write
 from jobcore.client.retries import RetryPolicy
@@ -302,6 +306,33 @@ class Client:
     def cancel(self, job_id: uuid.UUID | str) -> CancelAnswer:
         """``POST /jobs/{id}/cancel``; :class:`~jobcore.client.Conflict` once it ended."""
         return self._run(self._core.cancel(job_id))
+
+    def create_workflow(
+        self, jobs: Sequence[Mapping[str, Any]], *, name: str | None = None
+    ) -> WorkflowCreated:
+        """``POST /workflows``: named jobs (``name``, ``type``, ``payload``, ``depends_on``:
+        names or ``{"name", "policy"}`` with policy ``on_success``, ``on_complete`` or
+        ``on_failure``; ``finally``), written in one transaction. Not retried after a
+        connection was made (there is no idempotency key): a lost answer raises."""
+        return self._run(self._core.create_workflow(jobs, name=name))
+
+    def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:
+        """``GET /workflows/{id}``: its status and each job's."""
+        return self._run(self._core.get_workflow(workflow_id))
+
+    def cancel_workflow(self, workflow_id: uuid.UUID | str) -> WorkflowCancelAnswer:
+        """``POST /workflows/{id}/cancel``: every job not ended is cancelled (a running one
+        asked to stop)."""
+        return self._run(self._core.cancel_workflow(workflow_id))
+
+    def retry_workflow_job(
+        self,
+        workflow_id: uuid.UUID | str,
+        name: str,
+    ) -> WorkflowRetryAnswer:
+        """``POST /workflows/{id}/jobs/{name}/retry``: a failed job runs again; the jobs it
+        made unreachable then wait for it."""
+        return self._run(self._core.retry_workflow_job(workflow_id, name))
 
     def page(
         self,

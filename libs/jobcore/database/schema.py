@@ -167,8 +167,16 @@ jobs = Table(
     # a key would lock the batch row for every member's insert and outcome; the pruner
     # removes a batch with its members (jobcore.database.sql.batches).
     Column("batch_id", UUID(as_uuid=True)),
+    # The workflow the job is a step of (jobcore.usecases.workflows), NULL for a job on its
+    # own. A step whose dependencies are not settled yet is pending and held for
+    # 'dependencies', with no outbox message, until the settle of its last dependency
+    # publishes it (migration 0031's trigger).
+    Column("workflow_id", UUID(as_uuid=True)),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
-    CheckConstraint("held_reason IN ('concurrency', 'rate_limit', 'ordering')", name="held_reason"),
+    CheckConstraint(
+        "held_reason IN ('concurrency', 'rate_limit', 'ordering', 'dependencies')",
+        name="held_reason",
+    ),
     CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
     CheckConstraint(_PRIORITY_RANGE, name="priority"),
     CheckConstraint("progress_fraction >= 0 AND progress_fraction <= 1", name="progress_fraction"),
@@ -280,6 +288,11 @@ jobs = Table(
         "batch_id",
         "status",
         postgresql_where=text("batch_id IS NOT NULL"),
+    # A workflow's steps (its reads, cancel, retention). Partial: a job on its own is not in it.
+    Index(
+        "jobs_workflow_idx",
+        "workflow_id",
+        postgresql_where=text("workflow_id IS NOT NULL"),
     ),
     Index(
         "jobs_ordering_blocking_idx",
@@ -358,6 +371,90 @@ batch_callbacks = Table(
     _timestamp("fired_at"),
     PrimaryKeyConstraint("batch_id", "event"),
     CheckConstraint("event IN ('success', 'complete', 'death')", name="event"),
+WORKFLOW_STATUSES = ("running", "succeeded", "failed", "cancelled")
+EDGE_POLICIES = ("on_success", "on_complete", "on_failure")
+EDGE_STATES = ("waiting", "satisfied", "unsatisfiable")
+
+# A workflow (jobcore.usecases.workflows): named jobs and the edges between them, written
+# by one statement. Its counters are kept by the trigger on jobs (migration 0031), in the
+# transaction of each settle: ``unsettled``, its steps that are not `finally` and not
+# terminal (at 0 its finally steps are published); ``open_jobs``, all its steps not
+# terminal (at 0 it is finished); ``failed_jobs``, its steps that failed.
+workflows = Table(
+    "workflows",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("name", Text),
+    Column("status", Text, nullable=False, server_default=text("'running'")),
+    Column("jobs_total", Integer, nullable=False),
+    Column("unsettled", Integer, nullable=False),
+    Column("open_jobs", Integer, nullable=False),
+    Column("failed_jobs", Integer, nullable=False, server_default=text("0")),
+    # Where its steps' messages go (the deployment's jobs exchange when it was created).
+    Column("exchange", Text, nullable=False),
+    _timestamp("cancel_requested_at"),
+    _timestamp("created_at", nullable=False, default_now=True),
+    _timestamp("finished_at"),
+    CheckConstraint(
+        "status IN (" + ", ".join(f"'{s}'" for s in WORKFLOW_STATUSES) + ")", name="status"
+    ),
+    CheckConstraint("unsettled >= 0 AND open_jobs >= 0 AND failed_jobs >= 0", name="counters"),
+    # A tenant's workflows, newest first; the pruner's range of finished ones.
+    Index("workflows_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    Index("workflows_created_idx", text("created_at DESC"), text("id DESC")),
+    Index(
+        "workflows_finished_idx", "finished_at", postgresql_where=text("finished_at IS NOT NULL")
+    ),
+)
+
+# A workflow's step: its name in the workflow, whether it is a `finally` step, and what its
+# release needs: ``waiting``, its incoming edges not satisfied (0: it may run); the
+# routing key of its message; ``blocked_by``, the dependency whose outcome made it
+# unreachable (it was cancelled for it, and a retry of that dependency revives it).
+workflow_jobs = Table(
+    "workflow_jobs",
+    metadata,
+    Column("job_id", UUID(as_uuid=True), primary_key=True),
+    Column(
+        "workflow_id",
+        UUID(as_uuid=True),
+        ForeignKey("workflows.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", Text, nullable=False),
+    Column("is_finally", Boolean, nullable=False, server_default=text("false")),
+    Column("waiting", Integer, nullable=False),
+    Column("routing_key", Text, nullable=False),
+    Column("blocked_by", UUID(as_uuid=True)),
+    CheckConstraint("waiting >= 0", name="waiting"),
+    Index("workflow_jobs_workflow_id_name_idx", "workflow_id", "name", unique=True),
+)
+
+# An edge: ``downstream`` runs when ``upstream``'s outcome satisfies ``policy``. ``state``
+# is resolved once per settle of the upstream (waiting → satisfied or unsatisfiable) and
+# reset by its retry: the counters move only on that change, so a settle replayed moves
+# nothing.
+workflow_edges = Table(
+    "workflow_edges",
+    metadata,
+    Column(
+        "workflow_id",
+        UUID(as_uuid=True),
+        ForeignKey("workflows.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("upstream", UUID(as_uuid=True), nullable=False),
+    Column("downstream", UUID(as_uuid=True), nullable=False),
+    Column("policy", Text, nullable=False, server_default=text("'on_success'")),
+    Column("state", Text, nullable=False, server_default=text("'waiting'")),
+    PrimaryKeyConstraint("upstream", "downstream"),
+    CheckConstraint(
+        "policy IN (" + ", ".join(f"'{p}'" for p in EDGE_POLICIES) + ")", name="policy"
+    ),
+    CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in EDGE_STATES) + ")", name="state"),
+    Index("workflow_edges_downstream_idx", "downstream"),
+    Index("workflow_edges_workflow_id_idx", "workflow_id"),
 )
 
 # One row per gate key (jobcore.kernel.gates): the row the claims of a concurrency or rate key

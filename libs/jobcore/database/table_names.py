@@ -34,6 +34,9 @@ TABLES = (
     "tenant_webhook_secrets",
     "webhook_deliveries",
     "webhook_endpoints",
+    "workflow_edges",
+    "workflow_jobs",
+    "workflows",
 )
 
 # The tables every job writes to and deletes from (or updates) on its way through: their

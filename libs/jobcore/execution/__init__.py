@@ -13,6 +13,8 @@ adds the delivery (AMQP), the batching of commits and the process around it.
   lease (heartbeats, watchdog, cancellation, ``ctx.transaction()``, the ``handler``
   span), record the outcome with a fenced statement;
 - :mod:`.transaction`: a handler's own transaction (``ctx.transaction()``) and its fence;
+- :mod:`.dependencies`: a workflow job's dependencies as it reads them
+  (``ctx.dependency_results()``), inline or from the result store;
 - :mod:`.progress`: a running job's progress, its bounds and how often it is written;
 - :mod:`.progress_reports`: a running job's progress reports, throttled;
 - :mod:`.payloads`: what a payload must be to be enqueued, and reading a claimed job's;

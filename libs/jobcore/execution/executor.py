@@ -65,6 +65,7 @@ from jobcore.database.store import (
 from jobcore.execution.attempts import call_handler, error_text
 from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
 from jobcore.execution.completion_webhooks import completion_params
+from jobcore.execution.dependencies import read_dependency_results
 from jobcore.execution.job_messages import job_message_row
 from jobcore.execution.outcomes import (
     CANCEL,
@@ -438,6 +439,9 @@ class JobExecutor:
             open_transaction=lambda: self._transaction(running),
             report_progress=lambda fraction, message: running.progress.report(fraction, message),
             snoozes=job.snoozes,
+            read_dependencies=lambda: read_dependency_results(
+                self.connections.connection, self.result_store, job.job_id
+            ),
         )
         progress = JobProgress(
             lambda fraction, message: self._write_progress(running, fraction, message),

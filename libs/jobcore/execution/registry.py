@@ -79,6 +79,16 @@ class JobContext(Generic[P]):
     # Times the job was snoozed before this run (jobcore.kernel.errors.Snooze): a snooze
     # keeps the attempt number, and this tells a handler how long it has been waiting.
     snoozes: int = 0
+    # Set by the worker: what reads a workflow step's dependencies (ctx.dependency_results).
+    read_dependencies: Callable[[], Awaitable[dict[str, Any]]] | None = None
+
+    async def dependency_results(self) -> dict[str, Any]:
+        """A workflow step's dependencies by name, each a
+        :class:`~jobcore.execution.dependencies.DependencyResult` (status, result inline or
+        read from the result store, error); empty for a job outside a workflow."""
+        if self.read_dependencies is None:
+            raise ServiceStateError("this context reads no dependencies (it runs outside a worker)")
+        return await self.read_dependencies()
 
     @property
     def fence(self) -> Fence:

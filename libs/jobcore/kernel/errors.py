@@ -97,6 +97,18 @@ class JobNotFound(JobcoreError):
     """No such job."""
 
 
+class WorkflowNotFound(JobcoreError):
+    """No such workflow."""
+
+
+class WorkflowStepNotFound(JobcoreError):
+    """The workflow has no job of that name."""
+
+
+class InvalidWorkflow(InvalidField):
+    """The workflow's graph is invalid (a cycle, an unknown or duplicate job name)."""
+
+
 class JobNotCancellable(JobcoreError):
     """The job already finished; it cannot be cancelled."""
 

@@ -35,5 +35,11 @@ class JobEventKind(StrEnum):
     DEAD_LETTERED = "dead_lettered"  # its message went to the DLQ (detail: by, reason)
     REPUBLISHED = "republished"  # the sweeper wrote its message again (detail: reason)
     CANCELLED = "cancelled"  # ended cancelled
+    # A workflow step's dependencies allowed it to run: its message was written (detail:
+    # workflow). Written by the settle of its last dependency, in that transaction.
+    DEPENDENCIES_MET = "dependencies_met"
+    # A workflow step cancelled as unreachable waits again, because the dependency that
+    # made it unreachable was retried (detail: workflow, dependency).
+    REVIVED = "revived"
     FINISHED = "finished"  # ended succeeded or failed (detail: status, error)
     WEBHOOK_ATTEMPT = "webhook_attempt"  # a completion webhook was sent (detail: outcome)

@@ -55,6 +55,7 @@ from jobcore.database.store import (
 from jobcore.database.store.audit_log import AuditLogPruneCountParams
 from jobcore.database.store.gates import JobGatesPruneCountParams
 from jobcore.database.store.inbox import InboxPruneCountParams
+from jobcore.database.store.workflows import workflow_store
 from jobcore.kernel.errors import DatabaseUnavailable, JobcoreError
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.connection import Transactions
@@ -77,6 +78,7 @@ TABLES = (
     "job_gates",
     "batches",
     "job_keys",
+    "workflows",
     "result_files",
 )
 # A result file is swept only when unchanged this long: a write in progress (a temporary
@@ -287,9 +289,24 @@ class Retention:
             gone, members = (int(row["batches"]), int(row["jobs"])) if row else (0, 0)
             return _Batch(collections.Counter(batches=gone, jobs=members), gone >= self.batch_size)
 
+        async def workflows_batch(uow: UnitOfWork) -> _Batch:
+            # A finished workflow goes whole, its jobs with it, once the longest retention
+            # of its jobs' statuses has passed.
+            keep = max(
+                self.settings.retention(status, "").total_seconds()
+                for status in ("succeeded", "failed", "cancelled")
+            )
+            row = await workflow_store.prune_batch(uow, {"keep": keep, "limit": self.batch_size})
+            gone = int(row["workflows"])
+            batch = _Batch(
+                collections.Counter(workflows=gone, jobs=int(row["jobs"])), gone >= self.batch_size
+            )
+            batch.files = [*(row["result_refs"] or ()), *(row["payload_refs"] or ())]
+            return batch
+
         # Gates after jobs: an ordering key's row goes once its last job has gone.
         steps = [jobs_batch] if kinds else []
-        steps += [batches_batch, inbox_batch, audit_batch, gates_batch, keys_batch]
+        steps += [workflows_batch, batches_batch, inbox_batch, audit_batch, gates_batch, keys_batch]
         for step in steps:
             try:
                 if not await self._batches(step, fence, pause, committed):

@@ -20,6 +20,7 @@ time, in order), batched commits, and completion webhooks (their outbox rows sta
 
     worker = InlineWorker(db)
     job_id = await worker.enqueue("send_email", {"to": "ada@example.com", "subject": "Hi"})
+    # or a workflow: await worker.workflow([{"name": ..., "type": ..., "depends_on": [...]}])
     drained = await worker.drain()
     assert drained.succeeded == 1
     assert (await worker.job(job_id))["status"] == "succeeded"
@@ -63,6 +64,7 @@ from jobcore.testing.inline import as_sent
 from jobcore.usecases.batches import BatchWritten, Callback, create_batch, get_batch
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.whereabouts import with_where
+from jobcore.usecases.workflows import WorkflowCreated, create_workflow, steps_from_documents
 
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
@@ -246,6 +248,30 @@ class InlineWorker:
     async def batch(self, batch_id: uuid.UUID) -> dict[str, Any]:
         """The batch as ``GET /batches/{id}`` reads it (counts, failed jobs, callbacks)."""
         return await get_batch(self.db, tenant=None, batch_id=batch_id)
+
+    async def workflow(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        name: str | None = None,
+        tenant: str = "test",
+    ) -> WorkflowCreated:
+        """Create a workflow as ``POST /workflows`` does (each job's payload checked by its
+        type, the graph checked, everything in one statement): ``jobs`` are documents with
+        ``name``, ``type``, ``payload``, ``depends_on`` (names, or ``{"name", "policy"}``)
+        and ``finally``. :meth:`drain` then runs its jobs as their dependencies allow."""
+
+        def resolve(type_name: str, payload: Any, _: int) -> tuple[Any, Any]:
+            kind = self.registry.get(type_name)
+            return kind, validate_payload(kind, as_sent(payload))
+
+        steps = steps_from_documents(jobs, resolve, tenant)
+        async with self.db.unit_of_work() as uow:
+            created = await create_workflow(
+                uow, self.topology, tenant=tenant, steps=steps, name=name
+            )
+            await uow.commit()
+        return created
 
     async def job(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The job's row as the API reads it (status, attempts, result, last_error, ...,

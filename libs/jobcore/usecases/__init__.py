@@ -16,6 +16,8 @@
 - :mod:`~jobcore.usecases.batches`: create a batch with callbacks, add members, close,
   read, list and cancel it (a retried member takes its place);
 - :mod:`~jobcore.usecases.timeline`: a job's events and where it is now;
+- :mod:`~jobcore.usecases.workflows`: create a workflow (jobs and the edges between them),
+  read it, cancel it, retry one of its jobs in place;
 - :mod:`~jobcore.usecases.outbox`: the outbox's status, failing and quarantined rows,
   requeue and discard;
 - :mod:`~jobcore.usecases.dlq`: list and replay dead letters;

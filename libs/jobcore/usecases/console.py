@@ -211,7 +211,7 @@ def _search_params(
 class Hold:
     """What keeps a pending job from starting, and where its fellow jobs are listed."""
 
-    # ordering, concurrency, rate_limit, paused_queue or paused_type.
+    # ordering, concurrency, rate_limit, dependencies, paused_queue or paused_type.
     kind: str
     # What holds it, in words ("ordering key acct-1 of tenant acme").
     what: str
@@ -317,6 +317,13 @@ async def _hold(db: Database, job: Mapping[str, Any]) -> Hold | None:
     if job.get("paused") is not None:
         return Hold("paused_type", f"paused job type {job['type']}", JobSearch(type=job["type"]))
     reason = job.get("held_reason")
+    if reason == "dependencies":
+        return Hold(
+            "dependencies",
+            f"workflow {job.get('workflow_id')}",
+            None,
+            "it starts when the jobs it depends on have ended as its edges require",
+        )
     if reason == "ordering":
         others = JobSearch(tenant=job["tenant"], key_kind="ordering", key=job["ordering_key"])
         async with db.session() as session:

@@ -146,6 +146,12 @@ async def retry_job(
         work.entry.tenant = job["tenant"]
         if job["status"] not in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise JobNotRetryable(f"job {job_id} is {job['status']}; only failed or cancelled jobs")
+        if job.get("workflow_id") is not None:
+            # A copy would stand outside the workflow, and its dependents would never see it.
+            raise JobNotRetryable(
+                f"job {job_id} is a job of workflow {job['workflow_id']}: retry it through the "
+                "workflow (`jobcore workflows retry`, POST /workflows/{id}/jobs/{name}/retry)"
+            )
         job_type = registry.get(job["type"])
         # In an ordering key the copy takes the job's place while the job still blocks the
         # key (the jobs after it then wait for the copy), else it goes to the back of the

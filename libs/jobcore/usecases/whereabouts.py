@@ -143,6 +143,11 @@ def _pending(job: Mapping[str, Any], now: datetime) -> str:
             f"(`jobcore types resume {job['type']}` lets it run)"
         )
     held = job.get("held_reason")
+    if held == "dependencies":
+        return (
+            f"waiting for its dependencies in workflow {job.get('workflow_id')}: the settle "
+            "of the last one it waits for publishes it"
+        )
     if held is not None:
         return {
             "ordering": "held: an earlier job of its ordering key has not finished",

@@ -236,7 +236,7 @@ TENANT_USAGE_LOCK = Query[TenantUsageLockParams](
 )
 
 
-def batch_admission_ctes() -> str:
+def batch_admission_ctes(*, all_or_nothing: bool = False) -> str:
     """For a batch whose tenant's usage row the transaction holds (TENANT_USAGE_LOCK):
     ``limits``, and ``room``: how many of the batch's ``wanted`` new items are admitted
     (``admitted``, the first ones in the batch's order) and, when not all, which quota
@@ -246,7 +246,8 @@ def batch_admission_ctes() -> str:
     The same rules as :func:`admission_ctes`, for k items at once: GCRA admits k when
     max(tat, now) + k/rate is at most burst/rate ahead of now; the cap admits up to
     max_unfinished minus the unfinished jobs (the row's count plus its deltas).
-    Needs ``wanted`` (a CTE with one row and its column ``n``). With an API key
+    Needs ``wanted`` (a CTE with one row and its column ``n``). ``all_or_nothing``: none
+    is admitted (nor charged) unless all are, for a workflow's jobs. With an API key
     (``key_id``) that is no longer usable, ``limits`` is empty and so is everything that
     follows: nothing is admitted or charged.
     """
@@ -265,7 +266,11 @@ def batch_admission_ctes() -> str:
                          + l.burst / l.rate + {EPSILON}) * l.rate), 0) END AS rate_room
         FROM wanted, limits AS l, usage
     ), room AS (
-        SELECT least(wanted, cap_room, rate_room)::int AS admitted,
+        SELECT {
+        "CASE WHEN least(wanted, cap_room, rate_room) < wanted THEN 0 ELSE wanted END"
+        if all_or_nothing
+        else "least(wanted, cap_room, rate_room)"
+    }::int AS admitted,
                CASE WHEN coalesce(cap_room, wanted) < wanted
                          AND coalesce(cap_room, wanted) <= coalesce(rate_room, wanted)
                         THEN 'max_unfinished'

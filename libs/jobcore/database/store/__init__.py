@@ -30,6 +30,8 @@ its tenant's usage), all through :class:`JobStore`:
   ``webhook_deliveries``, ``webhook_endpoints``, ``tenant_webhook_secrets``.
 - :class:`JobTypeStore` (:mod:`~jobcore.database.store.job_types`): ``job_type_registry``, the
   workers' job types that ``jobcore_enqueue()`` checks against.
+- :class:`WorkflowStore` (:mod:`~jobcore.database.store.workflows`): ``workflows``, their
+  steps and edges.
 - :class:`LedgerStore` (:mod:`~jobcore.database.store.ledger`): the demo's ledger tables.
 - :class:`ConsoleStore` (:mod:`~jobcore.database.store.console`): the console's reads across tables.
 - :class:`DatabaseStore` (:mod:`~jobcore.database.store.database`): the database itself (health,
@@ -120,6 +122,7 @@ from jobcore.database.store.webhook_deliveries import (
     webhook_endpoint_store,
     webhook_secret_store,
 )
+from jobcore.database.store.workflows import WorkflowStore, workflow_store
 
 __all__ = [
     "CANCEL_CHANNEL",
@@ -183,6 +186,7 @@ __all__ = [
     "WebhookDeliveryStore",
     "WebhookEndpointStore",
     "WebhookSecretStore",
+    "WorkflowStore",
     "api_key_store",
     "audit_log_store",
     "batch_store",
@@ -203,4 +207,5 @@ __all__ = [
     "webhook_delivery_store",
     "webhook_endpoint_store",
     "webhook_secret_store",
+    "workflow_store",
 ]

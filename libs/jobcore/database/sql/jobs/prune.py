@@ -141,6 +141,8 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
             WHERE jobs.status = rules.status AND jobs.type = rules.type
               AND jobs.status IN {TERMINAL_SQL}
               AND jobs.finished_at < now() - make_interval(secs => rules.keep)
+              -- A workflow's jobs go with their workflow (WORKFLOW_PRUNE_BATCH).
+              AND jobs.workflow_id IS NULL
             ORDER BY jobs.finished_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
