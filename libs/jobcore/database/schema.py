@@ -288,6 +288,7 @@ jobs = Table(
         "batch_id",
         "status",
         postgresql_where=text("batch_id IS NOT NULL"),
+    ),
     # A workflow's steps (its reads, cancel, retention). Partial: a job on its own is not in it.
     Index(
         "jobs_workflow_idx",
@@ -371,6 +372,8 @@ batch_callbacks = Table(
     _timestamp("fired_at"),
     PrimaryKeyConstraint("batch_id", "event"),
     CheckConstraint("event IN ('success', 'complete', 'death')", name="event"),
+)
+
 WORKFLOW_STATUSES = ("running", "succeeded", "failed", "cancelled")
 EDGE_POLICIES = ("on_success", "on_complete", "on_failure")
 EDGE_STATES = ("waiting", "satisfied", "unsatisfiable")
