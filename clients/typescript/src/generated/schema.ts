@@ -61,6 +61,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/jobs/refresh_dashboard": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enqueue a refresh_dashboard job
+         * @description The body is the job's payload. Queue: `default`; up to 3 attempts unless `max_attempts` says otherwise. Throttled by the payload's `dashboard`: one job per 10 s; the requests of a key within that period are answered with its job (`joined`) and write nothing.
+         */
+        post: operations["enqueue_refresh_dashboard_jobs_refresh_dashboard_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/jobs/reindex_account": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enqueue a reindex_account job
+         * @description The body is the job's payload. Queue: `default`; up to 5 attempts unless `max_attempts` says otherwise. Debounced by the payload's `account`: requests of one key join one job (`joined`), which runs 5 s after the last of them and at most 60 s after the first, with every payload (up to 100).
+         */
+        post: operations["enqueue_reindex_account_jobs_reindex_account_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/jobs/send_email": {
         parameters: {
             query?: never;
@@ -141,6 +181,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/jobs/refresh_dashboard/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enqueue up to 1000 refresh_dashboard jobs
+         * @description Each item is a payload with its own optional `idempotency_key`, `unique_key`, `entity_id`, `max_attempts` and `run_at` or `delay`; `callback_url` applies to every item. The jobs created are committed together. `200` whenever the batch could be read and every item is valid: every item's outcome is in `items`, in order (`created`, `replayed`, `unique_conflict`, `refused` by a quota, `invalid` for an idempotency key used for another request). An invalid item refuses the whole batch with `422`, locating its errors under `items`. The rate limit counts items.
+         */
+        post: operations["batch_enqueue_refresh_dashboard_jobs_refresh_dashboard_batch_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/jobs/reindex_account/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enqueue up to 1000 reindex_account jobs
+         * @description Each item is a payload with its own optional `idempotency_key`, `unique_key`, `entity_id`, `max_attempts` and `run_at` or `delay`; `callback_url` applies to every item. The jobs created are committed together. `200` whenever the batch could be read and every item is valid: every item's outcome is in `items`, in order (`created`, `replayed`, `unique_conflict`, `refused` by a quota, `invalid` for an idempotency key used for another request). An invalid item refuses the whole batch with `422`, locating its errors under `items`. The rate limit counts items.
+         */
+        post: operations["batch_enqueue_reindex_account_jobs_reindex_account_batch_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/jobs/send_email/batch": {
         parameters: {
             query?: never;
@@ -201,7 +281,11 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Change a pending job in place
+         * @description Changes `run_at`, `priority` and `payload` of a job that is pending (never claimed since it was read, or back to pending), compare-and-set on the version read: `If-Match` names the ETag of `GET /jobs/{id}`. `428` without it, `412` when the job changed since (read it again), `409` when it was claimed or ended (a running attempt never sees a change). A new payload is validated as an enqueue's and may not change the job's unique, concurrency or rate key (`422`). Audited; the job's timeline gets an `edited` event.
+         */
+        patch: operations["edit_job_jobs__job_id__patch"];
         trace?: never;
     };
     "/jobs/{job_id}/result": {
@@ -281,6 +365,112 @@ export interface paths {
          *     Finished: 409 with its status.
          */
         post: operations["cancel_job_jobs__job_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Batches
+         * @description The tenant's newest batches, newest first.
+         */
+        get: operations["list_batches_batches_get"];
+        put?: never;
+        /**
+         * Create a batch of jobs with callbacks
+         * @description Up to 1000 jobs of any registered types, written with the batch in one transaction (all or none), and callbacks that each fire once: `on_success` when every member has succeeded (a member retried to success counts), `on_complete` when every member has settled, `on_death` at the first member that fails for good. Never before the batch is closed: at once by default, or by `POST /batches/{id}/close` for one created `open`. A batch created with `parent_id` is a member of that open batch.
+         */
+        post: operations["create_batch_batches_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Batch
+         * @description The batch: its counts, status, failed jobs (up to 1,000) and callbacks fired.
+         */
+        get: operations["get_batch_batches__batch_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add jobs to an open batch
+         * @description Add jobs to an open batch (409 once it is closed), all or none.
+         */
+        post: operations["add_jobs_batches__batch_id__jobs_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Close Batch
+         * @description Close the batch: no job joins it any more, and its callbacks fire once their
+         *     conditions hold (at once, if its jobs have settled). Closing it again changes nothing.
+         */
+        post: operations["close_batch_batches__batch_id__close_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/batches/{batch_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel Batch
+         * @description Close the batch and its child batches, cancel their pending jobs and ask the
+         *     workers of their running ones to stop. on_complete fires once they have all settled.
+         */
+        post: operations["cancel_batch_batches__batch_id__cancel_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -606,6 +796,13 @@ export interface components {
         /**
          * Accepted
          * @description The job is stored (with its outbox message); poll ``links.self`` for its status.
+         *
+         *     ``joined``: true when the job type debounces or throttles by key and the key's open
+         *     job answered the request: ``job_id`` is that job (a debounce's trailing job, which now
+         *     also holds this payload and runs a period from now at the latest its max wait
+         *     allows; a throttle's job of the period, this payload dropped) and nothing new was
+         *     written. False: ``job_id`` is the job this request wrote (or, with
+         *     ``Idempotent-Replayed``, the job its idempotency key wrote).
          */
         Accepted: {
             /**
@@ -614,6 +811,8 @@ export interface components {
              */
             job_id: string;
             status: components["schemas"]["JobStatus"];
+            /** Joined */
+            joined: boolean;
             links: components["schemas"]["JobLinks"];
         };
         /** AdminCancelAnswer */
@@ -819,12 +1018,30 @@ export interface components {
             items: components["schemas"]["BatchItemAnswer"][];
             counts: components["schemas"]["BatchCounts"];
         };
+        /**
+         * BatchCallbackView
+         * @description A callback of a batch: its job type, and the job it fired (null until it fires).
+         */
+        BatchCallbackView: {
+            /** Type */
+            type: string;
+            /** Job Id */
+            job_id: string | null;
+        };
+        /** BatchCallbacks */
+        BatchCallbacks: {
+            on_success?: components["schemas"]["BatchCallbackView"] | null;
+            on_complete?: components["schemas"]["BatchCallbackView"] | null;
+            on_death?: components["schemas"]["BatchCallbackView"] | null;
+        };
         /** BatchCounts */
         BatchCounts: {
             /** Created */
             created: number;
             /** Replayed */
             replayed: number;
+            /** Joined */
+            joined: number;
             /** Unique Conflict */
             unique_conflict: number;
             /** Refused */
@@ -833,9 +1050,59 @@ export interface components {
             invalid: number;
         };
         /**
+         * BatchCreated
+         * @description The batch created; ``job_ids``: its jobs, in the order given.
+         */
+        BatchCreated: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Parent Id */
+            parent_id: string | null;
+            /** Description */
+            description: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "open" | "closed" | "succeeded" | "settled" | "cancelled";
+            /** Total */
+            total: number;
+            /** Pending */
+            pending: number;
+            /** Succeeded */
+            succeeded: number;
+            /** Failed */
+            failed: number;
+            /** Cancelled */
+            cancelled: number;
+            /** Failed Job Ids */
+            failed_job_ids: string[];
+            /** First Death Job Id */
+            first_death_job_id: string | null;
+            callbacks: components["schemas"]["BatchCallbacks"];
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Closed At */
+            closed_at: string | null;
+            /** Settled At */
+            settled_at: string | null;
+            /** Cancelled At */
+            cancelled_at: string | null;
+            /** Job Ids */
+            job_ids: string[];
+        };
+        /**
          * BatchItemAnswer
          * @description One item's outcome, at its ``index`` in the request. ``created``: a new job;
-         *     ``replayed``: the job of the item's idempotency key (same request); ``unique_conflict``:
+         *     ``replayed``: the job of the item's idempotency key (same request); ``joined``: the
+         *     open job of the item's debounce or throttle key (``job_id``; ``joined`` is true),
+         *     nothing new written; ``unique_conflict``:
          *     the live job that holds its unique key (``job_id``, ``job_status``), nothing written;
          *     ``refused``: a quota (``problem``: enqueue-rate-limited or too-many-unfinished-jobs,
          *     with ``retry_after``); ``invalid``: the item's idempotency key was used for another
@@ -849,7 +1116,75 @@ export interface components {
             /** Job Id */
             job_id: string | null;
             job_status: components["schemas"]["JobStatus"] | null;
+            /** Joined */
+            joined: boolean;
             problem: components["schemas"]["Problem"] | null;
+        };
+        /** BatchJobsAdded */
+        BatchJobsAdded: {
+            /**
+             * Batch Id
+             * Format: uuid
+             */
+            batch_id: string;
+            /** Job Ids */
+            job_ids: string[];
+            /** Closed */
+            closed: boolean;
+        };
+        /** BatchList */
+        BatchList: {
+            /** Items */
+            items: components["schemas"]["BatchView"][];
+        };
+        /**
+         * BatchView
+         * @description A batch (``POST /batches``). ``status``: ``open`` (jobs may join), ``closed`` (some
+         *     member has not settled), ``succeeded`` (all did), ``settled`` (all settled, not all
+         *     succeeded), ``cancelled``. The counts are of its own members, a child batch counting
+         *     as one; ``failed_job_ids`` lists up to 1,000 of its failed jobs.
+         */
+        BatchView: {
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Parent Id */
+            parent_id: string | null;
+            /** Description */
+            description: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "open" | "closed" | "succeeded" | "settled" | "cancelled";
+            /** Total */
+            total: number;
+            /** Pending */
+            pending: number;
+            /** Succeeded */
+            succeeded: number;
+            /** Failed */
+            failed: number;
+            /** Cancelled */
+            cancelled: number;
+            /** Failed Job Ids */
+            failed_job_ids: string[];
+            /** First Death Job Id */
+            first_death_job_id: string | null;
+            callbacks: components["schemas"]["BatchCallbacks"];
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Closed At */
+            closed_at: string | null;
+            /** Settled At */
+            settled_at: string | null;
+            /** Cancelled At */
+            cancelled_at: string | null;
         };
         /** CancelAnswer */
         CancelAnswer: {
@@ -959,7 +1294,28 @@ export interface components {
          * ItemStatus
          * @enum {string}
          */
-        ItemStatus: "created" | "replayed" | "unique_conflict" | "refused" | "invalid";
+        ItemStatus: "created" | "replayed" | "joined" | "unique_conflict" | "refused" | "invalid";
+        /**
+         * JobEdit
+         * @description What ``PATCH /jobs/{id}`` changes in a pending job; a field left out stays as it is.
+         *     At least one.
+         */
+        JobEdit: {
+            /**
+             * Run At
+             * Format: date-time
+             */
+            run_at?: string;
+            /**
+             * Priority
+             * @enum {string}
+             */
+            priority?: "high" | "normal" | "low";
+            /** Payload */
+            payload?: {
+                [key: string]: unknown;
+            };
+        };
         /**
          * JobEventView
          * @description One state change or hop of a job, as it happened (never changed afterwards).
@@ -1157,6 +1513,12 @@ export interface components {
             waiting_for?: ("queue paused" | "job type paused") | null;
             /** Where */
             where: string;
+            /** Version */
+            version?: string | null;
+            /** Debounce Key */
+            debounce_key?: string | null;
+            /** Debounce Count */
+            debounce_count?: number | null;
         };
         /** OutboxActedOn */
         OutboxActedOn: {
@@ -1466,6 +1828,21 @@ export interface components {
         };
         /** NoopPayload */
         NoopPayload: Record<string, never>;
+        /** RefreshDashboardPayload */
+        RefreshDashboardPayload: {
+            /** Dashboard */
+            dashboard: string;
+        };
+        /** ReindexAccountPayload */
+        ReindexAccountPayload: {
+            /** Account */
+            account: string;
+            /**
+             * Change
+             * @default
+             */
+            change?: string;
+        };
         /** SendEmailPayload */
         SendEmailPayload: {
             /**
@@ -1829,6 +2206,314 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": components["schemas"]["NoopPayload"];
+            };
+        };
+        responses: {
+            /** @description Accepted: the job and its outbox message are stored. */
+            202: {
+                headers: {
+                    /** @description The job: poll it with `GET`. */
+                    Location: string;
+                    /** @description The request repeated one already accepted with the same `Idempotency-Key`: this is that job. */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst takes to refill>` (IETF RateLimit headers). Absent when the rate is unlimited. */
+                    "RateLimit-Policy"?: string;
+                    /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
+                    RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    /** @description The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst takes to refill>` (IETF RateLimit headers). Absent when the rate is unlimited. */
+                    "RateLimit-Policy"?: string;
+                    /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
+                    RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    enqueue_refresh_dashboard_jobs_refresh_dashboard_post: {
+        parameters: {
+            query?: {
+                /** @description Your id of what the job is about, for `GET /jobs?entity_id=`. */
+                entity_id?: string;
+                /** @description Defaults to the job type's own limit. */
+                max_attempts?: number;
+                /** @description Run no earlier than this (RFC 3339 with an offset, within a year). */
+                run_at?: string;
+                /** @description Run no earlier than this many seconds from now. */
+                delay?: number;
+                /** @description At most one pending or running job of this type per unique key: while one holds it, the request answers 409 `unique-job-exists` with that job's id. Defaults to the job type's unique payload field, if it names one. */
+                unique_key?: string;
+                /** @description high, normal or low; defaults to the job type's own. A worker's queue serves higher levels first without starving lower ones (4:2:1 while all three wait). */
+                priority?: "high" | "normal" | "low";
+                /** @description Jobs of yours with the same ordering key start one at a time, in the order they were accepted: each after the one before it has finished (a failed one keeps the rest waiting if its type says `ordering="block"`). */
+                ordering_key?: string;
+                /** @description An http(s) URL that receives a signed POST when the job ends (succeeded, failed or cancelled). Its host must resolve to public addresses only (or be one of JOBCORE_WEBHOOK_ALLOWED_HOSTS), its port from 1 to 65535. */
+                callback_url?: string;
+            };
+            header?: {
+                /** @description Makes retries safe: the same key (per tenant and job type) and request (payload, callback_url, run_at/delay, max_attempts, entity_id, unique_key, priority, ordering_key) answer the same job; a different request answers 422. A key is kept as long as its job. 1 to 255 printable ASCII characters, else 400 `invalid-idempotency-key`. */
+                "Idempotency-Key"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RefreshDashboardPayload"];
+            };
+        };
+        responses: {
+            /** @description Accepted: the job and its outbox message are stored. */
+            202: {
+                headers: {
+                    /** @description The job: poll it with `GET`. */
+                    Location: string;
+                    /** @description The request repeated one already accepted with the same `Idempotency-Key`: this is that job. */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst takes to refill>` (IETF RateLimit headers). Absent when the rate is unlimited. */
+                    "RateLimit-Policy"?: string;
+                    /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
+                    RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    /** @description The enqueue rate limit: `"enqueue";q=<burst>;w=<seconds the burst takes to refill>` (IETF RateLimit headers). Absent when the rate is unlimited. */
+                    "RateLimit-Policy"?: string;
+                    /** @description What is left of it: `"enqueue";r=<requests left>;t=<seconds until full>`. Absent when the rate is unlimited. */
+                    RateLimit?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Bad Gateway */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    enqueue_reindex_account_jobs_reindex_account_post: {
+        parameters: {
+            query?: {
+                /** @description Your id of what the job is about, for `GET /jobs?entity_id=`. */
+                entity_id?: string;
+                /** @description Defaults to the job type's own limit. */
+                max_attempts?: number;
+                /** @description Run no earlier than this (RFC 3339 with an offset, within a year). */
+                run_at?: string;
+                /** @description Run no earlier than this many seconds from now. */
+                delay?: number;
+                /** @description At most one pending or running job of this type per unique key: while one holds it, the request answers 409 `unique-job-exists` with that job's id. Defaults to the job type's unique payload field, if it names one. */
+                unique_key?: string;
+                /** @description high, normal or low; defaults to the job type's own. A worker's queue serves higher levels first without starving lower ones (4:2:1 while all three wait). */
+                priority?: "high" | "normal" | "low";
+                /** @description Jobs of yours with the same ordering key start one at a time, in the order they were accepted: each after the one before it has finished (a failed one keeps the rest waiting if its type says `ordering="block"`). */
+                ordering_key?: string;
+                /** @description An http(s) URL that receives a signed POST when the job ends (succeeded, failed or cancelled). Its host must resolve to public addresses only (or be one of JOBCORE_WEBHOOK_ALLOWED_HOSTS), its port from 1 to 65535. */
+                callback_url?: string;
+            };
+            header?: {
+                /** @description Makes retries safe: the same key (per tenant and job type) and request (payload, callback_url, run_at/delay, max_attempts, entity_id, unique_key, priority, ordering_key) answer the same job; a different request answers 422. A key is kept as long as its job. 1 to 255 printable ASCII characters, else 400 `invalid-idempotency-key`. */
+                "Idempotency-Key"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReindexAccountPayload"];
             };
         };
         responses: {
@@ -2455,6 +3140,238 @@ export interface operations {
             };
         };
     };
+    batch_enqueue_refresh_dashboard_jobs_refresh_dashboard_batch_post: {
+        parameters: {
+            query?: {
+                /** @description An http(s) URL that receives a signed POST when the job ends (succeeded, failed or cancelled). Its host must resolve to public addresses only (or be one of JOBCORE_WEBHOOK_ALLOWED_HOSTS), its port from 1 to 65535. */
+                callback_url?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    items: {
+                        /** @description The job's payload. */
+                        payload: components["schemas"]["RefreshDashboardPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    }[];
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchAnswer"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    batch_enqueue_reindex_account_jobs_reindex_account_batch_post: {
+        parameters: {
+            query?: {
+                /** @description An http(s) URL that receives a signed POST when the job ends (succeeded, failed or cancelled). Its host must resolve to public addresses only (or be one of JOBCORE_WEBHOOK_ALLOWED_HOSTS), its port from 1 to 65535. */
+                callback_url?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    items: {
+                        /** @description The job's payload. */
+                        payload: components["schemas"]["ReindexAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    }[];
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchAnswer"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     batch_enqueue_send_email_jobs_send_email_batch_post: {
         parameters: {
             query?: {
@@ -2731,6 +3648,126 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before trying again. */
                     "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    edit_job_jobs__job_id__patch: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The ETag of the job as `GET /jobs/{id}` answered it (its `version`, quoted): the edit applies only if the job is still that version. Without it, or with `*` or a weak ETag: 428. */
+                "If-Match": string;
+            };
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["JobEdit"];
+            };
+        };
+        responses: {
+            /** @description Changed: the job as it is now. */
+            200: {
+                headers: {
+                    /** @description The job's new version: the next edit's `If-Match`. */
+                    ETag?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The id is shaped like a job type name: the path is that type's enqueue route (`POST` only). */
+            405: {
+                headers: {
+                    /** @description The methods the path takes. */
+                    Allow: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Precondition Failed */
+            412: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Precondition Required */
+            428: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {
@@ -3068,6 +4105,802 @@ export interface operations {
             };
             /** @description Conflict */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_batches_batches_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_batch_batches_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /**
+                     * Id
+                     * @description The batch's id (a new one unless given): a request repeated with the same id is answered from the batch it made (`200`, `Idempotent-Replayed: true`), its jobs matched by their `idempotency_key`.
+                     */
+                    id?: string | null;
+                    /** Jobs */
+                    jobs?: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "refresh_dashboard";
+                        payload: components["schemas"]["RefreshDashboardPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "reindex_account";
+                        payload: components["schemas"]["ReindexAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
+                    /**
+                     * Open
+                     * @description Leave the batch open for `POST /batches/{id}/jobs` until `POST /batches/{id}/close`; by default it is closed with the jobs given.
+                     * @default false
+                     */
+                    open?: boolean;
+                    /**
+                     * Parent Id
+                     * @description An open batch this one joins as a member.
+                     */
+                    parent_id?: string | null;
+                    /** Description */
+                    description?: string | null;
+                };
+            };
+        };
+        responses: {
+            /** @description A repeated request's batch. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchCreated"];
+                };
+            };
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchCreated"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_batch_batches__batch_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    add_jobs_batches__batch_id__jobs_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Jobs */
+                    jobs: ({
+                        /** @constant */
+                        type: "credit_account";
+                        payload: components["schemas"]["CreditAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "export_csv";
+                        payload: components["schemas"]["ExportCsvPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "noop";
+                        payload: components["schemas"]["NoopPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "refresh_dashboard";
+                        payload: components["schemas"]["RefreshDashboardPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "reindex_account";
+                        payload: components["schemas"]["ReindexAccountPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    } | {
+                        /** @constant */
+                        type: "send_email";
+                        payload: components["schemas"]["SendEmailPayload"];
+                        /**
+                         * Idempotency Key
+                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         */
+                        idempotency_key?: string | null;
+                        /** Unique Key */
+                        unique_key?: string | null;
+                        /** Entity Id */
+                        entity_id?: string | null;
+                        /** Max Attempts */
+                        max_attempts?: number | null;
+                        /** Run At */
+                        run_at?: string | null;
+                        /** Delay */
+                        delay?: number | null;
+                    })[];
+                    /**
+                     * Close
+                     * @description Close the batch after these jobs.
+                     * @default false
+                     */
+                    close?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchJobsAdded"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    close_batch_batches__batch_id__close_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After": number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel_batch_batches__batch_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                batch_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchView"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
+                    "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
