@@ -27,6 +27,7 @@ EXPECTED_TABLES = {
     "job_gates": 0,
     "job_keys": 0,
     "batches": 0,
+    "workflows": 0,
     "result_files": 3,
 }
 
@@ -104,7 +105,7 @@ async def test_dry_run_shows_what_would_go_then_a_pass_deletes_exactly_that(
     assert {t: before[t] - after[t] for t in after} == {
         t: n
         for t, n in EXPECTED_TABLES.items()
-        if t not in ("result_files", "audit_log", "job_gates", "job_keys", "batches")
+        if t not in ("result_files", "audit_log", "job_gates", "job_keys", "batches", "workflows")
     }
     # The old entry went, the recent one stayed, and the pass recorded what it deleted;
     # the dry run recorded nothing.
