@@ -19,8 +19,9 @@ statements mirror jobcore.database.sql.jobs.enqueue.JOB_INSERT and
 jobcore.database.sql.tenant_quotas.admission_ctes as of this revision; a test
 (tests/integration/intx/test_sql_enqueue.py) compares the rows each path writes.
 
-SECURITY DEFINER, with its search_path fixed (the caller's search_path, which may name
-an application's own ``jobs`` table, plays no part), and EXECUTE revoked from PUBLIC:
+SECURITY DEFINER, with its search_path fixed to the migration's, where jobcore's tables
+are (the caller's search_path, which may name an application's own ``jobs`` table, plays
+no part; revision 0030 puts pg_temp last in it), and EXECUTE revoked from PUBLIC:
 a role enqueues once granted EXECUTE, with no privilege on jobcore's tables.
 
 Additive: code of the previous revision neither reads nor writes either object.
@@ -151,7 +152,7 @@ CREATE OR REPLACE FUNCTION jobcore_enqueue(
     entity_id text DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = public, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 #variable_conflict use_column
 DECLARE

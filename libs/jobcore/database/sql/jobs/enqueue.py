@@ -53,7 +53,7 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
     admission = approximate_admission_ctes() if approximate else admission_ctes()
     return f"""
     WITH {admission}, place AS (
-        INSERT INTO job_gates (key, counter)
+        INSERT INTO jobcore.job_gates (key, counter)
         SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
         FROM go
         WHERE %(ordering_key)s::text IS NOT NULL
@@ -62,7 +62,7 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
         SET counter = job_gates.counter + 1, updated_at = now()
         RETURNING counter
     ), job AS (
-        INSERT INTO jobs (
+        INSERT INTO jobcore.jobs (
             id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority,
@@ -79,7 +79,7 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
             coalesce(%(ordering_seq)s::bigint, (SELECT counter FROM place)),
             %(ordering_blocks)s,
             coalesce(%(callback_url)s, (
-                SELECT url FROM webhook_endpoints
+                SELECT url FROM jobcore.webhook_endpoints
                 WHERE tenant = go.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
@@ -91,7 +91,7 @@ def _insert_job_with_outbox(*, approximate: bool = False) -> str:
         ON CONFLICT DO NOTHING
         RETURNING id, tenant, created_at, priority
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
@@ -201,12 +201,12 @@ JOB_INSERT_PREVIEW = Query[JobInsertPreviewParams](
     FROM limits
     LEFT JOIN usage ON true
     LEFT JOIN LATERAL (
-        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        SELECT id, status, created_at, payload_fingerprint FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND idempotency_key = %(idempotency_key)s
     ) AS keyed ON true
     LEFT JOIN LATERAL (
-        SELECT id, status FROM jobs
+        SELECT id, status FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ) AS live ON true
@@ -293,13 +293,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
         LEFT JOIN LATERAL (
-            SELECT 1 AS held FROM jobs
+            SELECT 1 AS held FROM jobcore.jobs
             WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.idempotency_key = input.idempotency_key
             LIMIT 1
         ) AS keyed ON true
         LEFT JOIN LATERAL (
-            SELECT 1 AS held FROM jobs
+            SELECT 1 AS held FROM jobcore.jobs
             WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.unique_key = input.unique_key
               AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
@@ -310,13 +310,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT count(*) AS n FROM fresh
     ), {batch_admission_ctes()}, hook AS (
         SELECT (
-            SELECT url FROM webhook_endpoints
+            SELECT url FROM jobcore.webhook_endpoints
             WHERE tenant = %(tenant)s::text AND job_type IN (%(type)s, '*')
             ORDER BY job_type = '*'
             LIMIT 1
         ) AS url
     ), job AS (
-        INSERT INTO jobs (
+        INSERT INTO jobcore.jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority, concurrency_key, concurrency_limit, rate_key,
@@ -338,7 +338,7 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         ON CONFLICT DO NOTHING
         RETURNING id, status, created_at
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
@@ -384,12 +384,12 @@ JOB_GET_BATCH_HOLDERS = Query[JobGetBatchHoldersParams](
     FROM unnest(%(ns)s::int[], %(idempotency_keys)s::text[], %(unique_keys)s::text[])
         AS input(n, idempotency_key, unique_key)
     LEFT JOIN LATERAL (
-        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        SELECT id, status, created_at, payload_fingerprint FROM jobcore.jobs
         WHERE tenant = %(tenant)s AND type = %(type)s
           AND idempotency_key = input.idempotency_key AND idempotency_key IS NOT NULL
     ) AS keyed ON true
     LEFT JOIN LATERAL (
-        SELECT id, status FROM jobs
+        SELECT id, status FROM jobcore.jobs
         WHERE tenant = %(tenant)s AND type = %(type)s
           AND unique_key = input.unique_key AND unique_key IS NOT NULL
           AND status IN {LIVE_SQL}
@@ -408,7 +408,7 @@ JOB_GET_BY_IDEMPOTENCY_KEY = Query[JobGetByIdempotencyKeyParams](
     "job_get_by_idempotency_key",
     "Find the job that already holds an idempotency key (tenant and type scoped).",
     """
-    SELECT * FROM jobs
+    SELECT * FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND type = %(type)s AND idempotency_key = %(idempotency_key)s
     """,
 )
@@ -425,7 +425,7 @@ JOB_GET_UNIQUE_HOLDER = Query[JobGetUniqueHolderParams](
     "job_get_unique_holder",
     "Find the pending or running job that holds a unique key (tenant and type scoped).",
     f"""
-    SELECT id, status FROM jobs
+    SELECT id, status FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND type = %(type)s
       AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     """,
