@@ -49,7 +49,7 @@ SIGNATURE = (
 CANONICAL_JSON = r"""
 CREATE OR REPLACE FUNCTION jobcore_canonical_json(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 DECLARE
     number text;
@@ -59,13 +59,13 @@ BEGIN
     WHEN 'object' THEN
         RETURN '{' || coalesce((
             SELECT string_agg(
-                to_json(e.key)::text || ':' || public.jobcore_canonical_json(e.value), ','
+                to_json(e.key)::text || ':' || jobcore_canonical_json(e.value), ','
                 ORDER BY e.key COLLATE "C")
             FROM jsonb_each(value) AS e
         ), '') || '}';
     WHEN 'array' THEN
         RETURN '[' || coalesce((
-            SELECT string_agg(public.jobcore_canonical_json(a.value), ',' ORDER BY a.n)
+            SELECT string_agg(jobcore_canonical_json(a.value), ',' ORDER BY a.n)
             FROM jsonb_array_elements(value) WITH ORDINALITY AS a(value, n)
         ), '') || ']';
     WHEN 'number' THEN
@@ -104,7 +104,7 @@ CREATE OR REPLACE FUNCTION jobcore_gate_key(
     kind text, per text, type_name text, tenant text, payload jsonb
 ) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 DECLARE
     field jsonb;
@@ -122,9 +122,9 @@ BEGIN
                    WHEN 'boolean' THEN CASE WHEN field::text = 'true' THEN 'True'
                                             ELSE 'False' END
                    WHEN 'null' THEN 'null'
-                   WHEN 'number' THEN public.jobcore_canonical_json(field)
-                   WHEN 'object' THEN public.jobcore_canonical_json(field)
-                   WHEN 'array' THEN public.jobcore_canonical_json(field)
+                   WHEN 'number' THEN jobcore_canonical_json(field)
+                   WHEN 'object' THEN jobcore_canonical_json(field)
+                   WHEN 'array' THEN jobcore_canonical_json(field)
                    ELSE 'null'
                END;
     END IF;

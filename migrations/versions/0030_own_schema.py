@@ -33,14 +33,14 @@ one, which (when the search_path is still ``public``):
 The next release drops the views and ``public.jobcore_enqueue`` (the contract step,
 docs/operations.md, "Upgrades"). A fresh installation gets none of them.
 
-Then, wherever the objects came from: ``jobcore_enqueue`` is renamed ``enqueue`` (called
-as ``jobcore.enqueue(...)``), and every function in the schema gets a fixed search_path
+Then, wherever the objects came from: ``jobcore_enqueue`` becomes ``enqueue`` (called as
+``jobcore.enqueue(...)``; its refusals' messages still begin ``jobcore_enqueue:``), and every function in the schema gets a fixed search_path
 naming it, so a trigger or a call works whatever the caller's search_path is.
 
 Expand-and-contract: the previous release's processes reach the moved tables through the
 views; this release's name them with their schema.
 
-The downgrade renames ``enqueue`` back; it does not move an installation back into
+The downgrade gives ``enqueue`` its old name back; it does not move an installation back into
 ``public`` (restore from a backup for that).
 """
 
@@ -155,17 +155,48 @@ def _move(schema: str) -> str:
 
 
 def _settle(schema: str) -> str:
-    """``enqueue`` by its new name; every function's search_path fixed to the schema."""
+    """``enqueue`` by its new name; the functions' calls of each other in the schema;
+    every function's search_path fixed to the schema.
+
+    The body names its parameters after the function (``jobcore_enqueue.tenant``), so a
+    RENAME would leave it naming a function that is gone: it is created again from its
+    own definition under the new name, granted to the roles the old one was, and the old
+    one dropped."""
     return f"""
     DO $settle$
     DECLARE
         target text := '{schema}';
+        old oid := to_regprocedure(format('%I.jobcore_enqueue({ARGUMENTS})', target));
+        definition text;
+        grantee oid;
         routine regprocedure;
     BEGIN
-        IF to_regprocedure(format('%I.jobcore_enqueue({ARGUMENTS})', target)) IS NOT NULL THEN
-            EXECUTE format('ALTER FUNCTION %I.jobcore_enqueue({ARGUMENTS}) RENAME TO enqueue',
+        IF old IS NOT NULL THEN
+            definition := replace(pg_get_functiondef(old), 'jobcore_enqueue.', 'enqueue.');
+            definition := regexp_replace(
+                definition, 'FUNCTION \\S*jobcore_enqueue\\(',
+                format('FUNCTION %I.enqueue(', target));
+            EXECUTE definition;
+            EXECUTE format('REVOKE EXECUTE ON FUNCTION %I.enqueue({ARGUMENTS}) FROM PUBLIC',
                            target);
+            FOR grantee IN
+                SELECT a.grantee FROM pg_proc AS p, aclexplode(p.proacl) AS a
+                WHERE p.oid = old AND a.privilege_type = 'EXECUTE'
+                  AND a.grantee NOT IN (0, p.proowner)
+            LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %I.enqueue({ARGUMENTS}) TO %s',
+                               target, grantee::regrole::text);
+            END LOOP;
+            EXECUTE format('DROP FUNCTION %s', old::regprocedure);
         END IF;
+        -- Revision 0026 wrote its functions' calls of each other as public.jobcore_...
+        FOR routine IN
+            SELECT p.oid::regprocedure FROM pg_proc AS p
+            WHERE p.pronamespace = target::regnamespace AND strpos(p.prosrc, 'public.jobcore_') > 0
+        LOOP
+            EXECUTE replace(pg_get_functiondef(routine), 'public.jobcore_',
+                            format('%I.jobcore_', target));
+        END LOOP;
         FOR routine IN
             SELECT p.oid::regprocedure FROM pg_proc AS p
             WHERE p.pronamespace = target::regnamespace
@@ -231,4 +262,20 @@ def downgrade() -> None:
     schema = jobcore_schema()
     op.execute("SET LOCAL lock_timeout = '5s'")
     op.execute(f"DROP FUNCTION IF EXISTS public.jobcore_enqueue({ARGUMENTS})")
-    op.execute(f"ALTER FUNCTION {schema}.enqueue({ARGUMENTS}) RENAME TO jobcore_enqueue")
+    op.execute(
+        f"""
+        DO $back$
+        DECLARE
+            definition text := pg_get_functiondef('{schema}.enqueue({ARGUMENTS})'::regprocedure);
+        BEGIN
+            -- Its parameters, not the modules its comments name (jobcore.usecases.enqueue.x).
+            definition := regexp_replace(
+                definition, '([^.\\w])enqueue\\.', '\\1jobcore_enqueue.', 'g');
+            definition := regexp_replace(definition, 'FUNCTION \\S*enqueue\\(',
+                                         'FUNCTION {schema}.jobcore_enqueue(');
+            EXECUTE definition;
+        END
+        $back$
+        """
+    )
+    op.execute(f"DROP FUNCTION {schema}.enqueue({ARGUMENTS})")

@@ -307,15 +307,15 @@ def test_the_sql_enqueues_admission_parameter_keeps_its_grants_both_ways(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute(f"CREATE ROLE {role}")
             conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO {role}")
-        migrate.upgrade(settings)
+        migrate.upgrade(settings, "0029")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(new, False)]
             [(granted,)] = conn.execute(
                 "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, new]
             ).fetchall()
             assert granted
-        # One step down: the revision that added the argument (the head).
-        command.downgrade(migrate.alembic_config(settings), "-1")
+        # One step down: the revision that added the argument.
+        command.downgrade(migrate.alembic_config(settings), "0028")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(old, False)]
             [(granted,)] = conn.execute(

@@ -1,5 +1,5 @@
 """Statements on ``job_type_registry``: what the workers' registries declare of each job
-type, which ``jobcore_enqueue()`` (migration 0026) checks an enqueue from SQL against.
+type, which ``jobcore.enqueue()`` (migration 0026) checks an enqueue from SQL against.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ its tenant's usage), all through :class:`JobStore`:
   :class:`WebhookSecretStore` (:mod:`~jobcore.database.store.webhook_deliveries`):
   ``webhook_deliveries``, ``webhook_endpoints``, ``tenant_webhook_secrets``.
 - :class:`JobTypeStore` (:mod:`~jobcore.database.store.job_types`): ``job_type_registry``, the
-  workers' job types that ``jobcore_enqueue()`` checks against.
+  workers' job types that ``jobcore.enqueue()`` checks against.
 - :class:`LedgerStore` (:mod:`~jobcore.database.store.ledger`): the demo's ledger tables.
 - :class:`ConsoleStore` (:mod:`~jobcore.database.store.console`): the console's reads across tables.
 - :class:`DatabaseStore` (:mod:`~jobcore.database.store.database`): the database itself (health,
