@@ -26,9 +26,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from jobcore.kernel.settings import DEFAULT_SCHEMA
-
-from jobcore.kernel.settings import Settings
+from jobcore.kernel.settings import DEFAULT_SCHEMA, Settings
 from jobcore.testing import scratch
 from jobcore.testing.scratch import migrations_fingerprint
 

@@ -611,6 +611,9 @@ class StatementQuery(Protocol):
     """What the gateway reads of a named query (:class:`jobcore.database.sql.Query`)."""
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def sql(self) -> str: ...
 
     @property

@@ -83,9 +83,12 @@ def current_revision(settings: Settings) -> str | None:
     """The schema's revision: in jobcore's schema, or in ``public`` for an installation of
     a release before it (jobcore.database.migration_steps.installed_in_public)."""
     from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
     from jobcore.database.migration_steps import installed_in_public
-    from jobcore.database.schema_version import known_revisions
+
+    script = ScriptDirectory.from_config(_script_config())
+    known = {revision.revision for revision in script.walk_revisions()}
 
     engine = create_engine(
         settings.sqlalchemy_url, poolclass=pool.NullPool, connect_args=connect_options(settings)
@@ -93,7 +96,7 @@ def current_revision(settings: Settings) -> str | None:
     try:
         with engine.connect() as connection:
             schema = settings.database_schema
-            if installed_in_public(connection, schema, known_revisions()):
+            if installed_in_public(connection, schema, known):
                 schema = "public"
             context = MigrationContext.configure(connection, opts={"version_table_schema": schema})
             return context.get_current_revision()

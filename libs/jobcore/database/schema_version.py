@@ -9,7 +9,8 @@ The running code knows its own migration revisions, but not those of releases af
 So `jobcore migrate` writes what a reader needs into the database, in the migration's own
 transaction (migrations/env.py): a JSON comment on Alembic's ``alembic_version`` table (in
 jobcore's schema; an installation moved from ``public`` keeps a view of it there, commented
-alike, for the previous release's processes, which read it unqualified) naming the schema's revision and release, and the revision of the release before it
+alike, for the previous release's processes, which read it unqualified) naming the
+schema's revision and release, and the revision of the release before it
 (:data:`jobcore.database.release_history.RELEASES`), the oldest code the schema runs with. A comment
 rather than a table: no migration of its own, nothing outside the library's metadata
 (tests/integration/test_migrations.py compares them), and it sits beside the revision it
@@ -44,6 +45,7 @@ from jobcore.database.release_history import RELEASES, Release, previous_release
 from jobcore.kernel.errors import ConfigurationError, DatabaseUnavailable, JobcoreError
 from jobcore.kernel.settings import Settings
 from jobcore.kernel.startstop import Service
+
 
 def read_marker(schema: str) -> str:
     """Read by every checked start: one round trip, and no error when Alembic never ran

@@ -204,7 +204,9 @@ class AppProducer:
             jobs = f"{self.settings.database_schema}.jobs"
             query = f"SELECT count(*) FROM {jobs} WHERE id = ANY(%(ids)s)"
             if archived:
-                query += " UNION ALL SELECT count(*) FROM public.pruned_jobs WHERE id = ANY(%(ids)s)"
+                query += (
+                    " UNION ALL SELECT count(*) FROM public.pruned_jobs WHERE id = ANY(%(ids)s)"
+                )
             cur = await conn.execute(query, {"ids": ids})
             found = sum(int(r[0]) for r in await cur.fetchall())
             cur = await conn.execute(

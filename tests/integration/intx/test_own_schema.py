@@ -47,7 +47,7 @@ with context.config.attributes["connection"] as connection:
     with context.begin_transaction():
         context.run_migrations()
 """
-APP_REVISION = '''
+APP_REVISION = """
 from alembic import op
 import sqlalchemy as sa
 
@@ -67,7 +67,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name in ("orders", "outbox", "jobs"):
         op.drop_table(name)
-'''
+"""
 
 # The application's tables, as its own metadata declares them.
 app_metadata = sa.MetaData()
@@ -263,4 +263,3 @@ async def test_another_schema_behind_pgbouncer(
     with _app_connect(app_settings.database_url) as conn:
         assert conn.execute("SELECT count(*) FROM tasks.jobs").fetchone() == (2,)
         assert conn.execute("SELECT to_regnamespace('jobcore')").fetchone() == (None,)
-

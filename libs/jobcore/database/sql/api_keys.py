@@ -127,7 +127,8 @@ API_KEY_LOCK_LINEAGE = Query[ApiKeyIdParams](
     # The first key is never deleted, so every rotation of a lineage locks the same row.
     # (api_keys is small, one row per key ever issued: no index on lineage is needed.)
     """
-    SELECT root.id FROM jobcore.api_keys k JOIN jobcore.api_keys root ON root.id = coalesce(k.lineage, k.id)
+    SELECT root.id FROM jobcore.api_keys k
+    JOIN jobcore.api_keys root ON root.id = coalesce(k.lineage, k.id)
     WHERE k.id = %(id)s
     FOR NO KEY UPDATE OF root
     """,

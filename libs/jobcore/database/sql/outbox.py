@@ -247,7 +247,8 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         LEFT JOIN unnest(%(routing_keys)s::text[], %(budgets)s::int[]) AS b(routing_key, budget)
                ON b.routing_key = lanes.routing_key
         WHERE NOT EXISTS (
-            SELECT 1 FROM jobcore.flow_pauses AS p WHERE p.kind = 'queue' AND p.name = lanes.routing_key
+            SELECT 1 FROM jobcore.flow_pauses AS p
+            WHERE p.kind = 'queue' AND p.name = lanes.routing_key
         )
     ), budgeted AS (
         SELECT weighted.*,

@@ -103,7 +103,8 @@ def admission_ctes() -> str:
                             + make_interval(secs => 1.0 / nullif(rate, 0)) END,
                CASE WHEN c THEN 'max_unfinished' END
         FROM (
-            SELECT *, CASE WHEN EXISTS (SELECT 1 FROM jobcore.tenant_usage WHERE tenant = limits.tenant)
+            SELECT *, CASE WHEN EXISTS (SELECT 1 FROM jobcore.tenant_usage
+                                        WHERE tenant = limits.tenant)
                            THEN false
                            ELSE jobcore.jobcore_tenant_at_cap(tenant, max_unfinished) END AS c
             FROM limits
@@ -308,7 +309,8 @@ TENANT_QUOTA_GET = Query[TenantQuotaGetParams](
            q.max_long_polls IS NOT NULL AS max_long_polls_set,
            q.updated_at,
            coalesce(u.unfinished, 0) + (
-               SELECT coalesce(sum(delta), 0) FROM jobcore.tenant_usage_deltas WHERE tenant = t.tenant
+               SELECT coalesce(sum(delta), 0) FROM jobcore.tenant_usage_deltas
+               WHERE tenant = t.tenant
            ) AS unfinished, u.rate_tat, u.last_refusal,
            u.last_refused_at, now() AS now
     FROM (SELECT %(tenant)s::text AS tenant) AS t

@@ -19,7 +19,8 @@ WEBHOOK_ENDPOINT_SET = Query[WebhookEndpointSetParams](
     "webhook_endpoint_set",
     "Set a tenant's default endpoint for a job type ('*': any).",
     """
-    INSERT INTO jobcore.webhook_endpoints (tenant, job_type, url) VALUES (%(tenant)s, %(type)s, %(url)s)
+    INSERT INTO jobcore.webhook_endpoints (tenant, job_type, url)
+    VALUES (%(tenant)s, %(type)s, %(url)s)
     ON CONFLICT (tenant, job_type) DO UPDATE SET url = excluded.url, updated_at = now()
     RETURNING tenant, job_type, url, created_at, updated_at
     """,

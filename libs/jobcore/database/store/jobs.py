@@ -25,10 +25,10 @@ from jobcore.database.gateway import (
     fetch_all,
     fetch_all_after,
     fetch_all_behind,
-    in_schema,
-    schema_of,
     fetch_all_beside,
     fetch_one,
+    in_schema,
+    schema_of,
 )
 from jobcore.database.sql import NoParams, Statement
 from jobcore.database.sql.jobs.cancel import (

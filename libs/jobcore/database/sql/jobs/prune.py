@@ -149,7 +149,8 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
     ), effects AS (
         DELETE FROM jobcore.job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), deliveries AS (
-        DELETE FROM jobcore.webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        RETURNING 1
     ), timeline AS (
         -- no foreign key cascades them (migration 0019); job_events_pkey leads with job_id
         DELETE FROM jobcore.job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))

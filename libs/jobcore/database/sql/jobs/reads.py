@@ -120,7 +120,8 @@ JOB_GET_RESULT = Query[JobGetResultParams](
     "job_get_result",
     "A tenant's job's status and where its result is (inline or in the result store).",
     """
-    SELECT id, status, result, result_ref FROM jobcore.jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    SELECT id, status, result, result_ref FROM jobcore.jobs
+    WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
@@ -188,7 +189,8 @@ JOB_OVERDUE_BY_QUEUE = Query[NoParams](
     "Per queue, how long its longest-waiting due pending job (not held by a gate) has been due.",
     """
     WITH RECURSIVE queues AS (
-        SELECT min(queue) AS queue FROM jobcore.jobs WHERE status = 'pending' AND held_reason IS NULL
+        SELECT min(queue) AS queue FROM jobcore.jobs
+        WHERE status = 'pending' AND held_reason IS NULL
         UNION ALL
         SELECT (SELECT min(queue) FROM jobcore.jobs
                 WHERE status = 'pending' AND held_reason IS NULL AND queue > queues.queue)
