@@ -22,7 +22,9 @@ one, which (when the search_path is still ``public``):
   previous release name the tables unqualified and keep working through the views during
   a rolling upgrade (a view of one table, with every column, is updatable: INSERT ... ON
   CONFLICT, UPDATE, DELETE, RETURNING and FOR UPDATE SKIP LOCKED go through to the
-  table, whose column defaults and triggers apply). The view of ``alembic_version`` is
+  table, whose column defaults and triggers apply; the views of ``inbox`` and
+  ``audit_log`` also show each row's ``ctid``, by which that release's pruner deletes
+  them). The view of ``alembic_version`` is
   where those processes read the schema's revision and its marker (env.py comments it);
 - gives the roles that held privileges on what moved USAGE on the schema, and the same
   privileges on the views;
@@ -93,6 +95,10 @@ FUNCTIONS = (
     "jobcore_tenant_at_cap",
     "jobcore_tenant_unfinished",
 )
+# Tables whose rows the previous release's pruner deletes by ctid, which a view has only
+# as a column of its own: their views end with one (not updatable, and not in the other
+# views, whose SELECT * the previous release reads).
+BY_CTID = ("audit_log", "inbox")
 ARGUMENTS = "text, jsonb, text, text, text, text, text, timestamptz, interval, integer, text, text"
 
 
@@ -122,7 +128,9 @@ def _move(schema: str) -> str:
                 WHERE oid = to_regclass(format('public.%I', table_name)) AND relkind = 'r');
             EXECUTE format('ALTER TABLE public.%I SET SCHEMA %I', table_name, target);
             EXECUTE format(
-                'CREATE VIEW public.%I AS SELECT * FROM %I.%I', table_name, target, table_name);
+                'CREATE VIEW public.%I AS SELECT *%s FROM %I.%I', table_name,
+                CASE WHEN table_name = ANY({_array(BY_CTID)}) THEN ', ctid' ELSE '' END,
+                target, table_name);
             FOR privilege IN
                 SELECT a.grantee, a.privilege_type
                 FROM pg_class AS c, aclexplode(c.relacl) AS a

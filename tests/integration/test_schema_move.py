@@ -145,6 +145,18 @@ def test_the_previous_releases_statements_work_through_the_views(
         [(deltas,)] = conn.execute("SELECT count(*) FROM jobcore.tenant_usage_deltas").fetchall()
         assert deltas >= 1
         conn.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+        # The previous release's pruner deletes inbox and audit log rows by ctid.
+        for table, key in (("inbox", "received_at"), ("audit_log", "at")):
+            if table == "audit_log":
+                conn.execute(
+                    "INSERT INTO audit_log (actor, action, target_type, target_id, outcome) "
+                    "VALUES ('t', 'a', 'job', 'x', 'succeeded')"
+                )
+            deleted = conn.execute(
+                f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+                f"WHERE {key} < now() + interval '1 minute' ORDER BY {key} LIMIT 10))"
+            ).rowcount
+            assert deleted == 1, table
 
 
 def test_the_version_marker_is_read_where_the_previous_release_reads_it(
