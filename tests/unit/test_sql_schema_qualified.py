@@ -4,7 +4,8 @@ Behind PgBouncer in transaction mode no per-connection search_path holds, and in
 application's database ``jobs`` may be the application's own table: a statement that
 says ``FROM jobs`` would read it. So each statement of :mod:`jobcore.database.sql` writes
 ``jobcore.jobs`` (the gateway rewrites the qualifier for another configured schema).
-Run alone: ``.venv/bin/pytest tests/unit/test_sql_schema_qualified.py``.
+The testing kit's pipeline check (:mod:`jobcore.testing.pipeline`) is read too. Run alone:
+``.venv/bin/pytest tests/unit/test_sql_schema_qualified.py`` (``make lint`` runs it).
 """
 
 from __future__ import annotations
@@ -98,10 +99,14 @@ def unqualified(text: str) -> list[str]:
 
 def _queries() -> list[Query[object]]:
     queries: dict[int, Query[object]] = {}
-    for module in pkgutil.walk_packages(sql_package.__path__, f"{sql_package.__name__}."):
-        for value in vars(importlib.import_module(module.name)).values():
-            if isinstance(value, Query):
-                queries[id(value)] = value
+    names = [
+        m.name for m in pkgutil.walk_packages(sql_package.__path__, f"{sql_package.__name__}.")
+    ]
+    for name in [*names, "jobcore.testing.pipeline"]:
+        for value in vars(importlib.import_module(name)).values():
+            for query in value if isinstance(value, tuple) else (value,):
+                if isinstance(query, Query):
+                    queries[id(query)] = query
     return sorted(queries.values(), key=lambda query: query.name)
 
 
