@@ -71,6 +71,8 @@ lint: setup
 	promtool test rules deploy/prometheus/alerts.test.yaml
 	@# Every migration safe under traffic: squawk over each revision's offline SQL.
 	$(BIN)/python scripts/lint_migrations.py
+	@# Every runtime statement names jobcore's tables and functions with their schema.
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_sql_schema_qualified.py
 	@# The documentation site: a broken link, a missing page or a reference page that no
 	@# longer generates from the code fails here.
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir var/site

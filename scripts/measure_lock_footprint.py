@@ -92,10 +92,10 @@ async def footprint(url: str, pid: int, tenant: str, job_id: uuid.UUID) -> dict[
         reads = len({r[1] for r in locks if r[2] == "AccessShareLock"})
         rows: dict[str, str] = {}
         probes = {
-            "tenant_usage row": ("SELECT 1 FROM tenant_usage WHERE tenant = %s", tenant),
-            "job row": ("SELECT 1 FROM jobs WHERE id = %s", job_id),
-            "outbox row": ("SELECT 1 FROM outbox WHERE job_id = %s", job_id),
-            "usage deltas": ("SELECT 1 FROM tenant_usage_deltas WHERE tenant = %s", tenant),
+            "tenant_usage row": ("SELECT 1 FROM jobcore.tenant_usage WHERE tenant = %s", tenant),
+            "job row": ("SELECT 1 FROM jobcore.jobs WHERE id = %s", job_id),
+            "outbox row": ("SELECT 1 FROM jobcore.outbox WHERE job_id = %s", job_id),
+            "usage deltas": ("SELECT 1 FROM jobcore.tenant_usage_deltas WHERE tenant = %s", tenant),
         }
         for name, (query, key) in probes.items():
             try:

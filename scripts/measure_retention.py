@@ -43,7 +43,7 @@ DATABASE = "jobcore_measure_retention"
 ENQUEUE_RATE = 200.0  # per second, one connection
 
 FILL = """
-INSERT INTO jobs (id, tenant, type, queue, status, payload, attempts, result, created_at,
+INSERT INTO jobcore.jobs (id, tenant, type, queue, status, payload, attempts, result, created_at,
                   updated_at, started_at, finished_at)
 SELECT gen_random_uuid(), 't' || (g % 10), 'type' || (g % 5), 'default',
        CASE WHEN g % 100 < 90 THEN 'succeeded' WHEN g % 100 < 97 THEN 'failed'
@@ -52,13 +52,13 @@ SELECT gen_random_uuid(), 't' || (g % 10), 'type' || (g % 5), 'default',
        now() - make_interval(secs => (g::float8 / {n}) * 14 * 86400) - interval '1 minute',
        now(), now(), now() - make_interval(secs => (g::float8 / {n}) * 14 * 86400)
 FROM generate_series(1, {n}) AS g;
-INSERT INTO job_effects (job_id, attempt, kind, detail)
-SELECT id, 1, 'did', '{"a": 1}' FROM jobs;
-INSERT INTO webhook_deliveries (id, job_id, tenant, url, event, status)
+INSERT INTO jobcore.job_effects (job_id, attempt, kind, detail)
+SELECT id, 1, 'did', '{"a": 1}' FROM jobcore.jobs;
+INSERT INTO jobcore.webhook_deliveries (id, job_id, tenant, url, event, status)
 SELECT gen_random_uuid(), id, tenant, 'https://example.com/h', 'job.' || status, 'delivered'
-FROM jobs WHERE random() < 0.2;
-INSERT INTO inbox (consumer, message_id, received_at)
-SELECT 'jobs', gen_random_uuid(), finished_at FROM jobs;
+FROM jobcore.jobs WHERE random() < 0.2;
+INSERT INTO jobcore.inbox (consumer, message_id, received_at)
+SELECT 'jobs', gen_random_uuid(), finished_at FROM jobcore.jobs;
 """
 
 PARTITIONED_INBOX = """
@@ -214,7 +214,9 @@ async def measure_partition_drop(jobs: int) -> None:
                     sql.Identifier(f"inbox_by_day_{day}"), sql.Literal(day), sql.Literal(day - 1)
                 )
             )
-        conn.execute("INSERT INTO inbox_by_day SELECT consumer, message_id, received_at FROM inbox")
+        conn.execute(
+            "INSERT INTO inbox_by_day SELECT consumer, message_id, received_at FROM jobcore.inbox"
+        )
         conn.execute("ANALYZE inbox_by_day")
         rows = conn.execute("SELECT count(*) FROM inbox_by_day_10").fetchone()
     async with enqueueing(settings) as enq:

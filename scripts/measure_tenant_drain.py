@@ -119,7 +119,7 @@ async def one_round(args: argparse.Namespace, number: int) -> dict[str, Any]:
                     done = int(
                         scalar(
                             conn,
-                            "SELECT count(*) FROM jobs "
+                            "SELECT count(*) FROM jobcore.jobs "
                             "WHERE status IN ('succeeded', 'failed', 'cancelled')",
                         )
                     )
@@ -127,7 +127,9 @@ async def one_round(args: argparse.Namespace, number: int) -> dict[str, Any]:
                     if done >= args.jobs or points[-1][0] > DRAIN_LIMIT:
                         break
                     await asyncio.sleep(0.1)  # the sampling period of the drain curve
-                statuses = dict(conn.execute("SELECT status, count(*) FROM jobs GROUP BY 1"))
+                statuses = dict(
+                    conn.execute("SELECT status, count(*) FROM jobcore.jobs GROUP BY 1")
+                )
                 unfinished = _unfinished(conn)
         finally:
             for process in (*relays, *workers):
@@ -158,12 +160,15 @@ async def one_round(args: argparse.Namespace, number: int) -> dict[str, Any]:
 
 def _unfinished(conn: psycopg.Connection[Any]) -> dict[str, int] | None:
     """Each tenant's count of unfinished jobs, as the checkout keeps it (None: it does not)."""
-    if not scalar(conn, "SELECT to_regclass('tenant_usage') IS NOT NULL"):
+    if not scalar(conn, "SELECT to_regclass('jobcore.tenant_usage') IS NOT NULL"):
         return None
-    deltas = "(SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas d WHERE d.tenant = u.tenant)"
-    if not scalar(conn, "SELECT to_regclass('tenant_usage_deltas') IS NOT NULL"):
+    deltas = (
+        "(SELECT coalesce(sum(delta), 0) FROM jobcore.tenant_usage_deltas d"
+        " WHERE d.tenant = u.tenant)"
+    )
+    if not scalar(conn, "SELECT to_regclass('jobcore.tenant_usage_deltas') IS NOT NULL"):
         deltas = "0"
-    query = f"SELECT tenant, unfinished + {deltas} FROM tenant_usage AS u ORDER BY 1"
+    query = f"SELECT tenant, unfinished + {deltas} FROM jobcore.tenant_usage AS u ORDER BY 1"
     return {tenant: int(n) for tenant, n in conn.execute(query)}
 
 

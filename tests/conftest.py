@@ -40,6 +40,13 @@ def service_urls() -> Iterator[ServiceUrls]:
         pytest.fail(str(exc), pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tests_resolve_jobcore_tables() -> Iterator[None]:
+    """The tests' own connections find jobcore's tables unqualified; the product's pools
+    do not (tests.support.databases)."""
+    yield from databases.tests_resolve_jobcore_tables()
+
+
 @pytest.fixture(scope="session")
 def template_database(service_urls: ServiceUrls) -> str:
     return databases.ensure_template(service_urls.pg_admin_url)
@@ -70,7 +77,10 @@ def settings(database_url: str, service_urls: ServiceUrls, tmp_path: Path) -> Se
 
 @pytest.fixture
 async def db(settings: Settings) -> AsyncIterator[Database]:
-    database = Database(settings)
+    """A pool for the test's own statements (which name jobcore's tables unqualified, with
+    tests.support.databases.TEST_SEARCH_PATH) and for the library calls it makes."""
+    url = databases.with_search_path(settings.database_url)
+    database = Database(settings.model_copy(update={"database_url": url}))
     await database.open(wait=True)
     try:
         yield database

@@ -19,8 +19,9 @@ statements mirror jobcore.database.sql.jobs.enqueue.JOB_INSERT and
 jobcore.database.sql.tenant_quotas.admission_ctes as of this revision; a test
 (tests/integration/intx/test_sql_enqueue.py) compares the rows each path writes.
 
-SECURITY DEFINER, with its search_path fixed (the caller's search_path, which may name
-an application's own ``jobs`` table, plays no part), and EXECUTE revoked from PUBLIC:
+SECURITY DEFINER, with its search_path fixed to the migration's, where jobcore's tables
+are (the caller's search_path, which may name an application's own ``jobs`` table, plays
+no part; revision 0030 puts pg_temp last in it), and EXECUTE revoked from PUBLIC:
 a role enqueues once granted EXECUTE, with no privilege on jobcore's tables.
 
 Additive: code of the previous revision neither reads nor writes either object.
@@ -48,7 +49,7 @@ SIGNATURE = (
 CANONICAL_JSON = r"""
 CREATE OR REPLACE FUNCTION jobcore_canonical_json(value jsonb) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 DECLARE
     number text;
@@ -58,13 +59,13 @@ BEGIN
     WHEN 'object' THEN
         RETURN '{' || coalesce((
             SELECT string_agg(
-                to_json(e.key)::text || ':' || public.jobcore_canonical_json(e.value), ','
+                to_json(e.key)::text || ':' || jobcore_canonical_json(e.value), ','
                 ORDER BY e.key COLLATE "C")
             FROM jsonb_each(value) AS e
         ), '') || '}';
     WHEN 'array' THEN
         RETURN '[' || coalesce((
-            SELECT string_agg(public.jobcore_canonical_json(a.value), ',' ORDER BY a.n)
+            SELECT string_agg(jobcore_canonical_json(a.value), ',' ORDER BY a.n)
             FROM jsonb_array_elements(value) WITH ORDINALITY AS a(value, n)
         ), '') || ']';
     WHEN 'number' THEN
@@ -103,7 +104,7 @@ CREATE OR REPLACE FUNCTION jobcore_gate_key(
     kind text, per text, type_name text, tenant text, payload jsonb
 ) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 DECLARE
     field jsonb;
@@ -121,9 +122,9 @@ BEGIN
                    WHEN 'boolean' THEN CASE WHEN field::text = 'true' THEN 'True'
                                             ELSE 'False' END
                    WHEN 'null' THEN 'null'
-                   WHEN 'number' THEN public.jobcore_canonical_json(field)
-                   WHEN 'object' THEN public.jobcore_canonical_json(field)
-                   WHEN 'array' THEN public.jobcore_canonical_json(field)
+                   WHEN 'number' THEN jobcore_canonical_json(field)
+                   WHEN 'object' THEN jobcore_canonical_json(field)
+                   WHEN 'array' THEN jobcore_canonical_json(field)
                    ELSE 'null'
                END;
     END IF;
@@ -151,7 +152,7 @@ CREATE OR REPLACE FUNCTION jobcore_enqueue(
     entity_id text DEFAULT NULL
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = public, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 #variable_conflict use_column
 DECLARE

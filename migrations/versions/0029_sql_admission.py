@@ -61,7 +61,7 @@ CREATE OR REPLACE FUNCTION jobcore_enqueue(
     admission text DEFAULT 'approximate'
 ) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = public, pg_temp
+SET search_path FROM CURRENT
 AS $fn$
 #variable_conflict use_column
 DECLARE

@@ -1,7 +1,7 @@
 """workflows: named jobs with dependencies, released by the settle of their last dependency
 
 Revision ID: 0031
-Revises: 0029
+Revises: 0030
 Create Date: 2026-12-06 13:40:00.000000
 
 Three tables (``workflows``, ``workflow_jobs``, ``workflow_edges``), ``jobs.workflow_id``
@@ -40,7 +40,7 @@ from sqlalchemy.dialects import postgresql
 from jobcore.database.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
 
 revision: str = "0031"
-down_revision: str | None = "0029"
+down_revision: str | None = "0030"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

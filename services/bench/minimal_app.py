@@ -53,7 +53,7 @@ INSERT_OUTBOX = """
 def create_app(database_url: str, tables: str = "own") -> FastAPI:
     if tables not in TABLES:
         raise ValueError(f"{TABLES_ENV} takes {' or '.join(TABLES)}, got {tables!r}")
-    names = OWN_TABLES if tables == "own" else {"jobs": "jobs", "outbox": "outbox"}
+    names = OWN_TABLES if tables == "own" else {"jobs": "jobcore.jobs", "outbox": "jobcore.outbox"}
     insert_job = INSERT_JOB.format(**names)
     insert_outbox = INSERT_OUTBOX.format(**names)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -67,7 +67,7 @@ def create_app(database_url: str, tables: str = "own") -> FastAPI:
             async with pool.connection() as conn:
                 for source, copy in OWN_TABLES.items():
                     await conn.execute(
-                        f"CREATE TABLE IF NOT EXISTS {copy} (LIKE {source} INCLUDING ALL)"
+                        f"CREATE TABLE IF NOT EXISTS {copy} (LIKE jobcore.{source} INCLUDING ALL)"
                     )
         try:
             yield

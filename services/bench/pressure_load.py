@@ -307,7 +307,7 @@ TAIL = f"""
 SELECT e.id, extract(epoch FROM e.recorded_at)::float AS recorded,
        extract(epoch FROM j.created_at)::float AS created,
        extract(epoch FROM j.started_at)::float AS started
-FROM job_effects e JOIN jobs j ON j.id = e.job_id
+FROM jobcore.job_effects e JOIN jobcore.jobs j ON j.id = e.job_id
 WHERE e.id > %(after)s ORDER BY e.id LIMIT {TAIL_BATCH}
 """
 
@@ -397,7 +397,7 @@ SIZES = (
     + """
 SELECT s.relname AS name, s.n_live_tup AS live, s.n_dead_tup AS dead,
        pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes
-FROM pg_stat_user_tables s WHERE s.relname = ANY(%(tables)s)
+FROM pg_stat_user_tables s WHERE s.schemaname = 'jobcore' AND s.relname = ANY(%(tables)s)
 """
 )
 WAITS = (

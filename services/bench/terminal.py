@@ -39,7 +39,7 @@ from jobcore.kernel.settings import Settings, load_settings
 from jobcore.testing.scratch import database_url, scratch
 
 PREPARE_JOBS = """
-INSERT INTO jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at,
+INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at,
                   started_at, callback_url)
 SELECT id, 'bench', 'noop', 'default', 'running', 1, id, now() + interval '1 hour', now(),
        %(callback_url)s
@@ -105,8 +105,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in PHASES:
                     seconds[name].append(await phase(conn, name, args.jobs, args.batch, extra))
             cur = await conn.execute(
-                "SELECT (SELECT count(*) FROM webhook_deliveries) AS deliveries,"
-                " (SELECT count(*) FROM outbox WHERE message_type = 'webhook') AS messages"
+                "SELECT (SELECT count(*) FROM jobcore.webhook_deliveries) AS deliveries,"
+                " (SELECT count(*) FROM jobcore.outbox WHERE message_type = 'webhook') AS messages"
             )
             written = await cur.fetchone()
         stop.set()

@@ -60,7 +60,7 @@ class Worker:
         self.metrics = WorkerMetrics()
         # Each pool checks the schema on its first connection (a worker starts while the
         # database is down); a refusal stops the worker with it (serve). This one then
-        # records the registry's job types, for enqueues from SQL (jobcore_enqueue).
+        # records the registry's job types, for enqueues from SQL (jobcore.enqueue).
         self.db = Database(
             settings,
             name="jobcore-worker",

@@ -49,28 +49,30 @@ QUARANTINE = Query(
     "test_quarantine",
     "Quarantine a job's outbox rows as the relay would on an unpublishable message.",
     """
-    UPDATE outbox SET quarantined_at = now(), attempts = 1, failing_since = now(),
+    UPDATE jobcore.outbox SET quarantined_at = now(), attempts = 1, failing_since = now(),
                       last_error = 'too_large: refused before sending'
     WHERE job_id = %(id)s
     RETURNING id
     """,
 )
-JOB = Query("test_job", "A job's row.", "SELECT * FROM jobs WHERE id = %(id)s")
-OUTBOX_ROW = Query("test_outbox_row", "An outbox row.", "SELECT * FROM outbox WHERE id = %(id)s")
+JOB = Query("test_job", "A job's row.", "SELECT * FROM jobcore.jobs WHERE id = %(id)s")
+OUTBOX_ROW = Query(
+    "test_outbox_row", "An outbox row.", "SELECT * FROM jobcore.outbox WHERE id = %(id)s"
+)
 RESCUER_LEASE = Query(
     "test_rescuer_lease",
     "The rescuer's lease.",
-    "SELECT 1 FROM maintenance_leases WHERE name = 'rescuer'",
+    "SELECT 1 FROM jobcore.maintenance_leases WHERE name = 'rescuer'",
 )
 DELIVERIES = Query(
     "test_deliveries",
     "A job's webhook deliveries.",
-    "SELECT id, status, attempts FROM webhook_deliveries WHERE job_id = %(id)s",
+    "SELECT id, status, attempts FROM jobcore.webhook_deliveries WHERE job_id = %(id)s",
 )
 AUDIT = Query(
     "test_audit",
     "Audit entries of one actor, oldest first.",
-    "SELECT action, outcome FROM audit_log WHERE actor = %(actor)s ORDER BY at, id",
+    "SELECT action, outcome FROM jobcore.audit_log WHERE actor = %(actor)s ORDER BY at, id",
 )
 
 

@@ -100,9 +100,9 @@ async def counts(db: Database) -> dict[str, Any]:
         cur = await conn.execute(
             """
             SELECT (SELECT count(*) FROM orders) AS orders,
-                   (SELECT count(*) FROM jobs WHERE tenant = %(t)s) AS jobs,
-                   (SELECT count(*) FROM outbox WHERE tenant = %(t)s) AS outbox,
-                   (SELECT count(*) FROM tenant_usage_deltas WHERE tenant = %(t)s) AS deltas
+                   (SELECT count(*) FROM jobcore.jobs WHERE tenant = %(t)s) AS jobs,
+                   (SELECT count(*) FROM jobcore.outbox WHERE tenant = %(t)s) AS outbox,
+                   (SELECT count(*) FROM jobcore.tenant_usage_deltas WHERE tenant = %(t)s) AS deltas
             """,
             {"t": TENANT},
         )
@@ -183,9 +183,9 @@ async def test_a_rollback_after_the_enqueue_leaves_nothing(
             cur = await conn.execute(
                 """
                 SELECT (SELECT count(*) FROM orders) AS orders,
-                       (SELECT array_agg(id) FROM jobs WHERE tenant = %(t)s) AS jobs,
+                       (SELECT array_agg(id) FROM jobcore.jobs WHERE tenant = %(t)s) AS jobs,
                        -- The placed order's row may be published and gone already.
-                       (SELECT count(*) FROM outbox
+                       (SELECT count(*) FROM jobcore.outbox
                         WHERE tenant = %(t)s AND job_id <> %(placed)s) AS other_outbox
                 """,
                 {"t": TENANT, "placed": placed_job},
@@ -224,7 +224,7 @@ async def test_each_committed_orders_receipt_is_sent_exactly_once(
             )
             rows = await cur.fetchall()
             cur = await conn.execute(
-                "SELECT count(*) AS n FROM jobs WHERE tenant = %s AND attempts = 1"
+                "SELECT count(*) AS n FROM jobcore.jobs WHERE tenant = %s AND attempts = 1"
                 " AND status = 'succeeded'",
                 [TENANT],
             )

@@ -6,7 +6,9 @@ in a venv of its own (tests/support/previous_release.py). Its `jobcore migrate` 
 schema; its API, two relays and two workers run while a bounded loop POSTs jobs over HTTP:
 plain ones, a rate-limited type and a concurrency-limited type (tests/support/
 upgrade_jobtypes.py, declared alike by both versions). Then, with the load going on, this
-code's `jobcore migrate` runs, and the processes are replaced one at a time, as a rollout
+code's `jobcore migrate` runs (moving every table into jobcore's own schema and leaving
+views under the old names in public, through which the old processes go on), and the
+processes are replaced one at a time, as a rollout
 does: the API (the load moves to the new one before the old stops, as a load balancer
 would), one relay, one worker; old and new relays and workers then run together for
 OVERLAP seconds; then the other relay and worker. The database, the truth, then shows
@@ -389,6 +391,15 @@ async def test_rolling_upgrade_from_the_previous_release_under_load(
             assert migrate.returncode == 0, err.decode()
             [version] = await rows(db, "SELECT version_num FROM alembic_version")
             assert version["version_num"] == schema_version.own_head(), out.decode()
+            # The move into jobcore's schema: the old processes, which name the tables
+            # unqualified, go on through the views left under the old names in public.
+            moved = await rows(
+                db,
+                "SELECT to_regclass('jobcore.jobs') IS NOT NULL AS moved, "
+                "(SELECT relkind::text FROM pg_class WHERE oid = to_regclass('public.jobs'))"
+                " AS left_behind",
+            )
+            assert moved == [{"moved": True, "left_behind": "v"}]
 
             # The API: the load moves to the new one, then the old one stops.
             new_api = await rollout.start("new", "api", "api")

@@ -55,7 +55,7 @@ async def test_node_pg_enqueues_in_its_transaction(stack: E2EStack) -> None:
     require_packages(SQL_NODE)
     settings = stack.settings
     async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
-        await conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)")
+        await conn.execute("CREATE TABLE public.orders (id int PRIMARY KEY, total int NOT NULL)")
         await conn.commit()
     await until(lambda: registered(settings), timeout=60, what="the worker's job types")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBCORE_")}

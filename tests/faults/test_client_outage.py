@@ -30,7 +30,7 @@ JOBS_BETWEEN_FAULTS = 20
 
 JOBS_BY_KEY = """
 SELECT j.idempotency_key AS key, j.id, count(o.id) AS messages
-FROM jobs j LEFT JOIN outbox o ON o.job_id = j.id
+FROM jobcore.jobs j LEFT JOIN jobcore.outbox o ON o.job_id = j.id
 WHERE j.tenant = %(tenant)s GROUP BY j.id
 """
 

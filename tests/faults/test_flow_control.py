@@ -40,12 +40,12 @@ PREFETCH = 8
 # 10,000 low echo jobs with their outbox rows, as 10,000 enqueues would write them.
 FILL_LOW_JOBS = """
 WITH job AS (
-    INSERT INTO jobs (id, tenant, type, queue, priority, payload)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, priority, payload)
     SELECT gen_random_uuid(), 't', 'echo', 'testq', %(priority)s, '{"text": "low"}'::jsonb
     FROM generate_series(1, %(n)s)
     RETURNING id, tenant, priority
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant, priority)
 SELECT gen_random_uuid(), %(exchange)s, 'testq', 'echo', '{}'::jsonb,
        convert_to(jsonb_build_object('v', 1, 'job_id', job.id, 'attempt', 1,
@@ -75,8 +75,8 @@ async def test_a_high_job_starts_within_one_claim_batch_of_a_10k_low_backlog(
             FILL_LOW_JOBS,
             {"n": BACKLOG, "priority": int(Priority.LOW), "exchange": topology.jobs_exchange},
         )
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
+        await conn.execute("ANALYZE jobcore.jobs")
+        await conn.execute("ANALYZE jobcore.outbox")
     env = {
         "JOBCORE_JOB_MODULES": JOB_MODULES,
         "JOBCORE_WORKER_HEALTH_PORT": "0",
@@ -90,7 +90,9 @@ async def test_a_high_job_starts_within_one_claim_batch_of_a_10k_low_backlog(
     ):
 
         async def backlog_flowing() -> bool:
-            done = await one(db, "SELECT count(*) AS n FROM jobs WHERE status = 'succeeded'")
+            done = await one(
+                db, "SELECT count(*) AS n FROM jobcore.jobs WHERE status = 'succeeded'"
+            )
             return int(done["n"]) >= 200
 
         await eventually(backlog_flowing, timeout=120, interval=0.2, what="the low jobs to run")
@@ -112,7 +114,7 @@ async def test_a_high_job_starts_within_one_claim_batch_of_a_10k_low_backlog(
         committed = await db_now(db)
 
         async def high_started() -> dict[str, Any] | None:
-            row = await one(db, "SELECT * FROM jobs WHERE id = %s", high.job_id)
+            row = await one(db, "SELECT * FROM jobcore.jobs WHERE id = %s", high.job_id)
             return row if row["started_at"] is not None else None
 
         started = await eventually(high_started, timeout=60, interval=0.1, what="the high job")
@@ -123,7 +125,7 @@ async def test_a_high_job_starts_within_one_claim_batch_of_a_10k_low_backlog(
         """
         SELECT count(*) FILTER (WHERE started_at > %s AND started_at < %s) AS overtaking,
                count(*) FILTER (WHERE started_at IS NULL OR started_at > %s) AS behind
-        FROM jobs WHERE priority = 0
+        FROM jobcore.jobs WHERE priority = 0
         """,
         committed,
         started["started_at"],
@@ -146,7 +148,8 @@ async def submit(client: httpx.AsyncClient, job_type: str, payload: dict[str, An
 async def all_succeeded(db: Database, ids: list[str]) -> bool:
     row = await one(
         db,
-        "SELECT count(*) AS n FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'succeeded'",
+        "SELECT count(*) AS n FROM jobcore.jobs"
+        " WHERE id = ANY(%s::uuid[]) AND status = 'succeeded'",
         ids,
     )
     return int(row["n"]) == len(ids)
@@ -155,7 +158,8 @@ async def all_succeeded(db: Database, ids: list[str]) -> bool:
 async def started_between(db: Database, queue: str, since: datetime, until: datetime) -> int:
     row = await one(
         db,
-        "SELECT count(*) AS n FROM jobs WHERE queue = %s AND started_at > %s AND started_at < %s",
+        "SELECT count(*) AS n FROM jobcore.jobs"
+        " WHERE queue = %s AND started_at > %s AND started_at < %s",
         queue,
         since,
         until,
@@ -251,10 +255,10 @@ async def test_a_paused_queue_starts_nothing_keeps_enqueueing_and_runs_everythin
         """
         SELECT count(*) AS jobs,
                count(*) FILTER (WHERE attempts = 1) AS one_attempt,
-               (SELECT count(*) FROM job_effects WHERE job_id = ANY(%s::uuid[])) AS effects,
-               (SELECT count(DISTINCT job_id) FROM job_effects
+               (SELECT count(*) FROM jobcore.job_effects WHERE job_id = ANY(%s::uuid[])) AS effects,
+               (SELECT count(DISTINCT job_id) FROM jobcore.job_effects
                 WHERE job_id = ANY(%s::uuid[])) AS jobs_with_effects
-        FROM jobs WHERE id = ANY(%s::uuid[])
+        FROM jobcore.jobs WHERE id = ANY(%s::uuid[])
         """,
         effect_ids,
         effect_ids,
@@ -264,6 +268,7 @@ async def test_a_paused_queue_starts_nothing_keeps_enqueueing_and_runs_everythin
     assert row == {"jobs": n, "one_attempt": n, "effects": n, "jobs_with_effects": n}
     audit = await one(
         db,
-        "SELECT array_agg(action ORDER BY id) AS actions FROM audit_log WHERE target_id = 'testq'",
+        "SELECT array_agg(action ORDER BY id) AS actions FROM jobcore.audit_log"
+        " WHERE target_id = 'testq'",
     )
     assert audit["actions"] == ["queue.pause", "queue.resume"]

@@ -58,14 +58,15 @@ async def broker_cleanup(flow_settings: Settings) -> Any:
 async def counts(db: Database, job_type: str) -> dict[str, int]:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT status, count(*) AS n FROM jobs WHERE type = %s GROUP BY status", (job_type,)
+            "SELECT status, count(*) AS n FROM jobcore.jobs WHERE type = %s GROUP BY status",
+            (job_type,),
         )
         return {r["status"]: int(r["n"]) for r in await cur.fetchall()}
 
 
 async def rows_of(db: Database, job_type: str) -> list[dict[str, Any]]:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT * FROM jobs WHERE type = %s", (job_type,))
+        cur = await conn.execute("SELECT * FROM jobcore.jobs WHERE type = %s", (job_type,))
         return [dict(r) for r in await cur.fetchall()]
 
 

@@ -181,7 +181,7 @@ async def test_a_primary_crash_and_promotion_is_503_meanwhile_and_loses_nothing(
                             rows = sql_on(
                                 new_port,
                                 database,
-                                f"SELECT status FROM jobs WHERE id = '{job_id}'",
+                                f"SELECT status FROM jobcore.jobs WHERE id = '{job_id}'",
                             )
                             return rows == [("succeeded",)]
 

@@ -60,7 +60,8 @@ RELAY_BATCH_OPEN = Query(
 RUNNING_ON = Query(
     "faults_running_on",
     "Jobs running in one worker process (its id is host:pid:suffix).",
-    "SELECT count(*) AS n FROM jobs WHERE status = 'running' AND worker_id LIKE %(pattern)s",
+    "SELECT count(*) AS n FROM jobcore.jobs"
+    " WHERE status = 'running' AND worker_id LIKE %(pattern)s",
 )
 
 

@@ -48,7 +48,7 @@ async def unlocked_due_rows(db: Database) -> int:
     """Due rows no session holds a lock on (what a relay could claim right now)."""
     async with db.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM (SELECT id FROM outbox WHERE available_at <= now() "
+            "SELECT count(*) AS n FROM (SELECT id FROM jobcore.outbox WHERE available_at <= now() "
             "FOR UPDATE SKIP LOCKED) AS free"
         )
         row = await cur.fetchone()

@@ -7,7 +7,7 @@ import subprocess
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, inspect, pool
 
 from jobcore.database import migrate
 from jobcore.database.schema import metadata
@@ -28,8 +28,14 @@ def test_migrated_schema_equals_library_metadata(service_urls: ServiceUrls) -> N
     settings, name = _empty_database_settings(service_urls)
     try:
         migrate.upgrade(settings)
-        engine = create_engine(settings.sqlalchemy_url, poolclass=pool.NullPool)
+        # Compared inside jobcore's schema, where the migrations create every object.
+        engine = create_engine(
+            settings.sqlalchemy_url,
+            poolclass=pool.NullPool,
+            connect_args={"options": f"-c search_path={settings.database_schema}"},
+        )
         with engine.connect() as connection:
+            assert "jobs" in inspect(connection).get_table_names()
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             diff = compare_metadata(context, metadata)
         engine.dispose()
@@ -307,7 +313,7 @@ def test_the_sql_enqueues_admission_parameter_keeps_its_grants_both_ways(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute(f"CREATE ROLE {role}")
             conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO {role}")
-        migrate.upgrade(settings)
+        migrate.upgrade(settings, "0029")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(new, False)]
             [(granted,)] = conn.execute(

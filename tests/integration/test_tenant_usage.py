@@ -30,7 +30,7 @@ ENDED = 5
 async def _row(db: Database) -> Any:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT ctid::text AS ctid, xmin::text AS xmin, unfinished FROM tenant_usage "
+            "SELECT ctid::text AS ctid, xmin::text AS xmin, unfinished FROM jobcore.tenant_usage "
             "WHERE tenant = %s",
             (TENANT,),
         )
@@ -40,7 +40,8 @@ async def _row(db: Database) -> Any:
 async def _deltas(db: Database) -> int:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT coalesce(sum(delta), 0) AS s FROM tenant_usage_deltas WHERE tenant = %s",
+            "SELECT coalesce(sum(delta), 0) AS s FROM jobcore.tenant_usage_deltas WHERE"
+            " tenant = %s",
             (TENANT,),
         )
         row = await cur.fetchone()
@@ -59,8 +60,8 @@ async def _add_and_end_jobs(db: Database, topology: Topology) -> None:
             )
     async with db.connection() as conn:
         await conn.execute(
-            "UPDATE jobs SET status = 'cancelled', finished_at = now() WHERE id IN ("
-            " SELECT id FROM jobs WHERE tenant = %s ORDER BY created_at LIMIT %s)",
+            "UPDATE jobcore.jobs SET status = 'cancelled', finished_at = now() WHERE id IN ("
+            " SELECT id FROM jobcore.jobs WHERE tenant = %s ORDER BY created_at LIMIT %s)",
             (TENANT, ENDED),
         )
 
@@ -69,7 +70,7 @@ async def test_jobs_added_and_ended_write_no_version_of_their_tenants_usage_row(
     db: Database, topology: Topology
 ) -> None:
     async with db.connection() as conn:
-        await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+        await conn.execute("INSERT INTO jobcore.tenant_usage (tenant) VALUES (%s)", (TENANT,))
     before = await _row(db)
     await _add_and_end_jobs(db, topology)
     after = await _row(db)
@@ -96,7 +97,8 @@ async def test_the_usage_folder_folds_every_delta_into_its_tenants_row(
 async def _delta_rows(db: Database, tenants: tuple[str, ...]) -> list[tuple[str, int]]:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT tenant, delta FROM tenant_usage_deltas WHERE tenant = ANY(%s) ORDER BY id",
+            "SELECT tenant, delta FROM jobcore.tenant_usage_deltas"
+            " WHERE tenant = ANY(%s) ORDER BY id",
             (list(tenants),),
         )
         return [(r["tenant"], r["delta"]) for r in await cur.fetchall()]
@@ -111,24 +113,29 @@ async def test_a_statement_appends_one_delta_per_tenant_whatever_its_jobs(
     a, b = "per-statement-a", "per-statement-b"
     async with db.connection() as conn:
         await conn.execute(
-            "INSERT INTO jobs (id, tenant, type, queue)"
+            "INSERT INTO jobcore.jobs (id, tenant, type, queue)"
             " SELECT gen_random_uuid(), t, 'noop', 'default'"
             " FROM unnest(%s::text[]) AS t, generate_series(1, 50)",
             ([a, b],),
         )
         assert await _delta_rows(db, (a, b)) == [(a, 50), (b, 50)]
         await conn.execute(
-            "UPDATE jobs SET status = 'running', lease_expires_at = now() WHERE tenant = ANY(%s)",
+            "UPDATE jobcore.jobs SET status = 'running', lease_expires_at = now()"
+            " WHERE tenant = ANY(%s)",
             ([a, b],),
         )
         await conn.execute(
-            "UPDATE jobs SET status = 'succeeded', finished_at = now()"
-            " WHERE id IN (SELECT id FROM jobs WHERE tenant = %s LIMIT 20)",
+            "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now()"
+            " WHERE id IN (SELECT id FROM jobcore.jobs WHERE tenant = %s LIMIT 20)",
             (a,),
         )
-        await conn.execute("DELETE FROM jobs WHERE tenant = %s AND status = 'running'", (b,))
+        await conn.execute(
+            "DELETE FROM jobcore.jobs WHERE tenant = %s AND status = 'running'", (b,)
+        )
         # Ended jobs deleted: no change to the count.
-        await conn.execute("DELETE FROM jobs WHERE tenant = %s AND status = 'succeeded'", (a,))
+        await conn.execute(
+            "DELETE FROM jobcore.jobs WHERE tenant = %s AND status = 'succeeded'", (a,)
+        )
     assert await _delta_rows(db, (a, b)) == [(a, 50), (b, 50), (a, -20), (b, -50)]
 
 
@@ -136,12 +143,12 @@ async def _seed(db: Database, rows: dict[str, int], deltas: list[tuple[str, int]
     async with db.connection() as conn:
         for tenant, unfinished in rows.items():
             await conn.execute(
-                "INSERT INTO tenant_usage (tenant, unfinished) VALUES (%s, %s)",
+                "INSERT INTO jobcore.tenant_usage (tenant, unfinished) VALUES (%s, %s)",
                 (tenant, unfinished),
             )
         for tenant, delta in deltas:
             await conn.execute(
-                "INSERT INTO tenant_usage_deltas (tenant, delta) VALUES (%s, %s)",
+                "INSERT INTO jobcore.tenant_usage_deltas (tenant, delta) VALUES (%s, %s)",
                 (tenant, delta),
             )
 
@@ -167,7 +174,7 @@ async def test_a_minus_one_is_never_folded_without_its_plus_one(
     locker = await psycopg.AsyncConnection.connect(settings.database_url)
     try:
         await locker.execute(
-            "SELECT 1 FROM tenant_usage_deltas WHERE tenant = %s AND delta = 1 FOR UPDATE",
+            "SELECT 1 FROM jobcore.tenant_usage_deltas WHERE tenant = %s AND delta = 1 FOR UPDATE",
             (TENANT,),
         )
         await _fold_once(db, folder)
@@ -193,10 +200,10 @@ async def test_a_fold_batch_reads_the_deltas_in_primary_key_order_without_sortin
 ) -> None:
     async with db.connection() as conn:
         await conn.execute(
-            "INSERT INTO tenant_usage_deltas (tenant, delta)"
+            "INSERT INTO jobcore.tenant_usage_deltas (tenant, delta)"
             " SELECT 'plan-' || (n % 30), 1 FROM generate_series(1, 20000) AS n"
         )
-        await conn.execute("ANALYZE tenant_usage_deltas")
+        await conn.execute("ANALYZE jobcore.tenant_usage_deltas")
         cur = await conn.execute(
             "EXPLAIN (FORMAT JSON) " + TENANT_USAGE_FOLD.sql,
             {"limit": FOLD_BATCH, "after_tenant": "", "after_id": FOLD_START_ID},
@@ -243,9 +250,10 @@ async def test_an_admission_with_a_usage_row_checks_the_cap_once(
     try:
         async with db.connection() as conn:
             await conn.execute(
-                "INSERT INTO tenant_quotas (tenant, max_unfinished) VALUES (%s, 100)", (TENANT,)
+                "INSERT INTO jobcore.tenant_quotas (tenant, max_unfinished) VALUES (%s, 100)",
+                (TENANT,),
             )
-            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+            await conn.execute("INSERT INTO jobcore.tenant_usage (tenant) VALUES (%s)", (TENANT,))
         noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
         async with db.session() as session:
             await enqueue(
@@ -287,7 +295,7 @@ async def test_an_enqueue_of_a_tenant_with_no_quota_does_not_read_its_usage_row(
     await db.open(wait=True)
     try:
         async with db.connection() as conn:
-            await conn.execute("INSERT INTO tenant_usage (tenant) VALUES (%s)", (TENANT,))
+            await conn.execute("INSERT INTO jobcore.tenant_usage (tenant) VALUES (%s)", (TENANT,))
         noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
         before = await _usage_index_scans(db)
         async with db.session() as session:

@@ -27,7 +27,8 @@ COUNT = Query(
     "count",
     "Count jobs and outbox rows.",
     """
-    SELECT (SELECT count(*) FROM jobs) AS jobs, (SELECT count(*) FROM outbox) AS outbox
+    SELECT (SELECT count(*) FROM jobcore.jobs) AS jobs,
+           (SELECT count(*) FROM jobcore.outbox) AS outbox
 """,
 )
 
@@ -89,7 +90,7 @@ async def test_enqueue_writes_a_job_message_and_notifies(
     assert notify.channel == OUTBOX_CHANNEL
 
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT * FROM outbox")
+        cur = await conn.execute("SELECT * FROM jobcore.outbox")
         rows = await cur.fetchall()
     assert len(rows) == 1
     row = rows[0]

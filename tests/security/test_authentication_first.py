@@ -267,7 +267,7 @@ async def test_arbitrary_authorization_headers_never_get_past_authentication(
 EXPIRE_NOW = Query(
     "expire_now",
     "Bring a key's expiry forward to now.",
-    "UPDATE api_keys SET expires_at = now() WHERE id = %(id)s",
+    "UPDATE jobcore.api_keys SET expires_at = now() WHERE id = %(id)s",
 )
 
 

@@ -23,13 +23,13 @@ from tests.integration.api.support import assert_problem, counts, enqueue
 PROBLEM = "application/problem+json"
 
 SQL_LOOKING = [
-    "'; DROP TABLE jobs; --",
+    "'; DROP TABLE jobcore.jobs; --",
     "' OR '1'='1",
     '" OR ""="',
-    "1); DELETE FROM outbox WHERE (1=1",
-    "$$; TRUNCATE api_keys; $$",
+    "1); DELETE FROM jobcore.outbox WHERE (1=1",
+    "$$; TRUNCATE jobcore.api_keys; $$",
     "\\'; SELECT pg_sleep(10); --",
-    "%' UNION SELECT key_hash, tenant FROM api_keys --",
+    "%' UNION SELECT key_hash, tenant FROM jobcore.api_keys --",
 ]
 
 

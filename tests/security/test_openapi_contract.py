@@ -57,7 +57,7 @@ QUARANTINE = Query(
     "test_quarantine_job_message",
     "Quarantine a job's outbox row as the relay would on an unpublishable message.",
     """
-    UPDATE outbox SET quarantined_at = now(), attempts = 1, failing_since = now(),
+    UPDATE jobcore.outbox SET quarantined_at = now(), attempts = 1, failing_since = now(),
                       last_error = 'refused by the broker'
     WHERE job_id = %(id)s
     RETURNING id
@@ -68,7 +68,7 @@ SUCCEED = Query(
     "test_succeed_job",
     "End a job as a worker would, with a small inline result.",
     """
-    UPDATE jobs SET status = 'succeeded', attempts = 1, result = '{"rows": 3}'::jsonb,
+    UPDATE jobcore.jobs SET status = 'succeeded', attempts = 1, result = '{"rows": 3}'::jsonb,
                     started_at = now(), finished_at = now(), updated_at = now()
     WHERE id = %(id)s
     """,

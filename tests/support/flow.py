@@ -79,7 +79,8 @@ async def job(db: Database, status: str = "pending", **columns: Any) -> uuid.UUI
     values.update(columns)
     await run(
         db,
-        f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join(f'%({n})s' for n in names)})",
+        f"INSERT INTO jobcore.jobs ({', '.join(names)})"
+        f" VALUES ({', '.join(f'%({n})s' for n in names)})",
         values,
     )
     return job_id

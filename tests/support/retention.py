@@ -25,23 +25,23 @@ from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 PAYLOADS: dict[str, BaseModel] = {"echo": EchoPayload(text="x"), "noop": NoopPayload()}
 
 FINISH = """
-    UPDATE jobs
+    UPDATE jobcore.jobs
     SET status = %(status)s, attempts = 1,
         finished_at = CASE WHEN %(age)s::float8 IS NULL THEN NULL
                            ELSE now() - make_interval(secs => %(age)s) END,
         result_ref = %(result_ref)s
     WHERE id = %(id)s
 """
-ADD_EFFECT = "INSERT INTO job_effects (job_id, attempt, kind) VALUES (%s, 1, 'did')"
+ADD_EFFECT = "INSERT INTO jobcore.job_effects (job_id, attempt, kind) VALUES (%s, 1, 'did')"
 ADD_DELIVERY = """
-    INSERT INTO webhook_deliveries (id, job_id, tenant, url, event, status)
+    INSERT INTO jobcore.webhook_deliveries (id, job_id, tenant, url, event, status)
     VALUES (gen_random_uuid(), %s, 't', 'https://example.com/hook', 'job.succeeded', 'delivered')
 """
 OWN_ROWS = {
-    "jobs": "SELECT count(*) AS n FROM jobs WHERE id = %s",
-    "job_effects": "SELECT count(*) AS n FROM job_effects WHERE job_id = %s",
-    "webhook_deliveries": "SELECT count(*) AS n FROM webhook_deliveries WHERE job_id = %s",
-    "outbox": "SELECT count(*) AS n FROM outbox WHERE job_id = %s",
+    "jobs": "SELECT count(*) AS n FROM jobcore.jobs WHERE id = %s",
+    "job_effects": "SELECT count(*) AS n FROM jobcore.job_effects WHERE job_id = %s",
+    "webhook_deliveries": "SELECT count(*) AS n FROM jobcore.webhook_deliveries WHERE job_id = %s",
+    "outbox": "SELECT count(*) AS n FROM jobcore.outbox WHERE job_id = %s",
 }
 
 
@@ -82,11 +82,11 @@ async def make_job(
     async with db.connection() as conn:
         if quarantined:
             await conn.execute(
-                "UPDATE outbox SET quarantined_at = now(), attempts = 10 WHERE job_id = %s",
+                "UPDATE jobcore.outbox SET quarantined_at = now(), attempts = 10 WHERE job_id = %s",
                 (job_id,),
             )
         else:
-            await conn.execute("DELETE FROM outbox WHERE job_id = %s", (job_id,))
+            await conn.execute("DELETE FROM jobcore.outbox WHERE job_id = %s", (job_id,))
         await conn.execute(
             FINISH,
             {
@@ -129,7 +129,7 @@ async def inbox_row(db: Database, *, age: timedelta) -> uuid.UUID:
     message_id = uuid.uuid4()
     async with db.connection() as conn:
         await conn.execute(
-            "INSERT INTO inbox (consumer, message_id, received_at) "
+            "INSERT INTO jobcore.inbox (consumer, message_id, received_at) "
             "VALUES ('jobs', %s, now() - make_interval(secs => %s))",
             (message_id, age.total_seconds()),
         )
@@ -140,7 +140,7 @@ async def audit_entry(db: Database, *, age: timedelta) -> None:
     """An audit entry written ``age`` ago."""
     async with db.connection() as conn:
         await conn.execute(
-            "INSERT INTO audit_log (at, actor, action, target_type, outcome) "
+            "INSERT INTO jobcore.audit_log (at, actor, action, target_type, outcome) "
             "VALUES (now() - make_interval(secs => %s), 'tests', 'key.create', 'api_key', "
             "'succeeded')",
             (age.total_seconds(),),

@@ -196,6 +196,22 @@ def test_pooler_settings_are_checked(
         load_settings()
 
 
+@pytest.mark.parametrize("value", ["public", "Jobs", "pg_jobs", "job-core", "a.b", "", "x" * 64])
+def test_the_schema_is_a_plain_identifier_of_jobcores_own(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Written into statements as it is (jobcore.database.gateway.in_schema): a plain
+    lower-case identifier, never public or a system schema."""
+    monkeypatch.setenv("JOBCORE_DATABASE_SCHEMA", value)
+    with pytest.raises(ConfigurationError, match="JOBCORE_DATABASE_SCHEMA: "):
+        load_settings()
+
+
+def test_the_schema_is_jobcore_unless_named() -> None:
+    assert Settings().database_schema == "jobcore"
+    assert Settings(database_schema="tasks_2").database_schema == "tasks_2"
+
+
 def test_the_timeline_switch_is_refused_behind_pgbouncer() -> None:
     """The switch is a session SET, which transaction pooling would not keep."""
     with pytest.raises(ConfigurationError) as info:

@@ -1,7 +1,7 @@
 // Enqueue a jobcore job from Node's pg, in the transaction the client has open:
 // the job exists exactly when that transaction commits (docs/how-to/enqueue-in-transaction.md).
 
-// The SQLSTATEs jobcore_enqueue() raises its refusals with.
+// The SQLSTATEs jobcore.enqueue() raises its refusals with.
 export const Refusal = Object.freeze({
   INVALID_ARGUMENT: "JC400",
   UNKNOWN_JOB_TYPE: "JC404",
@@ -41,7 +41,7 @@ export async function enqueue(client, type, payload, { tenant, savepoint = false
     if (!OPTIONS.includes(name)) throw new TypeError(`unknown enqueue option ${name}`);
   }
   const args = names.map((name, i) => `${name} => $${i + 4}`);
-  const sql = `SELECT jobcore_enqueue($1, $2::jsonb, tenant => $3${
+  const sql = `SELECT jobcore.enqueue($1, $2::jsonb, tenant => $3${
     args.length ? ", " + args.join(", ") : ""
   }) AS id`;
   const values = [type, JSON.stringify(payload), tenant, ...names.map((name) => options[name])];

@@ -31,14 +31,19 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobcore.database.statement_spans import TracedCursor, TracedRawCursor, cursor_options
+from jobcore.database.statement_spans import (
+    TracedCursor,
+    TracedRawCursor,
+    cursor_options,
+    name_statement,
+)
 from jobcore.kernel.errors import (
     DatabaseMissing,
     DatabaseUnavailable,
     JobcoreError,
     ServiceStateError,
 )
-from jobcore.kernel.settings import Settings
+from jobcore.kernel.settings import DEFAULT_SCHEMA, Settings
 
 AsyncConn = psycopg.AsyncConnection[DictRow]
 RV = TypeVar("RV")
@@ -101,13 +106,22 @@ async def connect_for_chore(
     """A connection of its own, outside every pool, in autocommit, for a background chore
     that may run longer than a statement's timeout or cannot run in a transaction
     (VACUUM, ANALYZE)."""
-    return await psycopg.AsyncConnection.connect(
+    conn = await ChoreConnection.connect(
         settings.database_url,
         autocommit=True,
         connect_timeout=max(1, int(settings.db_connect_timeout)),
         application_name=application_name,
         **connect_options(settings),
     )
+    conn.jobcore_schema = settings.database_schema
+    return conn
+
+
+class ChoreConnection(psycopg.AsyncConnection[Any]):
+    """A connection of :func:`connect_for_chore`: it knows jobcore's schema, as the
+    pools' connections do, for the statements the gateway runs on it."""
+
+    jobcore_schema: str = DEFAULT_SCHEMA
 
 
 class BoundedConnection(psycopg.AsyncConnection[DictRow]):
@@ -125,6 +139,8 @@ class BoundedConnection(psycopg.AsyncConnection[DictRow]):
     idle_since: float | None = None
     # Set by a pool with generic plans: statements marked generic_plan are prepared.
     plans_generic: bool = False
+    # The schema jobcore's objects live in (Settings.database_schema), set by the pool.
+    jobcore_schema: str = DEFAULT_SCHEMA
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         bound = self.operation_timeout if timeout is None else timeout
@@ -298,6 +314,7 @@ class Database:
         if isinstance(conn, BoundedConnection):
             conn.operation_timeout = self.settings.db_operation_timeout
             conn.idle_since = time.monotonic()
+            conn.jobcore_schema = self.settings.database_schema
         await self._check_first(conn)
         if self.settings.database_pooler == "pgbouncer":
             # A SET would stay on the server connection, for whichever client gets it
@@ -417,6 +434,7 @@ class Database:
                 application_name=f"{self._pool.name}-listen",
             )
         conn.operation_timeout = self.settings.db_operation_timeout
+        conn.jobcore_schema = self.settings.database_schema
         try:
             with translate_errors(self.settings):
                 yield conn
@@ -593,6 +611,9 @@ class StatementQuery(Protocol):
     """What the gateway reads of a named query (:class:`jobcore.database.sql.Query`)."""
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def sql(self) -> str: ...
 
     @property
@@ -611,6 +632,53 @@ class Statement(Protocol):
 
     @property
     def params(self) -> Mapping[str, Any]: ...
+
+
+# Literals and quoted identifiers (never rewritten), and what the rewrite looks for: the
+# default schema as a qualifier (``jobcore.jobs``) or as a whole string literal
+# (``schemaname = 'jobcore'``), with no identifier character or dot just before it.
+_SCHEMA_TOKEN = re.compile(
+    r"(?P<literal>'(?:[^']|'')*')|\"(?:[^\"]|\"\")*\"|(?<![\w.$])"
+    + DEFAULT_SCHEMA
+    + r"(?=\.[A-Za-z_\"])"
+)
+_in_schema: dict[tuple[str, str], str] = {}
+
+
+def in_schema(text: str, schema: str) -> str:
+    """``text``, a statement written for jobcore's default schema, for ``schema``: each
+    ``jobcore.`` qualifier, and each ``'jobcore'`` literal, names ``schema`` instead. Done
+    once per statement and schema, then kept.
+
+    Runtime statements name every jobcore object with its schema, as a statement must
+    behind PgBouncer in transaction mode, where no per-connection search_path holds. They
+    are written qualified with the default (jobcore.database.sql), so the text read in the
+    code is the text run in the default installation; a deployment with another
+    ``JOBCORE_DATABASE_SCHEMA`` runs the same statements, rewritten here.
+    """
+    if schema == DEFAULT_SCHEMA:
+        return text
+    key = (text, schema)
+    found = _in_schema.get(key)
+    if found is None:
+
+        def one(match: re.Match[str]) -> str:
+            literal = match.group("literal")
+            if literal is not None:
+                return f"'{schema}'" if literal == f"'{DEFAULT_SCHEMA}'" else literal
+            token = match.group(0)
+            return schema if token == DEFAULT_SCHEMA else token
+
+        found = _in_schema[key] = _SCHEMA_TOKEN.sub(one, text)
+    return found
+
+
+def schema_of(conn: object) -> str:
+    """The schema of jobcore's objects for statements run on ``conn``: the pool's
+    connections, a chore's and an application's (jobcore.usecases.enqueue.in_transaction)
+    carry it; anything else gets the default."""
+    schema = getattr(conn, "jobcore_schema", DEFAULT_SCHEMA)
+    return schema if isinstance(schema, str) else DEFAULT_SCHEMA
 
 
 def _prepare(conn: psycopg.AsyncConnection[Any], statement: Statement) -> bool | None:
@@ -645,15 +713,28 @@ async def _send(
     # Without the argument where psycopg's own rule applies (stand-ins in tests take none).
     options = {} if prepare is None else {"prepare": prepare}
     native = statement.query.native
+    schema = schema_of(conn)
     if native is None or not isinstance(conn, psycopg.AsyncConnection):
-        return await conn.execute(statement.query.sql, statement.params, **options)
+        text = statement.query.sql
+        if schema != DEFAULT_SCHEMA:
+            text = _renamed(text, schema, statement.query.name)
+        return await conn.execute(text, statement.params, **options)
     # Too long for psycopg's conversion cache: placeholders converted once (jobcore.database.sql).
     sql, names = native
+    if schema != DEFAULT_SCHEMA:
+        sql = _renamed(sql, schema, statement.query.name)
     raw = (
         TracedRawCursor if issubclass(conn.cursor_factory, TracedCursor) else psycopg.AsyncRawCursor
     )
     cursor = raw(conn, row_factory=conn.row_factory)
     return await cursor.execute(sql, [statement.params[name] for name in names], **options)
+
+
+def _renamed(text: str, schema: str, name: str) -> str:
+    """:func:`in_schema`, with the rewritten text's spans named as the statement's."""
+    if (text, schema) not in _in_schema:
+        name_statement(in_schema(text, schema), name)
+    return in_schema(text, schema)
 
 
 async def execute(on: Executor, statement: Statement) -> int:

@@ -46,8 +46,11 @@ def _script_config() -> Config:
 
 
 def alembic_config(settings: Settings) -> Config:
+    from jobcore.database.migration_steps import SCHEMA_ATTRIBUTE
+
     config = _script_config()
     config.attributes["sqlalchemy_url"] = settings.sqlalchemy_url
+    config.attributes[SCHEMA_ATTRIBUTE] = settings.database_schema
     config.attributes["connect_args"] = connect_options(settings)
     return config
 
@@ -75,15 +78,27 @@ def create_database(settings: Settings) -> bool:
 
 
 def current_revision(settings: Settings) -> str | None:
+    """The schema's revision: in jobcore's schema, or in ``public`` for an installation of
+    a release before it (jobcore.database.migration_steps.installed_in_public)."""
     from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine, pool
+
+    from jobcore.database.migration_steps import installed_in_public
+
+    script = ScriptDirectory.from_config(_script_config())
+    known = {revision.revision for revision in script.walk_revisions()}
 
     engine = create_engine(
         settings.sqlalchemy_url, poolclass=pool.NullPool, connect_args=connect_options(settings)
     )
     try:
         with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
+            schema = settings.database_schema
+            if installed_in_public(connection, schema, known):
+                schema = "public"
+            context = MigrationContext.configure(connection, opts={"version_table_schema": schema})
+            return context.get_current_revision()
     finally:
         engine.dispose()
 

@@ -1,5 +1,7 @@
 """Steps that migrations share (migrations/versions): building and dropping indexes
-CONCURRENTLY, so that writers keep writing while an index on a busy table is built.
+CONCURRENTLY, so that writers keep writing while an index on a busy table is built; and
+where jobcore's objects are (its own schema, or ``public`` for an installation of a
+release before the schema, :func:`installed_in_public`).
 
 Every migration that builds an index CONCURRENTLY does it through
 :func:`create_indexes_concurrently` (scripts/lint_migrations.py refuses any other way).
@@ -12,7 +14,7 @@ index of that name is dropped and built again instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import sqlalchemy as sa
 from alembic import op
@@ -53,3 +55,32 @@ def drop_indexes_concurrently(names: Iterable[str]) -> None:
         for name in names:
             op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
         op.execute("RESET lock_timeout")
+
+
+# Where migrations/env.py leaves the schema's name for the migrations (Alembic's
+# Config.attributes).
+SCHEMA_ATTRIBUTE = "jobcore_schema"
+
+_VERSION_TABLE_IN = sa.text("SELECT to_regclass(:name) IS NOT NULL")
+_PUBLIC_VERSION_TABLE = sa.text(
+    "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('public.alembic_version')"
+)
+_PUBLIC_REVISIONS = sa.text("SELECT version_num FROM public.alembic_version")
+
+
+def installed_in_public(connection: sa.Connection, schema: str, known: Collection[str]) -> bool:
+    """Whether jobcore is installed in ``public`` by a release before its own schema: no
+    version table in ``schema`` and a table ``public.alembic_version`` at one of jobcore's
+    revisions (``known``). An application's own Alembic there is at revisions of its own."""
+    if connection.execute(_VERSION_TABLE_IN, {"name": f"{schema}.alembic_version"}).scalar():
+        return False
+    if connection.execute(_PUBLIC_VERSION_TABLE).scalar() != "r":
+        return False
+    revisions = connection.execute(_PUBLIC_REVISIONS).scalars().all()
+    return any(revision in known for revision in revisions)
+
+
+def jobcore_schema() -> str:
+    """The schema jobcore's objects belong in (``JOBCORE_DATABASE_SCHEMA``), as
+    migrations/env.py read it."""
+    return str(op.get_context().config.attributes[SCHEMA_ATTRIBUTE])  # type: ignore[union-attr]

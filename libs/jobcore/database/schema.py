@@ -885,7 +885,7 @@ tenant_usage_deltas = Table(
 
 # What the workers' registries declare of each job type, and what their deployment says
 # about its jobs (the jobs exchange, the inline payload limit, the tenant quota
-# defaults): what jobcore_enqueue() (migration 0026) checks and writes a job with. Each
+# defaults): what jobcore.enqueue() (migration 0026) checks and writes a job with. Each
 # worker upserts its types' rows when its pool first connects (jobcore.execution.job_type_records).
 job_type_registry = Table(
     "job_type_registry",

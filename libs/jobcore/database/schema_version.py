@@ -7,8 +7,10 @@ supported: the later one may have contracted what the older one still uses.
 
 The running code knows its own migration revisions, but not those of releases after it.
 So `jobcore migrate` writes what a reader needs into the database, in the migration's own
-transaction (migrations/env.py): a JSON comment on Alembic's ``alembic_version`` table
-naming the schema's revision and release, and the revision of the release before it
+transaction (migrations/env.py): a JSON comment on Alembic's ``alembic_version`` table (in
+jobcore's schema; an installation moved from ``public`` keeps a view of it there, commented
+alike, for the previous release's processes, which read it unqualified) naming the
+schema's revision and release, and the revision of the release before it
 (:data:`jobcore.database.release_history.RELEASES`), the oldest code the schema runs with. A comment
 rather than a table: no migration of its own, nothing outside the library's metadata
 (tests/integration/test_migrations.py compares them), and it sits beside the revision it
@@ -31,19 +33,32 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from jobcore.database.gateway import AsyncConn, Database, connect_options, translate_errors
+from jobcore.database.gateway import (
+    AsyncConn,
+    Database,
+    connect_options,
+    schema_of,
+    translate_errors,
+)
 from jobcore.database.migrate import migrations_dir
 from jobcore.database.release_history import RELEASES, Release, previous_release
 from jobcore.kernel.errors import ConfigurationError, DatabaseUnavailable, JobcoreError
 from jobcore.kernel.settings import Settings
 from jobcore.kernel.startstop import Service
 
-# Read by every checked start: one round trip, and no error when Alembic never ran here.
-READ_MARKER = (
-    "SELECT to_regclass('alembic_version') IS NOT NULL AS migrated, "
-    "obj_description(to_regclass('alembic_version'), 'pg_class') AS marker"
-)
-READ_REVISION = "SELECT version_num FROM alembic_version LIMIT 1"
+
+def read_marker(schema: str) -> str:
+    """Read by every checked start: one round trip, and no error when Alembic never ran
+    here. ``schema`` is a plain identifier (jobcore.kernel.settings checks it)."""
+    table = f"{schema}.alembic_version"
+    return (
+        f"SELECT to_regclass('{table}') IS NOT NULL AS migrated, "
+        f"obj_description(to_regclass('{table}'), 'pg_class') AS marker"
+    )
+
+
+def read_revision(schema: str) -> str:
+    return f"SELECT version_num FROM {schema}.alembic_version LIMIT 1"
 
 
 class SchemaTooNew(ConfigurationError):
@@ -226,8 +241,9 @@ def read_schema(settings: Settings) -> tuple[str | None, str | None]:
             **connect_options(settings),
         ) as conn,
     ):
-        migrated, marker = conn.execute(READ_MARKER).fetchone() or (False, None)
-        row = conn.execute(READ_REVISION).fetchone() if migrated else None
+        schema = settings.database_schema
+        migrated, marker = conn.execute(read_marker(schema)).fetchone() or (False, None)
+        row = conn.execute(read_revision(schema)).fetchone() if migrated else None
     return (str(row[0]) if row else None), marker
 
 
@@ -259,12 +275,14 @@ def check_schema(settings: Settings, *, unreachable_ok: bool = False) -> None:
 
 
 async def check_schema_on(conn: AsyncConn) -> None:
-    """:func:`check_schema` on an open connection (dict rows)."""
-    cursor = await conn.execute(READ_MARKER)
+    """:func:`check_schema` on an open connection (dict rows) of a pool, which knows the
+    schema (jobcore.database.gateway.schema_of)."""
+    schema = schema_of(conn)
+    cursor = await conn.execute(read_marker(schema))
     found = await cursor.fetchone()
     revision = None
     if found is not None and found["migrated"]:
-        row = await (await conn.execute(READ_REVISION)).fetchone()
+        row = await (await conn.execute(read_revision(schema))).fetchone()
         revision = str(row["version_num"]) if row else None
     _check(revision, found["marker"] if found else None)
 

@@ -1,5 +1,5 @@
 """What a worker records of its job types in ``job_type_registry`` when it starts, for
-``jobcore_enqueue()``, the enqueue from SQL (docs/how-to/enqueue-in-transaction.md): each
+``jobcore.enqueue()``, the enqueue from SQL (docs/how-to/enqueue-in-transaction.md): each
 type's queue, limits, flow control and a hash of its payload's JSON schema, and what the
 worker's deployment says of its jobs (the jobs exchange, the inline payload limit, the
 tenant quota defaults).

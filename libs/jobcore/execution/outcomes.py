@@ -245,7 +245,7 @@ def give_back_delay(
 
 def invalid_payload(exc: InvalidPayloadError) -> Fail:
     """The stored payload does not validate: the job type's model changed since the job
-    was enqueued, or it came through SQL (jobcore_enqueue), which cannot run the model.
+    was enqueued, or it came through SQL (jobcore.enqueue), which cannot run the model.
     The job fails at once, every attempt would; the error names each field."""
     detail = "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}" for e in exc.errors

@@ -36,6 +36,12 @@ MAX_ACTOR_LENGTH = 200
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 MAX_WEBHOOK_SECRET_OVERLAP = timedelta(days=30)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# jobcore's own PostgreSQL schema unless JOBCORE_DATABASE_SCHEMA names another. Runtime SQL
+# is written qualified with this name (jobcore.database.sql).
+DEFAULT_SCHEMA = "jobcore"
+# Unquoted, so it can be written into statements as it is.
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_NOT_OURS = frozenset({"public", "information_schema"})
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -162,6 +168,12 @@ class Settings(BaseSettings):
     # since the next transaction of the same client may run on another server connection
     # and the next client on this one. docs/operations.md, "PgBouncer".
     database_pooler: Literal["none", "pgbouncer"] = "none"
+    # The PostgreSQL schema that holds every jobcore object (tables, functions, Alembic's
+    # version table), apart from the application's own in ``public``. Runtime statements
+    # name it (jobcore.database.gateway), so no search_path is needed, behind PgBouncer
+    # neither. Set it before the first `jobcore migrate`; every process of an installation
+    # uses the same one.
+    database_schema: str = DEFAULT_SCHEMA
     # A direct (not pooled) URL for LISTEN connections only: one per API, relay and
     # worker process, held for its life. Empty: database_url, unless the pooler is
     # pgbouncer, where LISTEN hears nothing, so every listener polls instead.
@@ -523,6 +535,16 @@ class Settings(BaseSettings):
     def _check_quota_rate(cls, value: float) -> float:
         if 0 < value < MIN_RATE:
             raise ValueError("must be 0 (unlimited) or at least one a day (1/86400)")
+        return value
+
+    @field_validator("database_schema")
+    @classmethod
+    def _check_schema(cls, value: str) -> str:
+        if not _SCHEMA_RE.match(value) or value.startswith("pg_") or value in _NOT_OURS:
+            raise ValueError(
+                "must be a lower-case SQL identifier of 1-63 letters, digits and '_' "
+                "(not public, information_schema or pg_*)"
+            )
         return value
 
     @field_validator("amqp_prefix")

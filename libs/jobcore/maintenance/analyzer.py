@@ -125,7 +125,9 @@ class Analyzer(MaintenanceService[AnalyzerConfig]):
 
     async def _analyze(self, names: list[str]) -> bool:
         statement = sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(
-            sql.SQL(", ").join(sql.Identifier(name) for name in names)
+            sql.SQL(", ").join(
+                sql.Identifier(self.settings.database_schema, name) for name in names
+            )
         )
         try:
             async with asyncio.timeout(ANALYZE_TIMEOUT):

@@ -28,7 +28,7 @@ import time
 
 import psycopg
 
-from jobcore.database.gateway import connect_for_chore
+from jobcore.database.gateway import connect_for_chore, in_schema
 from jobcore.kernel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # TRUNCATE false: giving the empty pages at the end of the file back to the system takes
 # an ACCESS EXCLUSIVE lock, which every claim and enqueue would wait for. PARALLEL 0: a
 # background chore takes one backend, not one per index besides the relay's own.
-OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) outbox"
+OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) jobcore.outbox"
 # A VACUUM that takes longer is given up (its connection closed): a cut network must not
 # stop every later one.
 VACUUM_TIMEOUT = 600.0
@@ -82,7 +82,7 @@ class OutboxVacuum:
                 conn = await connect_for_chore(self.settings, "jobcore-relay-vacuum")
                 connected = True
                 async with conn:
-                    await conn.execute(OUTBOX_VACUUM)
+                    await conn.execute(in_schema(OUTBOX_VACUUM, self.settings.database_schema))
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning(
                 "VACUUM of the outbox failed; the relay tries again later",

@@ -27,7 +27,7 @@ from jobcore.kernel.settings import Settings
 from jobcore.usecases.enqueue.in_transaction import enqueue_in
 
 # The application's own table in the run's database (not jobcore's).
-APP_TABLE = "chaos_app_orders"
+APP_TABLE = "public.chaos_app_orders"
 CREATE_APP_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {APP_TABLE} (id uuid PRIMARY KEY, n int NOT NULL, "
     "job_id uuid NOT NULL)"
@@ -197,13 +197,16 @@ class AppProducer:
         rolled-back transaction is looked for among the pruned jobs too, when the run
         archives them."""
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT to_regclass('pruned_jobs') IS NOT NULL")
+            cur = await conn.execute("SELECT to_regclass('public.pruned_jobs') IS NOT NULL")
             row = await cur.fetchone()
             archived = bool(row and row[0])
             ids = [uuid.UUID(j) for j in self.rolled_back]
-            query = "SELECT count(*) FROM jobs WHERE id = ANY(%(ids)s)"
+            jobs = f"{self.settings.database_schema}.jobs"
+            query = f"SELECT count(*) FROM {jobs} WHERE id = ANY(%(ids)s)"
             if archived:
-                query += " UNION ALL SELECT count(*) FROM pruned_jobs WHERE id = ANY(%(ids)s)"
+                query += (
+                    " UNION ALL SELECT count(*) FROM public.pruned_jobs WHERE id = ANY(%(ids)s)"
+                )
             cur = await conn.execute(query, {"ids": ids})
             found = sum(int(r[0]) for r in await cur.fetchall())
             cur = await conn.execute(

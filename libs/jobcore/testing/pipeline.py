@@ -625,7 +625,7 @@ JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     """
     SELECT j.id::text AS id, j.status, j.attempts, j.last_error, j.progress_attempt,
            count(e.id) AS effects
-    FROM jobs j LEFT JOIN job_effects e ON e.job_id = j.id
+    FROM jobcore.jobs j LEFT JOIN jobcore.job_effects e ON e.job_id = j.id
     WHERE j.tenant = %(tenant)s
     GROUP BY j.id
     """,
@@ -640,23 +640,23 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
     for n, sql in enumerate(
         (
             """
-            CREATE TABLE IF NOT EXISTS pruned_jobs (
+            CREATE TABLE IF NOT EXISTS public.pruned_jobs (
                 id uuid PRIMARY KEY, tenant text NOT NULL, status text NOT NULL,
                 attempts int NOT NULL, last_error text, progress_attempt int,
                 pruned_at timestamptz NOT NULL DEFAULT now(), created_at timestamptz
             )
             """,
             """
-            CREATE TABLE IF NOT EXISTS pruned_effects (
+            CREATE TABLE IF NOT EXISTS public.pruned_effects (
                 id bigint PRIMARY KEY, job_id uuid NOT NULL, attempt int NOT NULL,
                 kind text NOT NULL
             )
             """,
             """
-            CREATE OR REPLACE FUNCTION pipeline_archive_job() RETURNS trigger
+            CREATE OR REPLACE FUNCTION public.pipeline_archive_job() RETURNS trigger
             LANGUAGE plpgsql AS $$
             BEGIN
-                INSERT INTO pruned_jobs (
+                INSERT INTO public.pruned_jobs (
                     id, tenant, status, attempts, last_error, progress_attempt, created_at
                 )
                 VALUES (
@@ -667,21 +667,21 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
             END $$
             """,
             """
-            CREATE OR REPLACE FUNCTION pipeline_archive_effect() RETURNS trigger
+            CREATE OR REPLACE FUNCTION public.pipeline_archive_effect() RETURNS trigger
             LANGUAGE plpgsql AS $$
             BEGIN
-                INSERT INTO pruned_effects (id, job_id, attempt, kind)
+                INSERT INTO public.pruned_effects (id, job_id, attempt, kind)
                 VALUES (OLD.id, OLD.job_id, OLD.attempt, OLD.kind);
                 RETURN OLD;
             END $$
             """,
             """
-            CREATE OR REPLACE TRIGGER pipeline_archive_job AFTER DELETE ON jobs
-                FOR EACH ROW EXECUTE FUNCTION pipeline_archive_job()
+            CREATE OR REPLACE TRIGGER pipeline_archive_job AFTER DELETE ON jobcore.jobs
+                FOR EACH ROW EXECUTE FUNCTION public.pipeline_archive_job()
             """,
             """
-            CREATE OR REPLACE TRIGGER pipeline_archive_effect AFTER DELETE ON job_effects
-                FOR EACH ROW EXECUTE FUNCTION pipeline_archive_effect()
+            CREATE OR REPLACE TRIGGER pipeline_archive_effect AFTER DELETE ON jobcore.job_effects
+                FOR EACH ROW EXECUTE FUNCTION public.pipeline_archive_effect()
             """,
         )
     )
@@ -689,12 +689,12 @@ PRUNE_ARCHIVE: tuple[Query[Mapping[str, Any]], ...] = tuple(
 HAS_PRUNE_ARCHIVE: Query[Mapping[str, Any]] = Query(
     "pipeline_has_prune_archive",
     "Whether this database archives pruned jobs.",
-    "SELECT to_regclass('pruned_jobs') IS NOT NULL AS archived",
+    "SELECT to_regclass('public.pruned_jobs') IS NOT NULL AS archived",
 )
 PRUNED_JOBS: Query[Mapping[str, Any]] = Query(
     "pipeline_pruned_jobs",
     "How many of a tenant's jobs the pruner deleted.",
-    "SELECT count(*) AS n FROM pruned_jobs WHERE tenant = %(tenant)s",
+    "SELECT count(*) AS n FROM public.pruned_jobs WHERE tenant = %(tenant)s",
 )
 ALL_JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     "pipeline_all_jobs_with_effects",
@@ -702,14 +702,14 @@ ALL_JOBS_WITH_EFFECTS: Query[Mapping[str, Any]] = Query(
     """
     WITH every_job AS (
         SELECT id, status, attempts, last_error, progress_attempt
-        FROM jobs WHERE tenant = %(tenant)s
+        FROM jobcore.jobs WHERE tenant = %(tenant)s
         UNION ALL
         SELECT id, status, attempts, last_error, progress_attempt
-        FROM pruned_jobs WHERE tenant = %(tenant)s
+        FROM public.pruned_jobs WHERE tenant = %(tenant)s
     ), every_effect AS (
-        SELECT id, job_id FROM job_effects
+        SELECT id, job_id FROM jobcore.job_effects
         UNION ALL
-        SELECT id, job_id FROM pruned_effects
+        SELECT id, job_id FROM public.pruned_effects
     )
     SELECT j.id::text AS id, j.status, j.attempts, j.last_error, j.progress_attempt,
            count(e.id) AS effects
@@ -721,17 +721,17 @@ OPEN_WORK: Query[Mapping[str, Any]] = Query(
     "pipeline_open_work",
     "A tenant's jobs not finished yet, and outbox rows still to publish or quarantined.",
     """
-    SELECT (SELECT count(*) FROM jobs
+    SELECT (SELECT count(*) FROM jobcore.jobs
             WHERE tenant = %(tenant)s AND status IN ('pending', 'running')) AS open,
-           (SELECT count(*) FROM jobs WHERE tenant = %(tenant)s) AS jobs,
-           (SELECT count(*) FROM outbox WHERE quarantined_at IS NULL) AS outbox,
-           (SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL) AS quarantined
+           (SELECT count(*) FROM jobcore.jobs WHERE tenant = %(tenant)s) AS jobs,
+           (SELECT count(*) FROM jobcore.outbox WHERE quarantined_at IS NULL) AS outbox,
+           (SELECT count(*) FROM jobcore.outbox WHERE quarantined_at IS NOT NULL) AS quarantined
     """,
 )
 STATUS_COUNTS: Query[Mapping[str, Any]] = Query(
     "pipeline_status_counts",
     "A tenant's jobs counted by status.",
-    "SELECT status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY status",
+    "SELECT status, count(*) AS n FROM jobcore.jobs WHERE tenant = %(tenant)s GROUP BY status",
 )
 OVERDUE_LEASES: Query[Mapping[str, Any]] = Query(
     "pipeline_overdue_leases",
@@ -739,11 +739,11 @@ OVERDUE_LEASES: Query[Mapping[str, Any]] = Query(
     """
     SELECT count(*) AS n,
            coalesce(max(extract(epoch FROM now() - lease_expires_at)), 0)::float AS overdue
-    FROM jobs WHERE status = 'running' AND lease_expires_at < now()
+    FROM jobcore.jobs WHERE status = 'running' AND lease_expires_at < now()
     """,
 )
 JOB_STATUS: Query[Mapping[str, Any]] = Query(
-    "pipeline_job_status", "One job's status.", "SELECT status FROM jobs WHERE id = %(id)s"
+    "pipeline_job_status", "One job's status.", "SELECT status FROM jobcore.jobs WHERE id = %(id)s"
 )
 
 

@@ -69,7 +69,7 @@ async def claim_ms(conn: psycopg.AsyncConnection[Any], limit: int) -> float:
 # fill gives later chunks later ids and timestamps, so every row before the first one
 # still there has been published and deleted: the drained count without counting rows.
 FRONT = """
-SELECT id FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+SELECT id FROM jobcore.outbox WHERE available_at <= now() AND quarantined_at IS NULL
 ORDER BY available_at, id LIMIT 1
 """
 
@@ -123,7 +123,7 @@ async def run(bench: Bench) -> Section:
             for start in range(0, rows, FILL_CHUNK):
                 bench.step(f"backlog: filling {start + FILL_CHUNK:,} of {rows:,}")
                 await fill_outbox(conn, topology, min(FILL_CHUNK, rows - start))
-            await conn.execute("ANALYZE outbox")
+            await conn.execute("ANALYZE jobcore.outbox")
             full = [await claim_ms(conn, limit) for _ in range(10)]
             first = await front(conn)
             assert first is not None

@@ -175,13 +175,13 @@ async def _scalar(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = No
 # writes a job with run_at.
 DELAYED_SQL = f"""
 WITH job AS (
-    INSERT INTO jobs (id, tenant, type, queue, next_attempt_at, accepted_detail)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, next_attempt_at, accepted_detail)
     SELECT gen_random_uuid(), 'delayed-' || g, 'noop', %(queue)s, now() + interval '1 day',
            jsonb_build_object('run_at', now() + interval '1 day')
     FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
     RETURNING id, tenant, next_attempt_at
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant, available_at)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', '{{}}'::jsonb, {_body("job.id")},
        job.id, job.tenant, job.next_attempt_at
@@ -191,12 +191,12 @@ FROM job
 # One tenant's backlog of due jobs, as enqueue writes them.
 BACKLOG_SQL = f"""
 WITH job AS (
-    INSERT INTO jobs (id, tenant, type, queue)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue)
     SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s
     FROM generate_series(1, %(n)s::int)
     RETURNING id, tenant
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', '{{}}'::jsonb, {_body("job.id")},
        job.id, job.tenant
@@ -205,13 +205,13 @@ FROM job
 
 ANY_DUE = """
 SELECT EXISTS (
-    SELECT 1 FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+    SELECT 1 FROM jobcore.outbox WHERE available_at <= now() AND quarantined_at IS NULL
 )
 """
 
 
 LEFT_SQL = """
-SELECT count(*) FROM outbox WHERE tenant = %(tenant)s AND available_at <= now()
+SELECT count(*) FROM jobcore.outbox WHERE tenant = %(tenant)s AND available_at <= now()
 """
 
 
@@ -251,7 +251,9 @@ async def _drain_backlog(
         await asyncio.sleep(0.01)  # the poll interval of the drain clock
     seconds = time.perf_counter() - started
     # Waits for the rows a relay holds: it deletes those itself once they are confirmed.
-    await conn.execute("DELETE FROM outbox WHERE tenant = %(tenant)s", {"tenant": BACKLOG_TENANT})
+    await conn.execute(
+        "DELETE FROM jobcore.outbox WHERE tenant = %(tenant)s", {"tenant": BACKLOG_TENANT}
+    )
     await purge(channel, topology)
     return published / seconds
 
@@ -288,14 +290,14 @@ async def tenants_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[st
                             },
                         )
                     have = max(have, tenants)
-                    await conn.execute("ANALYZE jobs")
-                    await conn.execute("ANALYZE outbox")
+                    await conn.execute("ANALYZE jobcore.jobs")
+                    await conn.execute("ANALYZE jobcore.outbox")
                     rates, cpu = [], []
                     for _ in range(bench.options.runs):
                         # Each drain leaves its backlog's rows dead: vacuumed, as autovacuum
                         # would (off on the project's machines), or every later step drains
                         # through the earlier steps' dead rows and looks slower for it.
-                        await conn.execute("VACUUM (ANALYZE) outbox")
+                        await conn.execute("VACUUM (ANALYZE) jobcore.outbox")
                         used: dict[str, float] = {}
                         with cpu_of(relay_pids, used):
                             rate = await _drain_backlog(
@@ -304,7 +306,7 @@ async def tenants_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[st
                         rates.append(round(rate, 1))
                         cpu.append(used)
                     delayed = await _scalar(
-                        conn, "SELECT count(*) FROM outbox WHERE available_at > now()"
+                        conn, "SELECT count(*) FROM jobcore.outbox WHERE available_at > now()"
                     )
                     results.append(
                         {"tenants": tenants, "rates": rates, "delayed_rows": delayed, "cpu": cpu}
@@ -342,11 +344,11 @@ async def tenants_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[st
 # leaves it) and its one job, finished an hour ago.
 KEY_HISTORY_SQL = """
 WITH gate AS (
-    INSERT INTO job_gates (key, counter, updated_at)
+    INSERT INTO jobcore.job_gates (key, counter, updated_at)
     SELECT 'ordering:' || %(tenant)s || ':h-' || g, 1, now() - interval '1 hour'
     FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
 )
-INSERT INTO jobs (id, tenant, type, queue, status, attempts, ordering_key, ordering_seq,
+INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, ordering_key, ordering_seq,
                   created_at, updated_at, started_at, finished_at)
 SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s, 'succeeded', 1, 'h-' || g, 1,
        now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour',
@@ -359,18 +361,18 @@ FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
 # outbox row).
 ORDERED_SQL = f"""
 WITH gate AS (
-    INSERT INTO job_gates (key, counter)
+    INSERT INTO jobcore.job_gates (key, counter)
     SELECT 'ordering:' || %(tenant)s || ':' || %(prefix)s || g, 1
     FROM generate_series(1, %(n)s::int) AS g
     RETURNING key
 ), job AS (
-    INSERT INTO jobs (id, tenant, type, queue, ordering_key, ordering_seq)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, ordering_key, ordering_seq)
     SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s,
            substr(gate.key, length('ordering:' || %(tenant)s || ':') + 1), 1
     FROM gate
     RETURNING id, tenant
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', '{{}}'::jsonb, {_body("job.id")},
        job.id, job.tenant
@@ -404,7 +406,7 @@ async def _drain_ordered(
     await wait_done(db, since, n, stack.processes, 600 + n / 5)
     cur = await conn.execute(
         "SELECT count(*), count(*) FILTER (WHERE status = 'succeeded'), max(finished_at)"
-        " FROM jobs WHERE created_at >= %(since)s",
+        " FROM jobcore.jobs WHERE created_at >= %(since)s",
         {"since": since},
     )
     jobs, succeeded, last = await cur.fetchone() or (0, 0, None)
@@ -435,8 +437,8 @@ async def keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
                             {"tenant": TENANT, "queue": QUEUE, "start": start, "stop": stop},
                         )
                     have = max(have, keys)
-                    await conn.execute("ANALYZE jobs")
-                    await conn.execute("ANALYZE job_gates")
+                    await conn.execute("ANALYZE jobcore.jobs")
+                    await conn.execute("ANALYZE jobcore.job_gates")
                     rates = []
                     for run_number in range(bench.options.runs):
                         # As in the tenants sweep: the last drain's dead rows vacuumed first.
@@ -446,7 +448,7 @@ async def keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
                             conn, db, stack, topology, f"m{number}.{run_number}-", p.ordered_jobs
                         )
                         rates.append(round(rate, 1))
-                    gates = await _scalar(conn, "SELECT count(*) FROM job_gates")
+                    gates = await _scalar(conn, "SELECT count(*) FROM jobcore.job_gates")
                     results.append({"keys": keys, "rates": rates, "job_gates_rows": gates})
         finally:
             await db.close()
@@ -478,7 +480,7 @@ async def keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
 
 # Jobs [start, stop) held by the rate key, created 1 ms apart (their order of release).
 HELD_SQL = """
-INSERT INTO jobs (id, tenant, type, queue, rate_key, rate_per_second, rate_burst,
+INSERT INTO jobcore.jobs (id, tenant, type, queue, rate_key, rate_per_second, rate_burst,
                   held_reason, held_since, created_at, updated_at)
 SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s, %(key)s, %(rate)s, 1,
        'rate_limit', now(), now() - interval '1 day' + g * interval '1 millisecond', now()
@@ -487,7 +489,7 @@ FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
 
 # The key's GCRA state as a claim that just admitted a job leaves it; nothing handed out.
 SPENT_SQL = """
-INSERT INTO job_gates (key, tat, released_until) VALUES (%(key)s, now(), NULL)
+INSERT INTO jobcore.job_gates (key, tat, released_until) VALUES (%(key)s, now(), NULL)
 ON CONFLICT (key) DO UPDATE SET tat = now(), released_until = NULL, updated_at = now()
 """
 
@@ -589,7 +591,7 @@ async def held_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
                             },
                         )
                     have = max(have, held)
-                    await conn.execute("ANALYZE jobs")
+                    await conn.execute("ANALYZE jobcore.jobs")
                     await conn.execute(SPENT_SQL, {"key": RATE_KEY})
                     # Two rounds unmeasured: the statements prepared, the pages cached.
                     async with db.unit_of_work() as uow:
@@ -643,14 +645,14 @@ WITH k AS (
            now() - interval '8 days' AS at
     FROM generate_series(%(start)s::int, %(stop)s::int - 1) AS g
 ), gate AS (
-    INSERT INTO job_gates (key, counter, tat, updated_at)
+    INSERT INTO jobcore.job_gates (key, counter, tat, updated_at)
     SELECT CASE kind WHEN 'ordering' THEN 'ordering:' || %(tenant)s || ':g-' || g
                      ELSE kind || ':noop:tenant=' || %(tenant)s || ':id=' || g END,
            CASE kind WHEN 'ordering' THEN 1 ELSE 0 END,
            CASE kind WHEN 'rate' THEN at END, at
     FROM k
 ), job AS (
-    INSERT INTO jobs (id, tenant, type, queue, status, attempts, ordering_key, ordering_seq,
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, ordering_key, ordering_seq,
                       rate_key, rate_per_second, rate_burst, concurrency_key,
                       concurrency_limit, created_at, updated_at, started_at, finished_at)
     SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s, 'succeeded', 1,
@@ -665,13 +667,14 @@ WITH k AS (
     FROM k
     RETURNING id
 )
-INSERT INTO inbox (consumer, message_id, received_at)
+INSERT INTO jobcore.inbox (consumer, message_id, received_at)
 SELECT 'jobs', gen_random_uuid(), now() - interval '4 days' FROM job
 """
 
 SIZES_SQL = """
 SELECT relname, pg_total_relation_size(oid) AS bytes
-FROM pg_class WHERE relname = ANY(%(tables)s) AND relkind = 'r'
+FROM pg_class
+WHERE relnamespace = 'jobcore'::regnamespace AND relname = ANY(%(tables)s) AND relkind = 'r'
 """
 
 

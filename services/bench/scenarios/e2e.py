@@ -77,7 +77,7 @@ SELECT count(*) AS jobs,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))
            AS done_p99,
        extract(epoch FROM max(finished_at - created_at)) AS done_max
-FROM jobs WHERE created_at >= %(since)s
+FROM jobcore.jobs WHERE created_at >= %(since)s
 """
 
 
@@ -127,8 +127,8 @@ async def preload(db: Database, topology: Topology, n: int) -> None:
             await enqueue_many(uow, topology, [request] * min(MAX_BATCH_ITEMS, n - start))
             await uow.commit()
     async with db.connection() as conn:
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
+        await conn.execute("ANALYZE jobcore.jobs")
+        await conn.execute("ANALYZE jobcore.outbox")
 
 
 async def pipeline_drain(
@@ -174,7 +174,7 @@ async def idle_enqueue_to_start(config: Settings, db: Database, samples: int) ->
         async def finished(job_id: Any = result.job_id) -> tuple[float] | None:
             async with db.connection() as conn:
                 cur = await conn.execute(
-                    "SELECT extract(epoch FROM started_at - created_at) AS s FROM jobs"
+                    "SELECT extract(epoch FROM started_at - created_at) AS s FROM jobcore.jobs"
                     " WHERE id = %(id)s AND finished_at IS NOT NULL",
                     {"id": job_id},
                 )
@@ -257,7 +257,7 @@ async def count_finished(db: Database, since: Any) -> int:
     """How many of the jobs created since ``since`` are terminal."""
     async with db.connection() as conn:
         cur = await conn.execute(
-            BENCH_MARK + " SELECT count(*) AS n FROM jobs WHERE created_at >= %(since)s"
+            BENCH_MARK + " SELECT count(*) AS n FROM jobcore.jobs WHERE created_at >= %(since)s"
             " AND status IN ('succeeded', 'failed', 'cancelled')",
             {"since": since},
         )
@@ -288,7 +288,8 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - j.c
        ) AS claim_to_confirm,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - e.at))
            AS claim_to_start
-FROM jobs AS j JOIN job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
+FROM jobcore.jobs AS j
+JOIN jobcore.job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
 WHERE j.created_at >= %(since)s
 """
 HOP_LABELS = {

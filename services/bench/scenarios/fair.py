@@ -48,12 +48,12 @@ MODES: dict[str, dict[str, str]] = {
 # tenant), in one statement.
 FILL_SQL = """
 WITH job AS (
-    INSERT INTO jobs (id, tenant, type, queue)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue)
     SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s
     FROM generate_series(1, %(n)s)
     RETURNING id
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', '{}'::jsonb,
        convert_to('{"v":1,"job_id":"' || job.id || '","attempt":1,"type":"noop"}', 'UTF8'),
@@ -62,12 +62,12 @@ FROM job
 """
 
 BACKLOG_LEFT = """
-SELECT count(*) AS n FROM jobs WHERE tenant = %(tenant)s AND started_at IS NULL
+SELECT count(*) AS n FROM jobcore.jobs WHERE tenant = %(tenant)s AND started_at IS NULL
 """
 
 # Each run has a database of its own: every job in it is the run's.
 UNFINISHED = """
-SELECT count(*) AS n FROM jobs WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
+SELECT count(*) AS n FROM jobcore.jobs WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
 """
 
 RUN_STATS = """
@@ -75,11 +75,11 @@ WITH a AS (
     SELECT count(*) AS jobs,
            count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
            max(finished_at) AS last_finished
-    FROM jobs WHERE tenant = %(backlog_tenant)s
+    FROM jobcore.jobs WHERE tenant = %(backlog_tenant)s
 ), b AS (
     SELECT created_at, started_at, status,
            extract(epoch FROM started_at - created_at) AS wait
-    FROM jobs WHERE tenant = %(probe_tenant)s AND created_at >= %(since)s
+    FROM jobcore.jobs WHERE tenant = %(probe_tenant)s AND created_at >= %(since)s
 )
 SELECT a.jobs AS a_jobs, a.succeeded AS a_succeeded,
        extract(epoch FROM a.last_finished - %(since)s) AS a_seconds,
@@ -95,7 +95,7 @@ FROM a
 PROBE_WAITS = """
 SELECT extract(epoch FROM created_at - %(since)s) AS at,
        extract(epoch FROM started_at - created_at) AS wait
-FROM jobs WHERE tenant = %(probe_tenant)s AND created_at >= %(since)s
+FROM jobcore.jobs WHERE tenant = %(probe_tenant)s AND created_at >= %(since)s
 ORDER BY created_at
 """
 
@@ -127,8 +127,8 @@ async def fill_backlog(database_url: str, topology: Topology, n: int) -> None:
             await conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
         # As a deployment's autovacuum would after a bulk insert: without statistics the
         # planner picks plans that make a drain look many times slower than it is.
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
+        await conn.execute("ANALYZE jobcore.jobs")
+        await conn.execute("ANALYZE jobcore.outbox")
 
 
 async def probe(

@@ -84,7 +84,7 @@ TABLE_STATS = (
     + """
 SELECT s.relname AS name, pg_table_size(s.relid) AS heap, pg_indexes_size(s.relid) AS index,
        s.n_tup_upd + s.n_tup_del AS dead_made, s.n_dead_tup AS dead
-FROM pg_stat_user_tables s WHERE s.relname = ANY(%(tables)s)
+FROM pg_stat_user_tables s WHERE s.schemaname = 'jobcore' AND s.relname = ANY(%(tables)s)
 """
 )
 WAL_LSN = BENCH_MARK + " SELECT pg_current_wal_lsn()::text AS lsn"
@@ -98,12 +98,12 @@ SELECT j.id::text AS id, extract(epoch FROM j.started_at)::float8 AS started,
        extract(epoch FROM j.created_at)::float8 AS created,
        extract(epoch FROM e.at)::float8 AS claimed,
        extract(epoch FROM (e.detail->>'confirmed_at')::timestamptz)::float8 AS confirmed
-FROM jobs AS j
-LEFT JOIN job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
+FROM jobcore.jobs AS j
+LEFT JOIN jobcore.job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
 WHERE j.id = ANY(%(ids)s::uuid[])
 """
 JOBCORE_DONE = (
-    BENCH_MARK + " SELECT count(*) AS n FROM jobs WHERE id = ANY(%(ids)s::uuid[])"
+    BENCH_MARK + " SELECT count(*) AS n FROM jobcore.jobs WHERE id = ANY(%(ids)s::uuid[])"
     " AND status IN ('succeeded', 'failed', 'cancelled')"
 )
 PROCRASTINATE_JOBS = """

@@ -179,7 +179,7 @@ async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int)
         cpu_ms_per_job = await meter.stop(n)
         seconds = await seconds_between(
             db,
-            "SELECT extract(epoch FROM max(finished_at) - %(t0)s) AS seconds FROM jobs"
+            "SELECT extract(epoch FROM max(finished_at) - %(t0)s) AS seconds FROM jobcore.jobs"
             " WHERE created_at >= %(since)s",
             {"t0": resumed, "since": since},
         )
@@ -188,7 +188,7 @@ async def jobcore_pipeline(bench: Bench, config: Settings, db: Database, n: int)
 
 async def outbox_empty(db: Database) -> bool:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT NOT EXISTS (SELECT 1 FROM outbox) AS empty")
+        cur = await conn.execute("SELECT NOT EXISTS (SELECT 1 FROM jobcore.outbox) AS empty")
         row = await cur.fetchone()
     return row is not None and bool(row["empty"])
 
@@ -225,7 +225,7 @@ async def jobcore_worker_only(
         cpu_ms_per_job = await meter.stop(measured) if measured else {}
     seconds = await seconds_between(
         db,
-        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds FROM jobs"
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) AS seconds FROM jobcore.jobs"
         " WHERE created_at >= %(since)s",
         {"since": since},
     )
@@ -561,7 +561,7 @@ SELECT count(*) AS jobs,
            AS start_p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
            AS start_p99
-FROM jobs WHERE created_at >= %(since)s
+FROM jobcore.jobs WHERE created_at >= %(since)s
 """
 
 

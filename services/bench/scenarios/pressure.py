@@ -132,11 +132,11 @@ WITH bounds AS (
     FROM unnest(%(starts)s::float8[], %(ends)s::float8[]) WITH ORDINALITY
         AS b(t0, t1, window_index)
 ), every_job AS (
-    SELECT id, status, created_at FROM jobs
-    UNION ALL SELECT id, status, created_at FROM pruned_jobs
+    SELECT id, status, created_at FROM jobcore.jobs
+    UNION ALL SELECT id, status, created_at FROM public.pruned_jobs
 ), effects AS (
     SELECT job_id, count(*) AS n FROM (
-        SELECT job_id FROM job_effects UNION ALL SELECT job_id FROM pruned_effects
+        SELECT job_id FROM jobcore.job_effects UNION ALL SELECT job_id FROM public.pruned_effects
     ) e GROUP BY job_id
 )
 SELECT b.window_index, count(*) AS jobs,
@@ -155,11 +155,11 @@ TOTALS = (
     + """
 WITH effects AS (
     SELECT job_id, count(*) AS n FROM (
-        SELECT job_id FROM job_effects UNION ALL SELECT job_id FROM pruned_effects
+        SELECT job_id FROM jobcore.job_effects UNION ALL SELECT job_id FROM public.pruned_effects
     ) e GROUP BY job_id
 )
-SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM pruned_jobs) AS jobs,
-       (SELECT count(*) FROM jobs WHERE status NOT IN ('succeeded', 'failed', 'cancelled'))
+SELECT (SELECT count(*) FROM jobcore.jobs) + (SELECT count(*) FROM public.pruned_jobs) AS jobs,
+       (SELECT count(*) FROM jobcore.jobs WHERE status NOT IN ('succeeded', 'failed', 'cancelled'))
            AS open,
        (SELECT count(*) FROM effects WHERE n > 1) AS duplicates
 """
@@ -220,7 +220,7 @@ async def window_end_stats(url: str) -> dict[str, Any]:
     with contextlib.suppress(psycopg.Error):
         async with await connect(url, autocommit=True) as conn:
             for table in HOT_TABLES:
-                cur = await conn.execute(PGSTATTUPLE, {"table": table})
+                cur = await conn.execute(PGSTATTUPLE, {"table": f"jobcore.{table}"})
                 row = await cur.fetchone()
                 if row is not None:
                     out["pgstattuple_dead"][table] = int(row[0])
@@ -597,7 +597,7 @@ async def drain(stack: Stack, completions: Completions, load: OpenLoad) -> float
         with contextlib.suppress(Exception):
             async with stack.db.connection() as conn:
                 cur = await conn.execute(
-                    MARK + "SELECT count(*) AS n FROM jobs"
+                    MARK + "SELECT count(*) AS n FROM jobcore.jobs"
                     " WHERE status NOT IN ('succeeded', 'failed', 'cancelled')"
                 )
                 row = await cur.fetchone()

@@ -47,12 +47,12 @@ MODES: dict[str, tuple[Priority, Priority]] = {
 
 FILL_SQL = """
 WITH job AS (
-    INSERT INTO jobs (id, tenant, type, queue, priority)
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, priority)
     SELECT gen_random_uuid(), %(tenant)s, 'noop', %(queue)s, %(priority)s
     FROM generate_series(1, %(n)s)
     RETURNING id, priority
 )
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body, job_id,
                     tenant, priority)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', '{}'::jsonb,
        convert_to('{"v":1,"job_id":"' || job.id || '","attempt":1,"type":"noop"}', 'UTF8'),
@@ -61,7 +61,7 @@ FROM job
 """
 
 BACKLOG_LEFT = """
-SELECT count(*) AS n FROM jobs WHERE priority = %(priority)s AND started_at IS NULL
+SELECT count(*) AS n FROM jobcore.jobs WHERE priority = %(priority)s AND started_at IS NULL
   AND created_at < %(since)s
 """
 
@@ -69,11 +69,11 @@ RUN_STATS = """
 WITH a AS (
     SELECT count(*) AS jobs, count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
            max(finished_at) AS last_finished
-    FROM jobs WHERE created_at < %(since)s
+    FROM jobcore.jobs WHERE created_at < %(since)s
 ), b AS (
     SELECT created_at, started_at, status,
            extract(epoch FROM started_at - created_at) AS wait
-    FROM jobs WHERE created_at >= %(since)s
+    FROM jobcore.jobs WHERE created_at >= %(since)s
 )
 SELECT a.jobs AS a_jobs, a.succeeded AS a_succeeded,
        extract(epoch FROM a.last_finished - %(since)s) AS a_seconds,
@@ -88,7 +88,7 @@ FROM a
 PROBE_WAITS = """
 SELECT extract(epoch FROM created_at - %(since)s) AS at,
        extract(epoch FROM started_at - created_at) AS wait
-FROM jobs WHERE created_at >= %(since)s
+FROM jobcore.jobs WHERE created_at >= %(since)s
 ORDER BY created_at
 """
 
@@ -121,8 +121,8 @@ async def fill_backlog(db: Database, topology: Topology, n: int, priority: Prior
             await conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
         # As a deployment's autovacuum would after a bulk insert: without statistics the
         # planner picks plans that make a drain look many times slower than it is.
-        await conn.execute("ANALYZE jobs")
-        await conn.execute("ANALYZE outbox")
+        await conn.execute("ANALYZE jobcore.jobs")
+        await conn.execute("ANALYZE jobcore.outbox")
 
 
 async def probe(

@@ -50,7 +50,7 @@ RAW_WINDOW = 1000
 RAW_PUBLISHERS = ("aio-pika", "aiormq")
 
 FILL_SQL = """
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body)
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body)
 SELECT gen_random_uuid(), %(exchange)s, %(queue)s, 'noop', %(headers)s::jsonb,
        convert_to('{"v":1,"job_id":"' || gen_random_uuid() || '","attempt":1,"type":"noop"}',
                   'UTF8')
@@ -79,7 +79,7 @@ async def fill_outbox(conn: psycopg.AsyncConnection[Any], topology: Topology, ro
 
 async def until_empty(conn: psycopg.AsyncConnection[Any], poll: float = 0.01) -> None:
     while True:
-        cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM outbox)")
+        cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM jobcore.outbox)")
         row = await cur.fetchone()
         if row is not None and not row[0]:
             return

@@ -55,10 +55,12 @@ VACUUM_SCALE_FACTOR = 0.2
 SIZES = """
 SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = 'public' AND c.relkind = 'r'
+WHERE n.nspname = 'jobcore' AND c.relkind = 'r'
 """
-UNFINISHED = "SELECT count(*) FROM jobs WHERE status <> ALL(%(terminal)s)"
-DEAD_TUPLES = "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables"
+UNFINISHED = "SELECT count(*) FROM jobcore.jobs WHERE status <> ALL(%(terminal)s)"
+DEAD_TUPLES = (
+    "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'jobcore'"
+)
 
 
 def steps(options: Options) -> int:
@@ -235,7 +237,7 @@ async def run(bench: Bench) -> Section:
                     while samples.unfinished[-1] and time.monotonic() < drain_deadline:
                         await asyncio.sleep(1)
                         await sample(conn, samples, load, time.monotonic() - started)
-                    cur = await conn.execute("SELECT count(*) FROM jobs")
+                    cur = await conn.execute("SELECT count(*) FROM jobcore.jobs")
                     row = await cur.fetchone()
                     jobs_left = int(row[0]) if row else 0
             finally:

@@ -147,7 +147,8 @@ async def count_events(db: Database, worker_id: str) -> int:
     """Events of the jobs the worker ``worker_id`` claimed."""
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM job_events JOIN jobs ON jobs.id = job_events.job_id"
+            "SELECT count(*) AS n FROM jobcore.job_events"
+            " JOIN jobcore.jobs ON jobs.id = job_events.job_id"
             " WHERE jobs.worker_id = %(worker)s",
             {"worker": worker_id},
         )

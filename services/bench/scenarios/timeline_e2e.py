@@ -80,7 +80,7 @@ async def arm(bench: Bench, name: str) -> AsyncIterator[tuple[Settings, Any, Dat
 
 async def events_written(db: Database) -> int:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT count(*) AS n FROM job_events")
+        cur = await conn.execute("SELECT count(*) AS n FROM jobcore.job_events")
         row = await cur.fetchone()
     assert row is not None
     return int(row["n"])

@@ -380,7 +380,7 @@ WAITING_ENQUEUE = Query(
     """
     SELECT query_start FROM pg_stat_activity
     WHERE datname = current_database() AND wait_event_type = 'Lock'
-      AND query LIKE '%%INSERT INTO tenant_usage%%'
+      AND query LIKE '%%INSERT INTO jobcore.tenant_usage%%'
     """,
 )
 CLOCK_PAST = Query(

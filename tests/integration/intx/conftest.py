@@ -15,4 +15,4 @@ __all__ = ["broker_cleanup", "orders", "start_worker", "wsettings"]
 async def orders(db: Database) -> None:
     """The application's own table, written in the same transactions as the jobs."""
     async with db.connection() as conn:
-        await conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)")
+        await conn.execute("CREATE TABLE public.orders (id int PRIMARY KEY, total int NOT NULL)")

@@ -1,4 +1,4 @@
-"""jobcore_enqueue()'s two admissions, as enqueue_in's (jobcore.kernel.quotas.Admission): by
+"""jobcore.enqueue()'s two admissions, as enqueue_in's (jobcore.kernel.quotas.Admission): by
 default, approximate, the tenant's quotas are read as committed and no lock is held that
 another enqueue waits for; ``admission => 'exact'`` locks the tenant's usage row until the
 caller's transaction ends, and never passes the cap. Ordering is asserted, never a
@@ -29,8 +29,8 @@ from tests.integration.intx.test_lock_footprint import (
 
 pytestmark = pytest.mark.usefixtures("orders")
 
-ENQUEUE = "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => 't')"
-ENQUEUE_AS = "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => 't', admission => %(a)s)"
+ENQUEUE = "SELECT jobcore.enqueue('echo', %(p)s::jsonb, tenant => 't')"
+ENQUEUE_AS = "SELECT jobcore.enqueue('echo', %(p)s::jsonb, tenant => 't', admission => %(a)s)"
 
 
 @pytest.fixture

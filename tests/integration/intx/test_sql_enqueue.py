@@ -1,4 +1,4 @@
-"""jobcore_enqueue(), the enqueue from SQL: from psql (a subprocess, its own transactions)
+"""jobcore.enqueue(), the enqueue from SQL: from psql (a subprocess, its own transactions)
 and from a psycopg connection, against the real PostgreSQL (and RabbitMQ for the runs).
 
 The SQL function mirrors the Python enqueue's statements (migrations 0026, 0029): a test here
@@ -111,7 +111,7 @@ async def test_psql_enqueue_and_commit_runs_the_job_once(
             """
             BEGIN;
             INSERT INTO orders VALUES (1, 10);
-            SELECT jobcore_enqueue('echo', '{"text": "receipt 1"}', tenant => 't');
+            SELECT jobcore.enqueue('echo', '{"text": "receipt 1"}', tenant => 't');
             COMMIT;
             """,
         )
@@ -138,7 +138,7 @@ async def test_psql_enqueue_and_rollback_leaves_nothing(
         """
         BEGIN;
         INSERT INTO orders VALUES (1, 10);
-        SELECT jobcore_enqueue('echo', '{"text": "receipt 1"}', tenant => 't',
+        SELECT jobcore.enqueue('echo', '{"text": "receipt 1"}', tenant => 't',
                                idempotency_key => 'k', ordering_key => 'o');
         ROLLBACK;
         """,
@@ -160,7 +160,7 @@ async def test_a_job_and_its_notify_appear_at_the_commit(
     async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
         await conn.execute("INSERT INTO orders VALUES (1, 10)")
         cur = await conn.execute(
-            "SELECT jobcore_enqueue('echo', %s::jsonb, tenant => 't')", ['{"text": "a"}']
+            "SELECT jobcore.enqueue('echo', %s::jsonb, tenant => 't')", ['{"text": "a"}']
         )
         row = await cur.fetchone()
         assert row is not None
@@ -175,12 +175,12 @@ async def test_a_job_and_its_notify_appear_at_the_commit(
 
 
 async def test_an_unknown_job_type_is_refused(settings: Settings, registered: None) -> None:
-    result = psql(settings, "SELECT jobcore_enqueue('no_such_type', '{}', tenant => 't');")
+    result = psql(settings, "SELECT jobcore.enqueue('no_such_type', '{}', tenant => 't');")
     refused(result, "JC404", "unknown job type 'no_such_type'", "COLUMN NAME:  job_type")
 
 
 async def test_without_a_registering_worker_no_type_is_known(settings: Settings) -> None:
-    result = psql(settings, "SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', tenant => 't');")
+    result = psql(settings, "SELECT jobcore.enqueue('echo', '{\"text\": \"a\"}', tenant => 't');")
     refused(result, "JC404", "no worker has registered it")
 
 
@@ -194,11 +194,11 @@ async def test_a_payload_above_the_inline_limit_is_refused(
         settings,
         f"""
         BEGIN;
-        SELECT jobcore_enqueue('echo', '{{"text": "{"x" * 100}"}}', tenant => 't');
+        SELECT jobcore.enqueue('echo', '{{"text": "{"x" * 100}"}}', tenant => 't');
         """,
     )
     refused(result, "JC413", "more than the 64", "COLUMN NAME:  payload")
-    result = psql(settings, "SELECT jobcore_enqueue('echo', '{\"text\": \"x\"}', tenant => 't');")
+    result = psql(settings, "SELECT jobcore.enqueue('echo', '{\"text\": \"x\"}', tenant => 't');")
     assert result.returncode == 0, result.stderr
     assert (await counts(db))["jobs"] == 1
 
@@ -215,7 +215,7 @@ async def test_bad_arguments_name_their_field(settings: Settings, registered: No
         "admission": "'{}', tenant => 't', admission => NULL",
     }
     for field, arguments in cases.items():
-        result = psql(settings, f"SELECT jobcore_enqueue('echo', {arguments});")
+        result = psql(settings, f"SELECT jobcore.enqueue('echo', {arguments});")
         refused(result, "JC400", f"COLUMN NAME:  {field}")
 
 
@@ -223,7 +223,7 @@ async def test_an_idempotency_key_replays_the_same_request_and_refuses_another(
     settings: Settings, db: Database, registered: None
 ) -> None:
     enqueue = (
-        "SELECT jobcore_enqueue('echo', '{{\"text\": \"{}\"}}', tenant => 't',"
+        "SELECT jobcore.enqueue('echo', '{{\"text\": \"{}\"}}', tenant => 't',"
         " idempotency_key => 'k');"
     )
     result = psql(settings, enqueue.format("a") + enqueue.format("a"))
@@ -239,8 +239,8 @@ async def test_a_live_job_holding_the_unique_key_refuses_another(
 ) -> None:
     # An explicit unique key, and the one sync_account takes from its payload's account.
     for call in (
-        "SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', tenant => 't', unique_key => 'u');",
-        "SELECT jobcore_enqueue('sync_account', '{\"account\": \"acct-1\"}', tenant => 't');",
+        "SELECT jobcore.enqueue('echo', '{\"text\": \"a\"}', tenant => 't', unique_key => 'u');",
+        "SELECT jobcore.enqueue('sync_account', '{\"account\": \"acct-1\"}', tenant => 't');",
     ):
         result = psql(settings, call)
         assert result.returncode == 0, result.stderr
@@ -254,7 +254,7 @@ async def test_a_live_job_holding_the_unique_key_refuses_another(
         INSERT INTO orders VALUES (1, 10);
         SAVEPOINT enqueue;
         \\set ON_ERROR_STOP 0
-        SELECT jobcore_enqueue('echo', '{"text": "b"}', tenant => 't', unique_key => 'u');
+        SELECT jobcore.enqueue('echo', '{"text": "b"}', tenant => 't', unique_key => 'u');
         \\set ON_ERROR_STOP 1
         ROLLBACK TO SAVEPOINT enqueue;
         COMMIT;
@@ -270,7 +270,7 @@ async def test_the_tenants_quotas_refuse_as_the_python_path_does(
     settings: Settings, db: Database, registered: None
 ) -> None:
     await quota_usecases.set_quotas(db, "capped", max_unfinished=1)
-    enqueue = "SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', tenant => 'capped');"
+    enqueue = "SELECT jobcore.enqueue('echo', '{\"text\": \"a\"}', tenant => 'capped');"
     assert psql(settings, enqueue).returncode == 0
     refused(psql(settings, enqueue), "JC429", "the tenant has 1 unfinished jobs, its limit")
     await quota_usecases.set_quotas(db, "slow", enqueue_rate=0.01, enqueue_burst=1)
@@ -328,7 +328,7 @@ async def test_sql_writes_the_rows_the_python_path_writes(
                 )
             else:
                 await conn.execute(
-                    "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => %(t)s, "
+                    "SELECT jobcore.enqueue('echo', %(p)s::jsonb, tenant => %(t)s, "
                     "idempotency_key => %(k)s, ordering_key => %(ordering_key)s, "
                     "priority => %(priority)s, max_attempts => %(max_attempts)s, "
                     "entity_id => %(entity_id)s, admission => %(admission)s)",
@@ -369,7 +369,7 @@ async def test_sql_writes_the_rows_the_python_path_writes(
         for tenant, key in (("py", "k-py"), ("sql", "k-sql")):
             row = await (
                 await conn.execute(
-                    "SELECT jobcore_enqueue('echo', %(p)s::jsonb, tenant => %(t)s,"
+                    "SELECT jobcore.enqueue('echo', %(p)s::jsonb, tenant => %(t)s,"
                     " idempotency_key => %(k)s, ordering_key => 'o', priority => 'high',"
                     " max_attempts => 2, entity_id => 'e1', admission => %(a)s) AS id",
                     {"p": psycopg.types.json.Jsonb(PAYLOAD), "t": tenant, "k": key, "a": admission},
@@ -406,7 +406,7 @@ async def test_the_fingerprint_of_nested_json_is_pythons(
         assert row is not None
         assert row[0] == orjson.dumps(TRICKY, option=orjson.OPT_SORT_KEYS).decode()
         cur = await conn.execute(
-            'SELECT jobcore_enqueue(\'sync_account\', \'{"note": "n", "account": "a"}\','
+            'SELECT jobcore.enqueue(\'sync_account\', \'{"note": "n", "account": "a"}\','
             " tenant => 't', idempotency_key => 'k', unique_key => 'u')"
         )
         again = await cur.fetchone()
@@ -422,7 +422,7 @@ async def test_a_payload_its_model_refuses_fails_its_job_at_once(
         result = await asyncio.to_thread(
             psql,
             wsettings,
-            "SELECT jobcore_enqueue('echo', '{\"txt\": \"typo\"}', tenant => 't');",
+            "SELECT jobcore.enqueue('echo', '{\"txt\": \"typo\"}', tenant => 't');",
         )
         assert result.returncode == 0, result.stderr
         [job_id] = job_ids(result.stdout)
@@ -447,20 +447,21 @@ def test_only_granted_roles_may_call_it(settings: Settings, registered: None) ->
             with admin.transaction(force_rollback=True):
                 admin.execute(f"SET LOCAL ROLE {role}")
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    admin.execute("SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', 't')")
+                    admin.execute("SELECT jobcore.enqueue('echo', '{\"text\": \"a\"}', 't')")
+            admin.execute(f"GRANT USAGE ON SCHEMA jobcore TO {role}")
             admin.execute(
-                "GRANT EXECUTE ON FUNCTION jobcore_enqueue(text, jsonb, text, text, text, text,"
+                "GRANT EXECUTE ON FUNCTION jobcore.enqueue(text, jsonb, text, text, text, text,"
                 f" text, timestamptz, interval, integer, text, text) TO {role}"
             )
             with admin.transaction(force_rollback=True):
                 admin.execute(f"SET LOCAL ROLE {role}")
                 # EXECUTE is enough: the role has no privilege on jobcore's tables.
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    admin.execute("SELECT count(*) FROM jobs")
+                    admin.execute("SELECT count(*) FROM jobcore.jobs")
             with admin.transaction(force_rollback=True):
                 admin.execute(f"SET LOCAL ROLE {role}")
                 row = admin.execute(
-                    "SELECT jobcore_enqueue('echo', '{\"text\": \"a\"}', 't')"
+                    "SELECT jobcore.enqueue('echo', '{\"text\": \"a\"}', 't')"
                 ).fetchone()
                 assert row is not None
                 assert isinstance(row[0], uuid.UUID)

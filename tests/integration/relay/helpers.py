@@ -27,7 +27,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 # One statement however many rows: the tests fill thousands at once.
 FILL_SQL = """
-INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers, body,
+INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers, body,
                     tenant, available_at)
 SELECT gen_random_uuid(), %(exchange)s, %(routing_key)s, 'echo', %(headers)s::jsonb,
        coalesce(%(body)s::bytea, convert_to(
@@ -90,20 +90,20 @@ async def fill_outbox(
 
 async def outbox_count(db: Database) -> int:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT count(*) AS n FROM outbox")
+        cur = await conn.execute("SELECT count(*) AS n FROM jobcore.outbox")
         row = await cur.fetchone()
         return int(row["n"]) if row else 0
 
 
 async def outbox_message_ids(db: Database) -> set[str]:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT message_id::text AS m FROM outbox")
+        cur = await conn.execute("SELECT message_id::text AS m FROM jobcore.outbox")
         return {r["m"] for r in await cur.fetchall()}
 
 
 async def outbox_row(db: Database, outbox_id: int) -> dict[str, Any] | None:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT * FROM outbox WHERE id = %s", (outbox_id,))
+        cur = await conn.execute("SELECT * FROM jobcore.outbox WHERE id = %s", (outbox_id,))
         row = await cur.fetchone()
         return dict(row) if row else None
 

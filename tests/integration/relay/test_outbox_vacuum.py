@@ -150,10 +150,8 @@ async def test_a_vacuum_that_failed_once_started_waits_for_as_many_rows_again(
 ) -> None:
     """Cut off once started (by a statement_timeout set on the role, say), a VACUUM tried
     again a second later would redo most of its work and fail the same way, forever. Here
-    the connection works and the VACUUM fails: its search_path finds no outbox."""
-    refusing = settings.model_copy(
-        update={"database_url": with_options(settings.database_url, "-c search_path=nowhere")}
-    )
+    the connection works and the VACUUM fails: the schema it names holds no outbox."""
+    refusing = settings.model_copy(update={"database_schema": "nowhere"})
     vacuum = await failed_vacuum(refusing)
     vacuum._retry_at = 0.0  # whatever the clock says
     vacuum.deleted(999)

@@ -40,7 +40,9 @@ async def test_retries_run_until_the_job_succeeds(worker: InlineWorker) -> None:
     assert (job["status"], job["attempts"], job["result"]) == ("succeeded", 3, {"attempt": 3})
     assert job["last_error"] == "ConnectionError: upstream unavailable (attempt 2)"
     # Only the successful attempt's effects are committed.
-    effects = await rows(worker.db, "SELECT detail FROM job_effects WHERE job_id = %s", job_id)
+    effects = await rows(
+        worker.db, "SELECT detail FROM jobcore.job_effects WHERE job_id = %s", job_id
+    )
     assert effects == [{"detail": {"attempt": 3}}]
 
 
@@ -96,12 +98,12 @@ async def test_a_store_outage_gives_the_job_back_without_spending_an_attempt(
 
 async def test_a_message_delivered_twice_runs_once(worker: InlineWorker) -> None:
     job_id = await worker.enqueue("kit_note", {"text": "once"})
-    (message,) = await rows(worker.db, "SELECT * FROM outbox WHERE job_id = %s", job_id)
+    (message,) = await rows(worker.db, "SELECT * FROM jobcore.outbox WHERE job_id = %s", job_id)
     assert (await worker.drain()).succeeded == 1
     # The relay publishes the same row again (say it crashed before deleting it).
     async with worker.db.connection() as conn:
         await conn.execute(
-            "INSERT INTO outbox (message_id, exchange, routing_key, message_type, headers,"
+            "INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, headers,"
             " body, job_id, tenant) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             [
                 message["message_id"],
@@ -116,7 +118,9 @@ async def test_a_message_delivered_twice_runs_once(worker: InlineWorker) -> None
         )
     drained = await worker.drain()
     assert (drained.duplicates, drained.attempts) == (1, 0)
-    effects = await rows(worker.db, "SELECT kind FROM job_effects WHERE job_id = %s", job_id)
+    effects = await rows(
+        worker.db, "SELECT kind FROM jobcore.job_effects WHERE job_id = %s", job_id
+    )
     assert effects == [{"kind": "noted"}]
 
 
@@ -145,7 +149,7 @@ async def test_payloads_are_checked_as_the_api_checks_them(worker: InlineWorker)
         await worker.enqueue("kit_note", {"text": "x", "extra": 1})
     with pytest.raises(UnstorablePayload):
         await worker.enqueue("kit_note", {"text": "nul \x00"})
-    assert await rows(worker.db, "SELECT id FROM jobs") == []
+    assert await rows(worker.db, "SELECT id FROM jobcore.jobs") == []
 
 
 async def test_an_unknown_job_id_is_not_found(worker: InlineWorker) -> None:
@@ -181,7 +185,7 @@ async def test_a_handler_reports_progress_and_commits_its_writes_with_its_succes
     assert (job["progress_fraction"], job["progress_message"]) == (0.5, "crediting")
     assert job["result"]["balance_cents"] == 250
     entries = await rows(
-        worker.db, "SELECT amount_cents FROM ledger_entries WHERE job_id = %s", job_id
+        worker.db, "SELECT amount_cents FROM jobcore.ledger_entries WHERE job_id = %s", job_id
     )
     assert entries == [{"amount_cents": 250}]
 

@@ -378,11 +378,11 @@ def outcome_params(
 # error no code path expects would (a read-only or full database, a bug in a statement).
 # The sequence counts the refusals; sequences are not rolled back with the statement.
 _REFUSE_INBOX = """
-CREATE SEQUENCE test_inbox_refusals;
+CREATE SEQUENCE public.test_inbox_refusals;
 CREATE FUNCTION test_refuse_inbox() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.consumer = TG_ARGV[0] THEN
-        PERFORM nextval('test_inbox_refusals');
+        PERFORM nextval('public.test_inbox_refusals');
         RAISE EXCEPTION 'injected fault: the inbox refuses this row';
     END IF;
     RETURN NEW;
@@ -414,7 +414,7 @@ class InboxRefusal:
         async with self.db.connection() as conn:
             cur = await conn.execute(
                 "SELECT CASE WHEN is_called THEN last_value ELSE 0 END AS n "
-                "FROM test_inbox_refusals"
+                "FROM public.test_inbox_refusals"
             )
             row = await cur.fetchone()
         return 0 if row is None else int(row["n"])

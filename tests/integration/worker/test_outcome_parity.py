@@ -99,7 +99,12 @@ async def kit_db(
                 "result_dir": tmp_path / "kit-results",
             }
         )
-        database = Database(settings)
+        # The test's own statements name jobcore's tables unqualified (tests.support.databases).
+        database = Database(
+            settings.model_copy(
+                update={"database_url": databases.with_search_path(settings.database_url)}
+            )
+        )
         await database.open(wait=True)
         try:
             yield database

@@ -36,7 +36,7 @@ async function inTransaction(work, { commit = true } = {}) {
 }
 
 async function job(id) {
-  const { rows } = await pool.query("SELECT status, attempts FROM jobs WHERE id = $1", [id]);
+  const { rows } = await pool.query("SELECT status, attempts FROM jobcore.jobs WHERE id = $1", [id]);
   return rows[0];
 }
 

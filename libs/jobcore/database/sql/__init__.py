@@ -15,7 +15,7 @@ job's life), :mod:`.outbox`, :mod:`.inbox`, :mod:`.job_events`, :mod:`.job_gates
 :mod:`.webhook_deliveries`, :mod:`.webhook_endpoints`, :mod:`.tenant_webhook_secrets`,
 :mod:`.tenant_quotas` (with ``tenant_usage``), :mod:`.api_keys`, :mod:`.audit_log`,
 :mod:`.schedules`, :mod:`.batches`, :mod:`.flow_pauses`, :mod:`.maintenance_leases`,
-:mod:`.job_type_registry` (what the workers declare for ``jobcore_enqueue()``),
+:mod:`.job_type_registry` (what the workers declare for ``jobcore.enqueue()``),
 :mod:`.workflows` (workflows, their jobs and edges), :mod:`.ledger` (the
 example job type's tables); and those that change no table of ours: :mod:`.console` (the
 console's reads), :mod:`.database_health` and :mod:`.planner_statistics` (PostgreSQL's

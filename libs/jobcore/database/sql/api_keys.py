@@ -48,12 +48,12 @@ API_KEY_AUTHENTICATE = Query[ApiKeyAuthenticateParams](
     # a lock on its key row (a rotation holding it); that touch is merely skipped.
     f"""
     WITH found AS (
-        SELECT id, tenant, scopes, expires_at FROM api_keys
+        SELECT id, tenant, scopes, expires_at FROM jobcore.api_keys
         WHERE key_hash = %(key_hash)s AND {USABLE}
     ), touched AS (
-        UPDATE api_keys SET last_used_at = now()
+        UPDATE jobcore.api_keys SET last_used_at = now()
         WHERE id IN (
-            SELECT k.id FROM api_keys k JOIN found ON found.id = k.id
+            SELECT k.id FROM jobcore.api_keys k JOIN found ON found.id = k.id
             WHERE k.last_used_at IS NULL
                OR k.last_used_at < now() - interval '{LAST_USED_RESOLUTION}'
             FOR NO KEY UPDATE OF k SKIP LOCKED
@@ -82,7 +82,7 @@ API_KEY_INSERT = Query[ApiKeyInsertParams](
     "api_key_insert",
     "Store a new API key (its hash and a short prefix people recognise).",
     f"""
-    INSERT INTO api_keys (id, tenant, key_hash, prefix, label, scopes, expires_at, lineage,
+    INSERT INTO jobcore.api_keys (id, tenant, key_hash, prefix, label, scopes, expires_at, lineage,
                           rotated_from)
     VALUES (%(id)s, %(tenant)s, %(key_hash)s, %(prefix)s, %(label)s, %(scopes)s,
             coalesce(%(expires_at)s, now() + %(expires_in)s::interval), %(lineage)s,
@@ -100,7 +100,7 @@ API_KEY_LIST = Query[ApiKeyListParams](
     "api_key_list",
     "Every API key, or one tenant's, oldest first; never the key or its hash.",
     f"""
-    SELECT {_SHOWN} FROM api_keys
+    SELECT {_SHOWN} FROM jobcore.api_keys
     WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
     ORDER BY created_at, id
     """,
@@ -115,7 +115,7 @@ API_KEY_REVOKE = Query[ApiKeyIdParams](
     "api_key_revoke",
     "Revoke an API key (revoking twice keeps the first time).",
     f"""
-    UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+    UPDATE jobcore.api_keys SET revoked_at = coalesce(revoked_at, now())
     WHERE id = %(id)s
     RETURNING {_SHOWN}
     """,
@@ -127,7 +127,8 @@ API_KEY_LOCK_LINEAGE = Query[ApiKeyIdParams](
     # The first key is never deleted, so every rotation of a lineage locks the same row.
     # (api_keys is small, one row per key ever issued: no index on lineage is needed.)
     """
-    SELECT root.id FROM api_keys k JOIN api_keys root ON root.id = coalesce(k.lineage, k.id)
+    SELECT root.id FROM jobcore.api_keys k
+    JOIN jobcore.api_keys root ON root.id = coalesce(k.lineage, k.id)
     WHERE k.id = %(id)s
     FOR NO KEY UPDATE OF root
     """,
@@ -140,10 +141,10 @@ API_KEY_GET_FOR_ROTATION = Query[ApiKeyIdParams](
     # while this one waited.
     f"""
     SELECT {_SHOWN}, expires_at - created_at AS lifetime,
-           (SELECT count(*) FROM api_keys other
+           (SELECT count(*) FROM jobcore.api_keys other
             WHERE coalesce(other.lineage, other.id) = coalesce(api_keys.lineage, api_keys.id)
               AND {usable("other")}) AS usable_in_lineage
-    FROM api_keys WHERE id = %(id)s
+    FROM jobcore.api_keys WHERE id = %(id)s
     """,
 )
 
@@ -157,7 +158,7 @@ API_KEY_EXPIRE = Query[ApiKeyExpireParams](
     "api_key_expire",
     "Make a key expire after a while (or keep its earlier expiry).",
     f"""
-    UPDATE api_keys SET expires_at = least(expires_at, now() + %(within)s::interval)
+    UPDATE jobcore.api_keys SET expires_at = least(expires_at, now() + %(within)s::interval)
     WHERE id = %(id)s
     RETURNING {_SHOWN}
     """,

@@ -27,7 +27,7 @@ AUDIT_LOG_INSERT = Query[AuditLogInsertParams](
     "audit_log_insert",
     "Append one entry (in the transaction of the action it records).",
     """
-    INSERT INTO audit_log (actor, action, target_type, target_id, tenant, outcome, details)
+    INSERT INTO jobcore.audit_log (actor, action, target_type, target_id, tenant, outcome, details)
     VALUES (%(actor)s, %(action)s, %(target_type)s, %(target_id)s, %(tenant)s, %(outcome)s,
             %(details)s)
     RETURNING id, at
@@ -48,7 +48,7 @@ AUDIT_LOG_LIST = Query[AuditLogListParams](
     "Entries newest first, optionally since a time and of one actor, action or tenant.",
     """
     SELECT id, at, actor, action, target_type, target_id, tenant, outcome, details
-    FROM audit_log
+    FROM jobcore.audit_log
     WHERE (%(since)s::timestamptz IS NULL OR at >= %(since)s)
       AND (%(actor)s::text IS NULL OR actor = %(actor)s)
       AND (%(action)s::text IS NULL OR action = %(action)s)
@@ -67,7 +67,7 @@ AUDIT_LOG_PRUNE_COUNT = Query[AuditLogPruneCountParams](
     "audit_log_prune_count",
     "Count entries older than the audit retention.",
     """
-    SELECT count(*) AS audit_log FROM audit_log
+    SELECT count(*) AS audit_log FROM jobcore.audit_log
     WHERE at < now() - make_interval(secs => %(keep)s)
     """,
 )
@@ -84,9 +84,9 @@ AUDIT_LOG_PRUNE_BATCH = Query[AuditLogPruneBatchParams](
     "audit_log_prune_batch",
     "Delete a batch of entries older than the audit retention, oldest first.",
     """
-    DELETE FROM audit_log
+    DELETE FROM jobcore.audit_log
     WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM audit_log
+        SELECT ctid FROM jobcore.audit_log
         WHERE at < now() - make_interval(secs => %(keep)s)
         ORDER BY at
         LIMIT %(limit)s

@@ -29,7 +29,7 @@ CALLBACKS_COLUMN = """
     coalesce((
         SELECT jsonb_object_agg(c.event, jsonb_build_object(
                    'type', c.spec ->> 'type', 'job_id', c.job_id))
-        FROM batch_callbacks AS c WHERE c.batch_id = batches.id
+        FROM jobcore.batch_callbacks AS c WHERE c.batch_id = batches.id
     ), '{}'::jsonb) AS callbacks
 """
 
@@ -49,13 +49,13 @@ BATCH_INSERT = Query[BatchInsertParams](
     "Create an open, empty batch with its callbacks (nothing if its id is taken: a retry).",
     """
     WITH batch AS (
-        INSERT INTO batches (id, tenant, parent_id, description)
+        INSERT INTO jobcore.batches (id, tenant, parent_id, description)
         VALUES (%(id)s, %(tenant)s, %(parent_id)s, %(description)s)
         ON CONFLICT (id) DO NOTHING
         RETURNING id
     )
     , callbacks AS (
-        INSERT INTO batch_callbacks (batch_id, event, spec)
+        INSERT INTO jobcore.batch_callbacks (batch_id, event, spec)
         SELECT batch.id, c.event, c.spec
         FROM batch, unnest(%(events)s::text[], %(specs)s::jsonb[]) AS c(event, spec)
     )
@@ -77,7 +77,7 @@ BATCH_LOCK = Query[BatchLockParams](
     "batch_lock",
     "Lock a batch (of a tenant, or any) and read it.",
     f"""
-    SELECT {BATCH_COLUMNS} FROM batches
+    SELECT {BATCH_COLUMNS} FROM jobcore.batches
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     FOR UPDATE
     """,
@@ -88,7 +88,7 @@ BATCH_GET = Query[BatchLockParams](
     "batch_get",
     "Read a batch (of a tenant, or any) with its counts.",
     f"""
-    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM jobcore.batches
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     """,
 )
@@ -102,7 +102,7 @@ BATCH_JOBS_OF = Query[BatchJobIdsParams](
     "batch_jobs_of",
     "The batch each of these jobs is in (an enqueue replayed them).",
     """
-    SELECT id, batch_id FROM jobs WHERE id = ANY(%(ids)s::uuid[])
+    SELECT id, batch_id FROM jobcore.jobs WHERE id = ANY(%(ids)s::uuid[])
     """,
 )
 
@@ -116,7 +116,7 @@ BATCH_GROW = Query[BatchGrowParams](
     "batch_grow",
     "Count new members into a locked, open batch.",
     """
-    UPDATE batches SET total = total + %(members)s
+    UPDATE jobcore.batches SET total = total + %(members)s
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING total
     """,
@@ -148,7 +148,7 @@ BATCH_FAILED_JOBS = Query[BatchFailedJobsParams](
     "batch_failed_jobs",
     "The failed jobs of a batch (its own members), by id.",
     """
-    SELECT id FROM jobs WHERE batch_id = %(id)s AND status = 'failed'
+    SELECT id FROM jobcore.jobs WHERE batch_id = %(id)s AND status = 'failed'
     ORDER BY id LIMIT %(limit)s
     """,
 )
@@ -163,7 +163,7 @@ BATCH_LIST = Query[BatchListParams](
     "batch_list",
     "The newest batches of a tenant, newest first.",
     f"""
-    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM jobcore.batches
     WHERE tenant = %(tenant)s
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
@@ -179,7 +179,7 @@ BATCH_LIST_ALL = Query[BatchListAllParams](
     "batch_list_all",
     "The newest batches of every tenant, newest first (operators).",
     f"""
-    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM batches
+    SELECT {BATCH_COLUMNS}, {CALLBACKS_COLUMN} FROM jobcore.batches
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
     """,
@@ -192,9 +192,9 @@ BATCH_TREE = Query[BatchIdParams](
     "A batch and its descendants, deepest first.",
     """
     WITH RECURSIVE tree AS (
-        SELECT id, 0 AS depth FROM batches WHERE id = %(id)s
+        SELECT id, 0 AS depth FROM jobcore.batches WHERE id = %(id)s
         UNION ALL
-        SELECT c.id, tree.depth + 1 FROM batches AS c JOIN tree ON c.parent_id = tree.id
+        SELECT c.id, tree.depth + 1 FROM jobcore.batches AS c JOIN tree ON c.parent_id = tree.id
     )
     SELECT id, depth FROM tree ORDER BY depth DESC, id
     """,
@@ -209,7 +209,7 @@ BATCH_MARK_CANCELLED = Query[BatchMarkCancelledParams](
     "batch_mark_cancelled",
     "Record that batches are cancelled.",
     """
-    UPDATE batches SET cancelled_at = coalesce(cancelled_at, now())
+    UPDATE jobcore.batches SET cancelled_at = coalesce(cancelled_at, now())
     WHERE id = ANY(%(ids)s::uuid[])
     """,
 )
@@ -228,13 +228,13 @@ BATCH_CANCEL_PENDING = Query[BatchCancelPendingParams](
     "Cancel up to `limit` pending members of batches (with their events and webhooks).",
     f"""
     WITH chosen AS (
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE batch_id = ANY(%(ids)s::uuid[]) AND {status_is("status", JobStatus.PENDING)}
         ORDER BY batch_id, id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ), done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
             held_reason = NULL, held_since = NULL, updated_at = now()
         WHERE id IN (SELECT id FROM chosen) AND status = 'pending'
@@ -256,13 +256,13 @@ BATCH_REQUEST_CANCEL = Query[BatchRequestCancelParams](
     "Ask the workers running members of batches to stop them, and NOTIFY them.",
     f"""
     WITH job AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
         WHERE batch_id = ANY(%(ids)s::uuid[]) AND {status_is("status", JobStatus.RUNNING)}
           AND cancel_requested_at IS NULL
         RETURNING id, attempts
     ), requested AS (
-        INSERT INTO job_events (job_id, kind, attempt)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt)
         SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
         WHERE {EVENTS_ON}
     )
@@ -282,8 +282,8 @@ BATCH_MEMBER_DETACH = Query[BatchMemberDetachParams](
     "batch_member_detach",
     "Take a finished job out of its batch; its batch and former status.",
     """
-    UPDATE jobs AS j SET batch_id = NULL
-    FROM jobs AS before
+    UPDATE jobcore.jobs AS j SET batch_id = NULL
+    FROM jobcore.jobs AS before
     WHERE j.id = %(id)s AND before.id = j.id AND j.batch_id IS NOT NULL
       AND j.status IN ('succeeded', 'failed', 'cancelled')
     RETURNING before.batch_id, before.status
@@ -319,7 +319,7 @@ BATCH_PRUNE_COUNT = Query[BatchPruneCountParams](
     "batch_prune_count",
     "How many top-level batches settled longer ago than `keep` seconds the pruner would delete.",
     """
-    SELECT count(*) AS batches FROM batches
+    SELECT count(*) AS batches FROM jobcore.batches
     WHERE settled_at < now() - make_interval(secs => %(keep)s) AND parent_id IS NULL
     """,
 )
@@ -335,7 +335,7 @@ BATCH_PRUNE = Query[BatchPruneParams](
     "descendants and every member job.",
     """
     WITH RECURSIVE roots AS (
-        SELECT id FROM batches
+        SELECT id FROM jobcore.batches
         WHERE settled_at < now() - make_interval(secs => %(keep)s) AND parent_id IS NULL
         ORDER BY settled_at
         LIMIT %(limit)s
@@ -343,12 +343,12 @@ BATCH_PRUNE = Query[BatchPruneParams](
     ), tree AS (
         SELECT id FROM roots
         UNION ALL
-        SELECT c.id FROM batches AS c JOIN tree ON c.parent_id = tree.id
+        SELECT c.id FROM jobcore.batches AS c JOIN tree ON c.parent_id = tree.id
     ), members AS (
-        DELETE FROM jobs WHERE batch_id = ANY(ARRAY(SELECT id FROM tree))
+        DELETE FROM jobcore.jobs WHERE batch_id = ANY(ARRAY(SELECT id FROM tree))
         RETURNING id
     ), gone AS (
-        DELETE FROM batches WHERE id = ANY(ARRAY(SELECT id FROM roots))
+        DELETE FROM jobcore.batches WHERE id = ANY(ARRAY(SELECT id FROM roots))
         RETURNING id
     )
     SELECT (SELECT count(*) FROM gone) AS batches, (SELECT count(*) FROM members) AS jobs

@@ -32,7 +32,7 @@ CONSOLE_RATES = Query[ConsoleRatesParams](
         FROM window_start
     ), created AS (
         SELECT date_trunc('minute', created_at) AS minute, count(*) AS n
-        FROM jobs, window_start
+        FROM jobcore.jobs, window_start
         WHERE status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')
           AND created_at >= window_start.at
         GROUP BY 1
@@ -40,7 +40,7 @@ CONSOLE_RATES = Query[ConsoleRatesParams](
         SELECT date_trunc('minute', finished_at) AS minute,
                count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
                count(*) FILTER (WHERE status = 'failed') AS failed
-        FROM jobs, window_start
+        FROM jobcore.jobs, window_start
         WHERE status IN ('succeeded', 'failed')
           AND created_at >= window_start.at - interval '1 hour'
           AND finished_at >= window_start.at
@@ -68,7 +68,7 @@ CONSOLE_BACKLOG_BY_QUEUE = Query[NoParams](
            count(*) FILTER (WHERE status = 'running') AS running,
            coalesce(extract(epoch FROM now() - min(created_at)
                     FILTER (WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status IN ('pending', 'running')
     GROUP BY queue
     ORDER BY queue
@@ -90,7 +90,7 @@ CONSOLE_LEASES = Query[ConsoleLeasesParams](
                  AND lease_expires_at < now() + make_interval(secs => %(expiring_within_seconds)s)
            ) AS leases_expiring,
            count(*) FILTER (WHERE lease_expires_at < now()) AS leases_expired
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status = 'running'
     """,
 )
@@ -100,7 +100,7 @@ CONSOLE_LEASES = Query[ConsoleLeasesParams](
 CONSOLE_FAILED_WEBHOOKS = Query[NoParams](
     "console_failed_webhooks",
     "Webhook deliveries that used up their attempts.",
-    "SELECT count(*) AS failed FROM webhook_deliveries WHERE status = 'failed'",
+    "SELECT count(*) AS failed FROM jobcore.webhook_deliveries WHERE status = 'failed'",
 )
 
 
@@ -131,7 +131,7 @@ CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
     """
     SELECT id, tenant, type, queue, status, entity_id, attempts, max_attempts, last_error,
            held_reason, ordering_key, progress_fraction, created_at, finished_at
-    FROM jobs
+    FROM jobcore.jobs
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -162,7 +162,7 @@ class ConsoleJobSearchAnyStatusParams(TypedDict):
 _NEWEST_OF_STATUS = """
     (SELECT id, tenant, type, queue, status, entity_id, attempts, max_attempts, last_error,
             held_reason, ordering_key, progress_fraction, created_at, finished_at
-     FROM jobs
+     FROM jobcore.jobs
      WHERE status = '{status}'
        AND (%(type)s::text IS NULL OR type = %(type)s)
        AND created_at <= coalesce(%(after_created_at)s::timestamptz, 'infinity')
@@ -203,7 +203,7 @@ CONSOLE_ORDERING_BLOCKER = Query[ConsoleOrderingBlockerParams](
     "go on (pending, running, or failed and blocking).",
     """
     SELECT id, status, type
-    FROM jobs
+    FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND ordering_key = %(ordering_key)s
       AND ordering_seq < %(ordering_seq)s
       AND (status IN ('pending', 'running') OR (status = 'failed' AND ordering_blocks))
@@ -223,7 +223,7 @@ CONSOLE_GATE_RUNNING = Query[ConsoleGateRunningParams](
     "How many jobs of a concurrency key are running.",
     """
     SELECT count(*) AS running
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status = 'running' AND concurrency_key = %(concurrency_key)s
     """,
 )

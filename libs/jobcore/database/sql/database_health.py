@@ -52,7 +52,7 @@ HOT_TABLE_TUPLES = Query[HotTablesParams](
     """
     SELECT relname AS name, n_live_tup AS live, n_dead_tup AS dead
     FROM pg_stat_user_tables
-    WHERE relid IN (SELECT to_regclass(quote_ident(t)) FROM unnest(%(tables)s::text[]) AS t)
+    WHERE schemaname = 'jobcore' AND relname = ANY(%(tables)s::text[])
     ORDER BY relname
     """,
 )

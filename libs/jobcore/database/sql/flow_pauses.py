@@ -17,7 +17,7 @@ PauseKind = Literal["queue", "type"]
 def paused(queue: str, job_type: str) -> str:
     """SQL that is true when the queue or the job type given as SQL expressions is paused."""
     return f"""EXISTS (
-        SELECT 1 FROM flow_pauses AS p
+        SELECT 1 FROM jobcore.flow_pauses AS p
         WHERE (p.kind = 'queue' AND p.name = {queue}) OR (p.kind = 'type' AND p.name = {job_type})
     )"""
 
@@ -26,7 +26,7 @@ def pause_kind(queue: str, job_type: str) -> str:
     """SQL for what is paused of the queue and job type given as SQL expressions: 'queue'
     (whether or not the type is too), 'type', or NULL."""
     return f"""(
-        SELECT min(p.kind) FROM flow_pauses AS p
+        SELECT min(p.kind) FROM jobcore.flow_pauses AS p
         WHERE (p.kind = 'queue' AND p.name = {queue}) OR (p.kind = 'type' AND p.name = {job_type})
     )"""
 
@@ -45,9 +45,9 @@ FLOW_PAUSE_SET = Query[FlowPauseSetParams](
     "Pause a queue or a job type (pausing twice keeps the first pause); was_paused says so.",
     """
     WITH before AS (
-        SELECT paused_at FROM flow_pauses WHERE kind = %(kind)s AND name = %(name)s
+        SELECT paused_at FROM jobcore.flow_pauses WHERE kind = %(kind)s AND name = %(name)s
     ), inserted AS (
-        INSERT INTO flow_pauses (kind, name, paused_by)
+        INSERT INTO jobcore.flow_pauses (kind, name, paused_by)
         VALUES (%(kind)s, %(name)s, %(paused_by)s)
         ON CONFLICT (kind, name) DO NOTHING
         RETURNING paused_at
@@ -69,7 +69,7 @@ FLOW_PAUSE_CLEAR = Query[FlowPauseClearParams](
     "Resume a queue or a job type and wake the relays; was_paused says whether it was.",
     """
     WITH deleted AS (
-        DELETE FROM flow_pauses WHERE kind = %(kind)s AND name = %(name)s
+        DELETE FROM jobcore.flow_pauses WHERE kind = %(kind)s AND name = %(name)s
         RETURNING paused_at, paused_by
     )
     SELECT EXISTS (SELECT 1 FROM deleted) AS was_paused,
@@ -84,7 +84,7 @@ FLOW_PAUSE_LIST = Query[NoParams](
     "flow_pause_list",
     "Every pause, queues first, by name.",
     """
-    SELECT kind, name, paused_by, paused_at FROM flow_pauses ORDER BY kind, name
+    SELECT kind, name, paused_by, paused_at FROM jobcore.flow_pauses ORDER BY kind, name
     """,
 )
 
@@ -98,18 +98,18 @@ FLOW_QUEUE_OVERVIEW = Query[NoParams](
     WITH open AS (
         SELECT queue, count(*) FILTER (WHERE status = 'pending') AS pending,
                count(*) FILTER (WHERE status = 'running') AS running
-        FROM jobs WHERE status IN ('pending', 'running')
+        FROM jobcore.jobs WHERE status IN ('pending', 'running')
         GROUP BY queue
     ), names AS (
         SELECT queue AS name FROM open
-        UNION SELECT name FROM flow_pauses WHERE kind = 'queue'
+        UNION SELECT name FROM jobcore.flow_pauses WHERE kind = 'queue'
     )
     SELECT names.name AS queue,
            coalesce(open.pending, 0) AS pending, coalesce(open.running, 0) AS running,
            p.paused_at IS NOT NULL AS paused, p.paused_at, p.paused_by
     FROM names
     LEFT JOIN open ON open.queue = names.name
-    LEFT JOIN flow_pauses AS p ON p.kind = 'queue' AND p.name = names.name
+    LEFT JOIN jobcore.flow_pauses AS p ON p.kind = 'queue' AND p.name = names.name
     ORDER BY names.name
     """,
 )

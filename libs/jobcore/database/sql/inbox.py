@@ -24,7 +24,7 @@ INBOX_PRUNE_COUNT = Query[InboxPruneCountParams](
     "inbox_prune_count",
     "Count inbox rows received longer ago than the inbox window.",
     """
-    SELECT count(*) AS inbox FROM inbox
+    SELECT count(*) AS inbox FROM jobcore.inbox
     WHERE received_at < now() - make_interval(secs => %(keep)s)
     """,
 )
@@ -44,9 +44,9 @@ INBOX_PRUNE_BATCH = Query[InboxPruneBatchParams](
     "inbox_prune_batch",
     "Delete a batch of inbox rows older than the inbox window, oldest first.",
     """
-    DELETE FROM inbox
+    DELETE FROM jobcore.inbox
     WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM inbox
+        SELECT ctid FROM jobcore.inbox
         WHERE received_at < now() - make_interval(secs => %(keep)s)
         ORDER BY received_at
         LIMIT %(limit)s

@@ -36,7 +36,7 @@ def short_error(expression: str) -> str:
 # `cancelled`, or `finished` with the status it ended in.
 DONE_EVENTS = f"""
     done_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT done.id,
                CASE WHEN done.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
                     ELSE '{JobEventKind.FINISHED}' END,
@@ -77,14 +77,14 @@ WHEREABOUTS_JOINS = """
     LEFT JOIN LATERAL (
         SELECT id, created_at, available_at, attempts, last_error, failing_since,
                quarantined_at
-        FROM outbox
+        FROM jobcore.outbox
         WHERE outbox.job_id = jobs.id AND outbox.message_type = jobs.type
         ORDER BY outbox.id DESC
         LIMIT 1
     ) AS message ON true
     LEFT JOIN LATERAL (
         SELECT kind, at, attempt, detail
-        FROM job_events
+        FROM jobcore.job_events
         WHERE job_events.job_id = jobs.id
         ORDER BY job_events.at DESC, job_events.id DESC
         LIMIT 1
@@ -115,10 +115,10 @@ JOB_TIMELINE = Query[JobTimelineParams](
            {WHEREABOUTS_COLUMNS},
            event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
            event.attempt AS event_attempt, event.detail AS event_detail
-    FROM jobs {WHEREABOUTS_JOINS}
+    FROM jobcore.jobs {WHEREABOUTS_JOINS}
     LEFT JOIN LATERAL (
         (
-            SELECT id, at, kind, attempt, detail FROM job_events
+            SELECT id, at, kind, attempt, detail FROM jobcore.job_events
             WHERE job_events.job_id = jobs.id
             ORDER BY job_events.id DESC
             LIMIT %(limit)s
@@ -127,7 +127,7 @@ JOB_TIMELINE = Query[JobTimelineParams](
         SELECT 0, jobs.created_at, '{JobEventKind.ACCEPTED}', NULL,
                coalesce(jobs.accepted_detail, '{{}}'::jsonb)
         WHERE NOT EXISTS (
-            SELECT 1 FROM job_events
+            SELECT 1 FROM jobcore.job_events
             WHERE job_events.job_id = jobs.id AND job_events.kind = '{JobEventKind.ACCEPTED}'
         )
     ) AS event ON true

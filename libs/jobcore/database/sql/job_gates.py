@@ -41,21 +41,21 @@ _IDLE = """
     AND (gate.released_until IS NULL
          OR gate.released_until < now() - make_interval(secs => %(keep)s))
     AND NOT EXISTS (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobcore.jobs
         WHERE jobs.concurrency_key = gate.key AND jobs.status = 'running'
     )
     AND NOT EXISTS (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobcore.jobs
         WHERE jobs.concurrency_key = gate.key
           AND jobs.status = 'pending' AND jobs.held_reason = 'concurrency'
     )
     AND NOT EXISTS (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobcore.jobs
         WHERE jobs.rate_key = gate.key
           AND jobs.status = 'pending' AND jobs.held_reason = 'rate_limit'
     )
     AND (gate.counter = 0 OR NOT EXISTS (
-        SELECT 1 FROM jobs
+        SELECT 1 FROM jobcore.jobs
         WHERE gate.key LIKE 'ordering:%%'
           AND jobs.tenant = split_part(gate.key, ':', 2)
           AND jobs.ordering_key
@@ -67,7 +67,7 @@ JOB_GATES_PRUNE_COUNT = Query[JobGatesPruneCountParams](
     "job_gates_prune_count",
     "Count the idle gate rows the pruner would delete.",
     f"""
-    SELECT count(*) AS job_gates FROM job_gates AS gate WHERE {_IDLE}
+    SELECT count(*) AS job_gates FROM jobcore.job_gates AS gate WHERE {_IDLE}
     """,
 )
 
@@ -76,11 +76,11 @@ JOB_GATES_PRUNE_BATCH = Query[JobGatesPruneBatchParams](
     "Delete a batch of idle gate rows, skipping any a claim holds.",
     f"""
     WITH idle AS (
-        SELECT gate.key FROM job_gates AS gate
+        SELECT gate.key FROM jobcore.job_gates AS gate
         WHERE {_IDLE}
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    DELETE FROM job_gates USING idle WHERE job_gates.key = idle.key
+    DELETE FROM jobcore.job_gates USING idle WHERE job_gates.key = idle.key
     """,
 )

@@ -31,14 +31,14 @@ class JobKeysPruneBatchParams(JobKeysPruneCountParams):
 
 _SPENT = """
     k.expires_at < now() - make_interval(secs => %(keep)s)
-    AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.message_id = k.message_id)
+    AND NOT EXISTS (SELECT 1 FROM jobcore.outbox WHERE outbox.message_id = k.message_id)
 """
 
 JOB_KEYS_PRUNE_COUNT = Query[JobKeysPruneCountParams](
     "job_keys_prune_count",
     "Count the spent debounce and throttle keys the pruner would delete.",
     f"""
-    SELECT count(*) AS job_keys FROM job_keys AS k WHERE {_SPENT}
+    SELECT count(*) AS job_keys FROM jobcore.job_keys AS k WHERE {_SPENT}
     """,
 )
 
@@ -47,13 +47,13 @@ JOB_KEYS_PRUNE_BATCH = Query[JobKeysPruneBatchParams](
     "Delete a batch of spent debounce and throttle keys, skipping any an enqueue holds.",
     f"""
     WITH spent AS (
-        SELECT k.key FROM job_keys AS k
+        SELECT k.key FROM jobcore.job_keys AS k
         WHERE {_SPENT}
         ORDER BY k.expires_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    DELETE FROM job_keys USING spent WHERE job_keys.key = spent.key
+    DELETE FROM jobcore.job_keys USING spent WHERE job_keys.key = spent.key
     """,
 )
 
@@ -71,15 +71,15 @@ JOB_KEYS_DUE_NOW = Query[JobKeysDueNowParams](
     "Make the debounced jobs still open to their keys due now (the testing kit's clock).",
     """
     WITH open AS (
-        SELECT k.message_id FROM job_keys AS k
+        SELECT k.message_id FROM jobcore.job_keys AS k
         WHERE k.kind = 'debounce' AND (%(tenant)s::text IS NULL OR k.tenant = %(tenant)s)
     ), moved AS (
-        UPDATE outbox SET available_at = now()
+        UPDATE jobcore.outbox SET available_at = now()
         FROM open
         WHERE outbox.message_id = open.message_id AND outbox.available_at > now()
         RETURNING outbox.job_id
     )
-    UPDATE jobs SET next_attempt_at = now(), updated_at = now()
+    UPDATE jobcore.jobs SET next_attempt_at = now(), updated_at = now()
     FROM moved
     WHERE jobs.id = moved.job_id AND jobs.status = 'pending'
     RETURNING jobs.id

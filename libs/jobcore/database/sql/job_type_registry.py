@@ -1,5 +1,5 @@
 """Statements on ``job_type_registry``: what the workers' registries declare of each job
-type, which ``jobcore_enqueue()`` (migration 0026) checks an enqueue from SQL against.
+type, which ``jobcore.enqueue()`` (migration 0026) checks an enqueue from SQL against.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ JOB_TYPE_REGISTER = Query[JobTypeRegisterParams](
     "job_type_register",
     "Record a worker's job types and its deployment's limits for them; how many changed.",
     """
-    INSERT INTO job_type_registry AS r (
+    INSERT INTO jobcore.job_type_registry AS r (
         type, queue, exchange, routing_key, max_attempts, priority, unique_field,
         concurrency_per, concurrency_limit, rate_per, rate_per_second, rate_burst,
         ordering_blocks, max_payload_bytes, quota_enqueue_rate, quota_enqueue_burst,

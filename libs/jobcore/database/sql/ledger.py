@@ -25,12 +25,12 @@ LEDGER_CREDIT = Query[LedgerCreditParams](
     "Add a credit entry for a job's tenant's account and raise the account's balance by it.",
     """
     WITH entry AS (
-        INSERT INTO ledger_entries (tenant, account, amount_cents, job_id, attempt)
+        INSERT INTO jobcore.ledger_entries (tenant, account, amount_cents, job_id, attempt)
         SELECT jobs.tenant, %(account)s, %(amount_cents)s, jobs.id, %(attempt)s
-        FROM jobs WHERE jobs.id = %(job_id)s
+        FROM jobcore.jobs WHERE jobs.id = %(job_id)s
         RETURNING id, tenant, account, amount_cents
     ), account AS (
-        INSERT INTO ledger_accounts AS a (tenant, account, balance_cents)
+        INSERT INTO jobcore.ledger_accounts AS a (tenant, account, balance_cents)
         SELECT tenant, account, amount_cents FROM entry
         ON CONFLICT (tenant, account) DO UPDATE
         SET balance_cents = a.balance_cents + excluded.balance_cents, updated_at = now()

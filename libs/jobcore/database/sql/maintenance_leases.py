@@ -26,7 +26,7 @@ MAINTENANCE_LEASE_ACQUIRE = Query[MaintenanceLeaseParams](
     "maintenance_lease_acquire",
     "Take a maintenance lease if it is free or expired; return it only if we got it.",
     """
-    INSERT INTO maintenance_leases (name, owner, token, expires_at)
+    INSERT INTO jobcore.maintenance_leases (name, owner, token, expires_at)
     VALUES (%(name)s, %(owner)s, %(token)s, now() + make_interval(secs => %(ttl)s))
     ON CONFLICT (name) DO UPDATE
     SET owner = excluded.owner,
@@ -49,7 +49,7 @@ MAINTENANCE_LEASE_RENEW = Query[MaintenanceLeaseRenewParams](
     "maintenance_lease_renew",
     "Extend a maintenance lease we still hold (fenced by its token); no row: it was lost.",
     """
-    UPDATE maintenance_leases
+    UPDATE jobcore.maintenance_leases
     SET expires_at = now() + make_interval(secs => %(ttl)s)
     WHERE name = %(name)s AND token = %(token)s
     RETURNING expires_at
@@ -66,7 +66,7 @@ MAINTENANCE_LEASE_RELEASE = Query[MaintenanceLeaseReleaseParams](
     "maintenance_lease_release",
     "Give up a maintenance lease so another process takes it at once.",
     """
-    DELETE FROM maintenance_leases WHERE name = %(name)s AND token = %(token)s
+    DELETE FROM jobcore.maintenance_leases WHERE name = %(name)s AND token = %(token)s
     """,
 )
 
@@ -79,7 +79,7 @@ MAINTENANCE_LEASE_GET_HOLDER = Query[MaintenanceLeaseGetHolderParams](
     "maintenance_lease_get_holder",
     "Who holds a maintenance lease, and until when (no row: nobody).",
     """
-    SELECT owner, expires_at FROM maintenance_leases
+    SELECT owner, expires_at FROM jobcore.maintenance_leases
     WHERE name = %(name)s AND expires_at > now()
     """,
 )
@@ -101,12 +101,12 @@ MAINTENANCE_LEASE_FENCE = Query[MaintenanceLeaseFenceParams](
     "(false: the leader lease was lost) and serving (false: another holds the service row).",
     """
     WITH leader AS (
-        UPDATE maintenance_leases
+        UPDATE jobcore.maintenance_leases
         SET expires_at = now() + make_interval(secs => %(ttl)s)
         WHERE name = %(leader)s AND token = %(token)s
         RETURNING token
     ), service AS (
-        INSERT INTO maintenance_leases (name, owner, token, expires_at)
+        INSERT INTO jobcore.maintenance_leases (name, owner, token, expires_at)
         SELECT %(name)s, %(owner)s, token, now() + make_interval(secs => %(service_ttl)s)
         FROM leader
         ON CONFLICT (name) DO UPDATE
@@ -134,6 +134,6 @@ MAINTENANCE_LEASE_RELEASE_ALL = Query[MaintenanceLeaseReleaseAllParams](
     "Give up the leader lease and every service row taken under it, so a successor (of "
     "either release) takes them at once.",
     """
-    DELETE FROM maintenance_leases WHERE name = ANY(%(names)s) AND token = %(token)s
+    DELETE FROM jobcore.maintenance_leases WHERE name = ANY(%(names)s) AND token = %(token)s
     """,
 )

@@ -89,7 +89,7 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
     f"""
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
            headers, body, attempts
-    FROM outbox
+    FROM jobcore.outbox
     WHERE available_at <= now() AND quarantined_at IS NULL
       AND NOT {paused("outbox.routing_key", "outbox.message_type")}
     ORDER BY available_at, id
@@ -133,7 +133,7 @@ OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
     "holds; `fits` says whether they were that few.",
     f"""
     WITH due AS (
-        SELECT id FROM outbox
+        SELECT id FROM jobcore.outbox
         WHERE available_at <= now() AND quarantined_at IS NULL
           AND available_at >= now() - make_interval(secs => %(window)s)
         ORDER BY available_at, id
@@ -144,7 +144,7 @@ OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
         SELECT o.id, o.message_id::text AS message_id, o.exchange, o.routing_key,
                o.message_type, o.headers, o.body, o.attempts, o.tenant, o.priority,
                o.available_at
-        FROM outbox AS o
+        FROM jobcore.outbox AS o
         WHERE o.id IN (SELECT id FROM due) AND (SELECT fits FROM verdict)
           AND o.available_at <= now() AND o.quarantined_at IS NULL
           AND NOT {paused("o.routing_key", "o.message_type")}
@@ -217,20 +217,20 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
     "skipping rows another relay holds.",
     """
     WITH RECURSIVE ready_lanes AS (
-        (SELECT routing_key, tenant, priority FROM outbox
+        (SELECT routing_key, tenant, priority FROM jobcore.outbox
          WHERE quarantined_at IS NULL AND available_at <= created_at
          ORDER BY routing_key, tenant, priority LIMIT 1)
         UNION ALL
         SELECT next.routing_key, next.tenant, next.priority
         FROM ready_lanes, LATERAL (
-            SELECT routing_key, tenant, priority FROM outbox
+            SELECT routing_key, tenant, priority FROM jobcore.outbox
             WHERE quarantined_at IS NULL AND available_at <= created_at
               AND (routing_key, tenant, priority)
                   > (ready_lanes.routing_key, ready_lanes.tenant, ready_lanes.priority)
             ORDER BY routing_key, tenant, priority LIMIT 1
         ) AS next
     ), later AS (
-        SELECT routing_key, tenant, priority FROM outbox
+        SELECT routing_key, tenant, priority FROM jobcore.outbox
         WHERE quarantined_at IS NULL AND available_at > created_at AND available_at <= now()
         ORDER BY available_at, id
         LIMIT %(limit)s
@@ -247,7 +247,8 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         LEFT JOIN unnest(%(routing_keys)s::text[], %(budgets)s::int[]) AS b(routing_key, budget)
                ON b.routing_key = lanes.routing_key
         WHERE NOT EXISTS (
-            SELECT 1 FROM flow_pauses AS p WHERE p.kind = 'queue' AND p.name = lanes.routing_key
+            SELECT 1 FROM jobcore.flow_pauses AS p
+            WHERE p.kind = 'queue' AND p.name = lanes.routing_key
         )
     ), budgeted AS (
         SELECT weighted.*,
@@ -259,13 +260,13 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         FROM budgeted CROSS JOIN LATERAL (
             SELECT o.id, o.message_id, o.exchange, o.routing_key, o.message_type, o.headers,
                    o.body, o.attempts, o.tenant, o.priority, o.available_at
-            FROM outbox AS o
+            FROM jobcore.outbox AS o
             WHERE o.routing_key = budgeted.routing_key AND o.tenant = budgeted.tenant
               AND o.tenant BETWEEN budgeted.tenant AND budgeted.tenant
               AND o.priority = budgeted.priority
               AND o.quarantined_at IS NULL AND o.available_at <= now()
               AND NOT EXISTS (
-                  SELECT 1 FROM flow_pauses AS p
+                  SELECT 1 FROM jobcore.flow_pauses AS p
                   WHERE p.kind = 'type' AND p.name = o.message_type
               )
             ORDER BY o.available_at, o.id
@@ -316,7 +317,7 @@ def _jobs_of(messages: str) -> str:
     locked FOR KEY SHARE, so that the pruner (which locks a job FOR UPDATE before it
     deletes it with its events) cannot delete one under an event written for it here."""
     return f"""their_jobs AS (
-        SELECT id, type FROM jobs
+        SELECT id, type FROM jobcore.jobs
         WHERE id = ANY(ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL))
         FOR KEY SHARE
     )"""
@@ -331,9 +332,9 @@ def _jobs_seen_or_ended(messages: str) -> str:
     ids = f"ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL)"
     # One probe per job; the ended ones (nearly never any) are looked up again, locked.
     return f"""seen_jobs AS (
-        SELECT id, type, status IN {TERMINAL_SQL} AS ended FROM jobs WHERE id = ANY({ids})
+        SELECT id, type, status IN {TERMINAL_SQL} AS ended FROM jobcore.jobs WHERE id = ANY({ids})
     ), ended_jobs AS (
-        SELECT id, type FROM jobs
+        SELECT id, type FROM jobcore.jobs
         WHERE id = ANY(ARRAY(SELECT id FROM seen_jobs WHERE ended))
           AND status IN {TERMINAL_SQL}
         FOR KEY SHARE
@@ -364,10 +365,10 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
     "Remove the claimed rows whose messages the broker confirmed; note each job's `published`.",
     f"""
     WITH gone AS (
-        DELETE FROM outbox WHERE id = ANY(%(ids)s)
+        DELETE FROM jobcore.outbox WHERE id = ANY(%(ids)s)
         RETURNING id, job_id, message_type, message_id, body
     ), {_jobs_seen_or_ended("gone")}, published AS (
-        INSERT INTO job_events (job_id, at, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, at, kind, attempt, detail)
         SELECT gone.job_id, now(), '{JobEventKind.PUBLISHED}', {_message_attempt("gone")},
                jsonb_build_object('relay', %(relay)s::text, 'message_id', gone.message_id,
                                   'confirmed_at', clock_timestamp())
@@ -401,7 +402,7 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
     "its job's `quarantined` event), and tell a pending job why it waits.",
     f"""
     WITH failed AS (
-        UPDATE outbox AS o
+        UPDATE jobcore.outbox AS o
         SET attempts = o.attempts + 1,
             last_error = f.error,
             available_at = now() + make_interval(secs => f.delay),
@@ -418,19 +419,19 @@ OUTBOX_RECORD_FAILURES = Query[OutboxRecordFailuresParams](
                left(format('attempt %%s''s message could not be published (%%s); the '
                            'relay retries it until the broker takes it',
                            jobs.attempts + 1, failed.last_error), 2000) AS note
-        FROM jobs
+        FROM jobcore.jobs
         JOIN failed ON failed.job_id = jobs.id AND failed.message_type = jobs.type
         WHERE jobs.status = 'pending' AND NOT failed.quarantined
         FOR UPDATE OF jobs SKIP LOCKED
     ), noted AS (
-        UPDATE jobs SET last_error = waiting.note, updated_at = now()
+        UPDATE jobcore.jobs SET last_error = waiting.note, updated_at = now()
         FROM waiting
         WHERE jobs.id = waiting.id AND jobs.last_error IS DISTINCT FROM waiting.note
         RETURNING jobs.id
     ), gave_up AS (
         SELECT * FROM failed WHERE quarantined
     ), {_jobs_of("gave_up")}, quarantine_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT gave_up.job_id, '{JobEventKind.QUARANTINED}', {_message_attempt("gave_up")},
                jsonb_build_object('outbox_id', gave_up.id,
                                   'error', {short_error("gave_up.last_error")})
@@ -453,7 +454,7 @@ OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
     "How long until the earliest scheduled (not yet due) row becomes due; NULL when none.",
     """
     SELECT extract(epoch FROM min(available_at) - now())::float8 AS seconds
-    FROM outbox
+    FROM jobcore.outbox
     WHERE available_at > now() AND quarantined_at IS NULL
     """,
 )
@@ -465,7 +466,7 @@ OUTBOX_ANY_DUE = Query[NoParams](
     "Whether any unquarantined row is due (the first entry of outbox_due_idx).",
     """
     SELECT EXISTS (
-        SELECT 1 FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+        SELECT 1 FROM jobcore.outbox WHERE available_at <= now() AND quarantined_at IS NULL
     ) AS due
     """,
 )
@@ -484,7 +485,7 @@ OUTBOX_ANY_OVERDUE = Query[OutboxAnyOverdueParams](
     "Whether any unquarantined row has been due for longer than this many seconds.",
     """
     SELECT EXISTS (
-        SELECT 1 FROM outbox
+        SELECT 1 FROM jobcore.outbox
         WHERE available_at <= now() - make_interval(secs => %(seconds)s)
           AND quarantined_at IS NULL
     ) AS due
@@ -508,7 +509,7 @@ OUTBOX_STATUS = Query[NoParams](
            coalesce(extract(epoch FROM now() - min(failing_since)
                     FILTER (WHERE quarantined_at IS NULL)), 0)::float8
                AS longest_failing_seconds
-    FROM outbox
+    FROM jobcore.outbox
     """,
 )
 
@@ -525,7 +526,7 @@ OUTBOX_LIST_FAILING = Query[OutboxListFailingParams](
     """
     SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
            failing_since, available_at AS next_attempt_at, last_error
-    FROM outbox
+    FROM jobcore.outbox
     WHERE quarantined_at IS NULL AND failing_since IS NOT NULL
     ORDER BY failing_since, id
     LIMIT %(limit)s
@@ -543,7 +544,7 @@ OUTBOX_LIST_QUARANTINED = Query[OutboxListQuarantinedParams](
     """
     SELECT id, message_id, job_id, exchange, routing_key, message_type, attempts,
            last_error, quarantined_at, created_at
-    FROM outbox
+    FROM jobcore.outbox
     WHERE quarantined_at IS NOT NULL
     ORDER BY quarantined_at, id
     LIMIT %(limit)s
@@ -566,8 +567,8 @@ OUTBOX_FIND = Query[OutboxRowParams](
     """
     SELECT outbox.id, outbox.message_id, outbox.job_id, outbox.quarantined_at,
            jobs.status AS ended_job_status
-    FROM outbox
-    LEFT JOIN jobs ON jobs.id = outbox.job_id
+    FROM jobcore.outbox
+    LEFT JOIN jobcore.jobs ON jobs.id = outbox.job_id
                   AND jobs.type = outbox.message_type
                   AND jobs.status <> 'pending'
     WHERE outbox.id = %(id)s OR outbox.message_id = %(message_id)s
@@ -588,11 +589,11 @@ OUTBOX_REQUEUE = Query[OutboxRequeueParams](
     "Give a quarantined row a fresh set of attempts, due now, and wake the relays.",
     """
     WITH requeued AS (
-        UPDATE outbox
+        UPDATE jobcore.outbox
         SET quarantined_at = NULL, attempts = 0, failing_since = NULL, available_at = now()
         WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
           AND NOT EXISTS (
-              SELECT 1 FROM jobs
+              SELECT 1 FROM jobcore.jobs
               WHERE jobs.id = outbox.job_id
                 AND jobs.type = outbox.message_type
                 AND jobs.status <> 'pending'
@@ -608,7 +609,7 @@ OUTBOX_DISCARD = Query[OutboxRowParams](
     "outbox_discard",
     "Delete a quarantined row (its message is never published).",
     """
-    DELETE FROM outbox
+    DELETE FROM jobcore.outbox
     WHERE (id = %(id)s OR message_id = %(message_id)s) AND quarantined_at IS NOT NULL
     RETURNING id, message_id, job_id, last_error
     """,

@@ -31,7 +31,7 @@ TABLES_WITH_STALE_STATISTICS = Query[StaleStatisticsParams](
     SELECT s.relname AS name, s.n_mod_since_analyze AS changed
     FROM pg_stat_user_tables AS s
     JOIN pg_class AS c ON c.oid = s.relid
-    WHERE s.relid IN (SELECT to_regclass(quote_ident(t)) FROM unnest(%(tables)s::text[]) AS t)
+    WHERE s.schemaname = 'jobcore' AND s.relname = ANY(%(tables)s::text[])
       AND s.n_mod_since_analyze > %(base)s + %(scale)s * greatest(c.reltuples, 0)
       AND (
           (s.last_analyze IS NULL AND s.last_autoanalyze IS NULL)

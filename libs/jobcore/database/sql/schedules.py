@@ -24,7 +24,7 @@ SCHEDULE_ENSURE_MANY = Query[ScheduleEnsureManyParams](
     "schedule_ensure_many",
     "Create the state of schedules seen for the first time: their first tick is after now.",
     """
-    INSERT INTO schedules (name, last_tick)
+    INSERT INTO jobcore.schedules (name, last_tick)
     SELECT name, %(now)s FROM unnest(%(names)s::text[]) AS name
     ON CONFLICT (name) DO NOTHING
     """,
@@ -37,7 +37,7 @@ SCHEDULE_LIST = Query[NoParams](
     """
     SELECT name, last_tick, paused, paused_at, last_job_id, last_enqueued_at, created_at,
            updated_at, last_refusal_at, last_refused_tick, last_refusal_reason
-    FROM schedules ORDER BY name
+    FROM jobcore.schedules ORDER BY name
     """,
 )
 
@@ -52,7 +52,7 @@ SCHEDULE_LOCK = Query[ScheduleLockParams](
     """
     SELECT name, last_tick, paused, paused_at, last_job_id, last_enqueued_at, created_at,
            updated_at, last_refusal_at, last_refused_tick, last_refusal_reason
-    FROM schedules WHERE name = %(name)s FOR UPDATE
+    FROM jobcore.schedules WHERE name = %(name)s FOR UPDATE
     """,
 )
 
@@ -73,7 +73,7 @@ SCHEDULE_ADVANCE = Query[ScheduleAdvanceParams](
     "Record the latest tick handled (never backwards), the job enqueued for it and the "
     "latest tick refused.",
     """
-    UPDATE schedules
+    UPDATE jobcore.schedules
     SET last_tick = greatest(last_tick, %(tick)s),
         last_job_id = coalesce(%(job_id)s, last_job_id),
         last_enqueued_at = CASE WHEN %(job_id)s::uuid IS NULL THEN last_enqueued_at
@@ -100,7 +100,7 @@ SCHEDULE_SET_PAUSED = Query[ScheduleSetPausedParams](
     "schedule_set_paused",
     "Pause or resume a schedule (resuming skips the ticks that passed while it was paused).",
     """
-    UPDATE schedules
+    UPDATE jobcore.schedules
     SET paused = %(paused)s,
         paused_at = CASE WHEN %(paused)s THEN coalesce(paused_at, now()) END,
         last_tick = CASE WHEN paused AND NOT %(paused)s THEN greatest(last_tick, %(now)s)

@@ -42,7 +42,7 @@ _LIMITS = """limits AS (
                coalesce(q.enqueue_burst, %(default_burst)s::int) AS burst,
                coalesce(q.max_unfinished, %(default_max_unfinished)s::bigint) AS max_unfinished
         FROM (SELECT %(tenant)s::text AS tenant) AS t
-        LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
+        LEFT JOIN jobcore.tenant_quotas AS q ON q.tenant = t.tenant
     )"""
 
 # The same, empty when the request's API key (``key_id``; NULL: a caller with no key, such
@@ -51,10 +51,10 @@ _LIMITS = """limits AS (
 # expiry stop its enqueues at once all the same. With no `limits` row nothing is admitted,
 # locked or written, and the statement answers no row.
 _KEYED_LIMITS = _LIMITS.replace(
-    "LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant",
-    f"""LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
+    "LEFT JOIN jobcore.tenant_quotas AS q ON q.tenant = t.tenant",
+    f"""LEFT JOIN jobcore.tenant_quotas AS q ON q.tenant = t.tenant
         WHERE %(key_id)s::uuid IS NULL OR EXISTS (
-            SELECT 1 FROM api_keys AS k
+            SELECT 1 FROM jobcore.api_keys AS k
             WHERE k.id = %(key_id)s::uuid AND k.tenant = t.tenant AND {usable("k")}
         )""",
 )
@@ -90,22 +90,23 @@ def admission_ctes() -> str:
     deltas are summed once per enqueue.
     """
     return f"""existing AS (
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text
           AND type = %(type)s AND idempotency_key = %(idempotency_key)s
         UNION ALL
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ), {_KEYED_LIMITS}, admit AS (
-        INSERT INTO tenant_usage AS u (tenant, rate_tat, last_refusal)
+        INSERT INTO jobcore.tenant_usage AS u (tenant, rate_tat, last_refusal)
         SELECT tenant, CASE WHEN NOT c THEN clock_timestamp()
                             + make_interval(secs => 1.0 / nullif(rate, 0)) END,
                CASE WHEN c THEN 'max_unfinished' END
         FROM (
-            SELECT *, CASE WHEN EXISTS (SELECT 1 FROM tenant_usage WHERE tenant = limits.tenant)
+            SELECT *, CASE WHEN EXISTS (SELECT 1 FROM jobcore.tenant_usage
+                                        WHERE tenant = limits.tenant)
                            THEN false
-                           ELSE jobcore_tenant_at_cap(tenant, max_unfinished) END AS c
+                           ELSE jobcore.jobcore_tenant_at_cap(tenant, max_unfinished) END AS c
             FROM limits
         ) AS l
         WHERE NOT EXISTS (SELECT 1 FROM existing) AND (rate > 0 OR max_unfinished > 0)
@@ -115,7 +116,7 @@ def admission_ctes() -> str:
                    CASE WHEN v.refusal IS NULL THEN u.last_refused_at ELSE v.at END
             FROM (
                 SELECT CASE
-                           WHEN jobcore_tenant_at_cap(u.tenant, l.max_unfinished)
+                           WHEN jobcore.jobcore_tenant_at_cap(u.tenant, l.max_unfinished)
                                THEN 'max_unfinished'
                            WHEN n.next_tat
                                 > c.at + make_interval(secs => l.burst / nullif(l.rate, 0))
@@ -147,21 +148,21 @@ def approximate_admission_ctes() -> str:
     seen: admissions in transactions open together can pass the cap by that much.
     """
     return f"""existing AS (
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text
           AND type = %(type)s AND idempotency_key = %(idempotency_key)s
         UNION ALL
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ), {_KEYED_LIMITS}, usage AS (
         -- The deltas count for a tenant the usage folder has not given a row yet.
-        SELECT (SELECT u.rate_tat FROM tenant_usage AS u WHERE u.tenant = limits.tenant)
+        SELECT (SELECT u.rate_tat FROM jobcore.tenant_usage AS u WHERE u.tenant = limits.tenant)
                    AS rate_tat,
                CASE WHEN limits.max_unfinished > 0 THEN
-                   coalesce((SELECT u.unfinished FROM tenant_usage AS u
+                   coalesce((SELECT u.unfinished FROM jobcore.tenant_usage AS u
                              WHERE u.tenant = limits.tenant), 0)
-                   + (SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                   + (SELECT coalesce(sum(d.delta), 0) FROM jobcore.tenant_usage_deltas AS d
                       WHERE d.tenant = limits.tenant)
                END AS unfinished
         FROM limits
@@ -184,10 +185,10 @@ def admission_preview_ctes() -> str:
     return f"""{_KEYED_LIMITS}, usage AS (
         SELECT u.rate_tat,
                u.unfinished + (
-                   SELECT coalesce(sum(d.delta), 0) FROM tenant_usage_deltas AS d
+                   SELECT coalesce(sum(d.delta), 0) FROM jobcore.tenant_usage_deltas AS d
                    WHERE d.tenant = u.tenant
                ) AS unfinished
-        FROM tenant_usage AS u WHERE u.tenant = %(tenant)s::text
+        FROM jobcore.tenant_usage AS u WHERE u.tenant = %(tenant)s::text
     )"""
 
 
@@ -211,7 +212,7 @@ PREVIEW_REFUSAL = """CASE
 ADMISSION_COLUMNS = """
     admit.last_refusal AS refusal,
     coalesce(admit.rate_tat, CASE WHEN limits.rate > 0 THEN (
-        SELECT rate_tat FROM tenant_usage WHERE tenant = limits.tenant) END) AS rate_tat,
+        SELECT rate_tat FROM jobcore.tenant_usage WHERE tenant = limits.tenant) END) AS rate_tat,
     limits.rate, limits.burst, limits.max_unfinished, clock_timestamp() AS now"""
 
 
@@ -230,7 +231,7 @@ TENANT_USAGE_LOCK = Query[TenantUsageLockParams](
     "tenant_usage_lock",
     "Lock a tenant's usage row (creating it) until the transaction ends.",
     """
-    INSERT INTO tenant_usage AS u (tenant) VALUES (%(tenant)s)
+    INSERT INTO jobcore.tenant_usage AS u (tenant) VALUES (%(tenant)s)
     ON CONFLICT (tenant) DO UPDATE SET tenant = excluded.tenant WHERE false
     """,
 )
@@ -253,9 +254,9 @@ def batch_admission_ctes(*, all_or_nothing: bool = False) -> str:
     """
     return f"""{_KEYED_LIMITS}, usage AS (
         SELECT u.rate_tat, u.last_refusal, clock_timestamp() AS at,
-               CASE WHEN l.max_unfinished > 0 THEN jobcore_tenant_unfinished(u.tenant) END
+               CASE WHEN l.max_unfinished > 0 THEN jobcore.jobcore_tenant_unfinished(u.tenant) END
                    AS unfinished
-        FROM tenant_usage AS u, limits AS l WHERE u.tenant = %(tenant)s::text
+        FROM jobcore.tenant_usage AS u, limits AS l WHERE u.tenant = %(tenant)s::text
     ), capacity AS (
         SELECT wanted.n AS wanted,
                CASE WHEN l.max_unfinished > 0
@@ -278,7 +279,7 @@ def batch_admission_ctes(*, all_or_nothing: bool = False) -> str:
                END AS refusal
         FROM capacity
     ), charged AS (
-        UPDATE tenant_usage AS u
+        UPDATE jobcore.tenant_usage AS u
         SET rate_tat = CASE WHEN l.rate > 0 AND room.admitted > 0
                             THEN greatest(u.rate_tat, usage.at)
                                  + make_interval(secs => room.admitted / l.rate)
@@ -313,12 +314,13 @@ TENANT_QUOTA_GET = Query[TenantQuotaGetParams](
            q.max_long_polls IS NOT NULL AS max_long_polls_set,
            q.updated_at,
            coalesce(u.unfinished, 0) + (
-               SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas WHERE tenant = t.tenant
+               SELECT coalesce(sum(delta), 0) FROM jobcore.tenant_usage_deltas
+               WHERE tenant = t.tenant
            ) AS unfinished, u.rate_tat, u.last_refusal,
            u.last_refused_at, now() AS now
     FROM (SELECT %(tenant)s::text AS tenant) AS t
-    LEFT JOIN tenant_quotas AS q ON q.tenant = t.tenant
-    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
+    LEFT JOIN jobcore.tenant_quotas AS q ON q.tenant = t.tenant
+    LEFT JOIN jobcore.tenant_usage AS u ON u.tenant = t.tenant
     """,
 )
 
@@ -333,7 +335,7 @@ TENANT_MAX_LONG_POLLS = Query[TenantMaxLongPollsParams](
     "How many long-polls the tenant may park at once on one API process.",
     """
     SELECT coalesce(
-        (SELECT max_long_polls FROM tenant_quotas WHERE tenant = %(tenant)s),
+        (SELECT max_long_polls FROM jobcore.tenant_quotas WHERE tenant = %(tenant)s),
         %(default_max_long_polls)s::int
     ) AS max_long_polls
     """,
@@ -359,7 +361,7 @@ TENANT_QUOTA_SET = Query[TenantQuotaSetParams](
     "tenant_quota_set",
     "Set some of a tenant's quota overrides, keeping the others.",
     """
-    INSERT INTO tenant_quotas AS q (
+    INSERT INTO jobcore.tenant_quotas AS q (
         tenant, enqueue_rate, enqueue_burst, max_unfinished, max_long_polls
     )
     VALUES (%(tenant)s, %(enqueue_rate)s, %(enqueue_burst)s, %(max_unfinished)s,
@@ -397,7 +399,7 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
            q.enqueue_rate, q.enqueue_burst, q.max_unfinished, q.max_long_polls,
            q.updated_at,
            coalesce(u.unfinished, 0) + (
-               SELECT coalesce(sum(delta), 0) FROM tenant_usage_deltas
+               SELECT coalesce(sum(delta), 0) FROM jobcore.tenant_usage_deltas
                WHERE tenant = coalesce(q.tenant, u.tenant)
            ) AS unfinished,
            coalesce(q.enqueue_rate, %(default_rate)s::float8) AS effective_enqueue_rate,
@@ -405,8 +407,8 @@ TENANT_QUOTA_LIST = Query[QuotaDefaultParams](
                AS effective_max_unfinished,
            %(default_burst)s::int AS default_burst,
            %(default_max_long_polls)s::int AS default_max_long_polls
-    FROM tenant_quotas AS q
-    FULL JOIN tenant_usage AS u ON u.tenant = q.tenant
+    FROM jobcore.tenant_quotas AS q
+    FULL JOIN jobcore.tenant_usage AS u ON u.tenant = q.tenant
     ORDER BY 1
     """,
 )
@@ -441,28 +443,28 @@ TENANT_USAGE_FOLD = Query[TenantUsageFoldParams](
     "Fold up to `limit` usage deltas after a key into their tenants' free rows; how many.",
     """
     WITH batch AS MATERIALIZED (
-        SELECT tenant, id FROM tenant_usage_deltas
+        SELECT tenant, id FROM jobcore.tenant_usage_deltas
         WHERE (tenant, id) > (%(after_tenant)s::text, %(after_id)s::bigint)
         ORDER BY tenant, id LIMIT %(limit)s
     ), last AS (
         SELECT tenant, id FROM batch ORDER BY tenant DESC, id DESC LIMIT 1
     ), held AS (
-        SELECT u.tenant FROM tenant_usage AS u
+        SELECT u.tenant FROM jobcore.tenant_usage AS u
         WHERE u.tenant IN (SELECT tenant FROM batch)
         FOR UPDATE SKIP LOCKED
     ), folded AS (
         -- The batch's key range, read again by the primary key (this statement's snapshot
         -- sees the same rows in it): what a join with the batch would read by a scan.
-        DELETE FROM tenant_usage_deltas AS d
+        DELETE FROM jobcore.tenant_usage_deltas AS d
         WHERE (d.tenant, d.id) > (%(after_tenant)s::text, %(after_id)s::bigint)
           AND (d.tenant, d.id) <= ((SELECT tenant FROM last), (SELECT id FROM last))
           AND (d.tenant IN (SELECT tenant FROM held)
-               OR NOT EXISTS (SELECT 1 FROM tenant_usage AS u WHERE u.tenant = d.tenant))
+               OR NOT EXISTS (SELECT 1 FROM jobcore.tenant_usage AS u WHERE u.tenant = d.tenant))
         RETURNING d.tenant, d.delta
     ), sums AS (
         SELECT tenant, sum(delta)::bigint AS delta FROM folded GROUP BY tenant
     ), rows AS (
-        INSERT INTO tenant_usage AS u (tenant, unfinished)
+        INSERT INTO jobcore.tenant_usage AS u (tenant, unfinished)
         SELECT tenant, greatest(delta, 0) FROM sums ORDER BY tenant
         ON CONFLICT (tenant) DO UPDATE
         SET unfinished = greatest(u.unfinished + (

@@ -20,7 +20,7 @@ WEBHOOK_SECRET_ENSURE = Query[WebhookSecretEnsureParams](
     "The tenant's signing secrets (current, overlapping), created if it has none.",
     """
     WITH created AS (
-        INSERT INTO tenant_webhook_secrets (tenant, secret)
+        INSERT INTO jobcore.tenant_webhook_secrets (tenant, secret)
         VALUES (%(tenant)s, %(secret)s)
         ON CONFLICT (tenant) DO NOTHING
         RETURNING secret, created_at, rotated_at, previous_secret, previous_expires_at
@@ -32,7 +32,7 @@ WEBHOOK_SECRET_ENSURE = Query[WebhookSecretEnsureParams](
     SELECT secret, created_at, rotated_at,
            CASE WHEN previous_expires_at > now() THEN previous_secret END,
            previous_expires_at, false
-    FROM tenant_webhook_secrets
+    FROM jobcore.tenant_webhook_secrets
     WHERE tenant = %(tenant)s
     LIMIT 1
     """,
@@ -52,7 +52,7 @@ WEBHOOK_SECRET_ROTATE = Query[WebhookSecretRotateParams](
     "webhook_secret_rotate",
     "Give a tenant a new signing secret (created if it had none); the old one overlaps.",
     """
-    INSERT INTO tenant_webhook_secrets (tenant, secret) VALUES (%(tenant)s, %(secret)s)
+    INSERT INTO jobcore.tenant_webhook_secrets (tenant, secret) VALUES (%(tenant)s, %(secret)s)
     ON CONFLICT (tenant) DO UPDATE SET
         secret = excluded.secret,
         rotated_at = now(),

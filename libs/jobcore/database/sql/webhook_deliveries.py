@@ -34,7 +34,7 @@ WEBHOOK_MESSAGE_TYPE = "webhook"
 # The envelope is the same as WebhookMessage.encode() writes: {"v", "delivery_id", "attempt"}.
 COMPLETION_WEBHOOKS = f"""
     hooks AS (
-        INSERT INTO webhook_deliveries (
+        INSERT INTO jobcore.webhook_deliveries (
             id, job_id, tenant, url, event, max_attempts, next_attempt_at
         )
         SELECT gen_random_uuid(), done.id, done.tenant, done.callback_url,
@@ -44,7 +44,7 @@ COMPLETION_WEBHOOKS = f"""
           AND done.status IN {TERMINAL_SQL}
         RETURNING id, job_id
     ), hook_messages AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
         SELECT gen_random_uuid(), %(webhook_exchange)s, %(webhook_routing_key)s,
@@ -86,8 +86,8 @@ WEBHOOK_DELIVERY_LIST_FOR_JOB = Query[WebhookDeliveryListForJobParams](
     SELECT j.id AS job_id, d.id, d.url, d.event, d.status, d.attempts, d.max_attempts,
            d.last_status_code, d.last_error, d.next_attempt_at, d.created_at,
            d.delivered_at, d.updated_at
-    FROM jobs AS j
-    LEFT JOIN webhook_deliveries AS d ON d.job_id = j.id
+    FROM jobcore.jobs AS j
+    LEFT JOIN jobcore.webhook_deliveries AS d ON d.job_id = j.id
     WHERE j.id = %(job_id)s AND j.tenant = %(tenant)s
     ORDER BY d.created_at, d.id
     """,
@@ -115,12 +115,12 @@ WEBHOOK_DELIVERY_GET_FOR_ATTEMPT = Query[WebhookDeliveryGetForAttemptParams](
            j.max_attempts AS job_max_attempts, j.entity_id, j.last_error, j.result_ref,
            j.created_at, j.updated_at, j.started_at, j.finished_at,
            EXISTS (
-               SELECT 1 FROM inbox
+               SELECT 1 FROM jobcore.inbox
                WHERE consumer = %(consumer)s AND message_id = %(message_id)s
            ) AS seen
-    FROM webhook_deliveries AS d
-    JOIN jobs AS j ON j.id = d.job_id
-    LEFT JOIN tenant_webhook_secrets AS s ON s.tenant = d.tenant
+    FROM jobcore.webhook_deliveries AS d
+    JOIN jobcore.jobs AS j ON j.id = d.job_id
+    LEFT JOIN jobcore.tenant_webhook_secrets AS s ON s.tenant = d.tenant
     WHERE d.id = %(id)s
     """,
 )
@@ -152,12 +152,12 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
     "retry, write the next attempt's message.",
     f"""
     WITH received AS (
-        INSERT INTO inbox (consumer, message_id)
+        INSERT INTO jobcore.inbox (consumer, message_id)
         VALUES (%(consumer)s, %(message_id)s)
         ON CONFLICT DO NOTHING
         RETURNING message_id
     ), recorded AS (
-        UPDATE webhook_deliveries AS d
+        UPDATE jobcore.webhook_deliveries AS d
         SET attempts = %(attempt)s,
             status = CASE
                 WHEN %(outcome)s = 'delivered' THEN 'delivered'
@@ -176,7 +176,7 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
         WHERE d.id = %(id)s AND d.status = 'pending' AND d.attempts = %(attempt)s - 1
         RETURNING d.id, d.job_id, d.tenant, d.status, d.attempts, d.next_attempt_at
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at
         )
@@ -189,10 +189,10 @@ WEBHOOK_DELIVERY_RECORD_ATTEMPT = Query[WebhookDeliveryRecordAttemptParams](
     ), its_job AS (
         -- locked as job_events' foreign key did before migration 0019: the pruner, which
         -- deletes a job with its events, cannot delete it under this attempt's event
-        SELECT id FROM jobs WHERE id = (SELECT job_id FROM recorded) AND {EVENTS_ON}
+        SELECT id FROM jobcore.jobs WHERE id = (SELECT job_id FROM recorded) AND {EVENTS_ON}
         FOR KEY SHARE
     ), attempt_event AS (
-        INSERT INTO job_events (job_id, kind, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, detail)
         SELECT recorded.job_id, '{JobEventKind.WEBHOOK_ATTEMPT}',
                jsonb_strip_nulls(jsonb_build_object(
                    'delivery_id', recorded.id,
@@ -227,7 +227,7 @@ WEBHOOK_DELIVERY_LIST = Query[WebhookDeliveryListParams](
     """
     SELECT id, job_id, tenant, url, event, status, attempts, max_attempts, last_status_code,
            last_error, next_attempt_at, created_at, delivered_at, updated_at
-    FROM webhook_deliveries
+    FROM jobcore.webhook_deliveries
     WHERE (%(job_id)s::uuid IS NULL OR job_id = %(job_id)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
     ORDER BY created_at DESC, id DESC
@@ -248,7 +248,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
     "Make a delivery pending again and write an outbox message for a new attempt now.",
     f"""
     WITH delivery AS (
-        UPDATE webhook_deliveries
+        UPDATE jobcore.webhook_deliveries
         SET status = 'pending',
             max_attempts = greatest(max_attempts, attempts + 1),
             next_attempt_at = now(),
@@ -256,7 +256,7 @@ WEBHOOK_DELIVERY_REDELIVER = Query[WebhookDeliveryRedeliverParams](
         WHERE id = %(id)s
         RETURNING id, job_id, tenant, attempts
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant
         )
         SELECT gen_random_uuid(), %(webhook_exchange)s, %(webhook_routing_key)s,

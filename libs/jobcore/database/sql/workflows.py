@@ -88,7 +88,7 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
     ), {batch_admission_ctes(all_or_nothing=True)}, go AS (
         SELECT wanted.n, wanted.steps FROM wanted, room WHERE room.admitted = wanted.n
     ), workflow AS (
-        INSERT INTO workflows (id, tenant, name, jobs_total, unsettled, open_jobs, exchange)
+        INSERT INTO jobcore.workflows (id, tenant, name, jobs_total, unsettled, open_jobs, exchange)
         SELECT %(id)s, %(tenant)s::text, %(name)s, go.n, go.steps, go.n, %(exchange)s
         FROM go
         RETURNING id, created_at
@@ -97,7 +97,7 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
                input.waiting = 0 AND (NOT input.is_finally OR go.steps = 0) AS runs_now
         FROM input, go
     ), job AS (
-        INSERT INTO jobs (
+        INSERT INTO jobcore.jobs (
             id, tenant, type, queue, status, payload_fingerprint, payload, entity_id,
             max_attempts, traceparent, tracestate, priority, concurrency_key,
             concurrency_limit, rate_key, rate_per_second, rate_burst, held_reason,
@@ -116,21 +116,21 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
         ORDER BY ready.n
         RETURNING id
     ), step AS (
-        INSERT INTO workflow_jobs (job_id, workflow_id, name, is_finally, waiting, routing_key)
+        INSERT INTO jobcore.workflow_jobs (job_id, workflow_id, name, is_finally, waiting, routing_key)
         SELECT input.id, workflow.id, input.name, input.is_finally, input.waiting,
                input.routing_key
         FROM input, workflow
         ORDER BY input.n
         RETURNING job_id
     ), edge AS (
-        INSERT INTO workflow_edges (workflow_id, upstream, downstream, policy)
+        INSERT INTO jobcore.workflow_edges (workflow_id, upstream, downstream, policy)
         SELECT workflow.id, e.upstream, e.downstream, e.policy
         FROM unnest(%(edge_upstreams)s::uuid[], %(edge_downstreams)s::uuid[],
                     %(edge_policies)s::text[]) AS e(upstream, downstream, policy),
              workflow
         RETURNING upstream
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, priority
         )
@@ -166,7 +166,7 @@ WORKFLOW_GET = Query[WorkflowGetParams](
     """
     SELECT id, tenant, name, status, jobs_total, unsettled, open_jobs, failed_jobs,
            cancel_requested_at, created_at, finished_at
-    FROM workflows
+    FROM jobcore.workflows
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     """,
 )
@@ -190,12 +190,12 @@ WORKFLOW_STEPS = Query[WorkflowIdParams](
                SELECT jsonb_agg(jsonb_build_object(
                           'name', up.name, 'job_id', e.upstream, 'policy', e.policy,
                           'state', e.state) ORDER BY up.name)
-               FROM workflow_edges AS e
-               JOIN workflow_jobs AS up ON up.job_id = e.upstream
+               FROM jobcore.workflow_edges AS e
+               JOIN jobcore.workflow_jobs AS up ON up.job_id = e.upstream
                WHERE e.downstream = j.id
            ), '[]'::jsonb) AS depends_on
-    FROM jobs AS j
-    JOIN workflow_jobs AS n ON n.job_id = j.id
+    FROM jobcore.jobs AS j
+    JOIN jobcore.workflow_jobs AS n ON n.job_id = j.id
     WHERE j.workflow_id = %(id)s
     ORDER BY j.created_at, n.name
     """,
@@ -218,7 +218,7 @@ WORKFLOW_LIST = Query[WorkflowListParams](
     """
     SELECT id, tenant, name, status, jobs_total, open_jobs, failed_jobs, created_at,
            finished_at
-    FROM workflows
+    FROM jobcore.workflows
     WHERE %(status)s::text IS NULL OR status = %(status)s::text
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
@@ -232,7 +232,7 @@ WORKFLOW_LIST_FOR_TENANT = Query[WorkflowListForTenantParams](
     """
     SELECT id, tenant, name, status, jobs_total, open_jobs, failed_jobs, created_at,
            finished_at
-    FROM workflows
+    FROM jobcore.workflows
     WHERE tenant = %(tenant)s AND (%(status)s::text IS NULL OR status = %(status)s::text)
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
@@ -252,7 +252,7 @@ WORKFLOW_REQUEST_CANCEL = Query[WorkflowRequestCancelParams](
     "workflow_request_cancel",
     "Mark a workflow as being cancelled: no step of it is published from now on.",
     """
-    UPDATE workflows
+    UPDATE jobcore.workflows
     SET cancel_requested_at = coalesce(cancel_requested_at, now())
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
     RETURNING id, status, cancel_requested_at
@@ -277,18 +277,18 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
     "another transaction holds; how many are left unhandled.",
     f"""
     WITH pending AS (
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE workflow_id = %(id)s AND {status_is("status", JobStatus.PENDING)}
         ORDER BY id
         FOR UPDATE SKIP LOCKED
     ), running AS (
-        SELECT id FROM jobs
+        SELECT id FROM jobcore.jobs
         WHERE workflow_id = %(id)s AND {status_is("status", JobStatus.RUNNING)}
           AND cancel_requested_at IS NULL
         ORDER BY id
         FOR UPDATE SKIP LOCKED
     ), done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
             held_reason = NULL, held_since = NULL, updated_at = now(),
             last_error = 'its workflow was cancelled'
@@ -296,13 +296,13 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
         WHERE jobs.id = pending.id AND {status_is("jobs.status", JobStatus.PENDING)}
         RETURNING jobs.id, jobs.attempts
     ), asked AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET cancel_requested_at = coalesce(jobs.cancel_requested_at, now()), updated_at = now()
         FROM running
         WHERE jobs.id = running.id AND {status_is("jobs.status", JobStatus.RUNNING)}
         RETURNING jobs.id, jobs.attempts
     ), events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT id, '{JobEventKind.CANCELLED}', attempts,
                jsonb_build_object('status', 'cancelled', 'error', 'its workflow was cancelled')
         FROM done WHERE {EVENTS_ON}
@@ -314,7 +314,7 @@ WORKFLOW_CANCEL_STEPS = Query[WorkflowCancelStepsParams](
            (SELECT count(*) FROM asked) AS asked,
            (SELECT count(pg_notify('jobcore_job_done', id::text)) FROM done) AS done_notified,
            (SELECT count(pg_notify(%(cancel_channel)s, id::text)) FROM asked) AS cancel_notified,
-           (SELECT count(*) FROM jobs
+           (SELECT count(*) FROM jobcore.jobs
             WHERE workflow_id = %(id)s
               AND ((status = 'pending' OR (status = 'running' AND cancel_requested_at IS NULL))
                    IS TRUE)
@@ -343,14 +343,14 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
     f"""
     WITH target AS (
         SELECT j.id, j.status, n.blocked_by, n.routing_key, w.cancel_requested_at
-        FROM workflows AS w
-        JOIN workflow_jobs AS n ON n.workflow_id = w.id AND n.name = %(name)s
-        JOIN jobs AS j ON j.id = n.job_id
+        FROM jobcore.workflows AS w
+        JOIN jobcore.workflow_jobs AS n ON n.workflow_id = w.id AND n.name = %(name)s
+        JOIN jobcore.jobs AS j ON j.id = n.job_id
         WHERE w.id = %(workflow_id)s
           AND (%(tenant)s::text IS NULL OR w.tenant = %(tenant)s::text)
         FOR UPDATE OF j
     ), again AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'pending', max_attempts = jobs.attempts + jobs.max_attempts,
             finished_at = NULL, cancel_requested_at = NULL, lease_token = NULL,
             lease_expires_at = NULL, next_attempt_at = NULL, held_reason = NULL,
@@ -361,7 +361,7 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
         RETURNING jobs.id, jobs.tenant, jobs.type, jobs.attempts, jobs.priority,
                   jobs.traceparent, jobs.tracestate, target.routing_key
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
         )
@@ -375,7 +375,7 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
         FROM again
         RETURNING id
     ), events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT again.id, '{JobEventKind.REVIVED}', again.attempts,
                jsonb_build_object('workflow', %(workflow_id)s::uuid, 'retried', true)
         FROM again WHERE {EVENTS_ON}
@@ -400,9 +400,9 @@ WORKFLOW_DEPENDENCY_RESULTS = Query[WorkflowDependencyResultsParams](
     "A step's dependencies: each one's name, status, and result inline or by reference.",
     """
     SELECT up.name, e.policy, j.id, j.status, j.result, j.result_ref, j.last_error
-    FROM workflow_edges AS e
-    JOIN workflow_jobs AS up ON up.job_id = e.upstream
-    JOIN jobs AS j ON j.id = e.upstream
+    FROM jobcore.workflow_edges AS e
+    JOIN jobcore.workflow_jobs AS up ON up.job_id = e.upstream
+    JOIN jobcore.jobs AS j ON j.id = e.upstream
     WHERE e.downstream = %(job_id)s
     ORDER BY up.name
     """,
@@ -424,29 +424,29 @@ WORKFLOW_PRUNE_BATCH = Query[WorkflowPruneParams](
     "what belongs to them.",
     f"""
     WITH doomed_workflows AS (
-        SELECT id FROM workflows
+        SELECT id FROM jobcore.workflows
         WHERE finished_at IS NOT NULL
           AND finished_at < now() - make_interval(secs => %(keep)s)
         ORDER BY finished_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ), doomed AS (
-        SELECT jobs.id FROM jobs JOIN doomed_workflows AS w ON jobs.workflow_id = w.id
+        SELECT jobs.id FROM jobcore.jobs JOIN doomed_workflows AS w ON jobs.workflow_id = w.id
         WHERE jobs.status IN {TERMINAL_SQL}
     ), effects AS (
-        DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), deliveries AS (
-        DELETE FROM webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), timeline AS (
-        DELETE FROM job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        DELETE FROM jobcore.job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
     ), messages AS (
-        DELETE FROM outbox
+        DELETE FROM jobcore.outbox
         WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) AND quarantined_at IS NOT NULL
     ), gone AS (
-        DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+        DELETE FROM jobcore.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
         RETURNING id, result_ref, payload_ref
     ), workflows_gone AS (
-        DELETE FROM workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed_workflows))
+        DELETE FROM jobcore.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed_workflows))
         RETURNING id
     )
     SELECT (SELECT count(*) FROM workflows_gone) AS workflows,

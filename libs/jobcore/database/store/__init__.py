@@ -29,7 +29,7 @@ its tenant's usage), all through :class:`JobStore`:
   :class:`WebhookSecretStore` (:mod:`~jobcore.database.store.webhook_deliveries`):
   ``webhook_deliveries``, ``webhook_endpoints``, ``tenant_webhook_secrets``.
 - :class:`JobTypeStore` (:mod:`~jobcore.database.store.job_types`): ``job_type_registry``, the
-  workers' job types that ``jobcore_enqueue()`` checks against.
+  workers' job types that ``jobcore.enqueue()`` checks against.
 - :class:`WorkflowStore` (:mod:`~jobcore.database.store.workflows`): ``workflows``, their
   steps and edges.
 - :class:`LedgerStore` (:mod:`~jobcore.database.store.ledger`): the demo's ledger tables.

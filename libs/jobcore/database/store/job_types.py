@@ -1,5 +1,5 @@
 """The ``job_type_registry`` table (what the workers' registries declare of each job type,
-which ``jobcore_enqueue()`` checks an enqueue from SQL against): :class:`JobTypeStore`
+which ``jobcore.enqueue()`` checks an enqueue from SQL against): :class:`JobTypeStore`
 (:mod:`jobcore.database.sql.job_type_registry`)."""
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from jobcore.database.gateway import (
     fetch_all_behind,
     fetch_all_beside,
     fetch_one,
+    in_schema,
+    schema_of,
 )
 from jobcore.database.sql import NoParams, Statement
 from jobcore.database.sql.jobs.cancel import (
@@ -465,9 +467,8 @@ class JobStore:
     ) -> Any:
         """The plan of a releaser round, run (EXPLAIN ANALYZE, BUFFERS, JSON): the bench's
         measure of its scan. The caller rolls back what it locked."""
-        cursor = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + JOB_LOCK_RELEASABLE.sql, params
-        )
+        text = in_schema(JOB_LOCK_RELEASABLE.sql, schema_of(conn))
+        cursor = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + text, params)
         return await cursor.fetchone()
 
     # --- prune (jobcore.database.sql.jobs.prune)

@@ -47,7 +47,7 @@ from jobcore.execution.registry import Registry
 from jobcore.kernel.errors import InvalidField, JobcoreError
 from jobcore.kernel.priorities import Priority
 from jobcore.kernel.quotas import UNLIMITED, Admission, Quotas
-from jobcore.kernel.settings import Settings
+from jobcore.kernel.settings import DEFAULT_SCHEMA, Settings
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.enqueue.write_one import EnqueueResult
 
@@ -219,6 +219,9 @@ async def _enqueue(
     quotas: Quotas | None,
 ) -> EnqueueResult:
     settings = _environment_settings() if settings is None else settings
+    # The gateway names jobcore's tables in this schema (jobcore.database.gateway.schema_of):
+    # the caller's connection has the application's search_path, which may not include it.
+    statements.jobcore_schema = settings.database_schema
     kind = registry.get(job_type)
     raw = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
     model = validate_payload(kind, raw)
@@ -366,6 +369,8 @@ def _run_to_end(coroutine: Coroutine[Any, Any, EnqueueResult]) -> EnqueueResult:
 class _AsyncStatements:
     """The caller's asynchronous connection, as the statement gateway uses it."""
 
+    jobcore_schema = DEFAULT_SCHEMA
+
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._conn = conn
 
@@ -384,6 +389,8 @@ class _AsyncStatements:
 class _SyncStatements:
     """The caller's blocking connection, as the statement gateway uses it: each method
     completes before it returns, so awaiting it never suspends."""
+
+    jobcore_schema = DEFAULT_SCHEMA
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn

@@ -32,7 +32,7 @@ JOB_LOCK_FOR_CANCEL = Query[JobLockForCancelParams](
     "job_lock_for_cancel",
     "Lock a tenant's job and read its status, before cancelling it.",
     """
-    SELECT id, status FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s FOR UPDATE
+    SELECT id, status FROM jobcore.jobs WHERE id = %(id)s AND tenant = %(tenant)s FOR UPDATE
     """,
 )
 
@@ -48,7 +48,7 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
     "Cancel a job that no worker runs yet (fenced on status = 'pending').",
     f"""
     WITH done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'cancelled', cancel_requested_at = now(), finished_at = now(),
             held_reason = NULL, held_since = NULL, updated_at = now()
         WHERE id = %(id)s AND status = 'pending'
@@ -76,12 +76,12 @@ JOB_REQUEST_CANCEL = Query[JobRequestCancelParams](
     "Ask the worker running a job to stop it (fenced on status = 'running') and NOTIFY it.",
     f"""
     WITH job AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
         WHERE id = %(id)s AND status = 'running'
         RETURNING id, status, cancel_requested_at, attempts
     ), requested AS (
-        INSERT INTO job_events (job_id, kind, attempt)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt)
         SELECT job.id, '{JobEventKind.CANCEL_REQUESTED}', job.attempts FROM job
         WHERE {EVENTS_ON}
     )
@@ -116,7 +116,7 @@ JOB_CANCEL_REQUESTED = Query[JobCancelRequestedParams](
     "job_cancel_requested",
     "Which of these running jobs someone asked to cancel.",
     """
-    SELECT id FROM jobs
+    SELECT id FROM jobcore.jobs
     WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND cancel_requested_at IS NOT NULL
     """,
 )

@@ -48,7 +48,7 @@ JOB_LOCK_FOR_EDIT = Query[JobLockForEditParams](
     SELECT id, tenant, type, queue, status, attempts, xmin::text AS version, payload,
            unique_key, concurrency_key, rate_key, ordering_key, priority, next_attempt_at,
            traceparent, tracestate
-    FROM jobs
+    FROM jobcore.jobs
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
     FOR UPDATE
     """,
@@ -80,7 +80,7 @@ JOB_EDIT = Query[JobEditParams](
     "moving its unpublished message or superseding the published one, with its edited event.",
     f"""
     WITH edited AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET payload = coalesce(%(payload)s::jsonb, payload),
             payload_ref = CASE WHEN %(payload)s::jsonb IS NULL THEN payload_ref END,
             priority = coalesce(%(priority)s::smallint, priority),
@@ -93,11 +93,11 @@ JOB_EDIT = Query[JobEditParams](
                   greatest(created_at, next_attempt_at) AS due_at
     ), waiting AS (
         SELECT outbox.id
-        FROM outbox JOIN edited ON outbox.job_id = edited.id
+        FROM jobcore.outbox JOIN edited ON outbox.job_id = edited.id
         WHERE outbox.message_type = edited.type
         FOR UPDATE OF outbox SKIP LOCKED
     ), moved AS (
-        UPDATE outbox
+        UPDATE jobcore.outbox
         SET available_at = CASE WHEN %(run_at)s::timestamptz IS NULL THEN outbox.available_at
                                 ELSE edited.due_at END,
             priority = edited.priority
@@ -105,7 +105,7 @@ JOB_EDIT = Query[JobEditParams](
         WHERE outbox.id = waiting.id
         RETURNING outbox.id
     ), superseding AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             available_at, priority, created_at
         )
@@ -118,7 +118,7 @@ JOB_EDIT = Query[JobEditParams](
           AND (%(run_at)s::timestamptz IS NOT NULL OR %(priority)s::smallint IS NOT NULL)
         RETURNING id
     ), edit_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT edited.id, '{JobEventKind.EDITED}', edited.attempts + 1,
                jsonb_build_object(
                    'fields', to_jsonb(%(fields)s::text[]), 'by', %(actor)s::text,

@@ -67,7 +67,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
     joins = ""
     if keyed:
         key_cte = """, keyed AS MATERIALIZED (
-        SELECT k.* FROM go CROSS JOIN LATERAL jobcore_job_key_join(
+        SELECT k.* FROM go CROSS JOIN LATERAL jobcore.jobcore_job_key_join(
             %(key_kind)s, %(job_key)s, go.tenant, %(type)s, %(id)s, %(message_id)s,
             %(payload)s, %(key_period)s, %(key_max_wait)s, %(key_keep)s,
             %(key_max_payloads)s, %(idempotency_key)s, %(payload_fingerprint)s
@@ -85,7 +85,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
         joins = " LEFT JOIN keyed ON true"
     return f"""
     WITH {admission}{key_cte}, place AS (
-        INSERT INTO job_gates (key, counter)
+        INSERT INTO jobcore.job_gates (key, counter)
         SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
         FROM {admitted}
         WHERE %(ordering_key)s::text IS NOT NULL
@@ -94,7 +94,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
         SET counter = job_gates.counter + 1, updated_at = now()
         RETURNING counter
     ), job AS (
-        INSERT INTO jobs (
+        INSERT INTO jobcore.jobs (
             id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority,
@@ -111,7 +111,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
             coalesce(%(ordering_seq)s::bigint, (SELECT counter FROM place)),
             %(ordering_blocks)s,
             coalesce(%(callback_url)s, (
-                SELECT url FROM webhook_endpoints
+                SELECT url FROM jobcore.webhook_endpoints
                 WHERE tenant = go.tenant AND job_type IN (%(type)s, '*')
                 ORDER BY job_type = '*'
                 LIMIT 1
@@ -123,7 +123,7 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
         ON CONFLICT DO NOTHING
         RETURNING id, tenant, created_at, priority, next_attempt_at
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
@@ -271,12 +271,12 @@ JOB_INSERT_PREVIEW = Query[JobInsertPreviewParams](
     FROM limits
     LEFT JOIN usage ON true
     LEFT JOIN LATERAL (
-        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        SELECT id, status, created_at, payload_fingerprint FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND idempotency_key = %(idempotency_key)s
     ) AS keyed ON true
     LEFT JOIN LATERAL (
-        SELECT id, status FROM jobs
+        SELECT id, status FROM jobcore.jobs
         WHERE tenant = %(tenant)s::text AND type = %(type)s
           AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     ) AS live ON true
@@ -365,13 +365,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
         LEFT JOIN LATERAL (
-            SELECT 1 AS held FROM jobs
+            SELECT 1 AS held FROM jobcore.jobs
             WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.idempotency_key = input.idempotency_key
             LIMIT 1
         ) AS keyed ON true
         LEFT JOIN LATERAL (
-            SELECT 1 AS held FROM jobs
+            SELECT 1 AS held FROM jobcore.jobs
             WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.unique_key = input.unique_key
               AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
@@ -382,13 +382,13 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         SELECT count(*) AS n FROM fresh
     ), {batch_admission_ctes()}, hook AS (
         SELECT (
-            SELECT url FROM webhook_endpoints
+            SELECT url FROM jobcore.webhook_endpoints
             WHERE tenant = %(tenant)s::text AND job_type IN (%(type)s, '*')
             ORDER BY job_type = '*'
             LIMIT 1
         ) AS url
     ), job AS (
-        INSERT INTO jobs (
+        INSERT INTO jobcore.jobs (
             id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority, concurrency_key, concurrency_limit, rate_key,
@@ -412,7 +412,7 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
         ON CONFLICT DO NOTHING
         RETURNING id, status, created_at
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority
         )
@@ -458,12 +458,12 @@ JOB_GET_BATCH_HOLDERS = Query[JobGetBatchHoldersParams](
     FROM unnest(%(ns)s::int[], %(idempotency_keys)s::text[], %(unique_keys)s::text[])
         AS input(n, idempotency_key, unique_key)
     LEFT JOIN LATERAL (
-        SELECT id, status, created_at, payload_fingerprint FROM jobs
+        SELECT id, status, created_at, payload_fingerprint FROM jobcore.jobs
         WHERE tenant = %(tenant)s AND type = %(type)s
           AND idempotency_key = input.idempotency_key AND idempotency_key IS NOT NULL
     ) AS keyed ON true
     LEFT JOIN LATERAL (
-        SELECT id, status FROM jobs
+        SELECT id, status FROM jobcore.jobs
         WHERE tenant = %(tenant)s AND type = %(type)s
           AND unique_key = input.unique_key AND unique_key IS NOT NULL
           AND status IN {LIVE_SQL}
@@ -482,7 +482,7 @@ JOB_GET_BY_IDEMPOTENCY_KEY = Query[JobGetByIdempotencyKeyParams](
     "job_get_by_idempotency_key",
     "Find the job that already holds an idempotency key (tenant and type scoped).",
     """
-    SELECT * FROM jobs
+    SELECT * FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND type = %(type)s AND idempotency_key = %(idempotency_key)s
     """,
 )
@@ -499,7 +499,7 @@ JOB_GET_UNIQUE_HOLDER = Query[JobGetUniqueHolderParams](
     "job_get_unique_holder",
     "Find the pending or running job that holds a unique key (tenant and type scoped).",
     f"""
-    SELECT id, status FROM jobs
+    SELECT id, status FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND type = %(type)s
       AND unique_key = %(unique_key)s AND status IN {LIVE_SQL}
     """,

@@ -23,7 +23,7 @@ JOB_ORDERING_UNBLOCK = Query[JobOrderingUnblockParams](
     "job_ordering_unblock",
     "Stop a failed job from holding back the later jobs of its ordering key.",
     """
-    UPDATE jobs SET ordering_blocks = false, updated_at = now()
+    UPDATE jobcore.jobs SET ordering_blocks = false, updated_at = now()
     WHERE id = %(id)s AND status = 'failed' AND ordering_key IS NOT NULL
     RETURNING id, tenant, ordering_key
     """,
@@ -40,7 +40,7 @@ JOB_ORDERING_TAKE_PLACE = Query[JobOrderingUnblockParams](
     "job_ordering_take_place",
     "Hand a failed job's place in its ordering key to its retry, if it still blocks the key.",
     """
-    UPDATE jobs SET ordering_blocks = false, updated_at = now()
+    UPDATE jobcore.jobs SET ordering_blocks = false, updated_at = now()
     WHERE id = %(id)s AND status = 'failed' AND ordering_key IS NOT NULL AND ordering_blocks
     RETURNING ordering_seq
     """,
@@ -74,40 +74,40 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
     "Lock a batch of held jobs whose gate may let them start, with when each is due.",
     """
     WITH RECURSIVE ordering_keys AS (
-        (SELECT tenant, ordering_key FROM jobs
+        (SELECT tenant, ordering_key FROM jobcore.jobs
          WHERE status = 'pending' AND held_reason = 'ordering'
          ORDER BY tenant, ordering_key LIMIT 1)
         UNION ALL
         SELECT next.tenant, next.ordering_key
         FROM ordering_keys AS done
         CROSS JOIN LATERAL (
-            SELECT tenant, ordering_key FROM jobs
+            SELECT tenant, ordering_key FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'ordering'
               AND (tenant, ordering_key) > (done.tenant, done.ordering_key)
             ORDER BY tenant, ordering_key LIMIT 1
         ) AS next
     ), concurrency_keys AS (
-        (SELECT concurrency_key AS key FROM jobs
+        (SELECT concurrency_key AS key FROM jobcore.jobs
          WHERE status = 'pending' AND held_reason = 'concurrency'
          ORDER BY concurrency_key LIMIT 1)
         UNION ALL
         SELECT next.key
         FROM concurrency_keys AS done
         CROSS JOIN LATERAL (
-            SELECT concurrency_key AS key FROM jobs
+            SELECT concurrency_key AS key FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'concurrency'
               AND concurrency_key > done.key
             ORDER BY concurrency_key LIMIT 1
         ) AS next
     ), rate_keys AS (
-        (SELECT rate_key AS key FROM jobs
+        (SELECT rate_key AS key FROM jobcore.jobs
          WHERE status = 'pending' AND held_reason = 'rate_limit'
          ORDER BY rate_key LIMIT 1)
         UNION ALL
         SELECT next.key
         FROM rate_keys AS done
         CROSS JOIN LATERAL (
-            SELECT rate_key AS key FROM jobs
+            SELECT rate_key AS key FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key > done.key
             ORDER BY rate_key LIMIT 1
         ) AS next
@@ -115,7 +115,7 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
         SELECT head.id, now() AS due_at
         FROM ordering_keys AS k
         CROSS JOIN LATERAL (
-            SELECT id, ordering_seq FROM jobs
+            SELECT id, ordering_seq FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'ordering'
               AND tenant = k.tenant AND ordering_key = k.ordering_key
             ORDER BY ordering_seq LIMIT 1
@@ -123,7 +123,7 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
         -- The key's first blocking job before it, if any: one probe of
         -- jobs_ordering_blocking_idx (a NOT EXISTS may be planned as a scan of the key).
         LEFT JOIN LATERAL (
-            SELECT true AS blocked FROM jobs AS earlier
+            SELECT true AS blocked FROM jobcore.jobs AS earlier
             WHERE earlier.tenant = k.tenant
               AND earlier.ordering_key = k.ordering_key
               AND earlier.ordering_seq < head.ordering_seq
@@ -136,16 +136,16 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
         SELECT held.id, now() AS due_at
         FROM concurrency_keys AS k
         CROSS JOIN LATERAL (
-            SELECT concurrency_limit FROM jobs
+            SELECT concurrency_limit FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'concurrency' AND concurrency_key = k.key
             ORDER BY created_at, id LIMIT 1
         ) AS head
         CROSS JOIN LATERAL (
-            SELECT count(*) AS n FROM jobs AS running
+            SELECT count(*) AS n FROM jobcore.jobs AS running
             WHERE running.concurrency_key = k.key AND running.status = 'running'
         ) AS running
         CROSS JOIN LATERAL (
-            SELECT id FROM jobs
+            SELECT id FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'concurrency' AND concurrency_key = k.key
             ORDER BY created_at, id
             LIMIT least(%(limit)s, greatest(head.concurrency_limit - running.n, 0))
@@ -159,11 +159,11 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
                ) AS first_start
         FROM rate_keys AS k
         CROSS JOIN LATERAL (
-            SELECT rate_per_second, rate_burst FROM jobs
+            SELECT rate_per_second, rate_burst FROM jobcore.jobs
             WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key = k.key
             ORDER BY created_at, id LIMIT 1
         ) AS head
-        LEFT JOIN job_gates AS gate ON gate.key = k.key
+        LEFT JOIN jobcore.job_gates AS gate ON gate.key = k.key
     ), rate_due AS (
         SELECT held.id,
                h.first_start + make_interval(secs => (held.rank - 1) / h.rate) AS due_at
@@ -171,7 +171,7 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
         CROSS JOIN LATERAL (
             SELECT id, row_number() OVER (ORDER BY created_at, id) AS rank
             FROM (
-                SELECT id, created_at FROM jobs
+                SELECT id, created_at FROM jobcore.jobs
                 WHERE status = 'pending' AND held_reason = 'rate_limit' AND rate_key = h.key
                 ORDER BY created_at, id
                 -- The starts that fall within the horizon: 1 + floor(room * rate).
@@ -194,7 +194,7 @@ JOB_LOCK_RELEASABLE = Query[JobLockReleasableParams](
     CROSS JOIN LATERAL (
         SELECT jobs.id, jobs.type, jobs.queue, jobs.attempts, jobs.traceparent,
                jobs.tracestate
-        FROM jobs
+        FROM jobcore.jobs
         WHERE jobs.id = releasable.id
           AND jobs.status = 'pending' AND jobs.held_reason IS NOT NULL
         FOR UPDATE SKIP LOCKED
@@ -227,7 +227,7 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
         ) AS i(id, attempt, available_at, message_id, exchange, routing_key, message_type,
                headers, body)
     ), released AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET held_reason = NULL, held_since = NULL, updated_at = now()
         FROM input
         WHERE jobs.id = input.id
@@ -237,7 +237,7 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
         RETURNING jobs.id, jobs.tenant, jobs.rate_key, jobs.rate_per_second, jobs.priority
     ), handed_out AS (
         -- An upsert: a key's row the pruner took (idle, its state all past) comes back.
-        INSERT INTO job_gates AS gate (key, released_until)
+        INSERT INTO jobcore.job_gates AS gate (key, released_until)
         SELECT released.rate_key,
                max(input.available_at + make_interval(secs => 1 / released.rate_per_second))
         FROM released JOIN input USING (id)
@@ -249,7 +249,7 @@ JOB_RELEASE_HELD = Query[JobReleaseHeldParams](
             updated_at = now()
         RETURNING gate.key
     ), messages AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             available_at, priority
         )

@@ -38,7 +38,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
     f"""
     WITH RECURSIVE kinds AS (
         (
-            SELECT status, type FROM jobs
+            SELECT status, type FROM jobcore.jobs
             WHERE status IN {TERMINAL_SQL}
             ORDER BY status, type
             LIMIT 1
@@ -47,7 +47,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
         SELECT next.status, next.type
         FROM kinds
         CROSS JOIN LATERAL (
-            SELECT status, type FROM jobs
+            SELECT status, type FROM jobcore.jobs
             WHERE status IN {TERMINAL_SQL} AND (status, type) > (kinds.status, kinds.type)
             ORDER BY status, type
             LIMIT 1
@@ -57,7 +57,7 @@ JOB_TERMINAL_KINDS = Query[NoParams](
            extract(epoch FROM now() - oldest.finished_at)::float8 AS oldest_age
     FROM kinds
     CROSS JOIN LATERAL (
-        SELECT finished_at FROM jobs
+        SELECT finished_at FROM jobcore.jobs
         WHERE jobs.status = kinds.status AND jobs.type = kinds.type
           AND jobs.status IN {TERMINAL_SQL} AND finished_at IS NOT NULL
         ORDER BY finished_at
@@ -89,12 +89,12 @@ JOB_PRUNE_COUNT = Query[JobPruneCountParams](
     FROM rules
     LEFT JOIN LATERAL (
         SELECT jobs.id, jobs.result_ref,
-               (SELECT count(*) FROM job_effects WHERE job_id = jobs.id) AS job_effects,
-               (SELECT count(*) FROM webhook_deliveries WHERE job_id = jobs.id)
+               (SELECT count(*) FROM jobcore.job_effects WHERE job_id = jobs.id) AS job_effects,
+               (SELECT count(*) FROM jobcore.webhook_deliveries WHERE job_id = jobs.id)
                    AS webhook_deliveries,
-               (SELECT count(*) FROM outbox
+               (SELECT count(*) FROM jobcore.outbox
                 WHERE job_id = jobs.id AND quarantined_at IS NOT NULL) AS outbox
-        FROM jobs
+        FROM jobcore.jobs
         WHERE jobs.status = rules.status AND jobs.type = rules.type
           AND jobs.status IN {TERMINAL_SQL}
           AND jobs.finished_at < now() - make_interval(secs => rules.keep)
@@ -137,7 +137,7 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
         SELECT job.id
         FROM rules
         CROSS JOIN LATERAL (
-            SELECT id FROM jobs
+            SELECT id FROM jobcore.jobs
             WHERE jobs.status = rules.status AND jobs.type = rules.type
               AND jobs.status IN {TERMINAL_SQL}
               AND jobs.finished_at < now() - make_interval(secs => rules.keep)
@@ -149,18 +149,19 @@ JOB_PRUNE_BATCH = Query[JobPruneBatchParams](
         ) AS job
         LIMIT %(limit)s
     ), effects AS (
-        DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), deliveries AS (
-        DELETE FROM webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        RETURNING 1
     ), timeline AS (
         -- no foreign key cascades them (migration 0019); job_events_pkey leads with job_id
-        DELETE FROM job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        DELETE FROM jobcore.job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
     ), messages AS (
-        DELETE FROM outbox
+        DELETE FROM jobcore.outbox
         WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) AND quarantined_at IS NOT NULL
         RETURNING 1
     ), gone AS (
-        DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+        DELETE FROM jobcore.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
         RETURNING id, status, type, result_ref, payload_ref
     )
     SELECT gone.id, gone.status, gone.type, gone.result_ref, gone.payload_ref,
@@ -189,7 +190,7 @@ JOB_FILES_KEPT = Query[JobFilesKeptParams](
     f"""
     SELECT file.key
     FROM unnest(%(ids)s::uuid[], %(keys)s::text[]) AS file(id, key)
-    JOIN jobs ON jobs.id = file.id
+    JOIN jobcore.jobs ON jobs.id = file.id
     WHERE {status_is("jobs.status", JobStatus.PENDING)}
        OR {status_is("jobs.status", JobStatus.RUNNING)}
        OR file.key = jobs.result_ref

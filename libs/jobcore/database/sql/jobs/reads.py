@@ -41,7 +41,7 @@ JOB_GET = Query[JobGetParams](
     f"""
     SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
            {WHEREABOUTS_COLUMNS}
-    FROM jobs {WHEREABOUTS_JOINS}
+    FROM jobcore.jobs {WHEREABOUTS_JOINS}
     WHERE jobs.id = %(id)s AND jobs.tenant = %(tenant)s
     """,
 )
@@ -58,7 +58,7 @@ JOB_GET_ANY_TENANT = Query[JobGetAnyTenantParams](
     f"""
     SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
            {WHEREABOUTS_COLUMNS}
-    FROM jobs {WHEREABOUTS_JOINS}
+    FROM jobcore.jobs {WHEREABOUTS_JOINS}
     WHERE jobs.id = %(id)s
     """,
 )
@@ -87,7 +87,7 @@ JOB_LIST = Query[JobListParams](
     """
     SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
            created_at, updated_at, started_at, finished_at, cancel_requested_at
-    FROM jobs
+    FROM jobcore.jobs
     WHERE tenant = %(tenant)s
       AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
                               coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
@@ -107,7 +107,7 @@ JOB_LIST_FOR_ENTITY = Query[JobListParams](
     """
     SELECT id, type, status, entity_id, attempts, max_attempts, last_error,
            created_at, updated_at, started_at, finished_at, cancel_requested_at
-    FROM jobs
+    FROM jobcore.jobs
     WHERE tenant = %(tenant)s AND entity_id = %(entity_id)s
       AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),
                               coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
@@ -128,7 +128,8 @@ JOB_GET_RESULT = Query[JobGetResultParams](
     "job_get_result",
     "A tenant's job's status and where its result is (inline or in the result store).",
     """
-    SELECT id, status, result, result_ref FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    SELECT id, status, result, result_ref FROM jobcore.jobs
+    WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
@@ -137,7 +138,7 @@ JOB_GET_PAYLOAD = Query[JobGetResultParams](
     "job_get_payload",
     "A tenant's job's payload: inline, or where it is in the result store (payload_ref).",
     """
-    SELECT id, payload, payload_ref FROM jobs WHERE id = %(id)s AND tenant = %(tenant)s
+    SELECT id, payload, payload_ref FROM jobcore.jobs WHERE id = %(id)s AND tenant = %(tenant)s
     """,
 )
 
@@ -159,7 +160,7 @@ JOB_LIST_ALL_TENANTS = Query[JobListAllTenantsParams](
     SELECT id, tenant, type, status, attempts, max_attempts, entity_id, last_error,
            created_at, finished_at,
            CASE WHEN status = 'pending' THEN held_reason END AS held_reason
-    FROM jobs
+    FROM jobcore.jobs
     WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
       AND (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
@@ -177,7 +178,7 @@ JOB_COUNT_OPEN_BY_QUEUE = Query[NoParams](
     SELECT queue,
            count(*) FILTER (WHERE status = 'pending') AS pending,
            count(*) FILTER (WHERE status = 'running') AS running
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status IN ('pending', 'running')
     GROUP BY queue
     """,
@@ -196,9 +197,10 @@ JOB_OVERDUE_BY_QUEUE = Query[NoParams](
     "Per queue, how long its longest-waiting due pending job (not held by a gate) has been due.",
     """
     WITH RECURSIVE queues AS (
-        SELECT min(queue) AS queue FROM jobs WHERE status = 'pending' AND held_reason IS NULL
+        SELECT min(queue) AS queue FROM jobcore.jobs
+        WHERE status = 'pending' AND held_reason IS NULL
         UNION ALL
-        SELECT (SELECT min(queue) FROM jobs
+        SELECT (SELECT min(queue) FROM jobcore.jobs
                 WHERE status = 'pending' AND held_reason IS NULL AND queue > queues.queue)
         FROM queues
         WHERE queues.queue IS NOT NULL
@@ -208,7 +210,7 @@ JOB_OVERDUE_BY_QUEUE = Query[NoParams](
     FROM queues
     CROSS JOIN LATERAL (
         SELECT greatest(created_at, next_attempt_at) AS due_at
-        FROM jobs
+        FROM jobcore.jobs
         WHERE status = 'pending' AND held_reason IS NULL AND jobs.queue = queues.queue
         ORDER BY greatest(created_at, next_attempt_at)
         LIMIT 1
@@ -249,7 +251,7 @@ JOB_GET_WAITED = Query[JobGetWaitedParams](
     SELECT jobs.*, {pause_kind("jobs.queue", "jobs.type")} AS paused, {VERSION},
            {WHEREABOUTS_COLUMNS}
     FROM unnest(%(ids)s::uuid[], %(tenants)s::text[]) AS waited(id, tenant)
-    JOIN jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
+    JOIN jobcore.jobs ON jobs.id = waited.id AND jobs.tenant = waited.tenant
     {WHEREABOUTS_JOINS}
     """,
 )
@@ -260,7 +262,7 @@ JOB_HELD_COUNT = Query[NoParams](
     "Held jobs per reason and type (what waits on a gate).",
     """
     SELECT held_reason, type, count(*) AS held
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status = 'pending' AND held_reason IS NOT NULL
     GROUP BY held_reason, type
     ORDER BY held_reason, type
@@ -278,7 +280,7 @@ class JobTenantParams(TypedDict):
 JOB_COUNT_BY_TYPE_AND_STATUS = Query[JobTenantParams](
     "demo_counts",
     "Jobs of one tenant, counted by type and status.",
-    "SELECT type, status, count(*) AS n FROM jobs WHERE tenant = %(tenant)s GROUP BY 1, 2",
+    "SELECT type, status, count(*) AS n FROM jobcore.jobs WHERE tenant = %(tenant)s GROUP BY 1, 2",
 )
 
 
@@ -289,6 +291,6 @@ JOB_TIMINGS = Query[JobTenantParams](
     SELECT id, type, status, attempts,
            extract(epoch FROM started_at - created_at) AS to_start,
            extract(epoch FROM finished_at - created_at) AS to_finish
-    FROM jobs WHERE tenant = %(tenant)s
+    FROM jobcore.jobs WHERE tenant = %(tenant)s
     """,
 )

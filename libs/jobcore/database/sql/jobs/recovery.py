@@ -49,7 +49,7 @@ JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
     "reapers skip them).",
     """
     SELECT id, type, queue, attempts, max_attempts, traceparent, tracestate
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status = 'running' AND lease_expires_at < now()
       AND lease_expires_at >= now() - make_interval(secs => %(window)s)
     ORDER BY lease_expires_at
@@ -75,7 +75,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
     "Return locked jobs with expired leases to pending (with a new message), or end them.",
     f"""
     WITH reaped AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = CASE
                 WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN attempts >= max_attempts THEN 'failed'
@@ -96,7 +96,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
         SELECT * FROM reaped WHERE status <> 'pending'
     ), {COMPLETION_WEBHOOKS}, reap_events AS (
         -- lease_lost, then (for a job that ends here) cancelled or finished, in that order
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT reaped.id, event.kind, reaped.attempts, event.detail
         FROM reaped
         CROSS JOIN LATERAL (
@@ -113,7 +113,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
         WHERE (event.n = 1 OR reaped.status <> 'pending') AND {EVENTS_ON}
         ORDER BY reaped.id, event.n
     ), messages AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
         )
@@ -158,12 +158,12 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
     f"""
     WITH stuck AS (
         SELECT jobs.id, outbox.last_error
-        FROM outbox JOIN jobs ON jobs.id = outbox.job_id
+        FROM jobcore.outbox JOIN jobcore.jobs ON jobs.id = outbox.job_id
         WHERE outbox.quarantined_at IS NOT NULL
           AND outbox.message_type = jobs.type
           AND jobs.status = 'pending'
           AND NOT EXISTS (
-              SELECT 1 FROM outbox AS live
+              SELECT 1 FROM jobcore.outbox AS live
               WHERE live.job_id = jobs.id
                 AND live.message_type = jobs.type
                 AND live.quarantined_at IS NULL
@@ -172,7 +172,7 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
         LIMIT %(limit)s
         FOR UPDATE OF jobs SKIP LOCKED
     ), done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'failed',
             last_error = left(
                 'outbox row quarantined: ' || coalesce(stuck.last_error, 'no error recorded'),
@@ -220,14 +220,14 @@ JOB_LOCK_STALE = Query[JobLockStaleParams](
                 THEN 'dead_lettered' ELSE 'stale' END AS reason,
            extract(epoch FROM now() - greatest(updated_at, next_attempt_at))::float8
                AS silent_seconds
-    FROM jobs
+    FROM jobcore.jobs
     WHERE status = 'pending'
       AND held_reason IS NULL
       AND created_at < now() - make_interval(secs => %(stale_after)s)
       AND greatest(updated_at, next_attempt_at) < now() - make_interval(
               secs => %(stale_after)s * power(2, least(republish_count, %(max_doublings)s)))
       AND NOT EXISTS (
-          SELECT 1 FROM outbox
+          SELECT 1 FROM jobcore.outbox
           WHERE outbox.job_id = jobs.id AND outbox.message_type = jobs.type
       )
     ORDER BY created_at
@@ -262,7 +262,7 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
         ) AS i(id, attempt, reason, silent_seconds, message_id, exchange, routing_key,
                message_type, headers, body)
     ), republished AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET republish_count = jobs.republish_count + 1,
             message_note = jsonb_build_object(
                 'event', 'republished',
@@ -283,7 +283,7 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
         RETURNING jobs.id, jobs.tenant, input.attempt, input.reason, jobs.republish_count,
                   jobs.priority, input.silent_seconds, input.message_id
     ), republish_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT id, '{JobEventKind.REPUBLISHED}', attempt,
                jsonb_build_object('reason', reason, 'silent_seconds', round(silent_seconds),
                                   'message_id', message_id)
@@ -291,7 +291,7 @@ JOB_REPUBLISH_STALE = Query[JobRepublishStaleParams](
         WHERE {EVENTS_ON}
         ORDER BY id
     ), messages AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
         )
@@ -327,7 +327,7 @@ JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
     "Note on a pending job that the broker dead-lettered its current attempt's message.",
     f"""
     WITH noted AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET message_note = jsonb_build_object(
                 'event', 'dead_lettered',
                 'attempt', %(attempt)s::int,
@@ -341,7 +341,7 @@ JOB_NOTE_DEAD_LETTER = Query[JobNoteDeadLetterParams](
           AND attempts + 1 = %(attempt)s
         RETURNING id
     ), dead_letter_event AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s::int,
                jsonb_strip_nulls(jsonb_build_object(
                    'by', 'broker', 'reason', %(reason)s::text, 'queue', %(queue)s::text))

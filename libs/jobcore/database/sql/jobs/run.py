@@ -108,7 +108,7 @@ def _claim_sql(only: str) -> str:
         ) AS i(message_id, job_id, type, attempt, lease_token, lease)
         WHERE {only}
     ), received AS (
-        INSERT INTO inbox (consumer, message_id)
+        INSERT INTO jobcore.inbox (consumer, message_id)
         SELECT %(consumer)s, message_id FROM input
         ON CONFLICT DO NOTHING
         RETURNING message_id
@@ -119,7 +119,7 @@ def _claim_sql(only: str) -> str:
                jobs.rate_key, jobs.rate_per_second, jobs.rate_burst,
                {paused("jobs.queue", "jobs.type")} AS paused,
                CASE WHEN jobs.ordering_key IS NOT NULL AND EXISTS (
-                   SELECT 1 FROM jobs AS earlier
+                   SELECT 1 FROM jobcore.jobs AS earlier
                    WHERE earlier.tenant = jobs.tenant
                      AND earlier.ordering_key = jobs.ordering_key
                      AND earlier.ordering_seq < jobs.ordering_seq
@@ -128,7 +128,7 @@ def _claim_sql(only: str) -> str:
                ) THEN 'ordering' END AS held
         FROM input
         JOIN received USING (message_id)
-        JOIN jobs ON jobs.id = input.job_id
+        JOIN jobcore.jobs ON jobs.id = input.job_id
         WHERE {status_is("jobs.status", JobStatus.PENDING)}
           AND jobs.type = input.type
           AND jobs.attempts + 1 = input.attempt
@@ -136,7 +136,7 @@ def _claim_sql(only: str) -> str:
     ), concurrency AS (
         SELECT live.*,
                CASE WHEN held IS NULL AND concurrency_key IS NOT NULL
-                         AND (SELECT count(*) FROM jobs AS running
+                         AND (SELECT count(*) FROM jobcore.jobs AS running
                               WHERE running.concurrency_key = live.concurrency_key
                                 AND running.status = 'running')
                              + row_number() OVER (
@@ -156,9 +156,9 @@ def _claim_sql(only: str) -> str:
                                  ORDER BY created_at, job_id) / rate_per_second
                              > rate_burst / rate_per_second
                     THEN 'rate_limit' ELSE held_after END AS verdict
-        FROM concurrency LEFT JOIN job_gates AS gate ON gate.key = concurrency.rate_key
+        FROM concurrency LEFT JOIN jobcore.job_gates AS gate ON gate.key = concurrency.rate_key
     ), spent AS (
-        UPDATE job_gates
+        UPDATE jobcore.job_gates
         SET tat = greatest(job_gates.tat, statement_timestamp())
                   + make_interval(secs => admitted.starts / admitted.rate),
             updated_at = statement_timestamp()
@@ -170,7 +170,7 @@ def _claim_sql(only: str) -> str:
         WHERE job_gates.key = admitted.rate_key
         RETURNING job_gates.key
     ), held AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET held_reason = rate.verdict,
             held_since = statement_timestamp(),
             updated_at = statement_timestamp()
@@ -184,7 +184,7 @@ def _claim_sql(only: str) -> str:
     ), claimed AS (
         -- Status and attempt again: a row another claim changed since the snapshot is
         -- re-checked in its new version (READ COMMITTED), and then left alone.
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'running',
             attempts = jobs.attempts + 1,
             lease_token = rate.lease_token,
@@ -212,7 +212,7 @@ def _claim_sql(only: str) -> str:
         -- inbox already, and its job runs under the lease token of this very request
         -- (drawn per request before the first try: no other claim holds it). The job is
         -- this claim's: its lease counts again from now, and it is answered as claimed.
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET lease_expires_at = now() + make_interval(secs => again.lease),
             updated_at = now()
         FROM (
@@ -231,7 +231,7 @@ def _claim_sql(only: str) -> str:
     ), taken AS (
         SELECT * FROM claimed UNION ALL SELECT * FROM resumed
     ), parked AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             priority
         )
@@ -242,11 +242,11 @@ def _claim_sql(only: str) -> str:
                    'v', 1, 'job_id', jobs.id, 'attempt', live.attempt, 'type', jobs.type
                )::text, 'UTF8'),
                jobs.id, jobs.tenant, jobs.priority
-        FROM live JOIN jobs ON jobs.id = live.job_id
+        FROM live JOIN jobcore.jobs ON jobs.id = live.job_id
         WHERE live.paused
         RETURNING job_id
     ), claim_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT id, '{JobEventKind.CLAIMED}', attempts,
                jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
         FROM claimed
@@ -262,7 +262,7 @@ def _claim_sql(only: str) -> str:
            taken.*
     FROM input
     LEFT JOIN received USING (message_id)
-    LEFT JOIN jobs AS before ON before.id = input.job_id
+    LEFT JOIN jobcore.jobs AS before ON before.id = input.job_id
     LEFT JOIN taken ON taken.claimed_message_id = input.message_id
     LEFT JOIN resumed ON resumed.claimed_message_id = input.message_id
     LEFT JOIN parked ON parked.job_id = input.job_id
@@ -289,7 +289,7 @@ JOB_CLAIM_MANY = Query[JobClaimManyParams](
 # messages it keeps, this is JOB_CLAIM_MANY word for word (inbox, fence, ordering, parking,
 # resuming an unanswered commit of itself), so it answers what JOB_CLAIM_MANY would.
 _KEYED = (
-    "EXISTS (SELECT 1 FROM jobs AS keyed WHERE keyed.id = i.job_id"
+    "EXISTS (SELECT 1 FROM jobcore.jobs AS keyed WHERE keyed.id = i.job_id"
     " AND (keyed.concurrency_key IS NOT NULL OR keyed.rate_key IS NOT NULL))"
 )
 JOB_CLAIM_UNGATED = Query[JobClaimManyParams](
@@ -324,9 +324,9 @@ JOB_GATES_LOCK = Query[JobGatesLockParams](
     "job_gates_lock",
     "Create and lock, in key order, the gate rows of the concurrency and rate keys of jobs.",
     f"""
-    INSERT INTO job_gates (key)
+    INSERT INTO jobcore.job_gates (key)
     SELECT DISTINCT gate.key
-    FROM jobs
+    FROM jobcore.jobs
     CROSS JOIN LATERAL (VALUES (jobs.concurrency_key), (jobs.rate_key)) AS gate(key)
     WHERE jobs.id = ANY(%(job_ids)s::uuid[]) AND {status_is("jobs.status", JobStatus.PENDING)}
       AND gate.key IS NOT NULL
@@ -353,12 +353,12 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "Record on a pending job why its message went to the dead-letter queue (and the event).",
     f"""
     WITH noted AS (
-        UPDATE jobs SET last_error = %(error)s, updated_at = now()
+        UPDATE jobcore.jobs SET last_error = %(error)s, updated_at = now()
         WHERE id = %(job_id)s AND type = %(type)s AND {status_is("status", JobStatus.PENDING)}
           AND attempts + 1 = %(attempt)s
         RETURNING id
     )
-    INSERT INTO job_events (job_id, kind, attempt, detail)
+    INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
     SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
            jsonb_build_object('by', 'worker', 'reason', {short_error("%(error)s")})
     FROM noted
@@ -377,7 +377,7 @@ JOB_HEARTBEAT = Query[JobHeartbeatParams](
     "job_heartbeat",
     "Extend a running job's lease if this worker still holds it; report a cancel request.",
     f"""
-    UPDATE jobs
+    UPDATE jobcore.jobs
     SET lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
     WHERE {LEASE_FENCE}
     RETURNING cancel_requested_at
@@ -399,7 +399,7 @@ JOB_PROGRESS_SET = Query[JobProgressSetParams](
     "job_progress_set",
     "Record a running job's progress under its lease, and wake the long-polls waiting for it.",
     f"""
-    UPDATE jobs
+    UPDATE jobcore.jobs
     SET progress_fraction = %(fraction)s,
         progress_message = %(message)s,
         progress_attempt = attempts,
@@ -438,7 +438,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
             %(result_refs)s::text[]
         ) AS i(id, lease_token, result, result_ref)
     ), done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = 'succeeded',
             result = input.result::jsonb,
             result_ref = input.result_ref,
@@ -452,7 +452,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
         RETURNING jobs.id, jobs.attempts, jobs.tenant, jobs.status, jobs.callback_url,
                   jobs.traceparent, jobs.tracestate, jobs.lease_token, jobs.last_error
     ), effects AS (
-        INSERT INTO job_effects (job_id, attempt, kind, detail)
+        INSERT INTO jobcore.job_effects (job_id, attempt, kind, detail)
         SELECT done.id, done.attempts, effect.item ->> 'kind', effect.item -> 'detail'
         FROM jsonb_array_elements(%(effects)s::jsonb) WITH ORDINALITY AS effect(item, n)
         JOIN done ON done.id = (effect.item ->> 'job_id')::uuid
@@ -492,7 +492,7 @@ JOB_RETRY = Query[JobRetryParams](
     "cancelled if that was requested).",
     f"""
     WITH back AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET
             status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
@@ -511,7 +511,7 @@ JOB_RETRY = Query[JobRetryParams](
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, retry_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail, at)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
                jsonb_build_object('until', back.next_attempt_at,
                                   'error', {short_error("back.last_error")}),
@@ -519,7 +519,7 @@ JOB_RETRY = Query[JobRetryParams](
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority, created_at
         )
@@ -558,12 +558,12 @@ JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
     SELECT CASE
                WHEN status IN ('succeeded', 'failed', 'cancelled')
                     AND lease_token = %(lease_token)s THEN status
-               WHEN EXISTS (SELECT 1 FROM outbox WHERE message_id = %(message_id)s)
-                    OR EXISTS (SELECT 1 FROM inbox
+               WHEN EXISTS (SELECT 1 FROM jobcore.outbox WHERE message_id = %(message_id)s)
+                    OR EXISTS (SELECT 1 FROM jobcore.inbox
                                WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
                    THEN 'pending'
            END AS status
-    FROM jobs
+    FROM jobcore.jobs
     WHERE id = %(id)s
     """,
 )
@@ -581,7 +581,7 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
     "Record that a running job ended failed or cancelled, fenced by the lease token.",
     f"""
     WITH done AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET status = %(status)s,
             last_error = %(error)s,
             lease_expires_at = NULL,
@@ -616,7 +616,7 @@ JOB_RELEASE = Query[JobReleaseParams](
     "new message due after a delay (or end it cancelled if that was requested).",
     f"""
     WITH back AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET
             status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
             finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
@@ -637,7 +637,7 @@ JOB_RELEASE = Query[JobReleaseParams](
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, release_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail, at)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
                || CASE WHEN %(error)s::text IS NULL THEN '{{}}'::jsonb
@@ -648,7 +648,7 @@ JOB_RELEASE = Query[JobReleaseParams](
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             available_at, priority, created_at
         )
@@ -696,7 +696,7 @@ JOB_SNOOZE = Query[JobSnoozeParams](
     "cancelled if that was requested).",
     f"""
     WITH back AS (
-        UPDATE jobs
+        UPDATE jobcore.jobs
         SET
             status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                           WHEN snoozes >= %(max_snoozes)s THEN 'failed'
@@ -724,7 +724,7 @@ JOB_SNOOZE = Query[JobSnoozeParams](
     ), done AS (
         SELECT * FROM back WHERE status IN ('cancelled', 'failed')
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, snooze_events AS (
-        INSERT INTO job_events (job_id, kind, attempt, detail, at)
+        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.SNOOZED}', back.attempts + 1,
                jsonb_build_object('until', back.next_attempt_at, 'snoozes', back.snoozes,
                                   'worker', back.worker_id),
@@ -732,7 +732,7 @@ JOB_SNOOZE = Query[JobSnoozeParams](
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
     ), message AS (
-        INSERT INTO outbox (
+        INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
             available_at, priority, created_at
         )
