@@ -49,6 +49,7 @@ from jobcore.telemetry.health import HealthServer
 from jobcore.telemetry.otlp_metrics import metrics_pusher
 from jobcore.telemetry.traces import tracing_enabled
 from jobcore.usecases.backlog import BacklogGauges
+from services.relay.low_water import FULL_LOOK_EVERY, UNBOUNDED_WINDOW, LowWaterMark
 from services.relay.metrics import RelayMetrics
 from services.relay.room import RECHECK_SECONDS, Grant, QueueRoom
 from services.relay.tracing import PublishSpans
@@ -69,14 +70,11 @@ DATABASE_RETRY_CAP = 5.0
 # without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
-# The claim of a few rows reads only the rows due since a little before the relay's last
-# unbounded look at the outbox (OUTBOX_CLAIM_FEW), so its cost does not grow with the dead
-# index entries a pinned xmin horizon keeps; the relay looks unbounded this often, so a
-# row whose transaction committed late waits at most this much longer. The slack covers
-# the gap between this process's clock and the server's now().
-UNBOUNDED_LOOK_EVERY = 2.0
-FEW_WINDOW_SLACK = 1.0
-UNBOUNDED_WINDOW = 1e9  # seconds: every due row
+# The claim of a few rows reads only the rows due since the relay's low-water mark
+# (OUTBOX_CLAIM_FEW, services/relay/low_water.py), so its cost does not grow with the dead
+# index entries a pinned xmin horizon keeps; the relay looks unbounded this often, for a
+# row whose writer broke the mark's rule, which waits at most this much longer.
+UNBOUNDED_LOOK_EVERY = FULL_LOOK_EVERY
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -124,6 +122,9 @@ class Relay(Service):
         self.few_claims = 0
         # Monotonic time of the last claim that looked at every due row (None: none yet).
         self._unbounded_look_at: float | None = None
+        # Where OUTBOX_CLAIM_FEW's range starts; one look at a time, whatever the lanes.
+        self.low_water = LowWaterMark()
+        self._looking = asyncio.Lock()
         self._wake = asyncio.Event()
         # True while the loop waits for work (nothing due, connected): shown on /healthz.
         self.idle = False
@@ -318,6 +319,10 @@ class Relay(Service):
             await self.room.release(grant)
 
     async def _claim_publish_settle(self, grant: Grant | None) -> tuple[int, bool]:
+        if grant is not None and self.low_water.due() and not self._looking.locked():
+            # Before the claim's transaction: each statement of a look has its own snapshot.
+            async with self._looking, self.db.connection() as conn:
+                await self.low_water.look(conn)
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             rows = None
@@ -400,14 +405,14 @@ class Relay(Service):
         return len(rows), more
 
     def _few_window(self) -> float:
-        """How far back OUTBOX_CLAIM_FEW looks: a little past the last unbounded look, or
-        everything when that is too long ago (then this claim is the unbounded look)."""
+        """How far back OUTBOX_CLAIM_FEW looks: to the low-water mark, or everything when
+        the last unbounded look is too long ago (then this claim is the unbounded look)."""
         now = time.monotonic()
         last = self._unbounded_look_at
         if last is None or now - last >= UNBOUNDED_LOOK_EVERY:
             self._unbounded_look_at = now
             return UNBOUNDED_WINDOW
-        return now - last + FEW_WINDOW_SLACK
+        return self.low_water.window(now)
 
     async def _record_failures(
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult

@@ -27,6 +27,8 @@ from jobcore.database.sql.outbox import (
     OUTBOX_LIST_QUARANTINED,
     OUTBOX_LISTEN,
     OUTBOX_LISTENER_PING,
+    OUTBOX_OLDEST_LIVE,
+    OUTBOX_OLDEST_WRITER,
     OUTBOX_RECORD_FAILURES,
     OUTBOX_REQUEUE,
     OUTBOX_SECONDS_UNTIL_NEXT_DUE,
@@ -41,6 +43,7 @@ from jobcore.database.sql.outbox import (
     OutboxDeletePublishedParams,
     OutboxListFailingParams,
     OutboxListQuarantinedParams,
+    OutboxOldestLiveParams,
     OutboxRecordFailuresParams,
     OutboxRequeueParams,
     OutboxRowParams,
@@ -54,6 +57,7 @@ __all__ = [
     "OutboxDeletePublishedParams",
     "OutboxListFailingParams",
     "OutboxListQuarantinedParams",
+    "OutboxOldestLiveParams",
     "OutboxRecordFailuresParams",
     "OutboxRequeueParams",
     "OutboxRowParams",
@@ -98,6 +102,12 @@ class OutboxStore:
 
     async def seconds_until_next_due(self, on: Reader) -> DictRow | None:
         return await fetch_one(on, OUTBOX_SECONDS_UNTIL_NEXT_DUE(_NO_PARAMS))
+
+    async def oldest_writer(self, on: Reader) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_OLDEST_WRITER(_NO_PARAMS))
+
+    async def oldest_live(self, on: Reader, params: OutboxOldestLiveParams) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_OLDEST_LIVE(params))
 
     async def any_due(self, on: Reader) -> DictRow | None:
         return await fetch_one(on, OUTBOX_ANY_DUE(_NO_PARAMS))
