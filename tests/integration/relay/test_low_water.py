@@ -21,6 +21,7 @@ from jobcore.database.gateway import Database
 from jobcore.database.sql import native_placeholders
 from jobcore.database.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_OLDEST_LIVE
 from jobcore.database.store import outbox_store
+from jobcore.execution.job_type_records import record_job_types
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.settings import Settings
 from services.relay import low_water, relay
@@ -57,16 +58,23 @@ async def _outbox_ids(db: Database) -> list[int]:
         return [row["id"] for row in await cur.fetchall()]
 
 
+@pytest.mark.parametrize("path", ["enqueue_in", "jobcore_enqueue"])
 async def test_a_job_an_application_transaction_enqueues_after_the_look_is_above_the_mark(
-    settings: Settings, db: Database, short_slack: None
+    settings: Settings, db: Database, short_slack: None, path: str
 ) -> None:
-    """The transaction began before the relay's look, and enqueues after it: the row's key
-    is its statement's start (not its transaction's), so the bounded claim finds it."""
+    """The transaction began before the relay's look, and enqueues after it (from Python,
+    or from SQL): the row's key is its statement's start (not its transaction's), so the
+    bounded claim finds it."""
+    async with db.connection() as conn:
+        await record_job_types(conn, default_registry, settings, registered_by="tests")
     mark = LowWaterMark()
     async with await psycopg.AsyncConnection.connect(settings.database_url) as app:
         await app.execute(AGED)  # the application's transaction, begun a while ago
         await _look(db, mark)  # the relay's look: nothing to hold the mark back
-        await enqueue_in(app, default_registry, "echo", {"text": "late"}, tenant="t")
+        if path == "enqueue_in":
+            await enqueue_in(app, default_registry, "echo", {"text": "late"}, tenant="t")
+        else:
+            await app.execute("SELECT jobcore_enqueue('echo', '{\"text\": \"late\"}', 't')")
         await app.commit()
     [row] = await _outbox_ids(db)
     assert await _claimed_ids(db, mark.window()) == [row]
