@@ -201,7 +201,7 @@ def measure(url: str, mark: Any) -> dict[str, int]:
             url, outbox_sql.OUTBOX_CLAIM_FEW, {"limit": 100, "window": 1e9}
         ),
         "outbox_claim_due": explain(url, outbox_sql.OUTBOX_CLAIM_DUE, {"limit": 100}),
-        "outbox_any_due": explain(url, outbox_sql.OUTBOX_ANY_DUE, {}),
+        "outbox_any_due": explain(url, outbox_sql.OUTBOX_ANY_DUE, {"window": few_window}),
         "job_lock_expired (bounded)": explain(
             url, recovery.JOB_LOCK_EXPIRED, {"limit": 100, "window": reap_window}
         ),

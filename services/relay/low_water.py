@@ -36,7 +36,7 @@ from jobcore.database.store import outbox_store
 
 # How often the relay looks for its mark; between looks the window grows by the time
 # since the look.
-LOOK_EVERY = 2.0
+LOOK_EVERY = 1.0
 # Covers a writer that takes its lock just after a look (its statement began a little
 # before), the gap between this process's clock and the server's, and jobcore's own
 # writers that stamp their transaction's start (short transactions).

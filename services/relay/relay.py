@@ -273,13 +273,35 @@ class Relay(Service):
     async def _any_due(self) -> bool:
         # A standby leaves what is due to the lease holder and helps with a backlog.
         seconds = self.options.poll_interval
+        started = time.monotonic()
+        window = await self._probe_window()
         async with self.db.connection() as conn:
             row = await (
-                outbox_store.any_overdue(conn, {"seconds": seconds})
+                outbox_store.any_overdue(conn, {"seconds": seconds, "window": window})
                 if self.stands_by
-                else outbox_store.any_due(conn)
+                else outbox_store.any_due(conn, {"window": window})
             )
-        return row is not None and bool(row["due"])
+        due = row is not None and bool(row["due"])
+        if window >= UNBOUNDED_WINDOW and not due and not self.stands_by:
+            # Nothing due anywhere: as good an unbounded look as a claim's.
+            self._unbounded_look_at = started
+        return due
+
+    async def _look_if_due(self) -> None:
+        """Move the low-water mark if its look is due (one look at a time, whatever the
+        lanes); each of its statements takes its own snapshot, outside any transaction."""
+        if self.low_water.due() and not self._looking.locked():
+            async with self._looking, self.db.connection() as conn:
+                await self.low_water.look(conn)
+
+    async def _probe_window(self) -> float:
+        """How far back a probe for due rows reaches (OUTBOX_ANY_DUE, OUTBOX_ANY_OVERDUE):
+        to the low-water mark, or everything when the unbounded look is due."""
+        last = self._unbounded_look_at
+        if last is None or time.monotonic() - last >= UNBOUNDED_LOOK_EVERY:
+            return UNBOUNDED_WINDOW
+        await self._look_if_due()
+        return self.low_water.window()
 
     @property
     def stands_by(self) -> bool:
@@ -319,10 +341,8 @@ class Relay(Service):
             await self.room.release(grant)
 
     async def _claim_publish_settle(self, grant: Grant | None) -> tuple[int, bool]:
-        if grant is not None and self.low_water.due() and not self._looking.locked():
-            # Before the claim's transaction: each statement of a look has its own snapshot.
-            async with self._looking, self.db.connection() as conn:
-                await self.low_water.look(conn)
+        if grant is not None:
+            await self._look_if_due()
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             rows = None
@@ -533,7 +553,8 @@ class Relay(Service):
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
         if self.room.throttled:
             # A full queue is not announced: look again soon while rows wait for room.
-            due = await self._fetch_one(outbox_store.any_due)
+            window = await self._probe_window()
+            due = await self._fetch_one(lambda conn: outbox_store.any_due(conn, {"window": window}))
             if due is not None and due["due"]:
                 timeout = min(timeout, RECHECK_SECONDS)
         waiters = [

@@ -449,3 +449,22 @@ def test_the_reapers_scans_read_the_lease_index_from_the_mark_at_a_million_jobs(
     assert "jobs_lease_expiry_idx" in text, text
     assert re.search(r"Index Cond: .*lease_expires_at >= \(now\(\) - make_interval", text), text
     assert _buffers(plan) <= 10, (_buffers(plan), text)
+
+
+@pytest.mark.parametrize(
+    ("query", "params"),
+    [
+        (outbox.OUTBOX_ANY_DUE, {}),
+        (outbox.OUTBOX_ANY_OVERDUE, {"seconds": 1.0}),
+    ],
+    ids=["any_due", "any_overdue"],
+)
+def test_a_relays_probe_for_due_rows_reads_from_its_mark_at_a_million_rows(
+    million_outbox: str, query: Query[Any], params: dict[str, Any]
+) -> None:
+    plan, text = _explain(
+        million_outbox, query, {**params, "window": _window_over_the_newest(million_outbox)}
+    )
+    assert "outbox_due_idx" in text, text
+    assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
+    assert _buffers(plan) <= 10, (_buffers(plan), text)

@@ -512,13 +512,22 @@ OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
 )
 
 
-# A relay that left a full broker queue alone looks again soon only while something is due.
-OUTBOX_ANY_DUE = Query[NoParams](
+class OutboxAnyDueParams(TypedDict):
+    window: float
+
+
+# A relay that left a full broker queue alone looks again soon only while something is due;
+# a quiet relay's poll asks this before it claims. From the relay's low-water mark, as
+# its claims (`window`: OUTBOX_CLAIM_FEW), so a pinned horizon's dead entries cost it
+# nothing either.
+OUTBOX_ANY_DUE = Query[OutboxAnyDueParams](
     "outbox_any_due",
-    "Whether any unquarantined row is due (the first entry of outbox_due_idx).",
+    "Whether any unquarantined row that became due in the last `window` seconds is due.",
     """
     SELECT EXISTS (
-        SELECT 1 FROM outbox WHERE available_at <= now() AND quarantined_at IS NULL
+        SELECT 1 FROM outbox
+        WHERE available_at <= now() AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
     ) AS due
     """,
 )
@@ -526,20 +535,24 @@ OUTBOX_ANY_DUE = Query[NoParams](
 
 class OutboxAnyOverdueParams(TypedDict):
     seconds: float
+    window: float
 
 
 # What a relay without the wake lease looks for when it polls: rows that have been due
 # for longer than a poll interval, which the relay holding the lease would have published
 # by then had it kept up (or were it still there). So standby relays claim nothing while
-# the holder keeps up, and drain with it once a backlog builds.
+# the holder keeps up, and drain with it once a backlog builds. From the standby's own
+# low-water mark (`window`), as OUTBOX_ANY_DUE.
 OUTBOX_ANY_OVERDUE = Query[OutboxAnyOverdueParams](
     "outbox_any_overdue",
-    "Whether any unquarantined row has been due for longer than this many seconds.",
+    "Whether any unquarantined row that became due in the last `window` seconds has been "
+    "due for longer than `seconds`.",
     """
     SELECT EXISTS (
         SELECT 1 FROM outbox
         WHERE available_at <= now() - make_interval(secs => %(seconds)s)
           AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
     ) AS due
     """,
 )

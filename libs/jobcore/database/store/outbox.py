@@ -36,6 +36,7 @@ from jobcore.database.sql.outbox import (
     OUTBOX_TAKE_WAKE_LEASE,
     OUTBOX_UNLISTEN,
     OUTBOX_WAKE,
+    OutboxAnyDueParams,
     OutboxAnyOverdueParams,
     OutboxClaimDueParams,
     OutboxClaimFairParams,
@@ -50,6 +51,7 @@ from jobcore.database.sql.outbox import (
 )
 
 __all__ = [
+    "OutboxAnyDueParams",
     "OutboxAnyOverdueParams",
     "OutboxClaimDueParams",
     "OutboxClaimFairParams",
@@ -109,8 +111,8 @@ class OutboxStore:
     async def oldest_live(self, on: Reader, params: OutboxOldestLiveParams) -> DictRow | None:
         return await fetch_one(on, OUTBOX_OLDEST_LIVE(params))
 
-    async def any_due(self, on: Reader) -> DictRow | None:
-        return await fetch_one(on, OUTBOX_ANY_DUE(_NO_PARAMS))
+    async def any_due(self, on: Reader, params: OutboxAnyDueParams) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_ANY_DUE(params))
 
     async def any_overdue(self, on: Reader, params: OutboxAnyOverdueParams) -> DictRow | None:
         return await fetch_one(on, OUTBOX_ANY_OVERDUE(params))
