@@ -2,10 +2,10 @@
 batch (the rows the fair claim would take); nothing, and a no, when more are due, so the
 fair claim shares them out. And the relay asks it only while the outbox was drained.
 
-It reads only the rows due within its window, so the dead entries a pinned xmin horizon
-keeps at the head of outbox_due_idx cost it nothing; the relay looks at every due row
-every few seconds, so a row due before the window (its transaction committed late) is
-still published."""
+It reads only the rows due within its window (back to the relay's low-water mark:
+test_low_water.py), so the dead entries a pinned xmin horizon keeps at the head of
+outbox_due_idx cost it nothing; the relay looks at every due row every minute, so a row
+due before the window (its writer broke the mark's rule) is still published."""
 
 from __future__ import annotations
 
