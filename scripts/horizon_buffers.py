@@ -48,6 +48,9 @@ from jobcore.testing import scratch
 
 TENANT = "pinned"
 BATCH = 100
+# The tenant's rate limit (jobs/s; 0: none). A rate-limited tenant's usage row takes a
+# version per admission (its rate_tat): --rate shows what that costs behind the pin.
+RATE = {"per_second": 0.0}
 # The relay's claims a second while pinned in the full pressure run (25,725 in 600 s).
 CLAIMS_PER_SECOND = 43.0
 # The relay's bounded claim and its looks as the code in this tree makes them.
@@ -93,8 +96,8 @@ def batch_params(n: int, *, run_at: Any = None) -> dict[str, Any]:
         "rate_per_second": None,
         "rate_burst": None,
         "ordering_blocks": False,
-        "default_rate": 0.0,
-        "default_burst": 1,
+        "default_rate": RATE["per_second"],
+        "default_burst": max(1, int(RATE["per_second"])),
         "default_max_unfinished": 0,
         "default_max_long_polls": 0,
     }
@@ -255,7 +258,11 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=200, help="jobs of the last seconds")
     parser.add_argument("--settle", type=float, default=7.0, help="pause before the steady slice")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="the tenant's rate limit, jobs/s (0: none)"
+    )
     args = parser.parse_args()
+    RATE["per_second"] = args.rate
     settings = load_settings()
     template = scratch.ensure_template(settings)
     url = scratch.clone_database(settings, template, prefix="jobcore_horizon_")
