@@ -49,6 +49,7 @@ from jobcore.telemetry.health import HealthServer
 from jobcore.telemetry.otlp_metrics import metrics_pusher
 from jobcore.telemetry.traces import tracing_enabled
 from jobcore.usecases.backlog import BacklogGauges
+from services.relay.low_water import FULL_LOOK_EVERY, UNBOUNDED_WINDOW, LowWaterMark
 from services.relay.metrics import RelayMetrics
 from services.relay.room import RECHECK_SECONDS, Grant, QueueRoom
 from services.relay.tracing import PublishSpans
@@ -69,14 +70,11 @@ DATABASE_RETRY_CAP = 5.0
 # without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
-# The claim of a few rows reads only the rows due since a little before the relay's last
-# unbounded look at the outbox (OUTBOX_CLAIM_FEW), so its cost does not grow with the dead
-# index entries a pinned xmin horizon keeps; the relay looks unbounded this often, so a
-# row whose transaction committed late waits at most this much longer. The slack covers
-# the gap between this process's clock and the server's now().
-UNBOUNDED_LOOK_EVERY = 2.0
-FEW_WINDOW_SLACK = 1.0
-UNBOUNDED_WINDOW = 1e9  # seconds: every due row
+# The claim of a few rows reads only the rows due since the relay's low-water mark
+# (OUTBOX_CLAIM_FEW, services/relay/low_water.py), so its cost does not grow with the dead
+# index entries a pinned xmin horizon keeps; the relay looks unbounded this often, for a
+# row whose writer broke the mark's rule, which waits at most this much longer.
+UNBOUNDED_LOOK_EVERY = FULL_LOOK_EVERY
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -124,6 +122,9 @@ class Relay(Service):
         self.few_claims = 0
         # Monotonic time of the last claim that looked at every due row (None: none yet).
         self._unbounded_look_at: float | None = None
+        # Where OUTBOX_CLAIM_FEW's range starts; one look at a time, whatever the lanes.
+        self.low_water = LowWaterMark()
+        self._looking = asyncio.Lock()
         self._wake = asyncio.Event()
         # True while the loop waits for work (nothing due, connected): shown on /healthz.
         self.idle = False
@@ -272,13 +273,35 @@ class Relay(Service):
     async def _any_due(self) -> bool:
         # A standby leaves what is due to the lease holder and helps with a backlog.
         seconds = self.options.poll_interval
+        started = time.monotonic()
+        window = await self._probe_window()
         async with self.db.connection() as conn:
             row = await (
-                outbox_store.any_overdue(conn, {"seconds": seconds})
+                outbox_store.any_overdue(conn, {"seconds": seconds, "window": window})
                 if self.stands_by
-                else outbox_store.any_due(conn)
+                else outbox_store.any_due(conn, {"window": window})
             )
-        return row is not None and bool(row["due"])
+        due = row is not None and bool(row["due"])
+        if window >= UNBOUNDED_WINDOW and not due and not self.stands_by:
+            # Nothing due anywhere: as good an unbounded look as a claim's.
+            self._unbounded_look_at = started
+        return due
+
+    async def _look_if_due(self) -> None:
+        """Move the low-water mark if its look is due (one look at a time, whatever the
+        lanes); each of its statements takes its own snapshot, outside any transaction."""
+        if self.low_water.due() and not self._looking.locked():
+            async with self._looking, self.db.connection() as conn:
+                await self.low_water.look(conn)
+
+    async def _probe_window(self) -> float:
+        """How far back a probe for due rows reaches (OUTBOX_ANY_DUE, OUTBOX_ANY_OVERDUE):
+        to the low-water mark, or everything when the unbounded look is due."""
+        last = self._unbounded_look_at
+        if last is None or time.monotonic() - last >= UNBOUNDED_LOOK_EVERY:
+            return UNBOUNDED_WINDOW
+        await self._look_if_due()
+        return self.low_water.window()
 
     @property
     def stands_by(self) -> bool:
@@ -318,6 +341,8 @@ class Relay(Service):
             await self.room.release(grant)
 
     async def _claim_publish_settle(self, grant: Grant | None) -> tuple[int, bool]:
+        if grant is not None:
+            await self._look_if_due()
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             rows = None
@@ -400,14 +425,14 @@ class Relay(Service):
         return len(rows), more
 
     def _few_window(self) -> float:
-        """How far back OUTBOX_CLAIM_FEW looks: a little past the last unbounded look, or
-        everything when that is too long ago (then this claim is the unbounded look)."""
+        """How far back OUTBOX_CLAIM_FEW looks: to the low-water mark, or everything when
+        the last unbounded look is too long ago (then this claim is the unbounded look)."""
         now = time.monotonic()
         last = self._unbounded_look_at
         if last is None or now - last >= UNBOUNDED_LOOK_EVERY:
             self._unbounded_look_at = now
             return UNBOUNDED_WINDOW
-        return now - last + FEW_WINDOW_SLACK
+        return self.low_water.window(now)
 
     async def _record_failures(
         self, uow: UnitOfWork, rows: list[Any], result: BatchResult
@@ -528,7 +553,8 @@ class Relay(Service):
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
         if self.room.throttled:
             # A full queue is not announced: look again soon while rows wait for room.
-            due = await self._fetch_one(outbox_store.any_due)
+            window = await self._probe_window()
+            due = await self._fetch_one(lambda conn: outbox_store.any_due(conn, {"window": window}))
             if due is not None and due["due"]:
                 timeout = min(timeout, RECHECK_SECONDS)
         waiters = [

@@ -24,10 +24,10 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
-from jobcore.database.sql import Query, native_placeholders
+from jobcore.database.sql import Query, native_placeholders, outbox
 from jobcore.database.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
 from jobcore.database.sql.job_keys import JOB_KEYS_PRUNE_BATCH
-from jobcore.database.sql.jobs import edit, reads, run
+from jobcore.database.sql.jobs import edit, reads, recovery, run
 from jobcore.database.sql.jobs.enqueue import (
     JOB_INSERT_KEYED,
     JOB_INSERT_MANY,
@@ -628,3 +628,125 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
     # heap page and its delete (about 11 pages a key here): bounded by the batch, not by
     # the 100,000 keys.
     assert _buffers(plan) <= 20 * 500, (_buffers(plan), text)
+# --- the low-water marks, at a million rows -------------------------------------------------
+
+# A million due outbox rows (a long broker outage's backlog), 10 ms apart, the newest now.
+MILLION_OUTBOX = """
+    INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, tenant,
+                        available_at, created_at)
+    SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop', '\\x7b7d'::bytea,
+           't' || (g %% 100), now() - (%(n)s - g) * interval '10 ms',
+           now() - (%(n)s - g) * interval '10 ms'
+    FROM generate_series(1, %(n)s) AS g
+"""
+# The relay's window right after a look (services/relay/low_water.py): its slack and period.
+MARK_WINDOW = 3.0
+
+
+@pytest.fixture(scope="module")
+def million_outbox(service_urls: ServiceUrls, template_database: str) -> Iterator[str]:
+    name = databases.create_database(service_urls.pg_admin_url, template=template_database)
+    url = databases.with_database(service_urls.pg_admin_url, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(MILLION_OUTBOX, {"n": MILLION})
+            conn.execute("VACUUM ANALYZE outbox")
+        yield url
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def _window_over_the_newest(url: str) -> float:
+    """A window that holds the last MARK_WINDOW seconds of the fixture's rows (written a
+    while before the test runs)."""
+    [(age,)] = _rows(url, "SELECT extract(epoch FROM now() - max(available_at)) FROM outbox")
+    return float(age) + MARK_WINDOW
+
+
+def test_the_relays_look_for_its_mark_reads_from_the_last_mark_at_a_million_rows(
+    million_outbox: str,
+) -> None:
+    """The look's plain read starts its range of outbox_due_idx at the last mark (the
+    Index Cond holds both ends) and stops at the first live row."""
+    window = _window_over_the_newest(million_outbox)
+    plan, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_LIVE, {"window": window})
+    assert "outbox_due_idx" in text, text
+    assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
+    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    [(seconds,)] = _rows(million_outbox, outbox.OUTBOX_OLDEST_LIVE.sql, {"window": window})
+    assert window - MARK_WINDOW <= seconds <= window
+
+
+def test_the_bounded_few_claim_reads_its_window_not_the_backlog_at_a_million_rows(
+    million_outbox: str,
+) -> None:
+    """Bounded by the mark, the few claim reads the window's rows (300 here, more than
+    a batch: it answers that they do not fit) whatever lies below it."""
+    params = {"limit": 100, "window": _window_over_the_newest(million_outbox)}
+    plan, text = _explain(million_outbox, outbox.OUTBOX_CLAIM_FEW, params)
+    assert "outbox_due_idx" in text, text
+    assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
+    assert _buffers(plan) <= 100, (_buffers(plan), text)
+
+
+def test_the_relays_look_for_writers_reads_no_table(million_outbox: str) -> None:
+    plan, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_WRITER, {})
+    assert "outbox" not in text.replace("'outbox'::regclass", ""), text
+    assert _buffers(plan) <= 20, (_buffers(plan), text)
+
+
+# What the workers run meanwhile: statistics that see running jobs (with none, a generic
+# plan may read jobs_status_created_idx's running entries, the dead ones behind a pin too).
+RUNNING_JOBS = """
+    INSERT INTO jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at)
+    SELECT gen_random_uuid(), 't1', 'noop', 'default', 'running', 1, gen_random_uuid(),
+           now() + interval '30 s'
+    FROM generate_series(1, 2000)
+"""
+
+
+@pytest.mark.parametrize(
+    "query", [recovery.JOB_OLDEST_EXPIRED, recovery.JOB_LOCK_EXPIRED], ids=lambda q: q.name
+)
+def test_the_reapers_scans_read_the_lease_index_from_the_mark_at_a_million_jobs(
+    million_jobs: str, query: Query[Any]
+) -> None:
+    """Both ends of the range in the Index Cond of jobs_lease_expiry_idx, which holds
+    only running jobs: the million finished ones cost nothing. (Run in a transaction
+    rolled back: the module's database stays as its fixture made it.)"""
+    sql, names = native_placeholders(query.sql)
+    params: dict[str, Any] = {"limit": 100, "window": 6.0}
+    with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
+        conn.execute(RUNNING_JOBS)
+        conn.execute("ANALYZE jobs")
+        values = ", ".join(conn.cursor().mogrify("%s", (params[name],)) for name in names)
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE reaper_scan AS {sql}")
+        execute = f"EXECUTE reaper_scan({values})"
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()
+        text = "\n".join(line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) {execute}"))
+        conn.rollback()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    assert "jobs_lease_expiry_idx" in text, text
+    assert re.search(r"Index Cond: .*lease_expires_at >= \(now\(\) - make_interval", text), text
+    assert _buffers(plan) <= 10, (_buffers(plan), text)
+
+
+@pytest.mark.parametrize(
+    ("query", "params"),
+    [
+        (outbox.OUTBOX_ANY_DUE, {}),
+        (outbox.OUTBOX_ANY_OVERDUE, {"seconds": 1.0}),
+    ],
+    ids=["any_due", "any_overdue"],
+)
+def test_a_relays_probe_for_due_rows_reads_from_its_mark_at_a_million_rows(
+    million_outbox: str, query: Query[Any], params: dict[str, Any]
+) -> None:
+    plan, text = _explain(
+        million_outbox, query, {**params, "window": _window_over_the_newest(million_outbox)}
+    )
+    assert "outbox_due_idx" in text, text
+    assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
+    assert _buffers(plan) <= 10, (_buffers(plan), text)

@@ -320,8 +320,8 @@ def test_the_sql_enqueues_admission_parameter_keeps_its_grants_both_ways(
                 "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, new]
             ).fetchall()
             assert granted
-        # Down to the revision before the one that added the argument (0029), through
-        # whatever revisions came after it.
+        # Down to before the revision that added the argument (0029), through the later
+        # ones that replace the function with the same signature.
         command.downgrade(migrate.alembic_config(settings), "0028")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             assert conn.execute(ENQUEUE_FUNCTIONS).fetchall() == [(old, False)]

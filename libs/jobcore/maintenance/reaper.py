@@ -40,11 +40,17 @@ _OUTCOME_WORDS = {
 }
 
 
-# A round looks for leases that expired since the last round began (JOB_LOCK_EXPIRED),
-# plus this slack; every UNBOUNDED_EVERY seconds it looks at every running row, for a
-# lease the last round could not see (its transaction had not committed) or lock.
+# A round looks for leases that expired since its low-water mark (JOB_LOCK_EXPIRED), plus
+# this slack: the last round's start, or the oldest lease that round left expired (one it
+# could not lock: a finishing worker or another reaper held the job; JOB_OLDEST_EXPIRED),
+# so its cost follows the leases of its window, not the dead entries a pinned xmin
+# horizon keeps. A lease enters the index when its claim or heartbeat commits, at its
+# transaction's start plus the lease (a second or more), so a lease a round could not
+# see expires after that round began. Every UNBOUNDED_EVERY seconds a round looks at every
+# running row, the safety net for a lease written otherwise (already expired when it
+# committed): such a lease is reaped within UNBOUNDED_EVERY plus the reaper's interval.
 WINDOW_SLACK = 1.0
-UNBOUNDED_EVERY = 60.0
+UNBOUNDED_EVERY = 300.0
 UNBOUNDED_WINDOW = 1e9  # seconds: every running row
 
 
@@ -79,8 +85,9 @@ class Reaper(BatchService[ReaperConfig]):
         self.registry = registry
         self.metrics = metrics
         self.window = UNBOUNDED_WINDOW
-        # Monotonic starts of the last round that ended and of the last unbounded one.
-        self._round_at: float | None = None
+        # Monotonic time of the low-water mark (None: no round yet) and start of the last
+        # unbounded round.
+        self._mark_at: float | None = None
         self._unbounded_at: float | None = None
 
     @classmethod
@@ -99,15 +106,26 @@ class Reaper(BatchService[ReaperConfig]):
     async def lead(self, term: Term) -> int:
         started = time.monotonic()
         unbounded = self._unbounded_at is None or started - self._unbounded_at >= UNBOUNDED_EVERY
-        if unbounded or self._round_at is None:
+        if unbounded or self._mark_at is None:
             self.window = UNBOUNDED_WINDOW
         else:
-            self.window = started - self._round_at + WINDOW_SLACK
+            self.window = started - self._mark_at + WINDOW_SLACK
         reaped = await super().lead(term)
-        self._round_at = started
         if self.window == UNBOUNDED_WINDOW:
             self._unbounded_at = started
+        self._mark_at = await self._next_mark(term, started)
         return reaped
+
+    async def _next_mark(self, term: Term, started: float) -> float:
+        """This round's start, or the oldest lease of its window still expired."""
+        # Taken before the read: the statement's now() is later, so the mark errs early.
+        before = time.monotonic()
+        window = min(UNBOUNDED_WINDOW, self.window + before - started)
+        async with term.db.session() as session:
+            row = await job_store.oldest_expired(session, {"window": window})
+        if row is None or row["seconds"] is None:
+            return started
+        return min(started, before - float(row["seconds"]))
 
     async def work(self, uow: UnitOfWork) -> tuple[int, Sequence[DictRow]]:
         expired = await job_store.lock_expired(

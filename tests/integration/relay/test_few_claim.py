@@ -2,10 +2,10 @@
 batch (the rows the fair claim would take); nothing, and a no, when more are due, so the
 fair claim shares them out. And the relay asks it only while the outbox was drained.
 
-It reads only the rows due within its window, so the dead entries a pinned xmin horizon
-keeps at the head of outbox_due_idx cost it nothing; the relay looks at every due row
-every few seconds, so a row due before the window (its transaction committed late) is
-still published."""
+It reads only the rows due within its window (back to the relay's low-water mark:
+test_low_water.py), so the dead entries a pinned xmin horizon keeps at the head of
+outbox_due_idx cost it nothing; the relay looks at every due row every minute, so a row
+due before the window (its writer broke the mark's rule) is still published."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import aio_pika
 import psycopg
+import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute
@@ -22,7 +23,8 @@ from jobcore.database.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
 from jobcore.database.store import outbox_store
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.settings import Settings
-from services.relay.relay import UNBOUNDED_LOOK_EVERY, UNBOUNDED_WINDOW
+from services.relay import relay as relay_module
+from services.relay.relay import UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
 
 
@@ -152,16 +154,18 @@ async def test_a_row_due_before_the_window_is_published_at_the_next_unbounded_lo
     db: Database,
     topology: Topology,
     amqp_channel: aio_pika.abc.AbstractChannel,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A row whose transaction committed long after its available_at (an in-transaction
-    enqueue in a long transaction) lies below the window of the claims that follow an
-    unbounded look; the next unbounded look, a few seconds on, publishes it."""
+    """A row whose writer committed it long after its available_at, and took its lock on
+    the outbox after the relay's look, lies below the window of the claims that follow;
+    the next unbounded look (every minute; a few seconds here) publishes it."""
+    monkeypatch.setattr(relay_module, "UNBOUNDED_LOOK_EVERY", 3.0)
     await topology.declare(amqp_channel, default_registry.queues())
     async with running_relay(settings, db, batch_size=50) as relay:
         await fill_outbox(db, topology, 1, tenant="a")
         await wait_drained(db, timeout=20)
         await fill_outbox(db, topology, 1, tenant="late", delay=-3600)
-        await wait_drained(db, timeout=UNBOUNDED_LOOK_EVERY + 20)
+        await wait_drained(db, timeout=3.0 + 20)
         assert relay.totals["published"] == 2
         # Traffic in the window keeps flowing meanwhile, and is claimed by the few claim.
         few = relay.few_claims

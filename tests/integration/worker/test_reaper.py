@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
@@ -16,7 +17,9 @@ from jobcore.execution.registry import default_registry
 from jobcore.kernel.envelope import decode
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance import Maintainer, Reaper
+from jobcore.maintenance import reaper as reaper_module
 from jobcore.maintenance.reaper import UNBOUNDED_EVERY, UNBOUNDED_WINDOW
+from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import job_row, outbox_rows, submit
@@ -172,6 +175,47 @@ async def test_a_round_looks_back_to_the_last_one_and_every_lease_every_so_often
     assert await reap(the_reaper) == 1
     assert service.window == UNBOUNDED_WINDOW
     assert (await job_row(db, late))["status"] == "pending"
+
+
+async def test_a_lease_a_round_could_not_lock_is_reaped_by_the_next_bounded_round(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    wsettings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round skips a job another transaction holds (a worker finishing it slowly, which
+    then rolls back). The round's mark stays at that lease, so the next round, bounded,
+    reaps it instead of leaving it to the unbounded round minutes later. (A short slack:
+    the lease is then as far below the round's start as one that expired minutes before.)"""
+    monkeypatch.setattr(reaper_module, "WINDOW_SLACK", 0.05)
+    the_reaper = reaper(wsettings, db, "a")
+    assert await reap(the_reaper) == 0  # the first round looks at every lease
+    service = the_reaper.service("reaper")
+    assert isinstance(service, Reaper)
+    # A lease that expires after that round began, well before the next one.
+    held = await running_job(db, topology, attempts=1, lease_seconds=0.2)
+
+    async def expired() -> bool:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT lease_expires_at < now() - interval '0.2 s' AS expired FROM jobs"
+                " WHERE id = %s",
+                (held,),
+            )
+            row = await cur.fetchone()
+        return row is not None and bool(row["expired"])
+
+    await eventually(expired, timeout=10, interval=0.05, what="the lease to expire")
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as worker:
+        await worker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (held,))
+        assert await reap(the_reaper) == 0
+        assert service.window < UNBOUNDED_WINDOW
+        await worker.rollback()
+    # Rounds go on as their interval would space them; none of them unbounded.
+    assert await reap(the_reaper) == 1
+    assert service.window < UNBOUNDED_WINDOW
+    assert (await job_row(db, held))["status"] == "pending"
 
 
 EXPIRED = """

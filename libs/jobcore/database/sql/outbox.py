@@ -121,11 +121,10 @@ class OutboxClaimFewParams(TypedDict):
 # report, a forgotten session) keeps VACUUM from removing any, so a probe from the start
 # of the index visited every row published since the pin began (a heap fetch each, to
 # learn that it is dead), and grew with the pin's length. Bounded below, it reads the
-# entries of `window` seconds of traffic at most. The relay passes a window a little
-# longer than the time since its last unbounded look at the outbox (this probe with an
-# unbounded window, or the fair claim), which it makes every few seconds: a row due
-# before the window was due at that look, so only a row that look could not see (its
-# transaction had not committed, another relay held it) waits until the next one.
+# entries of `window` seconds of traffic at most. The relay passes the seconds back to its
+# low-water mark (OUTBOX_OLDEST_WRITER, OUTBOX_OLDEST_LIVE: no live row is older), and
+# an unbounded window every minute or so, the safety net for a writer that breaks the
+# mark's rule (services/relay/low_water.py).
 OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
     "outbox_claim_few",
     "Lock every unquarantined row of queues and types not paused that became due in the last "
@@ -155,6 +154,63 @@ OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
            locked.priority, false AS more_due
     FROM verdict LEFT JOIN locked ON true
     ORDER BY locked.available_at, locked.id
+    """,
+    generic_plan=True,
+)
+
+
+# The relay's low-water mark (services/relay/low_water.py) is the oldest key at which a
+# live due row may be found now or later. A row enters outbox_due_idx when its writer
+# commits, at the key its writer gave it, which is never earlier than the start of the
+# writer's transaction (enqueue stamps statement_timestamp(), every other writer now()
+# or later). So a row that a look did not see (its writer had not committed) has a key no
+# older than the start of a transaction that held or awaited a lock to write the outbox
+# then, or, if its writer took that lock after the look, no older than the start of the
+# statement that wrote it. The first statement reads the oldest such transaction's start
+# from pg_locks: the pinned transaction of a long report or a forgotten session holds no
+# lock on the outbox, and so does not hold the mark back. A start this role may not read
+# (another role's session without pg_read_all_stats, a prepared transaction) makes
+# `unknown` true, and the mark does not advance.
+OUTBOX_OLDEST_WRITER = Query[NoParams](
+    "outbox_oldest_writer",
+    "How many seconds ago the oldest other transaction that holds or awaits a lock to write "
+    "outbox rows began (NULL: none), and whether some such transaction's start is unknown.",
+    """
+    SELECT extract(epoch FROM now() - min(a.xact_start))::float8 AS seconds,
+           coalesce(bool_or(a.xact_start IS NULL), false) AS unknown
+    FROM pg_locks AS l
+    LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+    WHERE l.locktype = 'relation'
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.relation = (
+          SELECT c.oid FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+          WHERE n.nspname = 'jobcore' AND c.relname = 'outbox'
+      )
+      AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                     'AccessExclusiveLock')
+      AND l.pid IS DISTINCT FROM pg_backend_pid()
+    """,
+)
+
+
+class OutboxOldestLiveParams(TypedDict):
+    window: float
+
+
+# The second statement of a look, with a snapshot taken after the first read pg_locks: a
+# writer the first did not see had committed by then, or writes from now on. A plain read,
+# so rows another relay holds count (it may roll back). Paused rows count too: while a
+# paused row waits, the mark stays at it. Bounded below by the last mark, it reads the
+# dead entries since that mark and stops at the first live one.
+OUTBOX_OLDEST_LIVE = Query[OutboxOldestLiveParams](
+    "outbox_oldest_live",
+    "How many seconds ago the oldest unquarantined row that became due in the last `window` "
+    "seconds became due (NULL: none), whoever holds it.",
+    """
+    SELECT extract(epoch FROM now() - min(available_at))::float8 AS seconds
+    FROM jobcore.outbox
+    WHERE available_at <= now() AND quarantined_at IS NULL
+      AND available_at >= now() - make_interval(secs => %(window)s)
     """,
     generic_plan=True,
 )
@@ -460,13 +516,22 @@ OUTBOX_SECONDS_UNTIL_NEXT_DUE = Query[NoParams](
 )
 
 
-# A relay that left a full broker queue alone looks again soon only while something is due.
-OUTBOX_ANY_DUE = Query[NoParams](
+class OutboxAnyDueParams(TypedDict):
+    window: float
+
+
+# A relay that left a full broker queue alone looks again soon only while something is due;
+# a quiet relay's poll asks this before it claims. From the relay's low-water mark, as
+# its claims (`window`: OUTBOX_CLAIM_FEW), so a pinned horizon's dead entries cost it
+# nothing either.
+OUTBOX_ANY_DUE = Query[OutboxAnyDueParams](
     "outbox_any_due",
-    "Whether any unquarantined row is due (the first entry of outbox_due_idx).",
+    "Whether any unquarantined row that became due in the last `window` seconds is due.",
     """
     SELECT EXISTS (
-        SELECT 1 FROM jobcore.outbox WHERE available_at <= now() AND quarantined_at IS NULL
+        SELECT 1 FROM jobcore.outbox
+        WHERE available_at <= now() AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
     ) AS due
     """,
 )
@@ -474,20 +539,24 @@ OUTBOX_ANY_DUE = Query[NoParams](
 
 class OutboxAnyOverdueParams(TypedDict):
     seconds: float
+    window: float
 
 
 # What a relay without the wake lease looks for when it polls: rows that have been due
 # for longer than a poll interval, which the relay holding the lease would have published
 # by then had it kept up (or were it still there). So standby relays claim nothing while
-# the holder keeps up, and drain with it once a backlog builds.
+# the holder keeps up, and drain with it once a backlog builds. From the standby's own
+# low-water mark (`window`), as OUTBOX_ANY_DUE.
 OUTBOX_ANY_OVERDUE = Query[OutboxAnyOverdueParams](
     "outbox_any_overdue",
-    "Whether any unquarantined row has been due for longer than this many seconds.",
+    "Whether any unquarantined row that became due in the last `window` seconds has been "
+    "due for longer than `seconds`.",
     """
     SELECT EXISTS (
         SELECT 1 FROM jobcore.outbox
         WHERE available_at <= now() - make_interval(secs => %(seconds)s)
           AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
     ) AS due
     """,
 )

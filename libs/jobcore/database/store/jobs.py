@@ -117,12 +117,14 @@ from jobcore.database.sql.jobs.recovery import (
     JOB_LOCK_EXPIRED,
     JOB_LOCK_STALE,
     JOB_NOTE_DEAD_LETTER,
+    JOB_OLDEST_EXPIRED,
     JOB_REAP_EXPIRED,
     JOB_REPUBLISH_STALE,
     JobFailQuarantinedParams,
     JobLockExpiredParams,
     JobLockStaleParams,
     JobNoteDeadLetterParams,
+    JobOldestExpiredParams,
     JobReapExpiredParams,
     JobRepublishStaleParams,
 )
@@ -185,6 +187,7 @@ __all__ = [
     "JobLockStaleParams",
     "JobNoteDeadLetterParams",
     "JobNoteUndeliverableParams",
+    "JobOldestExpiredParams",
     "JobOrderingUnblockParams",
     "JobOutcomeWrittenParams",
     "JobProgressSetParams",
@@ -427,6 +430,9 @@ class JobStore:
 
     async def lock_expired(self, on: Reader, params: JobLockExpiredParams) -> list[DictRow]:
         return await fetch_all(on, JOB_LOCK_EXPIRED(params))
+
+    async def oldest_expired(self, on: Reader, params: JobOldestExpiredParams) -> DictRow | None:
+        return await fetch_one(on, JOB_OLDEST_EXPIRED(params))
 
     async def reap_expired(self, on: Reader, params: JobReapExpiredParams) -> list[DictRow]:
         return await fetch_all(on, JOB_REAP_EXPIRED(params))

@@ -27,6 +27,8 @@ from jobcore.database.sql.outbox import (
     OUTBOX_LIST_QUARANTINED,
     OUTBOX_LISTEN,
     OUTBOX_LISTENER_PING,
+    OUTBOX_OLDEST_LIVE,
+    OUTBOX_OLDEST_WRITER,
     OUTBOX_RECORD_FAILURES,
     OUTBOX_REQUEUE,
     OUTBOX_SECONDS_UNTIL_NEXT_DUE,
@@ -34,6 +36,7 @@ from jobcore.database.sql.outbox import (
     OUTBOX_TAKE_WAKE_LEASE,
     OUTBOX_UNLISTEN,
     OUTBOX_WAKE,
+    OutboxAnyDueParams,
     OutboxAnyOverdueParams,
     OutboxClaimDueParams,
     OutboxClaimFairParams,
@@ -41,12 +44,14 @@ from jobcore.database.sql.outbox import (
     OutboxDeletePublishedParams,
     OutboxListFailingParams,
     OutboxListQuarantinedParams,
+    OutboxOldestLiveParams,
     OutboxRecordFailuresParams,
     OutboxRequeueParams,
     OutboxRowParams,
 )
 
 __all__ = [
+    "OutboxAnyDueParams",
     "OutboxAnyOverdueParams",
     "OutboxClaimDueParams",
     "OutboxClaimFairParams",
@@ -54,6 +59,7 @@ __all__ = [
     "OutboxDeletePublishedParams",
     "OutboxListFailingParams",
     "OutboxListQuarantinedParams",
+    "OutboxOldestLiveParams",
     "OutboxRecordFailuresParams",
     "OutboxRequeueParams",
     "OutboxRowParams",
@@ -99,8 +105,14 @@ class OutboxStore:
     async def seconds_until_next_due(self, on: Reader) -> DictRow | None:
         return await fetch_one(on, OUTBOX_SECONDS_UNTIL_NEXT_DUE(_NO_PARAMS))
 
-    async def any_due(self, on: Reader) -> DictRow | None:
-        return await fetch_one(on, OUTBOX_ANY_DUE(_NO_PARAMS))
+    async def oldest_writer(self, on: Reader) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_OLDEST_WRITER(_NO_PARAMS))
+
+    async def oldest_live(self, on: Reader, params: OutboxOldestLiveParams) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_OLDEST_LIVE(params))
+
+    async def any_due(self, on: Reader, params: OutboxAnyDueParams) -> DictRow | None:
+        return await fetch_one(on, OUTBOX_ANY_DUE(params))
 
     async def any_overdue(self, on: Reader, params: OutboxAnyOverdueParams) -> DictRow | None:
         return await fetch_one(on, OUTBOX_ANY_OVERDUE(params))

@@ -29,6 +29,15 @@ from jobcore.database.sql.tenant_quotas import (
     batch_admission_ctes,
 )
 
+# When an enqueued job's outbox row is due: its run_at, never earlier than the start of
+# the statement that writes it. The relay's low-water mark (services/relay/low_water.py)
+# counts on a row's key being no older than the writing statement's start: an enqueue in
+# an application's long transaction, stamped with that transaction's start, would commit
+# below the mark and wait for the relay's unbounded look. Its created_at is the same
+# instant, so a row due at once stays a "ready" row for the fair claim (available_at <=
+# created_at). A run_at in the past was due at once before as now.
+MESSAGE_DUE = "greatest({run_at}, statement_timestamp())"
+
 # One statement writes the job, its outbox message and wakes the relays: a round trip
 # per statement is the cost that matters on the enqueue path. With an idempotency key
 # that is already taken, or a unique key a live job holds, ON CONFLICT (on either index:
@@ -125,11 +134,12 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
     ), message AS (
         INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at, priority
+            tenant, available_at, priority, created_at
         )
         SELECT %(message_id)s, %(exchange)s, %(routing_key)s, %(message_type)s,
                %(headers)s, %(body)s, job.id, job.tenant,
-               coalesce(job.next_attempt_at, now()), job.priority
+               {MESSAGE_DUE.format(run_at="job.next_attempt_at")}, job.priority,
+               statement_timestamp()
         FROM job
         RETURNING id
     )
@@ -414,11 +424,11 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     ), message AS (
         INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
-            tenant, available_at, priority
+            tenant, available_at, priority, created_at
         )
         SELECT input.message_id, %(exchange)s, %(routing_key)s, %(type)s, input.headers,
-               input.body, job.id, %(tenant)s::text, coalesce(input.run_at, now()),
-               input.priority
+               input.body, job.id, %(tenant)s::text, {MESSAGE_DUE.format(run_at="input.run_at")},
+               input.priority, statement_timestamp()
         FROM job JOIN input ON input.id = job.id
         RETURNING id
     )

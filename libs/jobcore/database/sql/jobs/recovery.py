@@ -39,10 +39,9 @@ class JobLockExpiredParams(TypedDict):
 # running rows, but an index entry stays until VACUUM removes it: every job that ran has
 # left one, its lease long expired, and behind a pinned xmin horizon no VACUUM removes
 # any, so a scan from the start of the index visited every job run since the pin began
-# (a heap fetch each, to learn it no longer runs). The reaper passes the time since its
-# last round, plus a slack, and no bound every so often (jobcore.maintenance.reaper): a
-# lease that expired before the window was expired at the last round, which missed it
-# only if it could not see or lock the row then.
+# (a heap fetch each, to learn it no longer runs). The reaper passes the seconds back to
+# its low-water mark (jobcore.maintenance.reaper): the start of its last round, or the
+# oldest lease still expired then (JOB_OLDEST_EXPIRED), and no bound every few minutes.
 JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
     "job_lock_expired",
     "Lock a batch of running jobs whose lease expired in the last `window` seconds (other "
@@ -55,6 +54,27 @@ JOB_LOCK_EXPIRED = Query[JobLockExpiredParams](
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+    """,
+)
+
+
+class JobOldestExpiredParams(TypedDict):
+    window: float
+
+
+# After a round, with a plain read (rows another reaper or a finishing worker holds
+# count): the oldest lease still expired among those of the round's window, which the
+# next round's window reaches back to, so a lease the round could not lock is not left
+# to the unbounded round. Reads the window's dead entries and stops at the first live one.
+JOB_OLDEST_EXPIRED = Query[JobOldestExpiredParams](
+    "job_oldest_expired",
+    "How many seconds ago the oldest lease of a running job that expired in the last "
+    "`window` seconds expired (NULL: none), whoever holds the job.",
+    """
+    SELECT extract(epoch FROM now() - min(lease_expires_at))::float8 AS seconds
+    FROM jobcore.jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+      AND lease_expires_at >= now() - make_interval(secs => %(window)s)
     """,
 )
 
