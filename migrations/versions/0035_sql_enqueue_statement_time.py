@@ -47,27 +47,41 @@ VALUES_AFTER = (
 )
 
 
-def _definition() -> str:
+def _swap(pairs: Sequence[tuple[str, str]]) -> str:
+    """A block that replaces the function by its definition as the database has it, with
+    each pair's first text (found twice: the exact and the approximate admission's insert)
+    changed to its second. Done in the server, so an offline migration (the SQL the lint
+    reads) does the same."""
     schema = jobcore_schema()
-    found = (
-        op.get_bind()
-        .execute(
-            sa.text("SELECT pg_get_functiondef(to_regprocedure(:signature))"),
-            {"signature": f"{schema}.enqueue({ARGUMENTS})"},
-        )
-        .scalar()
+    changes = "".join(
+        f"""
+        IF (length(definition) - length(replace(definition, {_literal(before)}, '')))
+           / length({_literal(before)}) <> 2 THEN
+            RAISE EXCEPTION 'the SQL enqueue is not the text revision 0035 changes';
+        END IF;
+        definition := replace(definition, {_literal(before)}, {_literal(after)});"""
+        for before, after in pairs
     )
-    if found is None:
-        raise RuntimeError(f"{schema}.enqueue({ARGUMENTS}) is missing")
-    return str(found)
+    return f"""
+    DO $swap$
+    DECLARE
+        routine regprocedure := to_regprocedure('{schema}.enqueue({ARGUMENTS})');
+        definition text;
+    BEGIN
+        IF routine IS NULL THEN
+            RAISE EXCEPTION '{schema}.enqueue is missing';
+        END IF;
+        definition := pg_get_functiondef(routine);{changes}
+        EXECUTE definition;
+        -- CREATE OR REPLACE keeps the function's grants; PUBLIC had none, and gets none.
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', routine);
+    END
+    $swap$
+    """
 
 
-def _changed(definition: str, pairs: Sequence[tuple[str, str]]) -> str:
-    for before, after in pairs:
-        if definition.count(before) != 2:
-            raise RuntimeError("the SQL enqueue's definition is not the text this revision changes")
-        definition = definition.replace(before, after)
-    return definition
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _verbatim(statement: str) -> sa.TextClause:
@@ -75,16 +89,11 @@ def _verbatim(statement: str) -> sa.TextClause:
     return sa.text(statement.replace(":", "\\:"))
 
 
-def _replace(definition: str) -> None:
-    op.execute("SET LOCAL lock_timeout = '5s'")
-    op.execute(_verbatim(definition))
-    # CREATE OR REPLACE keeps the function's grants; PUBLIC had none, and gets none.
-    op.execute(f"REVOKE EXECUTE ON FUNCTION {jobcore_schema()}.enqueue({ARGUMENTS}) FROM PUBLIC")
-
-
 def upgrade() -> None:
-    _replace(_changed(_definition(), [(COLUMNS_BEFORE, COLUMNS_AFTER), (VALUES_BEFORE, VALUES_AFTER)]))
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.execute(_verbatim(_swap([(COLUMNS_BEFORE, COLUMNS_AFTER), (VALUES_BEFORE, VALUES_AFTER)])))
 
 
 def downgrade() -> None:
-    _replace(_changed(_definition(), [(COLUMNS_AFTER, COLUMNS_BEFORE), (VALUES_AFTER, VALUES_BEFORE)]))
+    op.execute("SET LOCAL lock_timeout = '5s'")
+    op.execute(_verbatim(_swap([(COLUMNS_AFTER, COLUMNS_BEFORE), (VALUES_AFTER, VALUES_BEFORE)])))

@@ -628,6 +628,8 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
     # heap page and its delete (about 11 pages a key here): bounded by the batch, not by
     # the 100,000 keys.
     assert _buffers(plan) <= 20 * 500, (_buffers(plan), text)
+
+
 # --- the low-water marks, at a million rows -------------------------------------------------
 
 # A million due outbox rows (a long broker outage's backlog), 10 ms apart, the newest now.

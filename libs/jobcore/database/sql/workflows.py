@@ -116,7 +116,9 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
         ORDER BY ready.n
         RETURNING id
     ), step AS (
-        INSERT INTO jobcore.workflow_jobs (job_id, workflow_id, name, is_finally, waiting, routing_key)
+        INSERT INTO jobcore.workflow_jobs (
+            job_id, workflow_id, name, is_finally, waiting, routing_key
+        )
         SELECT input.id, workflow.id, input.name, input.is_finally, input.waiting,
                input.routing_key
         FROM input, workflow
@@ -434,9 +436,11 @@ WORKFLOW_PRUNE_BATCH = Query[WorkflowPruneParams](
         SELECT jobs.id FROM jobcore.jobs JOIN doomed_workflows AS w ON jobs.workflow_id = w.id
         WHERE jobs.status IN {TERMINAL_SQL}
     ), effects AS (
-        DELETE FROM jobcore.job_effects WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.job_effects
+        WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), deliveries AS (
-        DELETE FROM jobcore.webhook_deliveries WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+        DELETE FROM jobcore.webhook_deliveries
+        WHERE job_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     ), timeline AS (
         DELETE FROM jobcore.job_events WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
     ), messages AS (
