@@ -56,7 +56,7 @@ _FROM_ENDS = {
     "values",
     "select",
 }
-_FUNCTION = re.compile(r"(?<![\w.])(jobcore_\w+|enqueue)\s*\(")
+_FUNCTION = re.compile(r"(?<![\w.])(jobcore_\w+|batch_\w+|enqueue)\s*\(")
 
 
 def unqualified(text: str) -> list[str]:

@@ -22,7 +22,7 @@ BATCHES = 10_000
 # one in ten failed. Batches with an even number settled (half of them long ago), the
 # odd ones closed and not settled; batch 1 has batch 0 as its parent.
 FILL = """
-    INSERT INTO batches (id, tenant, parent_id, total, succeeded, failed, closed_at,
+    INSERT INTO jobcore.batches (id, tenant, parent_id, total, succeeded, failed, closed_at,
                          settled_at, created_at)
     SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(b), 12, '0'))::uuid, 't' || (b %% 100),
            CASE WHEN b = 1 THEN '00000000-0000-4000-9000-000000000000'::uuid END,
@@ -32,7 +32,7 @@ FILL = """
     FROM generate_series(0, %(batches)s - 1) AS b
 """
 FILL_JOBS = """
-    INSERT INTO jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
+    INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
                       batch_id)
     SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
            't' || (g %% 100), 'noop', 'default',
@@ -61,8 +61,8 @@ def million_jobs(service_urls: ServiceUrls, template_database: str) -> Iterator[
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(FILL, {"batches": BATCHES})
             conn.execute(FILL_JOBS, {"n": MILLION, "batches": BATCHES})
-            conn.execute("VACUUM ANALYZE jobs")
-            conn.execute("VACUUM ANALYZE batches")
+            conn.execute("VACUUM ANALYZE jobcore.jobs")
+            conn.execute("VACUUM ANALYZE jobcore.batches")
         yield url
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)

@@ -62,7 +62,7 @@ async def fired(db: Database, batch_id: uuid.UUID) -> dict[str, list[dict[str, A
     """The callback jobs of a batch, by event."""
     found = await rows(
         db,
-        "SELECT id, payload, created_at, accepted_detail->>'callback' AS event FROM jobs "
+        "SELECT id, payload, created_at, accepted_detail->>'callback' AS event FROM jobcore.jobs "
         "WHERE accepted_detail->>'batch_id' = %s AND accepted_detail ? 'callback' "
         "ORDER BY created_at",
         str(batch_id),
@@ -81,7 +81,7 @@ async def finish(db: Database, job_ids: list[uuid.UUID], status: str = "succeede
     """End members as a worker's outcome does (their status, in one transaction)."""
     async with db.connection() as conn:
         await conn.execute(
-            "UPDATE jobs SET status = %s, finished_at = now(), attempts = 1 WHERE id = ANY(%s)",
+            "UPDATE jobcore.jobs SET status = %s, finished_at = now(), attempts = 1 WHERE id = ANY(%s)",
             (status, job_ids),
         )
 
@@ -107,7 +107,7 @@ async def test_the_last_two_members_ending_at_once_fire_each_callback_once(
             await psycopg.AsyncConnection.connect(url) as first,
             await psycopg.AsyncConnection.connect(url) as second,
         ):
-            update = "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
+            update = "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
             await first.execute(update, (a,))
             waiting = asyncio.create_task(second.execute(update, (b,)))
             await _until_waiting_for_a_lock(jobcore_db, second.info.backend_pid)
@@ -141,7 +141,7 @@ async def test_members_ending_together_in_any_order_fire_once(
         await psycopg.AsyncConnection.connect(url, autocommit=True) as first,
         await psycopg.AsyncConnection.connect(url, autocommit=True) as second,
     ):
-        update = "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
+        update = "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
         for written in batches:
             a, b = written.job_ids
             await asyncio.gather(first.execute(update, (a,)), second.execute(update, (b,)))
@@ -198,7 +198,7 @@ async def test_a_member_retried_after_the_batch_looked_done_fires_success_once(
     # The callbacks ran too.
     ran = await rows(
         jobcore_db,
-        "SELECT status FROM jobs WHERE id = ANY(%s)",
+        "SELECT status FROM jobcore.jobs WHERE id = ANY(%s)",
         [row["id"] for rows_ in after.values() for row in rows_],
     )
     assert {row["status"] for row in ran} == {"succeeded"}
@@ -362,8 +362,8 @@ async def test_a_member_refused_refuses_the_whole_batch(
     with pytest.raises(MemberRefused) as refused:
         await create_batch(jobcore_db, topology, tenant=TENANT, members=[first, second])
     assert refused.value.index == 1
-    assert await rows(jobcore_db, "SELECT id FROM batches") == []
-    assert await rows(jobcore_db, "SELECT id FROM jobs") == []
+    assert await rows(jobcore_db, "SELECT id FROM jobcore.batches") == []
+    assert await rows(jobcore_db, "SELECT id FROM jobcore.jobs") == []
     bad = {"on_success": Callback(REGISTRY.get("batch_member"), {"text": "t"})}
     with pytest.raises(InvalidField):
         await create_batch(jobcore_db, topology, tenant=TENANT, callbacks=bad)
@@ -395,7 +395,7 @@ async def test_a_retried_request_writes_nothing_twice(
     assert retried.job_ids == added.job_ids
     batch = await get_batch(jobcore_db, tenant=TENANT, batch_id=batch_id)
     assert (batch["total"], batch["status"]) == (3, "closed")
-    assert len(await rows(jobcore_db, "SELECT id FROM jobs")) == 3
+    assert len(await rows(jobcore_db, "SELECT id FROM jobcore.jobs")) == 3
     # A key of a job outside the batch is not a member of it.
     with pytest.raises(MemberRefused):
         await create_batch(jobcore_db, topology, tenant=TENANT, members=[keyed("a")])
@@ -429,7 +429,7 @@ async def _a_big_batch(db: Database, topology: Topology, size: int) -> None:
         ) as conn:
             for job_id in part:
                 await conn.execute(
-                    "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s",
+                    "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s",
                     (job_id,),
                 )
 
@@ -442,8 +442,8 @@ async def _a_big_batch(db: Database, topology: Topology, size: int) -> None:
         conn.row_factory = dict_row  # type: ignore[assignment]
         stats = await (
             await conn.execute(
-                "SELECT pg_total_relation_size('batches') AS bytes, "
-                "pg_total_relation_size('jobs') AS job_bytes"
+                "SELECT pg_total_relation_size('jobcore.batches') AS bytes, "
+                "pg_total_relation_size('jobcore.jobs') AS job_bytes"
             )
         ).fetchone()
     print(
@@ -484,7 +484,7 @@ async def test_the_pruner_removes_a_settled_batch_with_its_jobs(
     await finish(jobcore_db, kept.job_ids)
     async with jobcore_db.connection() as conn:
         await conn.execute(
-            "UPDATE batches SET settled_at = now() - interval '31 days' WHERE id = %s",
+            "UPDATE jobcore.batches SET settled_at = now() - interval '31 days' WHERE id = %s",
             (parent.batch_id,),
         )
     settings = jobcore_db.settings
@@ -492,15 +492,15 @@ async def test_the_pruner_removes_a_settled_batch_with_its_jobs(
     assert dry.tables["batches"] == 1
     done = await Retention(settings, jobcore_db).prune(sweep_files=False)
     assert done.tables["batches"] == 1
-    left = await rows(jobcore_db, "SELECT id FROM batches")
+    left = await rows(jobcore_db, "SELECT id FROM jobcore.batches")
     assert left == [{"id": kept.batch_id}]
     members = await rows(
-        jobcore_db, "SELECT id FROM jobs WHERE id = ANY(%s)", [*parent.job_ids, *child.job_ids]
+        jobcore_db, "SELECT id FROM jobcore.jobs WHERE id = ANY(%s)", [*parent.job_ids, *child.job_ids]
     )
     assert members == []
     assert (
         await rows(
-            jobcore_db, "SELECT event FROM batch_callbacks WHERE batch_id = %s", parent.batch_id
+            jobcore_db, "SELECT event FROM jobcore.batch_callbacks WHERE batch_id = %s", parent.batch_id
         )
         == []
     )

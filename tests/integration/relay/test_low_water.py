@@ -54,7 +54,7 @@ async def _claimed_ids(db: Database, window: float) -> list[int]:
 
 async def _outbox_ids(db: Database) -> list[int]:
     async with db.connection() as conn:
-        cur = await conn.execute("SELECT id FROM outbox ORDER BY id")
+        cur = await conn.execute("SELECT id FROM jobcore.outbox ORDER BY id")
         return [row["id"] for row in await cur.fetchall()]
 
 
@@ -74,7 +74,7 @@ async def test_a_job_an_application_transaction_enqueues_after_the_look_is_above
         if path == "enqueue_in":
             await enqueue_in(app, default_registry, "echo", {"text": "late"}, tenant="t")
         else:
-            await app.execute("SELECT jobcore_enqueue('echo', '{\"text\": \"late\"}', 't')")
+            await app.execute("SELECT jobcore.enqueue('echo', '{\"text\": \"late\"}', 't')")
         await app.commit()
     [row] = await _outbox_ids(db)
     assert await _claimed_ids(db, mark.window()) == [row]
@@ -104,7 +104,7 @@ async def test_a_row_another_relay_held_during_the_look_is_claimed_once_let_go(
     mark = LowWaterMark()
     await _look(db, mark)  # the first look reads every row
     async with await psycopg.AsyncConnection.connect(settings.database_url) as other:
-        await other.execute("SELECT id FROM outbox FOR UPDATE")
+        await other.execute("SELECT id FROM jobcore.outbox FOR UPDATE")
         await _look(db, mark)
         await other.rollback()
     assert mark.window() >= 30
@@ -133,14 +133,14 @@ async def test_a_pinned_transaction_that_writes_no_outbox_row_does_not_hold_the_
 ) -> None:
     with psycopg.connect(settings.database_url) as pin:
         pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        pin.execute("SELECT txid_current(), count(*) FROM outbox")
+        pin.execute("SELECT txid_current(), count(*) FROM jobcore.outbox")
         async with db.connection() as conn:
             writer = await outbox_store.oldest_writer(conn)
             assert writer is not None
             assert writer["seconds"] is None
             assert writer["unknown"] is False
         with psycopg.connect(settings.database_url) as app:
-            app.execute("DELETE FROM outbox")  # a writer's lock, held until its commit
+            app.execute("DELETE FROM jobcore.outbox")  # a writer's lock, held until its commit
             async with db.connection() as conn:
                 writer = await outbox_store.oldest_writer(conn)
             assert writer is not None
@@ -178,7 +178,7 @@ async def test_behind_a_pinned_horizon_the_look_and_the_claim_read_only_what_lie
         published = await fill_outbox(db, topology, 5000, delay=-120, notify=False)
         async with db.connection() as conn:
             await conn.execute(
-                "DELETE FROM outbox WHERE id = ANY(%s)", ([r["id"] for r in published],)
+                "DELETE FROM jobcore.outbox WHERE id = ANY(%s)", ([r["id"] for r in published],)
             )
         await _look(db, mark)  # the first look reads from the head
         await fill_outbox(db, topology, 3, notify=False)

@@ -24,7 +24,7 @@ def worker(jobcore_db: Database) -> InlineWorker:
 
 async def messages_of(worker: InlineWorker, job_id: uuid.UUID) -> int:
     async with worker.db.connection() as conn:
-        cursor = await conn.execute("SELECT count(*) AS n FROM outbox WHERE job_id = %s", [job_id])
+        cursor = await conn.execute("SELECT count(*) AS n FROM jobcore.outbox WHERE job_id = %s", [job_id])
         row = await cursor.fetchone()
     assert row is not None
     return int(row["n"])
@@ -33,7 +33,7 @@ async def messages_of(worker: InlineWorker, job_id: uuid.UUID) -> int:
 async def claim(conn: psycopg.AsyncConnection[Any], job_id: uuid.UUID) -> uuid.UUID:
     token = uuid.uuid4()
     await conn.execute(
-        "UPDATE jobs SET status = 'running', attempts = attempts + 1, lease_token = %s, "
+        "UPDATE jobcore.jobs SET status = 'running', attempts = attempts + 1, lease_token = %s, "
         "lease_expires_at = now() + interval '1 minute' WHERE id = %s AND status = 'pending'",
         [token, job_id],
     )
@@ -42,7 +42,7 @@ async def claim(conn: psycopg.AsyncConnection[Any], job_id: uuid.UUID) -> uuid.U
 
 # The shape of every outcome: fenced on the job's status and its lease token.
 SETTLE = (
-    "UPDATE jobs SET status = 'succeeded', finished_at = now(), lease_token = NULL "
+    "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now(), lease_token = NULL "
     "WHERE id = %s AND status = 'running' AND lease_token = %s"
 )
 
@@ -62,17 +62,17 @@ async def test_a_replayed_settle_and_a_duplicate_delivery_release_a_dependent_on
     # The same message delivered twice: the worker's inbox takes the second as a duplicate.
     async with worker.db.connection() as conn:
         await conn.execute(
-            "INSERT INTO outbox "
+            "INSERT INTO jobcore.outbox "
             "(message_id, exchange, routing_key, message_type, body, job_id, tenant) "
             "SELECT gen_random_uuid(), exchange, routing_key, message_type, body, job_id, tenant "
-            "FROM outbox WHERE job_id = %s",
+            "FROM jobcore.outbox WHERE job_id = %s",
             [b],
         )
     await worker.drain()
     assert [label for label, _, _ in RUNS] == ["b"]
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT count(*) AS n FROM job_events WHERE job_id = %s AND kind = 'dependencies_met'",
+            "SELECT count(*) AS n FROM jobcore.job_events WHERE job_id = %s AND kind = 'dependencies_met'",
             [b],
         )
         assert await cursor.fetchone() == {"n": 1}
@@ -106,6 +106,6 @@ async def test_two_dependencies_settling_at_once_on_two_connections_release_once
     assert [label for label, _, _ in RUNS] == ["join"]
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT status, open_jobs FROM workflows WHERE id = %s", [created.id]
+            "SELECT status, open_jobs FROM jobcore.workflows WHERE id = %s", [created.id]
         )
         assert await cursor.fetchone() == {"status": "succeeded", "open_jobs": 0}

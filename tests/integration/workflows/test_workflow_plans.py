@@ -28,13 +28,13 @@ STEPS = 10
 PLAIN = MILLION - WORKFLOWS * STEPS
 
 FILL = f"""
-INSERT INTO jobs (id, tenant, type, queue, status, attempts, created_at, finished_at)
+INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, created_at, finished_at)
 SELECT gen_random_uuid(), 't' || (g % 100), 'noop', 'default',
        CASE g % 10 WHEN 0 THEN 'failed' ELSE 'succeeded' END, 1,
        now() - (2000000 - g) * interval '10 ms', now() - (2000000 - g) * interval '10 ms'
 FROM generate_series(1, {PLAIN}) AS g;
 
-INSERT INTO workflows (id, tenant, name, status, jobs_total, unsettled, open_jobs, exchange,
+INSERT INTO jobcore.workflows (id, tenant, name, status, jobs_total, unsettled, open_jobs, exchange,
                        created_at, finished_at)
 SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid, 't' || (w % 100),
        'w' || w, CASE WHEN w <= {WORKFLOWS - 1000} THEN 'succeeded' ELSE 'running' END,
@@ -44,7 +44,7 @@ SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid, 't' || (w
        CASE WHEN w <= {WORKFLOWS - 1000} THEN now() - ({WORKFLOWS} - w) * interval '1 s' END
 FROM generate_series(1, {WORKFLOWS}) AS w;
 
-INSERT INTO jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
+INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
                   held_reason, held_since, workflow_id)
 SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(w * 100 + s), 12, '0'))::uuid,
        't' || (w % 100), 'noop', 'default',
@@ -56,13 +56,13 @@ SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(w * 100 + s), 12, '0'))::uuid,
        ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid
 FROM generate_series(1, {WORKFLOWS}) AS w, generate_series(0, {STEPS - 1}) AS s;
 
-INSERT INTO workflow_jobs (job_id, workflow_id, name, waiting, routing_key)
+INSERT INTO jobcore.workflow_jobs (job_id, workflow_id, name, waiting, routing_key)
 SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(w * 100 + s), 12, '0'))::uuid,
        ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid, 's' || s,
        CASE WHEN s = 0 OR w <= {WORKFLOWS - 1000} THEN 0 ELSE 1 END, 'default'
 FROM generate_series(1, {WORKFLOWS}) AS w, generate_series(0, {STEPS - 1}) AS s;
 
-INSERT INTO workflow_edges (workflow_id, upstream, downstream, policy, state)
+INSERT INTO jobcore.workflow_edges (workflow_id, upstream, downstream, policy, state)
 SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid,
        ('00000000-0000-4000-9000-' || lpad(to_hex(w * 100 + s - 1), 12, '0'))::uuid,
        ('00000000-0000-4000-9000-' || lpad(to_hex(w * 100 + s), 12, '0'))::uuid,
@@ -231,29 +231,29 @@ def test_a_settle_and_a_retry_count_readiness_through_indexes(million: str) -> N
     first, second = step_id(RUNNING - 2, 0), step_id(RUNNING - 2, 1)
     with psycopg.connect(million) as conn:
         conn.execute(
-            "UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s AND status = 'pending'",
+            "UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s AND status = 'pending'",
             [first],
         )
         conn.execute(
-            "UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", [first]
+            "UPDATE jobcore.jobs SET status = 'failed', finished_at = now() WHERE id = %s", [first]
         )
         scans = scans_of(conn)
         status = conn.execute(
-            "SELECT status, last_error FROM jobs WHERE id = %s", [second]
+            "SELECT status, last_error FROM jobcore.jobs WHERE id = %s", [second]
         ).fetchone()
         assert status is not None
         assert status[0] == "cancelled"  # the whole chain after it, transitively
         cancelled = conn.execute(
-            "SELECT count(*) FROM jobs WHERE workflow_id = %s AND status = 'cancelled'",
+            "SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s AND status = 'cancelled'",
             [workflow_id(RUNNING - 2)],
         ).fetchone()
         assert cancelled == (STEPS - 1,)
         conn.execute(
-            "UPDATE jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [first]
+            "UPDATE jobcore.jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [first]
         )
         reopened = scans_of(conn)
         back = conn.execute(
-            "SELECT count(*) FROM jobs WHERE workflow_id = %s AND held_reason = 'dependencies'",
+            "SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s AND held_reason = 'dependencies'",
             [workflow_id(RUNNING - 2)],
         ).fetchone()
         conn.rollback()
@@ -264,23 +264,23 @@ def test_a_settle_and_a_retry_count_readiness_through_indexes(million: str) -> N
 
 FAN_OUT = 2000
 FAN_OUT_FILL = f"""
-INSERT INTO workflows (id, tenant, jobs_total, unsettled, open_jobs, exchange)
+INSERT INTO jobcore.workflows (id, tenant, jobs_total, unsettled, open_jobs, exchange)
 VALUES ('00000000-0000-0000-0000-000000000001', 't', {FAN_OUT}, {FAN_OUT}, {FAN_OUT}, 'jobs');
-INSERT INTO jobs (id, tenant, type, queue, workflow_id, held_reason, held_since)
+INSERT INTO jobcore.jobs (id, tenant, type, queue, workflow_id, held_reason, held_since)
 SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid, 't', 'noop', 'default',
        '00000000-0000-0000-0000-000000000001',
        CASE WHEN g > 0 THEN 'dependencies' END, CASE WHEN g > 0 THEN now() END
 FROM generate_series(0, {FAN_OUT - 1}) AS g;
-INSERT INTO workflow_jobs (job_id, workflow_id, name, waiting, routing_key)
+INSERT INTO jobcore.workflow_jobs (job_id, workflow_id, name, waiting, routing_key)
 SELECT ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid,
        '00000000-0000-0000-0000-000000000001', 's' || g,
        CASE WHEN g = 0 THEN 0 WHEN g = {FAN_OUT - 1} THEN {FAN_OUT - 2} ELSE 1 END, 'default'
 FROM generate_series(0, {FAN_OUT - 1}) AS g;
-INSERT INTO workflow_edges (workflow_id, upstream, downstream)
+INSERT INTO jobcore.workflow_edges (workflow_id, upstream, downstream)
 SELECT '00000000-0000-0000-0000-000000000001', '00000000-0000-4000-9000-000000000000',
        ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid
 FROM generate_series(1, {FAN_OUT - 2}) AS g;
-INSERT INTO workflow_edges (workflow_id, upstream, downstream)
+INSERT INTO jobcore.workflow_edges (workflow_id, upstream, downstream)
 SELECT '00000000-0000-0000-0000-000000000001',
        ('00000000-0000-4000-9000-' || lpad(to_hex(g), 12, '0'))::uuid,
        ('00000000-0000-4000-9000-' || lpad(to_hex({FAN_OUT - 1}), 12, '0'))::uuid
@@ -298,15 +298,15 @@ def test_a_fan_out_on_tables_never_analyzed_is_reached_by_keys(settings: Any) ->
         for statement in FAN_OUT_FILL.split(";\n"):
             conn.execute(statement)
         conn.execute("SET plan_cache_mode = force_generic_plan")  # as the pools
-        conn.execute("UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s", [root])
-        conn.execute("UPDATE jobs SET status = 'failed', finished_at = now() WHERE id = %s", [root])
-        cancelled = conn.execute("SELECT count(*) FROM jobs WHERE status = 'cancelled'").fetchone()
-        conn.execute("UPDATE jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [root])
-        conn.execute("UPDATE jobs SET status = 'running' WHERE id = %s", [root])
+        conn.execute("UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s", [root])
+        conn.execute("UPDATE jobcore.jobs SET status = 'failed', finished_at = now() WHERE id = %s", [root])
+        cancelled = conn.execute("SELECT count(*) FROM jobcore.jobs WHERE status = 'cancelled'").fetchone()
+        conn.execute("UPDATE jobcore.jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [root])
+        conn.execute("UPDATE jobcore.jobs SET status = 'running' WHERE id = %s", [root])
         conn.execute(
-            "UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s", [root]
+            "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s", [root]
         )
-        published = conn.execute("SELECT count(*) FROM outbox").fetchone()
+        published = conn.execute("SELECT count(*) FROM jobcore.outbox").fetchone()
         scans = scans_of(conn)
         conn.rollback()
     assert cancelled == (FAN_OUT - 1,)

@@ -173,7 +173,7 @@ async def test_an_invalid_graph_is_refused_and_nothing_is_written(
     assert refused.value.kind == kind
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM workflows) AS n"
+            "SELECT (SELECT count(*) FROM jobcore.jobs) + (SELECT count(*) FROM jobcore.workflows) AS n"
         )
         assert await cursor.fetchone() == {"n": 0}
 
@@ -194,7 +194,7 @@ async def test_retrying_a_failed_job_then_runs_its_dependents(worker: InlineWork
     # The handler succeeds now.
     async with worker.db.connection() as conn:
         await conn.execute(
-            "UPDATE jobs SET payload = payload || '{\"fail\": false}' WHERE id = %s",
+            "UPDATE jobcore.jobs SET payload = payload || '{\"fail\": false}' WHERE id = %s",
             [created.jobs["a"]],
         )
     await retry_step(worker.db, worker.topology, created.id, "a", tenant="test")
@@ -235,21 +235,21 @@ async def test_the_pruner_removes_a_finished_workflow_with_its_jobs(worker: Inli
     async with worker.db.connection() as conn:
         # Only the second finished past retention.
         await conn.execute(
-            "UPDATE workflows SET finished_at = now() - interval '400 days' WHERE id = %s",
+            "UPDATE jobcore.workflows SET finished_at = now() - interval '400 days' WHERE id = %s",
             [created.id],
         )
         await conn.execute(
-            "UPDATE jobs SET finished_at = now() - interval '400 days' "
+            "UPDATE jobcore.jobs SET finished_at = now() - interval '400 days' "
             "WHERE workflow_id IS NOT NULL"
         )
     report = await Retention(worker.settings, worker.db).prune(sweep_files=False)
     assert report.tables["workflows"] == 1
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT (SELECT count(*) FROM jobs WHERE workflow_id = %s) AS jobs,"
-            " (SELECT count(*) FROM workflow_jobs WHERE workflow_id = %s) AS steps,"
-            " (SELECT count(*) FROM workflow_edges WHERE workflow_id = %s) AS edges,"
-            " (SELECT count(*) FROM jobs WHERE workflow_id = %s) AS kept",
+            "SELECT (SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s) AS jobs,"
+            " (SELECT count(*) FROM jobcore.workflow_jobs WHERE workflow_id = %s) AS steps,"
+            " (SELECT count(*) FROM jobcore.workflow_edges WHERE workflow_id = %s) AS edges,"
+            " (SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s) AS kept",
             [created.id, created.id, created.id, kept.id],
         )
         # The unfinished-past-retention workflow's jobs stay, though they are old enough

@@ -134,7 +134,7 @@ BATCH_CLOSE = Query[BatchIdParams](
     "batch_close",
     "Close a batch (no member may join it) and fire the callbacks that now hold.",
     """
-    SELECT batch_update(%(id)s, NULL, NULL, NULL, false, true)
+    SELECT jobcore.batch_update(%(id)s, NULL, NULL, NULL, false, true)
     """,
 )
 
@@ -300,7 +300,7 @@ BATCH_MEMBER_REOPEN = Query[BatchMemberReopenParams](
     "batch_member_reopen",
     "Count a settled member of a batch unsettled again (its retry runs in its place).",
     """
-    SELECT batch_update(%(batch_id)s, %(status)s, 'pending', NULL, false, false)
+    SELECT jobcore.batch_update(%(batch_id)s, %(status)s, 'pending', NULL, false, false)
     """,
 )
 
