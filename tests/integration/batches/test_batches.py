@@ -81,7 +81,8 @@ async def finish(db: Database, job_ids: list[uuid.UUID], status: str = "succeede
     """End members as a worker's outcome does (their status, in one transaction)."""
     async with db.connection() as conn:
         await conn.execute(
-            "UPDATE jobcore.jobs SET status = %s, finished_at = now(), attempts = 1 WHERE id = ANY(%s)",
+            "UPDATE jobcore.jobs SET status = %s, finished_at = now(), attempts = 1 WHERE id "
+            "= ANY(%s)",
             (status, job_ids),
         )
 
@@ -107,7 +108,9 @@ async def test_the_last_two_members_ending_at_once_fire_each_callback_once(
             await psycopg.AsyncConnection.connect(url) as first,
             await psycopg.AsyncConnection.connect(url) as second,
         ):
-            update = "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
+            update = (
+                "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s"
+            )
             await first.execute(update, (a,))
             waiting = asyncio.create_task(second.execute(update, (b,)))
             await _until_waiting_for_a_lock(jobcore_db, second.info.backend_pid)
@@ -429,7 +432,8 @@ async def _a_big_batch(db: Database, topology: Topology, size: int) -> None:
         ) as conn:
             for job_id in part:
                 await conn.execute(
-                    "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s",
+                    "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE "
+                    "id = %s",
                     (job_id,),
                 )
 
@@ -495,12 +499,16 @@ async def test_the_pruner_removes_a_settled_batch_with_its_jobs(
     left = await rows(jobcore_db, "SELECT id FROM jobcore.batches")
     assert left == [{"id": kept.batch_id}]
     members = await rows(
-        jobcore_db, "SELECT id FROM jobcore.jobs WHERE id = ANY(%s)", [*parent.job_ids, *child.job_ids]
+        jobcore_db,
+        "SELECT id FROM jobcore.jobs WHERE id = ANY(%s)",
+        [*parent.job_ids, *child.job_ids],
     )
     assert members == []
     assert (
         await rows(
-            jobcore_db, "SELECT event FROM jobcore.batch_callbacks WHERE batch_id = %s", parent.batch_id
+            jobcore_db,
+            "SELECT event FROM jobcore.batch_callbacks WHERE batch_id = %s",
+            parent.batch_id,
         )
         == []
     )

@@ -201,7 +201,7 @@ async def test_a_snooze_runs_the_job_again_within_the_drain_without_spending_an_
     assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
     assert job["result"] == {"attempt": 1, "run": 2}
     kinds = await rows(
-        worker.db, "SELECT kind FROM job_events WHERE job_id = %s ORDER BY at, id", job_id
+        worker.db, "SELECT kind FROM jobcore.job_events WHERE job_id = %s ORDER BY at, id", job_id
     )
     assert [k["kind"] for k in kinds] == [
         "published",

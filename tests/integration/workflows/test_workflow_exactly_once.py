@@ -24,7 +24,9 @@ def worker(jobcore_db: Database) -> InlineWorker:
 
 async def messages_of(worker: InlineWorker, job_id: uuid.UUID) -> int:
     async with worker.db.connection() as conn:
-        cursor = await conn.execute("SELECT count(*) AS n FROM jobcore.outbox WHERE job_id = %s", [job_id])
+        cursor = await conn.execute(
+            "SELECT count(*) AS n FROM jobcore.outbox WHERE job_id = %s", [job_id]
+        )
         row = await cursor.fetchone()
     assert row is not None
     return int(row["n"])
@@ -72,7 +74,8 @@ async def test_a_replayed_settle_and_a_duplicate_delivery_release_a_dependent_on
     assert [label for label, _, _ in RUNS] == ["b"]
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT count(*) AS n FROM jobcore.job_events WHERE job_id = %s AND kind = 'dependencies_met'",
+            "SELECT count(*) AS n FROM jobcore.job_events WHERE job_id = %s AND kind = "
+            "'dependencies_met'",
             [b],
         )
         assert await cursor.fetchone() == {"n": 1}

@@ -231,7 +231,8 @@ def test_a_settle_and_a_retry_count_readiness_through_indexes(million: str) -> N
     first, second = step_id(RUNNING - 2, 0), step_id(RUNNING - 2, 1)
     with psycopg.connect(million) as conn:
         conn.execute(
-            "UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s AND status = 'pending'",
+            "UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s AND "
+            "status = 'pending'",
             [first],
         )
         conn.execute(
@@ -253,7 +254,8 @@ def test_a_settle_and_a_retry_count_readiness_through_indexes(million: str) -> N
         )
         reopened = scans_of(conn)
         back = conn.execute(
-            "SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s AND held_reason = 'dependencies'",
+            "SELECT count(*) FROM jobcore.jobs WHERE workflow_id = %s AND held_reason = "
+            "'dependencies'",
             [workflow_id(RUNNING - 2)],
         ).fetchone()
         conn.rollback()
@@ -298,13 +300,22 @@ def test_a_fan_out_on_tables_never_analyzed_is_reached_by_keys(settings: Any) ->
         for statement in FAN_OUT_FILL.split(";\n"):
             conn.execute(statement)
         conn.execute("SET plan_cache_mode = force_generic_plan")  # as the pools
-        conn.execute("UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s", [root])
-        conn.execute("UPDATE jobcore.jobs SET status = 'failed', finished_at = now() WHERE id = %s", [root])
-        cancelled = conn.execute("SELECT count(*) FROM jobcore.jobs WHERE status = 'cancelled'").fetchone()
-        conn.execute("UPDATE jobcore.jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [root])
+        conn.execute(
+            "UPDATE jobcore.jobs SET status = 'running', attempts = 1 WHERE id = %s", [root]
+        )
+        conn.execute(
+            "UPDATE jobcore.jobs SET status = 'failed', finished_at = now() WHERE id = %s", [root]
+        )
+        cancelled = conn.execute(
+            "SELECT count(*) FROM jobcore.jobs WHERE status = 'cancelled'"
+        ).fetchone()
+        conn.execute(
+            "UPDATE jobcore.jobs SET status = 'pending', finished_at = NULL WHERE id = %s", [root]
+        )
         conn.execute("UPDATE jobcore.jobs SET status = 'running' WHERE id = %s", [root])
         conn.execute(
-            "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s", [root]
+            "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now() WHERE id = %s",
+            [root],
         )
         published = conn.execute("SELECT count(*) FROM jobcore.outbox").fetchone()
         scans = scans_of(conn)

@@ -173,7 +173,8 @@ async def test_an_invalid_graph_is_refused_and_nothing_is_written(
     assert refused.value.kind == kind
     async with worker.db.connection() as conn:
         cursor = await conn.execute(
-            "SELECT (SELECT count(*) FROM jobcore.jobs) + (SELECT count(*) FROM jobcore.workflows) AS n"
+            "SELECT (SELECT count(*) FROM jobcore.jobs) + (SELECT count(*) FROM "
+            "jobcore.workflows) AS n"
         )
         assert await cursor.fetchone() == {"n": 0}
 
