@@ -35,6 +35,7 @@ import httpx
 import schemathesis
 from schemathesis import GenerationMode
 
+from jobcore.execution.registry import JobType, default_registry
 from jobcore.usecases.enqueue.submit import MAX_SCHEDULE_AHEAD
 from services.api.callbacks import CALLBACK_URL_PATTERN
 from services.api.cursor import encode_cursor
@@ -50,8 +51,20 @@ _ENQUEUE_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*$")
 _BATCH_PATH = re.compile(r"^/jobs/[a-z][a-z0-9_]*/batch$")
 # A batch's jobs (POST /batches, POST /batches/{id}/jobs): each as a batch item.
 _BATCHES_PATH = re.compile(r"^/batches(/\{batch_id\}/jobs)?$")
+
+
+def example_types() -> list[JobType[Any]]:
+    """The example types the contract test's API serves."""
+    import jobcore.examples.jobtypes  # noqa: F401  (registers them)
+
+    return list(default_registry)
+
+
 # A margin so a run_at just inside the window when generated is still inside when checked.
 _MARGIN = timedelta(minutes=5)
+# Types debounced by key (their key's enqueues decide when they run): they take no run_at
+# or delay, which the document cannot say per type. The API serves the example types.
+_DEBOUNCED = frozenset(kind.name for kind in example_types() if kind.debounce is not None)
 
 
 def _is_positive(case: Any) -> bool:
@@ -71,8 +84,12 @@ def _schedulable(run_at: Any) -> bool:
         return False
 
 
-def _one_schedule(fields: MutableMapping[str, Any]) -> None:
-    """``run_at`` within the window, and not together with ``delay``."""
+def _one_schedule(fields: MutableMapping[str, Any], *, debounced: bool = False) -> None:
+    """``run_at`` within the window, and not together with ``delay``; neither for a
+    debounced type."""
+    if debounced:
+        fields.pop("run_at", None)
+        fields.pop("delay", None)
     if "run_at" in fields and not _schedulable(fields["run_at"]):
         del fields["run_at"]
     if "run_at" in fields:
@@ -93,12 +110,16 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
         query["callback_url"] = CALLBACK_URL
     if not _is_positive(case):
         return
+    debounced = operation.path.split("/")[2] in _DEBOUNCED if (enqueue or batch) else False
     if enqueue and query is not None:
-        _one_schedule(query)
+        _one_schedule(query, debounced=debounced)
     if batch and isinstance(case.body, MutableMapping) and isinstance(case.body.get("items"), list):
         for item in case.body["items"]:
             if isinstance(item, MutableMapping):
-                _one_schedule(item)
+                _one_schedule(item, debounced=debounced)
+    workflows = operation.method.upper() == "POST" and operation.path == "/workflows"
+    if workflows and isinstance(case.body, MutableMapping):
+        _valid_workflow(case.body)
     batches = operation.method.upper() == "POST" and _BATCHES_PATH.match(operation.path)
     if (
         batches
@@ -107,7 +128,7 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     ):
         for job in case.body["jobs"]:
             if isinstance(job, MutableMapping):
-                _one_schedule(job)
+                _one_schedule(job, debounced=job.get("type") in _DEBOUNCED)
                 if "idempotency_key" in job:
                     job["idempotency_key"] = (
                         f"{str(job['idempotency_key'])[:200]}.{uuid.uuid4().hex}"
@@ -121,6 +142,19 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     listing = operation.method.upper() == "GET" and operation.path == "/jobs"
     if listing and query and query.get("cursor"):
         query["cursor"] = A_CURSOR
+
+
+def _valid_workflow(body: MutableMapping[str, Any]) -> None:
+    """A graph the API can take: jobs of a type it serves (``noop``, whose payload is
+    empty), with names of their own and no edges (which the document cannot tie to the
+    names it generates); a graph's own checks are tested in tests/integration."""
+    jobs = body.get("jobs")
+    if not isinstance(jobs, list):
+        return
+    for n, job in enumerate(jobs):
+        if isinstance(job, MutableMapping):
+            job.update(name=f"step-{n}", type="noop", payload={}, depends_on=[])
+            job["finally"] = False
 
 
 def _valid_edit(case: Any) -> None:

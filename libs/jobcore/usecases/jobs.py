@@ -177,8 +177,10 @@ async def retry_job(
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],
             # The copy takes the original's key: while another live job holds it, the
-            # retry is refused (UniqueJobExists) like any duplicate.
-            unique_key=job["unique_key"],
+            # retry is refused (UniqueJobExists) like any duplicate. An empty key came from
+            # the payload's unique field (which the request check never sees as given), and
+            # comes from it again.
+            unique_key=job["unique_key"] or None,
             origin={"retry_of": str(job_id)},
             ordering_key=job["ordering_key"],
             ordering_seq=None if place is None else place["ordering_seq"],

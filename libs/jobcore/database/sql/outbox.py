@@ -182,10 +182,8 @@ OUTBOX_OLDEST_WRITER = Query[NoParams](
     LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
     WHERE l.locktype = 'relation'
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.relation = (
-          SELECT c.oid FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-          WHERE n.nspname = 'jobcore' AND c.relname = 'outbox'
-      )
+      -- The schema as a literal of its own, which the gateway rewrites for another one.
+      AND l.relation = to_regclass('jobcore' || '.outbox')
       AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
                      'AccessExclusiveLock')
       AND l.pid IS DISTINCT FROM pg_backend_pid()
