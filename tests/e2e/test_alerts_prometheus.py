@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
 import yaml
 
@@ -205,6 +206,16 @@ async def test_relay_lag_alert_fires_while_the_broker_is_down_and_resolves(
             answer = await client.post("/jobs/echo", params={"run_at": past}, json={"text": "b"})
             assert answer.status_code == 202, answer.text  # enqueue does not need the broker
             job_id = answer.json()["job_id"]
+            # A row is due from its enqueue on (a run_at in the past counts from then): the
+            # row is made to have waited ten minutes already, as one would in an outage.
+            async with await psycopg.AsyncConnection.connect(
+                stack.settings.database_url, autocommit=True
+            ) as conn:
+                await conn.execute(
+                    "UPDATE jobcore.outbox SET available_at = now() - interval '10 minutes'"
+                    " WHERE job_id = %s",
+                    (job_id,),
+                )
 
             async def firing() -> bool:
                 return await relay_lag_alert() == "firing"

@@ -443,7 +443,7 @@ async def keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[str, 
                     for run_number in range(bench.options.runs):
                         # As in the tenants sweep: the last drain's dead rows vacuumed first.
                         for table in ("outbox", "inbox"):
-                            await conn.execute(f"VACUUM (ANALYZE) {table}")
+                            await conn.execute(f"VACUUM (ANALYZE) jobcore.{table}")
                         rate = await _drain_ordered(
                             conn, db, stack, topology, f"m{number}.{run_number}-", p.ordered_jobs
                         )
@@ -717,7 +717,7 @@ async def gate_keys_sweep(bench: Bench, p: Plan, section: Section) -> list[dict[
                             break
                     prune_seconds = time.perf_counter() - started
                     for table in TABLES:
-                        await conn.execute(f"VACUUM (ANALYZE) {table}")
+                        await conn.execute(f"VACUUM (ANALYZE) jobcore.{table}")
                     after = await _sizes(conn)
                     waves.append(
                         {

@@ -84,7 +84,8 @@ TABLE_STATS = (
     + """
 SELECT s.relname AS name, pg_table_size(s.relid) AS heap, pg_indexes_size(s.relid) AS index,
        s.n_tup_upd + s.n_tup_del AS dead_made, s.n_dead_tup AS dead
-FROM pg_stat_user_tables s WHERE s.schemaname = 'jobcore' AND s.relname = ANY(%(tables)s)
+FROM pg_stat_user_tables s
+WHERE s.schemaname IN ('jobcore', 'public') AND s.relname = ANY(%(tables)s)
 """
 )
 WAL_LSN = BENCH_MARK + " SELECT pg_current_wal_lsn()::text AS lsn"

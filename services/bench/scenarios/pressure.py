@@ -270,7 +270,7 @@ async def readers(url: str, deadline: float, detail: dict[str, Any]) -> None:
                     ends = min(deadline, time.time() + READER_TRANSACTION)
                     while time.time() < ends:
                         for table in ("jobs", "outbox", "inbox", "job_events"):
-                            await conn.execute(f"SELECT count(*) FROM {table}")
+                            await conn.execute(f"SELECT count(*) FROM jobcore.{table}")
                             scans[table] += 1
                     await conn.commit()
 

@@ -153,7 +153,7 @@ async def vacuum_due(conn: psycopg.AsyncConnection[Any], samples: Samples) -> No
     cur = await conn.execute(DEAD_TUPLES)
     for name, live, dead in await cur.fetchall():
         if dead > VACUUM_THRESHOLD + VACUUM_SCALE_FACTOR * live:
-            await conn.execute(f'VACUUM (ANALYZE) "{name}"')
+            await conn.execute(f'VACUUM (ANALYZE) jobcore."{name}"')
             samples.vacuums[name] = samples.vacuums.get(name, 0) + 1
 
 

@@ -39,10 +39,10 @@ DONE_SQL = """
 SELECT count(*) FILTER (WHERE status NOT IN ('succeeded', 'failed', 'cancelled')) AS open,
        count(*) FILTER (WHERE status <> 'succeeded' AND status IN ('failed', 'cancelled'))
            AS bad
-FROM jobs WHERE id = ANY(%(ids)s)
+FROM jobcore.jobs WHERE id = ANY(%(ids)s)
 """
-WORKFLOW_DONE_SQL = "SELECT status FROM workflows WHERE id = %(id)s"
-SINCE_SQL = "SELECT id FROM jobs WHERE created_at >= %(since)s AND type = 'noop'"
+WORKFLOW_DONE_SQL = "SELECT status FROM jobcore.workflows WHERE id = %(id)s"
+SINCE_SQL = "SELECT id FROM jobcore.jobs WHERE created_at >= %(since)s AND type = 'noop'"
 
 
 def steps(options: Options) -> int:
