@@ -80,7 +80,7 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
     assert report["accepted"] == (report["succeeded"] + report["failed"] + report["cancelled"]), (
         summary
     )
-    assert report["cancelled"] == report["multistep_workflows"] // 2, summary
+    assert report["cancelled"] == report["multistep_compensation_workflows"], summary
     # The application producer: transactions committed and rolled back on purpose, and
     # no job of a rolled-back one (its committed jobs are among the accepted above).
     assert report["app_committed"] > 0, summary

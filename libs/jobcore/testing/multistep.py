@@ -465,9 +465,16 @@ async def check_multistep(
                     bad("workflow_order_violations", f"{w['name']} {s['name']} before {u}")
 
     # Batches.
-    for b in batches:
-        if b["status"] not in ("succeeded", "settled"):
-            bad("batches_unsettled", f"{b['id']} {b['status']}")
+    found = {b["id"]: b for b in batches}
+    for batch_id in load.batches:
+        b = found.get(batch_id)
+        # Settled: every member ended, and on_complete (which says so) was recorded.
+        if b is None or not (
+            b["total"] == 3
+            and b["succeeded"] + b["failed"] + b["cancelled"] == b["total"]
+            and b["complete_fired"]
+        ):
+            bad("batches_unsettled", f"{batch_id} {b}")
     fired = Counter((c["batch_id"], c["event"]) for c in callbacks if c.get("job_id"))
     by_jobs: Counter[tuple[str, str]] = Counter()
     for job in jobs.values():
@@ -550,6 +557,9 @@ async def check_multistep(
 
     counts = {
         "workflows": len(workflows),
+        "compensation_workflows": sum(
+            1 for w in workflows if str(w["name"]).startswith("compensation-")
+        ),
         "workflows_answered": sum(load.workflows.values()),
         "batches": len(batches),
         "callbacks_fired": callbacks_fired,
