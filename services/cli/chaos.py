@@ -24,6 +24,11 @@ through ``jobcore.enqueue_in`` inside transactions of its own that also write an
 application row, and rolls back a share of them on purpose after the enqueue
 (``--app-rollback-share``): its committed jobs are checked with the others (none lost),
 and no job of a rolled-back transaction may exist.
+A multi-step load (``--multistep-rate``, off by default) also creates workflows (a diamond
+with a snoozing step and a ``finally`` job; one with an ``on_failure`` compensation
+edge), batches with all three callbacks, bursts of a debounced type on a few keys, and
+PATCH edits of delayed jobs, all over HTTP; the report counts them and the violations of
+each of their guarantees (:mod:`jobcore.testing.multistep`), which must all be 0.
 The stack machinery and the job type it submits are the library's testing kit
 (:mod:`jobcore.testing`), which the tests use too.
 """
@@ -53,6 +58,7 @@ from services.cli.common import emit, example, fail, settings
 
 if TYPE_CHECKING:
     from jobcore.testing.app_producer import AppProducer
+    from jobcore.testing.multistep import MultiStep
     from jobcore.testing.pipeline import Stack, Submitter
 
 FAULTS = (
@@ -87,7 +93,7 @@ RECOVERY_TIMEOUT = 120.0
 LOCK_TIMEOUT = 900.0
 # Only the job types the run submits: their short timeouts (a slot held at most 32 s) let it
 # declare a short consumer timeout, and so a short inbox window (below).
-CHAOS_JOB_MODULES = ("jobcore.testing.jobtypes",)
+CHAOS_JOB_MODULES = ("jobcore.testing.jobtypes", "jobcore.testing.multistep_jobtypes")
 # The pruner and the sweeper work all through the faults, on a scale of seconds instead of
 # days: finished jobs (and their effects, by cascade) go 20 s after they end, inbox rows
 # after the shortest window the settings allow (delivery limit × consumer timeout = 180 s),
@@ -303,6 +309,20 @@ async def _steady_load(
 
 
 @contextlib.asynccontextmanager
+async def _multistep_load(load: MultiStep | None, rate: float) -> AsyncIterator[None]:
+    if load is None:
+        yield
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(load.steady(rate, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+@contextlib.asynccontextmanager
 async def _app_load(
     producer: AppProducer | None, rate: float, limit: int, handler_seconds: float
 ) -> AsyncIterator[None]:
@@ -332,9 +352,11 @@ async def _soak(
     faults: tuple[str, ...],
     app_rate: float = 0.0,
     app_rollback_share: float = 0.0,
+    multistep_rate: float = 0.0,
 ) -> dict[str, Any]:
     from jobcore.execution.registry import load_job_modules
     from jobcore.testing.app_producer import AppProducer
+    from jobcore.testing.multistep import MultiStep, check_multistep, install_archive
     from jobcore.testing.pipeline import (
         LeaseWatch,
         Stack,
@@ -359,6 +381,8 @@ async def _soak(
     async with stack, stack.submitter(give_up=RECOVERY_TIMEOUT) as submitter:
         # Before the first job: every job the pruner deletes is still checked at the end.
         await archive_pruned(stack.db)
+        if multistep_rate > 0:
+            await install_archive(config.database_url)
         _say(f"stack up in {time.monotonic() - started:.1f}s; logs in {log_dir}")
         chaos = Chaos(stack, random.Random(seed), faults)
         producer = None
@@ -374,10 +398,20 @@ async def _soak(
                 rollback_share=app_rollback_share,
             )
             await producer.prepare()
-        async with LeaseWatch(stack.db) as leases:
+        multistep = (
+            MultiStep(
+                stack.api_url, stack.api_key, random.Random(seed + 2), give_up=RECOVERY_TIMEOUT
+            )
+            if multistep_rate > 0
+            else None
+        )
+        async with LeaseWatch(stack.db) as leases, contextlib.AsyncExitStack() as scope:
+            if multistep is not None:
+                await scope.enter_async_context(multistep)
             async with (
                 _steady_load(submitter, rate, int(rate * duration), handler_seconds),
                 _app_load(producer, app_rate, int(app_rate * duration) + 1, handler_seconds),
+                _multistep_load(multistep, multistep_rate),
             ):
                 await chaos.run(submitter, time.monotonic() + duration)
             _say(f"load stopped after {len(submitter.accepted)} accepted jobs; settling")
@@ -386,6 +420,13 @@ async def _soak(
                 await producer.settle(config.database_url)
             settled = await wait_quiescent(stack.db, stack.tenant, timeout=settle)
             accepted = submitter.job_ids + ([] if producer is None else producer.committed)
+            steps = None
+            if multistep is not None:
+                # Its jobs are counted as accepted: its own check says none was lost.
+                steps, step_jobs = await check_multistep(
+                    config.database_url, stack.tenant, multistep
+                )
+                accepted += step_jobs
             report = await check(stack.db, stack.tenant, accepted)
             if producer is not None:
                 app = await producer.report(config.database_url)
@@ -410,6 +451,9 @@ async def _soak(
             "longest_overdue_lease_seconds": round(leases.worst, 2),
             "app_rate": app_rate,
             **(app.as_dict() if app is not None else {}),
+            "multistep_rate": multistep_rate,
+            **(steps.as_dict() if steps is not None else {}),
+            **({"multistep_http": dict(multistep.answers)} if multistep is not None else {}),
             "http": submitter.summary(),
             "processes_alive": {p.name: p.alive for p in stack.processes},
             "schedule": [r.as_dict() for r in chaos.records],
@@ -421,6 +465,7 @@ async def _soak(
                 or report.stray_effects
                 or report.failed_without_handler
                 or (app is not None and app.jobs_from_rollbacks)
+                or (steps is not None and not steps.ok)
             ),
         }
 
@@ -438,6 +483,13 @@ SUMMARY_KEYS = (
     "app_committed",
     "app_rolled_back",
     "app_jobs_from_rollbacks",
+    "multistep_workflows",
+    "multistep_batches",
+    "multistep_callbacks_fired",
+    "multistep_debounce_keys",
+    "multistep_debounce_runs",
+    "multistep_edits_applied",
+    "multistep_violations",
     "faults",
     "longest_recovery_seconds",
     "unrecovered_faults",
@@ -510,6 +562,12 @@ def chaos(
     app_rollback_share: float = typer.Option(
         0.25, min=0, max=1, help="The share of those rolled back on purpose after the enqueue."
     ),
+    multistep_rate: float = typer.Option(
+        0.0,
+        min=0,
+        max=50,
+        help="Multi-step actions a second (workflows, batches, debounce bursts, edits; 0: none).",
+    ),
     fault: list[str] | None = typer.Option(
         None, "--fault", help="Only these faults (repeatable; default all of them)."
     ),
@@ -563,6 +621,7 @@ def chaos(
                     faults=chosen,
                     app_rate=app_rate,
                     app_rollback_share=app_rollback_share,
+                    multistep_rate=multistep_rate,
                 ),
                 restore=disrupts_shared,
             )

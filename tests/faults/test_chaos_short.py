@@ -1,6 +1,8 @@
 """A minute of `jobcore chaos` (the CI version of the 10-minute soak): every kind of fault
 under load, from HTTP and from application transactions (some rolled back on purpose),
-then nothing lost, no effect twice and no job of a rolled-back transaction."""
+with workflows, batches with callbacks, debounced bursts and edits of delayed jobs beside
+them, then nothing lost, no effect twice, no job of a rolled-back transaction, and none of
+the multi-step guarantees broken."""
 
 from __future__ import annotations
 
@@ -33,7 +35,18 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
         "JOBCORE_ENVIRONMENT": "test",
         "PYTHONPATH": str(ROOT),
     }
-    args = ("chaos", "--duration", "60", "--seed", "11", "--rate", "20", "--json")
+    args = (
+        "chaos",
+        "--duration",
+        "60",
+        "--seed",
+        "11",
+        "--rate",
+        "20",
+        "--multistep-rate",
+        "2",
+        "--json",
+    )
     proc = subprocess.Popen(
         jobcore_command(*args, "--log-dir", str(tmp_path)),
         env=env,
@@ -63,12 +76,20 @@ def test_a_minute_of_chaos_loses_nothing_and_repeats_nothing(
     assert report["duplicate_effects"] == 0, summary
     assert report["failed_without_handler"] == 0, summary
     assert report["accepted"] >= 500, summary
-    assert report["accepted"] == report["succeeded"] + report["failed"], summary
+    # The compensation workflows' unreachable steps end cancelled; nothing else does.
+    assert report["accepted"] == (report["succeeded"] + report["failed"] + report["cancelled"]), (
+        summary
+    )
+    assert report["cancelled"] == report["multistep_compensation_workflows"], summary
     # The application producer: transactions committed and rolled back on purpose, and
     # no job of a rolled-back one (its committed jobs are among the accepted above).
     assert report["app_committed"] > 0, summary
     assert report["app_rolled_back"] > 0, summary
     assert report["app_jobs_from_rollbacks"] == 0, summary
+    # The multi-step load: each kind ran, and no guarantee of theirs was broken.
+    for count in ("workflows", "batches", "callbacks_fired", "debounce_runs", "edits_tried"):
+        assert report[f"multistep_{count}"] > 0, summary
+    assert report["multistep_violations"] == 0, summary
     # The pruner deleted finished jobs while the faults went on (and the check still saw
     # every one of them, from the run's archive).
     assert report["pruned"] > 0, summary
