@@ -103,8 +103,8 @@ async def _seed(settings: Settings, job_ids: list[str]) -> list[int]:
 
 def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Path:
     """The module config, plus a quarantined outbox row for each of the two routes that
-    act on one and a succeeded job for the result and payload routes: without them these
-    only ever answer 404 (or 409)."""
+    act on one, a succeeded job for the result and payload routes, and a workflow for the
+    retry of one of its jobs: without them these only ever answer 404 (or 409)."""
     auth = {"Authorization": f"Bearer {key}"}
     job_ids = [
         httpx.post(f"{url}/jobs/echo", json={"text": "q"}, headers=auth, timeout=10).json()[
@@ -113,6 +113,13 @@ def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Pat
         for _ in range(3)
     ]
     requeue, discard = asyncio.run(_seed(settings, job_ids))
+    workflow = httpx.post(
+        f"{url}/workflows",
+        json={"jobs": [{"name": "only", "type": "noop", "payload": {}}]},
+        headers=auth,
+        timeout=10,
+    )
+    assert workflow.status_code == 201, workflow.text
     path.write_text(
         CONFIG.read_text()
         + f"""
@@ -131,6 +138,10 @@ parameters = {{ "path.job_id" = "{job_ids[2]}" }}
 [[operations]]
 include-path = "/jobs/{{job_id}}/payload"
 parameters = {{ "path.job_id" = "{job_ids[2]}" }}
+
+[[operations]]
+include-path = "/workflows/{{workflow_id}}/jobs/{{name}}/retry"
+parameters = {{ "path.workflow_id" = "{workflow.json()["id"]}", "path.name" = "only" }}
 """
     )
     return path

@@ -25,7 +25,10 @@ The machinery of jobcore's own tests:
 - :mod:`~jobcore.testing.tcpproxy`: a TCP proxy that can be told to cut its connections
   (``jobcore demo``, the fault tests);
 - :mod:`~jobcore.testing.app_producer`: `jobcore chaos`'s producer that enqueues as an
-  application does, in transactions of its own, rolling back a share on purpose.
+  application does, in transactions of its own, rolling back a share on purpose;
+- :mod:`~jobcore.testing.multistep`: its producer of workflows, batches, debounced bursts
+  and edits, and their checks at the end of the run, with
+  :mod:`~jobcore.testing.multistep_jobtypes`, the job types they run.
 """
 
 from jobcore.testing.draining import Drained, InlineWorker

@@ -322,10 +322,13 @@ def _inlined(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _job_schema(registry: Registry, refs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A job of a batch: one of the registered types, with that type's payload."""
+    """A job of a batch: one of the registered types, with that type's payload (not a type
+    debounced or throttled by key: an enqueue of a key may join a job outside the batch)."""
     job = _inlined(BatchJobFields)
     variants = []
     for job_type in registry:
+        if job_type.debounce is not None or job_type.throttle is not None:
+            continue
         variant = copy.deepcopy(job)
         variant["properties"]["type"] = {"type": "string", "const": job_type.name}
         variant["properties"]["payload"] = refs[job_type.name]

@@ -206,7 +206,7 @@ def build_router(registry: Registry) -> APIRouter:
         methods=["POST"],
         status_code=201,
         response_model=WorkflowCreatedOut,
-        responses=_problems(422, 429),
+        responses=_problems(400, 413, 415, 422, 429),
         route_class_override=EnqueueRoute,
     )
     router.add_api_route(

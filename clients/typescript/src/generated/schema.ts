@@ -4273,44 +4273,6 @@ export interface operations {
                         delay?: number | null;
                     } | {
                         /** @constant */
-                        type: "refresh_dashboard";
-                        payload: components["schemas"]["RefreshDashboardPayload"];
-                        /**
-                         * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
-                         */
-                        idempotency_key?: string | null;
-                        /** Unique Key */
-                        unique_key?: string | null;
-                        /** Entity Id */
-                        entity_id?: string | null;
-                        /** Max Attempts */
-                        max_attempts?: number | null;
-                        /** Run At */
-                        run_at?: string | null;
-                        /** Delay */
-                        delay?: number | null;
-                    } | {
-                        /** @constant */
-                        type: "reindex_account";
-                        payload: components["schemas"]["ReindexAccountPayload"];
-                        /**
-                         * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
-                         */
-                        idempotency_key?: string | null;
-                        /** Unique Key */
-                        unique_key?: string | null;
-                        /** Entity Id */
-                        entity_id?: string | null;
-                        /** Max Attempts */
-                        max_attempts?: number | null;
-                        /** Run At */
-                        run_at?: string | null;
-                        /** Delay */
-                        delay?: number | null;
-                    } | {
-                        /** @constant */
                         type: "send_email";
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
@@ -4592,44 +4554,6 @@ export interface operations {
                         /** @constant */
                         type: "noop";
                         payload: components["schemas"]["NoopPayload"];
-                        /**
-                         * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
-                         */
-                        idempotency_key?: string | null;
-                        /** Unique Key */
-                        unique_key?: string | null;
-                        /** Entity Id */
-                        entity_id?: string | null;
-                        /** Max Attempts */
-                        max_attempts?: number | null;
-                        /** Run At */
-                        run_at?: string | null;
-                        /** Delay */
-                        delay?: number | null;
-                    } | {
-                        /** @constant */
-                        type: "refresh_dashboard";
-                        payload: components["schemas"]["RefreshDashboardPayload"];
-                        /**
-                         * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
-                         */
-                        idempotency_key?: string | null;
-                        /** Unique Key */
-                        unique_key?: string | null;
-                        /** Entity Id */
-                        entity_id?: string | null;
-                        /** Max Attempts */
-                        max_attempts?: number | null;
-                        /** Run At */
-                        run_at?: string | null;
-                        /** Delay */
-                        delay?: number | null;
-                    } | {
-                        /** @constant */
-                        type: "reindex_account";
-                        payload: components["schemas"]["ReindexAccountPayload"];
                         /**
                          * Idempotency Key
                          * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
@@ -4952,6 +4876,15 @@ export interface operations {
                     "application/json": components["schemas"]["WorkflowCreatedOut"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
@@ -4968,6 +4901,24 @@ export interface operations {
                 headers: {
                     /** @description The Bearer challenge (RFC 6750), naming the error and the scope. */
                     "WWW-Authenticate": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unsupported Media Type */
+            415: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {
