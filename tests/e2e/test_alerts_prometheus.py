@@ -30,6 +30,7 @@ import yaml
 
 from jobcore.kernel.settings import Settings
 from jobcore.testing.tcpproxy import Mode, TcpProxy
+from services.relay.low_water import FULL_LOOK_EVERY
 from tests.e2e.stack import E2EStack, free_port, until
 
 pytestmark = pytest.mark.timeout(180)
@@ -223,9 +224,11 @@ async def test_relay_lag_alert_fires_while_the_broker_is_down_and_resolves(
             await until(firing, timeout=30, what=f"{ALERT} to fire while the broker is down")
             assert (await client.get(f"/jobs/{job_id}")).json()["status"] == "pending"
 
-            # The broker is back: the job is published and runs, and the alert resolves.
+            # The broker is back: the job is published and runs, and the alert resolves. The
+            # row was aged below the relay's low-water mark, which only the relay's unbounded
+            # look reaches (services.relay.low_water): within its period.
             broker_proxy.set_mode(Mode.FORWARD)
-            await stack.wait_status(client, job_id, "succeeded", timeout=30)
+            await stack.wait_status(client, job_id, "succeeded", timeout=FULL_LOOK_EVERY + 30)
 
             async def resolved() -> bool:
                 return await relay_lag_alert() is None

@@ -683,7 +683,7 @@ async def _sizes(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, floa
     cur = await conn.execute(SIZES_SQL, {"tables": list(TABLES)})
     sizes = {name: {"mib": round(int(b) / 2**20, 3)} for name, b in await cur.fetchall()}
     for name in TABLES:
-        sizes[name]["rows"] = int(await _scalar(conn, f"SELECT count(*) FROM {name}"))
+        sizes[name]["rows"] = int(await _scalar(conn, f"SELECT count(*) FROM jobcore.{name}"))
     return sizes
 
 
