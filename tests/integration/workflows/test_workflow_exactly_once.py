@@ -4,6 +4,7 @@ dependencies settling at the same instant on two connections release a dependent
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -40,6 +41,20 @@ async def claim(conn: psycopg.AsyncConnection[Any], job_id: uuid.UUID) -> uuid.U
         [token, job_id],
     )
     return token
+
+
+async def until_waiting_for_a_lock(worker: InlineWorker, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        async with worker.db.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+            )
+            row = await cursor.fetchone()
+        if row is not None and row["wait_event_type"] == "Lock":
+            return
+        await asyncio.sleep(0.01)  # the poll's interval, bounded by the deadline
+    raise AssertionError("the second settle never waited for the first's lock")
 
 
 # The shape of every outcome: fenced on the job's status and its lease token.
@@ -98,7 +113,8 @@ async def test_two_dependencies_settling_at_once_on_two_connections_release_once
         # Both settle inside open transactions, then commit together.
         await one.execute(SETTLE, [a, tokens[0]])
         settle_two = asyncio.create_task(two.execute(SETTLE, [b, tokens[1]]))
-        await asyncio.sleep(0)  # let the second statement reach the server
+        # The second settle reaches the workflow's row and waits for the first's lock.
+        await until_waiting_for_a_lock(worker, two.info.backend_pid)
         await asyncio.gather(one.commit(), settle_two)
         await two.commit()
     finally:
