@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
+import sys
 from collections.abc import Iterator
 
 import typer
 import uvicorn
 from uvicorn import server as uvicorn_server
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
 
 from jobcore.database.schema_version import check_schema
 from jobcore.execution.preflight import check_job_types
@@ -61,7 +65,12 @@ def api(
         server_header=False,
     )
     if workers > 1:
-        Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
+        supervisor = ApiSupervisor(server_config, sockets=[server_config.bind_socket()])
+        supervisor.run()
+        if supervisor.a_process_failed_to_start():
+            # The database answers by now: the check names the schema a process refused.
+            check_schema(config)
+            fail("the API did not start (see the log above)")
         return
     server = ApiServer(server_config)
     server.run()
@@ -99,6 +108,40 @@ class ApiServer(uvicorn_server.Server):
                 yield
             finally:
                 self._captured_signals.clear()
+
+
+class ApiProcess(Process):
+    """One of `jobcore api --workers N`'s processes: it runs :class:`ApiServer` and ends
+    with uvicorn's STARTUP_FAILURE code once its pool refused the schema, so the supervisor
+    stops every process instead of starting that one again, and again."""
+
+    @property
+    def server(self) -> uvicorn_server.Server:
+        if self._server is None:
+            self._server = ApiServer(config=self.config)
+        return self._server
+
+    def target(self, sockets: list[socket.socket] | None = None) -> None:
+        super().target(sockets)
+        server = self.server
+        if isinstance(server, ApiServer) and server.schema_refusal() is not None:
+            sys.exit(STARTUP_FAILURE)
+
+
+class ApiSupervisor(Multiprocess):
+    """uvicorn's supervisor of `jobcore api --workers N`, starting :class:`ApiProcess`es.
+
+    A process it starts later, to replace one that died, is uvicorn's own: the others still
+    stop the whole API on a refused schema."""
+
+    def init_processes(self) -> None:
+        for _ in range(self.processes_num):
+            process = ApiProcess(self.config, self.sockets)
+            process.start()
+            self.processes.append(process)
+
+    def a_process_failed_to_start(self) -> bool:
+        return any(process.exitcode == STARTUP_FAILURE for process in self.processes)
 
 
 def relay(

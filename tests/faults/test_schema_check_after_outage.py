@@ -1,6 +1,8 @@
 """A service started while PostgreSQL is down makes its schema check once it answers: a
 schema more than one release newer stops `jobcore worker`, `jobcore api` and
-`jobcore relay` with exit 1 and the same one line as when the database was up at start.
+`jobcore relay` with exit 1 and the same one line as when the database was up at start,
+and `jobcore api --workers 2` too (its processes would otherwise be started again, and
+again, by uvicorn's supervisor).
 
 PostgreSQL here is a cluster of the test's own (tests/support/pg_stoppable.py, 5452),
 stopped and started by the test; the machine's own (5432) is never touched.
@@ -51,10 +53,15 @@ def stoppable(settings: Settings) -> Iterator[Settings]:
             scratch.drop_database(Settings(database_url=database_url))
 
 
-@pytest.mark.parametrize("command", sorted(STARTED))
+@pytest.mark.parametrize(
+    "argv",
+    [(command,) for command in sorted(STARTED)] + [("api", "--workers", "2")],
+    ids=lambda argv: " ".join(argv),
+)
 def test_a_service_started_while_postgresql_is_down_refuses_a_newer_schema_once_it_is_up(
-    stoppable: Settings, command: str, tmp_path: Path
+    stoppable: Settings, argv: tuple[str, ...], tmp_path: Path
 ) -> None:
+    command = argv[0]
     env = settings_env(
         stoppable,
         JOBCORE_API_PORT="0",
@@ -67,7 +74,7 @@ def test_a_service_started_while_postgresql_is_down_refuses_a_newer_schema_once_
     pg_stoppable.stop()
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            jobcore_command(command), env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True
+            jobcore_command(*argv), env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True
         )
     try:
         eventually_sync(
