@@ -192,7 +192,7 @@ def bench(
     paced_systems: str = typer.Option(
         "jobcore,procrastinate,celery",
         help="Paced: the systems paced, in order (also jobcore-baseline: jobcore with "
-        "--paced-baseline-env).",
+        "--paced-baseline-env; jobcore-2: two API processes, relays and workers).",
     ),
     paced_baseline_env: str = typer.Option(
         "",
@@ -230,7 +230,7 @@ def bench(
     if pressure_port == 5432:
         fail("--pressure-port: the pressure scenario restarts its cluster; not 5432", code=2)
     systems = tuple(part.strip() for part in paced_systems.split(",") if part.strip())
-    known_systems = ("jobcore", "jobcore-baseline", "procrastinate", "celery")
+    known_systems = ("jobcore", "jobcore-baseline", "jobcore-2", "procrastinate", "celery")
     if not systems or any(s not in known_systems for s in systems):
         fail(f"--paced-systems takes {', '.join(known_systems)}; got {paced_systems!r}", code=2)
     baseline_env = tuple(p.strip() for p in paced_baseline_env.split(",") if p.strip())

@@ -64,6 +64,16 @@ def pids_named(name: str) -> list[int]:
     return _pids_where(lambda entry: (entry / "comm").read_text().strip() == name)
 
 
+def with_children(pids: Sequence[int]) -> list[int]:
+    """``pids`` and their child processes (`jobcore api --workers N`'s servers)."""
+
+    def parent(entry: Path) -> int:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    parents = set(pids)
+    return [*pids, *_pids_where(lambda entry: parent(entry) in parents)]
+
+
 def pids_in_group(pgid: int) -> list[int]:
     """The processes of a process group: a peer's worker started in a session of its own
     and the children it forked (Celery's prefork pool)."""

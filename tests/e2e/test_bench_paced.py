@@ -62,3 +62,34 @@ def test_paced_accounts_for_every_job_and_reports_each_system(
     ]
     assert len(details["tables"][0]["rows"]) == len(SYSTEMS) * 2
     assert "## paced" in (out / "report.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_paced_runs_jobcore_as_two_replicas_next_to_one(settings: Settings, tmp_path: Path) -> None:
+    out = tmp_path / "paced"
+    result = bench_cli(
+        settings,
+        "paced",
+        *("--paced-peak", "60", "--paced-seconds", "3", "--paced-fractions", "50"),
+        *("--paced-systems", "jobcore,jobcore-2", "--out", str(out)),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    (section,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
+    steps = {s["system"]: s for s in section["details"]["steps"]}
+    assert set(steps) == {"jobcore", "jobcore-2"}
+    for system, step in steps.items():
+        assert step["completed_once"] == step["accepted"] == step["offered"] > 0, system
+        assert step["missing"] == step["not_once"] == 0, system
+    # Two API server processes answered on the port (uvicorn's supervisor and its two
+    # children), and two relays and two workers ran.
+    logs = out / "logs" / "paced-jobcore-2"
+    api_log = (logs / "api.1.log").read_text().splitlines()
+    assert len([line for line in api_log if '"api started"' in line]) == 2, api_log[-20:]
+    assert {p.name for p in logs.glob("*.log")} >= {
+        "relay-0.1.log",
+        "relay-1.1.log",
+        "worker-0.1.log",
+        "worker-1.1.log",
+    }

@@ -57,7 +57,7 @@ from jobcore.testing.pipeline import free_port
 from jobcore.testing.waiting import eventually
 from services.bench.harness import Bench, Options, pids, relays_ready
 from services.bench.http import post
-from services.bench.measure import CpuMeter, ms_per_job, pids_in_group
+from services.bench.measure import CpuMeter, ms_per_job, pids_in_group, with_children
 from services.bench.paced_load import MAX_BATCH, TICK, HttpPool, PaceCounts, Pacer
 from services.bench.pgstats import BENCH_MARK
 from services.bench.pressure_load import Histogram
@@ -207,22 +207,33 @@ def _chunks(ids: list[Any]) -> list[list[Any]]:
 class Jobcore(System):
     name = "jobcore"
     tables = HOT_TABLES
+    # One replica: an API process, a relay and a worker.
+    replicas = 1
 
     def env(self) -> dict[str, str]:
         return {}
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        api_args = ("--workers", str(self.replicas)) if self.replicas > 1 else ()
         async with self.bench.stack(
-            self.config, f"paced-{self.name}", relays=1, workers=1, env=self.env()
+            self.config,
+            f"paced-{self.name}",
+            relays=self.replicas,
+            workers=self.replicas,
+            env=self.env(),
+            api_args=api_args,
         ) as stack:
             await relays_ready(stack)
             self.pool = HttpPool(stack.api_port)
             self._auth = {"Authorization": f"Bearer {stack.api_key}"}
             self.databases = [self.config.database_url.rsplit("/", 1)[1]]
             self.watch_url = self.config.database_url
+            groups: dict[str, list[int]] = {}
             for name, pid in pids(stack).items():
-                self.processes[name.partition("-")[0]] = functools.partial(_one, pid)
+                groups.setdefault(name.partition("-")[0], []).append(pid)
+            for group, members in groups.items():
+                self.processes[group] = functools.partial(with_children, members)
             try:
                 yield
             finally:
@@ -302,8 +313,13 @@ class JobcoreBaseline(Jobcore):
         return {key.strip(): value.strip() for key, _, value in pairs}
 
 
-def _one(pid: int) -> list[int]:
-    return [pid]
+class JobcoreReplicas(Jobcore):
+    """jobcore as two replicas at the same total rate: two API processes sharing the port
+    (`jobcore api --workers 2`), two relays and two workers (issue: two replicas must not
+    start a job later than one)."""
+
+    name = "jobcore-2"
+    replicas = 2
 
 
 class Peer(System):
@@ -489,6 +505,7 @@ def _utc(epoch: float) -> Any:
 SYSTEM_CLASSES: dict[str, type[System]] = {
     "jobcore": Jobcore,
     "jobcore-baseline": JobcoreBaseline,
+    "jobcore-2": JobcoreReplicas,
     "procrastinate": Procrastinate,
     "celery": Celery,
 }
