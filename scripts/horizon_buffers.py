@@ -53,6 +53,8 @@ from jobcore.kernel.settings import load_settings
 from jobcore.testing import scratch
 
 TENANT = "pinned"
+# The script's own statements name jobcore's tables without their schema.
+SEARCH_PATH = "-c search_path=jobcore"
 BATCH = 100
 # The tenant's rate limit (jobs/s; 0: none). A rate-limited tenant's usage row takes a
 # version per admission (its rate_tat): --rate shows what that costs behind the pin.
@@ -320,8 +322,8 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     try:
         with (
-            psycopg.connect(url, autocommit=True) as conn,
-            psycopg.connect(url, autocommit=True) as pin,
+            psycopg.connect(url, autocommit=True, options=SEARCH_PATH) as conn,
+            psycopg.connect(url, autocommit=True, options=SEARCH_PATH) as pin,
         ):
             conn.execute("ANALYZE")
             # The pin: a snapshot and an XID held for the whole run.
