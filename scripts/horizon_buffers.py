@@ -112,6 +112,7 @@ def batch_params(n: int, *, run_at: Any = None, tenant: str = TENANT) -> dict[st
         "default_burst": max(1, int(RATE["per_second"])),
         "default_max_unfinished": 0,
         "default_max_long_polls": 0,
+        "batch_id": None,
     }
 
 
