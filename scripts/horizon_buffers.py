@@ -14,6 +14,11 @@ once) under EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back, and its sha
 buffers (hit + read) are printed per N: a statement whose cost follows the dead rows
 grows down its column; one bounded by a low-water mark stays flat.
 
+Every ``--drained-every``-th batch of the bulk goes to a second tenant, left with no live
+row: the fair claim's lane lookup has a lane of dead entries only to step over. The fair
+claim and the FIFO claim are measured with the relay's window and unbounded (its full
+look); a tree whose statements take no window runs them unbounded both times.
+
 The relay's and the reaper's marks are computed by their own code (services.relay.
 low_water, jobcore.maintenance.reaper) when the tree has them, so the same script measures
 the design before and after. Also prints the hot tables' bytes and dead tuples grown per
@@ -43,14 +48,21 @@ from jobcore.database.sql import outbox as outbox_sql
 from jobcore.database.sql.jobs import enqueue as enqueue_sql
 from jobcore.database.sql.jobs import recovery
 from jobcore.database.sql.tenant_quotas import TENANT_USAGE_LOCK
+from jobcore.kernel.priorities import WEIGHTS
 from jobcore.kernel.settings import load_settings
 from jobcore.testing import scratch
 
 TENANT = "pinned"
+# The script's own statements name jobcore's tables without their schema.
+SEARCH_PATH = "-c search_path=jobcore"
 BATCH = 100
 # The tenant's rate limit (jobs/s; 0: none). A rate-limited tenant's usage row takes a
 # version per admission (its rate_tat): --rate shows what that costs behind the pin.
 RATE = {"per_second": 0.0}
+# Every so many batches of the bulk go to this tenant (--drained-every; 0: none), whose
+# rows are all published: a lane with only dead entries behind the pin.
+DRAINED_TENANT = "drained"
+DRAINED = {"every": 4}
 # The relay's claims a second while pinned in the full pressure run (25,725 in 600 s).
 CLAIMS_PER_SECOND = 43.0
 # The relay's bounded claim and its looks as the code in this tree makes them.
@@ -62,7 +74,7 @@ from jobcore.maintenance import reaper as reaper_module  # noqa: E402
 from services.relay import relay as relay_module  # noqa: E402
 
 
-def batch_params(n: int, *, run_at: Any = None) -> dict[str, Any]:
+def batch_params(n: int, *, run_at: Any = None, tenant: str = TENANT) -> dict[str, Any]:
     ids = [uuid.uuid4() for _ in range(n)]
     return {
         "ns": list(range(n)),
@@ -84,7 +96,7 @@ def batch_params(n: int, *, run_at: Any = None) -> dict[str, Any]:
         "tracestates": [None] * n,
         "headers": [Jsonb({}) for _ in range(n)],
         "event_details": [Jsonb({}) for _ in range(n)],
-        "tenant": TENANT,
+        "tenant": tenant,
         "type": "noop",
         "queue": "default",
         "routing_key": "default",
@@ -100,13 +112,14 @@ def batch_params(n: int, *, run_at: Any = None) -> dict[str, Any]:
         "default_burst": max(1, int(RATE["per_second"])),
         "default_max_unfinished": 0,
         "default_max_long_polls": 0,
+        "batch_id": None,
     }
 
 
-def enqueue(conn: psycopg.Connection[Any], n: int) -> list[uuid.UUID]:
-    params = batch_params(n)
+def enqueue(conn: psycopg.Connection[Any], n: int, tenant: str = TENANT) -> list[uuid.UUID]:
+    params = batch_params(n, tenant=tenant)
     with conn.transaction():
-        conn.execute(TENANT_USAGE_LOCK.sql, {"tenant": TENANT})
+        conn.execute(TENANT_USAGE_LOCK.sql, {"tenant": tenant})
         conn.execute(enqueue_sql.JOB_INSERT_MANY.sql, params)
     return list(params["ids"])
 
@@ -149,7 +162,11 @@ def run(conn: psycopg.Connection[Any], job_ids: list[uuid.UUID], *, finish: bool
 
 def push(conn: psycopg.Connection[Any], jobs: int) -> None:
     for start in range(0, jobs, BATCH):
-        ids = enqueue(conn, min(BATCH, jobs - start))
+        # Every so many batches go to a tenant whose lane is left with no live row: the
+        # fair claim's lane lookup must step over it.
+        every = DRAINED["every"]
+        tenant = DRAINED_TENANT if every and (start // BATCH) % every == every - 1 else TENANT
+        ids = enqueue(conn, min(BATCH, jobs - start), tenant)
         publish(conn, ids)
         run(conn, ids)
 
@@ -178,6 +195,20 @@ def explain(url: str, query: Query[Any], params: dict[str, Any], before: str = "
     return blocks[-1]
 
 
+def fair_params(window: float) -> dict[str, Any]:
+    """The fair claim's parameters as the relay passes them: one routing key with room for
+    a batch, the priorities' weights."""
+    return {
+        "routing_keys": ["default"],
+        "budgets": [100],
+        "other_budget": 100,
+        "limit": 100,
+        "priorities": [int(p) for p in WEIGHTS],
+        "weights": list(WEIGHTS.values()),
+        "window": window,
+    }
+
+
 async def look(url: str, mark: Any) -> None:
     async with await psycopg.AsyncConnection.connect(
         url, autocommit=True, row_factory=dict_row
@@ -203,7 +234,21 @@ def measure(url: str, mark: Any) -> dict[str, int]:
         "outbox_claim_few (full look)": explain(
             url, outbox_sql.OUTBOX_CLAIM_FEW, {"limit": 100, "window": 1e9}
         ),
-        "outbox_claim_due": explain(url, outbox_sql.OUTBOX_CLAIM_DUE, {"limit": 100}),
+        # The FIFO claim (fairness off, and the testing kit's drain), and the fair claim:
+        # bounded by the same window when this tree's statements take one (before: the
+        # window is ignored, every call is the full look).
+        "outbox_claim_due (bounded)": explain(
+            url, outbox_sql.OUTBOX_CLAIM_DUE, {"limit": 100, "window": few_window}
+        ),
+        "outbox_claim_due (full look)": explain(
+            url, outbox_sql.OUTBOX_CLAIM_DUE, {"limit": 100, "window": 1e9}
+        ),
+        "outbox_claim_fair (bounded)": explain(
+            url, outbox_sql.OUTBOX_CLAIM_FAIR, fair_params(few_window)
+        ),
+        "outbox_claim_fair (full look)": explain(
+            url, outbox_sql.OUTBOX_CLAIM_FAIR, fair_params(1e9)
+        ),
         "outbox_any_due": explain(url, outbox_sql.OUTBOX_ANY_DUE, {"window": few_window}),
         "job_lock_expired (bounded)": explain(
             url, recovery.JOB_LOCK_EXPIRED, {"limit": 100, "window": reap_window}
@@ -261,8 +306,15 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=0.0, help="the tenant's rate limit, jobs/s (0: none)"
     )
+    parser.add_argument(
+        "--drained-every",
+        type=int,
+        default=DRAINED["every"],
+        help="every so many batches of the bulk go to a tenant left with no live row (0: none)",
+    )
     args = parser.parse_args()
     RATE["per_second"] = args.rate
+    DRAINED["every"] = args.drained_every
     settings = load_settings()
     template = scratch.ensure_template(settings)
     url = scratch.clone_database(settings, template, prefix="jobcore_horizon_")
@@ -271,8 +323,8 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     try:
         with (
-            psycopg.connect(url, autocommit=True) as conn,
-            psycopg.connect(url, autocommit=True) as pin,
+            psycopg.connect(url, autocommit=True, options=SEARCH_PATH) as conn,
+            psycopg.connect(url, autocommit=True, options=SEARCH_PATH) as pin,
         ):
             conn.execute("ANALYZE")
             # The pin: a snapshot and an XID held for the whole run.

@@ -1,6 +1,6 @@
 """The relay's low-water mark: the oldest ``available_at`` at which a live due outbox row
-can be found now or later, so that the claim of a few rows (OUTBOX_CLAIM_FEW) starts its
-range of ``outbox_due_idx`` there instead of at the index's head.
+can be found now or later, so that the relay's claims (OUTBOX_CLAIM_FEW, OUTBOX_CLAIM_FAIR,
+OUTBOX_CLAIM_DUE) start their ranges there instead of at their indexes' heads.
 
 Why: the head of the index is where the relays delete. An entry of a published row stays
 until VACUUM removes it, and a transaction that pins the xmin horizon (a long report, a
@@ -22,9 +22,10 @@ seconds back to the mark. A look whose writer's start cannot be read keeps the l
 
 The rule can be broken: a writer that stamps ``now()`` in a transaction that began more
 than the slack before a look, takes its lock after that look and commits before the next
-one, gives a row older than the mark. The relay's unbounded look (:data:`FULL_LOOK_EVERY`,
-or a fair claim) finds such a row: no row is skipped for ever, and one written by a
-writer that follows the rule is found by the next bounded claim after its commit.
+one, gives a row older than the mark. The relay's unbounded look (:data:`FULL_LOOK_EVERY`:
+its claim, few, fair or FIFO, then looks at every due row) finds such a row: no row is
+skipped for ever, and one written by a writer that follows the rule is found by the next
+bounded claim after its commit.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ DATABASE_RETRY_CAP = 5.0
 # without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
-# The claim of a few rows reads only the rows due since the relay's low-water mark
+# Every claim (few, fair or FIFO) reads only the rows due since the relay's low-water mark
 # (OUTBOX_CLAIM_FEW, services/relay/low_water.py), so its cost does not grow with the dead
 # index entries a pinned xmin horizon keeps; the relay looks unbounded this often, for a
 # row whose writer broke the mark's rule, which waits at most this much longer.
@@ -341,24 +341,27 @@ class Relay(Service):
             await self.room.release(grant)
 
     async def _claim_publish_settle(self, grant: Grant | None) -> tuple[int, bool]:
-        if grant is not None:
-            await self._look_if_due()
+        await self._look_if_due()
+        # One window for the claims of this batch: when it is the unbounded look, the fair
+        # claim that follows a few claim that found too many rows looks at every row too.
+        window = self._claim_window()
         # BEGIN with the claim: one round trip less before the first publish.
         async with self.db.unit_of_work(begin_with_first_statement=True) as uow:
             rows = None
             if grant is None:
-                rows = await outbox_store.claim_due(uow, {"limit": self.options.batch_size})
+                rows = await outbox_store.claim_due(
+                    uow, {"limit": self.options.batch_size, "window": window}
+                )
             elif self._drained and grant.takes_whole(self.options.batch_size):
                 # The last claim left nothing due, so few rows are likely: if they fit one
                 # batch, fairness has nothing to share out (OUTBOX_CLAIM_FEW).
                 rows = await outbox_store.claim_few(
-                    uow, {"limit": self.options.batch_size, "window": self._few_window()}
+                    uow, {"limit": self.options.batch_size, "window": window}
                 )
                 if rows:
                     self.few_claims += 1
             if rows is None:
                 assert grant is not None  # claim_due answers rows
-                self._unbounded_look_at = time.monotonic()
                 routing_keys = list(grant.budgets)
                 rows = await outbox_store.claim_fair(
                     uow,
@@ -369,6 +372,7 @@ class Relay(Service):
                         "limit": self.options.batch_size,
                         "priorities": [int(p) for p in WEIGHTS],
                         "weights": list(WEIGHTS.values()),
+                        "window": window,
                     },
                 )
             if grant is not None:
@@ -424,9 +428,9 @@ class Relay(Service):
             await self._redeclare_topology(missing)
         return len(rows), more
 
-    def _few_window(self) -> float:
-        """How far back OUTBOX_CLAIM_FEW looks: to the low-water mark, or everything when
-        the last unbounded look is too long ago (then this claim is the unbounded look)."""
+    def _claim_window(self) -> float:
+        """How far back a claim looks: to the low-water mark, or everything when the last
+        unbounded look is too long ago (then this claim is the unbounded look)."""
         now = time.monotonic()
         last = self._unbounded_look_at
         if last is None or now - last >= UNBOUNDED_LOOK_EVERY:

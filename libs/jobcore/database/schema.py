@@ -561,12 +561,15 @@ outbox = Table(
         postgresql_where=text("quarantined_at IS NULL"),
     ),
     # Which lanes the fair claim shares a queue's room between: those with a row that was
-    # due when it was written (a skip scan of this index, one probe per such lane)...
+    # due when it was written (a skip scan of this index, one probe per such lane, from
+    # its newest row back to the relay's low-water mark: no heap fetch for the rows a
+    # pinned horizon keeps below it)...
     Index(
-        "outbox_ready_lanes_idx",
+        "outbox_ready_lanes_due_idx",
         "routing_key",
         "tenant",
         "priority",
+        "available_at",
         postgresql_where=text("quarantined_at IS NULL AND available_at <= created_at"),
     ),
     # ... and those of the oldest rows written for later that are due now (a range of

@@ -2,7 +2,7 @@
 
 The relay deletes every row it publishes, oldest first, so the dead index entries pile up
 at the head of the indexes its claim reads in order (``outbox_fair_due_idx`` from the
-oldest due row, ``outbox_ready_lanes_idx`` from its first lane). Index scans mark dead
+oldest due row, ``outbox_ready_lanes_due_idx`` from its last lane). Index scans mark dead
 entries and skip them, but only VACUUM frees their pages: until then every claim walks
 every leaf page of the rows drained since the last one. Draining 1,000,000 rows with no
 VACUUM, the claim read 24 buffers on the full outbox and 6,000 with 50,000 rows left, and

@@ -68,6 +68,10 @@ from jobcore.usecases.workflows import WorkflowCreated, create_workflow, steps_f
 
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
+# How far back the drain's claim looks (seconds): at every due row. It keeps no low-water
+# mark as the relay does (services/relay/low_water.py): a test's outbox is small, and no
+# transaction pins its horizon for long.
+EVERY_DUE_ROW = 1e9
 
 
 @dataclass(slots=True)
@@ -329,7 +333,7 @@ class InlineWorker:
 
     async def _take_due(self) -> list[DictRow]:
         async with self.db.unit_of_work() as uow:
-            rows = await outbox_store.claim_due(uow, {"limit": BATCH})
+            rows = await outbox_store.claim_due(uow, {"limit": BATCH, "window": EVERY_DUE_ROW})
             # Completion webhooks are the worker's webhook sender's: not sent here.
             jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
             if jobs:

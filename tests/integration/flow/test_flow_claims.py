@@ -72,6 +72,7 @@ def claim(budgets: dict[str, int], *, limit: int = 500) -> Statement:
             "limit": limit,
             "priorities": [int(p) for p in WEIGHTS],
             "weights": list(WEIGHTS.values()),
+            "window": 1e9,
         }
     )
 

@@ -16,10 +16,13 @@ from jobcore.database.sql.outbox import (
     OUTBOX_RECORD_FAILURES,
 )
 from jobcore.kernel.priorities import WEIGHTS
+from services.relay.low_water import UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox
 
 
-def claim(budgets: dict[str, int], *, other: int = 0, limit: int = 500) -> Statement:
+def claim(
+    budgets: dict[str, int], *, other: int = 0, limit: int = 500, window: float = UNBOUNDED_WINDOW
+) -> Statement:
     return OUTBOX_CLAIM_FAIR(
         {
             "routing_keys": list(budgets),
@@ -28,6 +31,7 @@ def claim(budgets: dict[str, int], *, other: int = 0, limit: int = 500) -> State
             "limit": limit,
             "priorities": [int(p) for p in WEIGHTS],
             "weights": list(WEIGHTS.values()),
+            "window": window,
         }
     )
 
@@ -255,3 +259,30 @@ async def _claim_reads(db: Database) -> dict[str, int]:
 
 def _delete(rows: list[Any]) -> Statement:
     return OUTBOX_DELETE_PUBLISHED({"ids": [r["id"] for r in rows], "relay": "test"})
+
+
+async def test_the_claim_reads_only_the_rows_due_within_its_window(
+    db: Database, topology: Topology
+) -> None:
+    """The relay's claim looks back to its low-water mark: a row due before it (ready, or
+    written for later) is neither claimed nor a lane, until the relay's unbounded look."""
+    [old] = await fill_outbox(db, topology, 1, tenant="a", delay=-60)
+    [new] = await fill_outbox(db, topology, 1, tenant="b")
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO jobcore.outbox (message_id, exchange, routing_key, message_type, body,"
+            " tenant, available_at, created_at) VALUES (gen_random_uuid(), %s, 'testq',"
+            " 'echo', '\\x00', 'c', now() - interval '60 s', now() - interval '90 s')",
+            (topology.jobs_exchange,),
+        )
+    [pushed] = await fill_outbox(db, topology, 1, tenant="d")
+    await _push_back(db, [pushed])
+
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 10}, window=30))
+    assert sorted(r["tenant"] for r in rows) == ["b", "d"]
+    assert {r["more_due"] for r in rows} == {False}
+    async with db.unit_of_work() as uow:
+        rows = await fetch_all(uow, claim({"testq": 10}))
+    assert sorted(r["tenant"] for r in rows) == ["a", "b", "c", "d"]
+    assert {old["id"], new["id"]} <= {r["id"] for r in rows}

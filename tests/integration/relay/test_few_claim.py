@@ -61,7 +61,7 @@ async def test_more_due_rows_than_a_batch_are_left_to_the_fair_claim(
         assert await outbox_store.claim_few(uow, {"limit": 10, "window": UNBOUNDED_WINDOW}) is None
         # It locked nothing: another claimer takes every row meanwhile.
         async with db.unit_of_work() as other:
-            taken = await outbox_store.claim_due(other, {"limit": 100})
+            taken = await outbox_store.claim_due(other, {"limit": 100, "window": UNBOUNDED_WINDOW})
         assert len(taken) == 11
 
 

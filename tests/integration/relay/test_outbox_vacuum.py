@@ -24,6 +24,7 @@ CLAIM = {
     "limit": 10,
     "priorities": [int(p) for p in WEIGHTS],
     "weights": list(WEIGHTS.values()),
+    "window": 1e9,  # every due row: the relay's unbounded look, from the index's head
 }
 
 

@@ -5,9 +5,12 @@ A row is *due* when ``available_at <= now()`` and it is not quarantined; the par
 index ``outbox_due_idx (available_at, id) WHERE quarantined_at IS NULL`` serves the FIFO
 claim, the next-due lookup and the oldest-due age, and ``outbox_fair_due_idx (routing_key,
 tenant, priority, available_at, id)`` with the same predicate serves the fair claim, which
-finds its lanes with ``outbox_ready_lanes_idx`` and ``outbox_later_due_idx``. Outbox rows
-written with a job (enqueue, retries, the reaper, completion webhooks) are written by the
-statements on ``jobs``; each carries its job's tenant.
+finds its lanes with ``outbox_ready_lanes_due_idx`` and ``outbox_later_due_idx``. The
+relay's claims read only the rows that became due since its low-water mark (``window``
+seconds back: OUTBOX_CLAIM_FEW), so the entries a pinned xmin horizon keeps for rows
+already published cost them nothing. Outbox rows written with a job (enqueue, retries,
+the reaper, completion webhooks) are written by the statements on ``jobs``; each carries
+its job's tenant.
 """
 
 from __future__ import annotations
@@ -78,19 +81,24 @@ OUTBOX_LISTENER_PING = Query[NoParams](
 
 class OutboxClaimDueParams(TypedDict):
     limit: int
+    window: float
 
 
 # The relay holds these row locks while it publishes and waits for the confirms; other
 # replicas skip the locked rows instead of waiting, so any number of them can run.
+# Bounded below as OUTBOX_CLAIM_FEW (`window`: the seconds back to the relay's low-water
+# mark, or every due row at its unbounded look), so that it does not start at the head of
+# outbox_due_idx, where a pinned horizon keeps the entries of every row published since.
 OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
     "outbox_claim_due",
-    "Lock up to `limit` due, unquarantined rows of queues and types not paused, oldest first, "
-    "skipping rows another relay holds.",
+    "Lock up to `limit` unquarantined rows of queues and types not paused that became due in "
+    "the last `window` seconds, oldest first, skipping rows another relay holds.",
     f"""
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
            headers, body, attempts
     FROM jobcore.outbox
     WHERE available_at <= now() AND quarantined_at IS NULL
+      AND available_at >= now() - make_interval(secs => %(window)s)
       AND NOT {paused("outbox.routing_key", "outbox.message_type")}
     ORDER BY available_at, id
     LIMIT %(limit)s
@@ -221,6 +229,7 @@ class OutboxClaimFairParams(TypedDict):
     priorities: list[int]
     routing_keys: list[str]
     weights: list[int]
+    window: float
 
 
 # A *lane* is a (routing key, tenant, priority) triple. Each routing key has a budget (the
@@ -239,11 +248,24 @@ class OutboxClaimFairParams(TypedDict):
 # each used to leave a 50,000-row backlog one row per claim, at 60,000 buffers a claim.
 # A row is "ready" if it was due when written (available_at <= created_at: nearly every
 # enqueue), "later" otherwise (run_at, retries, gate releases, failed publishes). The
-# lanes are those of ready rows, a skip scan of outbox_ready_lanes_idx (one probe per
+# lanes are those of ready rows, a skip scan of outbox_ready_lanes_due_idx (one probe per
 # lane, however many rows it holds; every row there is due), and those of the oldest due
 # later rows, as many as `limit` (a range of outbox_later_due_idx that stops at the first
 # row not yet due). So between later rows, fairness covers the first `limit` due ones:
 # a lane whose only due rows are later than those waits for its turn in that window.
+#
+# Every range starts at the relay's low-water mark (`window` seconds back, as
+# OUTBOX_CLAIM_FEW; every due row at the relay's unbounded look, about once a minute, the
+# safety net for a row below the mark). The relays delete the rows they publish, and a
+# transaction that pins the xmin horizon keeps VACUUM from removing their index entries,
+# so a range from the start of a lane (or of outbox_later_due_idx) visited every row of it
+# published since the pin began, a heap fetch each. The skip scan walks its index
+# backwards, a lane's newest row first: in a lane with live rows that is one of them,
+# whatever lies dead behind it. A lane with no row at or past the mark (every row
+# published) is stepped over by its entries' keys, in the index, with no heap fetch: it
+# still costs an index page per hundred or so of its dead rows (docs/bench/measurements.md,
+# "A pinned horizon").
+#
 # Each lane's rows come from a range scan of outbox_fair_due_idx, locked there with
 # SKIP LOCKED, so another relay (or another lane of this one) takes the next rows instead
 # of none. A lane locks at most ceil(budget × weight / lanes' weights) rows: a batch locks
@@ -266,26 +288,29 @@ class OutboxClaimFairParams(TypedDict):
 # either way.
 OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
     "outbox_claim_fair",
-    "Lock due rows within each routing key's budget, shared by priority weight between the "
-    "(tenant, priority) lanes that have due rows, leaving paused queues and types alone and "
-    "skipping rows another relay holds.",
+    "Lock rows that became due in the last `window` seconds within each routing key's budget, "
+    "shared by priority weight between the (tenant, priority) lanes that have such rows, "
+    "leaving paused queues and types alone and skipping rows another relay holds.",
     """
     WITH RECURSIVE ready_lanes AS (
         (SELECT routing_key, tenant, priority FROM jobcore.outbox
          WHERE quarantined_at IS NULL AND available_at <= created_at
-         ORDER BY routing_key, tenant, priority LIMIT 1)
+           AND available_at >= now() - make_interval(secs => %(window)s)
+         ORDER BY routing_key DESC, tenant DESC, priority DESC, available_at DESC LIMIT 1)
         UNION ALL
         SELECT next.routing_key, next.tenant, next.priority
         FROM ready_lanes, LATERAL (
             SELECT routing_key, tenant, priority FROM jobcore.outbox
             WHERE quarantined_at IS NULL AND available_at <= created_at
+              AND available_at >= now() - make_interval(secs => %(window)s)
               AND (routing_key, tenant, priority)
-                  > (ready_lanes.routing_key, ready_lanes.tenant, ready_lanes.priority)
-            ORDER BY routing_key, tenant, priority LIMIT 1
+                  < (ready_lanes.routing_key, ready_lanes.tenant, ready_lanes.priority)
+            ORDER BY routing_key DESC, tenant DESC, priority DESC, available_at DESC LIMIT 1
         ) AS next
     ), later AS (
         SELECT routing_key, tenant, priority FROM jobcore.outbox
         WHERE quarantined_at IS NULL AND available_at > created_at AND available_at <= now()
+          AND available_at >= now() - make_interval(secs => %(window)s)
         ORDER BY available_at, id
         LIMIT %(limit)s
     ), lanes AS (
@@ -319,6 +344,7 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
               AND o.tenant BETWEEN budgeted.tenant AND budgeted.tenant
               AND o.priority = budgeted.priority
               AND o.quarantined_at IS NULL AND o.available_at <= now()
+              AND o.available_at >= now() - make_interval(secs => %(window)s)
               AND NOT EXISTS (
                   SELECT 1 FROM jobcore.flow_pauses AS p
                   WHERE p.kind = 'type' AND p.name = o.message_type

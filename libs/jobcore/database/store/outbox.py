@@ -76,7 +76,7 @@ class OutboxStore:
     __slots__ = ()
 
     async def claim_due(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow]:
-        """Lock the oldest due rows (FIFO)."""
+        """Lock the oldest rows due within the last ``window`` seconds (FIFO)."""
         return await fetch_all(on, OUTBOX_CLAIM_DUE(params))
 
     async def claim_few(self, on: Reader, params: OutboxClaimFewParams) -> list[DictRow] | None:
