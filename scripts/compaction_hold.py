@@ -4,8 +4,9 @@ enqueue waits meanwhile: ``.venv/bin/python scripts/compaction_hold.py``.
 On a scratch database cloned from the migrated template (the server of
 ``JOBCORE_DATABASE_URL``): ``--live`` jobs are added and analyzed (the working set of a
 steady rate with a short retention: 25,000 is 200 jobs/s kept about two minutes). Then,
-for each run, a connection pins the xmin horizon (an XID, idle in transaction) while jobs
-are added and deleted in batches until the table and its indexes reach ``--target-mib``;
+for each run, a connection pins the xmin horizon (an XID, idle in transaction) while new
+jobs are added and the oldest deleted, 5,000 at a time (the live set stays the same size,
+spread over the file), until the table and its indexes reach ``--target-mib``;
 the pin ends, the table is vacuumed as autovacuum would, and the compactor's own
 compaction (:meth:`jobcore.maintenance.compactor.Compactor.compact`) runs while another
 connection inserts one job after another and times each insert. Prints, per run, the
@@ -51,14 +52,22 @@ async def size(conn: psycopg.AsyncConnection[Any]) -> int:
     return int(row[0])
 
 
+# The oldest live jobs go as new ones come, as retention prunes them: the live rows end
+# up spread over the whole file, so VACUUM cannot simply cut an empty tail off.
+PRUNE_OLDEST = """
+    DELETE FROM jobs WHERE id IN (
+        SELECT id FROM jobs WHERE tenant = 'live' ORDER BY created_at, id LIMIT %(n)s)
+"""
+
+
 async def bloat(conn: psycopg.AsyncConnection[Any], url: str, target: int, width: int) -> None:
     async with await psycopg.AsyncConnection.connect(url) as pin:
         await pin.execute("SELECT txid_current()")
         while await size(conn) < target:
-            await conn.execute(ADD_JOBS, {"tenant": "churn", "n": 5000, "width": width})
-            await conn.execute("DELETE FROM jobs WHERE tenant = 'churn'")
+            await conn.execute(ADD_JOBS, {"tenant": "live", "n": 5000, "width": width})
+            await conn.execute(PRUNE_OLDEST, {"n": 5000})
         await pin.rollback()
-    await conn.execute("VACUUM ANALYZE jobs")
+    await conn.execute("VACUUM ANALYZE jobs")  # as autovacuum would once the pin ended
 
 
 async def candidate(url: str) -> Candidate:
@@ -94,6 +103,7 @@ async def one_run(url: str, compactor: Compactor, args: argparse.Namespace) -> d
         url, autocommit=True, options="-c search_path=jobcore"
     ) as conn:
         await bloat(conn, url, args.target_mib * MIB, args.width)
+        bloated = await size(conn)
         table = await candidate(url)
         stop = asyncio.Event()
         latencies: list[float] = []
@@ -106,6 +116,7 @@ async def one_run(url: str, compactor: Compactor, args: argparse.Namespace) -> d
         await conn.execute("DELETE FROM jobs WHERE tenant = 'probe'")
     return {
         "outcome": done.outcome,
+        "mib_bloated": round(bloated / MIB, 1),
         "mib_before": round(done.bytes_before / MIB, 1),
         "mib_after": round(done.bytes_after / MIB, 1),
         "mib_needed_estimate": round(table.need / MIB, 1),

@@ -41,8 +41,8 @@ def test_a_table_well_above_what_its_live_rows_need_is_a_candidate_largest_first
     need = need_bytes(rows[0])
     assert need is not None
     assert 1.5 * MIB < need < 3 * MIB
-    # Twice the need is the default ratio: just below it, no rewrite.
-    near = table("outbox", heap=int(1.9 * need), index=0, live=10_000)
+    # Three times the need is the default ratio: just below it, no rewrite.
+    near = table("outbox", heap=int(2.9 * need), index=0, live=10_000)
     assert candidates([near], config.replace(min_excess_bytes=1)) == []
 
 

@@ -57,7 +57,8 @@ COMPACTION_HORIZON = Query[NoParams](
 
 # Each named table's files (main fork, indexes, and all of them with TOAST) against what
 # its live rows need: `live` from the statistics collector, `row_width` the sum of its
-# columns' average widths from the last ANALYZE (NULL: never analyzed, no estimate), the
+# columns' average widths from the last ANALYZE, each weighed by how often it is not null
+# (NULL: never analyzed, no estimate), its full and partial indexes, the
 # primary key the rewrite orders by, and the index an operator marked for CLUSTER, if any
 # (the rewrite then orders by it and leaves the mark).
 COMPACTION_TABLES = Query[CompactionTablesParams](
@@ -69,9 +70,12 @@ COMPACTION_TABLES = Query[CompactionTablesParams](
            pg_indexes_size(c.oid) AS index_bytes,
            pg_total_relation_size(c.oid) AS total_bytes,
            greatest(s.n_live_tup, 0) AS live,
-           (SELECT sum(st.avg_width) FROM pg_stats AS st
+           (SELECT sum(st.avg_width * (1 - st.null_frac)) FROM pg_stats AS st
             WHERE st.schemaname = 'jobcore' AND st.tablename = c.relname)::bigint AS row_width,
-           (SELECT count(*) FROM pg_index AS i WHERE i.indrelid = c.oid)::int AS indexes,
+           (SELECT count(*) FROM pg_index AS i
+            WHERE i.indrelid = c.oid AND i.indpred IS NULL)::int AS indexes,
+           (SELECT count(*) FROM pg_index AS i
+            WHERE i.indrelid = c.oid AND i.indpred IS NOT NULL)::int AS partial_indexes,
            (SELECT k.relname FROM pg_index AS i JOIN pg_class AS k ON k.oid = i.indexrelid
             WHERE i.indrelid = c.oid AND i.indisprimary AND i.indisvalid) AS key_index,
            (SELECT k.relname FROM pg_index AS i JOIN pg_class AS k ON k.oid = i.indexrelid
