@@ -21,7 +21,9 @@ indexes, and drops the old files. Only when it pays:
   prepared one) counts as a pin, and so does a replication slot's or a standby's xmin
   older than the XIDs the database used in that long (measured between two rounds).
 - **Not too often.** At most once per table per ``JOBCORE_COMPACT_EVERY`` (0: never), as
-  this leader remembers it; a table that churns regrows to its working size anyway.
+  this leader remembers it; a table that churns regrows to its working size anyway. A
+  compaction that gave up waiting for its lock is tried again next round, up to
+  :data:`LOCK_MISSES` times in a row, then waits as long.
 - **Not for small change.** The table must hold at least
   :attr:`~CompactorConfig.min_excess_bytes` more than it needs.
 
@@ -84,6 +86,11 @@ CLIENT_SLACK = 30.0
 # xmin is older than the XIDs used in horizon_age, plus this many (an idle database uses
 # none, and a standby's feedback lags by a few).
 XID_SLACK = 1000
+# Lock timeouts in a row after which a table waits its JOBCORE_COMPACT_EVERY like any other
+# attempt: a session that keeps the table locked for hours (an application's transaction
+# left open after a read) would otherwise cost every statement on it a lock_timeout's wait
+# every round.
+LOCK_MISSES = 3
 
 
 @dataclass(frozen=True)
@@ -212,6 +219,8 @@ class Compactor(MaintenanceService[CompactorConfig]):
         self.metrics = metrics
         # When each table was last compacted (or tried and failed), monotonic.
         self.compacted_at: dict[str, float] = {}
+        # Lock timeouts in a row, by table.
+        self.lock_misses: dict[str, int] = {}
         # The previous round's (monotonic time, next XID): the XID rate that dates a slot.
         self._xids_seen: tuple[float, int] | None = None
         self.last: Compaction | None = None
@@ -347,8 +356,13 @@ class Compactor(MaintenanceService[CompactorConfig]):
             outcome, error = "too_slow", str(exc).strip()
         except (psycopg.Error, OSError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}".strip()
+        misses = self.lock_misses.pop(table.name, 0) + 1
         if outcome != "lock_timeout":
-            # A lock timeout is tried again next round; the rest wait their turn again.
+            misses = 0
+        if 0 < misses < LOCK_MISSES:
+            # Tried again next round: the reader in the way is likely gone by then.
+            self.lock_misses[table.name] = misses
+        else:
             self.compacted_at[table.name] = time.monotonic()
         done = Compaction(table.name, outcome, before, after, wait, held)
         self.last = done
@@ -368,9 +382,7 @@ class Compactor(MaintenanceService[CompactorConfig]):
         if done.outcome == "done":
             log.info("compacted a hot table", extra=fields)
         elif done.outcome == "lock_timeout":
-            log.info(
-                "compaction gave up waiting for its lock; tried again next round", extra=fields
-            )
+            log.info("compaction gave up waiting for its lock; tried again later", extra=fields)
         else:
             log.warning(
                 "compaction rolled back; tried again after JOBCORE_COMPACT_EVERY",

@@ -180,6 +180,8 @@ async def test_a_reader_holding_the_table_makes_it_give_up_within_its_lock_timeo
         assert done is not None
         assert done.outcome == "lock_timeout"
         assert cfg.lock_timeout <= done.lock_wait < cfg.lock_timeout + 1.0
+        assert compactor.lock_misses == {"jobs": 1}
+        assert "jobs" not in compactor.compacted_at
         assert await one(conn, SIZE) >= bloated
         assert await one(conn, f"SELECT count(*) FROM jobs WHERE id = '{job}'") == 1
         # A lock timeout is tried again at the next round, not after JOBCORE_COMPACT_EVERY.
@@ -187,6 +189,7 @@ async def test_a_reader_holding_the_table_makes_it_give_up_within_its_lock_timeo
         again = compactor.last
         assert again is not None
         assert again.outcome == "done"
+        assert compactor.lock_misses == {}
 
 
 async def test_jobs_enqueued_and_claimed_during_a_compaction_are_all_there(
