@@ -7,7 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from jobcore.kernel.settings import Settings
-from jobcore.maintenance.compactor import Compactor, CompactorConfig, candidates, need_bytes
+from jobcore.maintenance.compactor import (
+    LOCK_BACKOFF,
+    LOCK_MISSES,
+    Compactor,
+    CompactorConfig,
+    candidates,
+    need_bytes,
+)
 
 MIB = 1024 * 1024
 
@@ -71,3 +78,24 @@ def test_a_slot_pins_it_when_older_than_the_xids_used_in_the_horizon_age() -> No
     assert c.pinned(young, 60.0) is None
     old = {"seconds": 0.0, "undated_xids": 20_000, "next_xid": 112_000}
     assert c.pinned(old, 120.0) is not None
+
+
+def test_a_table_is_due_again_after_every_and_after_lock_misses_sooner() -> None:
+    c = Compactor(CompactorConfig(every=1800), settings=Settings(), metrics=None)
+    start = 10_000.0
+    assert c.due("jobs", start)
+    c.note("jobs", "done", start)
+    assert not c.due("jobs", start + 1799)
+    assert c.due("jobs", start + 1800)
+    # A lock timeout: tried again next round, twice; the third in a row waits LOCK_BACKOFF.
+    for miss in range(1, LOCK_MISSES):
+        c.note("outbox", "lock_timeout", start)
+        assert c.lock_misses["outbox"] == miss
+        assert c.due("outbox", start)
+    c.note("outbox", "lock_timeout", start)
+    assert "outbox" not in c.lock_misses
+    assert not c.due("outbox", start + LOCK_BACKOFF - 1)
+    assert c.due("outbox", start + LOCK_BACKOFF)
+    # Too slow: the table waits the whole `every`, as after a compaction.
+    c.note("inbox", "too_slow", start)
+    assert not c.due("inbox", start + LOCK_BACKOFF)

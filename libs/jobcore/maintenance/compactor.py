@@ -23,7 +23,7 @@ indexes, and drops the old files. Only when it pays:
 - **Not too often.** At most once per table per ``JOBCORE_COMPACT_EVERY`` (0: never), as
   this leader remembers it; a table that churns regrows to its working size anyway. A
   compaction that gave up waiting for its lock is tried again next round, up to
-  :data:`LOCK_MISSES` times in a row, then waits as long.
+  :data:`LOCK_MISSES` times in a row, then after :data:`LOCK_BACKOFF`.
 - **Not for small change.** The table must hold at least
   :attr:`~CompactorConfig.min_excess_bytes` more than it needs.
 
@@ -86,11 +86,13 @@ CLIENT_SLACK = 30.0
 # xmin is older than the XIDs used in horizon_age, plus this many (an idle database uses
 # none, and a standby's feedback lags by a few).
 XID_SLACK = 1000
-# Lock timeouts in a row after which a table waits its JOBCORE_COMPACT_EVERY like any other
-# attempt: a session that keeps the table locked for hours (an application's transaction
-# left open after a read) would otherwise cost every statement on it a lock_timeout's wait
-# every round.
+# Lock timeouts in a row after which a table waits LOCK_BACKOFF (JOBCORE_COMPACT_EVERY if
+# shorter) before the next try: a session that keeps the table locked for hours (an
+# application's transaction left open after a read) would otherwise cost every statement
+# on it a lock_timeout's wait every round; readers that come and go (a burst of reports)
+# must not put the compaction off for the whole JOBCORE_COMPACT_EVERY.
 LOCK_MISSES = 3
+LOCK_BACKOFF = 300.0
 
 
 @dataclass(frozen=True)
@@ -261,11 +263,7 @@ class Compactor(MaintenanceService[CompactorConfig]):
                 "compactor: the xmin horizon is pinned, nothing compacted", extra={"why": why}
             )
             return 0
-        due = [
-            c
-            for c in candidates(rows, self.config)
-            if now - self.compacted_at.get(c.name, -self.config.every) >= self.config.every
-        ]
+        due = [c for c in candidates(rows, self.config) if self.due(c.name, now)]
         if not due:
             return 0
         async with term.db.unit_of_work() as uow:
@@ -289,6 +287,24 @@ class Compactor(MaintenanceService[CompactorConfig]):
             return 0
         done = work.result()
         return 1 if done.outcome == "done" else 0
+
+    def note(self, table: str, outcome: str, now: float) -> None:
+        """When ``table`` is due again after an attempt that ended in ``outcome``."""
+        misses = self.lock_misses.pop(table, 0) + 1
+        if outcome != "lock_timeout":
+            misses = 0
+        if 0 < misses < LOCK_MISSES:
+            # Tried again next round: the reader in the way is likely gone by then.
+            self.lock_misses[table] = misses
+        elif misses:
+            # Due again LOCK_BACKOFF from now (every compaction is due `every` after).
+            wait = min(LOCK_BACKOFF, self.config.every)
+            self.compacted_at[table] = now - self.config.every + wait
+        else:
+            self.compacted_at[table] = now
+
+    def due(self, table: str, now: float) -> bool:
+        return now - self.compacted_at.get(table, -self.config.every) >= self.config.every
 
     @property
     def bound(self) -> float:
@@ -356,14 +372,7 @@ class Compactor(MaintenanceService[CompactorConfig]):
             outcome, error = "too_slow", str(exc).strip()
         except (psycopg.Error, OSError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}".strip()
-        misses = self.lock_misses.pop(table.name, 0) + 1
-        if outcome != "lock_timeout":
-            misses = 0
-        if 0 < misses < LOCK_MISSES:
-            # Tried again next round: the reader in the way is likely gone by then.
-            self.lock_misses[table.name] = misses
-        else:
-            self.compacted_at[table.name] = time.monotonic()
+        self.note(table.name, outcome, time.monotonic())
         done = Compaction(table.name, outcome, before, after, wait, held)
         self.last = done
         self.report(done, table, error)
