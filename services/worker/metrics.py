@@ -190,6 +190,29 @@ class WorkerMetrics:
             "rising means the pruner is not keeping up.",
             registry=self.registry,
         )
+        # The compactor (jobcore.maintenance.compactor): only the maintenance leader counts.
+        self._compactions = Counter(
+            "jobcore_worker_compactions",
+            "Hot-table compactions after a pinned xmin horizon, by table and outcome: done, "
+            "lock_timeout (gave up waiting for the lock), too_slow (rolled back past "
+            "JOBCORE_COMPACT_MAX_SECONDS), failed.",
+            ["table", "outcome"],
+            registry=self.registry,
+        )
+        self._compacted_bytes = Counter(
+            "jobcore_worker_compacted_bytes",
+            "Bytes of disk the compactor gave back, by table.",
+            ["table"],
+            registry=self.registry,
+        )
+        self._compaction_lock = Histogram(
+            "jobcore_worker_compaction_lock_seconds",
+            "How long each compaction waited for its table's exclusive lock (phase wait) and "
+            "held it (phase held): every statement on the table waits that long.",
+            ["phase"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+            registry=self.registry,
+        )
         self._overdue_queues: set[str] = set()
         for table in PRUNED_TABLES:
             self._pruned.labels(table)
@@ -302,6 +325,18 @@ class WorkerMetrics:
     def rescued(self, reason: str, count: int = 1) -> None:
         self._rescued.labels(reason).inc(count)
         self.counts[f"rescued.{reason}"] += count
+
+    def compacted(
+        self, table: str, outcome: str, *, freed: int, lock_wait: float, lock_held: float
+    ) -> None:
+        """A compaction ended (or gave up): its outcome, what it gave back, its lock."""
+        self._compactions.labels(table, outcome).inc()
+        self.counts[f"compacted.{table}.{outcome}"] += 1
+        if freed:
+            self._compacted_bytes.labels(table).inc(freed)
+        self._compaction_lock.labels("wait").observe(lock_wait)
+        if outcome == "done" or lock_held > 0:
+            self._compaction_lock.labels("held").observe(lock_held)
 
     def pruned(self, counts: Mapping[str, int]) -> None:
         """A pruner batch committed: rows (and result files) deleted, by table."""

@@ -11,6 +11,7 @@ from jobcore.execution.registry import Registry
 from jobcore.kernel.errors import ConfigurationError
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance import (
+    CompactorConfig,
     GateReleaser,
     GateReleaserConfig,
     MaintainerConfig,
@@ -98,6 +99,7 @@ def test_the_leader_lease_lasts_three_of_the_shortest_interval_and_at_least_five
         "gate_releaser",
         "analyzer",
         "usage_folder",
+        "compactor",
     ]
     assert MaintainerConfig.for_services(services).lease_ttl == 5.0  # the releaser's 0.2 s
     slow = [GateReleaser(GateReleaserConfig(interval=4.0), topology=None, metrics=None)]  # type: ignore[arg-type]
@@ -105,3 +107,22 @@ def test_the_leader_lease_lasts_three_of_the_shortest_interval_and_at_least_five
     assert MaintainerConfig.for_services(slow).renew_every == 4.0
     with pytest.raises(ConfigurationError):
         MaintainerConfig(lease_ttl=0)
+
+
+def test_the_compactor_is_configured_by_its_settings_and_turned_off_by_zero() -> None:
+    config = CompactorConfig.from_settings(
+        Settings(compact_every=600, compact_lock_timeout=0.05, compact_max_seconds=1.5)
+    )
+    assert (config.every, config.lock_timeout, config.max_seconds) == (600, 0.05, 1.5)
+    off = services_from_settings(
+        Settings(compact_every=0), registry=Registry(), metrics=WorkerMetrics()
+    )
+    assert "compactor" not in [s.name for s in off]
+    with pytest.raises(ConfigurationError) as error:
+        CompactorConfig(lock_timeout=0)
+    assert one_line(error) == "JOBCORE_COMPACT_LOCK_TIMEOUT: must be above zero, not 0"
+    with pytest.raises(ConfigurationError) as error:
+        CompactorConfig(ratio=1.0)
+    assert one_line(error) == "CompactorConfig.ratio: must be above 1, not 1.0"
+    with pytest.raises(ValueError, match="compact_every"):
+        Settings(compact_every=-1)

@@ -304,6 +304,17 @@ class Settings(BaseSettings):
     # reads the tenant's row plus its deltas not yet folded, which pile up with the jobs
     # added and ended per tenant in this time; a round with none is one index probe.
     usage_fold_interval: float = Field(default=2.0, gt=0, le=600)
+    # The compactor (jobcore.maintenance.compactor): once a hot table's files are well above
+    # what its live rows need (a pinned xmin horizon let them grow) and nothing pins the
+    # horizon any more, the maintenance leader rewrites the table to give the space back,
+    # at most once per table this many seconds. 0 turns it off (the space stays allocated
+    # to the tables and is reused). The rewrite locks the table out (ACCESS EXCLUSIVE):
+    # it waits for that lock at most compact_lock_timeout (every enqueue, claim and outcome
+    # on the table waits behind it meanwhile), and holds it at most compact_max_seconds,
+    # else it is rolled back and the table left as it was.
+    compact_every: float = Field(default=1800.0, ge=0, le=7 * 86_400)
+    compact_lock_timeout: float = Field(default=0.1, gt=0, le=10)
+    compact_max_seconds: float = Field(default=2.0, gt=0, le=600)
 
     # Anti-entropy: the sweeper publishes again (through the outbox) the message of a
     # pending job that has been due, with no outbox row of its own, for sweeper_stale_after

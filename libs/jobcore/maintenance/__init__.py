@@ -12,7 +12,8 @@ library half, run under one leader per database.
   :mod:`.stranded`), :mod:`.pruner` (with :mod:`.retention`, which ``jobcore prune`` runs
   too), :mod:`.gate_releaser` (with :mod:`.held_jobs`, the round it runs), :mod:`.scheduler`
   (with :mod:`.schedule_ticks`, which ``jobcore schedules`` uses too, and :mod:`.periodic`,
-  what a schedule is and where it is declared), :mod:`.usage_folder`;
+  what a schedule is and where it is declared), :mod:`.usage_folder`, :mod:`.compactor`
+  (gives the hot tables' space back after a pinned xmin horizon);
 - :mod:`.outbox_vacuum`: the outbox's VACUUM, which the relays run (not under the leader);
 - :mod:`.metrics`: what each service counts, as protocols the worker's metrics fulfil.
 
@@ -29,6 +30,7 @@ from jobcore.execution.registry import Registry
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.analyzer import Analyzer, AnalyzerConfig
 from jobcore.maintenance.base import BATCH_SIZE, MaintenanceService, ServiceConfig
+from jobcore.maintenance.compactor import Compactor, CompactorConfig
 from jobcore.maintenance.connection import SharedConnection
 from jobcore.maintenance.gate_releaser import GateReleaser, GateReleaserConfig
 from jobcore.maintenance.lease import LEADER_LEASE
@@ -48,6 +50,8 @@ __all__ = [
     "LEADER_LEASE",
     "Analyzer",
     "AnalyzerConfig",
+    "Compactor",
+    "CompactorConfig",
     "GateReleaser",
     "GateReleaserConfig",
     "Maintainer",
@@ -92,6 +96,8 @@ def services_from_settings(
         Analyzer.from_settings(settings),
         UsageFolder.from_settings(settings),
     ]
+    if settings.compact_every > 0:
+        services.append(Compactor.from_settings(settings, metrics=metrics))
     if schedules:
         if schedule_metrics is None or enqueue_tick is None:
             raise ValueError("schedules need schedule_metrics and enqueue_tick")

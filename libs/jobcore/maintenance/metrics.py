@@ -38,6 +38,12 @@ class PrunerMetrics(Protocol):
     def surveyed(self, kinds: Sequence[Kind]) -> None: ...
 
 
+class CompactorMetrics(Protocol):
+    def compacted(
+        self, table: str, outcome: str, *, freed: int, lock_wait: float, lock_held: float
+    ) -> None: ...
+
+
 class SchedulerMetrics(Protocol):
     def round(self, done: ScheduleRound) -> None: ...
 
@@ -47,7 +53,13 @@ class SchedulerMetrics(Protocol):
 
 
 class MaintenanceMetrics(
-    ReaperMetrics, RescuerMetrics, SweeperMetrics, GateReleaserMetrics, PrunerMetrics, Protocol
+    ReaperMetrics,
+    RescuerMetrics,
+    SweeperMetrics,
+    GateReleaserMetrics,
+    PrunerMetrics,
+    CompactorMetrics,
+    Protocol,
 ):
     """Everything but the scheduler's (which has instruments of its own, made only when
     schedules are declared)."""

@@ -34,8 +34,11 @@ from jobcore.kernel.settings import Settings
 log = logging.getLogger(__name__)
 
 # TRUNCATE false: giving the empty pages at the end of the file back to the system takes
-# an ACCESS EXCLUSIVE lock, which every claim and enqueue would wait for. PARALLEL 0: a
-# background chore takes one backend, not one per index besides the relay's own.
+# an ACCESS EXCLUSIVE lock, which every claim and enqueue would wait for. (The space a
+# pinned horizon made the outbox take is the maintenance leader's compactor's to give
+# back, under a lock it waits for and holds a bounded time: jobcore.maintenance.compactor.)
+# PARALLEL 0: a background chore takes one backend, not one per index besides the relay's
+# own.
 OUTBOX_VACUUM = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) jobcore.outbox"
 # A VACUUM that takes longer is given up (its connection closed): a cut network must not
 # stop every later one.

@@ -18,8 +18,8 @@ job's life), :mod:`.outbox`, :mod:`.inbox`, :mod:`.job_events`, :mod:`.job_gates
 :mod:`.job_type_registry` (what the workers declare for ``jobcore.enqueue()``),
 :mod:`.workflows` (workflows, their jobs and edges), :mod:`.ledger` (the
 example job type's tables); and those that change no table of ours: :mod:`.console` (the
-console's reads), :mod:`.database_health` and :mod:`.planner_statistics` (PostgreSQL's
-statistics), :mod:`.transactions` (the transaction they run in).
+console's reads), :mod:`.database_health`, :mod:`.compaction` and :mod:`.planner_statistics`
+(PostgreSQL's statistics), :mod:`.transactions` (the transaction they run in).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Statements on the database itself rather than on a table: :class:`DatabaseStore`, for
 its health (:mod:`jobcore.database.sql.database_health`: the xmin horizon, the hot tables' dead
-rows), its planner statistics (:mod:`jobcore.database.sql.planner_statistics`) and the running
+rows), the compactor's look at its tables (:mod:`jobcore.database.sql.compaction`), its
+planner statistics (:mod:`jobcore.database.sql.planner_statistics`) and the running
 transaction (:mod:`jobcore.database.sql.transactions`)."""
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 from psycopg.rows import DictRow
 
 from jobcore.database.gateway import Reader, fetch_all, fetch_one
+from jobcore.database.sql.compaction import (
+    COMPACTION_HORIZON,
+    COMPACTION_TABLES,
+    CompactionTablesParams,
+)
 from jobcore.database.sql.database_health import HOT_TABLE_TUPLES, XMIN_HORIZON, HotTablesParams
 from jobcore.database.sql.database_health import NoParams as HealthNoParams
 from jobcore.database.sql.planner_statistics import (
@@ -17,6 +23,7 @@ from jobcore.database.sql.planner_statistics import (
 from jobcore.database.sql.transactions import TRANSACTION_LOCK_TIMEOUT, TransactionLockTimeoutParams
 
 __all__ = [
+    "CompactionTablesParams",
     "DatabaseStore",
     "HotTablesParams",
     "StaleStatisticsParams",
@@ -38,6 +45,16 @@ class DatabaseStore:
     async def hot_table_tuples(self, on: Reader, params: HotTablesParams) -> list[DictRow]:
         """Live and dead rows of the named tables, as last counted."""
         return await fetch_all(on, HOT_TABLE_TUPLES(params))
+
+    async def compaction_horizon(self, on: Reader) -> DictRow | None:
+        """The oldest dated holder of the horizon (``seconds`` open), the XID age of the
+        oldest undated one (``undated_xids``: a slot, a standby's feedback; None: none),
+        and the next XID (``next_xid``)."""
+        return await fetch_one(on, COMPACTION_HORIZON(_NO_PARAMS))
+
+    async def compaction_tables(self, on: Reader, params: CompactionTablesParams) -> list[DictRow]:
+        """The named tables' sizes, live rows, row width and primary key index."""
+        return await fetch_all(on, COMPACTION_TABLES(params))
 
     async def tables_with_stale_statistics(
         self, on: Reader, params: StaleStatisticsParams
