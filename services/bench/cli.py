@@ -102,6 +102,12 @@ def bench(
     batch_size: int = typer.Option(
         1000, min=1, max=1000, help="Items per request in the batch scenario."
     ),
+    workflows: str = typer.Option(
+        "1000,10000",
+        help="Workflow scenario: how many diamonds of 4 jobs are created at once, each its "
+        "own POST /workflows, against as many single enqueues (ascending counts, e.g. "
+        "100,1000,10000; empty: that case is skipped).",
+    ),
     size: str = typer.Option(
         "full",
         help="The cardinality scenario's size: small (about a minute, what CI runs) or full "
@@ -266,6 +272,7 @@ def bench(
         fair_backlog=fair_backlog,
         fair_probes=fair_probes,
         batch_size=batch_size,
+        workflow_counts=_step_list(workflows, "workflows", 1, 100_000),
         cardinality_size=size,
         tenant_steps=_step_list(tenant_steps, "tenant-steps", 1, 1_000_000),
         key_steps=_step_list(key_steps, "key-steps", 1, 10_000_000),
