@@ -18,7 +18,6 @@ columns, and writes no key).
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from jobcore.database.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
@@ -35,8 +34,10 @@ INDEXES = {
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '5s'")
-    op.add_column("workflows", sa.Column("idempotency_key", sa.Text()))
-    op.add_column("workflows", sa.Column("request_fingerprint", sa.Text()))
+    # IF NOT EXISTS: the columns commit before the index is built outside the transaction,
+    # so a build that fails (its lock_timeout) leaves them, and the rerun must get past them.
+    op.execute("ALTER TABLE workflows ADD COLUMN IF NOT EXISTS idempotency_key text")
+    op.execute("ALTER TABLE workflows ADD COLUMN IF NOT EXISTS request_fingerprint text")
     create_indexes_concurrently(INDEXES, table="workflows", unique=True)
 
 
