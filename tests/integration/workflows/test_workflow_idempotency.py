@@ -113,14 +113,20 @@ async def until_a_backend_waits_for_a_lock(worker: InlineWorker, fragment: str) 
         async with worker.db.connection() as conn:
             cursor = await conn.execute(
                 "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND position(%s in query) > 0",
+                " AND wait_event = 'transactionid' AND position(%s in query) > 0",
                 [fragment],
             )
             row = await cursor.fetchone()
         if row is not None and row["n"] > 0:
             return
         await asyncio.sleep(0.01)  # the poll's interval, bounded by the deadline
-    raise AssertionError("the create never waited for the uncommitted holder of its key")
+    async with worker.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT state, wait_event_type, wait_event, left(query, 200) AS query"
+            " FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        seen = await cursor.fetchall()
+    raise AssertionError(f"the create never waited for the holder of its key: {seen}")
 
 
 async def test_a_key_committed_after_the_statement_began_is_a_replay_not_a_second_workflow(
@@ -148,7 +154,9 @@ async def test_a_key_committed_after_the_statement_began_is_a_replay_not_a_secon
         create = asyncio.ensure_future(
             worker.workflow(DIAMOND, name="held", idempotency_key="wf-held")
         )
-        await until_a_backend_waits_for_a_lock(worker, "INSERT INTO jobcore.workflows")
+        # Waiting for the holder's transaction (the unique index's check), in the create's
+        # statement (pg_stat_activity keeps only its start: the first CTE).
+        await until_a_backend_waits_for_a_lock(worker, "WITH input AS")
         assert not create.done()
         await other.commit()
         created = await create
