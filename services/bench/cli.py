@@ -49,7 +49,8 @@ def bench(
         "default), tracing, steady (about 70 minutes at its defaults), priority (its "
         "backlog and probes are --fair-backlog and --fair-probes), ordered, timeline (the "
         "hot path's statements with the job timeline on vs off), timeline_e2e (the same "
-        "through the pipeline), workflow (a workflow against one-at-a-time enqueue), "
+        "through the pipeline), workflow (a workflow, and many small ones at once: "
+        "--workflows, against one-at-a-time enqueue), "
         "peers (Celery and Procrastinate on the same no-op jobs; "
         "needs the bench extra), cardinality (tenants, ordering keys, held jobs and gate "
         "keys swept over orders of magnitude; --size) and pressure (a pinned xmin horizon, "
@@ -101,6 +102,12 @@ def bench(
     ),
     batch_size: int = typer.Option(
         1000, min=1, max=1000, help="Items per request in the batch scenario."
+    ),
+    workflows: str = typer.Option(
+        "1000,10000",
+        help="Workflow scenario: how many diamonds of 4 jobs are created at once, each its "
+        "own POST /workflows, against as many single enqueues (ascending counts, e.g. "
+        "100,1000,10000; empty: that case is skipped).",
     ),
     size: str = typer.Option(
         "full",
@@ -266,6 +273,7 @@ def bench(
         fair_backlog=fair_backlog,
         fair_probes=fair_probes,
         batch_size=batch_size,
+        workflow_counts=_step_list(workflows, "workflows", 1, 100_000),
         cardinality_size=size,
         tenant_steps=_step_list(tenant_steps, "tenant-steps", 1, 1_000_000),
         key_steps=_step_list(key_steps, "key-steps", 1, 10_000_000),

@@ -69,6 +69,9 @@ class Options:
     fair_backlog: int = 100_000
     fair_probes: int = 20
     batch_size: int = 1000
+    # The workflow scenario's many-workflows case: how many small workflows (a diamond of
+    # 4 jobs) are created at once, ascending; empty: the case is skipped.
+    workflow_counts: tuple[int, ...] = (1000, 10000)
     # The cardinality scenario: its size, and step lists that replace the size's (empty:
     # the size's own).
     cardinality_size: str = "full"

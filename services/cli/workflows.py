@@ -10,7 +10,16 @@ import typer
 
 from jobcore.amqp.topology import Topology
 from jobcore.usecases import workflows as workflow_usecases
-from services.cli.common import JSON_OPTION, emit, example, fail, run, settings, with_db
+from services.cli.common import (
+    JSON_OPTION,
+    actor,
+    emit,
+    example,
+    fail,
+    run,
+    settings,
+    with_db,
+)
 
 workflows_app = typer.Typer(
     help="List, inspect, cancel workflows and retry their jobs (operators, all tenants).",
@@ -96,7 +105,10 @@ def cancel(
     """Cancel every job of the workflow that has not ended (running ones asked to stop)."""
     ident = parse_workflow_id(workflow_id)
     outcome = run(
-        with_db(settings(), lambda db: workflow_usecases.cancel_workflow(db, ident, tenant=None))
+        with_db(
+            settings(),
+            lambda db: workflow_usecases.cancel_workflow(db, ident, tenant=None, actor=actor()),
+        )
     )
     emit(
         {"id": outcome.id, "cancelled": outcome.cancelled, "asked_to_stop": outcome.asked_to_stop},
@@ -121,7 +133,9 @@ def retry(
     outcome = run(
         with_db(
             config,
-            lambda db: workflow_usecases.retry_step(db, topology, ident, name, tenant=None),
+            lambda db: workflow_usecases.retry_step(
+                db, topology, ident, name, tenant=None, actor=actor()
+            ),
         )
     )
     emit(

@@ -640,7 +640,7 @@ def _workflow_routes(app: FastAPI, state: Console) -> None:
     async def cancel_workflow(request: Request, who: ActionDep, workflow_id: uuid.UUID) -> Response:
         async def run() -> str:
             outcome = await workflow_usecases.cancel_workflow(
-                _db(request), workflow_id, tenant=None
+                _db(request), workflow_id, tenant=None, actor=who.session.actor
             )
             return (
                 f"Workflow cancelled: {outcome.cancelled} job(s) cancelled, "
@@ -660,6 +660,7 @@ def _workflow_routes(app: FastAPI, state: Console) -> None:
                 workflow_id,
                 name,
                 tenant=None,
+                actor=who.session.actor,
             )
             return f"Job {name} runs again; the jobs it made unreachable wait for it."
 

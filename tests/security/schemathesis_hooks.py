@@ -7,8 +7,9 @@ too; invalid requests are left as they were, and must still be refused:
 - ``run_at`` and ``delay`` exclude each other, and ``run_at`` is within a year from now
   (parameters in OpenAPI are independent, and a schema has no "now");
 - an ``Idempotency-Key`` sent again with a different request is a 422 by design; each
-  valid request (and each job of a batch of ``/batches``) gets a key of its own (replays
-  are tested in test_idempotency.py);
+  valid request (an enqueue, a workflow, and each job of a batch of ``/batches``) gets a
+  key of its own (replays are tested in test_idempotency.py and
+  tests/integration/api/test_workflows.py);
 - a ``cursor`` is one the API handed out: a valid one stands for any well-formed token;
 - an edit (``PATCH /jobs/{id}``) names the job's current version (its ETag, read here
   first; a version the job no longer is answers 412 by design), and a new payload is the
@@ -133,7 +134,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
                     job["idempotency_key"] = (
                         f"{str(job['idempotency_key'])[:200]}.{uuid.uuid4().hex}"
                     )
-    if enqueue and isinstance(case.headers, MutableMapping) and "Idempotency-Key" in case.headers:
+    keyed = enqueue or workflows
+    if keyed and isinstance(case.headers, MutableMapping) and "Idempotency-Key" in case.headers:
         key = str(case.headers["Idempotency-Key"])
         case.headers["Idempotency-Key"] = f"{key[:200]}.{uuid.uuid4().hex}"
     edit = operation.method.upper() == "PATCH" and operation.path == "/jobs/{job_id}"

@@ -103,8 +103,9 @@ async def _seed(settings: Settings, job_ids: list[str]) -> list[int]:
 
 def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Path:
     """The module config, plus a quarantined outbox row for each of the two routes that
-    act on one, a succeeded job for the result and payload routes, and a workflow for the
-    retry of one of its jobs: without them these only ever answer 404 (or 409)."""
+    act on one, a succeeded job for the result and payload routes, a cancelled job for the
+    admin retry, and a workflow for the retry of one of its jobs: without them these only
+    ever answer 404 (or 409), unless the stateful phase happens on an id first."""
     auth = {"Authorization": f"Bearer {key}"}
     job_ids = [
         httpx.post(f"{url}/jobs/echo", json={"text": "q"}, headers=auth, timeout=10).json()[
@@ -120,6 +121,11 @@ def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Pat
         timeout=10,
     )
     assert workflow.status_code == 201, workflow.text
+    cancelled = httpx.post(
+        f"{url}/jobs/echo", json={"text": "c"}, params={"delay": 600}, headers=auth, timeout=10
+    ).json()["job_id"]
+    answer = httpx.post(f"{url}/jobs/{cancelled}/cancel", headers=auth, timeout=10)
+    assert answer.status_code == 200, answer.text
     path.write_text(
         CONFIG.read_text()
         + f"""
@@ -138,6 +144,10 @@ parameters = {{ "path.job_id" = "{job_ids[2]}" }}
 [[operations]]
 include-path = "/jobs/{{job_id}}/payload"
 parameters = {{ "path.job_id" = "{job_ids[2]}" }}
+
+[[operations]]
+include-path = "/admin/jobs/{{job_id}}/retry"
+parameters = {{ "path.job_id" = "{cancelled}" }}
 
 [[operations]]
 include-path = "/workflows/{{workflow_id}}/jobs/{{name}}/retry"

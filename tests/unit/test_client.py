@@ -600,20 +600,30 @@ WORKFLOW_CREATED = {
 }
 
 
-def test_creating_a_workflow_is_retried_only_when_nothing_can_have_reached_the_api() -> None:
-    """POST /workflows has no idempotency key: after a connection that was made, a retry
-    could create the workflow twice; a connection refused, a 503 or a 429 wrote nothing."""
+def test_creating_a_workflow_is_retried_with_one_idempotency_key() -> None:
+    """POST /workflows carries an Idempotency-Key (a new UUID unless given), the same on
+    every retry: after a lost answer too (the API answers a retry of a request that got
+    through with its workflow), so it is retried like an enqueue."""
     jobs = [{"name": "a", "type": "echo", "payload": {"text": "x"}}]
     created, calls, _ = drive(
         core().create_workflow(jobs),
         [
             httpx.ConnectError("refused"),
+            httpx.ReadTimeout("no answer"),
             problem(503, "database-unavailable", {"retry-after": "0"}),
-            ok(WORKFLOW_CREATED, status=201),
+            ok(WORKFLOW_CREATED, status=201, headers={"idempotent-replayed": "true"}),
         ],
     )
     assert str(created.id) == WORKFLOW_CREATED["id"]
-    assert len(calls) == 3
-    assert orjson.loads(calls[0].content or b"{}") == {"jobs": jobs}
-    with pytest.raises(ConnectionFailed):
-        drive(core().create_workflow(jobs), [httpx.ReadTimeout("no answer")])
+    assert len(calls) == 4
+    keys = {call.headers["Idempotency-Key"] for call in calls}
+    assert len(keys) == 1
+    assert created.idempotency_key == keys.pop()
+    assert uuid.UUID(created.idempotency_key)
+    assert created.replayed
+    assert {call.content for call in calls} == {orjson.dumps({"jobs": jobs})}
+    given, calls, _ = drive(
+        core().create_workflow(jobs, idempotency_key="wf-1"), [ok(WORKFLOW_CREATED, status=201)]
+    )
+    assert given.idempotency_key == calls[0].headers["Idempotency-Key"] == "wf-1"
+    assert not given.replayed

@@ -1,5 +1,6 @@
 /**
- * The hand-written layer over the generated client: enqueue with an idempotency key,
+ * The hand-written layer over the generated client: enqueue and create a workflow with an
+ * idempotency key,
  * retries that honour `Retry-After`, a long-poll `wait`, `result` through the object store,
  * and typed errors. Anything else the API offers is on {@link JobcoreClient.api}, typed
  * from the same OpenAPI document.
@@ -15,6 +16,8 @@ export type JobStatus = Schemas["JobStatus"];
 export type Accepted = Schemas["Accepted"];
 export type CancelAnswer = Schemas["CancelAnswer"];
 export type JobEdit = Schemas["JobEdit"];
+export type WorkflowIn = Schemas["WorkflowIn"];
+export type WorkflowCreatedOut = Schemas["WorkflowCreatedOut"];
 
 /** Each job type's enqueue route, keyed by the type's name (`POST /jobs/{type}`). */
 type EnqueueRoutes = {
@@ -51,6 +54,14 @@ export interface Enqueued extends Accepted {
   /** The key sent, to retry this same enqueue later. */
   idempotencyKey: string;
   /** True when the key had been used already and this is that first request's job. */
+  replayed: boolean;
+}
+
+/** A workflow the API created (`201`), or the one an earlier request with its key made. */
+export interface WorkflowCreated extends WorkflowCreatedOut {
+  /** The key sent, to retry this same create later. */
+  idempotencyKey: string;
+  /** True when the key had been used already and this is that first request's workflow. */
   replayed: boolean;
 }
 
@@ -118,6 +129,31 @@ export class JobcoreClient {
     if (!response.ok) throw problemError(response, error);
     return {
       ...(data as Accepted),
+      idempotencyKey,
+      replayed: response.headers.get("idempotent-replayed") === "true",
+    };
+  }
+
+  /**
+   * Create a workflow (`POST /workflows`): its jobs and their edges in one transaction. The
+   * same idempotency key (a random UUID unless given) goes with every attempt, so a retried
+   * call never makes a second workflow.
+   * @throws InvalidRequestError (422) for an invalid graph or payload, or a key reused with
+   * another request (`idempotency-key-reused`).
+   */
+  async createWorkflow(
+    workflow: WorkflowIn,
+    options: { idempotencyKey?: string; signal?: AbortSignal } = {},
+  ): Promise<WorkflowCreated> {
+    const { idempotencyKey = globalThis.crypto.randomUUID(), signal } = options;
+    const { data, error, response } = await this.api.POST("/workflows", {
+      params: { header: { "Idempotency-Key": idempotencyKey } },
+      body: workflow,
+      signal,
+    });
+    if (!response.ok || data === undefined) throw problemError(response, error);
+    return {
+      ...data,
       idempotencyKey,
       replayed: response.headers.get("idempotent-replayed") === "true",
     };

@@ -61,6 +61,8 @@ class AuditAction(StrEnum):
     JOB_EDIT = "job.edit"
     BATCH_CLOSE = "batch.close"
     BATCH_CANCEL = "batch.cancel"
+    WORKFLOW_CANCEL = "workflow.cancel"
+    WORKFLOW_RETRY = "workflow.retry"
     JOBS_REPUBLISH_STALE = "jobs.republish_stale"
     OUTBOX_REQUEUE = "outbox.requeue"
     OUTBOX_DISCARD = "outbox.discard"

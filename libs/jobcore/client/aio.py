@@ -309,13 +309,20 @@ class AsyncClient:
         return await self._run(self._core.cancel(job_id))
 
     async def create_workflow(
-        self, jobs: Sequence[Mapping[str, Any]], *, name: str | None = None
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> WorkflowCreated:
         """``POST /workflows``: named jobs (``name``, ``type``, ``payload``, ``depends_on``:
         names or ``{"name", "policy"}`` with policy ``on_success``, ``on_complete`` or
-        ``on_failure``; ``finally``), written in one transaction. Not retried after a
-        connection was made (there is no idempotency key): a lost answer raises."""
-        return await self._run(self._core.create_workflow(jobs, name=name))
+        ``on_failure``; ``finally``), written in one transaction. With
+        ``idempotency_key`` (a new UUID unless given), so it is retried like an enqueue:
+        a retry whose first request got through answers that workflow (``replayed``)."""
+        return await self._run(
+            self._core.create_workflow(jobs, name=name, idempotency_key=idempotency_key)
+        )
 
     async def workflow(self, workflow_id: uuid.UUID | str) -> Workflow:
         """``GET /workflows/{id}``: its status and each job's."""

@@ -401,20 +401,29 @@ class Core:
         return [Batch.model_validate(item) for item in orjson.loads(response.content)["items"]]
 
     def create_workflow(
-        self, jobs: Sequence[Mapping[str, Any]], *, name: str | None = None
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        *,
+        name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Flow[WorkflowCreated]:
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         body: dict[str, Any] = {"jobs": [dict(job) for job in jobs]}
         if name is not None:
             body["name"] = name
+        # Every retry is this very request, key and body: the API answers it with the
+        # workflow the first one made if that one got through, so a lost answer is retried.
         call = self.call(
             "POST",
             "/workflows",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
             content=orjson.dumps(body),
         )
-        # No idempotency key: a retry after an answer that was lost would make another.
-        response = yield from self.exchange(call, once=True)
-        return WorkflowCreated.model_validate_json(response.content)
+        response = yield from self.exchange(call)
+        replayed = response.headers.get("idempotent-replayed") == "true"
+        return WorkflowCreated.model_validate(
+            {**orjson.loads(response.content), "idempotency_key": key, "replayed": replayed}
+        )
 
     def get_workflow(self, workflow_id: uuid.UUID | str) -> Flow[Workflow]:
         response = yield from self.exchange(self.call("GET", f"/workflows/{workflow_id}"))

@@ -240,6 +240,10 @@ class WorkflowCreated(_Answer):
     status: str
     created_at: datetime
     jobs: dict[str, uuid.UUID]
+    # Not in the body: the key the client sent, and whether the API answered with the
+    # workflow an earlier request with that key made (``Idempotent-Replayed: true``).
+    idempotency_key: str | None = None
+    replayed: bool = False
 
 
 class WorkflowEdge(_Answer):

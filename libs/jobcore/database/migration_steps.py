@@ -35,16 +35,20 @@ def _invalid(name: str) -> bool:
     return bool(op.get_bind().execute(INVALID, {"name": name}).scalar())
 
 
-def create_indexes_concurrently(indexes: Mapping[str, str], *, table: str) -> None:
-    """``CREATE INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <definition>`` for each
-    entry of ``indexes`` (name → columns and predicate), outside the migration's
-    transaction, each one dropped first when an earlier build left it INVALID."""
+def create_indexes_concurrently(
+    indexes: Mapping[str, str], *, table: str, unique: bool = False
+) -> None:
+    """``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <definition>``
+    for each entry of ``indexes`` (name → columns and predicate), outside the migration's
+    transaction, each one dropped first when an earlier build left it INVALID (an invalid
+    unique index still refuses duplicates, yet no query can use it)."""
+    kind = "UNIQUE INDEX" if unique else "INDEX"
     with op.get_context().autocommit_block():
         op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         for name, definition in indexes.items():
             if _invalid(name):
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} {definition}")
+            op.execute(f"CREATE {kind} CONCURRENTLY IF NOT EXISTS {name} ON {table} {definition}")
         op.execute("RESET lock_timeout")
 
 

@@ -399,6 +399,10 @@ workflows = Table(
     _timestamp("cancel_requested_at"),
     _timestamp("created_at", nullable=False, default_now=True),
     _timestamp("finished_at"),
+    # The request's Idempotency-Key (POST /workflows) and a hash of the request it came
+    # with (migration 0036): a retry with the same key and request answers this workflow.
+    Column("idempotency_key", Text),
+    Column("request_fingerprint", Text),
     CheckConstraint(
         "status IN (" + ", ".join(f"'{s}'" for s in WORKFLOW_STATUSES) + ")", name="status"
     ),
@@ -408,6 +412,14 @@ workflows = Table(
     Index("workflows_created_idx", text("created_at DESC"), text("id DESC")),
     Index(
         "workflows_finished_idx", "finished_at", postgresql_where=text("finished_at IS NOT NULL")
+    ),
+    # One workflow per tenant and idempotency key: the insert's ON CONFLICT DO NOTHING.
+    Index(
+        "workflows_idempotency_uidx",
+        "tenant",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
     ),
 )
 

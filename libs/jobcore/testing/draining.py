@@ -259,11 +259,13 @@ class InlineWorker:
         *,
         name: str | None = None,
         tenant: str = "test",
+        idempotency_key: str | None = None,
     ) -> WorkflowCreated:
         """Create a workflow as ``POST /workflows`` does (each job's payload checked by its
         type, the graph checked, everything in one statement): ``jobs`` are documents with
         ``name``, ``type``, ``payload``, ``depends_on`` (names, or ``{"name", "policy"}``)
-        and ``finally``. :meth:`drain` then runs its jobs as their dependencies allow."""
+        and ``finally``; ``idempotency_key`` as the request's header. :meth:`drain` then
+        runs its jobs as their dependencies allow."""
 
         def resolve(type_name: str, payload: Any, _: int) -> tuple[Any, Any]:
             kind = self.registry.get(type_name)
@@ -272,7 +274,12 @@ class InlineWorker:
         steps = steps_from_documents(jobs, resolve, tenant)
         async with self.db.unit_of_work() as uow:
             created = await create_workflow(
-                uow, self.topology, tenant=tenant, steps=steps, name=name
+                uow,
+                self.topology,
+                tenant=tenant,
+                steps=steps,
+                name=name,
+                idempotency_key=idempotency_key,
             )
             await uow.commit()
         return created

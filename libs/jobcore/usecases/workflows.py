@@ -15,8 +15,10 @@ settle (migration 0031's trigger): here are creation, the reads, cancel and retr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -26,14 +28,16 @@ import orjson
 from psycopg.types.json import Jsonb
 
 from jobcore.access.apikeys import InvalidApiKey
+from jobcore.access.audit import AuditAction, AuditedWork, Target, audited
 from jobcore.amqp.topology import Topology
-from jobcore.database.gateway import Database, Reader, Session
+from jobcore.database.gateway import Database, Reader, Session, UnitOfWork
 from jobcore.database.store import CANCEL_CHANNEL, tenant_store
 from jobcore.database.store.workflows import WorkflowInsertParams, workflow_store
 from jobcore.execution.registry import JobType
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.envelope import JobMessage
 from jobcore.kernel.errors import (
+    IdempotencyConflict,
     InvalidWorkflow,
     JobNotRetryable,
     TransientConflict,
@@ -42,7 +46,7 @@ from jobcore.kernel.errors import (
 )
 from jobcore.kernel.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.telemetry.traces import capture_trace_headers
-from jobcore.usecases.enqueue.submit import EnqueueRequest
+from jobcore.usecases.enqueue.submit import EnqueueRequest, check_idempotency_key
 from jobcore.usecases.enqueue.write_one import job_gates, quota_refusal, seconds_of
 
 # The most steps one workflow may have (one statement writes them all).
@@ -83,6 +87,9 @@ class WorkflowCreated:
     # The steps published at once (no dependency).
     published: int
     rate_headers: dict[str, str] = field(default_factory=dict)
+    # The workflow an earlier request with the same idempotency key and request created:
+    # nothing was written this time.
+    replayed: bool = False
 
 
 def check_graph(steps: Sequence[WorkflowStep]) -> list[str]:
@@ -157,6 +164,28 @@ def check_graph(steps: Sequence[WorkflowStep]) -> list[str]:
     return order
 
 
+def workflow_fingerprint(steps: Sequence[WorkflowStep], name: str | None) -> str:
+    """A stable hash of a workflow request: its name and, in order, each step's name,
+    type, request (:func:`~jobcore.usecases.enqueue.submit.request_fingerprint`: the
+    payload as sent, attempts, entity), edges and ``finally``. What an idempotency key is
+    matched on; stored with the workflow, so a change here turns every client's retry of
+    an earlier request into a different request."""
+    document = {
+        "name": name,
+        "jobs": [
+            {
+                "name": step.name,
+                "type": step.request.job_type.name,
+                "request": step.request.fingerprint,
+                "depends_on": [[d.name, d.policy.value] for d in step.depends_on],
+                "finally": step.is_finally,
+            }
+            for step in steps
+        ],
+    }
+    return hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 async def create_workflow(
     uow: Session,
     topology: Topology,
@@ -166,11 +195,20 @@ async def create_workflow(
     name: str | None = None,
     quotas: Quotas = UNLIMITED,
     key_id: uuid.UUID | None = None,
+    idempotency_key: str | None = None,
 ) -> WorkflowCreated:
     """Write the workflow, every step and every edge through ``uow`` (the caller commits):
     all of them, or nothing when the graph is invalid or the tenant's quotas do not admit
-    every step (:class:`~jobcore.kernel.errors.QuotaExceeded`)."""
+    every step (:class:`~jobcore.kernel.errors.QuotaExceeded`).
+
+    ``idempotency_key`` (per tenant): a request whose key a workflow of the tenant already
+    holds writes nothing and uses no quota; it answers that workflow (``replayed``) when
+    the request is the same (:func:`workflow_fingerprint`), and
+    :class:`~jobcore.kernel.errors.IdempotencyConflict` when it is not. Two requests racing
+    with one key make one workflow (a unique index): the second answers the first's."""
+    check_idempotency_key(idempotency_key)
     check_graph(steps)
+    fingerprint = workflow_fingerprint(steps, name)
     ids = {step.name: uuid.uuid4() for step in steps}
     trace = capture_trace_headers()
     types: list[JobType[Any]] = [step.request.job_type for step in steps]
@@ -229,6 +267,8 @@ async def create_workflow(
         "default_burst": quotas.enqueue_burst,
         "default_max_unfinished": quotas.max_unfinished,
         "default_max_long_polls": quotas.max_long_polls,
+        "idempotency_key": idempotency_key,
+        "request_fingerprint": fingerprint,
     }
     row = await workflow_store.insert(
         uow, params, behind=tenant_store.lock_usage_statement({"tenant": tenant})
@@ -237,9 +277,33 @@ async def create_workflow(
         raise InvalidApiKey()
     limit = RateLimit(float(row["rate"]), int(row["burst"]))
     headers = rate_headers(limit, seconds_of(row["rate_tat"]), row["now"].timestamp())
-    if row["id"] is None:
-        raise quota_refusal(row, limit, headers)
-    return WorkflowCreated(row["id"], row["created_at"], ids, int(row["published"]), headers)
+    if row["id"] is not None:
+        return WorkflowCreated(row["id"], row["created_at"], ids, int(row["published"]), headers)
+    if idempotency_key is not None:
+        holder: Mapping[str, Any] | None = None
+        if row["existing_id"] is not None:
+            holder = {
+                "id": row["existing_id"],
+                "request_fingerprint": row["existing_fingerprint"],
+                "created_at": row["existing_created_at"],
+            }
+        elif row["refusal"] is None:
+            # The insert met a key committed after its statement's snapshot (ON CONFLICT
+            # DO NOTHING): a statement of its own, with a later snapshot, sees it.
+            holder = await workflow_store.get_by_idempotency_key(
+                uow, {"tenant": tenant, "idempotency_key": idempotency_key}
+            )
+            if holder is None:  # pragma: no cover - a held key's workflow is never deleted
+                raise IdempotencyConflict("the idempotency key's workflow disappeared; retry")
+        if holder is not None:
+            if holder["request_fingerprint"] != fingerprint:
+                raise IdempotencyConflict(
+                    f"idempotency key already used for workflow {holder['id']} with a "
+                    "different request"
+                )
+            jobs = await workflow_store.step_ids(uow, {"id": holder["id"]})
+            return WorkflowCreated(holder["id"], holder["created_at"], jobs, 0, headers, True)
+    raise quota_refusal(row, limit, headers)
 
 
 async def get_workflow(on: Reader, workflow_id: uuid.UUID, *, tenant: str | None) -> dict[str, Any]:
@@ -270,6 +334,39 @@ async def list_workflows(
     return [dict(row) for row in rows]
 
 
+@dataclass(slots=True)
+class _Work:
+    """A workflow operation's unit of work, audited when it has an actor (``audit``)."""
+
+    uow: UnitOfWork
+    audit: AuditedWork | None
+
+    def note(self, tenant: str, **details: Any) -> None:
+        if self.audit is not None:
+            self.audit.entry.tenant = tenant
+            self.audit.entry.details.update(details)
+
+    async def commit(self) -> None:
+        if self.audit is not None:
+            await self.audit.commit()
+        else:
+            await self.uow.commit()
+
+
+@contextlib.asynccontextmanager
+async def _work(
+    db: Database, actor: str | None, action: AuditAction, target: Target
+) -> AsyncIterator[_Work]:
+    """As a single job's operation is (jobcore.usecases.jobs): with an actor, the entry is
+    written in the operation's transaction, and a refusal is recorded as refused."""
+    if actor is None:
+        async with db.unit_of_work() as uow:
+            yield _Work(uow, None)
+    else:
+        async with audited(db, actor=actor, action=action, target=target) as audit:
+            yield _Work(audit.uow, audit)
+
+
 @dataclass(frozen=True, slots=True)
 class CancelOutcome:
     id: uuid.UUID
@@ -278,17 +375,26 @@ class CancelOutcome:
 
 
 async def cancel_workflow(
-    db: Database, workflow_id: uuid.UUID, *, tenant: str | None
+    db: Database, workflow_id: uuid.UUID, *, tenant: str | None, actor: str | None = None
 ) -> CancelOutcome:
     """Cancel every step that has not ended: pending ones at once, running ones asked to
     stop (their workers end them cancelled), `finally` steps included. First the workflow
     is marked (from then on no settle publishes a step of it), then passes over its
-    steps, each a short transaction, until none is left."""
-    async with db.unit_of_work() as uow:
-        marked = await workflow_store.request_cancel(uow, {"id": workflow_id, "tenant": tenant})
+    steps, each a short transaction, until none is left.
+
+    ``actor``: an operator's cancel (the CLI, the console), audited as
+    ``workflow.cancel``: the entry commits with the mark, which decides the cancel (the
+    passes only carry it out). A tenant cancelling its own workflow is not audited, as
+    its cancel of its own job is not."""
+    target = Target("workflow", str(workflow_id))
+    async with _work(db, actor, AuditAction.WORKFLOW_CANCEL, target) as work:
+        marked = await workflow_store.request_cancel(
+            work.uow, {"id": workflow_id, "tenant": tenant}
+        )
         if marked is None:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
-        await uow.commit()
+        work.note(marked["tenant"], status=marked["status"])
+        await work.commit()
     cancelled = asked = 0
     for turn in range(CANCEL_PASSES):
         try:
@@ -323,14 +429,22 @@ async def retry_step(
     name: str,
     *,
     tenant: str | None,
+    actor: str | None = None,
 ) -> RetryStepOutcome:
     """Run a failed (or cancelled) step again, in place: the same job, as many attempts
     again as it had. The steps it had made unreachable wait for its new outcome, and run
     if it allows them. A step cancelled as unreachable is not retried itself
-    (:class:`~jobcore.kernel.errors.JobNotRetryable` names the dependency to retry)."""
-    async with db.unit_of_work() as uow:
-        if await workflow_store.get(uow, {"id": workflow_id, "tenant": tenant}) is None:
+    (:class:`~jobcore.kernel.errors.JobNotRetryable` names the dependency to retry).
+
+    ``actor``: who asked, audited as ``workflow.retry`` in the retry's transaction (a
+    refusal recorded as refused), as a single job's retry is."""
+    target = Target("workflow", str(workflow_id))
+    async with _work(db, actor, AuditAction.WORKFLOW_RETRY, target) as work:
+        uow = work.uow
+        workflow = await workflow_store.get(uow, {"id": workflow_id, "tenant": tenant})
+        if workflow is None:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
+        work.note(workflow["tenant"], name=name)
         row = await workflow_store.retry_step(
             uow,
             {
@@ -355,7 +469,8 @@ async def retry_step(
             raise JobNotRetryable(
                 f"job {name!r} is {row['status_before']}; only failed or cancelled jobs"
             )
-        await uow.commit()
+        work.note(workflow["tenant"], job_id=row["id"])
+        await work.commit()
     return RetryStepOutcome(workflow_id, name, row["id"])
 
 

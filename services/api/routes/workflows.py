@@ -11,9 +11,9 @@ unknown or duplicate name: 422 ``invalid-workflow``).
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
@@ -22,9 +22,11 @@ from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, InvalidPayload, UnknownJobType
 from jobcore.usecases import workflows as workflow_usecases
-from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
+from jobcore.usecases.enqueue.submit import MAX_IDEMPOTENCY_KEY_LENGTH, check_idempotency_key
+from services.api.auth import ActorDep, CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.deps import DbDep, SessionDep, StateDep
 from services.api.problems import located
+from services.api.routes.enqueue import IDEMPOTENCY_KEY_PATTERN
 from services.api.schemas import Problem
 from services.api.views import JsonBody
 
@@ -130,6 +132,34 @@ class WorkflowRetryOut(BaseModel):
     status: Literal["pending"] = "pending"
 
 
+async def workflow_idempotency_key(
+    key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Makes retries safe: the same key (per tenant) and the same request "
+            "(the workflow's name and every job: name, type, payload, depends_on, finally, "
+            "max_attempts, entity_id) answer the workflow the first request created, with "
+            "`Idempotent-Replayed: true`, and write nothing; a different request answers "
+            "422 `idempotency-key-reused`. Two requests racing with one key make one "
+            "workflow. A key is kept as long as its workflow. 1 to 255 printable ASCII "
+            "characters, else 400 `invalid-idempotency-key`.",
+            # Checked by check_idempotency_key (a 400, as POST /jobs/{type} answers).
+            json_schema_extra={
+                "minLength": 1,
+                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
+                "pattern": IDEMPOTENCY_KEY_PATTERN,
+            },
+        ),
+    ] = None,
+) -> str | None:
+    check_idempotency_key(key)
+    return key
+
+
+WorkflowIdempotencyKeyDep = Annotated[str | None, Depends(workflow_idempotency_key)]
+
+
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": Problem} for status in (401, 403, 503, *statuses)}
 
@@ -152,9 +182,14 @@ def build_router(registry: Registry) -> APIRouter:
             raise
 
     async def create_workflow(
-        body: WorkflowIn, tenant: TenantDep, db_session: SessionDep, state: StateDep
+        body: WorkflowIn,
+        tenant: TenantDep,
+        db_session: SessionDep,
+        state: StateDep,
+        key: WorkflowIdempotencyKeyDep,
     ) -> Response:
-        """Create a workflow: every job and edge in one transaction, or nothing."""
+        """Create a workflow: every job and edge in one transaction, or nothing. With an
+        `Idempotency-Key`, a retry of the same request answers the same workflow."""
         documents = [job.model_dump(by_alias=True) for job in body.jobs]
         steps = workflow_usecases.steps_from_documents(documents, resolve, tenant)
         async with db_session.transaction() as uow:
@@ -165,12 +200,15 @@ def build_router(registry: Registry) -> APIRouter:
                 steps=steps,
                 name=body.name,
                 quotas=state.settings.quota_defaults,
+                idempotency_key=key,
             )
             await uow.commit()
         answer = WorkflowCreatedOut(id=created.id, created_at=created.created_at, jobs=created.jobs)
-        return JsonBody(
-            answer.model_dump(mode="json"), status_code=201, headers=created.rate_headers
-        )
+        headers = dict(created.rate_headers)
+        if created.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        # A replay answers as the first request was answered (201, the same body).
+        return JsonBody(answer.model_dump(mode="json"), status_code=201, headers=headers)
 
     async def get_workflow(
         workflow_id: uuid.UUID, tenant: TenantDep, db_session: SessionDep
@@ -188,12 +226,18 @@ def build_router(registry: Registry) -> APIRouter:
         return JsonBody(answer.model_dump(mode="json"), status_code=202)
 
     async def retry_job(
-        workflow_id: uuid.UUID, name: str, tenant: TenantDep, db: DbDep, state: StateDep
+        workflow_id: uuid.UUID,
+        name: str,
+        tenant: TenantDep,
+        db: DbDep,
+        state: StateDep,
+        actor: ActorDep,
     ) -> Response:
         """Run a failed or cancelled job of the workflow again, in place; the jobs it made
-        unreachable then wait for its new outcome."""
+        unreachable then wait for its new outcome. Audited (`workflow.retry`), as a job's
+        retry is."""
         outcome = await workflow_usecases.retry_step(
-            db, state.topology, workflow_id, name, tenant=tenant
+            db, state.topology, workflow_id, name, tenant=tenant, actor=actor
         )
         answer = WorkflowRetryOut(
             workflow_id=outcome.workflow_id, name=outcome.name, job_id=outcome.job_id

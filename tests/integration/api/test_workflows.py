@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -103,3 +104,93 @@ async def test_cancel_and_another_tenants_workflow(
     assert_problem(retry, 409, "job-not-retryable")
     missing = await api_client.post(f"/workflows/{created['id']}/jobs/zz/retry", headers=auth)
     assert_problem(missing, 404, "workflow-job-not-found")
+
+
+async def count_rows(db: Database) -> tuple[int, int]:
+    async with db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT (SELECT count(*) FROM workflows) AS w, (SELECT count(*) FROM jobs) AS j"
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row["w"]), int(row["j"])
+
+
+async def test_an_idempotency_key_replays_the_first_answer_and_refuses_another_request(
+    api_client: httpx.AsyncClient,
+    auth: dict[str, str],
+    other_auth: dict[str, str],
+    db: Database,
+) -> None:
+    body = {"name": "diamond", "jobs": [job("a"), job("b", "a"), job("c", "a"), job("d", "b", "c")]}
+    keyed = {**auth, "Idempotency-Key": "order-17"}
+    first = await api_client.post("/workflows", json=body, headers=keyed)
+    assert first.status_code == 201, first.text
+    assert "idempotent-replayed" not in first.headers
+    again = await api_client.post("/workflows", json=body, headers=keyed)
+    assert again.status_code == 201, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    assert await count_rows(db) == (1, 4)
+    # Another request under the key: the documented 422, naming the workflow; nothing new.
+    changed = {**body, "jobs": [*body["jobs"][:3], job("d", "b")]}
+    refused = await api_client.post("/workflows", json=changed, headers=keyed)
+    problem = assert_problem(refused, 422, "idempotency-key-reused")
+    assert first.json()["id"] in problem["detail"]
+    assert await count_rows(db) == (1, 4)
+    # The key is the tenant's: another tenant's request with it is its own workflow.
+    other = await api_client.post(
+        "/workflows", json=body, headers={**other_auth, "Idempotency-Key": "order-17"}
+    )
+    assert other.status_code == 201, other.text
+    assert other.json()["id"] != first.json()["id"]
+    # A key that is not 1 to 255 printable ASCII characters is a 400, as for a job.
+    bad = await api_client.post(
+        "/workflows", json=body, headers={**auth, "Idempotency-Key": "x" * 256}
+    )
+    assert_problem(bad, 400, "invalid-idempotency-key")
+
+
+async def test_two_requests_at_once_with_one_key_make_one_workflow(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    body = {"jobs": [job("a"), job("b", "a")]}
+    keyed = {**auth, "Idempotency-Key": "at-once"}
+    answers = await asyncio.gather(
+        *(api_client.post("/workflows", json=body, headers=keyed) for _ in range(2))
+    )
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+    assert answers[0].json() == answers[1].json()
+    assert sorted(a.headers.get("idempotent-replayed", "") for a in answers) == ["", "true"]
+    assert await count_rows(db) == (1, 2)
+
+
+async def test_retrying_a_workflows_job_is_audited_with_the_key(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    created = (
+        await api_client.post("/workflows", json={"jobs": [job("a"), job("b", "a")]}, headers=auth)
+    ).json()
+    # The tenant's own cancel is not audited (as for a job); the retry always is.
+    cancelled = await api_client.post(f"/workflows/{created['id']}/cancel", headers=auth)
+    assert cancelled.status_code == 202, cancelled.text
+    refused = await api_client.post(f"/workflows/{created['id']}/jobs/a/retry", headers=auth)
+    assert_problem(refused, 409, "job-not-retryable")
+    async with db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT actor, action, target_id, tenant, outcome FROM audit_log"
+            " WHERE action LIKE 'workflow.%' ORDER BY id"
+        )
+        entries = await cursor.fetchall()
+        cursor = await conn.execute("SELECT id FROM api_keys WHERE tenant = 'acme'")
+        key = await cursor.fetchone()
+    assert key is not None
+    assert [dict(e) for e in entries] == [
+        {
+            "actor": f"key:{key['id']}",
+            "action": "workflow.retry",
+            "target_id": created["id"],
+            "tenant": "acme",
+            "outcome": "refused",
+        }
+    ]

@@ -19,8 +19,12 @@ from jobcore.usecases.workflows import create_workflow, steps_from_documents
 
 
 def workflows_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """``jobcore workflows ARGS``; ``--actor NAME`` first is the root's option."""
+    root: tuple[str, ...] = ()
+    if args[:1] == ("--actor",):
+        root, args = args[:2], args[2:]
     return subprocess.run(
-        jobcore_command("workflows", *args),
+        jobcore_command(*root, "workflows", *args),
         env=settings_env(settings),
         capture_output=True,
         text=True,
@@ -65,15 +69,34 @@ async def test_show_list_and_cancel(settings: Settings, db: Database, topology: 
     assert "parse (on_failure)" in shown.stdout
     listed = workflows_cli(settings, "list", "--json")
     assert [row["id"] for row in orjson.loads(listed.stdout)] == [str(workflow_id)]
-    cancelled = workflows_cli(settings, "cancel", str(workflow_id), "--json")
+    cancelled = workflows_cli(
+        settings, "--actor", "ops:alice", "cancel", str(workflow_id), "--json"
+    )
     assert cancelled.returncode == 0, cancelled.stderr
     assert orjson.loads(cancelled.stdout)["cancelled"] == 3
     after = orjson.loads(workflows_cli(settings, "show", str(workflow_id), "--json").stdout)
     assert after["status"] == "cancelled"
-    retried = workflows_cli(settings, "retry", str(workflow_id), "fetch")
+    retried = workflows_cli(settings, "--actor", "ops:alice", "retry", str(workflow_id), "fetch")
     assert retried.returncode == 1
     assert retried.stderr.strip().count("\n") == 0
     assert "was cancelled" in retried.stderr
+    # Both are audited as the single job's operations are: the cancel with the workflow's
+    # status when it was decided, the refused retry as refused; each names its actor.
+    async with db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT actor, action, target_type, target_id, tenant, outcome, details "
+            "FROM audit_log ORDER BY id"
+        )
+        entries = await cursor.fetchall()
+    assert [
+        (e["actor"], e["action"], e["target_type"], e["target_id"], e["tenant"], e["outcome"])
+        for e in entries
+    ] == [
+        ("ops:alice", "workflow.cancel", "workflow", str(workflow_id), "acme", "succeeded"),
+        ("ops:alice", "workflow.retry", "workflow", str(workflow_id), "acme", "refused"),
+    ]
+    assert entries[0]["details"] == {"status": "running"}
+    assert entries[1]["details"]["refused"] == "JobNotRetryable"
 
 
 async def test_an_unknown_or_malformed_id_is_one_line(settings: Settings) -> None:

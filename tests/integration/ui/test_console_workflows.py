@@ -14,7 +14,15 @@ from jobcore.execution.payloads import validate_payload
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.settings import Settings
 from jobcore.usecases.workflows import WorkflowCreated, create_workflow, steps_from_documents
-from tests.integration.ui.test_console_pages import FAIL_JOB, HTML, ORIGIN, client, csrf_of
+from tests.integration.ui.test_console_pages import (
+    AUDIT,
+    FAIL_JOB,
+    HTML,
+    ORIGIN,
+    client,
+    csrf_of,
+    run,
+)
 
 __all__ = ["client"]  # the fixture, used by name
 
@@ -107,3 +115,9 @@ async def test_the_graph_shows_each_job_in_its_state_and_the_actions_work(
     page = await client.get(f"/workflows/{created.id}", headers=HTML)
     assert set(node_states(page.text).values()) == {"cancelled"}
     assert 'id="workflow-status">cancelled' in page.text
+    # Both actions are audited as the session's key, as the console's job actions are.
+    actions = await run(db, AUDIT({"actor": client.headers["X-Actor"]}))
+    assert [(a["action"], a["outcome"], a["target_id"]) for a in actions][-2:] == [
+        ("workflow.retry", "succeeded", str(created.id)),
+        ("workflow.cancel", "succeeded", str(created.id)),
+    ]

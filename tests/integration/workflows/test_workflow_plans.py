@@ -35,13 +35,14 @@ SELECT gen_random_uuid(), 't' || (g % 100), 'noop', 'default',
 FROM generate_series(1, {PLAIN}) AS g;
 
 INSERT INTO jobcore.workflows (id, tenant, name, status, jobs_total, unsettled, open_jobs, exchange,
-                       created_at, finished_at)
+                       created_at, finished_at, idempotency_key, request_fingerprint)
 SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(w), 12, '0'))::uuid, 't' || (w % 100),
        'w' || w, CASE WHEN w <= {WORKFLOWS - 1000} THEN 'succeeded' ELSE 'running' END,
        {STEPS}, CASE WHEN w <= {WORKFLOWS - 1000} THEN 0 ELSE {STEPS} END,
        CASE WHEN w <= {WORKFLOWS - 1000} THEN 0 ELSE {STEPS} END, 'jobcore.jobs',
        now() - ({WORKFLOWS} - w) * interval '1 s',
-       CASE WHEN w <= {WORKFLOWS - 1000} THEN now() - ({WORKFLOWS} - w) * interval '1 s' END
+       CASE WHEN w <= {WORKFLOWS - 1000} THEN now() - ({WORKFLOWS} - w) * interval '1 s' END,
+       CASE WHEN w % 2 = 0 THEN 'key-' || w END, md5(w::text)
 FROM generate_series(1, {WORKFLOWS}) AS w;
 
 INSERT INTO jobcore.jobs (id, tenant, type, queue, status, attempts, created_at, finished_at,
@@ -154,6 +155,18 @@ FINISHED = 5
             2000,
         ),
         (
+            sql.WORKFLOW_GET_BY_IDEMPOTENCY_KEY,
+            {"tenant": "t0", "idempotency_key": f"key-{RUNNING}"},
+            "workflows_idempotency_uidx",
+            10,
+        ),
+        (
+            sql.WORKFLOW_STEP_IDS,
+            {"id": workflow_id(RUNNING)},
+            "workflow_jobs_workflow_id_name_idx",
+            20,
+        ),
+        (
             sql.WORKFLOW_PRUNE_BATCH,
             {"keep": 3600.0, "limit": 10},
             "workflows_finished_idx",
@@ -210,9 +223,14 @@ def test_creating_a_workflow_reads_no_table_whole(million: str) -> None:
         "default_burst": 1,
         "default_max_unfinished": 0,
         "default_max_long_polls": 0,
+        "idempotency_key": f"key-{RUNNING}",
+        "request_fingerprint": "f",
     }
     buffers, plan = explain(million, sql.WORKFLOW_INSERT, params)
     assert "Seq Scan on jobs" not in plan, plan
+    # The key's holder is found by the unique index, not by reading the workflows.
+    assert "Seq Scan on workflows" not in plan, plan
+    assert "workflows_idempotency_uidx" in plan, plan
     # Three jobs, their steps, edges and message, a few index pages each.
     assert buffers <= 300, (buffers, plan)
 

@@ -488,7 +488,8 @@ export interface paths {
         put?: never;
         /**
          * Create Workflow
-         * @description Create a workflow: every job and edge in one transaction, or nothing.
+         * @description Create a workflow: every job and edge in one transaction, or nothing. With an
+         *     `Idempotency-Key`, a retry of the same request answers the same workflow.
          */
         post: operations["create_workflow_workflows_post"];
         delete?: never;
@@ -549,7 +550,8 @@ export interface paths {
         /**
          * Retry Job
          * @description Run a failed or cancelled job of the workflow again, in place; the jobs it made
-         *     unreachable then wait for its new outcome.
+         *     unreachable then wait for its new outcome. Audited (`workflow.retry`), as a job's
+         *     retry is.
          */
         post: operations["retry_job_workflows__workflow_id__jobs__name__retry_post"];
         delete?: never;
@@ -4857,7 +4859,10 @@ export interface operations {
     create_workflow_workflows_post: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Makes retries safe: the same key (per tenant) and the same request (the workflow's name and every job: name, type, payload, depends_on, finally, max_attempts, entity_id) answer the workflow the first request created, with `Idempotent-Replayed: true`, and write nothing; a different request answers 422 `idempotency-key-reused`. Two requests racing with one key make one workflow. A key is kept as long as its workflow. 1 to 255 printable ASCII characters, else 400 `invalid-idempotency-key`. */
+                "Idempotency-Key"?: string;
+            };
             path?: never;
             cookie?: never;
         };

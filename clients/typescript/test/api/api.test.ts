@@ -60,6 +60,23 @@ test("enqueue answers the job, and the same Idempotency-Key answers the same job
   assert.equal(job.idempotency_key, key);
 });
 
+test("createWorkflow: the same Idempotency-Key answers the same workflow; another request is a 422", async () => {
+  const key = `ts-wf-${crypto.randomUUID()}`;
+  const body = { name: "ts", jobs: [{ name: "a", type: "noop" }, { name: "b", type: "noop", depends_on: ["a"] }] };
+  const first = await api.createWorkflow(body, { idempotencyKey: key });
+  const again = await api.createWorkflow(body, { idempotencyKey: key });
+  assert.equal(first.replayed, false);
+  assert.equal(again.replayed, true);
+  assert.equal(again.id, first.id);
+  assert.deepEqual(again.jobs, first.jobs);
+  const error = await api
+    .createWorkflow({ ...body, name: "another" }, { idempotencyKey: key })
+    .catch((e: unknown) => e);
+  assert.ok(error instanceof InvalidRequestError);
+  assert.equal(error.status, 422);
+  assert.equal(error.slug, "idempotency-key-reused");
+});
+
 test("wait long-polls until the job has succeeded", async () => {
   const { job_id } = await api.enqueue("noop", {});
   const job = await api.wait(job_id, { timeoutSeconds: 60 });

@@ -58,6 +58,9 @@ class WorkflowInsertParams(QuotaDefaultParams):
     edge_upstreams: list[uuid.UUID]
     edge_downstreams: list[uuid.UUID]
     edge_policies: list[str]
+    # The request's Idempotency-Key (None: none) and the hash of the whole request.
+    idempotency_key: str | None
+    request_fingerprint: str
 
 
 # The caller holds the tenant's usage row (TENANT_USAGE_LOCK). The quotas count each step
@@ -65,6 +68,13 @@ class WorkflowInsertParams(QuotaDefaultParams):
 # (no incoming edge; a `finally` step only when the workflow has no other step): it gets
 # its outbox row here, the others are held until the trigger publishes them. Each step
 # is its own `accepted` event (jobs.accepted_detail names its workflow).
+#
+# An idempotency key already held by a workflow of the tenant (`existing`, read under the
+# usage row's lock, so a request that waited for the lock behind its twin sees the twin's
+# commit) writes nothing and uses no quota: the caller compares the fingerprints (a replay
+# or a reused key). The unique index backs it: an insert that meets a key committed after
+# this statement's snapshot does nothing (ON CONFLICT), and with it every step, edge and
+# message (they are inserted only with the workflow's row).
 WORKFLOW_INSERT = Query[WorkflowInsertParams](
     "workflow_insert",
     "Insert a workflow, its steps (held until their dependencies settle, else with their "
@@ -83,14 +93,25 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
         ) WITH ORDINALITY AS i(id, name, type, queue, routing_key, payload, fingerprint,
                entity_id, max_attempts, priority, is_finally, waiting, message_id, body,
                concurrency_key, concurrency_limit, rate_key, rate_per_second, rate_burst, n)
+    ), existing AS (
+        SELECT id, request_fingerprint, created_at FROM jobcore.workflows
+        WHERE tenant = %(tenant)s::text AND idempotency_key = %(idempotency_key)s::text
     ), wanted AS (
-        SELECT count(*) AS n, count(*) FILTER (WHERE NOT is_finally) AS steps FROM input
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM existing) THEN 0 ELSE count(*) END AS n,
+               count(*) FILTER (WHERE NOT is_finally) AS steps
+        FROM input
     ), {batch_admission_ctes(all_or_nothing=True)}, go AS (
-        SELECT wanted.n, wanted.steps FROM wanted, room WHERE room.admitted = wanted.n
+        SELECT wanted.n, wanted.steps FROM wanted, room
+        WHERE room.admitted = wanted.n AND NOT EXISTS (SELECT 1 FROM existing)
     ), workflow AS (
-        INSERT INTO jobcore.workflows (id, tenant, name, jobs_total, unsettled, open_jobs, exchange)
-        SELECT %(id)s, %(tenant)s::text, %(name)s, go.n, go.steps, go.n, %(exchange)s
+        INSERT INTO jobcore.workflows (
+            id, tenant, name, jobs_total, unsettled, open_jobs, exchange, idempotency_key,
+            request_fingerprint
+        )
+        SELECT %(id)s, %(tenant)s::text, %(name)s, go.n, go.steps, go.n, %(exchange)s,
+               %(idempotency_key)s::text, %(request_fingerprint)s::text
         FROM go
+        ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, created_at
     ), ready AS (
         SELECT input.*,
@@ -150,8 +171,28 @@ WORKFLOW_INSERT = Query[WorkflowInsertParams](
            (SELECT pg_notify(%(channel)s, '') FROM message LIMIT 1) IS NULL AS notified,
            room.refusal, limits.rate, limits.burst, limits.max_unfinished,
            coalesce((SELECT rate_tat FROM charged), (SELECT rate_tat FROM usage)) AS rate_tat,
-           clock_timestamp() AS now
-    FROM limits CROSS JOIN room LEFT JOIN workflow ON true
+           clock_timestamp() AS now,
+           existing.id AS existing_id, existing.request_fingerprint AS existing_fingerprint,
+           existing.created_at AS existing_created_at
+    FROM limits CROSS JOIN room LEFT JOIN workflow ON true LEFT JOIN existing ON true
+    """,
+)
+
+
+class WorkflowByKeyParams(TypedDict):
+    tenant: str
+    idempotency_key: str
+
+
+# After an insert that met a key committed since its snapshot (ON CONFLICT DO NOTHING): the
+# workflow holding it, read by a statement of its own (a snapshot that sees it), by
+# workflows_idempotency_uidx.
+WORKFLOW_GET_BY_IDEMPOTENCY_KEY = Query[WorkflowByKeyParams](
+    "workflow_get_by_idempotency_key",
+    "The tenant's workflow that holds an idempotency key.",
+    """
+    SELECT id, request_fingerprint, created_at FROM jobcore.workflows
+    WHERE tenant = %(tenant)s AND idempotency_key = %(idempotency_key)s
     """,
 )
 
@@ -257,7 +298,7 @@ WORKFLOW_REQUEST_CANCEL = Query[WorkflowRequestCancelParams](
     UPDATE jobcore.workflows
     SET cancel_requested_at = coalesce(cancel_requested_at, now())
     WHERE id = %(id)s AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-    RETURNING id, status, cancel_requested_at
+    RETURNING id, tenant, status, cancel_requested_at
     """,
 )
 
@@ -459,5 +500,15 @@ WORKFLOW_PRUNE_BATCH = Query[WorkflowPruneParams](
                AS result_refs,
            (SELECT array_agg(payload_ref) FILTER (WHERE payload_ref IS NOT NULL) FROM gone)
                AS payload_refs
+    """,
+)
+
+
+# A replayed request's answer: each step's job id by name (workflow_jobs_workflow_id_name_idx).
+WORKFLOW_STEP_IDS = Query[WorkflowIdParams](
+    "workflow_step_ids",
+    "Each step's name and job id.",
+    """
+    SELECT name, job_id FROM jobcore.workflow_jobs WHERE workflow_id = %(id)s
     """,
 )

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from psycopg.rows import DictRow
 
 from jobcore.database.gateway import (
@@ -19,13 +21,16 @@ from jobcore.database.sql.workflows import (
     WORKFLOW_CANCEL_STEPS,
     WORKFLOW_DEPENDENCY_RESULTS,
     WORKFLOW_GET,
+    WORKFLOW_GET_BY_IDEMPOTENCY_KEY,
     WORKFLOW_INSERT,
     WORKFLOW_LIST,
     WORKFLOW_LIST_FOR_TENANT,
     WORKFLOW_PRUNE_BATCH,
     WORKFLOW_REQUEST_CANCEL,
     WORKFLOW_RETRY_STEP,
+    WORKFLOW_STEP_IDS,
     WORKFLOW_STEPS,
+    WorkflowByKeyParams,
     WorkflowCancelStepsParams,
     WorkflowDependencyResultsParams,
     WorkflowGetParams,
@@ -39,6 +44,7 @@ from jobcore.database.sql.workflows import (
 )
 
 __all__ = [
+    "WorkflowByKeyParams",
     "WorkflowCancelStepsParams",
     "WorkflowDependencyResultsParams",
     "WorkflowGetParams",
@@ -73,6 +79,18 @@ class WorkflowStore:
     async def get(self, on: Reader, params: WorkflowGetParams) -> DictRow | None:
         """A workflow, or None."""
         return await fetch_one(on, WORKFLOW_GET(params))
+
+    async def get_by_idempotency_key(
+        self, on: Reader, params: WorkflowByKeyParams
+    ) -> DictRow | None:
+        """The tenant's workflow holding an idempotency key (its id, request fingerprint
+        and creation time), or None."""
+        return await fetch_one(on, WORKFLOW_GET_BY_IDEMPOTENCY_KEY(params))
+
+    async def step_ids(self, on: Reader, params: WorkflowIdParams) -> dict[str, uuid.UUID]:
+        """Each step's job id, by name."""
+        rows = await fetch_all(on, WORKFLOW_STEP_IDS(params))
+        return {row["name"]: row["job_id"] for row in rows}
 
     async def steps(self, on: Reader, params: WorkflowIdParams) -> list[DictRow]:
         """A workflow's steps with their state and incoming edges."""
