@@ -172,6 +172,13 @@ jobs = Table(
     # 'dependencies', with no outbox message, until the settle of its last dependency
     # publishes it (migration 0031's trigger).
     Column("workflow_id", UUID(as_uuid=True)),
+    # The claim of the job's current attempt, which the timeline lists as its `claimed`
+    # event (jobcore.kernel.jobevents.with_claims) instead of an event row per attempt: the
+    # lease it took, and when, for every claim but the first (whose time is started_at;
+    # NULL then, so the happy path's row is no wider for it). Kept once the job ends; the
+    # event that moves the job on to another attempt carries it (detail.claim).
+    _timestamp("claimed_at"),
+    _timestamp("claim_lease_until"),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint(
         "held_reason IN ('concurrency', 'rate_limit', 'ordering', 'dependencies')",

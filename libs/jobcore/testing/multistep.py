@@ -69,6 +69,8 @@ from typing import Any
 import httpx
 import psycopg
 
+from jobcore.kernel.jobevents import with_claims
+
 # The job types (jobcore.testing.multistep_jobtypes, which only the run's processes
 # import: importing it registers them) and the debounce the check's bound uses.
 STEP = "chaos_step"
@@ -347,8 +349,8 @@ async def _rows(conn: psycopg.AsyncConnection[Any], sql: str, *params: Any) -> l
     return [row[0] for row in await cur.fetchall()]
 
 
-def _at(value: str) -> datetime:
-    return datetime.fromisoformat(value)
+def _at(value: str | datetime) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
 @dataclass
@@ -403,6 +405,9 @@ async def check_multistep(
         events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in await _rows(conn, _every("job_events", "r->>'job_id' = ANY(%s)"), ids):
             events[e["job_id"]].append(e)
+        # With the `claimed` events the job rows and the events that end attempts keep.
+        for job_id in ids:
+            events[job_id] = with_claims(events[job_id], jobs[job_id])
         effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in await _rows(conn, _every("job_effects", "r->>'job_id' = ANY(%s)"), ids):
             effects[e["job_id"]].append(e)

@@ -7,6 +7,7 @@ import uuid
 
 from jobcore.database.gateway import Database
 from jobcore.database.store import job_event_store
+from jobcore.kernel.jobevents import with_claims
 from jobcore.usecases.whereabouts import JobEvent, JobTimeline, whereabouts
 
 # The events a timeline shows: the latest ones, if a job somehow has more (a job is
@@ -26,16 +27,24 @@ async def job_timeline(
     if not rows:
         return None
     job = rows[0]
-    events = [
-        JobEvent(
-            row["event_id"],
-            row["event_at"],
-            row["event_kind"],
-            row["event_attempt"],
-            row["event_detail"],
-        )
+    recorded = [
+        {
+            "id": row["event_id"],
+            "at": row["event_at"],
+            "kind": row["event_kind"],
+            "attempt": row["event_attempt"],
+            "detail": row["event_detail"],
+        }
         for row in rows
         if row["event_id"] is not None
+    ]
+    # The `claimed` events are kept on the job row and on the events that end attempts.
+    # With events off the claims the job row keeps are not listed, as their rows were not
+    # written before (the timeline holds what was recorded while events were on).
+    events_on = db.settings.job_events
+    events = [
+        JobEvent(e["id"], e["at"], e["kind"], e["attempt"], e["detail"])
+        for e in with_claims(recorded, job if events_on else {})
     ]
     return JobTimeline(
         job["id"],
@@ -44,5 +53,5 @@ async def job_timeline(
         job["status"],
         whereabouts(job),
         events,
-        events_recorded=db.settings.job_events,
+        events_recorded=events_on,
     )

@@ -78,8 +78,9 @@ WHEREABOUTS_KEYS = (
 )
 
 
-# What the `accepted` event says: the timeline shows it, the job's own view does not.
-TIMELINE_ONLY_KEYS = ("accepted_detail",)
+# What the `accepted` and `claimed` events say: the timeline shows them, the job's own view
+# does not.
+TIMELINE_ONLY_KEYS = ("accepted_detail", "claimed_at", "claim_lease_until")
 
 
 def with_where(job: Mapping[str, Any]) -> dict[str, Any]:

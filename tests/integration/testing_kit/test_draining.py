@@ -18,6 +18,7 @@ from jobcore.kernel.errors import JobNotFound
 from jobcore.storage.results import StoreUnavailable
 from jobcore.testing import InlineWorker
 from jobcore.usecases.jobs import cancel_job
+from jobcore.usecases.timeline import job_timeline
 from tests.integration.testing_kit.jobtypes import REGISTRY
 
 
@@ -200,10 +201,9 @@ async def test_a_snooze_runs_the_job_again_within_the_drain_without_spending_an_
     assert (drained.snoozed, drained.succeeded, drained.failed) == (1, 1, 0)
     assert (job["status"], job["attempts"], job["snoozes"]) == ("succeeded", 1, 1)
     assert job["result"] == {"attempt": 1, "run": 2}
-    kinds = await rows(
-        worker.db, "SELECT kind FROM jobcore.job_events WHERE job_id = %s ORDER BY at, id", job_id
-    )
-    assert [k["kind"] for k in kinds] == [
+    found = await job_timeline(worker.db, job_id, tenant=None)
+    assert found is not None
+    assert [e.kind for e in found.events if e.kind != "accepted"] == [
         "published",
         "claimed",
         "snoozed",

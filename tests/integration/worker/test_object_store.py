@@ -31,6 +31,7 @@ from jobcore.testing.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.jobs import retry_job
 from jobcore.usecases.keys import create_key
+from jobcore.usecases.timeline import job_timeline
 from services.api.app import create_app
 from services.worker.app import Worker
 from tests.integration.worker.conftest import StartWorker
@@ -359,15 +360,11 @@ async def test_a_store_outage_while_reading_the_payload_gives_the_job_back_unfai
 
 
 async def claims(db: Database, job_id: uuid.UUID) -> int:
-    """How many times a worker claimed the job: each claim is one run of its handler."""
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT count(*) AS n FROM job_events WHERE job_id = %s AND kind = 'claimed'",
-            (job_id,),
-        )
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row["n"])
+    """How many times a worker claimed the job (its timeline's `claimed` events): each
+    claim is one run of its handler."""
+    found = await job_timeline(db, job_id, tenant=None)
+    assert found is not None
+    return sum(event.kind == "claimed" for event in found.events)
 
 
 async def ended_without_a_give_back(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:

@@ -15,18 +15,17 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.kernel.envelope import decode
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.timeline import job_timeline
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import SnoozePayload
 from tests.integration.worker.support import OutboxPump, status_is, submit
 
 
 async def events(db: Database, job_id: uuid.UUID) -> list[dict[str, Any]]:
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT kind, attempt, detail, at FROM job_events WHERE job_id = %s ORDER BY at, id",
-            (job_id,),
-        )
-        return [dict(r) for r in await cur.fetchall()]
+    """The job's timeline (its claims are kept on the job row and the snoozed events)."""
+    found = await job_timeline(db, job_id, tenant=None)
+    assert found is not None
+    return [event.as_dict() for event in found.events if event.kind != "accepted"]
 
 
 @pytest.mark.parametrize("raise_it", [False, True], ids=["returned", "raised"])

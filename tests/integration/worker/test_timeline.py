@@ -15,7 +15,12 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute, fetch_one
 from jobcore.database.sql import Query
 from jobcore.database.sql.inbox import JOBS_CONSUMER
-from jobcore.database.sql.jobs.run import JOB_CLAIM_MANY
+from jobcore.database.sql.jobs.run import (
+    JOB_CLAIM_MANY,
+    JOB_RETRY,
+    JOB_SUCCEED_MANY,
+    JobClaimManyParams,
+)
 from jobcore.execution import outcomes
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.registry import load_job_modules
@@ -32,7 +37,7 @@ from tests.integration.relay.helpers import running_relay
 from tests.integration.webhooks.support import Answer, delivery_in, receiving, webhook_settings
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
-from tests.integration.worker.support import outbox_rows, status_is, submit
+from tests.integration.worker.support import outbox_rows, outcome_params, status_is, submit
 
 ACCEPTED = JobEventKind.ACCEPTED
 PUBLISHED = JobEventKind.PUBLISHED
@@ -120,6 +125,10 @@ async def test_a_retry_records_why_and_until_when_then_the_next_attempt(
     ]
     retry = found.events[3]
     assert retry.attempt == 1
+    # The claim it carried is the `claimed` event before it, not part of its detail.
+    assert set(retry.detail) == {"until", "error"}
+    assert found.events[2].id == 0
+    assert found.events[2].detail["worker"] == found.events[5].detail["worker"]
     assert "planned failure on attempt 1" in retry.detail["error"]
     # Full jitter draws the delay from [0, ceiling]: the retry is due at its event or later.
     assert datetime.fromisoformat(retry.detail["until"]) >= retry.at
@@ -248,6 +257,108 @@ async def test_a_lost_lease_is_recorded_by_the_reaper_before_the_next_attempt(
     lost = found.events[2]
     assert (lost.attempt, lost.detail) == (1, {"worker": "died-after-claim", "then": "pending"})
     assert [e.attempt for e in found.events[3:]] == [2, 2, 2]
+
+
+def new_claim(
+    job_id: uuid.UUID, message: dict[str, Any], topology: Topology, attempt: int = 1
+) -> JobClaimManyParams:
+    return {
+        "consumer": JOBS_CONSUMER,
+        "worker_id": "w-new",
+        "exchange": topology.jobs_exchange,
+        "message_ids": [message["message_id"]],
+        "job_ids": [job_id],
+        "types": ["wt_gate"],
+        "attempts": [attempt],
+        "lease_tokens": [uuid.uuid4()],
+        "leases": [30.0],
+    }
+
+
+async def test_a_claim_writes_no_event_row_and_the_timeline_says_it_from_the_job_row(
+    db: Database, topology: Topology
+) -> None:
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [message] = await outbox_rows(db, job_id)
+    async with db.unit_of_work() as uow:
+        claimed = await fetch_one(uow, JOB_CLAIM_MANY(new_claim(job_id, message, topology)))
+        await uow.commit()
+    assert claimed is not None
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM job_events WHERE job_id = %s", (job_id,)
+        )
+        assert await cur.fetchone() == {"n": 0}
+        cur = await conn.execute("SELECT started_at FROM jobs WHERE id = %s", (job_id,))
+        row = await cur.fetchone()
+    assert row is not None
+
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, CLAIMED]
+    claim = found.events[1]
+    assert (claim.id, claim.at, claim.attempt) == (0, row["started_at"], 1)
+    assert claim.detail["worker"] == "w-new"
+    # The lease the claim took, as the claim returned it.
+    assert datetime.fromisoformat(claim.detail["lease_until"]) == claimed["lease_expires_at"]
+
+
+# What the claim of a worker of the previous revision did: the job row without the claim
+# columns, and a `claimed` row (at: the moment it was written).
+OLD_CLAIM = Query[dict[str, Any]](
+    "test_old_claim",
+    "Claim a pending job as a worker of the previous revision did.",
+    """
+    WITH claimed AS (
+        UPDATE jobs SET status = 'running', attempts = attempts + 1, lease_token = %(token)s,
+                        lease_expires_at = now() + interval '30 seconds', worker_id = 'w-old',
+                        started_at = coalesce(started_at, statement_timestamp()),
+                        updated_at = now()
+        WHERE id = %(id)s AND status = 'pending'
+        RETURNING id, attempts, lease_expires_at
+    )
+    INSERT INTO job_events (job_id, kind, attempt, detail)
+    SELECT id, 'claimed', attempts,
+           jsonb_build_object('worker', 'w-old', 'lease_until', lease_expires_at)
+    FROM claimed
+    """,
+)
+
+
+@pytest.mark.parametrize("first", ["old", "new"])
+async def test_during_a_rolling_upgrade_each_claim_is_listed_once(
+    db: Database, topology: Topology, wsettings: Settings, first: str
+) -> None:
+    """Attempt 1 claimed by one revision's worker and retried, attempt 2 claimed by the
+    other's and succeeded: two claims, each once, in order (an old claim after a new one
+    leaves the job row holding the new one's, which must not be listed again)."""
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    workers = ["w-old", "w-new"] if first == "old" else ["w-new", "w-old"]
+    for attempt, worker in enumerate(workers, start=1):
+        if worker == "w-old":
+            token = uuid.uuid4()
+            async with db.unit_of_work() as uow:
+                await execute(uow, OLD_CLAIM({"id": job_id, "token": token}))
+                await uow.commit()
+        else:
+            # The attempt's message as delivered (the claim reads only its envelope).
+            claim = new_claim(job_id, {"message_id": uuid.uuid4()}, topology, attempt)
+            token = claim["lease_tokens"][0]
+            async with db.unit_of_work() as uow:
+                assert await fetch_one(uow, JOB_CLAIM_MANY(claim)) is not None
+                await uow.commit()
+        ending = JOB_RETRY if attempt == 1 else JOB_SUCCEED_MANY
+        async with db.unit_of_work() as uow:
+            await execute(uow, ending(outcome_params(ending, job_id, token, topology, wsettings)))
+            await uow.commit()
+
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, CLAIMED, JobEventKind.RETRY_SCHEDULED, CLAIMED, FINISHED]
+    claims = [found.events[1], found.events[3]]
+    assert [(c.attempt, c.detail["worker"]) for c in claims] == [(1, workers[0]), (2, workers[1])]
+    # The old worker's claim is its row; the new one's is said (id 0).
+    assert [c.id > 0 for c in claims] == [w == "w-old" for w in workers]
+    # The retry's detail is as it was, whether it carried a claim or not.
+    assert set(found.events[2].detail) == {"until", "error"}
 
 
 DELETE_OUTBOX_ROW = Query[dict[str, Any]](
@@ -401,7 +512,8 @@ async def test_with_events_off_none_is_written_and_the_timeline_says_so(
             ([quiet_id, loud_id],),
         )
         written = {row["job_id"]: row["n"] for row in await cur.fetchall()}
-    assert written == {loud_id: 3}  # published, claimed, finished
+    # published and finished: the claim is kept on the job row (migration 0040)
+    assert written == {loud_id: 2}
     assert quiet_timeline is not None
     assert (kinds(quiet_timeline), quiet_timeline.events_recorded) == ([ACCEPTED], False)
     assert quiet_timeline.where.startswith("succeeded at ")

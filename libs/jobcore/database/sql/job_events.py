@@ -2,10 +2,14 @@
 that write them.
 
 Events are never written on their own: each is a data-modifying CTE of the statement that
-makes the change it records (the enqueue, the relay's delete of a confirmed row, the claim,
-each outcome, the reaper's, a quarantine, a dead-letter note, a webhook attempt), so an
-event commits exactly when its change does and costs no round trip. The kinds are
-:class:`jobcore.kernel.jobevents.JobEventKind`.
+makes the change it records (the relay's delete of a confirmed row, each outcome, the
+reaper's, a quarantine, a dead-letter note, a webhook attempt), so an event commits exactly
+when its change does and costs no round trip. The kinds are
+:class:`jobcore.kernel.jobevents.JobEventKind`. Two are not rows of their own: `accepted` is
+the job row (created_at, accepted_detail), and `claimed` is the claim kept on the job row
+(started_at, claimed_at, claim_lease_until, worker_id) while the job is on that attempt,
+then in ``detail.claim`` of the event that moves it on to another; the readers list both
+(:func:`jobcore.kernel.jobevents.with_claims`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,22 @@ _ERROR = f"left(%s, {DETAIL_TEXT_CHARS})"
 def short_error(expression: str) -> str:
     """SQL for the first :data:`DETAIL_TEXT_CHARS` characters of an error."""
     return _ERROR % expression
+
+
+# What an outcome that moves a job on to another attempt returns of the job row (RETURNING):
+# the claim it ends, which the job row is about to lose to the next claim.
+CLAIM_COLUMNS = "coalesce(claimed_at, started_at) AS claim_at, claim_lease_until"
+
+
+def carried_claim(row: str) -> str:
+    """SQL for the jsonb ``{"claim": {"at", "worker", "lease_until"}}`` that the event of an
+    outcome adds to its detail, from ``row`` (which returned :data:`CLAIM_COLUMNS` and
+    worker_id); ``{}`` for a claim a worker of the previous revision made (no
+    claim_lease_until: it wrote its own `claimed` row)."""
+    return f"""CASE WHEN {row}.claim_lease_until IS NULL THEN '{{}}'::jsonb
+                    ELSE jsonb_build_object('claim', jsonb_build_object(
+                        'at', {row}.claim_at, 'worker', {row}.worker_id,
+                        'lease_until', {row}.claim_lease_until)) END"""
 
 
 # The events of the jobs a statement ended, from its `done` rows (the contract of
@@ -98,7 +118,9 @@ class JobTimelineParams(TypedDict):
 
 
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
-# disagree, say a relay's commit landing between them. The first event, `accepted`, is
+# disagree, say a relay's commit landing between them. The `claimed` events are said by
+# jobcore.kernel.jobevents.with_claims from the rows' details and the job's claim columns
+# (claim_lease_until as JSON, as an event's detail has it). The first event, `accepted`, is
 # the job row itself (created_at, accepted_detail; id 0), which enqueue writes instead of
 # an event row; a job enqueued before migration 0019 has its `accepted` row, listed
 # instead. One row per event, each with the job's columns whereabouts reads; no row at all
@@ -112,6 +134,8 @@ JOB_TIMELINE = Query[JobTimelineParams](
     SELECT jobs.id, jobs.tenant, jobs.type, jobs.queue, jobs.status, jobs.attempts,
            jobs.max_attempts, jobs.last_error, jobs.worker_id, jobs.lease_expires_at,
            jobs.cancel_requested_at, jobs.finished_at, jobs.updated_at, jobs.message_note,
+           jobs.started_at, jobs.claimed_at,
+           to_jsonb(jobs.claim_lease_until) AS claim_lease_until,
            {WHEREABOUTS_COLUMNS},
            event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
            event.attempt AS event_attempt, event.detail AS event_detail

@@ -15,7 +15,7 @@ from typing import TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.database.sql import TERMINAL_SQL, Query, status_is
-from jobcore.database.sql.job_events import EVENTS_ON
+from jobcore.database.sql.job_events import CLAIM_COLUMNS, EVENTS_ON, carried_claim
 from jobcore.database.sql.tenant_quotas import QuotaDefaultParams, batch_admission_ctes
 from jobcore.kernel.jobevents import JobEventKind
 from jobcore.kernel.states import JobStatus
@@ -376,7 +376,8 @@ class WorkflowRetryStepParams(TypedDict):
 
 
 # A failed (or cancelled, not as unreachable) step runs again in place: the same job,
-# pending with as many attempts again as it had, its message written. The trigger sees
+# pending with as many attempts again as it had, its message written (its `revived` event
+# carries the claim of its last attempt, which the next claim replaces). The trigger sees
 # the step unfinished again: the workflow reopens, and the steps this one made
 # unreachable wait for its new outcome.
 WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
@@ -402,7 +403,8 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
         WHERE jobs.id = target.id AND (jobs.status IN ('failed', 'cancelled')) IS TRUE
           AND target.blocked_by IS NULL AND target.cancel_requested_at IS NULL
         RETURNING jobs.id, jobs.tenant, jobs.type, jobs.attempts, jobs.priority,
-                  jobs.traceparent, jobs.tracestate, target.routing_key
+                  jobs.traceparent, jobs.tracestate, target.routing_key, jobs.worker_id,
+                  {CLAIM_COLUMNS}
     ), message AS (
         INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id, tenant,
@@ -421,6 +423,7 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT again.id, '{JobEventKind.REVIVED}', again.attempts,
                jsonb_build_object('workflow', %(workflow_id)s::uuid, 'retried', true)
+               || {carried_claim("again")}
         FROM again WHERE {EVENTS_ON}
     )
     SELECT target.id, target.status AS status_before, target.blocked_by,

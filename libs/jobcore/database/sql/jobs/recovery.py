@@ -16,8 +16,10 @@ from jobcore.database.sql import (
     Query,
 )
 from jobcore.database.sql.job_events import (
+    CLAIM_COLUMNS,
     DONE_EVENTS,
     EVENTS_ON,
+    carried_claim,
     short_error,
 )
 from jobcore.database.sql.webhook_deliveries import (
@@ -111,7 +113,7 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
             updated_at = now()
         WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND lease_expires_at < now()
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
-                  attempts, last_error, worker_id
+                  attempts, last_error, worker_id, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM reaped WHERE status <> 'pending'
     ), {COMPLETION_WEBHOOKS}, reap_events AS (
@@ -122,7 +124,9 @@ JOB_REAP_EXPIRED = Query[JobReapExpiredParams](
         CROSS JOIN LATERAL (
             VALUES
                 (1, '{JobEventKind.LEASE_LOST}',
-                 jsonb_build_object('worker', reaped.worker_id, 'then', reaped.status)),
+                 jsonb_build_object('worker', reaped.worker_id, 'then', reaped.status)
+                 || CASE WHEN reaped.status = 'pending' THEN {carried_claim("reaped")}
+                         ELSE '{{}}'::jsonb END),
                 (2, CASE WHEN reaped.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
                          ELSE '{JobEventKind.FINISHED}' END,
                  jsonb_strip_nulls(jsonb_build_object(

@@ -6,7 +6,8 @@ Each statement is one round trip and one transaction: the inbox insert and the c
 an outcome and the outbox row of a retry, commit together or not at all. Every write after
 the claim is fenced by ``status = 'running' AND lease_token = <the token the claim handed
 out>``. Each change of a job writes its event (jobcore.kernel.jobevents) in a CTE of the
-statement that makes it.
+statement that makes it, but for the claim, which keeps its own on the job row
+(jobcore.database.sql.job_events).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from jobcore.database.sql import (
 )
 from jobcore.database.sql.flow_pauses import paused
 from jobcore.database.sql.job_events import (
+    CLAIM_COLUMNS,
     DONE_EVENTS,
     EVENTS_ON,
+    carried_claim,
     short_error,
 )
 from jobcore.database.sql.webhook_deliveries import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
@@ -190,6 +193,10 @@ def _claim_sql(only: str) -> str:
             lease_token = rate.lease_token,
             lease_expires_at = now() + make_interval(secs => rate.lease),
             worker_id = %(worker_id)s,
+            -- The claim is its own `claimed` event (jobcore.kernel.jobevents.with_claims):
+            -- its lease, and its time unless it is the job's first (started_at's).
+            claim_lease_until = now() + make_interval(secs => rate.lease),
+            claimed_at = CASE WHEN jobs.started_at IS NOT NULL THEN statement_timestamp() END,
             started_at = coalesce(jobs.started_at, statement_timestamp()),
             held_reason = NULL,
             held_since = NULL,
@@ -245,13 +252,6 @@ def _claim_sql(only: str) -> str:
         FROM live JOIN jobcore.jobs ON jobs.id = live.job_id
         WHERE live.paused
         RETURNING job_id
-    ), claim_events AS (
-        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
-        SELECT id, '{JobEventKind.CLAIMED}', attempts,
-               jsonb_build_object('worker', %(worker_id)s::text, 'lease_until', lease_expires_at)
-        FROM claimed
-        WHERE {EVENTS_ON}
-        ORDER BY id
     )
     SELECT input.message_id,
            received.message_id IS NOT NULL OR resumed.id IS NOT NULL AS fresh,
@@ -273,8 +273,8 @@ def _claim_sql(only: str) -> str:
 JOB_CLAIM_MANY = Query[JobClaimManyParams](
     "job_claim_many",
     "Record messages in the inbox and, for the new ones, claim their pending jobs under leases "
-    "if their gates let them start (each with its `claimed` event), else hold them, or park "
-    "them in the outbox while their queue or type is paused.",
+    "if their gates let them start (each claim kept on its job row: its `claimed` event), "
+    "else hold them, or park them in the outbox while their queue or type is paused.",
     _claim_sql("true"),
 )
 
@@ -507,14 +507,15 @@ JOB_RETRY = Query[JobRetryParams](
             updated_at = now()
         WHERE {LEASE_FENCE}
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
-                  attempts, last_error, worker_id, next_attempt_at
+                  attempts, last_error, worker_id, next_attempt_at, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, retry_events AS (
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
                jsonb_build_object('until', back.next_attempt_at,
-                                  'error', {short_error("back.last_error")}),
+                                  'error', {short_error("back.last_error")})
+               || {carried_claim("back")},
                statement_timestamp()
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
@@ -633,7 +634,7 @@ JOB_RELEASE = Query[JobReleaseParams](
             updated_at = now()
         WHERE {LEASE_FENCE}
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
-                  attempts, last_error, worker_id, next_attempt_at
+                  attempts, last_error, worker_id, next_attempt_at, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, release_events AS (
@@ -643,7 +644,8 @@ JOB_RELEASE = Query[JobReleaseParams](
                || CASE WHEN %(error)s::text IS NULL THEN '{{}}'::jsonb
                        ELSE jsonb_build_object('until', back.next_attempt_at,
                                                'error', {short_error("back.last_error")})
-                  END,
+                  END
+               || {carried_claim("back")},
                statement_timestamp()
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
@@ -720,14 +722,15 @@ JOB_SNOOZE = Query[JobSnoozeParams](
             updated_at = now()
         WHERE {LEASE_FENCE}
         RETURNING id, status, tenant, callback_url, traceparent, tracestate, priority,
-                  attempts, last_error, worker_id, next_attempt_at, snoozes
+                  attempts, last_error, worker_id, next_attempt_at, snoozes, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status IN ('cancelled', 'failed')
     ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, snooze_events AS (
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.SNOOZED}', back.attempts + 1,
                jsonb_build_object('until', back.next_attempt_at, 'snoozes', back.snoozes,
-                                  'worker', back.worker_id),
+                                  'worker', back.worker_id)
+               || {carried_claim("back")},
                statement_timestamp()
         FROM back
         WHERE back.status = 'pending' AND {EVENTS_ON}
