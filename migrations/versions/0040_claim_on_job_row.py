@@ -32,6 +32,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    # Short: queued behind a long transaction on jobs, the ALTER would queue every enqueue
+    # and claim behind itself; failing, `jobcore migrate` is run again.
+    op.execute("SET LOCAL lock_timeout = '5s'")
     op.add_column("jobs", sa.Column("claimed_at", postgresql.TIMESTAMP(timezone=True)))
     op.add_column("jobs", sa.Column("claim_lease_until", postgresql.TIMESTAMP(timezone=True)))
 
