@@ -12,8 +12,8 @@ schemathesis generates as valid, never what counts as a failure. The API runs wi
 1 s cap on long-polls (the stateful phase waits on the jobs it creates, and no worker
 ends them) and allows the loopback callback host the hooks use.
 
-The test seeds what three operations need to get past 404 (two quarantined outbox rows,
-one succeeded job). The seed is fixed so the run is the same each time; run the command
+The test seeds what the operations on one row need to get past 404: two quarantined outbox
+rows, one succeeded job, a workflow and an open batch. The seed is fixed so the run is the same each time; run the command
 in ``schemathesis.toml`` (or the README) without ``--seed`` to explore further.
 """
 
@@ -103,8 +103,9 @@ async def _seed(settings: Settings, job_ids: list[str]) -> list[int]:
 
 def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Path:
     """The module config, plus a quarantined outbox row for each of the two routes that
-    act on one, a succeeded job for the result and payload routes, and a workflow for the
-    retry of one of its jobs: without them these only ever answer 404 (or 409)."""
+    act on one, a succeeded job for the result and payload routes, a workflow for the
+    retry of one of its jobs, and an open batch to add jobs to: without them these only
+    ever answer 404 (or 409)."""
     auth = {"Authorization": f"Bearer {key}"}
     job_ids = [
         httpx.post(f"{url}/jobs/echo", json={"text": "q"}, headers=auth, timeout=10).json()[
@@ -120,6 +121,8 @@ def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Pat
         timeout=10,
     )
     assert workflow.status_code == 201, workflow.text
+    batch = httpx.post(f"{url}/batches", json={"open": True}, headers=auth, timeout=10)
+    assert batch.status_code == 201, batch.text
     path.write_text(
         CONFIG.read_text()
         + f"""
@@ -142,6 +145,10 @@ parameters = {{ "path.job_id" = "{job_ids[2]}" }}
 [[operations]]
 include-path = "/workflows/{{workflow_id}}/jobs/{{name}}/retry"
 parameters = {{ "path.workflow_id" = "{workflow.json()["id"]}", "path.name" = "only" }}
+
+[[operations]]
+include-path = "/batches/{{batch_id}}/jobs"
+parameters = {{ "path.batch_id" = "{batch.json()["id"]}" }}
 """
     )
     return path

@@ -40,6 +40,8 @@ from services.api.views import JsonBody
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 
 
+# A job of /batches is one of these with its type (services.api.routes.batches.BatchJobFields):
+# one definition of what a job of a request takes besides its type.
 class BatchItemFields(BaseModel):
     """One item of a batch: the job's payload and the parameters the single enqueue takes
     as its Idempotency-Key header and its query (``callback_url`` is the batch's)."""
@@ -52,8 +54,10 @@ class BatchItemFields(BaseModel):
         min_length=1,
         max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
         pattern=r"^[ -~]+$",
-        description="As the Idempotency-Key header: the same key and item answer the same "
-        "job (`replayed`); with another item, `invalid` (idempotency-key-reused).",
+        description="As the Idempotency-Key header: the same key and job answer the same "
+        "job (`replayed`), and another job with it is refused (idempotency-key-reused). In "
+        "a batch of `/batches` it must be a job of that batch: a key of a job outside it "
+        "refuses the request.",
     )
     unique_key: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
