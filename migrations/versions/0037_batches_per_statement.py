@@ -233,8 +233,12 @@ BEGIN
     IF v_batches IS NULL THEN
         RETURN NULL;
     END IF;
-    -- All of them, and their ancestors, locked in the one order before any is counted.
-    PERFORM batch_lock_in_order(v_batches);
+    -- All of them, and their ancestors, locked in the one order before any is counted. One
+    -- batch (an outcome of one job, most often) needs no look: batch_apply locks it, then
+    -- its ancestors, which is that order.
+    IF cardinality(v_batches) > 1 THEN
+        PERFORM batch_lock_in_order(v_batches);
+    END IF;
     FOR i IN 1 .. cardinality(v_batches) LOOP
         PERFORM batch_apply(
             v_batches[i], v_succeeded[i], v_failed[i], v_cancelled[i], v_died[i], false);
