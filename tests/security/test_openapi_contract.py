@@ -13,8 +13,9 @@ schemathesis generates as valid, never what counts as a failure. The API runs wi
 ends them) and allows the loopback callback host the hooks use.
 
 The test seeds what the operations on one row need to get past 404: two quarantined outbox
-rows, one succeeded job, a workflow and an open batch. The seed is fixed so the run is the same each time; run the command
-in ``schemathesis.toml`` (or the README) without ``--seed`` to explore further.
+rows, one succeeded job, a workflow and an open batch. The seed is fixed so the run is the
+same each time; run the command in ``schemathesis.toml`` (or the README) without
+``--seed`` to explore further.
 """
 
 from __future__ import annotations

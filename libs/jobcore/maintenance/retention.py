@@ -1,11 +1,12 @@
-"""Retention: finished jobs, settled batches (and open ones left idle: closed), inbox rows, result files, audit entries, idle
-gate rows and spent debounce and throttle keys go once their time is up.
+"""Retention: finished jobs, settled batches, inbox rows, result files, audit entries, idle
+gate rows and spent debounce and throttle keys go once their time is up; open batches left
+idle are closed, to settle and go in turn.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
-``JOBCORE_BATCH_RETENTION``, ``JOBCORE_BATCH_OPEN_TIMEOUT``, ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``,
-``JOBCORE_GATE_RETENTION``: jobcore.database.store.GateStore, which also bounds
-``job_keys``: jobcore.database.store.JobKeyStore), in batches of
+``JOBCORE_BATCH_RETENTION``, ``JOBCORE_BATCH_OPEN_TIMEOUT``, ``JOBCORE_INBOX_RETENTION``,
+``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``: jobcore.database.store.GateStore,
+which also bounds ``job_keys``: jobcore.database.store.JobKeyStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -326,7 +327,15 @@ class Retention:
         steps = [jobs_batch] if kinds else []
         # Idle open batches are closed before the settled ones are pruned: one closed with
         # its members settled is settled now, and is pruned JOBCORE_BATCH_RETENTION later.
-        steps += [workflows_batch, idle_batches_batch, batches_batch, inbox_batch, audit_batch, gates_batch, keys_batch]
+        steps += [
+            workflows_batch,
+            idle_batches_batch,
+            batches_batch,
+            inbox_batch,
+            audit_batch,
+            gates_batch,
+            keys_batch,
+        ]
         for step in steps:
             try:
                 if not await self._batches(step, fence, pause, committed):

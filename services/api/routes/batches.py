@@ -32,7 +32,7 @@ from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
 from services.api.deps import DbDep, StateDep
 from services.api.problems import BodyTooLarge, InvalidRequest, located, problem_document
-from services.api.routes.batch import BatchItemFields
+from services.api.routes.batch import BatchItemFields, parse_json_strictly
 from services.api.routes.jobs import payload_schemas
 from services.api.schemas import BatchCreated, BatchJobsAdded, BatchList, BatchView, Problem
 from services.api.views import JsonBody
@@ -54,14 +54,14 @@ class BatchCallbackFields(BaseModel):
     ``total``, ``succeeded``, ``failed``, ``cancelled``, ``pending``,
     ``first_death_job_id``, ``failed_job_ids``: up to 1,000)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: str = Field(pattern=_TYPE_PATTERN)
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
 class BatchCreateFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: uuid.UUID | None = Field(
         default=None,
@@ -92,7 +92,7 @@ class BatchCreateFields(BaseModel):
 
 
 class BatchAddFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     jobs: list[BatchJobFields] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
     close: bool = Field(default=False, description="Close the batch after these jobs.")
@@ -103,8 +103,10 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _parse(model: type[M], body: Any) -> M:
+    """The body as ``model``, refusing what its schema refuses (parse_json_strictly), with
+    every error located under ``body``."""
     try:
-        return model.model_validate(body)
+        return parse_json_strictly(model, body)
     except ValidationError as exc:
         errors = [
             {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}

@@ -82,10 +82,18 @@ async def test_two_statements_settling_two_batches_in_opposite_orders_do_not_dea
     then two in the first and two then one in the second: a deadlock, one of them
     aborted. Locked in one order, the second waits for the first and both commit."""
     one = await create_batch(
-        jobcore_db, topology, tenant=TENANT, members=[member("1a"), member("1b")], callbacks=CALLBACKS
+        jobcore_db,
+        topology,
+        tenant=TENANT,
+        members=[member("1a"), member("1b")],
+        callbacks=CALLBACKS,
     )
     two = await create_batch(
-        jobcore_db, topology, tenant=TENANT, members=[member("2a"), member("2b")], callbacks=CALLBACKS
+        jobcore_db,
+        topology,
+        tenant=TENANT,
+        members=[member("2a"), member("2b")],
+        callbacks=CALLBACKS,
     )
     tokens = await _running(jobcore_db, [*one.job_ids, *two.job_ids])
     url = jobcore_db.settings.database_url
@@ -112,7 +120,9 @@ async def test_two_statements_settling_two_batches_in_opposite_orders_do_not_dea
         await hold_two.execute(lock, (two.batch_id,))
         first_done = asyncio.create_task(settle(first, [one.job_ids[0], two.job_ids[0]]))
         second_done = asyncio.create_task(settle(second, [two.job_ids[1], one.job_ids[1]]))
-        await _until_all_wait_for_locks(jobcore_db, [first.info.backend_pid, second.info.backend_pid])
+        await _until_all_wait_for_locks(
+            jobcore_db, [first.info.backend_pid, second.info.backend_pid]
+        )
         # Both statements wrote their jobs and wait to count them: nothing fired yet.
         assert counts(await fired(jobcore_db, one.batch_id)) == (0, 0, 0)
         await hold_one.commit()
@@ -239,7 +249,8 @@ async def test_the_pruner_closes_an_idle_open_batch_which_then_fires_and_is_prun
         [idle.batch_id, busy.batch_id],
     )
     assert left == [{"id": busy.batch_id}]
-    assert await rows(jobcore_db, "SELECT id FROM jobcore.jobs WHERE id = ANY(%s)", idle.job_ids) == []
+    members = await rows(jobcore_db, "SELECT id FROM jobcore.jobs WHERE id = ANY(%s)", idle.job_ids)
+    assert members == []
 
 
 async def test_an_idle_open_batch_with_running_members_fires_when_its_last_one_ends(

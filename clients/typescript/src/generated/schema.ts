@@ -2810,7 +2810,7 @@ export interface operations {
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -2926,7 +2926,7 @@ export interface operations {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3042,7 +3042,7 @@ export interface operations {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3158,7 +3158,7 @@ export interface operations {
                         payload: components["schemas"]["RefreshDashboardPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3274,7 +3274,7 @@ export interface operations {
                         payload: components["schemas"]["ReindexAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3390,7 +3390,7 @@ export interface operations {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4215,12 +4215,10 @@ export interface operations {
                     id?: string | null;
                     /** Jobs */
                     jobs?: ({
-                        /** @constant */
-                        type: "credit_account";
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4233,13 +4231,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "export_csv";
+                        type: "credit_account";
+                    } | {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4252,13 +4250,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "noop";
+                        type: "export_csv";
+                    } | {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4271,13 +4269,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "send_email";
+                        type: "noop";
+                    } | {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4290,6 +4288,8 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
+                        /** @constant */
+                        type: "send_email";
                     })[];
                     /**
                      * Open
@@ -4513,12 +4513,10 @@ export interface operations {
                 "application/json": {
                     /** Jobs */
                     jobs: ({
-                        /** @constant */
-                        type: "credit_account";
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4531,13 +4529,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "export_csv";
+                        type: "credit_account";
+                    } | {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4550,13 +4548,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "noop";
+                        type: "export_csv";
+                    } | {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4569,13 +4567,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "send_email";
+                        type: "noop";
+                    } | {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4588,6 +4586,8 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
+                        /** @constant */
+                        type: "send_email";
                     })[];
                     /**
                      * Close

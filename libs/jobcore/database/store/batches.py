@@ -11,9 +11,9 @@ from jobcore.database.gateway import Reader, Session, execute, fetch_all, fetch_
 from jobcore.database.sql.batches import (
     BATCH_CANCEL_PENDING,
     BATCH_CLOSE,
+    BATCH_CLOSE_IDLE,
     BATCH_FAILED_JOBS,
     BATCH_GET,
-    BATCH_CLOSE_IDLE,
     BATCH_GROW,
     BATCH_IDLE_COUNT,
     BATCH_INSERT,
