@@ -18,7 +18,7 @@ from jobcore.database.gateway import Database, fetch_all
 from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY, JobSucceedManyParams
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.maintenance.retention import Retention
-from jobcore.usecases.batches import add_members, create_batch, get_batch
+from jobcore.usecases.batches import add_members, close_batch, create_batch, get_batch
 from tests.integration.batches.test_batches import (
     CALLBACKS,
     TENANT,
@@ -178,6 +178,46 @@ async def test_one_statement_settling_many_members_counts_them_once_each(
     complete = (await fired(jobcore_db, many.batch_id))["complete"][0]["payload"]["batch"]
     assert sorted(complete["failed_job_ids"]) == sorted(str(job_id) for job_id in failed)
     assert counts(await fired(jobcore_db, other.batch_id)) == (1, 1, 0)
+
+
+async def test_one_statement_settling_members_of_a_whole_tree_fires_each_batch_once(
+    jobcore_db: Database, topology: Topology
+) -> None:
+    """A grandchild, its parent and the top batch, their members ended by one statement:
+    the three batches are locked deepest first, each counted once, and each fires its
+    callbacks once, the top one after the children it waits for."""
+    top = await create_batch(
+        jobcore_db, topology, tenant=TENANT, members=[member("t")], callbacks=CALLBACKS, close=False
+    )
+    middle = await create_batch(
+        jobcore_db,
+        topology,
+        tenant=TENANT,
+        members=[member("m1"), member("m2")],
+        callbacks=CALLBACKS,
+        parent_id=top.batch_id,
+        close=False,
+    )
+    bottom = await create_batch(
+        jobcore_db,
+        topology,
+        tenant=TENANT,
+        members=[member("b")],
+        callbacks=CALLBACKS,
+        parent_id=middle.batch_id,
+    )
+    for written in (middle, top):
+        await close_batch(jobcore_db, tenant=TENANT, batch_id=written.batch_id)
+    async with jobcore_db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobcore.jobs SET status = 'succeeded', finished_at = now(), attempts = 1 "
+            "WHERE id = ANY(%s)",
+            ([*top.job_ids, *middle.job_ids, *bottom.job_ids],),
+        )
+    for written, total in ((bottom, 1), (middle, 3), (top, 2)):
+        assert counts(await fired(jobcore_db, written.batch_id)) == (1, 1, 0)
+        batch = await get_batch(jobcore_db, tenant=TENANT, batch_id=written.batch_id)
+        assert (batch["total"], batch["succeeded"], batch["status"]) == (total, total, "succeeded")
 
 
 async def _age(db: Database, batch_id: uuid.UUID, by: timedelta) -> None:
