@@ -17,7 +17,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, fetch_all
 from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY, JobSucceedManyParams
 from jobcore.execution.completion_webhooks import completion_params
-from jobcore.maintenance.retention import Retention
+from jobcore.maintenance.retention import Retention, prune_exclusively
 from jobcore.usecases.batches import add_members, close_batch, create_batch, get_batch
 from tests.integration.batches.test_batches import (
     CALLBACKS,
@@ -314,7 +314,10 @@ async def test_an_idle_open_batch_with_running_members_fires_when_its_last_one_e
             "WHERE id = %s",
             (done,),
         )
-    report = await Retention(jobcore_db.settings, jobcore_db).prune(sweep_files=False)
+    # As `jobcore prune` runs it: under the pruner's lease.
+    report = await prune_exclusively(
+        Retention(jobcore_db.settings, jobcore_db), owner="tests", ttl=60.0
+    )
     assert report.batches_closed == 1
     batch = await get_batch(jobcore_db, tenant=TENANT, batch_id=written.batch_id)
     assert (batch["status"], batch["pending"]) == ("closed", 1)
