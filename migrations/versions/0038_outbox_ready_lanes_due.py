@@ -1,7 +1,7 @@
 """outbox: the fair claim's lanes index carries available_at
 
 Revision ID: 0038
-Revises: 0036
+Revises: 0037
 Create Date: 2026-12-06 17:00:00.000000
 
 The relay's fair claim (jobcore.database.sql.outbox.OUTBOX_CLAIM_FAIR) starts every range
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from jobcore.database.migration_steps import create_indexes_concurrently, drop_indexes_concurrently
 
 revision: str = "0038"
-down_revision: str | None = "0036"
+down_revision: str | None = "0037"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

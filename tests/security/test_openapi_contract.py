@@ -12,9 +12,10 @@ schemathesis generates as valid, never what counts as a failure. The API runs wi
 1 s cap on long-polls (the stateful phase waits on the jobs it creates, and no worker
 ends them) and allows the loopback callback host the hooks use.
 
-The test seeds what three operations need to get past 404 (two quarantined outbox rows,
-one succeeded job). The seed is fixed so the run is the same each time; run the command
-in ``schemathesis.toml`` (or the README) without ``--seed`` to explore further.
+The test seeds what the operations on one row need to get past 404: two quarantined outbox
+rows, one succeeded job, a workflow and an open batch. The seed is fixed so the run is the
+same each time; run the command in ``schemathesis.toml`` (or the README) without
+``--seed`` to explore further.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ async def _seed(settings: Settings, job_ids: list[str]) -> list[int]:
 def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Path:
     """The module config, plus a quarantined outbox row for each of the two routes that
     act on one, a succeeded job for the result and payload routes, a cancelled job for the
-    admin retry, and a workflow for the retry of one of its jobs: without them these only
-    ever answer 404 (or 409), unless the stateful phase happens on an id first."""
+    admin retry, a workflow for the retry of one of its jobs, and an open batch to add jobs
+    to: without them these only ever answer 404 (or 409), unless the stateful phase happens
+    on an id first."""
     auth = {"Authorization": f"Bearer {key}"}
     job_ids = [
         httpx.post(f"{url}/jobs/echo", json={"text": "q"}, headers=auth, timeout=10).json()[
@@ -126,6 +128,8 @@ def _config_with_data(path: Path, url: str, key: str, settings: Settings) -> Pat
     ).json()["job_id"]
     answer = httpx.post(f"{url}/jobs/{cancelled}/cancel", headers=auth, timeout=10)
     assert answer.status_code == 200, answer.text
+    batch = httpx.post(f"{url}/batches", json={"open": True}, headers=auth, timeout=10)
+    assert batch.status_code == 201, batch.text
     path.write_text(
         CONFIG.read_text()
         + f"""
@@ -152,6 +156,10 @@ parameters = {{ "path.job_id" = "{cancelled}" }}
 [[operations]]
 include-path = "/workflows/{{workflow_id}}/jobs/{{name}}/retry"
 parameters = {{ "path.workflow_id" = "{workflow.json()["id"]}", "path.name" = "only" }}
+
+[[operations]]
+include-path = "/batches/{{batch_id}}/jobs"
+parameters = {{ "path.batch_id" = "{batch.json()["id"]}" }}
 """
     )
     return path

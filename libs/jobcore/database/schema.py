@@ -316,10 +316,11 @@ jobs = Table(
 
 # Batches (jobcore.usecases.batches): a group of jobs, and of child batches, with callbacks
 # that fire once when the group's outcome is known. The counters are of direct members
-# (a child batch counts as one), kept by the batch_* trigger on jobs (migration 0032) in
-# the transaction of each member's outcome, under this row's lock: the row is updated once
-# per member that settles, so it is kept narrow (every update writes a whole new version,
-# and a held xmin horizon keeps them all); what is written once lives in batch_callbacks.
+# (a child batch counts as one), kept by the batch_* trigger on jobs (migrations 0032,
+# 0037) in the transaction of each member's outcome, under this row's lock: the row is
+# updated once per outcome statement that settles members of it, so it is kept narrow
+# (every update writes a whole new version, and a held xmin horizon keeps them all); what
+# is written once lives in batch_callbacks.
 batches = Table(
     "batches",
     metadata,
@@ -344,6 +345,10 @@ batches = Table(
     # Closed with every member settled; NULL again while a retried member runs.
     _timestamp("settled_at"),
     Column("description", Text),
+    # When a member last joined it while open (NULL: none since its creation, or written
+    # by code before migration 0037): the pruner closes an open batch idle for
+    # JOBCORE_BATCH_OPEN_TIMEOUT.
+    _timestamp("grown_at"),
     CheckConstraint(
         "total >= 0 AND succeeded >= 0 AND failed >= 0 AND cancelled >= 0 "
         "AND succeeded + failed + cancelled <= total",
@@ -357,6 +362,13 @@ batches = Table(
         "batches_settled_idx",
         "settled_at",
         postgresql_where=text("settled_at IS NOT NULL AND parent_id IS NULL"),
+    ),
+    # The pruner's: open batches, oldest first (few: most are closed at creation). Not
+    # matched by the grow's `closed_at IS NULL` (migration 0037 says why).
+    Index(
+        "batches_open_idx",
+        "created_at",
+        postgresql_where=text("closed_at IS NULL AND cancelled_at IS NULL"),
     ),
     # Room on the page for the counters' updates to stay HOT (no index entry written).
     postgresql_with={"fillfactor": "50"},

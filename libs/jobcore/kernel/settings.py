@@ -396,6 +396,10 @@ class Settings(BaseSettings):
     # long ago, with its child batches and whatever of their jobs is left (each job also
     # goes by its own status's retention, its batch's counts staying as they were).
     batch_retention: Duration = timedelta(days=30)
+    # An open batch that took no member for this long is closed by the pruner, as
+    # POST /batches/{id}/close would close it (its callbacks fire once its members have
+    # settled), so a batch a client forgot to close still completes and is pruned.
+    batch_open_timeout: Duration = timedelta(days=7)
     # Who the audit log names for a command's admin action (`jobcore --actor` wins; unset:
     # cli:<os user>@<host>). Only the command line reads it; a service's actions are
     # audited under the caller's identity (an API key's id).

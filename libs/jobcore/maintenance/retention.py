@@ -1,11 +1,12 @@
 """Retention: finished jobs, settled batches, inbox rows, result files, audit entries, idle
-gate rows and spent debounce and throttle keys go once their time is up.
+gate rows and spent debounce and throttle keys go once their time is up; open batches left
+idle are closed, to settle and go in turn.
 
 The use case behind the workers' pruner, ``jobcore prune`` and (later) a console: one
 *pass* deletes everything past its retention (``JOBCORE_RETENTION_*``,
-``JOBCORE_BATCH_RETENTION``, ``JOBCORE_INBOX_RETENTION``, ``JOBCORE_AUDIT_RETENTION``,
-``JOBCORE_GATE_RETENTION``: jobcore.database.store.GateStore, which also bounds
-``job_keys``: jobcore.database.store.JobKeyStore), in batches of
+``JOBCORE_BATCH_RETENTION``, ``JOBCORE_BATCH_OPEN_TIMEOUT``, ``JOBCORE_INBOX_RETENTION``,
+``JOBCORE_AUDIT_RETENTION``, ``JOBCORE_GATE_RETENTION``: jobcore.database.store.GateStore,
+which also bounds ``job_keys``: jobcore.database.store.JobKeyStore), in batches of
 ``JOBCORE_PRUNER_BATCH_SIZE``, each batch its own short transaction, with a rest after
 each batch as long as the batch took, so a backlog drains at about half the database's
 deleting speed instead of in one storm.
@@ -53,6 +54,7 @@ from jobcore.database.store import (
     maintenance_lease_store,
 )
 from jobcore.database.store.audit_log import AuditLogPruneCountParams
+from jobcore.database.store.batches import BatchIdleParams
 from jobcore.database.store.gates import JobGatesPruneCountParams
 from jobcore.database.store.inbox import InboxPruneCountParams
 from jobcore.database.store.workflows import workflow_store
@@ -123,6 +125,9 @@ class PruneReport:
     jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     tables: collections.Counter[str] = field(default_factory=collections.Counter)
     batches: int = 0
+    # Open batches closed for having taken no member for JOBCORE_BATCH_OPEN_TIMEOUT (dry:
+    # that would be). Not a deletion: each is pruned once settled, as any batch.
+    batches_closed: int = 0
     # False when the pass stopped early (its lease was lost, or the process is stopping),
     # or left a step for next time (a batch waited for a lock past the pass's lock_timeout).
     complete: bool = True
@@ -143,6 +148,7 @@ class PruneReport:
             ],
             "tables": {table: self.tables[table] for table in TABLES},
             "batches": self.batches,
+            "batches_closed": self.batches_closed,
         }
 
 
@@ -155,6 +161,8 @@ class _Batch:
     full: bool
     jobs: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     files: list[str] = field(default_factory=list)
+    # Open batches it closed (the idle-batch step's).
+    closed: int = 0
 
 
 async def _rest(seconds: float) -> bool:
@@ -217,6 +225,7 @@ class Retention:
             report.tables["job_gates"] = gates["job_gates"] if gates else 0
             keys = await job_key_store.prune_count(uow, self._gates_params())
             report.tables["job_keys"] = keys["job_keys"] if keys else 0
+            report.batches_closed = await batch_store.idle_count(uow, self._idle_params())
             report.tables["batches"] = await batch_store.prune_count(
                 uow, {"keep": self.settings.batch_retention.total_seconds()}
             )
@@ -240,6 +249,7 @@ class Retention:
 
         def committed(batch: _Batch) -> None:
             report.batches += 1
+            report.batches_closed += batch.closed
             report.tables.update(batch.counts)
             report.jobs.update(batch.jobs)
             if on_batch is not None:
@@ -281,6 +291,15 @@ class Retention:
             )
             return _Batch(collections.Counter(job_keys=deleted), deleted >= self.batch_size)
 
+        async def idle_batches_batch(uow: UnitOfWork) -> _Batch:
+            # An open batch nobody closes would never settle, nor be pruned: after
+            # JOBCORE_BATCH_OPEN_TIMEOUT without a new member it is closed, its callbacks
+            # firing as for any close. One a transaction (see BATCH_CLOSE_IDLE).
+            closed = await batch_store.close_idle(uow, self._idle_params())
+            done = _Batch(collections.Counter(), full=closed is not None)
+            done.closed = int(closed is not None)
+            return done
+
         async def batches_batch(uow: UnitOfWork) -> _Batch:
             row = await batch_store.prune(
                 uow,
@@ -306,7 +325,17 @@ class Retention:
 
         # Gates after jobs: an ordering key's row goes once its last job has gone.
         steps = [jobs_batch] if kinds else []
-        steps += [workflows_batch, batches_batch, inbox_batch, audit_batch, gates_batch, keys_batch]
+        # Idle open batches are closed before the settled ones are pruned: one closed with
+        # its members settled is settled now, and is pruned JOBCORE_BATCH_RETENTION later.
+        steps += [
+            workflows_batch,
+            idle_batches_batch,
+            batches_batch,
+            inbox_batch,
+            audit_batch,
+            gates_batch,
+            keys_batch,
+        ]
         for step in steps:
             try:
                 if not await self._batches(step, fence, pause, committed):
@@ -354,6 +383,9 @@ class Retention:
                 return True
             if await pause(time.monotonic() - started):
                 return False
+
+    def _idle_params(self) -> BatchIdleParams:
+        return {"idle": self.settings.batch_open_timeout.total_seconds()}
 
     def _inbox_params(self) -> InboxPruneCountParams:
         return {"keep": self.settings.inbox_retention.total_seconds()}

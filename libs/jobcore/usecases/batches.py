@@ -6,8 +6,9 @@ read it, cancel it. Members are written by the enqueue use case's own path
 (:func:`jobcore.usecases.enqueue.submit.enqueue_many`: the same checks, quotas, columns and
 outbox messages as ``POST /jobs/{type}/batch``), in the transaction that counts them into
 the batch under its row lock. What happens when a member ends is not here: the
-``batch_member_settled`` trigger counts it in the transaction of its outcome and fires the
-callbacks (jobcore.database.sql.batches, migration 0032).
+``batch_members_settled`` trigger counts it in the transaction of its outcome and fires the
+callbacks (jobcore.database.sql.batches, migrations 0032 and 0037). An open batch left idle
+is closed by the pruner (jobcore.maintenance.retention, ``JOBCORE_BATCH_OPEN_TIMEOUT``).
 
 A callback is prepared at creation as the enqueue statement would write its job (type,
 queue, priority, attempts, gates, outbox routing), so the trigger can write it without the
@@ -270,11 +271,12 @@ async def cancel_batch(
     (:func:`jobcore.execution.completion_webhooks.completion_params`).
 
     The batches are locked and closed first, in one transaction, deepest first (each before
-    its parent, as members' outcomes lock them), so nothing joins them after; the pending
-    members are then cancelled :data:`CANCEL_CHUNK` at a time, each chunk its own
-    transaction (every one is counted into its batch's row)."""
+    its parent, as members' outcomes lock them: the batch itself is read, not locked,
+    before its descendants are), so nothing joins them after; the pending members are then
+    cancelled :data:`CANCEL_CHUNK` at a time, each chunk its own transaction (every one is
+    counted into its batch's row)."""
     async with db.unit_of_work() as uow:
-        if await batch_store.lock(uow, {"id": batch_id, "tenant": tenant}) is None:
+        if await batch_store.get(uow, {"id": batch_id, "tenant": tenant}) is None:
             raise BatchNotFound(f"no batch {batch_id}")
         tree = [row["id"] for row in await batch_store.tree(uow, {"id": batch_id})]
         for member in tree:

@@ -16,11 +16,12 @@ single enqueue does (401, 403, 404 unknown type, 413, 415, 400, 422, 503).
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
+from pydantic_core import PydanticCustomError
 from starlette.responses import Response
 
 from jobcore.execution.payloads import validate_payload
@@ -38,13 +39,29 @@ from services.api.tracing import enqueue_span
 from services.api.views import JsonBody
 
 MAX_DELAY_SECONDS = 366 * 24 * 3600
+M = TypeVar("M", bound=BaseModel)
 
 
+def json_integer(value: Any) -> Any:
+    """An integer field's value as the OpenAPI document's ``integer`` takes it: a number
+    without a fraction, 2.0 as much as 2 (which a strict field refuses), never a string or
+    a boolean (which a lax one converts). Before a lax (``Strict(False)``) int, with its
+    bounds between them so that the document still states them."""
+    if isinstance(value, str | bool):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# A job of /batches is one of these with its type (services.api.routes.batches.BatchJobFields):
+# one definition of what a job of a request takes besides its type.
 class BatchItemFields(BaseModel):
     """One item of a batch: the job's payload and the parameters the single enqueue takes
     as its Idempotency-Key header and its query (``callback_url`` is the batch's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict, and read as JSON (parse_json_strictly): a value of another JSON type than the
+    # schema's ("3" for an integer, 0 for a boolean) is refused as the schema refuses it,
+    # not converted; a date-time is still a JSON string, and 3.0 an integer (json_integer).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     payload: Any = Field(description="The job's payload, as the body of `POST /jobs/{type}`.")
     idempotency_key: str | None = Field(
@@ -52,8 +69,10 @@ class BatchItemFields(BaseModel):
         min_length=1,
         max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
         pattern=r"^[ -~]+$",
-        description="As the Idempotency-Key header: the same key and item answer the same "
-        "job (`replayed`); with another item, `invalid` (idempotency-key-reused).",
+        description="As the Idempotency-Key header: the same key and job answer the same "
+        "job (`replayed`), and another job with it is refused (idempotency-key-reused). In "
+        "a batch of `/batches` it must be a job of that batch: a key of a job outside it "
+        "refuses the request.",
     )
     unique_key: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
@@ -61,9 +80,24 @@ class BatchItemFields(BaseModel):
     entity_id: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
     )
-    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    max_attempts: (
+        Annotated[
+            int,
+            Strict(False),
+            Field(ge=1, le=MAX_ATTEMPTS_LIMIT),
+            BeforeValidator(json_integer),
+        ]
+        | None
+    ) = None
     run_at: datetime | None = None
     delay: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS)
+
+
+def parse_json_strictly(model: type[M], value: Any) -> M:
+    """``value`` (parsed JSON) as ``model`` (strict by its config) with JSON's types: a
+    date-time or a UUID is a string there, which strict validation of Python objects would
+    refuse. Raises ValidationError as the model's own validation does."""
+    return model.model_validate_json(orjson.dumps(value))
 
 
 class Invalid(Exception):
@@ -127,7 +161,7 @@ def _checked_item(
 ) -> EnqueueRequest:
     """The item's request, or :class:`Invalid`."""
     try:
-        fields = BatchItemFields.model_validate(raw)
+        fields = parse_json_strictly(BatchItemFields, raw)
     except ValidationError as exc:
         errors = [
             {"loc": ["items", index, *e["loc"]], "msg": e["msg"], "type": e["type"]}

@@ -13,7 +13,6 @@ quota) refuses it with that job's problem, nothing written.
 
 import copy
 import uuid
-from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -23,17 +22,17 @@ from starlette.responses import Response
 
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.payloads import validate_payload
-from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, InvalidPayloadError, Registry
+from jobcore.execution.registry import InvalidPayloadError, Registry
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, JobcoreError
 from jobcore.usecases import batches as batch_usecases
-from jobcore.usecases.enqueue.submit import MAX_IDEMPOTENCY_KEY_LENGTH, EnqueueRequest
+from jobcore.usecases.enqueue.submit import EnqueueRequest
 from jobcore.usecases.enqueue.write_many import MAX_BATCH_ITEMS
 from services.api.auth import CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.body import read_json
 from services.api.deps import DbDep, StateDep
 from services.api.problems import BodyTooLarge, InvalidRequest, located, problem_document
-from services.api.routes.batch import MAX_DELAY_SECONDS
+from services.api.routes.batch import BatchItemFields, parse_json_strictly
 from services.api.routes.jobs import payload_schemas
 from services.api.schemas import BatchCreated, BatchJobsAdded, BatchList, BatchView, Problem
 from services.api.views import JsonBody
@@ -42,32 +41,11 @@ _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 M = TypeVar("M", bound=BaseModel)
 
 
-class BatchJobFields(BaseModel):
-    """One job of a batch: its type and payload, and what the single enqueue takes in its
-    header and query."""
-
-    model_config = ConfigDict(extra="forbid")
+class BatchJobFields(BatchItemFields):
+    """One job of a batch: its type, and what an item of ``POST /jobs/{type}/batch`` takes
+    (its payload, and what the single enqueue takes in its header and query)."""
 
     type: str = Field(pattern=_TYPE_PATTERN, description="The job type.")
-    payload: Any = Field(description="The job's payload, as the body of `POST /jobs/{type}`.")
-    idempotency_key: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
-        pattern=r"^[ -~]+$",
-        description="As the Idempotency-Key header: a repeated request's job with the same "
-        "key is that job, if it is in this batch (a retry); a key of a job outside it "
-        "refuses the request.",
-    )
-    unique_key: str | None = Field(
-        default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
-    )
-    entity_id: str | None = Field(
-        default=None, min_length=1, max_length=255, pattern=PRINTABLE_TEXT
-    )
-    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
-    run_at: datetime | None = None
-    delay: float | None = Field(default=None, ge=0, le=MAX_DELAY_SECONDS)
 
 
 class BatchCallbackFields(BaseModel):
@@ -76,14 +54,14 @@ class BatchCallbackFields(BaseModel):
     ``total``, ``succeeded``, ``failed``, ``cancelled``, ``pending``,
     ``first_death_job_id``, ``failed_job_ids``: up to 1,000)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: str = Field(pattern=_TYPE_PATTERN)
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
 class BatchCreateFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: uuid.UUID | None = Field(
         default=None,
@@ -114,7 +92,7 @@ class BatchCreateFields(BaseModel):
 
 
 class BatchAddFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     jobs: list[BatchJobFields] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
     close: bool = Field(default=False, description="Close the batch after these jobs.")
@@ -125,8 +103,10 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _parse(model: type[M], body: Any) -> M:
+    """The body as ``model``, refusing what its schema refuses (parse_json_strictly), with
+    every error located under ``body``."""
     try:
-        return model.model_validate(body)
+        return parse_json_strictly(model, body)
     except ValidationError as exc:
         errors = [
             {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}

@@ -139,3 +139,47 @@ async def test_cancel_nest_and_refusals(
         rows = await (await conn.execute("SELECT count(*) AS n FROM batches")).fetchone()
     assert rows is not None
     assert rows["n"] == 2
+
+
+async def test_a_value_of_another_json_type_than_the_schemas_is_refused(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    """What the OpenAPI document refuses, the routes refuse (422), rather than convert it
+    as pydantic's lax mode would: 0 for `close`, "2" for `max_attempts`, a number for
+    `run_at`. Nothing is written; the same request with JSON's own types is taken."""
+    created = await create(api_client, auth, {"open": True})
+    jobs_before = await job_count(db)
+    for body in (
+        {"jobs": [echo("a")], "close": 0},
+        {"jobs": [{**echo("a"), "max_attempts": "2"}]},
+        {"jobs": [{**echo("a"), "run_at": 1_900_000_000}]},
+        {"jobs": [{**echo("a"), "delay": "5"}]},
+    ):
+        refused = await api_client.post(f"/batches/{created['id']}/jobs", json=body, headers=auth)
+        assert_problem(refused, 422, "invalid-request")
+    refused = await api_client.post(
+        "/batches", json={"jobs": [echo("a")], "open": "yes"}, headers=auth
+    )
+    assert_problem(refused, 422, "invalid-request")
+    # An item of POST /jobs/{type}/batch is the same model.
+    refused = await api_client.post(
+        "/jobs/echo/batch",
+        json={"items": [{"payload": {"text": "a"}, "max_attempts": "2"}]},
+        headers=auth,
+    )
+    assert_problem(refused, 422, "invalid-request")
+    assert await job_count(db) == jobs_before
+    taken = await api_client.post(
+        f"/batches/{created['id']}/jobs",
+        json={"jobs": [{**echo("a"), "max_attempts": 2, "delay": 5}], "close": False},
+        headers=auth,
+    )
+    assert taken.status_code == 200, taken.text
+    assert (await read(api_client, auth, created["id"]))["total"] == 1
+
+
+async def job_count(db: Database) -> int:
+    async with db.connection() as conn:
+        row = await (await conn.execute("SELECT count(*) AS jobs FROM jobcore.jobs")).fetchone()
+    assert row is not None
+    return int(row["jobs"])

@@ -114,6 +114,8 @@ CASES: list[tuple[Query[Any], dict[str, Any], str]] = [
     ),
     (sql.BATCH_PRUNE_COUNT, {"keep": 30 * 86400.0}, "batches_settled_idx"),
     (sql.BATCH_PRUNE, {"keep": 30 * 86400.0, "limit": 100}, "batches_settled_idx"),
+    (sql.BATCH_IDLE_COUNT, {"idle": 7 * 86400.0}, "batches_open_idx"),
+    (sql.BATCH_CLOSE_IDLE, {"idle": 7 * 86400.0}, "batches_open_idx"),
     (
         sql.BATCH_INSERT,
         {

@@ -1,6 +1,6 @@
 """Batches against PostgreSQL: callbacks fire exactly once, never before the batch is
-closed and its last member's outcome committed (the batch_member_settled trigger and its
-batch_update function, migration 0032)."""
+closed and its last member's outcome committed (the batch_members_settled trigger and its
+batch_apply function, migrations 0032 and 0037)."""
 
 from __future__ import annotations
 

@@ -2812,7 +2812,7 @@ export interface operations {
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -2928,7 +2928,7 @@ export interface operations {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3044,7 +3044,7 @@ export interface operations {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3160,7 +3160,7 @@ export interface operations {
                         payload: components["schemas"]["RefreshDashboardPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3276,7 +3276,7 @@ export interface operations {
                         payload: components["schemas"]["ReindexAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -3392,7 +3392,7 @@ export interface operations {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: the same key and item answer the same job (`replayed`); with another item, `invalid` (idempotency-key-reused).
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4217,12 +4217,10 @@ export interface operations {
                     id?: string | null;
                     /** Jobs */
                     jobs?: ({
-                        /** @constant */
-                        type: "credit_account";
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4235,13 +4233,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "export_csv";
+                        type: "credit_account";
+                    } | {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4254,13 +4252,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "noop";
+                        type: "export_csv";
+                    } | {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4273,13 +4271,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "send_email";
+                        type: "noop";
+                    } | {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4292,6 +4290,8 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
+                        /** @constant */
+                        type: "send_email";
                     })[];
                     /**
                      * Open
@@ -4515,12 +4515,10 @@ export interface operations {
                 "application/json": {
                     /** Jobs */
                     jobs: ({
-                        /** @constant */
-                        type: "credit_account";
                         payload: components["schemas"]["CreditAccountPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4533,13 +4531,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "export_csv";
+                        type: "credit_account";
+                    } | {
                         payload: components["schemas"]["ExportCsvPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4552,13 +4550,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "noop";
+                        type: "export_csv";
+                    } | {
                         payload: components["schemas"]["NoopPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4571,13 +4569,13 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
-                    } | {
                         /** @constant */
-                        type: "send_email";
+                        type: "noop";
+                    } | {
                         payload: components["schemas"]["SendEmailPayload"];
                         /**
                          * Idempotency Key
-                         * @description As the Idempotency-Key header: a repeated request's job with the same key is that job, if it is in this batch (a retry); a key of a job outside it refuses the request.
+                         * @description As the Idempotency-Key header: the same key and job answer the same job (`replayed`), and another job with it is refused (idempotency-key-reused). In a batch of `/batches` it must be a job of that batch: a key of a job outside it refuses the request.
                          */
                         idempotency_key?: string | null;
                         /** Unique Key */
@@ -4590,6 +4588,8 @@ export interface operations {
                         run_at?: string | null;
                         /** Delay */
                         delay?: number | null;
+                        /** @constant */
+                        type: "send_email";
                     })[];
                     /**
                      * Close

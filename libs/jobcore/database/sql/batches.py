@@ -1,9 +1,10 @@
 """Statements on ``batches`` (jobcore.usecases.batches): create, lock, grow, close, read,
 cancel and prune a batch, and detach a retried member.
 
-What a member's outcome does to its batch is not here: the ``batch_member_settled`` trigger
-on ``jobs`` counts it in the outcome's own transaction, through ``batch_update`` (migration
-0032), which a close also calls so that counting and firing have one author.
+What a member's outcome does to its batch is not here: the ``batch_members_settled``
+trigger on ``jobs`` counts it in the outcome's own transaction, through ``batch_apply``
+(migrations 0032 and 0037), which a close also calls (as ``batch_update``) so that counting
+and firing have one author.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class BatchLockParams(TypedDict):
 
 
 # Before a batch grows (members, a child batch), is closed or cancelled: the row lock is
-# the one the members' outcomes take (batch_update), so nothing is counted against a
+# the one the members' outcomes take (batch_apply), so nothing is counted against a
 # total that is still changing.
 BATCH_LOCK = Query[BatchLockParams](
     "batch_lock",
@@ -116,7 +117,7 @@ BATCH_GROW = Query[BatchGrowParams](
     "batch_grow",
     "Count new members into a locked, open batch.",
     """
-    UPDATE jobcore.batches SET total = total + %(members)s
+    UPDATE jobcore.batches SET total = total + %(members)s, grown_at = now()
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING total
     """,
@@ -352,5 +353,53 @@ BATCH_PRUNE = Query[BatchPruneParams](
         RETURNING id
     )
     SELECT (SELECT count(*) FROM gone) AS batches, (SELECT count(*) FROM members) AS jobs
+    """,
+)
+
+
+class BatchIdleParams(TypedDict):
+    # Seconds an open batch has taken no member (since its creation, or its last member).
+    idle: float
+
+
+# Open and idle: no member joined for `idle` seconds. batches_open_idx reads the open ones
+# created before then (grown_at, when set, is later than created_at), the rest is a filter.
+# An open batch is never cancelled (a cancel closes it); saying so matches the index.
+_IDLE_OPEN = """
+    closed_at IS NULL AND cancelled_at IS NULL
+    AND created_at < now() - make_interval(secs => %(idle)s)
+    AND coalesce(grown_at, created_at) < now() - make_interval(secs => %(idle)s)
+"""
+
+BATCH_IDLE_COUNT = Query[BatchIdleParams](
+    "batch_idle_count",
+    "How many open batches took no member for `idle` seconds (the pruner would close them).",
+    f"""
+    SELECT count(*) AS batches FROM jobcore.batches WHERE {_IDLE_OPEN}
+    """,
+)
+
+
+# One batch per statement, the oldest idle one (a batch another transaction holds is left for
+# the next round): closing it locks its ancestors after it, as every writer of batches
+# does, and one batch at a time is that order whatever the depths of the idle ones.
+# Through the close's own function, so its callbacks fire as POST /batches/{id}/close
+# would fire them: once, in this transaction, if its members have all settled, else in the
+# transaction of its last member.
+BATCH_CLOSE_IDLE = Query[BatchIdleParams](
+    "batch_close_idle",
+    "Close the oldest open batch that took no member for `idle` seconds.",
+    f"""
+    WITH idle AS (
+        SELECT id FROM jobcore.batches
+        WHERE {_IDLE_OPEN}
+        ORDER BY created_at
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ), closed AS (
+        SELECT id, jobcore.batch_update(id, NULL, NULL, NULL, false, true)::text AS done
+        FROM idle
+    )
+    SELECT id FROM closed WHERE done IS NOT NULL
     """,
 )

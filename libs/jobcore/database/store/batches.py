@@ -11,9 +11,11 @@ from jobcore.database.gateway import Reader, Session, execute, fetch_all, fetch_
 from jobcore.database.sql.batches import (
     BATCH_CANCEL_PENDING,
     BATCH_CLOSE,
+    BATCH_CLOSE_IDLE,
     BATCH_FAILED_JOBS,
     BATCH_GET,
     BATCH_GROW,
+    BATCH_IDLE_COUNT,
     BATCH_INSERT,
     BATCH_JOBS_OF,
     BATCH_LIST,
@@ -29,6 +31,7 @@ from jobcore.database.sql.batches import (
     BatchCancelPendingParams,
     BatchFailedJobsParams,
     BatchGrowParams,
+    BatchIdleParams,
     BatchIdParams,
     BatchInsertParams,
     BatchJobIdsParams,
@@ -45,6 +48,7 @@ from jobcore.database.sql.batches import (
 
 __all__ = [
     "BatchCancelPendingParams",
+    "BatchIdleParams",
     "BatchInsertParams",
     "BatchPruneParams",
     "BatchStore",
@@ -118,6 +122,18 @@ class BatchStore:
     async def prune(self, on: Session, params: BatchPruneParams) -> DictRow | None:
         """Delete settled top-level batches with their trees and members: how many of each."""
         return await fetch_one(on, BATCH_PRUNE(params))
+
+    async def close_idle(self, on: Session, params: BatchIdleParams) -> uuid.UUID | None:
+        """Close one open batch idle past ``idle`` seconds (the oldest): its id, None if none."""
+        row = await fetch_one(on, BATCH_CLOSE_IDLE(params))
+        if row is None:
+            return None
+        batch_id: uuid.UUID = row["id"]
+        return batch_id
+
+    async def idle_count(self, on: Reader, params: BatchIdleParams) -> int:
+        row = await fetch_one(on, BATCH_IDLE_COUNT(params))
+        return 0 if row is None else int(row["batches"])
 
     async def prune_count(self, on: Reader, params: BatchPruneCountParams) -> int:
         row = await fetch_one(on, BATCH_PRUNE_COUNT(params))
