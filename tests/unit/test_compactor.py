@@ -4,12 +4,14 @@ tests/integration/worker/test_compactor.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jobcore.kernel.settings import Settings
 from jobcore.maintenance.compactor import (
     LOCK_BACKOFF,
     LOCK_MISSES,
+    Candidate,
     Compactor,
     CompactorConfig,
     candidates,
@@ -99,3 +101,18 @@ def test_a_table_is_due_again_after_every_and_after_lock_misses_sooner() -> None
     # Too slow: the table waits the whole `every`, as after a compaction.
     c.note("inbox", "too_slow", start)
     assert not c.due("inbox", start + LOCK_BACKOFF)
+
+
+def test_a_table_too_large_to_rewrite_in_the_bound_waits_until_its_live_rows_halve() -> None:
+    c = Compactor(CompactorConfig(every=1800), settings=Settings(), metrics=None)
+    big = Candidate("jobs", 900 << 20, 900 << 20, 300 << 20, "jobs_pkey", None)
+    assert c.fits(big)
+    c.note("jobs", "too_slow", 10_000.0, big.need)
+    # Due again after `every`, but a rewrite of as many live rows would roll back again.
+    assert c.due("jobs", 10_000.0 + 1800)
+    assert not c.fits(big)
+    assert not c.fits(dataclasses.replace(big, need=(150 << 20) + 1))
+    smaller = dataclasses.replace(big, need=150 << 20)
+    assert c.fits(smaller)
+    c.note("jobs", "done", 20_000.0, smaller.need)
+    assert c.fits(big)  # a rewrite that ended in time: no memory of the slow one left

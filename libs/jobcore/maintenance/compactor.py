@@ -24,6 +24,9 @@ indexes, and drops the old files. Only when it pays:
   this leader remembers it; a table that churns regrows to its working size anyway. A
   compaction that gave up waiting for its lock is tried again next round, up to
   :data:`LOCK_MISSES` times in a row, then after :data:`LOCK_BACKOFF`.
+- **Not for more than the bound allows.** A table whose rewrite was rolled back at
+  ``JOBCORE_COMPACT_MAX_SECONDS`` is tried again only once its live rows need half as
+  much: as large, it would stall its statements for the whole bound again, for nothing.
 - **Not for small change.** The table must hold at least
   :attr:`~CompactorConfig.min_excess_bytes` more than it needs.
 
@@ -223,6 +226,12 @@ class Compactor(MaintenanceService[CompactorConfig]):
         self.compacted_at: dict[str, float] = {}
         # Lock timeouts in a row, by table.
         self.lock_misses: dict[str, int] = {}
+        # What a table's live rows needed when its rewrite was too slow (rolled back at
+        # JOBCORE_COMPACT_MAX_SECONDS), by table: a rewrite's time grows with the live rows,
+        # so a table that large would stall its statements for the whole bound, and roll
+        # back, every JOBCORE_COMPACT_EVERY for ever. It is tried again once its live rows
+        # need half that.
+        self.too_slow_at_need: dict[str, int] = {}
         # The previous round's (monotonic time, next XID): the XID rate that dates a slot.
         self._xids_seen: tuple[float, int] | None = None
         self.last: Compaction | None = None
@@ -263,7 +272,7 @@ class Compactor(MaintenanceService[CompactorConfig]):
                 "compactor: the xmin horizon is pinned, nothing compacted", extra={"why": why}
             )
             return 0
-        due = [c for c in candidates(rows, self.config) if self.due(c.name, now)]
+        due = [c for c in candidates(rows, self.config) if self.due(c.name, now) and self.fits(c)]
         if not due:
             return 0
         async with term.db.unit_of_work() as uow:
@@ -288,8 +297,13 @@ class Compactor(MaintenanceService[CompactorConfig]):
         done = work.result()
         return 1 if done.outcome == "done" else 0
 
-    def note(self, table: str, outcome: str, now: float) -> None:
-        """When ``table`` is due again after an attempt that ended in ``outcome``."""
+    def note(self, table: str, outcome: str, now: float, need: int = 0) -> None:
+        """When ``table`` is due again after an attempt that ended in ``outcome``, its live
+        rows needing ``need`` bytes."""
+        if outcome == "too_slow":
+            self.too_slow_at_need[table] = need
+        elif outcome == "done":
+            self.too_slow_at_need.pop(table, None)
         misses = self.lock_misses.pop(table, 0) + 1
         if outcome != "lock_timeout":
             misses = 0
@@ -302,6 +316,12 @@ class Compactor(MaintenanceService[CompactorConfig]):
             self.compacted_at[table] = now - self.config.every + wait
         else:
             self.compacted_at[table] = now
+
+    def fits(self, table: Candidate) -> bool:
+        """Whether ``table``'s rewrite may end within the bound: not while its live rows
+        need more than half what they needed when a rewrite of it was too slow."""
+        too_slow_at = self.too_slow_at_need.get(table.name)
+        return too_slow_at is None or 2 * table.need <= too_slow_at
 
     def due(self, table: str, now: float) -> bool:
         return now - self.compacted_at.get(table, -self.config.every) >= self.config.every
@@ -372,7 +392,7 @@ class Compactor(MaintenanceService[CompactorConfig]):
             outcome, error = "too_slow", str(exc).strip()
         except (psycopg.Error, OSError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}".strip()
-        self.note(table.name, outcome, time.monotonic())
+        self.note(table.name, outcome, time.monotonic(), table.need)
         done = Compaction(table.name, outcome, before, after, wait, held)
         self.last = done
         self.report(done, table, error)
