@@ -56,7 +56,7 @@ def bench(
         "keys swept over orders of magnitude; --size) and pressure (a pinned xmin horizon, "
         "REPEATABLE READ readers, overload, backend kills, pool exhaustion, a PostgreSQL "
         "restart and worker SIGKILLs at a steady rate, on its own cluster: "
-        "scripts/pressure_cluster.sh; about 50 minutes at its defaults; --pressure-*) and "
+        "scripts/pressure_cluster.sh; about 55 minutes at its defaults; --pressure-*) and "
         "paced (jobcore, Procrastinate and FastAPI + Celery at 10 to 90 % of the peak, "
         "open loop: pickup latency, bytes, WAL and CPU per job; --paced-*).",
     ),
@@ -141,11 +141,12 @@ def bench(
         200.0, min=1, max=5000, help="Pressure: jobs per second offered (open loop)."
     ),
     pressure_warmup: float = typer.Option(
-        150.0,
+        480.0,
         min=1,
         max=3600,
-        help="Pressure: seconds of load before the clean phase (the tables fill to their "
-        "retention's size: 120 s).",
+        help="Pressure: seconds of load before the clean phase, so that the size before "
+        "the pin is the tables' working size: the inbox fills for its 300 s window, "
+        "finished jobs for their 120 s, then autovacuum settles them.",
     ),
     pressure_clean: float = typer.Option(
         60.0, min=1, max=3600, help="Pressure: seconds of the clean phase."

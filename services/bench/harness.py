@@ -87,7 +87,7 @@ class Options:
     # length, the recovery after each, how long after the pin the sizes are compared, the
     # kills a second, the size sampling period, and its cluster's port.
     pressure_rate: float = 200.0
-    pressure_warmup: float = 150.0
+    pressure_warmup: float = 480.0
     pressure_clean: float = 60.0
     pressure_pin: float = 600.0
     pressure_phase: float = 60.0
