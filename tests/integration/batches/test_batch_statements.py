@@ -6,7 +6,6 @@ open batch left idle, its callbacks firing once as for any close."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from jobcore.database.gateway import Database, fetch_all
 from jobcore.database.sql.jobs.run import JOB_SUCCEED_MANY, JobSucceedManyParams
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.maintenance.retention import Retention, prune_exclusively
+from jobcore.testing.waiting import eventually
 from jobcore.usecases.batches import add_members, close_batch, create_batch, get_batch
 from tests.integration.batches.test_batches import (
     CALLBACKS,
@@ -58,18 +58,16 @@ def _successes(
 
 
 async def _until_all_wait_for_locks(db: Database, pids: list[int]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    async def all_waiting() -> bool:
         found = await rows(
             db,
             "SELECT count(*) AS waiting FROM pg_stat_activity "
             "WHERE pid = ANY(%s) AND wait_event_type = 'Lock'",
             pids,
         )
-        if found[0]["waiting"] == len(pids):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the outcome statements never both waited for a batch row")
+        return bool(found[0]["waiting"] == len(pids))
+
+    await eventually(all_waiting, what="both outcome statements waiting for a batch row")
 
 
 async def test_two_statements_settling_two_batches_in_opposite_orders_do_not_deadlock(
