@@ -233,9 +233,33 @@ class JobType(Generic[P]):
                     f"per {keyed.per!r} is not a field of {self.payload_model.__name__}"
                 )
 
+    @property
+    def strict_payloads(self) -> bool:
+        """Whether a payload entering the system is validated strictly (pydantic's strict
+        mode: ``"5"`` is not an int, ``1`` not a bool): unless the payload model sets
+        ``strict`` in its ``model_config`` itself, which then decides (``strict=False``
+        opts the type out; its fields' and nested models' own ``strict`` then apply, which
+        strict validation of the whole payload would override)."""
+        return "strict" not in self.payload_model.model_config
+
     def validate_payload(self, raw: object) -> P:
+        """A stored payload as the model: by the model's own rules, lax unless it says
+        otherwise, as a job enqueued before payloads were strict was accepted (the
+        worker runs it, an operator's retry copies it). A payload entering the system is
+        checked by :meth:`validate_new_payload`."""
         try:
             return self.payload_model.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidPayloadError(self.name, exc) from None
+
+    def validate_new_payload(self, document: bytes | str) -> P:
+        """A payload entering the system (an enqueue, an edit), as JSON text: strictly,
+        by JSON's types (a date-time or a UUID is a JSON string, which strict validation
+        of Python objects would refuse), unless the model opts out
+        (:attr:`strict_payloads`). docs/handlers.md, "Payloads are validated strictly"."""
+        strict = True if self.strict_payloads else None
+        try:
+            return self.payload_model.model_validate_json(document, strict=strict)
         except ValidationError as exc:
             raise InvalidPayloadError(self.name, exc) from None
 

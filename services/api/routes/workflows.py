@@ -17,14 +17,14 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from jobcore.execution.payloads import validate_payload
-from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
+from jobcore.execution.payloads import UnstorablePayload, validate_payload
+from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, InvalidPayloadError, JobType, Registry
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, InvalidPayload, UnknownJobType
 from jobcore.usecases import workflows as workflow_usecases
 from services.api.auth import ActorDep, CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.deps import DbDep, SessionDep, StateDep
-from services.api.problems import located
+from services.api.problems import located, payload_located
 from services.api.routes.enqueue import idempotency_key_dependency
 from services.api.schemas import Problem
 from services.api.views import JsonBody
@@ -164,8 +164,12 @@ def build_router(registry: Registry) -> APIRouter:
         try:
             return job_type, validate_payload(job_type, payload)
         except InvalidPayload as exc:
+            # Located at its job, as the route's other errors are: which of the jobs it
+            # is matters as much as which field.
             if isinstance(exc, InvalidField):
                 raise located(exc, ["jobs", n]) from None
+            if isinstance(exc, InvalidPayloadError | UnstorablePayload):
+                raise payload_located(exc, ["jobs", n]) from None
             raise
 
     async def create_workflow(
