@@ -139,7 +139,7 @@ def test_a_value_with_no_json_is_refused_as_invalid() -> None:
 
 def test_a_model_that_sets_strict_itself_decides() -> None:
     lax = job_type(LaxPayload)
-    assert not lax.strict_payloads
+    assert lax.model_sets_strict
     model = validate_payload(lax, {"n": "5"})
     assert isinstance(model, LaxPayload)
     assert model.n == 5
@@ -148,10 +148,10 @@ def test_a_model_that_sets_strict_itself_decides() -> None:
     assert refused.value.errors[0]["loc"] == ["exact"]
 
     strict = job_type(StrictByItself)
-    assert not strict.strict_payloads  # its own config says strict: the same outcome
+    assert strict.model_sets_strict  # its own config says strict: the same outcome
     with pytest.raises(InvalidPayloadError):
         validate_payload(strict, {"n": "5"})
-    assert job_type(Payload).strict_payloads
+    assert not job_type(Payload).model_sets_strict
 
 
 def test_a_stored_payload_is_read_by_the_models_own_rules() -> None:
