@@ -59,7 +59,7 @@ def batches(payload: Any) -> tuple[str, Any]:
 def workflow(payload: Any) -> tuple[str, Any]:
     jobs = [
         {"name": "first", "type": "export_csv", "payload": VALID},
-        {"name": "second", "type": "export_csv", "payload": payload, "depends_on": ["first"]},
+        {"name": "second", "type": "export_csv", "payload": payload},
     ]
     return "/workflows", {"jobs": jobs}
 
