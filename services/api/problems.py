@@ -118,6 +118,20 @@ def located(exc: InvalidField, where: list[str | int] | None) -> JobcoreError:
     return InvalidRequest(errors)
 
 
+def payload_located(
+    exc: InvalidPayloadError | UnstorablePayload, where: list[str | int]
+) -> InvalidPayloadField:
+    """The errors of a payload the job type refused, located at ``where`` (where this
+    request carries the payload: a workflow's job) rather than as the body's own."""
+    errors = []
+    for error in exc.errors:
+        loc = list(error["loc"])
+        if isinstance(exc, UnstorablePayload) and loc[:1] == ["body"]:
+            loc = loc[1:]
+        errors.append({**error, "loc": [*where, *loc]})
+    return InvalidPayloadField(errors, str(exc))
+
+
 # --- The mapping ----------------------------------------------------------------------
 
 

@@ -1,9 +1,11 @@
 """What a payload must be to be enqueued: valid for its job type's model, and storable;
 and how a runner of handlers reads a claimed job's payload (:func:`read_payload`).
 
-The API checks every request body with :func:`validate_payload`, and so does the testing
-kit (:mod:`jobcore.testing`), so a handler's test refuses exactly what the API would; the
-worker and the testing kit's in-process worker read payloads stored by reference alike.
+Every payload entering the system is checked by :func:`validate_payload` (strictly, as
+JSON): each API route that takes one, the enqueue in the caller's transaction, an edit of
+a queued job, and the testing kit (:mod:`jobcore.testing`), so a handler's test refuses
+exactly what the API would; the worker and the testing kit's in-process worker read
+payloads stored by reference alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from typing import Any
 
 import orjson
+import pydantic_core
 from pydantic import BaseModel
 
 from jobcore.execution.registry import JobType
@@ -29,9 +32,25 @@ class UnstorablePayload(InvalidPayload):
 
 
 def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
-    """The payload as the job type's model, and storable as it is: raises
-    :class:`~jobcore.execution.registry.InvalidPayloadError` or :class:`UnstorablePayload`."""
-    payload: BaseModel = job_type.validate_payload(raw_payload)
+    """A payload entering the system as the job type's model, and storable as it is:
+    raises :class:`~jobcore.execution.registry.InvalidPayloadError` or
+    :class:`UnstorablePayload`.
+
+    Checked as its JSON, strictly unless the model opts out
+    (:meth:`~jobcore.execution.registry.JobType.validate_new_payload`): ``{"rows": "5"}``
+    is refused where the model says ``rows: int``. Python values a library caller passes
+    (a datetime, a UUID, an enum, a Decimal) count as the JSON pydantic writes of them; a
+    non-finite float is written as such, for :func:`check_storable` to refuse rather than
+    JSON's ``null`` to slip through. A payload already stored is read by the model's own
+    rules instead (:meth:`~jobcore.execution.registry.JobType.validate_payload`)."""
+    try:
+        document = pydantic_core.to_json(raw_payload, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError as exc:
+        raise UnstorablePayload(
+            [{"loc": ["body"], "msg": f"not representable as JSON: {exc}", "type": "json_type"}],
+            "the payload is not representable as JSON",
+        ) from None
+    payload: BaseModel = job_type.validate_new_payload(document)
     check_storable(payload.model_dump(mode="json"))
     return payload
 

@@ -233,9 +233,33 @@ class JobType(Generic[P]):
                     f"per {keyed.per!r} is not a field of {self.payload_model.__name__}"
                 )
 
+    @property
+    def model_sets_strict(self) -> bool:
+        """Whether the payload model sets ``strict`` in its own ``model_config``: then it
+        decides how strictly a new payload is validated (``strict=False`` opts the type
+        out, and its fields' and nested models' own ``strict`` apply); otherwise a new
+        payload is validated strictly whole, which overrides theirs."""
+        return "strict" in self.payload_model.model_config
+
     def validate_payload(self, raw: object) -> P:
+        """A stored payload as the model: by the model's own rules, lax unless it says
+        otherwise, as a job enqueued before payloads were strict was accepted (the
+        worker runs it, an operator's retry copies it). A payload entering the system is
+        checked by :meth:`validate_new_payload`."""
         try:
             return self.payload_model.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidPayloadError(self.name, exc) from None
+
+    def validate_new_payload(self, document: bytes | str) -> P:
+        """A payload entering the system (an enqueue, an edit), as JSON text, in
+        pydantic's strict mode (``"5"`` is not an int, ``1`` not a bool) unless the model
+        decides itself (:attr:`model_sets_strict`). As JSON rather than Python objects:
+        a date-time or a UUID is a JSON string, which strict validation of Python objects
+        would refuse. docs/handlers.md, "Payloads are validated strictly"."""
+        strict = None if self.model_sets_strict else True
+        try:
+            return self.payload_model.model_validate_json(document, strict=strict)
         except ValidationError as exc:
             raise InvalidPayloadError(self.name, exc) from None
 

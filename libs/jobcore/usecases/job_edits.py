@@ -28,6 +28,7 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.database.store import JobEditParams, job_store
 from jobcore.execution.job_messages import message_row, trace_headers_of
+from jobcore.execution.payloads import validate_payload
 from jobcore.execution.registry import Registry
 from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.errors import (
@@ -153,10 +154,11 @@ async def edit_job(
 def _checked_payload(
     registry: Registry, settings: Settings, locked: dict[str, Any] | Any, raw: Any
 ) -> Any:
-    """The new payload as it is stored (validated by the job type's model), refused when it
-    is too large to keep in the row or would change a key derived from the payload."""
+    """The new payload as it is stored (validated as an enqueue's is: strictly, and
+    storable), refused when it is too large to keep in the row or would change a key
+    derived from the payload."""
     job_type = registry.get(locked["type"])
-    document = job_type.validate_payload(raw).model_dump(mode="json")
+    document = validate_payload(job_type, raw).model_dump(mode="json")
     if len(orjson.dumps(document)) > settings.inline_payload_max_bytes:
         raise InvalidField(
             "payload",

@@ -173,6 +173,8 @@ async def retry_job(
         request = EnqueueRequest(
             tenant=job["tenant"],
             job_type=job_type,
+            # By the model's own rules, not an enqueue's strict ones: the payload was
+            # accepted once, maybe before payloads were strict, and a copy must not fail it.
             payload=job_type.validate_payload(raw_payload),
             entity_id=job["entity_id"],
             max_attempts=job["max_attempts"],

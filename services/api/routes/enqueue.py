@@ -160,31 +160,46 @@ def parse_query(request: Request) -> EnqueueQuery:
 _NO_QUERY = EnqueueQuery()
 
 
-async def idempotency_key(
-    key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="Makes retries safe: the same key (per tenant and job type) and "
-            "request (payload, callback_url, run_at/delay, max_attempts, entity_id, "
-            "unique_key, priority, ordering_key) answer the same job; a different request "
-            "answers 422. A key is kept as long as its job. 1 to 255 printable ASCII "
-            "characters, else 400 `invalid-idempotency-key`.",
-            # Checked by jobcore.usecases.enqueue.submit (a 400, not FastAPI's 422); HTTP trims
-            # spaces around a header value, so a key neither starts nor ends with one.
-            json_schema_extra={
-                "minLength": 1,
-                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
-                "pattern": IDEMPOTENCY_KEY_PATTERN,
-            },
-        ),
-    ] = None,
-) -> str | None:
-    check_idempotency_key(key)
-    return key
+def idempotency_key_dependency(description: str) -> Callable[..., Awaitable[str | None]]:
+    """The ``Idempotency-Key`` header of a route whose retries it makes safe, with what
+    the route's key means as its ``description``: the same header, limits and check on
+    every route that takes one (``POST /jobs/{type}``, ``POST /workflows``)."""
+
+    async def idempotency_key(
+        key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                description=description,
+                # Checked by jobcore.usecases.enqueue.submit (a 400, not FastAPI's 422);
+                # HTTP trims spaces around a header value, so a key neither starts nor
+                # ends with one.
+                json_schema_extra={
+                    "minLength": 1,
+                    "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
+                    "pattern": IDEMPOTENCY_KEY_PATTERN,
+                },
+            ),
+        ] = None,
+    ) -> str | None:
+        check_idempotency_key(key)
+        return key
+
+    return idempotency_key
 
 
-IdempotencyKeyDep = Annotated[str | None, Depends(idempotency_key)]
+IdempotencyKeyDep = Annotated[
+    str | None,
+    Depends(
+        idempotency_key_dependency(
+            "Makes retries safe: the same key (per tenant and job type) and request "
+            "(payload, callback_url, run_at/delay, max_attempts, entity_id, unique_key, "
+            "priority, ordering_key) answer the same job; a different request answers 422. "
+            "A key is kept as long as its job. 1 to 255 printable ASCII characters, else "
+            "400 `invalid-idempotency-key`."
+        )
+    ),
+]
 
 
 def documented_endpoint(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:

@@ -13,20 +13,19 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from jobcore.execution.payloads import validate_payload
-from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, JobType, Registry
+from jobcore.execution.payloads import UnstorablePayload, validate_payload
+from jobcore.execution.registry import MAX_ATTEMPTS_LIMIT, InvalidPayloadError, JobType, Registry
 from jobcore.kernel.envelope import PRINTABLE_TEXT
 from jobcore.kernel.errors import InvalidField, InvalidPayload, UnknownJobType
 from jobcore.usecases import workflows as workflow_usecases
-from jobcore.usecases.enqueue.submit import MAX_IDEMPOTENCY_KEY_LENGTH, check_idempotency_key
 from services.api.auth import ActorDep, CancelRoute, EnqueueRoute, ReadRoute, TenantDep
 from services.api.deps import DbDep, SessionDep, StateDep
-from services.api.problems import located
-from services.api.routes.enqueue import IDEMPOTENCY_KEY_PATTERN
+from services.api.problems import located, payload_located
+from services.api.routes.enqueue import idempotency_key_dependency
 from services.api.schemas import Problem
 from services.api.views import JsonBody
 
@@ -132,32 +131,20 @@ class WorkflowRetryOut(BaseModel):
     status: Literal["pending"] = "pending"
 
 
-async def workflow_idempotency_key(
-    key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="Makes retries safe: the same key (per tenant) and the same request "
-            "(the workflow's name and every job: name, type, payload, depends_on, finally, "
+WorkflowIdempotencyKeyDep = Annotated[
+    str | None,
+    Depends(
+        idempotency_key_dependency(
+            "Makes retries safe: the same key (per tenant) and the same request (the "
+            "workflow's name and every job: name, type, payload, depends_on, finally, "
             "max_attempts, entity_id) answer the workflow the first request created, with "
             "`Idempotent-Replayed: true`, and write nothing; a different request answers "
             "422 `idempotency-key-reused`. Two requests racing with one key make one "
             "workflow. A key is kept as long as its workflow. 1 to 255 printable ASCII "
-            "characters, else 400 `invalid-idempotency-key`.",
-            # Checked by check_idempotency_key (a 400, as POST /jobs/{type} answers).
-            json_schema_extra={
-                "minLength": 1,
-                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
-                "pattern": IDEMPOTENCY_KEY_PATTERN,
-            },
-        ),
-    ] = None,
-) -> str | None:
-    check_idempotency_key(key)
-    return key
-
-
-WorkflowIdempotencyKeyDep = Annotated[str | None, Depends(workflow_idempotency_key)]
+            "characters, else 400 `invalid-idempotency-key`."
+        )
+    ),
+]
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -177,8 +164,12 @@ def build_router(registry: Registry) -> APIRouter:
         try:
             return job_type, validate_payload(job_type, payload)
         except InvalidPayload as exc:
+            # Located at its job, as the route's other errors are: which of the jobs it
+            # is matters as much as which field.
             if isinstance(exc, InvalidField):
                 raise located(exc, ["jobs", n]) from None
+            if isinstance(exc, InvalidPayloadError | UnstorablePayload):
+                raise payload_located(exc, ["jobs", n]) from None
             raise
 
     async def create_workflow(

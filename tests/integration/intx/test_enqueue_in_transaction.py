@@ -153,6 +153,29 @@ async def test_a_refusal_leaves_the_transaction_usable(
     assert (seen["jobs"], seen["outbox"], seen["orders"]) == (2, 2, 1)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_string_integer_is_refused_naming_the_field_and_draws_no_quota(
+    kind: str, settings: Settings, db: Database
+) -> None:
+    """Strict as the API: {"rows": "5"} where export_csv says rows: int. Under a cap of
+    one unfinished job, the refusal takes no part of it: the valid job after it fits."""
+    capped = settings.model_copy(update={"quota_max_unfinished": 1, "quota_enqueue_rate": 0.0})
+    async with app_tx(kind, capped) as tx:
+        with pytest.raises(InvalidPayload) as refused:
+            await tx.enqueue("export_csv", {"rows": "5"})
+        errors = refused.value.errors  # type: ignore[attr-defined]
+        assert [(e["loc"], e["type"]) for e in errors] == [(["rows"], "int_type")]
+        accepted = await tx.enqueue("export_csv", {"rows": 5})
+        await tx.commit()
+    seen = await counts(db)
+    assert (seen["jobs"], seen["outbox"]) == (1, 1)
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT payload FROM jobs WHERE id = %s", [accepted.job_id])
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["payload"]["rows"] == 5
+
+
 async def test_a_payload_above_the_inline_limit_is_refused(
     settings: Settings, db: Database
 ) -> None:

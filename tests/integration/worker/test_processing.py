@@ -333,3 +333,24 @@ async def test_claims_in_one_batch_dedupe_a_repeated_message_and_a_second_claim(
     assert (job["status"], job["attempts"]) == ("running", 1)
     assert job["lease_token"] == winner.lease_token
     assert winner.lease_token in (same.lease_token, other.lease_token)
+
+
+async def test_a_job_whose_payload_was_accepted_loosely_before_the_upgrade_still_runs(
+    db: Database, topology: Topology, pump: OutboxPump, start_worker: StartWorker
+) -> None:
+    """Payloads are strict on the way in only: a job stored with {"rows": "5"} (accepted
+    by an API from before payloads were strict, or enqueued through SQL unchecked) is run
+    by its model's own rules, not failed as an invalid payload."""
+    job_id = await submit(db, topology, "export_csv", ExportCsvPayload(rows=5, seed=1))
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET payload = jsonb_set(payload, '{rows}', '\"5\"') WHERE id = %s",
+            [job_id],
+        )
+    assert (await job_row(db, job_id))["payload"]["rows"] == "5"
+    await start_worker()
+
+    row = await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
+
+    assert row["result"]["rows"] == 5
+    assert row["last_error"] is None
