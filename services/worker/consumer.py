@@ -59,7 +59,7 @@ from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Uncl
 from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
 from jobcore.execution.outcomes import undeliverable_note
 from jobcore.execution.registry import InvalidPayloadError, Registry
-from jobcore.kernel.envelope import JobMessage, decode
+from jobcore.kernel.envelope import JobMessage, decode, read_published
 from jobcore.kernel.errors import (
     DatabaseUnavailable,
     JobcoreError,
@@ -212,7 +212,15 @@ class Consumer(DeliveryConsumer):
             await self._note_undeliverable(envelope, exc)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
-        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
+        published_at, published_by = read_published(message.headers)
+        request = ClaimRequest(
+            message_id,
+            envelope.job_id,
+            job_type,
+            envelope.attempt,
+            published_at=published_at,
+            published_by=published_by,
+        )
         answer = await self._claim(request)
         if answer is None:
             return None  # stopping while the database was away: the broker redelivers
