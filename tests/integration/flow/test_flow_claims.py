@@ -168,6 +168,8 @@ async def claim_message(
                     "attempts": [envelope.attempt],
                     "lease_tokens": [uuid.uuid4()],
                     "leases": [5.0],
+                    "published_ats": [None],
+                    "published_bys": [None],
                 }
             ),
         )
