@@ -163,3 +163,15 @@ def test_the_published_header_round_trips_and_odd_ones_are_ignored() -> None:
         assert read_published({PUBLISHED_HEADER: odd}) == (None, None)
     assert read_published({}) == (None, None)
     assert read_published(None) == (None, None)
+
+
+def test_a_publish_written_by_both_the_claim_and_the_relay_is_listed_once() -> None:
+    # A paused queue's claim parked the message and wrote its publish; the relay's late
+    # delete wrote one too, with the confirm time, which is the one listed.
+    events = [
+        event(1, 0.5, "published", 1, relay="relay-1", message_id="m1"),
+        event(2, 0.5, "published", 1, relay="relay-1", message_id="m1", confirmed_at="c"),
+        event(3, 2.0, "published", 1, relay="relay-1", message_id="m2", confirmed_at="c"),
+    ]
+    listed = with_job_row(events, job("pending", 0))
+    assert [e["id"] for e in listed] == [2, 3]

@@ -142,7 +142,7 @@ def with_job_row(
     the job row says of the same event, so none is listed twice: a `published` row dated
     the job row's publish, an ending row since the job's last reopening (a `revived`
     event, which carries the end it left in ``detail.finish``)."""
-    listed = with_claims(events, job)
+    listed = _one_per_message(with_claims(events, job))
     said: list[dict[str, Any]] = []
     ends = [_time(e["at"]) for e in listed if e["kind"] in _ENDS]
     reopened: datetime | None = None
@@ -185,6 +185,30 @@ def with_job_row(
         error = job.get("last_error") if status != "succeeded" else None
         said.append(_end(_time(finished_at), status, job.get("attempts"), error))
     return sorted([*listed, *said], key=lambda e: (_time(e["at"]), e["id"]))
+
+
+def _one_per_message(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events without a second `published` row of one message: a claim that did not
+    keep a publish on the job row (its queue paused, its job ended) writes its row, and
+    the relay's delete of the confirmed outbox row, coming after it, may write one too.
+    The relay's (with the broker's confirm time) is kept."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for event in events:
+        detail = event["detail"]
+        message_id = detail.get("message_id") if isinstance(detail, dict) else None
+        if event["kind"] != JobEventKind.PUBLISHED or message_id is None:
+            continue
+        kept = rows.get(message_id)
+        if kept is None or ("confirmed_at" in detail and "confirmed_at" not in kept["detail"]):
+            rows[message_id] = event
+    return [
+        e
+        for e in events
+        if e["kind"] != JobEventKind.PUBLISHED
+        or not isinstance(e["detail"], dict)
+        or e["detail"].get("message_id") is None
+        or rows[e["detail"]["message_id"]] is e
+    ]
 
 
 def _end(at: datetime, status: Any, attempt: Any, error: Any) -> dict[str, Any]:

@@ -258,6 +258,23 @@ def _claim_sql(only: str) -> str:
                   jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), unkept AS (
+        -- A fresh message of attempt 1 that neither claimed nor held its job (its queue or
+        -- type paused, its job ended or taken by another copy): a publish no job row
+        -- keeps, so an event row, unless the job row holds one already (the relay wrote
+        -- none for it: OUTBOX_DELETE_PUBLISHED). If the relay's delete comes after this,
+        -- it may write one too, for the same message, which the readers list once.
+        INSERT INTO jobcore.job_events (job_id, at, kind, attempt, detail)
+        SELECT input.job_id, input.published_at, '{JobEventKind.PUBLISHED}', input.attempt,
+               jsonb_build_object('relay', input.published_by, 'message_id', input.message_id)
+        FROM input
+        JOIN received USING (message_id)
+        JOIN jobcore.jobs ON jobs.id = input.job_id AND jobs.type = input.type
+        WHERE input.attempt = 1 AND input.published_at IS NOT NULL
+          AND jobs.published_at IS NULL AND {EVENTS_ON}
+          AND NOT EXISTS (SELECT 1 FROM claimed
+                          WHERE claimed.claimed_message_id = input.message_id)
+          AND NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = input.message_id)
     ), taken AS (
         SELECT * FROM claimed UNION ALL SELECT * FROM resumed
     ), parked AS (
