@@ -33,12 +33,15 @@ a third of jobcore's bytes per job, and their share of the WAL. Neither is neede
   relay), and it is a relay measure, not a fact about the job; the rows still written
   keep it.
 
-  A first publish whose message is never claimed (lost, dead-lettered unread, parked by
-  a pause, or its job cancelled first) is then not on the timeline. Its `where` still
-  says it: a pending job with no message in the outbox reads "published ..., waiting ...
-  for a worker to take it from queue Q", which is what a user debugging a stuck job
-  needs (the message left the outbox, no worker took it); a republish by the sweeper is
-  its own `republished` row, and the publish of that message is listed when claimed.
+  A first publish whose message a worker receives without claiming the job (its queue
+  paused, its job ended, another copy claimed it) is written as a row by that claim
+  statement. One whose message no worker ever receives (lost, dead-lettered by the
+  broker, or waiting in a queue nobody consumes) is not on the timeline. Its `where`
+  still says it: a pending job with no message in the outbox reads "published ...,
+  waiting ... for a worker to take it from queue Q", which is what a user debugging a
+  stuck job needs (the message left the outbox, no worker took it); a republish by the
+  sweeper is its own `republished` row, and the publish of that message is listed once
+  received.
 
 Rolling upgrade: three nullable columns without a default rewrite nothing. A relay of
 the previous revision writes every `published` row and no header, so a new worker keeps

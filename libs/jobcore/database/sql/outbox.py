@@ -443,9 +443,10 @@ class OutboxDeletePublishedParams(TypedDict):
 # - kept already: the job row holds this very publish (a worker claimed the message
 #   before the confirm reached this relay, the usual order under load);
 # - to be kept: a message of attempt 1 whose job is pending and holds no publish yet
-#   (the happy path: the claim that follows keeps it). If no claim ever takes it (the
-#   message lost, or its job cancelled first), the timeline has no `published` entry, and
-#   the job's `where` says its message left the outbox and waits for a worker;
+#   (the happy path: the claim that follows keeps it; a claim statement that receives it
+#   but claims nothing writes the row instead). If no worker ever receives it (the
+#   message lost, or no worker consuming its queue), the timeline has no `published`
+#   entry, and the job's `where` says its message left the outbox and waits for a worker;
 # - every other publish (a later attempt, a release, a republish, a job already holding
 #   one, ended, or claimed by a worker of the previous revision) is a row, with the
 #   broker's confirm time (clock_timestamp(), which may come after the claim; timelines
