@@ -159,7 +159,17 @@ def test_the_published_header_round_trips_and_odd_ones_are_ignored() -> None:
     value = published_header(t(0.5), "host:12")
     assert read_published({PUBLISHED_HEADER: value}) == (t(0.5), "host:12")
     assert read_published({PUBLISHED_HEADER: value.encode()}) == (t(0.5), "host:12")
-    for odd in (None, 3, "", "not-a-time host", t(0.5).isoformat(), "2026-12-06T20:00:00 h"):
+    odd_ones = (
+        None,
+        3,
+        "",
+        "not-a-time host",
+        t(0.5).isoformat(),
+        "2026-12-06T20:00:00 h",
+        f"{t(0.5).isoformat()} a\x00b",
+        f"{t(0.5).isoformat()} {'r' * 201}",
+    )
+    for odd in odd_ones:
         assert read_published({PUBLISHED_HEADER: odd}) == (None, None)
     assert read_published({}) == (None, None)
     assert read_published(None) == (None, None)

@@ -6,6 +6,7 @@ secrets). Anything that does not decode to this is a :class:`PoisonMessage`.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -68,6 +69,7 @@ def decode(body: bytes) -> JobMessage:
 # previous revision, which writes the event row) or with one that does not parse is
 # claimed as before, with no publish kept.
 PUBLISHED_HEADER = "x-jobcore-published"
+_PRINTABLE = re.compile(PRINTABLE_TEXT)
 
 
 def published_header(taken_at: datetime, relay: str) -> str:
@@ -87,6 +89,7 @@ def read_published(headers: Mapping[str, Any] | None) -> tuple[datetime | None, 
         taken_at = datetime.fromisoformat(at)
     except ValueError:
         return None, None
-    if taken_at.tzinfo is None or not relay or len(relay) > 200:
+    # What PostgreSQL text cannot store (a NUL) would fail the claim of the whole batch.
+    if taken_at.tzinfo is None or not _PRINTABLE.match(relay) or len(relay) > 200:
         return None, None
     return taken_at, relay
