@@ -185,3 +185,19 @@ def test_a_publish_written_by_both_the_claim_and_the_relay_is_listed_once() -> N
     ]
     listed = with_job_row(events, job("pending", 0))
     assert [e["id"] for e in listed] == [2, 3]
+
+
+def test_a_relay_row_for_the_message_the_job_row_keeps_is_listed_instead() -> None:
+    # The relay's row for the very message the claim kept, dated otherwise (a clock read
+    # apart): one entry, the row's.
+    events = [event(4, 0.6, "published", 1, relay="relay-1", message_id=str(MESSAGE))]
+    listed = with_job_row(events, job("running", 1, published=0.5, started=1.0))
+    assert [(e["kind"], e["id"]) for e in listed] == [("published", 4), ("claimed", 0)]
+    # A row naming no message matches none.
+    events = [event(4, 0.6, "published", 1, relay="relay-1")]
+    listed = with_job_row(events, job("running", 1, published=0.5, started=1.0))
+    assert [(e["kind"], e["id"]) for e in listed] == [
+        ("published", 0),
+        ("published", 4),
+        ("claimed", 0),
+    ]

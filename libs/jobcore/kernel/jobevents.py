@@ -145,37 +145,32 @@ def with_job_row(
     listed = _one_per_message(with_claims(events, job))
     said: list[dict[str, Any]] = []
     ends = [_time(e["at"]) for e in listed if e["kind"] in _ENDS]
-    reopened: datetime | None = None
-    for event in listed:
+    revivals = [e for e in listed if e["kind"] == JobEventKind.REVIVED]
+    reopened = max((_time(e["at"]) for e in revivals), default=None)
+    for event in revivals:
         detail = event["detail"]
         finish = detail.get("finish") if isinstance(detail, dict) else None
-        if event["kind"] != JobEventKind.REVIVED or finish is None:
+        if finish is None:
             continue
         event["detail"] = {key: value for key, value in detail.items() if key != "finish"}
         at, revived = _time(finish["at"]), _time(event["at"])
-        reopened = revived if reopened is None else max(reopened, revived)
+        # An ending row between the end and the revival: a previous revision's statement.
         if not any(at <= end <= revived for end in ends):
             said.append(_end(at, finish.get("status"), finish.get("attempt"), finish.get("error")))
-    for event in listed:
-        if event["kind"] == JobEventKind.REVIVED:
-            revived = _time(event["at"])
-            reopened = revived if reopened is None else max(reopened, revived)
     published_at = job.get("published_at")
     if published_at is not None:
         at = _time(published_at)
+        message_id = job.get("published_message_id")
+        message = None if message_id is None else str(message_id)
         rows = (e for e in listed if e["kind"] == JobEventKind.PUBLISHED)
-        if not any(_time(e["at"]) == at for e in rows):
-            message_id = job.get("published_message_id")
+        if not any(_time(e["at"]) == at or _message_of(e) == message for e in rows):
             said.append(
                 {
                     "id": NO_ROW_ID,
                     "at": at,
                     "kind": JobEventKind.PUBLISHED.value,
                     "attempt": 1,
-                    "detail": {
-                        "relay": job.get("published_by"),
-                        "message_id": None if message_id is None else str(message_id),
-                    },
+                    "detail": {"relay": job.get("published_by"), "message_id": message},
                 }
             )
     finished_at = job.get("finished_at")
@@ -209,6 +204,13 @@ def _one_per_message(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         or e["detail"].get("message_id") is None
         or rows[e["detail"]["message_id"]] is e
     ]
+
+
+def _message_of(event: Mapping[str, Any]) -> str | None:
+    """The message id a `published` row names ('' for none: it matches no message)."""
+    detail = event["detail"]
+    named = detail.get("message_id") if isinstance(detail, dict) else None
+    return "" if named is None else str(named)
 
 
 def _end(at: datetime, status: Any, attempt: Any, error: Any) -> dict[str, Any]:
