@@ -358,7 +358,12 @@ def test_the_job_row_events_downgrade_writes_their_rows_back(service_urls: Servi
                        (%(old)s, 't', 'echo', 'q', 'failed', 1, '2026-12-06 20:00:01+00',
                         '2026-12-06 20:00:02+00', 'boom', NULL, NULL, NULL),
                        (%(revived)s, 't', 'echo', 'q', 'pending', 1,
-                        '2026-12-06 20:00:01+00', NULL, 'boom', NULL, NULL, NULL);
+                        '2026-12-06 20:00:01+00', NULL, 'boom', NULL, NULL, NULL)
+                """,
+                {"happy": happy, "old": old, "revived": revived},
+            )
+            conn.execute(
+                """
                 INSERT INTO job_events (job_id, at, kind, attempt, detail)
                 VALUES (%(old)s, '2026-12-06 20:00:02.001+00', 'finished', 1,
                         '{"status": "failed", "error": "boom"}'),

@@ -381,13 +381,19 @@ class JobNoteUndeliverableParams(TypedDict):
     attempt: int
     error: str
     job_id: uuid.UUID
+    message_id: uuid.UUID
+    # What the message's headers say of its publish (None: nothing).
+    published_at: datetime | None
+    published_by: str | None
     type: str
 
 
 # A message no worker here can run (its job type is unknown to this deployment, as during
 # a rolling deploy) goes to the dead-letter queue, where `jobcore dlq replay` recovers it;
 # meanwhile its job stays pending, and this says why to whoever polls it. Only the job's
-# current attempt, of the type the message names, and only while it is still pending.
+# current attempt, of the type the message names, and only while it is still pending. The
+# message's publish, when no claim kept one on the job row (the relay wrote no row for a
+# first attempt's first publish: OUTBOX_DELETE_PUBLISHED), is its `published` row.
 JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "job_note_undeliverable",
     "Record on a pending job why its message went to the dead-letter queue (and the event).",
@@ -396,7 +402,15 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
         UPDATE jobcore.jobs SET last_error = %(error)s, updated_at = now()
         WHERE id = %(job_id)s AND type = %(type)s AND {status_is("status", JobStatus.PENDING)}
           AND attempts + 1 = %(attempt)s
-        RETURNING id
+        RETURNING id, published_at
+    ), unkept AS (
+        INSERT INTO jobcore.job_events (job_id, at, kind, attempt, detail)
+        SELECT id, %(published_at)s::timestamptz, '{JobEventKind.PUBLISHED}', %(attempt)s,
+               jsonb_build_object('relay', %(published_by)s::text,
+                                  'message_id', %(message_id)s::uuid)
+        FROM noted
+        WHERE %(published_at)s::timestamptz IS NOT NULL AND %(attempt)s = 1
+          AND noted.published_at IS NULL AND {EVENTS_ON}
     )
     INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
     SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
