@@ -39,6 +39,7 @@ from jobcore.database.schema_version import SchemaWatch, check_schema_on
 from jobcore.database.store import outbox_store
 from jobcore.execution.preflight import check_relay_timeouts
 from jobcore.execution.registry import load_job_modules
+from jobcore.kernel.envelope import PUBLISHED_HEADER, published_header
 from jobcore.kernel.errors import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from jobcore.kernel.priorities import WEIGHTS
 from jobcore.kernel.retry import backoff_delay
@@ -385,13 +386,17 @@ class Relay(Service):
             # it left rows due (OUTBOX_CLAIM_FAIR's more_due).
             more = len(rows) >= limit or (grant is not None and bool(rows[0]["more_due"]))
             self._drained = not more
+            # Each message says when this transaction took its row and which relay this
+            # is: the worker's claim keeps that on the job row as the job's `published`
+            # event (jobcore.kernel.envelope.PUBLISHED_HEADER), not an event row.
+            published = published_header(rows[0]["taken_at"], self.relay_id)
             messages = [
                 OutgoingMessage(
                     row["exchange"],
                     row["routing_key"],
                     row["message_id"],
                     row["message_type"],
-                    row["headers"],
+                    {**row["headers"], PUBLISHED_HEADER: published},
                     row["body"],
                 )
                 for row in rows

@@ -43,7 +43,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -59,7 +59,7 @@ from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, Uncl
 from jobcore.execution.executor import PAYLOAD_UNREADABLE, JobExecutor
 from jobcore.execution.outcomes import undeliverable_note
 from jobcore.execution.registry import InvalidPayloadError, Registry
-from jobcore.kernel.envelope import JobMessage, decode
+from jobcore.kernel.envelope import JobMessage, decode, read_published
 from jobcore.kernel.errors import (
     DatabaseUnavailable,
     JobcoreError,
@@ -209,10 +209,18 @@ class Consumer(DeliveryConsumer):
         try:
             job_type = self.registry.get(envelope.type)
         except UnknownJobType as exc:
-            await self._note_undeliverable(envelope, exc)
+            await self._note_undeliverable(envelope, exc, message_id, message.headers)
             await self._dead_letter(message, "unknown_type", str(exc), envelope)
             return None
-        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
+        published_at, published_by = read_published(message.headers)
+        request = ClaimRequest(
+            message_id,
+            envelope.job_id,
+            job_type,
+            envelope.attempt,
+            published_at=published_at,
+            published_by=published_by,
+        )
         answer = await self._claim(request)
         if answer is None:
             return None  # stopping while the database was away: the broker redelivers
@@ -301,15 +309,26 @@ class Consumer(DeliveryConsumer):
         if job is not None:
             await self.executor.fail_attempt(job, exc, during="starting the job")
 
-    async def _note_undeliverable(self, envelope: JobMessage, exc: UnknownJobType) -> None:
+    async def _note_undeliverable(
+        self,
+        envelope: JobMessage,
+        exc: UnknownJobType,
+        message_id: uuid.UUID,
+        headers: Mapping[str, Any],
+    ) -> None:
         """Tell the job's pollers why it stays pending (best effort: the message is kept in
-        the dead-letter queue whether or not this is written)."""
+        the dead-letter queue whether or not this is written), with the message's publish
+        when no claim will keep it (its headers: jobcore.kernel.envelope.PUBLISHED_HEADER)."""
         error = undeliverable_note(envelope.attempt, exc)
+        published_at, published_by = read_published(headers)
         params: JobNoteUndeliverableParams = {
             "job_id": envelope.job_id,
             "type": envelope.type,
             "attempt": envelope.attempt,
             "error": error,
+            "message_id": message_id,
+            "published_at": published_at,
+            "published_by": published_by,
         }
         try:
             async with self.connections.connection() as conn:

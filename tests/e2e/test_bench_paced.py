@@ -47,7 +47,10 @@ def test_paced_accounts_for_every_job_and_reports_each_system(
         assert step["cpu_ms_per_job"]["bench"] > 0, key  # the load generator's own CPU
         assert step["cpu_ms_per_job"]["worker"] > 0, key
     assert details["accounting_exact"] is True
-    assert set(steps[("jobcore", 25)]["hops_ms"]) == set(HOP_NAMES)
+    # Through the confirm only for jobs whose publish is an event row (the job row keeps
+    # a first publish without its confirm time: migration 0041).
+    hops = set(steps[("jobcore", 25)]["hops_ms"])
+    assert {"to_insert", "insert_to_claim", "claim_to_start"} <= hops <= set(HOP_NAMES)
     assert {"jobs", "outbox"} <= set(steps[("jobcore", 25)]["tables"])
     assert set(steps[("procrastinate", 25)]["tables"]) == {
         "procrastinate_jobs",

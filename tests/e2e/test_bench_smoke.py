@@ -63,10 +63,12 @@ def test_every_scenario_writes_figures_tables_and_plots(settings: Settings, tmp_
     assert set(floor) == {"durable commit", "round trip", "broker publish→consume", "sum"}
     assert all(v > 0 for v in floor.values()), floor
     assert floor["sum"] >= floor["broker publish→consume"], floor
-    # enqueue→start split at the relay's claim (the jobs' `published` events).
+    # enqueue→start split at the relay's claim (each job's first publish, kept on its job
+    # row: claim→confirm only for the jobs whose publish is an event row, as a retry's).
     e2e = {(f["case"], f["metric"]): f["median"] for f in scenarios["e2e"]["figures"]}
     hops = {metric: v for (case, metric), v in e2e.items() if case == "enqueue→start, by hop"}
-    assert set(hops) == {
+    assert {"enqueue→relay's claim p50 ms", "relay's claim→start p50 ms"} <= set(hops)
+    assert set(hops) <= {
         "enqueue→relay's claim p50 ms",
         "relay's claim→confirm p50 ms",
         "relay's claim→start p50 ms",
@@ -299,5 +301,6 @@ def test_timeline_scenario_reports_events_on_against_off(
     assert cpu["runs"][0] > 0
     assert cpu["baseline_runs"][0] > 0
     assert cpu["baseline"] == "events off"
-    # published and finished rows: `accepted` and `claimed` are said from the job row
-    assert timeline["details"]["statements"]["events_per_job_on"] == 2.0
+    # None: a happy job's `accepted`, `published`, `claimed` and `finished` are all said
+    # from the job row (migrations 0019, 0040, 0041)
+    assert timeline["details"]["statements"]["events_per_job_on"] == 0.0

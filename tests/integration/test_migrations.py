@@ -333,3 +333,72 @@ def test_the_sql_enqueues_admission_parameter_keeps_its_grants_both_ways(
         databases.drop_database(service_urls.pg_admin_url, name)
         with psycopg.connect(service_urls.pg_admin_url, autocommit=True) as conn:
             conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_the_job_row_events_downgrade_writes_their_rows_back(service_urls: ServiceUrls) -> None:
+    """0041 keeps a happy job's first publish and its end on the job row; its downgrade
+    writes them as the `published` and `finished` rows the previous revision reads, and
+    the end a revived step carried, each once beside the rows already there."""
+    from alembic import command
+
+    settings, name = _empty_database_settings(service_urls)
+    happy, old, revived = (f"00000000-0000-4000-8000-00000000004{i}" for i in range(3))
+    try:
+        migrate.upgrade(settings, "0041")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(
+                """
+                INSERT INTO jobs (id, tenant, type, queue, status, attempts, started_at,
+                                  finished_at, last_error, published_at, published_by,
+                                  published_message_id)
+                VALUES (%(happy)s, 't', 'echo', 'q', 'succeeded', 1,
+                        '2026-12-06 20:00:01+00', '2026-12-06 20:00:02+00', NULL,
+                        '2026-12-06 20:00:00.5+00', 'r-1',
+                        '00000000-0000-4000-8000-0000000000aa'),
+                       (%(old)s, 't', 'echo', 'q', 'failed', 1, '2026-12-06 20:00:01+00',
+                        '2026-12-06 20:00:02+00', 'boom', NULL, NULL, NULL),
+                       (%(revived)s, 't', 'echo', 'q', 'pending', 1,
+                        '2026-12-06 20:00:01+00', NULL, 'boom', NULL, NULL, NULL)
+                """,
+                {"happy": happy, "old": old, "revived": revived},
+            )
+            conn.execute(
+                """
+                INSERT INTO job_events (job_id, at, kind, attempt, detail)
+                VALUES (%(old)s, '2026-12-06 20:00:02.001+00', 'finished', 1,
+                        '{"status": "failed", "error": "boom"}'),
+                       (%(revived)s, '2026-12-06 20:00:03+00', 'revived', 1,
+                        '{"workflow": "w", "retried": true, "finish": {
+                          "at": "2026-12-06T20:00:02+00:00", "status": "failed",
+                          "attempt": 1, "error": "boom"}}');
+                """,
+                {"happy": happy, "old": old, "revived": revived},
+            )
+        command.downgrade(migrate.alembic_config(settings), "0040")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            rows = conn.execute(
+                "SELECT job_id::text, kind, attempt, detail, at::text FROM job_events"
+                " ORDER BY job_id, at"
+            ).fetchall()
+            columns = conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs'"
+                " AND column_name LIKE 'published%'"
+            ).fetchall()
+        assert columns == []
+        assert rows == [
+            (happy, "published", 1, {"relay": "r-1", "message_id": MESSAGE_AA}, AT_PUBLISHED),
+            (happy, "finished", 1, {"status": "succeeded"}, "2026-12-06 20:00:02+00"),
+            (old, "finished", 1, {"status": "failed", "error": "boom"}, AT_OLD_FINISHED),
+            (revived, "finished", 1, {"status": "failed", "error": "boom"}, AT_LEFT),
+            (revived, "revived", 1, {"workflow": "w", "retried": True}, AT_REVIVED),
+        ]
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+MESSAGE_AA = "00000000-0000-4000-8000-0000000000aa"
+AT_PUBLISHED = "2026-12-06 20:00:00.5+00"
+AT_OLD_FINISHED = "2026-12-06 20:00:02.001+00"
+AT_LEFT = "2026-12-06 20:00:02+00"
+AT_REVIVED = "2026-12-06 20:00:03+00"

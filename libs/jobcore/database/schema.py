@@ -179,6 +179,15 @@ jobs = Table(
     # event that moves the job on to another attempt carries it (detail.claim).
     _timestamp("claimed_at"),
     _timestamp("claim_lease_until"),
+    # The publish of the job's first attempt's message, which the timeline lists as its
+    # `published` event (jobcore.kernel.jobevents.with_job_row) instead of an event row
+    # (migration 0041): when its relay took the outbox row (the start of its claiming
+    # transaction), which relay, and the message. The relay says them in the message's
+    # headers (PUBLISHED_HEADER) and the worker's claim, which writes this row anyway,
+    # keeps the first it is handed; every other publish is still an event row.
+    _timestamp("published_at"),
+    Column("published_by", Text),
+    Column("published_message_id", UUID(as_uuid=True)),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint(
         "held_reason IN ('concurrency', 'rate_limit', 'ordering', 'dependencies')",

@@ -40,6 +40,11 @@ class ClaimRequest:
     lease_token: uuid.UUID = field(default_factory=uuid.uuid4)
     # Seconds; None: the job type's.
     lease: float | None = None
+    # When and by which relay the message was published (its headers: None when they do
+    # not say), which the claim of a job's first attempt keeps on the job row as its
+    # `published` event (jobcore.kernel.envelope.PUBLISHED_HEADER).
+    published_at: datetime | None = None
+    published_by: str | None = None
 
     @property
     def lease_seconds(self) -> float:
@@ -160,6 +165,8 @@ async def claim_batch(
             "attempts": [r.attempt for r in round_],
             "lease_tokens": [r.lease_token for r in round_],
             "leases": [r.lease_seconds for r in round_],
+            "published_ats": [r.published_at for r in round_],
+            "published_bys": [r.published_by for r in round_],
         }
         # Every claim locks the gate rows of its jobs' concurrency and rate keys first,
         # read from the job rows (written at enqueue), not from this runner's registry: a

@@ -6,8 +6,11 @@ secrets). Anything that does not decode to this is a :class:`PoisonMessage`.
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Literal
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -57,3 +60,36 @@ def decode(body: bytes) -> JobMessage:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise PoisonMessage(f"bad envelope at {where}: {first['msg']}") from None
+
+
+# The relay's word on a publish, in each message's headers: "<when it took the outbox row,
+# ISO 8601> <relay id>". The worker's claim of a job's first attempt keeps it on the job
+# row (jobs.published_at, published_by), which the timeline lists as the job's `published`
+# event instead of an event row (migration 0041). A message without it (a relay of the
+# previous revision, which writes the event row) or with one that does not parse is
+# claimed as before, with no publish kept.
+PUBLISHED_HEADER = "x-jobcore-published"
+_PRINTABLE = re.compile(PRINTABLE_TEXT)
+
+
+def published_header(taken_at: datetime, relay: str) -> str:
+    return f"{taken_at.isoformat()} {relay}"
+
+
+def read_published(headers: Mapping[str, Any] | None) -> tuple[datetime | None, str | None]:
+    """When and by which relay a message was published, from its headers; (None, None)
+    when they do not say (a header is the sender's to write: anything odd is ignored)."""
+    value = (headers or {}).get(PUBLISHED_HEADER)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None, None
+    at, _, relay = value.partition(" ")
+    try:
+        taken_at = datetime.fromisoformat(at)
+    except ValueError:
+        return None, None
+    # What PostgreSQL text cannot store (a NUL) would fail the claim of the whole batch.
+    if taken_at.tzinfo is None or not _PRINTABLE.match(relay) or len(relay) > 200:
+        return None, None
+    return taken_at, relay

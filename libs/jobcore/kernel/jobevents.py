@@ -20,7 +20,11 @@ class JobEventKind(StrEnum):
     # (created_at, accepted_detail), which the timeline's read lists as its first event.
     ACCEPTED = "accepted"
     # The broker confirmed its message; dated when its relay took the row to publish it
-    # (detail: relay, message_id, confirmed_at).
+    # (detail: relay, message_id, confirmed_at). The first publish of a job's first
+    # attempt is no job_events row since migration 0041 (rows written before, or by a
+    # relay of the previous revision, stay): the worker's claim keeps it on the job row
+    # (published_at, published_by, published_message_id; no confirmed_at), and
+    # with_job_row lists it.
     PUBLISHED = "published"
     # A worker took it (detail: worker, lease_until). Not a job_events row since migration
     # 0040 (rows written before, or by a worker of the previous revision, stay): the claim
@@ -41,14 +45,19 @@ class JobEventKind(StrEnum):
     QUARANTINED = "quarantined"  # the relay gave up on its message (detail: outbox_id, error)
     DEAD_LETTERED = "dead_lettered"  # its message went to the DLQ (detail: by, reason)
     REPUBLISHED = "republished"  # the sweeper wrote its message again (detail: reason)
-    CANCELLED = "cancelled"  # ended cancelled
+    CANCELLED = "cancelled"  # ended cancelled (see FINISHED)
     # A workflow step's dependencies allowed it to run: its message was written (detail:
     # workflow). Written by the settle of its last dependency, in that transaction.
     DEPENDENCIES_MET = "dependencies_met"
     # A workflow step cancelled as unreachable waits again, because the dependency that
     # made it unreachable was retried (detail: workflow, dependency).
     REVIVED = "revived"
-    FINISHED = "finished"  # ended succeeded or failed (detail: status, error)
+    # Ended succeeded or failed (detail: status, error), or cancelled (CANCELLED, detail:
+    # status). Since migration 0041 the statements that end jobs write no row for it (the
+    # reaper's and a workflow's cancel still do): the ended job row says it (status,
+    # finished_at, attempts, last_error), and with_job_row lists it; a workflow step
+    # retried in place leaves it in its `revived` event (detail.finish).
+    FINISHED = "finished"
     WEBHOOK_ATTEMPT = "webhook_attempt"  # a completion webhook was sent (detail: outcome)
 
 
@@ -110,4 +119,108 @@ def _claimed(at: datetime, attempt: int | None, worker: Any, lease_until: Any) -
         "kind": JobEventKind.CLAIMED.value,
         "attempt": attempt,
         "detail": {"worker": worker, "lease_until": lease_until},
+    }
+
+
+# --- the `published` and ending events, said from the job row -------------------------------
+
+_ENDS = (JobEventKind.FINISHED.value, JobEventKind.CANCELLED.value)
+_ENDED = ("succeeded", "failed", "cancelled")
+
+
+def with_job_row(
+    events: Iterable[Mapping[str, Any]], job: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A job's events (as :func:`with_claims` takes them) with every event the job row
+    keeps instead of an event row, in the order of the timeline: the claims
+    (:func:`with_claims`), the first publish of its first attempt, and its end.
+
+    ``job`` has, besides what :func:`with_claims` reads, ``status``, ``finished_at``,
+    ``last_error``, ``published_at``, ``published_by`` and ``published_message_id`` (any
+    missing: that event is not said; ``{}``: none is). A row written before migration 0041,
+    or by a process of the previous revision during a rolling upgrade, wins over what
+    the job row says of the same event, so none is listed twice: a `published` row dated
+    the job row's publish, an ending row since the job's last reopening (a `revived`
+    event, which carries the end it left in ``detail.finish``)."""
+    listed = _one_per_message(with_claims(events, job))
+    said: list[dict[str, Any]] = []
+    ends = [_time(e["at"]) for e in listed if e["kind"] in _ENDS]
+    revivals = [e for e in listed if e["kind"] == JobEventKind.REVIVED]
+    reopened = max((_time(e["at"]) for e in revivals), default=None)
+    for event in revivals:
+        detail = event["detail"]
+        finish = detail.get("finish") if isinstance(detail, dict) else None
+        if finish is None:
+            continue
+        event["detail"] = {key: value for key, value in detail.items() if key != "finish"}
+        at, revived = _time(finish["at"]), _time(event["at"])
+        # An ending row between the end and the revival: a previous revision's statement.
+        if not any(at <= end <= revived for end in ends):
+            said.append(_end(at, finish.get("status"), finish.get("attempt"), finish.get("error")))
+    published_at = job.get("published_at")
+    if published_at is not None:
+        at = _time(published_at)
+        message_id = job.get("published_message_id")
+        message = None if message_id is None else str(message_id)
+        rows = (e for e in listed if e["kind"] == JobEventKind.PUBLISHED)
+        if not any(_time(e["at"]) == at or _message_of(e) == message for e in rows):
+            said.append(
+                {
+                    "id": NO_ROW_ID,
+                    "at": at,
+                    "kind": JobEventKind.PUBLISHED.value,
+                    "attempt": 1,
+                    "detail": {"relay": job.get("published_by"), "message_id": message},
+                }
+            )
+    finished_at = job.get("finished_at")
+    status = job.get("status")
+    ended_again = any(reopened is None or end >= reopened for end in ends)
+    if finished_at is not None and status in _ENDED and not ended_again:
+        error = job.get("last_error") if status != "succeeded" else None
+        said.append(_end(_time(finished_at), status, job.get("attempts"), error))
+    return sorted([*listed, *said], key=lambda e: (_time(e["at"]), e["id"]))
+
+
+def _one_per_message(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events without a second `published` row of one message: a claim that did not
+    keep a publish on the job row (its queue paused, its job ended) writes its row, and
+    the relay's delete of the confirmed outbox row, coming after it, may write one too.
+    The relay's (with the broker's confirm time) is kept."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for event in events:
+        detail = event["detail"]
+        message_id = detail.get("message_id") if isinstance(detail, dict) else None
+        if event["kind"] != JobEventKind.PUBLISHED or message_id is None:
+            continue
+        kept = rows.get(message_id)
+        if kept is None or ("confirmed_at" in detail and "confirmed_at" not in kept["detail"]):
+            rows[message_id] = event
+    return [
+        e
+        for e in events
+        if e["kind"] != JobEventKind.PUBLISHED
+        or not isinstance(e["detail"], dict)
+        or e["detail"].get("message_id") is None
+        or rows[e["detail"]["message_id"]] is e
+    ]
+
+
+def _message_of(event: Mapping[str, Any]) -> str | None:
+    """The message id a `published` row names ('' for none: it matches no message)."""
+    detail = event["detail"]
+    named = detail.get("message_id") if isinstance(detail, dict) else None
+    return "" if named is None else str(named)
+
+
+def _end(at: datetime, status: Any, attempt: Any, error: Any) -> dict[str, Any]:
+    detail: dict[str, Any] = {"status": status}
+    if isinstance(error, str):
+        detail["error"] = error[:DETAIL_TEXT_CHARS]
+    return {
+        "id": NO_ROW_ID,
+        "at": at,
+        "kind": (JobEventKind.CANCELLED if status == "cancelled" else JobEventKind.FINISHED).value,
+        "attempt": attempt,
+        "detail": detail,
     }

@@ -66,6 +66,8 @@ from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 from jobcore.usecases.whereabouts import with_where
 from jobcore.usecases.workflows import WorkflowCreated, create_workflow, steps_from_documents
 
+# The relay these deliveries are published by, as the timeline names it.
+INLINE_RELAY = "inline"
 # Outbox rows taken per round, like one relay batch.
 BATCH = 100
 # How far back the drain's claim looks (seconds): at every due row. It keeps no low-water
@@ -345,7 +347,7 @@ class InlineWorker:
             jobs = [row for row in rows if row["routing_key"] != self._webhooks_key]
             if jobs:
                 ids = [r["id"] for r in jobs]
-                await outbox_store.delete_published(uow, {"ids": ids, "relay": "inline"})
+                await outbox_store.delete_published(uow, {"ids": ids, "relay": INLINE_RELAY})
             await uow.commit()
         return jobs
 
@@ -365,7 +367,15 @@ class InlineWorker:
             )
         job_type = self.registry.get(envelope.type)  # unknown: the test forgot to register it
         message_id = uuid.UUID(str(message["message_id"]))
-        request = ClaimRequest(message_id, envelope.job_id, job_type, envelope.attempt)
+        # What the relay says in the message's headers (jobcore.kernel.envelope.PUBLISHED_HEADER).
+        request = ClaimRequest(
+            message_id,
+            envelope.job_id,
+            job_type,
+            envelope.attempt,
+            published_at=message["taken_at"],
+            published_by=INLINE_RELAY,
+        )
         [answer] = await self.executor.claim([request])
         if isinstance(answer, ClaimedJob):
             drained.ran.append(answer.job_id)

@@ -69,7 +69,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from jobcore.kernel.jobevents import with_claims
+from jobcore.kernel.jobevents import with_job_row
 
 # The job types (jobcore.testing.multistep_jobtypes, which only the run's processes
 # import: importing it registers them) and the debounce the check's bound uses.
@@ -405,9 +405,9 @@ async def check_multistep(
         events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in await _rows(conn, _every("job_events", "r->>'job_id' = ANY(%s)"), ids):
             events[e["job_id"]].append(e)
-        # With the `claimed` events the job rows and the events that end attempts keep.
+        # With the events the job rows keep (claims, first publish, end).
         for job_id in ids:
-            events[job_id] = with_claims(events[job_id], jobs[job_id])
+            events[job_id] = with_job_row(events[job_id], jobs[job_id])
         effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in await _rows(conn, _every("job_effects", "r->>'job_id' = ANY(%s)"), ids):
             effects[e["job_id"]].append(e)

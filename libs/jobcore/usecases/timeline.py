@@ -7,7 +7,7 @@ import uuid
 
 from jobcore.database.gateway import Database
 from jobcore.database.store import job_event_store
-from jobcore.kernel.jobevents import with_claims
+from jobcore.kernel.jobevents import with_job_row
 from jobcore.usecases.whereabouts import JobEvent, JobTimeline, whereabouts
 
 # The events a timeline shows: the latest ones, if a job somehow has more (a job is
@@ -38,13 +38,14 @@ async def job_timeline(
         for row in rows
         if row["event_id"] is not None
     ]
-    # The `claimed` events are kept on the job row and on the events that end attempts.
-    # With events off the claims the job row keeps are not listed, as their rows were not
-    # written before (the timeline holds what was recorded while events were on).
+    # The `claimed`, first `published` and ending events are kept on the job row (and
+    # on the events that end attempts or reopen it). With events off none of them is
+    # listed, as their rows were not written before (the timeline holds what was recorded
+    # while events were on).
     events_on = db.settings.job_events
     events = [
         JobEvent(e["id"], e["at"], e["kind"], e["attempt"], e["detail"])
-        for e in with_claims(recorded, job if events_on else {})
+        for e in with_job_row(recorded, job if events_on else {})
     ]
     return JobTimeline(
         job["id"],

@@ -78,9 +78,16 @@ WHEREABOUTS_KEYS = (
 )
 
 
-# What the `accepted` and `claimed` events say: the timeline shows them, the job's own view
-# does not.
-TIMELINE_ONLY_KEYS = ("accepted_detail", "claimed_at", "claim_lease_until")
+# What the `accepted`, `claimed` and first `published` events say: the timeline shows them,
+# the job's own view does not.
+TIMELINE_ONLY_KEYS = (
+    "accepted_detail",
+    "claimed_at",
+    "claim_lease_until",
+    "published_at",
+    "published_by",
+    "published_message_id",
+)
 
 
 def with_where(job: Mapping[str, Any]) -> dict[str, Any]:

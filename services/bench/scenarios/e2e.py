@@ -277,19 +277,28 @@ async def wait_done(db: Database, since: Any, n: int, alive: list[Any], timeout:
     await eventually(done, timeout=timeout, interval=0.05, what=f"{n:,} jobs to finish")
 
 
-# Where a job's enqueue→start goes, from its `published` event: dated the start of the
-# relay's claiming transaction, with the relay's confirm time in its detail. p50s of the
-# jobs that have one (all of them while the job timeline is on, the default).
+# Where a job's enqueue→start goes, from its first publish: dated the start of the
+# relay's claiming transaction, kept on the job row (published_at, migration 0041) or, when
+# the job row does not keep it, a `published` event with the relay's confirm time in its
+# detail. p50s of the jobs that have one (all of them while the job timeline is on, the
+# default); claim→confirm only of the jobs whose publish is an event row (none, on the
+# happy path: the job row keeps no confirm time).
 HOPS = f"""
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - j.created_at))
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.at - j.created_at))
            AS to_claim,
        percentile_cont(0.5) WITHIN GROUP (
-           ORDER BY extract(epoch FROM (e.detail->>'confirmed_at')::timestamptz - e.at)
+           ORDER BY extract(epoch FROM (p.detail->>'confirmed_at')::timestamptz - p.at)
        ) AS claim_to_confirm,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - e.at))
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.started_at - p.at))
            AS claim_to_start
 FROM jobcore.jobs AS j
-JOIN jobcore.job_events AS e ON e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}'
+CROSS JOIN LATERAL (
+    SELECT j.published_at AS at, '{{}}'::jsonb AS detail WHERE j.published_at IS NOT NULL
+    UNION ALL
+    (SELECT e.at, e.detail FROM jobcore.job_events AS e
+     WHERE e.job_id = j.id AND e.kind = '{JobEventKind.PUBLISHED}' AND j.published_at IS NULL
+     ORDER BY e.at LIMIT 1)
+) AS p
 WHERE j.created_at >= %(since)s
 """
 HOP_LABELS = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -151,8 +152,14 @@ async def test_a_paused_queue_or_type_is_left_in_the_outbox_and_others_are_claim
 
 
 async def claim_message(
-    db: Database, topology: Topology, message: dict[str, Any]
+    db: Database,
+    topology: Topology,
+    message: dict[str, Any],
+    published: tuple[datetime, str] | None = None,
 ) -> dict[str, Any]:
+    """The worker's claim of ``message``; ``published``: what its headers say of its
+    publish (jobcore.kernel.envelope.PUBLISHED_HEADER)."""
+    at, by = published or (None, None)
     envelope = decode(bytes(message["body"]))
     async with db.connection() as conn:
         row = await fetch_one(
@@ -168,6 +175,8 @@ async def claim_message(
                     "attempts": [envelope.attempt],
                     "lease_tokens": [uuid.uuid4()],
                     "leases": [5.0],
+                    "published_ats": [at],
+                    "published_bys": [by],
                 }
             ),
         )
@@ -202,7 +211,8 @@ async def test_a_worker_parks_a_paused_jobs_message_in_the_outbox_without_burnin
         await conn.execute("DELETE FROM outbox WHERE id = %s", (first["id"],))
     await set_pause(db, "type", "echo", paused=True)
 
-    row = await claim_message(db, topology, first)
+    first_published = (datetime(2026, 12, 6, 20, 0, tzinfo=UTC), "r-1")
+    row = await claim_message(db, topology, first, first_published)
 
     assert row["fresh"]
     assert row["parked"]
@@ -228,8 +238,29 @@ async def test_a_worker_parks_a_paused_jobs_message_in_the_outbox_without_burnin
     await set_pause(db, "type", "echo", paused=False)
     [published] = await claimed(db, {"testq": 10})
     assert published["id"] == parked["id"]
-    row = await claim_message(db, topology, parked)
+    parked_published = (datetime(2026, 12, 6, 20, 1, tzinfo=UTC), "r-2")
+    row = await claim_message(db, topology, parked, parked_published)
     assert (row["id"], row["attempts"], row["parked"]) == (job.job_id, 1, False)
+    # Both publishes on the timeline: the parked one's is a row (no claim kept it), the
+    # one the claim took is on the job row (migration 0041).
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT at, detail FROM job_events WHERE job_id = %s AND kind = 'published'",
+            (job.job_id,),
+        )
+        [written] = await cur.fetchall()
+        cur = await conn.execute(
+            "SELECT published_at, published_by, published_message_id FROM jobs WHERE id = %s",
+            (job.job_id,),
+        )
+        kept = await cur.fetchone()
+    assert written["at"] == first_published[0]
+    assert written["detail"] == {"relay": "r-1", "message_id": str(first["message_id"])}
+    assert kept == {
+        "published_at": parked_published[0],
+        "published_by": "r-2",
+        "published_message_id": parked["message_id"],
+    }
 
 
 @pytest.mark.parametrize("statement", [JOB_RETRY, JOB_RELEASE], ids=lambda s: s.name)

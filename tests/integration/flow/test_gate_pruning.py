@@ -100,6 +100,8 @@ async def claim(db: Database, topology: Topology, job_id: uuid.UUID) -> bool:
         "attempts": [1],
         "lease_tokens": [uuid.uuid4()],
         "leases": [60.0],
+        "published_ats": [None],
+        "published_bys": [None],
     }
     async with db.connection() as conn:
         rows = await fetch_all_after(

@@ -36,6 +36,8 @@ def params(topology: Topology, job_ids: list[uuid.UUID]) -> JobClaimManyParams:
         "attempts": [1] * len(job_ids),
         "lease_tokens": [uuid.uuid4() for _ in job_ids],
         "leases": [60.0] * len(job_ids),
+        "published_ats": [None] * len(job_ids),
+        "published_bys": [None] * len(job_ids),
     }
 
 

@@ -15,6 +15,7 @@ import orjson
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute, fetch_one
 from jobcore.database.sql.outbox import OUTBOX_DROP_WAKE_LEASE, OUTBOX_TAKE_WAKE_LEASE
+from jobcore.kernel.envelope import PUBLISHED_HEADER, read_published
 from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from services.relay.relay import Relay
@@ -43,7 +44,7 @@ async def test_a_row_becomes_a_persistent_mandatory_message_per_the_wire_contrac
     stored = await outbox_row(db, row["id"])
     assert stored is not None
 
-    async with running_relay(settings, db):
+    async with running_relay(settings, db) as relay:
         await wait_received(collector, {row["message_id"]})
         await wait_drained(db)
 
@@ -54,7 +55,14 @@ async def test_a_row_becomes_a_persistent_mandatory_message_per_the_wire_contrac
     assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
     assert message.exchange == topology.jobs_exchange
     assert message.routing_key == "testq"
-    assert message.headers == {**headers, "x-envelope-version": 1}
+    got = dict(message.headers or {})
+    # When this relay took the row and which relay it is, for the claim to keep on the
+    # job row as its `published` event (migration 0041).
+    published_at, published_by = read_published({PUBLISHED_HEADER: got.pop(PUBLISHED_HEADER)})
+    assert published_at is not None
+    assert stored["created_at"] <= published_at
+    assert published_by == relay.relay_id
+    assert got == {**headers, "x-envelope-version": 1}
     assert message.body == stored["body"]
     assert orjson.loads(message.body)["v"] == 1
 

@@ -66,6 +66,8 @@ def claim_params(topology: Topology, request: ClaimRequest) -> dict[str, Any]:
         "attempts": [request.attempt],
         "lease_tokens": [request.lease_token],
         "leases": [30.0],
+        "published_ats": [None],
+        "published_bys": [None],
     }
 
 

@@ -204,6 +204,8 @@ async def test_a_redelivery_after_a_crash_between_commit_and_ack_has_no_effect(
                     # Long enough to outlast a worker's start on a loaded machine: the
                     # redelivery must meet the job still running under this claim.
                     "leases": [5.0],
+                    "published_ats": [None],
+                    "published_bys": [None],
                 }
             ),
         )

@@ -21,6 +21,7 @@ from jobcore.database.sql.jobs.run import (
     JOB_SUCCEED_MANY,
     JobClaimManyParams,
 )
+from jobcore.database.store import outbox_store
 from jobcore.execution import outcomes
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.registry import load_job_modules
@@ -107,6 +108,50 @@ async def test_a_job_that_succeeds_is_accepted_published_claimed_and_finished(
     assert found.where.endswith("on attempt 1")
 
 
+async def event_rows(db: Database, job_id: uuid.UUID) -> list[str]:
+    """The kinds of the job's job_events rows, in the order written."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT kind FROM job_events WHERE job_id = %s ORDER BY id", (job_id,)
+        )
+        return [row["kind"] for row in await cur.fetchall()]
+
+
+async def test_a_happy_job_writes_no_event_row_yet_its_timeline_lists_each_step(
+    db: Database, topology: Topology, relay: Relay, start_worker: StartWorker
+) -> None:
+    """Published once, succeeded on its first claim: no job_events row at all (migration
+    0041); the timeline says every step from the job row, with the times it holds."""
+    worker = await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    found = await ended(db, job_id)
+
+    assert await event_rows(db, job_id) == []
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT created_at, published_at, published_by, published_message_id, started_at,"
+            " finished_at FROM jobs WHERE id = %s",
+            (job_id,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED, FINISHED]
+    accepted, published, claimed, finished = found.events
+    assert [e.id for e in found.events] == [0, 0, 0, 0]
+    assert accepted.at == row["created_at"]
+    # Dated the relay's claim of the outbox row, as its event row was.
+    assert row["created_at"] <= published.at == row["published_at"] <= claimed.at
+    assert published.attempt == 1
+    assert published.detail == {
+        "relay": relay.relay_id,
+        "message_id": str(row["published_message_id"]),
+    }
+    assert row["published_by"] == relay.relay_id
+    assert (claimed.at, claimed.detail["worker"]) == (row["started_at"], worker.worker_id)
+    assert (finished.at, finished.attempt) == (row["finished_at"], 1)
+    assert finished.detail == {"status": "succeeded"}
+
+
 async def test_a_retry_records_why_and_until_when_then_the_next_attempt(
     db: Database, topology: Topology, relay: Relay, start_worker: StartWorker
 ) -> None:
@@ -134,6 +179,10 @@ async def test_a_retry_records_why_and_until_when_then_the_next_attempt(
     assert datetime.fromisoformat(retry.detail["until"]) >= retry.at
     assert [e.attempt for e in found.events[4:]] == [2, 2, 2]
     assert found.events[-1].detail == {"status": "succeeded"}
+    # Rows only for the retry and the publish the job row does not keep (its second).
+    assert await event_rows(db, job_id) == [JobEventKind.RETRY_SCHEDULED, PUBLISHED]
+    assert [e.id > 0 for e in found.events if e.kind == PUBLISHED] == [False, True]
+    assert "confirmed_at" in found.events[4].detail
 
 
 async def test_a_retry_drawn_without_delay_is_due_at_its_event_not_before(
@@ -237,6 +286,8 @@ async def test_a_lost_lease_is_recorded_by_the_reaper_before_the_next_attempt(
             "attempts": [1],
             "lease_tokens": [uuid.uuid4()],
             "leases": [0.5],
+            "published_ats": [None],
+            "published_bys": [None],
         }
         assert await fetch_one(uow, JOB_CLAIM_MANY(claim)) is not None
         await execute(uow, DELETE_OUTBOX_ROW({"id": message["id"]}))
@@ -272,6 +323,8 @@ def new_claim(
         "attempts": [attempt],
         "lease_tokens": [uuid.uuid4()],
         "leases": [30.0],
+        "published_ats": [None],
+        "published_bys": [None],
     }
 
 
@@ -361,6 +414,99 @@ async def test_during_a_rolling_upgrade_each_claim_is_listed_once(
     assert set(found.events[2].detail) == {"until", "error"}
 
 
+# What a relay and a worker of the previous revision write: a `published` row (the relay's,
+# with no header for the claim to keep) and a `finished` row (the worker's success).
+OLD_PUBLISHED = Query[dict[str, Any]](
+    "test_old_published",
+    "Write a `published` row as a relay of the previous revision did.",
+    """INSERT INTO job_events (job_id, at, kind, attempt, detail)
+       VALUES (%(id)s, now(), 'published', 1, jsonb_build_object(
+           'relay', 'r-old', 'message_id', %(message_id)s::uuid,
+           'confirmed_at', clock_timestamp()))""",
+)
+OLD_FINISHED = Query[dict[str, Any]](
+    "test_old_finished",
+    "Write a `finished` row as a worker of the previous revision did.",
+    """INSERT INTO job_events (job_id, kind, attempt, detail)
+       SELECT id, 'finished', attempts, jsonb_build_object('status', status)
+       FROM jobs WHERE id = %(id)s""",
+)
+
+
+async def test_rows_of_a_previous_revisions_relay_and_worker_are_listed_once(
+    db: Database, topology: Topology, wsettings: Settings
+) -> None:
+    """During a rolling upgrade: an old relay's `published` row (its message carries no
+    header), a new worker's claim, an old worker's `finished` row: each step once, the
+    rows preferred to what the job row says."""
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [message] = await outbox_rows(db, job_id)
+    async with db.unit_of_work() as uow:
+        await execute(uow, OLD_PUBLISHED({"id": job_id, "message_id": message["message_id"]}))
+        await execute(uow, DELETE_OUTBOX_ROW({"id": message["id"]}))
+        await uow.commit()
+    claim = new_claim(job_id, message, topology)
+    async with db.unit_of_work() as uow:
+        assert await fetch_one(uow, JOB_CLAIM_MANY(claim)) is not None
+        await uow.commit()
+    token = claim["lease_tokens"][0]
+    params = outcome_params(JOB_SUCCEED_MANY, job_id, token, topology, wsettings)
+    async with db.unit_of_work() as uow:
+        await execute(uow, JOB_SUCCEED_MANY(params))
+        await execute(uow, OLD_FINISHED({"id": job_id}))
+        await uow.commit()
+
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED, FINISHED]
+    published, finished = found.events[1], found.events[3]
+    assert (published.id > 0, published.detail["relay"]) == (True, "r-old")
+    assert "confirmed_at" in published.detail
+    assert (finished.id > 0, finished.detail) == (True, {"status": "succeeded"})
+
+
+async def test_a_publish_the_claim_kept_is_not_written_again_by_a_late_confirm(
+    db: Database, topology: Topology
+) -> None:
+    """The worker's claim can commit before the relay records the confirm: the relay
+    then finds its own publish on the job row and writes no row; a publish the job row
+    does not hold (another relay's, or a later one) is a row."""
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [message] = await outbox_rows(db, job_id)
+    async with db.unit_of_work() as uow:
+        [taken] = await outbox_store.claim_due(uow, {"limit": 100, "window": 1e9})
+        assert taken["id"] == message["id"]
+        claim = new_claim(job_id, message, topology)
+        claim["published_ats"] = [taken["taken_at"]]
+        claim["published_bys"] = ["r-1"]
+        # The claim commits on its own connection while the relay's transaction is open.
+        async with db.unit_of_work() as worker:
+            assert await fetch_one(worker, JOB_CLAIM_MANY(claim)) is not None
+            await worker.commit()
+        await outbox_store.delete_published(uow, {"ids": [message["id"]], "relay": "r-1"})
+        await uow.commit()
+    assert await event_rows(db, job_id) == []
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED]
+    assert (found.events[1].at, found.events[1].detail["relay"]) == (taken["taken_at"], "r-1")
+
+    # A second message of the same attempt (a republish): the job row keeps the first.
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id,"
+            " tenant) VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s)",
+            [message[k] for k in ("exchange", "routing_key", "message_type", "body")]
+            + [job_id, message["tenant"]],
+        )
+    async with db.unit_of_work() as uow:
+        [again] = await outbox_store.claim_due(uow, {"limit": 100, "window": 1e9})
+        await outbox_store.delete_published(uow, {"ids": [again["id"]], "relay": "r-2"})
+        await uow.commit()
+    assert await event_rows(db, job_id) == [PUBLISHED]
+    found = await timeline(db, job_id)
+    assert kinds(found) == [ACCEPTED, PUBLISHED, CLAIMED, PUBLISHED]
+    assert [e.detail["relay"] for e in found.events if e.kind == PUBLISHED] == ["r-1", "r-2"]
+
+
 DELETE_OUTBOX_ROW = Query[dict[str, Any]](
     "test_delete_outbox_row", "Delete one outbox row.", "DELETE FROM outbox WHERE id = %(id)s"
 )
@@ -424,7 +570,13 @@ async def test_a_message_no_worker_knows_is_dead_lettered_and_said_so(
     await start_worker()
 
     async def dead_lettered() -> JobTimeline | None:
-        # The worker can note it before the relay commits the confirm it got.
+        # The worker can note it (and its publish: no claim keeps it) before the relay
+        # commits the confirm it got, which deletes the outbox row.
+        async with db.connection() as conn:
+            cur = await conn.execute(UNSETTLED_MESSAGES, (job_id,))
+            row = await cur.fetchone()
+        if row is None or row["n"] != 0:
+            return None
         found = await timeline(db, job_id)
         return found if {PUBLISHED, JobEventKind.DEAD_LETTERED} <= set(kinds(found)) else None
 
@@ -512,8 +664,16 @@ async def test_with_events_off_none_is_written_and_the_timeline_says_so(
             ([quiet_id, loud_id],),
         )
         written = {row["job_id"]: row["n"] for row in await cur.fetchall()}
-    # published and finished: the claim is kept on the job row (migration 0040)
-    assert written == {loud_id: 2}
+    # None either way: a happy job's claim, publish and end are kept on the job row
+    # (migrations 0040, 0041), its publish only while events are on.
+    assert written == {}
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, published_at IS NOT NULL AS kept FROM jobs WHERE id = ANY(%s)",
+            ([quiet_id, loud_id],),
+        )
+        kept = {row["id"]: row["kept"] for row in await cur.fetchall()}
+    assert kept == {quiet_id: False, loud_id: True}
     assert quiet_timeline is not None
     assert (kinds(quiet_timeline), quiet_timeline.events_recorded) == ([ACCEPTED], False)
     assert quiet_timeline.where.startswith("succeeded at ")

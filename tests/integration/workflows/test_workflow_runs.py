@@ -11,6 +11,7 @@ import pytest
 from jobcore.database.gateway import Database
 from jobcore.kernel.errors import InvalidWorkflow
 from jobcore.testing import InlineWorker
+from jobcore.usecases.timeline import job_timeline
 from jobcore.usecases.workflows import (
     cancel_workflow,
     get_workflow,
@@ -212,6 +213,19 @@ async def test_retrying_a_failed_job_then_runs_its_dependents(worker: InlineWork
     assert [r for r in runs if r[0] in "bc"] == [("b", 1), ("c", 1)]
     # the finally job ran once, the first time everything was settled
     assert [r for r in runs if r[0] == "z"] == [("z", 1)]
+    # Its timeline: the end it left (carried by `revived`, no event row of its own:
+    # migration 0041), then its second attempt's, from the job row.
+    found = await job_timeline(worker.db, created.jobs["a"], tenant=None)
+    assert found is not None
+    ends = [(e.kind, e.attempt, e.detail.get("status")) for e in found.events]
+    ends = [e for e in ends if e[0] in ("finished", "revived")]
+    assert ends == [("finished", 1, "failed"), ("revived", 1, None), ("finished", 2, "succeeded")]
+    async with worker.db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT kind FROM jobcore.job_events WHERE job_id = %s AND kind = 'finished'",
+            [created.jobs["a"]],
+        )
+        assert await cur.fetchall() == []
 
 
 async def test_cancelling_a_workflow_cancels_every_job_not_ended(worker: InlineWorker) -> None:

@@ -15,7 +15,7 @@ from typing import TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.database.sql import CompletionParams, Query, status_is
-from jobcore.database.sql.job_events import DONE_EVENTS, EVENTS_ON
+from jobcore.database.sql.job_events import EVENTS_ON
 from jobcore.database.sql.webhook_deliveries import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
 from jobcore.kernel.jobevents import JobEventKind
 from jobcore.kernel.states import JobStatus
@@ -241,7 +241,7 @@ BATCH_CANCEL_PENDING = Query[BatchCancelPendingParams](
         WHERE id IN (SELECT id FROM chosen) AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
                   cancel_requested_at, attempts, last_error
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    ), {COMPLETION_WEBHOOKS}
     SELECT count(*) AS cancelled FROM (SELECT {NOTIFY_JOB_DONE} FROM done) AS notified
     """,
 )

@@ -5,11 +5,14 @@ Events are never written on their own: each is a data-modifying CTE of the state
 makes the change it records (the relay's delete of a confirmed row, each outcome, the
 reaper's, a quarantine, a dead-letter note, a webhook attempt), so an event commits exactly
 when its change does and costs no round trip. The kinds are
-:class:`jobcore.kernel.jobevents.JobEventKind`. Two are not rows of their own: `accepted` is
-the job row (created_at, accepted_detail), and `claimed` is the claim kept on the job row
+:class:`jobcore.kernel.jobevents.JobEventKind`. Some are not rows of their own, so that a
+job published once that succeeds on its first claim writes no event row at all: `accepted`
+is the job row (created_at, accepted_detail); `claimed` is the claim kept on the job row
 (started_at, claimed_at, claim_lease_until, worker_id) while the job is on that attempt,
-then in ``detail.claim`` of the event that moves it on to another; the readers list both
-(:func:`jobcore.kernel.jobevents.with_claims`).
+then in ``detail.claim`` of the event that moves it on to another; the first `published`
+of the first attempt is kept on the job row by the claim (published_at, published_by,
+published_message_id); and the end (`finished`, `cancelled`) is the ended job row. The
+readers list them all (:func:`jobcore.kernel.jobevents.with_job_row`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import TypedDict
 
-from jobcore.database.sql import TERMINAL_SQL, Query
+from jobcore.database.sql import Query
 from jobcore.kernel.jobevents import DETAIL_TEXT_CHARS, JobEventKind
 
 # Whether this session records events. JOBCORE_JOB_EVENTS=false sets `jobcore.job_events` to
@@ -51,25 +54,22 @@ def carried_claim(row: str) -> str:
                         'lease_until', {row}.claim_lease_until)) END"""
 
 
-# The events of the jobs a statement ended, from its `done` rows (the contract of
-# jobcore.database.sql.webhook_deliveries.COMPLETION_WEBHOOKS, plus `attempts` and `last_error`):
-# `cancelled`, or `finished` with the status it ended in.
-DONE_EVENTS = f"""
-    done_events AS (
-        INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
-        SELECT done.id,
-               CASE WHEN done.status = 'cancelled' THEN '{JobEventKind.CANCELLED}'
-                    ELSE '{JobEventKind.FINISHED}' END,
-               done.attempts,
-               jsonb_strip_nulls(jsonb_build_object(
-                   'status', done.status,
-                   'error', CASE WHEN done.status <> 'succeeded'
-                                 THEN {short_error("done.last_error")} END))
-        FROM done
-        WHERE done.status IN {TERMINAL_SQL} AND {EVENTS_ON}
-        ORDER BY done.id
-        RETURNING 1
-    )"""
+# The end of a job (`finished` with its status and error, or `cancelled`) is no event row
+# since migration 0041: the job row says it once ended (status, finished_at, attempts,
+# last_error), and the readers list it (jobcore.kernel.jobevents.with_job_row). A workflow
+# step retried in place leaves its end, which its `revived` event carries (carried_finish).
+
+
+def carried_finish(row: str) -> str:
+    """SQL for the jsonb ``{"finish": {"at", "status", "attempt", "error"}}`` that a
+    `revived` event adds to its detail: the end the job leaves, from ``row`` (the job row
+    before the change: finished_at, status, attempts, last_error); ``{}`` for none."""
+    return f"""CASE WHEN {row}.finished_at IS NULL THEN '{{}}'::jsonb
+                    ELSE jsonb_build_object('finish', jsonb_strip_nulls(jsonb_build_object(
+                        'at', {row}.finished_at, 'status', {row}.status,
+                        'attempt', {row}.attempts,
+                        'error', CASE WHEN {row}.status <> 'succeeded'
+                                      THEN {short_error(f"{row}.last_error")} END))) END"""
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -118,15 +118,16 @@ class JobTimelineParams(TypedDict):
 
 
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
-# disagree, say a relay's commit landing between them. The `claimed` events are said by
-# jobcore.kernel.jobevents.with_claims from the rows' details and the job's claim columns
-# (claim_lease_until as JSON, as an event's detail has it). The first event, `accepted`, is
-# the job row itself (created_at, accepted_detail; id 0), which enqueue writes instead of
-# an event row; a job enqueued before migration 0019 has its `accepted` row, listed
-# instead. One row per event, each with the job's columns whereabouts reads; no row at all
-# for a job that is not there or is another tenant's. Events in order of `at`, then of
-# writing: a `published` event is dated when its relay took the row, and committed after
-# the broker's confirm, which a worker's claim can precede.
+# disagree, say a relay's commit landing between them. The `claimed`, first `published`
+# and ending events are said by jobcore.kernel.jobevents.with_job_row from the rows'
+# details and the job's columns (claim_lease_until as JSON, as an event's detail has it).
+# The first event, `accepted`, is the job row itself (created_at, accepted_detail; id 0),
+# which enqueue writes instead of an event row; a job enqueued before migration 0019 has
+# its `accepted` row, listed instead. One row per event, each with the job's columns
+# whereabouts reads; no row at all for a job that is not there or is another tenant's.
+# Events in order of `at`, then of writing: a `published` event is dated when its relay
+# took the row, and committed after the broker's confirm, which a worker's claim can
+# precede.
 JOB_TIMELINE = Query[JobTimelineParams](
     "job_timeline",
     "A job's latest events, oldest first, with what says where the job is now.",
@@ -136,6 +137,7 @@ JOB_TIMELINE = Query[JobTimelineParams](
            jobs.cancel_requested_at, jobs.finished_at, jobs.updated_at, jobs.message_note,
            jobs.started_at, jobs.claimed_at,
            to_jsonb(jobs.claim_lease_until) AS claim_lease_until,
+           jobs.published_at, jobs.published_by, jobs.published_message_id,
            {WHEREABOUTS_COLUMNS},
            event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
            event.attempt AS event_attempt, event.detail AS event_detail

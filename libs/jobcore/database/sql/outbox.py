@@ -95,7 +95,7 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
     "the last `window` seconds, oldest first, skipping rows another relay holds.",
     f"""
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
-           headers, body, attempts
+           headers, body, attempts, now() AS taken_at
     FROM jobcore.outbox
     WHERE available_at <= now() AND quarantined_at IS NULL
       AND available_at >= now() - make_interval(secs => %(window)s)
@@ -159,7 +159,7 @@ OUTBOX_CLAIM_FEW = Query[OutboxClaimFewParams](
     )
     SELECT verdict.fits, locked.id, locked.message_id, locked.exchange, locked.routing_key,
            locked.message_type, locked.headers, locked.body, locked.attempts, locked.tenant,
-           locked.priority, false AS more_due
+           locked.priority, false AS more_due, now() AS taken_at
     FROM verdict LEFT JOIN locked ON true
     ORDER BY locked.available_at, locked.id
     """,
@@ -371,7 +371,7 @@ OUTBOX_CLAIM_FAIR = Query[OutboxClaimFairParams](
         FROM turns
     )
     SELECT id, message_id::text AS message_id, exchange, routing_key, message_type,
-           headers, body, attempts, tenant, priority,
+           headers, body, attempts, tenant, priority, now() AS taken_at,
            lane_full OR locked_rows > count(*) OVER ()
                OR (SELECT count(*) FROM later) >= %(limit)s AS more_due
     FROM slots
@@ -411,16 +411,19 @@ def _jobs_seen_or_ended(messages: str) -> str:
     WAL record per row, and a MultiXact whenever a worker was claiming the job meanwhile."""
     ids = f"ARRAY(SELECT job_id FROM {messages} WHERE job_id IS NOT NULL)"
     # One probe per job; the ended ones (nearly never any) are looked up again, locked.
+    # With what says whether a job's row keeps the publish (OUTBOX_DELETE_PUBLISHED).
+    columns = "id, type, status, published_at, published_by"
     return f"""seen_jobs AS (
-        SELECT id, type, status IN {TERMINAL_SQL} AS ended FROM jobcore.jobs WHERE id = ANY({ids})
+        SELECT {columns}, status IN {TERMINAL_SQL} AS ended
+        FROM jobcore.jobs WHERE id = ANY({ids})
     ), ended_jobs AS (
-        SELECT id, type FROM jobcore.jobs
+        SELECT {columns} FROM jobcore.jobs
         WHERE id = ANY(ARRAY(SELECT id FROM seen_jobs WHERE ended))
           AND status IN {TERMINAL_SQL}
         FOR KEY SHARE
     ), their_jobs AS (
-        SELECT id, type FROM seen_jobs WHERE NOT ended
-        UNION ALL SELECT id, type FROM ended_jobs
+        SELECT {columns} FROM seen_jobs WHERE NOT ended
+        UNION ALL SELECT {columns} FROM ended_jobs
     )"""
 
 
@@ -430,11 +433,24 @@ class OutboxDeletePublishedParams(TypedDict):
 
 
 # Runs in the claiming transaction, for the rows the broker confirmed: one batch-sized
-# statement, never an unbounded DELETE. Each job message gets its job a `published` event,
-# dated now(): the start of this transaction, which claimed the row before publishing it.
-# A worker can claim the job before the broker's confirm reaches the relay, so the confirm
-# time (clock_timestamp(), in the detail) may come after the `claimed` event; timelines
-# are read in order of `at`.
+# statement, never an unbounded DELETE. A job message's publish is its job's `published`
+# event, dated now(): the start of this transaction, which claimed the row before
+# publishing it. The message said that time and this relay in its headers
+# (jobcore.kernel.envelope.PUBLISHED_HEADER), and the worker's claim of the job's first
+# attempt keeps the first it is handed on the job row (published_at, published_by), which
+# the timeline lists (migration 0041). So an event row is written only for a publish the
+# job row will not keep:
+# - kept already: the job row holds this very publish (a worker claimed the message
+#   before the confirm reached this relay, the usual order under load);
+# - to be kept: a message of attempt 1 whose job is pending and holds no publish yet
+#   (the happy path: the claim that follows keeps it; a claim statement that receives it
+#   but claims nothing writes the row instead). If no worker ever receives it (the
+#   message lost, or no worker consuming its queue), the timeline has no `published`
+#   entry, and the job's `where` says its message left the outbox and waits for a worker;
+# - every other publish (a later attempt, a release, a republish, a job already holding
+#   one, ended, or claimed by a worker of the previous revision) is a row, with the
+#   broker's confirm time (clock_timestamp(), which may come after the claim; timelines
+#   are read in order of `at`).
 # A job can be gone (the pruner deletes a finished job whose last message was still
 # waiting): only a job seen here gets an event, and a finished one is locked FOR KEY SHARE
 # first, so that the pruner cannot delete it (and its events) under the new event; one
@@ -455,6 +471,10 @@ OUTBOX_DELETE_PUBLISHED = Query[OutboxDeletePublishedParams](
         FROM gone JOIN their_jobs AS owner
                   ON owner.id = gone.job_id AND owner.type = gone.message_type
         WHERE {EVENTS_ON}
+          AND (owner.published_at = now() AND owner.published_by = %(relay)s::text)
+              IS NOT TRUE
+          AND (owner.status = 'pending' AND owner.published_at IS NULL
+               AND {_message_attempt("gone")} = 1) IS NOT TRUE
         ORDER BY gone.id
     )
     SELECT count(*) AS deleted FROM gone

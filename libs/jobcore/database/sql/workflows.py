@@ -15,7 +15,12 @@ from typing import TypedDict
 from psycopg.types.json import Jsonb
 
 from jobcore.database.sql import TERMINAL_SQL, Query, status_is
-from jobcore.database.sql.job_events import CLAIM_COLUMNS, EVENTS_ON, carried_claim
+from jobcore.database.sql.job_events import (
+    CLAIM_COLUMNS,
+    EVENTS_ON,
+    carried_claim,
+    carried_finish,
+)
 from jobcore.database.sql.tenant_quotas import QuotaDefaultParams, batch_admission_ctes
 from jobcore.kernel.jobevents import JobEventKind
 from jobcore.kernel.states import JobStatus
@@ -377,16 +382,18 @@ class WorkflowRetryStepParams(TypedDict):
 
 # A failed (or cancelled, not as unreachable) step runs again in place: the same job,
 # pending with as many attempts again as it had, its message written (its `revived` event
-# carries the claim of its last attempt, which the next claim replaces). The trigger sees
-# the step unfinished again: the workflow reopens, and the steps this one made
-# unreachable wait for its new outcome.
+# carries the claim of its last attempt, which the next claim replaces, and the end it
+# leaves, which the job row said: jobcore.database.sql.job_events.carried_finish). The
+# trigger sees the step unfinished again: the workflow reopens, and the steps this one
+# made unreachable wait for its new outcome.
 WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
     "workflow_retry_step",
     "Make a workflow's failed or cancelled step pending again, with its message, its "
     "dependents waiting again for it.",
     f"""
     WITH target AS (
-        SELECT j.id, j.status, n.blocked_by, n.routing_key, w.cancel_requested_at
+        SELECT j.id, j.status, n.blocked_by, n.routing_key, w.cancel_requested_at,
+               j.finished_at, j.attempts, j.last_error
         FROM jobcore.workflows AS w
         JOIN jobcore.workflow_jobs AS n ON n.workflow_id = w.id AND n.name = %(name)s
         JOIN jobcore.jobs AS j ON j.id = n.job_id
@@ -423,8 +430,8 @@ WORKFLOW_RETRY_STEP = Query[WorkflowRetryStepParams](
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
         SELECT again.id, '{JobEventKind.REVIVED}', again.attempts,
                jsonb_build_object('workflow', %(workflow_id)s::uuid, 'retried', true)
-               || {carried_claim("again")}
-        FROM again WHERE {EVENTS_ON}
+               || {carried_claim("again")} || {carried_finish("target")}
+        FROM again JOIN target ON target.id = again.id WHERE {EVENTS_ON}
     )
     SELECT target.id, target.status AS status_before, target.blocked_by,
            target.cancel_requested_at, again.id IS NOT NULL AS retried,

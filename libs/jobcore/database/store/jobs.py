@@ -508,6 +508,8 @@ def _claim_subset(params: JobClaimManyParams, keep: list[int]) -> JobClaimManyPa
         "attempts": [params["attempts"][i] for i in keep],
         "lease_tokens": [params["lease_tokens"][i] for i in keep],
         "leases": [params["leases"][i] for i in keep],
+        "published_ats": [params["published_ats"][i] for i in keep],
+        "published_bys": [params["published_bys"][i] for i in keep],
     }
 
 

@@ -14,7 +14,6 @@ from jobcore.database.sql import (
     Query,
 )
 from jobcore.database.sql.job_events import (
-    DONE_EVENTS,
     EVENTS_ON,
 )
 from jobcore.database.sql.webhook_deliveries import COMPLETION_WEBHOOKS, NOTIFY_JOB_DONE
@@ -54,7 +53,7 @@ JOB_CANCEL_PENDING = Query[JobCancelPendingParams](
         WHERE id = %(id)s AND status = 'pending'
         RETURNING id, tenant, status, callback_url, traceparent, tracestate,
                   cancel_requested_at, attempts, last_error
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    ), {COMPLETION_WEBHOOKS}
     SELECT done.id, done.status, done.cancel_requested_at, {NOTIFY_JOB_DONE}
     FROM done
     """,

@@ -17,7 +17,6 @@ from jobcore.database.sql import (
 )
 from jobcore.database.sql.job_events import (
     CLAIM_COLUMNS,
-    DONE_EVENTS,
     EVENTS_ON,
     carried_claim,
     short_error,
@@ -209,7 +208,7 @@ JOB_FAIL_QUARANTINED = Query[JobFailQuarantinedParams](
         WHERE jobs.id = stuck.id AND jobs.status = 'pending'
         RETURNING jobs.id, jobs.tenant, jobs.status, jobs.callback_url, jobs.traceparent,
                   jobs.tracestate, jobs.last_error, jobs.attempts
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    ), {COMPLETION_WEBHOOKS}
     SELECT done.id, done.last_error, {NOTIFY_JOB_DONE}
     FROM done
     """,

@@ -13,6 +13,7 @@ statement that makes it, but for the claim, which keeps its own on the job row
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Literal, TypedDict
 
 from jobcore.database.sql import (
@@ -24,7 +25,6 @@ from jobcore.database.sql import (
 from jobcore.database.sql.flow_pauses import paused
 from jobcore.database.sql.job_events import (
     CLAIM_COLUMNS,
-    DONE_EVENTS,
     EVENTS_ON,
     carried_claim,
     short_error,
@@ -48,6 +48,10 @@ class JobClaimManyParams(TypedDict):
     lease_tokens: list[uuid.UUID]
     leases: list[float]
     message_ids: list[uuid.UUID]
+    # What each message's headers say of its publish (None: nothing), which the claim of
+    # a job's first attempt keeps on the job row (jobcore.kernel.envelope.PUBLISHED_HEADER).
+    published_ats: list[datetime | None]
+    published_bys: list[str | None]
     types: list[str]
     worker_id: str
 
@@ -99,6 +103,21 @@ class JobClaimManyParams(TypedDict):
 _DUE = "(jobs.not_before IS NULL OR jobs.not_before <= statement_timestamp())"
 
 
+# The job's `published` event, kept on the row the claim (or the hold) writes anyway
+# instead of an event row (migration 0041): the first publish of its first attempt whose
+# message says it, once (a later publish is the relay's `published` row:
+# jobcore.database.sql.outbox.OUTBOX_DELETE_PUBLISHED decides from these columns). Kept
+# only while events are recorded, as the row it stands for would have been.
+_PUBLISH_KEPT = f"""jobs.published_at IS NULL AND rate.attempt = 1
+                     AND rate.published_at IS NOT NULL AND {EVENTS_ON}"""
+_KEEP_PUBLISH = f"""published_at = CASE WHEN {_PUBLISH_KEPT} THEN rate.published_at
+                                    ELSE jobs.published_at END,
+            published_by = CASE WHEN {_PUBLISH_KEPT} THEN rate.published_by
+                                ELSE jobs.published_by END,
+            published_message_id = CASE WHEN {_PUBLISH_KEPT} THEN rate.message_id
+                                        ELSE jobs.published_message_id END,"""
+
+
 def _claim_sql(only: str) -> str:
     """The claim statement over the batch's messages that pass ``only`` (a condition on
     ``i``, a message of the batch): the others are left out, neither recorded nor answered."""
@@ -107,8 +126,10 @@ def _claim_sql(only: str) -> str:
         SELECT *
         FROM unnest(
             %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
-            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[]
-        ) AS i(message_id, job_id, type, attempt, lease_token, lease)
+            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[],
+            %(published_ats)s::timestamptz[], %(published_bys)s::text[]
+        ) AS i(message_id, job_id, type, attempt, lease_token, lease, published_at,
+               published_by)
         WHERE {only}
     ), received AS (
         INSERT INTO jobcore.inbox (consumer, message_id)
@@ -176,6 +197,7 @@ def _claim_sql(only: str) -> str:
         UPDATE jobcore.jobs
         SET held_reason = rate.verdict,
             held_since = statement_timestamp(),
+            {_KEEP_PUBLISH}
             updated_at = statement_timestamp()
         FROM rate
         WHERE jobs.id = rate.job_id
@@ -198,6 +220,7 @@ def _claim_sql(only: str) -> str:
             claim_lease_until = now() + make_interval(secs => rate.lease),
             claimed_at = CASE WHEN jobs.started_at IS NOT NULL THEN statement_timestamp() END,
             started_at = coalesce(jobs.started_at, statement_timestamp()),
+            {_KEEP_PUBLISH}
             held_reason = NULL,
             held_since = NULL,
             not_before = NULL,
@@ -235,6 +258,23 @@ def _claim_sql(only: str) -> str:
                   jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
                   jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
                   greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    ), unkept AS (
+        -- A fresh message of attempt 1 that neither claimed nor held its job (its queue or
+        -- type paused, its job ended or taken by another copy): a publish no job row
+        -- keeps, so an event row, unless the job row holds one already (the relay wrote
+        -- none for it: OUTBOX_DELETE_PUBLISHED). If the relay's delete comes after this,
+        -- it may write one too, for the same message, which the readers list once.
+        INSERT INTO jobcore.job_events (job_id, at, kind, attempt, detail)
+        SELECT input.job_id, input.published_at, '{JobEventKind.PUBLISHED}', input.attempt,
+               jsonb_build_object('relay', input.published_by, 'message_id', input.message_id)
+        FROM input
+        JOIN received USING (message_id)
+        JOIN jobcore.jobs ON jobs.id = input.job_id AND jobs.type = input.type
+        WHERE input.attempt = 1 AND input.published_at IS NOT NULL
+          AND jobs.published_at IS NULL AND {EVENTS_ON}
+          AND NOT EXISTS (SELECT 1 FROM claimed
+                          WHERE claimed.claimed_message_id = input.message_id)
+          AND NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = input.message_id)
     ), taken AS (
         SELECT * FROM claimed UNION ALL SELECT * FROM resumed
     ), parked AS (
@@ -341,13 +381,19 @@ class JobNoteUndeliverableParams(TypedDict):
     attempt: int
     error: str
     job_id: uuid.UUID
+    message_id: uuid.UUID
+    # What the message's headers say of its publish (None: nothing).
+    published_at: datetime | None
+    published_by: str | None
     type: str
 
 
 # A message no worker here can run (its job type is unknown to this deployment, as during
 # a rolling deploy) goes to the dead-letter queue, where `jobcore dlq replay` recovers it;
 # meanwhile its job stays pending, and this says why to whoever polls it. Only the job's
-# current attempt, of the type the message names, and only while it is still pending.
+# current attempt, of the type the message names, and only while it is still pending. The
+# message's publish, when no claim kept one on the job row (the relay wrote no row for a
+# first attempt's first publish: OUTBOX_DELETE_PUBLISHED), is its `published` row.
 JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
     "job_note_undeliverable",
     "Record on a pending job why its message went to the dead-letter queue (and the event).",
@@ -356,7 +402,15 @@ JOB_NOTE_UNDELIVERABLE = Query[JobNoteUndeliverableParams](
         UPDATE jobcore.jobs SET last_error = %(error)s, updated_at = now()
         WHERE id = %(job_id)s AND type = %(type)s AND {status_is("status", JobStatus.PENDING)}
           AND attempts + 1 = %(attempt)s
-        RETURNING id
+        RETURNING id, published_at
+    ), unkept AS (
+        INSERT INTO jobcore.job_events (job_id, at, kind, attempt, detail)
+        SELECT id, %(published_at)s::timestamptz, '{JobEventKind.PUBLISHED}', %(attempt)s,
+               jsonb_build_object('relay', %(published_by)s::text,
+                                  'message_id', %(message_id)s::uuid)
+        FROM noted
+        WHERE %(published_at)s::timestamptz IS NOT NULL AND %(attempt)s = 1
+          AND noted.published_at IS NULL AND {EVENTS_ON}
     )
     INSERT INTO jobcore.job_events (job_id, kind, attempt, detail)
     SELECT id, '{JobEventKind.DEAD_LETTERED}', %(attempt)s,
@@ -459,7 +513,7 @@ JOB_SUCCEED_MANY = Query[JobSucceedManyParams](
                  AND done.lease_token = (effect.item ->> 'lease_token')::uuid
         ORDER BY effect.n
         RETURNING id
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    ), {COMPLETION_WEBHOOKS}
     SELECT done.id, {NOTIFY_JOB_DONE}
     FROM done
     """,
@@ -510,7 +564,7 @@ JOB_RETRY = Query[JobRetryParams](
                   attempts, last_error, worker_id, next_attempt_at, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, retry_events AS (
+    ), {COMPLETION_WEBHOOKS}, retry_events AS (
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RETRY_SCHEDULED}', back.attempts,
                jsonb_build_object('until', back.next_attempt_at,
@@ -591,7 +645,7 @@ JOB_END_RUNNING = Query[JobEndRunningParams](
         WHERE {LEASE_FENCE}
         RETURNING id, tenant, status, callback_url, traceparent, tracestate, attempts,
                   last_error
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}
+    ), {COMPLETION_WEBHOOKS}
     SELECT done.id, {NOTIFY_JOB_DONE}
     FROM done
     """,
@@ -637,7 +691,7 @@ JOB_RELEASE = Query[JobReleaseParams](
                   attempts, last_error, worker_id, next_attempt_at, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status = 'cancelled'
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, release_events AS (
+    ), {COMPLETION_WEBHOOKS}, release_events AS (
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.RELEASED}', back.attempts + 1,
                jsonb_build_object('worker', back.worker_id)
@@ -725,7 +779,7 @@ JOB_SNOOZE = Query[JobSnoozeParams](
                   attempts, last_error, worker_id, next_attempt_at, snoozes, {CLAIM_COLUMNS}
     ), done AS (
         SELECT * FROM back WHERE status IN ('cancelled', 'failed')
-    ), {COMPLETION_WEBHOOKS}, {DONE_EVENTS}, snooze_events AS (
+    ), {COMPLETION_WEBHOOKS}, snooze_events AS (
         INSERT INTO jobcore.job_events (job_id, kind, attempt, detail, at)
         SELECT back.id, '{JobEventKind.SNOOZED}', back.attempts + 1,
                jsonb_build_object('until', back.next_attempt_at, 'snoozes', back.snoozes,
