@@ -25,6 +25,10 @@ that no statement needed for them:
   (JOB_COUNT_OPEN_BY_QUEUE, CONSOLE_BACKLOG_BY_QUEUE) and the console's rates read each
   status from its own index.
 
+A debounced enqueue's ``jobcore_job_key_join`` (migration 0034) looked the key's message
+up by its id: it is replaced (same signature, grants kept) by one that names the key's
+job too, and the downgrade puts 0034's back.
+
 The new indexes are built CONCURRENTLY first, then the old ones dropped (the constraint
 with a short lock_timeout: ALTER TABLE takes the outbox's lock for a moment; failing, the
 next `jobcore migrate` runs it again). Rolling upgrade: the previous revision's code runs
@@ -36,7 +40,10 @@ the relay's claims) uses none of the dropped indexes. The downgrade builds both 
 makes the unique index the constraint it was.
 """
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 import sqlalchemy as sa
 from alembic import op
@@ -57,6 +64,35 @@ OUTBOX_NEW = {"outbox_quarantined_message_idx": "(message_id) WHERE quarantined_
 JOBS_NEW = {"jobs_status_created_not_running_idx": "(status, created_at) WHERE status <> 'running'"}
 JOBS_OLD = {"jobs_status_created_idx": "(status, created_at)"}
 
+
+
+def _job_keys_revision() -> ModuleType:
+    """Migration 0034, whose key function this revision changes (a module name that
+    starts with a digit is loaded from its file)."""
+    path = Path(__file__).with_name("0034_job_keys.py")
+    spec = importlib.util.spec_from_file_location("jobcore_migration_0034", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BY_MESSAGE_ID = "WHERE outbox.message_id = v_key.message_id"
+BY_JOB = "WHERE outbox.job_id = v_key.job_id AND outbox.message_id = v_key.message_id"
+
+
+def _key_join(old: bool) -> sa.TextClause:
+    """``jobcore_job_key_join`` as 0034 wrote it (``old``) or finding the key's message
+    by its job, as CREATE OR REPLACE."""
+    revision = _job_keys_revision()
+    definition = revision.JOIN.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    assert definition.count(BY_MESSAGE_ID) == 1
+    verbatim: sa.TextClause = revision._verbatim(
+        definition if old else definition.replace(BY_MESSAGE_ID, BY_JOB)
+    )
+    return verbatim
+
+
 _CONSTRAINT_EXISTS = sa.text(
     "SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = :name"
     " AND conrelid = to_regclass('outbox'))"
@@ -74,6 +110,7 @@ def _message_key_is_a_constraint() -> bool:
 def upgrade() -> None:
     create_indexes_concurrently(OUTBOX_NEW, table="outbox")
     create_indexes_concurrently(JOBS_NEW, table="jobs")
+    op.execute(_key_join(old=False))
     # Short: queued behind a relay's open transaction, the ALTER would queue every enqueue
     # behind itself; failing, `jobcore migrate` is run again.
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
@@ -94,4 +131,5 @@ def downgrade() -> None:
         op.execute(
             f"ALTER TABLE outbox ADD CONSTRAINT {MESSAGE_KEY} UNIQUE USING INDEX {MESSAGE_KEY}"
         )
+    op.execute(_key_join(old=True))
     drop_indexes_concurrently([*JOBS_NEW, *OUTBOX_NEW])
