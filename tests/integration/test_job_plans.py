@@ -25,7 +25,12 @@ from pydantic import BaseModel
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.sql import Query, native_placeholders, outbox
-from jobcore.database.sql.console import CONSOLE_JOB_SEARCH_ANY_STATUS
+from jobcore.database.sql.console import (
+    CONSOLE_BACKLOG_BY_QUEUE,
+    CONSOLE_JOB_SEARCH_ANY_STATUS,
+    CONSOLE_RATES,
+)
+from jobcore.database.sql.flow_pauses import FLOW_QUEUE_OVERVIEW
 from jobcore.database.sql.job_keys import JOB_KEYS_PRUNE_BATCH
 from jobcore.database.sql.jobs import edit, reads, recovery, run
 from jobcore.database.sql.jobs.enqueue import (
@@ -59,7 +64,8 @@ BY_ID = (
 )
 # Indexes that hold jobs by status: reading one of them finds every pending (or running) job.
 BY_STATUS = re.compile(
-    r"Index (?:Only )?Scan using (jobs_status_created_idx|jobs_lease_expiry_idx) on jobs (\w+)"
+    r"Index (?:Only )?Scan using "
+    r"(jobs_status_created_not_running_idx|jobs_lease_expiry_idx) on jobs (\w+)"
 )
 # The concurrency gate counts a key's running jobs (jobs_concurrency_running_idx holds them
 # by key); read through the status index instead, it reads the running jobs, a number the
@@ -309,7 +315,7 @@ def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jo
 ) -> None:
     """With no tenant and no status, the list was a scan of the whole table and a sort
     (420-441 ms a page); it merges the newest page of each status from
-    jobs_status_created_idx now, at any depth."""
+    jobs_status_created_not_running_idx now, at any depth."""
     after: tuple[datetime | None, uuid.UUID | None] = (None, None)
     if depth:
         after = cast(
@@ -326,7 +332,7 @@ def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jo
     assert "Seq Scan on jobs" not in text, text
     # The four statuses that pile up, newest first from the status index (running jobs,
     # as many as the workers run at most, may come from the lease index).
-    assert text.count("Index Scan Backward using jobs_status_created_idx") >= 4, text
+    assert text.count("Index Scan Backward using jobs_status_created_not_running_idx") >= 4, text
     # Five statuses, at most a page of rows from each: bounded, not the table's 15,000 pages.
     assert _buffers(plan) <= 5 * PAGE, (_buffers(plan), text)
 
@@ -590,8 +596,9 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
     million_jobs: str,
 ) -> None:
     """The pruner's batch of spent keys finds them through job_keys_expires_at_idx and
-    each key's message through the outbox's message_id index: a batch of keys whose
-    messages still wait deletes nothing and reads a bounded number of pages."""
+    each key's message through its job's entries in outbox_job_idx (message ids have no
+    index of their own since migration 0042): a batch of keys whose messages still wait
+    deletes nothing and reads a bounded number of pages."""
     sql, names = native_placeholders(JOB_KEYS_PRUNE_BATCH.sql)
     with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
         conn.execute(OTHER_KEYS_SQL, {"n": OTHER_KEYS})
@@ -622,9 +629,10 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
     assert row is not None
     plan = row[0][0]["Plan"]
     assert "job_keys_expires_at_idx" in text, text
+    assert "outbox_job_idx" in text, text
     assert "Seq Scan on outbox" not in text, text
     assert left == (OTHER_KEYS - 500,)
-    # 500 keys deleted, each an index entry, a probe of the outbox's message index, its
+    # 500 keys deleted, each an index entry, a probe of the outbox's job index, its
     # heap page and its delete (about 11 pages a key here): bounded by the batch, not by
     # the 100,000 keys.
     assert _buffers(plan) <= 20 * 500, (_buffers(plan), text)
@@ -698,7 +706,7 @@ def test_the_relays_look_for_writers_reads_no_table(million_outbox: str) -> None
 
 
 # What the workers run meanwhile: statistics that see running jobs (with none, a generic
-# plan may read jobs_status_created_idx's running entries, the dead ones behind a pin too).
+# plan may read the status index's running entries, the dead ones behind a pin too).
 RUNNING_JOBS = """
     INSERT INTO jobs (id, tenant, type, queue, status, attempts, lease_token, lease_expires_at)
     SELECT gen_random_uuid(), 't1', 'noop', 'default', 'running', 1, gen_random_uuid(),
@@ -752,3 +760,185 @@ def test_a_relays_probe_for_due_rows_reads_from_its_mark_at_a_million_rows(
     assert "outbox_due_idx" in text, text
     assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
     assert _buffers(plan) <= 10, (_buffers(plan), text)
+
+
+# --- what migration 0042 dropped: its statements' new ways, at a million jobs ---------------
+
+# Each index of the two tables every job writes, and why it is there. A job's row versions
+# (pending, running, finished) each enter every index of jobs whose predicate they match,
+# and its outbox row every index of the outbox: an entry is WAL, index bytes and a dead
+# entry for VACUUM (issue 49). Migration 0042 dropped outbox_message_id_key (an entry per
+# message, at a random place, for a row deleted milliseconds later: the statements that
+# named a message by its id alone name its job now) and made the status index leave the
+# running jobs out (the claim's row version writes it nothing).
+LEAN_INDEXES = {
+    "jobs": {
+        "jobs_pkey": None,
+        "jobs_tenant_created_idx": None,
+        "jobs_status_created_not_running_idx": "(status <> 'running'::text)",
+        "jobs_due_idx": "((status = 'pending'::text) AND (held_reason IS NULL))",
+        "jobs_lease_expiry_idx": "(status = 'running'::text)",
+        "jobs_finished_idx": (
+            "(status = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text]))"
+        ),
+        "jobs_batch_idx": "(batch_id IS NOT NULL)",
+        "jobs_concurrency_running_idx": (
+            "((status = 'running'::text) AND (concurrency_key IS NOT NULL))"
+        ),
+        "jobs_entity_created_idx": "(entity_id IS NOT NULL)",
+        "jobs_held_concurrency_idx": (
+            "((status = 'pending'::text) AND (held_reason = 'concurrency'::text))"
+        ),
+        "jobs_held_idx": "((status = 'pending'::text) AND (held_reason IS NOT NULL))",
+        "jobs_held_ordering_idx": (
+            "((status = 'pending'::text) AND (held_reason = 'ordering'::text))"
+        ),
+        "jobs_held_rate_idx": "((status = 'pending'::text) AND (held_reason = 'rate_limit'::text))",
+        "jobs_idempotency_uidx": "(idempotency_key IS NOT NULL)",
+        "jobs_ordering_blocking_idx": (
+            "((ordering_key IS NOT NULL) AND ((status = ANY (ARRAY['pending'::text, "
+            "'running'::text])) OR ((status = 'failed'::text) AND ordering_blocks)))"
+        ),
+        "jobs_ordering_idx": "(ordering_key IS NOT NULL)",
+        "jobs_unique_uidx": (
+            "((unique_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, "
+            "'running'::text])))"
+        ),
+        "jobs_workflow_idx": "(workflow_id IS NOT NULL)",
+    },
+    "outbox": {
+        "outbox_pkey": None,
+        "outbox_job_idx": None,
+        "outbox_due_idx": "(quarantined_at IS NULL)",
+        "outbox_fair_due_idx": "(quarantined_at IS NULL)",
+        "outbox_ready_lanes_due_idx": "((quarantined_at IS NULL) AND (available_at <= created_at))",
+        "outbox_later_due_idx": "((quarantined_at IS NULL) AND (available_at > created_at))",
+        "outbox_quarantined_job_idx": "(quarantined_at IS NOT NULL)",
+        "outbox_quarantined_message_idx": "(quarantined_at IS NOT NULL)",
+    },
+}
+INDEX_PREDICATES = """
+    SELECT c.relname, pg_get_expr(i.indpred, i.indrelid)
+    FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+    WHERE i.indrelid = to_regclass(%(table)s)
+"""
+
+
+@pytest.mark.parametrize("table", sorted(LEAN_INDEXES))
+def test_the_hot_tables_keep_only_the_indexes_a_statement_reads(
+    million_jobs: str, table: str
+) -> None:
+    """A new index of jobs or outbox costs every job (a non-partial one, an entry per row
+    version): it comes with the statement that reads it and a change here. Of an outbox
+    row, five indexes take an entry on the happy path (the primary key, outbox_job_idx and
+    the three due indexes of unquarantined rows written due); of a job's three versions,
+    jobs_pkey and jobs_tenant_created_idx each, the status index the pending and the
+    finished one, and each version the one partial index of its status."""
+    found = dict(_rows(million_jobs, INDEX_PREDICATES, {"table": table}))
+    assert found == LEAN_INDEXES[table]
+
+
+def test_the_open_counts_per_queue_read_running_jobs_from_the_lease_index_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """The status index leaves running jobs out (migration 0042): the counts of open jobs
+    per queue read them from jobs_lease_expiry_idx (the pending ones as before, from the
+    status index or, 100,000 of them spread over the table here, the table), and count
+    what the single grouping over both statuses counted. (In a
+    transaction rolled back: the module's database stays as its fixture made it.)"""
+    grouped = """
+        SELECT queue, count(*) FILTER (WHERE status = 'pending'),
+               count(*) FILTER (WHERE status = 'running')
+        FROM jobs WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue
+    """
+    with psycopg.connect(million_jobs) as conn:
+        try:
+            conn.execute(RUNNING_JOBS)
+            conn.execute("ANALYZE jobs")
+            expected = conn.execute(grouped).fetchall()
+            for query in (
+                reads.JOB_COUNT_OPEN_BY_QUEUE,
+                CONSOLE_BACKLOG_BY_QUEUE,
+                FLOW_QUEUE_OVERVIEW,
+            ):
+                text = "\n".join(
+                    line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) {query.sql}")
+                )
+                assert "jobs_lease_expiry_idx" in text, (query.name, text)
+                answer = conn.execute(query.sql).fetchall()
+                counts = sorted((row[0], row[1], row[2]) for row in answer)
+                assert counts == expected, (query.name, counts, expected)
+        finally:
+            conn.rollback()
+    assert ("default", MILLION // 30, 2000) in expected
+
+
+def test_the_console_rates_read_the_window_from_the_status_and_lease_indexes_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    _plan, text = _explain(million_jobs, CONSOLE_RATES, {"minutes": 5})
+    assert "jobs_status_created_not_running_idx" in text, text
+    assert "jobs_lease_expiry_idx" in text, text
+    enqueued = sum(row[1] for row in _rows(million_jobs, CONSOLE_RATES.sql, {"minutes": 5}))
+    [(created,)] = _rows(
+        million_jobs,
+        "SELECT count(*) FROM jobs"
+        " WHERE created_at >= date_trunc('minute', now()) - interval '4 minutes'",
+    )
+    assert enqueued == created
+
+
+def test_an_outcomes_retry_finds_its_message_by_its_job_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """JOB_OUTCOME_WRITTEN looked the outcome's message up by its id, which has no index
+    since migration 0042: by its job, one probe of outbox_job_idx among 100,000 rows."""
+    job_id, message_id = _job_id(500_000), uuid.uuid4()
+    written = (
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id)"
+        " VALUES (%s, 'jobcore.jobs', 'default', 'noop', '\\x7b7d', %s)",
+        (message_id, job_id),
+    )
+    setup = [(OUTBOX_ROWS, {"n": MILLION}), ("ANALYZE outbox", None), written]
+    params = {"id": job_id, "lease_token": uuid.uuid4(), "consumer": "c", "message_id": message_id}
+    plan, text, answer = _explain_write(million_jobs, run.JOB_OUTCOME_WRITTEN, params, setup=setup)
+    assert "outbox_job_idx" in text, text
+    assert "Seq Scan on outbox" not in text, text
+    assert _buffers(plan) <= 30, (_buffers(plan), text)
+    assert answer == [("pending",)]
+    # Another message of the job (its first, from OUTBOX_ROWS) does not count.
+    _, _, other = _explain_write(
+        million_jobs,
+        run.JOB_OUTCOME_WRITTEN,
+        {**params, "message_id": uuid.uuid4()},
+        setup=setup,
+    )
+    assert other == [(None,)]
+
+
+@pytest.mark.parametrize("query", [outbox.OUTBOX_REQUEUE, outbox.OUTBOX_DISCARD], ids=str)
+def test_an_operator_names_a_quarantined_row_by_its_message_id_at_a_million_jobs(
+    million_jobs: str, query: Query[Any]
+) -> None:
+    """`jobcore outbox requeue|discard <message id>` reads outbox_quarantined_message_idx,
+    which quarantined rows alone enter, not the 100,000 rows waiting."""
+    message_id = uuid.uuid4()
+    quarantined = (
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body,"
+        " quarantined_at) VALUES (%s, 'jobcore.webhooks', 'webhooks', 'webhook',"
+        " '\\x7b7d', now())",
+        (message_id,),
+    )
+    others = (
+        "UPDATE outbox SET quarantined_at = now() WHERE id IN"
+        " (SELECT id FROM outbox ORDER BY id LIMIT 50)",
+        None,
+    )
+    setup = [(OUTBOX_ROWS, {"n": MILLION}), others, quarantined, ("ANALYZE outbox", None)]
+    params = {"id": None, "message_id": message_id, "channel": "jobcore_outbox"}
+    plan, text, answer = _explain_write(million_jobs, query, params, setup=setup)
+    assert "Seq Scan on outbox" not in text, text
+    # A probe of it (or, the quarantined rows being few, a read of all of them).
+    assert re.search(r"outbox_quarantined_\w+_idx", text), text
+    assert _buffers(plan) <= 50, (_buffers(plan), text)
+    assert [row[1] for row in answer] == [message_id]

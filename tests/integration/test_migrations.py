@@ -402,3 +402,62 @@ AT_PUBLISHED = "2026-12-06 20:00:00.5+00"
 AT_OLD_FINISHED = "2026-12-06 20:00:02.001+00"
 AT_LEFT = "2026-12-06 20:00:02+00"
 AT_REVIVED = "2026-12-06 20:00:03+00"
+LEAN_INDEXES_REVISION = "0042"
+OUTBOX_AND_JOBS_INDEXES = (
+    "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) IS NOT NULL AS partial,"
+    " i.indisunique, EXISTS (SELECT 1 FROM pg_constraint AS k WHERE k.conindid = c.oid)"
+    " FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+    " WHERE c.relname IN ('outbox_message_id_key', 'outbox_quarantined_message_idx',"
+    " 'jobs_status_created_idx', 'jobs_status_created_not_running_idx')"
+    " AND i.indrelid IN (to_regclass('outbox'), to_regclass('jobs')) ORDER BY 1"
+)
+MESSAGE = "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body) VALUES " + (
+    "('6f1c2a52-7d1e-4f33-9d36-9a3a1e0b7c11', 'x', 'default', 'noop', '\\x7b7d')"
+)
+
+
+def test_the_lean_indexes_revision_goes_both_ways_with_jobs_and_messages_in_place(
+    service_urls: ServiceUrls,
+) -> None:
+    """0042 drops the unique key of message ids and the status index's running entries
+    (the indexes built first, CONCURRENTLY, then the old ones dropped), and its downgrade
+    builds them again, the unique index made the constraint it was."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    settings, name = _empty_database_settings(service_urls)
+    config = migrate.alembic_config(settings)
+    revision = ScriptDirectory.from_config(config).get_revision(LEAN_INDEXES_REVISION)
+    assert revision is not None
+    previous = str(revision.down_revision)
+    try:
+        migrate.upgrade(settings, previous)
+        with psycopg.connect(settings.database_url) as conn:
+            conn.execute(MESSAGE)
+            conn.execute(
+                "INSERT INTO jobs (id, tenant, type, queue, status) SELECT gen_random_uuid(),"
+                " 't', 'noop', 'default', s FROM unnest(ARRAY['pending', 'running']) AS s"
+            )
+            before = conn.execute(OUTBOX_AND_JOBS_INDEXES).fetchall()
+        assert before == [
+            ("jobs_status_created_idx", False, False, False),
+            ("outbox_message_id_key", False, True, True),
+        ]
+
+        migrate.upgrade(settings, LEAN_INDEXES_REVISION)
+        with psycopg.connect(settings.database_url) as conn:
+            assert conn.execute(OUTBOX_AND_JOBS_INDEXES).fetchall() == [
+                ("jobs_status_created_not_running_idx", True, False, False),
+                ("outbox_quarantined_message_idx", True, False, False),
+            ]
+        assert _invalid_indexes(settings) == []
+
+        command.downgrade(config, previous)
+        with psycopg.connect(settings.database_url) as conn:
+            assert conn.execute(OUTBOX_AND_JOBS_INDEXES).fetchall() == before
+        assert _invalid_indexes(settings) == []
+
+        migrate.upgrade(settings)
+        assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)

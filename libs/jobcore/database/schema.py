@@ -217,7 +217,16 @@ jobs = Table(
         unique=True,
         postgresql_where=text(f"unique_key IS NOT NULL AND status IN ({_LIVE_STATUSES})"),
     ),
-    Index("jobs_status_created_idx", "status", "created_at"),
+    # Jobs of a status across tenants, oldest or newest first (the console's lists, the
+    # sweeper's old pending jobs). Not the running ones (migration 0042): a claim's new row
+    # version, which matches no other predicate of this index, writes it no entry; running
+    # jobs are found through jobs_lease_expiry_idx, and there are as many as the workers run.
+    Index(
+        "jobs_status_created_not_running_idx",
+        "status",
+        "created_at",
+        postgresql_where=text("status <> 'running'"),
+    ),
     # An entity's jobs, newest first. Partial (migration 0028): most jobs name no entity,
     # and each status change of a job writes a new entry to every index that holds it.
     Index(
@@ -558,7 +567,10 @@ outbox = Table(
     "outbox",
     metadata,
     Column("id", BigInteger, Identity(always=False), primary_key=True),
-    Column("message_id", UUID(as_uuid=True), nullable=False, unique=True),
+    # Unique by construction (a fresh uuid per row). No index of its own (migration 0042):
+    # a job's messages are found by job_id, with outbox_job_idx, and operators name a
+    # quarantined row's message with outbox_quarantined_message_idx.
+    Column("message_id", UUID(as_uuid=True), nullable=False),
     Column("exchange", Text, nullable=False),
     Column("routing_key", Text, nullable=False),
     Column("message_type", Text, nullable=False),
@@ -630,11 +642,18 @@ outbox = Table(
         "job_id",
         postgresql_where=text("quarantined_at IS NOT NULL"),
     ),
+    # `jobcore outbox requeue|discard <message id>`: the rows operators name are quarantined.
+    Index(
+        "outbox_quarantined_message_idx",
+        "message_id",
+        postgresql_where=text("quarantined_at IS NOT NULL"),
+    ),
     # The sweeper asks, for each old pending job, whether it still has an outbox row. The
     # outbox is largest (a long broker outage) exactly when many old pending jobs must be
     # checked: without this index, each batch hashes the whole outbox. It costs each outbox
     # insert a small fraction of an enqueue (docs/bench/measurements.md, "The outbox's
-    # indexes").
+    # indexes"). The statements that look for one message of a job (an outcome's retry,
+    # the key pruner) name its job too, and probe this index.
     Index("outbox_job_idx", "job_id"),
 )
 

@@ -5,9 +5,9 @@ Every hot statement is prepared once per connection and runs a generic plan
 until an ANALYZE (or DDL) of its tables invalidates it. A plan made while the jobs table
 was empty does not know that an index on ``status`` now holds thousands of pending rows:
 the worker's claim, planned on a new database, reached its jobs through
-``jobs_status_created_idx`` instead of the primary key, and ran several times slower with
-a few thousand jobs pending, for as long as its connection lived
-(docs/bench/measurements.md, "Plans"). Autovacuum's ANALYZE fixes that
+the status index (``jobs_status_created_not_running_idx`` today) instead of the primary
+key, and ran several times slower with a few thousand jobs pending, for as long as its
+connection lived (docs/bench/measurements.md, "Plans"). Autovacuum's ANALYZE fixes that
 within a minute or so where it runs; the machine may run without it (``autovacuum =
 off``, or off for a table), and a new database waits for its first round.
 

@@ -49,10 +49,10 @@ def status_is(column: str, status: JobStatus) -> str:
     ANALYZE mostly runs while few jobs are pending or running (they finish within
     moments), so the statistics see almost none, and a generic plan (prepared once per
     connection, jobcore.database.gateway) then reached the jobs of ``jobs.id = ... AND jobs.status =
-    'pending'`` through ``jobs_status_created_idx`` (for ``'running'``, the partial
-    ``jobs_lease_expiry_idx``), reading every pending job per claim: a backlog made each
-    claim slower, until autovacuum analyzed the table again. No index matches ``(...) IS
-    TRUE``.
+    'pending'`` through the status index (``jobs_status_created_not_running_idx`` today;
+    for ``'running'``, the partial ``jobs_lease_expiry_idx``), reading every pending job
+    per claim: a backlog made each claim slower, until autovacuum analyzed the table
+    again. No index matches ``(...) IS TRUE``.
     """
     return f"({column} = '{status.value}') IS TRUE"
 

@@ -17,7 +17,8 @@ class ConsoleRatesParams(TypedDict):
 
 
 # Per-minute counts over the last `minutes` minutes (the current minute last), each series
-# a range scan of jobs_status_created_idx (status, created_at) per status. An outcome
+# a range scan of jobs_status_created_not_running_idx (status, created_at) per status, the
+# running jobs (which it leaves out) from jobs_lease_expiry_idx. An outcome
 # counts in the minute it finished, among jobs created up to an hour before the window:
 # a job that ran longer than that drops out of the rate, not out of the counts elsewhere.
 CONSOLE_RATES = Query[ConsoleRatesParams](
@@ -32,9 +33,14 @@ CONSOLE_RATES = Query[ConsoleRatesParams](
         FROM window_start
     ), created AS (
         SELECT date_trunc('minute', created_at) AS minute, count(*) AS n
-        FROM jobcore.jobs, window_start
-        WHERE status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')
-          AND created_at >= window_start.at
+        FROM (
+            SELECT created_at FROM jobcore.jobs, window_start
+            WHERE status IN ('pending', 'succeeded', 'failed', 'cancelled')
+              AND created_at >= window_start.at
+            UNION ALL
+            SELECT created_at FROM jobcore.jobs, window_start
+            WHERE status = 'running' AND created_at >= window_start.at
+        ) AS jobs
         GROUP BY 1
     ), finished AS (
         SELECT date_trunc('minute', finished_at) AS minute,
@@ -58,19 +64,22 @@ CONSOLE_RATES = Query[ConsoleRatesParams](
 )
 
 
-# A range scan of jobs_status_created_idx for the two open statuses.
+# The pending jobs from jobs_status_created_not_running_idx, the running ones from
+# jobs_lease_expiry_idx (as JOB_COUNT_OPEN_BY_QUEUE).
 CONSOLE_BACKLOG_BY_QUEUE = Query[NoParams](
     "console_backlog_by_queue",
     "Per queue: pending and running jobs, and how long the oldest pending one has waited.",
     """
-    SELECT queue,
-           count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'running') AS running,
-           coalesce(extract(epoch FROM now() - min(created_at)
-                    FILTER (WHERE status = 'pending')), 0)::float8 AS oldest_pending_seconds
-    FROM jobcore.jobs
-    WHERE status IN ('pending', 'running')
-    GROUP BY queue
+    WITH pending AS (
+        SELECT queue, count(*) AS n, min(created_at) AS oldest
+        FROM jobcore.jobs WHERE status = 'pending' GROUP BY queue
+    ), running AS (
+        SELECT queue, count(*) AS n FROM jobcore.jobs WHERE status = 'running' GROUP BY queue
+    )
+    SELECT queue, coalesce(pending.n, 0) AS pending, coalesce(running.n, 0) AS running,
+           coalesce(extract(epoch FROM now() - pending.oldest), 0)::float8
+               AS oldest_pending_seconds
+    FROM pending FULL JOIN running USING (queue)
     ORDER BY queue
     """,
 )
@@ -120,8 +129,10 @@ class ConsoleJobSearchParams(TypedDict):
 
 # One keyset page, newest first: the rows after (created_at, id) of the previous page's
 # last row. With a tenant, jobs_tenant_created_idx (tenant, created_at DESC, id DESC) serves
-# the order and the cursor exactly; by status, jobs_status_created_idx (status, created_at);
-# a tenant and entity, jobs_entity_created_idx; a tenant and ordering key,
+# the order and the cursor exactly; by status, jobs_status_created_not_running_idx (status,
+# created_at), or for running jobs jobs_lease_expiry_idx and a sort of the running jobs (as
+# many as the workers run); a tenant and entity, jobs_entity_created_idx; a tenant and
+# ordering key,
 # jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id) here:
 # CONSOLE_JOB_SEARCH_ANY_STATUS below is that list.
 CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
@@ -156,9 +167,10 @@ class ConsoleJobSearchAnyStatusParams(TypedDict):
 
 
 # The newest of one status after the cursor: a backward range scan of
-# jobs_status_created_idx (status, created_at), ties on created_at put in id order by an
-# incremental sort. The cursor's bound is `created_at <=` an index condition even in a
-# generic plan (no `IS NULL OR`: no cursor is +infinity).
+# jobs_status_created_not_running_idx (status, created_at), ties on created_at put in id
+# order by an incremental sort (the running jobs: jobs_lease_expiry_idx and a sort). The
+# cursor's bound is `created_at <=` an index condition even in a generic plan (no `IS NULL
+# OR`: no cursor is +infinity).
 _NEWEST_OF_STATUS = """
     (SELECT id, tenant, type, queue, status, entity_id, attempts, max_attempts, last_error,
             held_reason, ordering_key, progress_fraction, created_at, finished_at
@@ -175,7 +187,8 @@ _NEWEST_OF_STATUS = """
 # The console's job list across tenants, with no status, no entity and no key (a type at
 # most): the first page an operator sees. No index holds every job by (created_at, id),
 # and one would cost bytes on every job; the status index holds each status by
-# created_at, so the page is the newest `limit` of each status, merged (a Merge Append of
+# created_at (but the running jobs, from jobs_lease_expiry_idx, as many as the workers
+# run, sorted), so the page is the newest `limit` of each status, merged (a Merge Append of
 # five bounded scans): at most five pages of rows read, whatever the table holds, where a
 # scan of the whole table and a sort was planned.
 CONSOLE_JOB_SEARCH_ANY_STATUS = Query[ConsoleJobSearchAnyStatusParams](

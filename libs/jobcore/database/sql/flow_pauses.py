@@ -90,16 +90,19 @@ FLOW_PAUSE_LIST = Query[NoParams](
 
 
 # `jobcore queues list`: the queues that have jobs waiting or running, or are paused, with
-# their counts (one scan of the open jobs, like the /metrics backlog).
+# their counts (the open jobs, like the /metrics backlog: each status from its own index,
+# jobcore.database.sql.jobs.reads.JOB_COUNT_OPEN_BY_QUEUE).
 FLOW_QUEUE_OVERVIEW = Query[NoParams](
     "flow_queue_overview",
     "Per queue: pending and running jobs, and whether (since when, by whom) it is paused.",
     """
-    WITH open AS (
-        SELECT queue, count(*) FILTER (WHERE status = 'pending') AS pending,
-               count(*) FILTER (WHERE status = 'running') AS running
-        FROM jobcore.jobs WHERE status IN ('pending', 'running')
-        GROUP BY queue
+    WITH pending AS (
+        SELECT queue, count(*) AS n FROM jobcore.jobs WHERE status = 'pending' GROUP BY queue
+    ), running AS (
+        SELECT queue, count(*) AS n FROM jobcore.jobs WHERE status = 'running' GROUP BY queue
+    ), open AS (
+        SELECT queue, coalesce(pending.n, 0) AS pending, coalesce(running.n, 0) AS running
+        FROM pending FULL JOIN running USING (queue)
     ), names AS (
         SELECT queue AS name FROM open
         UNION SELECT name FROM jobcore.flow_pauses WHERE kind = 'queue'

@@ -29,9 +29,14 @@ class JobKeysPruneBatchParams(JobKeysPruneCountParams):
     limit: int
 
 
+# The key's message is its job's: found by job (outbox_job_idx), as message ids have no
+# index of their own (migration 0042).
 _SPENT = """
     k.expires_at < now() - make_interval(secs => %(keep)s)
-    AND NOT EXISTS (SELECT 1 FROM jobcore.outbox WHERE outbox.message_id = k.message_id)
+    AND NOT EXISTS (
+        SELECT 1 FROM jobcore.outbox
+        WHERE outbox.job_id = k.job_id AND outbox.message_id = k.message_id
+    )
 """
 
 JOB_KEYS_PRUNE_COUNT = Query[JobKeysPruneCountParams](
@@ -71,12 +76,13 @@ JOB_KEYS_DUE_NOW = Query[JobKeysDueNowParams](
     "Make the debounced jobs still open to their keys due now (the testing kit's clock).",
     """
     WITH open AS (
-        SELECT k.message_id FROM jobcore.job_keys AS k
+        SELECT k.job_id, k.message_id FROM jobcore.job_keys AS k
         WHERE k.kind = 'debounce' AND (%(tenant)s::text IS NULL OR k.tenant = %(tenant)s)
     ), moved AS (
         UPDATE jobcore.outbox SET available_at = now()
         FROM open
-        WHERE outbox.message_id = open.message_id AND outbox.available_at > now()
+        WHERE outbox.job_id = open.job_id AND outbox.message_id = open.message_id
+          AND outbox.available_at > now()
         RETURNING outbox.job_id
     )
     UPDATE jobcore.jobs SET next_attempt_at = now(), updated_at = now()

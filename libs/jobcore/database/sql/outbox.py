@@ -674,6 +674,10 @@ class OutboxRowParams(TypedDict):
 
 # Operators name a row by its numeric id or its message id; the other parameter is NULL.
 # `ended_job_status` is set when the row is a job's message and that job has ended.
+# Asked only once a requeue or discard found no quarantined row of that name (its error
+# message): by message id, a scan of the outbox, which keeps no index of message ids but
+# those of quarantined rows (outbox_quarantined_message_idx, migration 0042): one on every
+# row would cost each enqueue an index entry for the sake of an operator's typo.
 OUTBOX_FIND = Query[OutboxRowParams](
     "outbox_find",
     "One outbox row by id or message id (to tell 'unknown' from 'not quarantined').",
@@ -693,6 +697,8 @@ class OutboxRequeueParams(OutboxRowParams):
     channel: str
 
 
+# The row is found by id (outbox_pkey) or by message id among the quarantined rows
+# (outbox_quarantined_message_idx), as OUTBOX_DISCARD.
 # A job's message is requeued only while the job is pending: once it ended (the rescuer
 # failed it because this row was quarantined, or it was cancelled), the worker would
 # acknowledge the message with no effect, and the operator should retry the job instead.

@@ -170,17 +170,21 @@ JOB_LIST_ALL_TENANTS = Query[JobListAllTenantsParams](
 )
 
 
-# Served by jobs_status_created_idx (status, created_at): a range scan per status.
+# Each status from its own index: the pending jobs from jobs_status_created_not_running_idx,
+# the running ones from jobs_lease_expiry_idx (the status index leaves them out, migration
+# 0042: `status IN ('pending', 'running')` is implied by neither index's predicate, and was
+# a scan of the table).
 JOB_COUNT_OPEN_BY_QUEUE = Query[NoParams](
     "job_count_open_by_queue",
     "Pending and running jobs per queue.",
     """
-    SELECT queue,
-           count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'running') AS running
-    FROM jobcore.jobs
-    WHERE status IN ('pending', 'running')
-    GROUP BY queue
+    WITH pending AS (
+        SELECT queue, count(*) AS n FROM jobcore.jobs WHERE status = 'pending' GROUP BY queue
+    ), running AS (
+        SELECT queue, count(*) AS n FROM jobcore.jobs WHERE status = 'running' GROUP BY queue
+    )
+    SELECT queue, coalesce(pending.n, 0) AS pending, coalesce(running.n, 0) AS running
+    FROM pending FULL JOIN running USING (queue)
     """,
 )
 

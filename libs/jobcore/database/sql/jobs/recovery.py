@@ -230,8 +230,9 @@ class JobLockStaleParams(TypedDict):
 # when its message was written to go out. The staleness doubles with each republish of
 # the job (up to 2^max_doublings), so a job whose message is merely slow (a backlog older
 # than the staleness) gets a few spare copies, not one per round. created_at <= updated_at,
-# so the created_at bound lets jobs_status_created_idx narrow the scan to old pending jobs;
-# outbox_job_idx answers the NOT EXISTS. Other sweepers (and the CLI) skip locked rows.
+# so the created_at bound lets jobs_status_created_not_running_idx narrow the scan to old
+# pending jobs; outbox_job_idx answers the NOT EXISTS. Other sweepers (and the CLI) skip
+# locked rows.
 JOB_LOCK_STALE = Query[JobLockStaleParams](
     "job_lock_stale",
     "Lock a batch of due pending jobs that have had no outbox row and no change for their "

@@ -606,6 +606,8 @@ class JobOutcomeWrittenParams(TypedDict):
 # next message the outcome wrote (a retry's, a release's) is in the outbox, or already in
 # the jobs inbox. NULL: the lease was lost to someone else. A retry or release that ended
 # the job cancelled wrote neither: it counts as a lost lease (nothing else is affected).
+# The message is the job's own: looked up by job (outbox_job_idx), as message ids have no
+# index of their own (migration 0042).
 JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
     "job_outcome_written",
     "Which outcome an attempt's own earlier, unanswered try wrote, if it did.",
@@ -613,7 +615,8 @@ JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
     SELECT CASE
                WHEN status IN ('succeeded', 'failed', 'cancelled')
                     AND lease_token = %(lease_token)s THEN status
-               WHEN EXISTS (SELECT 1 FROM jobcore.outbox WHERE message_id = %(message_id)s)
+               WHEN EXISTS (SELECT 1 FROM jobcore.outbox
+                            WHERE job_id = %(id)s AND message_id = %(message_id)s)
                     OR EXISTS (SELECT 1 FROM jobcore.inbox
                                WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
                    THEN 'pending'
