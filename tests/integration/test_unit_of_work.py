@@ -8,6 +8,7 @@ import uuid
 import psycopg
 import pytest
 
+from jobcore.access.apikeys import InvalidApiKey, authenticate_hash
 from jobcore.amqp.topology import Topology
 from jobcore.database import gateway as db_module
 from jobcore.database.gateway import Database, fetch_all_behind, fetch_one
@@ -336,33 +337,36 @@ async def test_a_batch_without_keys_commits_with_its_insert_and_one_with_keys_do
         assert await counts(db) == (3, 3)  # rolled back on exit
 
 
-async def test_the_batch_insert_is_planned_once_per_connection_on_a_generic_pool(
+async def test_a_batch_requests_statements_are_planned_once_per_connection_on_a_generic_pool(
     settings: Settings, topology: Topology
 ) -> None:
-    """As the API's pool runs it: prepared on its first run and planned generically, so
-    the later batches skip planning their dozen CTEs."""
+    """As the API's pool runs them: the key lookup and the batch insert are prepared on
+    their first run and planned generically, so later requests skip planning them."""
     noop = default_registry.get("noop")
     api_db = Database(settings, min_size=1, max_size=1, generic_plans=True)
     await api_db.open(wait=True)
     try:
         async with api_db.session() as session:
             for _ in range(3):
+                with pytest.raises(InvalidApiKey):
+                    await authenticate_hash(session, "no such key")
                 async with session.transaction(begin_with_first_statement=True) as uow:
                     requests = [
                         EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
                     ] * 2
                     await enqueue_many(uow, topology, requests, commit=True)
             cur = await session.connection.execute(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE %s",
-                ["%INSERT INTO jobcore.jobs%unnest%"],
+                "SELECT statement LIKE %s AS insert, generic_plans, custom_plans"
+                " FROM pg_prepared_statements ORDER BY 1",
+                ["%unnest%INSERT INTO jobcore.jobs%"],
             )
             plans = await cur.fetchall()
     finally:
         await api_db.close()
-    assert len(plans) == 1
-    assert plans[0]["custom_plans"] == 0
-    assert plans[0]["generic_plans"] >= 3
+    # The key lookup, then the insert; nothing else of theirs is prepared.
+    assert [p["insert"] for p in plans] == [False, True]
+    assert [p["custom_plans"] for p in plans] == [0, 0]
+    assert all(p["generic_plans"] >= 3 for p in plans)
 
 
 async def test_fetch_all_behind_with_commit_leaves_nothing_open_on_an_error(
