@@ -76,6 +76,13 @@ LOST_WAKEUP_BACKOFF_CAP = 0.05
 # index entries a pinned xmin horizon keeps; the relay looks unbounded this often, for a
 # row whose writer broke the mark's rule, which waits at most this much longer.
 UNBOUNDED_LOOK_EVERY = FULL_LOOK_EVERY
+# Before it waits for work, the relay moves its low-water mark and reads its queues'
+# depths if either would be due within this many seconds: the claim the next NOTIFY wakes
+# then finds both fresh instead of doing them on its way (under a steady trickle, one
+# claim in every LOOK_EVERY paid for the look's two statements, and one in every
+# DEPTH_REUSE_SECONDS for a passive declare per queue). A relay that never waits (a
+# backlog) does them on its claims' way, as before.
+AHEAD_SECONDS = 0.5
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -560,6 +567,7 @@ class Relay(Service):
         if row is not None and row["seconds"] is not None:
             # A millisecond late rather than early, so the row is due when we claim.
             timeout = min(timeout, max(row["seconds"], 0.0) + 0.001)
+        await self._ahead_of_the_next_claim()
         if self.room.throttled:
             # A full queue is not announced: look again soon while rows wait for room.
             window = await self._probe_window()
@@ -577,6 +585,15 @@ class Relay(Service):
             self.idle = False
             for waiter in waiters:
                 waiter.cancel()
+
+    async def _ahead_of_the_next_claim(self) -> None:
+        """The low-water look and the queues' depths, when due within AHEAD_SECONDS."""
+        soon = time.monotonic() + AHEAD_SECONDS
+        if self.low_water.due(soon) and not self._looking.locked():
+            async with self._looking, self.db.connection() as conn:
+                await self.low_water.look(conn)
+        if self.options.fair_claim:
+            await self.room.read_ahead(self.publisher.connection, soon)
 
     @property
     def listens(self) -> bool:

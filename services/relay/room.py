@@ -103,6 +103,8 @@ class QueueRoom:
         self._depths: dict[str, int] | None = None
         self._depths_read_at = 0.0
         self._settled_since_read: Counter[str] = Counter()
+        # Whether a grant used the last depths read (read_ahead refreshes only those).
+        self._granted_since_read = False
         self._lock = asyncio.Lock()
         self._channel: AbstractChannel | None = None
         # The connection the channel was opened on: after a reconnect it is dropped.
@@ -118,6 +120,7 @@ class QueueRoom:
                 depths = self._recent_depths()
                 if depths is None:
                     depths = await self._read_depths(connection)
+                self._granted_since_read = True
             except BrokerUnavailable as exc:
                 # Nothing is claimed for the limited queues until the publisher has
                 # connected again (the relay drops the connection on broker_error).
@@ -142,6 +145,19 @@ class QueueRoom:
             self._in_flight.update(grant.reserved)
             self.throttled = withheld
             return grant
+
+    async def read_ahead(self, connection: AbstractConnection | None, by: float) -> None:
+        """Read the depths now if a grant used the last ones read and they will be too old
+        to reuse by ``by`` (monotonic time): called while the relay waits for work, so
+        the grant of the next claim finds them fresh instead of asking the broker on that
+        claim's way. A failure is left to that grant, which reads again."""
+        if self.limit == 0 or self._depths is None or not self._granted_since_read:
+            return
+        if by - self._depths_read_at <= DEPTH_REUSE_SECONDS:
+            return
+        async with self._lock:
+            with contextlib.suppress(BrokerUnavailable):
+                await self._read_depths(connection)
 
     async def keep(self, grant: Grant, claimed: Mapping[str, int]) -> None:
         """Give back the room the claim did not use."""
@@ -183,6 +199,7 @@ class QueueRoom:
         depths = await self._depths_of(connection)
         self._depths, self._depths_read_at = depths, time.monotonic()
         self._settled_since_read.clear()
+        self._granted_since_read = False
         return depths
 
     async def _depths_of(self, connection: AbstractConnection | None) -> dict[str, int]:

@@ -8,9 +8,10 @@ import uuid
 import psycopg
 import pytest
 
+from jobcore.access.apikeys import InvalidApiKey, authenticate_hash
 from jobcore.amqp.topology import Topology
 from jobcore.database import gateway as db_module
-from jobcore.database.gateway import Database, fetch_one
+from jobcore.database.gateway import Database, fetch_all_behind, fetch_one
 from jobcore.database.sql import Query
 from jobcore.database.sql.jobs.reads import JOB_GET
 from jobcore.examples.jobtypes import NoopPayload
@@ -21,7 +22,8 @@ from jobcore.kernel.errors import DatabaseUnavailable, IdempotencyConflict, Serv
 from jobcore.kernel.settings import Settings
 from jobcore.testing.jobtypes import EchoPayload
 from jobcore.testing.waiting import eventually
-from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue, enqueue_many
+from jobcore.usecases.enqueue.write_many import ItemStatus
 
 COUNT = Query(
     "count",
@@ -295,6 +297,92 @@ async def test_a_unit_of_work_can_begin_with_its_first_statement(
     # No statement at all: nothing to begin, commit or roll back.
     async with db.unit_of_work(begin_with_first_statement=True) as uow:
         await uow.commit()
+
+
+async def test_a_batch_without_keys_commits_with_its_insert_and_one_with_keys_does_not(
+    db: Database, topology: Topology
+) -> None:
+    """enqueue_many(commit=True) on a transaction begun with its first statement: a batch
+    whose items have no idempotency or unique key is committed by its insert's round trip
+    (visible to others before uow.commit(), which then does nothing); a keyed one is left
+    to the caller's commit, as the holders of taken keys are read in its transaction."""
+    noop = default_registry.get("noop")
+
+    def batch(*keys: str | None) -> list[EnqueueRequest]:
+        return [
+            EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload(), idempotency_key=key)
+            for key in keys
+        ]
+
+    async with db.session() as session:
+        async with session.transaction(begin_with_first_statement=True) as uow:
+            result = await enqueue_many(uow, topology, batch(None, None), commit=True)
+            assert [o.status for o in result.outcomes] == [ItemStatus.CREATED] * 2
+            assert await counts(db) == (2, 2)  # committed already, by another connection
+            assert uow.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            await uow.commit()  # nothing left to commit: no statement, no warning
+        async with session.transaction(begin_with_first_statement=True) as uow:
+            result = await enqueue_many(uow, topology, batch("k1", "k1"), commit=True)
+            assert [o.status for o in result.outcomes] == [
+                ItemStatus.CREATED,
+                ItemStatus.REPLAYED,
+            ]
+            assert await counts(db) == (2, 2)  # still the caller's to commit
+            await uow.commit()
+        assert await counts(db) == (3, 3)
+        # Without commit the caller's unit of work stays open whatever the items.
+        async with session.transaction(begin_with_first_statement=True) as uow:
+            await enqueue_many(uow, topology, batch(None), commit=False)
+            assert await counts(db) == (3, 3)
+        assert await counts(db) == (3, 3)  # rolled back on exit
+
+
+async def test_a_batch_requests_statements_are_planned_once_per_connection_on_a_generic_pool(
+    settings: Settings, topology: Topology
+) -> None:
+    """As the API's pool runs them: the key lookup and the batch insert are prepared on
+    their first run and planned generically, so later requests skip planning them."""
+    noop = default_registry.get("noop")
+    api_db = Database(settings, min_size=1, max_size=1, generic_plans=True)
+    await api_db.open(wait=True)
+    try:
+        async with api_db.session() as session:
+            for _ in range(3):
+                with pytest.raises(InvalidApiKey):
+                    await authenticate_hash(session, "no such key")
+                async with session.transaction(begin_with_first_statement=True) as uow:
+                    requests = [
+                        EnqueueRequest(tenant="t", job_type=noop, payload=NoopPayload())
+                    ] * 2
+                    await enqueue_many(uow, topology, requests, commit=True)
+            cur = await session.connection.execute(
+                "SELECT statement LIKE %s AS insert, generic_plans, custom_plans"
+                " FROM pg_prepared_statements ORDER BY 1",
+                ["%unnest%INSERT INTO jobcore.jobs%"],
+            )
+            plans = await cur.fetchall()
+    finally:
+        await api_db.close()
+    # The key lookup, then the insert; nothing else of theirs is prepared.
+    assert [p["insert"] for p in plans] == [False, True]
+    assert [p["custom_plans"] for p in plans] == [0, 0]
+    assert all(p["generic_plans"] >= 3 for p in plans)
+
+
+async def test_fetch_all_behind_with_commit_leaves_nothing_open_on_an_error(
+    db: Database,
+) -> None:
+    """A failing statement skips the pipelined COMMIT: the exit rolls back, and the
+    session's connection is usable again."""
+    async with db.session() as session:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            async with session.transaction(begin_with_first_statement=True) as uow:
+                await fetch_all_behind(uow, TXID({}), FAIL({}), commit=True)
+        assert session.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        async with session.transaction(begin_with_first_statement=True) as uow:
+            rows = await fetch_all_behind(uow, TXID({}), TXID({}), commit=True)
+            assert session.connection.info.transaction_status == (psycopg.pq.TransactionStatus.IDLE)
+        assert len(rows) == 1
 
 
 async def test_a_backend_waiting_for_a_lock_ends_when_its_client_goes_away(

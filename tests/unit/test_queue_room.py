@@ -135,3 +135,33 @@ async def test_depths_older_than_the_reuse_window_are_read_again(monkeypatch: An
     monkeypatch.setattr(time, "monotonic", lambda: now + DEPTH_REUSE_SECONDS + 0.1)
     await room.release(await room.grant(None))
     assert len(reads) == 2
+
+
+async def test_depths_a_grant_used_are_read_ahead_of_going_stale_and_idle_ones_are_not(
+    monkeypatch: Any,
+) -> None:
+    reads: list[int] = []
+    depths = {"q": 0, "webhooks": 0}
+    room = room_with_depths(depths, reads=reads)
+    # Never read: nothing to read ahead (the first grant reads them).
+    await room.read_ahead(None, time.monotonic() + 2 * DEPTH_REUSE_SECONDS)
+    assert reads == []
+
+    await room.release(await room.grant(None))
+    assert len(reads) == 1
+    now = time.monotonic()
+    # Still fresh by then: not read.
+    await room.read_ahead(None, now)
+    assert len(reads) == 1
+    # Too old to reuse by then, and a grant used them: read now, while the relay waits...
+    depths["q"] = 7
+    await room.read_ahead(None, now + DEPTH_REUSE_SECONDS + 0.1)
+    assert len(reads) == 2
+    # ...and no grant since: not read again however old they get.
+    await room.read_ahead(None, now + 10 * DEPTH_REUSE_SECONDS)
+    assert len(reads) == 2
+    # The grant that comes within the reuse window reuses what was read ahead.
+    monkeypatch.setattr(time, "monotonic", lambda: now + DEPTH_REUSE_SECONDS / 2)
+    grant = await room.grant(None)
+    assert len(reads) == 2
+    assert grant.budgets["q"] == 93

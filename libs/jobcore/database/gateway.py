@@ -489,13 +489,18 @@ class Session:
         if self._conn_cm is not None:  # None: a unit of work on a session's connection
             await self._conn_cm.__aexit__(exc_type, exc, tb)
 
-    def transaction(self) -> UnitOfWork:
-        """A unit of work on this session's connection (it stays checked out after).
+    def transaction(self, *, begin_with_first_statement: bool = False) -> UnitOfWork:
+        """A unit of work on this session's connection (it stays checked out after);
+        ``begin_with_first_statement`` as :class:`UnitOfWork` has it.
 
         One at a time: a second BEGIN would only warn, and its COMMIT end the first."""
         if self.connection.info.transaction_status != TransactionStatus.IDLE:
             raise ServiceStateError("the session already has a transaction open")
-        return UnitOfWork(self._db, connection=self.connection)
+        return UnitOfWork(
+            self._db,
+            connection=self.connection,
+            begin_with_first_statement=begin_with_first_statement,
+        )
 
     @property
     def settings(self) -> Settings:
@@ -559,13 +564,19 @@ class UnitOfWork(Session):
         finally:
             await super().__aexit__(exc_type, exc, tb)
 
-    def transaction(self) -> UnitOfWork:
+    def transaction(self, *, begin_with_first_statement: bool = False) -> UnitOfWork:
         raise ServiceStateError("already in a transaction")
 
     async def commit(self) -> None:
+        if self._committed:
+            return  # COMMIT went out with the last statement (fetch_all_behind's commit)
         if not self.begin_pending:  # else no statement ran: nothing to commit
             with translate_errors(self._db.settings):
                 await self.connection.execute("COMMIT")
+        self._committed = True
+
+    def ended_by_commit(self) -> None:
+        """The transaction's COMMIT went out with its last statement (and succeeded)."""
         self._committed = True
 
     async def rollback(self) -> None:
@@ -755,13 +766,17 @@ async def fetch_all(on: Reader, statement: Statement) -> list[DictRow]:
 
 
 async def fetch_all_behind(
-    uow: UnitOfWork, first: Statement, statement: Statement
+    uow: UnitOfWork, first: Statement, statement: Statement, *, commit: bool = False
 ) -> list[DictRow]:
     """``first``, then ``statement``, in ``uow``'s transaction and one round trip (with its
     BEGIN when that is still to go): ``statement``'s rows, read with a snapshot taken once
     ``first`` is done. The locks ``first`` takes are held for no round trip of the
     client's before ``statement`` runs: behind a hot row, the time it stays locked is what
-    the others wait."""
+    the others wait.
+
+    With ``commit``, COMMIT goes in the same round trip: ``statement`` ends the
+    transaction (a statement after it runs on its own, and ``uow.commit()`` does nothing).
+    An error in either statement skips the COMMIT, and the exit rolls back as usual."""
     conn = uow.connection
     with translate_errors(uow.settings):
         async with conn.pipeline():
@@ -771,7 +786,11 @@ async def fetch_all_behind(
                 await conn.execute("BEGIN")
             await _send(conn, first)
             cursor = await _send(conn, statement)
+            if commit:
+                await conn.execute("COMMIT")
         rows: list[DictRow] = await cursor.fetchall()
+    if commit:
+        uow.ended_by_commit()
     return rows
 
 

@@ -236,12 +236,15 @@ def batch_route(job_type: JobType[Any]) -> Callable[..., Awaitable[Response]]:
         result: BatchResult | None = None
         if items.valid:
             with enqueue_span(job_type.name) as span:
-                async with db_session.transaction() as uow:
+                # BEGIN goes out with the insert, and so does COMMIT when nothing can
+                # follow it: one round trip for a batch without keys (write_batch).
+                async with db_session.transaction(begin_with_first_statement=True) as uow:
                     result = await enqueue_many(
                         uow,
                         state.topology,
                         [item for _, item in items.valid],
                         quotas=state.settings.quota_defaults,
+                        commit=True,
                     )
                     await uow.commit()
                 if span is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import aio_pika
 import orjson
+import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute, fetch_one
@@ -18,6 +19,8 @@ from jobcore.database.sql.outbox import OUTBOX_DROP_WAKE_LEASE, OUTBOX_TAKE_WAKE
 from jobcore.kernel.envelope import PUBLISHED_HEADER, read_published
 from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
+from services.relay import low_water, room
+from services.relay import relay as relay_module
 from services.relay.relay import Relay
 from tests.integration.relay.helpers import (
     TRACEPARENT,
@@ -398,3 +401,55 @@ async def test_without_overlap_a_trickles_batches_go_one_at_a_time(
         await wait_received(collector, {r["message_id"] for r in rows}, timeout=10)
         await wait_drained(db, timeout=10)
     assert most == 1
+
+
+async def test_a_trickles_claims_find_the_mark_and_the_depths_done_while_the_relay_waited(
+    settings: Settings,
+    db: Database,
+    topology: Topology,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both are due long after they were done (so a claim never does them on its way
+    unless nothing did them ahead) and always within the look ahead: every wait does
+    them, and no claim waits for them."""
+    monkeypatch.setattr(low_water, "LOOK_EVERY", 3600.0)
+    monkeypatch.setattr(room, "DEPTH_REUSE_SECONDS", 3600.0)
+    monkeypatch.setattr(relay_module, "AHEAD_SECONDS", 7200.0)
+    collector = await collect(amqp_channel, topology)
+    async with running_relay(settings, db, poll_interval=60.0) as relay:
+        await wait_idle(relay)
+        in_claim = False
+        on_claims_way: list[str] = []
+        looks_before = relay.low_water.looks
+        look, read, batch = relay.low_water.look, relay.room._read_depths, relay.relay_batch
+
+        async def counted_look(conn: Any) -> float:
+            if in_claim:
+                on_claims_way.append("look")
+            return await look(conn)
+
+        async def counted_read(connection: Any) -> dict[str, int]:
+            if in_claim:
+                on_claims_way.append("depths")
+            return await read(connection)
+
+        async def flagged_batch() -> tuple[int, bool]:
+            nonlocal in_claim
+            in_claim = True
+            try:
+                return await batch()
+            finally:
+                in_claim = False
+
+        relay.low_water.look = counted_look  # type: ignore[method-assign]
+        relay.room._read_depths = counted_read  # type: ignore[method-assign]
+        relay.relay_batch = flagged_batch  # type: ignore[method-assign]
+        rows = []
+        for _ in range(5):
+            rows += await fill_outbox(db, topology, 1, notify=True)
+            await wait_received(collector, {rows[-1]["message_id"]}, timeout=10)
+            await wait_idle(relay)
+        await wait_drained(db, timeout=10)
+    assert on_claims_way == []
+    assert relay.low_water.looks - looks_before >= 5

@@ -62,6 +62,10 @@ API_KEY_AUTHENTICATE = Query[ApiKeyAuthenticateParams](
     )
     SELECT id, tenant, scopes, expires_at FROM found
     """,
+    # Run for every authenticated request, before its own statements: planned once per
+    # connection (a probe by its unique hash), it costs a fraction of planning it anew
+    # (docs/bench/measurements.md, "Plans").
+    generic_plan=True,
 )
 
 

@@ -243,13 +243,19 @@ class JobStore:
         return await fetch_one(on, JOB_INSERT_PREVIEW(params))
 
     async def insert_many(
-        self, on: Reader, params: JobInsertManyParams, *, behind: Statement | None = None
+        self,
+        on: Reader,
+        params: JobInsertManyParams,
+        *,
+        behind: Statement | None = None,
+        commit: bool = False,
     ) -> list[DictRow]:
         """Write a batch of one type, as many as the quotas admit: a row per item.
         ``behind``: a statement to run first, in the same round trip (``on`` a unit of
-        work: :func:`jobcore.database.gateway.fetch_all_behind`)."""
+        work: :func:`jobcore.database.gateway.fetch_all_behind`, which with ``commit``
+        commits in that round trip too)."""
         if behind is not None and isinstance(on, UnitOfWork):
-            return await fetch_all_behind(on, behind, JOB_INSERT_MANY(params))
+            return await fetch_all_behind(on, behind, JOB_INSERT_MANY(params), commit=commit)
         if behind is not None:
             await execute(on, behind)
         return await fetch_all(on, JOB_INSERT_MANY(params))

@@ -548,10 +548,13 @@ async def enqueue_many(
     requests: Sequence[EnqueueRequest],
     *,
     quotas: Quotas = UNLIMITED,
+    commit: bool = False,
 ) -> BatchResult:
     """Write the jobs of 1 to :data:`~jobcore.usecases.enqueue.write_many.MAX_BATCH_ITEMS` requests
     through ``uow``, a unit of work the caller commits: each request's outcome, in order
-    (:func:`jobcore.usecases.enqueue.write_many.write_batch`).
+    (:func:`jobcore.usecases.enqueue.write_many.write_batch`). ``commit``: the caller
+    commits right after, and the insert may commit ``uow`` itself (write_batch's
+    ``commit``); ``uow.commit()`` then does nothing.
 
     The requests are of one tenant, job type and callback URL, with the job type's
     priority, no ordering key and no API key to check (what one multi-row statement
@@ -592,6 +595,7 @@ async def enqueue_many(
         callback_url=first.callback_url,
         quotas=quotas,
         batch_id=first.batch_id,
+        commit=commit,
     )
 
 

@@ -126,6 +126,7 @@ async def write_batch(
     key_id: uuid.UUID | None = None,
     notify: bool = True,
     batch_id: uuid.UUID | None = None,
+    commit: bool = False,
 ) -> BatchResult:
     """Write the batch's jobs and outbox messages through ``uow``, a unit of work the
     caller commits, in two statements (the tenant's usage row is locked first, so
@@ -137,7 +138,13 @@ async def write_batch(
     with, checked usable by the insert (:class:`~jobcore.access.apikeys.InvalidApiKey`, nothing
     written, when it is not). ``notify``: False when the caller wakes the relays itself
     after the commit (:mod:`jobcore.usecases.enqueue.wakeups`). ``batch_id``: the open
-    batch every written job joins (the caller holds its row, jobcore.usecases.batches)."""
+    batch every written job joins (the caller holds its row, jobcore.usecases.batches).
+
+    ``commit``: ``uow`` ends with the batch (the caller commits right after). When no item
+    has an idempotency or unique key, nothing can follow the insert (no item's key can be
+    taken, so there are no holders to read or items to try again), and its COMMIT goes out
+    with it, in the same round trip: a round trip less between the jobs' insert and the
+    relays' NOTIFY (docs/bench/measurements.md, "Pickup at a steady rate")."""
     if not 1 <= len(items) <= MAX_BATCH_ITEMS:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH_ITEMS} items")
     trace = capture_trace_headers()
@@ -146,6 +153,9 @@ async def write_batch(
     todo = list(range(len(items)))
     # The usage row is locked by a statement of its own, sent with the first insert.
     lock: Statement | None = tenant_store.lock_usage_statement({"tenant": tenant})
+    commit_with_insert = commit and all(
+        item.idempotency_key is None and item.unique_key is None for item in items
+    )
     # An item whose unique key's holder ended between the insert and the read is tried
     # again (as a single enqueue is).
     for _ in range(UNIQUE_KEY_TRIES):
@@ -153,7 +163,7 @@ async def write_batch(
             topology, tenant, job_type, items, todo, callback_url, quotas, trace, batch_id
         )
         params["key_id"], params["notify"] = key_id, notify
-        rows = await job_store.insert_many(uow, params, behind=lock)
+        rows = await job_store.insert_many(uow, params, behind=lock, commit=commit_with_insert)
         lock = None
         if not rows:  # the API key was revoked or expired since it was verified
             raise InvalidApiKey()

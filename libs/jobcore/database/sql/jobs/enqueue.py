@@ -445,6 +445,11 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
     CROSS JOIN room CROSS JOIN limits
     ORDER BY input.n
     """,
+    # Planned once per connection, as the single enqueue is: planned anew, its dozen CTEs
+    # cost more to plan than to run, on the way of every batch from its BEGIN to its COMMIT
+    # (docs/bench/measurements.md, "Plans"). Its generic plan probes each item's keys by
+    # index (tests/integration/test_job_plans.py).
+    generic_plan=True,
 )
 
 
