@@ -71,6 +71,16 @@ def _time(value: datetime | str) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
+def _take_from_detail(event: dict[str, Any], key: str) -> Any:
+    """``event["detail"][key]`` (None when absent), taken out of the event's detail: what
+    another entry's data rode on this event is listed as that entry, not twice."""
+    detail = event["detail"]
+    value = detail.get(key) if isinstance(detail, dict) else None
+    if value is not None:
+        event["detail"] = {k: v for k, v in detail.items() if k != key}
+    return value
+
+
 def with_claims(
     events: Iterable[Mapping[str, Any]], job: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
@@ -90,11 +100,9 @@ def with_claims(
     said: list[dict[str, Any]] = []
     carried: set[datetime] = set()
     for event in listed:
-        detail = event["detail"]
-        claim = detail.get("claim") if isinstance(detail, dict) else None
+        claim = _take_from_detail(event, "claim")
         if claim is None:
             continue
-        event["detail"] = {key: value for key, value in detail.items() if key != "claim"}
         at = _time(claim["at"])
         carried.add(at)
         # A `claimed` row of this attempt between the claim and its end: a previous
@@ -148,11 +156,9 @@ def with_job_row(
     revivals = [e for e in listed if e["kind"] == JobEventKind.REVIVED]
     reopened = max((_time(e["at"]) for e in revivals), default=None)
     for event in revivals:
-        detail = event["detail"]
-        finish = detail.get("finish") if isinstance(detail, dict) else None
+        finish = _take_from_detail(event, "finish")
         if finish is None:
             continue
-        event["detail"] = {key: value for key, value in detail.items() if key != "finish"}
         at, revived = _time(finish["at"]), _time(event["at"])
         # An ending row between the end and the revival: a previous revision's statement.
         if not any(at <= end <= revived for end in ends):
