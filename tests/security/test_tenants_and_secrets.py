@@ -36,8 +36,15 @@ from tests.integration.api.support import assert_problem, enqueue, finish_job, j
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 ENVELOPE_FIELDS = {"v", "job_id", "attempt", "type"}
-# What the relay sends, and the count the quorum queue adds on delivery.
-ALLOWED_HEADERS = {"traceparent", "tracestate", "x-envelope-version", "x-delivery-count"}
+# What the relay sends (x-jobcore-published: when its claim began, and its id), and the
+# count the quorum queue adds on delivery.
+ALLOWED_HEADERS = {
+    "traceparent",
+    "tracestate",
+    "x-envelope-version",
+    "x-delivery-count",
+    "x-jobcore-published",
+}
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 

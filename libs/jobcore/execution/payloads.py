@@ -44,7 +44,9 @@ def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
     JSON's ``null`` to slip through. A payload already stored is read by the model's own
     rules instead (:meth:`~jobcore.execution.registry.JobType.validate_payload`)."""
     try:
-        document = pydantic_core.to_json(raw_payload, inf_nan_mode="constants")
+        document = pydantic_core.to_json(
+            _integral_floats_as_ints(raw_payload), inf_nan_mode="constants"
+        )
     except pydantic_core.PydanticSerializationError as exc:
         raise UnstorablePayload(
             [{"loc": ["body"], "msg": f"not representable as JSON: {exc}", "type": "json_type"}],
@@ -53,6 +55,24 @@ def validate_payload(job_type: JobType[Any], raw_payload: Any) -> BaseModel:
     payload: BaseModel = job_type.validate_new_payload(document)
     check_storable(payload.model_dump(mode="json"))
     return payload
+
+
+EXACT_FLOAT_INTEGERS = 2**53
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """JSON Schema counts ``5.0`` as an integer (the OpenAPI document promises it), and
+    strict validation would refuse it for an ``int``: an integral float is checked as the
+    integer it is. ``5.5`` and ``"5"`` are still refused; a ``float`` field takes either.
+    Only up to 2**53, where a float is still the integer sent: beyond it (orjson reads an
+    integer past 64 bits as a float) it would be a rounded one, which is refused instead."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT_INTEGERS:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
 
 
 def check_storable(value: Any, loc: tuple[str | int, ...] = ("body",)) -> None:
