@@ -169,3 +169,38 @@ def test_a_stored_payload_is_read_by_the_models_own_rules() -> None:
     stored = export_csv.validate_payload({"rows": "5"})
     assert isinstance(stored, ExportCsvPayload)
     assert stored.rows == 5
+
+
+class Document(BaseModel):
+    body: Any = None
+
+
+def test_a_document_nested_deeper_than_pythons_recursion_limit_is_a_client_error() -> None:
+    # As deep as the API's JSON parser lets through (orjson: 1,024 levels), deeper than
+    # Python's recursion limit: refused as a payload, never a RecursionError (a 500).
+    deep: Any = 7.0
+    for _ in range(1_023):
+        deep = [deep]
+    with pytest.raises(UnstorablePayload) as refused:
+        validate_payload(job_type(Document), {"body": deep})
+    assert refused.value.errors[0]["type"] == "json_type"
+
+
+def test_a_nested_document_is_checked_down_to_its_innermost_value() -> None:
+    depth = 100
+    nested: Any = 7.0
+    for _ in range(depth):
+        nested = [nested]
+    model = validate_payload(job_type(Document), {"body": nested})
+    innermost = model.model_dump()["body"]
+    for _ in range(depth):
+        innermost = innermost[0]
+    assert innermost == 7
+    assert isinstance(innermost, int)
+
+    poisoned: Any = "a\x00b"
+    for _ in range(depth):
+        poisoned = {"k": poisoned}
+    with pytest.raises(UnstorablePayload) as refused:
+        validate_payload(job_type(Document), {"body": poisoned})
+    assert [error["loc"] for error in refused.value.errors] == [["body", "body", *["k"] * depth]]

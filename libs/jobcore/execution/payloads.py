@@ -65,14 +65,27 @@ def _integral_floats_as_ints(value: Any) -> Any:
     strict validation would refuse it for an ``int``: an integral float is checked as the
     integer it is. ``5.5`` and ``"5"`` are still refused; a ``float`` field takes either.
     Only up to 2**53, where a float is still the integer sent: beyond it (orjson reads an
-    integer past 64 bits as a float) it would be a rounded one, which is refused instead."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT_INTEGERS:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_integral_floats_as_ints(item) for item in value]
-    return value
+    integer past 64 bits as a float) it would be a rounded one, which is refused instead.
+
+    A copy (the caller's value is left as it is), made without recursion: a document
+    nested as deep as the JSON parser allows (1,024 levels) is deeper than Python's
+    recursion limit, and must reach the model to be refused as a client error."""
+    root: list[Any] = [value]
+    pending: list[tuple[Any, Any]] = [(root, 0)]
+    while pending:
+        container, key = pending.pop()
+        item = container[key]
+        if isinstance(item, float) and item.is_integer() and abs(item) <= EXACT_FLOAT_INTEGERS:
+            container[key] = int(item)
+        elif isinstance(item, dict):
+            copied = dict(item)
+            container[key] = copied
+            pending.extend((copied, name) for name in copied)
+        elif isinstance(item, list | tuple):
+            listed = list(item)
+            container[key] = listed
+            pending.extend((listed, index) for index in range(len(listed)))
+    return root[0]
 
 
 def check_storable(value: Any, loc: tuple[str | int, ...] = ("body",)) -> None:
@@ -88,22 +101,32 @@ def check_storable(value: Any, loc: tuple[str | int, ...] = ("body",)) -> None:
 
 
 def _collect_unstorable(value: Any, loc: list[str | int], errors: list[dict[str, Any]]) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            errors.append({"loc": loc, "msg": "NUL characters are not allowed", "type": "nul"})
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            errors.append({"loc": loc, "msg": "numbers must be finite", "type": "finite_number"})
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and "\x00" in key:
+    # Without recursion, for the reason _integral_floats_as_ints gives: a model field of
+    # type Any takes a document nested deeper than Python's recursion limit.
+    pending: list[tuple[Any, list[str | int]]] = [(value, loc)]
+    while pending:
+        item, where = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                errors.append(_nul_at(where))
+        elif isinstance(item, float):
+            if not math.isfinite(item):
                 errors.append(
-                    {"loc": [*loc, key], "msg": "NUL characters are not allowed", "type": "nul"}
+                    {"loc": where, "msg": "numbers must be finite", "type": "finite_number"}
                 )
-            _collect_unstorable(item, [*loc, key], errors)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _collect_unstorable(item, [*loc, index], errors)
+        elif isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and "\x00" in key:
+                    errors.append(_nul_at([*where, key]))
+            pending.extend((member, [*where, key]) for key, member in reversed(item.items()))
+        elif isinstance(item, list | tuple):
+            pending.extend(
+                (member, [*where, index]) for index, member in reversed(list(enumerate(item)))
+            )
+
+
+def _nul_at(loc: list[str | int]) -> dict[str, Any]:
+    return {"loc": loc, "msg": "NUL characters are not allowed", "type": "nul"}
 
 
 async def read_payload(store: ResultStore, payload: Any, payload_ref: str | None) -> Any:
