@@ -285,6 +285,69 @@ def test_two_migrate_runs_take_turns_while_a_build_waits(service_urls: ServiceUr
         databases.drop_database(service_urls.pg_admin_url, name)
 
 
+# A session that holds outbox's ShareUpdateExclusiveLock: a concurrent index build does,
+# from its start to its end.
+BUILD_HOLDS_OUTBOX = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+    "WHERE c.relname = 'outbox' AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted "
+    "AND l.pid <> pg_backend_pid()"
+)
+
+
+def test_migrate_runs_a_build_that_lost_a_deadlock_again(service_urls: ServiceUrls) -> None:
+    """A reader's transaction that came to need the lock a concurrent build holds, while
+    the build waits for that transaction's snapshot to end: PostgreSQL fails one side. The
+    build's side is made the one (it checks for deadlocks after 1 s, the reader after 60 s);
+    `jobcore migrate` runs the migration again, and the upgrade completes in the one run."""
+    settings, name = _empty_database_settings(service_urls)
+    env = {**settings_env(settings), "PGOPTIONS": "-c deadlock_timeout=1s"}
+    try:
+        migrate.upgrade(settings, "0020")
+        with (
+            psycopg.connect(settings.database_url, autocommit=True) as reader,
+            psycopg.connect(settings.database_url, autocommit=True) as watch,
+        ):
+            reader.execute("SET deadlock_timeout = '60s'")
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM outbox")  # a snapshot the build waits for
+            run = subprocess.Popen(
+                jobcore_command("migrate"),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                eventually_sync(
+                    lambda: _count(watch, BUILD_HOLDS_OUTBOX) > 0 or run.poll() is not None,
+                    timeout=60,
+                    what="migration 0021's build to start",
+                )
+                assert run.poll() is None, run.communicate()
+                # Needs the lock the build holds: waits, and the build waits for it.
+                reader.execute("ANALYZE outbox")
+                reader.execute("COMMIT")
+                out, err = run.communicate(timeout=120)
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.communicate()
+        assert run.returncode == 0, err
+        assert "migration 0021: deadlock detected" in err, err
+        assert "attempt 2 of 3" in err, err
+        assert migrate.current_revision(settings) == migrate.head_revision()
+        assert _invalid_indexes(settings) == []
+        assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def _count(conn: psycopg.Connection[tuple[object, ...]], query: str) -> int:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
 # jobcore_enqueue's signatures, one row each, and whether PUBLIC may execute them.
 ENQUEUE_FUNCTIONS = (
     "SELECT p.oid::regprocedure::text AS signature,"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,14 +140,40 @@ def upgrade(settings: Settings, revision: str = "head") -> tuple[str | None, str
     from alembic import command
     from sqlalchemy import exc as sa_exc
 
-    try:
-        command.upgrade(alembic_config(settings), revision)
-    except sa_exc.DBAPIError as exc:
-        at = current_revision(settings)
-        failed = _next_revision(at, revision)
-        reason = (str(exc.orig).strip().splitlines() or ["no reason given"])[0]
-        raise MigrationFailed(
-            f"migration {failed} failed: {reason}; the schema stays at {at or 'empty'}, "
-            "run `jobcore migrate` again"
-        ) from exc
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            command.upgrade(alembic_config(settings), revision)
+            break
+        except sa_exc.DBAPIError as exc:
+            at = current_revision(settings)
+            failed = _next_revision(at, revision)
+            reason = (str(exc.orig).strip().splitlines() or ["no reason given"])[0]
+            if _sqlstate(exc) == DEADLOCK_DETECTED and attempt < DEADLOCK_ATTEMPTS:
+                print(
+                    f"migration {failed}: {reason} (PostgreSQL undid its side of it); "
+                    f"running it again, attempt {attempt + 1} of {DEADLOCK_ATTEMPTS}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                time.sleep(DEADLOCK_PAUSE_SECONDS * attempt)
+                continue
+            raise MigrationFailed(
+                f"migration {failed} failed: {reason}; the schema stays at {at or 'empty'}, "
+                "run `jobcore migrate` again"
+            ) from exc
     return before, current_revision(settings)
+
+
+# A deadlock is a race PostgreSQL ends by failing one side (here a concurrent index build,
+# which waits for every older transaction, against a writer that came to wait for the
+# build): running the migration again is what an operator would do, and is safe (a failed
+# concurrent build is dropped and built again, jobcore.database.migration_steps). A lock
+# not had within the build's lock_timeout is not retried: that is a long transaction,
+# which the operator must end first (docs/how-to/upgrade.md).
+DEADLOCK_DETECTED = "40P01"
+DEADLOCK_ATTEMPTS = 3
+DEADLOCK_PAUSE_SECONDS = 1.0
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None)
