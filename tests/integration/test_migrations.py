@@ -327,7 +327,7 @@ def test_migrate_runs_a_build_that_lost_a_deadlock_again(service_urls: ServiceUr
                 # Needs the lock the build holds: waits, and the build waits for it.
                 reader.execute("ANALYZE outbox")
                 reader.execute("COMMIT")
-                out, err = run.communicate(timeout=120)
+                _, err = run.communicate(timeout=120)
             finally:
                 if run.poll() is None:
                     run.kill()
