@@ -40,15 +40,21 @@ async def test_keys_create_list_revoke(settings: Settings, api_client: httpx.Asy
     assert key["key"] not in listed.stdout
     assert row["revoked_at"] is None
     table = jobcore(settings, "keys", "list", "--tenant", "acme")
+    assert table.returncode == 0, table.stderr
     assert key["id"] in table.stdout
     assert key["key"] not in table.stdout
-    assert jobcore(settings, "keys", "list", "--tenant", "other", "--json").stdout.strip() == "[]"
+    other = jobcore(settings, "keys", "list", "--tenant", "other", "--json")
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == "[]"
 
     revoked = jobcore(settings, "keys", "revoke", key["id"])
     assert revoked.returncode == 0, revoked.stderr
     assert key["id"] in revoked.stdout
     assert (await api_client.get("/jobs", headers=auth)).status_code == 401
-    assert orjson.loads(jobcore(settings, "keys", "list", "--json").stdout)[0]["revoked_at"]
+    after = jobcore(settings, "keys", "list", "--json")
+    # A CLI that failed (it says why on stderr) shows as its own message, not as bad JSON.
+    assert after.returncode == 0, after.stderr
+    assert orjson.loads(after.stdout)[0]["revoked_at"]
 
 
 def test_bad_arguments_fail_with_one_line(settings: Settings) -> None:
