@@ -297,10 +297,12 @@ BUILD_HOLDS_OUTBOX = (
 def test_migrate_runs_a_build_that_lost_a_deadlock_again(service_urls: ServiceUrls) -> None:
     """A reader's transaction that came to need the lock a concurrent build holds, while
     the build waits for that transaction's snapshot to end: PostgreSQL fails one side. The
-    build's side is made the one (it checks for deadlocks after 1 s, the reader after 60 s);
-    `jobcore migrate` runs the migration again, and the upgrade completes in the one run."""
+    build's side is made the one: it checks for deadlocks 3 s after it starts to wait (so the
+    reader's request must come within 3 s, and the check comes before the build's 5 s
+    lock_timeout), the reader after 60 s. `jobcore migrate` runs the migration again, and the
+    upgrade completes in the one run."""
     settings, name = _empty_database_settings(service_urls)
-    env = {**settings_env(settings), "PGOPTIONS": "-c deadlock_timeout=1s"}
+    env = {**settings_env(settings), "PGOPTIONS": "-c deadlock_timeout=3s"}
     try:
         migrate.upgrade(settings, "0020")
         with (

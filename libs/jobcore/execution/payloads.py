@@ -69,7 +69,8 @@ def _integral_floats_as_ints(value: Any) -> Any:
 
     A copy (the caller's value is left as it is), made without recursion: a document
     nested as deep as the JSON parser allows (1,024 levels) is deeper than Python's
-    recursion limit, and must reach the model to be refused as a client error."""
+    recursion limit, and must be refused as a client error (pydantic's serializer stops at
+    about 255 levels: :class:`UnstorablePayload`), not fail as a RecursionError."""
     root: list[Any] = [value]
     pending: list[tuple[Any, Any]] = [(root, 0)]
     while pending:
