@@ -239,3 +239,43 @@ async def test_a_job_from_before_the_upgrade_is_still_replayed_by_its_payload(
     assert again.json()["job_id"] == first.json()["job_id"]
     assert again.headers["idempotent-replayed"] == "true"
     assert_problem(other, 422, "idempotency-key-reused")
+
+
+async def test_only_a_job_with_an_idempotency_key_keeps_its_requests_fingerprint(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    # The fingerprint is read only to tell a replay of a key from another request: a job
+    # without a key does not write it into every version of its row.
+    keyed = await enqueue(
+        api_client, auth, payload={"text": "a"}, headers={"Idempotency-Key": "fp-1"}
+    )
+    plain = await enqueue(api_client, auth, payload={"text": "a"})
+    batch = await api_client.post(
+        "/jobs/echo/batch",
+        json={
+            "items": [
+                {"payload": {"text": "b"}, "idempotency_key": "fp-2"},
+                {"payload": {"text": "b"}},
+            ]
+        },
+        headers=auth,
+    )
+    assert keyed.status_code == plain.status_code == 202
+    assert batch.status_code == 200, batch.text
+    batch_keyed, batch_plain = (item["job_id"] for item in batch.json()["items"])
+    for job_id in (keyed.json()["job_id"], batch_keyed):
+        assert len((await job_row(db, job_id))["payload_fingerprint"]) == 64
+    for job_id in (plain.json()["job_id"], batch_plain):
+        assert (await job_row(db, job_id))["payload_fingerprint"] is None
+    # And the keys still tell a replay from another request, single and in a batch.
+    again = await enqueue(
+        api_client, auth, payload={"text": "a"}, headers={"Idempotency-Key": "fp-1"}
+    )
+    assert again.json()["job_id"] == keyed.json()["job_id"]
+    reused = await api_client.post(
+        "/jobs/echo/batch",
+        json={"items": [{"payload": {"text": "c"}, "idempotency_key": "fp-2"}]},
+        headers=auth,
+    )
+    assert reused.status_code == 200, reused.text
+    assert reused.json()["items"][0]["status"] == "invalid"
