@@ -45,7 +45,7 @@ from jobcore.kernel.priorities import WEIGHTS
 from jobcore.kernel.retry import backoff_delay
 from jobcore.kernel.settings import RelayOptions, Settings
 from jobcore.kernel.startstop import Service, run_until_signalled
-from jobcore.maintenance.outbox_vacuum import OutboxVacuum
+from jobcore.maintenance.table_vacuum import TableVacuum
 from jobcore.telemetry.health import HealthServer
 from jobcore.telemetry.otlp_metrics import metrics_pusher
 from jobcore.telemetry.traces import tracing_enabled
@@ -146,7 +146,7 @@ class Relay(Service):
         # Whether this relay holds the wake lease: its NOTIFYs wake it (OUTBOX_TAKE_WAKE_LEASE).
         self.answers_notifies = False
         # Frees the index pages of the rows this relay deleted, every so many of them.
-        self.vacuum = OutboxVacuum(settings, options.vacuum_every)
+        self.vacuum = TableVacuum(settings, "outbox", options.vacuum_every, owner="relay")
 
     # -- the loop -----------------------------------------------------------------------
 

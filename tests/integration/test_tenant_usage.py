@@ -18,7 +18,12 @@ from jobcore.examples.jobtypes import NoopPayload
 from jobcore.execution.registry import load_job_modules
 from jobcore.kernel.errors import DatabaseUnavailable
 from jobcore.kernel.settings import Settings
-from jobcore.maintenance.usage_folder import FOLD_BATCH, FOLD_START_ID, UsageFolder
+from jobcore.maintenance.usage_folder import (
+    FOLD_BATCH,
+    FOLD_START_ID,
+    FOLD_VACUUM_EVERY,
+    UsageFolder,
+)
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
 
@@ -162,6 +167,45 @@ async def _fold_once(db: Database, folder: UsageFolder) -> None:
     except DatabaseUnavailable as exc:
         if not lock_wait_ran_out(exc):
             raise
+
+
+async def _add_deltas(db: Database, count: int) -> int:
+    """``count`` deltas of +1 for the tenant, in one statement; the table's size after."""
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO jobcore.tenant_usage_deltas (tenant, delta)"
+            " SELECT %s, 1 FROM generate_series(1, %s)",
+            (TENANT, count),
+        )
+        cur = await conn.execute("SELECT pg_relation_size('jobcore.tenant_usage_deltas') AS n")
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_the_usage_folder_vacuums_the_deltas_it_folded_so_new_ones_reuse_their_space(
+    db: Database, settings: Settings
+) -> None:
+    folder = UsageFolder.from_settings(settings)
+    assert folder.vacuum is not None
+    size = await _add_deltas(db, FOLD_VACUUM_EVERY)
+    async with db.unit_of_work() as uow:
+        taken, rows = await folder.work(uow)
+        await uow.commit()
+    assert taken == FOLD_VACUUM_EVERY
+    folder.report(rows)  # as the leader's round does, once the batch committed
+    assert folder.vacuum.running
+
+    async def vacuumed() -> bool:
+        return not folder.vacuum.running  # type: ignore[union-attr]
+
+    await eventually(vacuumed, timeout=30, what="the usage deltas' VACUUM")
+    await folder.vacuum.close()
+    assert folder.vacuum.runs == 1
+    # As many deltas again fit in the space of those folded: without the VACUUM, each
+    # would take new space, and the table would double.
+    assert await _add_deltas(db, FOLD_VACUUM_EVERY) == size
+    assert (await _row(db))["unfinished"] == FOLD_VACUUM_EVERY
 
 
 async def test_a_minus_one_is_never_folded_without_its_plus_one(

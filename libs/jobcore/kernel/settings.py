@@ -789,7 +789,7 @@ class RelayOptions(BaseSettings):
     # (docs/bench/measurements.md, "The relay's queue depth limit"). 0: no limit.
     queue_depth_limit: int = Field(default=1000, ge=0, le=1_000_000)
     # VACUUM the outbox after this relay deleted this many rows since its last one
-    # (jobcore.maintenance.outbox_vacuum): without it, the dead index entries a drain
+    # (jobcore.maintenance.table_vacuum): without it, the dead index entries a drain
     # leaves slow every later claim until autovacuum comes by. 0: leave it to autovacuum.
     vacuum_every: int = Field(default=100_000, ge=0, le=100_000_000)
 

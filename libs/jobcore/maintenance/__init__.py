@@ -14,7 +14,8 @@ library half, run under one leader per database.
   (with :mod:`.schedule_ticks`, which ``jobcore schedules`` uses too, and :mod:`.periodic`,
   what a schedule is and where it is declared), :mod:`.usage_folder`, :mod:`.compactor`
   (gives the hot tables' space back after a pinned xmin horizon);
-- :mod:`.outbox_vacuum`: the outbox's VACUUM, which the relays run (not under the leader);
+- :mod:`.table_vacuum`: the VACUUM of a table its process empties: the outbox's, which the
+  relays run (not under the leader), and the usage deltas', which the usage folder runs;
 - :mod:`.metrics`: what each service counts, as protocols the worker's metrics fulfil.
 
 The worker composes them (services/worker/app.py); docs/design.md, "Maintenance", says

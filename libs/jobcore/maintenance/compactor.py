@@ -6,7 +6,7 @@ makes the space reusable but returns only empty pages at the very end of a file,
 churn rarely leaves: in the pressure bench the hot tables grew from 81 to 460 MiB during a
 10-minute pin at 200 jobs/s and were still 207 MiB 30 minutes after it
 (docs/bench/pressure/report.md). The relay's own VACUUM of the outbox does not even try
-(``TRUNCATE false``, :mod:`.outbox_vacuum`).
+(``TRUNCATE false``, :mod:`.table_vacuum`).
 
 So the maintenance leader looks, every :attr:`CompactorConfig.interval`, for a hot table
 whose files (heap and indexes) are at least :attr:`~CompactorConfig.ratio` times what its

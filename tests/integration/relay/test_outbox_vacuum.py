@@ -1,5 +1,5 @@
 """What keeps the claim as cheap at the end of a long drain as at its start: the relay's
-VACUUM of the outbox (jobcore.maintenance.outbox_vacuum) and no JIT on its connections."""
+VACUUM of the outbox (jobcore.maintenance.table_vacuum) and no JIT on its connections."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jobcore.database.gateway import Database, fetch_all
 from jobcore.database.sql.outbox import OUTBOX_CLAIM_FAIR
 from jobcore.kernel.priorities import WEIGHTS
 from jobcore.kernel.settings import Settings
-from jobcore.maintenance.outbox_vacuum import OutboxVacuum
+from jobcore.maintenance.table_vacuum import TableVacuum
 from jobcore.testing.waiting import eventually
 from tests.integration.relay.helpers import collect, fill_outbox, running_relay, wait_drained
 
@@ -72,7 +72,7 @@ async def test_a_drained_head_slows_the_claim_until_the_relays_vacuum_frees_it(
     await claim_and_buffers(db)  # as the relay's next claim: marks the dead entries it passes
 
     before, dead_head = await claim_and_buffers(db)
-    vacuum = OutboxVacuum(settings, every=10_000)
+    vacuum = TableVacuum(settings, "outbox", 10_000, owner="relay")
     vacuum.deleted(9_999)
     assert not vacuum.running
     vacuum.deleted(len(drained) - 9_999)
@@ -97,7 +97,7 @@ async def test_a_drained_head_slows_the_claim_until_the_relays_vacuum_frees_it(
 
 
 async def test_vacuum_every_zero_never_vacuums(settings: Settings) -> None:
-    vacuum = OutboxVacuum(settings, every=0)
+    vacuum = TableVacuum(settings, "outbox", 0, owner="relay")
     vacuum.deleted(10_000_000)
     assert not vacuum.running
 
@@ -162,9 +162,9 @@ async def test_a_vacuum_that_failed_once_started_waits_for_as_many_rows_again(
     await vacuum.close()
 
 
-async def failed_vacuum(settings: Settings) -> OutboxVacuum:
-    """An OutboxVacuum whose first VACUUM (owed after 1,000 rows) failed."""
-    vacuum = OutboxVacuum(settings, every=1_000)
+async def failed_vacuum(settings: Settings) -> TableVacuum:
+    """A TableVacuum of the outbox whose first VACUUM (owed after 1,000 rows) failed."""
+    vacuum = TableVacuum(settings, "outbox", 1_000, owner="relay")
     vacuum.deleted(1_000)
 
     async def failed() -> bool:
