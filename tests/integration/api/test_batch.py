@@ -167,6 +167,38 @@ async def test_idempotency_keys_replay_across_batches_and_single_requests(
     assert (await counts(db))["jobs"] == 5
 
 
+async def _usage_deltas(db: Database) -> tuple[int, int]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n, coalesce(sum(delta), 0) AS total"
+            " FROM jobcore.tenant_usage_deltas WHERE tenant = %s",
+            (TENANT,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"]), int(row["total"])
+
+
+async def test_a_batch_of_keyed_and_plain_items_is_one_statement_for_the_usage_count(
+    api_client: httpx.AsyncClient, auth: dict[str, str], db: Database
+) -> None:
+    # Items with a key are inserted apart from those without one (ON CONFLICT is only for
+    # a key): still one statement, whose trigger appends one delta for all its jobs.
+    before = await _usage_deltas(db)
+    items = [
+        {"payload": {"text": "a"}, "idempotency_key": "mixed-1"},
+        {"payload": {"text": "b"}},
+        {"payload": {"text": "c"}, "unique_key": "mixed-2"},
+        {"payload": {"text": "d"}},
+    ]
+    answer = answered(await batch(api_client, auth, items))
+    assert [i["status"] for i in answer] == ["created"] * 4
+    after = await _usage_deltas(db)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 4)
+    assert (await counts(db))["jobs"] == 4
+    assert (await counts(db))["jobs_without_message"] == 0
+
+
 HELD_ECHO = {"payload": {"text": "x"}, "unique_key": "held"}
 
 

@@ -50,6 +50,35 @@ _MANY_FINGERPRINT = _KEPT_FINGERPRINT.format(
     key="input.idempotency_key", fingerprint="input.payload_fingerprint"
 )
 
+# Where _job_inserts puts each INSERT's row condition.
+ROWS = "{ROWS}"
+_ONE_KEYS = "%(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL"
+_MANY_KEYS = "input.idempotency_key IS NOT NULL OR input.unique_key IS NOT NULL"
+
+
+def _job_inserts(insert: str, *, keys: str, returning: str) -> str:
+    """The CTE ``job``: the rows ``insert`` (an INSERT ... SELECT whose row condition is
+    ``{ROWS}``) writes, those with an idempotency or unique key (``keys``) by an INSERT
+    ... ON CONFLICT DO NOTHING, the others by a plain INSERT.
+
+    ON CONFLICT is for a key that a racing enqueue took after the statement's snapshot: a
+    row without one conflicts with nothing (its id is a fresh uuid), and its speculative
+    insertion would cost a WAL record more per job (48 bytes, issue 49). The two INSERTs
+    into jobs are one statement: its statement triggers see both in one transition table
+    and fire once.
+    """
+    return f"""job_keyed AS (
+        {insert.replace(ROWS, f"({keys})")}
+        ON CONFLICT DO NOTHING
+        RETURNING {returning}
+    ), job_plain AS (
+        {insert.replace(ROWS, f"NOT ({keys})")}
+        RETURNING {returning}
+    ), job AS (
+        SELECT * FROM job_keyed UNION ALL SELECT * FROM job_plain
+    )"""
+
+
 # One statement writes the job, its outbox message and wakes the relays: a round trip
 # per statement is the cost that matters on the enqueue path. With an idempotency key
 # that is already taken, or a unique key a live job holds, ON CONFLICT (on either index:
@@ -104,17 +133,8 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
            coalesce(keyed.joined, false) AS joined, keyed.status AS joined_status,
            keyed.due_at, keyed.running_job_id, keyed.replayed_fingerprint"""
         joins = " LEFT JOIN keyed ON true"
-    return f"""
-    WITH {admission}{key_cte}, place AS (
-        INSERT INTO jobcore.job_gates (key, counter)
-        SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
-        FROM {admitted}
-        WHERE %(ordering_key)s::text IS NOT NULL
-          AND %(ordering_seq)s::bigint IS NULL
-        ON CONFLICT (key) DO UPDATE
-        SET counter = job_gates.counter + 1, updated_at = now()
-        RETURNING counter
-    ), job AS (
+    jobs = _job_inserts(
+        f"""
         INSERT INTO jobcore.jobs (
             id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
@@ -142,9 +162,21 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
                        || %(event_detail)s, '{{}}'::jsonb),
             %(payload_ref)s, %(batch_id)s{key_values}
         FROM {admitted}
-        ON CONFLICT DO NOTHING
-        RETURNING id, tenant, created_at, priority, next_attempt_at
-    ), message AS (
+        WHERE {{ROWS}}""",
+        keys=_ONE_KEYS,
+        returning="id, tenant, created_at, priority, next_attempt_at",
+    )
+    return f"""
+    WITH {admission}{key_cte}, place AS (
+        INSERT INTO jobcore.job_gates (key, counter)
+        SELECT 'ordering:' || go.tenant || ':' || %(ordering_key)s, 1
+        FROM {admitted}
+        WHERE %(ordering_key)s::text IS NOT NULL
+          AND %(ordering_seq)s::bigint IS NULL
+        ON CONFLICT (key) DO UPDATE
+        SET counter = job_gates.counter + 1, updated_at = now()
+        RETURNING counter
+    ), {jobs}, message AS (
         INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority, created_at
@@ -351,6 +383,36 @@ class JobInsertManyParams(QuotaDefaultParams):
     batch_id: uuid.UUID | None
 
 
+# The batch's jobs (JOB_INSERT_MANY).
+_MANY_JOBS = _job_inserts(
+    f"""
+        INSERT INTO jobcore.jobs (
+            id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
+            payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
+            unique_key, priority, concurrency_key, concurrency_limit, rate_key,
+            rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail,
+            batch_id
+        )
+        SELECT
+            input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
+            {_MANY_FINGERPRINT},
+            input.payload, input.entity_id, input.max_attempts,
+            input.run_at, input.traceparent, input.tracestate, input.unique_key,
+            input.priority, input.concurrency_key, %(concurrency_limit)s, input.rate_key,
+            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s,
+            coalesce(input.callback_url, hook.url),
+            -- As the single enqueue writes it (JOB_INSERT).
+            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
+                       || input.event_detail, '{{}}'::jsonb),
+            %(batch_id)s::uuid
+        FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
+        WHERE fresh.rank <= room.admitted AND {{ROWS}}
+        ORDER BY input.n""",
+    keys=_MANY_KEYS,
+    returning="id, status, created_at",
+)
+
+
 # Batch enqueue (jobcore.usecases.enqueue.write_many), and the API's coalesced single enqueues: one
 # multi-row insert of the jobs and one of their outbox rows, each row's columns its own. The caller
 # holds the tenant's usage row (TENANT_USAGE_LOCK). An item is new when no job holds its
@@ -410,32 +472,7 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
             ORDER BY job_type = '*'
             LIMIT 1
         ) AS url
-    ), job AS (
-        INSERT INTO jobcore.jobs (
-            id, tenant, type, queue, status, idempotency_key, payload_fingerprint,
-            payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
-            unique_key, priority, concurrency_key, concurrency_limit, rate_key,
-            rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail,
-            batch_id
-        )
-        SELECT
-            input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
-            {_MANY_FINGERPRINT},
-            input.payload, input.entity_id, input.max_attempts,
-            input.run_at, input.traceparent, input.tracestate, input.unique_key,
-            input.priority, input.concurrency_key, %(concurrency_limit)s, input.rate_key,
-            %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s,
-            coalesce(input.callback_url, hook.url),
-            -- As the single enqueue writes it (JOB_INSERT).
-            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
-                       || input.event_detail, '{{}}'::jsonb),
-            %(batch_id)s::uuid
-        FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
-        WHERE fresh.rank <= room.admitted
-        ORDER BY input.n
-        ON CONFLICT DO NOTHING
-        RETURNING id, status, created_at
-    ), message AS (
+    ), {_MANY_JOBS}, message AS (
         INSERT INTO jobcore.outbox (
             message_id, exchange, routing_key, message_type, headers, body, job_id,
             tenant, available_at, priority, created_at
