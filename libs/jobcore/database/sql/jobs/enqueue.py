@@ -51,7 +51,7 @@ _MANY_FINGERPRINT = _KEPT_FINGERPRINT.format(
 )
 
 # Where _job_inserts puts each INSERT's row condition.
-ROWS = "{ROWS}"
+_ROWS = "{ROWS}"
 _ONE_KEYS = "%(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL"
 _MANY_KEYS = "input.idempotency_key IS NOT NULL OR input.unique_key IS NOT NULL"
 
@@ -68,11 +68,11 @@ def _job_inserts(insert: str, *, keys: str, returning: str) -> str:
     and fire once.
     """
     return f"""job_keyed AS (
-        {insert.replace(ROWS, f"({keys})")}
+        {insert.replace(_ROWS, f"({keys})")}
         ON CONFLICT DO NOTHING
         RETURNING {returning}
     ), job_plain AS (
-        {insert.replace(ROWS, f"NOT ({keys})")}
+        {insert.replace(_ROWS, f"NOT ({keys})")}
         RETURNING {returning}
     ), job AS (
         SELECT * FROM job_keyed UNION ALL SELECT * FROM job_plain
@@ -405,8 +405,8 @@ _MANY_JOBS = _job_inserts(
             nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
                        || input.event_detail, '{{}}'::jsonb),
             %(batch_id)s::uuid
-        FROM input JOIN fresh USING (n) CROSS JOIN room CROSS JOIN hook
-        WHERE fresh.rank <= room.admitted AND {{ROWS}}
+        FROM fresh AS input CROSS JOIN room CROSS JOIN hook
+        WHERE input.rank <= room.admitted AND {{ROWS}}
         ORDER BY input.n""",
     keys=_MANY_KEYS,
     returning="id, status, created_at",
@@ -447,17 +447,26 @@ JOB_INSERT_MANY = Query[JobInsertManyParams](
                max_attempts, run_at, unique_key, message_id, body, concurrency_key, rate_key,
                priority, callback_url, traceparent, tracestate, headers, event_detail)
     ), fresh AS (
-        SELECT input.n, row_number() OVER (ORDER BY input.n) AS rank
+        -- Each new item whole, so that the inserts read it without a join: joined to
+        -- `input` again, an item the keyed INSERT filters out left the plain one's row
+        -- estimate low enough for a nested loop over both (1,000 x 1,000 rows for a
+        -- batch of 1,000: 117 ms against 13).
+        SELECT input.*, row_number() OVER (ORDER BY input.n) AS rank
         FROM input
+        -- An item without a key looks nothing up (a gate on its key, before any scan): a
+        -- generic plan made while the statistics said `jobs` was small may read a key
+        -- through another index of the tenant's jobs, every one of them per item.
         LEFT JOIN LATERAL (
             SELECT 1 AS held FROM jobcore.jobs
-            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+            WHERE input.idempotency_key IS NOT NULL
+              AND jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.idempotency_key = input.idempotency_key
             LIMIT 1
         ) AS keyed ON true
         LEFT JOIN LATERAL (
             SELECT 1 AS held FROM jobcore.jobs
-            WHERE jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
+            WHERE input.unique_key IS NOT NULL
+              AND jobs.tenant = %(tenant)s::text AND jobs.type = %(type)s
               AND jobs.unique_key = input.unique_key
               AND jobs.unique_key IS NOT NULL AND jobs.status IN {LIVE_SQL}
             LIMIT 1
