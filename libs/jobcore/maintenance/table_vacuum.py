@@ -16,7 +16,7 @@ pages, and the machine may run without it.
   (:mod:`jobcore.maintenance.usage_folder`), which deletes every delta it folds. Until a
   VACUUM records the space of the deleted deltas as free, every new delta goes to a new
   page: at a steady 137 jobs/s the table grew by 105 to 295 bytes per job over 30 s,
-  and by none with a VACUUM every 250 deltas folded (issue 49, docs/bench/paced).
+  and by none with a VACUUM every 250 deltas folded (docs/bench/paced/lean-rows).
 
 One VACUUM at a time per table and process, in the background on a connection of its own
 (it may run longer than a statement's timeout, and cannot run in a transaction);

@@ -56,9 +56,13 @@ from jobcore.database.sql.jobs.enqueue import (
     JOB_GET_UNIQUE_HOLDER,
     JOB_INSERT,
     JOB_INSERT_APPROXIMATE,
+    JOB_INSERT_APPROXIMATE_PLAIN,
     JOB_INSERT_KEYED,
     JOB_INSERT_KEYED_APPROXIMATE,
+    JOB_INSERT_KEYED_APPROXIMATE_PLAIN,
+    JOB_INSERT_KEYED_PLAIN,
     JOB_INSERT_MANY,
+    JOB_INSERT_PLAIN,
     JOB_INSERT_PREVIEW,
     JobGateParams,
     JobGetBatchHoldersParams,
@@ -228,13 +232,24 @@ class JobStore:
         """Write one job with its outbox message, quotas checked as ``admission`` says,
         in one statement; with ``key`` (a debounce or throttle key), join the job open to
         it instead when there is one (``joined``)."""
+        approximate = admission is Admission.APPROXIMATE
+        # Without an idempotency or unique key nothing can conflict: a plain INSERT.
+        plain = params["idempotency_key"] is None and params["unique_key"] is None
         if key is not None:
             keyed: JobInsertKeyedParams = {**params, **key}
-            if admission is Admission.APPROXIMATE:
+            if approximate:
+                if plain:
+                    return await fetch_one(on, JOB_INSERT_KEYED_APPROXIMATE_PLAIN(keyed))
                 return await fetch_one(on, JOB_INSERT_KEYED_APPROXIMATE(keyed))
+            if plain:
+                return await fetch_one(on, JOB_INSERT_KEYED_PLAIN(keyed))
             return await fetch_one(on, JOB_INSERT_KEYED(keyed))
-        if admission is Admission.APPROXIMATE:
+        if approximate:
+            if plain:
+                return await fetch_one(on, JOB_INSERT_APPROXIMATE_PLAIN(params))
             return await fetch_one(on, JOB_INSERT_APPROXIMATE(params))
+        if plain:
+            return await fetch_one(on, JOB_INSERT_PLAIN(params))
         return await fetch_one(on, JOB_INSERT(params))
 
     async def preview_insert(self, on: Reader, params: JobInsertPreviewParams) -> DictRow | None:

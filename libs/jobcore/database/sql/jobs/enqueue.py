@@ -41,7 +41,7 @@ MESSAGE_DUE = "greatest({run_at}, statement_timestamp())"
 # A job keeps its request's fingerprint only with an idempotency key: the fingerprint is
 # read only to tell a replay of that key from a different request (JOB_GET_BY_IDEMPOTENCY_KEY,
 # JOB_GET_BATCH_HOLDERS). Without one it is 65 bytes of every row version, its WAL and heap
-# (issue 49, "Cut the bytes per job").
+# (docs/bench/paced/lean-rows).
 _KEPT_FINGERPRINT = "CASE WHEN {key}::text IS NOT NULL THEN {fingerprint}::text END"
 _ONE_FINGERPRINT = _KEPT_FINGERPRINT.format(
     key="%(idempotency_key)s", fingerprint="%(payload_fingerprint)s"
@@ -52,7 +52,6 @@ _MANY_FINGERPRINT = _KEPT_FINGERPRINT.format(
 
 # Where _job_inserts puts each INSERT's row condition.
 _ROWS = "{ROWS}"
-_ONE_KEYS = "%(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL"
 _MANY_KEYS = "input.idempotency_key IS NOT NULL OR input.unique_key IS NOT NULL"
 
 
@@ -63,9 +62,10 @@ def _job_inserts(insert: str, *, keys: str, returning: str) -> str:
 
     ON CONFLICT is for a key that a racing enqueue took after the statement's snapshot: a
     row without one conflicts with nothing (its id is a fresh uuid), and its speculative
-    insertion would cost a WAL record more per job (48 bytes, issue 49). The two INSERTs
+    insertion would cost a WAL record more per job (48 bytes). The two INSERTs
     into jobs are one statement: its statement triggers see both in one transition table
-    and fire once.
+    and fire once. (A single enqueue knows which it is, and runs its statement's ``_PLAIN``
+    twin when it has no key: an INSERT that writes nothing still costs its setup.)
     """
     return f"""job_keyed AS (
         {insert.replace(_ROWS, f"({keys})")}
@@ -88,7 +88,9 @@ def _job_inserts(insert: str, *, keys: str, returning: str) -> str:
 # primary-key probe of webhook_endpoints).
 
 
-def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -> str:
+def _insert_job_with_outbox(
+    *, approximate: bool = False, keyed: bool = False, plain: bool = False
+) -> str:
     """The enqueue statement, for a tenant the caller has authenticated.
 
     It returns one row, or none when the request's API key (``key_id``) is no longer
@@ -96,8 +98,9 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
     quotas refused it (``refusal``) or the idempotency key is taken (the caller then
     reads that job). The quotas are checked in the same statement
     (:func:`jobcore.database.sql.tenant_quotas.admission_ctes`), so they cost no round trip; a
-    replay of an accepted request skips them. ``approximate``: checked without the lock
-    of the tenant's usage row
+    replay of an accepted request skips them. ``plain``: for a job with neither an
+    idempotency key nor a unique key, a plain INSERT (:func:`_job_inserts` says why).
+    ``approximate``: checked without the lock of the tenant's usage row
     (:func:`jobcore.database.sql.tenant_quotas.approximate_admission_ctes`).
 
     ``keyed``: for a job type that debounces or throttles by key (jobcore.kernel.keyed). Once
@@ -133,8 +136,8 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
            coalesce(keyed.joined, false) AS joined, keyed.status AS joined_status,
            keyed.due_at, keyed.running_job_id, keyed.replayed_fingerprint"""
         joins = " LEFT JOIN keyed ON true"
-    jobs = _job_inserts(
-        f"""
+    conflict = "" if plain else "ON CONFLICT DO NOTHING"
+    jobs = f"""job AS (
         INSERT INTO jobcore.jobs (
             id, tenant, type, queue, idempotency_key, payload_fingerprint,
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
@@ -162,10 +165,9 @@ def _insert_job_with_outbox(*, approximate: bool = False, keyed: bool = False) -
                        || %(event_detail)s, '{{}}'::jsonb),
             %(payload_ref)s, %(batch_id)s{key_values}
         FROM {admitted}
-        WHERE {{ROWS}}""",
-        keys=_ONE_KEYS,
-        returning="id, tenant, created_at, priority, next_attempt_at",
-    )
+        {conflict}
+        RETURNING id, tenant, created_at, priority, next_attempt_at
+    )"""
     return f"""
     WITH {admission}{key_cte}, place AS (
         INSERT INTO jobcore.job_gates (key, counter)
@@ -263,6 +265,23 @@ JOB_INSERT_APPROXIMATE = Query[JobInsertParams](
 )
 
 
+# The same for a job with neither an idempotency key nor a unique key: a plain INSERT.
+JOB_INSERT_PLAIN = Query[JobInsertParams](
+    "job_insert_plain",
+    "Insert a pending job with no idempotency or unique key and its outbox message, and "
+    "NOTIFY the relays, in one statement.",
+    _insert_job_with_outbox(plain=True),
+    generic_plan=True,
+)
+JOB_INSERT_APPROXIMATE_PLAIN = Query[JobInsertParams](
+    "job_insert_approximate_plain",
+    "Insert a pending job with no idempotency or unique key and its outbox message, and "
+    "NOTIFY the relays, its quotas read as committed without locking the tenant's usage row.",
+    _insert_job_with_outbox(approximate=True, plain=True),
+    generic_plan=True,
+)
+
+
 class JobKeyParams(TypedDict):
     """A keyed enqueue's key and its type's declaration (jobcore.kernel.keyed)."""
 
@@ -295,6 +314,24 @@ JOB_INSERT_KEYED_APPROXIMATE = Query[JobInsertKeyedParams](
     "outbox message as the key's open job, its quotas read as committed without locking "
     "the tenant's usage row.",
     _insert_job_with_outbox(approximate=True, keyed=True),
+    generic_plan=True,
+)
+
+JOB_INSERT_KEYED_PLAIN = Query[JobInsertKeyedParams](
+    "job_insert_keyed_plain",
+    "Join the job open to a debounce or throttle key, or insert a pending job with no "
+    "idempotency or unique key and its outbox message as the key's open job and NOTIFY "
+    "the relays, in one statement.",
+    _insert_job_with_outbox(keyed=True, plain=True),
+    generic_plan=True,
+)
+
+JOB_INSERT_KEYED_APPROXIMATE_PLAIN = Query[JobInsertKeyedParams](
+    "job_insert_keyed_approximate_plain",
+    "Join the job open to a debounce or throttle key, or insert a pending job with no "
+    "idempotency or unique key and its outbox message as the key's open job, its quotas "
+    "read as committed without locking the tenant's usage row.",
+    _insert_job_with_outbox(approximate=True, keyed=True, plain=True),
     generic_plan=True,
 )
 
