@@ -52,6 +52,19 @@ def test_paced_accounts_for_every_job_and_reports_each_system(
     hops = set(steps[("jobcore", 25)]["hops_ms"])
     assert {"to_insert", "insert_to_claim", "claim_to_start"} <= hops <= set(HOP_NAMES)
     assert {"jobs", "outbox"} <= set(steps[("jobcore", 25)]["tables"])
+    # The step's WAL by table (pg_walinspect): every job writes its row and its message.
+    for system, table in (
+        ("jobcore", "jobs"),
+        ("jobcore", "outbox"),
+        ("procrastinate", "procrastinate_jobs"),
+    ):
+        wal = steps[(system, 25)]["tables"][table]["wal_bytes_per_job"]
+        assert wal is not None, (system, table)
+        assert wal > 0, (system, table)
+    assert (
+        steps[("jobcore", 25)]["tables"]["jobs"]["wal_bytes_per_job"]
+        < steps[("jobcore", 25)]["wal_bytes_per_job"]
+    )
     assert set(steps[("procrastinate", 25)]["tables"]) == {
         "procrastinate_jobs",
         "procrastinate_events",

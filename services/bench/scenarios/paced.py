@@ -38,11 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,8 @@ from services.bench.paced_load import MAX_BATCH, TICK, HttpPool, PaceCounts, Pac
 from services.bench.pgstats import BENCH_MARK
 from services.bench.pressure_load import Histogram
 from services.bench.report import Figure, Section, Series
+
+log = logging.getLogger(__name__)
 
 TITLE = "Pickup latency and cost per job at steady rates, vs Procrastinate and Celery"
 SYSTEMS = ("jobcore", "procrastinate", "celery")  # the default; also jobcore-baseline
@@ -91,6 +94,35 @@ WHERE s.schemaname IN ('jobcore', 'public') AND s.relname = ANY(%(tables)s)
 WAL_LSN = BENCH_MARK + " SELECT pg_current_wal_lsn()::text AS lsn"
 WAL_DIFF = BENCH_MARK + " SELECT pg_wal_lsn_diff(%(b)s::pg_lsn, %(a)s::pg_lsn) AS bytes"
 BACKENDS = BENCH_MARK + " SELECT pid FROM pg_stat_activity WHERE datname = ANY(%(names)s)"
+# The step's WAL by the hot table it was written for (its heap, indexes and TOAST), from
+# pg_walinspect (PostgreSQL 15 and later) over the step's LSN range: each record counted
+# once, for the first block it names, when that block is a relation of this database. The
+# rest of the step's WAL (commits, other tables, other databases) is not attributed.
+WALINSPECT = BENCH_MARK + " CREATE EXTENSION IF NOT EXISTS pg_walinspect"
+WAL_BY_TABLE = (
+    BENCH_MARK
+    + """
+WITH records AS (
+    SELECT (regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)'))[1:2] AS rel, record_length
+    FROM pg_get_wal_records_info(
+        %(a)s::pg_lsn, least(%(b)s::pg_lsn, pg_current_wal_flush_lsn()))
+), relations AS (
+    SELECT pg_filenode_relation(0, rel[2]::oid) AS relation, record_length
+    FROM records
+    WHERE rel[1]::oid = (SELECT oid FROM pg_database WHERE datname = current_database())
+), tables AS (
+    SELECT coalesce(i.indrelid, t.oid, c.oid) AS table_oid, r.record_length
+    FROM relations r
+    JOIN pg_class c ON c.oid = r.relation
+    LEFT JOIN pg_index i ON i.indexrelid = c.oid
+    LEFT JOIN pg_class t ON t.reltoastrelid = c.oid
+)
+SELECT c.relname AS name, sum(t.record_length)::bigint AS wal
+FROM tables t JOIN pg_class c ON c.oid = t.table_oid
+WHERE c.relname = ANY(%(tables)s)
+GROUP BY c.relname
+"""
+)
 # jobcore's jobs by id: when each started and its hops: its first publish, dated the
 # relay's claim, kept on the job row (published_at, migration 0041) or, when the job row
 # does not keep it, its first `published` event, which also carries the broker's confirm
@@ -557,6 +589,22 @@ async def stats_settled(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SELECT pg_stat_clear_snapshot()")
 
 
+async def wal_by_table(
+    conn: psycopg.AsyncConnection[Any], a: str, b: str, tables: Sequence[str]
+) -> dict[str, int] | None:
+    """The WAL bytes written for each of ``tables`` between LSNs ``a`` and ``b``; None
+    where pg_walinspect is not to be had (before PostgreSQL 15, no right to create it) or
+    the range's WAL is gone (a checkpoint recycled it)."""
+    try:
+        await conn.execute(WALINSPECT)
+        cur = await conn.execute(WAL_BY_TABLE, {"a": a, "b": b, "tables": list(tables)})
+        found = {str(name): int(wal) for name, wal in await cur.fetchall()}
+    except psycopg.Error as exc:
+        log.info("no WAL by table for this step", extra={"error": str(exc).strip()})
+        return None
+    return {name: found.get(name, 0) for name in tables}
+
+
 @dataclass
 class Step:
     system: str
@@ -572,6 +620,8 @@ class Step:
     load: tuple[float, float, float]
     answers: dict[str, int] = field(default_factory=dict)
     refusal: str = ""
+    # WAL bytes per hot table over the step (wal_by_table), None when not to be had.
+    wal_tables: dict[str, int] | None = None
 
     def figures(self) -> dict[str, Any]:
         jobs = max(1, self.counts.accepted)
@@ -616,6 +666,11 @@ class Step:
                     "index_bytes_per_job": round(v["index"] / jobs, 1),
                     "dead_tuples_per_job": round(v["dead_made"] / jobs, 3),
                     "dead_tuples_at_end": v["dead"],
+                    "wal_bytes_per_job": (
+                        None
+                        if self.wal_tables is None
+                        else round(self.wal_tables.get(name, 0) / jobs, 1)
+                    ),
                 }
                 for name, v in sorted(self.tables.items())
             },
@@ -669,6 +724,7 @@ async def pace_step(
         cur = await conn.execute(WAL_DIFF, {"a": before.wal, "b": after.wal})
         row = await cur.fetchone()
         wal = int(row[0]) if row else 0
+        wal_tables = await wal_by_table(conn, before.wal, after.wal, list(system.tables))
         timings = await system.timings(conn, (started, ended))
     growth = {
         name: {
@@ -693,6 +749,7 @@ async def pace_step(
         os.getloadavg(),
         {str(k): v for k, v in sorted(system.answers.items())},
         system.refusal,
+        wal_tables,
     )
 
 
@@ -805,6 +862,7 @@ def tables_table(steps: list[Step]) -> dict[str, Any]:
                     name,
                     v["heap_bytes_per_job"],
                     v["index_bytes_per_job"],
+                    "—" if v["wal_bytes_per_job"] is None else v["wal_bytes_per_job"],
                     v["dead_tuples_per_job"],
                     v["dead_tuples_at_end"],
                 ]
@@ -813,13 +871,16 @@ def tables_table(steps: list[Step]) -> dict[str, Any]:
         "title": "Hot tables, per accepted job",
         "note": "Growth of pg_table_size and pg_indexes_size over the step (space vacuum "
         "freed is reused, so a table at its steady size grows less than it writes); dead "
-        "tuples made: n_tup_upd + n_tup_del growth; at end: n_dead_tup after the drain.",
+        "tuples made: n_tup_upd + n_tup_del growth; at end: n_dead_tup after the drain; "
+        "WAL: the step's WAL records for the table, its indexes and TOAST (pg_walinspect, "
+        "each record for the first block it names; — where it is not to be had).",
         "columns": [
             "system",
             "of peak",
             "table",
             "heap B/job",
             "index B/job",
+            "WAL B/job",
             "dead tuples made/job",
             "dead at end",
         ],
