@@ -790,7 +790,9 @@ class RelayOptions(BaseSettings):
     queue_depth_limit: int = Field(default=1000, ge=0, le=1_000_000)
     # VACUUM the outbox after this relay deleted this many rows since its last one
     # (jobcore.maintenance.table_vacuum): without it, the dead index entries a drain
-    # leaves slow every later claim until autovacuum comes by. 0: leave it to autovacuum.
+    # leaves slow every later claim until autovacuum comes by. A small outbox is vacuumed
+    # every 1,000 rows too (VACUUM_SMALL_EVERY, services/relay/relay.py). 0: neither, leave
+    # it to autovacuum.
     vacuum_every: int = Field(default=100_000, ge=0, le=100_000_000)
 
     @model_validator(mode="after")

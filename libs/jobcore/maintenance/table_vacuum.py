@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 import psycopg
 
@@ -58,17 +59,49 @@ VACUUM_TIMEOUT = 600.0
 RETRY_SECONDS = 1.0
 
 
+# How big the table is, heap and indexes, read before a VACUUM that only a small table is
+# owed (TableVacuum's ``small_every``).
+TABLE_SIZE = """
+    SELECT pg_total_relation_size(c.oid) AS bytes
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'jobcore' AND c.relname = '{table}'
+"""
+
+
 class TableVacuum:
     """Counts the rows of ``table`` a process deleted; past ``every`` since the last VACUUM,
-    starts one. ``owner`` names the process in logs and in ``application_name``."""
+    starts one. ``owner`` names the process in logs and in ``application_name``.
 
-    def __init__(self, settings: Settings, table: str, every: int, *, owner: str) -> None:
+    ``small_every`` (0: never): past that many rows, a VACUUM too, if the table and its
+    indexes are smaller than ``small_bytes``. A VACUUM reads every page of every index,
+    so a big table (a backlog, many scheduled rows) is vacuumed every ``every`` rows,
+    while a small one under a steady trickle costs a few milliseconds each time, and
+    keeps the space and the index pages its deleted rows held for the next ones, rather
+    than for autovacuum's next look (a minute at most). After a look that found the
+    table big, the next is ``small_every`` rows later.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        table: str,
+        every: int,
+        *,
+        owner: str,
+        small_every: int = 0,
+        small_bytes: int = 0,
+    ) -> None:
         self.settings = settings
         self.table = table
         self.owner = owner
         self.every = every
+        self.small_every = small_every if every > 0 else 0
+        self.small_bytes = small_bytes
         self.deleted_since = 0
         self.runs = 0
+        # Looks at the table's size that found it too big for a small VACUUM.
+        self.found_big = 0
+        self._next_look = small_every
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
 
@@ -77,27 +110,40 @@ class TableVacuum:
         return self._task is not None and not self._task.done()
 
     def deleted(self, rows: int) -> None:
-        """``rows`` more rows deleted; vacuum now if enough were (0: never)."""
+        """``rows`` more rows deleted; vacuum now if enough were (``every`` 0: never)."""
         if self.every <= 0:
             return
         self.deleted_since += rows
-        if self.deleted_since < self.every or self.running:
+        if self.running or time.monotonic() < self._retry_at:
             return
-        if time.monotonic() < self._retry_at:
-            return
-        self.deleted_since = 0
-        self._task = asyncio.create_task(self._vacuum(), name=f"{self.owner}-{self.table}-vacuum")
+        if self.deleted_since >= self.every:
+            self._start(small_only=False)
+        elif self.small_every > 0 and self.deleted_since >= self._next_look:
+            self._start(small_only=True)
 
-    async def _vacuum(self) -> None:
+    def _start(self, *, small_only: bool) -> None:
+        counted, self.deleted_since = self.deleted_since, 0
+        self._task = asyncio.create_task(
+            self._vacuum(counted, small_only), name=f"{self.owner}-{self.table}-vacuum"
+        )
+
+    async def _vacuum(self, counted: int, small_only: bool) -> None:
         started = time.monotonic()
         connected = False
         try:
             async with asyncio.timeout(VACUUM_TIMEOUT):
                 conn = await connect_for_chore(self.settings, f"jobcore-{self.owner}-vacuum")
                 connected = True
-                statement = TABLE_VACUUM.format(table=self.table)
+                schema = self.settings.database_schema
                 async with conn:
-                    await conn.execute(in_schema(statement, self.settings.database_schema))
+                    if small_only and not await self._small(conn, schema):
+                        # Not vacuumed: the rows still count towards `every`.
+                        self.deleted_since += counted
+                        self._next_look = self.deleted_since + self.small_every
+                        self.found_big += 1
+                        return
+                    statement = TABLE_VACUUM.format(table=self.table)
+                    await conn.execute(in_schema(statement, schema))
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning(
                 "VACUUM of a table failed; it is tried again later",
@@ -109,14 +155,20 @@ class TableVacuum:
             )
             if not connected:
                 # Still owed: tried again after RETRY_SECONDS, at the next batch deleted.
-                self.deleted_since += self.every
+                self.deleted_since += counted
                 self._retry_at = time.monotonic() + RETRY_SECONDS
             return
         self.runs += 1
+        self._next_look = self.small_every
         log.debug(
             "table vacuumed",
             extra={"table": self.table, "seconds": round(time.monotonic() - started, 3)},
         )
+
+    async def _small(self, conn: psycopg.AsyncConnection[Any], schema: str) -> bool:
+        cur = await conn.execute(in_schema(TABLE_SIZE.format(table=self.table), schema))
+        row = await cur.fetchone()
+        return row is not None and int(row[0]) < self.small_bytes
 
     async def close(self) -> None:
         """Stop a VACUUM under way (PostgreSQL ends it when its connection goes)."""

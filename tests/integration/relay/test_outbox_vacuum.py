@@ -97,9 +97,62 @@ async def test_a_drained_head_slows_the_claim_until_the_relays_vacuum_frees_it(
 
 
 async def test_vacuum_every_zero_never_vacuums(settings: Settings) -> None:
-    vacuum = TableVacuum(settings, "outbox", 0, owner="relay")
+    vacuum = TableVacuum(settings, "outbox", 0, owner="relay", small_every=10, small_bytes=1 << 40)
     vacuum.deleted(10_000_000)
     assert not vacuum.running
+
+
+async def _settled(vacuum: TableVacuum) -> None:
+    async def done() -> bool:
+        return not vacuum.running
+
+    await eventually(done, timeout=30, what="the VACUUM (or its look at the table's size)")
+
+
+async def test_a_small_outbox_is_vacuumed_every_small_every_rows(
+    settings: Settings, db: Database
+) -> None:
+    vacuums = await vacuum_counts(db)
+    vacuum = TableVacuum(
+        settings, "outbox", 1_000_000, owner="relay", small_every=100, small_bytes=1 << 40
+    )
+    vacuum.deleted(99)
+    assert not vacuum.running
+    vacuum.deleted(1)
+    assert vacuum.running
+    await _settled(vacuum)
+    assert (vacuum.runs, vacuum.found_big, vacuum.deleted_since) == (1, 0, 0)
+    assert await vacuum_counts(db) > vacuums
+    vacuum.deleted(100)  # and again after as many rows
+    assert vacuum.running
+    await _settled(vacuum)
+    assert vacuum.runs == 2
+    await vacuum.close()
+
+
+async def test_a_big_outbox_is_vacuumed_only_every_every_rows(
+    settings: Settings, db: Database
+) -> None:
+    """Past small_bytes (here every outbox is), a look at the size every small_every rows
+    vacuums nothing: the rows count towards ``every``, which vacuums whatever the size."""
+    vacuums = await vacuum_counts(db)
+    vacuum = TableVacuum(settings, "outbox", 300, owner="relay", small_every=100, small_bytes=1)
+    vacuum.deleted(100)
+    assert vacuum.running  # looking at the size
+    await _settled(vacuum)
+    assert (vacuum.runs, vacuum.found_big, vacuum.deleted_since) == (0, 1, 100)
+    vacuum.deleted(99)  # the next look is small_every rows after the last
+    assert not vacuum.running
+    vacuum.deleted(1)
+    await _settled(vacuum)
+    assert (vacuum.runs, vacuum.found_big, vacuum.deleted_since) == (0, 2, 200)
+    assert await vacuum_counts(db) == vacuums
+    vacuum.deleted(100)  # 300: owed whatever the size
+    assert vacuum.running
+    await _settled(vacuum)
+    assert (vacuum.runs, vacuum.found_big, vacuum.deleted_since) == (1, 2, 0)
+    assert await vacuum_counts(db) > vacuums
+    await vacuum.close()
 
 
 async def test_the_relay_vacuums_the_outbox_after_every_so_many_rows_it_deleted(
