@@ -42,6 +42,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ BACKENDS = BENCH_MARK + " SELECT pid FROM pg_stat_activity WHERE datname = ANY(%
 # once, for the first block it names, when that block is a relation of this database. The
 # rest of the step's WAL (commits, other tables, other databases) is not attributed.
 WALINSPECT = BENCH_MARK + " CREATE EXTENSION IF NOT EXISTS pg_walinspect"
+KEEP_WAL = BENCH_MARK + " SELECT pg_create_physical_replication_slot(%(name)s, true, true)"
 WAL_BY_TABLE = (
     BENCH_MARK
     + """
@@ -589,6 +591,18 @@ async def stats_settled(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SELECT pg_stat_clear_snapshot()")
 
 
+async def keep_wal(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Keep the step's WAL until :func:`wal_by_table` reads it: a temporary physical
+    replication slot of this connection's, reserving WAL from now until the connection
+    closes. Without it a checkpoint may recycle the step's first segments before they
+    are read (a busy cluster writes its max_wal_size in minutes). Not to be had (no
+    replication slot free, no right to make one): the WAL by table may then be missing."""
+    try:
+        await conn.execute(KEEP_WAL, {"name": f"jobcore_bench_{uuid.uuid4().hex}"})
+    except psycopg.Error as exc:
+        log.info("the step's WAL is not kept", extra={"error": str(exc).strip()})
+
+
 async def wal_by_table(
     conn: psycopg.AsyncConnection[Any], a: str, b: str, tables: Sequence[str]
 ) -> dict[str, int] | None:
@@ -691,6 +705,7 @@ async def pace_step(
     system.refusal = ""
     async with await psycopg.AsyncConnection.connect(system.watch_url, autocommit=True) as conn:
         await stats_settled(conn)
+        await keep_wal(conn)
         before = await snapshot(conn, system)
         backends = set(before.backends)
         groups: dict[str, Callable[[], list[int]]] = {
