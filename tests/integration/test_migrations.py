@@ -526,3 +526,70 @@ def test_the_lean_indexes_revision_goes_both_ways_with_jobs_and_messages_in_plac
         assert _schema_drift(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)
+
+
+TENANT_INDEX_REVISION = "0043"
+TENANT_INDEX = "SELECT pg_get_indexdef(to_regclass('jobs_tenant_created_idx'))"
+TENANT_INDEX_SIZE = "SELECT pg_relation_size('jobs_tenant_created_idx')"
+# One tenant's jobs, each created after the last, inserted one after another as an
+# enqueue inserts them.
+ONE_TENANTS_JOBS = (
+    "INSERT INTO jobs (id, tenant, type, queue, created_at) SELECT gen_random_uuid(), 'solo',"
+    " 'noop', 'default', %(start)s::timestamptz + make_interval(secs => g / 1000.0)"
+    " FROM generate_series(1, %(jobs)s) AS g"
+)
+GROWTH_JOBS = 20_000
+
+
+def _tenant_index_growth(settings: Settings, start: str) -> int:
+    """Bytes the tenant index grows by while one tenant enqueues GROWTH_JOBS jobs."""
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        before = conn.execute(TENANT_INDEX_SIZE).fetchone()
+        conn.execute(ONE_TENANTS_JOBS, {"start": start, "jobs": GROWTH_JOBS})
+        after = conn.execute(TENANT_INDEX_SIZE).fetchone()
+    assert before is not None and after is not None
+    return int(after[0]) - int(before[0])
+
+
+def _tenant_index(settings: Settings) -> str:
+    with psycopg.connect(settings.database_url) as conn:
+        row = conn.execute(TENANT_INDEX).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_the_ascending_tenant_index_fills_its_pages_and_goes_both_ways(
+    service_urls: ServiceUrls,
+) -> None:
+    """0043 makes jobs_tenant_created_idx ascending: a tenant's new jobs go to the right end
+    of its range, which for one tenant is the index's rightmost page, filled to 90 % where
+    a descending index splits its pages in half. The downgrade makes it descending again."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    settings, name = _empty_database_settings(service_urls)
+    config = migrate.alembic_config(settings)
+    revision = ScriptDirectory.from_config(config).get_revision(TENANT_INDEX_REVISION)
+    assert revision is not None
+    previous = str(revision.down_revision)
+    try:
+        migrate.upgrade(settings, previous)
+        assert _tenant_index(settings).endswith("(tenant, created_at DESC, id DESC)")
+        descending = _tenant_index_growth(settings, "2026-12-01")
+
+        migrate.upgrade(settings, TENANT_INDEX_REVISION)
+        assert _tenant_index(settings).endswith("(tenant, created_at, id)")
+        assert _invalid_indexes(settings) == []
+        ascending = _tenant_index_growth(settings, "2026-12-02")
+        # About 89 against 50 bytes a job on PostgreSQL 15.
+        assert ascending * 1.5 < descending, (ascending, descending)
+
+        command.downgrade(config, previous)
+        assert _tenant_index(settings).endswith("(tenant, created_at DESC, id DESC)")
+        assert _invalid_indexes(settings) == []
+
+        migrate.upgrade(settings)
+        assert _tenant_index(settings).endswith("(tenant, created_at, id)")
+        assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)

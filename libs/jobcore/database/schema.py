@@ -236,8 +236,10 @@ jobs = Table(
         text("created_at DESC"),
         postgresql_where=text("entity_id IS NOT NULL"),
     ),
-    # Keyset pagination of a tenant's jobs, newest first.
-    Index("jobs_tenant_created_idx", "tenant", text("created_at DESC"), text("id DESC")),
+    # Keyset pagination of a tenant's jobs, newest first: read backwards. Ascending, so a
+    # tenant's new jobs go to the right end of its range and fill its pages (migration
+    # 0043).
+    Index("jobs_tenant_created_idx", "tenant", "created_at", "id"),
     Index(
         "jobs_lease_expiry_idx",
         "lease_expires_at",

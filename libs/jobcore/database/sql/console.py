@@ -128,8 +128,8 @@ class ConsoleJobSearchParams(TypedDict):
 
 
 # One keyset page, newest first: the rows after (created_at, id) of the previous page's
-# last row. With a tenant, jobs_tenant_created_idx (tenant, created_at DESC, id DESC) serves
-# the order and the cursor exactly; by status, jobs_status_created_not_running_idx (status,
+# last row. With a tenant, jobs_tenant_created_idx (tenant, created_at, id), read
+# backwards, serves the order and the cursor exactly; by status, jobs_status_created_not_running_idx (status,
 # created_at), or for running jobs jobs_lease_expiry_idx and a sort of the running jobs (as
 # many as the workers run); a tenant and entity, jobs_entity_created_idx; a tenant and
 # ordering key,
