@@ -56,7 +56,8 @@ def _replace(definition: str, building: str) -> None:
     create_indexes_concurrently({building: definition}, table="jobs")
     drop_indexes_concurrently([NAME])
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-    op.execute(f"ALTER INDEX {building} RENAME TO {NAME}")
+    # No statement names the index: the planner finds it by its columns.
+    op.execute(f"-- squawk-ignore renaming-object\nALTER INDEX {building} RENAME TO {NAME}")
 
 
 def upgrade() -> None:
