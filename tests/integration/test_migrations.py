@@ -547,7 +547,8 @@ def _tenant_index_growth(settings: Settings, start: str) -> int:
         before = conn.execute(TENANT_INDEX_SIZE).fetchone()
         conn.execute(ONE_TENANTS_JOBS, {"start": start, "jobs": GROWTH_JOBS})
         after = conn.execute(TENANT_INDEX_SIZE).fetchone()
-    assert before is not None and after is not None
+    assert before is not None
+    assert after is not None
     return int(after[0]) - int(before[0])
 
 

@@ -129,11 +129,11 @@ class ConsoleJobSearchParams(TypedDict):
 
 # One keyset page, newest first: the rows after (created_at, id) of the previous page's
 # last row. With a tenant, jobs_tenant_created_idx (tenant, created_at, id), read
-# backwards, serves the order and the cursor exactly; by status, jobs_status_created_not_running_idx (status,
-# created_at), or for running jobs jobs_lease_expiry_idx and a sort of the running jobs (as
-# many as the workers run); a tenant and entity, jobs_entity_created_idx; a tenant and
-# ordering key,
-# jobs_ordering_idx. Across tenants with no status, no index serves (created_at, id) here:
+# backwards, serves the order and the cursor exactly; by status,
+# jobs_status_created_not_running_idx (status, created_at), or for running jobs
+# jobs_lease_expiry_idx and a sort of the running jobs (as many as the workers run); a
+# tenant and entity, jobs_entity_created_idx; a tenant and ordering key, jobs_ordering_idx.
+# Across tenants with no status, no index serves (created_at, id) here:
 # CONSOLE_JOB_SEARCH_ANY_STATUS below is that list.
 CONSOLE_JOB_SEARCH = Query[ConsoleJobSearchParams](
     "console_job_search",
