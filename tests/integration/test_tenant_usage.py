@@ -7,6 +7,7 @@ reader of the row walks them: one tenant's row gathered tens of thousands in min
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -18,11 +19,14 @@ from jobcore.examples.jobtypes import NoopPayload
 from jobcore.execution.registry import load_job_modules
 from jobcore.kernel.errors import DatabaseUnavailable
 from jobcore.kernel.settings import Settings
+from jobcore.maintenance import Maintainer
+from jobcore.maintenance.table_vacuum import TableVacuum
 from jobcore.maintenance.usage_folder import (
     FOLD_BATCH,
     FOLD_START_ID,
     FOLD_VACUUM_EVERY,
     UsageFolder,
+    UsageFolderConfig,
 )
 from jobcore.testing.waiting import eventually
 from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
@@ -206,6 +210,45 @@ async def test_the_usage_folder_vacuums_the_deltas_it_folded_so_new_ones_reuse_t
     # would take new space, and the table would double.
     assert await _add_deltas(db, FOLD_VACUUM_EVERY) == size
     assert (await _row(db))["unfinished"] == FOLD_VACUUM_EVERY
+
+
+async def test_a_stopped_maintainer_ends_the_usage_folders_vacuum_under_way(
+    db: Database, settings: Settings
+) -> None:
+    # The VACUUM's own connection goes to a server that never answers (a cut network), so
+    # it is still under way when the maintainer stops; the stop must end it, not leave it
+    # behind the worker's shutdown.
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    silent_settings = settings.model_copy(
+        update={
+            "database_url": f"postgresql://jobcore@127.0.0.1:{port}/nowhere",
+            "db_connect_timeout": 60.0,
+        }
+    )
+    vacuum = TableVacuum(silent_settings, "tenant_usage_deltas", 1, owner="usage-folder")
+    folder = UsageFolder(UsageFolderConfig(interval=0.2), vacuum)
+    maintainer = Maintainer(db, [folder], owner="w-fold")
+    await _add_deltas(db, 10)
+    try:
+        await maintainer.start()
+        try:
+
+            async def vacuum_under_way() -> bool:
+                return vacuum.running
+
+            await eventually(vacuum_under_way, timeout=20, what="the folder's VACUUM")
+        finally:
+            await maintainer.stop(5.0)
+        assert not vacuum.running
+        assert vacuum.runs == 0
+    finally:
+        silent.close()
+        await vacuum.close()
 
 
 async def test_a_minus_one_is_never_folded_without_its_plus_one(

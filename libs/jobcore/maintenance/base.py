@@ -92,6 +92,10 @@ class MaintenanceService(Generic[C]):
         """One round as the leader's service: how much it did (jobs, rows, ticks)."""
         raise NotImplementedError
 
+    async def close(self) -> None:
+        """Once the maintainer stops: end what the service started beyond its rounds (a
+        VACUUM under way on a connection of its own)."""
+
     async def follow(self, db: Transactions) -> None:
         """One round on a worker that does not lead."""
 

@@ -181,6 +181,8 @@ class Maintainer(Service):
                 for task in tasks:
                     task.cancel()
             await self.step_down()
+            for service in self.services:
+                await service.close()
 
     async def _elections(self) -> None:
         trouble_logged = False

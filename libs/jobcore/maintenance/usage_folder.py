@@ -85,6 +85,10 @@ class UsageFolder(BatchService[UsageFolderConfig]):
         # Where the round is (the primary key the last batch ended at).
         self._after: tuple[str, int] = ("", FOLD_START_ID)
 
+    async def close(self) -> None:
+        if self.vacuum is not None:
+            await self.vacuum.close()
+
     async def lead(self, term: Term) -> int:
         self._after = ("", FOLD_START_ID)
         try:

@@ -30,7 +30,7 @@ from jobcore.database.gateway import (
     in_schema,
     schema_of,
 )
-from jobcore.database.sql import NoParams, Statement
+from jobcore.database.sql import NoParams, Query, Statement
 from jobcore.database.sql.jobs.cancel import (
     CANCEL_CHANNEL,
     JOB_CANCEL_LISTEN,
@@ -212,6 +212,22 @@ __all__ = [
 
 _NO_PARAMS: NoParams = {}
 
+# A single enqueue's statement by (approximate admission, plain insert): quotas read as
+# committed for an application's own transaction, and a plain INSERT for a job with
+# neither an idempotency nor a unique key, which can conflict with nothing.
+_INSERTS: dict[tuple[bool, bool], Query[JobInsertParams]] = {
+    (False, False): JOB_INSERT,
+    (True, False): JOB_INSERT_APPROXIMATE,
+    (False, True): JOB_INSERT_PLAIN,
+    (True, True): JOB_INSERT_APPROXIMATE_PLAIN,
+}
+_KEYED_INSERTS: dict[tuple[bool, bool], Query[JobInsertKeyedParams]] = {
+    (False, False): JOB_INSERT_KEYED,
+    (True, False): JOB_INSERT_KEYED_APPROXIMATE,
+    (False, True): JOB_INSERT_KEYED_PLAIN,
+    (True, True): JOB_INSERT_KEYED_APPROXIMATE_PLAIN,
+}
+
 
 class JobStore:
     """Every operation on jobs, one method each (see the module's docstring)."""
@@ -232,25 +248,13 @@ class JobStore:
         """Write one job with its outbox message, quotas checked as ``admission`` says,
         in one statement; with ``key`` (a debounce or throttle key), join the job open to
         it instead when there is one (``joined``)."""
-        approximate = admission is Admission.APPROXIMATE
         # Without an idempotency or unique key nothing can conflict: a plain INSERT.
         plain = params["idempotency_key"] is None and params["unique_key"] is None
+        flags = (admission is Admission.APPROXIMATE, plain)
         if key is not None:
             keyed: JobInsertKeyedParams = {**params, **key}
-            if approximate:
-                if plain:
-                    return await fetch_one(on, JOB_INSERT_KEYED_APPROXIMATE_PLAIN(keyed))
-                return await fetch_one(on, JOB_INSERT_KEYED_APPROXIMATE(keyed))
-            if plain:
-                return await fetch_one(on, JOB_INSERT_KEYED_PLAIN(keyed))
-            return await fetch_one(on, JOB_INSERT_KEYED(keyed))
-        if approximate:
-            if plain:
-                return await fetch_one(on, JOB_INSERT_APPROXIMATE_PLAIN(params))
-            return await fetch_one(on, JOB_INSERT_APPROXIMATE(params))
-        if plain:
-            return await fetch_one(on, JOB_INSERT_PLAIN(params))
-        return await fetch_one(on, JOB_INSERT(params))
+            return await fetch_one(on, _KEYED_INSERTS[flags](keyed))
+        return await fetch_one(on, _INSERTS[flags](params))
 
     async def preview_insert(self, on: Reader, params: JobInsertPreviewParams) -> DictRow | None:
         """What :meth:`insert` would meet (the keys' holders, a quota's refusal), read
