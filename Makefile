@@ -53,7 +53,7 @@ ts-client: setup ts-deps
 	PYTHON=$(BIN)/python scripts/ts_client.sh
 
 test: setup tools ts-deps
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not serial and not slow" -p no:cacheprovider
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not serial and not slow" -p no:cacheprovider --durations=25
 	@# Exit code 5 means "no test selected": fine while no test disrupts shared services.
 	$(BIN)/pytest -m "serial and not slow" -p no:cacheprovider || [ $$? -eq 5 ]
 
