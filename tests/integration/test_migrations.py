@@ -481,6 +481,16 @@ MESSAGE = "INSERT INTO outbox (message_id, exchange, routing_key, message_type, 
 )
 
 
+def _previous_revision(settings: Settings, revision_id: str) -> str:
+    """The revision ``revision_id`` upgrades from."""
+    from alembic.script import ScriptDirectory
+
+    config = migrate.alembic_config(settings)
+    revision = ScriptDirectory.from_config(config).get_revision(revision_id)
+    assert revision is not None
+    return str(revision.down_revision)
+
+
 def test_the_lean_indexes_revision_goes_both_ways_with_jobs_and_messages_in_place(
     service_urls: ServiceUrls,
 ) -> None:
@@ -488,13 +498,10 @@ def test_the_lean_indexes_revision_goes_both_ways_with_jobs_and_messages_in_plac
     (the indexes built first, CONCURRENTLY, then the old ones dropped), and its downgrade
     builds them again, the unique index made the constraint it was."""
     from alembic import command
-    from alembic.script import ScriptDirectory
 
     settings, name = _empty_database_settings(service_urls)
     config = migrate.alembic_config(settings)
-    revision = ScriptDirectory.from_config(config).get_revision(LEAN_INDEXES_REVISION)
-    assert revision is not None
-    previous = str(revision.down_revision)
+    previous = _previous_revision(settings, LEAN_INDEXES_REVISION)
     try:
         migrate.upgrade(settings, previous)
         with psycopg.connect(settings.database_url) as conn:
@@ -566,13 +573,10 @@ def test_the_ascending_tenant_index_fills_its_pages_and_goes_both_ways(
     of its range, which for one tenant is the index's rightmost page, filled to 90 % where
     a descending index splits its pages in half. The downgrade makes it descending again."""
     from alembic import command
-    from alembic.script import ScriptDirectory
 
     settings, name = _empty_database_settings(service_urls)
     config = migrate.alembic_config(settings)
-    revision = ScriptDirectory.from_config(config).get_revision(TENANT_INDEX_REVISION)
-    assert revision is not None
-    previous = str(revision.down_revision)
+    previous = _previous_revision(settings, TENANT_INDEX_REVISION)
     try:
         migrate.upgrade(settings, previous)
         assert _tenant_index(settings).endswith("(tenant, created_at DESC, id DESC)")
