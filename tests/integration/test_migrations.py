@@ -598,3 +598,39 @@ def test_the_ascending_tenant_index_fills_its_pages_and_goes_both_ways(
         assert _schema_drift(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)
+
+
+LEAN_FINGERPRINT_REVISION = "0044"
+ENQUEUE_KEEPS_ONLY_KEYED = (
+    "SELECT (SELECT count(*) FROM regexp_matches(pg_get_functiondef(to_regprocedure("
+    "'enqueue(text, jsonb, text, text, text, text, text, timestamptz, interval, integer,"
+    " text, text)')), 'THEN v_fingerprint END', 'g'))::int"
+)
+
+
+def _enqueue_keeps_only_keyed(settings: Settings) -> int:
+    """How many of the SQL enqueue's inserts keep the fingerprint only with a key."""
+    with psycopg.connect(settings.database_url) as conn:
+        row = conn.execute(ENQUEUE_KEEPS_ONLY_KEYED).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_sql_enqueues_lean_fingerprint_goes_both_ways(service_urls: ServiceUrls) -> None:
+    """0044 makes both of the SQL enqueue's inserts of a job keep its fingerprint only with
+    an idempotency key; its downgrade puts the function back as it was."""
+    from alembic import command
+
+    settings, name = _empty_database_settings(service_urls)
+    previous = _previous_revision(settings, LEAN_FINGERPRINT_REVISION)
+    try:
+        migrate.upgrade(settings, previous)
+        assert _enqueue_keeps_only_keyed(settings) == 0
+        migrate.upgrade(settings, LEAN_FINGERPRINT_REVISION)
+        assert _enqueue_keeps_only_keyed(settings) == 2
+        command.downgrade(migrate.alembic_config(settings), previous)
+        assert _enqueue_keeps_only_keyed(settings) == 0
+        migrate.upgrade(settings)
+        assert _enqueue_keeps_only_keyed(settings) == 2
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)

@@ -234,6 +234,33 @@ async def test_an_idempotency_key_replays_the_same_request_and_refuses_another(
     assert (await counts(db))["jobs"] == 1
 
 
+async def test_only_a_job_with_an_idempotency_key_keeps_its_requests_fingerprint(
+    settings: Settings, db: Database, registered: None
+) -> None:
+    # As the Python path does: the fingerprint is read only to tell a replay of a key from
+    # another request (migration 0044).
+    enqueue = "SELECT jobcore.enqueue('echo', '{{\"text\": \"a\"}}', tenant => 't'{});"
+    result = psql(settings, enqueue.format(", idempotency_key => 'k'") + enqueue.format(""))
+    assert result.returncode == 0, result.stderr
+    keyed, plain = job_ids(result.stdout)
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, payload_fingerprint FROM jobcore.jobs WHERE id = ANY(%s)",
+            ([keyed, plain],),
+        )
+        kept = {row["id"]: row["payload_fingerprint"] for row in await cur.fetchall()}
+    assert len(kept[keyed]) == 64
+    assert kept[plain] is None
+    # And the key still tells a replay from another request.
+    again = psql(settings, enqueue.format(", idempotency_key => 'k'"))
+    assert job_ids(again.stdout) == [keyed]
+    refused(
+        psql(settings, enqueue.format(", idempotency_key => 'k'").replace('"a"', '"b"')),
+        "JC422",
+        f"already used for job {keyed}",
+    )
+
+
 async def test_a_live_job_holding_the_unique_key_refuses_another(
     settings: Settings, db: Database, registered: None
 ) -> None:

@@ -1,0 +1,71 @@
+"""the SQL enqueue keeps a job's request fingerprint only when it has an idempotency key
+
+Revision ID: 0044
+Revises: 0043
+Create Date: 2026-12-07 06:45:00.000000
+
+``jobs.payload_fingerprint`` (a sha256 in hex, 65 bytes in every version of the row) is
+read only to tell a replay of an idempotency key from another request under it. The
+Python enqueue has stored it only for a job with a key since its statements changed
+(jobcore.database.sql.jobs.enqueue, ``_KEPT_FINGERPRINT``); ``enqueue`` (SQL from any
+language, migrations 0026, 0029, 0030) still stored it for every job. Its definition is
+taken from the database and made again (CREATE OR REPLACE: the same function, its grants
+kept), with both of its inserts of a job (the exact and the approximate admission)
+keeping the fingerprint only with the key. The downgrade puts it back.
+
+Rolling upgrade: a function replaced in a transaction; calls already running finish with
+the definition they started with.
+"""
+
+from collections.abc import Sequence
+
+from alembic import op
+
+from jobcore.database.migration_steps import jobcore_schema
+
+revision: str = "0044"
+down_revision: str | None = "0043"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# enqueue's signature (migration 0030).
+ARGUMENTS = "text, jsonb, text, text, text, text, text, timestamptz, interval, integer, text, text"
+# What each insert of a job writes for idempotency_key and payload_fingerprint.
+KEPT = "v_idempotency_key, v_fingerprint,"
+LEAN = "v_idempotency_key, CASE WHEN v_idempotency_key IS NOT NULL THEN v_fingerprint END,"
+INSERTS = 2
+
+
+def _rewrite(schema: str, old: str, new: str) -> str:
+    """A block that makes ``enqueue`` again with each of its INSERTS ``old`` as ``new``,
+    and refuses to when it does not find exactly that many (a definition changed by
+    hand)."""
+    return f"""
+    DO $lean$
+    DECLARE
+        routine oid := to_regprocedure(format('%I.enqueue({ARGUMENTS})', '{schema}'));
+        definition text;
+        found integer;
+    BEGIN
+        IF routine IS NULL THEN
+            RAISE EXCEPTION 'migration 0044: no function %.enqueue({ARGUMENTS})', '{schema}';
+        END IF;
+        definition := pg_get_functiondef(routine);
+        found := (length(definition) - length(replace(definition, '{old}', '')))
+                 / length('{old}');
+        IF found <> {INSERTS} THEN
+            RAISE EXCEPTION 'migration 0044: enqueue has "%" % times, not {INSERTS}',
+                '{old}', found;
+        END IF;
+        EXECUTE replace(definition, '{old}', '{new}');
+    END
+    $lean$
+    """
+
+
+def upgrade() -> None:
+    op.execute(_rewrite(jobcore_schema(), KEPT, LEAN))
+
+
+def downgrade() -> None:
+    op.execute(_rewrite(jobcore_schema(), LEAN, KEPT))
