@@ -16,7 +16,6 @@ from jobcore.amqp.topology import Topology
 from jobcore.database.store import OutboxMessageParams, OutboxMessagesParams
 from jobcore.execution.registry import JobType
 from jobcore.kernel.envelope import JobMessage
-from jobcore.kernel.ids import new_id
 
 
 def job_message_row(
@@ -80,7 +79,7 @@ def message_row(
     """The same from a job row's type and queue, for callers that may not have the job
     type registered (the sweeper publishes whatever is stranded)."""
     return {
-        "message_id": new_id(),
+        "message_id": uuid.uuid4(),
         "exchange": topology.jobs_exchange,
         "routing_key": topology.routing_key(queue),
         "message_type": type_name,

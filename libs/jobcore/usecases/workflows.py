@@ -44,7 +44,6 @@ from jobcore.kernel.errors import (
     WorkflowNotFound,
     WorkflowStepNotFound,
 )
-from jobcore.kernel.ids import new_id
 from jobcore.kernel.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.telemetry.traces import capture_trace_headers
 from jobcore.usecases.enqueue.submit import EnqueueRequest, check_idempotency_key
@@ -210,7 +209,7 @@ async def create_workflow(
     check_idempotency_key(idempotency_key)
     check_graph(steps)
     fingerprint = workflow_fingerprint(steps, name)
-    ids = {step.name: new_id() for step in steps}
+    ids = {step.name: uuid.uuid4() for step in steps}
     trace = capture_trace_headers()
     types: list[JobType[Any]] = [step.request.job_type for step in steps]
     gates = [
@@ -248,7 +247,7 @@ async def create_workflow(
         ],
         "finals": [step.is_finally for step in steps],
         "waiting": [len(step.depends_on) for step in steps],
-        "message_ids": [new_id() for _ in steps],
+        "message_ids": [uuid.uuid4() for _ in steps],
         "bodies": [
             JobMessage(job_id=ids[step.name], attempt=1, type=t.name).encode()
             for step, t in zip(steps, types, strict=True)
@@ -452,7 +451,7 @@ async def retry_step(
                 "workflow_id": workflow_id,
                 "name": name,
                 "tenant": tenant,
-                "message_id": new_id(),
+                "message_id": uuid.uuid4(),
                 "exchange": topology.jobs_exchange,
                 "channel": OUTBOX_CHANNEL,
             },

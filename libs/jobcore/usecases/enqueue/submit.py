@@ -54,7 +54,6 @@ from jobcore.kernel.errors import (
     QuotaExceeded,
     UniqueJobExists,
 )
-from jobcore.kernel.ids import new_id
 from jobcore.kernel.priorities import Priority
 from jobcore.kernel.quotas import UNLIMITED, Admission, Quotas, rate_headers
 from jobcore.storage.results import ResultStore
@@ -292,7 +291,7 @@ def _job_params(
     if trace is None:
         trace = capture_trace_headers()
     job_type = request.job_type
-    job_id = new_id()
+    job_id = uuid.uuid4()
     upload: bytes | None = None
     if payload_store is not None and inline_payload_max_bytes is not None:
         encoded = orjson.dumps(request.document)

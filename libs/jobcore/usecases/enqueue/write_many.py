@@ -36,7 +36,6 @@ from jobcore.kernel.errors import (
     ServiceStateError,
     UniqueJobExists,
 )
-from jobcore.kernel.ids import new_id
 from jobcore.kernel.quotas import UNLIMITED, Quotas, RateLimit, rate_headers
 from jobcore.kernel.states import JobStatus
 from jobcore.telemetry.traces import capture_trace_headers
@@ -203,7 +202,7 @@ def _insert_params(
     trace: dict[str, str],
     batch_id: uuid.UUID | None,
 ) -> JobInsertManyParams:
-    ids = [new_id() for _ in todo]
+    ids = [uuid.uuid4() for _ in todo]
     chosen = [items[n] for n in todo]
     gates = [
         job_gates(job_type, tenant=tenant, payload=item.payload, ordering_key=None)
@@ -222,7 +221,7 @@ def _insert_params(
         "max_attempts": [item.max_attempts or job_type.max_attempts for item in chosen],
         "run_ats": [item.run_at for item in chosen],
         "unique_keys": [item.unique_key for item in chosen],
-        "message_ids": [new_id() for _ in todo],
+        "message_ids": [uuid.uuid4() for _ in todo],
         "bodies": [
             JobMessage(job_id=job_id, attempt=1, type=job_type.name).encode() for job_id in ids
         ],
