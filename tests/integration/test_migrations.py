@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+from pathlib import Path
+from types import ModuleType
 
 import psycopg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool
@@ -596,6 +600,51 @@ def test_the_ascending_tenant_index_fills_its_pages_and_goes_both_ways(
         migrate.upgrade(settings)
         assert _tenant_index(settings).endswith("(tenant, created_at, id)")
         assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def _migration_module(file_name: str) -> ModuleType:
+    """A migration's module, loaded from its file (its name starts with a digit)."""
+    path = Path(migrate.migrations_dir()) / "versions" / file_name
+    spec = importlib.util.spec_from_file_location(f"jobcore_test_{path.stem}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ascending_tenant_index_drops_nothing_for_a_missing_or_invalid_build(
+    service_urls: ServiceUrls,
+) -> None:
+    """0043 checks the index it built before it drops the one it replaces, in the SQL it
+    writes too: a script run offline again after a failed build would find the INVALID
+    index the build left, skip building it (IF NOT EXISTS) and drop the good one."""
+    guard = _migration_module("0043_tenant_index_ascending.py")._valid_or_refuse(
+        "jobs_tenant_created_asc_idx"
+    )
+    settings, name = _empty_database_settings(service_urls)
+    try:
+        migrate.upgrade(settings, "0042")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.RaiseException, match="missing or INVALID"):
+                conn.execute(guard)
+            conn.execute(
+                "CREATE INDEX jobs_tenant_created_asc_idx ON jobs (tenant, created_at, id)"
+            )
+            conn.execute(guard)
+            # As an interrupted CREATE INDEX CONCURRENTLY leaves it.
+            conn.execute(
+                "UPDATE pg_index SET indisvalid = false"
+                " WHERE indexrelid = to_regclass('jobs_tenant_created_asc_idx')"
+            )
+            with pytest.raises(psycopg.errors.RaiseException, match="missing or INVALID"):
+                conn.execute(guard)
+        # Online, the build finds the INVALID index and builds it again.
+        migrate.upgrade(settings, "0043")
+        assert _tenant_index(settings).endswith("(tenant, created_at, id)")
+        assert _invalid_indexes(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)
 

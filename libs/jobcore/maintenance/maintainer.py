@@ -180,9 +180,14 @@ class Maintainer(Service):
             finally:
                 for task in tasks:
                     task.cancel()
-            await self.step_down()
+            # First what the services run on connections of their own (a VACUUM under
+            # way): the step-down waits for the database, which may be gone.
             for service in self.services:
-                await service.close()
+                try:
+                    await service.close()
+                except Exception:
+                    log.exception("maintenance: %s did not close", service.name)
+            await self.step_down()
 
     async def _elections(self) -> None:
         trouble_logged = False
