@@ -5,7 +5,6 @@ no other package of jobcore.
 - :mod:`.states`: the job state machine (statuses, allowed transitions, terminal states);
 - :mod:`.settings`: the typed ``JOBCORE_*`` settings, validated at start-up;
 - :mod:`.envelope`: the AMQP wire format of a job message;
-- :mod:`.ids`: fresh time-ordered ids for jobs and their messages;
 - :mod:`.channels`: the PostgreSQL NOTIFY channels more than one module names;
 - :mod:`.jobevents`: the kinds of event on a job's timeline;
 - :mod:`.priorities`: the three priority levels and the relay's weights between them;
