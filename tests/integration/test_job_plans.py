@@ -344,6 +344,39 @@ def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jo
     assert len(listed) == PAGE
 
 
+def test_a_tenants_pages_read_the_ascending_tenant_index_backwards_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """jobs_tenant_created_idx is ascending (migration 0043, so that a tenant's new jobs
+    fill its pages): newest first is the index read backwards, the keyset position an
+    index condition, no sort, a page's worth of buffers; the second page starts where
+    the first ended."""
+    params: dict[str, Any] = {
+        "tenant": "t1",
+        "entity_id": None,
+        "after_created_at": None,
+        "after_id": None,
+        "status": None,
+        "type": None,
+        "limit": PAGE,
+    }
+    for page in range(2):
+        plan, text = _explain(million_jobs, reads.JOB_LIST, params)
+        assert "Index Scan Backward using jobs_tenant_created_idx" in text, text
+        assert "Sort" not in text, text
+        assert _buffers(plan) <= 2 * PAGE, (page, _buffers(plan), text)
+        rows = _rows(
+            million_jobs,
+            "SELECT created_at, id FROM jobs WHERE tenant = %(tenant)s"
+            " AND (created_at, id) < (coalesce(%(after_created_at)s::timestamptz, 'infinity'),"
+            " coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))"
+            " ORDER BY created_at DESC, id DESC LIMIT %(limit)s",
+            params,
+        )
+        assert len(rows) == PAGE
+        params["after_created_at"], params["after_id"] = rows[-1]
+
+
 def test_an_entitys_page_reads_the_partial_entity_index_that_jobs_without_one_stay_out_of(
     million_jobs: str,
 ) -> None:
