@@ -52,30 +52,11 @@ ASCENDING = "(tenant, created_at, id)"
 DESCENDING = "(tenant, created_at DESC, id DESC)"
 
 
-def _valid_or_refuse(building: str) -> str:
-    """A block that stops the migration unless ``building`` is there and valid. Written
-    into the SQL too: a script run offline (``alembic upgrade --sql``) that failed during
-    the build and is run again skips the INVALID index the build left (IF NOT EXISTS),
-    and must not drop the good one for it."""
-    return f"""
-    DO $valid$
-    BEGIN
-        IF NOT coalesce(
-            (SELECT i.indisvalid FROM pg_index AS i
-             WHERE i.indexrelid = to_regclass('{building}')), false) THEN
-            RAISE EXCEPTION 'migration 0043: index {building} is missing or INVALID: drop it'
-                ' and run the migration again';
-        END IF;
-    END
-    $valid$
-    """
-
-
 def _replace(definition: str, building: str) -> None:
     """Build ``definition`` as ``building``, drop the index named NAME, and give the new
     one its name."""
+    # Checked valid before the drop, in the offline SQL too (valid_or_refuse).
     create_indexes_concurrently({building: definition}, table="jobs")
-    op.execute(_valid_or_refuse(building))
     drop_indexes_concurrently([NAME])
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     # No statement names the index: the planner finds it by its columns.

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
@@ -14,6 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool
 
 from jobcore.database import migrate
+from jobcore.database.migration_steps import valid_or_refuse
 from jobcore.database.schema import metadata
 from jobcore.kernel.settings import Settings
 from jobcore.testing.processes import jobcore_command, settings_env
@@ -604,29 +602,17 @@ def test_the_ascending_tenant_index_fills_its_pages_and_goes_both_ways(
         databases.drop_database(service_urls.pg_admin_url, name)
 
 
-def _migration_module(file_name: str) -> ModuleType:
-    """A migration's module, loaded from its file (its name starts with a digit)."""
-    path = Path(migrate.migrations_dir()) / "versions" / file_name
-    spec = importlib.util.spec_from_file_location(f"jobcore_test_{path.stem}", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_ascending_tenant_index_drops_nothing_for_a_missing_or_invalid_build(
     service_urls: ServiceUrls,
 ) -> None:
-    """0043 checks the index it built before it drops the one it replaces, in the SQL it
-    writes too: a script run offline again after a failed build would find the INVALID
-    index the build left, skip building it (IF NOT EXISTS) and drop the good one."""
-    guard = _migration_module("0043_tenant_index_ascending.py")._valid_or_refuse(
-        "jobs_tenant_created_asc_idx"
-    )
+    """0043 builds through create_indexes_concurrently, which checks the index it built
+    before the migration goes on to drop the one it replaces, in the SQL it writes too: a
+    script run offline again after a failed build would find the INVALID index the build
+    left, skip building it (IF NOT EXISTS) and drop the good one."""
+    guard = valid_or_refuse("jobs_tenant_created_asc_idx")
     settings, name = _empty_database_settings(service_urls)
     try:
-        migrate.upgrade(settings, "0042")
+        migrate.upgrade(settings, _previous_revision(settings, TENANT_INDEX_REVISION))
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             with pytest.raises(psycopg.errors.RaiseException, match="missing or INVALID"):
                 conn.execute(guard)
@@ -642,7 +628,7 @@ def test_the_ascending_tenant_index_drops_nothing_for_a_missing_or_invalid_build
             with pytest.raises(psycopg.errors.RaiseException, match="missing or INVALID"):
                 conn.execute(guard)
         # Online, the build finds the INVALID index and builds it again.
-        migrate.upgrade(settings, "0043")
+        migrate.upgrade(settings, TENANT_INDEX_REVISION)
         assert _tenant_index(settings).endswith("(tenant, created_at, id)")
         assert _invalid_indexes(settings) == []
     finally:

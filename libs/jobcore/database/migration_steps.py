@@ -35,13 +35,33 @@ def _invalid(name: str) -> bool:
     return bool(op.get_bind().execute(INVALID, {"name": name}).scalar())
 
 
+def valid_or_refuse(name: str) -> str:
+    """A block that stops the migration unless index ``name`` is there and valid. Written
+    into the SQL too: a script run offline (``alembic upgrade --sql``) cannot ask whether
+    an earlier build left the index INVALID, so run again after a failed build it skips
+    building it (IF NOT EXISTS), and must go no further (to drop the index it replaces)."""
+    return f"""
+    DO $valid$
+    BEGIN
+        IF NOT coalesce(
+            (SELECT i.indisvalid FROM pg_index AS i
+             WHERE i.indexrelid = to_regclass('{name}')), false) THEN
+            RAISE EXCEPTION 'index {name} is missing or INVALID after its build: drop it'
+                ' and run the migration again';
+        END IF;
+    END
+    $valid$
+    """
+
+
 def create_indexes_concurrently(
     indexes: Mapping[str, str], *, table: str, unique: bool = False
 ) -> None:
     """``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <definition>``
     for each entry of ``indexes`` (name → columns and predicate), outside the migration's
     transaction, each one dropped first when an earlier build left it INVALID (an invalid
-    unique index still refuses duplicates, yet no query can use it)."""
+    unique index still refuses duplicates, yet no query can use it), and checked valid
+    after (:func:`valid_or_refuse`)."""
     kind = "UNIQUE INDEX" if unique else "INDEX"
     with op.get_context().autocommit_block():
         op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
@@ -49,6 +69,7 @@ def create_indexes_concurrently(
             if _invalid(name):
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
             op.execute(f"CREATE {kind} CONCURRENTLY IF NOT EXISTS {name} ON {table} {definition}")
+            op.execute(valid_or_refuse(name))
         op.execute("RESET lock_timeout")
 
 
