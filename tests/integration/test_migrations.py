@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
+from typing import Any
 
 import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, inspect, pool
 
 from jobcore.database import migrate
@@ -667,5 +670,63 @@ def test_the_sql_enqueues_lean_fingerprint_goes_both_ways(service_urls: ServiceU
         assert _enqueue_keeps_only_keyed(settings) == 0
         migrate.upgrade(settings)
         assert _enqueue_keeps_only_keyed(settings) == 2
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+IN_BATCH_REVISION = "0045"
+
+
+def _accepted_details(settings: Settings) -> dict[str, Any]:
+    """Each job's accepted_detail (and accepted_in_batch where the column is there), by type."""
+    with psycopg.connect(settings.database_url) as conn:
+        has_column = conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'jobs' AND column_name = 'accepted_in_batch'"
+            " AND table_schema = current_schema()"
+        ).fetchone()
+        assert has_column is not None
+        flag = "accepted_in_batch" if has_column[0] else "NULL::boolean"
+        rows = conn.execute(f"SELECT type, accepted_detail, {flag} FROM jobs").fetchall()
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def test_a_batch_flag_kept_as_a_boolean_goes_back_into_the_json_on_downgrade(
+    service_urls: ServiceUrls,
+) -> None:
+    """0045 adds accepted_in_batch; its downgrade writes `batch` back into the JSON of the
+    jobs that have it set, so the previous revision's timeline still says it, and leaves
+    the jobs that said it in their JSON as they are."""
+    from alembic import command
+
+    settings, name = _empty_database_settings(service_urls)
+    previous = _previous_revision(settings, IN_BATCH_REVISION)
+    insert = (
+        "INSERT INTO jobs (id, tenant, type, queue, accepted_detail) VALUES (%s, 't', %s, 'q', %s)"
+    )
+    try:
+        migrate.upgrade(settings, previous)
+        with psycopg.connect(settings.database_url) as conn:
+            conn.execute(insert, (uuid.uuid4(), "old-batch", Jsonb({"batch": True})))
+            conn.execute(insert, (uuid.uuid4(), "single", None))
+        migrate.upgrade(settings, IN_BATCH_REVISION)
+        with psycopg.connect(settings.database_url) as conn:
+            conn.execute(
+                "INSERT INTO jobs (id, tenant, type, queue, accepted_detail, accepted_in_batch)"
+                " VALUES (%s, 't', 'new-batch', 'q', %s, true)",
+                (uuid.uuid4(), Jsonb({"run_at": "2026-12-07T10:00:00+00:00"})),
+            )
+        assert _accepted_details(settings)["new-batch"] == (
+            {"run_at": "2026-12-07T10:00:00+00:00"},
+            True,
+        )
+        command.downgrade(migrate.alembic_config(settings), previous)
+        assert _accepted_details(settings) == {
+            "old-batch": ({"batch": True}, None),
+            "single": (None, None),
+            "new-batch": ({"run_at": "2026-12-07T10:00:00+00:00", "batch": True}, None),
+        }
+        migrate.upgrade(settings)
+        assert _schema_drift(settings) == []
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)

@@ -188,6 +188,9 @@ jobs = Table(
     _timestamp("published_at"),
     Column("published_by", Text),
     Column("published_message_id", UUID(as_uuid=True)),
+    # A job of a batch enqueue: true, else NULL. Its `accepted` event says `batch` from
+    # this, not from accepted_detail's JSON (migration 0045).
+    Column("accepted_in_batch", Boolean),
     CheckConstraint(f"status IN ({_STATUSES})", name="status"),
     CheckConstraint(
         "held_reason IN ('concurrency', 'rate_limit', 'ordering', 'dependencies')",

@@ -82,6 +82,7 @@ WHEREABOUTS_KEYS = (
 # the job's own view does not.
 TIMELINE_ONLY_KEYS = (
     "accepted_detail",
+    "accepted_in_batch",
     "claimed_at",
     "claim_lease_until",
     "published_at",

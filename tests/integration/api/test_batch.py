@@ -390,3 +390,10 @@ async def test_each_batched_job_gets_its_accepted_event(
         assert timeline is not None
         events = [(event.kind, event.detail) for event in timeline.events]
         assert events == [("accepted", {"batch": True})]
+        # Said by a bit on the row, not by JSON in each of its versions (migration 0045).
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT accepted_detail, accepted_in_batch FROM jobs WHERE id = %s",
+                (uuid.UUID(item["job_id"]),),
+            )
+            assert await cur.fetchone() == {"accepted_detail": None, "accepted_in_batch": True}

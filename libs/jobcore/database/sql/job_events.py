@@ -117,6 +117,14 @@ class JobTimelineParams(TypedDict):
     tenant: str | None  # None: any tenant's job (operators)
 
 
+# The `accepted` event's detail, from the job row: accepted_detail, and `batch` for a job
+# of a batch enqueue, which keeps it as accepted_in_batch (migration 0045; jobs written
+# before keep it in the JSON).
+ACCEPTED_DETAIL = """coalesce(jobs.accepted_detail, '{}'::jsonb)
+               || CASE WHEN jobs.accepted_in_batch THEN '{"batch": true}'::jsonb
+                       ELSE '{}'::jsonb END"""
+
+
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
 # disagree, say a relay's commit landing between them. The `claimed`, first `published`
 # and ending events are said by jobcore.kernel.jobevents.with_job_row from the rows'
@@ -151,7 +159,7 @@ JOB_TIMELINE = Query[JobTimelineParams](
         )
         UNION ALL
         SELECT 0, jobs.created_at, '{JobEventKind.ACCEPTED}', NULL,
-               coalesce(jobs.accepted_detail, '{{}}'::jsonb)
+               {ACCEPTED_DETAIL}
         WHERE NOT EXISTS (
             SELECT 1 FROM jobcore.job_events
             WHERE job_events.job_id = jobs.id AND job_events.kind = '{JobEventKind.ACCEPTED}'

@@ -420,6 +420,15 @@ class JobInsertManyParams(QuotaDefaultParams):
     batch_id: uuid.UUID | None
 
 
+# What a batch's job says of its `accepted` event: its detail's `batch` key is kept as
+# accepted_in_batch (a bit, where the key was 24 bytes of each row version: migration
+# 0045), and the rest as the single enqueue writes it (JOB_INSERT). The timeline's read
+# puts the key back (jobcore.database.sql.job_events.ACCEPTED_DETAIL).
+_MANY_ACCEPTED = """
+            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
+                       || (input.event_detail - 'batch'), '{}'::jsonb),
+            CASE WHEN input.event_detail -> 'batch' = 'true'::jsonb THEN true END"""
+
 # The batch's jobs (JOB_INSERT_MANY).
 _MANY_JOBS = _job_inserts(
     f"""
@@ -428,7 +437,7 @@ _MANY_JOBS = _job_inserts(
             payload, entity_id, max_attempts, next_attempt_at, traceparent, tracestate,
             unique_key, priority, concurrency_key, concurrency_limit, rate_key,
             rate_per_second, rate_burst, ordering_blocks, callback_url, accepted_detail,
-            batch_id
+            accepted_in_batch, batch_id
         )
         SELECT
             input.id, %(tenant)s::text, %(type)s, %(queue)s, 'pending', input.idempotency_key,
@@ -437,10 +446,7 @@ _MANY_JOBS = _job_inserts(
             input.run_at, input.traceparent, input.tracestate, input.unique_key,
             input.priority, input.concurrency_key, %(concurrency_limit)s, input.rate_key,
             %(rate_per_second)s, %(rate_burst)s, %(ordering_blocks)s,
-            coalesce(input.callback_url, hook.url),
-            -- As the single enqueue writes it (JOB_INSERT).
-            nullif(jsonb_strip_nulls(jsonb_build_object('run_at', input.run_at))
-                       || input.event_detail, '{{}}'::jsonb),
+            coalesce(input.callback_url, hook.url),{_MANY_ACCEPTED},
             %(batch_id)s::uuid
         FROM fresh AS input CROSS JOIN room CROSS JOIN hook
         WHERE input.rank <= room.admitted AND {{ROWS}}
