@@ -25,8 +25,12 @@ def job_message_row(
     job_type: JobType[Any],
     attempt: int,
     trace_headers: dict[str, str],
+    message_id: uuid.UUID | None = None,
 ) -> OutboxMessageParams:
-    """The outbox columns for one job message (used by enqueue, retries and the reaper)."""
+    """The outbox columns for one job message (used by enqueue, retries and the reaper);
+    ``message_id``: a fresh one when None. An enqueue gives its job's first message the
+    job's id, which the claim then need not keep on the job row
+    (jobcore.database.sql.jobs.run, ``_KEEP_PUBLISH``)."""
     return message_row(
         topology,
         job_id=job_id,
@@ -34,6 +38,7 @@ def job_message_row(
         queue=job_type.queue,
         attempt=attempt,
         trace_headers=trace_headers,
+        message_id=message_id,
     )
 
 
@@ -75,11 +80,12 @@ def message_row(
     queue: str,
     attempt: int,
     trace_headers: dict[str, str],
+    message_id: uuid.UUID | None = None,
 ) -> OutboxMessageParams:
     """The same from a job row's type and queue, for callers that may not have the job
     type registered (the sweeper publishes whatever is stranded)."""
     return {
-        "message_id": uuid.uuid4(),
+        "message_id": uuid.uuid4() if message_id is None else message_id,
         "exchange": topology.jobs_exchange,
         "routing_key": topology.routing_key(queue),
         "message_type": type_name,

@@ -397,3 +397,8 @@ async def test_each_batched_job_gets_its_accepted_event(
                 (uuid.UUID(item["job_id"]),),
             )
             assert await cur.fetchone() == {"accepted_detail": None, "accepted_in_batch": True}
+            # Its first message has its id (jobcore.execution.job_messages.job_message_row).
+            cur = await conn.execute(
+                "SELECT message_id FROM outbox WHERE job_id = %s", (uuid.UUID(item["job_id"]),)
+            )
+            assert await cur.fetchall() == [{"message_id": uuid.UUID(item["job_id"])}]

@@ -56,6 +56,8 @@ async def test_enqueue_answers_202_with_the_job_and_writes_job_and_message(
     envelope = decode(bytes(message["body"]))
     assert (envelope.job_id, envelope.attempt, envelope.type) == (answer.job_id, 1, "echo")
     assert message["routing_key"] == "testq"
+    # The first message has the job's id, which the claim need not keep on the job row.
+    assert message["message_id"] == answer.job_id
 
 
 async def test_payload_defaults_are_applied_and_stored(

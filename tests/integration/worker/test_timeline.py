@@ -142,10 +142,9 @@ async def test_a_happy_job_writes_no_event_row_yet_its_timeline_lists_each_step(
     # Dated the relay's claim of the outbox row, as its event row was.
     assert row["created_at"] <= published.at == row["published_at"] <= claimed.at
     assert published.attempt == 1
-    assert published.detail == {
-        "relay": relay.relay_id,
-        "message_id": str(row["published_message_id"]),
-    }
+    # The enqueue's message had the job's id, which the row does not keep twice.
+    assert published.detail == {"relay": relay.relay_id, "message_id": str(job_id)}
+    assert row["published_message_id"] is None
     assert row["published_by"] == relay.relay_id
     assert (claimed.at, claimed.detail["worker"]) == (row["started_at"], worker.worker_id)
     assert (finished.at, finished.attempt) == (row["finished_at"], 1)

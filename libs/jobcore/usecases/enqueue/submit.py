@@ -339,8 +339,14 @@ def _job_params(
         ),
         "ordering_seq": request.ordering_seq,
         "batch_id": request.batch_id,
+        # The job's first message has the job's id (job_message_row says why).
         **job_message_row(
-            topology, job_id=job_id, job_type=job_type, attempt=1, trace_headers=trace
+            topology,
+            job_id=job_id,
+            job_type=job_type,
+            attempt=1,
+            trace_headers=trace,
+            message_id=job_id,
         ),
     }
     return params, upload

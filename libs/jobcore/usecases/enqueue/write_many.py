@@ -221,7 +221,8 @@ def _insert_params(
         "max_attempts": [item.max_attempts or job_type.max_attempts for item in chosen],
         "run_ats": [item.run_at for item in chosen],
         "unique_keys": [item.unique_key for item in chosen],
-        "message_ids": [uuid.uuid4() for _ in todo],
+        # Each job's first message has the job's id (execution.job_messages.job_message_row).
+        "message_ids": list(ids),
         "bodies": [
             JobMessage(job_id=job_id, attempt=1, type=job_type.name).encode() for job_id in ids
         ],
