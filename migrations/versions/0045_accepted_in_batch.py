@@ -1,4 +1,4 @@
-"""a job enqueued in a batch says so in a boolean, not in its accepted detail's JSON
+"""leaner job rows: a batch's flag in a boolean, and no copy of the job's id as its message's
 
 Revision ID: 0045
 Revises: 0044
@@ -12,9 +12,15 @@ into the `accepted` event's detail by the timeline's read, so the timeline shows
 showed. Jobs written before, and by the previous revision's API during a rolling upgrade,
 keep the key in their JSON, which the read shows as it is.
 
+The same revision of the code gives an enqueued job's first message the job's own id, and
+the claim leaves ``published_message_id`` NULL for it (jobcore.database.sql.jobs.run,
+``_KEEP_PUBLISH``; the timeline's reader says the job's id): no schema change, but the
+previous revision reads the column as it is.
+
 A nullable column without a default rewrites nothing. The downgrade writes the key back
-into the JSON of the jobs that have the column set, so the previous revision's timeline
-loses nothing.
+into the JSON of the jobs that have the column set, and the job's id into
+``published_message_id`` where a publish is kept without one, so the previous revision's
+timeline loses nothing. Rolling upgrade: the API first (docs/how-to/upgrade.md).
 """
 
 from collections.abc import Sequence
@@ -40,5 +46,9 @@ def downgrade() -> None:
         "UPDATE jobs SET accepted_detail = "
         """coalesce(accepted_detail, '{}'::jsonb) || '{"batch": true}'::jsonb """
         "WHERE accepted_in_batch"
+    )
+    op.execute(
+        "UPDATE jobs SET published_message_id = id "
+        "WHERE published_at IS NOT NULL AND published_message_id IS NULL"
     )
     op.drop_column("jobs", "accepted_in_batch")

@@ -20,7 +20,7 @@ parameter arrays: one plan serves every batch size.
 The connection handed out is the one given back last (a stack, not a queue). A backend
 appends the rows it inserts to the page it last filled, one page per backend and table:
 handed out in turn, each of the held backends kept a half-filled page of the inbox
-open, and a trickle of claims spread its rows over all of them (the inbox's heap took 92
+open, and a trickle of claims spread its rows over all of them (the inbox's heap took 92–94
 bytes a job for rows of 60: docs/bench/measurements.md, "Held connections"). From the
 top of the stack, a trickle runs on one or two backends, and the rest are used only
 under load.

@@ -696,7 +696,9 @@ def test_a_batch_flag_kept_as_a_boolean_goes_back_into_the_json_on_downgrade(
 ) -> None:
     """0045 adds accepted_in_batch; its downgrade writes `batch` back into the JSON of the
     jobs that have it set, so the previous revision's timeline still says it, and leaves
-    the jobs that said it in their JSON as they are."""
+    the jobs that said it in their JSON as they are. It also writes a job's id into
+    published_message_id where a publish is kept without one (the first message had the
+    job's id), and leaves a message id of its own as it is."""
     from alembic import command
 
     settings, name = _empty_database_settings(service_urls)
@@ -720,7 +722,18 @@ def test_a_batch_flag_kept_as_a_boolean_goes_back_into_the_json_on_downgrade(
             {"run_at": "2026-12-07T10:00:00+00:00"},
             True,
         )
+        other = uuid.uuid4()
+        with psycopg.connect(settings.database_url) as conn:
+            conn.execute(
+                "UPDATE jobs SET published_at = now(), published_message_id = CASE type"
+                " WHEN 'single' THEN %s END WHERE type IN ('single', 'new-batch')",
+                (other,),
+            )
+            ids = dict(conn.execute("SELECT type, id FROM jobs").fetchall())
         command.downgrade(migrate.alembic_config(settings), previous)
+        with psycopg.connect(settings.database_url) as conn:
+            kept = dict(conn.execute("SELECT type, published_message_id FROM jobs").fetchall())
+        assert kept == {"old-batch": None, "single": other, "new-batch": ids["new-batch"]}
         assert _accepted_details(settings) == {
             "old-batch": ({"batch": True}, None),
             "single": (None, None),

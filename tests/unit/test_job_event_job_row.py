@@ -143,6 +143,21 @@ def test_a_step_retried_in_place_lists_the_end_it_left_and_its_new_one() -> None
     assert [e["kind"] for e in listed] == RETRIED_IN_PLACE
 
 
+def test_a_publish_kept_without_a_message_id_names_the_jobs_own() -> None:
+    """An enqueue's first message has the job's id, which the claim leaves out of
+    published_message_id (migration 0045's revision): the event names the job's id."""
+    job_id = uuid.uuid4()
+    row = {**job("succeeded", 1, published=0.5, started=1.0), "published_message_id": None}
+    [published] = [e for e in with_job_row([], {**row, "id": job_id}) if e["kind"] == "published"]
+    assert published["detail"] == {"relay": "relay-1", "message_id": str(job_id)}
+    [kept] = [
+        e
+        for e in with_job_row([], {**row, "id": job_id, "published_message_id": MESSAGE})
+        if e["kind"] == "published"
+    ]
+    assert kept["detail"]["message_id"] == str(MESSAGE)
+
+
 def test_with_events_off_nothing_is_said_from_the_job_row() -> None:
     events = [event(1, 0.5, "published", 2, relay="r")]
     assert summary(with_job_row(events, {})) == [("published", 2, t(0.5))]

@@ -144,12 +144,12 @@ def with_job_row(
     (:func:`with_claims`), the first publish of its first attempt, and its end.
 
     ``job`` has, besides what :func:`with_claims` reads, ``status``, ``finished_at``,
-    ``last_error``, ``published_at``, ``published_by`` and ``published_message_id`` (any
-    missing: that event is not said; ``{}``: none is). A row written before migration 0041,
-    or by a process of the previous revision during a rolling upgrade, wins over what
-    the job row says of the same event, so none is listed twice: a `published` row dated
-    the job row's publish, an ending row since the job's last reopening (a `revived`
-    event, which carries the end it left in ``detail.finish``)."""
+    ``last_error``, ``published_at``, ``published_by``, ``published_message_id`` (None:
+    the job's ``id``) (any missing: that event is not said; ``{}``: none is). A row written
+    before migration 0041, or by a process of the previous revision during a rolling
+    upgrade, wins over what the job row says of the same event, so none is listed twice: a
+    `published` row dated the job row's publish, an ending row since the job's last
+    reopening (a `revived` event, which carries the end it left in ``detail.finish``)."""
     listed = _one_per_message(with_claims(events, job))
     said: list[dict[str, Any]] = []
     ends = [_time(e["at"]) for e in listed if e["kind"] in _ENDS]
@@ -166,7 +166,9 @@ def with_job_row(
     published_at = job.get("published_at")
     if published_at is not None:
         at = _time(published_at)
-        message_id = job.get("published_message_id")
+        # None beside a publish: the message had the job's own id, which the claim does not
+        # keep twice (jobcore.database.sql.jobs.run, _KEEP_PUBLISH).
+        message_id = job.get("published_message_id") or job.get("id")
         message = None if message_id is None else str(message_id)
         rows = (e for e in listed if e["kind"] == JobEventKind.PUBLISHED)
         if not any(_time(e["at"]) == at or _message_of(e) == message for e in rows):

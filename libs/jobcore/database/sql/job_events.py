@@ -125,12 +125,6 @@ ACCEPTED_DETAIL = """coalesce(jobs.accepted_detail, '{}'::jsonb)
                        ELSE '{}'::jsonb END"""
 
 
-# The message of the job's first publish kept on the job row: NULL there when it had the
-# job's own id (jobcore.database.sql.jobs.run, _KEEP_PUBLISH).
-PUBLISHED_MESSAGE_ID = """coalesce(jobs.published_message_id,
-                    CASE WHEN jobs.published_at IS NOT NULL THEN jobs.id END)"""
-
-
 # One statement, so one snapshot: read apart, the job (where it is) and its events could
 # disagree, say a relay's commit landing between them. The `claimed`, first `published`
 # and ending events are said by jobcore.kernel.jobevents.with_job_row from the rows'
@@ -151,8 +145,7 @@ JOB_TIMELINE = Query[JobTimelineParams](
            jobs.cancel_requested_at, jobs.finished_at, jobs.updated_at, jobs.message_note,
            jobs.started_at, jobs.claimed_at,
            to_jsonb(jobs.claim_lease_until) AS claim_lease_until,
-           jobs.published_at, jobs.published_by,
-           {PUBLISHED_MESSAGE_ID} AS published_message_id,
+           jobs.published_at, jobs.published_by, jobs.published_message_id,
            {WHEREABOUTS_COLUMNS},
            event.id AS event_id, event.at AS event_at, event.kind AS event_kind,
            event.attempt AS event_attempt, event.detail AS event_detail

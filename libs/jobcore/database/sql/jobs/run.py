@@ -110,7 +110,7 @@ _DUE = "(jobs.not_before IS NULL OR jobs.not_before <= statement_timestamp())"
 # only while events are recorded, as the row it stands for would have been. A message
 # whose id is the job's (an enqueue's first: jobcore.execution.job_messages) leaves
 # published_message_id NULL, 16 bytes less in each version of the row from the claim on;
-# the timeline's read says the job's id (jobcore.database.sql.job_events.PUBLISHED_MESSAGE_ID).
+# the timeline's reader says the job's id (jobcore.kernel.jobevents.with_job_row).
 _PUBLISH_KEPT = f"""jobs.published_at IS NULL AND rate.attempt = 1
                      AND rate.published_at IS NOT NULL AND {EVENTS_ON}"""
 _KEEP_PUBLISH = f"""published_at = CASE WHEN {_PUBLISH_KEPT} THEN rate.published_at
