@@ -54,10 +54,17 @@ async def third_enqueue(
 
 
 async def waiting_on_a_lock(db: Database, name: str) -> bool:
+    """Whether ``name``'s backend waits for a lock an open transaction holds (one idle in
+    it, as the application transactions are): a moment's wait for a lock a busy backend
+    holds (a relation's extension, on a loaded machine) is not what the tests look for,
+    and the third enqueue's deadline bounds it."""
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM pg_stat_activity"
-            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            "SELECT count(*) AS n FROM pg_stat_activity AS waiting"
+            " WHERE waiting.application_name = %s AND waiting.wait_event_type = 'Lock'"
+            " AND EXISTS (SELECT 1 FROM pg_stat_activity AS holder"
+            " WHERE holder.pid = ANY(pg_blocking_pids(waiting.pid))"
+            " AND holder.state LIKE 'idle in transaction%%')",
             [name],
         )
         row = await cur.fetchone()
