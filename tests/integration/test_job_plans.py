@@ -43,7 +43,7 @@ from jobcore.kernel.keyed import Debounce
 from jobcore.kernel.settings import Settings
 from jobcore.usecases.enqueue.submit import EnqueueRequest, _job_params
 from jobcore.usecases.enqueue.write_one import job_key_params
-from tests.support import databases
+from tests.support import databases, plans
 from tests.support.services import ServiceUrls
 
 BY_ID = (
@@ -266,24 +266,11 @@ def million_jobs(service_urls: ServiceUrls, template_database: str) -> Iterator[
         databases.drop_database(service_urls.pg_admin_url, name)
 
 
-def _explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The statement's plan, run (EXPLAIN ANALYZE, BUFFERS) as the pools run it: a generic
-    plan, prepared once."""
-    sql, names = native_placeholders(query.sql)
-    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")  # as jobcore.database.gateway
-        conn.execute(f"PREPARE measured AS {sql}")
-        execute = f"EXECUTE measured({values})" if names else "EXECUTE measured"
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()
-        text = conn.execute(f"EXPLAIN (COSTS OFF) {execute}").fetchall()
-    assert row is not None
-    return row[0][0]["Plan"], "\n".join(line for (line,) in text)
-
-
-def _buffers(plan: dict[str, Any]) -> int:
-    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+def _explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[int, str]:
+    """The pages of its tables and indexes the statement read, run (EXPLAIN ANALYZE) as
+    the pools run it (tests.support.plans), and its plan."""
+    measured = plans.explain(url, query, params)
+    return measured.blocks, measured.text
 
 
 def _rows(url: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
@@ -296,12 +283,12 @@ def test_the_overdue_gauge_reads_each_queues_first_entry_at_a_million_jobs(
 ) -> None:
     """Once a minute, the leader's gauge grouped all 100,000 pending rows (15,860 buffers);
     it reads the first entry of each queue in jobs_due_idx now."""
-    plan, text = _explain(million_jobs, reads.JOB_OVERDUE_BY_QUEUE, {})
+    blocks, text = _explain(million_jobs, reads.JOB_OVERDUE_BY_QUEUE, {})
     assert "jobs_due_idx" in text, text
     assert "Seq Scan on jobs" not in text, text
     assert "Bitmap" not in text, text
     # Three queues: a few index pages each, whatever the backlog.
-    assert _buffers(plan) <= 100, (_buffers(plan), text)
+    assert blocks <= 100, (blocks, text)
 
     # Both in one transaction, so both read one now(): apart, a second's rounding could
     # fall between them.
@@ -331,13 +318,13 @@ def test_the_console_list_across_tenants_reads_a_page_per_status_at_a_million_jo
             )[0],
         )
     params = {"type": None, "after_created_at": after[0], "after_id": after[1], "limit": PAGE}
-    plan, text = _explain(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS, params)
+    blocks, text = _explain(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS, params)
     assert "Seq Scan on jobs" not in text, text
     # The four statuses that pile up, newest first from the status index (running jobs,
     # as many as the workers run at most, may come from the lease index).
     assert text.count("Index Scan Backward using jobs_status_created_not_running_idx") >= 4, text
     # Five statuses, at most a page of rows from each: bounded, not the table's 15,000 pages.
-    assert _buffers(plan) <= 5 * PAGE, (_buffers(plan), text)
+    assert blocks <= 5 * PAGE, (blocks, text)
 
     listed = [row[0] for row in _rows(million_jobs, CONSOLE_JOB_SEARCH_ANY_STATUS.sql, params)]
     assert listed == [row[0] for row in _rows(million_jobs, NEWEST_BY_SORTING, params)]
@@ -361,10 +348,10 @@ def test_a_tenants_pages_read_the_ascending_tenant_index_backwards_at_a_million_
         "limit": PAGE,
     }
     for page in range(2):
-        plan, text = _explain(million_jobs, reads.JOB_LIST, params)
+        blocks, text = _explain(million_jobs, reads.JOB_LIST, params)
         assert "Index Scan Backward using jobs_tenant_created_idx" in text, text
         assert "Sort" not in text, text
-        assert _buffers(plan) <= 2 * PAGE, (page, _buffers(plan), text)
+        assert blocks <= 2 * PAGE, (page, blocks, text)
         rows = _rows(
             million_jobs,
             "SELECT created_at, id FROM jobs WHERE tenant = %(tenant)s"
@@ -392,9 +379,9 @@ def test_an_entitys_page_reads_the_partial_entity_index_that_jobs_without_one_st
         "type": None,
         "limit": PAGE,
     }
-    plan, text = _explain(million_jobs, reads.JOB_LIST_FOR_ENTITY, params)
+    blocks, text = _explain(million_jobs, reads.JOB_LIST_FOR_ENTITY, params)
     assert "jobs_entity_created_idx" in text, text
-    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    assert blocks <= 10, (blocks, text)
     [(entity, tenant)] = _rows(
         million_jobs,
         "SELECT pg_relation_size('jobs_entity_created_idx'),"
@@ -422,33 +409,19 @@ def _job_id(g: int) -> uuid.UUID:
 
 def _explain_write(
     url: str, query: Query[Any], params: dict[str, Any], *, setup: list[tuple[str, Any]]
-) -> tuple[dict[str, Any], str, list[Any]]:
-    """A writing statement's plan, run as the pools run it (a generic plan) after ``setup``
-    in one transaction that rolls back: the shared million stays as it was. Also the
+) -> tuple[int, str, list[Any]]:
+    """A writing statement's pages read and plan (tests.support.plans) after ``setup``, in
+    a transaction that rolls back: the shared million stays as it was. Also the
     statement's answer (its rows, from a second run after the first rolled back)."""
-    sql, names = native_placeholders(query.sql)
-    with psycopg.connect(url, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        try:
-            for statement, args in setup:
-                conn.execute(statement, args)
-            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            conn.execute(f"PREPARE measured AS {sql}")
-            row = conn.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({values})"
-            ).fetchone()
-            text = conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE measured({values})").fetchall()
-        finally:
-            conn.rollback()
+    measured = plans.explain(url, query, params, setup=setup)
+    with psycopg.connect(url) as conn:
         try:
             for statement, args in setup:
                 conn.execute(statement, args)
             answer = conn.execute(query.sql, params).fetchall()
         finally:
             conn.rollback()
-    assert row is not None
-    return row[0][0]["Plan"], "\n".join(line for (line,) in text), answer
+    return measured.blocks, measured.text, answer
 
 
 def test_a_snooze_writes_its_job_event_and_message_by_key_at_a_million_jobs(
@@ -477,7 +450,7 @@ def test_a_snooze_writes_its_job_event_and_message_by_key_at_a_million_jobs(
         "UPDATE jobs SET status = 'running', attempts = 1, lease_token = %s WHERE id = %s",
         (token, job_id),
     )
-    plan, text, answer = _explain_write(million_jobs, run.JOB_SNOOZE, params, setup=[running])
+    blocks, text, answer = _explain_write(million_jobs, run.JOB_SNOOZE, params, setup=[running])
     assert "Seq Scan on jobs" not in text, text
     assert "jobs_pkey" in text, text
     assert [(row[0], row[1]) for row in answer] == [(job_id, "pending")]
@@ -487,8 +460,8 @@ def test_a_snooze_writes_its_job_event_and_message_by_key_at_a_million_jobs(
     released, _, _ = _explain_write(
         million_jobs, run.JOB_RELEASE, {**params, "error": None}, setup=[running]
     )
-    assert _buffers(plan) <= _buffers(released) + 50, (_buffers(plan), _buffers(released), text)
-    assert _buffers(plan) <= 500, (_buffers(plan), text)
+    assert blocks <= released + 50, (blocks, released, text)
+    assert blocks <= 500, (blocks, text)
 
 
 def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_jobs(
@@ -497,11 +470,11 @@ def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_j
     job_id = _job_id(500_000)  # pending, and one of the jobs with an outbox row
     outbox = (OUTBOX_ROWS, {"n": MILLION})
     analyzed = ("ANALYZE outbox", None)
-    lock_plan, lock_text, [locked] = _explain_write(
+    lock_blocks, lock_text, [locked] = _explain_write(
         million_jobs, edit.JOB_LOCK_FOR_EDIT, {"id": job_id, "tenant": None}, setup=[]
     )
     assert "jobs_pkey" in lock_text, lock_text
-    assert _buffers(lock_plan) <= 10, (_buffers(lock_plan), lock_text)
+    assert lock_blocks <= 10, (lock_blocks, lock_text)
     params = {
         "id": job_id,
         "version": locked[6],
@@ -518,13 +491,13 @@ def test_an_edit_locks_and_changes_its_job_and_its_message_by_key_at_a_million_j
         "headers": Jsonb({}),
         "body": b"{}",
     }
-    plan, text, answer = _explain_write(
+    blocks, text, answer = _explain_write(
         million_jobs, edit.JOB_EDIT, params, setup=[outbox, analyzed]
     )
     assert "Seq Scan" not in text, text
     assert "jobs_pkey" in text, text
     assert "outbox_job_idx" in text, text
-    assert _buffers(plan) <= 150, (_buffers(plan), text)
+    assert blocks <= 150, (blocks, text)
     # The job's one unpublished message moved; none was added.
     [(edited_id, _version, _due, moved, superseded, _notified)] = answer
     assert (edited_id, moved, superseded) == (job_id, 1, 0)
@@ -593,8 +566,8 @@ def test_a_debounced_enqueue_joins_its_key_in_a_few_pages_at_a_million_jobs(
     million_jobs: str, settings: Settings
 ) -> None:
     """The keyed enqueue (JOB_INSERT_KEYED and the key's function) reaches the key's row,
-    its job and its message by their keys, whatever the number of jobs and keys: the
-    plan's buffers (the function's statements' included) stay a few hundred."""
+    its job and its message by their keys, whatever the number of jobs and keys: the pages
+    of its tables it reads (the function's statements' included) stay about a hundred."""
     sql, names = native_placeholders(JOB_INSERT_KEYED.sql)
     with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
         cur = conn.cursor()
@@ -609,23 +582,20 @@ def test_a_debounced_enqueue_joins_its_key_in_a_few_pages_at_a_million_jobs(
         conn.execute(f"PREPARE keyed AS {sql}")
         first = conn.execute(f"EXECUTE keyed({literals(_keyed_enqueue(settings, 'x', 0))})")
         opened = first.fetchone()
-        row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-            f"EXECUTE keyed({literals(_keyed_enqueue(settings, 'x', 1))})"
-        ).fetchone()
+        measured = plans.explain_in(
+            conn, f"EXECUTE keyed({literals(_keyed_enqueue(settings, 'x', 1))})"
+        )
         joined = conn.execute(
             "SELECT debounce_count FROM jobs WHERE debounce_key LIKE '%%account=x'"
         ).fetchall()
         conn.rollback()
     assert opened is not None
-    assert row is not None
-    plan = row[0][0]["Plan"]
     assert joined == [(2,)]  # the second enqueue joined the first's job
-    # About 225 pages here: the key's row, its message and the job by their keys, and the
+    # About 95 pages here: the key's row, its message and the job by their keys, and the
     # job's new row version (a join moves its due time, which jobs_due_idx holds, so each
     # of the jobs indexes gets an entry, three or four levels deep at this size). A scan of
-    # the 100,000 keys or their messages would read thousands.
-    assert _buffers(plan) <= 400, (_buffers(plan), json.dumps(plan, indent=1)[:4000])
+    # the 100,000 keys or their messages would read 1,819 more.
+    assert measured.blocks <= 300, (measured.blocks, measured.text)
 
 
 def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
@@ -654,16 +624,10 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
         params = {"keep": 86400.0 * 2.5, "limit": 500}
         cur = conn.cursor()
         values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        row = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE pruned({values})"
-        ).fetchone()
-        text = "\n".join(
-            line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE pruned({values})")
-        )
+        measured = plans.explain_in(conn, f"EXECUTE pruned({values})")
         left = conn.execute("SELECT count(*) FROM job_keys").fetchone()
         conn.rollback()
-    assert row is not None
-    plan = row[0][0]["Plan"]
+    text = measured.text
     assert "job_keys_expires_at_idx" in text, text
     assert "outbox_job_idx" in text, text
     assert "Seq Scan on outbox" not in text, text
@@ -671,7 +635,7 @@ def test_the_key_prune_reads_only_expired_keys_at_a_million_jobs(
     # 500 keys deleted, each an index entry, a probe of the outbox's job index, its
     # heap page and its delete (about 11 pages a key here): bounded by the batch, not by
     # the 100,000 keys.
-    assert _buffers(plan) <= 20 * 500, (_buffers(plan), text)
+    assert measured.blocks <= 20 * 500, (measured.blocks, text)
 
 
 # --- the low-water marks, at a million rows -------------------------------------------------
@@ -715,10 +679,10 @@ def test_the_relays_look_for_its_mark_reads_from_the_last_mark_at_a_million_rows
     """The look's plain read starts its range of outbox_due_idx at the last mark (the
     Index Cond holds both ends) and stops at the first live row."""
     window = _window_over_the_newest(million_outbox)
-    plan, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_LIVE, {"window": window})
+    blocks, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_LIVE, {"window": window})
     assert "outbox_due_idx" in text, text
     assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
-    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    assert blocks <= 10, (blocks, text)
     [(seconds,)] = _rows(million_outbox, outbox.OUTBOX_OLDEST_LIVE.sql, {"window": window})
     assert window - MARK_WINDOW <= seconds <= window
 
@@ -729,16 +693,16 @@ def test_the_bounded_few_claim_reads_its_window_not_the_backlog_at_a_million_row
     """Bounded by the mark, the few claim reads the window's rows (300 here, more than
     a batch: it answers that they do not fit) whatever lies below it."""
     params = {"limit": 100, "window": _window_over_the_newest(million_outbox)}
-    plan, text = _explain(million_outbox, outbox.OUTBOX_CLAIM_FEW, params)
+    blocks, text = _explain(million_outbox, outbox.OUTBOX_CLAIM_FEW, params)
     assert "outbox_due_idx" in text, text
     assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
-    assert _buffers(plan) <= 100, (_buffers(plan), text)
+    assert blocks <= 100, (blocks, text)
 
 
 def test_the_relays_look_for_writers_reads_no_table(million_outbox: str) -> None:
-    plan, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_WRITER, {})
+    blocks, text = _explain(million_outbox, outbox.OUTBOX_OLDEST_WRITER, {})
     assert not re.search(r"Scan\b.* on (jobcore\.)?outbox\b", text), text
-    assert _buffers(plan) <= 20, (_buffers(plan), text)
+    assert blocks <= 20, (blocks, text)
 
 
 # What the workers run meanwhile: statistics that see running jobs (with none, a generic
@@ -760,23 +724,12 @@ def test_the_reapers_scans_read_the_lease_index_from_the_mark_at_a_million_jobs(
     """Both ends of the range in the Index Cond of jobs_lease_expiry_idx, which holds
     only running jobs: the million finished ones cost nothing. (Run in a transaction
     rolled back: the module's database stays as its fixture made it.)"""
-    sql, names = native_placeholders(query.sql)
     params: dict[str, Any] = {"limit": 100, "window": 6.0}
-    with psycopg.connect(million_jobs, cursor_factory=psycopg.ClientCursor) as conn:
-        conn.execute(RUNNING_JOBS)
-        conn.execute("ANALYZE jobs")
-        values = ", ".join(conn.cursor().mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE reaper_scan AS {sql}")
-        execute = f"EXECUTE reaper_scan({values})"
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()
-        text = "\n".join(line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) {execute}"))
-        conn.rollback()
-    assert row is not None
-    plan = row[0][0]["Plan"]
+    setup = [(RUNNING_JOBS, None), ("ANALYZE jobs", None)]
+    blocks, text, _ = _explain_write(million_jobs, query, params, setup=setup)
     assert "jobs_lease_expiry_idx" in text, text
     assert re.search(r"Index Cond: .*lease_expires_at >= \(now\(\) - make_interval", text), text
-    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    assert blocks <= 10, (blocks, text)
 
 
 @pytest.mark.parametrize(
@@ -790,12 +743,12 @@ def test_the_reapers_scans_read_the_lease_index_from_the_mark_at_a_million_jobs(
 def test_a_relays_probe_for_due_rows_reads_from_its_mark_at_a_million_rows(
     million_outbox: str, query: Query[Any], params: dict[str, Any]
 ) -> None:
-    plan, text = _explain(
+    blocks, text = _explain(
         million_outbox, query, {**params, "window": _window_over_the_newest(million_outbox)}
     )
     assert "outbox_due_idx" in text, text
     assert re.search(r"Index Cond: .*available_at >= \(now\(\) - make_interval", text), text
-    assert _buffers(plan) <= 10, (_buffers(plan), text)
+    assert blocks <= 10, (blocks, text)
 
 
 # --- what migration 0042 dropped: its statements' new ways, at a million jobs ---------------
@@ -912,7 +865,7 @@ def test_the_open_counts_per_queue_read_running_jobs_from_the_lease_index_at_a_m
 def test_the_console_rates_read_the_window_from_the_status_and_lease_indexes_at_a_million_jobs(
     million_jobs: str,
 ) -> None:
-    _plan, text = _explain(million_jobs, CONSOLE_RATES, {"minutes": 5})
+    _blocks, text = _explain(million_jobs, CONSOLE_RATES, {"minutes": 5})
     assert "jobs_status_created_not_running_idx" in text, text
     assert "jobs_lease_expiry_idx" in text, text
     # In one transaction, so both read the same now(): run apart, a minute that turned in
@@ -941,10 +894,12 @@ def test_an_outcomes_retry_finds_its_message_by_its_job_at_a_million_jobs(
     )
     setup = [(OUTBOX_ROWS, {"n": MILLION}), ("ANALYZE outbox", None), written]
     params = {"id": job_id, "lease_token": uuid.uuid4(), "consumer": "c", "message_id": message_id}
-    plan, text, answer = _explain_write(million_jobs, run.JOB_OUTCOME_WRITTEN, params, setup=setup)
+    blocks, text, answer = _explain_write(
+        million_jobs, run.JOB_OUTCOME_WRITTEN, params, setup=setup
+    )
     assert "outbox_job_idx" in text, text
     assert "Seq Scan on outbox" not in text, text
-    assert _buffers(plan) <= 30, (_buffers(plan), text)
+    assert blocks <= 30, (blocks, text)
     assert answer == [("pending",)]
     # Another message of the job (its first, from OUTBOX_ROWS) does not count.
     _, _, other = _explain_write(
@@ -976,9 +931,9 @@ def test_an_operator_names_a_quarantined_row_by_its_message_id_at_a_million_jobs
     )
     setup = [(OUTBOX_ROWS, {"n": MILLION}), others, quarantined, ("ANALYZE outbox", None)]
     params = {"id": None, "message_id": message_id, "channel": "jobcore_outbox"}
-    plan, text, answer = _explain_write(million_jobs, query, params, setup=setup)
+    blocks, text, answer = _explain_write(million_jobs, query, params, setup=setup)
     assert "Seq Scan on outbox" not in text, text
     # A probe of it (or, the quarantined rows being few, a read of all of them).
     assert re.search(r"outbox_quarantined_\w+_idx", text), text
-    assert _buffers(plan) <= 50, (_buffers(plan), text)
+    assert blocks <= 50, (blocks, text)
     assert [row[1] for row in answer] == [message_id]

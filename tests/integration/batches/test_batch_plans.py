@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobcore.database.sql import Query, native_placeholders
+from jobcore.database.sql import Query
 from jobcore.database.sql import batches as sql
-from tests.support import databases
+from tests.support import databases, plans
 from tests.support.services import ServiceUrls
 
 MILLION = 1_000_000
@@ -69,22 +69,10 @@ def million_jobs(service_urls: ServiceUrls, template_database: str) -> Iterator[
 
 
 def _explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[int, str]:
-    """Shared buffers the statement read, run (and rolled back) as the pools run it: a
-    generic plan, prepared once; and its plan."""
-    text_sql, names = native_placeholders(query.sql)
-    with psycopg.connect(url, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE measured AS {text_sql}")
-        execute = f"EXECUTE measured({values})" if names else "EXECUTE measured"
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").fetchone()
-        text = conn.execute(f"EXPLAIN (COSTS OFF) {execute}").fetchall()
-        conn.rollback()
-    assert row is not None
-    plan = row[0][0]["Plan"]
-    buffers = int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
-    return buffers, "\n".join(line for (line,) in text)
+    """The pages of its tables and indexes the statement read, run (and rolled back) as
+    the pools run it (tests.support.plans), and its plan."""
+    measured = plans.explain(url, query, params)
+    return measured.blocks, measured.text
 
 
 CASES: list[tuple[Query[Any], dict[str, Any], str]] = [

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobcore.database.sql import Query, native_placeholders
+from jobcore.database.sql import Query
 from jobcore.database.sql import workflows as sql
-from tests.support import databases
+from tests.support import databases, plans
 from tests.support.services import ServiceUrls
 
 MILLION = 1_000_000
@@ -96,23 +96,10 @@ def million(service_urls: ServiceUrls, template_database: str) -> Iterator[str]:
 
 
 def explain(url: str, query: Query[Any], params: dict[str, Any]) -> tuple[int, str]:
-    """Buffers the statement's generic plan read when run (rolled back), and its plan."""
-    text_sql, names = native_placeholders(query.sql)
-    with psycopg.connect(url, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE measured AS {text_sql}")
-        row = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({values})"
-        ).fetchone()
-        plan = "\n".join(
-            line for (line,) in conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE measured({values})")
-        )
-        conn.rollback()
-    assert row is not None
-    top = row[0][0]["Plan"]
-    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)), plan
+    """The pages of its tables and indexes the statement read, run (and rolled back) as
+    the pools run it (tests.support.plans), and its plan."""
+    measured = plans.explain(url, query, params)
+    return measured.blocks, measured.text
 
 
 RUNNING = WORKFLOWS  # the newest workflow: running, its first step pending
