@@ -9,10 +9,18 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import psycopg
 import pytest
 
+from jobcore.amqp.topology import Topology
+from jobcore.database.gateway import Database
+from jobcore.examples.jobtypes import NoopPayload
+from jobcore.execution.registry import load_job_modules
 from jobcore.kernel.settings import Settings
+from jobcore.testing import scratch
 from jobcore.testing.processes import ROOT
+from jobcore.usecases.enqueue.submit import EnqueueRequest, enqueue
+from services.bench import pgstats
 from services.bench import report as report_module
 from services.bench.pgstats import BENCH_MARK
 from tests.e2e.test_bench_smoke import bench_cli
@@ -92,7 +100,7 @@ def test_pg_stats_adds_per_statement_and_wait_tables_to_e2e(
         row for row in tables[0]["rows"] if row[1] == "yes" and row[2] == 1.0 and row[6] >= 1
     ]
     # On failure: each statement's start, top-level, calls/job and rows/job.
-    assert inserts, [(row[0][:40], row[1], row[2], row[6]) for row in tables[0]["rows"]]
+    assert inserts, [(row[0], row[1], row[2], row[6]) for row in tables[0]["rows"]]
     # The drain's claims and completions: each row of theirs is one job.
     assert any(row[1] == "yes" and row[6] == 1.0 for row in tables[3]["rows"])
     for waits in (tables[1], tables[4]):
@@ -127,3 +135,52 @@ def test_pg_stats_refuses_a_server_it_cannot_use_in_one_line(settings: Settings)
     )
     assert shared.returncode != 0
     assert "does not preload pg_stat_statements" in shared.stderr + shared.stdout
+
+
+# The enqueue statement's entries in this database.
+ENQUEUE_QUERYIDS = """
+    SELECT count(DISTINCT queryid) FROM pg_stat_statements
+    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND query LIKE 'WITH existing AS%%'
+"""
+
+
+async def test_a_statement_made_again_after_an_analyze_is_one_row_of_the_table(
+    stats_url: str,
+) -> None:
+    """An ANALYZE of a table a prepared statement reads (the maintenance leader's analyzer
+    runs during a window) gives the statement, made again, a new queryid with the same
+    text: the table sums them, so the enqueue still counts once per job."""
+    admin = Settings(database_url=stats_url)
+    database_url = scratch.clone_database(admin, scratch.ensure_template(admin))
+    settings = Settings(database_url=database_url)
+    db = Database(settings, min_size=1, max_size=1, name="pg-stats", generic_plans=True)
+    try:
+        await pgstats.enable(database_url)
+        await db.open(wait=True)
+        topology = Topology.from_settings(settings)
+        noop = load_job_modules(("jobcore.examples.jobtypes",)).get("noop")
+        statements = pgstats.Statements(database_url)
+        await statements.start()
+
+        async def enqueued(n: int) -> None:
+            for _ in range(n):
+                request = EnqueueRequest(tenant="stats", job_type=noop, payload=NoopPayload())
+                async with db.session() as session:
+                    await enqueue(session, topology, request, quotas=settings.quota_defaults)
+
+        await enqueued(8)  # past psycopg's prepare threshold: a prepared statement
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(f"{BENCH_MARK} ANALYZE jobcore.jobs")
+            ids = await conn.execute(f"{BENCH_MARK} {ENQUEUE_QUERYIDS}")
+            assert await ids.fetchone() == (1,)
+        await enqueued(4)
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            ids = await conn.execute(f"{BENCH_MARK} {ENQUEUE_QUERYIDS}")
+            assert await ids.fetchone() == (2,), "the case this test is about: made again"
+        await statements.stop()
+    finally:
+        await db.close()
+        scratch.drop_database(settings)
+    [row] = [r for r in statements.table("t", 12)["rows"] if r[0].startswith("WITH existing AS")]
+    assert (row[1], row[2], row[6]) == ("yes", 1.0, 1.0), row
