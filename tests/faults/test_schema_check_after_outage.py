@@ -53,6 +53,10 @@ def stoppable(settings: Settings) -> Iterator[Settings]:
             scratch.drop_database(Settings(database_url=database_url))
 
 
+# Above the sum of the test's own deadlines, so that one of them, with its message, is what
+# fails: the stoppable cluster's lock (up to 300 s while another variant, on another xdist
+# worker, holds it: a CI run waited 57 s), the start (60 s) and the exit (90 s).
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize(
     "argv",
     [(command,) for command in sorted(STARTED)] + [("api", "--workers", "2")],

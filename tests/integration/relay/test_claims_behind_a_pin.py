@@ -21,7 +21,7 @@ import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute
-from jobcore.database.sql import Query, native_placeholders
+from jobcore.database.sql import Query
 from jobcore.database.sql.outbox import (
     OUTBOX_CLAIM_DUE,
     OUTBOX_CLAIM_FAIR,
@@ -33,6 +33,7 @@ from jobcore.kernel.settings import Settings
 from services.relay import relay as relay_module
 from services.relay.low_water import UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
+from tests.support import plans
 
 # Rows published behind the pin before the first measure, and more before the second:
 # the first gives the indexes the height they keep, so that only what the dead rows cost
@@ -56,25 +57,10 @@ FAIR: dict[str, Any] = {
 
 
 def blocks(url: str, query: Query[Any], params: dict[str, Any]) -> int:
-    """Shared buffers (hit + read) of one call as the pools run it (a generic plan),
+    """Pages of its tables one call reads as the pools run it (tests.support.plans),
     rolled back: the second of two, once the first has set the hint bits."""
-    sql, names = native_placeholders(query.sql)
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = psycopg.ClientCursor(conn)
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE measured AS {sql}")
-        counted = 0
-        for _ in range(2):
-            conn.execute("BEGIN")
-            row = conn.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({values})"
-            ).fetchone()
-            conn.execute("ROLLBACK")
-            assert row is not None
-            top = row[0][0]["Plan"]
-            counted = int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
-    return counted
+    plans.explain(url, query, params)
+    return plans.explain(url, query, params).blocks
 
 
 @pytest.fixture

@@ -9,15 +9,12 @@ due before the window (its writer broke the mark's rule) is still published."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import aio_pika
 import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database, execute
-from jobcore.database.sql import native_placeholders
 from jobcore.database.sql.flow_pauses import FLOW_PAUSE_SET
 from jobcore.database.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_RECORD_FAILURES
 from jobcore.database.store import outbox_store
@@ -26,6 +23,7 @@ from jobcore.kernel.settings import Settings
 from services.relay import relay as relay_module
 from services.relay.relay import UNBOUNDED_WINDOW
 from tests.integration.relay.helpers import fill_outbox, running_relay, wait_drained
+from tests.support import plans
 
 
 async def test_every_due_row_is_claimed_oldest_first_when_they_fit_a_batch(
@@ -108,21 +106,8 @@ async def test_the_claim_reads_only_the_rows_due_within_its_window(
 
 
 def _few_claim_buffers(url: str, window: float) -> int:
-    """Blocks the few claim reads, as the pools run it (a generic plan)."""
-    sql, names = native_placeholders(OUTBOX_CLAIM_FEW.sql)
-    params: dict[str, Any] = {"limit": 100, "window": window}
-    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE few AS {sql}")
-        conn.execute("BEGIN")
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE few({values})")
-        plan = row.fetchone()
-        conn.execute("ROLLBACK")
-    assert plan is not None
-    top = plan[0][0]["Plan"]
-    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+    """Pages the few claim reads, as the pools run it (tests.support.plans)."""
+    return plans.explain(url, OUTBOX_CLAIM_FEW, {"limit": 100, "window": window}).blocks
 
 
 async def test_rows_published_behind_a_pinned_horizon_cost_the_bounded_claim_nothing(

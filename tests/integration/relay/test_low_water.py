@@ -18,7 +18,6 @@ import pytest
 from jobcore import enqueue_in
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
-from jobcore.database.sql import native_placeholders
 from jobcore.database.sql.outbox import OUTBOX_CLAIM_FEW, OUTBOX_OLDEST_LIVE
 from jobcore.database.store import outbox_store
 from jobcore.execution.job_type_records import record_job_types
@@ -27,6 +26,7 @@ from jobcore.kernel.settings import Settings
 from services.relay import low_water, relay
 from services.relay.low_water import LowWaterMark
 from tests.integration.relay.helpers import FILL_SQL, fill_outbox, running_relay, wait_drained
+from tests.support import plans
 
 # The mark's slack, shortened, and how long the tests' application transactions have run
 # when the relay looks: so they are as old, to the mark, as one begun minutes before.
@@ -149,22 +149,6 @@ async def test_a_pinned_transaction_that_writes_no_outbox_row_does_not_hold_the_
         pin.rollback()
 
 
-def _blocks(url: str, sql_text: str, params: dict[str, Any]) -> int:
-    sql, names = native_placeholders(sql_text)
-    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE measured AS {sql}")
-        conn.execute("BEGIN")
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({values})")
-        plan = row.fetchone()
-        conn.execute("ROLLBACK")
-    assert plan is not None
-    top = plan[0][0]["Plan"]
-    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
-
-
 async def test_behind_a_pinned_horizon_the_look_and_the_claim_read_only_what_lies_past_the_mark(
     settings: Settings, db: Database, topology: Topology
 ) -> None:
@@ -184,9 +168,9 @@ async def test_behind_a_pinned_horizon_the_look_and_the_claim_read_only_what_lie
         await fill_outbox(db, topology, 3, notify=False)
         await _look(db, mark)
         window = mark.window()
-        full = _blocks(url, OUTBOX_CLAIM_FEW.sql, {"limit": 100, "window": 1e9})
-        claim = _blocks(url, OUTBOX_CLAIM_FEW.sql, {"limit": 100, "window": window})
-        look = _blocks(url, OUTBOX_OLDEST_LIVE.sql, {"window": window})
+        full = plans.explain(url, OUTBOX_CLAIM_FEW, {"limit": 100, "window": 1e9}).blocks
+        claim = plans.explain(url, OUTBOX_CLAIM_FEW, {"limit": 100, "window": window}).blocks
+        look = plans.explain(url, OUTBOX_OLDEST_LIVE, {"window": window}).blocks
         pin.rollback()
     assert window < 60, window
     assert full >= claim + 150, (full, claim)

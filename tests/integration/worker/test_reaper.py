@@ -4,14 +4,12 @@ reaper works, fenced."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
-from jobcore.database.sql import native_placeholders
 from jobcore.database.sql.jobs.recovery import JOB_LOCK_EXPIRED
 from jobcore.execution.registry import default_registry
 from jobcore.kernel.envelope import decode
@@ -23,6 +21,7 @@ from jobcore.testing.waiting import eventually
 from services.worker.metrics import WorkerMetrics
 from tests.integration.worker.jobtypes import GatePayload
 from tests.integration.worker.support import job_row, outbox_rows, submit
+from tests.support import plans
 
 RUNNING_WITH_LEASE = """
     UPDATE jobs SET status = 'running', attempts = %(attempts)s, lease_token = gen_random_uuid(),
@@ -231,20 +230,9 @@ WHERE status = 'running' AND tenant = 't'
 
 
 def _lock_expired_buffers(url: str, window: float) -> int:
-    sql, names = native_placeholders(JOB_LOCK_EXPIRED.sql)
-    params: dict[str, Any] = {"limit": 100, "window": window}
-    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
-        cur = conn.cursor()
-        values = ", ".join(cur.mogrify("%s", (params[name],)) for name in names)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE expired AS {sql}")
-        conn.execute("BEGIN")
-        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE expired({values})")
-        plan = row.fetchone()
-        conn.execute("ROLLBACK")
-    assert plan is not None
-    top = plan[0][0]["Plan"]
-    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+    """Pages the reaper's lock of expired leases reads, as the pools run it
+    (tests.support.plans)."""
+    return plans.explain(url, JOB_LOCK_EXPIRED, {"limit": 100, "window": window}).blocks
 
 
 async def test_jobs_run_behind_a_pinned_horizon_cost_the_bounded_scan_nothing(
