@@ -99,14 +99,19 @@ STACK_ENV = {
 }
 
 PGSTATTUPLE = MARK + "SELECT dead_tuple_count, tuple_count FROM pgstattuple(%(table)s::regclass)"
+# One row per statement text, keyed by it: a prepared statement made again after an
+# ANALYZE (the analyzer runs in every phase) gets a new queryid for the same text, and a
+# phase compared with another by queryid would miss it (services/bench/pgstats.py).
 STATEMENTS = (
     MARK
     + """
-SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) AS query, calls,
-       total_exec_time, shared_blks_hit + shared_blks_read AS blocks
+SELECT md5(query) AS key, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) AS query,
+       sum(calls)::bigint AS calls, sum(total_exec_time) AS total_exec_time,
+       sum(shared_blks_hit + shared_blks_read)::bigint AS blocks
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND query NOT LIKE '%%bench-pressure%%' AND calls > 0
+  AND query NOT LIKE '%%bench-pressure%%'
+GROUP BY query HAVING sum(calls) > 0
 """
 )
 RESET_STATEMENTS = (
@@ -228,14 +233,14 @@ async def window_end_stats(url: str) -> dict[str, Any]:
             cur = await conn.execute(STATEMENTS)
             out["statements"] = [
                 {
-                    "queryid": int(qid),
+                    "key": key,
                     "query": query,
                     "calls": int(calls),
                     "mean_ms": round(total / calls, 4),
                     "total_ms": round(total, 1),
                     "blocks_per_call": round(int(blocks) / calls, 1),
                 }
-                for qid, query, calls, total, blocks in await cur.fetchall()
+                for key, query, calls, total, blocks in await cur.fetchall()
             ]
             await conn.execute(RESET_STATEMENTS)
     return out
@@ -725,10 +730,10 @@ def suffering_statements(
     clean: list[dict[str, Any]], pinned: list[dict[str, Any]]
 ) -> list[list[Any]]:
     """The statements whose mean time grew most from the clean phase to the pin."""
-    before = {s["queryid"]: s for s in clean}
+    before = {s["key"]: s for s in clean}
     rows = []
     for s in pinned:
-        b = before.get(s["queryid"])
+        b = before.get(s["key"])
         if b is None or s["calls"] < 50 or b["mean_ms"] <= 0:
             continue
         rows.append(
