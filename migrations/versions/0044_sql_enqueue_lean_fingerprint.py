@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from jobcore.database.migration_steps import jobcore_schema
+from jobcore.database.migration_steps import jobcore_schema, rewrite_function
 
 revision: str = "0044"
 down_revision: str | None = "0043"
@@ -29,43 +29,18 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # enqueue's signature (migration 0030).
-ARGUMENTS = "text, jsonb, text, text, text, text, text, timestamptz, interval, integer, text, text"
+ENQUEUE = (
+    "enqueue(text, jsonb, text, text, text, text, text, timestamptz, interval, integer, text, text)"
+)
 # What each insert of a job writes for idempotency_key and payload_fingerprint.
 KEPT = "v_idempotency_key, v_fingerprint,"
 LEAN = "v_idempotency_key, CASE WHEN v_idempotency_key IS NOT NULL THEN v_fingerprint END,"
 INSERTS = 2
 
 
-def _rewrite(schema: str, old: str, new: str) -> str:
-    """A block that makes ``enqueue`` again with each of its INSERTS ``old`` as ``new``,
-    and refuses to when it does not find exactly that many (a definition changed by
-    hand)."""
-    return f"""
-    DO $lean$
-    DECLARE
-        routine oid := to_regprocedure(format('%I.enqueue({ARGUMENTS})', '{schema}'));
-        definition text;
-        found integer;
-    BEGIN
-        IF routine IS NULL THEN
-            RAISE EXCEPTION 'migration 0044: no function %.enqueue({ARGUMENTS})', '{schema}';
-        END IF;
-        definition := pg_get_functiondef(routine);
-        found := (length(definition) - length(replace(definition, '{old}', '')))
-                 / length('{old}');
-        IF found <> {INSERTS} THEN
-            RAISE EXCEPTION 'migration 0044: enqueue has "%" % times, not {INSERTS}',
-                '{old}', found;
-        END IF;
-        EXECUTE replace(definition, '{old}', '{new}');
-    END
-    $lean$
-    """
-
-
 def upgrade() -> None:
-    op.execute(_rewrite(jobcore_schema(), KEPT, LEAN))
+    op.execute(rewrite_function(revision, ENQUEUE, KEPT, LEAN, INSERTS, schema=jobcore_schema()))
 
 
 def downgrade() -> None:
-    op.execute(_rewrite(jobcore_schema(), LEAN, KEPT))
+    op.execute(rewrite_function(revision, ENQUEUE, LEAN, KEPT, INSERTS, schema=jobcore_schema()))

@@ -639,37 +639,49 @@ def test_the_ascending_tenant_index_drops_nothing_for_a_missing_or_invalid_build
 
 
 LEAN_FINGERPRINT_REVISION = "0044"
-ENQUEUE_KEEPS_ONLY_KEYED = (
+MESSAGE_ID_REVISION = "0046"
+ENQUEUE_SAYS = (
     "SELECT (SELECT count(*) FROM regexp_matches(pg_get_functiondef(to_regprocedure("
     "'enqueue(text, jsonb, text, text, text, text, text, timestamptz, interval, integer,"
-    " text, text)')), 'THEN v_fingerprint END', 'g'))::int"
+    " text, text)')), %s, 'g'))::int"
 )
 
 
-def _enqueue_keeps_only_keyed(settings: Settings) -> int:
-    """How many of the SQL enqueue's inserts keep the fingerprint only with a key."""
+def _enqueue_says(settings: Settings, pattern: str) -> int:
+    """How many times the SQL enqueue's definition has ``pattern`` (a regular expression)."""
     with psycopg.connect(settings.database_url) as conn:
-        row = conn.execute(ENQUEUE_KEEPS_ONLY_KEYED).fetchone()
+        row = conn.execute(ENQUEUE_SAYS, (pattern,)).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def test_the_sql_enqueues_lean_fingerprint_goes_both_ways(service_urls: ServiceUrls) -> None:
-    """0044 makes both of the SQL enqueue's inserts of a job keep its fingerprint only with
-    an idempotency key; its downgrade puts the function back as it was."""
+@pytest.mark.parametrize(
+    ("revision", "pattern", "before", "after"),
+    [
+        # Both of its inserts of a job keep the fingerprint only with an idempotency key.
+        (LEAN_FINGERPRINT_REVISION, "THEN v_fingerprint END", 0, 2),
+        # A job's first message has the job's id, not one of its own.
+        (MESSAGE_ID_REVISION, "v_message_id := v_id;", 0, 1),
+    ],
+)
+def test_a_rewrite_of_the_sql_enqueue_goes_both_ways(
+    service_urls: ServiceUrls, revision: str, pattern: str, before: int, after: int
+) -> None:
+    """A migration that rewrites lines of the SQL enqueue in place (migration_steps
+    .rewrite_function) changes them on upgrade, and its downgrade puts them back."""
     from alembic import command
 
     settings, name = _empty_database_settings(service_urls)
-    previous = _previous_revision(settings, LEAN_FINGERPRINT_REVISION)
+    previous = _previous_revision(settings, revision)
     try:
         migrate.upgrade(settings, previous)
-        assert _enqueue_keeps_only_keyed(settings) == 0
-        migrate.upgrade(settings, LEAN_FINGERPRINT_REVISION)
-        assert _enqueue_keeps_only_keyed(settings) == 2
+        assert _enqueue_says(settings, pattern) == before
+        migrate.upgrade(settings, revision)
+        assert _enqueue_says(settings, pattern) == after
         command.downgrade(migrate.alembic_config(settings), previous)
-        assert _enqueue_keeps_only_keyed(settings) == 0
+        assert _enqueue_says(settings, pattern) == before
         migrate.upgrade(settings)
-        assert _enqueue_keeps_only_keyed(settings) == 2
+        assert _enqueue_says(settings, pattern) == after
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)
 
@@ -741,5 +753,34 @@ def test_a_batch_flag_kept_as_a_boolean_goes_back_into_the_json_on_downgrade(
         }
         migrate.upgrade(settings)
         assert _schema_drift(settings) == []
+    finally:
+        databases.drop_database(service_urls.pg_admin_url, name)
+
+
+def test_a_rewrite_refuses_a_definition_changed_by_hand(service_urls: ServiceUrls) -> None:
+    """rewrite_function replaces exactly the lines it expects, or refuses: here the SQL
+    enqueue no longer mints its message id (0046 made it the job's), so a rewrite of that
+    line finds it 0 times and changes nothing."""
+    from jobcore.database.migration_steps import rewrite_function
+
+    settings, name = _empty_database_settings(service_urls)
+    minted = "v_message_id := gen_random_uuid();"
+    block = rewrite_function(
+        "test",
+        "enqueue(text, jsonb, text, text, text, text, text, timestamptz, interval, integer,"
+        " text, text)",
+        minted,
+        "v_message_id := NULL;",
+        1,
+        schema=settings.database_schema,
+    )
+    try:
+        migrate.upgrade(settings)
+        with (
+            psycopg.connect(settings.database_url) as conn,
+            pytest.raises(psycopg.errors.RaiseException, match="0 times, not 1"),
+        ):
+            conn.execute(block)
+        assert _enqueue_says(settings, "v_message_id := v_id;") == 1
     finally:
         databases.drop_database(service_urls.pg_admin_url, name)

@@ -1,7 +1,8 @@
 """Steps that migrations share (migrations/versions): building and dropping indexes
 CONCURRENTLY, so that writers keep writing while an index on a busy table is built; and
 where jobcore's objects are (its own schema, or ``public`` for an installation of a
-release before the schema, :func:`installed_in_public`).
+release before the schema, :func:`installed_in_public`); and changing a few exact lines of
+a SQL function in place (:func:`rewrite_function`).
 
 Every migration that builds an index CONCURRENTLY does it through
 :func:`create_indexes_concurrently` (scripts/lint_migrations.py refuses any other way).
@@ -109,3 +110,39 @@ def jobcore_schema() -> str:
     """The schema jobcore's objects belong in (``JOBCORE_DATABASE_SCHEMA``), as
     migrations/env.py read it."""
     return str(op.get_context().config.attributes[SCHEMA_ATTRIBUTE])  # type: ignore[union-attr]
+
+
+def rewrite_function(
+    revision: str, function: str, old: str, new: str, expected: int, *, schema: str
+) -> str:
+    """A block that makes ``function`` (``name(argument types)``, in ``schema``) again
+    with each of its ``expected`` occurrences of ``old`` replaced by ``new``; it refuses
+    (and the migration with it) when it finds another count, a definition changed by hand.
+    CREATE OR REPLACE from the function's own definition: the same function, its grants
+    kept, without a copy of its body in the migration; calls already running finish with
+    the definition they started with."""
+    for text in (old, new):
+        if "'" in text or "$" in text:
+            raise ValueError(f"migration {revision}: quote-free text only, not {text!r}")
+    name = function.partition("(")[0]
+    return f"""
+    DO $rewrite$
+    DECLARE
+        routine oid := to_regprocedure(format('%I.{function}', '{schema}'));
+        definition text;
+        found integer;
+    BEGIN
+        IF routine IS NULL THEN
+            RAISE EXCEPTION 'migration {revision}: no function %.{function}', '{schema}';
+        END IF;
+        definition := pg_get_functiondef(routine);
+        found := (length(definition) - length(replace(definition, '{old}', '')))
+                 / length('{old}');
+        IF found <> {expected} THEN
+            RAISE EXCEPTION 'migration {revision}: {name} has "%" % times, not {expected}',
+                '{old}', found;
+        END IF;
+        EXECUTE replace(definition, '{old}', '{new}');
+    END
+    $rewrite$
+    """

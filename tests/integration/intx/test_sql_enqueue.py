@@ -91,7 +91,9 @@ def refused(result: subprocess.CompletedProcess[str], sqlstate: str, *words: str
 async def job_status(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT status, attempts, last_error FROM jobs WHERE id = %s", [job_id]
+            "SELECT status, attempts, last_error, published_at IS NOT NULL AS published,"
+            " published_message_id FROM jobs WHERE id = %s",
+            [job_id],
         )
         return await cur.fetchone()
 
@@ -126,6 +128,9 @@ async def test_psql_enqueue_and_commit_runs_the_job_once(
     row = await job_status(db, job_id)
     assert row is not None
     assert row["attempts"] == 1
+    # Its message had the job's id (migration 0046): the claim keeps the publish without
+    # a copy of it.
+    assert (row["published"], row["published_message_id"]) == (True, None)
     seen = await counts(db)
     assert (seen["jobs"], seen["orders"]) == (1, 1)
 
@@ -376,6 +381,7 @@ async def test_sql_writes_the_rows_the_python_path_writes(
                 "SELECT j.*, o.exchange, o.routing_key, o.message_type, o.headers,"
                 " convert_from(o.body, 'UTF8') AS body, o.tenant AS o_tenant,"
                 " o.priority AS o_priority, o.available_at - j.created_at AS o_delay,"
+                " o.message_id = j.id AS message_is_the_jobs,"
                 " u.rate_tat IS NOT NULL AS charged,"
                 " (SELECT count(*) FROM tenant_usage_deltas d WHERE d.tenant = j.tenant)"
                 " AS deltas"
@@ -392,6 +398,7 @@ async def test_sql_writes_the_rows_the_python_path_writes(
             py.pop(column), sql.pop(column)
         assert sql == py
         assert (py["charged"], py["deltas"]) == (admission == "exact", 1)
+        assert py["message_is_the_jobs"]
         # Each path replays the other's request: the same fingerprint for the same request.
         for tenant, key in (("py", "k-py"), ("sql", "k-sql")):
             row = await (
