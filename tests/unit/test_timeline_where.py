@@ -104,6 +104,16 @@ def test_a_published_message_waits_for_a_worker() -> None:
     )
 
 
+def test_a_publish_no_row_says_yet_is_dated_by_the_jobs_last_change() -> None:
+    # Published once and not yet claimed: the relay wrote no event (the claim keeps the
+    # publish on the job row), so the time is a bound, not the publish's own.
+    row = job(last_event_kind=None)
+    assert whereabouts(row) == (
+        "published at or after 10:39:30 UTC (attempt 1), waiting up to 30 s for a worker "
+        "to take it from queue exports: a backlog, or no worker consuming that queue"
+    )
+
+
 def test_a_message_the_broker_dead_lettered_points_at_dlq_replay() -> None:
     row = job(
         attempts=1,

@@ -169,13 +169,23 @@ def _pending(job: Mapping[str, Any], now: datetime) -> str:
     dead_letter = _dead_letter(job, next_attempt)
     if dead_letter is not None:
         return dead_letter
-    since = job["updated_at"]
+    waiting = (
+        f"for a worker to take it from queue {job['queue']}: a backlog, or no worker "
+        "consuming that queue"
+    )
     if job["last_event_kind"] == JobEventKind.PUBLISHED:
         since = job["last_event_at"]
+        return (
+            f"published at {_clock(since, now)} (attempt {next_attempt}), waiting "
+            f"{_duration(now - since)} {waiting}"
+        )
+    # A message published once is said by its headers, and kept on the job row by its
+    # claim, not before (docs/design.md): until then only the job row's last change, after
+    # which its message left the outbox, dates it.
+    since = job["updated_at"]
     return (
-        f"published at {_clock(since, now)} (attempt {next_attempt}), waiting "
-        f"{_duration(now - since)} for a worker to take it from queue {job['queue']}: "
-        "a backlog, or no worker consuming that queue"
+        f"published at or after {_clock(since, now)} (attempt {next_attempt}), waiting up "
+        f"to {_duration(now - since)} {waiting}"
     )
 
 
