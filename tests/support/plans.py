@@ -42,6 +42,15 @@ def _table_blocks(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+async def table_blocks(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The same, on an async connection of any row factory: the difference of two calls
+    in one transaction is what ran between them (its planning's index probes included)."""
+    cur = await conn.execute(TABLE_BLOCKS)
+    row = await cur.fetchone()
+    assert row is not None
+    return int(next(iter(row.values())) if isinstance(row, dict) else row[0])
+
+
 def explain_in(conn: psycopg.Connection[Any], execute: str) -> Explained:
     """``execute`` (an EXECUTE of a prepared statement) explained, then run (EXPLAIN
     ANALYZE, its output unread) in the open transaction. Its generic plan is made first,
