@@ -200,7 +200,8 @@ def bench(
     paced_systems: str = typer.Option(
         "jobcore,procrastinate,celery",
         help="Paced: the systems paced, in order (also jobcore-baseline: jobcore with "
-        "--paced-baseline-env; jobcore-2: two API processes, relays and workers).",
+        "--paced-baseline-env; jobcore-2: two API processes, relays and workers; "
+        "jobcore-direct: with JOBCORE_DIRECT_PICKUP).",
     ),
     paced_baseline_env: str = typer.Option(
         "",
@@ -238,7 +239,14 @@ def bench(
     if pressure_port == 5432:
         fail("--pressure-port: the pressure scenario restarts its cluster; not 5432", code=2)
     systems = tuple(part.strip() for part in paced_systems.split(",") if part.strip())
-    known_systems = ("jobcore", "jobcore-baseline", "jobcore-2", "procrastinate", "celery")
+    known_systems = (
+        "jobcore",
+        "jobcore-baseline",
+        "jobcore-2",
+        "jobcore-direct",
+        "procrastinate",
+        "celery",
+    )
     if not systems or any(s not in known_systems for s in systems):
         fail(f"--paced-systems takes {', '.join(known_systems)}; got {paced_systems!r}", code=2)
     baseline_env = tuple(p.strip() for p in paced_baseline_env.split(",") if p.strip())

@@ -71,6 +71,11 @@ DATABASE_RETRY_CAP = 5.0
 # without one (docs/scaling.md).
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
+# With direct pickup (JOBCORE_DIRECT_PICKUP), an idle relay woken by a NOTIFY waits this
+# long before it claims, so that an idle worker, which needs a look at the outbox and a
+# claim, takes the new rows first (services/worker/direct.py). A relay with rows left from
+# its last claim does not wait: under load the rows are all the relays'.
+DIRECT_PICKUP_GRACE = 0.005
 # Every claim (few, fair or FIFO) reads only the rows due since the relay's low-water mark
 # (OUTBOX_CLAIM_FEW, services/relay/low_water.py), so its cost does not grow with the dead
 # index entries a pinned xmin horizon keeps; the relay looks unbounded this often, for a
@@ -180,6 +185,12 @@ class Relay(Service):
                 # again and the wait below returns at once.
                 notified = self._wake.is_set()
                 self._wake.clear()
+                # Idle, woken by an enqueue, with direct pickup: an idle worker takes the
+                # new rows itself (services/worker/direct.py) if there is one, and what is
+                # left is ours. A wake-up that then finds nothing is no lost one.
+                yielded = notified and self.settings.direct_pickup and self._drained
+                if yielded and await self.sleep(DIRECT_PICKUP_GRACE):
+                    break
                 try:
                     if polled and not notified and not await self._any_due():
                         # A quiet poll: one index probe instead of a room grant (a
@@ -190,7 +201,7 @@ class Relay(Service):
                         claimed = await self._drain()
                     if claimed:
                         self._lost_wakeups = 0
-                    elif notified:
+                    elif notified and not yielded:
                         self._lost_wakeups += 1
                     if self.stopping.is_set() or not self.publisher.connected:
                         self.metrics.broker_connected.set(0)

@@ -133,7 +133,10 @@ class Worker:
             metrics=self.metrics,
         )
         self.cancels = CancelListener(
-            self.db, self.executor.request_cancel, running=self.executor.cancellable
+            self.db,
+            self.executor.request_cancel,
+            running=self.executor.cancellable,
+            on_outbox=self.consumer.outbox_notified if settings.direct_pickup else None,
         )
         # Completion webhooks: the webhooks queue, on the pool (short checkouts only).
         self.webhooks = WebhookDeliverer(settings, self.db, self.metrics) if webhooks else None

@@ -1,4 +1,6 @@
-"""Hears cancel requests (``NOTIFY jobcore_cancel, '<job id>'``) and interrupts handlers.
+"""Hears cancel requests (``NOTIFY jobcore_cancel, '<job id>'``) and interrupts handlers;
+with direct pickup, on the same connection, the enqueues' outbox NOTIFYs too
+(``on_outbox``: services/worker/direct.py).
 
 The API sets ``cancel_requested_at`` on a running job and notifies; this listener
 interrupts the handler at once if this worker runs the job. A NOTIFY can be missed (the
@@ -20,7 +22,8 @@ import uuid
 from collections.abc import Callable, Collection
 
 from jobcore.database.gateway import Database
-from jobcore.database.store import job_store
+from jobcore.database.store import job_store, outbox_store
+from jobcore.kernel.channels import OUTBOX_CHANNEL
 from jobcore.kernel.errors import DatabaseUnavailable
 from jobcore.kernel.startstop import Service
 
@@ -38,10 +41,13 @@ class CancelListener(Service):
         db: Database,
         on_cancel: Callable[[uuid.UUID], object],
         running: Callable[[], Collection[uuid.UUID]] = tuple,
+        on_outbox: Callable[[], object] | None = None,
     ) -> None:
         super().__init__()
         self.db = db
         self.on_cancel = on_cancel
+        # Called on each outbox NOTIFY (an enqueue committed), when given.
+        self.on_outbox = on_outbox
         # The jobs this worker runs now (what the polling mode asks about).
         self.running_jobs = running
         self.listening = False
@@ -59,6 +65,8 @@ class CancelListener(Service):
             try:
                 async with self.db.listen_connection() as conn:
                     await job_store.listen_cancel(conn)
+                    if self.on_outbox is not None:
+                        await outbox_store.listen(conn)
                     self.listening = True
                     if trouble_logged:
                         log.info("listening for cancel requests again")
@@ -66,13 +74,19 @@ class CancelListener(Service):
                     try:
                         while not self.stopping.is_set():
                             async for notify in conn.notifies(timeout=POLL_SECONDS):
-                                self._dispatch(notify.payload)
+                                if notify.channel == OUTBOX_CHANNEL:
+                                    if self.on_outbox is not None:
+                                        self.on_outbox()
+                                else:
+                                    self._dispatch(notify.payload)
                     finally:
                         self.listening = False
                         if not conn.closed:
                             # The pool must not hand out a connection that still listens.
                             with contextlib.suppress(Exception):
                                 await job_store.unlisten_cancel(conn)
+                                if self.on_outbox is not None:
+                                    await outbox_store.unlisten(conn)
             except DatabaseUnavailable as exc:
                 if not trouble_logged:
                     log.warning(

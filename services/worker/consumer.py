@@ -70,6 +70,7 @@ from jobcore.kernel.errors import (
 from jobcore.kernel.settings import MAX_CONSUMER_PRIORITY, Settings
 from services.worker.batching import Batcher
 from services.worker.connections import HeldConnections
+from services.worker.direct import DirectPickup
 from services.worker.intake import Intake
 from services.worker.metrics import WorkerMetrics
 from services.worker.readiness import ConsumerReadiness
@@ -121,13 +122,36 @@ class Consumer(DeliveryConsumer):
         self._slots = asyncio.Semaphore(concurrency)
         self.intake = Intake(self.broker, concurrency)
         self.readiness = ConsumerReadiness(settings.worker_stall_after)
+        # Heard through the cancel listener's connection (services/worker/app.py); the jobs
+        # it claims are tracked as deliveries are, so stopping waits for them and gives back
+        # their leases after the grace period.
+        self.direct = (
+            DirectPickup(
+                executor,
+                registry,
+                self.queues,
+                slots=self._slots,
+                limit=concurrency,
+                intake=self.intake,
+                metrics=metrics,
+                track=self.track,
+            )
+            if settings.direct_pickup
+            else None
+        )
 
     @property
     def broker_connected(self) -> bool:
         return self.broker.connected
 
+    def outbox_notified(self) -> None:
+        if self.direct is not None and self.consuming:
+            self.direct.notified()
+
     async def started(self) -> None:
         self.intake.start()
+        if self.direct is not None:
+            self.direct.start()
         log.info(
             "worker consuming",
             extra={
@@ -138,6 +162,8 @@ class Consumer(DeliveryConsumer):
         )
 
     async def stop_taking(self) -> None:
+        if self.direct is not None:
+            await self.direct.stop()
         await self.intake.stop()
 
     async def grace_over(self) -> None:

@@ -243,6 +243,13 @@ class WorkerMetrics:
             ["queue"],
             registry=self.registry,
         )
+        self._taken_from_outbox = Counter(
+            "jobcore_worker_outbox_pickups",
+            "Outbox rows this worker took itself while its handlers were idle (direct pickup, "
+            "JOBCORE_DIRECT_PICKUP), unpublished, by job queue.",
+            ["queue"],
+            registry=self.registry,
+        )
         self._overdue = Gauge(
             "jobcore_jobs_overdue_seconds",
             "How long the longest-waiting due pending job of each queue has been due (0: "
@@ -359,6 +366,10 @@ class WorkerMetrics:
 
     def delivered(self, queue: str) -> None:
         self._deliveries.labels(queue).inc()
+
+    def taken_from_outbox(self, queue: str) -> None:
+        self._taken_from_outbox.labels(queue).inc()
+        self.counts["taken_from_outbox"] += 1
 
     def overdue(self, seconds_by_queue: Mapping[str, float]) -> None:
         """The sweeper's survey: a queue no longer listed reads 0."""

@@ -118,7 +118,11 @@ class DeliveryConsumer(Service):
         if self.stopping.is_set():
             return  # left unacknowledged: the broker requeues it when the channel closes
         self.received(message)
-        task = asyncio.create_task(self.handle(message), name=f"{self.name}-delivery")
+        self.track(asyncio.create_task(self.handle(message), name=f"{self.name}-delivery"))
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """``task`` is work in flight: stopping waits for it through the grace period (then
+        calls :meth:`grace_over`), and cancels it after."""
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 

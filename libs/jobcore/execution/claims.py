@@ -23,8 +23,15 @@ from datetime import datetime
 from typing import Any, Literal
 
 from jobcore.database.gateway import AsyncConn
-from jobcore.database.store import JOBS_CONSUMER, JobClaimManyParams, job_store
-from jobcore.execution.registry import JobType
+from jobcore.database.store import (
+    JOBS_CONSUMER,
+    JobClaimFromOutboxParams,
+    JobClaimManyParams,
+    job_store,
+)
+from jobcore.execution.registry import JobType, Registry
+from jobcore.kernel.envelope import decode
+from jobcore.kernel.errors import PoisonMessage, UnknownJobType
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +154,30 @@ DUPLICATE = Unclaimed("duplicate")
 ClaimAnswer = ClaimedJob | Unclaimed
 
 
+def _claim_params(
+    requests: Sequence[ClaimRequest], *, exchange: str, worker_id: str
+) -> JobClaimManyParams:
+    return {
+        "consumer": JOBS_CONSUMER,
+        "exchange": exchange,
+        "worker_id": worker_id,
+        "message_ids": [r.message_id for r in requests],
+        "job_ids": [r.job_id for r in requests],
+        "types": [r.job_type.name for r in requests],
+        "attempts": [r.attempt for r in requests],
+        "lease_tokens": [r.lease_token for r in requests],
+        "leases": [r.lease_seconds for r in requests],
+        "published_ats": [r.published_at for r in requests],
+        "published_bys": [r.published_by for r in requests],
+    }
+
+
+def _answer(row: Mapping[str, Any], request: ClaimRequest) -> ClaimAnswer:
+    if row["fresh"] and row["id"] is not None:
+        return ClaimedJob.from_claim_row(row, request.job_type)
+    return Unclaimed.from_claim_row(row)
+
+
 async def claim_batch(
     conn: AsyncConn, requests: Sequence[ClaimRequest], *, exchange: str, worker_id: str
 ) -> list[ClaimAnswer]:
@@ -155,19 +186,7 @@ async def claim_batch(
     duplicate the 2nd time."""
     answered_by: dict[tuple[uuid.UUID, uuid.UUID], ClaimAnswer] = {}
     for round_ in claim_rounds(requests):
-        params: JobClaimManyParams = {
-            "consumer": JOBS_CONSUMER,
-            "exchange": exchange,
-            "worker_id": worker_id,
-            "message_ids": [r.message_id for r in round_],
-            "job_ids": [r.job_id for r in round_],
-            "types": [r.job_type.name for r in round_],
-            "attempts": [r.attempt for r in round_],
-            "lease_tokens": [r.lease_token for r in round_],
-            "leases": [r.lease_seconds for r in round_],
-            "published_ats": [r.published_at for r in round_],
-            "published_bys": [r.published_by for r in round_],
-        }
+        params = _claim_params(round_, exchange=exchange, worker_id=worker_id)
         # Every claim locks the gate rows of its jobs' concurrency and rate keys first,
         # read from the job rows (written at enqueue), not from this runner's registry: a
         # worker deployed before a type's limit still takes the lock and counts behind it.
@@ -178,12 +197,7 @@ async def claim_batch(
         claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in round_))
         by_message = {row["message_id"]: row for row in claimed}
         for r in round_:
-            row = by_message[r.message_id]
-            answered_by[r.message_id, r.lease_token] = (
-                ClaimedJob.from_claim_row(row, r.job_type)
-                if row["fresh"] and row["id"] is not None
-                else Unclaimed.from_claim_row(row)
-            )
+            answered_by[r.message_id, r.lease_token] = _answer(by_message[r.message_id], r)
     answers: list[ClaimAnswer] = []
     answered: set[tuple[uuid.UUID, uuid.UUID]] = set()
     for request in requests:
@@ -216,3 +230,56 @@ def claim_rounds(requests: Sequence[ClaimRequest]) -> list[list[ClaimRequest]]:
         rounds[len(tokens)].append(request)
         tokens.add(request.lease_token)
     return rounds
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxPickup:
+    """A message a worker takes straight from its outbox row, unpublished (direct pickup:
+    :func:`claim_from_outbox`). No relay published it, so no publish is kept for it."""
+
+    outbox_id: int
+    request: ClaimRequest
+
+
+def pickups(rows: Sequence[Mapping[str, Any]], registry: Registry) -> list[OutboxPickup]:
+    """The outbox rows (``outbox_store.fresh_for_worker``) this runner can claim: a body
+    that is not a job message, or of a type it does not run, is left to the relays and
+    the consumer that dead-letters it; a message id seen twice is taken once."""
+    taken: list[OutboxPickup] = []
+    seen: set[uuid.UUID] = set()
+    for row in rows:
+        try:
+            envelope = decode(bytes(row["body"]))
+            job_type = registry.get(envelope.type)
+        except (PoisonMessage, UnknownJobType):
+            continue
+        if (
+            envelope.job_id != row["job_id"]
+            or envelope.type != row["message_type"]
+            or row["message_id"] in seen
+        ):
+            continue
+        seen.add(row["message_id"])
+        request = ClaimRequest(row["message_id"], envelope.job_id, job_type, envelope.attempt)
+        taken.append(OutboxPickup(row["id"], request))
+    return taken
+
+
+async def claim_from_outbox(
+    conn: AsyncConn, taken: Sequence[OutboxPickup], *, exchange: str, worker_id: str
+) -> list[ClaimAnswer | None]:
+    """Take the outbox rows no relay holds and claim their messages, in one statement that
+    commits alone (``job_store.claim_from_outbox``): per pickup, the claim's answer, or
+    None where its row was a relay's (or gone), or its job has a concurrency or rate key
+    (left to the relays: its claim locks the key's gate first)."""
+    requests = [t.request for t in taken]
+    params: JobClaimFromOutboxParams = {
+        **_claim_params(requests, exchange=exchange, worker_id=worker_id),
+        "outbox_ids": [t.outbox_id for t in taken],
+    }
+    rows = await job_store.claim_from_outbox(conn, params)
+    by_message = {row["message_id"]: row for row in rows}
+    return [
+        _answer(by_message[r.message_id], r) if r.message_id in by_message else None
+        for r in requests
+    ]

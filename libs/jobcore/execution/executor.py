@@ -63,7 +63,14 @@ from jobcore.database.store import (
     job_store,
 )
 from jobcore.execution.attempts import call_handler, error_text
-from jobcore.execution.claims import ClaimAnswer, ClaimedJob, ClaimRequest, claim_batch
+from jobcore.execution.claims import (
+    ClaimAnswer,
+    ClaimedJob,
+    ClaimRequest,
+    OutboxPickup,
+    claim_batch,
+    claim_from_outbox,
+)
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.dependencies import read_dependency_results
 from jobcore.execution.job_messages import job_message_row
@@ -292,6 +299,24 @@ class JobExecutor:
                 exchange=self.topology.jobs_exchange,
                 worker_id=self.worker_id,
             )
+
+    async def claim_from_outbox(self, taken: Sequence[OutboxPickup]) -> list[ClaimAnswer | None]:
+        """Take these outbox rows and claim their messages in one commit (direct pickup): a
+        job claimed, why not, or None where the row was not taken (a relay's, gone, or a
+        job with a concurrency or rate key), per pickup.
+
+        If the connection breaks the commit may have happened unanswered: the same claims
+        are then made through the message path (the same message ids and lease tokens), so
+        a claim that committed is resumed and one that did not claims now, its outbox row
+        still there to be published later and met by the inbox."""
+        try:
+            async with self.connections.connection() as conn:
+                return await claim_from_outbox(
+                    conn, taken, exchange=self.topology.jobs_exchange, worker_id=self.worker_id
+                )
+        except DatabaseUnavailable:
+            answers = await self.claim([t.request for t in taken])
+            return list(answers)
 
     # --- one job ---------------------------------------------------------------------------
 

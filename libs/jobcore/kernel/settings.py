@@ -251,6 +251,11 @@ class Settings(BaseSettings):
     # by one worker rather than split over all (services/worker/intake.py). Empty: a random
     # one per process. Set it to prefer some workers (a bigger machine) to others.
     worker_consumer_priority: int | None = Field(default=None, ge=0, le=MAX_CONSUMER_PRIORITY)
+    # Direct pickup (services/worker/direct.py): a worker whose handlers are idle takes a
+    # new job's outbox row itself when it hears the enqueue's NOTIFY, one hop instead of
+    # relay, broker and consumer; relays leave new rows to idle workers for a moment. The
+    # same value on every worker and relay.
+    direct_pickup: bool = False
     worker_health_port: int = Field(default=8002, ge=0, le=65535)
     result_dir: Path = Path("var/results")
     # Results whose JSON is larger than this go to the result store, not the job row.

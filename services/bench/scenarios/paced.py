@@ -68,7 +68,8 @@ from services.bench.report import Figure, Section, Series
 log = logging.getLogger(__name__)
 
 TITLE = "Pickup latency and cost per job at steady rates, vs Procrastinate and Celery"
-SYSTEMS = ("jobcore", "procrastinate", "celery")  # the default; also jobcore-baseline
+# The default; also jobcore-baseline, jobcore-2 and jobcore-direct.
+SYSTEMS = ("jobcore", "procrastinate", "celery")
 HANDLERS = 16
 CELERY_CONCURRENCY = 2
 WARMUP_STEP = 3.0  # seconds of load before a system's first step, at its rate
@@ -364,6 +365,17 @@ class JobcoreBaseline(Jobcore):
         return {key.strip(): value.strip() for key, _, value in pairs}
 
 
+class JobcoreDirect(Jobcore):
+    """jobcore with direct pickup (JOBCORE_DIRECT_PICKUP, services/worker/direct.py): an
+    idle worker takes new jobs' outbox rows itself, the relays and the broker carry the
+    rest."""
+
+    name = "jobcore-direct"
+
+    def env(self) -> dict[str, str]:
+        return {"JOBCORE_DIRECT_PICKUP": "true"}
+
+
 class JobcoreReplicas(Jobcore):
     """jobcore as two replicas at the same total rate: two API processes sharing the port
     (`jobcore api --workers 2`), two relays and two workers (issue: two replicas must not
@@ -557,6 +569,7 @@ SYSTEM_CLASSES: dict[str, type[System]] = {
     "jobcore": Jobcore,
     "jobcore-baseline": JobcoreBaseline,
     "jobcore-2": JobcoreReplicas,
+    "jobcore-direct": JobcoreDirect,
     "procrastinate": Procrastinate,
     "celery": Celery,
 }

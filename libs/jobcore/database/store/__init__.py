@@ -74,6 +74,7 @@ from jobcore.database.store.job_events import JobEventStore, job_event_store
 from jobcore.database.store.job_types import JobTypeStore, job_type_store
 from jobcore.database.store.jobs import (
     CANCEL_CHANNEL,
+    JobClaimFromOutboxParams,
     JobClaimManyParams,
     JobEditParams,
     JobFencedParams,
@@ -105,6 +106,7 @@ from jobcore.database.store.leases import (
 )
 from jobcore.database.store.ledger import LedgerStore, ledger_store
 from jobcore.database.store.outbox import (
+    OutboxFreshForWorkerParams,
     OutboxRequeueParams,
     OutboxRowParams,
     OutboxStore,
@@ -142,6 +144,7 @@ __all__ = [
     "FlowPauseStore",
     "GateStore",
     "InboxStore",
+    "JobClaimFromOutboxParams",
     "JobClaimManyParams",
     "JobEditParams",
     "JobEventStore",
@@ -170,6 +173,7 @@ __all__ = [
     "LedgerStore",
     "MaintenanceLeaseParams",
     "MaintenanceLeaseStore",
+    "OutboxFreshForWorkerParams",
     "OutboxMessageParams",
     "OutboxMessagesParams",
     "OutboxRequeueParams",

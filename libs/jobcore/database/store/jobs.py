@@ -133,6 +133,7 @@ from jobcore.database.sql.jobs.recovery import (
     JobRepublishStaleParams,
 )
 from jobcore.database.sql.jobs.run import (
+    JOB_CLAIM_FROM_OUTBOX,
     JOB_CLAIM_KEYED,
     JOB_CLAIM_MANY,
     JOB_CLAIM_UNGATED,
@@ -146,6 +147,7 @@ from jobcore.database.sql.jobs.run import (
     JOB_RETRY,
     JOB_SNOOZE,
     JOB_SUCCEED_MANY,
+    JobClaimFromOutboxParams,
     JobClaimManyParams,
     JobEndRunningParams,
     JobFencedParams,
@@ -164,6 +166,7 @@ __all__ = [
     "CANCEL_CHANNEL",
     "JobCancelPendingParams",
     "JobCancelRequestedParams",
+    "JobClaimFromOutboxParams",
     "JobClaimManyParams",
     "JobEditParams",
     "JobEndRunningParams",
@@ -415,6 +418,14 @@ class JobStore:
             conn, JOB_GATES_LOCK({"job_ids": rest["job_ids"]}), JOB_CLAIM_MANY(rest)
         )
         return rows
+
+    async def claim_from_outbox(
+        self, conn: AsyncConn, params: JobClaimFromOutboxParams
+    ) -> list[DictRow]:
+        """Take the outbox rows no relay holds and claim their messages, one statement
+        committing alone (JOB_CLAIM_FROM_OUTBOX): a row per message taken; the others (a
+        relay's, or a job with a concurrency or rate key) are not answered."""
+        return await fetch_all(conn, JOB_CLAIM_FROM_OUTBOX(params))
 
     async def note_undeliverable(self, on: Executor, params: JobNoteUndeliverableParams) -> int:
         return await execute(on, JOB_NOTE_UNDELIVERABLE(params))

@@ -122,11 +122,27 @@ _KEEP_PUBLISH = f"""published_at = CASE WHEN {_PUBLISH_KEPT} THEN rate.published
                                         ELSE jobs.published_message_id END,"""
 
 
-def _claim_sql(only: str) -> str:
+def _claim_sql(only: str, *, from_outbox: bool = False) -> str:
     """The claim statement over the batch's messages that pass ``only`` (a condition on
-    ``i``, a message of the batch): the others are left out, neither recorded nor answered."""
+    ``i``, a message of the batch): the others are left out, neither recorded nor answered.
+
+    ``from_outbox``: the messages are outbox rows (``outbox_ids``) this worker takes
+    straight from the outbox, unpublished (JOB_CLAIM_FROM_OUTBOX): only those whose row it
+    locks now are claimed, and their rows are deleted in the same statement."""
+    outbox = dequeue = ""
+    if from_outbox:
+        only = f"{only} AND i.message_id IN (SELECT message_id FROM outbox_rows)"
+        outbox = """outbox_rows AS (
+        SELECT id, message_id FROM jobcore.outbox
+        WHERE id = ANY(%(outbox_ids)s::bigint[]) AND quarantined_at IS NULL
+        FOR UPDATE SKIP LOCKED
+    ), """
+        dequeue = """dequeued AS (
+        DELETE FROM jobcore.outbox
+        WHERE id IN (SELECT outbox_rows.id FROM outbox_rows JOIN input USING (message_id))
+    ), """
     return f"""
-    WITH input AS (
+    WITH {outbox}input AS (
         SELECT *
         FROM unnest(
             %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
@@ -135,7 +151,7 @@ def _claim_sql(only: str) -> str:
         ) AS i(message_id, job_id, type, attempt, lease_token, lease, published_at,
                published_by)
         WHERE {only}
-    ), received AS (
+    ), {dequeue}received AS (
         INSERT INTO jobcore.inbox (consumer, message_id)
         SELECT %(consumer)s, message_id FROM input
         ON CONFLICT DO NOTHING
@@ -341,6 +357,30 @@ JOB_CLAIM_UNGATED = Query[JobClaimManyParams](
     "Record messages in the inbox and claim their pending jobs, as job_claim_many does, for "
     "the messages whose jobs have no concurrency or rate key (the others are left out).",
     _claim_sql(f"NOT {_KEYED}"),
+)
+
+
+class JobClaimFromOutboxParams(JobClaimManyParams):
+    # The outbox row of each message, in the same order.
+    outbox_ids: list[int]
+
+
+# A worker with idle handlers that hears an enqueue's NOTIFY takes the new outbox rows
+# itself, unpublished (services/worker/direct.py; docs/design.md, "Direct pickup"): this
+# is JOB_CLAIM_UNGATED word for word, for the messages whose outbox row it locks now, and
+# it deletes those rows in the same statement. A row a relay is publishing is locked by
+# the relay's claim (SKIP LOCKED: left to it, its message comes through the broker); one
+# the relay deleted is not found. So each outbox row is either published or taken here,
+# never both, and a message published anyway (a relay that took the row before this
+# statement) meets the inbox. A message whose job has a concurrency or rate key is left
+# out, its row unlocked untouched, for the relay: its claim needs JOB_GATES_LOCK first.
+# Every message it keeps is done with as a delivery would be: claimed, held, parked (a
+# new outbox row, as JOB_CLAIM_MANY writes one), or recorded as seen.
+JOB_CLAIM_FROM_OUTBOX = Query[JobClaimFromOutboxParams](
+    "job_claim_from_outbox",
+    "Take outbox rows a relay has not, and claim their jobs as job_claim_ungated does; the "
+    "rows of messages whose jobs have a concurrency or rate key are left to the relays.",
+    _claim_sql(f"NOT {_KEYED}", from_outbox=True),
 )
 
 # Its complement, after JOB_GATES_LOCK: JOB_CLAIM_MANY for the messages JOB_CLAIM_UNGATED
