@@ -171,13 +171,16 @@ CELERY_RESULTS = (
 )
 
 # claim_to_confirm and confirm_to_start only for the jobs whose publish is an event row
-# (the job row keeps no confirm time: migration 0041), claim_to_start for every job.
+# (the job row keeps no confirm time: migration 0041), claim_to_start for every job a
+# relay published; insert_to_start for the jobs a worker took from the outbox itself
+# (direct pickup: no publish at all).
 HOP_NAMES = (
     "to_insert",
     "insert_to_claim",
     "claim_to_start",
     "claim_to_confirm",
     "confirm_to_start",
+    "insert_to_start",
 )
 HOP_LABELS = {
     "to_insert": "enqueue→API's insert",
@@ -185,6 +188,7 @@ HOP_LABELS = {
     "claim_to_start": "relay's claim→worker start",
     "claim_to_confirm": "relay's claim→confirm",
     "confirm_to_start": "confirm→worker start",
+    "insert_to_start": "insert→worker start, taken from the outbox",
 }
 
 
@@ -205,6 +209,8 @@ class Timings:
     completed_in_window: int = 0  # of them, inside the pacing window
     not_once: int = 0  # finished more than once, or after more than one attempt
     missing: int = 0  # accepted but not found finished
+    counted: int = 0  # finished, and past the step's warm-up
+    taken_from_outbox: int = 0  # of them, taken by a worker with no publish (direct pickup)
 
     def add(self, enqueued: float, started: float | None, counted: bool) -> None:
         if started is not None and counted:
@@ -343,8 +349,13 @@ class Jobcore(System):
                 t.completed_in_window += window[0] <= finished <= window[1]
                 t.not_once += attempts != 1
                 t.add(enqueued, started, counted)
-                if counted and claimed is not None:
+                t.counted += counted
+                if counted:
                     t.hop("to_insert", created - enqueued)
+                if counted and claimed is None:
+                    t.taken_from_outbox += 1
+                    t.hop("insert_to_start", started - created)
+                if counted and claimed is not None:
                     t.hop("insert_to_claim", claimed - created)
                     t.hop("claim_to_start", started - claimed)
                 if counted and claimed is not None and confirmed is not None:
@@ -677,6 +688,9 @@ class Step:
             "pickup_p50_ms": t.pickup.ms(50),
             "pickup_p95_ms": t.pickup.ms(95),
             "pickup_p99_ms": t.pickup.ms(99),
+            "taken_from_outbox_pct": (
+                round(100 * t.taken_from_outbox / t.counted, 1) if t.counted else None
+            ),
             "hops_ms": {
                 name: {"p50": t.hops[name].ms(50), "p99": t.hops[name].ms(99)}
                 for name in HOP_NAMES
@@ -861,6 +875,7 @@ def hops_table(steps: list[Step]) -> dict[str, Any]:
             f"{f['fraction_pct']} %",
             f["rate"],
             _fmt(f["pickup_p50_ms"]),
+            _fmt(f.get("taken_from_outbox_pct")),
         ]
         for name in HOP_NAMES:
             hop = f["hops_ms"].get(name, {})
@@ -872,8 +887,17 @@ def hops_table(steps: list[Step]) -> dict[str, Any]:
         "transaction: kept on the job row, or a `published` event carrying the broker's "
         "confirm time (the confirm hops count only those jobs: a job published once and "
         "claimed has no confirm time since migration 0041); the hops' p50s need not add "
-        "up to the pickup's.",
-        "columns": ["system", "of peak", "jobs/s", "pickup p50", *HOP_LABELS.values()],
+        "up to the pickup's. Taken from the outbox: the % of jobs a worker claimed from "
+        "their outbox rows itself, unpublished (direct pickup), whose hop is the last "
+        "column.",
+        "columns": [
+            "system",
+            "of peak",
+            "jobs/s",
+            "pickup p50",
+            "taken from the outbox %",
+            *HOP_LABELS.values(),
+        ],
         "rows": rows,
     }
 
