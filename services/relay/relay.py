@@ -45,7 +45,7 @@ from jobcore.kernel.priorities import WEIGHTS
 from jobcore.kernel.retry import backoff_delay
 from jobcore.kernel.settings import RelayOptions, Settings
 from jobcore.kernel.startstop import Service, run_until_signalled
-from jobcore.maintenance.table_vacuum import TableVacuum
+from jobcore.maintenance.table_vacuum import OUTBOX_SMALL_BYTES, OUTBOX_SMALL_EVERY, TableVacuum
 from jobcore.telemetry.health import HealthServer
 from jobcore.telemetry.otlp_metrics import metrics_pusher
 from jobcore.telemetry.traces import tracing_enabled
@@ -88,13 +88,6 @@ UNBOUNDED_LOOK_EVERY = FULL_LOOK_EVERY
 # DEPTH_REUSE_SECONDS for a passive declare per queue). A relay that never waits (a
 # backlog) does them on its claims' way, as before.
 AHEAD_SECONDS = 0.5
-# Under a steady trickle the outbox stays small: a VACUUM of it every VACUUM_SMALL_EVERY
-# rows this relay deleted (a few milliseconds) keeps the space and index pages of the
-# deleted rows for the next ones. At 137 jobs/s, with autovacuum alone, the outbox grew by
-# 146 B/job over 30 s (docs/bench/paced/lean-rows). Past VACUUM_SMALL_BYTES (a backlog,
-# many scheduled rows) only every `vacuum_every` rows (JOBCORE_RELAY_VACUUM_EVERY).
-VACUUM_SMALL_EVERY = 1000
-VACUUM_SMALL_BYTES = 32 * 1024 * 1024
 # What declaring the topology again can raise: the broker holds it with other arguments,
 # or the connection is gone (the publish path notices and reconnects).
 REDECLARE_ERRORS: tuple[type[BaseException], ...] = (
@@ -163,8 +156,8 @@ class Relay(Service):
             "outbox",
             options.vacuum_every,
             owner="relay",
-            small_every=VACUUM_SMALL_EVERY,
-            small_bytes=VACUUM_SMALL_BYTES,
+            small_every=OUTBOX_SMALL_EVERY,
+            small_bytes=OUTBOX_SMALL_BYTES,
         )
 
     # -- the loop -----------------------------------------------------------------------

@@ -37,6 +37,7 @@ from jobcore.execution.claims import ClaimedJob, pickups
 from jobcore.execution.executor import JobExecutor
 from jobcore.execution.registry import Registry
 from jobcore.kernel.errors import JobcoreError
+from jobcore.maintenance.table_vacuum import OUTBOX_SMALL_BYTES, OUTBOX_SMALL_EVERY, TableVacuum
 from services.worker.intake import Intake
 from services.worker.metrics import WorkerMetrics
 
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 WINDOW = 1.0
 # Seconds a stop waits for a pickup under way (a claim) before cancelling it.
 STOP_WAIT = 5.0
+# Past OUTBOX_SMALL_BYTES, a VACUUM of the outbox after this many rows taken (the relay's
+# JOBCORE_RELAY_VACUUM_EVERY default).
+VACUUM_EVERY = 100_000
 
 
 class DirectPickup:
@@ -79,6 +83,17 @@ class DirectPickup:
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        # The rows this worker deletes are not the relays' to count: without a VACUUM
+        # every so many of them, the outbox grew by 50-66 B/job at 137 jobs/s, its deleted
+        # rows' space never recorded as free (jobcore.maintenance.table_vacuum).
+        self.vacuum = TableVacuum(
+            executor.settings,
+            "outbox",
+            VACUUM_EVERY,
+            owner="worker",
+            small_every=OUTBOX_SMALL_EVERY,
+            small_bytes=OUTBOX_SMALL_BYTES,
+        )
 
     def notified(self) -> None:
         """An enqueue committed (its NOTIFY): look at the outbox once the last look is done."""
@@ -95,6 +110,7 @@ class DirectPickup:
         task, self._task = self._task, None
         if task is None:
             return
+        await self.vacuum.close()
         self._stopping = True
         self._wake.set()
         done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
@@ -144,6 +160,7 @@ class DirectPickup:
             if not taken:
                 return 0
             answers = await self.executor.claim_from_outbox(taken)
+            self.vacuum.deleted(sum(answer is not None for answer in answers))
             for pickup, answer in zip(taken, answers, strict=True):
                 if answer is None:
                     continue  # a relay's row, or a job the relays must take

@@ -65,6 +65,16 @@ RUNNING_ON = Query(
 )
 
 
+# Jobs that ran with no publish at all: a worker took them from the outbox itself.
+TAKEN_FROM_OUTBOX = Query(
+    "faults_taken_from_outbox",
+    "Jobs that succeeded with no publish kept or recorded (direct pickup).",
+    "SELECT count(*) AS n FROM jobcore.jobs AS j"
+    " WHERE j.status = 'succeeded' AND j.published_at IS NULL AND NOT EXISTS ("
+    "SELECT 1 FROM jobcore.job_events AS e WHERE e.job_id = j.id AND e.kind = 'published')",
+)
+
+
 async def count(db: Database, query: Query, **params: Any) -> int:
     async with db.unit_of_work() as uow:
         row = await fetch_one(uow, query(params))
@@ -269,13 +279,19 @@ async def test_the_relay_killed_mid_batch_again_and_again_loses_and_repeats_noth
 # --- 4. a worker killed again and again in the middle of its handlers -------------------------
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["relayed", "direct-pickup"])
 async def test_a_worker_killed_mid_handler_again_and_again_runs_every_job_once(
-    settings: Settings, tmp_path: Path, broker_cleanup: None
+    settings: Settings, tmp_path: Path, broker_cleanup: None, direct: bool
 ) -> None:
     # Equal consumer priorities: RabbitMQ shares the deliveries between the workers, so the
     # victim always has handlers to lose. At each process's random priority a trickle goes
     # to the higher one, and a victim drawn lower waited for jobs in vain (seen in the suite).
-    env = {"JOBCORE_WORKER_CONSUMER_PRIORITY": "1"}
+    # With direct pickup, idle workers also take jobs from the outbox themselves, and a
+    # kill catches some of those mid-handler too.
+    env = {
+        "JOBCORE_WORKER_CONSUMER_PRIORITY": "1",
+        "JOBCORE_DIRECT_PICKUP": "true" if direct else "false",
+    }
     async with (
         Stack(settings, tmp_path / "logs", relays=1, workers=2, env=env) as stack,
         stack.submitter() as client,
@@ -295,9 +311,11 @@ async def test_a_worker_killed_mid_handler_again_and_again_runs_every_job_once(
                 victim.kill()
                 await stack.restart(victim)
         report = await settle(stack, client, leases, timeout=120)
+        taken = await count(stack.db, TAKEN_FROM_OUTBOX)
     # Jobs the killed handlers held came back through the reaper (lease expired) and were
     # run again elsewhere, yet each effect is in the ledger once (checked in settle).
     assert killed_running >= 3
+    assert (taken > 0) == direct, taken
     assert report.reaped >= 1, report.as_dict()
     assert report.retried >= report.reaped
 

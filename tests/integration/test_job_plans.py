@@ -911,6 +911,41 @@ def test_an_outcomes_retry_finds_its_message_by_its_job_at_a_million_jobs(
     assert other == [(None,)]
 
 
+def test_a_workers_look_for_fresh_outbox_rows_skips_a_backlog_at_a_million_jobs(
+    million_jobs: str,
+) -> None:
+    """Direct pickup's look at the outbox (OUTBOX_FRESH_FOR_WORKER) reads the rows due in
+    its last second, a short range of outbox_due_idx, not the 100,000 rows a broker
+    outage left, which are the relays' to publish."""
+    backlog = (
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id,"
+        " available_at) SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop',"
+        " '\\x7b7d', gen_random_uuid(), now() - interval '1 hour'"
+        " FROM generate_series(1, 100000)",
+        None,
+    )
+    fresh = (
+        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id)"
+        " SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop', '\\x7b7d',"
+        " gen_random_uuid() FROM generate_series(1, 3)",
+        None,
+    )
+    setup = [backlog, ("ANALYZE outbox", None), fresh]
+    params = {
+        "exchange": "jobcore.jobs",
+        "queues": ["default"],
+        "types": ["noop"],
+        "limit": 16,
+        "window": 1.0,
+    }
+    blocks, text, answer = _explain_write(
+        million_jobs, outbox.OUTBOX_FRESH_FOR_WORKER, params, setup=setup
+    )
+    assert "outbox_due_idx" in text, text
+    assert len(answer) == 3
+    assert blocks <= 30, (blocks, text)
+
+
 @pytest.mark.parametrize("query", [outbox.OUTBOX_REQUEUE, outbox.OUTBOX_DISCARD], ids=str)
 def test_an_operator_names_a_quarantined_row_by_its_message_id_at_a_million_jobs(
     million_jobs: str, query: Query[Any]

@@ -109,8 +109,10 @@ async def test_a_row_a_relay_holds_is_left_to_it(
         assert not await inbox_has(db, job_id)
         await relay.rollback()
     assert await outbox_rows(db, job_id) == [row]
-    # Released (the relay's transaction ended without publishing): taken now.
+    # Released (the relay's transaction ended without publishing): taken now, and
+    # counted towards the outbox's next VACUUM (the relays count only their own deletes).
     assert await direct.take() == 1
+    assert direct.vacuum.deleted_since == 1
     await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
     assert await outbox_rows(db, job_id) == []
     assert direct.slots._value == SLOTS  # every slot given back

@@ -373,7 +373,8 @@ class JobClaimFromOutboxParams(JobClaimManyParams):
 # the relay deleted is not found. So each outbox row is either published or taken here,
 # never both, and a message published anyway (a relay that took the row before this
 # statement) meets the inbox. A message whose job has a concurrency or rate key is left
-# out, its row unlocked untouched, for the relay: its claim needs JOB_GATES_LOCK first.
+# out for the relays (its claim needs JOB_GATES_LOCK first): its row, locked for this
+# statement only, stays as it was.
 # Every message it keeps is done with as a delivery would be: claimed, held, parked (a
 # new outbox row, as JOB_CLAIM_MANY writes one), or recorded as seen.
 JOB_CLAIM_FROM_OUTBOX = Query[JobClaimFromOutboxParams](
