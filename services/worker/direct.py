@@ -5,9 +5,10 @@ At a steady rate well under capacity, a job's way to its handler through the rel
 the broker is four process wake-ups and three durable hand-offs: the API's commit, the
 relay's claim and publish, the quorum queue's commit, the worker's claim. A worker with
 free handler slots hears the NOTIFY the relays hear (the enqueue's, at its commit, on the
-cancel listener's connection) and claims the job from its outbox row in one statement
-(jobcore.database.sql.jobs.run.JOB_CLAIM_FROM_OUTBOX): it locks the row, deletes it,
-records the message in the inbox and claims the job under the fences and gates of a
+cancel listener's connection) and claims the jobs from their outbox rows in one statement
+(jobcore.database.sql.jobs.run.JOB_CLAIM_FROM_OUTBOX), as a PostgreSQL-only queue's worker
+fetches a job: it locks the fresh rows of its queues and types, deletes them, records
+their messages in the inbox and claims the jobs under the fences and gates of a
 delivery's claim, in one commit. docs/design.md, "Direct pickup", says why nothing is lost
 and nothing runs twice:
 
@@ -32,11 +33,9 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from jobcore.database.store import outbox_store
-from jobcore.execution.claims import ClaimedJob, pickups
+from jobcore.execution.claims import ClaimedJob, OutboxScope
 from jobcore.execution.executor import JobExecutor
 from jobcore.execution.registry import Registry
-from jobcore.kernel.errors import JobcoreError
 from jobcore.maintenance.table_vacuum import OUTBOX_SMALL_BYTES, OUTBOX_SMALL_EVERY, TableVacuum
 from services.worker.intake import Intake
 from services.worker.metrics import WorkerMetrics
@@ -49,6 +48,9 @@ log = logging.getLogger(__name__)
 WINDOW = 1.0
 # Seconds a stop waits for a pickup under way (a claim) before cancelling it.
 STOP_WAIT = 5.0
+# The queue label of rows taken with no job claimed (held, parked, seen before, not
+# claimable): the statement answers those without their queue.
+UNCLAIMED = "unclaimed"
 # Past OUTBOX_SMALL_BYTES, a VACUUM of the outbox after this many rows taken (the relay's
 # JOBCORE_RELAY_VACUUM_EVERY default).
 VACUUM_EVERY = 100_000
@@ -72,9 +74,7 @@ class DirectPickup:
         track: Callable[[asyncio.Task[None]], None],
     ) -> None:
         self.executor = executor
-        self.registry = registry
-        self.queues = sorted(set(queues))
-        self.types = sorted(job_type.name for job_type in registry if job_type.queue in self.queues)
+        self.scope = OutboxScope.of(registry, list(queues))
         self.slots = slots
         self.limit = limit
         self.intake = intake
@@ -127,12 +127,10 @@ class DirectPickup:
                 return
             try:
                 await self.take()
-            except (JobcoreError, OSError) as exc:
-                # The rows stay in the outbox, where the relays publish them.
-                log.warning(
-                    "direct pickup failed; the relays publish what it left",
-                    extra={"error": str(exc)},
-                )
+            except Exception:
+                # The rows stay in the outbox, where the relays publish them (a body the
+                # statement cannot read goes that way to the consumer that dead-letters it).
+                log.exception("direct pickup failed; the relays publish what it left")
 
     async def take(self) -> int:
         """Take up to the free slots' worth of fresh outbox rows; the jobs claimed start in
@@ -145,34 +143,16 @@ class DirectPickup:
         try:
             if held == 0 or self._stopping:
                 return 0
-            async with self.executor.connections.connection() as conn:
-                rows = await outbox_store.fresh_for_worker(
-                    conn,
-                    {
-                        "exchange": self.executor.topology.jobs_exchange,
-                        "queues": self.queues,
-                        "types": self.types,
-                        "limit": held,
-                        "window": WINDOW,
-                    },
-                )
-            taken = pickups(rows, self.registry)
-            if not taken:
-                return 0
-            answers = await self.executor.claim_from_outbox(taken)
-            self.vacuum.deleted(sum(answer is not None for answer in answers))
-            for pickup, answer in zip(taken, answers, strict=True):
-                if answer is None:
-                    continue  # a relay's row, or a job the relays must take
-                self.metrics.taken_from_outbox(pickup.request.job_type.queue)
+            answers = await self.executor.claim_from_outbox(self.scope, held, window=WINDOW)
+            self.vacuum.deleted(len(answers))
+            for answer in answers:
                 if isinstance(answer, ClaimedJob):
+                    self.metrics.taken_from_outbox(answer.job_type.queue)
                     self.track(asyncio.create_task(self._run(answer), name="worker-direct-job"))
                     started += 1
                 else:
-                    log.debug(
-                        "outbox row taken with no claim",
-                        extra={"job_id": str(pickup.request.job_id), "reason": answer.reason},
-                    )
+                    self.metrics.taken_from_outbox(UNCLAIMED)
+                    log.debug("outbox row taken with no claim", extra={"reason": answer.reason})
             return started
         finally:
             for _ in range(held - started):

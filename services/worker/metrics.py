@@ -246,7 +246,8 @@ class WorkerMetrics:
         self._taken_from_outbox = Counter(
             "jobcore_worker_outbox_pickups",
             "Outbox rows this worker took itself while its handlers were idle (direct pickup, "
-            "JOBCORE_DIRECT_PICKUP), unpublished, by job queue.",
+            "JOBCORE_DIRECT_PICKUP), unpublished, by job queue (unclaimed: rows whose job was "
+            "held, parked or not claimable).",
             ["queue"],
             registry=self.registry,
         )

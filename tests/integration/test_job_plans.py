@@ -911,12 +911,12 @@ def test_an_outcomes_retry_finds_its_message_by_its_job_at_a_million_jobs(
     assert other == [(None,)]
 
 
-def test_a_workers_look_for_fresh_outbox_rows_skips_a_backlog_at_a_million_jobs(
+def test_a_workers_claim_from_the_outbox_skips_a_backlog_at_a_million_jobs(
     million_jobs: str,
 ) -> None:
-    """Direct pickup's look at the outbox (OUTBOX_FRESH_FOR_WORKER) reads the rows due in
-    its last second, a short range of outbox_due_idx, not the 100,000 rows a broker
-    outage left, which are the relays' to publish."""
+    """Direct pickup's claim (JOB_CLAIM_FROM_OUTBOX) locks the rows due in its last
+    second, a short range of outbox_due_idx, not the 100,000 rows a broker outage left,
+    which are the relays' to publish; its jobs are then probed by primary key."""
     backlog = (
         "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id,"
         " available_at) SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop',"
@@ -926,24 +926,33 @@ def test_a_workers_look_for_fresh_outbox_rows_skips_a_backlog_at_a_million_jobs(
     )
     fresh = (
         "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id)"
-        " SELECT gen_random_uuid(), 'jobcore.jobs', 'default', 'noop', '\\x7b7d',"
-        " gen_random_uuid() FROM generate_series(1, 3)",
+        " SELECT g, 'jobcore.jobs', 'default', 'noop',"
+        " convert_to(json_build_object('v', 1, 'job_id', g, 'attempt', 1, 'type', 'noop')"
+        "::text, 'UTF8'), g FROM (SELECT gen_random_uuid() AS g FROM generate_series(1, 3)) AS s",
         None,
     )
     setup = [backlog, ("ANALYZE outbox", None), fresh]
     params = {
+        "consumer": "jobs",
         "exchange": "jobcore.jobs",
+        "worker_id": "w",
         "queues": ["default"],
         "types": ["noop"],
+        "leases": [30.0],
+        "lease_tokens": [uuid.uuid4() for _ in range(16)],
         "limit": 16,
         "window": 1.0,
     }
     blocks, text, answer = _explain_write(
-        million_jobs, outbox.OUTBOX_FRESH_FOR_WORKER, params, setup=setup
+        million_jobs, run.JOB_CLAIM_FROM_OUTBOX, params, setup=setup
     )
     assert "outbox_due_idx" in text, text
+    assert "Seq Scan on outbox" not in text, text
+    # The three rows taken (their jobs are not in the table: recorded, claiming nothing).
     assert len(answer) == 3
-    assert blocks <= 30, (blocks, text)
+    # 72 pages measured (each row's job and inbox probes, the outbox locks and deletes);
+    # a look through the backlog would read its 100,000 rows' thousand-odd pages.
+    assert blocks <= 150, (blocks, text)
 
 
 @pytest.mark.parametrize("query", [outbox.OUTBOX_REQUEUE, outbox.OUTBOX_DISCARD], ids=str)

@@ -30,8 +30,6 @@ from jobcore.database.store import (
     job_store,
 )
 from jobcore.execution.registry import JobType, Registry
-from jobcore.kernel.envelope import decode
-from jobcore.kernel.errors import PoisonMessage, UnknownJobType
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,53 +231,69 @@ def claim_rounds(requests: Sequence[ClaimRequest]) -> list[list[ClaimRequest]]:
 
 
 @dataclass(frozen=True, slots=True)
-class OutboxPickup:
-    """A message a worker takes straight from its outbox row, unpublished (direct pickup:
-    :func:`claim_from_outbox`). No relay published it, so no publish is kept for it."""
+class OutboxScope:
+    """What a runner takes from the outbox itself (direct pickup): fresh rows of its
+    ``queues`` and of ``kinds`` (the job types it runs there)."""
 
-    outbox_id: int
-    request: ClaimRequest
+    queues: tuple[str, ...]
+    kinds: tuple[JobType[Any], ...]
 
+    @classmethod
+    def of(cls, registry: Registry, queues: Sequence[str]) -> OutboxScope:
+        consumed = tuple(sorted(set(queues)))
+        kinds = tuple(sorted((k for k in registry if k.queue in consumed), key=lambda k: k.name))
+        return cls(consumed, kinds)
 
-def pickups(rows: Sequence[Mapping[str, Any]], registry: Registry) -> list[OutboxPickup]:
-    """The outbox rows (``outbox_store.fresh_for_worker``) this runner can claim: a body
-    that is not a job message, or of a type it does not run, is left to the relays and
-    the consumer that dead-letters it; a message id seen twice is taken once."""
-    taken: list[OutboxPickup] = []
-    seen: set[uuid.UUID] = set()
-    for row in rows:
-        try:
-            envelope = decode(bytes(row["body"]))
-            job_type = registry.get(envelope.type)
-        except (PoisonMessage, UnknownJobType):
-            continue
-        if (
-            envelope.job_id != row["job_id"]
-            or envelope.type != row["message_type"]
-            or row["message_id"] in seen
-        ):
-            continue
-        seen.add(row["message_id"])
-        request = ClaimRequest(row["message_id"], envelope.job_id, job_type, envelope.attempt)
-        taken.append(OutboxPickup(row["id"], request))
-    return taken
+    def by_name(self) -> dict[str, JobType[Any]]:
+        return {kind.name: kind for kind in self.kinds}
 
 
 async def claim_from_outbox(
-    conn: AsyncConn, taken: Sequence[OutboxPickup], *, exchange: str, worker_id: str
-) -> list[ClaimAnswer | None]:
-    """Take the outbox rows no relay holds and claim their messages, in one statement that
-    commits alone (``job_store.claim_from_outbox``): per pickup, the claim's answer, or
-    None where its row was a relay's (or gone), or its job has a concurrency or rate key
-    (left to the relays: its claim locks the key's gate first)."""
-    requests = [t.request for t in taken]
+    conn: AsyncConn,
+    scope: OutboxScope,
+    lease_tokens: Sequence[uuid.UUID],
+    *,
+    window: float,
+    exchange: str,
+    worker_id: str,
+) -> list[ClaimAnswer]:
+    """Take up to ``len(lease_tokens)`` outbox rows of ``scope`` that became due in the last
+    ``window`` seconds and no relay holds, and claim their messages, in one statement that
+    commits alone (``job_store.claim_from_outbox``): an answer per row taken (none for a
+    row a relay holds, or whose job has a concurrency or rate key: the relays' to take)."""
+    kinds = scope.by_name()
     params: JobClaimFromOutboxParams = {
-        **_claim_params(requests, exchange=exchange, worker_id=worker_id),
-        "outbox_ids": [t.outbox_id for t in taken],
+        "consumer": JOBS_CONSUMER,
+        "exchange": exchange,
+        "worker_id": worker_id,
+        "queues": list(scope.queues),
+        "types": list(kinds),
+        "leases": [kind.lease for kind in kinds.values()],
+        "lease_tokens": list(lease_tokens),
+        "limit": len(lease_tokens),
+        "window": window,
     }
     rows = await job_store.claim_from_outbox(conn, params)
-    by_message = {row["message_id"]: row for row in rows}
     return [
-        _answer(by_message[r.message_id], r) if r.message_id in by_message else None
-        for r in requests
+        ClaimedJob.from_claim_row(row, kinds[row["message_type"]])
+        if row["fresh"] and row["id"] is not None
+        else Unclaimed.from_claim_row(row)
+        for row in rows
     ]
+
+
+async def resume_tokens(
+    conn: AsyncConn, scope: OutboxScope, lease_tokens: Sequence[uuid.UUID]
+) -> list[ClaimedJob]:
+    """After :func:`claim_from_outbox`'s commit went unanswered: the jobs it claimed (those
+    running under its lease tokens), their leases renewed; none if it did not commit."""
+    kinds = scope.by_name()
+    rows = await job_store.resume_tokens(
+        conn,
+        {
+            "lease_tokens": list(lease_tokens),
+            "types": list(kinds),
+            "leases": [kind.lease for kind in kinds.values()],
+        },
+    )
+    return [ClaimedJob.from_claim_row(row, kinds[row["message_type"]]) for row in rows]

@@ -67,9 +67,10 @@ from jobcore.execution.claims import (
     ClaimAnswer,
     ClaimedJob,
     ClaimRequest,
-    OutboxPickup,
+    OutboxScope,
     claim_batch,
     claim_from_outbox,
+    resume_tokens,
 )
 from jobcore.execution.completion_webhooks import completion_params
 from jobcore.execution.dependencies import read_dependency_results
@@ -300,23 +301,30 @@ class JobExecutor:
                 worker_id=self.worker_id,
             )
 
-    async def claim_from_outbox(self, taken: Sequence[OutboxPickup]) -> list[ClaimAnswer | None]:
-        """Take these outbox rows and claim their messages in one commit (direct pickup): a
-        job claimed, why not, or None where the row was not taken (a relay's, gone, or a
-        job with a concurrency or rate key), per pickup.
+    async def claim_from_outbox(
+        self, scope: OutboxScope, limit: int, *, window: float
+    ) -> list[ClaimAnswer]:
+        """Take up to ``limit`` fresh outbox rows of ``scope`` that no relay holds and claim
+        their messages in one commit (direct pickup): an answer per row taken.
 
-        If the connection breaks the commit may have happened unanswered: the same claims
-        are then made through the message path (the same message ids and lease tokens), so
-        a claim that committed is resumed and one that did not claims now, its outbox row
-        still there to be published later and met by the inbox."""
+        If the connection breaks, the commit may have happened unanswered: the jobs running
+        under the lease tokens drawn for it are then its own, and they are resumed (their
+        leases renewed), so none waits for the reaper; if it did not commit, there are
+        none, and the rows are still in the outbox for the relays."""
+        tokens = [uuid.uuid4() for _ in range(limit)]
         try:
             async with self.connections.connection() as conn:
                 return await claim_from_outbox(
-                    conn, taken, exchange=self.topology.jobs_exchange, worker_id=self.worker_id
+                    conn,
+                    scope,
+                    tokens,
+                    window=window,
+                    exchange=self.topology.jobs_exchange,
+                    worker_id=self.worker_id,
                 )
         except DatabaseUnavailable:
-            answers = await self.claim([t.request for t in taken])
-            return list(answers)
+            async with self.connections.connection() as conn:
+                return list(await resume_tokens(conn, scope, tokens))
 
     # --- one job ---------------------------------------------------------------------------
 

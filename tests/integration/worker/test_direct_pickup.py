@@ -16,9 +16,8 @@ import pytest
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.database.sql.inbox import JOBS_CONSUMER
-from jobcore.database.store import outbox_store
 from jobcore.execution import executor as executor_module
-from jobcore.execution.claims import ClaimedJob, claim_from_outbox, pickups
+from jobcore.execution.claims import ClaimedJob, OutboxScope, claim_from_outbox
 from jobcore.kernel.errors import DatabaseUnavailable
 from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
@@ -170,9 +169,9 @@ async def test_an_old_row_is_left_to_the_relays(
 async def test_a_claim_whose_commit_went_unanswered_is_resumed(
     db: Database, topology: Topology, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The connection broke after the statement committed: the same claims made through
-    the message path (same message ids and lease tokens) find the jobs running under
-    their tokens and resume them, so nothing waits for the reaper and no attempt burns."""
+    """The connection broke after the statement committed: the jobs running under the lease
+    tokens drawn for it are its own, and are resumed (their leases renewed), so nothing
+    waits for the reaper and no attempt burns."""
     worker = await start_worker()
     job_id = await submit(db, topology, "wt_gate", GatePayload(effect="once"))
 
@@ -181,29 +180,53 @@ async def test_a_claim_whose_commit_went_unanswered_is_resumed(
         raise DatabaseUnavailable("server closed the connection unexpectedly")
 
     monkeypatch.setattr(executor_module, "claim_from_outbox", committed_unanswered)
-    async with worker.executor.connections.connection() as conn:
-        rows = await outbox_store.fresh_for_worker(
-            conn,
-            {
-                "exchange": topology.jobs_exchange,
-                "queues": ["testq"],
-                "types": ["wt_gate"],
-                "limit": 10,
-                "window": WINDOW,
-            },
-        )
-    taken = pickups(rows, worker.registry)
-    [answer] = await worker.executor.claim_from_outbox(taken)
+    scope = OutboxScope.of(worker.registry, worker.queues)
+    [answer] = await worker.executor.claim_from_outbox(scope, SLOTS, window=WINDOW)
 
     assert isinstance(answer, ClaimedJob)
-    assert answer.resumed
-    assert answer.lease_token == taken[0].request.lease_token
+    assert (answer.job_id, answer.resumed, answer.attempt) == (job_id, True, 1)
     assert await outbox_rows(db, job_id) == []
     row = await job_row(db, job_id)
-    assert (row["status"], row["attempts"]) == ("running", 1)
+    assert (row["status"], row["lease_token"]) == ("running", answer.lease_token)
     await worker.executor.execute(answer)
     await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
     assert [(e["kind"], e["attempt"]) for e in await effects(db, job_id)] == [("once", 1)]
+
+
+async def test_a_claim_that_did_not_commit_resumes_nothing_and_leaves_the_rows(
+    db: Database, topology: Topology, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection broke before the statement ran: no job runs under its tokens, so
+    none is resumed, and the rows are still in the outbox for the relays."""
+    worker = await start_worker()
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+
+    async def never_ran(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseUnavailable("connection refused")
+
+    monkeypatch.setattr(executor_module, "claim_from_outbox", never_ran)
+    scope = OutboxScope.of(worker.registry, worker.queues)
+    assert await worker.executor.claim_from_outbox(scope, SLOTS, window=WINDOW) == []
+    assert len(await outbox_rows(db, job_id)) == 1
+    assert (await job_row(db, job_id))["status"] == "pending"
+
+
+async def test_a_body_the_statement_cannot_read_fails_it_and_loses_nothing(
+    db: Database, topology: Topology, start_worker: StartWorker
+) -> None:
+    """Bodies are jobcore's own JSON; one that is not fails the whole statement, so it is
+    left to the relays (and the consumer that dead-letters it), with every other row."""
+    worker = await start_worker()
+    direct = by_hand(worker)
+    good = await submit(db, topology, "wt_gate", GatePayload())
+    bad = await submit(db, topology, "wt_gate", GatePayload())
+    async with db.connection() as conn:
+        await conn.execute("UPDATE outbox SET body = 'not json' WHERE job_id = %s", (bad,))
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        await direct.take()
+    assert len(await outbox_rows(db, good)) == len(await outbox_rows(db, bad)) == 1
+    assert (await job_row(db, good))["status"] == "pending"
+    assert direct.slots._value == SLOTS
 
 
 async def test_each_job_runs_once_while_a_relay_and_direct_pickup_race(

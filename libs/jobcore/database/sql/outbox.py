@@ -108,42 +108,6 @@ OUTBOX_CLAIM_DUE = Query[OutboxClaimDueParams](
 )
 
 
-class OutboxFreshForWorkerParams(TypedDict):
-    exchange: str
-    limit: int
-    queues: list[str]
-    types: list[str]
-    window: float
-
-
-# What a worker with idle handlers may take straight from the outbox (direct pickup,
-# jobcore.database.sql.jobs.run.JOB_CLAIM_FROM_OUTBOX, which locks them): rows of its
-# queues and types that became due in the last `window` seconds, oldest first. Read
-# without locks: a relay may take any of them meanwhile, and the claim then skips it. No
-# ordering key (an ordered row's turn is the relay's to keep), nothing paused (a paused
-# job's message would only be parked again). Bounded below like OUTBOX_CLAIM_DUE, so a
-# backlog or a pinned horizon's dead entries at the head of outbox_due_idx cost it nothing.
-OUTBOX_FRESH_FOR_WORKER = Query[OutboxFreshForWorkerParams](
-    "outbox_fresh_for_worker",
-    "Up to `limit` unquarantined rows of these queues and job types, not ordered or paused, "
-    "that became due in the last `window` seconds, oldest first, unlocked.",
-    f"""
-    SELECT id, message_id, job_id, message_type, body
-    FROM jobcore.outbox
-    WHERE available_at <= now() AND quarantined_at IS NULL
-      AND available_at >= now() - make_interval(secs => %(window)s)
-      AND exchange = %(exchange)s
-      AND routing_key = ANY(%(queues)s::text[])
-      AND message_type = ANY(%(types)s::text[])
-      AND ordering_key IS NULL
-      AND NOT {paused("outbox.routing_key", "outbox.message_type")}
-    ORDER BY available_at, id
-    LIMIT %(limit)s
-    """,
-    generic_plan=True,
-)
-
-
 class OutboxClaimFewParams(TypedDict):
     limit: int
     window: float

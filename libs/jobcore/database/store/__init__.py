@@ -93,6 +93,7 @@ from jobcore.database.store.jobs import (
     JobReleaseHeldParams,
     JobReleaseParams,
     JobRepublishStaleParams,
+    JobResumeTokensParams,
     JobRetryParams,
     JobSnoozeParams,
     JobStore,
@@ -106,7 +107,6 @@ from jobcore.database.store.leases import (
 )
 from jobcore.database.store.ledger import LedgerStore, ledger_store
 from jobcore.database.store.outbox import (
-    OutboxFreshForWorkerParams,
     OutboxRequeueParams,
     OutboxRowParams,
     OutboxStore,
@@ -165,6 +165,7 @@ __all__ = [
     "JobReleaseHeldParams",
     "JobReleaseParams",
     "JobRepublishStaleParams",
+    "JobResumeTokensParams",
     "JobRetryParams",
     "JobSnoozeParams",
     "JobStore",
@@ -173,7 +174,6 @@ __all__ = [
     "LedgerStore",
     "MaintenanceLeaseParams",
     "MaintenanceLeaseStore",
-    "OutboxFreshForWorkerParams",
     "OutboxMessageParams",
     "OutboxMessagesParams",
     "OutboxRequeueParams",

@@ -144,6 +144,7 @@ from jobcore.database.sql.jobs.run import (
     JOB_OUTCOME_WRITTEN,
     JOB_PROGRESS_SET,
     JOB_RELEASE,
+    JOB_RESUME_TOKENS,
     JOB_RETRY,
     JOB_SNOOZE,
     JOB_SUCCEED_MANY,
@@ -156,6 +157,7 @@ from jobcore.database.sql.jobs.run import (
     JobOutcomeWrittenParams,
     JobProgressSetParams,
     JobReleaseParams,
+    JobResumeTokensParams,
     JobRetryParams,
     JobSnoozeParams,
     JobSucceedManyParams,
@@ -205,6 +207,7 @@ __all__ = [
     "JobReleaseParams",
     "JobRepublishStaleParams",
     "JobRequestCancelParams",
+    "JobResumeTokensParams",
     "JobRetryParams",
     "JobSnoozeParams",
     "JobStore",
@@ -422,10 +425,14 @@ class JobStore:
     async def claim_from_outbox(
         self, conn: AsyncConn, params: JobClaimFromOutboxParams
     ) -> list[DictRow]:
-        """Take the outbox rows no relay holds and claim their messages, one statement
-        committing alone (JOB_CLAIM_FROM_OUTBOX): a row per message taken; the others (a
-        relay's, or a job with a concurrency or rate key) are not answered."""
+        """Take the fresh outbox rows no relay holds and claim their messages, one
+        statement committing alone (JOB_CLAIM_FROM_OUTBOX): a row per message taken."""
         return await fetch_all(conn, JOB_CLAIM_FROM_OUTBOX(params))
+
+    async def resume_tokens(self, conn: AsyncConn, params: JobResumeTokensParams) -> list[DictRow]:
+        """The jobs running under these lease tokens, their leases renewed (a claim whose
+        commit went unanswered: JOB_RESUME_TOKENS)."""
+        return await fetch_all(conn, JOB_RESUME_TOKENS(params))
 
     async def note_undeliverable(self, on: Executor, params: JobNoteUndeliverableParams) -> int:
         return await execute(on, JOB_NOTE_UNDELIVERABLE(params))

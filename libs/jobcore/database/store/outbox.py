@@ -23,7 +23,6 @@ from jobcore.database.sql.outbox import (
     OUTBOX_DISCARD,
     OUTBOX_DROP_WAKE_LEASE,
     OUTBOX_FIND,
-    OUTBOX_FRESH_FOR_WORKER,
     OUTBOX_LIST_FAILING,
     OUTBOX_LIST_QUARANTINED,
     OUTBOX_LISTEN,
@@ -43,7 +42,6 @@ from jobcore.database.sql.outbox import (
     OutboxClaimFairParams,
     OutboxClaimFewParams,
     OutboxDeletePublishedParams,
-    OutboxFreshForWorkerParams,
     OutboxListFailingParams,
     OutboxListQuarantinedParams,
     OutboxOldestLiveParams,
@@ -59,7 +57,6 @@ __all__ = [
     "OutboxClaimFairParams",
     "OutboxClaimFewParams",
     "OutboxDeletePublishedParams",
-    "OutboxFreshForWorkerParams",
     "OutboxListFailingParams",
     "OutboxListQuarantinedParams",
     "OutboxOldestLiveParams",
@@ -81,12 +78,6 @@ class OutboxStore:
     async def claim_due(self, on: Reader, params: OutboxClaimDueParams) -> list[DictRow]:
         """Lock the oldest rows due within the last ``window`` seconds (FIFO)."""
         return await fetch_all(on, OUTBOX_CLAIM_DUE(params))
-
-    async def fresh_for_worker(
-        self, on: Reader, params: OutboxFreshForWorkerParams
-    ) -> list[DictRow]:
-        """Rows a worker may take itself (direct pickup), unlocked."""
-        return await fetch_all(on, OUTBOX_FRESH_FOR_WORKER(params))
 
     async def claim_few(self, on: Reader, params: OutboxClaimFewParams) -> list[DictRow] | None:
         """Lock every row due within the last ``window`` seconds if at most ``limit`` are

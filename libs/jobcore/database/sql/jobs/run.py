@@ -126,17 +126,43 @@ def _claim_sql(only: str, *, from_outbox: bool = False) -> str:
     """The claim statement over the batch's messages that pass ``only`` (a condition on
     ``i``, a message of the batch): the others are left out, neither recorded nor answered.
 
-    ``from_outbox``: the messages are outbox rows (``outbox_ids``) this worker takes
-    straight from the outbox, unpublished (JOB_CLAIM_FROM_OUTBOX): only those whose row it
-    locks now are claimed, and their rows are deleted in the same statement."""
+    ``from_outbox``: the messages are the fresh outbox rows of the worker's queues and
+    types that it locks now (JOB_CLAIM_FROM_OUTBOX), not parameters: their rows are deleted
+    in the same statement."""
+    messages = """FROM unnest(
+            %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
+            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[],
+            %(published_ats)s::timestamptz[], %(published_bys)s::text[]
+        ) AS i(message_id, job_id, type, attempt, lease_token, lease, published_at,
+               published_by)"""
     outbox = dequeue = ""
     if from_outbox:
-        only = f"{only} AND i.message_id IN (SELECT message_id FROM outbox_rows)"
-        outbox = """outbox_rows AS (
-        SELECT id, message_id FROM jobcore.outbox
-        WHERE id = ANY(%(outbox_ids)s::bigint[]) AND quarantined_at IS NULL
+        outbox = f"""outbox_rows AS (
+        SELECT id, message_id, job_id, message_type AS type,
+               (convert_from(body, 'UTF8')::jsonb ->> 'attempt')::int AS attempt
+        FROM jobcore.outbox
+        WHERE available_at <= now() AND quarantined_at IS NULL
+          AND available_at >= now() - make_interval(secs => %(window)s)
+          AND exchange = %(exchange)s
+          AND routing_key = ANY(%(queues)s::text[])
+          AND message_type = ANY(%(types)s::text[])
+          AND ordering_key IS NULL
+          AND NOT {paused("outbox.routing_key", "outbox.message_type")}
+        ORDER BY available_at, id
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ), """
+        # Each row its own lease token, drawn by the caller before the statement: a retry
+        # after an unanswered commit finds the jobs it claimed by them (JOB_RESUME_TOKENS).
+        messages = """FROM (
+            SELECT o.message_id, o.job_id, o.type, o.attempt,
+                   (%(lease_tokens)s::uuid[])[row_number() OVER (ORDER BY o.id)]
+                       AS lease_token,
+                   kind.lease, NULL::timestamptz AS published_at, NULL::text AS published_by
+            FROM outbox_rows AS o
+            JOIN unnest(%(types)s::text[], %(leases)s::float8[]) AS kind(type, lease)
+                USING (type)
+        ) AS i"""
         dequeue = """dequeued AS (
         DELETE FROM jobcore.outbox
         WHERE id IN (SELECT outbox_rows.id FROM outbox_rows JOIN input USING (message_id))
@@ -144,12 +170,7 @@ def _claim_sql(only: str, *, from_outbox: bool = False) -> str:
     return f"""
     WITH {outbox}input AS (
         SELECT *
-        FROM unnest(
-            %(message_ids)s::uuid[], %(job_ids)s::uuid[], %(types)s::text[],
-            %(attempts)s::int[], %(lease_tokens)s::uuid[], %(leases)s::float8[],
-            %(published_ats)s::timestamptz[], %(published_bys)s::text[]
-        ) AS i(message_id, job_id, type, attempt, lease_token, lease, published_at,
-               published_by)
+        {messages}
         WHERE {only}
     ), {dequeue}received AS (
         INSERT INTO jobcore.inbox (consumer, message_id)
@@ -313,7 +334,7 @@ def _claim_sql(only: str, *, from_outbox: bool = False) -> str:
         WHERE live.paused
         RETURNING job_id
     )
-    SELECT input.message_id,
+    SELECT input.message_id, input.type AS message_type,
            received.message_id IS NOT NULL OR resumed.id IS NOT NULL AS fresh,
            resumed.id IS NOT NULL AS resumed,
            parked.job_id IS NOT NULL AS parked,
@@ -360,28 +381,76 @@ JOB_CLAIM_UNGATED = Query[JobClaimManyParams](
 )
 
 
-class JobClaimFromOutboxParams(JobClaimManyParams):
-    # The outbox row of each message, in the same order.
-    outbox_ids: list[int]
+class JobClaimFromOutboxParams(TypedDict):
+    consumer: str
+    exchange: str
+    # One token per row it may take (`limit`), drawn before the statement.
+    lease_tokens: list[uuid.UUID]
+    # Each job type's lease, in seconds, by `types`.
+    leases: list[float]
+    limit: int
+    queues: list[str]
+    types: list[str]
+    # Seconds back from now that a row may have become due.
+    window: float
+    worker_id: str
 
 
 # A worker with idle handlers that hears an enqueue's NOTIFY takes the new outbox rows
-# itself, unpublished (services/worker/direct.py; docs/design.md, "Direct pickup"): this
-# is JOB_CLAIM_UNGATED word for word, for the messages whose outbox row it locks now, and
-# it deletes those rows in the same statement. A row a relay is publishing is locked by
-# the relay's claim (SKIP LOCKED: left to it, its message comes through the broker); one
-# the relay deleted is not found. So each outbox row is either published or taken here,
-# never both, and a message published anyway (a relay that took the row before this
-# statement) meets the inbox. A message whose job has a concurrency or rate key is left
-# out for the relays (its claim needs JOB_GATES_LOCK first): its row, locked for this
-# statement only, stays as it was.
-# Every message it keeps is done with as a delivery would be: claimed, held, parked (a
-# new outbox row, as JOB_CLAIM_MANY writes one), or recorded as seen.
+# itself, unpublished (services/worker/direct.py; docs/design.md, "Direct pickup"), in
+# one statement: it locks up to `limit` rows of its queues and types that became due in
+# the last `window` seconds (a short range of outbox_due_idx, however long the backlog
+# behind it), claims their messages as JOB_CLAIM_UNGATED does, word for word, and deletes
+# the rows it claimed for. A row a relay is publishing is locked by the relay's claim (SKIP
+# LOCKED: left to it, its message comes through the broker); one a relay deleted is not
+# found. So each outbox row is published or taken here, never both, and a message
+# published anyway (a relay that took the row before this statement) meets the inbox.
+# Left to the relays: ordered rows (their turn is the relays' to keep), paused queues and
+# types (the message would only be parked again) and messages whose jobs have a
+# concurrency or rate key (their claim needs JOB_GATES_LOCK first; such a row, locked for
+# this statement only, stays as it was). Every message it keeps is done with as a
+# delivery would be: claimed, held, parked (a new outbox row, as JOB_CLAIM_MANY writes
+# one), or recorded as seen. Its message's attempt is read from the row's body, which
+# jobcore writes (jobcore.execution.job_messages): a body that does not parse fails the
+# statement, and the relays publish the row to the consumer that dead-letters it.
 JOB_CLAIM_FROM_OUTBOX = Query[JobClaimFromOutboxParams](
     "job_claim_from_outbox",
-    "Take outbox rows a relay has not, and claim their jobs as job_claim_ungated does; the "
-    "rows of messages whose jobs have a concurrency or rate key are left to the relays.",
+    "Take the fresh outbox rows of these queues and types that no relay holds, and claim "
+    "their jobs as job_claim_ungated does (a job with a concurrency or rate key is left to "
+    "the relays).",
     _claim_sql(f"NOT {_KEYED}", from_outbox=True),
+)
+
+
+class JobResumeTokensParams(TypedDict):
+    lease_tokens: list[uuid.UUID]
+    leases: list[float]
+    types: list[str]
+
+
+# After JOB_CLAIM_FROM_OUTBOX's commit went unanswered: the jobs running under the lease
+# tokens drawn for it are the ones it claimed (a token is drawn per statement and never
+# reused), their leases counted again from now, and answered as a claim would answer them.
+JOB_RESUME_TOKENS = Query[JobResumeTokensParams](
+    "job_resume_tokens",
+    "The jobs running under these lease tokens, their leases renewed: what a claim whose "
+    "commit went unanswered took.",
+    f"""
+    UPDATE jobcore.jobs
+    SET lease_expires_at = now() + make_interval(secs => kind.lease),
+        updated_at = now()
+    FROM unnest(%(types)s::text[], %(leases)s::float8[]) AS kind(type, lease)
+    WHERE jobs.lease_token = ANY(%(lease_tokens)s::uuid[])
+      AND {status_is("jobs.status", JobStatus.RUNNING)}
+      AND jobs.type = kind.type
+    RETURNING NULL::uuid AS message_id, jobs.type AS message_type, true AS fresh,
+              true AS resumed, jobs.lease_token, jobs.id,
+              jobs.payload, jobs.payload_ref, jobs.debounce_payloads,
+              jobs.attempts, jobs.max_attempts,
+              jobs.store_give_backs, jobs.snoozes, jobs.cancel_requested_at,
+              jobs.traceparent, jobs.tracestate, jobs.created_at, jobs.lease_expires_at,
+              greatest(jobs.created_at, jobs.next_attempt_at) AS due_at
+    """,
 )
 
 # Its complement, after JOB_GATES_LOCK: JOB_CLAIM_MANY for the messages JOB_CLAIM_UNGATED
