@@ -110,7 +110,6 @@ class DirectPickup:
         task, self._task = self._task, None
         if task is None:
             return
-        await self.vacuum.close()
         self._stopping = True
         self._wake.set()
         done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
@@ -118,6 +117,8 @@ class DirectPickup:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        # After the last pickup, which may have started one.
+        await self.vacuum.close()
 
     async def _follow(self) -> None:
         while True:
