@@ -164,7 +164,7 @@ def _claim_params(
         "types": [r.job_type.name for r in requests],
         "attempts": [r.attempt for r in requests],
         "lease_tokens": [r.lease_token for r in requests],
-        "leases": [r.lease_seconds for r in requests],
+        "leases": [float(r.lease_seconds) for r in requests],
         "published_ats": [r.published_at for r in requests],
         "published_bys": [r.published_by for r in requests],
     }
@@ -247,6 +247,9 @@ class OutboxScope:
     def by_name(self) -> dict[str, JobType[Any]]:
         return {kind.name: kind for kind in self.kinds}
 
+    # Leases are sent as one float8 array: a type declared with `lease=2` is an int, and
+    # psycopg dumps no list of ints and floats mixed.
+
 
 async def claim_from_outbox(
     conn: AsyncConn,
@@ -268,7 +271,7 @@ async def claim_from_outbox(
         "worker_id": worker_id,
         "queues": list(scope.queues),
         "types": list(kinds),
-        "leases": [kind.lease for kind in kinds.values()],
+        "leases": [float(kind.lease) for kind in kinds.values()],
         "lease_tokens": list(lease_tokens),
         "limit": len(lease_tokens),
         "window": window,
@@ -293,7 +296,7 @@ async def resume_tokens(
         {
             "lease_tokens": list(lease_tokens),
             "types": list(kinds),
-            "leases": [kind.lease for kind in kinds.values()],
+            "leases": [float(kind.lease) for kind in kinds.values()],
         },
     )
     return [ClaimedJob.from_claim_row(row, kinds[row["message_type"]]) for row in rows]

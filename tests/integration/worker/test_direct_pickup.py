@@ -7,6 +7,7 @@ queue) is left to them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from typing import Any
 
@@ -91,6 +92,23 @@ async def test_an_idle_worker_takes_a_new_job_from_the_outbox_with_no_relay(
     assert await inbox_has(db, job_id)  # its message's id is the job's
     assert [(e["kind"], e["attempt"]) for e in await effects(db, job_id)] == [("charged", 1)]
     assert worker.metrics.counts["taken_from_outbox"] == 1
+
+
+async def test_job_types_with_int_and_float_leases_are_taken_alike(
+    db: Database, topology: Topology, start_worker: StartWorker
+) -> None:
+    """A type declared with `lease=2` beside one with `lease=2.5`: the statement's leases
+    go as one float array (a list of ints and floats mixed cannot be sent)."""
+    worker = await start_worker()
+    gate = worker.registry.get("wt_gate")
+    assert isinstance(gate.lease, int)
+    scope = OutboxScope(("testq",), (gate, dataclasses.replace(gate, name="wt_other", lease=2.5)))
+    job_id = await submit(db, topology, "wt_gate", GatePayload())
+    [answer] = await worker.executor.claim_from_outbox(scope, SLOTS, window=WINDOW)
+    assert isinstance(answer, ClaimedJob)
+    assert answer.job_id == job_id
+    await worker.executor.execute(answer)
+    await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")
 
 
 async def test_a_row_a_relay_holds_is_left_to_it(
