@@ -72,8 +72,8 @@ DATABASE_RETRY_CAP = 5.0
 LOST_WAKEUP_BACKOFF_BASE = 0.001
 LOST_WAKEUP_BACKOFF_CAP = 0.05
 # With direct pickup (JOBCORE_DIRECT_PICKUP), an idle relay woken by a NOTIFY waits this
-# long before it claims, so that an idle worker, which needs a look at the outbox and a
-# claim, takes the new rows first (services/worker/direct.py). A relay with rows left from
+# long before it claims, so that an idle worker, woken by the same NOTIFY, takes the new
+# rows first with its claim (services/worker/direct.py). A relay with rows left from
 # its last claim does not wait: under load the rows are all the relays'.
 DIRECT_PICKUP_GRACE = 0.005
 # Every claim (few, fair or FIFO) reads only the rows due since the relay's low-water mark

@@ -170,9 +170,9 @@ def _claim_params(
     }
 
 
-def _answer(row: Mapping[str, Any], request: ClaimRequest) -> ClaimAnswer:
+def _answer(row: Mapping[str, Any], job_type: JobType[Any]) -> ClaimAnswer:
     if row["fresh"] and row["id"] is not None:
-        return ClaimedJob.from_claim_row(row, request.job_type)
+        return ClaimedJob.from_claim_row(row, job_type)
     return Unclaimed.from_claim_row(row)
 
 
@@ -195,7 +195,7 @@ async def claim_batch(
         claimed = await job_store.claim(conn, params, keyed=any(r.limited for r in round_))
         by_message = {row["message_id"]: row for row in claimed}
         for r in round_:
-            answered_by[r.message_id, r.lease_token] = _answer(by_message[r.message_id], r)
+            answered_by[r.message_id, r.lease_token] = _answer(by_message[r.message_id], r.job_type)
     answers: list[ClaimAnswer] = []
     answered: set[tuple[uuid.UUID, uuid.UUID]] = set()
     for request in requests:
@@ -247,8 +247,11 @@ class OutboxScope:
     def by_name(self) -> dict[str, JobType[Any]]:
         return {kind.name: kind for kind in self.kinds}
 
-    # Leases are sent as one float8 array: a type declared with `lease=2` is an int, and
-    # psycopg dumps no list of ints and floats mixed.
+    def type_leases(self) -> tuple[list[str], list[float]]:
+        """The types' names and their leases, in seconds, as the statements take them: one
+        float8 array (a type declared with `lease=2` is an int, and psycopg dumps no list
+        of ints and floats mixed)."""
+        return [kind.name for kind in self.kinds], [float(kind.lease) for kind in self.kinds]
 
 
 async def claim_from_outbox(
@@ -264,25 +267,21 @@ async def claim_from_outbox(
     ``window`` seconds and no relay holds, and claim their messages, in one statement that
     commits alone (``job_store.claim_from_outbox``): an answer per row taken (none for a
     row a relay holds, or whose job has a concurrency or rate key: the relays' to take)."""
-    kinds = scope.by_name()
+    types, leases = scope.type_leases()
     params: JobClaimFromOutboxParams = {
         "consumer": JOBS_CONSUMER,
         "exchange": exchange,
         "worker_id": worker_id,
         "queues": list(scope.queues),
-        "types": list(kinds),
-        "leases": [float(kind.lease) for kind in kinds.values()],
+        "types": types,
+        "leases": leases,
         "lease_tokens": list(lease_tokens),
         "limit": len(lease_tokens),
         "window": window,
     }
     rows = await job_store.claim_from_outbox(conn, params)
-    return [
-        ClaimedJob.from_claim_row(row, kinds[row["message_type"]])
-        if row["fresh"] and row["id"] is not None
-        else Unclaimed.from_claim_row(row)
-        for row in rows
-    ]
+    kinds = scope.by_name()
+    return [_answer(row, kinds[row["message_type"]]) for row in rows]
 
 
 async def resume_tokens(
@@ -290,13 +289,9 @@ async def resume_tokens(
 ) -> list[ClaimedJob]:
     """After :func:`claim_from_outbox`'s commit went unanswered: the jobs it claimed (those
     running under its lease tokens), their leases renewed; none if it did not commit."""
-    kinds = scope.by_name()
+    types, leases = scope.type_leases()
     rows = await job_store.resume_tokens(
-        conn,
-        {
-            "lease_tokens": list(lease_tokens),
-            "types": list(kinds),
-            "leases": [float(kind.lease) for kind in kinds.values()],
-        },
+        conn, {"lease_tokens": list(lease_tokens), "types": types, "leases": leases}
     )
+    kinds = scope.by_name()
     return [ClaimedJob.from_claim_row(row, kinds[row["message_type"]]) for row in rows]
