@@ -754,7 +754,8 @@ def _operator_routes(app: FastAPI, state: Console) -> None:
 # What the details table leaves out: payload and result (behind "show payload"), and
 # `where` (the page's first line). What it shows only in part: a callback URL by its origin
 # (webhook URLs carry tokens), the lease token (the worker's fence, no use to a person) by
-# whether there is one. Columns without a value are left out.
+# whether a worker holds it (an outcome leaves the token on the row: only a running job's
+# is held). Columns without a value are left out.
 HIDDEN_FIELDS = frozenset({"payload", "result", "where"})
 
 
@@ -766,6 +767,8 @@ def _shown_fields(job: dict[str, Any]) -> list[tuple[str, Any]]:
         if name == "callback_url":
             value = url_fingerprint(value)["url_origin"] + "/…"
         elif name == "lease_token":
+            if job.get("status") != "running":
+                continue
             value = "(held)"
         shown.append((name, value))
     return shown

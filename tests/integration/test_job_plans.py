@@ -881,34 +881,41 @@ def test_the_console_rates_read_the_window_from_the_status_and_lease_indexes_at_
     assert sum(rate[1] for rate in rates) == row[0]
 
 
-def test_an_outcomes_retry_finds_its_message_by_its_job_at_a_million_jobs(
+def test_an_outcomes_retry_finds_its_doing_by_key_at_a_million_jobs(
     million_jobs: str,
 ) -> None:
-    """JOB_OUTCOME_WRITTEN looked the outcome's message up by its id, which has no index
-    since migration 0042: by its job, one probe of outbox_job_idx among 100,000 rows."""
-    job_id, message_id = _job_id(500_000), uuid.uuid4()
-    written = (
-        "INSERT INTO outbox (message_id, exchange, routing_key, message_type, body, job_id)"
-        " VALUES (%s, 'jobcore.jobs', 'default', 'noop', '\\x7b7d', %s)",
-        (message_id, job_id),
+    """JOB_OUTCOME_WRITTEN reads the job by its key (the lease token an outcome leaves),
+    and the next claim's record of the outcome's message by the inbox's key, among
+    100,000 inbox rows."""
+    job_id, token, message_id = _job_id(500_000), uuid.uuid4(), uuid.uuid4()
+    inbox = (
+        "INSERT INTO inbox (consumer, message_id)"
+        " SELECT 'jobs', gen_random_uuid() FROM generate_series(1, 100000)",
+        None,
     )
-    setup = [(OUTBOX_ROWS, {"n": MILLION}), ("ANALYZE outbox", None), written]
-    params = {"id": job_id, "lease_token": uuid.uuid4(), "consumer": "c", "message_id": message_id}
+    received = ("INSERT INTO inbox (consumer, message_id) VALUES ('jobs', %s)", (message_id,))
+    setup = [inbox, ("ANALYZE inbox", None), received]
+    params = {"id": job_id, "lease_token": token, "consumer": "jobs", "message_id": message_id}
     blocks, text, answer = _explain_write(
         million_jobs, run.JOB_OUTCOME_WRITTEN, params, setup=setup
     )
-    assert "outbox_job_idx" in text, text
-    assert "Seq Scan on outbox" not in text, text
-    assert blocks <= 30, (blocks, text)
+    assert "inbox_pkey" in text, text
+    assert "Seq Scan" not in text, text
+    assert blocks <= 20, (blocks, text)
     assert answer == [("pending",)]
-    # Another message of the job (its first, from OUTBOX_ROWS) does not count.
-    _, _, other = _explain_write(
-        million_jobs,
-        run.JOB_OUTCOME_WRITTEN,
-        {**params, "message_id": uuid.uuid4()},
-        setup=setup,
-    )
-    assert other == [(None,)]
+    # Another message is no sign of this attempt's outcome; the token left on the row is.
+    other = {**params, "message_id": uuid.uuid4()}
+    _, _, lost = _explain_write(million_jobs, run.JOB_OUTCOME_WRITTEN, other, setup=setup)
+    assert lost == [(None,)]
+    for status, said in (("pending", "pending"), ("succeeded", "succeeded")):
+        left = (
+            "UPDATE jobs SET status = %s, lease_token = %s WHERE id = %s",
+            (status, token, job_id),
+        )
+        _, _, found = _explain_write(
+            million_jobs, run.JOB_OUTCOME_WRITTEN, other, setup=[*setup, left]
+        )
+        assert found == [(said,)], status
 
 
 def test_a_workers_claim_from_the_outbox_skips_a_backlog_at_a_million_jobs(

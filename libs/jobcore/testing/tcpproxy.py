@@ -38,11 +38,15 @@ class Mode(enum.Enum):
 
 
 class _Armed:
-    """An armed one-shot cut: which request's answer it waits for, and its future."""
+    """An armed one-shot cut: which request's answer it waits for, the proxy's mode after
+    it, and its future."""
 
-    def __init__(self, match: bytes, transaction_end: bool, done: asyncio.Future[None]) -> None:
+    def __init__(
+        self, match: bytes, transaction_end: bool, then: Mode, done: asyncio.Future[None]
+    ) -> None:
         self.match = match
         self.transaction_end = transaction_end
+        self.then = then
         self.done = done
 
 
@@ -148,19 +152,21 @@ class TcpProxy:
         self._unconnected.clear()
 
     def cut_after_commit(
-        self, match: bytes = b"", *, transaction_end: bool = False
+        self, match: bytes = b"", *, transaction_end: bool = False, then: Mode = Mode.FORWARD
     ) -> asyncio.Future[None]:
         """Arm a one-shot for PostgreSQL connections: a request is forwarded and runs to
         its end on the server, its whole answer (up to its ReadyForQuery) is swallowed,
         and the connection is closed on both sides. Which request: the next one that
         contains ``match`` (any when empty), or with ``transaction_end`` the next one that
         ends a transaction block (a COMMIT: its connection's previous answer said "in a
-        block", its own says "idle"). The future completes when the cut is done;
-        cancelling it disarms the cut. A new arming replaces one not yet done."""
+        block", its own says "idle"). ``then``: the mode the proxy is in from the cut on,
+        set in the same step (a client cannot reconnect in between). The future completes
+        when the cut is done; cancelling it disarms the cut. A new arming replaces one not
+        yet done."""
         if self._armed is not None and not self._armed.done.done():
             self._armed.done.cancel()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._armed = _Armed(match, transaction_end, done)
+        self._armed = _Armed(match, transaction_end, then, done)
         self._watches.clear()
         return done
 
@@ -213,6 +219,7 @@ class TcpProxy:
         self._watches.pop(pair[0], None)
         self.cuts += 1
         log.info("proxy to %s:%s cut a connection after its statement's answer", *self.target)
+        self.set_mode(armed.then)
         armed.done.set_result(None)
 
     def _close_all(self) -> None:

@@ -55,6 +55,11 @@ SET_CALLBACK = Query(
     "Give a job a callback URL.",
     "UPDATE jobs SET callback_url = %(url)s WHERE id = %(id)s",
 )
+SET_LEASE = Query(
+    "test_set_lease",
+    "Give a job a status and a lease token.",
+    "UPDATE jobs SET status = %(status)s, lease_token = gen_random_uuid() WHERE id = %(id)s",
+)
 OUTBOX_ROW = Query("test_outbox_row", "An outbox row.", "SELECT * FROM outbox WHERE id = %(id)s")
 AUDIT = Query(
     "test_audit",
@@ -166,6 +171,15 @@ async def test_the_job_page_shows_the_payload_only_when_asked(
     page = await client.get(f"/jobs/{job_id}", headers=HTML)
     assert "https://hooks.example.com/…" in page.text
     assert "T0KEN" not in page.text
+    # A lease token is shown as held only while the job runs: a retry leaves its token on
+    # the pending row, held by no one.
+    for status, held in (("pending", False), ("running", True)):
+        async with db.unit_of_work() as uow:
+            await execute(uow, SET_LEASE({"id": job_id, "status": status}))
+            await uow.commit()
+        page = await client.get(f"/jobs/{job_id}", headers=HTML)
+        details = page.text[page.text.index('<details id="details">') :]
+        assert ("lease_token" in details) is held, status
     missing = await client.get(f"/jobs/{uuid.uuid4()}", headers=HTML)
     assert missing.status_code == 404
 

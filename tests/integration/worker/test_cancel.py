@@ -128,7 +128,7 @@ async def test_a_retryable_failure_after_a_cancel_request_ends_the_job_cancelled
     assert row["status"] == "cancelled"
     assert row["attempts"] == 1  # attempts were left, but a cancelled job gets no retry
     assert row["finished_at"] is not None
-    assert row["lease_token"] is None
+    assert row["lease_expires_at"] is None  # no lease held (the token stays, as the outcome's)
     assert row["last_error"] == "RuntimeError: failed after its cancellation was requested"
     assert await outbox_rows(db, job_id) == []  # no message for another attempt
     await eventually(lambda: _no_handlers(worker), what="the handler to be gone")
@@ -174,7 +174,7 @@ async def test_a_retry_or_release_of_a_job_whose_cancel_was_requested_ends_it_ca
     assert row["status"] == "cancelled"
     assert row["attempts"] == 1  # a release does not give the attempt back to a cancelled job
     assert row["finished_at"] is not None
-    assert row["lease_token"] is None
+    assert row["lease_token"] == token  # left by the outcome (JOB_OUTCOME_WRITTEN reads it)
     assert row["lease_expires_at"] is None
     # Its completion webhook, and no message for another attempt.
     assert [m["message_type"] for m in await outbox_rows(db, job_id)] == [WEBHOOK_MESSAGE_TYPE]

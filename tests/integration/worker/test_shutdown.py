@@ -82,7 +82,7 @@ async def test_sigterm_gives_back_the_lease_of_a_handler_that_outlives_the_grace
     assert "gave the job's lease back at shutdown" in log.read_text()
     row = await job_row(db, job_id)
     # The interrupted attempt does not count; a new message for it is on its way.
-    assert (row["status"], row["attempts"], row["lease_token"]) == ("pending", 0, None)
+    assert (row["status"], row["attempts"], row["lease_expires_at"]) == ("pending", 0, None)
     messages = await eventually(
         lambda: _messages_for(pump, job_id, 2), what="the released job's new message"
     )

@@ -18,12 +18,13 @@ import psycopg
 import pytest
 
 from jobcore.amqp.topology import Topology
-from jobcore.database.gateway import Database
+from jobcore.database.gateway import Database, fetch_all
+from jobcore.database.sql import Query
 from jobcore.execution.claims import ClaimedJob, ClaimRequest, Unclaimed
 from jobcore.kernel.errors import DatabaseUnavailable
 from jobcore.kernel.settings import Settings
 from jobcore.testing.pipeline import via_port
-from jobcore.testing.tcpproxy import TcpProxy
+from jobcore.testing.tcpproxy import Mode, TcpProxy
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, TripwirePayload
@@ -37,6 +38,12 @@ from tests.integration.worker.support import (
 )
 
 CUT_TIMEOUT = 30.0
+
+PUBLISHED = Query(
+    "test_published",
+    "What a relay's publish leaves of a job's messages in the database: none in the outbox.",
+    "DELETE FROM outbox WHERE job_id = %(id)s RETURNING message_id",
+)
 
 
 @pytest.fixture
@@ -241,3 +248,38 @@ async def test_an_outcome_whose_commit_went_unanswered_counts_as_written(
 
 async def _counted(counts: Mapping[str, int], name: str) -> bool:
     return counts[name] == 1
+
+
+async def test_a_retry_whose_commit_went_unanswered_counts_while_its_message_is_in_the_broker(
+    db: Database,
+    db_proxy: TcpProxy,
+    topology: Topology,
+    outbox_pump: OutboxPump,
+    start_worker: StartWorker,
+    wsettings: Settings,
+) -> None:
+    """The retry's first try commits unanswered, and a relay publishes the message it wrote
+    before the worker's second try asks what happened: published and not yet claimed, the
+    message is in neither the outbox nor the inbox. The retry is still the worker's own
+    doing (the lease token it left on the row), not a lost lease."""
+    worker = await start_worker(
+        wsettings.model_copy(
+            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
+        )
+    )
+    job_id = await submit(db, topology, "wt_gate", GatePayload(fail_times=1))
+    # The worker reaches no database from the cut on, until the message has left.
+    cut = db_proxy.cut_after_commit(b"planned failure on attempt 1", then=Mode.REFUSE)
+    await outbox_pump.drain()
+    await asyncio.wait_for(cut, CUT_TIMEOUT)
+    async with db.unit_of_work() as uow:
+        published = await fetch_all(uow, PUBLISHED({"id": job_id}))
+        await uow.commit()
+    assert len(published) == 1  # the retry's message
+    db_proxy.set_mode(Mode.FORWARD)
+
+    await eventually(lambda: _counted(worker.metrics.counts, "retries"), what="retries counted")
+    assert worker.metrics.counts["processed.lease_lost"] == 0
+    row = await job_row(db, job_id)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert db_proxy.cuts == 1

@@ -670,7 +670,6 @@ JOB_RETRY = Query[JobRetryParams](
                 THEN statement_timestamp() + make_interval(secs => %(delay)s)
                 ELSE next_attempt_at
             END,
-            lease_token = NULL,
             lease_expires_at = NULL,
             updated_at = now()
         WHERE {LEASE_FENCE}
@@ -716,23 +715,19 @@ class JobOutcomeWrittenParams(TypedDict):
 
 # Only on the retry path of an outcome whose earlier try broke off, and then found no row
 # to update: did that try commit unanswered (docs/operations.md, "Statements whose commit
-# is unknown")? Ended under this lease token (success and failure keep the token), or the
-# next message the outcome wrote (a retry's, a release's) is in the outbox, or already in
-# the jobs inbox. NULL: the lease was lost to someone else. A retry or release that ended
-# the job cancelled wrote neither: it counts as a lost lease (nothing else is affected).
-# The message is the job's own: looked up by job (outbox_job_idx), as message ids have no
-# index of their own (migration 0042).
+# is unknown")? The row still has this lease token (every outcome leaves it: LEASE_FENCE),
+# or the next claim replaced it and recorded the message the outcome wrote (a retry's, a
+# release's, a snooze's) in the jobs inbox. NULL: the lease was lost to the reaper.
 JOB_OUTCOME_WRITTEN = Query[JobOutcomeWrittenParams](
     "job_outcome_written",
     "Which outcome an attempt's own earlier, unanswered try wrote, if it did.",
     """
     SELECT CASE
-               WHEN status IN ('succeeded', 'failed', 'cancelled')
-                    AND lease_token = %(lease_token)s THEN status
-               WHEN EXISTS (SELECT 1 FROM jobcore.outbox
-                            WHERE job_id = %(id)s AND message_id = %(message_id)s)
-                    OR EXISTS (SELECT 1 FROM jobcore.inbox
-                               WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
+               WHEN lease_token = %(lease_token)s
+                   THEN CASE WHEN status IN ('succeeded', 'failed', 'cancelled') THEN status
+                             ELSE 'pending' END
+               WHEN EXISTS (SELECT 1 FROM jobcore.inbox
+                            WHERE consumer = %(consumer)s AND message_id = %(message_id)s)
                    THEN 'pending'
            END AS status
     FROM jobcore.jobs
@@ -795,7 +790,6 @@ JOB_RELEASE = Query[JobReleaseParams](
             attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
             store_give_backs = store_give_backs
                 + CASE WHEN %(error)s::text IS NULL THEN 0 ELSE 1 END,
-            lease_token = NULL,
             lease_expires_at = NULL,
             last_error = coalesce(%(error)s::text, last_error),
             next_attempt_at = CASE
@@ -860,8 +854,7 @@ class JobSnoozeParams(JobFencedParams, OutboxMessageParams):
 # started), its place in its ordering key is kept (it is still pending, so the later jobs
 # of the key keep waiting). Past the cap (`snoozes` already at `max_snoozes`) it fails
 # instead, with `cap_error`, and a cancellation asked for ends it cancelled, as a release
-# does. The failed and the cancelled keep their lease token (JOB_OUTCOME_WRITTEN reads an
-# ended job's token). As for JOB_RETRY, the event and the due time read one clock.
+# does. As for JOB_RETRY, the event and the due time read one clock.
 JOB_SNOOZE = Query[JobSnoozeParams](
     "job_snooze",
     "Put a running job back to pending, due after a delay, without spending an attempt, "
@@ -887,8 +880,6 @@ JOB_SNOOZE = Query[JobSnoozeParams](
                 ELSE next_attempt_at END,
             not_before = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
                 THEN statement_timestamp() + make_interval(secs => %(delay)s::float8) END,
-            lease_token = CASE WHEN cancel_requested_at IS NULL AND snoozes < %(max_snoozes)s
-                               THEN NULL ELSE lease_token END,
             lease_expires_at = NULL,
             updated_at = now()
         WHERE {LEASE_FENCE}
