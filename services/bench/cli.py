@@ -201,7 +201,7 @@ def bench(
         "jobcore,procrastinate,celery",
         help="Paced: the systems paced, in order (also jobcore-baseline: jobcore with "
         "--paced-baseline-env; jobcore-2: two API processes, relays and workers; "
-        "jobcore-direct: with JOBCORE_DIRECT_PICKUP).",
+        "jobcore-relayed: with JOBCORE_DIRECT_PICKUP=false).",
     ),
     paced_baseline_env: str = typer.Option(
         "",
@@ -243,7 +243,7 @@ def bench(
         "jobcore",
         "jobcore-baseline",
         "jobcore-2",
-        "jobcore-direct",
+        "jobcore-relayed",
         "procrastinate",
         "celery",
     )

@@ -81,7 +81,7 @@ def test_paced_accounts_for_every_job_and_reports_each_system(
 
 
 @pytest.mark.timeout(400)
-def test_paced_runs_jobcore_as_two_replicas_and_with_direct_pickup_next_to_one(
+def test_paced_runs_jobcore_as_two_replicas_and_without_direct_pickup_next_to_one(
     settings: Settings, tmp_path: Path
 ) -> None:
     out = tmp_path / "paced"
@@ -89,22 +89,22 @@ def test_paced_runs_jobcore_as_two_replicas_and_with_direct_pickup_next_to_one(
         settings,
         "paced",
         *("--paced-peak", "60", "--paced-seconds", "3", "--paced-fractions", "50"),
-        *("--paced-systems", "jobcore,jobcore-2,jobcore-direct", "--out", str(out)),
+        *("--paced-systems", "jobcore,jobcore-2,jobcore-relayed", "--out", str(out)),
         timeout=380,
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
     (section,) = orjson.loads((out / "report.json").read_bytes())["scenarios"]
     steps = {s["system"]: s for s in section["details"]["steps"]}
-    assert set(steps) == {"jobcore", "jobcore-2", "jobcore-direct"}
+    assert set(steps) == {"jobcore", "jobcore-2", "jobcore-relayed"}
     for system, step in steps.items():
         assert step["completed_once"] == step["accepted"] == step["offered"] > 0, system
         assert step["missing"] == step["not_once"] == 0, system
-    # Without direct pickup every job went through a relay; with it, idle workers took
-    # jobs from the outbox themselves (their hop is reported apart).
-    assert steps["jobcore"]["taken_from_outbox_pct"] == 0
-    assert steps["jobcore-direct"]["taken_from_outbox_pct"] > 0
-    assert "insert_to_start" in steps["jobcore-direct"]["hops_ms"]
+    # As shipped, idle workers took jobs from the outbox themselves (their hop is reported
+    # apart); without direct pickup every job went through a relay.
+    assert steps["jobcore"]["taken_from_outbox_pct"] > 0
+    assert "insert_to_start" in steps["jobcore"]["hops_ms"]
+    assert steps["jobcore-relayed"]["taken_from_outbox_pct"] == 0
     # Two API server processes answered on the port (uvicorn's supervisor and its two
     # children), and two relays and two workers ran.
     logs = out / "logs" / "paced-jobcore-2"

@@ -68,7 +68,7 @@ from services.bench.report import Figure, Section, Series
 log = logging.getLogger(__name__)
 
 TITLE = "Pickup latency and cost per job at steady rates, vs Procrastinate and Celery"
-# The default; also jobcore-baseline, jobcore-2 and jobcore-direct.
+# The default; also jobcore-baseline, jobcore-2 and jobcore-relayed.
 SYSTEMS = ("jobcore", "procrastinate", "celery")
 HANDLERS = 16
 CELERY_CONCURRENCY = 2
@@ -376,15 +376,14 @@ class JobcoreBaseline(Jobcore):
         return {key.strip(): value.strip() for key, _, value in pairs}
 
 
-class JobcoreDirect(Jobcore):
-    """jobcore with direct pickup (JOBCORE_DIRECT_PICKUP, services/worker/direct.py): an
-    idle worker takes new jobs' outbox rows itself, the relays and the broker carry the
-    rest."""
+class JobcoreRelayed(Jobcore):
+    """jobcore without direct pickup (JOBCORE_DIRECT_PICKUP=false, services/worker/direct.py):
+    every job goes through a relay and the broker, as before direct pickup."""
 
-    name = "jobcore-direct"
+    name = "jobcore-relayed"
 
     def env(self) -> dict[str, str]:
-        return {"JOBCORE_DIRECT_PICKUP": "true"}
+        return {"JOBCORE_DIRECT_PICKUP": "false"}
 
 
 class JobcoreReplicas(Jobcore):
@@ -580,7 +579,7 @@ SYSTEM_CLASSES: dict[str, type[System]] = {
     "jobcore": Jobcore,
     "jobcore-baseline": JobcoreBaseline,
     "jobcore-2": JobcoreReplicas,
-    "jobcore-direct": JobcoreDirect,
+    "jobcore-relayed": JobcoreRelayed,
     "procrastinate": Procrastinate,
     "celery": Celery,
 }

@@ -91,8 +91,9 @@ def refused(result: subprocess.CompletedProcess[str], sqlstate: str, *words: str
 async def job_status(db: Database, job_id: uuid.UUID) -> dict[str, Any] | None:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT status, attempts, last_error, published_at IS NOT NULL AS published,"
-            " published_message_id FROM jobs WHERE id = %s",
+            "SELECT status, attempts, last_error, published_message_id,"
+            " EXISTS (SELECT 1 FROM inbox WHERE message_id = jobs.id) AS received_as_its_id"
+            " FROM jobs WHERE id = %s",
             [job_id],
         )
         return await cur.fetchone()
@@ -128,9 +129,9 @@ async def test_psql_enqueue_and_commit_runs_the_job_once(
     row = await job_status(db, job_id)
     assert row is not None
     assert row["attempts"] == 1
-    # Its message had the job's id (migration 0046): the claim keeps the publish without
-    # a copy of it.
-    assert (row["published"], row["published_message_id"]) == (True, None)
+    # Its message had the job's id (migration 0046): the inbox recorded that id, and a
+    # publish (when a relay took the row, not the worker) is kept without a copy of it.
+    assert (row["received_as_its_id"], row["published_message_id"]) == (True, None)
     seen = await counts(db)
     assert (seen["jobs"], seen["orders"]) == (1, 1)
 

@@ -126,6 +126,12 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
     return settings.model_copy(update=values)
 
 
+def relayed(settings: Settings) -> Settings:
+    """``settings`` with direct pickup off: every job reaches the worker as a delivery that
+    a relay (or the test's OutboxPump) published, for tests of the broker's path."""
+    return settings.model_copy(update={"direct_pickup": False})
+
+
 @dataclass(frozen=True)
 class PublishedRow:
     message_id: uuid.UUID

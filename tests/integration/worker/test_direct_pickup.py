@@ -20,8 +20,10 @@ from jobcore.database.sql.inbox import JOBS_CONSUMER
 from jobcore.execution import executor as executor_module
 from jobcore.execution.claims import ClaimedJob, OutboxScope, claim_from_outbox
 from jobcore.kernel.errors import DatabaseUnavailable
+from jobcore.kernel.jobevents import JobEventKind
 from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
+from jobcore.usecases.timeline import job_timeline
 from services.worker.app import Worker
 from services.worker.direct import WINDOW, DirectPickup
 from tests.integration.worker.conftest import StartWorker
@@ -31,9 +33,18 @@ from tests.integration.worker.support import (
     effects,
     job_row,
     outbox_rows,
+    relayed,
     status_is,
     submit,
 )
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Direct pickup off unless a test turns it on (dsettings): a worker of its own takes no
+    row, so only what the test drives does."""
+    return relayed(wsettings)
+
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,6 +103,15 @@ async def test_an_idle_worker_takes_a_new_job_from_the_outbox_with_no_relay(
     assert await inbox_has(db, job_id)  # its message's id is the job's
     assert [(e["kind"], e["attempt"]) for e in await effects(db, job_id)] == [("charged", 1)]
     assert worker.metrics.counts["taken_from_outbox"] == 1
+    # Its timeline has no publish: accepted, claimed by this worker, finished.
+    found = await job_timeline(db, job_id, tenant="t")
+    assert found is not None
+    assert [e.kind for e in found.events] == [
+        JobEventKind.ACCEPTED,
+        JobEventKind.CLAIMED,
+        JobEventKind.FINISHED,
+    ]
+    assert found.events[1].detail["worker"] == worker.worker_id
 
 
 async def test_job_types_with_int_and_float_leases_are_taken_alike(

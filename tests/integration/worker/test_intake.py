@@ -8,13 +8,22 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
-from tests.integration.worker.support import OutboxPump, job_row, status_is, submit
+from tests.integration.worker.support import OutboxPump, job_row, relayed, status_is, submit
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Deliveries only: consumer priorities and intake are the broker's path."""
+    return relayed(wsettings)
+
 
 TRICKLE = 12
 

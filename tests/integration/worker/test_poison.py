@@ -34,9 +34,17 @@ from tests.integration.worker.support import (
     effects,
     job_row,
     outbox_rows,
+    relayed,
     status_is,
     submit,
 )
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Deliveries only: dead letters and their replays are the broker's path."""
+    return relayed(wsettings)
+
 
 CONSOLE = "http://console.test"
 

@@ -23,6 +23,7 @@ from tests.integration.worker.support import (
     OutboxPump,
     effects,
     job_row,
+    relayed,
     status_is,
     submit,
     worker_settings,
@@ -137,7 +138,8 @@ async def test_a_message_redelivered_after_its_inbox_row_was_pruned_has_no_secon
     pump: OutboxPump,
     start_worker: StartWorker,
 ) -> None:
-    wsettings = worker_settings(settings, pruner_interval=0.2)
+    # Relayed: the test redelivers the message its pump published.
+    wsettings = relayed(worker_settings(settings, pruner_interval=0.2))
     worker = await start_worker(wsettings)
     job_id = await submit(db, topology, "effect", EffectPayload(n=1))
     await eventually(lambda: status_is(db, job_id, "succeeded"), what="success")

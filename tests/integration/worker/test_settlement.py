@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from jobcore.amqp.topology import Topology
 from jobcore.database.gateway import Database
 from jobcore.database.sql.inbox import JOBS_CONSUMER
@@ -23,9 +25,17 @@ from tests.integration.worker.support import (
     OutboxPump,
     effects,
     readiness,
+    relayed,
     status_is,
     submit,
 )
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Deliveries only: settling a delivery is the broker's path."""
+    return relayed(wsettings)
+
 
 JOBS = 4
 CONCURRENCY = 2  # and so the prefetch: fewer than the jobs

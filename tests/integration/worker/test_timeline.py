@@ -38,7 +38,15 @@ from tests.integration.relay.helpers import running_relay
 from tests.integration.webhooks.support import Answer, delivery_in, receiving, webhook_settings
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload
-from tests.integration.worker.support import outbox_rows, outcome_params, status_is, submit
+from tests.integration.worker.support import outbox_rows, outcome_params, relayed, status_is, submit
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Deliveries only: these timelines are a relay's publish and a delivery's claim (a job
+    a worker took from the outbox: test_direct_pickup)."""
+    return relayed(wsettings)
+
 
 ACCEPTED = JobEventKind.ACCEPTED
 PUBLISHED = JobEventKind.PUBLISHED

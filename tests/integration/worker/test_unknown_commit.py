@@ -33,11 +33,20 @@ from tests.integration.worker.support import (
     effects,
     job_row,
     outbox_rows,
+    relayed,
     status_is,
     submit,
 )
 
 CUT_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def wsettings(wsettings: Settings) -> Settings:
+    """Deliveries only: the claims cut here are a delivery's (a claim from the outbox whose
+    commit went unanswered: test_direct_pickup)."""
+    return relayed(wsettings)
+
 
 PUBLISHED = Query(
     "test_published",
