@@ -254,8 +254,8 @@ class Settings(BaseSettings):
     # Direct pickup (services/worker/direct.py): a worker whose handlers are idle takes a
     # new job's outbox row itself when it hears the enqueue's NOTIFY, one hop instead of
     # relay, broker and consumer; relays leave new rows to idle workers for a moment. The
-    # same value on every worker and relay; off for a worker that can LISTEN nowhere
-    # (behind PgBouncer's transaction pooling with no listen URL: it would hear nothing).
+    # same value on every worker and relay. A worker that cannot LISTEN (behind PgBouncer
+    # with no listen URL) hears no NOTIFY and takes nothing: the relays publish it all.
     direct_pickup: bool = True
     worker_health_port: int = Field(default=8002, ge=0, le=65535)
     result_dir: Path = Path("var/results")
