@@ -68,6 +68,14 @@ async def db_proxy(wsettings: Settings) -> AsyncIterator[TcpProxy]:
         await proxy.stop()
 
 
+@pytest.fixture
+def proxied(wsettings: Settings, db_proxy: TcpProxy) -> Settings:
+    """The worker's settings, its database reached through the proxy."""
+    return wsettings.model_copy(
+        update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
+    )
+
+
 async def test_the_proxy_lets_a_statement_commit_and_cuts_its_answer(
     db: Database, db_proxy: TcpProxy, wsettings: Settings
 ) -> None:
@@ -101,14 +109,10 @@ async def test_a_claim_whose_commit_went_unanswered_runs_its_job(
     topology: Topology,
     outbox_pump: OutboxPump,
     start_worker: StartWorker,
-    wsettings: Settings,
+    proxied: Settings,
     tmp_path: Path,
 ) -> None:
-    worker = await start_worker(
-        wsettings.model_copy(
-            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
-        )
-    )
+    worker = await start_worker(proxied)
     # Its last attempt: a claim read as a duplicate would leave it to the reaper,
     # which fails it without its handler having run.
     job_id = await submit(
@@ -144,7 +148,7 @@ async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
     db_proxy: TcpProxy,
     topology: Topology,
     start_worker: StartWorker,
-    wsettings: Settings,
+    proxied: Settings,
     tmp_path: Path,
     order: str,
 ) -> None:
@@ -152,9 +156,7 @@ async def test_a_retried_claim_batched_with_a_redelivery_of_its_message_resumes(
     token) lands in the same batch as the retry. The retry must come back resumed, in any
     order, and the redelivery be answered as the duplicate it is."""
     worker = await start_worker(
-        wsettings.model_copy(
-            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
-        ),
+        proxied,
         queues=["nothing_arrives_here"],  # the test hands the consumer its claims
     )
     consumer = worker.consumer
@@ -227,17 +229,13 @@ async def test_an_outcome_whose_commit_went_unanswered_counts_as_written(
     topology: Topology,
     outbox_pump: OutboxPump,
     start_worker: StartWorker,
-    wsettings: Settings,
+    proxied: Settings,
     payload: GatePayload,
     cut_on: bytes | None,
     status: str,
     counted: str,
 ) -> None:
-    worker = await start_worker(
-        wsettings.model_copy(
-            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
-        )
-    )
+    worker = await start_worker(proxied)
     job_id = await submit(db, topology, "wt_gate", payload)
     cut = db_proxy.cut_after_commit(cut_on or str(job_id).encode())
     await outbox_pump.drain()
@@ -265,17 +263,13 @@ async def test_a_retry_whose_commit_went_unanswered_counts_while_its_message_is_
     topology: Topology,
     outbox_pump: OutboxPump,
     start_worker: StartWorker,
-    wsettings: Settings,
+    proxied: Settings,
 ) -> None:
     """The retry's first try commits unanswered, and a relay publishes the message it wrote
     before the worker's second try asks what happened: published and not yet claimed, the
     message is in neither the outbox nor the inbox. The retry is still the worker's own
     doing (the lease token it left on the row), not a lost lease."""
-    worker = await start_worker(
-        wsettings.model_copy(
-            update={"database_url": via_port(wsettings.database_url, db_proxy.port)}
-        )
-    )
+    worker = await start_worker(proxied)
     job_id = await submit(db, topology, "wt_gate", GatePayload(fail_times=1))
     # The worker reaches no database from the cut on, until the message has left.
     cut = db_proxy.cut_after_commit(b"planned failure on attempt 1", then=Mode.REFUSE)
