@@ -32,6 +32,7 @@ from jobcore.kernel.settings import Settings
 from jobcore.testing.tcpproxy import Mode, TcpProxy
 from services.relay.low_water import FULL_LOOK_EVERY
 from tests.e2e.stack import E2EStack, free_port, until
+from tests.integration.worker.support import relayed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -86,7 +87,7 @@ async def stack(
     proxied = f"{netloc[0]}@127.0.0.1:{broker_proxy.port}" if len(netloc) == 2 else ""
     proxied = proxied or f"127.0.0.1:{broker_proxy.port}"
     stack = E2EStack(
-        settings,
+        relayed(settings),  # the relay's lag: every job waits for it
         tmp_path,
         env={"OTEL_SDK_DISABLED": "true"},
         role_env={

@@ -36,6 +36,7 @@ from jobcore.testing.waiting import eventually
 from jobcore.usecases import dlq
 from jobcore.usecases import keys as key_usecases
 from tests.integration.webhooks.support import Receiver
+from tests.integration.worker.support import relayed
 from tests.support import console_jobtypes
 
 CHROMIUM = "/usr/bin/chromium"
@@ -172,7 +173,8 @@ async def test_an_operator_finds_cancels_requeues_and_replays_in_a_browser(
     tmp_path: Path,
     amqp_channel: object,  # deletes the test's queues afterwards
 ) -> None:
-    procs = Processes(settings, tmp_path / "logs")
+    # Relayed: the timeline it reads shows each job's publish.
+    procs = Processes(relayed(settings), tmp_path / "logs")
     procs.log_dir.mkdir()
     admin = await key_usecases.create_key(db, "ops", "console", scopes=[Scope.ADMIN], actor="tests")
     client_key = (await key_usecases.create_key(db, "acme", "client", actor="tests")).key

@@ -11,6 +11,7 @@ import pytest
 
 from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
+from tests.integration.worker.support import relayed
 from tests.support.promlint import lint
 
 pytestmark = pytest.mark.timeout(240)
@@ -22,7 +23,8 @@ QUEUE = "testq"  # the echo job type's queue (libs/jobcore/testing/jobtypes.py)
 @pytest.fixture
 async def stack(settings: Settings, tmp_path: Path) -> AsyncIterator[E2EStack]:
     # Tracing off here: the metrics do not depend on it.
-    stack = E2EStack(settings, tmp_path, env={"OTEL_SDK_DISABLED": "true"})
+    # Relayed: the counters of a delivery and a publish, for every job.
+    stack = E2EStack(relayed(settings), tmp_path, env={"OTEL_SDK_DISABLED": "true"})
     try:
         await stack.start()
         yield stack

@@ -19,6 +19,7 @@ import pytest
 
 from jobcore.kernel.settings import Settings
 from tests.e2e.stack import E2EStack, until
+from tests.integration.worker.support import relayed
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -28,7 +29,9 @@ CLIENT_SPAN_ID = os.urandom(8).hex()
 
 @pytest.fixture
 async def stack(settings: Settings, tmp_path: Path) -> AsyncIterator[E2EStack]:
-    stack = E2EStack(settings, tmp_path)
+    # Relayed: the trace's publish span is a relay's (a job a worker takes from the outbox
+    # itself has none; its process span continues the request's trace from the job row).
+    stack = E2EStack(relayed(settings), tmp_path)
     try:
         await stack.start()
         yield stack

@@ -39,6 +39,7 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
             "JOBCORE_JOB_MODULES": ",".join(settings.job_modules),
             "JOBCORE_RESULT_DIR": str(settings.result_dir),
             "JOBCORE_SHUTDOWN_GRACE": str(settings.shutdown_grace),
+            "JOBCORE_DIRECT_PICKUP": str(settings.direct_pickup).lower(),
             "PYTHONPATH": str(ROOT),
         }
     )
