@@ -26,6 +26,7 @@ from tests.integration.worker.support import (
     job_row,
     outbox_rows,
     outcome_params,
+    relayed,
     running_echo_job,
     status_is,
     submit,
@@ -44,8 +45,10 @@ async def test_a_cancelled_pending_jobs_message_is_acknowledged_with_no_effect(
     topology: Topology,
     outbox_pump: OutboxPump,
     start_worker: StartWorker,
+    wsettings: Settings,
 ) -> None:
-    worker = await start_worker()
+    # Relayed: the message is a delivery, which the worker acknowledges as skipped.
+    worker = await start_worker(relayed(wsettings))
     job_id = await submit(db, topology, "wt_gate", GatePayload())
     async with db.connection() as conn:
         cur = await conn.execute(CANCEL_PENDING, (job_id,))

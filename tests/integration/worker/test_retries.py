@@ -12,7 +12,14 @@ from jobcore.kernel.settings import Settings
 from jobcore.testing.waiting import eventually
 from tests.integration.worker.conftest import StartWorker
 from tests.integration.worker.jobtypes import GatePayload, SlowPayload
-from tests.integration.worker.support import OutboxPump, effects, outbox_rows, status_is, submit
+from tests.integration.worker.support import (
+    OutboxPump,
+    effects,
+    outbox_rows,
+    relayed,
+    status_is,
+    submit,
+)
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -28,7 +35,8 @@ async def test_retries_back_off_with_jitter_and_stop_at_max_attempts(
     job_id = await submit(db, topology, "wt_gate", GatePayload(fail_times=100), max_attempts=4)
     async with db.connection() as conn:
         await conn.execute("UPDATE jobs SET traceparent = %s WHERE id = %s", (TRACEPARENT, job_id))
-    worker = await start_worker()
+    # Relayed: a retry drawn a delay near 0 is due at once, and would not reach the pump.
+    worker = await start_worker(relayed(wsettings))
     pump.paused.clear()
 
     row = await eventually(lambda: status_is(db, job_id, "failed"), what="failure", timeout=20)

@@ -22,6 +22,7 @@ from tests.integration.worker.support import (
     exited,
     job_row,
     log_has,
+    relayed,
     status_is,
     submit,
     worker_env,
@@ -66,7 +67,8 @@ async def test_sigterm_gives_back_the_lease_of_a_handler_that_outlives_the_grace
     start_worker: StartWorker,
     tmp_path: Path,
 ) -> None:
-    settings = wsettings.model_copy(update={"shutdown_grace": 0.5})
+    # Relayed: the test reads both of the job's messages from its pump.
+    settings = relayed(wsettings).model_copy(update={"shutdown_grace": 0.5})
     gate, log = tmp_path / "gate", tmp_path / "worker.log"
     with jobcore_process(settings, "worker", log_path=log, **worker_env(settings)) as proc:
         await eventually(
